@@ -1,0 +1,19 @@
+//! lava-flow moves data between processes with zero copies wherever the hardware allows.
+//!
+//! The crate is layered as its folders are:
+//! - Layer 0, [`types`] and [`config`]: who a process is, where it runs, and the
+//!   [`CommunicationScope`] between two processes.
+//! - Layer 1, `memory`: one allocator for GPU (Vulkan) and CPU memory, shareable with local
+//!   peers.
+//! - Layer 2, `channels`: ordered producer/consumer channels whose transport follows the
+//!   peers' scope.
+//! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API.
+
+pub mod config;
+pub mod error;
+pub mod ffi;
+pub mod types;
+
+pub use config::ProcessConfig;
+pub use error::{Error, Result};
+pub use types::{detect_scope, CommunicationScope, ProcessLocation, ProcessName};

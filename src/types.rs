@@ -1,0 +1,230 @@
+//! Layer 0: who a process is and where it runs, and whether two processes share a host.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// The longest [`ProcessName`], in bytes. Names become parts of shared-memory object names,
+/// which the kernel limits to 255 bytes; this leaves room for lava-flow's own prefixes.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The longest hostname POSIX allows (`HOST_NAME_MAX`).
+pub const MAX_HOSTNAME_LEN: usize = 255;
+
+/// A validated name for a process (or, later, a channel): 1 to [`MAX_NAME_LEN`] bytes of
+/// ASCII letters, digits, `-`, `_` and `.`, not starting with `.`.
+///
+/// The character set is what can go into a file name, a shared-memory object name and a
+/// JSON key without quoting, so a name is usable everywhere lava-flow puts it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessName(String);
+
+impl ProcessName {
+    pub fn new(name: &str) -> Result<Self> {
+        if name.is_empty() {
+            return Err(Error::invalid("process name is empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(Error::invalid(format!(
+                "process name {name:?} is {} bytes long; the limit is {MAX_NAME_LEN}",
+                name.len()
+            )));
+        }
+        if let Some(bad) = name
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            return Err(Error::invalid(format!(
+                "process name {name:?} contains {bad:?}; use ASCII letters, digits, '-', '_' and '.'"
+            )));
+        }
+        if name.starts_with('.') {
+            return Err(Error::invalid(format!("process name {name:?} starts with '.'")));
+        }
+        Ok(ProcessName(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ProcessName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a process runs: its host, and optionally its NUMA node and GPU.
+///
+/// `hostname` decides the [`CommunicationScope`]; `node_id` and `device_id` steer memory
+/// placement (a NUMA node for CPU buffers, a GPU for device buffers) and are `None` when
+/// unknown or irrelevant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessLocation {
+    pub hostname: String,
+    pub node_id: Option<u32>,
+    pub device_id: Option<u32>,
+}
+
+impl ProcessLocation {
+    /// Builds a location by hand, checking the hostname.
+    pub fn new(hostname: &str, node_id: Option<u32>, device_id: Option<u32>) -> Result<Self> {
+        validate_hostname(hostname)?;
+        Ok(ProcessLocation {
+            hostname: hostname.to_owned(),
+            node_id,
+            device_id,
+        })
+    }
+
+    /// Detects the calling process's location: the kernel's hostname and the NUMA node of the
+    /// CPU the calling thread runs on now. `device_id` is left unset: which GPU a process uses
+    /// is its own choice, not something the host can tell.
+    pub fn from_hostname() -> Result<Self> {
+        let hostname = detect_hostname()?;
+        Ok(ProcessLocation {
+            hostname,
+            node_id: current_numa_node(),
+            device_id: None,
+        })
+    }
+
+    /// Reads the location of the process called `name` from a JSON config file; see
+    /// [`crate::config`] for the format.
+    pub fn from_config(path: impl AsRef<std::path::Path>, name: &ProcessName) -> Result<Self> {
+        crate::config::ProcessConfig::load(path.as_ref())?.location_of(name)
+    }
+}
+
+impl fmt::Display for ProcessLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.hostname)?;
+        if let Some(node) = self.node_id {
+            write!(f, " numa-node={node}")?;
+        }
+        if let Some(device) = self.device_id {
+            write!(f, " device={device}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether two processes can share memory (same host) or must go through the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommunicationScope {
+    /// Same host: Vulkan IPC for GPU buffers, OS shared memory for CPU buffers.
+    Local,
+    /// Different hosts: MPI.
+    Remote,
+}
+
+impl fmt::Display for CommunicationScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CommunicationScope::Local => "local",
+            CommunicationScope::Remote => "remote",
+        })
+    }
+}
+
+/// Two processes are local to each other when their hostnames match. Hostnames are compared
+/// without regard to ASCII case, as DNS does.
+pub fn detect_scope(mine: &ProcessLocation, peer: &ProcessLocation) -> CommunicationScope {
+    if mine.hostname.eq_ignore_ascii_case(&peer.hostname) {
+        CommunicationScope::Local
+    } else {
+        CommunicationScope::Remote
+    }
+}
+
+pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
+    if hostname.is_empty() {
+        return Err(Error::invalid("hostname is empty"));
+    }
+    if hostname.len() > MAX_HOSTNAME_LEN {
+        return Err(Error::invalid(format!(
+            "hostname is {} bytes long; the limit is {MAX_HOSTNAME_LEN}",
+            hostname.len()
+        )));
+    }
+    if let Some(bad) = hostname.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::invalid(format!(
+            "hostname {hostname:?} contains {bad:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn detect_hostname() -> Result<String> {
+    let mut buf = [0u8; MAX_HOSTNAME_LEN + 1];
+    // SAFETY: the buffer is valid for writes of buf.len() bytes; gethostname NUL-terminates
+    // within that length on Linux when the name fits, and HOST_NAME_MAX + 1 always fits.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return Err(Error::last_os("gethostname"));
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let hostname = String::from_utf8_lossy(&buf[..len]).into_owned();
+    validate_hostname(&hostname)?;
+    Ok(hostname)
+}
+
+/// The NUMA node of the CPU the calling thread is running on, if the kernel tells.
+pub(crate) fn current_numa_node() -> Option<u32> {
+    let mut cpu: libc::c_uint = 0;
+    let mut node: libc::c_uint = 0;
+    // SAFETY: getcpu writes one unsigned int through each of the two valid pointers; the
+    // third argument (tcache) is unused since Linux 2.6.24 and may be NULL.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_getcpu,
+            &mut cpu as *mut libc::c_uint,
+            &mut node as *mut libc::c_uint,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    (rc == 0).then_some(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        assert!(ProcessName::new("producer-0.gpu_a").is_ok());
+        for bad in ["", ".hidden", "a/b", "a b", "é", &"x".repeat(MAX_NAME_LEN + 1)] {
+            let err = ProcessName::new(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{bad:?}: {err}");
+        }
+        assert!(ProcessName::new(&"x".repeat(MAX_NAME_LEN)).is_ok());
+    }
+
+    #[test]
+    fn scope_compares_hostnames_case_insensitively() {
+        let a = ProcessLocation::new("Node0", Some(0), None).unwrap();
+        let b = ProcessLocation::new("node0", Some(1), Some(3)).unwrap();
+        let c = ProcessLocation::new("node1", Some(0), None).unwrap();
+        assert_eq!(detect_scope(&a, &b), CommunicationScope::Local);
+        assert_eq!(detect_scope(&a, &c), CommunicationScope::Remote);
+    }
+
+    #[test]
+    fn this_process_is_local_to_itself() {
+        let me = ProcessLocation::from_hostname().unwrap();
+        assert!(!me.hostname.is_empty());
+        assert_eq!(detect_scope(&me, &me), CommunicationScope::Local);
+        // Every Linux machine has node 0 at least; getcpu never reports a node that is absent.
+        let node = me.node_id.expect("getcpu reports a NUMA node on Linux");
+        assert!(std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists()
+            || node == 0);
+    }
+
+    #[test]
+    fn hostnames_are_validated() {
+        assert!(ProcessLocation::new("", None, None).is_err());
+        assert!(ProcessLocation::new("a b", None, None).is_err());
+        assert!(ProcessLocation::new(&"h".repeat(256), None, None).is_err());
+    }
+}
