@@ -1,0 +1,116 @@
+//! An owned memory mapping, unmapped on drop.
+
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+
+/// A `MAP_SHARED` (or anonymous) mapping that this value owns.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is a plain region of memory; sharing the pointer between threads is as
+// safe as sharing any raw memory, and the users of the bytes synchronise their own access.
+unsafe impl Send for Mapping {}
+// SAFETY: see Send; &Mapping only hands out the base pointer and length.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` from `offset` (a multiple of the page size), read-write and
+    /// shared, so that every process mapping the same file sees the same bytes.
+    pub fn shared(fd: &impl AsRawFd, offset: u64, len: usize) -> Result<Self> {
+        Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+    }
+
+    /// Maps `len` bytes of fresh, private, zeroed memory.
+    pub fn anonymous(len: usize) -> Result<Self> {
+        Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    }
+
+    fn map(len: usize, flags: libc::c_int, fd: libc::c_int, offset: u64) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::invalid("cannot map 0 bytes"));
+        }
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| Error::invalid(format!("mapping offset {offset} does not fit in off_t")))?;
+        // SAFETY: a NULL hint lets the kernel choose a fresh range, so no existing mapping is
+        // replaced; the other arguments are plain values the kernel validates.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                off,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::last_os(format!("mmap({len} bytes at offset {offset})")));
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(ptr.cast()).expect("mmap never returns NULL on success"),
+            len,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `[addr, addr + len)` lies inside this mapping.
+    pub fn contains(&self, addr: usize, len: usize) -> bool {
+        let base = self.ptr.as_ptr() as usize;
+        addr >= base && addr.checked_add(len).is_some_and(|end| end <= base + self.len)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe exactly the range this value mapped and still owns.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The system's base page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::os::memfd::{memfd_create, MemfdFlags};
+
+    #[test]
+    fn two_mappings_of_one_memfd_share_bytes() {
+        let fd = memfd_create("lf-map", 8192, MemfdFlags::default()).unwrap();
+        let a = Mapping::shared(&fd, 0, 8192).unwrap();
+        let b = Mapping::shared(&fd, 4096, 4096).unwrap();
+        // SAFETY: both mappings are live and 4096..8192 of `a` is the start of `b`.
+        unsafe {
+            a.as_ptr().add(4096).write(42);
+            assert_eq!(b.as_ptr().read(), 42);
+        }
+        assert!(a.contains(a.as_ptr() as usize + 8000, 192));
+        assert!(!a.contains(a.as_ptr() as usize + 8000, 193));
+    }
+
+    #[test]
+    fn zero_length_is_refused() {
+        assert!(matches!(Mapping::anonymous(0), Err(Error::InvalidArgument(_))));
+    }
+}
