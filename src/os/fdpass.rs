@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use crate::error::{Error, Result};
 
 /// The most descriptors one message carries; more are a protocol error.
-pub const MAX_FDS: usize = 16;
+pub(crate) const MAX_FDS: usize = 16;
 
 /// Sends `payload` (non-empty) with `fds` attached, in one `sendmsg`. The descriptors stay
 /// open here; the receiver gets its own copies.
