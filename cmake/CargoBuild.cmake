@@ -1,0 +1,46 @@
+# Runs cargo for the lava_flow library (invoked by the top-level CMakeLists.txt at build time
+# with -DCARGO=... -DSOURCE_DIR=... -DTARGET_DIR=... -DPROFILE=... -DFEATURES=...
+# -DNATIVE_LIBS_FILE=...).
+#
+# It also checks that the system libraries Rust says the static library needs
+# (`--print native-static-libs`) are all listed in cmake/LavaFlowNativeLibs.cmake, which
+# is what LavaFlow::lava_flow_static puts in its link interface. rustc prints the list only
+# when it links, so the last list seen is kept in TARGET_DIR/native-static-libs.txt.
+cmake_minimum_required(VERSION 3.22)
+set(features_arg "")
+if(FEATURES)
+  set(features_arg --features "${FEATURES}")
+endif()
+execute_process(
+  COMMAND "${CARGO}" rustc --lib --profile "${PROFILE}" ${features_arg}
+          --manifest-path "${SOURCE_DIR}/Cargo.toml" --target-dir "${TARGET_DIR}"
+          -- --print=native-static-libs
+  RESULT_VARIABLE rc
+  ERROR_VARIABLE log
+  OUTPUT_VARIABLE out)
+message("${out}${log}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cargo failed to build lava_flow (exit ${rc}); the errors are above")
+endif()
+
+set(stamp "${TARGET_DIR}/native-static-libs.txt")
+string(REGEX MATCH "native-static-libs: ([^\n]*)" found "${log}")
+if(found)
+  file(WRITE "${stamp}" "${CMAKE_MATCH_1}")
+endif()
+if(EXISTS "${stamp}")
+  file(READ "${stamp}" printed)
+  include("${NATIVE_LIBS_FILE}")
+  string(REGEX REPLACE "-l([^ ]+)" "\\1" needed "${printed}")
+  separate_arguments(needed)
+  set(missing "")
+  foreach(lib IN LISTS needed)
+    if(NOT lib IN_LIST LAVA_FLOW_NATIVE_STATIC_LIBS AND NOT lib IN_LIST LAVA_FLOW_NATIVE_STATIC_LIBS_OPTIONAL)
+      list(APPEND missing ${lib})
+    endif()
+  endforeach()
+  if(missing)
+    message(FATAL_ERROR "liblava_flow.a needs system libraries that cmake/LavaFlowNativeLibs.cmake "
+                        "does not list: ${missing}. Add them there.")
+  endif()
+endif()

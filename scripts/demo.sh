@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The README's first command: installs what is missing, builds and installs lava-flow into
+# ./build/demo/prefix, builds the examples against that installed package (as a user would),
+# and runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build=$root/build/demo
+prefix=$build/prefix
+
+scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "== building and installing lava-flow into $prefix"
+cmake -S . -B "$build/lib" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" \
+      -DBUILD_TESTING=OFF -DLAVA_FLOW_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build "$build/lib" -j"$(nproc)"
+cmake --install "$build/lib" >/dev/null
+
+echo "== building the examples against the installed package"
+for ex in examples-c examples-cpp; do
+  cmake -S "$ex" -B "$build/$ex" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$build/$ex" -j"$(nproc)" >/dev/null
+done
+
+# A config describing one process on this host and one elsewhere.
+config=$build/processes.json
+cat > "$config" <<JSON
+{
+  "processes": [
+    { "name": "neighbour", "hostname": "$(hostname)", "node_id": 0 },
+    { "name": "far-away", "hostname": "gpu-node-1", "device_id": 0 }
+  ]
+}
+JSON
+
+echo
+echo "== C example: this process's location and its scope to the processes in $config"
+"$build/examples-c/lf_location_c" "$config" neighbour far-away
+echo
+echo "== C++ example"
+"$build/examples-cpp/lf_location_cpp" "$config" neighbour far-away

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The whole test suite: the README's test command, and what CI runs (.ci/run).
+# Installs missing system packages, then: cargo build + test with all features (the header
+# check is one of the tests), the CMake build, ctest, the install, and the package as a user
+# sees it (find_package shared and static, pkg-config, the examples built out of tree).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build=${LF_BUILD_DIR:-$root/build/test}
+prefix=$build/prefix
+jobs=$(nproc)
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "system packages"
+scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+# lavapipe and vulkaninfo want a runtime dir; lava-flow's channels put their sockets there.
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+
+step "hugepages"
+want_hugepages=64
+have=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+if ((have >= want_hugepages)); then
+  echo "$have 2 MiB hugepages reserved"
+elif [[ -w /proc/sys/vm/nr_hugepages ]] && echo $want_hugepages > /proc/sys/vm/nr_hugepages 2>/dev/null; then
+  echo "reserved $(cat /proc/sys/vm/nr_hugepages) 2 MiB hugepages (was $have)"
+else
+  echo "cannot reserve hugepages (not root?): hugepage tests check the strict-mode error instead"
+fi
+
+step "cargo build --all-features"
+cargo build --all-features --all-targets
+
+step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
+cargo test --all-features
+
+step "CMake build"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix"
+cmake --build "$build" -j"$jobs"
+
+step "ctest (C and C++ tests, examples, valgrind)"
+ctest --test-dir "$build" --output-on-failure -j"$jobs"
+
+step "install"
+rm -rf "$prefix"
+cmake --install "$build"
+
+step "find_package(LavaFlow) from a project outside the tree: shared, then static"
+for mode in OFF ON; do
+  cmake -S tests/consumer -B "$build/consumer-$mode" -DCMAKE_PREFIX_PATH="$prefix" -DLINK_STATIC=$mode >/dev/null
+  cmake --build "$build/consumer-$mode"
+  "$build/consumer-$mode/app"
+done
+if ldd "$build/consumer-ON/app" | grep -q liblava_flow; then
+  echo "the static consumer is linked to liblava_flow.so" >&2; exit 1
+fi
+
+step "pkg-config"
+pcdir=$(dirname "$(find "$prefix" -name lava_flow.pc)")
+flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs lava_flow)
+echo "pkg-config --cflags --libs lava_flow: $flags"
+# shellcheck disable=SC2086
+cc -std=c11 tests/consumer/main.c $flags -o "$build/pkgconfig-app"
+LD_LIBRARY_PATH=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir lava_flow) "$build/pkgconfig-app"
+
+step "examples built against the installed prefix"
+for ex in examples-c examples-cpp; do
+  cmake -S "$ex" -B "$build/installed-$ex" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$build/installed-$ex" -j"$jobs"
+  ctest --test-dir "$build/installed-$ex" --output-on-failure
+done
+
+step "all tests passed"

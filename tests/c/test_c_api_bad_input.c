@@ -1,0 +1,99 @@
+/* Feeds the C API NULLs, bad paths, bad values and bad handles, and checks that each call
+ * returns the right status with a message that names the problem, and never crashes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <lava_flow.h>
+
+static int failures = 0;
+
+/* Checks the status and that the thread's last error message contains `needle`. */
+static void expect(const char *call, lf_status got, lf_status want, const char *needle) {
+    const char *msg = lf_last_error_message();
+    if (got != want) {
+        fprintf(stderr, "FAIL %s: got %s, want %s (message: %s)\n", call, lf_status_str(got),
+                lf_status_str(want), msg);
+        failures++;
+    } else if (needle && !strstr(msg, needle)) {
+        fprintf(stderr, "FAIL %s: message \"%s\" lacks \"%s\"\n", call, msg, needle);
+        failures++;
+    } else {
+        printf("ok   %-48s %s\n", call, want == LF_OK ? "" : msg);
+    }
+}
+
+#define EXPECT(call, want, needle) expect(#call, (call), (want), (needle))
+
+static const char *write_file(const char *text) {
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/lf-bad-input-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) { perror("fopen"); exit(2); }
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+int main(void) {
+    lf_location *loc = NULL, *other = NULL;
+    const char *host = NULL;
+    int64_t id = 0;
+    lf_scope scope = 0;
+
+    /* NULL pointers, in every position. */
+    EXPECT(lf_location_detect(NULL), LF_ERR_NULL_POINTER, "argument `out` is NULL");
+    EXPECT(lf_location_new(NULL, LF_UNSET, LF_UNSET, &loc), LF_ERR_NULL_POINTER, "`hostname`");
+    EXPECT(lf_location_from_config(NULL, "a", &loc), LF_ERR_NULL_POINTER, "`path`");
+    EXPECT(lf_location_from_config("/x.json", NULL, &loc), LF_ERR_NULL_POINTER, "`process_name`");
+    EXPECT(lf_location_hostname(NULL, &host), LF_ERR_NULL_POINTER, "`location`");
+    EXPECT(lf_location_node_id(NULL, &id), LF_ERR_NULL_POINTER, "`location`");
+    EXPECT(lf_scope_detect(NULL, NULL, &scope), LF_ERR_NULL_POINTER, "`mine`");
+    lf_location_free(NULL); /* accepted, no effect */
+
+    /* Bad values. */
+    EXPECT(lf_location_new("", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "hostname is empty");
+    EXPECT(lf_location_new("h", -7, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "`node_id` is -7");
+    EXPECT(lf_location_new("h", 0, 1LL << 40, &loc), LF_ERR_INVALID_ARGUMENT, "`device_id`");
+    EXPECT(lf_location_from_config("/x.json", "bad name!", &loc), LF_ERR_INVALID_ARGUMENT, "process name");
+    if (loc != NULL) { fprintf(stderr, "FAIL: out written on failure\n"); failures++; }
+
+    /* Bad config files: each names the file and the problem. */
+    EXPECT(lf_location_from_config("/nonexistent/lf.json", "a", &loc), LF_ERR_CONFIG,
+           "config file /nonexistent/lf.json: cannot read it");
+    EXPECT(lf_location_from_config(write_file("{\"processes\": ["), "a", &loc), LF_ERR_CONFIG, "not valid JSON");
+    EXPECT(lf_location_from_config(write_file("{\"processes\": [{\"name\": \"a\"}]}"), "a", &loc),
+           LF_ERR_CONFIG, "missing field \"hostname\"");
+    EXPECT(lf_location_from_config(write_file("{\"processes\": [{\"name\": \"a\", \"hostname\": 3}]}"), "a", &loc),
+           LF_ERR_CONFIG, "hostname must be a string");
+    EXPECT(lf_location_from_config(write_file("{\"processes\": [{\"name\": \"b\", \"hostname\": \"h\"}]}"), "a", &loc),
+           LF_ERR_NOT_FOUND, "describes: b");
+    remove(write_file(""));
+
+    /* Bad handles: freed, wrong type, never created. */
+    EXPECT(lf_location_new("h", LF_UNSET, LF_UNSET, &loc), LF_OK, NULL);
+    EXPECT(lf_location_new("g", LF_UNSET, LF_UNSET, &other), LF_OK, NULL);
+    EXPECT(lf_scope_detect(loc, other, &scope), LF_OK, NULL);
+    if (scope != LF_SCOPE_REMOTE) { fprintf(stderr, "FAIL: h vs g is not remote\n"); failures++; }
+    lf_location_free(other);
+    EXPECT(lf_scope_detect(loc, other, &scope), LF_ERR_BAD_HANDLE, "`peer` is not a live lf_location");
+    lf_location_free(other); /* double free: ignored, reported */
+    if (!strstr(lf_last_error_message(), "lf_location_free")) {
+        fprintf(stderr, "FAIL: double free not reported\n");
+        failures++;
+    }
+    int not_a_handle = 42;
+    EXPECT(lf_location_hostname((const lf_location *)&not_a_handle, &host), LF_ERR_BAD_HANDLE, "not a live");
+    EXPECT(lf_location_node_id((const lf_location *)(uintptr_t)0x10, &id), LF_ERR_BAD_HANDLE, "not a live");
+    lf_location_free(loc);
+
+    /* Unknown enum values are safe to describe. */
+    if (strcmp(lf_status_str(12345), "unknown lf_status value") != 0 || strcmp(lf_scope_str(99), "unknown") != 0) {
+        fprintf(stderr, "FAIL: unknown values not described as unknown\n");
+        failures++;
+    }
+
+    printf("%d failure(s)\n", failures);
+    return failures == 0 ? 0 : 1;
+}
