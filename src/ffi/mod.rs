@@ -177,3 +177,32 @@ pub(crate) fn free_handle<T: 'static>(ptr: *mut T, arg: &str) -> FfiResult<()> {
     drop(unsafe { Box::from_raw(ptr) });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::status::lf_last_error_message;
+    use std::ffi::CStr;
+
+    #[test]
+    fn a_panic_becomes_a_status_with_a_message() {
+        let status = boundary("lf_test_fn", || panic!("invariant broken"));
+        assert_eq!(status, lf_status::LF_ERR_INTERNAL);
+        // SAFETY: lf_last_error_message returns a valid thread-local C string.
+        let msg = unsafe { CStr::from_ptr(lf_last_error_message()) }.to_string_lossy().into_owned();
+        assert!(msg.starts_with("lf_test_fn: internal error"), "{msg}");
+        assert!(msg.ends_with("invariant broken"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_handles_are_named() {
+        #[allow(non_camel_case_types)]
+        struct lf_other;
+        let other = new_handle(lf_other);
+        let err = handle_ref::<location::lf_location>(other.cast(), "location").err().unwrap();
+        assert_eq!(err.status, lf_status::LF_ERR_BAD_HANDLE);
+        assert_eq!(err.message, "argument `location` is an lf_other handle, not an lf_location");
+        assert!(free_handle::<location::lf_location>(other.cast(), "x").is_err(), "wrong type is not freed");
+        free_handle(other, "other").ok().unwrap();
+    }
+}
