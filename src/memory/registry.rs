@@ -171,8 +171,8 @@ mod tests {
         assert_eq!((found.info.id, found.offset), (BufferId(1), 99));
         assert_eq!(registry.find(1100).unwrap().info.id, BufferId(2));
         assert_eq!(registry.find(1150), None);
-        let err = registry.insert(info(3, 1090, 20), true).unwrap_err();
-        assert!(err.to_string().contains("overlaps lava-flow buffer 1"), "{err}");
+        let err = registry.insert(info(3, 1080, 10), true).unwrap_err();
+        assert!(err.to_string().contains("overlaps lava-flow buffer #1"), "{err}");
     }
 
     #[test]
