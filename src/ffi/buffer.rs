@@ -193,3 +193,46 @@ pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut u3
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use std::ptr;
+
+    #[test]
+    fn properties_and_release() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 100, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let (mut size, mut page, mut origin, mut node) = (0usize, 0usize, 0u32, 0i64);
+            assert_eq!(lf_buffer_size(buffer, &mut size), lf_status::LF_OK);
+            assert_eq!(lf_buffer_page_size(buffer, &mut page), lf_status::LF_OK);
+            assert_eq!(lf_buffer_origin(buffer, &mut origin), lf_status::LF_OK);
+            assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
+            assert_eq!((size, page, origin, node), (100, crate::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET));
+            // Allocated memory is not deregistered: refused, and the buffer stays usable.
+            assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);
+            let mut p = ptr::null_mut();
+            assert_eq!(lf_buffer_ptr(buffer, &mut p), lf_status::LF_OK);
+            p.cast::<u8>().write_bytes(0xab, 100);
+            lf_free(buffer);
+            assert_eq!(lf_buffer_size(buffer, &mut size), lf_status::LF_ERR_BAD_HANDLE);
+            lf_free(buffer);
+            lf_free(ptr::null_mut());
+            assert_eq!(lf_buffer_size(buffer, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+
+            let mut user = [0u8; 256];
+            let mut registered = ptr::null_mut();
+            assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 256, &mut registered), lf_status::LF_OK);
+            assert_eq!(lf_buffer_origin(registered, &mut origin), lf_status::LF_OK);
+            assert_eq!(origin, LF_ORIGIN_REGISTERED);
+            assert_eq!(lf_deregister(ptr::null(), registered), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(lf_deregister(context, registered), lf_status::LF_OK);
+            assert_eq!(lf_deregister(context, registered), lf_status::LF_ERR_BAD_HANDLE);
+            lf_context_free(context);
+        }
+    }
+}

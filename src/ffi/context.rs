@@ -225,3 +225,93 @@ pub unsafe extern "C" fn lf_buffer_find(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::buffer::{lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
+    use crate::ffi::status::lf_last_error_message;
+    use std::ffi::CStr;
+    use std::ptr;
+
+    fn last_error() -> String {
+        // SAFETY: lf_last_error_message returns a valid thread-local C string.
+        unsafe { CStr::from_ptr(lf_last_error_message()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn allocate_find_and_free() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 1000, LF_MEMORY_CPU_NUMA, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let mut location = 0;
+            assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
+            assert_eq!(location, LF_MEMORY_CPU_NUMA);
+            let mut base = ptr::null_mut();
+            assert_eq!(lf_buffer_ptr(buffer, &mut base), lf_status::LF_OK);
+            let (mut found, mut offset) = (ptr::null_mut(), 0usize);
+            let inside = base.cast::<u8>().add(999).cast();
+            assert_eq!(lf_buffer_find(context, inside, &mut found, &mut offset), lf_status::LF_OK);
+            assert_eq!((found, offset), (buffer, 999));
+            lf_free(buffer);
+            assert_eq!(lf_buffer_find(context, inside, &mut found, ptr::null_mut()), lf_status::LF_ERR_NOT_FOUND);
+            lf_context_free(context);
+        }
+    }
+
+    #[test]
+    fn register_user_memory() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut memory = vec![0u8; 4096];
+            let mut buffer = ptr::null_mut();
+            let base = memory.as_mut_ptr().cast();
+            assert_eq!(lf_register(context, base, 4096, &mut buffer), lf_status::LF_OK);
+            let mut twice = ptr::null_mut();
+            assert_eq!(lf_register(context, base, 16, &mut twice), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert!(last_error().contains("overlaps"), "{}", last_error());
+            let mut found = ptr::null_mut();
+            assert_eq!(lf_buffer_find(context, base.cast::<u8>().add(10).cast(), &mut found, ptr::null_mut()), lf_status::LF_OK);
+            assert_eq!(found, buffer);
+            assert_eq!(crate::ffi::buffer::lf_deregister(context, buffer), lf_status::LF_OK);
+            assert_eq!(lf_register(context, ptr::null_mut(), 16, &mut twice), lf_status::LF_ERR_INVALID_ARGUMENT);
+            lf_context_free(context);
+        }
+    }
+
+    #[test]
+    fn bad_input_gives_status_and_message() {
+        unsafe {
+            let mut config = lf_context_config { hugepage_policy: 7, ..Default::default() };
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert!(last_error().contains("hugepage_policy 7"), "{}", last_error());
+            config = lf_context_config { arena_size: 3000, ..Default::default() };
+            assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(lf_context_create(ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(lf_context_create(&lf_context_config::default(), &mut context), lf_status::LF_OK);
+
+            let mut buffer = ptr::null_mut();
+            let cases: [(usize, u32, i64, u32, lf_status, &str); 6] = [
+                (0, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "size 0"),
+                (usize::MAX, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, lf_status::LF_ERR_OUT_OF_MEMORY, "more than this host"),
+                (64, 4242, LF_UNSET, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "unknown memory location value 4242"),
+                (64, LF_MEMORY_CPU_NUMA, 999, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "NUMA node 999 does not exist"),
+                (64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 8, lf_status::LF_ERR_INVALID_ARGUMENT, "flags 0x8"),
+                (64, crate::ffi::buffer::LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, lf_status::LF_ERR_UNSUPPORTED, "Vulkan layer"),
+            ];
+            for (size, location, node, flags, status, text) in cases {
+                assert_eq!(lf_alloc(context, size, location, node, flags, &mut buffer), status, "{text}");
+                assert!(last_error().starts_with("lf_alloc: ") && last_error().contains(text), "{}", last_error());
+                assert!(buffer.is_null(), "out is untouched on failure");
+            }
+            let freed = context;
+            lf_context_free(context);
+            assert_eq!(lf_alloc(freed, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_ERR_BAD_HANDLE);
+            lf_context_free(ptr::null_mut());
+        }
+    }
+}

@@ -187,3 +187,93 @@ pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
+    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use crate::ffi::location::LF_UNSET;
+    use std::os::fd::AsRawFd;
+    use std::ptr;
+
+    fn is_open(fd: i32) -> bool {
+        // SAFETY: F_GETFD only queries the descriptor.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    #[test]
+    fn export_travels_and_imports_the_same_memory() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 300, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let mut export = lf_export::default();
+            assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
+            let (a, b) = UnixStream::pair().unwrap();
+            assert_eq!(lf_export_send(a.as_raw_fd(), &export), lf_status::LF_OK);
+            libc::close(export.fd);
+            let mut received = lf_export::default();
+            assert_eq!(lf_export_recv(b.as_raw_fd(), &mut received), lf_status::LF_OK);
+            let mut imported = ptr::null_mut();
+            assert_eq!(lf_import(context, &received, &mut imported), lf_status::LF_OK);
+            let mut origin = 0;
+            assert_eq!(lf_buffer_origin(imported, &mut origin), lf_status::LF_OK);
+            assert_eq!(origin, LF_ORIGIN_IMPORTED);
+            let (mut here, mut there) = (ptr::null_mut(), ptr::null_mut());
+            lf_buffer_ptr(buffer, &mut here);
+            lf_buffer_ptr(imported, &mut there);
+            assert_ne!(here, there);
+            here.cast::<u8>().add(299).write(7);
+            assert_eq!(there.cast::<u8>().add(299).read(), 7);
+            lf_free(imported);
+            lf_free(buffer);
+            lf_context_free(context);
+        }
+    }
+
+    #[test]
+    fn bad_exports_are_refused_and_their_fds_closed() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let mut good = lf_export::default();
+            assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
+            let foreign_fd = crate::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
+            let broken: [(lf_export, &str); 6] = [
+                (lf_export { magic: 1, ..good }, "not a lava-flow export handle"),
+                (lf_export { location: 99, ..good }, "unknown memory location value 99"),
+                (lf_export { offset: good.arena_size, ..good }, "outside its"),
+                (lf_export { size: 0, ..good }, "size 0"),
+                (lf_export { arena_size: good.arena_size * 2, ..good }, "the handle says"),
+                (lf_export { fd: foreign_fd, ..good }, "not a lava-flow memory file"),
+            ];
+            for (export, text) in broken {
+                let fd = libc::dup(export.fd);
+                let export = lf_export { fd, ..export };
+                let mut imported = ptr::null_mut();
+                assert_ne!(lf_import(context, &export, &mut imported), lf_status::LF_OK, "{text}");
+                let message = std::ffi::CStr::from_ptr(crate::ffi::status::lf_last_error_message()).to_string_lossy();
+                assert!(message.contains(text), "{message}");
+                assert!(imported.is_null());
+                assert!(!is_open(fd), "fd closed on error ({text})");
+            }
+            libc::close(foreign_fd);
+            assert_eq!(lf_import(context, &lf_export { fd: -1, ..good }, &mut ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(lf_import(context, ptr::null(), &mut ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            // A NULL out still takes (closes) the fd.
+            assert_eq!(lf_import(context, &good, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            assert!(!is_open(good.fd));
+            let mut user = [0u8; 64];
+            let mut registered = ptr::null_mut();
+            assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 64, &mut registered), lf_status::LF_OK);
+            assert_eq!(lf_buffer_export(registered, &mut good), lf_status::LF_ERR_UNSUPPORTED);
+            lf_free(registered);
+            lf_free(buffer);
+            lf_context_free(context);
+        }
+    }
+}

@@ -385,4 +385,29 @@ mod tests {
         assert!(ExportDescriptor::from_bytes(&[0u8; 10]).is_err());
         assert_ne!(process_token(), 0);
     }
+
+    #[test]
+    fn importing_one_arena_twice_maps_it_once() {
+        use crate::memory::{Context, ContextConfig, MemoryLocation};
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let a = context.allocate(64, MemoryLocation::CpuStandard).unwrap();
+        let b = context.allocate(64, MemoryLocation::CpuStandard).unwrap();
+        let ia = context.import(a.export().unwrap()).unwrap();
+        let ib = context.import(b.export().unwrap()).unwrap();
+        let again = context.import(a.export().unwrap()).unwrap();
+        assert_eq!(context.inner.imports.len(), 1);
+        assert_eq!(ib.as_ptr() as usize - ia.as_ptr() as usize, b.as_ptr() as usize - a.as_ptr() as usize);
+        assert_eq!(again.as_ptr(), ia.as_ptr());
+        // Two imported buffers over the same bytes: the registry answers with one of them.
+        let found = context.find(ia.as_ptr()).unwrap();
+        assert!(found.info.id == ia.id() || found.info.id == again.id());
+        drop((ia, ib, again));
+        assert_eq!(context.inner.imports.len(), 0, "the mapping goes with its last buffer");
+        // Re-exporting an imported buffer names the original arena.
+        let first = a.export().unwrap();
+        let imported = context.import(first).unwrap();
+        let re = imported.export().unwrap();
+        assert_eq!(re.descriptor.exporter_pid, std::process::id());
+        assert_eq!(re.descriptor.offset, a.export().unwrap().descriptor.offset);
+    }
 }
