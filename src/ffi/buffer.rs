@@ -21,13 +21,24 @@ use crate::memory::location::code;
 use crate::memory::{Buffer, BufferId, BufferOrigin};
 
 /// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
-pub const LF_MEMORY_CPU_STANDARD: u32 = code::CPU_STANDARD;
-pub const LF_MEMORY_CPU_NUMA: u32 = code::CPU_NUMA;
-pub const LF_MEMORY_CPU_HUGEPAGE_2MB: u32 = code::CPU_HUGEPAGE_2MB;
-pub const LF_MEMORY_CPU_HUGEPAGE_1GB: u32 = code::CPU_HUGEPAGE_1GB;
-pub const LF_MEMORY_CPU_GPU_PINNED: u32 = code::CPU_GPU_PINNED;
-pub const LF_MEMORY_GPU_DEVICE_LOCAL: u32 = code::GPU_DEVICE_LOCAL;
-pub const LF_MEMORY_GPU_HOST_VISIBLE: u32 = code::GPU_HOST_VISIBLE;
+pub const LF_MEMORY_CPU_STANDARD: u32 = 1;
+pub const LF_MEMORY_CPU_NUMA: u32 = 2;
+pub const LF_MEMORY_CPU_HUGEPAGE_2MB: u32 = 3;
+pub const LF_MEMORY_CPU_HUGEPAGE_1GB: u32 = 4;
+pub const LF_MEMORY_CPU_GPU_PINNED: u32 = 5;
+pub const LF_MEMORY_GPU_DEVICE_LOCAL: u32 = 6;
+pub const LF_MEMORY_GPU_HOST_VISIBLE: u32 = 7;
+
+// Literals (so cbindgen writes them into the header), checked against the Rust codes.
+const _: () = assert!(
+    LF_MEMORY_CPU_STANDARD == code::CPU_STANDARD
+        && LF_MEMORY_CPU_NUMA == code::CPU_NUMA
+        && LF_MEMORY_CPU_HUGEPAGE_2MB == code::CPU_HUGEPAGE_2MB
+        && LF_MEMORY_CPU_HUGEPAGE_1GB == code::CPU_HUGEPAGE_1GB
+        && LF_MEMORY_CPU_GPU_PINNED == code::CPU_GPU_PINNED
+        && LF_MEMORY_GPU_DEVICE_LOCAL == code::GPU_DEVICE_LOCAL
+        && LF_MEMORY_GPU_HOST_VISIBLE == code::GPU_HOST_VISIBLE
+);
 
 /// `lf_buffer_origin`: allocated here (exportable).
 pub const LF_ORIGIN_ALLOCATED: u32 = 1;

@@ -49,7 +49,9 @@ pub struct lf_export {
 }
 
 /// The magic number every export starts with ("LFEX").
-pub const LF_EXPORT_MAGIC: u32 = crate::memory::EXPORT_MAGIC;
+pub const LF_EXPORT_MAGIC: u32 = 0x4c46_4558;
+
+const _: () = assert!(LF_EXPORT_MAGIC == crate::memory::EXPORT_MAGIC);
 
 const _: () = assert!(std::mem::size_of::<lf_export>() == LF_EXPORT_SIZE as usize);
 
