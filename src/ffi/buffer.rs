@@ -1,5 +1,5 @@
 //! `lf_buffer`: a range of memory from lava-flow (allocated, imported or registered), its
-//! properties, and its release.
+//! properties, its release, and the lookup of the buffer holding an address.
 //!
 //! Ownership: each `lf_buffer` is owned by the caller that received it from `lf_alloc`,
 //! `lf_alloc_auto`, `lf_import` or `lf_register`, and released with `lf_free` (or
@@ -201,6 +201,38 @@ pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut u3
             BufferOrigin::Imported { .. } => LF_ORIGIN_IMPORTED,
         };
         write_out(out, origin);
+        Ok(())
+    })
+}
+
+/// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
+/// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
+/// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
+/// when no buffer holds it. O(log n). Thread-safe.
+///
+/// # Safety
+/// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_find(
+    context: *const lf_context,
+    ptr: *const c_void,
+    out: *mut *mut lf_buffer,
+    offset: *mut usize,
+) -> lf_status {
+    boundary("lf_buffer_find", || {
+        let out = out_ptr(out, "out")?;
+        let context = &handle_ref(context, "context")?.context;
+        let not_found = |message: String| Failure { status: lf_status::LF_ERR_NOT_FOUND, message };
+        let found = context
+            .find(ptr.cast())
+            .ok_or_else(|| not_found(format!("no lava-flow buffer of this context holds address {ptr:p}")))?;
+        let handle = lf_buffer::handle_of(found.info.id).ok_or_else(|| {
+            not_found(format!("buffer {} holds {ptr:p} but was made through the Rust API", found.info.id))
+        })?;
+        write_out(out, handle);
+        if !offset.is_null() {
+            write_out(offset, found.offset);
+        }
         Ok(())
     })
 }

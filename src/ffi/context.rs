@@ -1,5 +1,5 @@
 //! `lf_context`: the per-process memory context, and the functions that make buffers from it
-//! (`lf_alloc`, `lf_alloc_auto`, `lf_register`) or look them up (`lf_buffer_find`).
+//! (`lf_alloc`, `lf_alloc_auto`, `lf_register`).
 //!
 //! Ownership: an `lf_context` is owned by its creator and released with `lf_context_free`.
 //! It is thread-safe: any number of threads may allocate, register, import and look up
@@ -194,42 +194,10 @@ pub unsafe extern "C" fn lf_register(
     })
 }
 
-/// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
-/// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
-/// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
-/// when no buffer holds it. O(log n). Thread-safe.
-///
-/// # Safety
-/// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn lf_buffer_find(
-    context: *const lf_context,
-    ptr: *const c_void,
-    out: *mut *mut lf_buffer,
-    offset: *mut usize,
-) -> lf_status {
-    boundary("lf_buffer_find", || {
-        let out = out_ptr(out, "out")?;
-        let context = &handle_ref(context, "context")?.context;
-        let not_found = |message: String| Failure { status: lf_status::LF_ERR_NOT_FOUND, message };
-        let found = context
-            .find(ptr.cast())
-            .ok_or_else(|| not_found(format!("no lava-flow buffer of this context holds address {ptr:p}")))?;
-        let handle = lf_buffer::handle_of(found.info.id).ok_or_else(|| {
-            not_found(format!("buffer {} holds {ptr:p} but was made through the Rust API", found.info.id))
-        })?;
-        write_out(out, handle);
-        if !offset.is_null() {
-            write_out(offset, found.offset);
-        }
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::buffer::{lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
+    use crate::ffi::buffer::{lf_buffer_find, lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
     use crate::ffi::status::lf_last_error_message;
     use std::ffi::CStr;
     use std::ptr;

@@ -9,7 +9,7 @@
 //! `lf_import` always takes the fd (kept, or closed — also on every error).
 
 use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use super::buffer::lf_buffer;
@@ -17,6 +17,7 @@ use super::context::lf_context;
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
 use crate::memory::{ExportDescriptor, ExportHandle};
+use crate::os::send_with_fds;
 
 /// The size of `lf_export`, in bytes.
 pub const LF_EXPORT_SIZE: u32 = 64;
@@ -92,11 +93,15 @@ fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
+fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only queries the descriptor's flags; any integer is safe to ask about.
+    fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
+}
+
 /// Takes ownership of `fd` after checking that it is open (wrapping a closed fd in an
 /// OwnedFd would close someone else's later).
 fn own_fd(fd: RawFd) -> FfiResult<OwnedFd> {
-    // SAFETY: F_GETFD only queries the descriptor's flags.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+    if !fd_is_open(fd) {
         return Err(invalid(format!("export fd {fd} is not an open file descriptor")));
     }
     // SAFETY: fd is open, and the lf_import contract hands its ownership to lava-flow.
@@ -146,8 +151,7 @@ pub unsafe extern "C" fn lf_import(context: *const lf_context, export: *const lf
 
 /// Borrows a socket fd as a UnixStream without taking it over.
 fn borrow_socket(socket: i32) -> FfiResult<ManuallyDrop<UnixStream>> {
-    // SAFETY: F_GETFD only queries the descriptor's flags.
-    if socket < 0 || unsafe { libc::fcntl(socket, libc::F_GETFD) } < 0 {
+    if !fd_is_open(socket) {
         return Err(invalid(format!("socket {socket} is not an open file descriptor")));
     }
     // SAFETY: open fd; ManuallyDrop keeps the caller's descriptor open.
@@ -165,10 +169,13 @@ pub unsafe extern "C" fn lf_export_send(socket: i32, export: *const lf_export) -
         // SAFETY: the caller promises export is NULL or readable.
         let export = unsafe { export.as_ref() }.ok_or_else(|| Failure::null("export"))?;
         let socket = borrow_socket(socket)?;
-        // Borrow the fd for the send only; the caller keeps it.
-        let fd = ManuallyDrop::new(own_fd(export.fd)?);
-        let handle = ManuallyDrop::new(ExportHandle { fd: ManuallyDrop::into_inner(fd), descriptor: descriptor_of(export) });
-        handle.send(&socket)?;
+        if !fd_is_open(export.fd) {
+            return Err(invalid(format!("export fd {} is not an open file descriptor", export.fd)));
+        }
+        // SAFETY: the fd was just checked to be open, and the caller keeps it open during the
+        // call; it is only borrowed for the send.
+        let fd = unsafe { BorrowedFd::borrow_raw(export.fd) };
+        send_with_fds(&socket, &descriptor_of(export).to_bytes(), &[fd])?;
         Ok(())
     })
 }
