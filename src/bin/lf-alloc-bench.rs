@@ -28,7 +28,9 @@ impl Subject {
     fn target_us(self, size: usize) -> Option<f64> {
         match self {
             Subject::Malloc => None,
-            Subject::Lava(_, MemoryLocation::CpuStandard | MemoryLocation::CpuNuma { .. }) if size <= 64 << 10 => Some(1.0),
+            Subject::Lava(_, MemoryLocation::CpuStandard | MemoryLocation::CpuNuma { .. }) if size <= 64 << 10 => {
+                Some(1.0)
+            }
             Subject::Lava(_, MemoryLocation::CpuHugepage { .. } | MemoryLocation::CpuGpuPinned) => Some(10.0),
             Subject::Lava(..) => None,
         }

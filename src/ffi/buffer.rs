@@ -255,7 +255,10 @@ mod tests {
             assert_eq!(lf_buffer_page_size(buffer, &mut page), lf_status::LF_OK);
             assert_eq!(lf_buffer_origin(buffer, &mut origin), lf_status::LF_OK);
             assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
-            assert_eq!((size, page, origin, node), (100, crate::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET));
+            assert_eq!(
+                (size, page, origin, node),
+                (100, crate::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET)
+            );
             // Allocated memory is not deregistered: refused, and the buffer stays usable.
             assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);
             let mut p = ptr::null_mut();

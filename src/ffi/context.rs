@@ -130,7 +130,10 @@ pub unsafe extern "C" fn lf_alloc(
         let context = &handle_ref(context, "context")?.context;
         let node = match numa_node {
             LF_UNSET => None,
-            n => Some(u32::try_from(n).map_err(|_| invalid(format!("numa_node {n} is not a node number or LF_UNSET (-1)")))?),
+            n => Some(
+                u32::try_from(n)
+                    .map_err(|_| invalid(format!("numa_node {n} is not a node number or LF_UNSET (-1)")))?,
+            ),
         };
         let location = MemoryLocation::from_code(location, node)?;
         let policy = match flags {
@@ -197,7 +200,9 @@ pub unsafe extern "C" fn lf_register(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::buffer::{lf_buffer_find, lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
+    use crate::ffi::buffer::{
+        lf_buffer_find, lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD,
+    };
     use crate::ffi::status::lf_last_error_message;
     use std::ffi::CStr;
     use std::ptr;
@@ -242,7 +247,10 @@ mod tests {
             assert_eq!(lf_register(context, base, 16, &mut twice), lf_status::LF_ERR_INVALID_ARGUMENT);
             assert!(last_error().contains("overlaps"), "{}", last_error());
             let mut found = ptr::null_mut();
-            assert_eq!(lf_buffer_find(context, base.cast::<u8>().add(10).cast(), &mut found, ptr::null_mut()), lf_status::LF_OK);
+            assert_eq!(
+                lf_buffer_find(context, base.cast::<u8>().add(10).cast(), &mut found, ptr::null_mut()),
+                lf_status::LF_OK
+            );
             assert_eq!(found, buffer);
             assert_eq!(crate::ffi::buffer::lf_deregister(context, buffer), lf_status::LF_OK);
             assert_eq!(lf_register(context, ptr::null_mut(), 16, &mut twice), lf_status::LF_ERR_INVALID_ARGUMENT);
@@ -265,11 +273,25 @@ mod tests {
             let mut buffer = ptr::null_mut();
             let cases: [(usize, u32, i64, u32, lf_status, &str); 6] = [
                 (0, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "size 0"),
-                (usize::MAX, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, lf_status::LF_ERR_OUT_OF_MEMORY, "more than this host"),
+                (
+                    usize::MAX,
+                    LF_MEMORY_CPU_STANDARD,
+                    LF_UNSET,
+                    0,
+                    lf_status::LF_ERR_OUT_OF_MEMORY,
+                    "more than this host",
+                ),
                 (64, 4242, LF_UNSET, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "unknown memory location value 4242"),
                 (64, LF_MEMORY_CPU_NUMA, 999, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "NUMA node 999 does not exist"),
                 (64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 8, lf_status::LF_ERR_INVALID_ARGUMENT, "flags 0x8"),
-                (64, crate::ffi::buffer::LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, lf_status::LF_ERR_UNSUPPORTED, "Vulkan layer"),
+                (
+                    64,
+                    crate::ffi::buffer::LF_MEMORY_GPU_DEVICE_LOCAL,
+                    LF_UNSET,
+                    0,
+                    lf_status::LF_ERR_UNSUPPORTED,
+                    "Vulkan layer",
+                ),
             ];
             for (size, location, node, flags, status, text) in cases {
                 assert_eq!(lf_alloc(context, size, location, node, flags, &mut buffer), status, "{text}");
@@ -278,7 +300,10 @@ mod tests {
             }
             let freed = context;
             lf_context_free(context);
-            assert_eq!(lf_alloc(freed, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_ERR_BAD_HANDLE);
+            assert_eq!(
+                lf_alloc(freed, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_ERR_BAD_HANDLE
+            );
             lf_context_free(ptr::null_mut());
         }
     }

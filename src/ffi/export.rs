@@ -135,7 +135,11 @@ pub unsafe extern "C" fn lf_buffer_export(buffer: *const lf_buffer, out: *mut lf
 /// `context` must be NULL or a pointer obtained from lava-flow; `export` NULL or readable;
 /// `out` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_import(context: *const lf_context, export: *const lf_export, out: *mut *mut lf_buffer) -> lf_status {
+pub unsafe extern "C" fn lf_import(
+    context: *const lf_context,
+    export: *const lf_export,
+    out: *mut *mut lf_buffer,
+) -> lf_status {
     boundary("lf_import", || {
         // SAFETY: the caller promises export is NULL or readable.
         let export = unsafe { export.as_ref() }.ok_or_else(|| Failure::null("export"))?;
@@ -251,7 +255,8 @@ mod tests {
             assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
-            let foreign_fd = crate::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
+            let foreign_fd =
+                crate::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
             let broken: [(lf_export, &str); 6] = [
                 (lf_export { magic: 1, ..good }, "not a lava-flow export handle"),
                 (lf_export { location: 99, ..good }, "unknown memory location value 99"),
@@ -271,7 +276,10 @@ mod tests {
                 assert!(!is_open(fd), "fd closed on error ({text})");
             }
             libc::close(foreign_fd);
-            assert_eq!(lf_import(context, &lf_export { fd: -1, ..good }, &mut ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(
+                lf_import(context, &lf_export { fd: -1, ..good }, &mut ptr::null_mut()),
+                lf_status::LF_ERR_INVALID_ARGUMENT
+            );
             assert_eq!(lf_import(context, ptr::null(), &mut ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             // A NULL out still takes (closes) the fd.
             assert_eq!(lf_import(context, &good, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);

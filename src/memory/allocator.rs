@@ -114,12 +114,16 @@ impl Context {
         let (arena, offset, backing) = if pool.serves(size) {
             let block = pool.allocate(size, &self.inner.topology)?;
             let arena = Arc::clone(&block.arena);
-            (arena, block.offset, Backing::Pooled { pool, arena: block.arena, offset: block.offset, order: block.order })
+            (
+                arena,
+                block.offset,
+                Backing::Pooled { pool, arena: block.arena, offset: block.offset, order: block.order },
+            )
         } else {
             let page = strategy.page_size();
-            let rounded = size.checked_next_multiple_of(page).ok_or_else(|| {
-                Error::OutOfMemory(format!("{size} bytes cannot be rounded up to {page}-byte pages"))
-            })?;
+            let rounded = size
+                .checked_next_multiple_of(page)
+                .ok_or_else(|| Error::OutOfMemory(format!("{size} bytes cannot be rounded up to {page}-byte pages")))?;
             let arena = Arc::new(Arena::create(strategy, rounded, &self.inner.topology)?);
             (Arc::clone(&arena), 0, Backing::Dedicated { arena })
         };

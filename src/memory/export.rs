@@ -77,11 +77,7 @@ impl ExportDescriptor {
     /// validates the contents.
     pub fn from_bytes(bytes: &[u8]) -> Result<ExportDescriptor> {
         if bytes.len() != Self::SIZE {
-            return Err(Error::invalid(format!(
-                "an export descriptor is {} bytes, not {}",
-                Self::SIZE,
-                bytes.len()
-            )));
+            return Err(Error::invalid(format!("an export descriptor is {} bytes, not {}", Self::SIZE, bytes.len())));
         }
         let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
@@ -157,9 +153,8 @@ pub fn process_token() -> u64 {
         let n = unsafe { libc::getrandom((&mut token as *mut u64).cast(), 8, 0) };
         if n != 8 {
             // No entropy source: the time and pid still make the token unlikely to repeat.
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
             token = nanos ^ (u64::from(std::process::id()) << 32);
         }
         token
@@ -174,14 +169,9 @@ pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
         Backing::Dedicated { arena } => {
             (&arena.fd, arena.id, arena.mapping.len(), 0, std::process::id(), process_token())
         }
-        Backing::Imported { arena, offset } => (
-            &arena.fd,
-            arena.arena_id,
-            arena.mapping.len(),
-            *offset,
-            arena.exporter_pid,
-            arena.exporter_token,
-        ),
+        Backing::Imported { arena, offset } => {
+            (&arena.fd, arena.arena_id, arena.mapping.len(), *offset, arena.exporter_pid, arena.exporter_token)
+        }
         Backing::Registered => {
             return Err(Error::Unsupported(format!(
                 "buffer {} is registered user memory, which lives in no shareable memory file; \
@@ -285,7 +275,10 @@ fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLoca
         _ => page_size(),
     };
     if file_page != expected {
-        return Err(invalid_fd(fd, format!("the memory file has {file_page}-byte pages, but {location} has {expected}-byte pages")));
+        return Err(invalid_fd(
+            fd,
+            format!("the memory file has {file_page}-byte pages, but {location} has {expected}-byte pages"),
+        ));
     }
     Ok(((st.st_dev as u64, st.st_ino as u64), file_page))
 }

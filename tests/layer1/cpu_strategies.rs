@@ -56,11 +56,8 @@ fn check(buffer: &Buffer, seed: usize) -> bool {
 
 /// The locations every machine can give (hugepages only when some are free).
 fn available_locations() -> Vec<MemoryLocation> {
-    let mut locations = vec![
-        MemoryLocation::CpuStandard,
-        MemoryLocation::CpuNuma { node: None },
-        MemoryLocation::CpuGpuPinned,
-    ];
+    let mut locations =
+        vec![MemoryLocation::CpuStandard, MemoryLocation::CpuNuma { node: None }, MemoryLocation::CpuGpuPinned];
     if free_huge_pages(HugePageSize::Size2M) >= 4 {
         locations.push(MemoryLocation::CpuHugepage { page: HugePageSize::Size2M });
     }
@@ -283,7 +280,9 @@ fn importer_role(mut socket: UnixStream) {
         socket.read_exact(&mut seed).unwrap();
         let seed = u64::from_ne_bytes(seed) as usize;
         let handle = ExportHandle::recv(&socket).unwrap();
-        let location = MemoryLocation::from_code(handle.descriptor.location, u32::try_from(handle.descriptor.numa_node).ok()).unwrap();
+        let location =
+            MemoryLocation::from_code(handle.descriptor.location, u32::try_from(handle.descriptor.numa_node).ok())
+                .unwrap();
         let buffer = context.import(handle).unwrap();
         assert_eq!(buffer.origin(), BufferOrigin::Imported { exporter_pid: parent });
         assert_eq!(buffer.location(), location);
@@ -412,7 +411,8 @@ fn bad_input_is_an_error_with_a_message() {
 #[test]
 fn the_registry_finds_every_buffer_by_any_address() {
     let context = context();
-    let buffers: Vec<Buffer> = (1..200).map(|i| context.allocate(i * 37, MemoryLocation::CpuStandard).unwrap()).collect();
+    let buffers: Vec<Buffer> =
+        (1..200).map(|i| context.allocate(i * 37, MemoryLocation::CpuStandard).unwrap()).collect();
     for buffer in &buffers {
         for offset in [0, buffer.len() / 2, buffer.len() - 1] {
             let found = context.find(buffer.as_ptr().wrapping_add(offset)).unwrap();

@@ -58,8 +58,7 @@ pub(crate) fn advise_transparent(mapping: &Mapping) {
 /// The page size the kernel really uses for the mapping holding `addr`
 /// (`KernelPageSize` in `/proc/self/smaps`), in bytes.
 pub fn kernel_page_size_of(addr: *const u8) -> Result<usize> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps")
-        .map_err(|e| Error::os("reading /proc/self/smaps", e))?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(|e| Error::os("reading /proc/self/smaps", e))?;
     let addr = addr as usize;
     let mut inside = false;
     for line in smaps.lines() {
@@ -72,11 +71,9 @@ pub fn kernel_page_size_of(addr: *const u8) -> Result<usize> {
         }
         if inside {
             if let Some(rest) = line.strip_prefix("KernelPageSize:") {
-                let kb: usize = rest.trim().trim_end_matches("kB").trim().parse().map_err(|_| {
-                    Error::Io {
-                        context: "parsing /proc/self/smaps".into(),
-                        source: std::io::Error::other(format!("bad KernelPageSize line {line:?}")),
-                    }
+                let kb: usize = rest.trim().trim_end_matches("kB").trim().parse().map_err(|_| Error::Io {
+                    context: "parsing /proc/self/smaps".into(),
+                    source: std::io::Error::other(format!("bad KernelPageSize line {line:?}")),
                 })?;
                 return Ok(kb * 1024);
             }

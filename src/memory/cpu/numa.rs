@@ -41,9 +41,7 @@ impl NumaTopology {
     pub fn resolve(&self, node: Option<u32>) -> Result<u32> {
         let node = match node {
             Some(node) => node,
-            None => crate::types::current_numa_node()
-                .filter(|n| self.nodes.contains(n))
-                .unwrap_or(self.nodes[0]),
+            None => crate::types::current_numa_node().filter(|n| self.nodes.contains(n)).unwrap_or(self.nodes[0]),
         };
         if self.nodes.contains(&node) {
             Ok(node)
