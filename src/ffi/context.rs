@@ -62,8 +62,7 @@ fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
     if c.reserved0 != 0 || c.reserved.iter().any(|&r| r != 0) {
         return Err(invalid("the reserved fields of lf_context_config must be 0".into()));
     }
-    let mut config = ContextConfig::default();
-    config.hugepage_policy = policy(c.hugepage_policy)?;
+    let mut config = ContextConfig { hugepage_policy: policy(c.hugepage_policy)?, ..ContextConfig::default() };
     if c.arena_size != 0 {
         config.arena_size = usize::try_from(c.arena_size)
             .map_err(|_| invalid(format!("arena_size {} does not fit in size_t", c.arena_size)))?;

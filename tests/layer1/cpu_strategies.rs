@@ -344,7 +344,9 @@ fn leak_check_role() {
 }
 
 /// Ways to damage an export handle, and what the refusal says.
-const DAMAGE: [(&str, fn(&mut ExportHandle)); 6] = [
+type Damage = fn(&mut ExportHandle);
+
+const DAMAGE: [(&str, Damage); 6] = [
     ("not a lava-flow export handle", |h| h.descriptor.magic ^= 1),
     ("version", |h| h.descriptor.version = 9),
     ("outside its", |h| h.descriptor.offset = h.descriptor.arena_size),

@@ -113,6 +113,8 @@ pub(crate) fn bind(mapping: &Mapping, node: u32, topology: &NumaTopology) -> Res
 
 /// The NUMA node of the page holding `addr`, asked of the kernel (`get_mempolicy` with
 /// `MPOL_F_NODE | MPOL_F_ADDR`). The page is faulted in if it was not yet.
+// The pointer is only handed to the kernel, which checks it (EFAULT); nothing here reads it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn node_of_address(addr: *const u8) -> Result<u32> {
     let mut node: libc::c_int = -1;
     // SAFETY: `node` is a valid out-int; no nodemask is asked for (NULL, maxnode 0); the
