@@ -1,4 +1,5 @@
 //! Layer 0 and Layer 1 integration tests: scope detection and memory. One test binary, one
 //! module per concern (the seed's `tests/layer1/` layout).
 
+mod cpu_strategies;
 mod scope_detection;

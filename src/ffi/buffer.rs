@@ -1,0 +1,284 @@
+//! `lf_buffer`: a range of memory from lava-flow (allocated, imported or registered), its
+//! properties, its release, and the lookup of the buffer holding an address.
+//!
+//! Ownership: each `lf_buffer` is owned by the caller that received it from `lf_alloc`,
+//! `lf_alloc_auto`, `lf_import` or `lf_register`, and released with `lf_free` (or
+//! `lf_deregister` for registered memory). `lf_buffer_find` lends an existing handle; it does
+//! not create one. Reading a buffer's properties from several threads at once is safe;
+//! freeing it while another thread uses it is not.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::context::lf_context;
+use super::location::LF_UNSET;
+use super::status::lf_status;
+use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure};
+use crate::memory::location::code;
+use crate::memory::{Buffer, BufferId, BufferOrigin};
+
+/// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
+pub const LF_MEMORY_CPU_STANDARD: u32 = 1;
+pub const LF_MEMORY_CPU_NUMA: u32 = 2;
+pub const LF_MEMORY_CPU_HUGEPAGE_2MB: u32 = 3;
+pub const LF_MEMORY_CPU_HUGEPAGE_1GB: u32 = 4;
+pub const LF_MEMORY_CPU_GPU_PINNED: u32 = 5;
+pub const LF_MEMORY_GPU_DEVICE_LOCAL: u32 = 6;
+pub const LF_MEMORY_GPU_HOST_VISIBLE: u32 = 7;
+
+// Literals (so cbindgen writes them into the header), checked against the Rust codes.
+const _: () = assert!(
+    LF_MEMORY_CPU_STANDARD == code::CPU_STANDARD
+        && LF_MEMORY_CPU_NUMA == code::CPU_NUMA
+        && LF_MEMORY_CPU_HUGEPAGE_2MB == code::CPU_HUGEPAGE_2MB
+        && LF_MEMORY_CPU_HUGEPAGE_1GB == code::CPU_HUGEPAGE_1GB
+        && LF_MEMORY_CPU_GPU_PINNED == code::CPU_GPU_PINNED
+        && LF_MEMORY_GPU_DEVICE_LOCAL == code::GPU_DEVICE_LOCAL
+        && LF_MEMORY_GPU_HOST_VISIBLE == code::GPU_HOST_VISIBLE
+);
+
+/// `lf_buffer_origin`: allocated here (exportable).
+pub const LF_ORIGIN_ALLOCATED: u32 = 1;
+/// `lf_buffer_origin`: the caller's memory, entered with `lf_register`.
+pub const LF_ORIGIN_REGISTERED: u32 = 2;
+/// `lf_buffer_origin`: imported from an export (`lf_import`): the exporter's memory.
+pub const LF_ORIGIN_IMPORTED: u32 = 3;
+
+/// Opaque handle on a buffer.
+#[allow(non_camel_case_types)]
+pub struct lf_buffer {
+    pub(crate) buffer: Buffer,
+}
+
+/// Buffer id -> C handle address, so that a lookup by address can answer with the handle C
+/// already holds.
+fn handles() -> &'static Mutex<HashMap<BufferId, usize>> {
+    static HANDLES: OnceLock<Mutex<HashMap<BufferId, usize>>> = OnceLock::new();
+    HANDLES.get_or_init(Default::default)
+}
+
+impl lf_buffer {
+    pub(crate) fn into_handle(buffer: Buffer) -> *mut lf_buffer {
+        let id = buffer.id();
+        let handle = new_handle(lf_buffer { buffer });
+        handles().lock().insert(id, handle as usize);
+        handle
+    }
+
+    pub(crate) fn handle_of(id: BufferId) -> Option<*mut lf_buffer> {
+        handles().lock().get(&id).map(|&address| address as *mut lf_buffer)
+    }
+}
+
+fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
+    if let Ok(live) = handle_ref(buffer, "buffer") {
+        handles().lock().remove(&live.buffer.id());
+    }
+    free_handle(buffer, "buffer")
+}
+
+/// Releases a buffer: its memory goes back to its arena (an importer mapping it keeps it
+/// alive); registered memory is only forgotten. NULL is ignored, as is (with a note in
+/// `lf_last_error_message()`) a pointer that is not a live buffer.
+///
+/// # Safety
+/// `buffer` must not be in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn lf_free(buffer: *mut lf_buffer) {
+    boundary_void("lf_free", || release(buffer));
+}
+
+/// Ends the registration of user memory made by `lf_register` with `context` and releases
+/// the handle; the memory itself is untouched. A buffer that is not registered memory of
+/// this context is refused (LF_ERR_INVALID_ARGUMENT) and stays valid.
+///
+/// # Safety
+/// `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
+/// not be in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn lf_deregister(context: *const lf_context, buffer: *mut lf_buffer) -> lf_status {
+    boundary("lf_deregister", || {
+        let context = &handle_ref(context, "context")?.context;
+        let live = &handle_ref(buffer, "buffer")?.buffer;
+        let ours = Arc::ptr_eq(live.registry(), &context.inner.registry);
+        if live.origin() != BufferOrigin::Registered || !ours {
+            return Err(Failure {
+                status: lf_status::LF_ERR_INVALID_ARGUMENT,
+                message: format!(
+                    "buffer {} is not memory registered with this context ({:?}); release it with lf_free",
+                    live.id(),
+                    live.origin()
+                ),
+            });
+        }
+        release(buffer)
+    })
+}
+
+/// The first byte of the buffer, valid for `lf_buffer_size` bytes until it is freed.
+///
+/// # Safety
+/// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_ptr(buffer: *const lf_buffer, out: *mut *mut c_void) -> lf_status {
+    boundary("lf_buffer_ptr", || {
+        let out = out_ptr(out, "out")?;
+        write_out(out, handle_ref(buffer, "buffer")?.buffer.as_ptr().cast());
+        Ok(())
+    })
+}
+
+/// The buffer's size in bytes (as asked for).
+///
+/// # Safety
+/// As `lf_buffer_ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_size(buffer: *const lf_buffer, out: *mut usize) -> lf_status {
+    boundary("lf_buffer_size", || {
+        let out = out_ptr(out, "out")?;
+        write_out(out, handle_ref(buffer, "buffer")?.buffer.len());
+        Ok(())
+    })
+}
+
+/// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
+/// fell back gives LF_MEMORY_CPU_STANDARD. Imported buffers carry the exporter's.
+///
+/// # Safety
+/// As `lf_buffer_ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_location(buffer: *const lf_buffer, out: *mut u32) -> lf_status {
+    boundary("lf_buffer_location", || {
+        let out = out_ptr(out, "out")?;
+        write_out(out, handle_ref(buffer, "buffer")?.buffer.location().code());
+        Ok(())
+    })
+}
+
+/// The NUMA node of LF_MEMORY_CPU_NUMA memory, LF_UNSET for other locations.
+///
+/// # Safety
+/// As `lf_buffer_ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_numa_node(buffer: *const lf_buffer, out: *mut i64) -> lf_status {
+    boundary("lf_buffer_numa_node", || {
+        let out = out_ptr(out, "out")?;
+        let node = handle_ref(buffer, "buffer")?.buffer.location().numa_node();
+        write_out(out, node.map_or(LF_UNSET, i64::from));
+        Ok(())
+    })
+}
+
+/// The page size the memory is guaranteed to be backed by, in bytes (the huge page size for
+/// hugepage memory, the base page size otherwise).
+///
+/// # Safety
+/// As `lf_buffer_ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_page_size(buffer: *const lf_buffer, out: *mut usize) -> lf_status {
+    boundary("lf_buffer_page_size", || {
+        let out = out_ptr(out, "out")?;
+        write_out(out, handle_ref(buffer, "buffer")?.buffer.page_size());
+        Ok(())
+    })
+}
+
+/// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
+/// LF_ORIGIN_IMPORTED.
+///
+/// # Safety
+/// As `lf_buffer_ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut u32) -> lf_status {
+    boundary("lf_buffer_origin", || {
+        let out = out_ptr(out, "out")?;
+        let origin = match handle_ref(buffer, "buffer")?.buffer.origin() {
+            BufferOrigin::Allocated => LF_ORIGIN_ALLOCATED,
+            BufferOrigin::Registered => LF_ORIGIN_REGISTERED,
+            BufferOrigin::Imported { .. } => LF_ORIGIN_IMPORTED,
+        };
+        write_out(out, origin);
+        Ok(())
+    })
+}
+
+/// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
+/// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
+/// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
+/// when no buffer holds it. O(log n). Thread-safe.
+///
+/// # Safety
+/// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_find(
+    context: *const lf_context,
+    ptr: *const c_void,
+    out: *mut *mut lf_buffer,
+    offset: *mut usize,
+) -> lf_status {
+    boundary("lf_buffer_find", || {
+        let out = out_ptr(out, "out")?;
+        let context = &handle_ref(context, "context")?.context;
+        let not_found = |message: String| Failure { status: lf_status::LF_ERR_NOT_FOUND, message };
+        let found = context
+            .find(ptr.cast())
+            .ok_or_else(|| not_found(format!("no lava-flow buffer of this context holds address {ptr:p}")))?;
+        let handle = lf_buffer::handle_of(found.info.id).ok_or_else(|| {
+            not_found(format!("buffer {} holds {ptr:p} but was made through the Rust API", found.info.id))
+        })?;
+        write_out(out, handle);
+        if !offset.is_null() {
+            write_out(offset, found.offset);
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use std::ptr;
+
+    #[test]
+    fn properties_and_release() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 100, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let (mut size, mut page, mut origin, mut node) = (0usize, 0usize, 0u32, 0i64);
+            assert_eq!(lf_buffer_size(buffer, &mut size), lf_status::LF_OK);
+            assert_eq!(lf_buffer_page_size(buffer, &mut page), lf_status::LF_OK);
+            assert_eq!(lf_buffer_origin(buffer, &mut origin), lf_status::LF_OK);
+            assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
+            assert_eq!(
+                (size, page, origin, node),
+                (100, crate::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET)
+            );
+            // Allocated memory is not deregistered: refused, and the buffer stays usable.
+            assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);
+            let mut p = ptr::null_mut();
+            assert_eq!(lf_buffer_ptr(buffer, &mut p), lf_status::LF_OK);
+            p.cast::<u8>().write_bytes(0xab, 100);
+            lf_free(buffer);
+            assert_eq!(lf_buffer_size(buffer, &mut size), lf_status::LF_ERR_BAD_HANDLE);
+            lf_free(buffer);
+            lf_free(ptr::null_mut());
+            assert_eq!(lf_buffer_size(buffer, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+
+            let mut user = [0u8; 256];
+            let mut registered = ptr::null_mut();
+            assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 256, &mut registered), lf_status::LF_OK);
+            assert_eq!(lf_buffer_origin(registered, &mut origin), lf_status::LF_OK);
+            assert_eq!(origin, LF_ORIGIN_REGISTERED);
+            assert_eq!(lf_deregister(ptr::null(), registered), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(lf_deregister(context, registered), lf_status::LF_OK);
+            assert_eq!(lf_deregister(context, registered), lf_status::LF_ERR_BAD_HANDLE);
+            lf_context_free(context);
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! `lf_export`: a buffer on its way to another process on this host, and its import there.
+//!
+//! An `lf_export` is plain data plus one file descriptor. Send it with `lf_export_send` (or
+//! send its bytes and the fd with `SCM_RIGHTS` over your own Unix socket, then put the
+//! received fd into `fd`), and `lf_import` it on the other side: the imported buffer maps the
+//! very same memory.
+//!
+//! fd ownership: `lf_buffer_export` gives the caller a new fd (close it after sending);
+//! `lf_import` always takes the fd (kept, or closed — also on every error).
+
+use std::mem::ManuallyDrop;
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use super::buffer::lf_buffer;
+use super::context::lf_context;
+use super::status::lf_status;
+use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
+use crate::memory::{ExportDescriptor, ExportHandle};
+use crate::os::send_with_fds;
+
+/// The size of `lf_export`, in bytes.
+pub const LF_EXPORT_SIZE: u32 = 64;
+
+/// An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
+/// format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
+/// the fd carries everything. All fields are validated on import.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct lf_export {
+    /// LF_EXPORT_MAGIC, to recognise a lava-flow export.
+    pub magic: u32,
+    /// The layout version (1).
+    pub version: u32,
+    /// The `LF_MEMORY_*` value of the memory.
+    pub location: u32,
+    /// The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
+    pub numa_node: i32,
+    /// Where the buffer starts in its arena (the memory file `fd` refers to).
+    pub offset: u64,
+    pub size: u64,
+    pub arena_id: u64,
+    pub arena_size: u64,
+    /// The process that created the memory, and its random per-run token.
+    pub exporter_pid: u32,
+    /// The arena's memory file, a sealed memfd.
+    pub fd: i32,
+    pub exporter_token: u64,
+}
+
+/// The magic number every export starts with ("LFEX").
+pub const LF_EXPORT_MAGIC: u32 = 0x4c46_4558;
+
+const _: () = assert!(LF_EXPORT_MAGIC == crate::memory::EXPORT_MAGIC);
+
+const _: () = assert!(std::mem::size_of::<lf_export>() == LF_EXPORT_SIZE as usize);
+
+fn to_c(handle: ExportHandle) -> lf_export {
+    let d = handle.descriptor;
+    lf_export {
+        magic: d.magic,
+        version: d.version,
+        location: d.location,
+        numa_node: d.numa_node,
+        offset: d.offset,
+        size: d.size,
+        arena_id: d.arena_id,
+        arena_size: d.arena_size,
+        exporter_pid: d.exporter_pid,
+        fd: handle.fd.into_raw_fd(),
+        exporter_token: d.exporter_token,
+    }
+}
+
+fn descriptor_of(e: &lf_export) -> ExportDescriptor {
+    ExportDescriptor {
+        magic: e.magic,
+        version: e.version,
+        location: e.location,
+        numa_node: e.numa_node,
+        offset: e.offset,
+        size: e.size,
+        arena_id: e.arena_id,
+        arena_size: e.arena_size,
+        exporter_pid: e.exporter_pid,
+        reserved: 0,
+        exporter_token: e.exporter_token,
+    }
+}
+
+fn invalid(message: String) -> Failure {
+    Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
+}
+
+fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only queries the descriptor's flags; any integer is safe to ask about.
+    fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
+}
+
+/// Takes ownership of `fd` after checking that it is open (wrapping a closed fd in an
+/// OwnedFd would close someone else's later).
+fn own_fd(fd: RawFd) -> FfiResult<OwnedFd> {
+    if !fd_is_open(fd) {
+        return Err(invalid(format!("export fd {fd} is not an open file descriptor")));
+    }
+    // SAFETY: fd is open, and the lf_import contract hands its ownership to lava-flow.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Exports a buffer for another process on this host. `*out` receives the export; its `fd`
+/// is a new descriptor owned by the caller (close it once sent). Registered user memory
+/// cannot be exported (LF_ERR_UNSUPPORTED). Thread-safe.
+///
+/// # Safety
+/// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_export(buffer: *const lf_buffer, out: *mut lf_export) -> lf_status {
+    boundary("lf_buffer_export", || {
+        let out = out_ptr(out, "out")?;
+        let handle = handle_ref(buffer, "buffer")?.buffer.export()?;
+        write_out(out, to_c(handle));
+        Ok(())
+    })
+}
+
+/// Imports an export into `context`: `*out` receives a buffer mapping the very same memory
+/// (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
+/// one arena maps it once. Everything is validated: a foreign or damaged export gives
+/// LF_ERR_INVALID_ARGUMENT (or LF_ERR_UNSUPPORTED for another version) with the reason.
+///
+/// `export->fd` is taken in every case, success or error, once `export` is readable.
+///
+/// # Safety
+/// `context` must be NULL or a pointer obtained from lava-flow; `export` NULL or readable;
+/// `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_import(
+    context: *const lf_context,
+    export: *const lf_export,
+    out: *mut *mut lf_buffer,
+) -> lf_status {
+    boundary("lf_import", || {
+        // SAFETY: the caller promises export is NULL or readable.
+        let export = unsafe { export.as_ref() }.ok_or_else(|| Failure::null("export"))?;
+        // The fd is owned from here on: every early return below closes it.
+        let fd = own_fd(export.fd)?;
+        let out = out_ptr(out, "out")?;
+        let context = &handle_ref(context, "context")?.context;
+        let buffer = context.import(ExportHandle { fd, descriptor: descriptor_of(export) })?;
+        write_out(out, lf_buffer::into_handle(buffer));
+        Ok(())
+    })
+}
+
+/// Borrows a socket fd as a UnixStream without taking it over.
+fn borrow_socket(socket: i32) -> FfiResult<ManuallyDrop<UnixStream>> {
+    if !fd_is_open(socket) {
+        return Err(invalid(format!("socket {socket} is not an open file descriptor")));
+    }
+    // SAFETY: open fd; ManuallyDrop keeps the caller's descriptor open.
+    Ok(ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(socket) }))
+}
+
+/// Sends an export over a connected Unix stream socket (`SCM_RIGHTS`). `export->fd` stays
+/// open and the caller's. Blocks as the socket does.
+///
+/// # Safety
+/// `export` must be NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_export_send(socket: i32, export: *const lf_export) -> lf_status {
+    boundary("lf_export_send", || {
+        // SAFETY: the caller promises export is NULL or readable.
+        let export = unsafe { export.as_ref() }.ok_or_else(|| Failure::null("export"))?;
+        let socket = borrow_socket(socket)?;
+        if !fd_is_open(export.fd) {
+            return Err(invalid(format!("export fd {} is not an open file descriptor", export.fd)));
+        }
+        // SAFETY: the fd was just checked to be open, and the caller keeps it open during the
+        // call; it is only borrowed for the send.
+        let fd = unsafe { BorrowedFd::borrow_raw(export.fd) };
+        send_with_fds(&socket, &descriptor_of(export).to_bytes(), &[fd])?;
+        Ok(())
+    })
+}
+
+/// Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
+/// caller (hand it to `lf_import`). Anything else arriving on the socket is refused
+/// (LF_ERR_CORRUPT) and any fds that came with it are closed; LF_ERR_PEER_GONE when the socket
+/// closed first.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_status {
+    boundary("lf_export_recv", || {
+        let out = out_ptr(out, "out")?;
+        let socket = borrow_socket(socket)?;
+        write_out(out, to_c(ExportHandle::recv(&socket)?));
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
+    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use crate::ffi::location::LF_UNSET;
+    use std::os::fd::AsRawFd;
+    use std::ptr;
+
+    fn is_open(fd: i32) -> bool {
+        // SAFETY: F_GETFD only queries the descriptor.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    #[test]
+    fn export_travels_and_imports_the_same_memory() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 300, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let mut export = lf_export::default();
+            assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
+            let (a, b) = UnixStream::pair().unwrap();
+            assert_eq!(lf_export_send(a.as_raw_fd(), &export), lf_status::LF_OK);
+            libc::close(export.fd);
+            let mut received = lf_export::default();
+            assert_eq!(lf_export_recv(b.as_raw_fd(), &mut received), lf_status::LF_OK);
+            let mut imported = ptr::null_mut();
+            assert_eq!(lf_import(context, &received, &mut imported), lf_status::LF_OK);
+            let mut origin = 0;
+            assert_eq!(lf_buffer_origin(imported, &mut origin), lf_status::LF_OK);
+            assert_eq!(origin, LF_ORIGIN_IMPORTED);
+            let (mut here, mut there) = (ptr::null_mut(), ptr::null_mut());
+            lf_buffer_ptr(buffer, &mut here);
+            lf_buffer_ptr(imported, &mut there);
+            assert_ne!(here, there);
+            here.cast::<u8>().add(299).write(7);
+            assert_eq!(there.cast::<u8>().add(299).read(), 7);
+            lf_free(imported);
+            lf_free(buffer);
+            lf_context_free(context);
+        }
+    }
+
+    #[test]
+    fn bad_exports_are_refused_and_their_fds_closed() {
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let mut good = lf_export::default();
+            assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
+            let foreign_fd =
+                crate::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
+            let broken: [(lf_export, &str); 6] = [
+                (lf_export { magic: 1, ..good }, "not a lava-flow export handle"),
+                (lf_export { location: 99, ..good }, "unknown memory location value 99"),
+                (lf_export { offset: good.arena_size, ..good }, "outside its"),
+                (lf_export { size: 0, ..good }, "size 0"),
+                (lf_export { arena_size: good.arena_size * 2, ..good }, "the handle says"),
+                (lf_export { fd: foreign_fd, ..good }, "not a lava-flow memory file"),
+            ];
+            for (export, text) in broken {
+                let fd = libc::dup(export.fd);
+                let export = lf_export { fd, ..export };
+                let mut imported = ptr::null_mut();
+                assert_ne!(lf_import(context, &export, &mut imported), lf_status::LF_OK, "{text}");
+                let message = std::ffi::CStr::from_ptr(crate::ffi::status::lf_last_error_message()).to_string_lossy();
+                assert!(message.contains(text), "{message}");
+                assert!(imported.is_null());
+                assert!(!is_open(fd), "fd closed on error ({text})");
+            }
+            libc::close(foreign_fd);
+            assert_eq!(
+                lf_import(context, &lf_export { fd: -1, ..good }, &mut ptr::null_mut()),
+                lf_status::LF_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(lf_import(context, ptr::null(), &mut ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            // A NULL out still takes (closes) the fd.
+            assert_eq!(lf_import(context, &good, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            assert!(!is_open(good.fd));
+            let mut user = [0u8; 64];
+            let mut registered = ptr::null_mut();
+            assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 64, &mut registered), lf_status::LF_OK);
+            assert_eq!(lf_buffer_export(registered, &mut good), lf_status::LF_ERR_UNSUPPORTED);
+            lf_free(registered);
+            lf_free(buffer);
+            lf_context_free(context);
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Arenas: memfd-backed regions that buffers are carved from.
+//!
+//! One arena is one memory file (one fd) mapped once. Small buffers share pooled arenas, so
+//! allocating one costs a lock and a few tree operations, no syscall; exporting any of them
+//! hands out the arena's fd plus an offset. Buffers too large to pool get an arena of their
+//! own, rounded up to the page size.
+//!
+//! Inside a pooled arena a binary buddy allocator hands out power-of-two blocks (64 bytes up
+//! to the arena size), naturally aligned and coalesced on release: simple, thread-safe under
+//! the pool's lock, at the price of up to 2x internal fragmentation.
+
+use std::collections::BTreeSet;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::cpu::{gpu_pinned, hugepage, numa, standard};
+use super::location::{HugePageSize, MemoryLocation};
+use crate::error::Result;
+use crate::os::mapping::page_size;
+use crate::os::Mapping;
+
+/// The smallest block, and so the alignment of every pooled buffer: a cache line.
+pub(crate) const MIN_BLOCK: usize = 64;
+const MIN_BLOCK_LOG2: u32 = MIN_BLOCK.trailing_zeros();
+
+/// How an arena's memory is obtained: one pool per strategy (and node or page size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Strategy {
+    Standard,
+    Numa(u32),
+    Hugetlb(HugePageSize),
+    /// Best-effort hugepage fallback: ordinary memory advised for transparent huge pages.
+    TransparentHuge,
+    Pinned,
+}
+
+impl Strategy {
+    /// The page size this strategy guarantees.
+    pub(crate) fn page_size(self) -> usize {
+        match self {
+            Strategy::Hugetlb(page) => page.bytes(),
+            _ => page_size(),
+        }
+    }
+
+    /// The location a buffer of this strategy really is.
+    fn obtained_location(self) -> MemoryLocation {
+        match self {
+            Strategy::Standard | Strategy::TransparentHuge => MemoryLocation::CpuStandard,
+            Strategy::Numa(node) => MemoryLocation::CpuNuma { node: Some(node) },
+            Strategy::Hugetlb(page) => MemoryLocation::CpuHugepage { page },
+            Strategy::Pinned => MemoryLocation::CpuGpuPinned,
+        }
+    }
+
+    /// The size of this strategy's pooled arenas, given the configured size.
+    pub(crate) fn pooled_arena_size(self, configured: usize) -> usize {
+        match self {
+            Strategy::Hugetlb(page) => configured.max(page.bytes()),
+            Strategy::TransparentHuge => configured.max(HugePageSize::Size2M.bytes()),
+            _ => configured,
+        }
+    }
+}
+
+static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One memory file, mapped here.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    /// Unique in this process; travels in export handles.
+    pub(crate) id: u64,
+    pub(crate) fd: OwnedFd,
+    pub(crate) mapping: Mapping,
+    pub(crate) location: MemoryLocation,
+    pub(crate) page_size: usize,
+}
+
+impl Arena {
+    /// Creates an arena of `size` bytes (a multiple of the strategy's page size), applying the
+    /// strategy's placement before anything touches the memory.
+    pub(crate) fn create(strategy: Strategy, size: usize, topology: &numa::NumaTopology) -> Result<Arena> {
+        let (fd, mapping) = match strategy {
+            Strategy::Hugetlb(page) => hugepage::create(size, page)?,
+            _ => standard::create_shared_memory(size, None)?,
+        };
+        match strategy {
+            Strategy::Numa(node) => numa::bind(&mapping, node, topology)?,
+            Strategy::TransparentHuge => hugepage::advise_transparent(&mapping),
+            Strategy::Pinned => gpu_pinned::lock(&mapping)?,
+            Strategy::Standard | Strategy::Hugetlb(_) => {}
+        }
+        Ok(Arena {
+            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
+            fd,
+            mapping,
+            location: strategy.obtained_location(),
+            page_size: strategy.page_size(),
+        })
+    }
+}
+
+/// A buddy allocator over `[0, 64 << max_order)`.
+#[derive(Debug)]
+struct Buddy {
+    /// Free block offsets per order (block size `64 << order`).
+    free: Vec<BTreeSet<usize>>,
+    used: usize,
+}
+
+impl Buddy {
+    fn new(size: usize) -> Buddy {
+        debug_assert!(size.is_power_of_two() && size >= MIN_BLOCK);
+        let max_order = (size.trailing_zeros() - MIN_BLOCK_LOG2) as usize;
+        let mut free = vec![BTreeSet::new(); max_order + 1];
+        free[max_order].insert(0);
+        Buddy { free, used: 0 }
+    }
+
+    fn order_for(size: usize) -> usize {
+        let block = size.max(MIN_BLOCK).next_power_of_two();
+        (block.trailing_zeros() - MIN_BLOCK_LOG2) as usize
+    }
+
+    fn allocate(&mut self, size: usize) -> Option<(usize, usize)> {
+        let order = Self::order_for(size);
+        let found = (order..self.free.len()).find(|&k| !self.free[k].is_empty())?;
+        let offset = self.free[found].pop_first()?;
+        for k in (order..found).rev() {
+            // Keep the lower half, free the upper one.
+            self.free[k].insert(offset + (MIN_BLOCK << k));
+        }
+        self.used += MIN_BLOCK << order;
+        Some((offset, order))
+    }
+
+    fn release(&mut self, mut offset: usize, mut order: usize) {
+        self.used -= MIN_BLOCK << order;
+        while order + 1 < self.free.len() {
+            let buddy = offset ^ (MIN_BLOCK << order);
+            if !self.free[order].remove(&buddy) {
+                break;
+            }
+            offset = offset.min(buddy);
+            order += 1;
+        }
+        self.free[order].insert(offset);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+}
+
+/// A block handed out by a pool: where it is, and what to give back.
+pub(crate) struct Block {
+    pub(crate) arena: Arc<Arena>,
+    pub(crate) offset: usize,
+    pub(crate) order: usize,
+}
+
+/// The arenas of one strategy.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    strategy: Strategy,
+    arena_size: usize,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    arenas: Vec<(Arc<Arena>, Buddy)>,
+    /// The arena that served last: tried first.
+    current: usize,
+    /// Arenas with nothing allocated. One is kept for the next allocation; more are released.
+    empty: usize,
+}
+
+impl PoolState {
+    fn allocate_from(&mut self, index: usize, size: usize) -> Option<Block> {
+        let (arena, buddy) = &mut self.arenas[index];
+        let was_empty = buddy.is_empty();
+        let (offset, order) = buddy.allocate(size)?;
+        if was_empty {
+            self.empty -= 1;
+        }
+        self.current = index;
+        Some(Block { arena: Arc::clone(arena), offset, order })
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(strategy: Strategy, arena_size: usize) -> Pool {
+        Pool { strategy, arena_size, state: Mutex::new(PoolState::default()) }
+    }
+
+    /// Whether buffers of `size` bytes come from this pool's arenas (or get their own).
+    pub(crate) fn serves(&self, size: usize) -> bool {
+        size <= self.arena_size / 4
+    }
+
+    pub(crate) fn allocate(&self, size: usize, topology: &numa::NumaTopology) -> Result<Block> {
+        {
+            let mut state = self.state.lock();
+            let count = state.arenas.len();
+            let start = state.current.min(count.saturating_sub(1));
+            for index in (start..count).chain(0..start) {
+                if let Some(block) = state.allocate_from(index, size) {
+                    return Ok(block);
+                }
+            }
+        }
+        // Every arena is full: make one without holding the lock (it may take a while for
+        // pinned or huge-page memory), then carve from it.
+        let arena = Arc::new(Arena::create(self.strategy, self.arena_size, topology)?);
+        let mut state = self.state.lock();
+        state.arenas.push((arena, Buddy::new(self.arena_size)));
+        state.empty += 1;
+        let index = state.arenas.len() - 1;
+        Ok(state.allocate_from(index, size).expect("a fresh arena serves any pooled size"))
+    }
+
+    pub(crate) fn release(&self, arena: &Arc<Arena>, offset: usize, order: usize) {
+        let released = {
+            let mut state = self.state.lock();
+            let Some(index) = state.arenas.iter().position(|(a, _)| Arc::ptr_eq(a, arena)) else {
+                debug_assert!(false, "block released to a pool that does not hold its arena");
+                return;
+            };
+            let buddy = &mut state.arenas[index].1;
+            buddy.release(offset, order);
+            if !buddy.is_empty() {
+                return;
+            }
+            if state.empty == 0 {
+                state.empty = 1;
+                return;
+            }
+            let (released, _) = state.arenas.swap_remove(index);
+            if state.current >= state.arenas.len() {
+                state.current = 0;
+            }
+            released
+        };
+        // Unmapped and closed here, outside the lock, unless an export still holds it.
+        drop(released);
+    }
+
+    #[cfg(test)]
+    fn arena_count(&self) -> usize {
+        self.state.lock().arenas.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buddy_splits_aligns_and_coalesces() {
+        let mut buddy = Buddy::new(4096);
+        let a = buddy.allocate(1).unwrap();
+        let b = buddy.allocate(100).unwrap();
+        let c = buddy.allocate(1024).unwrap();
+        assert_eq!(a, (0, 0));
+        assert_eq!(b.0 % 128, 0);
+        assert_eq!(c.0 % 1024, 0);
+        assert!(buddy.allocate(4096).is_none());
+        for (offset, order) in [b, a, c] {
+            buddy.release(offset, order);
+        }
+        assert!(buddy.is_empty());
+        assert_eq!(buddy.allocate(4096), Some((0, 6)), "everything coalesced back");
+    }
+
+    #[test]
+    fn pool_keeps_one_empty_arena_and_releases_the_rest() {
+        let topology = numa::NumaTopology::detect();
+        let pool = Pool::new(Strategy::Standard, 1 << 16);
+        let mut blocks = Vec::new();
+        for _ in 0..12 {
+            blocks.push(pool.allocate(1 << 14, &topology).unwrap());
+        }
+        assert_eq!(pool.arena_count(), 3);
+        for block in blocks.drain(..) {
+            pool.release(&block.arena, block.offset, block.order);
+        }
+        assert_eq!(pool.arena_count(), 1);
+        let again = pool.allocate(64, &topology).unwrap();
+        assert_eq!(pool.arena_count(), 1);
+        pool.release(&again.arena, again.offset, again.order);
+    }
+}

@@ -1,0 +1,198 @@
+//! [`Context`]: the per-process memory state (pools, registry, imports, NUMA topology; later
+//! the Vulkan device). Create one per process and share it: it is `Send + Sync` and cheap to
+//! clone.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::arena::{Pool, Strategy};
+use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
+use super::cpu::numa::NumaTopology;
+use super::export::{ExportHandle, ImportCache};
+use super::location::MemoryLocation;
+use super::registry::{FoundBuffer, Registry};
+use crate::error::{Error, Result};
+use crate::os::mapping::page_size;
+
+/// What to do when huge pages are asked for and the kernel has none to give.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugepagePolicy {
+    /// Fail, with a message saying how to reserve huge pages.
+    #[default]
+    Strict,
+    /// Fall back to ordinary shared memory advised for transparent huge pages; the buffer
+    /// then reports `CpuStandard` and the base page size, so the fallback is never silent.
+    BestEffort,
+}
+
+/// How a [`Context`] behaves. Start from `ContextConfig::default()` and set fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContextConfig {
+    pub hugepage_policy: HugepagePolicy,
+    /// The size of pooled arenas: a power of two from 64 KiB to 1 GiB. Buffers up to a
+    /// quarter of it share arenas; larger ones get their own.
+    pub arena_size: usize,
+}
+
+impl ContextConfig {
+    pub const DEFAULT_ARENA_SIZE: usize = 2 << 20;
+    pub const MIN_ARENA_SIZE: usize = 64 << 10;
+    pub const MAX_ARENA_SIZE: usize = 1 << 30;
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        ContextConfig { hugepage_policy: HugepagePolicy::Strict, arena_size: Self::DEFAULT_ARENA_SIZE }
+    }
+}
+
+/// The per-process memory context. Clones share the same state.
+#[derive(Clone, Debug)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ContextInner {
+    pub(crate) config: ContextConfig,
+    pub(crate) topology: NumaTopology,
+    /// RAM + swap, and RAM alone: what the host could ever give.
+    pub(crate) memory_limit: u64,
+    pub(crate) ram: u64,
+    pub(crate) pools: RwLock<HashMap<Strategy, Arc<Pool>>>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) imports: Arc<ImportCache>,
+}
+
+fn host_memory() -> (u64, u64) {
+    // SAFETY: zeroed sysinfo is a valid out-buffer.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: info is writable.
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return (u64::MAX, u64::MAX);
+    }
+    let unit = u64::from(info.mem_unit.max(1));
+    let ram = (info.totalram as u64).saturating_mul(unit);
+    (ram.saturating_add((info.totalswap as u64).saturating_mul(unit)), ram)
+}
+
+impl Context {
+    pub fn new(config: ContextConfig) -> Result<Context> {
+        let size = config.arena_size;
+        if !size.is_power_of_two() || !(ContextConfig::MIN_ARENA_SIZE..=ContextConfig::MAX_ARENA_SIZE).contains(&size) {
+            return Err(Error::invalid(format!(
+                "arena size {size} must be a power of two from {} to {} bytes",
+                ContextConfig::MIN_ARENA_SIZE,
+                ContextConfig::MAX_ARENA_SIZE
+            )));
+        }
+        let (memory_limit, ram) = host_memory();
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                config,
+                topology: NumaTopology::detect(),
+                memory_limit,
+                ram,
+                pools: RwLock::default(),
+                registry: Arc::default(),
+                imports: Arc::default(),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &ContextConfig {
+        &self.inner.config
+    }
+
+    /// The NUMA nodes of this host that have memory.
+    pub fn numa_nodes(&self) -> &[u32] {
+        self.inner.topology.nodes()
+    }
+
+    /// Which buffer of this context (allocated, imported or registered) holds `addr`, and
+    /// where in it. O(log n) in the number of buffers.
+    pub fn find(&self, addr: *const u8) -> Option<FoundBuffer> {
+        self.inner.registry.find(addr as usize)
+    }
+
+    /// Makes a buffer of user memory, so that [`Context::find`] knows it (and, later, GPU
+    /// APIs can register it). The memory stays the caller's: dropping the buffer (or
+    /// [`Context::deregister`]) forgets it and frees nothing. A range overlapping a buffer
+    /// already known is refused, as is memory that is not mapped.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must stay valid memory of this process until the buffer is dropped.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Buffer> {
+        let Some(nonnull) = NonNull::new(ptr) else {
+            return Err(Error::invalid("cannot register a NULL pointer"));
+        };
+        if len == 0 {
+            return Err(Error::invalid("cannot register 0 bytes"));
+        }
+        if (ptr as usize).checked_add(len).is_none() {
+            return Err(Error::invalid(format!("range {ptr:p} + {len} bytes wraps around the address space")));
+        }
+        check_mapped(ptr as usize, len)?;
+        let parts = BufferParts {
+            ptr: nonnull,
+            len,
+            location: MemoryLocation::CpuStandard,
+            page_size: page_size(),
+            origin: BufferOrigin::Registered,
+            backing: Backing::Registered,
+        };
+        Buffer::new(parts, &self.inner.registry, true)
+    }
+
+    /// Forgets a registered buffer (the same as dropping it), checking that it is registered
+    /// user memory of this context.
+    pub fn deregister(&self, buffer: Buffer) -> Result<()> {
+        if buffer.origin() != BufferOrigin::Registered {
+            return Err(Error::invalid(format!(
+                "buffer {} is {:?} memory, not registered user memory; drop (free) it instead",
+                buffer.id(),
+                buffer.origin()
+            )));
+        }
+        if !Arc::ptr_eq(buffer.registry(), &self.inner.registry) {
+            return Err(Error::invalid(format!("buffer {} was registered with another context", buffer.id())));
+        }
+        drop(buffer);
+        Ok(())
+    }
+
+    /// Imports an export handle from a process on this host (or this one): the buffer maps
+    /// the very same memory, and its origin says it is imported. Everything in the handle is
+    /// validated first. The handle's fd is consumed on success and on failure alike.
+    pub fn import(&self, handle: ExportHandle) -> Result<Buffer> {
+        super::export::import(handle, &self.inner.registry, &self.inner.imports)
+    }
+}
+
+/// Refuses ranges containing unmapped pages (`mincore` fails with ENOMEM on them).
+fn check_mapped(addr: usize, len: usize) -> Result<()> {
+    let page = page_size();
+    let start = addr & !(page - 1);
+    let end = (addr + len).div_ceil(page) * page;
+    const CHUNK_PAGES: usize = 4096;
+    let mut residency = vec![0u8; CHUNK_PAGES];
+    let mut at = start;
+    while at < end {
+        let chunk = (end - at).min(CHUNK_PAGES * page);
+        // SAFETY: `at` is page-aligned; mincore writes one byte per page of `chunk` into
+        // `residency`, which holds CHUNK_PAGES bytes.
+        if unsafe { libc::mincore(at as *mut libc::c_void, chunk, residency.as_mut_ptr()) } != 0 {
+            return Err(Error::invalid(format!(
+                "[{addr:#x}, {:#x}) is not entirely mapped memory of this process (at {at:#x}: {})",
+                addr + len,
+                std::io::Error::last_os_error()
+            )));
+        }
+        at += chunk;
+    }
+    Ok(())
+}

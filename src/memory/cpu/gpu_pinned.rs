@@ -1,0 +1,53 @@
+//! GPU-pinned memory: shareable memory locked into RAM (`mlock`), so a GPU can DMA from it
+//! without the pages moving. Registration with a GPU API (Vulkan external host memory, CUDA
+//! `cudaHostRegister`) is recorded on the buffer by the GPU layer.
+
+use crate::error::{Error, Result};
+use crate::os::Mapping;
+
+/// A registration of a buffer's memory with a GPU API. None exist yet: the Vulkan/CUDA
+/// layer adds its variants and records them with the buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceRegistration {}
+
+/// Locks the whole mapping into RAM (which also faults every page in).
+pub(crate) fn lock(mapping: &Mapping) -> Result<()> {
+    // SAFETY: the range is exactly a live mapping this process owns.
+    if unsafe { libc::mlock(mapping.as_ptr().cast(), mapping.len()) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    let len = mapping.len();
+    match memlock_limit() {
+        Some(limit) if matches!(err.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM)) => {
+            let locked = locked_bytes().map_or_else(|| "an unknown number".into(), |b| b.to_string());
+            Err(Error::PermissionDenied(format!(
+                "locking {len} bytes for GPU-pinned memory was refused ({err}): RLIMIT_MEMLOCK is \
+                 {limit} bytes and {locked} bytes are locked already; raise the limit (`ulimit -l`, \
+                 `memlock` in /etc/security/limits.conf, `LimitMEMLOCK=` for systemd services) or \
+                 give the process CAP_IPC_LOCK"
+            )))
+        }
+        _ => Err(Error::os(format!("mlock({len} bytes of GPU-pinned memory)"), err)),
+    }
+}
+
+/// The soft RLIMIT_MEMLOCK in bytes, or `None` when unlimited.
+fn memlock_limit() -> Option<u64> {
+    // SAFETY: zeroed rlimit is a valid out-buffer for getrlimit.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: limit is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return None;
+    }
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
+/// `VmLck` of this process, in bytes.
+pub fn locked_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmLck:"))?;
+    let kb: u64 = line["VmLck:".len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,108 @@
+//! Huge-page memory: hugetlbfs through `memfd_create(MFD_HUGETLB)`, and the best-effort
+//! fallback to transparent huge pages on ordinary shared memory.
+
+use std::os::fd::OwnedFd;
+
+use super::standard::create_shared_memory;
+use crate::error::{Error, Result};
+use crate::memory::location::HugePageSize;
+use crate::os::Mapping;
+
+fn sysfs_dir(page: HugePageSize) -> String {
+    format!("/sys/kernel/mm/hugepages/hugepages-{}", page.sysfs_name())
+}
+
+fn read_count(page: HugePageSize, file: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("{}/{file}", sysfs_dir(page))).ok()?.trim().parse().ok()
+}
+
+/// Creates `size` bytes (a multiple of the page size) on hugetlbfs pages. Fails, saying how
+/// to reserve pages, when the kernel has too few free ones: the pages are reserved when the
+/// memory is mapped, so a buffer that was handed out never faults for lack of pages later.
+pub(crate) fn create(size: usize, page: HugePageSize) -> Result<(OwnedFd, Mapping)> {
+    if !std::path::Path::new(&sysfs_dir(page)).exists() {
+        return Err(Error::Unsupported(format!(
+            "this kernel or CPU offers no {page} huge pages ({} is missing)",
+            sysfs_dir(page)
+        )));
+    }
+    create_shared_memory(size, Some(page.bytes())).map_err(|error| match error {
+        Error::OutOfMemory(_) => {
+            let free = read_count(page, "free_hugepages").unwrap_or(0);
+            let total = read_count(page, "nr_hugepages").unwrap_or(0);
+            let wanted = size.div_ceil(page.bytes());
+            let also = if page == HugePageSize::Size2M { " (or /proc/sys/vm/nr_hugepages)" } else { "" };
+            Error::OutOfMemory(format!(
+                "{size} bytes of {page} huge pages need {wanted} free page(s), but {free} of the \
+                 {total} reserved are free; reserve more as root with \
+                 `echo N > {}/nr_hugepages`{also}, or ask with HugepagePolicy::BestEffort to fall \
+                 back to ordinary pages",
+                sysfs_dir(page)
+            ))
+        }
+        other => other,
+    })
+}
+
+/// Asks for transparent huge pages on a mapping (best-effort fallback). Whether the kernel
+/// grants them for shared memory depends on
+/// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` and on memory fragmentation, so no
+/// page size beyond the base one is promised.
+pub(crate) fn advise_transparent(mapping: &Mapping) {
+    // SAFETY: the range is exactly a live mapping this process owns; madvise only changes
+    // the kernel's paging policy for it. An error (THP compiled out) leaves base pages, which
+    // is what the buffer reports anyway.
+    unsafe { libc::madvise(mapping.as_ptr().cast(), mapping.len(), libc::MADV_HUGEPAGE) };
+}
+
+/// The page size the kernel really uses for the mapping holding `addr`
+/// (`KernelPageSize` in `/proc/self/smaps`), in bytes.
+pub fn kernel_page_size_of(addr: *const u8) -> Result<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(|e| Error::os("reading /proc/self/smaps", e))?;
+    let addr = addr as usize;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) {
+                inside = (start..end).contains(&addr);
+                continue;
+            }
+        }
+        if inside {
+            if let Some(rest) = line.strip_prefix("KernelPageSize:") {
+                let kb: usize = rest.trim().trim_end_matches("kB").trim().parse().map_err(|_| Error::Io {
+                    context: "parsing /proc/self/smaps".into(),
+                    source: std::io::Error::other(format!("bad KernelPageSize line {line:?}")),
+                })?;
+                return Ok(kb * 1024);
+            }
+        }
+    }
+    Err(Error::NotFound(format!("no mapping holds address {addr:#x} in /proc/self/smaps")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinary_memory_reports_the_base_page() {
+        let mapping = Mapping::anonymous(1 << 16).unwrap();
+        let page = kernel_page_size_of(mapping.as_ptr()).unwrap();
+        assert_eq!(page, crate::os::mapping::page_size());
+        assert!(matches!(kernel_page_size_of(std::ptr::null()), Err(Error::NotFound(_))));
+    }
+
+    #[test]
+    fn hugetlb_memory_is_backed_by_huge_pages_or_says_how_to_reserve() {
+        let page = HugePageSize::Size2M;
+        match create(page.bytes(), page) {
+            Ok((_fd, mapping)) => {
+                assert_eq!(kernel_page_size_of(mapping.as_ptr()).unwrap(), page.bytes());
+            }
+            Err(Error::OutOfMemory(message)) => assert!(message.contains("nr_hugepages"), "{message}"),
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! NUMA-bound memory: the host's topology from sysfs, `mbind` before first touch, and a
+//! kernel query for where a page really is.
+//!
+//! libnuma is not used (its Rust binding does not build here); the three syscalls it wraps
+//! are enough.
+
+use crate::error::{Error, Result};
+use crate::os::Mapping;
+
+const NODE_DIR: &str = "/sys/devices/system/node";
+const MPOL_BIND: libc::c_int = 2;
+const MPOL_F_NODE: libc::c_ulong = 1;
+const MPOL_F_ADDR: libc::c_ulong = 2;
+
+/// The NUMA nodes of this host that have memory, read once per [`Context`](crate::memory::Context).
+#[derive(Clone, Debug)]
+pub struct NumaTopology {
+    nodes: Vec<u32>,
+    /// False when the kernel has no NUMA support (no sysfs node directory): everything is
+    /// node 0 and `mbind` is skipped.
+    kernel_numa: bool,
+}
+
+impl NumaTopology {
+    pub fn detect() -> Self {
+        let list = std::fs::read_to_string(format!("{NODE_DIR}/has_memory"))
+            .or_else(|_| std::fs::read_to_string(format!("{NODE_DIR}/online")));
+        match list.ok().and_then(|text| parse_node_list(text.trim())) {
+            Some(nodes) if !nodes.is_empty() => NumaTopology { nodes, kernel_numa: true },
+            _ => NumaTopology { nodes: vec![0], kernel_numa: false },
+        }
+    }
+
+    /// The nodes with memory, ascending.
+    pub fn nodes(&self) -> &[u32] {
+        &self.nodes
+    }
+
+    /// Resolves a request (`None` = the calling thread's node) to an existing node, or says
+    /// which nodes exist.
+    pub fn resolve(&self, node: Option<u32>) -> Result<u32> {
+        let node = match node {
+            Some(node) => node,
+            None => crate::types::current_numa_node().filter(|n| self.nodes.contains(n)).unwrap_or(self.nodes[0]),
+        };
+        if self.nodes.contains(&node) {
+            Ok(node)
+        } else {
+            Err(Error::invalid(format!(
+                "NUMA node {node} does not exist on this host; the nodes with memory are {}",
+                self.describe()
+            )))
+        }
+    }
+
+    fn describe(&self) -> String {
+        let list: Vec<String> = self.nodes.iter().map(u32::to_string).collect();
+        list.join(", ")
+    }
+}
+
+/// Parses the kernel's node list format, e.g. `0-3,5`.
+fn parse_node_list(text: &str) -> Option<Vec<u32>> {
+    let mut nodes = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last) = (first.parse::<u32>().ok()?, last.parse::<u32>().ok()?);
+                if last < first || last - first > 4096 {
+                    return None;
+                }
+                nodes.extend(first..=last);
+            }
+            None => nodes.push(part.parse().ok()?),
+        }
+    }
+    Some(nodes)
+}
+
+/// Binds every page of `mapping` to `node`. Must run before the pages are first touched: the
+/// policy decides where pages are allocated, it does not move pages already there. On a
+/// shared (memfd) mapping the policy is the file's, so pages another process faults in land
+/// on the node too.
+pub(crate) fn bind(mapping: &Mapping, node: u32, topology: &NumaTopology) -> Result<()> {
+    if !topology.kernel_numa {
+        return Ok(());
+    }
+    let words = node as usize / 64 + 1;
+    let mut mask = vec![0u64; words];
+    mask[node as usize / 64] |= 1u64 << (node % 64);
+    // SAFETY: the range is exactly the mapping this process owns; the mask holds `words`
+    // 64-bit words and maxnode tells the kernel to read no more (it counts maxnode - 1 bits).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            mapping.as_ptr(),
+            mapping.len(),
+            MPOL_BIND,
+            mask.as_ptr(),
+            (words * 64 + 1) as libc::c_ulong,
+            0 as libc::c_uint,
+        )
+    };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOSYS) && node == 0 {
+            return Ok(());
+        }
+        return Err(Error::os(format!("mbind({} bytes to NUMA node {node})", mapping.len()), err));
+    }
+    Ok(())
+}
+
+/// The NUMA node of the page holding `addr`, asked of the kernel (`get_mempolicy` with
+/// `MPOL_F_NODE | MPOL_F_ADDR`). The page is faulted in if it was not yet.
+// The pointer is only handed to the kernel, which checks it (EFAULT); nothing here reads it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn node_of_address(addr: *const u8) -> Result<u32> {
+    let mut node: libc::c_int = -1;
+    // SAFETY: `node` is a valid out-int; no nodemask is asked for (NULL, maxnode 0); the
+    // kernel validates `addr` and fails with EFAULT if it is not mapped.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut node as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            addr,
+            MPOL_F_NODE | MPOL_F_ADDR,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::last_os(format!("get_mempolicy(node of address {addr:p})")));
+    }
+    u32::try_from(node).map_err(|_| Error::Io {
+        context: format!("get_mempolicy(node of address {addr:p})"),
+        source: std::io::Error::other(format!("kernel answered node {node}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_lists_parse() {
+        assert_eq!(parse_node_list("0"), Some(vec![0]));
+        assert_eq!(parse_node_list("0-2,5"), Some(vec![0, 1, 2, 5]));
+        assert_eq!(parse_node_list("x"), None);
+        assert_eq!(parse_node_list("3-1"), None);
+    }
+
+    #[test]
+    fn missing_node_names_the_existing_ones() {
+        let topology = NumaTopology::detect();
+        assert!(topology.nodes().contains(&topology.resolve(None).unwrap()));
+        let err = topology.resolve(Some(4000)).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("NUMA node 4000 does not exist"), "{text}");
+        assert!(text.contains(&topology.nodes()[0].to_string()), "{text}");
+    }
+
+    #[test]
+    fn bound_pages_land_on_their_node() {
+        let topology = NumaTopology::detect();
+        let node = topology.nodes()[0];
+        let fd = crate::os::memfd_create("lf-numa-test", 1 << 16, Default::default()).unwrap();
+        let mapping = Mapping::shared(&fd, 0, 1 << 16).unwrap();
+        bind(&mapping, node, &topology).unwrap();
+        // SAFETY: the mapping is live and 64 KiB long.
+        unsafe { mapping.as_ptr().add(8192).write(1) };
+        assert_eq!(node_of_address(mapping.as_ptr().wrapping_add(8192)).unwrap(), node);
+    }
+}

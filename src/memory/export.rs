@@ -1,0 +1,406 @@
+//! Export and import: another process on this host maps the very same memory.
+//!
+//! An [`ExportHandle`] is a file descriptor (the buffer's arena, a sealed memfd) plus an
+//! [`ExportDescriptor`]: a fixed-size plain-data record with the offset and size of the buffer
+//! in the arena, its kind, the arena's identity and the exporter's. Send the descriptor's bytes
+//! and the fd together over a Unix socket (`SCM_RIGHTS`): [`ExportHandle::send`] and
+//! [`ExportHandle::recv`] do that. The importer validates everything before mapping, since
+//! the sender may be buggy or hostile; importing two buffers of one arena maps it once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
+
+use super::arena::MIN_BLOCK;
+use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
+use super::cpu::standard::{ARENA_NAME, ARENA_SEALS};
+use super::location::MemoryLocation;
+use super::registry::Registry;
+use crate::error::{Error, Result};
+use crate::os::mapping::page_size;
+use crate::os::{recv_with_fds, send_with_fds, Mapping};
+
+/// The first field of every descriptor: "LFEX".
+pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
+/// The descriptor layout this library writes and reads.
+pub const EXPORT_VERSION: u32 = 1;
+
+/// The plain-data part of an export, identical in layout to the C `lf_export` minus its fd.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportDescriptor {
+    pub magic: u32,
+    pub version: u32,
+    /// The `LF_MEMORY_*` code of the memory.
+    pub location: u32,
+    /// The NUMA node of `LF_MEMORY_CPU_NUMA` memory, else -1.
+    pub numa_node: i32,
+    /// Where the buffer starts in the arena (a multiple of 64).
+    pub offset: u64,
+    pub size: u64,
+    /// The arena's id in the process that created it.
+    pub arena_id: u64,
+    /// The arena's size: the whole memory file.
+    pub arena_size: u64,
+    /// The process that created the arena, and its per-run random token (pids get reused).
+    pub exporter_pid: u32,
+    pub reserved: u32,
+    pub exporter_token: u64,
+}
+
+impl ExportDescriptor {
+    /// The size of the wire form (and of the struct: all fields are naturally aligned).
+    pub const SIZE: usize = 64;
+
+    /// The wire form: the fields in declaration order, native byte order (both ends share a
+    /// host).
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut out = [0u8; Self::SIZE];
+        let fields32 = [self.magic, self.version, self.location, self.numa_node as u32];
+        for (i, value) in fields32.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&value.to_ne_bytes());
+        }
+        for (i, value) in [self.offset, self.size, self.arena_id, self.arena_size].iter().enumerate() {
+            out[16 + i * 8..24 + i * 8].copy_from_slice(&value.to_ne_bytes());
+        }
+        out[48..52].copy_from_slice(&self.exporter_pid.to_ne_bytes());
+        out[52..56].copy_from_slice(&self.reserved.to_ne_bytes());
+        out[56..64].copy_from_slice(&self.exporter_token.to_ne_bytes());
+        out
+    }
+
+    /// Parses the wire form. Only the length is checked here; [`Context::import`](super::Context::import)
+    /// validates the contents.
+    pub fn from_bytes(bytes: &[u8]) -> Result<ExportDescriptor> {
+        if bytes.len() != Self::SIZE {
+            return Err(Error::invalid(format!("an export descriptor is {} bytes, not {}", Self::SIZE, bytes.len())));
+        }
+        let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        Ok(ExportDescriptor {
+            magic: u32_at(0),
+            version: u32_at(4),
+            location: u32_at(8),
+            numa_node: u32_at(12) as i32,
+            offset: u64_at(16),
+            size: u64_at(24),
+            arena_id: u64_at(32),
+            arena_size: u64_at(40),
+            exporter_pid: u32_at(48),
+            reserved: u32_at(52),
+            exporter_token: u64_at(56),
+        })
+    }
+
+    /// The location the descriptor names, checked.
+    fn memory_location(&self) -> Result<MemoryLocation> {
+        let node = match self.numa_node {
+            -1 => None,
+            n => Some(u32::try_from(n).map_err(|_| Error::invalid(format!("export handle names NUMA node {n}")))?),
+        };
+        MemoryLocation::from_code(self.location, node)
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<ExportDescriptor>() == ExportDescriptor::SIZE);
+
+/// A buffer ready to travel to another process: its arena's fd (owned: closed on drop) and
+/// the descriptor. Consumed by [`Context::import`](super::Context::import).
+#[derive(Debug)]
+pub struct ExportHandle {
+    pub fd: OwnedFd,
+    pub descriptor: ExportDescriptor,
+}
+
+impl ExportHandle {
+    /// Sends the handle over a Unix stream socket: the descriptor's bytes with the fd attached.
+    /// The fd stays open here too.
+    pub fn send(&self, socket: &UnixStream) -> Result<()> {
+        send_with_fds(socket, &self.descriptor.to_bytes(), &[self.fd.as_fd()])
+    }
+
+    /// Receives one handle sent with [`ExportHandle::send`]. A message that is not exactly one
+    /// descriptor with one fd is refused, and whatever fds came with it are closed.
+    pub fn recv(socket: &UnixStream) -> Result<ExportHandle> {
+        let mut bytes = [0u8; ExportDescriptor::SIZE];
+        let (n, mut fds) = recv_with_fds(socket, &mut bytes)?;
+        if n == 0 {
+            return Err(Error::PeerGone("the socket closed before an export handle arrived".into()));
+        }
+        if n != ExportDescriptor::SIZE || fds.len() != 1 {
+            return Err(Error::Corrupt(format!(
+                "expected an export handle ({} bytes and 1 fd), got {n} bytes and {} fds",
+                ExportDescriptor::SIZE,
+                fds.len()
+            )));
+        }
+        let descriptor = ExportDescriptor::from_bytes(&bytes)?;
+        Ok(ExportHandle { fd: fds.pop().expect("one fd"), descriptor })
+    }
+}
+
+/// This process's random token, drawn once: with the pid it names the exporter uniquely even
+/// when pids are reused.
+pub fn process_token() -> u64 {
+    static TOKEN: OnceLock<u64> = OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let mut token = 0u64;
+        // SAFETY: getrandom writes at most 8 bytes into the u64.
+        let n = unsafe { libc::getrandom((&mut token as *mut u64).cast(), 8, 0) };
+        if n != 8 {
+            // No entropy source: the time and pid still make the token unlikely to repeat.
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+            token = nanos ^ (u64::from(std::process::id()) << 32);
+        }
+        token
+    })
+}
+
+pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
+    let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
+        Backing::Pooled { arena, offset, .. } => {
+            (&arena.fd, arena.id, arena.mapping.len(), *offset, std::process::id(), process_token())
+        }
+        Backing::Dedicated { arena } => {
+            (&arena.fd, arena.id, arena.mapping.len(), 0, std::process::id(), process_token())
+        }
+        Backing::Imported { arena, offset } => {
+            (&arena.fd, arena.arena_id, arena.mapping.len(), *offset, arena.exporter_pid, arena.exporter_token)
+        }
+        Backing::Registered => {
+            return Err(Error::Unsupported(format!(
+                "buffer {} is registered user memory, which lives in no shareable memory file; \
+                 allocate it with Context::allocate to export it",
+                buffer.id()
+            )))
+        }
+    };
+    let fd = fd.try_clone().map_err(|e| Error::os(format!("duplicating the fd of buffer {}", buffer.id()), e))?;
+    let location = buffer.location();
+    Ok(ExportHandle {
+        fd,
+        descriptor: ExportDescriptor {
+            magic: EXPORT_MAGIC,
+            version: EXPORT_VERSION,
+            location: location.code(),
+            numa_node: location.numa_node().map_or(-1, |n| n as i32),
+            offset: offset as u64,
+            size: buffer.len() as u64,
+            arena_id,
+            arena_size: arena_size as u64,
+            exporter_pid: pid,
+            reserved: 0,
+            exporter_token: token,
+        },
+    })
+}
+
+/// An arena imported from an export handle, mapped here once however many buffers use it.
+#[derive(Debug)]
+pub(crate) struct ImportedArena {
+    key: (u64, u64),
+    pub(crate) fd: OwnedFd,
+    pub(crate) mapping: Mapping,
+    pub(crate) arena_id: u64,
+    pub(crate) exporter_pid: u32,
+    pub(crate) exporter_token: u64,
+    cache: Arc<ImportCache>,
+}
+
+impl Drop for ImportedArena {
+    fn drop(&mut self) {
+        let mut map = self.cache.map.lock();
+        // A fresh import of the same file may already have replaced this entry.
+        if map.get(&self.key).is_some_and(|weak| weak.strong_count() == 0) {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The arenas a context has imported, keyed by the memory file's identity (device, inode):
+/// what the fd really is, not what the handle claims.
+#[derive(Debug, Default)]
+pub(crate) struct ImportCache {
+    map: Mutex<HashMap<(u64, u64), Weak<ImportedArena>>>,
+}
+
+impl ImportCache {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+}
+
+fn invalid_fd(fd: &OwnedFd, problem: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("export handle fd {}: {problem}", fd.as_raw_fd()))
+}
+
+/// Checks the handle's fd: a sealed lava-flow memfd of exactly the arena's size, backed by
+/// the page size its kind implies. Returns the file's identity and page size.
+fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLocation) -> Result<((u64, u64), usize)> {
+    // SAFETY: zeroed stat is a valid out-buffer; fstat fills it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor owned by the handle; st is writable.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(invalid_fd(fd, format!("fstat failed: {}", std::io::Error::last_os_error())));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(invalid_fd(fd, "not a memory file"));
+    }
+    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !target.starts_with(&format!("/memfd:{ARENA_NAME}")) {
+        return Err(invalid_fd(fd, format!("{target:?} is not a lava-flow memory file")));
+    }
+    // SAFETY: F_GET_SEALS takes no argument and only reads the file's seals.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & ARENA_SEALS != ARENA_SEALS {
+        return Err(invalid_fd(fd, "the memory file is not sealed against resizing"));
+    }
+    if st.st_size as u64 != descriptor.arena_size {
+        return Err(invalid_fd(
+            fd,
+            format!("the memory file has {} bytes, the handle says {}", st.st_size, descriptor.arena_size),
+        ));
+    }
+    let file_page = st.st_blksize as usize;
+    let expected = match location {
+        MemoryLocation::CpuHugepage { page } => page.bytes(),
+        _ => page_size(),
+    };
+    if file_page != expected {
+        return Err(invalid_fd(
+            fd,
+            format!("the memory file has {file_page}-byte pages, but {location} has {expected}-byte pages"),
+        ));
+    }
+    Ok(((st.st_dev as u64, st.st_ino as u64), file_page))
+}
+
+fn validate_descriptor(d: &ExportDescriptor) -> Result<MemoryLocation> {
+    if d.magic != EXPORT_MAGIC {
+        return Err(Error::invalid(format!(
+            "not a lava-flow export handle (magic {:#010x}, expected {EXPORT_MAGIC:#010x})",
+            d.magic
+        )));
+    }
+    if d.version != EXPORT_VERSION {
+        return Err(Error::Unsupported(format!(
+            "export handle version {}; this library reads version {EXPORT_VERSION}",
+            d.version
+        )));
+    }
+    let location = d.memory_location()?;
+    if location.is_gpu() {
+        return Err(Error::Unsupported(format!("{location} is imported through the GPU (Vulkan) layer")));
+    }
+    if d.size == 0 || d.arena_size == 0 {
+        return Err(Error::invalid(format!("export handle with size {} in an arena of {}", d.size, d.arena_size)));
+    }
+    if d.offset % MIN_BLOCK as u64 != 0 {
+        return Err(Error::invalid(format!("export handle offset {} is not a multiple of {MIN_BLOCK}", d.offset)));
+    }
+    if d.offset.checked_add(d.size).map_or(true, |end| end > d.arena_size) || usize::try_from(d.arena_size).is_err() {
+        return Err(Error::invalid(format!(
+            "export handle range [{}, {} + {}) lies outside its {}-byte arena",
+            d.offset, d.offset, d.size, d.arena_size
+        )));
+    }
+    Ok(location)
+}
+
+/// Imports a handle into `registry`'s context. The handle's fd is consumed: kept for the
+/// arena's mapping, or closed (when the arena is mapped already, and on every error).
+pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc<ImportCache>) -> Result<Buffer> {
+    let ExportHandle { fd, descriptor: d } = handle;
+    let location = validate_descriptor(&d)?;
+    let (key, file_page) = validate_fd(&fd, &d, location)?;
+    let arena = {
+        let mut map = cache.map.lock();
+        match map.get(&key).and_then(Weak::upgrade) {
+            Some(arena) => arena,
+            None => {
+                let mapping = Mapping::shared(&fd, 0, d.arena_size as usize)?;
+                let arena = Arc::new(ImportedArena {
+                    key,
+                    fd,
+                    mapping,
+                    arena_id: d.arena_id,
+                    exporter_pid: d.exporter_pid,
+                    exporter_token: d.exporter_token,
+                    cache: Arc::clone(cache),
+                });
+                map.insert(key, Arc::downgrade(&arena));
+                arena
+            }
+        }
+    };
+    let offset = d.offset as usize;
+    // SAFETY: offset + size <= arena_size == the mapping's length (validated above).
+    let ptr = unsafe { NonNull::new_unchecked(arena.mapping.as_ptr().add(offset)) };
+    let parts = BufferParts {
+        ptr,
+        len: d.size as usize,
+        location,
+        page_size: file_page,
+        origin: BufferOrigin::Imported { exporter_pid: arena.exporter_pid },
+        backing: Backing::Imported { arena, offset },
+    };
+    Buffer::new(parts, registry, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip_through_bytes() {
+        let d = ExportDescriptor {
+            magic: EXPORT_MAGIC,
+            version: EXPORT_VERSION,
+            location: 2,
+            numa_node: 0,
+            offset: 128,
+            size: 100,
+            arena_id: 7,
+            arena_size: 1 << 21,
+            exporter_pid: 42,
+            reserved: 0,
+            exporter_token: 0xdead_beef_cafe,
+        };
+        assert_eq!(ExportDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
+        assert!(ExportDescriptor::from_bytes(&[0u8; 10]).is_err());
+        assert_ne!(process_token(), 0);
+    }
+
+    #[test]
+    fn importing_one_arena_twice_maps_it_once() {
+        use crate::memory::{Context, ContextConfig, MemoryLocation};
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let a = context.allocate(64, MemoryLocation::CpuStandard).unwrap();
+        let b = context.allocate(64, MemoryLocation::CpuStandard).unwrap();
+        let ia = context.import(a.export().unwrap()).unwrap();
+        let ib = context.import(b.export().unwrap()).unwrap();
+        let again = context.import(a.export().unwrap()).unwrap();
+        assert_eq!(context.inner.imports.len(), 1);
+        assert_eq!(ib.as_ptr() as usize - ia.as_ptr() as usize, b.as_ptr() as usize - a.as_ptr() as usize);
+        assert_eq!(again.as_ptr(), ia.as_ptr());
+        // Two imported buffers over the same bytes: the registry answers with one of them.
+        let found = context.find(ia.as_ptr()).unwrap();
+        assert!(found.info.id == ia.id() || found.info.id == again.id());
+        drop((ia, ib, again));
+        assert_eq!(context.inner.imports.len(), 0, "the mapping goes with its last buffer");
+        // Re-exporting an imported buffer names the original arena.
+        let first = a.export().unwrap();
+        let imported = context.import(first).unwrap();
+        let re = imported.export().unwrap();
+        assert_eq!(re.descriptor.exporter_pid, std::process::id());
+        assert_eq!(re.descriptor.offset, a.export().unwrap().descriptor.offset);
+    }
+}

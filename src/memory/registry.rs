@@ -1,0 +1,196 @@
+//! The registry: which lava-flow buffer holds an address?
+//!
+//! Every buffer of a context (allocated, imported or registered user memory) is entered here
+//! and removed when dropped. Ranges may overlap (the same exported buffer imported twice maps
+//! the same bytes), so the registry keeps the address space cut into disjoint pieces, each
+//! listing the buffers that cover it: a lookup is one `BTreeMap` predecessor search,
+//! O(log n), whatever overlaps exist.
+
+use std::collections::{BTreeMap, HashMap};
+
+use parking_lot::RwLock;
+
+use super::buffer::{BufferId, BufferOrigin};
+use super::location::MemoryLocation;
+use crate::error::{Error, Result};
+
+/// What the registry knows of a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferInfo {
+    pub id: BufferId,
+    pub base: usize,
+    pub len: usize,
+    pub location: MemoryLocation,
+    pub page_size: usize,
+    pub origin: BufferOrigin,
+}
+
+/// The answer to [`Context::find`](super::Context::find): the buffer holding an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FoundBuffer {
+    pub info: BufferInfo,
+    /// How far into the buffer the address is.
+    pub offset: usize,
+}
+
+#[derive(Debug)]
+struct Piece {
+    end: usize,
+    /// The buffers covering the piece, oldest first.
+    ids: Vec<BufferId>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Disjoint pieces keyed by start address.
+    pieces: BTreeMap<usize, Piece>,
+    buffers: HashMap<BufferId, BufferInfo>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    inner: RwLock<Inner>,
+}
+
+impl Inner {
+    /// Cuts the piece that straddles `at`, if any, so that `at` starts a piece.
+    fn split_at(&mut self, at: usize) {
+        let Some((&start, piece)) = self.pieces.range_mut(..at).next_back() else { return };
+        if piece.end > at {
+            let tail = Piece { end: piece.end, ids: piece.ids.clone() };
+            piece.end = at;
+            debug_assert!(start < at);
+            self.pieces.insert(at, tail);
+        }
+    }
+
+    /// The first buffer overlapping `[start, end)`, if any.
+    fn overlapping(&self, start: usize, end: usize) -> Option<&BufferInfo> {
+        let (_, piece) = self.pieces.range(..end).next_back()?;
+        (piece.end > start).then(|| &self.buffers[&piece.ids[0]])
+    }
+}
+
+impl Registry {
+    /// Enters a buffer. With `exclusive`, a range overlapping any registered buffer is refused.
+    pub(crate) fn insert(&self, info: BufferInfo, exclusive: bool) -> Result<()> {
+        let (start, end) = (info.base, info.base + info.len);
+        let mut inner = self.inner.write();
+        if exclusive {
+            if let Some(other) = inner.overlapping(start, end) {
+                return Err(Error::invalid(format!(
+                    "[{start:#x}, {end:#x}) overlaps lava-flow buffer {} at [{:#x}, {:#x}) ({}); \
+                     a range can be registered once",
+                    other.id,
+                    other.base,
+                    other.base + other.len,
+                    other.location
+                )));
+            }
+        }
+        inner.split_at(start);
+        inner.split_at(end);
+        let mut cursor = start;
+        let mut gaps = Vec::new();
+        for (&piece_start, piece) in inner.pieces.range_mut(start..end) {
+            if piece_start > cursor {
+                gaps.push((cursor, piece_start));
+            }
+            piece.ids.push(info.id);
+            cursor = piece.end;
+        }
+        if cursor < end {
+            gaps.push((cursor, end));
+        }
+        for (gap_start, gap_end) in gaps {
+            inner.pieces.insert(gap_start, Piece { end: gap_end, ids: vec![info.id] });
+        }
+        inner.buffers.insert(info.id, info);
+        Ok(())
+    }
+
+    pub(crate) fn remove(&self, id: BufferId) {
+        let mut inner = self.inner.write();
+        let Some(info) = inner.buffers.remove(&id) else { return };
+        let mut emptied = Vec::new();
+        for (&start, piece) in inner.pieces.range_mut(info.base..info.base + info.len) {
+            piece.ids.retain(|&other| other != id);
+            if piece.ids.is_empty() {
+                emptied.push(start);
+            }
+        }
+        for start in emptied {
+            inner.pieces.remove(&start);
+        }
+    }
+
+    pub(crate) fn find(&self, addr: usize) -> Option<FoundBuffer> {
+        let inner = self.inner.read();
+        let (_, piece) = inner.pieces.range(..=addr).next_back()?;
+        if piece.end <= addr {
+            return None;
+        }
+        let info = inner.buffers[piece.ids.last()?];
+        Some(FoundBuffer { info, offset: addr - info.base })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn contains(&self, id: BufferId) -> bool {
+        self.inner.read().buffers.contains_key(&id)
+    }
+
+    #[cfg(test)]
+    fn piece_count(&self) -> usize {
+        self.inner.read().pieces.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: u64, base: usize, len: usize) -> BufferInfo {
+        BufferInfo {
+            id: BufferId(id),
+            base,
+            len,
+            location: MemoryLocation::CpuStandard,
+            page_size: 4096,
+            origin: BufferOrigin::Allocated,
+        }
+    }
+
+    #[test]
+    fn finds_the_buffer_holding_an_address() {
+        let registry = Registry::default();
+        registry.insert(info(1, 1000, 100), true).unwrap();
+        registry.insert(info(2, 1100, 50), true).unwrap();
+        assert_eq!(registry.find(999), None);
+        assert_eq!(registry.find(1000).unwrap().info.id, BufferId(1));
+        let found = registry.find(1099).unwrap();
+        assert_eq!((found.info.id, found.offset), (BufferId(1), 99));
+        assert_eq!(registry.find(1100).unwrap().info.id, BufferId(2));
+        assert_eq!(registry.find(1150), None);
+        let err = registry.insert(info(3, 1080, 10), true).unwrap_err();
+        assert!(err.to_string().contains("overlaps lava-flow buffer #1"), "{err}");
+    }
+
+    #[test]
+    fn overlapping_ranges_are_tracked_and_removed_cleanly() {
+        let registry = Registry::default();
+        registry.insert(info(1, 0, 100), false).unwrap();
+        registry.insert(info(2, 50, 100), false).unwrap();
+        registry.insert(info(3, 0, 100), false).unwrap();
+        assert_eq!(registry.find(10).unwrap().info.id, BufferId(3));
+        assert_eq!(registry.find(120).unwrap().info.id, BufferId(2));
+        registry.remove(BufferId(3));
+        assert_eq!(registry.find(10).unwrap().info.id, BufferId(1));
+        assert_eq!(registry.find(60).unwrap().info.id, BufferId(2));
+        registry.remove(BufferId(2));
+        assert_eq!(registry.find(120), None);
+        assert_eq!(registry.find(60).unwrap().info.id, BufferId(1));
+        registry.remove(BufferId(1));
+        assert_eq!(registry.piece_count(), 0);
+        assert!(!registry.contains(BufferId(1)));
+    }
+}
