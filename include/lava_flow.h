@@ -31,8 +31,75 @@
 #define LAVA_FLOW_VERSION_MINOR 1
 #define LAVA_FLOW_VERSION_PATCH 0
 
+// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
+#define LF_MEMORY_CPU_STANDARD 1
+
+#define LF_MEMORY_CPU_NUMA 2
+
+#define LF_MEMORY_CPU_HUGEPAGE_2MB 3
+
+#define LF_MEMORY_CPU_HUGEPAGE_1GB 4
+
+#define LF_MEMORY_CPU_GPU_PINNED 5
+
+#define LF_MEMORY_GPU_DEVICE_LOCAL 6
+
+#define LF_MEMORY_GPU_HOST_VISIBLE 7
+
+// `lf_buffer_origin`: allocated here (exportable).
+#define LF_ORIGIN_ALLOCATED 1
+
+// `lf_buffer_origin`: the caller's memory, entered with `lf_register`.
+#define LF_ORIGIN_REGISTERED 2
+
+// `lf_buffer_origin`: imported from an export (`lf_import`): the exporter's memory.
+#define LF_ORIGIN_IMPORTED 3
+
+// `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
+#define LF_HUGEPAGE_STRICT 0
+
+// `hugepage_policy`: fall back to ordinary memory (the buffer reports what it got).
+#define LF_HUGEPAGE_BEST_EFFORT 1
+
+// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
+#define LF_ALLOC_HUGEPAGE_STRICT 1
+
+#define LF_ALLOC_HUGEPAGE_BEST_EFFORT 2
+
+// The size of `lf_export`, in bytes.
+#define LF_EXPORT_SIZE 64
+
+// The magic number every export starts with ("LFEX").
+#define LF_EXPORT_MAGIC 1279673688
+
 // Marks an unset `node_id` or `device_id`.
 #define LF_UNSET -1
+
+#define ContextConfig_DEFAULT_ARENA_SIZE (2 << 20)
+
+#define ContextConfig_MIN_ARENA_SIZE (64 << 10)
+
+#define ContextConfig_MAX_ARENA_SIZE (1 << 30)
+
+// The first field of every descriptor: "LFEX".
+#define EXPORT_MAGIC 1279673688
+
+// The descriptor layout this library writes and reads.
+#define EXPORT_VERSION 1
+
+#define CPU_STANDARD 1
+
+#define CPU_NUMA 2
+
+#define CPU_HUGEPAGE_2MB 3
+
+#define CPU_HUGEPAGE_1GB 4
+
+#define CPU_GPU_PINNED 5
+
+#define GPU_DEVICE_LOCAL 6
+
+#define GPU_HOST_VISIBLE 7
 
 // The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a
 // class of failure, and `lf_last_error_message()` says what exactly went wrong.
@@ -104,12 +171,218 @@ typedef uint32_t lf_scope;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// Opaque handle on a buffer.
+typedef struct lf_buffer lf_buffer;
+
+// Opaque handle on a memory context.
+typedef struct lf_context lf_context;
+
 // Opaque handle on a process location.
 typedef struct lf_location lf_location;
+
+// Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
+// defaults: strict hugepage policy, 2 MiB arenas.
+typedef struct {
+  // LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
+  uint32_t hugepage_policy;
+  // Must be 0.
+  uint32_t reserved0;
+  // Pooled arena size in bytes, a power of two from 64 KiB to 1 GiB; 0 for 2 MiB.
+  uint64_t arena_size;
+  // Room for later settings; must be 0.
+  uint64_t reserved[4];
+} lf_context_config;
+
+// An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
+// format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
+// the fd carries everything. All fields are validated on import.
+typedef struct {
+  // LF_EXPORT_MAGIC, to recognise a lava-flow export.
+  uint32_t magic;
+  // The layout version (1).
+  uint32_t version;
+  // The `LF_MEMORY_*` value of the memory.
+  uint32_t location;
+  // The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
+  int32_t numa_node;
+  // Where the buffer starts in its arena (the memory file `fd` refers to).
+  uint64_t offset;
+  uint64_t size;
+  uint64_t arena_id;
+  uint64_t arena_size;
+  // The process that created the memory, and its random per-run token.
+  uint32_t exporter_pid;
+  // The arena's memory file, a sealed memfd.
+  int32_t fd;
+  uint64_t exporter_token;
+} lf_export;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Releases a buffer: its memory goes back to its arena (an importer mapping it keeps it
+// alive); registered memory is only forgotten. NULL is ignored, as is (with a note in
+// `lf_last_error_message()`) a pointer that is not a live buffer.
+//
+// # Safety
+// `buffer` must not be in use by another thread.
+void lf_free(lf_buffer *buffer);
+
+// Ends the registration of user memory made by `lf_register` with `context` and releases
+// the handle; the memory itself is untouched. A buffer that is not registered memory of
+// this context is refused (LF_ERR_INVALID_ARGUMENT) and stays valid.
+//
+// # Safety
+// `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
+// not be in use by another thread.
+lf_status lf_deregister(const lf_context *context, lf_buffer *buffer);
+
+// The first byte of the buffer, valid for `lf_buffer_size` bytes until it is freed.
+//
+// # Safety
+// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_buffer_ptr(const lf_buffer *buffer, void **out);
+
+// The buffer's size in bytes (as asked for).
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_size(const lf_buffer *buffer, size_t *out);
+
+// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
+// fell back gives LF_MEMORY_CPU_STANDARD. Imported buffers carry the exporter's.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_location(const lf_buffer *buffer, uint32_t *out);
+
+// The NUMA node of LF_MEMORY_CPU_NUMA memory, LF_UNSET for other locations.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_numa_node(const lf_buffer *buffer, int64_t *out);
+
+// The page size the memory is guaranteed to be backed by, in bytes (the huge page size for
+// hugepage memory, the base page size otherwise).
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_page_size(const lf_buffer *buffer, size_t *out);
+
+// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
+// LF_ORIGIN_IMPORTED.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_origin(const lf_buffer *buffer, uint32_t *out);
+
+// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
+// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
+// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
+// when no buffer holds it. O(log n). Thread-safe.
+//
+// # Safety
+// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
+lf_status lf_buffer_find(const lf_context *context,
+                         const void *ptr,
+                         lf_buffer **out,
+                         size_t *offset);
+
+// Creates a memory context. `config` may be NULL for the defaults. Create one per process
+// and share it between threads. On success `*out` receives the context, to release with
+// `lf_context_free`.
+//
+// # Safety
+// `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
+// or writable.
+lf_status lf_context_create(const lf_context_config *config, lf_context **out);
+
+// Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
+// pointer that is not a live context. Buffers made from it stay valid until freed.
+//
+// # Safety
+// `context` must not be in use by another thread.
+void lf_context_free(lf_context *context);
+
+// Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
+// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
+// must be LF_UNSET otherwise. `flags`: 0, LF_ALLOC_HUGEPAGE_STRICT or
+// LF_ALLOC_HUGEPAGE_BEST_EFFORT. On success `*out` receives a buffer to release with
+// `lf_free`; ask it what it really got (`lf_buffer_location`, `lf_buffer_page_size`).
+//
+// Errors: LF_ERR_INVALID_ARGUMENT (size 0, unknown location value or flag, a node that does
+// not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
+// host has; no huge pages reserved under the strict policy — the message says how to
+// reserve them), LF_ERR_PERMISSION_DENIED (RLIMIT_MEMLOCK too small for GPU-pinned memory),
+// LF_ERR_UNSUPPORTED (GPU locations, for now). Thread-safe.
+//
+// # Safety
+// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_alloc(const lf_context *context,
+                   size_t size,
+                   uint32_t location,
+                   int64_t numa_node,
+                   uint32_t flags,
+                   lf_buffer **out);
+
+// Allocates `size` bytes where lava-flow's policy puts buffers from `mine` to `peer`:
+// different hosts get huge-page staging memory (best-effort), same-host peers standard
+// memory, or memory on `mine`'s NUMA node when the host has several. `*out` as `lf_alloc`.
+//
+// # Safety
+// `context`, `mine` and `peer` must be NULL or pointers obtained from lava-flow; `out`
+// NULL or writable.
+lf_status lf_alloc_auto(const lf_context *context,
+                        size_t size,
+                        const lf_location *mine,
+                        const lf_location *peer,
+                        lf_buffer **out);
+
+// Registers `size` bytes of the caller's memory at `ptr`, so that `lf_buffer_find` knows
+// it. Nothing is copied or freed: release the registration with `lf_deregister` (or
+// `lf_free`) before freeing the memory. Overlapping a known buffer, or unmapped memory, is
+// LF_ERR_INVALID_ARGUMENT. Registered buffers cannot be exported.
+//
+// # Safety
+// `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
+lf_status lf_register(const lf_context *context, void *ptr, size_t size, lf_buffer **out);
+
+// Exports a buffer for another process on this host. `*out` receives the export; its `fd`
+// is a new descriptor owned by the caller (close it once sent). Registered user memory
+// cannot be exported (LF_ERR_UNSUPPORTED). Thread-safe.
+//
+// # Safety
+// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_buffer_export(const lf_buffer *buffer, lf_export *out);
+
+// Imports an export into `context`: `*out` receives a buffer mapping the very same memory
+// (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
+// one arena maps it once. Everything is validated: a foreign or damaged export gives
+// LF_ERR_INVALID_ARGUMENT (or LF_ERR_UNSUPPORTED for another version) with the reason.
+//
+// `export->fd` is taken in every case, success or error, once `export` is readable.
+//
+// # Safety
+// `context` must be NULL or a pointer obtained from lava-flow; `export` NULL or readable;
+// `out` NULL or writable.
+lf_status lf_import(const lf_context *context, const lf_export *export_, lf_buffer **out);
+
+// Sends an export over a connected Unix stream socket (`SCM_RIGHTS`). `export->fd` stays
+// open and the caller's. Blocks as the socket does.
+//
+// # Safety
+// `export` must be NULL or readable.
+lf_status lf_export_send(int32_t socket, const lf_export *export_);
+
+// Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
+// caller (hand it to `lf_import`). Anything else arriving on the socket is refused
+// (LF_ERR_CORRUPT) and any fds that came with it are closed; LF_ERR_PEER_GONE when the socket
+// closed first.
+//
+// # Safety
+// `out` must be NULL or writable.
+lf_status lf_export_recv(int32_t socket, lf_export *out);
 
 // Detects the calling process's location: this host's name and the NUMA node of the CPU the
 // calling thread runs on now (`device_id` is LF_UNSET).
