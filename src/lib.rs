@@ -12,6 +12,7 @@
 pub mod config;
 pub mod error;
 pub mod ffi;
+pub mod memory;
 pub mod os;
 pub mod types;
 

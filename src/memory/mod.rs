@@ -1,0 +1,2 @@
+#[cfg(feature = "vulkan")]
+pub mod gpu;
