@@ -2,3 +2,5 @@
 //! module per concern (the seed's `tests/layer1/` layout).
 
 mod scope_detection;
+#[cfg(feature = "vulkan")]
+mod gpu_memory;

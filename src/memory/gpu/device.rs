@@ -399,8 +399,9 @@ impl VulkanDevice {
                 vk_err("vkCreateInstance")(r)
             }
         })?;
-        // From here on, the instance must be destroyed on every error path.
-        match Self::open_on(entry, instance.clone(), selector) {
+        // From here on, the instance must be destroyed on every error path, while the loader
+        // (held by `entry`) is still loaded.
+        match Self::open_on(entry.clone(), instance.clone(), selector) {
             Ok(device) => Ok(device),
             Err(e) => {
                 // SAFETY: nothing made from the instance survives a failed open_on.

@@ -277,11 +277,21 @@ impl GpuBuffer {
     /// place. Concurrent access to the same bytes (from threads, the GPU or other processes)
     /// must be ordered by the caller.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_inner(offset, data, true)
+    }
+
+    /// [`GpuBuffer::write`] through the staging buffer and a GPU copy even where the memory is
+    /// mappable (e.g. to keep the CPU off write-combined memory).
+    pub fn write_staged(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_inner(offset, data, false)
+    }
+
+    fn write_inner(&self, offset: u64, data: &[u8], direct: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64, "write")?;
         if data.is_empty() {
             return Ok(());
         }
-        if self.arena.host_coherent() {
+        if direct && self.arena.host_coherent() {
             let base = self.arena.map()?;
             // SAFETY: the mapping covers the whole arena and self.offset + offset + len lies
             // within this buffer's part of it (checked above); `data` cannot overlap device
@@ -318,11 +328,21 @@ impl GpuBuffer {
 
     /// Copies `out.len()` bytes at `offset` out of the buffer (memcpy or staged, as `write`).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_inner(offset, out, true)
+    }
+
+    /// [`GpuBuffer::read`] through a GPU copy into the staging buffer even where the memory
+    /// is mappable (reads of uncached, write-combined memory are slow for the CPU).
+    pub fn read_staged(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_inner(offset, out, false)
+    }
+
+    fn read_inner(&self, offset: u64, out: &mut [u8], direct: bool) -> Result<()> {
         self.check_range(offset, out.len() as u64, "read")?;
         if out.is_empty() {
             return Ok(());
         }
-        if self.arena.host_coherent() {
+        if direct && self.arena.host_coherent() {
             let base = self.arena.map()?;
             // SAFETY: as in `write`; `out` is ordinary host memory distinct from the mapping.
             unsafe {
