@@ -362,8 +362,10 @@ impl VulkanDevice {
             (Some(s), _) => Some(s.clone()),
             (None, true) => match std::env::var(DEVICE_ENV) {
                 Ok(v) if !v.trim().is_empty() => Some(
-                    v.parse::<DeviceSelector>()
-                        .map_err(|e| Error::invalid(format!("{DEVICE_ENV}={v:?}: {e}")))?,
+                    v.parse::<DeviceSelector>().map_err(|e| match e {
+                        Error::InvalidArgument(m) => Error::invalid(format!("{DEVICE_ENV}={v:?}: {m}")),
+                        other => other,
+                    })?,
                 ),
                 _ => None,
             },
