@@ -20,18 +20,30 @@ const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CuResult = 712;
 /// Pinned for every CUDA context, not just the primary context of one device.
 const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x01;
 
+type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
+type FnIntOut = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type FnDeviceGet = unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult;
+type FnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CuDevice) -> CuResult;
+type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult;
+type FnPrimaryCtxRelease = unsafe extern "C" fn(CuDevice) -> CuResult;
+type FnCtxPush = unsafe extern "C" fn(CuContext) -> CuResult;
+type FnCtxPop = unsafe extern "C" fn(*mut CuContext) -> CuResult;
+type FnHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult;
+type FnHostUnregister = unsafe extern "C" fn(*mut c_void) -> CuResult;
+type FnGetErrorString = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+
 struct CudaDriver {
     version: c_int,
-    device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
-    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
-    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], CuDevice) -> CuResult,
-    primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
-    primary_ctx_release: unsafe extern "C" fn(CuDevice) -> CuResult,
-    ctx_push: unsafe extern "C" fn(CuContext) -> CuResult,
-    ctx_pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
-    host_register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult,
-    host_unregister: unsafe extern "C" fn(*mut c_void) -> CuResult,
-    get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    device_get_count: FnIntOut,
+    device_get: FnDeviceGet,
+    device_get_uuid: FnDeviceGetUuid,
+    primary_ctx_retain: FnPrimaryCtxRetain,
+    primary_ctx_release: FnPrimaryCtxRelease,
+    ctx_push: FnCtxPush,
+    ctx_pop: FnCtxPop,
+    host_register: FnHostRegister,
+    host_unregister: FnHostUnregister,
+    get_error_string: FnGetErrorString,
 }
 
 // SAFETY: plain function pointers into a library that stays loaded for the process's life;
@@ -64,25 +76,30 @@ fn load() -> std::result::Result<CudaDriver, String> {
         }
         Err(format!("libcuda.so.1 lacks {:?}; the NVIDIA driver is too old", names[0]))
     };
-    // SAFETY (all transmutes): each symbol is the CUDA driver API function of that name,
-    // whose C signature the field type spells out.
-    unsafe {
-        let init: unsafe extern "C" fn(c_uint) -> CuResult = std::mem::transmute(symbol(&[c"cuInit"])?);
-        let driver_version: unsafe extern "C" fn(*mut c_int) -> CuResult =
-            std::mem::transmute(symbol(&[c"cuDriverGetVersion"])?);
-        let driver = CudaDriver {
-            version: 0,
-            device_get_count: std::mem::transmute(symbol(&[c"cuDeviceGetCount"])?),
-            device_get: std::mem::transmute(symbol(&[c"cuDeviceGet"])?),
-            device_get_uuid: std::mem::transmute(symbol(&[c"cuDeviceGetUuid_v2", c"cuDeviceGetUuid"])?),
-            primary_ctx_retain: std::mem::transmute(symbol(&[c"cuDevicePrimaryCtxRetain"])?),
-            primary_ctx_release: std::mem::transmute(symbol(&[c"cuDevicePrimaryCtxRelease_v2", c"cuDevicePrimaryCtxRelease"])?),
-            ctx_push: std::mem::transmute(symbol(&[c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"])?),
-            ctx_pop: std::mem::transmute(symbol(&[c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"])?),
-            host_register: std::mem::transmute(symbol(&[c"cuMemHostRegister_v2", c"cuMemHostRegister"])?),
-            host_unregister: std::mem::transmute(symbol(&[c"cuMemHostUnregister"])?),
-            get_error_string: std::mem::transmute(symbol(&[c"cuGetErrorString"])?),
+    macro_rules! load {
+        ($ty:ty, $($name:expr),+) => {
+            // SAFETY: the symbol is the CUDA driver API function of that name, whose C
+            // signature $ty spells out.
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(symbol(&[$($name),+])?) }
         };
+    }
+    let init = load!(FnInit, c"cuInit");
+    let driver_version = load!(FnIntOut, c"cuDriverGetVersion");
+    let driver = CudaDriver {
+        version: 0,
+        device_get_count: load!(FnIntOut, c"cuDeviceGetCount"),
+        device_get: load!(FnDeviceGet, c"cuDeviceGet"),
+        device_get_uuid: load!(FnDeviceGetUuid, c"cuDeviceGetUuid_v2", c"cuDeviceGetUuid"),
+        primary_ctx_retain: load!(FnPrimaryCtxRetain, c"cuDevicePrimaryCtxRetain"),
+        primary_ctx_release: load!(FnPrimaryCtxRelease, c"cuDevicePrimaryCtxRelease_v2", c"cuDevicePrimaryCtxRelease"),
+        ctx_push: load!(FnCtxPush, c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"),
+        ctx_pop: load!(FnCtxPop, c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"),
+        host_register: load!(FnHostRegister, c"cuMemHostRegister_v2", c"cuMemHostRegister"),
+        host_unregister: load!(FnHostUnregister, c"cuMemHostUnregister"),
+        get_error_string: load!(FnGetErrorString, c"cuGetErrorString"),
+    };
+    // SAFETY: plain CUDA driver calls with valid out-pointers.
+    unsafe {
         let r = init(0);
         if r != CUDA_SUCCESS {
             return Err(format!(
