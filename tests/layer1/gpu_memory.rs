@@ -42,7 +42,11 @@ fn open_device(test: &str) -> Option<VulkanDevice> {
 }
 
 fn small_arenas() -> GpuAllocatorConfig {
-    GpuAllocatorConfig { arena_size: 4 << 20, exportable: true }
+    GpuAllocatorConfig { arena_size: 4 << 20, ..GpuAllocatorConfig::default() }
+}
+
+fn dedicated_arenas() -> GpuAllocatorConfig {
+    GpuAllocatorConfig { dedicated_own_arenas: true, ..small_arenas() }
 }
 
 /// A recognisable byte pattern: word i of seed s.
@@ -133,6 +137,8 @@ fn expect_child_success(child: Child, what: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child {what} failed ({}):\n{stdout}\n{stderr}", out.status);
+    // Under VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation, API misuse in the child fails too.
+    assert!(!stdout.contains("Validation Error"), "child {what} misused Vulkan:\n{stdout}");
     // A child whose filter matched nothing "succeeds" with 0 tests: make sure it ran one.
     assert!(stdout.contains("1 passed"), "child {what} ran no test:\n{stdout}\n{stderr}");
     for line in stdout.lines().filter_map(|l| l.find("child:").map(|at| &l[at..])) {
@@ -342,7 +348,7 @@ fn gpu_copy_buffer_to_buffer() {
 #[test]
 fn gpu_export_import_across_processes() {
     const TEST: &str = "gpu_export_import_across_processes";
-    const SIZES: [u64; 4] = [65536, 65536 + 5, 1 << 20, 256 << 10];
+    const SIZES: [u64; 5] = [65536, 65536 + 5, 1 << 20, 256 << 10, (128 << 10) + 1];
     if let Some(role) = child_role(TEST) {
         assert_eq!(role, "importer");
         let mut stream = connect_to_parent();
@@ -360,8 +366,9 @@ fn gpu_export_import_across_processes() {
         }
         // Buffers 0 and 1 came from one exported arena: imported once.
         assert_eq!(imported[0].raw_memory(), imported[1].raw_memory());
-        assert_eq!(importer.cached_arenas(), 3);
-        println!("child: imported 4 buffers from {} arenas on {}", importer.cached_arenas(), device.info().name);
+        assert_eq!(importer.cached_arenas(), 4);
+        assert!(imported[4].is_dedicated() && !imported[0].is_dedicated());
+        println!("child: imported 5 buffers from {} arenas on {}", importer.cached_arenas(), device.info().name);
         send_byte(&mut stream, b'k');
         assert_eq!(recv_byte(&mut stream), b'q');
         return;
@@ -373,7 +380,9 @@ fn gpu_export_import_across_processes() {
         allocator.allocate(SIZES[1], GpuMemoryKind::DeviceLocal).unwrap(),
         allocator.allocate(SIZES[2], GpuMemoryKind::HostVisible).unwrap(),
         allocator.allocate_unpooled(SIZES[3], GpuMemoryKind::DeviceLocal).unwrap(),
+        GpuAllocator::new(&device, dedicated_arenas()).unwrap().allocate_unpooled(SIZES[4], GpuMemoryKind::HostVisible).unwrap(),
     ];
+    assert!(buffers[4].is_dedicated());
     assert_eq!(buffers[0].arena_id(), buffers[1].arena_id(), "one arena, one fd, many buffers");
     let (child, stream) = spawn_child(TEST, "importer", &[], true);
     let mut stream = stream.unwrap();
@@ -438,6 +447,20 @@ fn gpu_import_twice_hits_cache() {
     i2.read(1000, &mut three).unwrap();
     assert_eq!(&three, b"big");
 
+    // A dedicated arena: every import shares the one buffer the memory is dedicated to.
+    let dedicated = GpuAllocator::new(&device, dedicated_arenas()).unwrap().allocate_unpooled(5000, GpuMemoryKind::DeviceLocal).unwrap();
+    assert!(dedicated.is_dedicated());
+    let export = dedicated.export().unwrap();
+    assert_eq!(export.desc.flags & GPU_EXPORT_DEDICATED, GPU_EXPORT_DEDICATED);
+    let d1 = importer.import(export).unwrap();
+    let d2 = importer.import(dedicated.export().unwrap()).unwrap();
+    assert!(d1.is_dedicated() && d1.raw_buffer() == d2.raw_buffer());
+    d1.write(4990, b"0123456789").unwrap();
+    let mut ten = [0u8; 10];
+    dedicated.read(4990, &mut ten).unwrap();
+    assert_eq!(&ten, b"0123456789");
+    drop((d1, d2));
+
     // Not exportable: imported memory, and plain (non-exportable) allocations.
     assert!(matches!(i1.export(), Err(Error::InvalidState(_))));
     let plain = GpuAllocator::new(&device, GpuAllocatorConfig { exportable: false, ..small_arenas() }).unwrap();
@@ -490,10 +513,17 @@ fn gpu_no_fd_leak_over_1000_cycles() {
     let other = VulkanDevice::open(&GpuConfig::default()).unwrap();
     let importer = GpuImporter::new(&other);
     let allocator = GpuAllocator::new(&device, small_arenas()).unwrap();
+    let dedicated = GpuAllocator::new(&device, dedicated_arenas()).unwrap();
     let cycle = |i: u32| {
         let pooled = allocator.allocate(4096, GpuMemoryKind::DeviceLocal).unwrap();
-        let own = allocator.allocate_unpooled(8192, GpuMemoryKind::HostVisible).unwrap();
+        let own = if i % 2 == 0 { &allocator } else { &dedicated }
+            .allocate_unpooled(8192, GpuMemoryKind::HostVisible)
+            .unwrap();
         pooled.write(0, &i.to_le_bytes()).unwrap();
+        let mut misaligned = pooled.export().unwrap();
+        misaligned.desc.offset += 1;
+        // The arena is imported (Vulkan takes the fd), the buffer refused, the arena freed.
+        assert!(matches!(importer.import(misaligned), Err(Error::InvalidArgument(_))));
         let first = importer.import(pooled.export().unwrap()).unwrap();
         let cached = importer.import(pooled.export().unwrap()).unwrap(); // cache hit: fd closed
         let mut word = [0u8; 4];

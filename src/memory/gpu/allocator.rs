@@ -68,11 +68,15 @@ pub struct GpuAllocatorConfig {
     /// Allocate memory that can be exported to other processes (default). `false` gives plain
     /// device memory, e.g. as the in-process baseline of a benchmark.
     pub exportable: bool,
+    /// Give every arena of its own (large and unpooled buffers) a dedicated allocation, even
+    /// where the driver neither requires nor prefers one (default: only where it does).
+    /// Importers learn it from the export (`GPU_EXPORT_DEDICATED`).
+    pub dedicated_own_arenas: bool,
 }
 
 impl Default for GpuAllocatorConfig {
     fn default() -> Self {
-        GpuAllocatorConfig { arena_size: 64 << 20, exportable: true }
+        GpuAllocatorConfig { arena_size: 64 << 20, exportable: true, dedicated_own_arenas: false }
     }
 }
 
@@ -242,7 +246,9 @@ impl GpuAllocator {
     }
 
     fn own_arena(&self, size: u64, kind: GpuMemoryKind, type_index: u32, new: arena::NewBuffer) -> Result<GpuBuffer> {
-        let dedicated = new.wants_dedicated || (self.config.exportable && self.device.info().opaque_fd.dedicated_only);
+        let dedicated = new.wants_dedicated
+            || self.config.dedicated_own_arenas
+            || (self.config.exportable && self.device.info().opaque_fd.dedicated_only);
         let memory = match arena::allocate_memory(
             &self.device,
             new.requirements.size,
