@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 
 use ash::vk;
 
@@ -18,6 +19,7 @@ use super::allocator::{GpuBuffer, GpuMemoryKind};
 use super::arena::ArenaId;
 use super::device::{format_uuid, vk_err};
 use crate::error::{Error, Result};
+use crate::os::{recv_with_fds, send_with_fds};
 
 /// `"LFGX"` read as a little-endian u32.
 pub const GPU_EXPORT_MAGIC: u32 = u32::from_le_bytes(*b"LFGX");
@@ -246,6 +248,31 @@ impl GpuExport {
         Ok(GpuExport { desc, fd })
     }
 
+    /// Sends the export over a Unix stream socket: the description as the payload and the fd
+    /// attached (`SCM_RIGHTS`). The fd stays open here; drop the export when done.
+    pub fn send(&self, socket: &UnixStream) -> Result<()> {
+        send_with_fds(socket, &self.desc.to_bytes(), &[self.fd.as_fd()])
+    }
+
+    /// Receives one export sent with [`GpuExport::send`], validating its description. Any fd
+    /// that arrives with a malformed message is closed.
+    pub fn recv(socket: &UnixStream) -> Result<Self> {
+        let mut buf = [0u8; GpuExportDesc::SIZE];
+        let (n, mut fds) = recv_with_fds(socket, &mut buf)?;
+        if n == 0 {
+            return Err(Error::PeerGone("the socket closed before a GPU export arrived".into()));
+        }
+        if n != GpuExportDesc::SIZE || fds.len() != 1 {
+            return Err(Error::invalid(format!(
+                "a GPU export message is {} bytes and one fd; got {n} bytes and {} fds",
+                GpuExportDesc::SIZE,
+                fds.len()
+            )));
+        }
+        let desc = GpuExportDesc::from_bytes(&buf)?;
+        Ok(GpuExport { desc, fd: fds.pop().expect("one fd") })
+    }
+
     /// A second export of the same buffer with a duplicated fd.
     pub fn try_clone(&self) -> Result<Self> {
         let fd = self.fd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of a GPU export fd", e))?;
@@ -335,6 +362,23 @@ mod tests {
         let d = sample();
         assert_eq!(GpuExportDesc::from_bytes(&d.to_bytes()).unwrap(), d);
         assert_eq!(d.arena_id().to_string(), format!("42-{:016x}-7", 0xdead_beefu64));
+    }
+
+    #[test]
+    fn malformed_export_messages_are_refused() {
+        let (a, b) = UnixStream::pair().unwrap();
+        send_with_fds(&a, &sample().to_bytes(), &[]).unwrap();
+        assert!(matches!(GpuExport::recv(&b), Err(Error::InvalidArgument(ref m)) if m.contains("0 fds")));
+        let fd = crate::os::memfd_create("lf-test", 4096, Default::default()).unwrap();
+        let mut bad = sample();
+        bad.magic ^= 1;
+        send_with_fds(&a, &bad.to_bytes(), &[fd.as_fd()]).unwrap();
+        assert!(matches!(GpuExport::recv(&b), Err(Error::InvalidArgument(ref m)) if m.contains("magic")));
+        send_with_fds(&a, &sample().to_bytes(), &[fd.as_fd()]).unwrap();
+        let export = GpuExport::recv(&b).unwrap();
+        assert_eq!(export.desc, sample());
+        drop(a);
+        assert!(matches!(GpuExport::recv(&b), Err(Error::PeerGone(_))));
     }
 
     #[test]

@@ -2,6 +2,21 @@
 //! and HOST_VISIBLE memory, export to and import from other processes, host transfers, and
 //! GPU-pinned host memory.
 //!
+//! - [`VulkanDevice::open`] opens the device eagerly and reports it ([`DeviceInfo`]).
+//! - [`GpuAllocator`] hands out [`GpuBuffer`]s of [`GpuMemoryKind::DeviceLocal`] or
+//!   [`GpuMemoryKind::HostVisible`] memory from pooled exportable arenas (64 MiB by default;
+//!   larger requests get their own): one exported fd serves every buffer of an arena.
+//! - [`GpuBuffer::export`] gives a [`GpuExport`] (a validated `#[repr(C)]` [`GpuExportDesc`] and
+//!   an owned fd); [`GpuImporter::import`] imports it on this process's own device, once per
+//!   arena, refusing exports of another GPU or driver.
+//! - [`GpuBuffer::write`], [`GpuBuffer::read`], [`GpuBuffer::map`], [`copy_buffer`] move data
+//!   without Vulkan code; [`import_host_memory`] and [`cuda_host_register`] pin host memory.
+//!
+//! Environment: `LF_VULKAN_DEVICE` = device index or deviceUUID picks the device when the
+//! config does not (see [`GpuConfig`]). The loader's own variables apply too
+//! (`VK_DRIVER_FILES`/`VK_ICD_FILENAMES` to name the driver, `VK_INSTANCE_LAYERS` for
+//! validation).
+//!
 //! ```no_run
 //! use lava_flow::memory::gpu::*;
 //! let device = VulkanDevice::open(&GpuConfig::default())?;   // LF_VULKAN_DEVICE picks the GPU
