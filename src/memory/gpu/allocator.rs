@@ -416,3 +416,20 @@ impl Drop for GpuBuffer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{GpuExport, GpuImporter, HostMemoryImport};
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn gpu_handles_are_send_and_sync() {
+        assert_send_sync::<GpuAllocator>();
+        assert_send_sync::<GpuBuffer>();
+        assert_send_sync::<GpuImporter>();
+        assert_send_sync::<GpuExport>();
+        assert_send_sync::<HostMemoryImport>();
+    }
+}

@@ -32,6 +32,16 @@ type FnHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResu
 type FnHostUnregister = unsafe extern "C" fn(*mut c_void) -> CuResult;
 type FnGetErrorString = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
 
+/// A `&'static CStr` from a literal (c"" literals need Rust 1.77; the crate supports 1.75).
+macro_rules! cstr {
+    ($text:literal) => {
+        match CStr::from_bytes_with_nul(concat!($text, "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => unreachable!(),
+        }
+    };
+}
+
 struct CudaDriver {
     version: c_int,
     device_get_count: FnIntOut,
@@ -60,7 +70,7 @@ fn driver() -> Result<&'static CudaDriver> {
 fn load() -> std::result::Result<CudaDriver, String> {
     // SAFETY: dlopen of the CUDA driver library runs its initialisers, which are designed to
     // run in any process; the handle is never closed (CUDA does not support unloading).
-    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let lib = unsafe { libc::dlopen(cstr!("libcuda.so.1").as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if lib.is_null() {
         return Err("the CUDA driver library libcuda.so.1 is not installed (no NVIDIA driver); \
                     CUDA pinning is unavailable, use VK_EXT_external_memory_host instead"
@@ -83,20 +93,20 @@ fn load() -> std::result::Result<CudaDriver, String> {
             unsafe { std::mem::transmute::<*mut c_void, $ty>(symbol(&[$($name),+])?) }
         };
     }
-    let init = load!(FnInit, c"cuInit");
-    let driver_version = load!(FnIntOut, c"cuDriverGetVersion");
+    let init = load!(FnInit, cstr!("cuInit"));
+    let driver_version = load!(FnIntOut, cstr!("cuDriverGetVersion"));
     let driver = CudaDriver {
         version: 0,
-        device_get_count: load!(FnIntOut, c"cuDeviceGetCount"),
-        device_get: load!(FnDeviceGet, c"cuDeviceGet"),
-        device_get_uuid: load!(FnDeviceGetUuid, c"cuDeviceGetUuid_v2", c"cuDeviceGetUuid"),
-        primary_ctx_retain: load!(FnPrimaryCtxRetain, c"cuDevicePrimaryCtxRetain"),
-        primary_ctx_release: load!(FnPrimaryCtxRelease, c"cuDevicePrimaryCtxRelease_v2", c"cuDevicePrimaryCtxRelease"),
-        ctx_push: load!(FnCtxPush, c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"),
-        ctx_pop: load!(FnCtxPop, c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"),
-        host_register: load!(FnHostRegister, c"cuMemHostRegister_v2", c"cuMemHostRegister"),
-        host_unregister: load!(FnHostUnregister, c"cuMemHostUnregister"),
-        get_error_string: load!(FnGetErrorString, c"cuGetErrorString"),
+        device_get_count: load!(FnIntOut, cstr!("cuDeviceGetCount")),
+        device_get: load!(FnDeviceGet, cstr!("cuDeviceGet")),
+        device_get_uuid: load!(FnDeviceGetUuid, cstr!("cuDeviceGetUuid_v2"), cstr!("cuDeviceGetUuid")),
+        primary_ctx_retain: load!(FnPrimaryCtxRetain, cstr!("cuDevicePrimaryCtxRetain")),
+        primary_ctx_release: load!(FnPrimaryCtxRelease, cstr!("cuDevicePrimaryCtxRelease_v2"), cstr!("cuDevicePrimaryCtxRelease")),
+        ctx_push: load!(FnCtxPush, cstr!("cuCtxPushCurrent_v2"), cstr!("cuCtxPushCurrent")),
+        ctx_pop: load!(FnCtxPop, cstr!("cuCtxPopCurrent_v2"), cstr!("cuCtxPopCurrent")),
+        host_register: load!(FnHostRegister, cstr!("cuMemHostRegister_v2"), cstr!("cuMemHostRegister")),
+        host_unregister: load!(FnHostUnregister, cstr!("cuMemHostUnregister")),
+        get_error_string: load!(FnGetErrorString, cstr!("cuGetErrorString")),
     };
     // SAFETY: plain CUDA driver calls with valid out-pointers.
     unsafe {
