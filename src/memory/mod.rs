@@ -25,6 +25,8 @@ pub mod buffer;
 pub mod context;
 pub mod cpu;
 pub mod export;
+#[cfg(feature = "vulkan")]
+pub mod gpu;
 pub mod location;
 pub mod registry;
 

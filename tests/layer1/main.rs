@@ -3,3 +3,5 @@
 
 mod cpu_strategies;
 mod scope_detection;
+#[cfg(feature = "vulkan")]
+mod gpu_memory;

@@ -1,0 +1,435 @@
+//! The GPU allocator: buffers of the two GPU memory kinds, carved out of pooled exportable
+//! arenas so that one exported file descriptor serves many buffers.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts};
+use super::device::{describe_memory_flags, vk_err, VulkanDevice};
+use crate::error::{Error, Result};
+
+/// The two kinds of GPU memory lava-flow hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GpuMemoryKind {
+    /// The GPU's own memory (HBM/VRAM): fastest for the GPU, reached from the host by
+    /// staging copies (or directly where the driver maps it, as on resizable-BAR or CPU
+    /// drivers).
+    DeviceLocal,
+    /// Host memory the GPU reaches over the bus, mapped into the host: for staging and for
+    /// data the CPU produces or consumes.
+    HostVisible,
+}
+
+impl GpuMemoryKind {
+    pub const ALL: [GpuMemoryKind; 2] = [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible];
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            GpuMemoryKind::DeviceLocal => 0,
+            GpuMemoryKind::HostVisible => 1,
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> u32 {
+        self.index() as u32
+    }
+
+    pub(crate) fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            0 => Some(GpuMemoryKind::DeviceLocal),
+            1 => Some(GpuMemoryKind::HostVisible),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMemoryKind::DeviceLocal => "DEVICE_LOCAL",
+            GpuMemoryKind::HostVisible => "HOST_VISIBLE",
+        }
+    }
+}
+
+impl fmt::Display for GpuMemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a [`GpuAllocator`] pools memory.
+#[derive(Clone, Debug)]
+pub struct GpuAllocatorConfig {
+    /// Size of each pooled arena (default 64 MiB). Requests larger than this get an arena of
+    /// their own.
+    pub arena_size: u64,
+    /// Allocate memory that can be exported to other processes (default). `false` gives plain
+    /// device memory, e.g. as the in-process baseline of a benchmark.
+    pub exportable: bool,
+    /// Give every arena of its own (large and unpooled buffers) a dedicated allocation, even
+    /// where the driver neither requires nor prefers one (default: only where it does).
+    /// Importers learn it from the export (`GPU_EXPORT_DEDICATED`).
+    pub dedicated_own_arenas: bool,
+}
+
+impl Default for GpuAllocatorConfig {
+    fn default() -> Self {
+        GpuAllocatorConfig { arena_size: 64 << 20, exportable: true, dedicated_own_arenas: false }
+    }
+}
+
+/// Hands out [`GpuBuffer`]s on one device. `Send + Sync`.
+pub struct GpuAllocator {
+    device: VulkanDevice,
+    config: GpuAllocatorConfig,
+    handle_types: vk::ExternalMemoryHandleTypeFlags,
+    /// False where the driver exports only dedicated allocations: every buffer then gets its
+    /// own arena.
+    pooling: bool,
+    memory_types: [Option<u32>; 2],
+    pools: [Mutex<Vec<Arc<Arena>>>; 2],
+}
+
+impl fmt::Debug for GpuAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuAllocator")
+            .field("device", &self.device)
+            .field("config", &self.config)
+            .field("handle_types", &self.handle_types)
+            .field("pooling", &self.pooling)
+            .field("memory_types", &self.memory_types)
+            .finish()
+    }
+}
+
+impl GpuAllocator {
+    pub fn new(device: &VulkanDevice, config: GpuAllocatorConfig) -> Result<Self> {
+        if config.arena_size == 0 {
+            return Err(Error::invalid("GPU arena size must be positive"));
+        }
+        let info = device.info();
+        let mut handle_types = vk::ExternalMemoryHandleTypeFlags::empty();
+        if config.exportable {
+            if !info.opaque_fd.exportable {
+                return Err(Error::Unsupported(format!(
+                    "Vulkan device {} ({}) cannot export buffer memory as an opaque fd",
+                    info.index, info.name
+                )));
+            }
+            handle_types |= vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD;
+            let dma_buf = vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT.as_raw();
+            if info.dma_buf.exportable && info.opaque_fd.compatible_handle_types & dma_buf != 0 {
+                handle_types |= vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
+            }
+        }
+        let pooling = !(config.exportable && (info.opaque_fd.dedicated_only || info.dma_buf.dedicated_only && handle_types.contains(vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT)));
+
+        // The memory types a buffer of our usage may live in (the same for every size).
+        let probe = arena::create_buffer(device, 4096, handle_types)?;
+        arena::destroy_buffer(device, probe.buffer);
+        let bits = probe.requirements.memory_type_bits;
+        use vk::MemoryPropertyFlags as F;
+        let device_local = device.find_memory_type(bits, F::DEVICE_LOCAL, &[], F::HOST_VISIBLE);
+        let host_visible =
+            device.find_memory_type(bits, F::HOST_VISIBLE | F::HOST_COHERENT, &[F::HOST_CACHED], F::DEVICE_LOCAL);
+        Ok(GpuAllocator {
+            device: device.clone(),
+            config,
+            handle_types,
+            pooling,
+            memory_types: [device_local, host_visible],
+            pools: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+        })
+    }
+
+    pub fn device(&self) -> &VulkanDevice {
+        &self.device
+    }
+
+    pub fn config(&self) -> &GpuAllocatorConfig {
+        &self.config
+    }
+
+    /// The memory type index buffers of `kind` come from, if the device has one.
+    pub fn memory_type_index(&self, kind: GpuMemoryKind) -> Option<u32> {
+        self.memory_types[kind.index()]
+    }
+
+    /// Whether buffers share pooled arenas (false where the driver exports only dedicated
+    /// allocations).
+    pub fn pools_arenas(&self) -> bool {
+        self.pooling
+    }
+
+    /// A buffer of `size` bytes of `kind`, from a pooled arena (or, above the arena size, an
+    /// arena of its own).
+    pub fn allocate(&self, size: u64, kind: GpuMemoryKind) -> Result<GpuBuffer> {
+        self.allocate_inner(size, kind, self.pooling)
+    }
+
+    /// A buffer of `size` bytes in a fresh arena of its own, never pooled: the cost of a
+    /// plain exportable allocation.
+    pub fn allocate_unpooled(&self, size: u64, kind: GpuMemoryKind) -> Result<GpuBuffer> {
+        self.allocate_inner(size, kind, false)
+    }
+
+    fn allocate_inner(&self, size: u64, kind: GpuMemoryKind, pooled: bool) -> Result<GpuBuffer> {
+        if size == 0 {
+            return Err(Error::invalid("cannot allocate a GPU buffer of 0 bytes"));
+        }
+        let type_index = self.memory_types[kind.index()].ok_or_else(|| {
+            Error::Unsupported(format!(
+                "Vulkan device {} ({}) has no {kind} memory type for {} buffers",
+                self.device.info().index,
+                self.device.info().name,
+                if self.config.exportable { "exportable" } else { "plain" }
+            ))
+        })?;
+        let new = arena::create_buffer(&self.device, size, self.handle_types)?;
+        if new.requirements.memory_type_bits & (1 << type_index) == 0 {
+            arena::destroy_buffer(&self.device, new.buffer);
+            return Err(Error::Vulkan(format!(
+                "a {size}-byte buffer may not live in memory type {type_index} (allowed: {:#x})",
+                new.requirements.memory_type_bits
+            )));
+        }
+        if !pooled || new.requires_dedicated || new.requirements.size > self.config.arena_size {
+            return self.own_arena(size, kind, type_index, new);
+        }
+
+        let align = new.requirements.alignment.max(1).next_power_of_two();
+        let reserved = new.requirements.size;
+        let (arena, offset) = {
+            let mut pool = self.pools[kind.index()].lock();
+            let found = pool.iter().find_map(|a| a.free.lock().allocate(reserved, align).map(|o| (a.clone(), o)));
+            match found {
+                Some(found) => found,
+                None => {
+                    let memory = match arena::allocate_memory(
+                        &self.device,
+                        self.config.arena_size,
+                        type_index,
+                        self.handle_types,
+                        None,
+                    ) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            arena::destroy_buffer(&self.device, new.buffer);
+                            return Err(e);
+                        }
+                    };
+                    let arena = Arc::new(Arena::new(
+                        &self.device,
+                        ArenaParts {
+                            memory,
+                            size: self.config.arena_size,
+                            memory_type_index: type_index,
+                            kind,
+                            id: ArenaId::new_local(),
+                            handle_types: self.handle_types,
+                            dedicated_buffer: None,
+                            origin: ArenaOrigin::Pooled,
+                            host_pointer: None,
+                        },
+                    ));
+                    let offset = arena.free.lock().allocate(reserved, align).expect("a fresh arena fits the request");
+                    pool.push(arena.clone());
+                    (arena, offset)
+                }
+            }
+        };
+        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, size, reserved };
+        buffer.bind()?;
+        Ok(buffer)
+    }
+
+    fn own_arena(&self, size: u64, kind: GpuMemoryKind, type_index: u32, new: arena::NewBuffer) -> Result<GpuBuffer> {
+        let dedicated = new.wants_dedicated
+            || self.config.dedicated_own_arenas
+            || (self.config.exportable && self.device.info().opaque_fd.dedicated_only);
+        let memory = match arena::allocate_memory(
+            &self.device,
+            new.requirements.size,
+            type_index,
+            self.handle_types,
+            dedicated.then_some(new.buffer),
+        ) {
+            Ok(m) => m,
+            Err(e) => {
+                arena::destroy_buffer(&self.device, new.buffer);
+                return Err(e);
+            }
+        };
+        let arena = Arc::new(Arena::new(
+            &self.device,
+            ArenaParts {
+                memory,
+                size: new.requirements.size,
+                memory_type_index: type_index,
+                kind,
+                id: ArenaId::new_local(),
+                handle_types: self.handle_types,
+                dedicated_buffer: dedicated.then_some(new.buffer),
+                origin: ArenaOrigin::Own,
+                host_pointer: None,
+            },
+        ));
+        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: !dedicated, offset: 0, size, reserved: 0 };
+        buffer.bind()?;
+        Ok(buffer)
+    }
+
+    /// Frees pooled arenas that no buffer uses any more; returns how many were freed.
+    pub fn trim(&self) -> usize {
+        let mut freed = 0;
+        for pool in &self.pools {
+            pool.lock().retain(|arena| {
+                let idle = Arc::strong_count(arena) == 1 && arena.free.lock().used() == 0;
+                freed += idle as usize;
+                !idle
+            });
+        }
+        freed
+    }
+
+    /// How many pooled arenas of `kind` exist.
+    pub fn arena_count(&self, kind: GpuMemoryKind) -> usize {
+        self.pools[kind.index()].lock().len()
+    }
+}
+
+/// A range of GPU memory bound to a `VkBuffer`: allocated here from an arena, or imported
+/// from another process. Dropping it returns the range to its arena; the arena's memory is
+/// freed when its last buffer goes (and the allocator no longer pools it).
+pub struct GpuBuffer {
+    pub(crate) arena: Arc<Arena>,
+    pub(crate) buffer: vk::Buffer,
+    /// False when the buffer belongs to a dedicated arena, which destroys it.
+    pub(crate) owns_buffer: bool,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    /// The range taken from the arena's free list (0: none).
+    pub(crate) reserved: u64,
+}
+
+impl fmt::Debug for GpuBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuBuffer")
+            .field("kind", &self.arena.kind)
+            .field("size", &self.size)
+            .field("arena", &self.arena.id.to_string())
+            .field("offset", &self.offset)
+            .field("arena_size", &self.arena.size)
+            .field("memory_type", &self.arena.memory_type_index)
+            .field("flags", &describe_memory_flags(self.arena.property_flags.as_raw()))
+            .finish()
+    }
+}
+
+impl GpuBuffer {
+    /// Binds the buffer at its offset; on failure, dropping `self` undoes the allocation.
+    pub(crate) fn bind(&self) -> Result<()> {
+        // SAFETY: buffer and memory are live and of this device; offset + size lies inside
+        // the arena and is aligned (the free list or the importer's checks made sure).
+        unsafe { self.arena.device.shared.device.bind_buffer_memory(self.buffer, self.arena.memory, self.offset) }
+            .map_err(vk_err(&format!(
+                "vkBindBufferMemory({} bytes at offset {} of arena {})",
+                self.size, self.offset, self.arena.id
+            )))
+    }
+
+    /// The size asked for, in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Where the buffer starts in its arena.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    pub fn arena_size(&self) -> u64 {
+        self.arena.size
+    }
+
+    pub fn arena_id(&self) -> ArenaId {
+        self.arena.id
+    }
+
+    pub fn kind(&self) -> GpuMemoryKind {
+        self.arena.kind
+    }
+
+    pub fn memory_type_index(&self) -> u32 {
+        self.arena.memory_type_index
+    }
+
+    /// `VkMemoryPropertyFlags` of its memory type.
+    pub fn memory_property_flags(&self) -> u32 {
+        self.arena.property_flags.as_raw()
+    }
+
+    /// Whether the host can map it ([`GpuBuffer::map`]) and read/write it without staging.
+    pub fn is_host_mappable(&self) -> bool {
+        self.arena.host_coherent()
+    }
+
+    /// Whether it was imported from another process's export.
+    pub fn is_imported(&self) -> bool {
+        self.arena.origin == ArenaOrigin::Imported
+    }
+
+    /// Whether it may be exported to other processes.
+    pub fn is_exportable(&self) -> bool {
+        !self.arena.handle_types.is_empty()
+    }
+
+    /// Whether its arena is a dedicated allocation (importers, CUDA included, must say so).
+    pub fn is_dedicated(&self) -> bool {
+        self.arena.dedicated_buffer.is_some()
+    }
+
+    pub fn device(&self) -> &VulkanDevice {
+        &self.arena.device
+    }
+
+    /// The `VkBuffer`, for callers recording their own commands. Valid while `self` lives.
+    pub fn raw_buffer(&self) -> vk::Buffer {
+        self.buffer
+    }
+
+    /// The arena's `VkDeviceMemory` (shared with the other buffers of the arena).
+    pub fn raw_memory(&self) -> vk::DeviceMemory {
+        self.arena.memory
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if self.owns_buffer {
+            arena::destroy_buffer(&self.arena.device, self.buffer);
+        }
+        if self.reserved > 0 {
+            self.arena.free.lock().release(self.offset, self.reserved);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{GpuExport, GpuImporter, HostMemoryImport};
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn gpu_handles_are_send_and_sync() {
+        assert_send_sync::<GpuAllocator>();
+        assert_send_sync::<GpuBuffer>();
+        assert_send_sync::<GpuImporter>();
+        assert_send_sync::<GpuExport>();
+        assert_send_sync::<HostMemoryImport>();
+    }
+}

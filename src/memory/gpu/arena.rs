@@ -1,0 +1,362 @@
+//! Arenas: one `VkDeviceMemory` each, exported once and shared by many buffers.
+//!
+//! An arena is the unit of export and import: one file descriptor covers every buffer carved
+//! out of it, and the importing process imports the arena once (its import cache is keyed by
+//! [`ArenaId`]) and binds each buffer at its offset. A [`FreeList`] hands out the ranges of
+//! pooled arenas.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use super::allocator::GpuMemoryKind;
+use super::device::{vk_err, VulkanDevice};
+use crate::error::{Error, Result};
+
+/// The usage of every buffer lava-flow creates. Exporter and importer must agree on it: the
+/// memory requirements (type bits, alignment) of a buffer depend on its usage.
+pub(crate) const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
+        | vk::BufferUsageFlags::STORAGE_BUFFER.as_raw(),
+);
+
+/// The identity of an arena, unique across the processes of a host: the exporting process's
+/// pid, a random token drawn once per process (pids are reused), and a per-process counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ArenaId {
+    pub exporter_pid: u32,
+    pub token: u64,
+    pub counter: u64,
+}
+
+impl ArenaId {
+    pub(crate) fn new_local() -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(1);
+        ArenaId {
+            exporter_pid: std::process::id(),
+            token: process_token(),
+            counter: COUNTER.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+impl fmt::Display for ArenaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{:016x}-{}", self.exporter_pid, self.token, self.counter)
+    }
+}
+
+fn process_token() -> u64 {
+    static TOKEN: OnceLock<u64> = OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        // SAFETY: getrandom writes at most bytes.len() bytes into the buffer.
+        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        let random = u64::from_ne_bytes(bytes);
+        if n == bytes.len() as isize && random != 0 {
+            return random;
+        }
+        // No entropy source: the clock and the address space layout still differ between
+        // processes, which is all uniqueness needs here.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        nanos ^ ((&bytes as *const _ as u64) << 16) ^ 0x9e37_79b9_7f4a_7c15
+    })
+}
+
+/// Where an arena's memory came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ArenaOrigin {
+    /// Allocated here, shared by many buffers.
+    Pooled,
+    /// Allocated here for one (large) buffer.
+    Own,
+    /// Imported from another process's export.
+    Imported,
+    /// A host pointer imported through `VK_EXT_external_memory_host`.
+    HostPointer,
+}
+
+pub(crate) struct Arena {
+    pub(crate) device: VulkanDevice,
+    pub(crate) memory: vk::DeviceMemory,
+    pub(crate) size: u64,
+    pub(crate) memory_type_index: u32,
+    pub(crate) property_flags: vk::MemoryPropertyFlags,
+    pub(crate) kind: GpuMemoryKind,
+    pub(crate) id: ArenaId,
+    /// The handle types it can be exported as (empty: not exportable).
+    pub(crate) handle_types: vk::ExternalMemoryHandleTypeFlags,
+    /// For a dedicated allocation: the one buffer it may be bound to, owned by the arena.
+    pub(crate) dedicated_buffer: Option<vk::Buffer>,
+    pub(crate) origin: ArenaOrigin,
+    /// Base of the persistent mapping of the whole arena; null until first mapped.
+    mapped: AtomicPtr<u8>,
+    map_lock: Mutex<()>,
+    pub(crate) free: Mutex<FreeList>,
+}
+
+pub(crate) struct ArenaParts {
+    pub memory: vk::DeviceMemory,
+    pub size: u64,
+    pub memory_type_index: u32,
+    pub kind: GpuMemoryKind,
+    pub id: ArenaId,
+    pub handle_types: vk::ExternalMemoryHandleTypeFlags,
+    pub dedicated_buffer: Option<vk::Buffer>,
+    pub origin: ArenaOrigin,
+    /// For host-pointer arenas: the host memory itself serves as the mapping.
+    pub host_pointer: Option<NonNull<u8>>,
+}
+
+impl Arena {
+    /// Takes ownership of the memory (and dedicated buffer) in `parts`.
+    pub(crate) fn new(device: &VulkanDevice, parts: ArenaParts) -> Self {
+        let property_flags = device.memory_type_flags(parts.memory_type_index).unwrap_or_default();
+        let free = if parts.origin == ArenaOrigin::Pooled { FreeList::new(parts.size) } else { FreeList::new(0) };
+        Arena {
+            device: device.clone(),
+            memory: parts.memory,
+            size: parts.size,
+            memory_type_index: parts.memory_type_index,
+            property_flags,
+            kind: parts.kind,
+            id: parts.id,
+            handle_types: parts.handle_types,
+            dedicated_buffer: parts.dedicated_buffer,
+            origin: parts.origin,
+            mapped: AtomicPtr::new(parts.host_pointer.map_or(std::ptr::null_mut(), |p| p.as_ptr())),
+            map_lock: Mutex::new(()),
+            free: Mutex::new(free),
+        }
+    }
+
+    /// Host-visible and coherent: the host may read and write it through a mapping with no
+    /// flush or invalidate.
+    pub(crate) fn host_coherent(&self) -> bool {
+        self.property_flags
+            .contains(vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT)
+    }
+
+    /// The base of a persistent mapping of the whole arena, made on first use.
+    pub(crate) fn map(&self) -> Result<NonNull<u8>> {
+        if let Some(p) = NonNull::new(self.mapped.load(Ordering::Acquire)) {
+            return Ok(p);
+        }
+        if !self.host_coherent() {
+            return Err(Error::InvalidState(format!(
+                "arena {} (memory type {} {}) is not host-visible and coherent, so it cannot be mapped; \
+                 use write/read, which stage through host-visible memory",
+                self.id,
+                self.memory_type_index,
+                super::device::describe_memory_flags(self.property_flags.as_raw())
+            )));
+        }
+        let _guard = self.map_lock.lock();
+        if let Some(p) = NonNull::new(self.mapped.load(Ordering::Acquire)) {
+            return Ok(p);
+        }
+        // SAFETY: the memory is host-visible, not mapped yet (checked under map_lock, which
+        // serialises vkMapMemory on this memory object) and lives as long as self.
+        let ptr = unsafe {
+            self.device
+                .shared
+                .device
+                .map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        }
+        .map_err(vk_err(&format!("vkMapMemory of arena {} ({} bytes)", self.id, self.size)))?;
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| Error::Vulkan(format!("vkMapMemory of arena {} returned NULL", self.id)))?;
+        self.mapped.store(ptr.as_ptr(), Ordering::Release);
+        Ok(ptr)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let device = &self.device.shared.device;
+        // SAFETY: the arena is the last user of its memory: every buffer bound to it held an
+        // Arc to it and is gone, and the device is alive (self.device). No GPU work uses the
+        // memory any more: transfers wait for their fence before returning.
+        unsafe {
+            if let Some(buffer) = self.dedicated_buffer {
+                device.destroy_buffer(buffer, None);
+            }
+            if !self.mapped.load(Ordering::Acquire).is_null() && self.origin != ArenaOrigin::HostPointer {
+                device.unmap_memory(self.memory);
+            }
+            device.free_memory(self.memory, None);
+        }
+    }
+}
+
+/// Allocates `size` bytes of memory type `type_index`, exportable as `handle_types` (none:
+/// not exportable), dedicated to `dedicated` if given.
+pub(crate) fn allocate_memory(
+    device: &VulkanDevice,
+    size: u64,
+    type_index: u32,
+    handle_types: vk::ExternalMemoryHandleTypeFlags,
+    dedicated: Option<vk::Buffer>,
+) -> Result<vk::DeviceMemory> {
+    let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(handle_types);
+    let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default();
+    let mut info = vk::MemoryAllocateInfo::default().allocation_size(size).memory_type_index(type_index);
+    if !handle_types.is_empty() {
+        info = info.push_next(&mut export);
+    }
+    if let Some(buffer) = dedicated {
+        dedicated_info = dedicated_info.buffer(buffer);
+        info = info.push_next(&mut dedicated_info);
+    }
+    // SAFETY: the allocate info chain is live for the call; the type index is one of the
+    // device's (chosen from its memory properties).
+    unsafe { device.shared.device.allocate_memory(&info, None) }.map_err(vk_err(&format!(
+        "vkAllocateMemory({size} bytes, memory type {type_index}, export {handle_types:?})"
+    )))
+}
+
+/// A buffer and what it needs from memory.
+pub(crate) struct NewBuffer {
+    pub buffer: vk::Buffer,
+    pub requirements: vk::MemoryRequirements,
+    /// The driver requires or prefers a dedicated allocation for it.
+    pub wants_dedicated: bool,
+    pub requires_dedicated: bool,
+}
+
+/// Creates a buffer of `size` bytes with lava-flow's usage, for memory of `handle_types`.
+pub(crate) fn create_buffer(
+    device: &VulkanDevice,
+    size: u64,
+    handle_types: vk::ExternalMemoryHandleTypeFlags,
+) -> Result<NewBuffer> {
+    let ash_device = &device.shared.device;
+    let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle_types);
+    let mut info = vk::BufferCreateInfo::default()
+        .size(size)
+        .usage(BUFFER_USAGE)
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    if !handle_types.is_empty() {
+        info = info.push_next(&mut external);
+    }
+    // SAFETY: the create info chain is live for the call.
+    let buffer = unsafe { ash_device.create_buffer(&info, None) }
+        .map_err(vk_err(&format!("vkCreateBuffer({size} bytes)")))?;
+    let mut dedicated = vk::MemoryDedicatedRequirements::default();
+    let mut requirements = vk::MemoryRequirements2::default().push_next(&mut dedicated);
+    let query = vk::BufferMemoryRequirementsInfo2::default().buffer(buffer);
+    // SAFETY: buffer is live; the output chain is live for the call (Vulkan 1.1 core).
+    unsafe { ash_device.get_buffer_memory_requirements2(&query, &mut requirements) };
+    let requirements = requirements.memory_requirements;
+    Ok(NewBuffer {
+        buffer,
+        requirements,
+        wants_dedicated: dedicated.prefers_dedicated_allocation == vk::TRUE
+            || dedicated.requires_dedicated_allocation == vk::TRUE,
+        requires_dedicated: dedicated.requires_dedicated_allocation == vk::TRUE,
+    })
+}
+
+pub(crate) fn destroy_buffer(device: &VulkanDevice, buffer: vk::Buffer) {
+    // SAFETY: callers pass a buffer they own that no pending GPU work uses.
+    unsafe { device.shared.device.destroy_buffer(buffer, None) };
+}
+
+/// First-fit free list of the byte ranges of a pooled arena, kept sorted and coalesced.
+#[derive(Debug)]
+pub(crate) struct FreeList {
+    free: Vec<(u64, u64)>,
+    size: u64,
+    used: u64,
+}
+
+impl FreeList {
+    pub(crate) fn new(size: u64) -> Self {
+        FreeList { free: if size > 0 { vec![(0, size)] } else { Vec::new() }, size, used: 0 }
+    }
+
+    /// The offset of `size` bytes aligned to `align` (a power of two), if they fit.
+    pub(crate) fn allocate(&mut self, size: u64, align: u64) -> Option<u64> {
+        debug_assert!(align.is_power_of_two() && size > 0);
+        let (index, start) = self.free.iter().enumerate().find_map(|(i, &(offset, len))| {
+            let start = offset.checked_add(align - 1)? & !(align - 1);
+            let end = start.checked_add(size)?;
+            (end <= offset + len).then_some((i, start))
+        })?;
+        let (offset, len) = self.free[index];
+        let mut pieces = Vec::with_capacity(2);
+        if start > offset {
+            pieces.push((offset, start - offset));
+        }
+        if start + size < offset + len {
+            pieces.push((start + size, offset + len - start - size));
+        }
+        self.free.splice(index..=index, pieces);
+        self.used += size;
+        Some(start)
+    }
+
+    /// Returns a range that `allocate` gave out.
+    pub(crate) fn release(&mut self, offset: u64, size: u64) {
+        debug_assert!(offset + size <= self.size);
+        let index = self.free.partition_point(|&(o, _)| o < offset);
+        self.free.insert(index, (offset, size));
+        // Merge with the next, then with the previous range.
+        if index + 1 < self.free.len() && offset + size == self.free[index + 1].0 {
+            self.free[index].1 += self.free[index + 1].1;
+            self.free.remove(index + 1);
+        }
+        if index > 0 && self.free[index - 1].0 + self.free[index - 1].1 == offset {
+            self.free[index - 1].1 += self.free[index].1;
+            self.free.remove(index);
+        }
+        self.used -= size;
+    }
+
+    pub(crate) fn used(&self) -> u64 {
+        self.used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_list_aligns_splits_and_coalesces() {
+        let mut list = FreeList::new(1024);
+        let a = list.allocate(100, 64).unwrap();
+        let b = list.allocate(100, 64).unwrap();
+        let c = list.allocate(300, 256).unwrap();
+        assert_eq!((a, b, c), (0, 128, 256));
+        assert_eq!(list.allocate(600, 1), None);
+        let d = list.allocate(20, 1).unwrap();
+        assert_eq!(d, 100, "the alignment gap before b is used first");
+        list.release(b, 100);
+        list.release(a, 100);
+        list.release(d, 20);
+        list.release(c, 300);
+        assert_eq!(list.free, vec![(0, 1024)]);
+        assert_eq!(list.used(), 0);
+        assert_eq!(list.allocate(1024, 4096), Some(0));
+        assert_eq!(list.allocate(1, 1), None);
+    }
+
+    #[test]
+    fn arena_ids_are_unique_and_carry_the_pid() {
+        let a = ArenaId::new_local();
+        let b = ArenaId::new_local();
+        assert_ne!(a, b);
+        assert_eq!(a.exporter_pid, std::process::id());
+        assert_eq!(a.token, b.token);
+        assert_ne!(a.token, 0);
+    }
+}

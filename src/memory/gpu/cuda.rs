@@ -1,0 +1,273 @@
+//! GPU-pinned host memory through CUDA: `cuMemHostRegister` on a range of this process's
+//! memory, with libcuda loaded at run time (`dlopen`), so that lava-flow builds and runs
+//! without CUDA and reports `Unsupported` where no NVIDIA driver is installed.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+type CuResult = c_int;
+type CuDevice = c_int;
+type CuContext = *mut c_void;
+
+const CUDA_SUCCESS: CuResult = 0;
+const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+const CUDA_ERROR_NO_DEVICE: CuResult = 100;
+const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CuResult = 712;
+/// Pinned for every CUDA context, not just the primary context of one device.
+const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x01;
+
+type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
+type FnIntOut = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type FnDeviceGet = unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult;
+type FnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CuDevice) -> CuResult;
+type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult;
+type FnPrimaryCtxRelease = unsafe extern "C" fn(CuDevice) -> CuResult;
+type FnCtxPush = unsafe extern "C" fn(CuContext) -> CuResult;
+type FnCtxPop = unsafe extern "C" fn(*mut CuContext) -> CuResult;
+type FnHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult;
+type FnHostUnregister = unsafe extern "C" fn(*mut c_void) -> CuResult;
+type FnGetErrorString = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+
+/// A `&'static CStr` from a literal (c"" literals need Rust 1.77; the crate supports 1.75).
+macro_rules! cstr {
+    ($text:literal) => {
+        match CStr::from_bytes_with_nul(concat!($text, "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => unreachable!(),
+        }
+    };
+}
+
+struct CudaDriver {
+    version: c_int,
+    device_get_count: FnIntOut,
+    device_get: FnDeviceGet,
+    device_get_uuid: FnDeviceGetUuid,
+    primary_ctx_retain: FnPrimaryCtxRetain,
+    primary_ctx_release: FnPrimaryCtxRelease,
+    ctx_push: FnCtxPush,
+    ctx_pop: FnCtxPop,
+    host_register: FnHostRegister,
+    host_unregister: FnHostUnregister,
+    get_error_string: FnGetErrorString,
+}
+
+// SAFETY: plain function pointers into a library that stays loaded for the process's life;
+// the CUDA driver API is thread-safe.
+unsafe impl Send for CudaDriver {}
+// SAFETY: see Send.
+unsafe impl Sync for CudaDriver {}
+
+fn driver() -> Result<&'static CudaDriver> {
+    static DRIVER: OnceLock<std::result::Result<CudaDriver, String>> = OnceLock::new();
+    DRIVER.get_or_init(load).as_ref().map_err(|e| Error::Unsupported(e.clone()))
+}
+
+fn load() -> std::result::Result<CudaDriver, String> {
+    // SAFETY: dlopen of the CUDA driver library runs its initialisers, which are designed to
+    // run in any process; the handle is never closed (CUDA does not support unloading).
+    let lib = unsafe { libc::dlopen(cstr!("libcuda.so.1").as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if lib.is_null() {
+        return Err("the CUDA driver library libcuda.so.1 is not installed (no NVIDIA driver); \
+                    CUDA pinning is unavailable, use VK_EXT_external_memory_host instead"
+            .into());
+    }
+    let symbol = |names: &[&CStr]| -> std::result::Result<*mut c_void, String> {
+        for name in names {
+            // SAFETY: lib is a live handle; name is NUL-terminated.
+            let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+            if !p.is_null() {
+                return Ok(p);
+            }
+        }
+        Err(format!("libcuda.so.1 lacks {:?}; the NVIDIA driver is too old", names[0]))
+    };
+    macro_rules! load {
+        ($ty:ty, $($name:expr),+) => {
+            // SAFETY: the symbol is the CUDA driver API function of that name, whose C
+            // signature $ty spells out.
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(symbol(&[$($name),+])?) }
+        };
+    }
+    let init = load!(FnInit, cstr!("cuInit"));
+    let driver_version = load!(FnIntOut, cstr!("cuDriverGetVersion"));
+    let driver = CudaDriver {
+        version: 0,
+        device_get_count: load!(FnIntOut, cstr!("cuDeviceGetCount")),
+        device_get: load!(FnDeviceGet, cstr!("cuDeviceGet")),
+        device_get_uuid: load!(FnDeviceGetUuid, cstr!("cuDeviceGetUuid_v2"), cstr!("cuDeviceGetUuid")),
+        primary_ctx_retain: load!(FnPrimaryCtxRetain, cstr!("cuDevicePrimaryCtxRetain")),
+        primary_ctx_release: load!(FnPrimaryCtxRelease, cstr!("cuDevicePrimaryCtxRelease_v2"), cstr!("cuDevicePrimaryCtxRelease")),
+        ctx_push: load!(FnCtxPush, cstr!("cuCtxPushCurrent_v2"), cstr!("cuCtxPushCurrent")),
+        ctx_pop: load!(FnCtxPop, cstr!("cuCtxPopCurrent_v2"), cstr!("cuCtxPopCurrent")),
+        host_register: load!(FnHostRegister, cstr!("cuMemHostRegister_v2"), cstr!("cuMemHostRegister")),
+        host_unregister: load!(FnHostUnregister, cstr!("cuMemHostUnregister")),
+        get_error_string: load!(FnGetErrorString, cstr!("cuGetErrorString")),
+    };
+    // SAFETY: plain CUDA driver calls with valid out-pointers.
+    unsafe {
+        let r = init(0);
+        if r != CUDA_SUCCESS {
+            return Err(format!(
+                "cuInit failed: {} (is an NVIDIA GPU visible to this process? check nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                describe(&driver, r)
+            ));
+        }
+        let mut version = 0;
+        driver_version(&mut version);
+        Ok(CudaDriver { version, ..driver })
+    }
+}
+
+fn describe(driver: &CudaDriver, r: CuResult) -> String {
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString writes a pointer to a static string (or leaves it NULL).
+    let ok = unsafe { (driver.get_error_string)(r, &mut text) } == CUDA_SUCCESS && !text.is_null();
+    if ok {
+        // SAFETY: a NUL-terminated static string from the driver.
+        format!("CUDA error {r} ({})", unsafe { CStr::from_ptr(text) }.to_string_lossy())
+    } else {
+        format!("CUDA error {r}")
+    }
+}
+
+fn check(driver: &CudaDriver, r: CuResult, what: impl FnOnce() -> String) -> Result<()> {
+    let message = || format!("{}: {}", what(), describe(driver, r));
+    match r {
+        CUDA_SUCCESS => Ok(()),
+        CUDA_ERROR_INVALID_VALUE => Err(Error::InvalidArgument(message())),
+        CUDA_ERROR_OUT_OF_MEMORY => Err(Error::OutOfMemory(message())),
+        CUDA_ERROR_NO_DEVICE => Err(Error::Unsupported(message())),
+        CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Err(Error::InvalidState(message())),
+        _ => Err(Error::InvalidState(message())),
+    }
+}
+
+/// Whether a CUDA driver with at least one device is present.
+pub fn cuda_available() -> bool {
+    cuda_driver_version().is_ok()
+}
+
+/// The CUDA driver's version (e.g. 13000 for 13.0), or why CUDA is unavailable.
+pub fn cuda_driver_version() -> Result<i32> {
+    driver().map(|d| d.version)
+}
+
+/// Host memory pinned with `cuMemHostRegister`; unregistered on drop.
+pub struct CudaHostRegistration {
+    ptr: *mut c_void,
+    len: usize,
+    device: CuDevice,
+    context: CuContext,
+}
+
+// SAFETY: the raw pointers are an address of caller-owned memory and a CUDA context handle;
+// the driver API accepts both from any thread.
+unsafe impl Send for CudaHostRegistration {}
+// SAFETY: &CudaHostRegistration only reads plain fields.
+unsafe impl Sync for CudaHostRegistration {}
+
+impl fmt::Debug for CudaHostRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaHostRegistration")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("cuda_device", &self.device)
+            .finish()
+    }
+}
+
+impl CudaHostRegistration {
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.cast()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The CUDA device ordinal whose primary context registered the memory.
+    pub fn cuda_device(&self) -> i32 {
+        self.device
+    }
+}
+
+/// Pins `[ptr, ptr + len)` for CUDA (portable: usable from every context) on the CUDA device
+/// whose UUID is `device_uuid` (pass `VulkanDevice::device_uuid()` to match the Vulkan device
+/// in use), or on device 0 when `None`.
+///
+/// Errors: `Unsupported` without a CUDA driver or device; `NotFound` when no CUDA device has
+/// that UUID; `InvalidState` when the range is already registered.
+///
+/// # Safety
+/// The range must be mapped memory of this process that stays mapped until the registration
+/// is dropped.
+pub unsafe fn cuda_host_register(ptr: *mut u8, len: usize, device_uuid: Option<[u8; 16]>) -> Result<CudaHostRegistration> {
+    let driver = driver()?;
+    if ptr.is_null() || len == 0 {
+        return Err(Error::invalid("cuMemHostRegister needs a non-NULL pointer and a non-zero length"));
+    }
+    let mut count = 0;
+    check(driver, (driver.device_get_count)(&mut count), || "cuDeviceGetCount".into())?;
+    if count == 0 {
+        return Err(Error::Unsupported("the CUDA driver reports no device".into()));
+    }
+    let mut chosen = None;
+    let mut seen = Vec::new();
+    for ordinal in 0..count {
+        let mut device = 0;
+        check(driver, (driver.device_get)(&mut device, ordinal), || format!("cuDeviceGet({ordinal})"))?;
+        let mut uuid = [0u8; 16];
+        check(driver, (driver.device_get_uuid)(&mut uuid, device), || format!("cuDeviceGetUuid({ordinal})"))?;
+        seen.push(super::device::format_uuid(&uuid));
+        if device_uuid.map_or(ordinal == 0, |want| want == uuid) {
+            chosen = Some(device);
+            break;
+        }
+    }
+    let device = chosen.ok_or_else(|| {
+        Error::NotFound(format!(
+            "no CUDA device has UUID {}; CUDA devices: {}",
+            super::device::format_uuid(&device_uuid.unwrap_or_default()),
+            seen.join(", ")
+        ))
+    })?;
+    let mut context: CuContext = std::ptr::null_mut();
+    check(driver, (driver.primary_ctx_retain)(&mut context, device), || "cuDevicePrimaryCtxRetain".into())?;
+    let pushed = check(driver, (driver.ctx_push)(context), || "cuCtxPushCurrent".into());
+    let registered = pushed.and_then(|()| {
+        let r = (driver.host_register)(ptr.cast(), len, CU_MEMHOSTREGISTER_PORTABLE);
+        let mut popped = std::ptr::null_mut();
+        (driver.ctx_pop)(&mut popped);
+        check(driver, r, || format!("cuMemHostRegister({ptr:p}, {len} bytes)"))
+    });
+    if let Err(e) = registered {
+        (driver.primary_ctx_release)(device);
+        return Err(e);
+    }
+    Ok(CudaHostRegistration { ptr: ptr.cast(), len, device, context })
+}
+
+impl Drop for CudaHostRegistration {
+    fn drop(&mut self) {
+        let Ok(driver) = driver() else { return };
+        // SAFETY: the registration was made in this context, which we retained; the memory is
+        // still mapped (the caller's contract).
+        unsafe {
+            if (driver.ctx_push)(self.context) == CUDA_SUCCESS {
+                (driver.host_unregister)(self.ptr);
+                let mut popped = std::ptr::null_mut();
+                (driver.ctx_pop)(&mut popped);
+            }
+            (driver.primary_ctx_release)(self.device);
+        }
+    }
+}

@@ -1,0 +1,740 @@
+//! Opening a Vulkan device: the loader, the physical device a process uses, a logical device
+//! with the external-memory extensions, one queue for transfers, and a report of what was
+//! found.
+//!
+//! Opening is eager (the seed's lesson 6.1): every configuration problem (no loader, no
+//! device, wrong index, missing extension) shows up in [`VulkanDevice::open`], never in the
+//! middle of a transfer.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CStr};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Weak};
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use super::arena::{Arena, ArenaId};
+use super::transfer::Submitter;
+use crate::error::{Error, Result};
+
+/// The environment variable that picks the physical device when the config does not: a device
+/// index (`0`, `1`, ...) or a deviceUUID in hex (32 digits, dashes allowed, as `vulkaninfo`
+/// prints it).
+pub const DEVICE_ENV: &str = "LF_VULKAN_DEVICE";
+
+const FIX_HINT: &str = "install a Vulkan driver: your GPU vendor's driver (it ships the Vulkan \
+    ICD), or mesa-vulkan-drivers for the CPU driver lavapipe; `vulkaninfo --summary` (package \
+    vulkan-tools) shows what the loader finds";
+
+/// Which physical device to open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSelector {
+    /// The n-th device the loader enumerates (the order of `vulkaninfo --summary`).
+    Index(u32),
+    /// The device whose `deviceUUID` is this (equal to CUDA's device UUID on NVIDIA).
+    Uuid([u8; 16]),
+}
+
+impl FromStr for DeviceSelector {
+    type Err = Error;
+
+    /// A decimal index, or a 32-digit hex UUID (dashes and a `GPU-` prefix allowed).
+    fn from_str(text: &str) -> Result<Self> {
+        let text = text.trim();
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            return text
+                .parse::<u32>()
+                .map(DeviceSelector::Index)
+                .map_err(|e| Error::invalid(format!("Vulkan device index {text:?}: {e}")));
+        }
+        let hex: String = text
+            .strip_prefix("GPU-")
+            .unwrap_or(text)
+            .chars()
+            .filter(|&c| c != '-')
+            .collect();
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::invalid(format!(
+                "Vulkan device selector {text:?} is neither a device index nor a deviceUUID \
+                 (32 hex digits, e.g. 6d657361-3232-2e33-2e36-000000000000)"
+            )));
+        }
+        let mut uuid = [0u8; 16];
+        for (i, byte) in uuid.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex digits");
+        }
+        Ok(DeviceSelector::Uuid(uuid))
+    }
+}
+
+impl fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSelector::Index(i) => write!(f, "index {i}"),
+            DeviceSelector::Uuid(u) => write!(f, "deviceUUID {}", format_uuid(u)),
+        }
+    }
+}
+
+/// How to open the GPU.
+#[derive(Clone, Debug)]
+pub struct GpuConfig {
+    /// The device to open. `None`: the one [`DEVICE_ENV`] names if `use_env` is set, else the
+    /// first discrete GPU, else the first device.
+    pub device: Option<DeviceSelector>,
+    /// Whether [`DEVICE_ENV`] is consulted when `device` is `None` (default: yes).
+    pub use_env: bool,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig { device: None, use_env: true }
+    }
+}
+
+impl GpuConfig {
+    /// A config that opens exactly this device, whatever the environment says.
+    pub fn with_device(device: DeviceSelector) -> Self {
+        GpuConfig { device: Some(device), use_env: false }
+    }
+}
+
+/// The kind of a physical device, as Vulkan reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceType {
+    DiscreteGpu,
+    IntegratedGpu,
+    VirtualGpu,
+    Cpu,
+    Other,
+}
+
+impl DeviceType {
+    fn from_vk(t: vk::PhysicalDeviceType) -> Self {
+        match t {
+            vk::PhysicalDeviceType::DISCRETE_GPU => DeviceType::DiscreteGpu,
+            vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceType::IntegratedGpu,
+            vk::PhysicalDeviceType::VIRTUAL_GPU => DeviceType::VirtualGpu,
+            vk::PhysicalDeviceType::CPU => DeviceType::Cpu,
+            _ => DeviceType::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceType::DiscreteGpu => "discrete GPU",
+            DeviceType::IntegratedGpu => "integrated GPU",
+            DeviceType::VirtualGpu => "virtual GPU",
+            DeviceType::Cpu => "CPU",
+            DeviceType::Other => "other",
+        }
+    }
+}
+
+/// One memory heap of the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryHeapInfo {
+    pub size: u64,
+    pub device_local: bool,
+}
+
+/// One memory type of the device: its heap and `VkMemoryPropertyFlags` bits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryTypeInfo {
+    pub heap_index: u32,
+    pub property_flags: u32,
+}
+
+/// What the external-memory queries said about buffers of one handle type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExternalMemorySupport {
+    pub exportable: bool,
+    pub importable: bool,
+    /// The driver only exports whole dedicated allocations (no pooling in arenas then).
+    pub dedicated_only: bool,
+    /// `VkExternalMemoryHandleTypeFlags` that memory exported as this type can also be
+    /// exported as (in the same allocation).
+    pub compatible_handle_types: u32,
+}
+
+/// What [`VulkanDevice::open`] found and chose.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Position in the loader's enumeration.
+    pub index: u32,
+    pub name: String,
+    pub vendor_id: u32,
+    pub device_id: u32,
+    pub device_type: DeviceType,
+    /// `VkPhysicalDeviceProperties::apiVersion` (use [`format_api_version`]).
+    pub api_version: u32,
+    pub driver_version: u32,
+    pub device_uuid: [u8; 16],
+    pub driver_uuid: [u8; 16],
+    /// From `VkPhysicalDeviceDriverProperties`; empty where the device predates it.
+    pub driver_name: String,
+    pub driver_info: String,
+    pub memory_heaps: Vec<MemoryHeapInfo>,
+    pub memory_types: Vec<MemoryTypeInfo>,
+    pub enabled_extensions: Vec<String>,
+    pub queue_family_index: u32,
+    /// Nanoseconds per timestamp tick; `None` if the transfer queue has no timestamps.
+    pub timestamp_period_ns: Option<f32>,
+    /// For `VK_EXT_external_memory_host`: the alignment of imported host pointers and sizes.
+    pub min_imported_host_pointer_alignment: Option<u64>,
+    pub opaque_fd: ExternalMemorySupport,
+    pub dma_buf: ExternalMemorySupport,
+    /// Every device the loader enumerated: (index, name, type, deviceUUID).
+    pub all_devices: Vec<(u32, String, DeviceType, [u8; 16])>,
+}
+
+impl DeviceInfo {
+    /// Whether `name` (e.g. `"VK_EXT_external_memory_host"`) was enabled on the device.
+    pub fn has_extension(&self, name: &str) -> bool {
+        self.enabled_extensions.iter().any(|e| e == name)
+    }
+
+    /// A JSON object with the same content as the `Display` report.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "index": self.index,
+            "name": self.name,
+            "vendor_id": self.vendor_id,
+            "device_id": self.device_id,
+            "device_type": self.device_type.as_str(),
+            "api_version": format_api_version(self.api_version),
+            "device_uuid": format_uuid(&self.device_uuid),
+            "driver_uuid": format_uuid(&self.driver_uuid),
+            "driver_name": self.driver_name,
+            "driver_info": self.driver_info,
+            "memory_heaps": self.memory_heaps.iter().map(|h| serde_json::json!({
+                "size": h.size, "device_local": h.device_local })).collect::<Vec<_>>(),
+            "memory_types": self.memory_types.iter().map(|t| serde_json::json!({
+                "heap_index": t.heap_index,
+                "flags": describe_memory_flags(t.property_flags) })).collect::<Vec<_>>(),
+            "enabled_extensions": self.enabled_extensions,
+            "queue_family_index": self.queue_family_index,
+            "timestamp_period_ns": self.timestamp_period_ns,
+            "opaque_fd": format!("{:?}", self.opaque_fd),
+            "dma_buf": format!("{:?}", self.dma_buf),
+        })
+    }
+}
+
+impl fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "Vulkan device {}: {} ({}, vendor 0x{:04x} device 0x{:04x}, Vulkan {})",
+            self.index,
+            self.name,
+            self.device_type.as_str(),
+            self.vendor_id,
+            self.device_id,
+            format_api_version(self.api_version)
+        )?;
+        writeln!(f, "  driver: {} {}", self.driver_name, self.driver_info)?;
+        writeln!(f, "  deviceUUID {}", format_uuid(&self.device_uuid))?;
+        writeln!(f, "  driverUUID {}", format_uuid(&self.driver_uuid))?;
+        for (i, heap) in self.memory_heaps.iter().enumerate() {
+            writeln!(
+                f,
+                "  heap {i}: {:.2} GiB{}",
+                heap.size as f64 / (1u64 << 30) as f64,
+                if heap.device_local { " DEVICE_LOCAL" } else { "" }
+            )?;
+        }
+        for (i, t) in self.memory_types.iter().enumerate() {
+            writeln!(f, "  type {i}: heap {} {}", t.heap_index, describe_memory_flags(t.property_flags))?;
+        }
+        writeln!(f, "  extensions: {}", self.enabled_extensions.join(", "))?;
+        writeln!(f, "  opaque fd: {:?}; dma-buf: {:?}", self.opaque_fd, self.dma_buf)?;
+        write!(f, "  transfer queue family {}", self.queue_family_index)
+    }
+}
+
+/// `a.b.c` from a packed Vulkan version.
+pub fn format_api_version(v: u32) -> String {
+    format!("{}.{}.{}", vk::api_version_major(v), vk::api_version_minor(v), vk::api_version_patch(v))
+}
+
+/// The UUID in the 8-4-4-4-12 form `vulkaninfo` prints.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+/// `VkMemoryPropertyFlags` bits as `DEVICE_LOCAL|HOST_VISIBLE|...`.
+pub fn describe_memory_flags(flags: u32) -> String {
+    const NAMES: [(u32, &str); 6] = [
+        (0x1, "DEVICE_LOCAL"),
+        (0x2, "HOST_VISIBLE"),
+        (0x4, "HOST_COHERENT"),
+        (0x8, "HOST_CACHED"),
+        (0x10, "LAZILY_ALLOCATED"),
+        (0x20, "PROTECTED"),
+    ];
+    let names: Vec<&str> = NAMES.iter().filter(|(b, _)| flags & b != 0).map(|(_, n)| *n).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join("|")
+    }
+}
+
+const EXT_MEMORY_FD: &CStr = ash::khr::external_memory_fd::NAME;
+const EXT_DMA_BUF: &CStr = ash::ext::external_memory_dma_buf::NAME;
+const EXT_MEMORY_HOST: &CStr = ash::ext::external_memory_host::NAME;
+
+/// The state every GPU object of one device shares; dropped (device destroyed) after the last
+/// buffer, arena and handle.
+pub(crate) struct DeviceShared {
+    // Field order matters only for documentation: Drop below destroys explicitly.
+    pub(crate) _entry: ash::Entry,
+    pub(crate) instance: ash::Instance,
+    pub(crate) physical: vk::PhysicalDevice,
+    pub(crate) device: ash::Device,
+    pub(crate) memory_fd: ash::khr::external_memory_fd::Device,
+    pub(crate) memory_host: Option<ash::ext::external_memory_host::Device>,
+    pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
+    pub(crate) info: DeviceInfo,
+    pub(crate) submitter: Mutex<Submitter>,
+    /// Imported arenas by exporter id, so that one arena is imported once (seed §6.2).
+    pub(crate) import_cache: Mutex<HashMap<ArenaId, Weak<Arena>>>,
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        // SAFETY: this is the last reference to the device: every arena and buffer holds a
+        // VulkanDevice clone, so none is alive. Waiting for idle first means no command still
+        // uses the objects destroyed here.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.submitter.get_mut().destroy(&self.device);
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// An open Vulkan device. Cheap to clone (shared handle); `Send + Sync`: the queue is behind a
+/// mutex, everything else is immutable after opening.
+#[derive(Clone)]
+pub struct VulkanDevice {
+    pub(crate) shared: Arc<DeviceShared>,
+}
+
+impl fmt::Debug for VulkanDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanDevice")
+            .field("name", &self.shared.info.name)
+            .field("device_uuid", &format_uuid(&self.shared.info.device_uuid))
+            .finish()
+    }
+}
+
+struct Candidate {
+    physical: vk::PhysicalDevice,
+    properties: vk::PhysicalDeviceProperties,
+    uuid: [u8; 16],
+}
+
+pub(crate) fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
+    move |r| match r {
+        vk::Result::ERROR_OUT_OF_HOST_MEMORY | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => {
+            Error::OutOfMemory(format!("{what}: {r}"))
+        }
+        _ => Error::Vulkan(format!("{what}: {r}")),
+    }
+}
+
+impl VulkanDevice {
+    /// Opens the device `config` selects (see [`GpuConfig`]), eagerly.
+    ///
+    /// Errors: `Unsupported` without a loader, a device, Vulkan 1.1 or
+    /// `VK_KHR_external_memory_fd` (the message says what to install); `NotFound` for an index
+    /// or UUID that matches no device, listing the devices there are; `InvalidArgument` for a
+    /// malformed [`DEVICE_ENV`].
+    pub fn open(config: &GpuConfig) -> Result<Self> {
+        let selector = match (&config.device, config.use_env) {
+            (Some(s), _) => Some(s.clone()),
+            (None, true) => match std::env::var(DEVICE_ENV) {
+                Ok(v) if !v.trim().is_empty() => Some(
+                    v.parse::<DeviceSelector>().map_err(|e| match e {
+                        Error::InvalidArgument(m) => Error::invalid(format!("{DEVICE_ENV}={v:?}: {m}")),
+                        other => other,
+                    })?,
+                ),
+                _ => None,
+            },
+            (None, false) => None,
+        };
+
+        // SAFETY: loading libvulkan runs its initialisers; the loader is designed for that,
+        // and the Entry keeps the library loaded as long as any object made from it lives.
+        let entry = unsafe { ash::Entry::load() }.map_err(|e| {
+            Error::Unsupported(format!("no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"))
+        })?;
+        // SAFETY: a plain query on a loaded entry.
+        let instance_version = unsafe { entry.try_enumerate_instance_version() }
+            .map_err(vk_err("vkEnumerateInstanceVersion"))?
+            .unwrap_or(vk::API_VERSION_1_0);
+        if instance_version < vk::API_VERSION_1_1 {
+            return Err(Error::Unsupported(format!(
+                "the Vulkan loader offers API {}, lava-flow needs 1.1 or newer; update libvulkan1",
+                format_api_version(instance_version)
+            )));
+        }
+        let api = instance_version.min(vk::API_VERSION_1_3);
+        // (No c"" literals: they need Rust 1.77 and the crate supports 1.75.)
+        let name = CStr::from_bytes_with_nul(b"lava-flow\0").expect("NUL-terminated");
+        let app = vk::ApplicationInfo::default()
+            .application_name(name)
+            .engine_name(name)
+            .api_version(api);
+        let create = vk::InstanceCreateInfo::default().application_info(&app);
+        // SAFETY: create info and the strings it points to outlive the call.
+        let instance = unsafe { entry.create_instance(&create, None) }.map_err(|r| {
+            if r == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
+                Error::Unsupported(format!("vkCreateInstance: no Vulkan driver (ICD) found; {FIX_HINT}"))
+            } else {
+                vk_err("vkCreateInstance")(r)
+            }
+        })?;
+        // From here on, the instance must be destroyed on every error path, while the loader
+        // (held by `entry`) is still loaded.
+        match Self::open_on(entry.clone(), instance.clone(), selector) {
+            Ok(device) => Ok(device),
+            Err(e) => {
+                // SAFETY: nothing made from the instance survives a failed open_on.
+                unsafe { instance.destroy_instance(None) };
+                Err(e)
+            }
+        }
+    }
+
+    fn open_on(entry: ash::Entry, instance: ash::Instance, selector: Option<DeviceSelector>) -> Result<Self> {
+        // SAFETY: instance is a live instance for all the queries below.
+        let physicals = unsafe { instance.enumerate_physical_devices() }
+            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+        if physicals.is_empty() {
+            return Err(Error::Unsupported(format!("the Vulkan loader found no device; {FIX_HINT}")));
+        }
+        let mut candidates = Vec::with_capacity(physicals.len());
+        for &physical in &physicals {
+            let mut id = vk::PhysicalDeviceIDProperties::default();
+            let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
+            // SAFETY: physical comes from this instance; props2's chain is live.
+            unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+            let properties = props2.properties;
+            candidates.push(Candidate { physical, properties, uuid: id.device_uuid });
+        }
+        let all_devices: Vec<(u32, String, DeviceType, [u8; 16])> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    i as u32,
+                    c.properties.device_name_as_c_str().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                    DeviceType::from_vk(c.properties.device_type),
+                    c.uuid,
+                )
+            })
+            .collect();
+        let listing = || {
+            all_devices
+                .iter()
+                .map(|(i, n, t, u)| format!("{i}: {n} ({}, deviceUUID {})", t.as_str(), format_uuid(u)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let index = match &selector {
+            Some(DeviceSelector::Index(i)) => {
+                if (*i as usize) >= candidates.len() {
+                    return Err(Error::NotFound(format!(
+                        "Vulkan device index {i}: there are {} device(s): {}",
+                        candidates.len(),
+                        listing()
+                    )));
+                }
+                *i as usize
+            }
+            Some(DeviceSelector::Uuid(u)) => candidates.iter().position(|c| c.uuid == *u).ok_or_else(|| {
+                Error::NotFound(format!("no Vulkan device has deviceUUID {}; the devices are: {}", format_uuid(u), listing()))
+            })?,
+            None => candidates
+                .iter()
+                .position(|c| c.properties.device_type == vk::PhysicalDeviceType::DISCRETE_GPU)
+                .unwrap_or(0),
+        };
+        let chosen = &candidates[index];
+        let name = all_devices[index].1.clone();
+        if chosen.properties.api_version < vk::API_VERSION_1_1 {
+            return Err(Error::Unsupported(format!(
+                "Vulkan device {index} ({name}) offers API {}, lava-flow needs 1.1; update its driver",
+                format_api_version(chosen.properties.api_version)
+            )));
+        }
+        let physical = chosen.physical;
+
+        // SAFETY: physical is a device of this instance.
+        let offered = unsafe { instance.enumerate_device_extension_properties(physical) }
+            .map_err(vk_err("vkEnumerateDeviceExtensionProperties"))?;
+        let offers = |ext: &CStr| offered.iter().any(|p| p.extension_name_as_c_str() == Ok(ext));
+        if !offers(EXT_MEMORY_FD) {
+            return Err(Error::Unsupported(format!(
+                "Vulkan device {index} ({name}) does not offer VK_KHR_external_memory_fd, which \
+                 sharing GPU memory between processes needs; update its driver or pick another \
+                 device with {DEVICE_ENV}"
+            )));
+        }
+        let mut enable: Vec<&CStr> = vec![EXT_MEMORY_FD];
+        for ext in [EXT_DMA_BUF, EXT_MEMORY_HOST] {
+            if offers(ext) {
+                enable.push(ext);
+            }
+        }
+        let has_host = enable.contains(&EXT_MEMORY_HOST);
+        let has_dma_buf = enable.contains(&EXT_DMA_BUF);
+
+        // Driver name/info and the host-pointer alignment, where the device has them.
+        let mut driver = vk::PhysicalDeviceDriverProperties::default();
+        let mut host_props = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
+        let mut id = vk::PhysicalDeviceIDProperties::default();
+        let has_driver_props = chosen.properties.api_version >= vk::API_VERSION_1_2
+            || offers(ash::khr::driver_properties::NAME);
+        {
+            let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
+            if has_driver_props {
+                props2 = props2.push_next(&mut driver);
+            }
+            if has_host {
+                props2 = props2.push_next(&mut host_props);
+            }
+            // SAFETY: every struct in the chain is live and of a type the device supports.
+            unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+        }
+        let (driver_name, driver_info) = if has_driver_props {
+            (
+                driver.driver_name_as_c_str().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                driver.driver_info_as_c_str().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            )
+        } else {
+            (String::new(), String::new())
+        };
+
+        // SAFETY: plain queries on a live physical device.
+        let memory_properties = unsafe { instance.get_physical_device_memory_properties(physical) };
+        // SAFETY: as above.
+        let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+        // A graphics/compute family first: on discrete GPUs its copies use the shader cores and
+        // reach the device's full bandwidth; a transfer-only family is the fallback.
+        let family = families
+            .iter()
+            .position(|f| f.queue_count > 0 && f.queue_flags.intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE))
+            .or_else(|| families.iter().position(|f| f.queue_count > 0 && f.queue_flags.contains(vk::QueueFlags::TRANSFER)))
+            .ok_or_else(|| Error::Unsupported(format!("Vulkan device {index} ({name}) has no queue that can copy")))?
+            as u32;
+        let timestamp_period_ns = (families[family as usize].timestamp_valid_bits > 0
+            && chosen.properties.limits.timestamp_period > 0.0)
+            .then_some(chosen.properties.limits.timestamp_period);
+
+        let external = |handle_type: vk::ExternalMemoryHandleTypeFlags| {
+            let query = vk::PhysicalDeviceExternalBufferInfo::default()
+                .usage(super::arena::BUFFER_USAGE)
+                .handle_type(handle_type);
+            let mut out = vk::ExternalBufferProperties::default();
+            // SAFETY: plain query; Vulkan 1.1 core.
+            unsafe { instance.get_physical_device_external_buffer_properties(physical, &query, &mut out) };
+            let f = out.external_memory_properties.external_memory_features;
+            ExternalMemorySupport {
+                exportable: f.contains(vk::ExternalMemoryFeatureFlags::EXPORTABLE),
+                importable: f.contains(vk::ExternalMemoryFeatureFlags::IMPORTABLE),
+                dedicated_only: f.contains(vk::ExternalMemoryFeatureFlags::DEDICATED_ONLY),
+                compatible_handle_types: out.external_memory_properties.compatible_handle_types.as_raw(),
+            }
+        };
+        let opaque_fd = external(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+        let dma_buf = if has_dma_buf {
+            external(vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT)
+        } else {
+            ExternalMemorySupport::default()
+        };
+
+        let priorities = [1.0f32];
+        let queue_info = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
+        let names: Vec<*const c_char> = enable.iter().map(|e| e.as_ptr()).collect();
+        let create = vk::DeviceCreateInfo::default().queue_create_infos(&queue_info).enabled_extension_names(&names);
+        // SAFETY: the create info and everything it points to outlive the call.
+        let device = unsafe { instance.create_device(physical, &create, None) }
+            .map_err(vk_err(&format!("vkCreateDevice on device {index} ({name})")))?;
+        // SAFETY: the queue family and index were requested at creation.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        let submitter = match Submitter::new(&device, queue, family, timestamp_period_ns.is_some()) {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: nothing else was created on the device.
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
+        let memory_host = has_host.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
+
+        let props = &chosen.properties;
+        let info = DeviceInfo {
+            index: index as u32,
+            name,
+            vendor_id: props.vendor_id,
+            device_id: props.device_id,
+            device_type: DeviceType::from_vk(props.device_type),
+            api_version: props.api_version,
+            driver_version: props.driver_version,
+            device_uuid: id.device_uuid,
+            driver_uuid: id.driver_uuid,
+            driver_name,
+            driver_info,
+            memory_heaps: memory_properties
+                .memory_heaps_as_slice()
+                .iter()
+                .map(|h| MemoryHeapInfo { size: h.size, device_local: h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) })
+                .collect(),
+            memory_types: memory_properties
+                .memory_types_as_slice()
+                .iter()
+                .map(|t| MemoryTypeInfo { heap_index: t.heap_index, property_flags: t.property_flags.as_raw() })
+                .collect(),
+            enabled_extensions: enable.iter().map(|e| e.to_string_lossy().into_owned()).collect(),
+            queue_family_index: family,
+            timestamp_period_ns,
+            min_imported_host_pointer_alignment: has_host.then_some(host_props.min_imported_host_pointer_alignment),
+            opaque_fd,
+            dma_buf,
+            all_devices,
+        };
+        Ok(VulkanDevice {
+            shared: Arc::new(DeviceShared {
+                _entry: entry,
+                instance,
+                physical,
+                device,
+                memory_fd,
+                memory_host,
+                memory_properties,
+                info,
+                submitter: Mutex::new(submitter),
+                import_cache: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// What was found and enabled.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.shared.info.device_uuid
+    }
+
+    pub fn driver_uuid(&self) -> [u8; 16] {
+        self.shared.info.driver_uuid
+    }
+
+    /// Whether two handles are the same open device (not merely the same physical GPU).
+    pub fn same_device(&self, other: &VulkanDevice) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// The ash device, for callers that record their own Vulkan commands on memory from this
+    /// crate. Objects made with it must be destroyed before the last `VulkanDevice` clone.
+    pub fn ash_device(&self) -> &ash::Device {
+        &self.shared.device
+    }
+
+    pub fn ash_instance(&self) -> &ash::Instance {
+        &self.shared.instance
+    }
+
+    pub fn physical_device(&self) -> vk::PhysicalDevice {
+        self.shared.physical
+    }
+
+    /// Waits until the device has finished all submitted work.
+    pub fn wait_idle(&self) -> Result<()> {
+        let _queue = self.shared.submitter.lock();
+        // SAFETY: the queue mutex is held, so no submission races with the wait.
+        unsafe { self.shared.device.device_wait_idle() }.map_err(vk_err("vkDeviceWaitIdle"))
+    }
+
+    pub(crate) fn memory_type_flags(&self, index: u32) -> Option<vk::MemoryPropertyFlags> {
+        self.shared
+            .memory_properties
+            .memory_types_as_slice()
+            .get(index as usize)
+            .map(|t| t.property_flags)
+    }
+
+    pub(crate) fn memory_type_count(&self) -> u32 {
+        self.shared.memory_properties.memory_type_count
+    }
+
+    /// The memory type among `allowed_bits` that has all of `required` and, in order of
+    /// preference, the `preferred` sets of flags (each tried with and without `avoid`).
+    pub(crate) fn find_memory_type(
+        &self,
+        allowed_bits: u32,
+        required: vk::MemoryPropertyFlags,
+        preferred: &[vk::MemoryPropertyFlags],
+        avoid: vk::MemoryPropertyFlags,
+    ) -> Option<u32> {
+        let types = self.shared.memory_properties.memory_types_as_slice();
+        let pick = |want: vk::MemoryPropertyFlags, avoid: vk::MemoryPropertyFlags| {
+            (0..types.len() as u32).find(|&i| {
+                let f = types[i as usize].property_flags;
+                allowed_bits & (1 << i) != 0 && f.contains(required | want) && !f.intersects(avoid)
+            })
+        };
+        preferred
+            .iter()
+            .chain(std::iter::once(&vk::MemoryPropertyFlags::empty()))
+            .find_map(|&want| pick(want, avoid))
+            .or_else(|| {
+                preferred
+                    .iter()
+                    .chain(std::iter::once(&vk::MemoryPropertyFlags::empty()))
+                    .find_map(|&want| pick(want, vk::MemoryPropertyFlags::empty()))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_parse_indices_and_uuids() {
+        assert_eq!("3".parse::<DeviceSelector>().unwrap(), DeviceSelector::Index(3));
+        let u = "6d657361-3232-2e33-2e36-000000000000".parse::<DeviceSelector>().unwrap();
+        let DeviceSelector::Uuid(bytes) = u else { panic!("not a uuid") };
+        assert_eq!(format_uuid(&bytes), "6d657361-3232-2e33-2e36-000000000000");
+        assert_eq!("GPU-6d6573613232 2e332e36000000000000".parse::<DeviceSelector>().ok(), None);
+        assert!(matches!("gpu0".parse::<DeviceSelector>(), Err(Error::InvalidArgument(_))));
+        assert!(matches!("99999999999".parse::<DeviceSelector>(), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn memory_flags_read_as_names() {
+        assert_eq!(describe_memory_flags(0x7), "DEVICE_LOCAL|HOST_VISIBLE|HOST_COHERENT");
+        assert_eq!(describe_memory_flags(0), "none");
+    }
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn device_is_send_and_sync() {
+        assert_send_sync::<VulkanDevice>();
+    }
+}

@@ -1,0 +1,407 @@
+//! Exporting a buffer: a file descriptor for its arena plus the metadata another process (or
+//! CUDA) needs to import it and find the buffer inside.
+//!
+//! The metadata travels as [`GpuExportDesc`], a `#[repr(C)]` plain struct with a magic and a
+//! version. It comes from another process, so the importer validates every field before use.
+//!
+//! For CUDA (`cudaImportExternalMemory`): `handle.fd` = the fd, `size` = `arena_size`,
+//! `flags` = `cudaExternalMemoryDedicated` if `flags & GPU_EXPORT_DEDICATED`; then
+//! `cudaExternalMemoryGetMappedBuffer` with `offset` and `size`. Match the CUDA device whose
+//! UUID equals `device_uuid`.
+
+use std::fmt;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use ash::vk;
+
+use super::allocator::{GpuBuffer, GpuMemoryKind};
+use super::arena::ArenaId;
+use super::device::{format_uuid, vk_err};
+use crate::error::{Error, Result};
+use crate::os::{recv_with_fds, send_with_fds};
+
+/// `"LFGX"` read as a little-endian u32.
+pub const GPU_EXPORT_MAGIC: u32 = u32::from_le_bytes(*b"LFGX");
+/// Bumped whenever the layout or meaning of [`GpuExportDesc`] changes.
+pub const GPU_EXPORT_VERSION: u32 = 1;
+/// `flags` bit: the arena is a dedicated allocation (one buffer, bound at offset 0); importers
+/// must import it as dedicated (`VkMemoryDedicatedAllocateInfo`, `cudaExternalMemoryDedicated`).
+pub const GPU_EXPORT_DEDICATED: u32 = 1;
+
+/// The kind of OS handle an export carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandleType {
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: for Vulkan and CUDA on the same GPU
+    /// and driver.
+    OpaqueFd,
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT`: a Linux dma-buf, for other devices
+    /// (NICs, other drivers). Only where the device offers `VK_EXT_external_memory_dma_buf`.
+    DmaBuf,
+}
+
+impl HandleType {
+    pub(crate) fn to_vk(self) -> vk::ExternalMemoryHandleTypeFlags {
+        match self {
+            HandleType::OpaqueFd => vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD,
+            HandleType::DmaBuf => vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT,
+        }
+    }
+
+    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`].
+    pub fn to_raw(self) -> u32 {
+        self.to_vk().as_raw()
+    }
+
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
+    }
+}
+
+/// The metadata of an export, in a fixed C layout (104 bytes, native byte order: exporter and
+/// importer share a host).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuExportDesc {
+    /// [`GPU_EXPORT_MAGIC`].
+    pub magic: u32,
+    /// [`GPU_EXPORT_VERSION`].
+    pub version: u32,
+    /// A `VkExternalMemoryHandleTypeFlagBits` value ([`HandleType::to_raw`]).
+    pub handle_type: u32,
+    /// The exporter's memory type index; valid on the importer only when the UUIDs match.
+    pub memory_type_index: u32,
+    /// `VkMemoryPropertyFlags` of that memory type.
+    pub memory_property_flags: u32,
+    /// [`GPU_EXPORT_DEDICATED`] and future bits.
+    pub flags: u32,
+    /// 0: DEVICE_LOCAL, 1: HOST_VISIBLE.
+    pub kind: u32,
+    /// Arena identity, part 1: the exporting process.
+    pub exporter_pid: u32,
+    /// Arena identity, part 2: the exporter's random per-process token.
+    pub arena_token: u64,
+    /// Arena identity, part 3: the exporter's arena counter.
+    pub arena_counter: u64,
+    /// Size of the whole exported allocation (what `vkAllocateMemory`/CUDA import).
+    pub arena_size: u64,
+    /// Where the buffer starts inside the allocation.
+    pub offset: u64,
+    /// The buffer's size in bytes.
+    pub size: u64,
+    pub device_uuid: [u8; 16],
+    pub driver_uuid: [u8; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<GpuExportDesc>() == GpuExportDesc::SIZE);
+
+impl GpuExportDesc {
+    pub const SIZE: usize = 104;
+
+    pub fn arena_id(&self) -> ArenaId {
+        ArenaId { exporter_pid: self.exporter_pid, token: self.arena_token, counter: self.arena_counter }
+    }
+
+    pub fn handle(&self) -> Option<HandleType> {
+        HandleType::from_raw(self.handle_type)
+    }
+
+    pub fn kind(&self) -> Option<GpuMemoryKind> {
+        GpuMemoryKind::from_raw(self.kind)
+    }
+
+    pub fn is_dedicated(&self) -> bool {
+        self.flags & GPU_EXPORT_DEDICATED != 0
+    }
+
+    /// The bytes to send to another process.
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut out = [0u8; Self::SIZE];
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        for v in [
+            self.magic,
+            self.version,
+            self.handle_type,
+            self.memory_type_index,
+            self.memory_property_flags,
+            self.flags,
+            self.kind,
+            self.exporter_pid,
+        ] {
+            put(&v.to_ne_bytes());
+        }
+        for v in [self.arena_token, self.arena_counter, self.arena_size, self.offset, self.size] {
+            put(&v.to_ne_bytes());
+        }
+        put(&self.device_uuid);
+        put(&self.driver_uuid);
+        out
+    }
+
+    /// Parses and validates bytes from another process.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() != Self::SIZE {
+            return Err(Error::invalid(format!(
+                "a GPU export description is {} bytes, got {}",
+                Self::SIZE,
+                bytes.len()
+            )));
+        }
+        let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let desc = GpuExportDesc {
+            magic: u32_at(0),
+            version: u32_at(4),
+            handle_type: u32_at(8),
+            memory_type_index: u32_at(12),
+            memory_property_flags: u32_at(16),
+            flags: u32_at(20),
+            kind: u32_at(24),
+            exporter_pid: u32_at(28),
+            arena_token: u64_at(32),
+            arena_counter: u64_at(40),
+            arena_size: u64_at(48),
+            offset: u64_at(56),
+            size: u64_at(64),
+            device_uuid: bytes[72..88].try_into().expect("16 bytes"),
+            driver_uuid: bytes[88..104].try_into().expect("16 bytes"),
+        };
+        desc.validate()?;
+        Ok(desc)
+    }
+
+    /// Checks what can be checked without a device: magic, version, known enums, and that the
+    /// buffer lies inside the arena.
+    pub fn validate(&self) -> Result<()> {
+        if self.magic != GPU_EXPORT_MAGIC {
+            return Err(Error::invalid(format!(
+                "not a lava-flow GPU export (magic {:#010x}, expected {GPU_EXPORT_MAGIC:#010x})",
+                self.magic
+            )));
+        }
+        if self.version != GPU_EXPORT_VERSION {
+            return Err(Error::Unsupported(format!(
+                "GPU export format version {} (this lava-flow reads version {GPU_EXPORT_VERSION}); \
+                 use the same lava-flow version on both sides",
+                self.version
+            )));
+        }
+        if self.handle().is_none() {
+            return Err(Error::invalid(format!("unknown GPU export handle type {:#x}", self.handle_type)));
+        }
+        if self.kind().is_none() {
+            return Err(Error::invalid(format!("unknown GPU memory kind {}", self.kind)));
+        }
+        if self.flags & !GPU_EXPORT_DEDICATED != 0 {
+            return Err(Error::invalid(format!("unknown GPU export flags {:#x}", self.flags)));
+        }
+        if self.size == 0 || self.arena_size == 0 {
+            return Err(Error::invalid(format!(
+                "GPU export of {} bytes in an arena of {} bytes: sizes must be positive",
+                self.size, self.arena_size
+            )));
+        }
+        match self.offset.checked_add(self.size) {
+            Some(end) if end <= self.arena_size => Ok(()),
+            _ => Err(Error::invalid(format!(
+                "GPU export range [{}, +{}) lies outside its arena of {} bytes",
+                self.offset, self.size, self.arena_size
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for GpuExportDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "GPU export of {} bytes at offset {} of arena {} ({} bytes, memory type {}, {:?}, device {}, driver {})",
+            self.size,
+            self.offset,
+            self.arena_id(),
+            self.arena_size,
+            self.memory_type_index,
+            self.handle(),
+            format_uuid(&self.device_uuid),
+            format_uuid(&self.driver_uuid)
+        )
+    }
+}
+
+/// An exported buffer: the metadata and a file descriptor for its arena, owned (closed on
+/// drop). Each export is a new fd; sending it to another process (SCM_RIGHTS) duplicates it,
+/// so the sender may drop its export afterwards.
+#[derive(Debug)]
+pub struct GpuExport {
+    pub desc: GpuExportDesc,
+    pub fd: OwnedFd,
+}
+
+impl GpuExport {
+    /// Reassembles an export received from another process (metadata validated).
+    pub fn from_parts(desc: GpuExportDesc, fd: OwnedFd) -> Result<Self> {
+        desc.validate()?;
+        Ok(GpuExport { desc, fd })
+    }
+
+    /// Sends the export over a Unix stream socket: the description as the payload and the fd
+    /// attached (`SCM_RIGHTS`). The fd stays open here; drop the export when done.
+    pub fn send(&self, socket: &UnixStream) -> Result<()> {
+        send_with_fds(socket, &self.desc.to_bytes(), &[self.fd.as_fd()])
+    }
+
+    /// Receives one export sent with [`GpuExport::send`], validating its description. Any fd
+    /// that arrives with a malformed message is closed.
+    pub fn recv(socket: &UnixStream) -> Result<Self> {
+        let mut buf = [0u8; GpuExportDesc::SIZE];
+        let (n, mut fds) = recv_with_fds(socket, &mut buf)?;
+        if n == 0 {
+            return Err(Error::PeerGone("the socket closed before a GPU export arrived".into()));
+        }
+        if n != GpuExportDesc::SIZE || fds.len() != 1 {
+            return Err(Error::invalid(format!(
+                "a GPU export message is {} bytes and one fd; got {n} bytes and {} fds",
+                GpuExportDesc::SIZE,
+                fds.len()
+            )));
+        }
+        let desc = GpuExportDesc::from_bytes(&buf)?;
+        Ok(GpuExport { desc, fd: fds.pop().expect("one fd") })
+    }
+
+    /// A second export of the same buffer with a duplicated fd.
+    pub fn try_clone(&self) -> Result<Self> {
+        let fd = self.fd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of a GPU export fd", e))?;
+        Ok(GpuExport { desc: self.desc, fd })
+    }
+}
+
+impl GpuBuffer {
+    /// Exports the buffer's arena as an opaque fd (for Vulkan or CUDA in another process).
+    pub fn export(&self) -> Result<GpuExport> {
+        self.export_as(HandleType::OpaqueFd)
+    }
+
+    /// Exports the buffer's arena as `handle`. Every call returns a new fd.
+    pub fn export_as(&self, handle: HandleType) -> Result<GpuExport> {
+        let arena = &self.arena;
+        if !arena.handle_types.contains(handle.to_vk()) {
+            return Err(if arena.handle_types.is_empty() {
+                Error::InvalidState(format!(
+                    "buffer in arena {} is not exportable (allocated without export, imported, or host memory)",
+                    arena.id
+                ))
+            } else {
+                Error::Unsupported(format!(
+                    "arena {} is exportable as {:?}, not as {handle:?} (the device does not offer it)",
+                    arena.id, arena.handle_types
+                ))
+            });
+        }
+        let info = vk::MemoryGetFdInfoKHR::default().memory(arena.memory).handle_type(handle.to_vk());
+        // SAFETY: the memory is live and was allocated exportable as this handle type.
+        let raw = unsafe { arena.device.shared.memory_fd.get_memory_fd(&info) }
+            .map_err(vk_err(&format!("vkGetMemoryFdKHR({handle:?}) of arena {}", arena.id)))?;
+        if raw < 0 {
+            return Err(Error::Vulkan(format!("vkGetMemoryFdKHR returned fd {raw}")));
+        }
+        // SAFETY: vkGetMemoryFdKHR returns a new descriptor that the caller owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let info = arena.device.info();
+        let desc = GpuExportDesc {
+            magic: GPU_EXPORT_MAGIC,
+            version: GPU_EXPORT_VERSION,
+            handle_type: handle.to_raw(),
+            memory_type_index: arena.memory_type_index,
+            memory_property_flags: arena.property_flags.as_raw(),
+            flags: if arena.dedicated_buffer.is_some() { GPU_EXPORT_DEDICATED } else { 0 },
+            kind: arena.kind.to_raw(),
+            exporter_pid: arena.id.exporter_pid,
+            arena_token: arena.id.token,
+            arena_counter: arena.id.counter,
+            arena_size: arena.size,
+            offset: self.offset,
+            size: self.size,
+            device_uuid: info.device_uuid,
+            driver_uuid: info.driver_uuid,
+        };
+        Ok(GpuExport { desc, fd })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> GpuExportDesc {
+        GpuExportDesc {
+            magic: GPU_EXPORT_MAGIC,
+            version: GPU_EXPORT_VERSION,
+            handle_type: HandleType::OpaqueFd.to_raw(),
+            memory_type_index: 2,
+            memory_property_flags: 0x7,
+            flags: 0,
+            kind: 1,
+            exporter_pid: 42,
+            arena_token: 0xdead_beef,
+            arena_counter: 7,
+            arena_size: 1 << 20,
+            offset: 4096,
+            size: 100,
+            device_uuid: [1; 16],
+            driver_uuid: [2; 16],
+        }
+    }
+
+    #[test]
+    fn desc_round_trips_through_bytes() {
+        let d = sample();
+        assert_eq!(GpuExportDesc::from_bytes(&d.to_bytes()).unwrap(), d);
+        assert_eq!(d.arena_id().to_string(), format!("42-{:016x}-7", 0xdead_beefu64));
+    }
+
+    #[test]
+    fn malformed_export_messages_are_refused() {
+        let (a, b) = UnixStream::pair().unwrap();
+        send_with_fds(&a, &sample().to_bytes(), &[]).unwrap();
+        assert!(matches!(GpuExport::recv(&b), Err(Error::InvalidArgument(ref m)) if m.contains("0 fds")));
+        let fd = crate::os::memfd_create("lf-test", 4096, Default::default()).unwrap();
+        let mut bad = sample();
+        bad.magic ^= 1;
+        send_with_fds(&a, &bad.to_bytes(), &[fd.as_fd()]).unwrap();
+        assert!(matches!(GpuExport::recv(&b), Err(Error::InvalidArgument(ref m)) if m.contains("magic")));
+        send_with_fds(&a, &sample().to_bytes(), &[fd.as_fd()]).unwrap();
+        let export = GpuExport::recv(&b).unwrap();
+        assert_eq!(export.desc, sample());
+        drop(a);
+        assert!(matches!(GpuExport::recv(&b), Err(Error::PeerGone(_))));
+    }
+
+    #[test]
+    fn bad_descs_are_refused() {
+        let bytes = sample().to_bytes();
+        assert!(GpuExportDesc::from_bytes(&bytes[..50]).is_err());
+        let cases: [fn(&mut GpuExportDesc); 8] = [
+            |d| d.magic = 0,
+            |d| d.handle_type = 0x4,
+            |d| d.kind = 9,
+            |d| d.flags = 0x10,
+            |d| d.size = 0,
+            |d| d.offset = (1 << 20) - 99,
+            |d| d.offset = u64::MAX,
+            |d| d.arena_size = 0,
+        ];
+        for tamper in cases {
+            let mut d = sample();
+            tamper(&mut d);
+            assert!(matches!(GpuExportDesc::from_bytes(&d.to_bytes()), Err(Error::InvalidArgument(_))), "{d:?}");
+        }
+        let mut d = sample();
+        d.version = 99;
+        assert!(matches!(d.validate(), Err(Error::Unsupported(_))));
+    }
+}

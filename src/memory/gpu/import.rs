@@ -1,0 +1,225 @@
+//! Importing another process's export on this process's own device.
+//!
+//! Rules, each a lesson from drivers and UCX (seed §6):
+//! - The metadata is validated in full before Vulkan sees it; a device or driver UUID that
+//!   differs from ours is a clear error, never an attempt (importing opaque memory on another
+//!   GPU or driver is undefined behaviour).
+//! - An arena is imported once per device: the cache is keyed by the exporter's [`ArenaId`];
+//!   a second import of the same arena closes its (redundant) fd and binds the new buffer to
+//!   the memory already imported.
+//! - Vulkan owns an imported fd only after `vkAllocateMemory` succeeds; on every other path
+//!   the fd stays an `OwnedFd` here and is closed when it drops.
+//! - Imported buffers hold the arena; its memory is freed when the last one goes.
+
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::sync::Arc;
+
+use ash::vk;
+
+use super::allocator::GpuBuffer;
+use super::arena::{self, Arena, ArenaOrigin, ArenaParts};
+use super::device::{describe_memory_flags, format_uuid, vk_err, VulkanDevice};
+use super::export::{GpuExport, GpuExportDesc, HandleType};
+use crate::error::{Error, Result};
+
+/// Imports exports on one device. Importers of the same device share one cache.
+#[derive(Clone, Debug)]
+pub struct GpuImporter {
+    device: VulkanDevice,
+}
+
+impl GpuImporter {
+    pub fn new(device: &VulkanDevice) -> Self {
+        GpuImporter { device: device.clone() }
+    }
+
+    pub fn device(&self) -> &VulkanDevice {
+        &self.device
+    }
+
+    /// Imports `export` and returns a buffer of `export.desc.size` bytes bound at its offset.
+    /// The fd is consumed on every path (owned by Vulkan, or closed).
+    pub fn import(&self, export: GpuExport) -> Result<GpuBuffer> {
+        let GpuExport { desc, fd } = export;
+        self.check(&desc)?;
+        let handle = desc.handle().expect("validated");
+        let id = desc.arena_id();
+
+        let arena = {
+            let mut cache = self.device.shared.import_cache.lock();
+            cache.retain(|_, arena| arena.strong_count() > 0);
+            match cache.get(&id).and_then(|weak| weak.upgrade()) {
+                Some(arena) => {
+                    drop(fd);
+                    arena
+                }
+                None => {
+                    let arena = Arc::new(self.import_arena(&desc, handle, fd)?);
+                    cache.insert(id, Arc::downgrade(&arena));
+                    arena
+                }
+            }
+        };
+        // The cache lock is released: dropping `arena` on an error below may free the memory.
+        if arena.size != desc.arena_size
+            || arena.memory_type_index != desc.memory_type_index
+            || arena.dedicated_buffer.is_some() != desc.is_dedicated()
+        {
+            return Err(Error::invalid(format!(
+                "{desc} contradicts the earlier import of the same arena ({} bytes, memory type {}, dedicated {})",
+                arena.size,
+                arena.memory_type_index,
+                arena.dedicated_buffer.is_some()
+            )));
+        }
+        if let Some(dedicated) = arena.dedicated_buffer {
+            return Ok(GpuBuffer { arena, buffer: dedicated, owns_buffer: false, offset: 0, size: desc.size, reserved: 0 });
+        }
+        let new = arena::create_buffer(&self.device, desc.size, handle.to_vk())?;
+        let requirements = new.requirements;
+        let problem = if requirements.memory_type_bits & (1 << desc.memory_type_index) == 0 {
+            Some(format!(
+                "a buffer of {} bytes may not live in memory type {} here (allowed: {:#x})",
+                desc.size, desc.memory_type_index, requirements.memory_type_bits
+            ))
+        } else if desc.offset % requirements.alignment.max(1) != 0 {
+            Some(format!("offset {} is not a multiple of the buffer alignment {}", desc.offset, requirements.alignment))
+        } else if desc.offset.checked_add(requirements.size).map_or(true, |end| end > desc.arena_size) {
+            Some(format!(
+                "the buffer needs {} bytes at offset {}, past the arena's end ({} bytes)",
+                requirements.size, desc.offset, desc.arena_size
+            ))
+        } else {
+            None
+        };
+        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: desc.offset, size: desc.size, reserved: 0 };
+        if let Some(problem) = problem {
+            return Err(Error::invalid(format!("cannot import {desc}: {problem}")));
+        }
+        buffer.bind()?;
+        Ok(buffer)
+    }
+
+    /// How many imported arenas are alive on this device.
+    pub fn cached_arenas(&self) -> usize {
+        self.device.shared.import_cache.lock().values().filter(|a| a.strong_count() > 0).count()
+    }
+
+    /// Everything that must hold before Vulkan sees the export.
+    fn check(&self, desc: &GpuExportDesc) -> Result<()> {
+        desc.validate()?;
+        let info = self.device.info();
+        if desc.device_uuid != info.device_uuid || desc.driver_uuid != info.driver_uuid {
+            return Err(Error::Unsupported(format!(
+                "{desc} comes from another GPU or driver: this process uses device {} ({}) with \
+                 deviceUUID {} and driverUUID {}; open the same GPU (LF_VULKAN_DEVICE=<deviceUUID>) \
+                 with the same driver in both processes, or copy through host memory",
+                info.index,
+                info.name,
+                format_uuid(&info.device_uuid),
+                format_uuid(&info.driver_uuid)
+            )));
+        }
+        let handle = desc.handle().expect("validated");
+        let enabled = match handle {
+            HandleType::OpaqueFd => info.opaque_fd.importable,
+            HandleType::DmaBuf => info.dma_buf.importable,
+        };
+        if !enabled {
+            return Err(Error::Unsupported(format!(
+                "Vulkan device {} ({}) cannot import {handle:?} memory",
+                info.index, info.name
+            )));
+        }
+        let Some(flags) = self.device.memory_type_flags(desc.memory_type_index) else {
+            return Err(Error::invalid(format!(
+                "{desc}: memory type {} does not exist here ({} types)",
+                desc.memory_type_index,
+                self.device.memory_type_count()
+            )));
+        };
+        if flags.as_raw() != desc.memory_property_flags {
+            return Err(Error::invalid(format!(
+                "{desc}: memory type {} is {} here but {} for the exporter",
+                desc.memory_type_index,
+                describe_memory_flags(flags.as_raw()),
+                describe_memory_flags(desc.memory_property_flags)
+            )));
+        }
+        Ok(())
+    }
+
+    fn import_arena(&self, desc: &GpuExportDesc, handle: HandleType, fd: std::os::fd::OwnedFd) -> Result<Arena> {
+        let device = &self.device;
+        let ash_device = &device.shared.device;
+        if handle == HandleType::DmaBuf {
+            // Only dma-bufs can be asked which memory types they fit (not opaque fds).
+            let mut props = vk::MemoryFdPropertiesKHR::default();
+            // SAFETY: fd is a live descriptor; the query does not take ownership.
+            unsafe { device.shared.memory_fd.get_memory_fd_properties(handle.to_vk(), fd.as_raw_fd(), &mut props) }
+                .map_err(vk_err("vkGetMemoryFdPropertiesKHR"))?;
+            if props.memory_type_bits & (1 << desc.memory_type_index) == 0 {
+                return Err(Error::invalid(format!(
+                    "{desc}: the dma-buf does not fit memory type {} (fits {:#x})",
+                    desc.memory_type_index, props.memory_type_bits
+                )));
+            }
+        }
+        let dedicated = if desc.is_dedicated() {
+            Some(arena::create_buffer(device, desc.size, handle.to_vk())?.buffer)
+        } else {
+            None
+        };
+        let mut import = vk::ImportMemoryFdInfoKHR::default().handle_type(handle.to_vk()).fd(fd.as_raw_fd());
+        let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default();
+        let mut info = vk::MemoryAllocateInfo::default()
+            .allocation_size(desc.arena_size)
+            .memory_type_index(desc.memory_type_index)
+            .push_next(&mut import);
+        if let Some(buffer) = dedicated {
+            dedicated_info = dedicated_info.buffer(buffer);
+            info = info.push_next(&mut dedicated_info);
+        }
+        // SAFETY: the chain is live; the UUIDs, memory type and sizes were checked against
+        // this device above, which is what the spec requires of an opaque-fd import.
+        let memory = match unsafe { ash_device.allocate_memory(&info, None) } {
+            Ok(memory) => {
+                // Vulkan owns the descriptor now and closes it when the memory is freed.
+                let _ = fd.into_raw_fd();
+                memory
+            }
+            Err(r) => {
+                if let Some(buffer) = dedicated {
+                    arena::destroy_buffer(device, buffer);
+                }
+                // `fd` drops here: a failed import leaves its ownership with us.
+                return Err(vk_err(&format!("importing {desc} (vkAllocateMemory)"))(r));
+            }
+        };
+        if let Some(buffer) = dedicated {
+            // SAFETY: both are live, the memory was allocated dedicated to this buffer.
+            if let Err(r) = unsafe { ash_device.bind_buffer_memory(buffer, memory, 0) } {
+                // SAFETY: nothing else uses either object yet.
+                unsafe {
+                    ash_device.destroy_buffer(buffer, None);
+                    ash_device.free_memory(memory, None);
+                }
+                return Err(vk_err(&format!("binding the dedicated buffer of {desc}"))(r));
+            }
+        }
+        Ok(Arena::new(
+            device,
+            ArenaParts {
+                memory,
+                size: desc.arena_size,
+                memory_type_index: desc.memory_type_index,
+                kind: desc.kind().expect("validated"),
+                id: desc.arena_id(),
+                handle_types: vk::ExternalMemoryHandleTypeFlags::empty(),
+                dedicated_buffer: dedicated,
+                origin: ArenaOrigin::Imported,
+                host_pointer: None,
+            },
+        ))
+    }
+}
