@@ -75,32 +75,6 @@
 // Marks an unset `node_id` or `device_id`.
 #define LF_UNSET -1
 
-#define ContextConfig_DEFAULT_ARENA_SIZE (2 << 20)
-
-#define ContextConfig_MIN_ARENA_SIZE (64 << 10)
-
-#define ContextConfig_MAX_ARENA_SIZE (1 << 30)
-
-// The first field of every descriptor: "LFEX".
-#define EXPORT_MAGIC 1279673688
-
-// The descriptor layout this library writes and reads.
-#define EXPORT_VERSION 1
-
-#define CPU_STANDARD 1
-
-#define CPU_NUMA 2
-
-#define CPU_HUGEPAGE_2MB 3
-
-#define CPU_HUGEPAGE_1GB 4
-
-#define CPU_GPU_PINNED 5
-
-#define GPU_DEVICE_LOCAL 6
-
-#define GPU_HOST_VISIBLE 7
-
 // The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a
 // class of failure, and `lf_last_error_message()` says what exactly went wrong.
 //
@@ -182,7 +156,7 @@ typedef struct lf_location lf_location;
 
 // Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
 // defaults: strict hugepage policy, 2 MiB arenas.
-typedef struct {
+typedef struct lf_context_config {
   // LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
   uint32_t hugepage_policy;
   // Must be 0.
@@ -196,7 +170,7 @@ typedef struct {
 // An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
 // format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
 // the fd carries everything. All fields are validated on import.
-typedef struct {
+typedef struct lf_export {
   // LF_EXPORT_MAGIC, to recognise a lava-flow export.
   uint32_t magic;
   // The layout version (1).
@@ -227,7 +201,7 @@ extern "C" {
 //
 // # Safety
 // `buffer` must not be in use by another thread.
-void lf_free(lf_buffer *buffer);
+void lf_free(struct lf_buffer *buffer);
 
 // Ends the registration of user memory made by `lf_register` with `context` and releases
 // the handle; the memory itself is untouched. A buffer that is not registered memory of
@@ -236,46 +210,46 @@ void lf_free(lf_buffer *buffer);
 // # Safety
 // `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
 // not be in use by another thread.
-lf_status lf_deregister(const lf_context *context, lf_buffer *buffer);
+lf_status lf_deregister(const struct lf_context *context, struct lf_buffer *buffer);
 
 // The first byte of the buffer, valid for `lf_buffer_size` bytes until it is freed.
 //
 // # Safety
 // `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_buffer_ptr(const lf_buffer *buffer, void **out);
+lf_status lf_buffer_ptr(const struct lf_buffer *buffer, void **out);
 
 // The buffer's size in bytes (as asked for).
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_size(const lf_buffer *buffer, size_t *out);
+lf_status lf_buffer_size(const struct lf_buffer *buffer, size_t *out);
 
 // The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
 // fell back gives LF_MEMORY_CPU_STANDARD. Imported buffers carry the exporter's.
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_location(const lf_buffer *buffer, uint32_t *out);
+lf_status lf_buffer_location(const struct lf_buffer *buffer, uint32_t *out);
 
 // The NUMA node of LF_MEMORY_CPU_NUMA memory, LF_UNSET for other locations.
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_numa_node(const lf_buffer *buffer, int64_t *out);
+lf_status lf_buffer_numa_node(const struct lf_buffer *buffer, int64_t *out);
 
 // The page size the memory is guaranteed to be backed by, in bytes (the huge page size for
 // hugepage memory, the base page size otherwise).
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_page_size(const lf_buffer *buffer, size_t *out);
+lf_status lf_buffer_page_size(const struct lf_buffer *buffer, size_t *out);
 
 // How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
 // LF_ORIGIN_IMPORTED.
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_origin(const lf_buffer *buffer, uint32_t *out);
+lf_status lf_buffer_origin(const struct lf_buffer *buffer, uint32_t *out);
 
 // Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
 // (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
@@ -284,9 +258,9 @@ lf_status lf_buffer_origin(const lf_buffer *buffer, uint32_t *out);
 //
 // # Safety
 // `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
-lf_status lf_buffer_find(const lf_context *context,
+lf_status lf_buffer_find(const struct lf_context *context,
                          const void *ptr,
-                         lf_buffer **out,
+                         struct lf_buffer **out,
                          size_t *offset);
 
 // Creates a memory context. `config` may be NULL for the defaults. Create one per process
@@ -296,14 +270,14 @@ lf_status lf_buffer_find(const lf_context *context,
 // # Safety
 // `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
 // or writable.
-lf_status lf_context_create(const lf_context_config *config, lf_context **out);
+lf_status lf_context_create(const struct lf_context_config *config, struct lf_context **out);
 
 // Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
 // pointer that is not a live context. Buffers made from it stay valid until freed.
 //
 // # Safety
 // `context` must not be in use by another thread.
-void lf_context_free(lf_context *context);
+void lf_context_free(struct lf_context *context);
 
 // Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
 // `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
@@ -319,12 +293,12 @@ void lf_context_free(lf_context *context);
 //
 // # Safety
 // `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_alloc(const lf_context *context,
+lf_status lf_alloc(const struct lf_context *context,
                    size_t size,
                    uint32_t location,
                    int64_t numa_node,
                    uint32_t flags,
-                   lf_buffer **out);
+                   struct lf_buffer **out);
 
 // Allocates `size` bytes where lava-flow's policy puts buffers from `mine` to `peer`:
 // different hosts get huge-page staging memory (best-effort), same-host peers standard
@@ -333,11 +307,11 @@ lf_status lf_alloc(const lf_context *context,
 // # Safety
 // `context`, `mine` and `peer` must be NULL or pointers obtained from lava-flow; `out`
 // NULL or writable.
-lf_status lf_alloc_auto(const lf_context *context,
+lf_status lf_alloc_auto(const struct lf_context *context,
                         size_t size,
-                        const lf_location *mine,
-                        const lf_location *peer,
-                        lf_buffer **out);
+                        const struct lf_location *mine,
+                        const struct lf_location *peer,
+                        struct lf_buffer **out);
 
 // Registers `size` bytes of the caller's memory at `ptr`, so that `lf_buffer_find` knows
 // it. Nothing is copied or freed: release the registration with `lf_deregister` (or
@@ -346,7 +320,10 @@ lf_status lf_alloc_auto(const lf_context *context,
 //
 // # Safety
 // `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
-lf_status lf_register(const lf_context *context, void *ptr, size_t size, lf_buffer **out);
+lf_status lf_register(const struct lf_context *context,
+                      void *ptr,
+                      size_t size,
+                      struct lf_buffer **out);
 
 // Exports a buffer for another process on this host. `*out` receives the export; its `fd`
 // is a new descriptor owned by the caller (close it once sent). Registered user memory
@@ -354,7 +331,7 @@ lf_status lf_register(const lf_context *context, void *ptr, size_t size, lf_buff
 //
 // # Safety
 // `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_buffer_export(const lf_buffer *buffer, lf_export *out);
+lf_status lf_buffer_export(const struct lf_buffer *buffer, struct lf_export *out);
 
 // Imports an export into `context`: `*out` receives a buffer mapping the very same memory
 // (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
@@ -366,14 +343,16 @@ lf_status lf_buffer_export(const lf_buffer *buffer, lf_export *out);
 // # Safety
 // `context` must be NULL or a pointer obtained from lava-flow; `export` NULL or readable;
 // `out` NULL or writable.
-lf_status lf_import(const lf_context *context, const lf_export *export_, lf_buffer **out);
+lf_status lf_import(const struct lf_context *context,
+                    const struct lf_export *export_,
+                    struct lf_buffer **out);
 
 // Sends an export over a connected Unix stream socket (`SCM_RIGHTS`). `export->fd` stays
 // open and the caller's. Blocks as the socket does.
 //
 // # Safety
 // `export` must be NULL or readable.
-lf_status lf_export_send(int32_t socket, const lf_export *export_);
+lf_status lf_export_send(int32_t socket, const struct lf_export *export_);
 
 // Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
 // caller (hand it to `lf_import`). Anything else arriving on the socket is refused
@@ -382,7 +361,7 @@ lf_status lf_export_send(int32_t socket, const lf_export *export_);
 //
 // # Safety
 // `out` must be NULL or writable.
-lf_status lf_export_recv(int32_t socket, lf_export *out);
+lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 
 // Detects the calling process's location: this host's name and the NUMA node of the CPU the
 // calling thread runs on now (`device_id` is LF_UNSET).
@@ -391,7 +370,7 @@ lf_status lf_export_recv(int32_t socket, lf_export *out);
 //
 // # Safety
 // `out` must be NULL (rejected with LF_ERR_NULL_POINTER) or point to writable storage.
-lf_status lf_location_detect(lf_location **out);
+lf_status lf_location_detect(struct lf_location **out);
 
 // Builds a location by hand. `node_id` and `device_id` are 0..=UINT32_MAX or LF_UNSET.
 //
@@ -400,7 +379,7 @@ lf_status lf_location_detect(lf_location **out);
 lf_status lf_location_new(const char *hostname,
                           int64_t node_id,
                           int64_t device_id,
-                          lf_location **out);
+                          struct lf_location **out);
 
 // Reads the location of the process named `process_name` from the JSON config file at
 // `path` (format: README, "Process configuration"). Errors name the file and the problem:
@@ -409,33 +388,37 @@ lf_status lf_location_new(const char *hostname,
 //
 // # Safety
 // `path` and `process_name` must be NULL or NUL-terminated strings; `out` NULL or writable.
-lf_status lf_location_from_config(const char *path, const char *process_name, lf_location **out);
+lf_status lf_location_from_config(const char *path,
+                                  const char *process_name,
+                                  struct lf_location **out);
 
 // Lends the hostname: `*out` points to a NUL-terminated string owned by the location and
 // valid until it is freed.
 //
 // # Safety
 // `location` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_location_hostname(const lf_location *location, const char **out);
+lf_status lf_location_hostname(const struct lf_location *location, const char **out);
 
 // The NUMA node, or LF_UNSET.
 //
 // # Safety
 // As `lf_location_hostname`.
-lf_status lf_location_node_id(const lf_location *location, int64_t *out);
+lf_status lf_location_node_id(const struct lf_location *location, int64_t *out);
 
 // The GPU index, or LF_UNSET.
 //
 // # Safety
 // As `lf_location_hostname`.
-lf_status lf_location_device_id(const lf_location *location, int64_t *out);
+lf_status lf_location_device_id(const struct lf_location *location, int64_t *out);
 
 // Whether two processes share a host (LF_SCOPE_LOCAL) or not (LF_SCOPE_REMOTE): their
 // hostnames are compared, ignoring ASCII case.
 //
 // # Safety
 // `mine` and `peer` must be NULL or pointers obtained from lava-flow; `out` NULL or writable.
-lf_status lf_scope_detect(const lf_location *mine, const lf_location *peer, lf_scope *out);
+lf_status lf_scope_detect(const struct lf_location *mine,
+                          const struct lf_location *peer,
+                          lf_scope *out);
 
 // `"local"`, `"remote"` or `"unknown"` for an `lf_scope` value (taken as an integer so that
 // any value is safe). Static, never NULL.
@@ -446,7 +429,7 @@ const char *lf_scope_str(uint32_t scope);
 //
 // # Safety
 // `location` must not be in use by another thread.
-void lf_location_free(lf_location *location);
+void lf_location_free(struct lf_location *location);
 
 // A static, NUL-terminated description of a status value, such as
 // `"LF_ERR_TIMEOUT: timed out"`. Never NULL; unknown values give `"unknown lf_status value"`.

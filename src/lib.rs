@@ -7,13 +7,19 @@
 //!   peers.
 //! - Layer 2, `channels`: ordered producer/consumer channels whose transport follows the
 //!   peers' scope.
-//! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API.
+//! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API. It is the
+//!   only module cbindgen reads (the others carry `cbindgen:ignore`).
 
+/// cbindgen:ignore
 pub mod config;
+/// cbindgen:ignore
 pub mod error;
 pub mod ffi;
+/// cbindgen:ignore
 pub mod memory;
+/// cbindgen:ignore
 pub mod os;
+/// cbindgen:ignore
 pub mod types;
 
 pub use config::ProcessConfig;
