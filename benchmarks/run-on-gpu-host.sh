@@ -1,0 +1,16 @@
+#!/bin/bash
+# Runs the carried GPU tests and benchmarks on the device machine; writes logs to $OUT.
+set -u
+for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+export XDG_RUNTIME_DIR=/tmp
+{ date -u; uname -r; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } 2>&1 | tee $OUT/machine.txt
+echo "== layer1 tests (GPU required)"
+LF_REQUIRE_VULKAN=1 LF_REQUIRE_CUDA=1 timeout 300 .device/layer1 --test-threads=1 2>&1 | tee $OUT/layer1-tests.txt | tail -40
+echo "== lf-gpu-bench"
+timeout 200 .device/lf-gpu-bench 2>&1 | tee $OUT/gpu-bench.txt
+timeout 120 .device/lf-gpu-bench --json > $OUT/gpu-bench.json 2>$OUT/gpu-bench.err
+echo "== lf-alloc-bench"
+timeout 60 .device/lf-alloc-bench 2>&1 | tee $OUT/alloc-bench.txt
