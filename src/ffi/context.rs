@@ -5,9 +5,10 @@
 //! It is thread-safe: any number of threads may allocate, register, import and look up
 //! through one context at once. Buffers hold what they need, so they may outlive the context.
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CString};
 
 use super::buffer::lf_buffer;
+use super::device::gpu_settings_from_c;
 use super::location::{lf_location, LF_UNSET};
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
@@ -17,6 +18,8 @@ use crate::memory::{Context, ContextConfig, HugepagePolicy, MemoryLocation};
 #[allow(non_camel_case_types)]
 pub struct lf_context {
     pub(crate) context: Context,
+    /// `Context::gpu_unavailable_reason` as a C string, for `lf_context_gpu_unavailable_reason`.
+    pub(crate) gpu_unavailable: Option<CString>,
 }
 
 /// `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
@@ -29,19 +32,33 @@ pub const LF_ALLOC_HUGEPAGE_STRICT: u32 = 1;
 pub const LF_ALLOC_HUGEPAGE_BEST_EFFORT: u32 = 2;
 
 /// Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
-/// defaults: strict hugepage policy, 2 MiB arenas.
+/// defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
+/// fallback otherwise), the default device, 64 MiB GPU arenas.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct lf_context_config {
     /// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
     pub hugepage_policy: u32,
-    /// Must be 0.
-    pub reserved0: u32,
+    /// LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
+    pub gpu_policy: u32,
     /// Pooled arena size in bytes, a power of two from 64 KiB to 1 GiB; 0 for 2 MiB.
     pub arena_size: u64,
+    /// Which Vulkan device: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX (`gpu_device_index`)
+    /// or LF_GPU_DEVICE_UUID (`gpu_device_uuid`). A device that does not exist makes
+    /// `lf_context_create` fail with LF_ERR_NOT_FOUND, listing the devices there are.
+    pub gpu_device_select: u32,
+    pub gpu_device_index: u32,
+    pub gpu_device_uuid: [u8; 16],
+    /// 1: a GPU location asked of a context without a device is LF_ERR_UNSUPPORTED instead
+    /// of CPU memory that reports the fallback (`lf_buffer_fallback_reason`). 0 or 1.
+    pub strict_gpu: u32,
+    /// Must be 0.
+    pub reserved0: u32,
+    /// Size of the pooled GPU arenas in bytes; 0 for 64 MiB.
+    pub gpu_arena_size: u64,
     /// Room for later settings; must be 0.
-    pub reserved: [u64; 4],
+    pub reserved: [u64; 2],
 }
 
 fn invalid(message: String) -> Failure {
@@ -67,12 +84,18 @@ fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
         config.arena_size = usize::try_from(c.arena_size)
             .map_err(|_| invalid(format!("arena_size {} does not fit in size_t", c.arena_size)))?;
     }
+    gpu_settings_from_c(c, &mut config)?;
     Ok(config)
 }
 
 /// Creates a memory context. `config` may be NULL for the defaults. Create one per process
 /// and share it between threads. On success `*out` receives the context, to release with
 /// `lf_context_free`.
+///
+/// The GPU is opened here, eagerly (`gpu_policy`): `lf_context_device_info` reports it, or
+/// `lf_context_gpu_unavailable_reason` says why there is none. Errors: LF_ERR_INVALID_ARGUMENT
+/// for unknown values; LF_ERR_NOT_FOUND for a device index or UUID that matches no device;
+/// under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
 ///
 /// # Safety
 /// `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
@@ -86,7 +109,9 @@ pub unsafe extern "C" fn lf_context_create(config: *const lf_context_config, out
             Some(c) => config_from_c(c)?,
             None => ContextConfig::default(),
         };
-        write_out(out, new_handle(lf_context { context: Context::new(config)? }));
+        let context = Context::new(config)?;
+        let gpu_unavailable = context.gpu_unavailable_reason().map(|r| CString::new(r.replace('\0', " ")).unwrap_or_default());
+        write_out(out, new_handle(lf_context { context, gpu_unavailable }));
         Ok(())
     })
 }
@@ -111,7 +136,14 @@ pub unsafe extern "C" fn lf_context_free(context: *mut lf_context) {
 /// not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
 /// host has; no huge pages reserved under the strict policy — the message says how to
 /// reserve them), LF_ERR_PERMISSION_DENIED (RLIMIT_MEMLOCK too small for GPU-pinned memory),
-/// LF_ERR_UNSUPPORTED (GPU locations, for now). Thread-safe.
+/// LF_ERR_UNSUPPORTED (a GPU location of a context without a device under `strict_gpu`).
+/// Thread-safe.
+///
+/// GPU locations (LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE) come from the
+/// context's Vulkan device, pooled and exportable; without a device (and not `strict_gpu`)
+/// they are CPU standard memory: `lf_buffer_location` says so and `lf_buffer_fallback_reason`
+/// why. GPU-pinned memory is registered with Vulkan and CUDA where present
+/// (`lf_buffer_registrations`).
 ///
 /// # Safety
 /// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
@@ -267,7 +299,13 @@ mod tests {
             config = lf_context_config { arena_size: 3000, ..Default::default() };
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_ERR_INVALID_ARGUMENT);
             assert_eq!(lf_context_create(ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
-            assert_eq!(lf_context_create(&lf_context_config::default(), &mut context), lf_status::LF_OK);
+            // Strict, without a GPU: GPU locations are refused, saying why.
+            let strict = lf_context_config {
+                gpu_policy: crate::ffi::device::LF_GPU_DISABLED,
+                strict_gpu: 1,
+                ..Default::default()
+            };
+            assert_eq!(lf_context_create(&strict, &mut context), lf_status::LF_OK);
 
             let mut buffer = ptr::null_mut();
             let cases: [(usize, u32, i64, u32, lf_status, &str); 6] = [
@@ -289,7 +327,7 @@ mod tests {
                     LF_UNSET,
                     0,
                     lf_status::LF_ERR_UNSUPPORTED,
-                    "Vulkan layer",
+                    "strict_gpu forbids the CPU fallback: the context's GPU policy is Disabled",
                 ),
             ];
             for (size, location, node, flags, status, text) in cases {

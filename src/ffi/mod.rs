@@ -11,7 +11,9 @@
 //! - Values that come from C as enums are taken as integers and checked.
 
 pub mod buffer;
+pub mod buffer_io;
 pub mod context;
+pub mod device;
 pub mod export;
 pub mod location;
 pub mod status;
