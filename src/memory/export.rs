@@ -380,9 +380,9 @@ pub(crate) struct ImportCache {
 }
 
 impl ImportCache {
-    #[cfg(test)]
+    /// How many imported arenas are mapped now.
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().len()
+        self.map.lock().values().filter(|arena| arena.strong_count() > 0).count()
     }
 }
 

@@ -203,6 +203,17 @@ impl Context {
         self.inner.gpu.unavailable.as_deref()
     }
 
+    /// How many arenas of other exporters this context holds imported now (mapped CPU
+    /// arenas, and GPU arenas imported on its device): importing a second buffer of an
+    /// arena, or the same buffer again, reuses the import and adds none.
+    pub fn imported_arenas(&self) -> usize {
+        #[cfg(feature = "vulkan")]
+        let gpu = self.inner.gpu.open.as_ref().map_or(0, |open| open.importer.cached_arenas());
+        #[cfg(not(feature = "vulkan"))]
+        let gpu = 0;
+        self.inner.imports.len() + gpu
+    }
+
     /// The Vulkan device this context allocates GPU memory on, if it has one.
     #[cfg(feature = "vulkan")]
     pub fn gpu_device(&self) -> Option<&VulkanDevice> {
