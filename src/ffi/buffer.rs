@@ -1,5 +1,6 @@
-//! `lf_buffer`: a range of memory from lava-flow (allocated, imported or registered), its
-//! properties, its release, and the lookup of the buffer holding an address.
+//! `lf_buffer`: a range of memory from lava-flow (allocated, imported or registered; CPU or
+//! GPU), its properties (what it really is, why it fell back, which GPU APIs it is registered
+//! with) and its release. Moving data in and out is in `buffer_io.rs`.
 //!
 //! Ownership: each `lf_buffer` is owned by the caller that received it from `lf_alloc`,
 //! `lf_alloc_auto`, `lf_import` or `lf_register`, and released with `lf_free` (or
@@ -9,11 +10,10 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::context::lf_context;
 use super::location::LF_UNSET;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure};
@@ -94,7 +94,7 @@ impl lf_buffer {
     }
 }
 
-fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
+pub(crate) fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
     if let Ok(live) = handle_ref(buffer, "buffer") {
         handles().lock().remove(&live.buffer.id());
     }
@@ -110,33 +110,6 @@ fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
 #[no_mangle]
 pub unsafe extern "C" fn lf_free(buffer: *mut lf_buffer) {
     boundary_void("lf_free", || release(buffer));
-}
-
-/// Ends the registration of user memory made by `lf_register` with `context` and releases
-/// the handle; the memory itself is untouched. A buffer that is not registered memory of
-/// this context is refused (LF_ERR_INVALID_ARGUMENT) and stays valid.
-///
-/// # Safety
-/// `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
-/// not be in use by another thread.
-#[no_mangle]
-pub unsafe extern "C" fn lf_deregister(context: *const lf_context, buffer: *mut lf_buffer) -> lf_status {
-    boundary("lf_deregister", || {
-        let context = &handle_ref(context, "context")?.context;
-        let live = &handle_ref(buffer, "buffer")?.buffer;
-        let ours = Arc::ptr_eq(live.registry(), &context.inner.registry);
-        if live.origin() != BufferOrigin::Registered || !ours {
-            return Err(Failure {
-                status: lf_status::LF_ERR_INVALID_ARGUMENT,
-                message: format!(
-                    "buffer {} is not memory registered with this context ({:?}); release it with lf_free",
-                    live.id(),
-                    live.origin()
-                ),
-            });
-        }
-        release(buffer)
-    })
 }
 
 /// The first byte of the buffer in this process, valid for `lf_buffer_size` bytes until it
@@ -282,42 +255,11 @@ pub unsafe extern "C" fn lf_buffer_registration_failures(
     })
 }
 
-/// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
-/// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
-/// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
-/// when no buffer holds it. O(log n). Thread-safe.
-///
-/// # Safety
-/// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn lf_buffer_find(
-    context: *const lf_context,
-    ptr: *const c_void,
-    out: *mut *mut lf_buffer,
-    offset: *mut usize,
-) -> lf_status {
-    boundary("lf_buffer_find", || {
-        let out = out_ptr(out, "out")?;
-        let context = &handle_ref(context, "context")?.context;
-        let not_found = |message: String| Failure { status: lf_status::LF_ERR_NOT_FOUND, message };
-        let found = context
-            .find(ptr.cast())
-            .ok_or_else(|| not_found(format!("no lava-flow buffer of this context holds address {ptr:p}")))?;
-        let handle = lf_buffer::handle_of(found.info.id).ok_or_else(|| {
-            not_found(format!("buffer {} holds {ptr:p} but was made through the Rust API", found.info.id))
-        })?;
-        write_out(out, handle);
-        if !offset.is_null() {
-            write_out(offset, found.offset);
-        }
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use crate::ffi::alloc::{lf_alloc, lf_deregister, lf_register};
+    use crate::ffi::context::{lf_context_create, lf_context_free};
     use std::ptr;
 
     #[test]

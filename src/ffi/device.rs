@@ -226,3 +226,73 @@ pub unsafe extern "C" fn lf_context_gpu_unavailable_reason(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::alloc::lf_alloc;
+    use crate::ffi::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::ffi::context::{lf_context_create, lf_context_free};
+    use crate::ffi::location::LF_UNSET;
+    use crate::ffi::tests::last_error;
+    use std::ptr;
+
+    fn c_text(field: &[c_char]) -> String {
+        // SAFETY: put_str always leaves a NUL inside the field.
+        unsafe { CStr::from_ptr(field.as_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn the_device_is_reported_or_why_there_is_none() {
+        // SAFETY (whole test): every out-pointer is writable; handles come from lava-flow.
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut reason = ptr::null();
+            assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
+            let mut info: lf_device_info = std::mem::zeroed();
+            let status = lf_context_device_info(context, &mut info);
+            if reason.is_null() {
+                assert_eq!(status, lf_status::LF_OK);
+                let rust = (*context).context.device_info().unwrap();
+                assert_eq!(c_text(&info.name), rust.name);
+                assert_eq!((info.device_uuid, info.driver_uuid), (rust.device_uuid, rust.driver_uuid));
+                assert!(info.heap_count >= 1 && info.heap_sizes[0] > 0 && info.memory_type_count >= 1);
+                assert_ne!(info.features & LF_DEVICE_EXPORT_OPAQUE_FD, 0);
+            } else {
+                assert_eq!(status, lf_status::LF_ERR_UNSUPPORTED);
+                assert!(last_error().contains(CStr::from_ptr(reason).to_str().unwrap()), "{}", last_error());
+            }
+            // Bad input: NULL out, NULL and foreign handles.
+            assert_eq!(lf_context_device_info(context, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(lf_context_device_info(ptr::null(), &mut info), lf_status::LF_ERR_NULL_POINTER);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(lf_context_device_info(buffer.cast(), &mut info), lf_status::LF_ERR_BAD_HANDLE);
+            assert!(last_error().contains("lf_buffer handle, not an lf_context"), "{}", last_error());
+            assert_eq!(
+                lf_context_gpu_unavailable_reason(buffer.cast(), &mut reason),
+                lf_status::LF_ERR_BAD_HANDLE
+            );
+            lf_free(buffer);
+            lf_context_free(context);
+
+            let disabled = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            assert_eq!(lf_context_create(&disabled, &mut context), lf_status::LF_OK);
+            assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
+            assert!(CStr::from_ptr(reason).to_str().unwrap().contains("Disabled"));
+            assert_eq!(lf_context_device_info(context, &mut info), lf_status::LF_ERR_UNSUPPORTED);
+            assert!(last_error().contains("no Vulkan device: the context's GPU policy is Disabled"), "{}", last_error());
+            lf_context_free(context);
+        }
+    }
+
+    #[test]
+    fn strings_are_truncated_to_fit() {
+        let mut field = [1 as c_char; 8];
+        put_str(&mut field, "a long device name");
+        assert_eq!(c_text(&field), "a long ");
+        put_str(&mut field, "ok");
+        assert_eq!(c_text(&field), "ok");
+    }
+}

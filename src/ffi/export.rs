@@ -250,7 +250,8 @@ pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_
 mod tests {
     use super::*;
     use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
-    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use crate::ffi::alloc::{lf_alloc, lf_register};
+    use crate::ffi::context::{lf_context_create, lf_context_free};
     use crate::ffi::location::LF_UNSET;
     use std::os::fd::AsRawFd;
     use std::ptr;
