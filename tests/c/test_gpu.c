@@ -180,7 +180,8 @@ static void export_to_another_process(lf_context *context, const char *self) {
         char fd[16];
         snprintf(fd, sizeof fd, "%d", pair[1]);
         close(pair[0]);
-        execl("/proc/self/exe", self, "importer", fd, (char *)NULL);
+        /* argv[0], not /proc/self/exe: under valgrind the latter is valgrind itself. */
+        execlp(self, self, "importer", fd, (char *)NULL);
         _exit(99);
     }
     close(pair[1]);
