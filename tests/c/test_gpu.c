@@ -8,9 +8,6 @@
 #define _GNU_SOURCE
 #include <lava_flow.h>
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,40 +18,9 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, \
-                    #cond, lf_last_error_message());                                           \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define EXPECT(call, status)                                                                   \
-    do {                                                                                       \
-        lf_status got_ = (call);                                                               \
-        if (got_ != (status)) {                                                                \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, \
-                    __LINE__, #call, lf_status_str(got_), lf_status_str(status),               \
-                    lf_last_error_message());                                                  \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define EXPECT_MESSAGE(text) CHECK(strstr(lf_last_error_message(), (text)) != NULL)
+#include "check.h"
 
 enum { BIG = 100000, SMALL = 5000 };
-
-static int open_fd_count(void) {
-    DIR *dir = opendir("/proc/self/fd");
-    int count = 0;
-    if (dir == NULL) return -1;
-    while (readdir(dir) != NULL) count++;
-    closedir(dir);
-    return count;
-}
-
-static int fd_is_open(int fd) { return fcntl(fd, F_GETFD) >= 0 || errno != EBADF; }
 
 static void pattern(unsigned char *out, size_t size, unsigned seed) {
     for (size_t i = 0; i < size; i++) out[i] = (unsigned char)(i * 31u ^ seed * 7u);

@@ -8,9 +8,6 @@
 #define _GNU_SOURCE
 #include <lava_flow.h>
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,39 +19,7 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, \
-                    #cond, lf_last_error_message());                                           \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define EXPECT(call, status)                                                                   \
-    do {                                                                                       \
-        lf_status got_ = (call);                                                               \
-        if (got_ != (status)) {                                                                \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, \
-                    __LINE__, #call, lf_status_str(got_), lf_status_str(status),               \
-                    lf_last_error_message());                                                  \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define EXPECT_MESSAGE(text)                                                                   \
-    CHECK(strstr(lf_last_error_message(), (text)) != NULL)
-
-static int open_fd_count(void) {
-    DIR *dir = opendir("/proc/self/fd");
-    int count = 0;
-    if (dir == NULL) return -1;
-    while (readdir(dir) != NULL) count++;
-    closedir(dir);
-    return count;
-}
-
-static int fd_is_open(int fd) { return fcntl(fd, F_GETFD) >= 0 || errno != EBADF; }
+#include "check.h"
 
 /* A CPU-only context: no Vulkan, and GPU locations refused rather than falling back. */
 static lf_context_config cpu_only(void) {

@@ -17,7 +17,7 @@ use lava_flow::memory::{
 use lava_flow::Error;
 
 use super::gpu_memory::{
-    child_role, connect_to_parent, expect_child_success, open_fds, pattern, recv_byte, require_vulkan, send_byte,
+    assert_no_fd_leak, child_role, connect_to_parent, expect_child_success, pattern, recv_byte, require_vulkan, send_byte,
     spawn_child_in,
 };
 
@@ -372,16 +372,6 @@ fn gpu_context_no_fd_leak_over_1000_cycles() {
         assert!(importer.import(bad).is_err()); // refused before Vulkan: fd closed
         drop((imported, cached, buffer));
     };
-    // Warm up: drivers open their own descriptors on first use (and keep them).
-    for i in 0..10 {
-        cycle(i);
-    }
-    let before = open_fds();
-    for i in 1..=1000 {
-        cycle(i);
-    }
-    let after = open_fds();
-    println!("child: open fds before {before}, after 1,000 cycles {after}");
-    assert_eq!(before, after, "descriptors leaked");
+    assert_no_fd_leak(cycle);
     assert_eq!(importer.imported_arenas(), 0);
 }

@@ -66,6 +66,21 @@ pub(crate) fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Runs `cycle` 1,000 times (after 10 to warm up: drivers open descriptors of their own on
+/// first use, and keep them) and fails if the process holds more descriptors afterwards.
+pub(crate) fn assert_no_fd_leak(cycle: impl Fn(usize)) {
+    for i in 0..10 {
+        cycle(i);
+    }
+    let before = open_fds();
+    for i in 1..=1000 {
+        cycle(i);
+    }
+    let after = open_fds();
+    println!("child: open fds before {before}, after 1,000 cycles {after}");
+    assert_eq!(before, after, "descriptors leaked");
+}
+
 /// `Some(role)` when this process is the child of `test`.
 pub(crate) fn child_role(test: &str) -> Option<String> {
     let value = std::env::var(CHILD_ENV).ok()?;
@@ -537,17 +552,7 @@ fn gpu_no_fd_leak_over_1000_cycles() {
         own_imported.write(0, b"x").unwrap();
         drop((first, cached, own_imported, own, pooled));
     };
-    // Warm up: drivers open their own descriptors on first use (and keep them).
-    for i in 0..10 {
-        cycle(i);
-    }
-    let before = open_fds();
-    for i in 1..=1000 {
-        cycle(i);
-    }
-    let after = open_fds();
-    println!("child: open fds before {before}, after 1,000 cycles {after}");
-    assert_eq!(before, after, "descriptors leaked");
+    assert_no_fd_leak(|i| cycle(i as u32));
     assert_eq!(importer.cached_arenas(), 0);
 }
 
