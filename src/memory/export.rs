@@ -274,7 +274,7 @@ mod gpu_wire {
         }
 
         /// The Vulkan module's description of a GPU export, validated.
-        pub(crate) fn to_gpu(&self) -> Result<GpuExportDesc> {
+        pub(crate) fn to_gpu(self) -> Result<GpuExportDesc> {
             let kind = match self.memory_location()? {
                 MemoryLocation::GpuDeviceLocal => GpuMemoryKind::DeviceLocal,
                 MemoryLocation::GpuHostVisible => GpuMemoryKind::HostVisible,
