@@ -100,12 +100,9 @@ mod tests {
     use crate::ffi::buffer::*;
     use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
     use crate::ffi::device::LF_GPU_DISABLED;
-    use crate::ffi::export::{lf_buffer_export, lf_export, lf_export_recv, lf_export_send, lf_import};
     use crate::ffi::location::LF_UNSET;
     use crate::ffi::tests::last_error;
     use std::ffi::CStr;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::net::UnixStream;
     use std::ptr;
 
     unsafe fn alloc(context: *const lf_context, size: usize, location: u32) -> *mut lf_buffer {
@@ -165,9 +162,8 @@ mod tests {
             let rust = &(*pinned).buffer;
             assert_eq!(flags, rust.registrations().iter().fold(0, |bits, r| bits | r.flag()));
             assert_eq!(failures.is_null(), rust.registration_failures().is_empty());
-            if !crate::memory::gpu::cuda_available() {
-                assert_eq!(flags & LF_REGISTRATION_CUDA, 0);
-                assert!(CStr::from_ptr(failures).to_str().unwrap().contains("CUDA: "));
+            if flags & LF_REGISTRATION_CUDA == 0 {
+                assert!(CStr::from_ptr(failures).to_str().unwrap().contains("CUDA"));
             }
             assert_eq!(lf_buffer_registrations(pinned, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_buffer_registrations(cpu, &mut flags), lf_status::LF_OK);
@@ -200,7 +196,11 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "vulkan")]
     fn gpu_exports_travel_and_import_on_another_device() {
+        use crate::ffi::export::{lf_buffer_export, lf_export, lf_export_recv, lf_export_send, lf_import};
+        use std::os::fd::AsRawFd;
+        use std::os::unix::net::UnixStream;
         // SAFETY (whole test): out-pointers are writable; fds are the test's own.
         unsafe {
             let (mut exporter, mut importer) = (ptr::null_mut(), ptr::null_mut());
