@@ -31,6 +31,11 @@
 #define LAVA_FLOW_VERSION_MINOR 1
 #define LAVA_FLOW_VERSION_PATCH 0
 
+// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
+#define LF_ALLOC_HUGEPAGE_STRICT 1
+
+#define LF_ALLOC_HUGEPAGE_BEST_EFFORT 2
+
 // `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
 #define LF_MEMORY_CPU_STANDARD 1
 
@@ -55,19 +60,76 @@
 // `lf_buffer_origin`: imported from an export (`lf_import`): the exporter's memory.
 #define LF_ORIGIN_IMPORTED 3
 
+// `lf_buffer_registrations` bits: the GPU APIs GPU-pinned memory is registered with.
+// Imported into the context's Vulkan device (`VK_EXT_external_memory_host`).
+#define LF_REGISTRATION_VULKAN 1
+
+// Registered with CUDA (`cuMemHostRegister`, portable).
+#define LF_REGISTRATION_CUDA 2
+
 // `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
 #define LF_HUGEPAGE_STRICT 0
 
 // `hugepage_policy`: fall back to ordinary memory (the buffer reports what it got).
 #define LF_HUGEPAGE_BEST_EFFORT 1
 
-// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
-#define LF_ALLOC_HUGEPAGE_STRICT 1
+// `gpu_policy`: open Vulkan at `lf_context_create`; without a loader or device go on
+// without a GPU (GPU allocations fall back to CPU memory, visibly) and record why.
+#define LF_GPU_AUTO 0
 
-#define LF_ALLOC_HUGEPAGE_BEST_EFFORT 2
+// `gpu_policy`: `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
+#define LF_GPU_REQUIRED 1
+
+// `gpu_policy`: touch no GPU API (no Vulkan device, no CUDA registration).
+#define LF_GPU_DISABLED 2
+
+// `gpu_device_select`: the device `LF_VULKAN_DEVICE` names, else the first discrete GPU,
+// else the first device.
+#define LF_GPU_DEVICE_DEFAULT 0
+
+// `gpu_device_select`: the device at `gpu_device_index` in the loader's order.
+#define LF_GPU_DEVICE_INDEX 1
+
+// `gpu_device_select`: the device whose deviceUUID is `gpu_device_uuid`.
+#define LF_GPU_DEVICE_UUID 2
+
+// `lf_device_info.device_type`: the values of `VkPhysicalDeviceType`.
+#define LF_DEVICE_TYPE_OTHER 0
+
+#define LF_DEVICE_TYPE_INTEGRATED_GPU 1
+
+#define LF_DEVICE_TYPE_DISCRETE_GPU 2
+
+#define LF_DEVICE_TYPE_VIRTUAL_GPU 3
+
+#define LF_DEVICE_TYPE_CPU 4
+
+// `lf_device_info.features` bits.
+#define LF_DEVICE_EXPORT_OPAQUE_FD 1
+
+#define LF_DEVICE_IMPORT_OPAQUE_FD 2
+
+#define LF_DEVICE_EXPORT_DMA_BUF 4
+
+// `VK_EXT_external_memory_host`: GPU-pinned buffers are imported into the device.
+#define LF_DEVICE_HOST_POINTER_IMPORT 8
+
+// The lengths of `lf_device_info`'s arrays (Vulkan's own maxima for heaps and types).
+#define LF_DEVICE_STRING_SIZE 256
+
+#define LF_DEVICE_MAX_HEAPS 16
+
+#define LF_DEVICE_MAX_MEMORY_TYPES 32
 
 // The size of `lf_export`, in bytes.
-#define LF_EXPORT_SIZE 64
+#define LF_EXPORT_SIZE 128
+
+// The layout version of `lf_export` this library writes and reads.
+#define LF_EXPORT_VERSION 2
+
+// `lf_export.gpu_flags`: the GPU arena is a dedicated allocation; import it as dedicated
+// (`cudaExternalMemoryDedicated`, `VkMemoryDedicatedAllocateInfo`).
+#define LF_EXPORT_GPU_DEDICATED 1
 
 // The magic number every export starts with ("LFEX").
 #define LF_EXPORT_MAGIC 1279673688
@@ -155,129 +217,111 @@ typedef struct lf_context lf_context;
 typedef struct lf_location lf_location;
 
 // Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
-// defaults: strict hugepage policy, 2 MiB arenas.
+// defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
+// fallback otherwise), the default device, 64 MiB GPU arenas.
 typedef struct lf_context_config {
   // LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
   uint32_t hugepage_policy;
-  // Must be 0.
-  uint32_t reserved0;
+  // LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
+  uint32_t gpu_policy;
   // Pooled arena size in bytes, a power of two from 64 KiB to 1 GiB; 0 for 2 MiB.
   uint64_t arena_size;
+  // Which Vulkan device: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX (`gpu_device_index`)
+  // or LF_GPU_DEVICE_UUID (`gpu_device_uuid`). A device that does not exist makes
+  // `lf_context_create` fail with LF_ERR_NOT_FOUND, listing the devices there are.
+  uint32_t gpu_device_select;
+  uint32_t gpu_device_index;
+  uint8_t gpu_device_uuid[16];
+  // 1: a GPU location asked of a context without a device is LF_ERR_UNSUPPORTED instead
+  // of CPU memory that reports the fallback (`lf_buffer_fallback_reason`). 0 or 1.
+  uint32_t strict_gpu;
+  // Must be 0.
+  uint32_t reserved0;
+  // Size of the pooled GPU arenas in bytes; 0 for 64 MiB.
+  uint64_t gpu_arena_size;
   // Room for later settings; must be 0.
-  uint64_t reserved[4];
+  uint64_t reserved[2];
 } lf_context_config;
+
+// What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
+typedef struct lf_device_info {
+  // Position in the loader's enumeration (`vulkaninfo --summary`).
+  uint32_t index;
+  // An `LF_DEVICE_TYPE_*` value.
+  uint32_t device_type;
+  uint32_t vendor_id;
+  uint32_t device_id;
+  // Packed Vulkan versions (`VK_API_VERSION_MAJOR(v)` ...).
+  uint32_t api_version;
+  uint32_t driver_version;
+  // deviceUUID: equal to CUDA's device UUID on NVIDIA, and what exports carry.
+  uint8_t device_uuid[16];
+  uint8_t driver_uuid[16];
+  char name[256];
+  // From `VkPhysicalDeviceDriverProperties`; empty where the driver predates it.
+  char driver_name[256];
+  char driver_info[256];
+  uint32_t heap_count;
+  uint32_t memory_type_count;
+  // Heap sizes in bytes, and their `VkMemoryHeapFlags` (1: DEVICE_LOCAL).
+  uint64_t heap_sizes[16];
+  uint32_t heap_flags[16];
+  // Each memory type's `VkMemoryPropertyFlags` and heap index.
+  uint32_t memory_type_flags[32];
+  uint32_t memory_type_heaps[32];
+  // `LF_DEVICE_*` feature bits.
+  uint32_t features;
+  uint32_t reserved;
+} lf_device_info;
 
 // An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
 // format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
 // the fd carries everything. All fields are validated on import.
+//
+// For GPU memory (`location` LF_MEMORY_GPU_*), `fd` is the Vulkan allocation exported as
+// `handle_type` (1: OPAQUE_FD) and the GPU fields say how to import it; CUDA takes it with
+// `cudaImportExternalMemory` (type OpaqueFd, size `arena_size`, flag
+// `cudaExternalMemoryDedicated` when `gpu_flags & LF_EXPORT_GPU_DEDICATED`) and
+// `cudaExternalMemoryGetMappedBuffer` at `offset`, `size`, on the CUDA device whose UUID
+// equals `device_uuid`. For CPU memory the GPU fields are 0.
 typedef struct lf_export {
   // LF_EXPORT_MAGIC, to recognise a lava-flow export.
   uint32_t magic;
-  // The layout version (1).
+  // The layout version (LF_EXPORT_VERSION).
   uint32_t version;
   // The `LF_MEMORY_*` value of the memory.
   uint32_t location;
   // The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
   int32_t numa_node;
-  // Where the buffer starts in its arena (the memory file `fd` refers to).
+  // Where the buffer starts in its arena (the memory `fd` refers to).
   uint64_t offset;
   uint64_t size;
   uint64_t arena_id;
+  // The size of the whole memory `fd` refers to.
   uint64_t arena_size;
   // The process that created the memory, and its random per-run token.
   uint32_t exporter_pid;
-  // The arena's memory file, a sealed memfd.
+  // The arena's memory: a sealed memfd (CPU), an exported Vulkan allocation (GPU).
   int32_t fd;
   uint64_t exporter_token;
+  // GPU: the `VkExternalMemoryHandleTypeFlagBits` value of `fd` (1: OPAQUE_FD).
+  uint32_t handle_type;
+  // GPU: the exporter's Vulkan memory type index and its `VkMemoryPropertyFlags`.
+  uint32_t memory_type_index;
+  uint32_t memory_property_flags;
+  // GPU: LF_EXPORT_GPU_DEDICATED or 0.
+  uint32_t gpu_flags;
+  // GPU: the exporting device's deviceUUID (equal to CUDA's device UUID on NVIDIA).
+  uint8_t device_uuid[16];
+  // GPU: the exporting driver's driverUUID.
+  uint8_t driver_uuid[16];
+  // Must be 0.
+  uint64_t reserved[2];
 } lf_export;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-// Releases a buffer: its memory goes back to its arena (an importer mapping it keeps it
-// alive); registered memory is only forgotten. NULL is ignored, as is (with a note in
-// `lf_last_error_message()`) a pointer that is not a live buffer.
-//
-// # Safety
-// `buffer` must not be in use by another thread.
-void lf_free(struct lf_buffer *buffer);
-
-// Ends the registration of user memory made by `lf_register` with `context` and releases
-// the handle; the memory itself is untouched. A buffer that is not registered memory of
-// this context is refused (LF_ERR_INVALID_ARGUMENT) and stays valid.
-//
-// # Safety
-// `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
-// not be in use by another thread.
-lf_status lf_deregister(const struct lf_context *context, struct lf_buffer *buffer);
-
-// The first byte of the buffer, valid for `lf_buffer_size` bytes until it is freed.
-//
-// # Safety
-// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_buffer_ptr(const struct lf_buffer *buffer, void **out);
-
-// The buffer's size in bytes (as asked for).
-//
-// # Safety
-// As `lf_buffer_ptr`.
-lf_status lf_buffer_size(const struct lf_buffer *buffer, size_t *out);
-
-// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
-// fell back gives LF_MEMORY_CPU_STANDARD. Imported buffers carry the exporter's.
-//
-// # Safety
-// As `lf_buffer_ptr`.
-lf_status lf_buffer_location(const struct lf_buffer *buffer, uint32_t *out);
-
-// The NUMA node of LF_MEMORY_CPU_NUMA memory, LF_UNSET for other locations.
-//
-// # Safety
-// As `lf_buffer_ptr`.
-lf_status lf_buffer_numa_node(const struct lf_buffer *buffer, int64_t *out);
-
-// The page size the memory is guaranteed to be backed by, in bytes (the huge page size for
-// hugepage memory, the base page size otherwise).
-//
-// # Safety
-// As `lf_buffer_ptr`.
-lf_status lf_buffer_page_size(const struct lf_buffer *buffer, size_t *out);
-
-// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
-// LF_ORIGIN_IMPORTED.
-//
-// # Safety
-// As `lf_buffer_ptr`.
-lf_status lf_buffer_origin(const struct lf_buffer *buffer, uint32_t *out);
-
-// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
-// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
-// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
-// when no buffer holds it. O(log n). Thread-safe.
-//
-// # Safety
-// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
-lf_status lf_buffer_find(const struct lf_context *context,
-                         const void *ptr,
-                         struct lf_buffer **out,
-                         size_t *offset);
-
-// Creates a memory context. `config` may be NULL for the defaults. Create one per process
-// and share it between threads. On success `*out` receives the context, to release with
-// `lf_context_free`.
-//
-// # Safety
-// `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
-// or writable.
-lf_status lf_context_create(const struct lf_context_config *config, struct lf_context **out);
-
-// Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
-// pointer that is not a live context. Buffers made from it stay valid until freed.
-//
-// # Safety
-// `context` must not be in use by another thread.
-void lf_context_free(struct lf_context *context);
 
 // Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
 // `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
@@ -289,7 +333,14 @@ void lf_context_free(struct lf_context *context);
 // not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
 // host has; no huge pages reserved under the strict policy — the message says how to
 // reserve them), LF_ERR_PERMISSION_DENIED (RLIMIT_MEMLOCK too small for GPU-pinned memory),
-// LF_ERR_UNSUPPORTED (GPU locations, for now). Thread-safe.
+// LF_ERR_UNSUPPORTED (a GPU location of a context without a device under `strict_gpu`).
+// Thread-safe.
+//
+// GPU locations (LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE) come from the
+// context's Vulkan device, pooled and exportable; without a device (and not `strict_gpu`)
+// they are CPU standard memory: `lf_buffer_location` says so and `lf_buffer_fallback_reason`
+// why. GPU-pinned memory is registered with Vulkan and CUDA where present
+// (`lf_buffer_registrations`).
 //
 // # Safety
 // `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
@@ -324,6 +375,175 @@ lf_status lf_register(const struct lf_context *context,
                       void *ptr,
                       size_t size,
                       struct lf_buffer **out);
+
+// Ends the registration of user memory made by `lf_register` with `context` and releases
+// the handle; the memory itself is untouched. A buffer that is not registered memory of
+// this context is refused (LF_ERR_INVALID_ARGUMENT) and stays valid.
+//
+// # Safety
+// `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
+// not be in use by another thread.
+lf_status lf_deregister(const struct lf_context *context, struct lf_buffer *buffer);
+
+// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
+// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
+// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
+// when no buffer holds it. O(log n). Thread-safe.
+//
+// # Safety
+// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
+lf_status lf_buffer_find(const struct lf_context *context,
+                         const void *ptr,
+                         struct lf_buffer **out,
+                         size_t *offset);
+
+// Releases a buffer: its memory goes back to its arena (an importer mapping it keeps it
+// alive); registered memory is only forgotten. NULL is ignored, as is (with a note in
+// `lf_last_error_message()`) a pointer that is not a live buffer.
+//
+// # Safety
+// `buffer` must not be in use by another thread.
+void lf_free(struct lf_buffer *buffer);
+
+// The first byte of the buffer in this process, valid for `lf_buffer_size` bytes until it
+// is freed: CPU memory, and GPU memory the host can map (LF_MEMORY_GPU_HOST_VISIBLE;
+// device-local memory where the driver maps it). GPU memory the host cannot map has no
+// address here: LF_ERR_INVALID_STATE, and `lf_buffer_write`/`lf_buffer_read` move its data.
+//
+// # Safety
+// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_buffer_ptr(const struct lf_buffer *buffer, void **out);
+
+// The buffer's size in bytes (as asked for).
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_size(const struct lf_buffer *buffer, size_t *out);
+
+// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
+// fell back, and a GPU request of a context without a GPU, give LF_MEMORY_CPU_STANDARD.
+// Imported buffers carry the exporter's.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_location(const struct lf_buffer *buffer, uint32_t *out);
+
+// The NUMA node of LF_MEMORY_CPU_NUMA memory, LF_UNSET for other locations.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_numa_node(const struct lf_buffer *buffer, int64_t *out);
+
+// The page size the memory is guaranteed to be backed by, in bytes (the huge page size for
+// hugepage memory, the base page size otherwise).
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_page_size(const struct lf_buffer *buffer, size_t *out);
+
+// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
+// LF_ORIGIN_IMPORTED.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_origin(const struct lf_buffer *buffer, uint32_t *out);
+
+// Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
+// reason (e.g. a GPU location asked of a context without a Vulkan device, and why it has
+// none), a string owned by the buffer and valid until `lf_free`.
+//
+// # Safety
+// As `lf_buffer_ptr`.
+lf_status lf_buffer_fallback_reason(const struct lf_buffer *buffer, const char **out);
+
+// The GPU APIs the buffer's memory is registered with: `*flags` receives
+// LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory
+// (where each API is present), 0 otherwise. `lf_buffer_registration_failures` says why a
+// registration is missing.
+//
+// # Safety
+// `buffer` as `lf_buffer_ptr`; `flags` NULL or writable.
+lf_status lf_buffer_registrations(const struct lf_buffer *buffer, uint32_t *flags);
+
+// Why GPU-pinned memory lacks a registration: `*out` receives NULL when nothing is missing
+// (or the buffer is not GPU-pinned), else one line per missing API ("CUDA: ..."), a string
+// owned by the buffer and valid until `lf_free`. A missing registration is no failure of
+// the allocation.
+//
+// # Safety
+// As `lf_buffer_fallback_reason`.
+lf_status lf_buffer_registration_failures(const struct lf_buffer *buffer, const char **out);
+
+// Copies `size` bytes from `data` into the buffer at `offset`: a memcpy for memory the host
+// maps, a staging copy through the GPU for GPU memory it cannot. A range outside the buffer
+// is LF_ERR_INVALID_ARGUMENT, naming both.
+//
+// # Safety
+// `buffer` must be NULL or a pointer obtained from lava-flow; `data` NULL (only with `size`
+// 0) or `size` readable bytes.
+lf_status lf_buffer_write(const struct lf_buffer *buffer,
+                          size_t offset,
+                          const void *data,
+                          size_t size);
+
+// Copies `size` bytes of the buffer at `offset` into `out` (staged for GPU memory the host
+// cannot map, as `lf_buffer_write`).
+//
+// # Safety
+// `buffer` as `lf_buffer_write`; `out` NULL (only with `size` 0) or `size` writable bytes.
+lf_status lf_buffer_read(const struct lf_buffer *buffer, size_t offset, void *out, size_t size);
+
+// Copies `size` bytes from `src` at `src_offset` to `dst` at `dst_offset`, whatever memory
+// each is: on the GPU when both are memory of the context's Vulkan device (GPU buffers, and
+// GPU-pinned buffers imported into it), else through the host. Overlapping ranges of one
+// GPU allocation are refused; on the host they are copied as `memmove` does.
+//
+// # Safety
+// `context`, `dst` and `src` must be NULL or pointers obtained from lava-flow.
+lf_status lf_buffer_copy(const struct lf_context *context,
+                         const struct lf_buffer *dst,
+                         size_t dst_offset,
+                         const struct lf_buffer *src,
+                         size_t src_offset,
+                         size_t size);
+
+// Creates a memory context. `config` may be NULL for the defaults. Create one per process
+// and share it between threads. On success `*out` receives the context, to release with
+// `lf_context_free`.
+//
+// The GPU is opened here, eagerly (`gpu_policy`): `lf_context_device_info` reports it, or
+// `lf_context_gpu_unavailable_reason` says why there is none. Errors: LF_ERR_INVALID_ARGUMENT
+// for unknown values; LF_ERR_NOT_FOUND for a device index or UUID that matches no device;
+// under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
+//
+// # Safety
+// `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
+// or writable.
+lf_status lf_context_create(const struct lf_context_config *config, struct lf_context **out);
+
+// Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
+// pointer that is not a live context. Buffers made from it stay valid until freed.
+//
+// # Safety
+// `context` must not be in use by another thread.
+void lf_context_free(struct lf_context *context);
+
+// What the context's GPU is: `*out` receives the report of the Vulkan device
+// `lf_context_create` opened. LF_ERR_UNSUPPORTED when the context has none (no loader,
+// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
+// `lf_context_gpu_unavailable_reason` does. Thread-safe.
+//
+// # Safety
+// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_context_device_info(const struct lf_context *context, struct lf_device_info *out);
+
+// Why the context has no Vulkan device: `*out` receives NULL when it has one, else the
+// reason (the Vulkan loader's or driver's word, or the policy that disabled the GPU), a
+// string owned by the context and valid until `lf_context_free`. Thread-safe.
+//
+// # Safety
+// As `lf_context_device_info`.
+lf_status lf_context_gpu_unavailable_reason(const struct lf_context *context, const char **out);
 
 // Exports a buffer for another process on this host. `*out` receives the export; its `fd`
 // is a new descriptor owned by the caller (close it once sent). Registered user memory

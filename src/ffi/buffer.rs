@@ -1,5 +1,6 @@
-//! `lf_buffer`: a range of memory from lava-flow (allocated, imported or registered), its
-//! properties, its release, and the lookup of the buffer holding an address.
+//! `lf_buffer`: a range of memory from lava-flow (allocated, imported or registered; CPU or
+//! GPU), its properties (what it really is, why it fell back, which GPU APIs it is registered
+//! with) and its release. Moving data in and out is in `buffer_io.rs`.
 //!
 //! Ownership: each `lf_buffer` is owned by the caller that received it from `lf_alloc`,
 //! `lf_alloc_auto`, `lf_import` or `lf_register`, and released with `lf_free` (or
@@ -8,17 +9,16 @@
 //! freeing it while another thread uses it is not.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::context::lf_context;
 use super::location::LF_UNSET;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure};
 use crate::memory::location::code;
-use crate::memory::{Buffer, BufferId, BufferOrigin};
+use crate::memory::{Buffer, BufferId, BufferOrigin, DeviceRegistration};
 
 /// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
 pub const LF_MEMORY_CPU_STANDARD: u32 = 1;
@@ -47,10 +47,28 @@ pub const LF_ORIGIN_REGISTERED: u32 = 2;
 /// `lf_buffer_origin`: imported from an export (`lf_import`): the exporter's memory.
 pub const LF_ORIGIN_IMPORTED: u32 = 3;
 
+/// `lf_buffer_registrations` bits: the GPU APIs GPU-pinned memory is registered with.
+/// Imported into the context's Vulkan device (`VK_EXT_external_memory_host`).
+pub const LF_REGISTRATION_VULKAN: u32 = 1;
+/// Registered with CUDA (`cuMemHostRegister`, portable).
+pub const LF_REGISTRATION_CUDA: u32 = 2;
+
 /// Opaque handle on a buffer.
 #[allow(non_camel_case_types)]
 pub struct lf_buffer {
     pub(crate) buffer: Buffer,
+    /// `Buffer::fallback` and `Buffer::registration_failures` as C strings.
+    fallback: Option<CString>,
+    registration_failures: Option<CString>,
+}
+
+const _: () = assert!(
+    DeviceRegistration::Vulkan { device_uuid: [0; 16] }.flag() == LF_REGISTRATION_VULKAN
+        && DeviceRegistration::Cuda { device: 0 }.flag() == LF_REGISTRATION_CUDA
+);
+
+fn c_string(text: &str) -> CString {
+    CString::new(text.replace('\0', " ")).unwrap_or_default()
 }
 
 /// Buffer id -> C handle address, so that a lookup by address can answer with the handle C
@@ -63,7 +81,10 @@ fn handles() -> &'static Mutex<HashMap<BufferId, usize>> {
 impl lf_buffer {
     pub(crate) fn into_handle(buffer: Buffer) -> *mut lf_buffer {
         let id = buffer.id();
-        let handle = new_handle(lf_buffer { buffer });
+        let fallback = buffer.fallback().map(c_string);
+        let failures = buffer.registration_failures();
+        let registration_failures = (!failures.is_empty()).then(|| c_string(&failures.join("; ")));
+        let handle = new_handle(lf_buffer { buffer, fallback, registration_failures });
         handles().lock().insert(id, handle as usize);
         handle
     }
@@ -73,7 +94,7 @@ impl lf_buffer {
     }
 }
 
-fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
+pub(crate) fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
     if let Ok(live) = handle_ref(buffer, "buffer") {
         handles().lock().remove(&live.buffer.id());
     }
@@ -91,34 +112,10 @@ pub unsafe extern "C" fn lf_free(buffer: *mut lf_buffer) {
     boundary_void("lf_free", || release(buffer));
 }
 
-/// Ends the registration of user memory made by `lf_register` with `context` and releases
-/// the handle; the memory itself is untouched. A buffer that is not registered memory of
-/// this context is refused (LF_ERR_INVALID_ARGUMENT) and stays valid.
-///
-/// # Safety
-/// `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
-/// not be in use by another thread.
-#[no_mangle]
-pub unsafe extern "C" fn lf_deregister(context: *const lf_context, buffer: *mut lf_buffer) -> lf_status {
-    boundary("lf_deregister", || {
-        let context = &handle_ref(context, "context")?.context;
-        let live = &handle_ref(buffer, "buffer")?.buffer;
-        let ours = Arc::ptr_eq(live.registry(), &context.inner.registry);
-        if live.origin() != BufferOrigin::Registered || !ours {
-            return Err(Failure {
-                status: lf_status::LF_ERR_INVALID_ARGUMENT,
-                message: format!(
-                    "buffer {} is not memory registered with this context ({:?}); release it with lf_free",
-                    live.id(),
-                    live.origin()
-                ),
-            });
-        }
-        release(buffer)
-    })
-}
-
-/// The first byte of the buffer, valid for `lf_buffer_size` bytes until it is freed.
+/// The first byte of the buffer in this process, valid for `lf_buffer_size` bytes until it
+/// is freed: CPU memory, and GPU memory the host can map (LF_MEMORY_GPU_HOST_VISIBLE;
+/// device-local memory where the driver maps it). GPU memory the host cannot map has no
+/// address here: LF_ERR_INVALID_STATE, and `lf_buffer_write`/`lf_buffer_read` move its data.
 ///
 /// # Safety
 /// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
@@ -126,7 +123,7 @@ pub unsafe extern "C" fn lf_deregister(context: *const lf_context, buffer: *mut 
 pub unsafe extern "C" fn lf_buffer_ptr(buffer: *const lf_buffer, out: *mut *mut c_void) -> lf_status {
     boundary("lf_buffer_ptr", || {
         let out = out_ptr(out, "out")?;
-        write_out(out, handle_ref(buffer, "buffer")?.buffer.as_ptr().cast());
+        write_out(out, handle_ref(buffer, "buffer")?.buffer.host_ptr()?.cast());
         Ok(())
     })
 }
@@ -145,7 +142,8 @@ pub unsafe extern "C" fn lf_buffer_size(buffer: *const lf_buffer, out: *mut usiz
 }
 
 /// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
-/// fell back gives LF_MEMORY_CPU_STANDARD. Imported buffers carry the exporter's.
+/// fell back, and a GPU request of a context without a GPU, give LF_MEMORY_CPU_STANDARD.
+/// Imported buffers carry the exporter's.
 ///
 /// # Safety
 /// As `lf_buffer_ptr`.
@@ -205,34 +203,54 @@ pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut u3
     })
 }
 
-/// Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
-/// (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
-/// when `offset` is not NULL, `*offset` how far into the buffer `ptr` is. LF_ERR_NOT_FOUND
-/// when no buffer holds it. O(log n). Thread-safe.
+/// Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
+/// reason (e.g. a GPU location asked of a context without a Vulkan device, and why it has
+/// none), a string owned by the buffer and valid until `lf_free`.
 ///
 /// # Safety
-/// `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
+/// As `lf_buffer_ptr`.
 #[no_mangle]
-pub unsafe extern "C" fn lf_buffer_find(
-    context: *const lf_context,
-    ptr: *const c_void,
-    out: *mut *mut lf_buffer,
-    offset: *mut usize,
-) -> lf_status {
-    boundary("lf_buffer_find", || {
+pub unsafe extern "C" fn lf_buffer_fallback_reason(buffer: *const lf_buffer, out: *mut *const c_char) -> lf_status {
+    boundary("lf_buffer_fallback_reason", || {
         let out = out_ptr(out, "out")?;
-        let context = &handle_ref(context, "context")?.context;
-        let not_found = |message: String| Failure { status: lf_status::LF_ERR_NOT_FOUND, message };
-        let found = context
-            .find(ptr.cast())
-            .ok_or_else(|| not_found(format!("no lava-flow buffer of this context holds address {ptr:p}")))?;
-        let handle = lf_buffer::handle_of(found.info.id).ok_or_else(|| {
-            not_found(format!("buffer {} holds {ptr:p} but was made through the Rust API", found.info.id))
-        })?;
-        write_out(out, handle);
-        if !offset.is_null() {
-            write_out(offset, found.offset);
-        }
+        write_out(out, handle_ref(buffer, "buffer")?.fallback.as_deref().map_or(std::ptr::null(), CStr::as_ptr));
+        Ok(())
+    })
+}
+
+/// The GPU APIs the buffer's memory is registered with: `*flags` receives
+/// LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory
+/// (where each API is present), 0 otherwise. `lf_buffer_registration_failures` says why a
+/// registration is missing.
+///
+/// # Safety
+/// `buffer` as `lf_buffer_ptr`; `flags` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_registrations(buffer: *const lf_buffer, flags: *mut u32) -> lf_status {
+    boundary("lf_buffer_registrations", || {
+        let flags = out_ptr(flags, "flags")?;
+        let registrations = handle_ref(buffer, "buffer")?.buffer.registrations();
+        write_out(flags, registrations.iter().fold(0, |bits, r| bits | r.flag()));
+        Ok(())
+    })
+}
+
+/// Why GPU-pinned memory lacks a registration: `*out` receives NULL when nothing is missing
+/// (or the buffer is not GPU-pinned), else one line per missing API ("CUDA: ..."), a string
+/// owned by the buffer and valid until `lf_free`. A missing registration is no failure of
+/// the allocation.
+///
+/// # Safety
+/// As `lf_buffer_fallback_reason`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_registration_failures(
+    buffer: *const lf_buffer,
+    out: *mut *const c_char,
+) -> lf_status {
+    boundary("lf_buffer_registration_failures", || {
+        let out = out_ptr(out, "out")?;
+        let failures = &handle_ref(buffer, "buffer")?.registration_failures;
+        write_out(out, failures.as_deref().map_or(std::ptr::null(), CStr::as_ptr));
         Ok(())
     })
 }
@@ -240,7 +258,8 @@ pub unsafe extern "C" fn lf_buffer_find(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use crate::ffi::alloc::{lf_alloc, lf_deregister, lf_register};
+    use crate::ffi::context::{lf_context_create, lf_context_free};
     use std::ptr;
 
     #[test]

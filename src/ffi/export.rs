@@ -20,39 +20,70 @@ use crate::memory::{ExportDescriptor, ExportHandle};
 use crate::os::send_with_fds;
 
 /// The size of `lf_export`, in bytes.
-pub const LF_EXPORT_SIZE: u32 = 64;
+pub const LF_EXPORT_SIZE: u32 = 128;
+/// The layout version of `lf_export` this library writes and reads.
+pub const LF_EXPORT_VERSION: u32 = 2;
+/// `lf_export.gpu_flags`: the GPU arena is a dedicated allocation; import it as dedicated
+/// (`cudaExternalMemoryDedicated`, `VkMemoryDedicatedAllocateInfo`).
+pub const LF_EXPORT_GPU_DEDICATED: u32 = 1;
 
 /// An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
 /// format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
 /// the fd carries everything. All fields are validated on import.
+///
+/// For GPU memory (`location` LF_MEMORY_GPU_*), `fd` is the Vulkan allocation exported as
+/// `handle_type` (1: OPAQUE_FD) and the GPU fields say how to import it; CUDA takes it with
+/// `cudaImportExternalMemory` (type OpaqueFd, size `arena_size`, flag
+/// `cudaExternalMemoryDedicated` when `gpu_flags & LF_EXPORT_GPU_DEDICATED`) and
+/// `cudaExternalMemoryGetMappedBuffer` at `offset`, `size`, on the CUDA device whose UUID
+/// equals `device_uuid`. For CPU memory the GPU fields are 0.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct lf_export {
     /// LF_EXPORT_MAGIC, to recognise a lava-flow export.
     pub magic: u32,
-    /// The layout version (1).
+    /// The layout version (LF_EXPORT_VERSION).
     pub version: u32,
     /// The `LF_MEMORY_*` value of the memory.
     pub location: u32,
     /// The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
     pub numa_node: i32,
-    /// Where the buffer starts in its arena (the memory file `fd` refers to).
+    /// Where the buffer starts in its arena (the memory `fd` refers to).
     pub offset: u64,
     pub size: u64,
     pub arena_id: u64,
+    /// The size of the whole memory `fd` refers to.
     pub arena_size: u64,
     /// The process that created the memory, and its random per-run token.
     pub exporter_pid: u32,
-    /// The arena's memory file, a sealed memfd.
+    /// The arena's memory: a sealed memfd (CPU), an exported Vulkan allocation (GPU).
     pub fd: i32,
     pub exporter_token: u64,
+    /// GPU: the `VkExternalMemoryHandleTypeFlagBits` value of `fd` (1: OPAQUE_FD).
+    pub handle_type: u32,
+    /// GPU: the exporter's Vulkan memory type index and its `VkMemoryPropertyFlags`.
+    pub memory_type_index: u32,
+    pub memory_property_flags: u32,
+    /// GPU: LF_EXPORT_GPU_DEDICATED or 0.
+    pub gpu_flags: u32,
+    /// GPU: the exporting device's deviceUUID (equal to CUDA's device UUID on NVIDIA).
+    pub device_uuid: [u8; 16],
+    /// GPU: the exporting driver's driverUUID.
+    pub driver_uuid: [u8; 16],
+    /// Must be 0.
+    pub reserved: [u64; 2],
 }
 
 /// The magic number every export starts with ("LFEX").
 pub const LF_EXPORT_MAGIC: u32 = 0x4c46_4558;
 
-const _: () = assert!(LF_EXPORT_MAGIC == crate::memory::EXPORT_MAGIC);
+const _: () = assert!(
+    LF_EXPORT_MAGIC == crate::memory::EXPORT_MAGIC
+        && LF_EXPORT_VERSION == crate::memory::EXPORT_VERSION
+        && LF_EXPORT_GPU_DEDICATED == crate::memory::export::EXPORT_GPU_DEDICATED
+        && LF_EXPORT_SIZE as usize == ExportDescriptor::SIZE
+);
 
 const _: () = assert!(std::mem::size_of::<lf_export>() == LF_EXPORT_SIZE as usize);
 
@@ -70,6 +101,13 @@ fn to_c(handle: ExportHandle) -> lf_export {
         exporter_pid: d.exporter_pid,
         fd: handle.fd.into_raw_fd(),
         exporter_token: d.exporter_token,
+        handle_type: d.handle_type,
+        memory_type_index: d.memory_type_index,
+        memory_property_flags: d.memory_property_flags,
+        gpu_flags: d.gpu_flags,
+        device_uuid: d.device_uuid,
+        driver_uuid: d.driver_uuid,
+        reserved: d.reserved2,
     }
 }
 
@@ -86,6 +124,13 @@ fn descriptor_of(e: &lf_export) -> ExportDescriptor {
         exporter_pid: e.exporter_pid,
         reserved: 0,
         exporter_token: e.exporter_token,
+        handle_type: e.handle_type,
+        memory_type_index: e.memory_type_index,
+        memory_property_flags: e.memory_property_flags,
+        gpu_flags: e.gpu_flags,
+        device_uuid: e.device_uuid,
+        driver_uuid: e.driver_uuid,
+        reserved2: e.reserved,
     }
 }
 
@@ -205,7 +250,8 @@ pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_
 mod tests {
     use super::*;
     use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
-    use crate::ffi::context::{lf_alloc, lf_context_create, lf_context_free, lf_register};
+    use crate::ffi::alloc::{lf_alloc, lf_register};
+    use crate::ffi::context::{lf_context_create, lf_context_free};
     use crate::ffi::location::LF_UNSET;
     use std::os::fd::AsRawFd;
     use std::ptr;

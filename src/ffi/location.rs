@@ -222,14 +222,9 @@ pub unsafe extern "C" fn lf_location_free(location: *mut lf_location) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::status::lf_last_error_message;
+    use crate::ffi::tests::last_error;
     use std::ffi::CStr;
     use std::ptr;
-
-    fn last_error() -> String {
-        // SAFETY: lf_last_error_message returns a valid thread-local C string.
-        unsafe { CStr::from_ptr(lf_last_error_message()) }.to_string_lossy().into_owned()
-    }
 
     #[test]
     fn detect_and_compare() {

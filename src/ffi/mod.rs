@@ -10,8 +10,11 @@
 //! - No panic crosses the boundary: it becomes `LF_ERR_INTERNAL`.
 //! - Values that come from C as enums are taken as integers and checked.
 
+pub mod alloc;
 pub mod buffer;
+pub mod buffer_io;
 pub mod context;
+pub mod device;
 pub mod export;
 pub mod location;
 pub mod status;
@@ -182,8 +185,14 @@ pub(crate) fn free_handle<T: 'static>(ptr: *mut T, arg: &str) -> FfiResult<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The calling thread's last error message.
+    pub(crate) fn last_error() -> String {
+        // SAFETY: lf_last_error_message returns a valid thread-local C string.
+        unsafe { CStr::from_ptr(status::lf_last_error_message()) }.to_string_lossy().into_owned()
+    }
     use crate::ffi::status::lf_last_error_message;
     use std::ffi::CStr;
 

@@ -43,29 +43,33 @@ impl Context {
     /// Allocates `size` bytes at `location`, with the context's hugepage policy. The buffer
     /// says what it really obtained ([`Buffer::location`], [`Buffer::page_size`]).
     ///
+    /// GPU locations come from the context's Vulkan device (pooled, exportable arenas).
+    /// Without a device they fall back to CPU standard memory, visibly
+    /// ([`Buffer::location`], [`Buffer::fallback`]), or fail under `strict_gpu`.
+    /// GPU-pinned memory is registered with Vulkan and CUDA where present
+    /// ([`Buffer::registrations`]).
+    ///
     /// Errors: size 0 or an unknown NUMA node (InvalidArgument, naming the nodes there are);
-    /// more than the host has, or no huge pages reserved under the strict policy
-    /// (OutOfMemory, saying how to reserve them); a locked-memory limit too small for
-    /// GPU-pinned memory (PermissionDenied, naming the limit); GPU locations (Unsupported
-    /// until the Vulkan layer lands).
+    /// more than the host (or the GPU heap) has, or no huge pages reserved under the strict
+    /// policy (OutOfMemory, saying how to reserve them); a locked-memory limit too small for
+    /// GPU-pinned memory (PermissionDenied, naming the limit); a GPU location without a
+    /// device under `strict_gpu` (Unsupported, saying why there is no device).
     pub fn allocate(&self, size: usize, location: MemoryLocation) -> Result<Buffer> {
         self.allocate_with(size, location, self.inner.config.hugepage_policy)
     }
 
     /// [`Context::allocate`] with an explicit hugepage policy for this one call.
     pub fn allocate_with(&self, size: usize, location: MemoryLocation, policy: HugepagePolicy) -> Result<Buffer> {
+        if location.is_gpu() {
+            return self.allocate_gpu(size, location, policy);
+        }
         self.check_size(size, location)?;
         let strategy = match location {
             MemoryLocation::CpuStandard => Strategy::Standard,
             MemoryLocation::CpuNuma { node } => Strategy::Numa(self.inner.topology.resolve(node)?),
             MemoryLocation::CpuHugepage { page } => Strategy::Hugetlb(page),
             MemoryLocation::CpuGpuPinned => Strategy::Pinned,
-            MemoryLocation::GpuDeviceLocal | MemoryLocation::GpuHostVisible => {
-                return Err(Error::Unsupported(format!(
-                    "{location}: GPU memory comes with the Vulkan layer, which this build does \
-                     not have yet; ask for a CPU location"
-                )))
-            }
+            MemoryLocation::GpuDeviceLocal | MemoryLocation::GpuHostVisible => unreachable!("handled above"),
         };
         match self.allocate_from(strategy, size) {
             Err(Error::OutOfMemory(_) | Error::Unsupported(_))
@@ -112,7 +116,7 @@ impl Context {
     fn allocate_from(&self, strategy: Strategy, size: usize) -> Result<Buffer> {
         let pool = self.pool(strategy);
         let (arena, offset, backing) = if pool.serves(size) {
-            let block = pool.allocate(size, &self.inner.topology)?;
+            let block = pool.allocate(size, &self.inner.topology, &self.inner.gpu)?;
             let arena = Arc::clone(&block.arena);
             (
                 arena,
@@ -124,14 +128,14 @@ impl Context {
             let rounded = size
                 .checked_next_multiple_of(page)
                 .ok_or_else(|| Error::OutOfMemory(format!("{size} bytes cannot be rounded up to {page}-byte pages")))?;
-            let arena = Arc::new(Arena::create(strategy, rounded, &self.inner.topology)?);
+            let arena = Arc::new(Arena::create(strategy, rounded, &self.inner.topology, &self.inner.gpu)?);
             (Arc::clone(&arena), 0, Backing::Dedicated { arena })
         };
         // SAFETY: offset + size lies inside the arena's mapping (the block or the arena is at
         // least `size` bytes), so the pointer is non-null and in bounds.
         let ptr = unsafe { NonNull::new_unchecked(arena.mapping.as_ptr().add(offset)) };
         let parts = BufferParts {
-            ptr,
+            ptr: Some(ptr),
             len: size,
             location: arena.location,
             page_size: arena.page_size,

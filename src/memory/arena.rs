@@ -17,6 +17,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::cpu::{gpu_pinned, hugepage, numa, standard};
+use super::gpu_context::{ContextGpu, Pins};
 use super::location::{HugePageSize, MemoryLocation};
 use crate::error::Result;
 use crate::os::mapping::page_size;
@@ -71,6 +72,9 @@ static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
 /// One memory file, mapped here.
 #[derive(Debug)]
 pub(crate) struct Arena {
+    /// GPU API registrations of pinned memory. Declared first so that they are dropped
+    /// (unregistered) before the memory is unmapped.
+    pub(crate) pins: Pins,
     /// Unique in this process; travels in export handles.
     pub(crate) id: u64,
     pub(crate) fd: OwnedFd,
@@ -81,8 +85,9 @@ pub(crate) struct Arena {
 
 impl Arena {
     /// Creates an arena of `size` bytes (a multiple of the strategy's page size), applying the
-    /// strategy's placement before anything touches the memory.
-    pub(crate) fn create(strategy: Strategy, size: usize, topology: &numa::NumaTopology) -> Result<Arena> {
+    /// strategy's placement before anything touches the memory. Pinned arenas are registered
+    /// with the GPU APIs `gpu` has (a failed registration is recorded, not an error).
+    pub(crate) fn create(strategy: Strategy, size: usize, topology: &numa::NumaTopology, gpu: &ContextGpu) -> Result<Arena> {
         let (fd, mapping) = match strategy {
             Strategy::Hugetlb(page) => hugepage::create(size, page)?,
             _ => standard::create_shared_memory(size, None)?,
@@ -93,7 +98,9 @@ impl Arena {
             Strategy::Pinned => gpu_pinned::lock(&mapping)?,
             Strategy::Standard | Strategy::Hugetlb(_) => {}
         }
+        let pins = if strategy == Strategy::Pinned { gpu.pin(&mapping) } else { Pins::default() };
         Ok(Arena {
+            pins,
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             fd,
             mapping,
@@ -202,7 +209,7 @@ impl Pool {
         size <= self.arena_size / 4
     }
 
-    pub(crate) fn allocate(&self, size: usize, topology: &numa::NumaTopology) -> Result<Block> {
+    pub(crate) fn allocate(&self, size: usize, topology: &numa::NumaTopology, gpu: &ContextGpu) -> Result<Block> {
         {
             let mut state = self.state.lock();
             let count = state.arenas.len();
@@ -215,7 +222,7 @@ impl Pool {
         }
         // Every arena is full: make one without holding the lock (it may take a while for
         // pinned or huge-page memory), then carve from it.
-        let arena = Arc::new(Arena::create(self.strategy, self.arena_size, topology)?);
+        let arena = Arc::new(Arena::create(self.strategy, self.arena_size, topology, gpu)?);
         let mut state = self.state.lock();
         state.arenas.push((arena, Buddy::new(self.arena_size)));
         state.empty += 1;
@@ -279,17 +286,18 @@ mod tests {
     #[test]
     fn pool_keeps_one_empty_arena_and_releases_the_rest() {
         let topology = numa::NumaTopology::detect();
+        let gpu = ContextGpu::disabled();
         let pool = Pool::new(Strategy::Standard, 1 << 16);
         let mut blocks = Vec::new();
         for _ in 0..12 {
-            blocks.push(pool.allocate(1 << 14, &topology).unwrap());
+            blocks.push(pool.allocate(1 << 14, &topology, &gpu).unwrap());
         }
         assert_eq!(pool.arena_count(), 3);
         for block in blocks.drain(..) {
             pool.release(&block.arena, block.offset, block.order);
         }
         assert_eq!(pool.arena_count(), 1);
-        let again = pool.allocate(64, &topology).unwrap();
+        let again = pool.allocate(64, &topology, &gpu).unwrap();
         assert_eq!(pool.arena_count(), 1);
         pool.release(&again.arena, again.offset, again.order);
     }

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use super::arena::{Arena, Pool};
 use super::cpu::gpu_pinned::DeviceRegistration;
 use super::export::{ExportHandle, ImportedArena};
+#[cfg(feature = "vulkan")]
+use super::gpu::GpuBuffer;
+use super::gpu_context::Pins;
 use super::location::MemoryLocation;
 use super::registry::{BufferInfo, Registry};
 use crate::error::{Error, Result};
@@ -52,11 +55,15 @@ pub(crate) enum Backing {
     Dedicated { arena: Arc<Arena> },
     Imported { arena: Arc<ImportedArena>, offset: usize },
     Registered,
+    /// Vulkan memory of the context's device: allocated from its pooled arenas, or imported.
+    #[cfg(feature = "vulkan")]
+    Gpu { buffer: GpuBuffer },
 }
 
 /// Everything a new buffer is made of but its id and registry.
 pub(crate) struct BufferParts {
-    pub(crate) ptr: NonNull<u8>,
+    /// The first byte in this process: `None` for GPU memory the host cannot map.
+    pub(crate) ptr: Option<NonNull<u8>>,
     pub(crate) len: usize,
     pub(crate) location: MemoryLocation,
     pub(crate) page_size: usize,
@@ -64,7 +71,11 @@ pub(crate) struct BufferParts {
     pub(crate) backing: Backing,
 }
 
-/// A range of memory from lava-flow: allocated, imported or registered.
+/// A range of memory from lava-flow: allocated, imported or registered; CPU or GPU memory.
+///
+/// GPU memory that the host cannot map (DEVICE_LOCAL memory of a discrete GPU) has no host
+/// pointer: [`Buffer::host_ptr`] says so, and [`Buffer::write_at`], [`Buffer::read_at`] and
+/// [`Context::copy`](super::Context::copy) move its data (staged through the GPU).
 ///
 /// The memory may be shared with other processes, which can write it at any time; reading
 /// and writing it is therefore done through raw pointers or the copying helpers
@@ -73,12 +84,13 @@ pub(crate) struct BufferParts {
 /// removes it from the context's registry); the memory itself lives on while an importer
 /// still maps it.
 pub struct Buffer {
-    ptr: NonNull<u8>,
+    ptr: Option<NonNull<u8>>,
     len: usize,
     info: BufferInfo,
     backing: Backing,
     registry: Arc<Registry>,
-    registrations: Vec<DeviceRegistration>,
+    /// Why the buffer is not at the location asked for (a GPU request served by CPU memory).
+    fallback: Option<String>,
 }
 
 // SAFETY: a Buffer owns its range exclusively within this process (the pool hands a block to
@@ -92,21 +104,40 @@ unsafe impl Sync for Buffer {}
 
 impl Buffer {
     /// Builds a buffer from its parts and enters it in `registry` (`exclusive`: refuse
-    /// overlaps, for user registrations).
+    /// overlaps, for user registrations). Memory without a host address stays out of the
+    /// registry: no address of this process can point into it.
     pub(crate) fn new(parts: BufferParts, registry: &Arc<Registry>, exclusive: bool) -> Result<Buffer> {
         let BufferParts { ptr, len, location, page_size, origin, backing } = parts;
-        let info = BufferInfo { id: BufferId::next(), base: ptr.as_ptr() as usize, len, location, page_size, origin };
-        registry.insert(info, exclusive)?;
-        Ok(Buffer { ptr, len, info, backing, registry: Arc::clone(registry), registrations: Vec::new() })
+        let base = ptr.map_or(0, |p| p.as_ptr() as usize);
+        let info = BufferInfo { id: BufferId::next(), base, len, location, page_size, origin };
+        if ptr.is_some() {
+            registry.insert(info, exclusive)?;
+        }
+        Ok(Buffer { ptr, len, info, backing, registry: Arc::clone(registry), fallback: None })
     }
 
     pub fn id(&self) -> BufferId {
         self.info.id
     }
 
-    /// The first byte. Valid for `len()` bytes while the buffer lives.
+    /// The first byte. Valid for `len()` bytes while the buffer lives. NULL for GPU memory
+    /// the host cannot map; [`Buffer::host_ptr`] gives an error saying so instead.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.ptr.map_or(std::ptr::null_mut(), NonNull::as_ptr)
+    }
+
+    /// The first byte in this process, valid for `len()` bytes while the buffer lives: CPU
+    /// memory, and GPU memory the host can map (HOST_VISIBLE; DEVICE_LOCAL where the driver
+    /// maps it, as on resizable-BAR or CPU drivers). For other GPU memory an `InvalidState`
+    /// error that names the way to its data ([`Buffer::write_at`], [`Buffer::read_at`]).
+    pub fn host_ptr(&self) -> Result<*mut u8> {
+        self.ptr.map(NonNull::as_ptr).ok_or_else(|| {
+            Error::InvalidState(format!(
+                "buffer {} is {} that the host cannot map; move its data with write_at/read_at \
+                 (lf_buffer_write/lf_buffer_read), which stage through the GPU, or Context::copy",
+                self.info.id, self.info.location
+            ))
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -139,14 +170,47 @@ impl Buffer {
         self.info
     }
 
-    /// The GPU API registrations this buffer holds (none until the GPU layer adds them).
+    /// The GPU API registrations the buffer's memory holds: GPU-pinned memory is imported
+    /// into the context's Vulkan device (`VK_EXT_external_memory_host`) and registered with
+    /// CUDA (`cuMemHostRegister`) where each is available. Empty for other memory.
     pub fn registrations(&self) -> &[DeviceRegistration] {
-        &self.registrations
+        self.pins().map_or(&[], |pins| &pins.registrations)
     }
 
-    #[allow(dead_code)]
-    pub(crate) fn record_registration(&mut self, registration: DeviceRegistration) {
-        self.registrations.push(registration);
+    /// Why each registration that GPU-pinned memory could have had is missing (e.g. "CUDA:
+    /// libcuda.so.1 is not installed"). A missing registration is no allocation failure.
+    pub fn registration_failures(&self) -> &[String] {
+        self.pins().map_or(&[], |pins| &pins.failures)
+    }
+
+    fn pins(&self) -> Option<&Pins> {
+        match &self.backing {
+            Backing::Pooled { arena, .. } | Backing::Dedicated { arena } => Some(&arena.pins),
+            _ => None,
+        }
+    }
+
+    /// Why the buffer is not at the location asked for: `Some` when a GPU location was asked
+    /// of a context without a Vulkan device (and `strict_gpu` unset), which gave CPU standard
+    /// memory instead. [`Buffer::location`] always says what the buffer really is.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    pub(crate) fn set_fallback(&mut self, reason: String) {
+        self.fallback = Some(reason);
+    }
+
+    /// The GPU buffer behind the memory, and where in it this buffer starts: GPU memory, and
+    /// GPU-pinned memory imported into the context's device.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn gpu_view(&self) -> Option<(&GpuBuffer, u64)> {
+        match &self.backing {
+            Backing::Gpu { buffer } => Some((buffer, 0)),
+            Backing::Pooled { arena, offset, .. } => arena.pins.vulkan_buffer().map(|b| (b, *offset as u64)),
+            Backing::Dedicated { arena } => arena.pins.vulkan_buffer().map(|b| (b, 0)),
+            _ => None,
+        }
     }
 
     pub(crate) fn backing(&self) -> &Backing {
@@ -157,7 +221,7 @@ impl Buffer {
         &self.registry
     }
 
-    fn check_range(&self, offset: usize, count: usize) -> Result<()> {
+    pub(crate) fn check_range(&self, offset: usize, count: usize) -> Result<()> {
         if offset.checked_add(count).map_or(true, |end| end > self.len) {
             return Err(Error::invalid(format!(
                 "range [{offset}, {offset} + {count}) is outside buffer {} of {} bytes",
@@ -167,20 +231,32 @@ impl Buffer {
         Ok(())
     }
 
-    /// Copies `data` into the buffer at `offset`.
+    /// Copies `data` into the buffer at `offset`. GPU memory the host cannot map is written
+    /// through a staging buffer and a GPU copy; the data is in place when the call returns.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
+        #[cfg(feature = "vulkan")]
+        if let Backing::Gpu { buffer } = &self.backing {
+            return buffer.write(offset as u64, data);
+        }
+        let base = self.host_ptr()?;
         // SAFETY: the range was checked to lie inside the live buffer; `data` is a separate
         // Rust slice, so the two cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(offset), data.len()) };
         Ok(())
     }
 
-    /// Copies `out.len()` bytes from the buffer at `offset` into `out`.
+    /// Copies `out.len()` bytes from the buffer at `offset` into `out` (staged for GPU memory
+    /// the host cannot map, as `write_at`).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
+        #[cfg(feature = "vulkan")]
+        if let Backing::Gpu { buffer } = &self.backing {
+            return buffer.read(offset as u64, out);
+        }
+        let base = self.host_ptr()?;
         // SAFETY: as in write_at.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(base.add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -188,17 +264,30 @@ impl Buffer {
     ///
     /// # Safety
     /// No one (thread or process) may write the memory while the slice is used.
+    ///
+    /// # Panics
+    /// For GPU memory the host cannot map ([`Buffer::host_ptr`] fails).
     pub unsafe fn as_slice(&self) -> &[u8] {
-        std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
+        std::slice::from_raw_parts(self.mapped(), self.len)
     }
 
     /// The buffer as a mutable byte slice.
     ///
     /// # Safety
     /// No one else (thread or process) may read or write the memory while the slice is used.
+    ///
+    /// # Panics
+    /// As [`Buffer::as_slice`].
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
+        std::slice::from_raw_parts_mut(self.mapped(), self.len)
+    }
+
+    fn mapped(&self) -> *mut u8 {
+        match self.host_ptr() {
+            Ok(ptr) => ptr,
+            Err(e) => panic!("{e}"),
+        }
     }
 
     /// Exports the buffer for another process on this host: see [`ExportHandle`].
@@ -216,6 +305,7 @@ impl fmt::Debug for Buffer {
             .field("location", &self.info.location)
             .field("page_size", &self.info.page_size)
             .field("origin", &self.info.origin)
+            .field("fallback", &self.fallback)
             .finish()
     }
 }

@@ -1,5 +1,5 @@
-//! [`Context`]: the per-process memory state (pools, registry, imports, NUMA topology; later
-//! the Vulkan device). Create one per process and share it: it is `Send + Sync` and cheap to
+//! [`Context`]: the per-process memory state (pools, registry, imports, NUMA topology, the
+//! Vulkan device). Create one per process and share it: it is `Send + Sync` and cheap to
 //! clone.
 
 use std::collections::HashMap;
@@ -12,6 +12,8 @@ use super::arena::{Pool, Strategy};
 use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
 use super::cpu::numa::NumaTopology;
 use super::export::{ExportHandle, ImportCache};
+use super::gpu_context::ContextGpu;
+use super::gpu_settings::{DeviceSelector, GpuPolicy};
 use super::location::MemoryLocation;
 use super::registry::{FoundBuffer, Registry};
 use crate::error::{Error, Result};
@@ -36,17 +38,36 @@ pub struct ContextConfig {
     /// The size of pooled arenas: a power of two from 64 KiB to 1 GiB. Buffers up to a
     /// quarter of it share arenas; larger ones get their own.
     pub arena_size: usize,
+    /// Whether `Context::new` opens Vulkan (eagerly), and what happens when it cannot.
+    pub gpu: GpuPolicy,
+    /// The Vulkan device to open. `None`: the one `LF_VULKAN_DEVICE` names (an index or a
+    /// deviceUUID), else the first discrete GPU, else the first device.
+    pub gpu_device: Option<DeviceSelector>,
+    /// A GPU location asked of a context without a device is an error (`Unsupported`, saying
+    /// why there is no device) instead of CPU memory that reports the fallback.
+    pub strict_gpu: bool,
+    /// The size of pooled GPU arenas (one exportable `VkDeviceMemory` each), in bytes.
+    /// Buffers larger than this get an allocation of their own.
+    pub gpu_arena_size: u64,
 }
 
 impl ContextConfig {
     pub const DEFAULT_ARENA_SIZE: usize = 2 << 20;
     pub const MIN_ARENA_SIZE: usize = 64 << 10;
     pub const MAX_ARENA_SIZE: usize = 1 << 30;
+    pub const DEFAULT_GPU_ARENA_SIZE: u64 = 64 << 20;
 }
 
 impl Default for ContextConfig {
     fn default() -> Self {
-        ContextConfig { hugepage_policy: HugepagePolicy::Strict, arena_size: Self::DEFAULT_ARENA_SIZE }
+        ContextConfig {
+            hugepage_policy: HugepagePolicy::Strict,
+            arena_size: Self::DEFAULT_ARENA_SIZE,
+            gpu: GpuPolicy::Auto,
+            gpu_device: None,
+            strict_gpu: false,
+            gpu_arena_size: Self::DEFAULT_GPU_ARENA_SIZE,
+        }
     }
 }
 
@@ -66,6 +87,7 @@ pub(crate) struct ContextInner {
     pub(crate) pools: RwLock<HashMap<Strategy, Arc<Pool>>>,
     pub(crate) registry: Arc<Registry>,
     pub(crate) imports: Arc<ImportCache>,
+    pub(crate) gpu: ContextGpu,
 }
 
 fn host_memory() -> (u64, u64) {
@@ -81,6 +103,11 @@ fn host_memory() -> (u64, u64) {
 }
 
 impl Context {
+    /// Creates a context, opening the GPU as `config.gpu` says: eagerly, so that a missing
+    /// driver or a wrong device index shows up here. Errors: a bad arena size
+    /// (InvalidArgument); a device index or deviceUUID that matches no device (NotFound,
+    /// listing the devices); under [`GpuPolicy::Required`], any reason Vulkan cannot be
+    /// opened (Unsupported or Vulkan, with the loader's or driver's word).
     pub fn new(config: ContextConfig) -> Result<Context> {
         let size = config.arena_size;
         if !size.is_power_of_two() || !(ContextConfig::MIN_ARENA_SIZE..=ContextConfig::MAX_ARENA_SIZE).contains(&size) {
@@ -90,6 +117,10 @@ impl Context {
                 ContextConfig::MAX_ARENA_SIZE
             )));
         }
+        if config.gpu_arena_size == 0 {
+            return Err(Error::invalid("GPU arena size 0: it must be positive"));
+        }
+        let gpu = ContextGpu::open(&config)?;
         let (memory_limit, ram) = host_memory();
         Ok(Context {
             inner: Arc::new(ContextInner {
@@ -100,6 +131,7 @@ impl Context {
                 pools: RwLock::default(),
                 registry: Arc::default(),
                 imports: Arc::default(),
+                gpu,
             }),
         })
     }
@@ -138,7 +170,7 @@ impl Context {
         }
         check_mapped(ptr as usize, len)?;
         let parts = BufferParts {
-            ptr: nonnull,
+            ptr: Some(nonnull),
             len,
             location: MemoryLocation::CpuStandard,
             page_size: page_size(),
@@ -166,9 +198,16 @@ impl Context {
     }
 
     /// Imports an export handle from a process on this host (or this one): the buffer maps
-    /// the very same memory, and its origin says it is imported. Everything in the handle is
-    /// validated first. The handle's fd is consumed on success and on failure alike.
+    /// the very same memory, and its origin says it is imported. CPU memory is mapped (once
+    /// per arena); GPU memory is imported on this context's Vulkan device (once per arena:
+    /// the import cache), refused with a clear error when it comes from another GPU or
+    /// driver (deviceUUID/driverUUID differ). Everything in the handle is validated first.
+    /// The handle's fd is consumed on success and on failure alike.
     pub fn import(&self, handle: ExportHandle) -> Result<Buffer> {
+        let location = handle.descriptor.validate_header()?;
+        if location.is_gpu() {
+            return self.import_gpu(handle, location);
+        }
         super::export::import(handle, &self.inner.registry, &self.inner.imports)
     }
 }

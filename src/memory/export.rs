@@ -1,11 +1,14 @@
-//! Export and import: another process on this host maps the very same memory.
+//! Export and import: another process on this host maps (or, for GPU memory, imports on
+//! its own Vulkan device) the very same memory.
 //!
-//! An [`ExportHandle`] is a file descriptor (the buffer's arena, a sealed memfd) plus an
-//! [`ExportDescriptor`]: a fixed-size plain-data record with the offset and size of the buffer
-//! in the arena, its kind, the arena's identity and the exporter's. Send the descriptor's bytes
-//! and the fd together over a Unix socket (`SCM_RIGHTS`): [`ExportHandle::send`] and
-//! [`ExportHandle::recv`] do that. The importer validates everything before mapping, since
-//! the sender may be buggy or hostile; importing two buffers of one arena maps it once.
+//! An [`ExportHandle`] is a file descriptor (the buffer's arena: a sealed memfd, or a Vulkan
+//! allocation exported as an opaque fd) plus an [`ExportDescriptor`]: a fixed-size plain-data
+//! record with the offset and size of the buffer in the arena, its location, the arena's
+//! identity and the exporter's, and for GPU memory what Vulkan (or CUDA) needs to import it.
+//! Send the descriptor's bytes and the fd together over a Unix socket (`SCM_RIGHTS`):
+//! [`ExportHandle::send`] and [`ExportHandle::recv`] do that. The importer validates
+//! everything before mapping, since the sender may be buggy or hostile; importing two buffers
+//! of one arena maps (imports) it once.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -26,12 +29,19 @@ use crate::os::{recv_with_fds, send_with_fds, Mapping};
 
 /// The first field of every descriptor: "LFEX".
 pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
-/// The descriptor layout this library writes and reads.
-pub const EXPORT_VERSION: u32 = 1;
+/// The descriptor layout this library writes and reads (2: with the GPU section).
+pub const EXPORT_VERSION: u32 = 2;
+/// `gpu_flags` bit: the GPU arena is a dedicated allocation (import it as dedicated:
+/// `VkMemoryDedicatedAllocateInfo`, `cudaExternalMemoryDedicated`).
+pub const EXPORT_GPU_DEDICATED: u32 = 1;
 
 /// The plain-data part of an export, identical in layout to the C `lf_export` minus its fd.
+///
+/// For GPU memory (`location` is a GPU location) `arena_id` and `exporter_token` are the
+/// GPU arena's counter and its exporter's token, and the GPU section is filled in; for CPU
+/// memory the GPU section is zero.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExportDescriptor {
     pub magic: u32,
     pub version: u32,
@@ -39,37 +49,62 @@ pub struct ExportDescriptor {
     pub location: u32,
     /// The NUMA node of `LF_MEMORY_CPU_NUMA` memory, else -1.
     pub numa_node: i32,
-    /// Where the buffer starts in the arena (a multiple of 64).
+    /// Where the buffer starts in the arena (a multiple of 64 for CPU memory).
     pub offset: u64,
     pub size: u64,
     /// The arena's id in the process that created it.
     pub arena_id: u64,
-    /// The arena's size: the whole memory file.
+    /// The arena's size: the whole memory file, or the whole Vulkan allocation (what
+    /// `vkAllocateMemory` and `cudaImportExternalMemory` import).
     pub arena_size: u64,
     /// The process that created the arena, and its per-run random token (pids get reused).
     pub exporter_pid: u32,
     pub reserved: u32,
     pub exporter_token: u64,
+    /// GPU: the `VkExternalMemoryHandleTypeFlagBits` value of the fd (OPAQUE_FD: 0x1).
+    pub handle_type: u32,
+    /// GPU: the exporter's memory type index and its `VkMemoryPropertyFlags`.
+    pub memory_type_index: u32,
+    pub memory_property_flags: u32,
+    /// GPU: [`EXPORT_GPU_DEDICATED`].
+    pub gpu_flags: u32,
+    /// GPU: the exporting device's deviceUUID (CUDA's device UUID on NVIDIA) and driverUUID;
+    /// an importer on another GPU or driver refuses the export.
+    pub device_uuid: [u8; 16],
+    pub driver_uuid: [u8; 16],
+    pub reserved2: [u64; 2],
 }
 
 impl ExportDescriptor {
     /// The size of the wire form (and of the struct: all fields are naturally aligned).
-    pub const SIZE: usize = 64;
+    pub const SIZE: usize = 128;
 
     /// The wire form: the fields in declaration order, native byte order (both ends share a
     /// host).
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
         let mut out = [0u8; Self::SIZE];
-        let fields32 = [self.magic, self.version, self.location, self.numa_node as u32];
-        for (i, value) in fields32.iter().enumerate() {
-            out[i * 4..i * 4 + 4].copy_from_slice(&value.to_ne_bytes());
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        for value in [self.magic, self.version, self.location, self.numa_node as u32] {
+            put(&value.to_ne_bytes());
         }
-        for (i, value) in [self.offset, self.size, self.arena_id, self.arena_size].iter().enumerate() {
-            out[16 + i * 8..24 + i * 8].copy_from_slice(&value.to_ne_bytes());
+        for value in [self.offset, self.size, self.arena_id, self.arena_size] {
+            put(&value.to_ne_bytes());
         }
-        out[48..52].copy_from_slice(&self.exporter_pid.to_ne_bytes());
-        out[52..56].copy_from_slice(&self.reserved.to_ne_bytes());
-        out[56..64].copy_from_slice(&self.exporter_token.to_ne_bytes());
+        put(&self.exporter_pid.to_ne_bytes());
+        put(&self.reserved.to_ne_bytes());
+        put(&self.exporter_token.to_ne_bytes());
+        for value in [self.handle_type, self.memory_type_index, self.memory_property_flags, self.gpu_flags] {
+            put(&value.to_ne_bytes());
+        }
+        put(&self.device_uuid);
+        put(&self.driver_uuid);
+        for value in self.reserved2 {
+            put(&value.to_ne_bytes());
+        }
         out
     }
 
@@ -81,6 +116,7 @@ impl ExportDescriptor {
         }
         let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let uuid_at = |i: usize| -> [u8; 16] { bytes[i..i + 16].try_into().expect("16 bytes") };
         Ok(ExportDescriptor {
             magic: u32_at(0),
             version: u32_at(4),
@@ -93,6 +129,13 @@ impl ExportDescriptor {
             exporter_pid: u32_at(48),
             reserved: u32_at(52),
             exporter_token: u64_at(56),
+            handle_type: u32_at(64),
+            memory_type_index: u32_at(68),
+            memory_property_flags: u32_at(72),
+            gpu_flags: u32_at(76),
+            device_uuid: uuid_at(80),
+            driver_uuid: uuid_at(96),
+            reserved2: [u64_at(112), u64_at(120)],
         })
     }
 
@@ -103,6 +146,41 @@ impl ExportDescriptor {
             n => Some(u32::try_from(n).map_err(|_| Error::invalid(format!("export handle names NUMA node {n}")))?),
         };
         MemoryLocation::from_code(self.location, node)
+    }
+
+    /// Checks what every export must have (magic, version, a known location, no bits in
+    /// reserved fields) and returns the location.
+    pub(crate) fn validate_header(&self) -> Result<MemoryLocation> {
+        if self.magic != EXPORT_MAGIC {
+            return Err(Error::invalid(format!(
+                "not a lava-flow export handle (magic {:#010x}, expected {EXPORT_MAGIC:#010x})",
+                self.magic
+            )));
+        }
+        if self.version != EXPORT_VERSION {
+            return Err(Error::Unsupported(format!(
+                "export handle version {}; this library reads version {EXPORT_VERSION}: use the same \
+                 lava-flow version on both sides",
+                self.version
+            )));
+        }
+        if self.reserved2 != [0, 0] {
+            return Err(Error::invalid("export handle with non-zero reserved fields"));
+        }
+        let location = self.memory_location()?;
+        let gpu_section = ExportDescriptor {
+            handle_type: self.handle_type,
+            memory_type_index: self.memory_type_index,
+            memory_property_flags: self.memory_property_flags,
+            gpu_flags: self.gpu_flags,
+            device_uuid: self.device_uuid,
+            driver_uuid: self.driver_uuid,
+            ..ExportDescriptor::default()
+        };
+        if !location.is_gpu() && gpu_section != ExportDescriptor::default() {
+            return Err(Error::invalid(format!("export handle of {location} carries GPU fields")));
+        }
+        Ok(location)
     }
 }
 
@@ -161,8 +239,80 @@ pub fn process_token() -> u64 {
     })
 }
 
+/// The GPU section of the wire format <-> the Vulkan module's own description.
+#[cfg(feature = "vulkan")]
+mod gpu_wire {
+    use super::*;
+    use crate::memory::gpu::{GpuExport, GpuExportDesc, GpuMemoryKind, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
+
+    impl ExportDescriptor {
+        pub(crate) fn from_gpu(d: &GpuExportDesc) -> ExportDescriptor {
+            let location = match d.kind() {
+                Some(GpuMemoryKind::HostVisible) => MemoryLocation::GpuHostVisible,
+                _ => MemoryLocation::GpuDeviceLocal,
+            };
+            ExportDescriptor {
+                magic: EXPORT_MAGIC,
+                version: EXPORT_VERSION,
+                location: location.code(),
+                numa_node: -1,
+                offset: d.offset,
+                size: d.size,
+                arena_id: d.arena_counter,
+                arena_size: d.arena_size,
+                exporter_pid: d.exporter_pid,
+                reserved: 0,
+                exporter_token: d.arena_token,
+                handle_type: d.handle_type,
+                memory_type_index: d.memory_type_index,
+                memory_property_flags: d.memory_property_flags,
+                gpu_flags: d.flags,
+                device_uuid: d.device_uuid,
+                driver_uuid: d.driver_uuid,
+                reserved2: [0; 2],
+            }
+        }
+
+        /// The Vulkan module's description of a GPU export, validated.
+        pub(crate) fn to_gpu(self) -> Result<GpuExportDesc> {
+            let kind = match self.memory_location()? {
+                MemoryLocation::GpuDeviceLocal => GpuMemoryKind::DeviceLocal,
+                MemoryLocation::GpuHostVisible => GpuMemoryKind::HostVisible,
+                other => return Err(Error::invalid(format!("export handle of {other} is not GPU memory"))),
+            };
+            let desc = GpuExportDesc {
+                magic: GPU_EXPORT_MAGIC,
+                version: GPU_EXPORT_VERSION,
+                handle_type: self.handle_type,
+                memory_type_index: self.memory_type_index,
+                memory_property_flags: self.memory_property_flags,
+                flags: self.gpu_flags,
+                kind: kind.to_raw(),
+                exporter_pid: self.exporter_pid,
+                arena_token: self.exporter_token,
+                arena_counter: self.arena_id,
+                arena_size: self.arena_size,
+                offset: self.offset,
+                size: self.size,
+                device_uuid: self.device_uuid,
+                driver_uuid: self.driver_uuid,
+            };
+            desc.validate()?;
+            Ok(desc)
+        }
+    }
+
+    impl From<GpuExport> for ExportHandle {
+        fn from(export: GpuExport) -> Self {
+            ExportHandle { descriptor: ExportDescriptor::from_gpu(&export.desc), fd: export.fd }
+        }
+    }
+}
+
 pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
     let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
+        #[cfg(feature = "vulkan")]
+        Backing::Gpu { buffer } => return buffer.export().map(ExportHandle::from),
         Backing::Pooled { arena, offset, .. } => {
             (&arena.fd, arena.id, arena.mapping.len(), *offset, std::process::id(), process_token())
         }
@@ -194,8 +344,8 @@ pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
             arena_id,
             arena_size: arena_size as u64,
             exporter_pid: pid,
-            reserved: 0,
             exporter_token: token,
+            ..ExportDescriptor::default()
         },
     })
 }
@@ -230,9 +380,9 @@ pub(crate) struct ImportCache {
 }
 
 impl ImportCache {
-    #[cfg(test)]
+    /// How many imported arenas are mapped now.
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().len()
+        self.map.lock().values().filter(|arena| arena.strong_count() > 0).count()
     }
 }
 
@@ -284,19 +434,7 @@ fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLoca
 }
 
 fn validate_descriptor(d: &ExportDescriptor) -> Result<MemoryLocation> {
-    if d.magic != EXPORT_MAGIC {
-        return Err(Error::invalid(format!(
-            "not a lava-flow export handle (magic {:#010x}, expected {EXPORT_MAGIC:#010x})",
-            d.magic
-        )));
-    }
-    if d.version != EXPORT_VERSION {
-        return Err(Error::Unsupported(format!(
-            "export handle version {}; this library reads version {EXPORT_VERSION}",
-            d.version
-        )));
-    }
-    let location = d.memory_location()?;
+    let location = d.validate_header()?;
     if location.is_gpu() {
         return Err(Error::Unsupported(format!("{location} is imported through the GPU (Vulkan) layer")));
     }
@@ -345,7 +483,7 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
     // SAFETY: offset + size <= arena_size == the mapping's length (validated above).
     let ptr = unsafe { NonNull::new_unchecked(arena.mapping.as_ptr().add(offset)) };
     let parts = BufferParts {
-        ptr,
+        ptr: Some(ptr),
         len: d.size as usize,
         location,
         page_size: file_page,
@@ -371,8 +509,10 @@ mod tests {
             arena_id: 7,
             arena_size: 1 << 21,
             exporter_pid: 42,
-            reserved: 0,
             exporter_token: 0xdead_beef_cafe,
+            device_uuid: [3; 16],
+            reserved2: [0, 9],
+            ..ExportDescriptor::default()
         };
         assert_eq!(ExportDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
         assert!(ExportDescriptor::from_bytes(&[0u8; 10]).is_err());

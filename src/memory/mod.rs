@@ -1,7 +1,9 @@
 //! Layer 1: memory. One [`Context`] per process allocates CPU memory with four strategies
-//! (standard, NUMA-bound, huge pages, GPU-pinned; GPU memory joins with the Vulkan layer),
-//! all of it shareable: every buffer is carved from a memfd-backed arena and can be exported
-//! to a process on the same host, which maps the very same memory.
+//! (standard, NUMA-bound, huge pages, GPU-pinned) and GPU memory (DEVICE_LOCAL and
+//! HOST_VISIBLE, through the Vulkan device the context opens), all of it shareable: every
+//! buffer is carved from an exportable arena (a memfd, or a Vulkan allocation exported as an
+//! opaque fd) and can be exported to a process on the same host, which maps or imports the
+//! very same memory. Without a GPU, GPU requests fall back to CPU memory and say so.
 //!
 //! ```
 //! use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
@@ -27,12 +29,15 @@ pub mod cpu;
 pub mod export;
 #[cfg(feature = "vulkan")]
 pub mod gpu;
+mod gpu_context;
+pub mod gpu_settings;
 pub mod location;
 pub mod registry;
 
 pub use allocator::auto_location;
 pub use buffer::{Buffer, BufferId, BufferOrigin};
 pub use context::{Context, ContextConfig, HugepagePolicy};
+pub use gpu_settings::{format_uuid, DeviceSelector, GpuPolicy};
 pub use cpu::gpu_pinned::{locked_bytes, DeviceRegistration};
 pub use cpu::hugepage::kernel_page_size_of;
 pub use cpu::numa::{node_of_address, NumaTopology};

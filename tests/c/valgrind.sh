@@ -3,7 +3,7 @@
 # or a definite leak, or if valgrind did not really run (no ERROR SUMMARY line).
 valgrind="$1"; shift
 log=$(mktemp)
-"$valgrind" --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+"$valgrind" --error-exitcode=99 --suppressions="$(dirname "$0")/valgrind.supp" --leak-check=full --errors-for-leak-kinds=definite \
   --show-leak-kinds=definite --log-file="$log" "$@"
 rc=$?
 cat "$log"

@@ -23,7 +23,7 @@ const SOCKET_ENV: &str = "LF_GPU_TEST_SOCKET";
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-fn require_vulkan() -> bool {
+pub(crate) fn require_vulkan() -> bool {
     std::env::var("LF_REQUIRE_VULKAN").is_ok_and(|v| v == "1")
 }
 
@@ -49,7 +49,7 @@ fn dedicated_arenas() -> GpuAllocatorConfig {
 }
 
 /// A recognisable byte pattern: word i of seed s.
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u32, len: usize) -> Vec<u8> {
     (0..len.div_ceil(4))
         .flat_map(|i| ((seed << 24) ^ (i as u32).wrapping_mul(2_654_435_761)).to_le_bytes())
         .take(len)
@@ -62,12 +62,27 @@ fn read_all(buffer: &GpuBuffer) -> Vec<u8> {
     out
 }
 
-fn open_fds() -> usize {
+pub(crate) fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Runs `cycle` 1,000 times (after 10 to warm up: drivers open descriptors of their own on
+/// first use, and keep them) and fails if the process holds more descriptors afterwards.
+pub(crate) fn assert_no_fd_leak(cycle: impl Fn(usize)) {
+    for i in 0..10 {
+        cycle(i);
+    }
+    let before = open_fds();
+    for i in 1..=1000 {
+        cycle(i);
+    }
+    let after = open_fds();
+    println!("child: open fds before {before}, after 1,000 cycles {after}");
+    assert_eq!(before, after, "descriptors leaked");
+}
+
 /// `Some(role)` when this process is the child of `test`.
-fn child_role(test: &str) -> Option<String> {
+pub(crate) fn child_role(test: &str) -> Option<String> {
     let value = std::env::var(CHILD_ENV).ok()?;
     let (name, role) = value.split_once(':')?;
     (name == test).then(|| role.to_string())
@@ -76,13 +91,24 @@ fn child_role(test: &str) -> Option<String> {
 /// Starts this test binary again, running only `test` in role `role`, with a socket to talk
 /// over when `with_socket`.
 fn spawn_child(test: &str, role: &str, envs: &[(&str, &str)], with_socket: bool) -> (Child, Option<UnixStream>) {
+    spawn_child_in("gpu_memory", test, role, envs, with_socket)
+}
+
+/// [`spawn_child`] for a test of module `module`.
+pub(crate) fn spawn_child_in(
+    module: &str,
+    test: &str,
+    role: &str,
+    envs: &[(&str, &str)],
+    with_socket: bool,
+) -> (Child, Option<UnixStream>) {
     let socket_path: PathBuf =
         std::env::temp_dir().join(format!("lf-gpu-{}-{test}-{role}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket_path);
     let listener = with_socket.then(|| UnixListener::bind(&socket_path).unwrap());
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args([&format!("gpu_memory::{test}"), "--exact", "--nocapture", "--test-threads=1"])
+        .args([&format!("{module}::{test}"), "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, format!("{test}:{role}"))
         .env(SOCKET_ENV, &socket_path)
         .stdout(Stdio::piped())
@@ -123,7 +149,7 @@ fn spawn_child(test: &str, role: &str, envs: &[(&str, &str)], with_socket: bool)
     (child, stream)
 }
 
-fn connect_to_parent() -> UnixStream {
+pub(crate) fn connect_to_parent() -> UnixStream {
     let path = std::env::var(SOCKET_ENV).expect("child started without a socket");
     let stream = UnixStream::connect(path).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
@@ -131,7 +157,7 @@ fn connect_to_parent() -> UnixStream {
 }
 
 /// Waits for the child and fails the test, with its output, unless it succeeded.
-fn expect_child_success(child: Child, what: &str) {
+pub(crate) fn expect_child_success(child: Child, what: &str) {
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -145,11 +171,11 @@ fn expect_child_success(child: Child, what: &str) {
     }
 }
 
-fn send_byte(stream: &mut UnixStream, byte: u8) {
+pub(crate) fn send_byte(stream: &mut UnixStream, byte: u8) {
     stream.write_all(&[byte]).unwrap();
 }
 
-fn recv_byte(stream: &mut UnixStream) -> u8 {
+pub(crate) fn recv_byte(stream: &mut UnixStream) -> u8 {
     let mut b = [0u8; 1];
     stream.read_exact(&mut b).unwrap();
     b[0]
@@ -526,17 +552,7 @@ fn gpu_no_fd_leak_over_1000_cycles() {
         own_imported.write(0, b"x").unwrap();
         drop((first, cached, own_imported, own, pooled));
     };
-    // Warm up: drivers open their own descriptors on first use (and keep them).
-    for i in 0..10 {
-        cycle(i);
-    }
-    let before = open_fds();
-    for i in 1..=1000 {
-        cycle(i);
-    }
-    let after = open_fds();
-    println!("child: open fds before {before}, after 1,000 cycles {after}");
-    assert_eq!(before, after, "descriptors leaked");
+    assert_no_fd_leak(|i| cycle(i as u32));
     assert_eq!(importer.cached_arenas(), 0);
 }
 

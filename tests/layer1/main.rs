@@ -4,4 +4,6 @@
 mod cpu_strategies;
 mod scope_detection;
 #[cfg(feature = "vulkan")]
+mod gpu_context;
+#[cfg(feature = "vulkan")]
 mod gpu_memory;

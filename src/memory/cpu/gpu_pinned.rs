@@ -1,15 +1,33 @@
 //! GPU-pinned memory: shareable memory locked into RAM (`mlock`), so a GPU can DMA from it
-//! without the pages moving. Registration with a GPU API (Vulkan external host memory, CUDA
-//! `cudaHostRegister`) is recorded on the buffer by the GPU layer.
+//! without the pages moving. Each pinned arena is then registered with the GPU APIs present
+//! (Vulkan external host memory, CUDA `cuMemHostRegister`: see `memory::gpu_context`), and
+//! its buffers report those registrations ([`Buffer::registrations`](crate::memory::Buffer::registrations)).
 
 use crate::error::{Error, Result};
 use crate::os::Mapping;
 
-/// A registration of a buffer's memory with a GPU API. None exist yet: the Vulkan/CUDA
-/// layer adds its variants and records them with the buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A registration of a buffer's memory with a GPU API. Registrations cover the buffer's whole
+/// arena and last as long as it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum DeviceRegistration {}
+pub enum DeviceRegistration {
+    /// Imported into the context's Vulkan device with `VK_EXT_external_memory_host`: GPU
+    /// copies read and write it directly, with no staging ([`Context::copy`](crate::memory::Context::copy)).
+    Vulkan { device_uuid: [u8; 16] },
+    /// Registered with CUDA (`cuMemHostRegister`, portable to every CUDA context) through
+    /// the primary context of this CUDA device ordinal.
+    Cuda { device: i32 },
+}
+
+impl DeviceRegistration {
+    /// The `LF_REGISTRATION_*` bit of the registration's API.
+    pub const fn flag(self) -> u32 {
+        match self {
+            DeviceRegistration::Vulkan { .. } => 1,
+            DeviceRegistration::Cuda { .. } => 2,
+        }
+    }
+}
 
 /// Locks the whole mapping into RAM (which also faults every page in).
 pub(crate) fn lock(mapping: &Mapping) -> Result<()> {

@@ -8,7 +8,6 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -16,6 +15,7 @@ use parking_lot::Mutex;
 use super::allocator::GpuMemoryKind;
 use super::device::{vk_err, VulkanDevice};
 use crate::error::{Error, Result};
+use crate::memory::export::process_token;
 
 /// The usage of every buffer lava-flow creates. Exporter and importer must agree on it: the
 /// memory requirements (type bits, alignment) of a buffer depend on its usage.
@@ -49,26 +49,6 @@ impl fmt::Display for ArenaId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{:016x}-{}", self.exporter_pid, self.token, self.counter)
     }
-}
-
-fn process_token() -> u64 {
-    static TOKEN: OnceLock<u64> = OnceLock::new();
-    *TOKEN.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        // SAFETY: getrandom writes at most bytes.len() bytes into the buffer.
-        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        let random = u64::from_ne_bytes(bytes);
-        if n == bytes.len() as isize && random != 0 {
-            return random;
-        }
-        // No entropy source: the clock and the address space layout still differ between
-        // processes, which is all uniqueness needs here.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        nanos ^ ((&bytes as *const _ as u64) << 16) ^ 0x9e37_79b9_7f4a_7c15
-    })
 }
 
 /// Where an arena's memory came from.

@@ -1,6 +1,9 @@
 //! GPU-pinned host memory through CUDA: `cuMemHostRegister` on a range of this process's
 //! memory, with libcuda loaded at run time (`dlopen`), so that lava-flow builds and runs
 //! without CUDA and reports `Unsupported` where no NVIDIA driver is installed.
+//!
+//! `LF_DISABLE_CUDA=1` keeps lava-flow away from libcuda altogether (for processes where CUDA
+//! must not be initialised, or tools such as valgrind that the driver confuses).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fmt;
@@ -67,7 +70,13 @@ fn driver() -> Result<&'static CudaDriver> {
     DRIVER.get_or_init(load).as_ref().map_err(|e| Error::Unsupported(e.clone()))
 }
 
+/// The environment variable that, set to 1, keeps lava-flow from loading libcuda.
+pub const DISABLE_CUDA_ENV: &str = "LF_DISABLE_CUDA";
+
 fn load() -> std::result::Result<CudaDriver, String> {
+    if std::env::var(DISABLE_CUDA_ENV).is_ok_and(|v| v == "1") {
+        return Err(format!("CUDA is disabled by {DISABLE_CUDA_ENV}=1"));
+    }
     // SAFETY: dlopen of the CUDA driver library runs its initialisers, which are designed to
     // run in any process; the handle is never closed (CUDA does not support unloading).
     let lib = unsafe { libc::dlopen(cstr!("libcuda.so.1").as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };

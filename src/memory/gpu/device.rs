@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Weak};
 
 use ash::vk;
@@ -18,6 +17,7 @@ use parking_lot::Mutex;
 use super::arena::{Arena, ArenaId};
 use super::transfer::Submitter;
 use crate::error::{Error, Result};
+pub use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
 
 /// The environment variable that picks the physical device when the config does not: a device
 /// index (`0`, `1`, ...) or a deviceUUID in hex (32 digits, dashes allowed, as `vulkaninfo`
@@ -27,56 +27,6 @@ pub const DEVICE_ENV: &str = "LF_VULKAN_DEVICE";
 const FIX_HINT: &str = "install a Vulkan driver: your GPU vendor's driver (it ships the Vulkan \
     ICD), or mesa-vulkan-drivers for the CPU driver lavapipe; `vulkaninfo --summary` (package \
     vulkan-tools) shows what the loader finds";
-
-/// Which physical device to open.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeviceSelector {
-    /// The n-th device the loader enumerates (the order of `vulkaninfo --summary`).
-    Index(u32),
-    /// The device whose `deviceUUID` is this (equal to CUDA's device UUID on NVIDIA).
-    Uuid([u8; 16]),
-}
-
-impl FromStr for DeviceSelector {
-    type Err = Error;
-
-    /// A decimal index, or a 32-digit hex UUID (dashes and a `GPU-` prefix allowed).
-    fn from_str(text: &str) -> Result<Self> {
-        let text = text.trim();
-        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-            return text
-                .parse::<u32>()
-                .map(DeviceSelector::Index)
-                .map_err(|e| Error::invalid(format!("Vulkan device index {text:?}: {e}")));
-        }
-        let hex: String = text
-            .strip_prefix("GPU-")
-            .unwrap_or(text)
-            .chars()
-            .filter(|&c| c != '-')
-            .collect();
-        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::invalid(format!(
-                "Vulkan device selector {text:?} is neither a device index nor a deviceUUID \
-                 (32 hex digits, e.g. 6d657361-3232-2e33-2e36-000000000000)"
-            )));
-        }
-        let mut uuid = [0u8; 16];
-        for (i, byte) in uuid.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex digits");
-        }
-        Ok(DeviceSelector::Uuid(uuid))
-    }
-}
-
-impl fmt::Display for DeviceSelector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSelector::Index(i) => write!(f, "index {i}"),
-            DeviceSelector::Uuid(u) => write!(f, "deviceUUID {}", format_uuid(u)),
-        }
-    }
-}
 
 /// How to open the GPU.
 #[derive(Clone, Debug)]
@@ -258,12 +208,6 @@ impl fmt::Display for DeviceInfo {
 /// `a.b.c` from a packed Vulkan version.
 pub fn format_api_version(v: u32) -> String {
     format!("{}.{}.{}", vk::api_version_major(v), vk::api_version_minor(v), vk::api_version_patch(v))
-}
-
-/// The UUID in the 8-4-4-4-12 form `vulkaninfo` prints.
-pub fn format_uuid(u: &[u8; 16]) -> String {
-    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
 }
 
 /// `VkMemoryPropertyFlags` bits as `DEVICE_LOCAL|HOST_VISIBLE|...`.
@@ -713,17 +657,6 @@ impl VulkanDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn selectors_parse_indices_and_uuids() {
-        assert_eq!("3".parse::<DeviceSelector>().unwrap(), DeviceSelector::Index(3));
-        let u = "6d657361-3232-2e33-2e36-000000000000".parse::<DeviceSelector>().unwrap();
-        let DeviceSelector::Uuid(bytes) = u else { panic!("not a uuid") };
-        assert_eq!(format_uuid(&bytes), "6d657361-3232-2e33-2e36-000000000000");
-        assert_eq!("GPU-6d6573613232 2e332e36000000000000".parse::<DeviceSelector>().ok(), None);
-        assert!(matches!("gpu0".parse::<DeviceSelector>(), Err(Error::InvalidArgument(_))));
-        assert!(matches!("99999999999".parse::<DeviceSelector>(), Err(Error::InvalidArgument(_))));
-    }
 
     #[test]
     fn memory_flags_read_as_names() {

@@ -42,7 +42,7 @@ mod transfer;
 
 pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind};
 pub use arena::ArenaId;
-pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration};
+pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
 pub use device::{
     describe_memory_flags, format_api_version, format_uuid, DeviceInfo, DeviceSelector, DeviceType,
     ExternalMemorySupport, GpuConfig, MemoryHeapInfo, MemoryTypeInfo, VulkanDevice, DEVICE_ENV,
