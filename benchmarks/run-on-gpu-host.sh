@@ -9,8 +9,15 @@ export XDG_RUNTIME_DIR=/tmp
 { date -u; uname -r; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } 2>&1 | tee $OUT/machine.txt
 echo "== layer1 tests (GPU required)"
 LF_REQUIRE_VULKAN=1 LF_REQUIRE_CUDA=1 timeout 300 .device/layer1 --test-threads=1 2>&1 | tee $OUT/layer1-tests.txt | tail -40
+echo "== lib unit tests"
+LF_REQUIRE_VULKAN=1 timeout 120 .device/libtests --test-threads=1 2>&1 | tee $OUT/lib-tests.txt | tail -5
+echo "== CUDA import example against the installed prefix"
+export PATH=/usr/local/cuda/bin:$PATH
+(cmake -S examples-cpp -B /tmp/bc -DCMAKE_PREFIX_PATH=$PWD/.device/prefix && cmake --build /tmp/bc -j8 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bc --output-on-failure -V) 2>&1 | tee $OUT/cuda-example.txt | tail -60
+if [ -z "${SKIP_BENCH:-}" ]; then
 echo "== lf-gpu-bench"
 timeout 200 .device/lf-gpu-bench 2>&1 | tee $OUT/gpu-bench.txt
 timeout 120 .device/lf-gpu-bench --json > $OUT/gpu-bench.json 2>$OUT/gpu-bench.err
 echo "== lf-alloc-bench"
 timeout 60 .device/lf-alloc-bench 2>&1 | tee $OUT/alloc-bench.txt
+fi
