@@ -1,5 +1,12 @@
 #!/bin/bash
-# Runs the carried GPU tests and benchmarks on the device machine; writes logs to $OUT.
+# Runs lava-flow's GPU tests, the CUDA example and the GPU benchmarks on a machine with an
+# NVIDIA GPU but no Rust toolchain; writes logs to $OUT. Prepare, on the build machine:
+#   .device/layer1          cargo test --test layer1 --no-run   (the binary it names)
+#   .device/libtests        cargo test --lib --no-run
+#   .device/lf-gpu-bench, .device/lf-alloc-bench   cargo build --release --bin ...
+#   .device/prefix          cmake --install of the release build
+#   .gl/*.deb               the Vulkan loader packages (libvulkan1 etc.), when the host lacks one
+# Set SKIP_BENCH=1 to run only the tests and the example.
 set -u
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
