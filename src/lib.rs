@@ -9,6 +9,7 @@
 //!   peers' scope.
 //! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API.
 
+pub mod channels;
 pub mod config;
 pub mod error;
 pub mod ffi;
