@@ -145,8 +145,6 @@ impl ShmProducer {
     pub fn connect(name: &str, info: TransportInfo, config: &ChannelConfig) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
-        let (sock, cred, socket_path, socket_id) = rendezvous::connect(name, deadline)?;
-        let (region, memfd) = Region::create(name, geometry)?;
         let eventfd = eventfd()?;
         let hello = Hello {
             version: super::shm_ring::VERSION,
@@ -156,12 +154,27 @@ impl ShmProducer {
             total_len: geometry.total_len as u64,
             name: name.to_owned(),
         };
-        send_with_fds(&sock, &hello.encode(), &[memfd.as_fd(), eventfd.as_fd()])?;
-        drop(memfd);
-        sock.set_read_timeout(rendezvous::remaining(deadline))
-            .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
-        rendezvous::recv_ack(&sock, name)?;
-        sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
+        // A consumer that is closing may still accept our connection and then drop it; such
+        // a refusal by disappearance is retried until the deadline.
+        let (sock, cred, socket_path, socket_id, region) = loop {
+            let (sock, cred, path, id) = rendezvous::connect(name, deadline)?;
+            let (region, memfd) = Region::create(name, geometry)?;
+            let eventfd_copy = eventfd.as_fd();
+            let attempt = (|| {
+                send_with_fds(&sock, &hello.encode(), &[memfd.as_fd(), eventfd_copy])?;
+                sock.set_read_timeout(rendezvous::remaining(deadline))
+                    .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
+                rendezvous::recv_ack(&sock, name)?;
+                sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))
+            })();
+            match attempt {
+                Ok(()) => break (sock, cred, path, id, region),
+                Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let slot_count = u64::from(geometry.slot_count);
         Ok(ShmProducer {
             info,
@@ -332,17 +345,18 @@ impl ProducerTransport for ShmProducer {
         self.check_len(len)?;
         let waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
+        let mut slept = false;
         loop {
             if self.room_for(len)? {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % 128 != 0 {
+            if spins % 128 != 0 && !slept {
                 std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
-            self.consumer_gone(false)?;
+            self.consumer_gone(std::mem::take(&mut slept))?;
             if waiter.timed_out(now) {
                 return Err(Error::Timeout(format!(
                     "channel {:?} stayed full ({} messages in flight) until the deadline",
@@ -358,7 +372,9 @@ impl ProducerTransport for ShmProducer {
                     let t = region.tail().load(Ordering::SeqCst);
                     t != tail_before || head - t < slot_count && len <= INLINE_MAX
                 });
-                self.consumer_gone(true)?;
+                // Check the condition once more before the peer: a consumer may release and
+                // then close.
+                slept = true;
             }
         }
     }
@@ -414,18 +430,19 @@ impl ProducerTransport for ShmProducer {
         }
         let waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
+        let mut slept = false;
         loop {
             self.refresh_tail()?;
             if self.tail > seq {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % 128 != 0 {
+            if spins % 128 != 0 && !slept {
                 std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
-            self.consumer_gone(false)?;
+            self.consumer_gone(std::mem::take(&mut slept))?;
             if waiter.timed_out(now) {
                 return Err(Error::Timeout(format!(
                     "message {seq} of channel {:?} was not released by the deadline",
@@ -437,7 +454,7 @@ impl ProducerTransport for ShmProducer {
                 sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
                     region.tail().load(Ordering::SeqCst) > seq
                 });
-                self.consumer_gone(true)?;
+                slept = true;
             }
         }
     }
