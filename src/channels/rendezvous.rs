@@ -274,6 +274,11 @@ impl PeerWatch {
         self.pidfd.as_ref().map(|f| f.as_fd())
     }
 
+    /// Whether an earlier check found the peer gone (no syscall).
+    pub fn known_gone(&self) -> bool {
+        self.gone
+    }
+
     /// Whether the peer has exited or closed its end (one `poll` syscall, none once gone).
     pub fn is_gone(&mut self) -> bool {
         if self.gone {

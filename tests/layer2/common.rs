@@ -53,8 +53,10 @@ pub fn expect_line(out: &mut BufReader<ChildStdout>, key: &str) -> String {
         line.clear();
         let n = out.read_line(&mut line).unwrap();
         assert!(n > 0, "child ended before printing {key}");
-        if let Some(rest) = line.trim_end().strip_prefix(&format!("@@ {key}")) {
-            return rest.trim().to_owned();
+        // libtest may have printed "test name ... " on the same line first.
+        let tag = format!("@@ {key} ");
+        if let Some(at) = line.find(&tag) {
+            return line[at + tag.len()..].trim().to_owned();
         }
     }
 }

@@ -203,7 +203,7 @@ impl ShmProducer {
             return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
         }
         let now = Instant::now();
-        if force || now.duration_since(self.last_check) >= LIVENESS_PERIOD {
+        if force || self.watch.known_gone() || now.duration_since(self.last_check) >= LIVENESS_PERIOD {
             self.last_check = now;
             if self.watch.is_gone() {
                 return Err(Error::PeerGone(format!(
@@ -306,7 +306,10 @@ impl ProducerTransport for ShmProducer {
         // The closed word is read every time (a line the consumer writes once); the process
         // and socket are polled at most every LIVENESS_PERIOD, looked at every 64 sends.
         self.sends_since_check = self.sends_since_check.wrapping_add(1);
-        if self.region.consumer_closed().load(Ordering::Relaxed) != 0 || self.sends_since_check % 64 == 0 {
+        if self.region.consumer_closed().load(Ordering::Relaxed) != 0
+            || self.watch.known_gone()
+            || self.sends_since_check % 64 == 0
+        {
             self.consumer_gone(false)?;
         }
         if !self.room_for(len)? {
