@@ -109,8 +109,12 @@ pub fn check_same_user(cred: &libc::ucred, channel: &str) -> Result<()> {
     Ok(())
 }
 
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+/// Identifies one socket file: inode numbers are reused at once on tmpfs, so the change time
+/// (ns) is part of the identity.
+pub type FileId = (u64, u64, i64, i64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// The consumer's listening socket. Dropping it removes the socket file (if it is still the
@@ -119,7 +123,7 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
 pub struct Listener {
     listener: UnixListener,
     path: PathBuf,
-    id: Option<(u64, u64)>,
+    id: Option<FileId>,
 }
 
 impl Listener {
@@ -213,7 +217,7 @@ impl Drop for Listener {
 /// Connects to the consumer of channel `name`, retrying until it listens or `deadline`.
 /// Returns the socket, the consumer's credentials and the socket file's identity (for
 /// removing it if the consumer dies).
-pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, libc::ucred, PathBuf, Option<(u64, u64)>)> {
+pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, libc::ucred, PathBuf, Option<FileId>)> {
     let path = socket_path(name)?;
     let mut pause = Duration::from_micros(200);
     loop {
@@ -242,7 +246,7 @@ pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, lib
 
 /// Removes a producer's view of a dead consumer's socket file: only if it is the same file
 /// and nobody listens on it.
-pub fn remove_stale_socket(path: &Path, id: Option<(u64, u64)>) {
+pub fn remove_stale_socket(path: &Path, id: Option<FileId>) {
     if id.is_some() && file_id(path) == id && UnixStream::connect(path).is_err() {
         let _ = std::fs::remove_file(path);
     }

@@ -117,7 +117,7 @@ pub struct ShmProducer {
     sends_since_check: u32,
     last_check: Instant,
     socket_path: PathBuf,
-    socket_id: Option<(u64, u64)>,
+    socket_id: Option<rendezvous::FileId>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -471,7 +471,8 @@ impl Drop for ShmProducer {
         region.data_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.data_futex(), 1);
         eventfd_signal(self.eventfd.as_fd());
-        if self.watch.is_gone() {
+        // A consumer that closed removed its socket itself; one that died left it behind.
+        if region.consumer_closed().load(Ordering::SeqCst) == 0 && self.watch.is_gone() {
             rendezvous::remove_stale_socket(&self.socket_path, self.socket_id);
         }
     }
