@@ -100,6 +100,10 @@ impl Producer {
         }
     }
 
+    pub(crate) fn try_loan_raw(&mut self, len: usize) -> Result<RawLoan> {
+        self.transport.try_loan(len)
+    }
+
     pub(crate) fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         self.transport.publish(loan, len)
     }
