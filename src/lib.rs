@@ -9,11 +9,16 @@
 //!   peers' scope.
 //! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API.
 
+/// cbindgen:ignore
 pub mod channels;
+/// cbindgen:ignore
 pub mod config;
+/// cbindgen:ignore
 pub mod error;
 pub mod ffi;
+/// cbindgen:ignore
 pub mod os;
+/// cbindgen:ignore
 pub mod types;
 
 pub use config::ProcessConfig;

@@ -4,7 +4,7 @@
 //! Ownership: an `lf_channel` is exclusively owned by its creator and released with
 //! `lf_channel_free`. A channel may be used from any thread but by one thread at a time; a
 //! call that finds it busy in another thread fails with LF_ERR_INVALID_STATE instead of
-//! racing. Views (`lf_message`) and loans (`lf_loan`) are plain structs the caller keeps; they
+//! racing. Views (`lf_message`) and loans (`lf_loan_region`) are plain structs the caller keeps; they
 //! are checked when handed back, so a released, foreign or forged one is refused with
 //! LF_ERR_INVALID_STATE. Release every view before freeing its channel: freeing unmaps the
 //! memory the views point into.
@@ -69,7 +69,7 @@ pub struct lf_message {
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct lf_loan {
+pub struct lf_loan_region {
     pub data: *mut c_void,
     pub len: usize,
     /// Internal: identifies the loan. Do not change.
@@ -296,7 +296,7 @@ pub unsafe extern "C" fn lf_try_send(channel: *mut lf_channel, data: *const c_vo
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_loan(channel: *mut lf_channel, len: usize, timeout_ns: i64, out: *mut lf_loan) -> lf_status {
+pub unsafe extern "C" fn lf_loan(channel: *mut lf_channel, len: usize, timeout_ns: i64, out: *mut lf_loan_region) -> lf_status {
     boundary("lf_loan", || {
         let out = out_ptr(out, "out")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
@@ -306,16 +306,16 @@ pub unsafe extern "C" fn lf_loan(channel: *mut lf_channel, len: usize, timeout_n
         let mut guard = lock(ch)?;
         let p = producer(&mut guard)?;
         let raw = if timeout_ns == 0 { p.try_loan_raw(len)? } else { p.loan_raw(len, deadline(timeout_ns))? };
-        write_out(out, lf_loan { data: raw.ptr.cast(), len: raw.len, token: raw.token });
+        write_out(out, lf_loan_region { data: raw.ptr.cast(), len: raw.len, token: raw.token });
         Ok(())
     })
 }
 
-fn raw_loan(loan: *const lf_loan) -> FfiResult<RawLoan> {
+fn raw_loan(loan: *const lf_loan_region) -> FfiResult<RawLoan> {
     if loan.is_null() {
         return Err(Failure::null("loan"));
     }
-    // SAFETY: non-NULL; the caller promises a readable lf_loan.
+    // SAFETY: non-NULL; the caller promises a readable lf_loan_region.
     let l = unsafe { *loan };
     Ok(RawLoan { ptr: l.data.cast(), len: l.len, token: l.token })
 }
@@ -327,7 +327,7 @@ fn raw_loan(loan: *const lf_loan) -> FfiResult<RawLoan> {
 /// `channel` a pointer from lava-flow or NULL; `loan` NULL or a loan from `lf_loan`;
 /// `sequence` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_publish(channel: *mut lf_channel, loan: *const lf_loan, len: usize, sequence: *mut u64) -> lf_status {
+pub unsafe extern "C" fn lf_publish(channel: *mut lf_channel, loan: *const lf_loan_region, len: usize, sequence: *mut u64) -> lf_status {
     boundary("lf_publish", || {
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let raw = raw_loan(loan)?;
@@ -343,7 +343,7 @@ pub unsafe extern "C" fn lf_publish(channel: *mut lf_channel, loan: *const lf_lo
 /// # Safety
 /// As `lf_publish`.
 #[no_mangle]
-pub unsafe extern "C" fn lf_loan_cancel(channel: *mut lf_channel, loan: *const lf_loan) -> lf_status {
+pub unsafe extern "C" fn lf_loan_cancel(channel: *mut lf_channel, loan: *const lf_loan_region) -> lf_status {
     boundary("lf_loan_cancel", || {
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let raw = raw_loan(loan)?;
@@ -512,12 +512,12 @@ mod tests {
                     assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 0, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
                     let mut m: lf_message = std::mem::zeroed();
                     assert_eq!(lf_try_recv(ch, &mut m), lf_status::LF_ERR_INVALID_STATE);
-                    let mut loan: lf_loan = std::mem::zeroed();
+                    let mut loan: lf_loan_region = std::mem::zeroed();
                     assert_eq!(lf_loan(ch, 1000, -1, &mut loan), lf_status::LF_OK);
-                    let mut second: lf_loan = std::mem::zeroed();
+                    let mut second: lf_loan_region = std::mem::zeroed();
                     assert_eq!(lf_loan(ch, 10, -1, &mut second), lf_status::LF_ERR_INVALID_STATE, "one loan at a time");
                     ptr::write_bytes(loan.data.cast::<u8>(), 0x5a, 1000);
-                    let forged = lf_loan { token: loan.token + 1, ..loan };
+                    let forged = lf_loan_region { token: loan.token + 1, ..loan };
                     assert_eq!(lf_publish(ch, &forged, 1000, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE);
                     assert_eq!(lf_publish(ch, &loan, 1001, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
                     assert_eq!(lf_publish(ch, &loan, 1000, &mut seq), lf_status::LF_OK);
@@ -562,7 +562,7 @@ mod tests {
             lf_location_free(loc.0);
             assert_eq!(lf_channel_create(ptr::null(), 1, ptr::null(), ptr::null(), ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             let mut ch = ptr::null_mut();
-            assert_eq!(lf_channel_create(c"x".as_ptr(), 7, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(lf_channel_create(CString::new("x").unwrap().as_ptr(), 7, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_INVALID_ARGUMENT);
             assert!(ch.is_null());
         }
     }
