@@ -93,12 +93,7 @@ impl Consumer {
     }
 
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
-        loop {
-            match self.transport.try_recv() {
-                Err(Error::WouldBlock(_)) => self.transport.wait(deadline)?,
-                other => return other,
-            }
-        }
+        self.transport.recv(deadline)
     }
 
     pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {

@@ -92,12 +92,7 @@ impl Producer {
     }
 
     pub(crate) fn loan_raw(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
-        loop {
-            match self.transport.try_loan(len) {
-                Err(Error::WouldBlock(_)) => self.transport.wait_for_room(len, deadline)?,
-                other => return other,
-            }
-        }
+        self.transport.loan(len, deadline)
     }
 
     pub(crate) fn try_loan_raw(&mut self, len: usize) -> Result<RawLoan> {

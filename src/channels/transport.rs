@@ -122,6 +122,16 @@ pub trait ProducerTransport: Send {
     /// (ring full or payload pool exhausted), or `PeerGone`.
     fn try_loan(&mut self, len: usize) -> Result<RawLoan>;
 
+    /// Lends room, waiting for it up to `deadline` (`None`: forever).
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        loop {
+            match self.try_loan(len) {
+                Err(Error::WouldBlock(_)) => self.wait_for_room(len, deadline)?,
+                other => return other,
+            }
+        }
+    }
+
     /// Waits until `try_loan(len)` may succeed, following the channel's wait strategy.
     /// `deadline` `None` waits forever; a passed deadline gives `Timeout`.
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()>;
@@ -163,6 +173,16 @@ pub trait ConsumerTransport: Send {
     /// The next message, `WouldBlock` when none is waiting, `PeerGone` when none is waiting
     /// and the producer has gone (messages it sent before stay readable).
     fn try_recv(&mut self) -> Result<RawView>;
+
+    /// The next message, waiting for it up to `deadline` (`None`: forever).
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        loop {
+            match self.try_recv() {
+                Err(Error::WouldBlock(_)) => self.wait(deadline)?,
+                other => return other,
+            }
+        }
+    }
 
     /// Waits until `try_recv` may succeed (a message, or the producer gone), following the
     /// channel's wait strategy. A passed deadline gives `Timeout`.

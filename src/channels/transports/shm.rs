@@ -68,19 +68,26 @@ fn wake_if_sleeping(futex: &AtomicU32, sleeping: &AtomicU32) {
 /// attempts checks `done` (Ok(true) ends the wait), the peer and the deadline.
 struct Waiter {
     strategy: WaitStrategy,
-    start: Instant,
+    /// When spinning started: read from the clock at the first check, not on entry, so that
+    /// a wait that ends within its first spins costs no clock read.
+    start: Option<Instant>,
     deadline: Option<Instant>,
 }
 
 impl Waiter {
     fn new(strategy: WaitStrategy, deadline: Option<Instant>) -> Self {
-        Waiter { strategy, start: Instant::now(), deadline }
+        Waiter { strategy, start: None, deadline }
     }
 
-    fn spinning(&self, now: Instant) -> bool {
+    /// Whether to spin between checks: Block sleeps at once.
+    fn spins(&self) -> bool {
+        !matches!(self.strategy, WaitStrategy::Block)
+    }
+
+    fn spinning(&mut self, now: Instant) -> bool {
         match self.strategy {
             WaitStrategy::BusyPoll => true,
-            WaitStrategy::SpinThenBlock { spin } => now.duration_since(self.start) < spin,
+            WaitStrategy::SpinThenBlock { spin } => now.duration_since(*self.start.get_or_insert(now)) < spin,
             WaitStrategy::Block => false,
         }
     }
@@ -268,6 +275,53 @@ impl ShmProducer {
         Ok(self.pool_alloc(len).is_some())
     }
 
+    /// A loan if there is room now, `None` if not (no allocation: the blocking path calls
+    /// this in a loop).
+    fn poll_loan(&mut self, len: usize) -> Result<Option<RawLoan>> {
+        if self.loan.is_some() {
+            return Err(Error::InvalidState(format!(
+                "channel {:?} already has a loan outstanding; publish or cancel it first",
+                self.name
+            )));
+        }
+        self.check_len(len)?;
+        // The closed word is read every time (a line the consumer writes once); the process
+        // and socket are polled at most every LIVENESS_PERIOD, looked at every 64 sends.
+        self.sends_since_check = self.sends_since_check.wrapping_add(1);
+        if self.region.consumer_closed().load(Ordering::Relaxed) != 0
+            || self.watch.known_gone()
+            || self.sends_since_check % 64 == 0
+        {
+            self.consumer_gone(false)?;
+        }
+        if !self.room_for(len)? {
+            return Ok(None);
+        }
+        let index = (self.head & self.mask) as usize;
+        let pending = if len <= INLINE_MAX {
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.slot_inline(index),
+                len,
+                kind: KIND_INLINE,
+                pool_offset: 0,
+                pool_end: self.pool_head,
+            }
+        } else {
+            let (offset, end) = self.pool_alloc(len).expect("room_for found room");
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.pool_range(offset, len as u64).expect("allocation inside the pool"),
+                len,
+                kind: KIND_POOL,
+                pool_offset: offset,
+                pool_end: end,
+            }
+        };
+        self.loan = Some(pending);
+        Ok(Some(RawLoan { ptr: pending.ptr, len, token: pending.token }))
+    }
+
     fn check_len(&self, len: usize) -> Result<()> {
         if len == 0 {
             return Err(Error::invalid("a message needs at least one byte"));
@@ -296,57 +350,28 @@ impl ProducerTransport for ShmProducer {
     }
 
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
-        if self.loan.is_some() {
-            return Err(Error::InvalidState(format!(
-                "channel {:?} already has a loan outstanding; publish or cancel it first",
-                self.name
-            )));
-        }
-        self.check_len(len)?;
-        // The closed word is read every time (a line the consumer writes once); the process
-        // and socket are polled at most every LIVENESS_PERIOD, looked at every 64 sends.
-        self.sends_since_check = self.sends_since_check.wrapping_add(1);
-        if self.region.consumer_closed().load(Ordering::Relaxed) != 0
-            || self.watch.known_gone()
-            || self.sends_since_check % 64 == 0
-        {
-            self.consumer_gone(false)?;
-        }
-        if !self.room_for(len)? {
-            return Err(Error::WouldBlock(format!(
+        match self.poll_loan(len)? {
+            Some(loan) => Ok(loan),
+            None => Err(Error::WouldBlock(format!(
                 "channel {:?} is full ({} messages in flight, or no pool room for {len} bytes)",
                 self.name,
                 self.head - self.tail
-            )));
+            ))),
         }
-        let index = (self.head & self.mask) as usize;
-        let pending = if len <= INLINE_MAX {
-            PendingLoan {
-                token: self.head,
-                ptr: self.region.slot_inline(index),
-                len,
-                kind: KIND_INLINE,
-                pool_offset: 0,
-                pool_end: self.pool_head,
+    }
+
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        loop {
+            if let Some(loan) = self.poll_loan(len)? {
+                return Ok(loan);
             }
-        } else {
-            let (offset, end) = self.pool_alloc(len).expect("room_for found room");
-            PendingLoan {
-                token: self.head,
-                ptr: self.region.pool_range(offset, len as u64).expect("allocation inside the pool"),
-                len,
-                kind: KIND_POOL,
-                pool_offset: offset,
-                pool_end: end,
-            }
-        };
-        self.loan = Some(pending);
-        Ok(RawLoan { ptr: pending.ptr, len, token: pending.token })
+            self.wait_for_room(len, deadline)?;
+        }
     }
 
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
         self.check_len(len)?;
-        let waiter = Waiter::new(self.wait, deadline);
+        let mut waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
         let mut slept = false;
         loop {
@@ -354,7 +379,7 @@ impl ProducerTransport for ShmProducer {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % 128 != 0 && !slept {
+            if waiter.spins() && spins % 128 != 0 && !slept {
                 std::hint::spin_loop();
                 continue;
             }
@@ -431,7 +456,7 @@ impl ProducerTransport for ShmProducer {
         if seq >= self.head {
             return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
         }
-        let waiter = Waiter::new(self.wait, deadline);
+        let mut waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
         let mut slept = false;
         loop {
@@ -440,7 +465,7 @@ impl ProducerTransport for ShmProducer {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % 128 != 0 && !slept {
+            if waiter.spins() && spins % 128 != 0 && !slept {
                 std::hint::spin_loop();
                 continue;
             }
@@ -499,7 +524,6 @@ struct Session {
     /// Messages released in order (mirrors the shared tail, which only we write).
     reclaimed: AtomicU64,
     reclaiming: AtomicBool,
-    outstanding: AtomicU64,
 }
 
 impl Session {
@@ -517,8 +541,13 @@ impl Session {
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
-            outstanding: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a view of this session is still held (releases reclaim in order, so all are
+    /// released exactly when the tail has caught up with what was received).
+    fn holds_views(&self) -> bool {
+        self.reclaimed.load(Ordering::Acquire) != self.received.load(Ordering::Acquire)
     }
 
     /// Advances the shared tail over the released prefix and wakes a producer waiting for
@@ -568,10 +597,12 @@ impl Release for Session {
         {
             return Err(not_held());
         }
-        self.states[index]
-            .compare_exchange(view.token << 1 | 1, view.token << 1, Ordering::AcqRel, Ordering::Relaxed)
-            .map_err(|_| not_held())?;
-        self.outstanding.fetch_sub(1, Ordering::Relaxed);
+        // A plain check-then-store is enough: each slot has one view, a Rust Message releases
+        // once, and C releases are serialised by the channel's lock.
+        if self.states[index].load(Ordering::Acquire) != view.token << 1 | 1 {
+            return Err(not_held());
+        }
+        self.states[index].store(view.token << 1, Ordering::Release);
         self.reclaim();
         Ok(())
     }
@@ -711,10 +742,52 @@ impl ShmConsumer {
         s.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
         s.view_lens[index].store(len, Ordering::Relaxed);
         s.states[index].store(next << 1 | 1, Ordering::Release);
-        s.outstanding.fetch_add(1, Ordering::Relaxed);
         self.link.next = next + 1;
         s.received.store(next + 1, Ordering::Release);
         Ok(Some(RawView { ptr, len, token: next, session: s.id }))
+    }
+
+    /// The next message if one waits, `None` if not (no allocation on the blocking path),
+    /// `PeerGone` when none waits and the producer has gone.
+    /// `from_try`: called by try_recv, which keeps the fd's level and checks the producer
+    /// itself; the blocking path leaves both to `wait`.
+    fn poll_recv(&mut self, from_try: bool) -> Result<Option<RawView>> {
+        loop {
+            if let Some(view) = self.try_read()? {
+                return Ok(Some(view));
+            }
+            if self.armed && from_try {
+                // Level-triggered notification: the fd is reset only when the ring is seen
+                // empty, after asking the producer to signal the next message.
+                eventfd_drain(self.link.eventfd.as_fd());
+                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                if let Some(view) = self.try_read()? {
+                    return Ok(Some(view));
+                }
+            }
+            let gone = if self.link.gone.is_some() {
+                true
+            } else if from_try {
+                self.producer_gone(false)
+            } else {
+                self.link.session.region.producer_closed().load(Ordering::Relaxed) != 0 && self.producer_gone(true)
+            };
+            if !gone {
+                return Ok(None);
+            }
+            // Gone: messages published before the end are still read first.
+            if let Some(view) = self.try_read()? {
+                return Ok(Some(view));
+            }
+            if self.try_reattach()? {
+                continue;
+            }
+            if self.armed {
+                // Keep the fd readable so an event loop learns about the end.
+                eventfd_signal(self.link.eventfd.as_fd());
+            }
+            return Err(self.gone_error());
+        }
     }
 
     fn corrupt(&self, what: String) -> Error {
@@ -745,8 +818,8 @@ impl ShmConsumer {
             }
             self.register_link_fds()?;
         }
-        self.old.retain(|s| s.outstanding.load(Ordering::Relaxed) > 0);
-        if old.session.outstanding.load(Ordering::Relaxed) > 0 {
+        self.old.retain(|s| s.holds_views());
+        if old.session.holds_views() {
             self.old.push(old.session.clone());
         }
         Ok(true)
@@ -866,46 +939,30 @@ impl ConsumerTransport for ShmConsumer {
     }
 
     fn try_recv(&mut self) -> Result<RawView> {
+        match self.poll_recv(true)? {
+            Some(view) => Ok(view),
+            None => Err(Error::WouldBlock(format!("no message waiting on channel {:?}", self.name))),
+        }
+    }
+
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         loop {
-            if let Some(view) = self.try_read()? {
+            if let Some(view) = self.poll_recv(false)? {
                 return Ok(view);
             }
-            if self.armed {
-                // Level-triggered notification: the fd is reset only when the ring is seen
-                // empty, after asking the producer to signal the next message.
-                eventfd_drain(self.link.eventfd.as_fd());
-                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
-                if let Some(view) = self.try_read()? {
-                    return Ok(view);
-                }
-            }
-            if !self.producer_gone(false) {
-                return Err(Error::WouldBlock(format!("no message waiting on channel {:?}", self.name)));
-            }
-            // Gone: messages published before the end are still read first.
-            if let Some(view) = self.try_read()? {
-                return Ok(view);
-            }
-            if self.try_reattach()? {
-                continue;
-            }
-            if self.armed {
-                // Keep the fd readable so an event loop learns about the end.
-                eventfd_signal(self.link.eventfd.as_fd());
-            }
-            return Err(self.gone_error());
+            self.wait(deadline)?;
         }
     }
 
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
-        let waiter = Waiter::new(self.wait, deadline);
+        let mut waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
         loop {
             if self.ready() || self.link.gone.is_some() {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 != 0 {
+            if waiter.spins() && spins % 256 != 0 {
                 std::hint::spin_loop();
                 continue;
             }
@@ -946,7 +1003,7 @@ impl ConsumerTransport for ShmConsumer {
         match old {
             Some(s) => {
                 let r = s.release(view);
-                self.old.retain(|s| s.outstanding.load(Ordering::Relaxed) > 0);
+                self.old.retain(|s| s.holds_views());
                 r
             }
             None => Err(Error::InvalidState(format!(
