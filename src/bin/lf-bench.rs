@@ -549,7 +549,7 @@ fn print_text(r: &Results, o: &Options) {
     if !r.bandwidth.is_empty() {
         println!();
         println!("bandwidth (one direction, busy-poll)");
-        println!("  {:<9} {:>6} {:>7} {:>10} {:>10}", "payload", "size", "window", "GB/s", "x memcpy");
+        println!("  {:<9} {:>6} {:>7} {:>10} {:>10}   (zero-copy: bytes not touched, so GB/s is size x message rate)", "payload", "size", "window", "GB/s", "x memcpy");
         for b in &r.bandwidth {
             let m = r.memcpy.iter().find(|(s, _)| *s == b.size).map_or(f64::NAN, |(_, m)| b.bytes_per_s / m);
             println!("  {:<9} {:>6} {:>7} {:>10.2} {:>10.2}", b.payload, human(b.size), b.window, b.bytes_per_s / 1e9, m);

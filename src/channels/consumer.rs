@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::transport::{ConsumerTransport, RawView, Release, TransportInfo, TransportKind};
+use super::transport::{AnyConsumer, ConsumerTransport, RawView, Release, TransportInfo, TransportKind};
 use super::transports::shm::ShmConsumer;
 use super::{select_transport, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
@@ -20,7 +20,7 @@ use crate::types::ProcessLocation;
 
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
 pub struct Consumer {
-    transport: Box<dyn ConsumerTransport>,
+    transport: AnyConsumer,
     name: String,
     waker_thread: Option<WakerThread>,
 }
@@ -39,8 +39,8 @@ impl Consumer {
     pub fn create(name: &str, my_location: &ProcessLocation, peer_location: &ProcessLocation, config: &ChannelConfig) -> Result<Consumer> {
         validate_channel_name(name)?;
         let info = select_transport(my_location, peer_location, config)?;
-        let transport: Box<dyn ConsumerTransport> = match info.kind {
-            TransportKind::Shm => Box::new(ShmConsumer::listen(name, info, config)?),
+        let transport = match info.kind {
+            TransportKind::Shm => AnyConsumer::Shm(ShmConsumer::listen(name, info, config)?),
             other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
         };
         Ok(Consumer { transport, name: name.to_owned(), waker_thread: None })
@@ -57,18 +57,21 @@ impl Consumer {
 
     /// The next message, waiting as long as needed. `PeerGone` once the producer has gone and
     /// everything it sent has been received.
+    #[inline]
     pub fn recv(&mut self) -> Result<Message> {
         let view = self.recv_raw(None)?;
         Ok(self.wrap(view))
     }
 
     /// As [`recv`](Self::recv), giving up with `Timeout` after `timeout`.
+    #[inline]
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message> {
         let view = self.recv_raw(Some(Instant::now() + timeout))?;
         Ok(self.wrap(view))
     }
 
     /// The next message if one is waiting, else `WouldBlock` (or `PeerGone`).
+    #[inline]
     pub fn try_recv(&mut self) -> Result<Message> {
         let view = self.transport.try_recv()?;
         Ok(self.wrap(view))
@@ -87,11 +90,11 @@ impl Consumer {
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         self.transport.notify_fd()
     }
-
+    #[inline]
     fn wrap(&self, view: RawView) -> Message {
         Message { view, releaser: self.transport.releaser() }
     }
-
+    #[inline]
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         self.transport.recv(deadline)
     }
@@ -148,10 +151,11 @@ unsafe impl Sync for Message {}
 
 impl Message {
     /// The message's sequence number in its channel (0, 1, 2, ... per producer).
+    #[inline]
     pub fn sequence(&self) -> u64 {
         self.view.token
     }
-
+    #[inline]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the transport validated that view.len bytes at view.ptr lie inside its
         // mapping, which `releaser` keeps alive; the producer does not reuse them before the
@@ -162,6 +166,7 @@ impl Message {
 
 impl Deref for Message {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         self.as_slice()
     }

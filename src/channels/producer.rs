@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo, TransportKind};
+use super::transport::{AnyProducer, ProducerTransport, RawLoan, SharedRegion, TransportInfo, TransportKind};
 use super::transports::shm::ShmProducer;
 use super::{select_transport, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
@@ -11,7 +11,7 @@ use crate::types::ProcessLocation;
 /// The sending end of a channel. Not shareable between threads (`&mut self` everywhere), but
 /// it may move to another thread.
 pub struct Producer {
-    transport: Box<dyn ProducerTransport>,
+    transport: AnyProducer,
     name: String,
 }
 
@@ -27,8 +27,8 @@ impl Producer {
     pub fn create(name: &str, my_location: &ProcessLocation, peer_location: &ProcessLocation, config: &ChannelConfig) -> Result<Producer> {
         validate_channel_name(name)?;
         let info = select_transport(my_location, peer_location, config)?;
-        let transport: Box<dyn ProducerTransport> = match info.kind {
-            TransportKind::Shm => Box::new(ShmProducer::connect(name, info, config)?),
+        let transport = match info.kind {
+            TransportKind::Shm => AnyProducer::Shm(ShmProducer::connect(name, info, config)?),
             other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
         };
         Ok(Producer { transport, name: name.to_owned() })
@@ -50,6 +50,7 @@ impl Producer {
 
     /// Copies `data` into the channel, waiting for room as long as needed. Returns the
     /// message's sequence number (0, 1, 2, ...).
+    #[inline]
     pub fn send(&mut self, data: &[u8]) -> Result<u64> {
         self.send_until(data, None)
     }
@@ -60,16 +61,17 @@ impl Producer {
     }
 
     /// As [`send`](Self::send), but `WouldBlock` at once when the channel is full.
+    #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
         let loan = self.transport.try_loan(data.len())?;
         self.fill_and_publish(loan, data)
     }
-
+    #[inline]
     pub(crate) fn send_until(&mut self, data: &[u8], deadline: Option<Instant>) -> Result<u64> {
         let loan = self.loan_raw(data.len(), deadline)?;
         self.fill_and_publish(loan, data)
     }
-
+    #[inline]
     fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {
         // SAFETY: the loan is `data.len()` writable bytes of the channel's region that nothing
         // else writes until it is published; `data` is a separate Rust slice.
@@ -80,17 +82,19 @@ impl Producer {
     /// Lends `len` bytes of the channel's shared memory to write a message in place, waiting
     /// for room up to `timeout` (`None`: forever). Publish it with [`Loan::publish`]; dropping
     /// it unpublished gives the room back.
+    #[inline]
     pub fn loan(&mut self, len: usize, timeout: Option<Duration>) -> Result<Loan<'_>> {
         let raw = self.loan_raw(len, timeout.map(|t| Instant::now() + t))?;
         Ok(Loan { producer: self, raw: Some(raw) })
     }
 
     /// As [`loan`](Self::loan), but `WouldBlock` at once when the channel is full.
+    #[inline]
     pub fn try_loan(&mut self, len: usize) -> Result<Loan<'_>> {
         let raw = self.transport.try_loan(len)?;
         Ok(Loan { producer: self, raw: Some(raw) })
     }
-
+    #[inline]
     pub(crate) fn loan_raw(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         self.transport.loan(len, deadline)
     }
@@ -98,7 +102,7 @@ impl Producer {
     pub(crate) fn try_loan_raw(&mut self, len: usize) -> Result<RawLoan> {
         self.transport.try_loan(len)
     }
-
+    #[inline]
     pub(crate) fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         self.transport.publish(loan, len)
     }
@@ -138,6 +142,7 @@ pub struct Loan<'a> {
 }
 
 impl Loan<'_> {
+    #[inline]
     pub fn len(&self) -> usize {
         self.raw.as_ref().map_or(0, |r| r.len)
     }
@@ -147,6 +152,7 @@ impl Loan<'_> {
     }
 
     /// The lent bytes. Their previous contents are unspecified (an earlier message's).
+    #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let raw = self.raw.as_ref().expect("loan is live until consumed");
         // SAFETY: raw.len bytes at raw.ptr belong to this loan alone until published; the
@@ -155,12 +161,14 @@ impl Loan<'_> {
     }
 
     /// Publishes the whole loan as the next message; returns its sequence number.
+    #[inline]
     pub fn publish(self) -> Result<u64> {
         let len = self.len();
         self.publish_len(len)
     }
 
     /// Publishes the first `len` bytes (1..=loan length).
+    #[inline]
     pub fn publish_len(mut self, len: usize) -> Result<u64> {
         let raw = self.raw.take().expect("loan is live until consumed");
         self.producer.publish_raw(raw, len)

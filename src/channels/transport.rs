@@ -206,3 +206,104 @@ pub trait ConsumerTransport: Send {
         None
     }
 }
+
+/// Forwards every trait method of an enum of transports to its variants, so that a built-in
+/// transport is called statically (and its hot path inlined) while others plug in as trait
+/// objects.
+macro_rules! forward {
+    ($self:ident, $t:ident => $call:expr) => {
+        match $self {
+            Self::Shm($t) => $call,
+            Self::Other($t) => $call,
+        }
+    };
+}
+
+/// The producer transports of a channel: shm statically, anything else dynamically.
+pub(crate) enum AnyProducer {
+    Shm(super::transports::shm::ShmProducer),
+    #[allow(dead_code)]
+    Other(Box<dyn ProducerTransport>),
+}
+
+impl ProducerTransport for AnyProducer {
+    #[inline]
+    fn info(&self) -> &TransportInfo {
+        forward!(self, t => t.info())
+    }
+    #[inline]
+    fn max_message_len(&self) -> usize {
+        forward!(self, t => t.max_message_len())
+    }
+    #[inline]
+    fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
+        forward!(self, t => t.try_loan(len))
+    }
+    #[inline]
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        forward!(self, t => t.loan(len, deadline))
+    }
+    #[inline]
+    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
+        forward!(self, t => t.wait_for_room(len, deadline))
+    }
+    #[inline]
+    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        forward!(self, t => t.publish(loan, len))
+    }
+    #[inline]
+    fn cancel(&mut self, loan: RawLoan) {
+        forward!(self, t => t.cancel(loan))
+    }
+    fn completed(&mut self) -> Result<u64> {
+        forward!(self, t => t.completed())
+    }
+    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
+        forward!(self, t => t.wait_completed(seq, deadline))
+    }
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        forward!(self, t => t.send_region(region, offset, len))
+    }
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        forward!(self, t => t.raw_region())
+    }
+}
+
+/// The consumer transports of a channel: shm statically, anything else dynamically.
+pub(crate) enum AnyConsumer {
+    Shm(super::transports::shm::ShmConsumer),
+    #[allow(dead_code)]
+    Other(Box<dyn ConsumerTransport>),
+}
+
+impl ConsumerTransport for AnyConsumer {
+    #[inline]
+    fn info(&self) -> &TransportInfo {
+        forward!(self, t => t.info())
+    }
+    #[inline]
+    fn try_recv(&mut self) -> Result<RawView> {
+        forward!(self, t => t.try_recv())
+    }
+    #[inline]
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        forward!(self, t => t.recv(deadline))
+    }
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
+        forward!(self, t => t.wait(deadline))
+    }
+    #[inline]
+    fn releaser(&self) -> std::sync::Arc<dyn Release> {
+        forward!(self, t => t.releaser())
+    }
+    #[inline]
+    fn release(&mut self, view: &RawView) -> Result<()> {
+        forward!(self, t => t.release(view))
+    }
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        forward!(self, t => t.notify_fd())
+    }
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        forward!(self, t => t.raw_region())
+    }
+}

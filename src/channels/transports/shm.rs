@@ -258,6 +258,7 @@ impl ShmProducer {
     }
 
     /// Whether a loan of `len` could be granted now.
+    #[inline]
     fn room_for(&mut self, len: usize) -> Result<bool> {
         if self.head - self.tail >= self.slot_count {
             self.refresh_tail()?;
@@ -277,6 +278,7 @@ impl ShmProducer {
 
     /// A loan if there is room now, `None` if not (no allocation: the blocking path calls
     /// this in a loop).
+    #[inline]
     fn poll_loan(&mut self, len: usize) -> Result<Option<RawLoan>> {
         if self.loan.is_some() {
             return Err(Error::InvalidState(format!(
@@ -321,7 +323,7 @@ impl ShmProducer {
         self.loan = Some(pending);
         Ok(Some(RawLoan { ptr: pending.ptr, len, token: pending.token }))
     }
-
+    #[inline]
     fn check_len(&self, len: usize) -> Result<()> {
         if len == 0 {
             return Err(Error::invalid("a message needs at least one byte"));
@@ -384,7 +386,10 @@ impl ProducerTransport for ShmProducer {
                 continue;
             }
             let now = Instant::now();
-            self.consumer_gone(std::mem::take(&mut slept))?;
+            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
+            // sleep always checks, while a woken one pays no syscall.
+            slept = false;
+            self.consumer_gone(false)?;
             if waiter.timed_out(now) {
                 return Err(Error::Timeout(format!(
                     "channel {:?} stayed full ({} messages in flight) until the deadline",
@@ -470,7 +475,10 @@ impl ProducerTransport for ShmProducer {
                 continue;
             }
             let now = Instant::now();
-            self.consumer_gone(std::mem::take(&mut slept))?;
+            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
+            // sleep always checks, while a woken one pays no syscall.
+            slept = false;
+            self.consumer_gone(false)?;
             if waiter.timed_out(now) {
                 return Err(Error::Timeout(format!(
                     "message {seq} of channel {:?} was not released by the deadline",
@@ -546,6 +554,7 @@ impl Session {
 
     /// Whether a view of this session is still held (releases reclaim in order, so all are
     /// released exactly when the tail has caught up with what was received).
+    #[inline]
     fn holds_views(&self) -> bool {
         self.reclaimed.load(Ordering::Acquire) != self.received.load(Ordering::Acquire)
     }
@@ -553,6 +562,7 @@ impl Session {
     /// Advances the shared tail over the released prefix and wakes a producer waiting for
     /// room. Lock-free: whoever holds `reclaiming` does the work for everyone, and re-checks
     /// after letting go so that a release that lost the race is not stranded.
+    #[inline]
     fn reclaim(&self) {
         loop {
             if self.reclaiming.swap(true, Ordering::Acquire) {
@@ -699,13 +709,14 @@ impl ShmConsumer {
     }
 
     /// Whether a message is ready (or the slot fails validation, which try_recv reports).
+    #[inline]
     fn ready(&self) -> bool {
         let s = &self.link.session;
         let next = self.link.next;
         s.region.slot_seq((next & s.mask) as usize).load(Ordering::Acquire) != expected_empty(next, s.slot_count)
             && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
     }
-
+    #[inline]
     fn try_read(&mut self) -> Result<Option<RawView>> {
         let s = &*self.link.session;
         let next = self.link.next;
@@ -751,6 +762,7 @@ impl ShmConsumer {
     /// `PeerGone` when none waits and the producer has gone.
     /// `from_try`: called by try_recv, which keeps the fd's level and checks the producer
     /// itself; the blocking path leaves both to `wait`.
+    #[inline]
     fn poll_recv(&mut self, from_try: bool) -> Result<Option<RawView>> {
         loop {
             if let Some(view) = self.try_read()? {
@@ -842,6 +854,7 @@ impl ShmConsumer {
 
 /// The sequence word of the slot that will carry message `next` while it is still empty:
 /// the previous lap's message number + 1, or 0 on the first lap.
+#[inline]
 fn expected_empty(next: u64, slot_count: u64) -> u64 {
     if next >= slot_count { next + 1 - slot_count } else { 0 }
 }
@@ -980,7 +993,8 @@ impl ConsumerTransport for ShmConsumer {
                     region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
                         || region.producer_closed().load(Ordering::SeqCst) != 0
                 });
-                if self.producer_gone(true) {
+                // Rate-limited like every check: a woken sleep pays no syscall.
+                if self.producer_gone(false) {
                     return Ok(());
                 }
             }

@@ -156,7 +156,7 @@ impl Region {
         }
         Ok(region)
     }
-
+    #[inline]
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
         debug_assert!(offset % 4 == 0 && offset + 4 <= self.map.len());
         // SAFETY: offset is one of this module's constants or a checked slot offset: in bounds
@@ -165,63 +165,75 @@ impl Region {
         // data races.
         unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU32>() }
     }
-
+    #[inline]
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
         debug_assert!(offset % 8 == 0 && offset + 8 <= self.map.len());
         // SAFETY: as u32_at, 8-aligned.
         unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU64>() }
     }
-
+    #[inline]
     pub fn producer_closed(&self) -> &AtomicU32 {
         self.u32_at(OFF_PRODUCER_CLOSED)
     }
+    #[inline]
     pub fn consumer_closed(&self) -> &AtomicU32 {
         self.u32_at(OFF_CONSUMER_CLOSED)
     }
+    #[inline]
     pub fn tail(&self) -> &AtomicU64 {
         self.u64_at(OFF_TAIL)
     }
+    #[inline]
     pub fn data_futex(&self) -> &AtomicU32 {
         self.u32_at(OFF_DATA_FUTEX)
     }
+    #[inline]
     pub fn data_sleeping(&self) -> &AtomicU32 {
         self.u32_at(OFF_DATA_SLEEPING)
     }
+    #[inline]
     pub fn fd_waiting(&self) -> &AtomicU32 {
         self.u32_at(OFF_FD_WAITING)
     }
+    #[inline]
     pub fn room_futex(&self) -> &AtomicU32 {
         self.u32_at(OFF_ROOM_FUTEX)
     }
+    #[inline]
     pub fn room_sleeping(&self) -> &AtomicU32 {
         self.u32_at(OFF_ROOM_SLEEPING)
     }
-
+    #[inline]
     fn slot_offset(&self, index: usize) -> usize {
         assert!(index < self.geometry.slot_count as usize, "slot index {index} out of range");
         self.geometry.slots_offset + index * SLOT_SIZE
     }
-
+    #[inline]
     pub fn slot_seq(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index))
     }
+    #[inline]
     pub fn slot_len(&self, index: usize) -> &AtomicU32 {
         self.u32_at(self.slot_offset(index) + 8)
     }
+    #[inline]
     pub fn slot_kind(&self, index: usize) -> &AtomicU32 {
         self.u32_at(self.slot_offset(index) + 12)
     }
     /// The pool offset of a pool message (shares the inline bytes' place).
+    #[inline]
     pub fn slot_pool_offset(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index) + SLOT_DATA)
     }
     /// Where a slot's inline payload starts ([`INLINE_MAX`] bytes).
+    #[inline]
     pub fn slot_inline(&self, index: usize) -> *mut u8 {
         // SAFETY: slot_offset checked the index; the inline area ends with the slot.
         unsafe { self.map.as_ptr().add(self.slot_offset(index) + SLOT_DATA) }
     }
 
     /// `len` bytes of pool at `offset`, after checking that they lie inside the pool.
+    #[inline]
     pub fn pool_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
         let end = offset.checked_add(len)?;
         if len == 0 || end > self.geometry.pool_size {
