@@ -144,3 +144,43 @@ fn runtime_dir_must_be_private() {
         }
     }
 }
+
+/// A process of another user that reaches the socket (root can, through DAC override) is
+/// refused by SO_PEERCRED. Runs only as root (it needs to switch the consumer to `nobody`).
+#[test]
+fn other_user_is_refused() {
+    const TEST: &str = "rendezvous::other_user_is_refused";
+    const NOBODY: u32 = 65534;
+    match child_role().as_deref() {
+        Some("nobody-consumer") => {
+            // SAFETY: plain syscalls in a single-threaded child before any lava-flow call.
+            unsafe {
+                assert_eq!(libc::setgid(NOBODY), 0);
+                assert_eq!(libc::setuid(NOBODY), 0);
+            }
+            let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(3)), ..Default::default() };
+            let err = Consumer::create("guarded", &here(), &here(), &cfg).unwrap_err();
+            assert!(matches!(err, Error::Timeout(ref m) if m.contains("runs as uid 0")), "{err}");
+        }
+        Some(_) => {}
+        None => {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                eprintln!("skipped: needs root to run a consumer as another user");
+                return;
+            }
+            let dir = test_dir("guarded");
+            std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+            let c = spawn(TEST, "nobody-consumer", &dir, &[]);
+            let path = dir.join("guarded.sock");
+            let start = Instant::now();
+            // Root passes the 0700 directory; the consumer must still refuse it.
+            while std::os::unix::net::UnixStream::connect(&path).is_err() {
+                assert!(start.elapsed() < Duration::from_secs(3), "the consumer never listened");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            wait_ok(c, "nobody consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
