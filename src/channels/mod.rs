@@ -75,11 +75,13 @@ impl Default for WaitStrategy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChannelConfig {
     pub wait: WaitStrategy,
-    /// Ring slots: how many messages may be in flight (sent, not yet released). A power of
-    /// two, 2 to 2^20.
+    /// Ring slots, a power of two from 2 to 2^20: how many messages may lie between the
+    /// oldest one not yet released and the newest sent. Views may be released in any order,
+    /// but space is reclaimed in order, so a view held while `capacity` more messages arrive
+    /// makes the producer wait (or `WouldBlock`).
     pub capacity: u32,
     /// Bytes of shared payload pool for messages larger than the inline limit
-    /// ([`transports::shm::INLINE_MAX`]); also the largest message. Rounded up to pages.
+    /// ([`transports::shm::SHM_INLINE_MAX`], 112 bytes); also the largest message. Rounded up to pages.
     pub pool_size: usize,
     /// How long `create` waits for the peer; `None` waits forever.
     pub rendezvous_timeout: Option<Duration>,

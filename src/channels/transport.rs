@@ -220,6 +220,8 @@ macro_rules! forward {
 }
 
 /// The producer transports of a channel: shm statically, anything else dynamically.
+// The shm variant is held inline on purpose: it is the hot path.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyProducer {
     Shm(super::transports::shm::ShmProducer),
     #[allow(dead_code)]
@@ -270,6 +272,7 @@ impl ProducerTransport for AnyProducer {
 }
 
 /// The consumer transports of a channel: shm statically, anything else dynamically.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyConsumer {
     Shm(super::transports::shm::ShmConsumer),
     #[allow(dead_code)]

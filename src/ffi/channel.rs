@@ -142,7 +142,7 @@ fn lock<'a>(ch: &'a lf_channel) -> FfiResult<parking_lot::MutexGuard<'a, Channel
     })
 }
 
-fn producer<'a>(guard: &'a mut Channel) -> FfiResult<&'a mut Producer> {
+fn producer(guard: &mut Channel) -> FfiResult<&mut Producer> {
     match guard {
         Channel::Producer(p) => Ok(p),
         Channel::Consumer(_) => Err(Failure {
@@ -152,7 +152,7 @@ fn producer<'a>(guard: &'a mut Channel) -> FfiResult<&'a mut Producer> {
     }
 }
 
-fn consumer<'a>(guard: &'a mut Channel) -> FfiResult<&'a mut Consumer> {
+fn consumer(guard: &mut Channel) -> FfiResult<&mut Consumer> {
     match guard {
         Channel::Consumer(c) => Ok(c),
         Channel::Producer(_) => Err(Failure {
