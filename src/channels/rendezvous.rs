@@ -360,14 +360,30 @@ impl Hello {
 
 /// Sends the consumer's answer to a hello: `ACK_OK` or a refusal with its reason.
 pub fn send_ack(sock: &UnixStream, status: u32, text: &str) -> Result<()> {
-    use std::io::Write;
     let text = &text.as_bytes()[..text.len().min(1000)];
     let mut out = Vec::with_capacity(16 + text.len());
     out.extend_from_slice(ACK_MAGIC);
     out.extend_from_slice(&status.to_le_bytes());
     out.extend_from_slice(&(text.len() as u32).to_le_bytes());
     out.extend_from_slice(text);
-    (&*sock).write_all(&out).map_err(|e| Error::os("sending the rendezvous answer", e))
+    let mut sent = 0;
+    while sent < out.len() {
+        // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
+        // kill a C host process that keeps the default signal action.
+        // SAFETY: sends from a live buffer of the given length.
+        let n = unsafe {
+            libc::send(sock.as_raw_fd(), out[sent..].as_ptr().cast(), out.len() - sent, libc::MSG_NOSIGNAL)
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::os("sending the rendezvous answer", err));
+        }
+        sent += n as usize;
+    }
+    Ok(())
 }
 
 /// Reads the consumer's answer: Ok on acceptance, the refusal as an error.

@@ -191,3 +191,65 @@ fn pollable_fd_and_async_receive() {
         }
     }
 }
+
+#[test]
+fn views_released_from_many_threads_in_any_order() {
+    const TEST: &str = "delivery::views_released_from_many_threads_in_any_order";
+    const N: u64 = 200_000;
+    let cfg = lava_flow::channels::ChannelConfig { capacity: 64, ..config(WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) }) };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create("threads", &here(), &here(), &cfg).unwrap();
+            for seq in 0..N {
+                let size = 16 + (seq as usize * 37) % 300;
+                let mut loan = p.loan(size, Some(Duration::from_secs(30))).unwrap();
+                message_into(loan.as_mut_slice(), seq);
+                loan.publish().unwrap();
+            }
+            p.wait_completed(N - 1, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create("threads", &here(), &here(), &cfg).unwrap();
+            let workers: Vec<_> = (0..4)
+                .map(|w| {
+                    let (tx, rx) = std::sync::mpsc::channel::<lava_flow::channels::Message>();
+                    let t = std::thread::spawn(move || {
+                        let mut held = Vec::new();
+                        for m in rx {
+                            check(&m, m.sequence());
+                            held.push(m);
+                            // Release in a scrambled order once a few are held (space is
+                            // reclaimed in order, so none may be held for long).
+                            if held.len() > 2 + w {
+                                while !held.is_empty() {
+                                    let i = (held[0].sequence() as usize * 7) % held.len();
+                                    drop(held.swap_remove(i));
+                                }
+                            }
+                        }
+                    });
+                    (tx, t)
+                })
+                .collect();
+            for seq in 0..N {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                assert_eq!(m.sequence(), seq);
+                workers[(seq % 4) as usize].0.send(m).unwrap();
+            }
+            for (tx, t) in workers {
+                drop(tx);
+                t.join().unwrap();
+            }
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("threads");
+            let c = spawn(TEST, "consumer", &dir, &[]);
+            let p = spawn(TEST, "producer", &dir, &[]);
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}

@@ -560,33 +560,33 @@ impl Session {
     }
 
     /// Advances the shared tail over the released prefix and wakes a producer waiting for
-    /// room. Lock-free: whoever holds `reclaiming` does the work for everyone, and re-checks
-    /// after letting go so that a release that lost the race is not stranded.
+    /// room. Views may be released from several threads: a short spinlock orders the
+    /// reclaimers, and each releaser scans after its own release, so no release is left
+    /// unreclaimed (a "someone else will do it" hand-off would need a StoreLoad fence).
     #[inline]
     fn reclaim(&self) {
-        loop {
-            if self.reclaiming.swap(true, Ordering::Acquire) {
-                return;
-            }
-            let start = self.reclaimed.load(Ordering::Relaxed);
-            let received = self.received.load(Ordering::Acquire);
-            let mut tail = start;
-            while tail < received && self.states[(tail & self.mask) as usize].load(Ordering::Acquire) == tail << 1 {
-                tail += 1;
-            }
-            if tail != start {
-                self.reclaimed.store(tail, Ordering::Relaxed);
-                self.region.tail().store(tail, Ordering::SeqCst);
-                wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping());
-            }
-            self.reclaiming.store(false, Ordering::Release);
-            let t = self.reclaimed.load(Ordering::Relaxed);
-            if !(t < self.received.load(Ordering::Acquire)
-                && self.states[(t & self.mask) as usize].load(Ordering::Acquire) == t << 1)
-            {
-                return;
+        let mut spins = 0u32;
+        while self.reclaiming.swap(true, Ordering::Acquire) {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
+        let start = self.reclaimed.load(Ordering::Relaxed);
+        let received = self.received.load(Ordering::Acquire);
+        let mut tail = start;
+        while tail < received && self.states[(tail & self.mask) as usize].load(Ordering::Acquire) == tail << 1 {
+            tail += 1;
+        }
+        if tail != start {
+            self.reclaimed.store(tail, Ordering::Release);
+            // SeqCst orders this store before the flag load (the producer's sleep protocol).
+            self.region.tail().store(tail, Ordering::SeqCst);
+            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping());
+        }
+        self.reclaiming.store(false, Ordering::Release);
     }
 }
 
