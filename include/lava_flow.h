@@ -67,6 +67,21 @@
 // Registered with CUDA (`cuMemHostRegister`, portable).
 #define LF_REGISTRATION_CUDA 2
 
+// The producing end.
+#define LF_ROLE_PRODUCER 1
+
+// The consuming end.
+#define LF_ROLE_CONSUMER 2
+
+// Spin on shared memory while waiting (lowest latency, a busy core).
+#define LF_WAIT_BUSY_POLL 1
+
+// Spin for `spin_ns`, then sleep.
+#define LF_WAIT_SPIN_THEN_BLOCK 2
+
+// Sleep at once (no CPU while waiting).
+#define LF_WAIT_BLOCK 3
+
 // `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
 #define LF_HUGEPAGE_STRICT 0
 
@@ -210,11 +225,46 @@ typedef uint32_t lf_scope;
 // Opaque handle on a buffer.
 typedef struct lf_buffer lf_buffer;
 
+// Opaque handle on one end of a channel.
+typedef struct lf_channel lf_channel;
+
 // Opaque handle on a memory context.
 typedef struct lf_context lf_context;
 
 // Opaque handle on a process location.
 typedef struct lf_location lf_location;
+
+// Channel options; fill with `lf_channel_config_default` and change what you need.
+typedef struct lf_channel_config {
+  // LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK or LF_WAIT_BLOCK.
+  uint32_t wait_strategy;
+  // Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
+  uint32_t capacity;
+  // Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
+  uint64_t spin_ns;
+  // Shared payload pool in bytes, also the largest message. Producer's value rules.
+  uint64_t pool_size;
+  // How long lf_channel_create waits for the peer; negative: forever.
+  int64_t rendezvous_timeout_ns;
+} lf_channel_config;
+
+// Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
+typedef struct lf_loan_region {
+  void *data;
+  size_t len;
+  // Internal: identifies the loan. Do not change.
+  uint64_t token;
+} lf_loan_region;
+
+// A received message: `len` bytes at `data`, readable until `lf_release`.
+typedef struct lf_message {
+  const void *data;
+  size_t len;
+  // The message's sequence number (0, 1, 2, ... per producer).
+  uint64_t sequence;
+  // Internal: which producer session the message came from. Do not change.
+  uint64_t session;
+} lf_message;
 
 // Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
 // defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
@@ -506,6 +556,133 @@ lf_status lf_buffer_copy(const struct lf_context *context,
                          const struct lf_buffer *src,
                          size_t src_offset,
                          size_t size);
+
+// Fills `*out` with the defaults: spin-then-block (50 us), 256 messages, a 16 MiB pool,
+// a 10 s rendezvous timeout.
+//
+// # Safety
+// `out` must be NULL (rejected) or point to writable storage for an `lf_channel_config`.
+lf_status lf_channel_config_default(struct lf_channel_config *out);
+
+// Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
+// waits for the other end; either may start first. `role` is LF_ROLE_PRODUCER or
+// LF_ROLE_CONSUMER. The transport follows the scope between `my_location` and
+// `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells which and why.
+// `config` may be NULL for the defaults.
+//
+// # Safety
+// `name` must be NULL or a NUL-terminated string; the locations NULL or live lf_location
+// handles; `config` NULL or a valid config; `out` NULL or writable.
+lf_status lf_channel_create(const char *name,
+                            uint32_t role,
+                            const struct lf_location *my_location,
+                            const struct lf_location *peer_location,
+                            const struct lf_channel_config *config,
+                            struct lf_channel **out);
+
+// Lends the transport's name (`"shm"`, ...) and, if `reason` is not NULL, one sentence on why
+// it was chosen. Both strings are owned by the channel and valid until it is freed.
+//
+// # Safety
+// `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
+// or writable.
+lf_status lf_channel_transport(const struct lf_channel *channel,
+                               const char **name,
+                               const char **reason);
+
+// Copies `len` bytes at `data` into the channel as the next message, waiting for room up to
+// `timeout_ns` (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `data` NULL or `len` readable bytes;
+// `sequence` NULL or writable.
+lf_status lf_send(struct lf_channel *channel,
+                  const void *data,
+                  size_t len,
+                  int64_t timeout_ns,
+                  uint64_t *sequence);
+
+// As `lf_send`, but LF_ERR_WOULD_BLOCK at once when the channel is full.
+//
+// # Safety
+// As `lf_send`.
+lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, uint64_t *sequence);
+
+// Lends `len` bytes of shared memory to write the next message in place, waiting for room up
+// to `timeout_ns` (0: LF_ERR_WOULD_BLOCK at once when full). One loan at a time; finish it
+// with `lf_publish` or `lf_loan_cancel`.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+lf_status lf_loan(struct lf_channel *channel,
+                  size_t len,
+                  int64_t timeout_ns,
+                  struct lf_loan_region *out);
+
+// Publishes the first `len` bytes (1 to the loan's length) of the outstanding loan as the
+// next message. `*sequence` (if not NULL) receives its number.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `loan` NULL or a loan from `lf_loan`;
+// `sequence` NULL or writable.
+lf_status lf_publish(struct lf_channel *channel,
+                     const struct lf_loan_region *loan,
+                     size_t len,
+                     uint64_t *sequence);
+
+// Gives an unpublished loan back. A loan that is not outstanding is ignored.
+//
+// # Safety
+// As `lf_publish`.
+lf_status lf_loan_cancel(struct lf_channel *channel, const struct lf_loan_region *loan);
+
+// How many messages the consumer has released: all sequence numbers below `*out` are done.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+lf_status lf_completed(struct lf_channel *channel, uint64_t *out);
+
+// Waits up to `timeout_ns` until message `sequence` has been released by the consumer.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL.
+lf_status lf_wait_completed(struct lf_channel *channel, uint64_t sequence, int64_t timeout_ns);
+
+// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
+// (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
+// Release the view with `lf_release`.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+lf_status lf_recv(struct lf_channel *channel, int64_t timeout_ns, struct lf_message *out);
+
+// As `lf_recv`, but LF_ERR_WOULD_BLOCK at once when no message waits.
+//
+// # Safety
+// As `lf_recv`.
+lf_status lf_try_recv(struct lf_channel *channel, struct lf_message *out);
+
+// Releases a view: its memory goes back to the producer, which sees the completion. A view
+// already released, or not received from this channel, is refused (LF_ERR_INVALID_STATE).
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message.
+lf_status lf_release(struct lf_channel *channel, const struct lf_message *message);
+
+// A file descriptor for poll/epoll: readable while a message waits or after the producer
+// has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
+// until LF_ERR_WOULD_BLOCK. Consumers only.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+lf_status lf_channel_fd(struct lf_channel *channel, int *out);
+
+// Closes this end of the channel; the peer sees LF_ERR_PEER_GONE (after reading what was
+// sent). NULL is accepted. Views into the channel become invalid.
+//
+// # Safety
+// `channel` must not be in use by another thread.
+void lf_channel_free(struct lf_channel *channel);
 
 // Creates a memory context. `config` may be NULL for the defaults. Create one per process
 // and share it between threads. On success `*out` receives the context, to release with

@@ -11,6 +11,8 @@
 //!   only module cbindgen reads (the others carry `cbindgen:ignore`).
 
 /// cbindgen:ignore
+pub mod channels;
+/// cbindgen:ignore
 pub mod config;
 /// cbindgen:ignore
 pub mod error;

@@ -13,6 +13,7 @@
 pub mod alloc;
 pub mod buffer;
 pub mod buffer_io;
+pub mod channel;
 pub mod context;
 pub mod device;
 pub mod export;

@@ -2,7 +2,9 @@
 //! RAII memory mappings, and file-descriptor passing over Unix sockets. Nothing here knows
 //! about lava-flow's own concepts.
 
+pub mod eventfd;
 pub mod fdpass;
+pub mod futex;
 pub mod mapping;
 pub mod memfd;
 

@@ -1,0 +1,641 @@
+//! lf-bench: OSU-style benchmarks of lava-flow channels between two processes, with the
+//! machine's floors measured in the same run.
+//!
+//! ```text
+//! lf-bench [--quick] [--json] [--sizes 8,64,4K,1M] [--iters N] [--modes busy,block,ffi]
+//!          [--bw-sizes 1M,16M] [--window W] [--no-pin]
+//! ```
+//!
+//! - latency: ping-pong, half round trip (p50/p99/p99.9), per wait strategy (busy-poll,
+//!   block) and payload handling: `zero-copy` (loan and publish; the receiver only takes the
+//!   view) and `touch` (the sender writes every byte, the receiver reads every byte).
+//!   `ffi` runs the busy zero-copy ping-pong through the C API.
+//! - bandwidth: one direction, `window` messages in flight, zero-copy and touch.
+//! - floors: two processes spinning on one shared cache line; an eventfd ping-pong; a
+//!   single-thread memcpy. lava-flow's ratio to each is printed with the issue's targets.
+//!
+//! The two processes (fork) are pinned to cores 0 and 1 unless `--no-pin`.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
+use lava_flow::ProcessLocation;
+
+#[derive(Clone, Debug)]
+struct Options {
+    quick: bool,
+    json: bool,
+    sizes: Vec<usize>,
+    bw_sizes: Vec<usize>,
+    iters: Option<usize>,
+    modes: Vec<String>,
+    window: usize,
+    pin: bool,
+}
+
+fn parse_size(s: &str) -> usize {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K') | Some('k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M') | Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') | Some('g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().unwrap_or_else(|_| die(&format!("bad size {s:?}"))) * mult
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("lf-bench: {msg}");
+    std::process::exit(2)
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{}K", s >> 10),
+        s => format!("{s}"),
+    }
+}
+
+fn options() -> Options {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut o = Options {
+        quick: false,
+        json: false,
+        sizes: vec![],
+        bw_sizes: vec![],
+        iters: None,
+        modes: vec!["busy".into(), "block".into(), "ffi".into()],
+        window: 16,
+        pin: true,
+    };
+    let mut i = 0;
+    let value = |i: &mut usize| -> String {
+        *i += 1;
+        args.get(*i).cloned().unwrap_or_else(|| die("option needs a value"))
+    };
+    while i < args.len() {
+        match args[i].as_str() {
+            "--quick" => o.quick = true,
+            "--json" => o.json = true,
+            "--no-pin" => o.pin = false,
+            "--sizes" => o.sizes = value(&mut i).split(',').map(parse_size).collect(),
+            "--bw-sizes" => o.bw_sizes = value(&mut i).split(',').map(parse_size).collect(),
+            "--iters" => o.iters = Some(value(&mut i).parse().unwrap_or_else(|_| die("bad --iters"))),
+            "--modes" => o.modes = value(&mut i).split(',').map(str::to_owned).collect(),
+            "--window" => o.window = value(&mut i).parse().unwrap_or_else(|_| die("bad --window")),
+            "-h" | "--help" => {
+                println!("usage: lf-bench [--quick] [--json] [--sizes LIST] [--bw-sizes LIST] [--iters N] [--modes busy,block,ffi] [--window W] [--no-pin]");
+                std::process::exit(0);
+            }
+            other => die(&format!("unknown option {other}")),
+        }
+        i += 1;
+    }
+    if o.sizes.is_empty() {
+        o.sizes = if o.quick {
+            vec![8, 64, 1 << 10, 64 << 10, 1 << 20, 16 << 20]
+        } else {
+            let mut v = vec![8, 64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10];
+            v.extend([1 << 20, 4 << 20, 16 << 20, 64 << 20]);
+            v
+        };
+    }
+    if o.bw_sizes.is_empty() {
+        o.bw_sizes = if o.quick { vec![64 << 10, 1 << 20, 16 << 20] } else { vec![4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20] };
+    }
+    for m in &o.modes {
+        if !matches!(m.as_str(), "busy" | "block" | "ffi") {
+            die(&format!("unknown mode {m}; use busy, block, ffi"));
+        }
+    }
+    o
+}
+
+fn iterations(o: &Options, size: usize, blocking: bool) -> usize {
+    if let Some(n) = o.iters {
+        return n;
+    }
+    let base = if o.quick { 5_000 } else { 50_000 };
+    let base = if blocking { base / 5 } else { base };
+    // Keep big messages to a bounded number of bytes moved.
+    let budget = if o.quick { 256usize << 20 } else { 2usize << 30 };
+    (budget / size.max(1)).clamp(10, base)
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            eprintln!("lf-bench: could not pin to core {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Percentiles {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+}
+
+/// Half round trips in ns from round-trip samples.
+fn percentiles(mut rtts: Vec<u64>) -> Percentiles {
+    rtts.sort_unstable();
+    let at = |q: f64| rtts[((rtts.len() as f64 - 1.0) * q).round() as usize] as f64 / 2.0;
+    Percentiles { p50: at(0.5), p99: at(0.99), p999: at(0.999) }
+}
+
+// ----- floors ------------------------------------------------------------------------------
+
+/// Two processes bouncing a counter on one cache line.
+fn spin_floor_ping(line: &AtomicU64, iters: usize) -> Percentiles {
+    let mut rtts = Vec::with_capacity(iters);
+    let mut v = 0u64; // the line starts at 0; reading it could race with the peer's first store
+    for _ in 0..iters + iters / 10 {
+        let t = Instant::now();
+        line.store(v + 1, Ordering::Release);
+        while line.load(Ordering::Acquire) != v + 2 {
+            std::hint::spin_loop();
+        }
+        v += 2;
+        rtts.push(t.elapsed().as_nanos() as u64);
+    }
+    percentiles(rtts.split_off(iters / 10))
+}
+
+fn spin_floor_pong(line: &AtomicU64, iters: usize) {
+    let mut v = 0u64; // the line starts at 0; reading it could race with the peer's first store
+    for _ in 0..iters + iters / 10 {
+        while line.load(Ordering::Acquire) != v + 1 {
+            std::hint::spin_loop();
+        }
+        line.store(v + 2, Ordering::Release);
+        v += 2;
+    }
+}
+
+fn efd_write(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn efd_read(fd: &OwnedFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from a blocking eventfd.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}
+
+fn blocking_eventfd() -> OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: eventfd takes integers; the result is a new fd owned here.
+    unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) }
+}
+
+fn memcpy_bandwidth(size: usize, quick: bool) -> f64 {
+    let src = vec![1u8; size];
+    let mut dst = vec![0u8; size];
+    dst.copy_from_slice(&src);
+    let budget: usize = if quick { 1 << 30 } else { 4 << 30 };
+    let reps = (budget / size).clamp(3, 10_000);
+    let t = Instant::now();
+    for _ in 0..reps {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    (reps * size) as f64 / t.elapsed().as_secs_f64()
+}
+
+// ----- lava-flow ---------------------------------------------------------------------------
+
+fn fill(buf: &mut [u8], v: u8) {
+    buf.fill(v);
+}
+
+/// Reads every byte (summing words), so that touch mode really moves the data.
+fn read_all(buf: &[u8]) -> u64 {
+    // SAFETY: u64 has no invalid bit patterns; align_to splits at aligned boundaries.
+    let (head, words, tail) = unsafe { buf.align_to::<u64>() };
+    let mut sum = 0u64;
+    for w in words {
+        sum = sum.wrapping_add(*w);
+    }
+    for b in head.iter().chain(tail) {
+        sum = sum.wrapping_add(*b as u64);
+    }
+    std::hint::black_box(sum)
+}
+
+fn send_one(p: &mut Producer, size: usize, touch: bool, v: u8) {
+    // Zero-copy: the payload is neither written nor read, so what is measured is the
+    // transport alone, whatever the size.
+    let mut loan = p.loan(size, None).expect("loan");
+    if touch {
+        fill(loan.as_mut_slice(), v);
+    }
+    loan.publish().expect("publish");
+}
+
+fn recv_one(c: &mut Consumer, touch: bool) {
+    let m = c.recv().expect("recv");
+    if touch {
+        read_all(&m);
+    } else {
+        std::hint::black_box(m.len());
+    }
+}
+
+struct Pair {
+    tx: Producer,
+    rx: Consumer,
+}
+
+fn config(wait: WaitStrategy, pool: usize) -> ChannelConfig {
+    ChannelConfig { wait, capacity: 256, pool_size: pool, rendezvous_timeout: Some(Duration::from_secs(30)), transports: None }
+}
+
+/// The ping side produces on `<tag>-a2b` and consumes `<tag>-b2a`; pong the reverse. The
+/// producer is created first on both sides, then the consumer: ping's producer meets pong's
+/// consumer first.
+fn open_pair(tag: &str, ping: bool, wait: WaitStrategy, pool: usize) -> Pair {
+    let here = ProcessLocation::from_hostname().expect("hostname");
+    let cfg = config(wait, pool);
+    if ping {
+        let tx = Producer::create(&format!("{tag}-a2b"), &here, &here, &cfg).expect("producer a2b");
+        let rx = Consumer::create(&format!("{tag}-b2a"), &here, &here, &cfg).expect("consumer b2a");
+        Pair { tx, rx }
+    } else {
+        let rx = Consumer::create(&format!("{tag}-a2b"), &here, &here, &cfg).expect("consumer a2b");
+        let tx = Producer::create(&format!("{tag}-b2a"), &here, &here, &cfg).expect("producer b2a");
+        Pair { tx, rx }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct LatencyRow {
+    mode: String,
+    payload: &'static str,
+    size: usize,
+    iters: usize,
+    lat: Percentiles,
+}
+
+#[derive(Clone, Debug)]
+struct BandwidthRow {
+    payload: &'static str,
+    size: usize,
+    window: usize,
+    bytes_per_s: f64,
+}
+
+fn latency(pair: &mut Pair, ping: bool, size: usize, touch: bool, iters: usize) -> Option<Percentiles> {
+    let warm = (iters / 10).max(5);
+    let mut rtts = Vec::with_capacity(iters);
+    for i in 0..warm + iters {
+        let v = i as u8;
+        if ping {
+            let t = Instant::now();
+            send_one(&mut pair.tx, size, touch, v);
+            recv_one(&mut pair.rx, touch);
+            if i >= warm {
+                rtts.push(t.elapsed().as_nanos() as u64);
+            }
+        } else {
+            recv_one(&mut pair.rx, touch);
+            send_one(&mut pair.tx, size, touch, v);
+        }
+    }
+    ping.then(|| percentiles(rtts))
+}
+
+fn bandwidth(pair: &mut Pair, ping: bool, size: usize, touch: bool, window: usize, iters: usize) -> Option<f64> {
+    let mut start = Instant::now();
+    for it in 0..iters + 1 {
+        if it == 1 {
+            start = Instant::now();
+        }
+        if ping {
+            for w in 0..window {
+                send_one(&mut pair.tx, size, touch, w as u8);
+            }
+            recv_one(&mut pair.rx, false);
+        } else {
+            for _ in 0..window {
+                recv_one(&mut pair.rx, touch);
+            }
+            send_one(&mut pair.tx, 1, false, 0);
+        }
+    }
+    ping.then(|| (iters * window * size) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Ping-pong through the C API (busy-poll, zero-copy): the cost of the handle registry and
+/// the panic boundary on the hot path.
+fn ffi_latency(tag: &str, ping: bool, size: usize, iters: usize) -> Option<Percentiles> {
+    use lava_flow::ffi::channel::*;
+    use lava_flow::ffi::location::{lf_location_detect, lf_location_free};
+    use lava_flow::ffi::status::lf_status;
+    use std::ffi::CString;
+    // SAFETY: C API calls with valid pointers; every status is checked.
+    unsafe {
+        let mut here = std::ptr::null_mut();
+        assert_eq!(lf_location_detect(&mut here), lf_status::LF_OK);
+        let mut cfg: lf_channel_config = std::mem::zeroed();
+        lf_channel_config_default(&mut cfg);
+        cfg.wait_strategy = LF_WAIT_BUSY_POLL;
+        let a2b = CString::new(format!("{tag}-a2b")).unwrap();
+        let b2a = CString::new(format!("{tag}-b2a")).unwrap();
+        let (mut tx, mut rx) = (std::ptr::null_mut(), std::ptr::null_mut());
+        if ping {
+            assert_eq!(lf_channel_create(a2b.as_ptr(), LF_ROLE_PRODUCER, here, here, &cfg, &mut tx), lf_status::LF_OK);
+            assert_eq!(lf_channel_create(b2a.as_ptr(), LF_ROLE_CONSUMER, here, here, &cfg, &mut rx), lf_status::LF_OK);
+        } else {
+            assert_eq!(lf_channel_create(a2b.as_ptr(), LF_ROLE_CONSUMER, here, here, &cfg, &mut rx), lf_status::LF_OK);
+            assert_eq!(lf_channel_create(b2a.as_ptr(), LF_ROLE_PRODUCER, here, here, &cfg, &mut tx), lf_status::LF_OK);
+        }
+        lf_location_free(here);
+        let warm = (iters / 10).max(5);
+        let mut rtts = Vec::with_capacity(iters);
+        let mut loan: lf_loan_region = std::mem::zeroed();
+        let mut msg: lf_message = std::mem::zeroed();
+        let send = |loan: &mut lf_loan_region| {
+            assert_eq!(lf_loan(tx, size, -1, loan), lf_status::LF_OK);
+            assert_eq!(lf_publish(tx, loan, size, std::ptr::null_mut()), lf_status::LF_OK);
+        };
+        let recv = |msg: &mut lf_message| {
+            assert_eq!(lf_recv(rx, -1, msg), lf_status::LF_OK);
+            std::hint::black_box(msg.len);
+            assert_eq!(lf_release(rx, msg), lf_status::LF_OK);
+        };
+        for i in 0..warm + iters {
+            if ping {
+                let t = Instant::now();
+                send(&mut loan);
+                recv(&mut msg);
+                if i >= warm {
+                    rtts.push(t.elapsed().as_nanos() as u64);
+                }
+            } else {
+                recv(&mut msg);
+                send(&mut loan);
+            }
+        }
+        // The cost of one handle check + boundary, in-process.
+        let calls = 1_000_000;
+        let mut name = std::ptr::null();
+        let t = Instant::now();
+        for _ in 0..calls {
+            lf_channel_transport(tx, &mut name, std::ptr::null_mut());
+        }
+        let per_call = t.elapsed().as_nanos() as f64 / calls as f64;
+        if ping {
+            eprintln!("ffi: handle check + boundary (lf_channel_transport) {per_call:.1} ns/call");
+            FFI_CALL_NS.store(per_call.to_bits(), Ordering::Relaxed);
+        }
+        lf_channel_free(tx);
+        lf_channel_free(rx);
+        ping.then(|| percentiles(rtts))
+    }
+}
+
+static FFI_CALL_NS: AtomicU64 = AtomicU64::new(0);
+
+// ----- driver ------------------------------------------------------------------------------
+
+struct Results {
+    spin_floor: Percentiles,
+    eventfd_floor: Percentiles,
+    memcpy: Vec<(usize, f64)>,
+    latency: Vec<LatencyRow>,
+    bandwidth: Vec<BandwidthRow>,
+}
+
+fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag: &str) -> Option<Results> {
+    let floor_iters = if o.quick { 20_000 } else { 200_000 };
+    let spin_floor = if ping { Some(spin_floor_ping(line, floor_iters)) } else {
+        spin_floor_pong(line, floor_iters);
+        None
+    };
+    let efd_iters = floor_iters / 10;
+    let mut rtts = Vec::new();
+    for i in 0..efd_iters + efd_iters / 10 {
+        if ping {
+            let t = Instant::now();
+            efd_write(efd.0);
+            efd_read(efd.1);
+            if i >= efd_iters / 10 {
+                rtts.push(t.elapsed().as_nanos() as u64);
+            }
+        } else {
+            efd_read(efd.0);
+            efd_write(efd.1);
+        }
+    }
+    let eventfd_floor = ping.then(|| percentiles(rtts));
+
+    let max_size = o.sizes.iter().chain(&o.bw_sizes).copied().max().unwrap_or(64);
+    let pool = (max_size * 4).max(64 << 20);
+    let mut latency_rows = Vec::new();
+    let mut bandwidth_rows = Vec::new();
+    for mode in &o.modes {
+        if mode == "ffi" {
+            for &size in o.sizes.iter().filter(|&&s| s <= 64) {
+                let iters = iterations(o, size, false);
+                if let Some(lat) = ffi_latency(&format!("{tag}-ffi{size}"), ping, size, iters) {
+                    latency_rows.push(LatencyRow { mode: "busy-ffi".into(), payload: "zero-copy", size, iters, lat });
+                }
+            }
+            continue;
+        }
+        let (wait, blocking) = match mode.as_str() {
+            "busy" => (WaitStrategy::BusyPoll, false),
+            _ => (WaitStrategy::Block, true),
+        };
+        let mut pair = open_pair(&format!("{tag}-{mode}"), ping, wait, pool);
+        for touch in [false, true] {
+            for &size in &o.sizes {
+                let iters = iterations(o, size, blocking);
+                if let Some(lat) = latency(&mut pair, ping, size, touch, iters) {
+                    latency_rows.push(LatencyRow { mode: mode.clone(), payload: if touch { "touch" } else { "zero-copy" }, size, iters, lat });
+                }
+            }
+        }
+        if mode == "busy" {
+            for touch in [false, true] {
+                for &size in &o.bw_sizes {
+                    let window = o.window.min(pool / size / 2).max(1);
+                    let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };
+                    let iters = (budget / (size * window)).clamp(3, 2000);
+                    if let Some(bps) = bandwidth(&mut pair, ping, size, touch, window, iters) {
+                        bandwidth_rows.push(BandwidthRow { payload: if touch { "touch" } else { "zero-copy" }, size, window, bytes_per_s: bps });
+                    }
+                }
+            }
+        }
+    }
+    if !ping {
+        return None;
+    }
+    let memcpy = o.bw_sizes.iter().map(|&s| (s, memcpy_bandwidth(s, o.quick))).collect();
+    Some(Results {
+        spin_floor: spin_floor.unwrap(),
+        eventfd_floor: eventfd_floor.unwrap(),
+        memcpy,
+        latency: latency_rows,
+        bandwidth: bandwidth_rows,
+    })
+}
+
+fn find<'a>(r: &'a Results, mode: &str, payload: &str, size: usize) -> Option<&'a LatencyRow> {
+    r.latency.iter().find(|l| l.mode == mode && l.payload == payload && l.size == size)
+}
+
+/// The issue's targets, as (name, value, target, pass).
+fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
+    let mut t = Vec::new();
+    if let Some(l) = find(r, "busy", "zero-copy", 64) {
+        let ratio = l.lat.p50 / r.spin_floor.p50;
+        t.push(("busy-poll 64 B p50 / spinning floor".to_owned(), ratio, 1.5, ratio <= 1.5));
+    }
+    if let Some(l) = find(r, "block", "zero-copy", 8) {
+        let ratio = l.lat.p50 / r.eventfd_floor.p50;
+        t.push(("blocking 8 B p50 / eventfd floor".to_owned(), ratio, 1.3, ratio <= 1.3));
+    }
+    for b in r.bandwidth.iter().filter(|b| b.payload == "touch" && b.size >= 1 << 20) {
+        if let Some((_, m)) = r.memcpy.iter().find(|(s, _)| *s == b.size) {
+            let ratio = b.bytes_per_s / m;
+            t.push((format!("touch bandwidth {} / memcpy", human(b.size)), ratio, 0.9, ratio >= 0.9));
+        }
+    }
+    let zc: Vec<&LatencyRow> = r.latency.iter().filter(|l| l.mode == "busy" && l.payload == "zero-copy" && l.size >= 64).collect();
+    if zc.len() >= 2 {
+        let min = zc.iter().map(|l| l.lat.p50).fold(f64::MAX, f64::min);
+        let max = zc.iter().map(|l| l.lat.p50).fold(0.0, f64::max);
+        let spread = max / min - 1.0;
+        t.push((
+            format!("zero-copy p50 spread {}..{} (max/min - 1)", human(zc[0].size), human(zc[zc.len() - 1].size)),
+            spread,
+            0.10,
+            spread <= 0.10,
+        ));
+    }
+    t
+}
+
+fn print_text(r: &Results, o: &Options) {
+    println!("lf-bench: lava-flow channels, shm transport{}", if o.pin { ", pinned to cores 0 and 1" } else { "" });
+    println!();
+    println!("floors (half round trip, same run)");
+    println!("  spinning on one cache line   p50 {:8.0} ns  p99 {:8.0} ns", r.spin_floor.p50, r.spin_floor.p99);
+    println!("  eventfd ping-pong            p50 {:8.0} ns  p99 {:8.0} ns", r.eventfd_floor.p50, r.eventfd_floor.p99);
+    for (s, bw) in &r.memcpy {
+        println!("  memcpy {:>6}                {:8.2} GB/s", human(*s), bw / 1e9);
+    }
+    println!();
+    println!("latency (half round trip, ns)");
+    println!("  {:<9} {:<9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8}", "mode", "payload", "size", "p50", "p99", "p99.9", "iters", "x floor");
+    for l in &r.latency {
+        let floor = if l.mode == "block" { r.eventfd_floor.p50 } else { r.spin_floor.p50 };
+        println!(
+            "  {:<9} {:<9} {:>6} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8.2}",
+            l.mode, l.payload, human(l.size), l.lat.p50, l.lat.p99, l.lat.p999, l.iters, l.lat.p50 / floor
+        );
+    }
+    if !r.bandwidth.is_empty() {
+        println!();
+        println!("bandwidth (one direction, busy-poll)");
+        println!("  {:<9} {:>6} {:>7} {:>10} {:>10}   (zero-copy: bytes not touched, so GB/s is size x message rate)", "payload", "size", "window", "GB/s", "x memcpy");
+        for b in &r.bandwidth {
+            let m = r.memcpy.iter().find(|(s, _)| *s == b.size).map_or(f64::NAN, |(_, m)| b.bytes_per_s / m);
+            println!("  {:<9} {:>6} {:>7} {:>10.2} {:>10.2}", b.payload, human(b.size), b.window, b.bytes_per_s / 1e9, m);
+        }
+    }
+    let ffi = f64::from_bits(FFI_CALL_NS.load(Ordering::Relaxed));
+    if ffi > 0.0 {
+        println!();
+        println!("C API: handle check + panic boundary {ffi:.1} ns per call");
+    }
+    println!();
+    println!("targets (issue 5)");
+    for (name, value, target, pass) in targets(r) {
+        println!("  {:<48} {:>7.2}  target {:>5.2}  {}", name, value, target, if pass { "ok" } else { "MISSED" });
+    }
+}
+
+fn print_json(r: &Results, o: &Options) {
+    use serde_json::json;
+    let lat = |p: &Percentiles| json!({"p50_ns": p.p50, "p99_ns": p.p99, "p999_ns": p.p999});
+    let doc = json!({
+        "pinned": o.pin,
+        "floors": {
+            "spin_cache_line": lat(&r.spin_floor),
+            "eventfd": lat(&r.eventfd_floor),
+            "memcpy": r.memcpy.iter().map(|(s, b)| json!({"size": s, "bytes_per_s": b})).collect::<Vec<_>>(),
+        },
+        "latency": r.latency.iter().map(|l| json!({
+            "mode": l.mode, "payload": l.payload, "size": l.size, "iters": l.iters,
+            "p50_ns": l.lat.p50, "p99_ns": l.lat.p99, "p999_ns": l.lat.p999,
+        })).collect::<Vec<_>>(),
+        "bandwidth": r.bandwidth.iter().map(|b| json!({
+            "payload": b.payload, "size": b.size, "window": b.window, "bytes_per_s": b.bytes_per_s,
+        })).collect::<Vec<_>>(),
+        "ffi_call_ns": f64::from_bits(FFI_CALL_NS.load(Ordering::Relaxed)),
+        "targets": targets(r).into_iter().map(|(n, v, t, p)| json!({"name": n, "value": v, "target": t, "pass": p})).collect::<Vec<_>>(),
+    });
+    println!("{}", serde_json::to_string_pretty(&doc).unwrap());
+}
+
+fn main() {
+    let o = options();
+    // A private runtime dir unless the caller chose one.
+    let tag = format!("lfb{}", std::process::id());
+    if std::env::var_os("LF_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("{tag}-rt"));
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).expect("runtime dir");
+        std::env::set_var("LF_RUNTIME_DIR", &dir);
+    }
+    // The floor's cache line must stay shared after fork: MAP_SHARED anonymous.
+    // SAFETY: a fresh shared anonymous page; the result is checked.
+    let line_ptr = unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        p
+    };
+    // SAFETY: the page is live for the whole run, 8-aligned, and used only through atomics.
+    let line = unsafe { &*(line_ptr as *const AtomicU64) };
+    let (efd_a, efd_b) = (blocking_eventfd(), blocking_eventfd());
+    // SAFETY: no other threads exist yet; the child only runs this function's code.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    let ping = child > 0;
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if o.pin && online >= 2 {
+        pin_to(if ping { 0 } else { 1 });
+    }
+    let results = run(&o, ping, line, (&efd_a, &efd_b), &tag);
+    if !ping {
+        std::process::exit(0);
+    }
+    let mut status = 0;
+    // SAFETY: waiting for the child we forked.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    if let Ok(dir) = std::env::var("LF_RUNTIME_DIR") {
+        if dir.contains(&tag) {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+    let r = results.expect("ping side has results");
+    if o.json {
+        print_json(&r, &o);
+    } else {
+        print_text(&r, &o);
+    }
+}

@@ -1,0 +1,271 @@
+//! The receiving end of a channel: blocking, non-blocking, pollable-fd and async receives of
+//! zero-copy [`Message`] views.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, AsFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::transport::{AnyConsumer, ConsumerTransport, RawView, Release, TransportInfo, TransportKind};
+use super::transports::shm::ShmConsumer;
+use super::{select_transport, validate_channel_name, ChannelConfig};
+use crate::error::{Error, Result};
+use crate::os::eventfd::{eventfd, eventfd_signal, poll};
+use crate::types::ProcessLocation;
+
+/// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
+pub struct Consumer {
+    transport: AnyConsumer,
+    name: String,
+    waker_thread: Option<WakerThread>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer").field("name", &self.name).field("transport", self.transport.info()).finish()
+    }
+}
+
+impl Consumer {
+    /// Creates the consuming end of channel `name` and waits for a producer (up to
+    /// `config.rendezvous_timeout`; the producer may start before or after). The consumer
+    /// keeps the name: when its producer has gone, a new producer can attach, and the next
+    /// receive after the old producer's messages picks it up.
+    pub fn create(name: &str, my_location: &ProcessLocation, peer_location: &ProcessLocation, config: &ChannelConfig) -> Result<Consumer> {
+        validate_channel_name(name)?;
+        let info = select_transport(my_location, peer_location, config)?;
+        let transport = match info.kind {
+            TransportKind::Shm => AnyConsumer::Shm(ShmConsumer::listen(name, info, config)?),
+            other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
+        };
+        Ok(Consumer { transport, name: name.to_owned(), waker_thread: None })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The transport and why it was chosen.
+    pub fn transport(&self) -> &TransportInfo {
+        self.transport.info()
+    }
+
+    /// The next message, waiting as long as needed. `PeerGone` once the producer has gone and
+    /// everything it sent has been received.
+    #[inline]
+    pub fn recv(&mut self) -> Result<Message> {
+        let view = self.recv_raw(None)?;
+        Ok(self.wrap(view))
+    }
+
+    /// As [`recv`](Self::recv), giving up with `Timeout` after `timeout`.
+    #[inline]
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message> {
+        let view = self.recv_raw(Some(Instant::now() + timeout))?;
+        Ok(self.wrap(view))
+    }
+
+    /// The next message if one is waiting, else `WouldBlock` (or `PeerGone`).
+    #[inline]
+    pub fn try_recv(&mut self) -> Result<Message> {
+        let view = self.transport.try_recv()?;
+        Ok(self.wrap(view))
+    }
+
+    /// Receives asynchronously, without a runtime: the future registers its waker with a
+    /// helper thread (started on first use) that sleeps on [`notify_fd`](Self::notify_fd).
+    pub fn recv_async(&mut self) -> RecvFuture<'_> {
+        RecvFuture { consumer: self }
+    }
+
+    /// A file descriptor for `poll`/`epoll`/event loops: readable while a message waits or
+    /// after the producer has gone. Owned by the consumer. From this call on, the producer
+    /// makes a syscall per message that finds the consumer waiting on the fd; call
+    /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
+    pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        self.transport.notify_fd()
+    }
+    #[inline]
+    fn wrap(&self, view: RawView) -> Message {
+        Message { view, releaser: self.transport.releaser() }
+    }
+    #[inline]
+    pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        self.transport.recv(deadline)
+    }
+
+    pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
+        self.transport.try_recv()
+    }
+
+    /// Releases a view received with `recv_raw` (the C API's path: views are plain values).
+    pub(crate) fn release_raw(&mut self, view: &RawView) -> Result<()> {
+        self.transport.release(view)
+    }
+
+    /// The shared control region's address and length, for tests that play a hostile peer.
+    #[doc(hidden)]
+    pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
+        self.transport.raw_region()
+    }
+
+    fn waker_thread(&mut self) -> Result<&WakerThread> {
+        if self.waker_thread.is_none() {
+            let fd = self.transport.notify_fd()?.as_raw_fd();
+            self.waker_thread = Some(WakerThread::start(fd)?);
+        }
+        Ok(self.waker_thread.as_ref().expect("started above"))
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        // The helper thread polls the transport's fd: stop it before the fd closes.
+        if let Some(mut t) = self.waker_thread.take() {
+            t.stop();
+        }
+    }
+}
+
+/// A received message, read where it lies in shared memory. Dropping it releases the space,
+/// which the producer sees as completion.
+///
+/// The bytes live in memory the producer's process can also write. A well-behaved producer
+/// does not touch a message after publishing it; lava-flow's own bounds never depend on the
+/// contents, so a misbehaving one can change what you read but not where.
+pub struct Message {
+    view: RawView,
+    releaser: Arc<dyn Release>,
+}
+
+// SAFETY: the view points into a mapping kept alive by `releaser` (the session), which is
+// Send + Sync; reading it from another thread is as safe as from this one.
+unsafe impl Send for Message {}
+// SAFETY: &Message only gives read access to the bytes.
+unsafe impl Sync for Message {}
+
+impl Message {
+    /// The message's sequence number in its channel (0, 1, 2, ... per producer).
+    #[inline]
+    pub fn sequence(&self) -> u64 {
+        self.view.token
+    }
+    #[inline]
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the transport validated that view.len bytes at view.ptr lie inside its
+        // mapping, which `releaser` keeps alive; the producer does not reuse them before the
+        // release in Drop.
+        unsafe { std::slice::from_raw_parts(self.view.ptr, self.view.len) }
+    }
+}
+
+impl Deref for Message {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message").field("sequence", &self.view.token).field("len", &self.view.len).finish()
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        // Only a view already released could fail, and a Message is released once.
+        let _ = self.releaser.release(&self.view);
+    }
+}
+
+/// The future of [`Consumer::recv_async`].
+pub struct RecvFuture<'a> {
+    consumer: &'a mut Consumer,
+}
+
+impl Future for RecvFuture<'_> {
+    type Output = Result<Message>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let consumer = &mut *self.consumer;
+        match consumer.try_recv() {
+            Err(Error::WouldBlock(_)) => {}
+            other => return Poll::Ready(other),
+        }
+        match consumer.waker_thread() {
+            Ok(thread) => thread.register(cx.waker().clone()),
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+        // A message that arrived before the registration has made the fd readable, so the
+        // helper thread wakes us at once; no lost wake-up.
+        Poll::Pending
+    }
+}
+
+/// A thread that waits on a consumer's notification fd and wakes the registered waker.
+struct WakerThread {
+    shared: Arc<(Mutex<WakerState>, Condvar)>,
+    stop_fd: Arc<OwnedFd>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct WakerState {
+    waker: Option<Waker>,
+    stop: bool,
+}
+
+impl WakerThread {
+    fn start(notify_fd: i32) -> Result<Self> {
+        let shared = Arc::new((Mutex::new(WakerState::default()), Condvar::new()));
+        let stop_fd = Arc::new(eventfd()?);
+        let (s, stop) = (shared.clone(), stop_fd.clone());
+        let handle = std::thread::Builder::new()
+            .name("lava-flow-waker".into())
+            .spawn(move || loop {
+                {
+                    let mut state = s.0.lock();
+                    while state.waker.is_none() && !state.stop {
+                        s.1.wait(&mut state);
+                    }
+                    if state.stop {
+                        return;
+                    }
+                }
+                let mut fds = [
+                    libc::pollfd { fd: notify_fd, events: libc::POLLIN, revents: 0 },
+                    libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                ];
+                if poll(&mut fds, None).is_err() || fds[1].revents != 0 {
+                    return;
+                }
+                let waker = s.0.lock().waker.take();
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            })
+            .map_err(|e| Error::os("spawning the async waker thread", e))?;
+        Ok(WakerThread { shared, stop_fd, handle: Some(handle) })
+    }
+
+    fn register(&self, waker: Waker) {
+        self.shared.0.lock().waker = Some(waker);
+        self.shared.1.notify_one();
+    }
+
+    fn stop(&mut self) {
+        self.shared.0.lock().stop = true;
+        self.shared.1.notify_one();
+        eventfd_signal(self.stop_fd.as_fd());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

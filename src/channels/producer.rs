@@ -1,0 +1,184 @@
+//! The sending end of a channel.
+
+use std::time::{Duration, Instant};
+
+use super::transport::{AnyProducer, ProducerTransport, RawLoan, SharedRegion, TransportInfo, TransportKind};
+use super::transports::shm::ShmProducer;
+use super::{select_transport, validate_channel_name, ChannelConfig};
+use crate::error::{Error, Result};
+use crate::types::ProcessLocation;
+
+/// The sending end of a channel. Not shareable between threads (`&mut self` everywhere), but
+/// it may move to another thread.
+pub struct Producer {
+    transport: AnyProducer,
+    name: String,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer").field("name", &self.name).field("transport", self.transport.info()).finish()
+    }
+}
+
+impl Producer {
+    /// Creates the producing end of channel `name` and waits for the consumer (up to
+    /// `config.rendezvous_timeout`; the consumer may start before or after).
+    pub fn create(name: &str, my_location: &ProcessLocation, peer_location: &ProcessLocation, config: &ChannelConfig) -> Result<Producer> {
+        validate_channel_name(name)?;
+        let info = select_transport(my_location, peer_location, config)?;
+        let transport = match info.kind {
+            TransportKind::Shm => AnyProducer::Shm(ShmProducer::connect(name, info, config)?),
+            other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
+        };
+        Ok(Producer { transport, name: name.to_owned() })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The transport and why it was chosen.
+    pub fn transport(&self) -> &TransportInfo {
+        self.transport.info()
+    }
+
+    /// The largest message this channel carries.
+    pub fn max_message_len(&self) -> usize {
+        self.transport.max_message_len()
+    }
+
+    /// Copies `data` into the channel, waiting for room as long as needed. Returns the
+    /// message's sequence number (0, 1, 2, ...).
+    #[inline]
+    pub fn send(&mut self, data: &[u8]) -> Result<u64> {
+        self.send_until(data, None)
+    }
+
+    /// As [`send`](Self::send), giving up with `Timeout` after `timeout`.
+    pub fn send_timeout(&mut self, data: &[u8], timeout: Duration) -> Result<u64> {
+        self.send_until(data, Some(Instant::now() + timeout))
+    }
+
+    /// As [`send`](Self::send), but `WouldBlock` at once when the channel is full.
+    #[inline]
+    pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
+        let loan = self.transport.try_loan(data.len())?;
+        self.fill_and_publish(loan, data)
+    }
+    #[inline]
+    pub(crate) fn send_until(&mut self, data: &[u8], deadline: Option<Instant>) -> Result<u64> {
+        let loan = self.loan_raw(data.len(), deadline)?;
+        self.fill_and_publish(loan, data)
+    }
+    #[inline]
+    fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {
+        // SAFETY: the loan is `data.len()` writable bytes of the channel's region that nothing
+        // else writes until it is published; `data` is a separate Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), loan.ptr, data.len()) };
+        self.transport.publish(loan, data.len())
+    }
+
+    /// Lends `len` bytes of the channel's shared memory to write a message in place, waiting
+    /// for room up to `timeout` (`None`: forever). Publish it with [`Loan::publish`]; dropping
+    /// it unpublished gives the room back.
+    #[inline]
+    pub fn loan(&mut self, len: usize, timeout: Option<Duration>) -> Result<Loan<'_>> {
+        let raw = self.loan_raw(len, timeout.map(|t| Instant::now() + t))?;
+        Ok(Loan { producer: self, raw: Some(raw) })
+    }
+
+    /// As [`loan`](Self::loan), but `WouldBlock` at once when the channel is full.
+    #[inline]
+    pub fn try_loan(&mut self, len: usize) -> Result<Loan<'_>> {
+        let raw = self.transport.try_loan(len)?;
+        Ok(Loan { producer: self, raw: Some(raw) })
+    }
+    #[inline]
+    pub(crate) fn loan_raw(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        self.transport.loan(len, deadline)
+    }
+
+    pub(crate) fn try_loan_raw(&mut self, len: usize) -> Result<RawLoan> {
+        self.transport.try_loan(len)
+    }
+    #[inline]
+    pub(crate) fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        self.transport.publish(loan, len)
+    }
+
+    pub(crate) fn cancel_raw(&mut self, loan: RawLoan) {
+        self.transport.cancel(loan)
+    }
+
+    /// How many messages the consumer has released: every sequence number below the result
+    /// is done, and its memory reusable.
+    pub fn completed(&mut self) -> Result<u64> {
+        self.transport.completed()
+    }
+
+    /// Waits until message `seq` has been released by the consumer.
+    pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
+        self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))
+    }
+
+    /// Sends bytes that already lie in memory the peer can map, without copying them (the
+    /// hook for Layer 1 buffers; no transport implements it yet).
+    pub fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        self.transport.send_region(region, offset, len)
+    }
+
+    /// The shared control region's address and length, for tests that play a hostile peer.
+    #[doc(hidden)]
+    pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
+        self.transport.raw_region()
+    }
+}
+
+/// Room lent by a [`Producer`] to write one message in place.
+pub struct Loan<'a> {
+    producer: &'a mut Producer,
+    raw: Option<RawLoan>,
+}
+
+impl Loan<'_> {
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.raw.as_ref().map_or(0, |r| r.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The lent bytes. Their previous contents are unspecified (an earlier message's).
+    #[inline]
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let raw = self.raw.as_ref().expect("loan is live until consumed");
+        // SAFETY: raw.len bytes at raw.ptr belong to this loan alone until published; the
+        // region stays mapped while the producer (borrowed by this loan) lives.
+        unsafe { std::slice::from_raw_parts_mut(raw.ptr, raw.len) }
+    }
+
+    /// Publishes the whole loan as the next message; returns its sequence number.
+    #[inline]
+    pub fn publish(self) -> Result<u64> {
+        let len = self.len();
+        self.publish_len(len)
+    }
+
+    /// Publishes the first `len` bytes (1..=loan length).
+    #[inline]
+    pub fn publish_len(mut self, len: usize) -> Result<u64> {
+        let raw = self.raw.take().expect("loan is live until consumed");
+        self.producer.publish_raw(raw, len)
+    }
+}
+
+impl Drop for Loan<'_> {
+    fn drop(&mut self) {
+        if let Some(raw) = self.raw.take() {
+            self.producer.cancel_raw(raw);
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! One file per transport.
+
+pub mod shm;
+pub mod shm_ring;

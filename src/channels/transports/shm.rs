@@ -1,0 +1,1064 @@
+//! The same-host shared-memory transport.
+//!
+//! See [`super::shm_ring`] for the region's layout. Sending a message writes its slot (and,
+//! for a large one, its pool bytes) and then the slot's `seq` word; that store is the only
+//! synchronisation on the fast path. Afterwards the producer reads the consumer's
+//! "sleeping" flags, a cache line the consumer writes only when it goes to sleep, and makes a
+//! syscall (futex wake, eventfd write) only if one is set.
+//!
+//! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and polls them
+//! (one `poll` syscall with zero timeout) every [`LIVENESS_PERIOD`] while it waits; blocked
+//! waits sleep at most [`SLEEP_SLICE`] at a time for that reason. A closing peer also sets its
+//! `closed` word, which is seen at once.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::shm_ring::{Geometry, Region, INLINE_MAX, KIND_INLINE, KIND_POOL, POOL_ALIGN};
+use crate::channels::rendezvous::{self, Hello, Listener, PeerWatch};
+use crate::channels::transport::{ConsumerTransport, ProducerTransport, RawLoan, RawView, Release, TransportInfo};
+use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::error::{Error, Result};
+use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
+use crate::os::futex::{futex_wait, futex_wake};
+use crate::os::{recv_with_fds, send_with_fds};
+
+pub use super::shm_ring::INLINE_MAX as SHM_INLINE_MAX;
+
+/// How often a waiting side checks that its peer is alive.
+pub const LIVENESS_PERIOD: Duration = Duration::from_millis(2);
+/// The longest a blocked wait sleeps before checking its peer (and its deadline) again.
+pub const SLEEP_SLICE: Duration = Duration::from_millis(15);
+/// Transport id in the hello.
+const TRANSPORT_SHM: u32 = 1;
+
+/// Sleeps on `futex` while `ready` stays false, announcing the sleep in `sleeping` so the
+/// other side knows to wake us; returns after one wake-up or [`SLEEP_SLICE`] (or less, to
+/// honour `deadline`).
+fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, deadline: Option<Instant>, ready: impl Fn() -> bool) {
+    let seen = futex.load(Ordering::SeqCst);
+    sleeping.store(1, Ordering::SeqCst);
+    // The SeqCst store above and the other side's SeqCst publish-then-check make this
+    // re-check safe: either we see its message now, or it sees our flag and wakes us.
+    if !ready() {
+        let slice = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(SLEEP_SLICE),
+            None => SLEEP_SLICE,
+        };
+        if !slice.is_zero() {
+            futex_wait(futex, seen, slice);
+        }
+    }
+    sleeping.store(0, Ordering::Relaxed);
+}
+
+/// Wakes the other side if it announced a sleep on `futex`.
+#[inline]
+fn wake_if_sleeping(futex: &AtomicU32, sleeping: &AtomicU32) {
+    if sleeping.load(Ordering::SeqCst) != 0 {
+        futex.fetch_add(1, Ordering::SeqCst);
+        futex_wake(futex, 1);
+    }
+}
+
+/// A generic wait loop: spins while the strategy allows, then sleeps in slices; between
+/// attempts checks `done` (Ok(true) ends the wait), the peer and the deadline.
+struct Waiter {
+    strategy: WaitStrategy,
+    /// When spinning started: read from the clock at the first check, not on entry, so that
+    /// a wait that ends within its first spins costs no clock read.
+    start: Option<Instant>,
+    deadline: Option<Instant>,
+}
+
+impl Waiter {
+    fn new(strategy: WaitStrategy, deadline: Option<Instant>) -> Self {
+        Waiter { strategy, start: None, deadline }
+    }
+
+    /// Whether to spin between checks: Block sleeps at once.
+    fn spins(&self) -> bool {
+        !matches!(self.strategy, WaitStrategy::Block)
+    }
+
+    fn spinning(&mut self, now: Instant) -> bool {
+        match self.strategy {
+            WaitStrategy::BusyPoll => true,
+            WaitStrategy::SpinThenBlock { spin } => now.duration_since(*self.start.get_or_insert(now)) < spin,
+            WaitStrategy::Block => false,
+        }
+    }
+
+    fn timed_out(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producer
+// ---------------------------------------------------------------------------------------------
+
+/// The producer half of a shared-memory channel.
+pub struct ShmProducer {
+    info: TransportInfo,
+    name: String,
+    region: Region,
+    watch: PeerWatch,
+    eventfd: OwnedFd,
+    wait: WaitStrategy,
+    mask: u64,
+    slot_count: u64,
+    /// Sequence number of the next message.
+    head: u64,
+    /// The consumer's tail as last read (all messages below it are released).
+    tail: u64,
+    /// Pool allocator: monotonic byte counters; position = counter % pool_size.
+    pool_head: u64,
+    pool_tail: u64,
+    /// `pool_head` after each in-flight message's allocation, indexed by slot.
+    pool_ends: Vec<u64>,
+    loan: Option<PendingLoan>,
+    sends_since_check: u32,
+    last_check: Instant,
+    socket_path: PathBuf,
+    socket_id: Option<rendezvous::FileId>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingLoan {
+    token: u64,
+    ptr: *mut u8,
+    len: usize,
+    kind: u32,
+    pool_offset: u64,
+    pool_end: u64,
+}
+
+// SAFETY: the raw pointers in PendingLoan point into `region`, which the producer owns and
+// which is valid in any thread.
+unsafe impl Send for ShmProducer {}
+
+impl std::fmt::Debug for ShmProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmProducer").field("name", &self.name).field("head", &self.head).field("tail", &self.tail).finish()
+    }
+}
+
+impl ShmProducer {
+    /// Connects to the consumer of `name` and hands it a fresh region.
+    pub fn connect(name: &str, info: TransportInfo, config: &ChannelConfig) -> Result<Self> {
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
+        let eventfd = eventfd()?;
+        let hello = Hello {
+            version: super::shm_ring::VERSION,
+            transport: TRANSPORT_SHM,
+            slot_count: geometry.slot_count,
+            pool_size: geometry.pool_size,
+            total_len: geometry.total_len as u64,
+            name: name.to_owned(),
+        };
+        // A consumer that is closing may still accept our connection and then drop it; such
+        // a refusal by disappearance is retried until the deadline.
+        let (sock, cred, socket_path, socket_id, region) = loop {
+            let (sock, cred, path, id) = rendezvous::connect(name, deadline)?;
+            let (region, memfd) = Region::create(name, geometry)?;
+            let eventfd_copy = eventfd.as_fd();
+            let attempt = (|| {
+                send_with_fds(&sock, &hello.encode(), &[memfd.as_fd(), eventfd_copy])?;
+                sock.set_read_timeout(rendezvous::remaining(deadline))
+                    .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
+                rendezvous::recv_ack(&sock, name)?;
+                sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))
+            })();
+            match attempt {
+                Ok(()) => break (sock, cred, path, id, region),
+                Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let slot_count = u64::from(geometry.slot_count);
+        Ok(ShmProducer {
+            info,
+            name: name.to_owned(),
+            region,
+            watch: PeerWatch::new(sock, cred.pid),
+            eventfd,
+            wait: config.wait,
+            mask: slot_count - 1,
+            slot_count,
+            head: 0,
+            tail: 0,
+            pool_head: 0,
+            pool_tail: 0,
+            pool_ends: vec![0; slot_count as usize],
+            loan: None,
+            sends_since_check: 0,
+            last_check: Instant::now(),
+            socket_path,
+            socket_id,
+        })
+    }
+
+    fn consumer_gone(&mut self, force: bool) -> Result<()> {
+        if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
+            return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
+        }
+        let now = Instant::now();
+        if force || self.watch.known_gone() || now.duration_since(self.last_check) >= LIVENESS_PERIOD {
+            self.last_check = now;
+            if self.watch.is_gone() {
+                return Err(Error::PeerGone(format!(
+                    "the consumer of channel {:?} (pid {}) has exited or closed its socket",
+                    self.name, self.watch.pid
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the consumer's tail, checks it, and frees the pool space of released messages.
+    fn refresh_tail(&mut self) -> Result<()> {
+        let tail = self.region.tail().load(Ordering::Acquire);
+        if tail < self.tail || tail > self.head {
+            return Err(Error::Corrupt(format!(
+                "channel {:?}: the consumer's tail {tail} lies outside [{}, {}]",
+                self.name, self.tail, self.head
+            )));
+        }
+        if tail > self.tail {
+            self.tail = tail;
+            let end = self.pool_ends[((tail - 1) & self.mask) as usize];
+            self.pool_tail = self.pool_tail.max(end);
+        }
+        Ok(())
+    }
+
+    /// Finds `len` contiguous pool bytes: (offset, new pool_head), committed on publish.
+    fn pool_alloc(&mut self, len: usize) -> Option<(u64, u64)> {
+        let size = self.region.geometry.pool_size;
+        let need = (len as u64).div_ceil(POOL_ALIGN) * POOL_ALIGN;
+        if self.pool_head == self.pool_tail {
+            // Empty: start again at offset 0 so that even a pool-sized message fits.
+            let start = self.pool_head.div_ceil(size) * size;
+            self.pool_head = start;
+            self.pool_tail = start;
+        }
+        let pos = self.pool_head % size;
+        let (offset, taken) = if pos + need <= size { (pos, need) } else { (0, size - pos + need) };
+        if self.pool_head - self.pool_tail + taken > size {
+            return None;
+        }
+        Some((offset, self.pool_head + taken))
+    }
+
+    /// Whether a loan of `len` could be granted now.
+    #[inline]
+    fn room_for(&mut self, len: usize) -> Result<bool> {
+        if self.head - self.tail >= self.slot_count {
+            self.refresh_tail()?;
+            if self.head - self.tail >= self.slot_count {
+                return Ok(false);
+            }
+        }
+        if len <= INLINE_MAX {
+            return Ok(true);
+        }
+        if self.pool_alloc(len).is_some() {
+            return Ok(true);
+        }
+        self.refresh_tail()?;
+        Ok(self.pool_alloc(len).is_some())
+    }
+
+    /// A loan if there is room now, `None` if not (no allocation: the blocking path calls
+    /// this in a loop).
+    #[inline]
+    fn poll_loan(&mut self, len: usize) -> Result<Option<RawLoan>> {
+        if self.loan.is_some() {
+            return Err(Error::InvalidState(format!(
+                "channel {:?} already has a loan outstanding; publish or cancel it first",
+                self.name
+            )));
+        }
+        self.check_len(len)?;
+        // The closed word is read every time (a line the consumer writes once); the process
+        // and socket are polled at most every LIVENESS_PERIOD, looked at every 64 sends.
+        self.sends_since_check = self.sends_since_check.wrapping_add(1);
+        if self.region.consumer_closed().load(Ordering::Relaxed) != 0
+            || self.watch.known_gone()
+            || self.sends_since_check % 64 == 0
+        {
+            self.consumer_gone(false)?;
+        }
+        if !self.room_for(len)? {
+            return Ok(None);
+        }
+        let index = (self.head & self.mask) as usize;
+        let pending = if len <= INLINE_MAX {
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.slot_inline(index),
+                len,
+                kind: KIND_INLINE,
+                pool_offset: 0,
+                pool_end: self.pool_head,
+            }
+        } else {
+            let (offset, end) = self.pool_alloc(len).expect("room_for found room");
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.pool_range(offset, len as u64).expect("allocation inside the pool"),
+                len,
+                kind: KIND_POOL,
+                pool_offset: offset,
+                pool_end: end,
+            }
+        };
+        self.loan = Some(pending);
+        Ok(Some(RawLoan { ptr: pending.ptr, len, token: pending.token }))
+    }
+    #[inline]
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::invalid("a message needs at least one byte"));
+        }
+        if len as u64 > self.region.geometry.pool_size {
+            return Err(Error::invalid(format!(
+                "a {len}-byte message does not fit channel {:?}, whose pool holds {} bytes; raise ChannelConfig::pool_size",
+                self.name, self.region.geometry.pool_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ProducerTransport for ShmProducer {
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    fn max_message_len(&self) -> usize {
+        self.region.geometry.pool_size as usize
+    }
+
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        Some(self.region.raw())
+    }
+
+    fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
+        match self.poll_loan(len)? {
+            Some(loan) => Ok(loan),
+            None => Err(Error::WouldBlock(format!(
+                "channel {:?} is full ({} messages in flight, or no pool room for {len} bytes)",
+                self.name,
+                self.head - self.tail
+            ))),
+        }
+    }
+
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        loop {
+            if let Some(loan) = self.poll_loan(len)? {
+                return Ok(loan);
+            }
+            self.wait_for_room(len, deadline)?;
+        }
+    }
+
+    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
+        self.check_len(len)?;
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        let mut slept = false;
+        loop {
+            if self.room_for(len)? {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 128 != 0 && !slept {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
+            // sleep always checks, while a woken one pays no syscall.
+            slept = false;
+            self.consumer_gone(false)?;
+            if waiter.timed_out(now) {
+                return Err(Error::Timeout(format!(
+                    "channel {:?} stayed full ({} messages in flight) until the deadline",
+                    self.name,
+                    self.head - self.tail
+                )));
+            }
+            if !waiter.spinning(now) {
+                let region = &self.region;
+                let (head, slot_count) = (self.head, self.slot_count);
+                let tail_before = self.tail;
+                sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
+                    let t = region.tail().load(Ordering::SeqCst);
+                    t != tail_before || head - t < slot_count && len <= INLINE_MAX
+                });
+                // Check the condition once more before the peer: a consumer may release and
+                // then close.
+                slept = true;
+            }
+        }
+    }
+
+    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        let pending = match self.loan {
+            Some(p) if p.token == loan.token && p.ptr == loan.ptr => p,
+            _ => {
+                return Err(Error::InvalidState(format!(
+                    "this loan is not the outstanding loan of channel {:?} (already published or cancelled?)",
+                    self.name
+                )))
+            }
+        };
+        if len == 0 || len > pending.len {
+            return Err(Error::invalid(format!("publishing {len} bytes of a {}-byte loan", pending.len)));
+        }
+        self.loan = None;
+        let index = (self.head & self.mask) as usize;
+        let region = &self.region;
+        region.slot_len(index).store(len as u32, Ordering::Relaxed);
+        region.slot_kind(index).store(pending.kind, Ordering::Relaxed);
+        if pending.kind == KIND_POOL {
+            region.slot_pool_offset(index).store(pending.pool_offset, Ordering::Relaxed);
+        }
+        self.pool_ends[index] = pending.pool_end;
+        self.pool_head = pending.pool_end;
+        // SeqCst (xchg on x86) also orders this store before the flag loads below.
+        region.slot_seq(index).store(self.head + 1, Ordering::SeqCst);
+        let seq = self.head;
+        self.head += 1;
+        wake_if_sleeping(region.data_futex(), region.data_sleeping());
+        if region.fd_waiting().load(Ordering::SeqCst) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
+            eventfd_signal(self.eventfd.as_fd());
+        }
+        Ok(seq)
+    }
+
+    fn cancel(&mut self, loan: RawLoan) {
+        if self.loan.is_some_and(|p| p.token == loan.token) {
+            self.loan = None;
+        }
+    }
+
+    fn completed(&mut self) -> Result<u64> {
+        self.refresh_tail()?;
+        Ok(self.tail)
+    }
+
+    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
+        if seq >= self.head {
+            return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
+        }
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        let mut slept = false;
+        loop {
+            self.refresh_tail()?;
+            if self.tail > seq {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 128 != 0 && !slept {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
+            // sleep always checks, while a woken one pays no syscall.
+            slept = false;
+            self.consumer_gone(false)?;
+            if waiter.timed_out(now) {
+                return Err(Error::Timeout(format!(
+                    "message {seq} of channel {:?} was not released by the deadline",
+                    self.name
+                )));
+            }
+            if !waiter.spinning(now) {
+                let region = &self.region;
+                sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
+                    region.tail().load(Ordering::SeqCst) > seq
+                });
+                slept = true;
+            }
+        }
+    }
+}
+
+impl Drop for ShmProducer {
+    fn drop(&mut self) {
+        let region = &self.region;
+        region.producer_closed().store(1, Ordering::SeqCst);
+        // Wake a sleeping consumer so it sees the close now rather than at its next check.
+        region.data_futex().fetch_add(1, Ordering::SeqCst);
+        futex_wake(region.data_futex(), 1);
+        eventfd_signal(self.eventfd.as_fd());
+        // A consumer that closed removed its socket itself; one that died left it behind.
+        if region.consumer_closed().load(Ordering::SeqCst) == 0 && self.watch.is_gone() {
+            rendezvous::remove_stale_socket(&self.socket_path, self.socket_id);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer
+// ---------------------------------------------------------------------------------------------
+
+/// What views of one producer's session share: the region and which slots are still held.
+struct Session {
+    id: u64,
+    region: Region,
+    mask: u64,
+    slot_count: u64,
+    /// Per slot: `seq << 1 | 1` while message `seq` is held by a view, `seq << 1` once
+    /// released, u64::MAX before first use.
+    states: Box<[AtomicU64]>,
+    /// Per slot: the view's address and length, to check views handed back by C.
+    view_ptrs: Box<[AtomicUsize]>,
+    view_lens: Box<[AtomicUsize]>,
+    /// Messages received (next sequence number to read).
+    received: AtomicU64,
+    /// Messages released in order (mirrors the shared tail, which only we write).
+    reclaimed: AtomicU64,
+    reclaiming: AtomicBool,
+}
+
+impl Session {
+    fn new(id: u64, region: Region) -> Self {
+        let slot_count = u64::from(region.geometry.slot_count);
+        let n = slot_count as usize;
+        Session {
+            id,
+            region,
+            mask: slot_count - 1,
+            slot_count,
+            states: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            view_ptrs: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            view_lens: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            received: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            reclaiming: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a view of this session is still held (releases reclaim in order, so all are
+    /// released exactly when the tail has caught up with what was received).
+    #[inline]
+    fn holds_views(&self) -> bool {
+        self.reclaimed.load(Ordering::Acquire) != self.received.load(Ordering::Acquire)
+    }
+
+    /// Advances the shared tail over the released prefix and wakes a producer waiting for
+    /// room. Views may be released from several threads: a short spinlock orders the
+    /// reclaimers, and each releaser scans after its own release, so no release is left
+    /// unreclaimed (a "someone else will do it" hand-off would need a StoreLoad fence).
+    #[inline]
+    fn reclaim(&self) {
+        let mut spins = 0u32;
+        while self.reclaiming.swap(true, Ordering::Acquire) {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let start = self.reclaimed.load(Ordering::Relaxed);
+        let received = self.received.load(Ordering::Acquire);
+        let mut tail = start;
+        while tail < received && self.states[(tail & self.mask) as usize].load(Ordering::Acquire) == tail << 1 {
+            tail += 1;
+        }
+        if tail != start {
+            self.reclaimed.store(tail, Ordering::Release);
+            // SeqCst orders this store before the flag load (the producer's sleep protocol).
+            self.region.tail().store(tail, Ordering::SeqCst);
+            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping());
+        }
+        self.reclaiming.store(false, Ordering::Release);
+    }
+}
+
+impl Release for Session {
+    fn release(&self, view: &RawView) -> Result<()> {
+        let not_held = || {
+            Error::InvalidState(format!(
+                "message {} is not held by this consumer (already released, or not received from this channel)",
+                view.token
+            ))
+        };
+        if view.session != self.id || view.token >= self.received.load(Ordering::Acquire) {
+            return Err(not_held());
+        }
+        let index = (view.token & self.mask) as usize;
+        if self.view_ptrs[index].load(Ordering::Relaxed) != view.ptr as usize
+            || self.view_lens[index].load(Ordering::Relaxed) != view.len
+        {
+            return Err(not_held());
+        }
+        // A plain check-then-store is enough: each slot has one view, a Rust Message releases
+        // once, and C releases are serialised by the channel's lock.
+        if self.states[index].load(Ordering::Acquire) != view.token << 1 | 1 {
+            return Err(not_held());
+        }
+        self.states[index].store(view.token << 1, Ordering::Release);
+        self.reclaim();
+        Ok(())
+    }
+}
+
+/// The consumer's connection to its current producer.
+struct Link {
+    session: Arc<Session>,
+    watch: PeerWatch,
+    eventfd: OwnedFd,
+    next: u64,
+    last_check: Instant,
+    gone: Option<String>,
+}
+
+/// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
+/// can attach once the old one has gone.
+pub struct ShmConsumer {
+    info: TransportInfo,
+    name: String,
+    wait: WaitStrategy,
+    listener: Listener,
+    link: Link,
+    /// Earlier sessions whose views are still held (for release by value).
+    old: Vec<Arc<Session>>,
+    sessions: u64,
+    epoll: Option<OwnedFd>,
+    armed: bool,
+}
+
+impl std::fmt::Debug for ShmConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmConsumer").field("name", &self.name).field("next", &self.link.next).finish()
+    }
+}
+
+impl ShmConsumer {
+    /// Listens on `name` and waits for a producer.
+    pub fn listen(name: &str, info: TransportInfo, config: &ChannelConfig) -> Result<Self> {
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let listener = Listener::bind(name)?;
+        let mut refused = Vec::new();
+        let link = loop {
+            match listener.accept(deadline, &mut refused, name)? {
+                None => {
+                    let mut msg = format!("no producer of channel {name:?} connected to {} in time", listener.path().display());
+                    if !refused.is_empty() {
+                        msg.push_str(&format!("; refused: {}", refused.join("; ")));
+                    }
+                    return Err(Error::Timeout(msg));
+                }
+                Some((sock, cred)) => match handshake(sock, cred, name, deadline, 1) {
+                    Ok(link) => break link,
+                    Err(e) => refused.push(e.to_string()),
+                },
+            }
+        };
+        Ok(ShmConsumer {
+            info,
+            name: name.to_owned(),
+            wait: config.wait,
+            listener,
+            link,
+            old: Vec::new(),
+            sessions: 1,
+            epoll: None,
+            armed: false,
+        })
+    }
+
+    /// Checks whether the current producer is gone (closed word at once, process and socket
+    /// every LIVENESS_PERIOD or when `force`).
+    fn producer_gone(&mut self, force: bool) -> bool {
+        let link = &mut self.link;
+        if link.gone.is_some() {
+            return true;
+        }
+        if link.session.region.producer_closed().load(Ordering::Acquire) != 0 {
+            link.gone = Some(format!("the producer of channel {:?} closed it", self.name));
+            return true;
+        }
+        let now = Instant::now();
+        if force || now.duration_since(link.last_check) >= LIVENESS_PERIOD {
+            link.last_check = now;
+            if link.watch.is_gone() {
+                link.gone = Some(format!(
+                    "the producer of channel {:?} (pid {}) has exited or closed its socket",
+                    self.name, link.watch.pid
+                ));
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether a message is ready (or the slot fails validation, which try_recv reports).
+    #[inline]
+    fn ready(&self) -> bool {
+        let s = &self.link.session;
+        let next = self.link.next;
+        s.region.slot_seq((next & s.mask) as usize).load(Ordering::Acquire) != expected_empty(next, s.slot_count)
+            && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
+    }
+    #[inline]
+    fn try_read(&mut self) -> Result<Option<RawView>> {
+        let s = &*self.link.session;
+        let next = self.link.next;
+        if next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count {
+            // Every slot is held by a view: a legitimate producer cannot have published more.
+            return Ok(None);
+        }
+        let index = (next & s.mask) as usize;
+        let seq = s.region.slot_seq(index).load(Ordering::Acquire);
+        if seq != next + 1 {
+            if seq == expected_empty(next, s.slot_count) {
+                return Ok(None);
+            }
+            return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {}", next + 1, expected_empty(next, s.slot_count))));
+        }
+        let len = s.region.slot_len(index).load(Ordering::Relaxed) as usize;
+        let ptr = match s.region.slot_kind(index).load(Ordering::Relaxed) {
+            KIND_INLINE if (1..=INLINE_MAX).contains(&len) => s.region.slot_inline(index) as *const u8,
+            KIND_INLINE => return Err(self.corrupt(format!("inline message {next} has length {len}"))),
+            KIND_POOL => {
+                let offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+                match s.region.pool_range(offset, len as u64) {
+                    Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
+                    _ => {
+                        return Err(self.corrupt(format!(
+                            "pool message {next} claims {len} bytes at offset {offset}, outside the {}-byte pool",
+                            s.region.geometry.pool_size
+                        )))
+                    }
+                }
+            }
+            kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
+        };
+        s.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
+        s.view_lens[index].store(len, Ordering::Relaxed);
+        s.states[index].store(next << 1 | 1, Ordering::Release);
+        self.link.next = next + 1;
+        s.received.store(next + 1, Ordering::Release);
+        Ok(Some(RawView { ptr, len, token: next, session: s.id }))
+    }
+
+    /// The next message if one waits, `None` if not (no allocation on the blocking path),
+    /// `PeerGone` when none waits and the producer has gone.
+    /// `from_try`: called by try_recv, which keeps the fd's level and checks the producer
+    /// itself; the blocking path leaves both to `wait`.
+    #[inline]
+    fn poll_recv(&mut self, from_try: bool) -> Result<Option<RawView>> {
+        loop {
+            if let Some(view) = self.try_read()? {
+                return Ok(Some(view));
+            }
+            if self.armed && from_try {
+                // Level-triggered notification: the fd is reset only when the ring is seen
+                // empty, after asking the producer to signal the next message.
+                eventfd_drain(self.link.eventfd.as_fd());
+                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                if let Some(view) = self.try_read()? {
+                    return Ok(Some(view));
+                }
+            }
+            let gone = if self.link.gone.is_some() {
+                true
+            } else if from_try {
+                self.producer_gone(false)
+            } else {
+                self.link.session.region.producer_closed().load(Ordering::Relaxed) != 0 && self.producer_gone(true)
+            };
+            if !gone {
+                return Ok(None);
+            }
+            // Gone: messages published before the end are still read first.
+            if let Some(view) = self.try_read()? {
+                return Ok(Some(view));
+            }
+            if self.try_reattach()? {
+                continue;
+            }
+            if self.armed {
+                // Keep the fd readable so an event loop learns about the end.
+                eventfd_signal(self.link.eventfd.as_fd());
+            }
+            return Err(self.gone_error());
+        }
+    }
+
+    fn corrupt(&self, what: String) -> Error {
+        Error::Corrupt(format!(
+            "channel {:?}: the producer (pid {}) wrote an invalid descriptor: {what}",
+            self.name, self.link.watch.pid
+        ))
+    }
+
+    /// After the producer has gone and its messages are read: attach a new producer if one is
+    /// waiting on the socket.
+    fn try_reattach(&mut self) -> Result<bool> {
+        let mut refused = Vec::new();
+        let Some((sock, cred)) = self.listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
+            return Ok(false);
+        };
+        let id = self.sessions + 1;
+        let deadline = Some(Instant::now() + Duration::from_secs(2));
+        let link = match handshake(sock, cred, &self.name, deadline, id) {
+            Ok(l) => l,
+            Err(_) => return Ok(false),
+        };
+        self.sessions = id;
+        let old = std::mem::replace(&mut self.link, link);
+        if let Some(epoll) = &self.epoll {
+            for fd in [Some(old.eventfd.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten() {
+                epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0);
+            }
+            self.register_link_fds()?;
+        }
+        self.old.retain(|s| s.holds_views());
+        if old.session.holds_views() {
+            self.old.push(old.session.clone());
+        }
+        Ok(true)
+    }
+
+    fn register_link_fds(&self) -> Result<()> {
+        let epoll = self.epoll.as_ref().expect("epoll created");
+        epoll_add(epoll.as_fd(), self.link.eventfd.as_fd(), libc::EPOLLIN as u32)?;
+        epoll_add(epoll.as_fd(), self.link.watch.socket_fd(), (libc::EPOLLIN | libc::EPOLLRDHUP) as u32)?;
+        if let Some(pidfd) = self.link.watch.pidfd() {
+            epoll_add(epoll.as_fd(), pidfd, libc::EPOLLIN as u32)?;
+        }
+        Ok(())
+    }
+
+    fn gone_error(&self) -> Error {
+        Error::PeerGone(self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)))
+    }
+}
+
+/// The sequence word of the slot that will carry message `next` while it is still empty:
+/// the previous lap's message number + 1, or 0 on the first lap.
+#[inline]
+fn expected_empty(next: u64, slot_count: u64) -> u64 {
+    if next >= slot_count { next + 1 - slot_count } else { 0 }
+}
+
+fn epoll_ctl(epoll: BorrowedFd<'_>, op: i32, fd: BorrowedFd<'_>, events: u32) -> i32 {
+    let mut ev = libc::epoll_event { events, u64: fd.as_raw_fd() as u64 };
+    // SAFETY: both descriptors are live; ev is a valid epoll_event.
+    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) }
+}
+
+fn epoll_add(epoll: BorrowedFd<'_>, fd: BorrowedFd<'_>, events: u32) -> Result<()> {
+    if epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, events) != 0 {
+        return Err(Error::last_os("epoll_ctl(ADD) for the channel's notification fd"));
+    }
+    Ok(())
+}
+
+/// The consumer's side of the rendezvous: receive the hello and the fds, check everything,
+/// map the region, answer.
+fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str, deadline: Option<Instant>, id: u64) -> Result<Link> {
+    sock.set_read_timeout(rendezvous::remaining(deadline))
+        .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
+    let mut buf = [0u8; 256];
+    let (n, fds) = recv_with_fds(&sock, &mut buf).map_err(|e| match e {
+        Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::WouldBlock => {
+            Error::Timeout(format!("producer pid {} sent no hello in time", cred.pid))
+        }
+        other => other,
+    })?;
+    if n == 0 {
+        return Err(Error::PeerGone(format!("process {} connected and closed without a hello", cred.pid)));
+    }
+    let checked = (|| {
+        let hello = Hello::decode(&buf[..n])?;
+        if hello.version != super::shm_ring::VERSION || hello.transport != TRANSPORT_SHM {
+            return Err(Error::Unsupported(format!(
+                "producer speaks version {} transport {}, this consumer version {} transport {TRANSPORT_SHM} (shm)",
+                hello.version,
+                hello.transport,
+                super::shm_ring::VERSION
+            )));
+        }
+        if hello.name != name {
+            return Err(Error::Corrupt(format!("producer asked for channel {:?}, this is {name:?}", hello.name)));
+        }
+        let mut fds = fds.into_iter();
+        let (Some(memfd), Some(evfd), None) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::Corrupt("producer's hello must carry exactly two fds (memfd, eventfd)".into()));
+        };
+        let geometry = Geometry::new(hello.slot_count, hello.pool_size)?;
+        if geometry.pool_size != hello.pool_size || geometry.total_len as u64 != hello.total_len {
+            return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
+        }
+        let region = Region::attach(&memfd, geometry)?;
+        check_is_eventfd(&evfd)?;
+        Ok((region, evfd))
+    })();
+    match checked {
+        Ok((region, eventfd)) => {
+            rendezvous::send_ack(&sock, rendezvous::ACK_OK, "")?;
+            sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
+            Ok(Link {
+                session: Arc::new(Session::new(id, region)),
+                watch: PeerWatch::new(sock, cred.pid),
+                eventfd,
+                next: 0,
+                last_check: Instant::now(),
+                gone: None,
+            })
+        }
+        Err(e) => {
+            let _ = rendezvous::send_ack(&sock, rendezvous::ACK_REFUSED, &e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
+fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default();
+    if link.to_string_lossy() != "anon_inode:[eventfd]" {
+        return Err(Error::Corrupt(format!("producer's second fd is {}, not an eventfd", link.display())));
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    Ok(())
+}
+
+impl ConsumerTransport for ShmConsumer {
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    fn try_recv(&mut self) -> Result<RawView> {
+        match self.poll_recv(true)? {
+            Some(view) => Ok(view),
+            None => Err(Error::WouldBlock(format!("no message waiting on channel {:?}", self.name))),
+        }
+    }
+
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        loop {
+            if let Some(view) = self.poll_recv(false)? {
+                return Ok(view);
+            }
+            self.wait(deadline)?;
+        }
+    }
+
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        loop {
+            if self.ready() || self.link.gone.is_some() {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 256 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if self.producer_gone(false) {
+                return Ok(());
+            }
+            if waiter.timed_out(now) {
+                return Err(Error::Timeout(format!("no message arrived on channel {:?} before the deadline", self.name)));
+            }
+            if !waiter.spinning(now) {
+                let region = &self.link.session.region;
+                let (next, slot_count) = (self.link.next, self.link.session.slot_count);
+                sleep_once(region.data_futex(), region.data_sleeping(), deadline, || {
+                    region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
+                        || region.producer_closed().load(Ordering::SeqCst) != 0
+                });
+                // Rate-limited like every check: a woken sleep pays no syscall.
+                if self.producer_gone(false) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        Some(self.link.session.region.raw())
+    }
+
+    fn releaser(&self) -> Arc<dyn Release> {
+        self.link.session.clone()
+    }
+
+    fn release(&mut self, view: &RawView) -> Result<()> {
+        if view.session == self.link.session.id {
+            return self.link.session.release(view);
+        }
+        let old = self.old.iter().find(|s| s.id == view.session).cloned();
+        match old {
+            Some(s) => {
+                let r = s.release(view);
+                self.old.retain(|s| s.holds_views());
+                r
+            }
+            None => Err(Error::InvalidState(format!(
+                "message {} is not held by this consumer (already released, or from another channel)",
+                view.token
+            ))),
+        }
+    }
+
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        if self.epoll.is_none() {
+            // SAFETY: epoll_create1 takes a flag and returns a new descriptor or -1.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if fd < 0 {
+                return Err(Error::last_os("epoll_create1"));
+            }
+            // SAFETY: fresh descriptor owned by no one else.
+            self.epoll = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            self.register_link_fds()?;
+            self.armed = true;
+            // Make the fd reflect messages already waiting.
+            if self.ready() {
+                eventfd_signal(self.link.eventfd.as_fd());
+            } else {
+                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                if self.ready() {
+                    eventfd_signal(self.link.eventfd.as_fd());
+                }
+            }
+        }
+        Ok(self.epoll.as_ref().expect("created above").as_fd())
+    }
+}
+
+impl Drop for ShmConsumer {
+    fn drop(&mut self) {
+        let region = &self.link.session.region;
+        region.consumer_closed().store(1, Ordering::SeqCst);
+        region.room_futex().fetch_add(1, Ordering::SeqCst);
+        futex_wake(region.room_futex(), 1);
+        // The listener's drop removes the socket file.
+    }
+}
+

@@ -1,0 +1,280 @@
+//! The layout of a shared-memory channel's region and checked access to it.
+//!
+//! One memfd holds everything:
+//!
+//! ```text
+//! 0      header: magic, version, geometry (written once by the producer)
+//! 128    lifecycle line: producer_closed, consumer_closed         (rarely written)
+//! 256    tail line: how many messages the consumer has released  (consumer writes)
+//! 384    data-wait line: futex word, sleeping flag, fd flag      (consumer sets flags)
+//! 512    room-wait line: futex word, sleeping flag               (producer sets flag)
+//! 4096   slots: slot_count x 128 B descriptors
+//! ...    pool: payloads too large to go inline, 64-byte aligned
+//! ```
+//!
+//! The lines are 128 bytes apart so that the adjacent-line prefetcher does not pair a line one
+//! side writes with a line the other side writes.
+//!
+//! A slot holds `seq` (the message's sequence number + 1 once published: the consumer polls
+//! this word, so a small message costs the consumer one or two cache lines and no separate
+//! index line), `len`, `kind`, and either the payload inline (up to [`INLINE_MAX`] bytes) or
+//! the payload's pool offset.
+//!
+//! The producer's own state (head, pool allocator) lives in its process, never in the region,
+//! so a consumer cannot corrupt it; the only value the producer reads back is the consumer's
+//! tail, which it checks. The consumer checks every `seq`, `len`, `kind` and offset it reads.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::os::memfd::fd_size;
+use crate::os::{memfd_create, Mapping, MemfdFlags};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
+pub const VERSION: u32 = 1;
+pub const SLOT_SIZE: usize = 128;
+/// Offset of the payload (or pool offset) inside a slot.
+pub const SLOT_DATA: usize = 16;
+/// The largest payload carried inside its slot.
+pub const INLINE_MAX: usize = SLOT_SIZE - SLOT_DATA;
+/// Pool allocations are aligned to cache lines.
+pub const POOL_ALIGN: u64 = 64;
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// The largest pool (1 TiB): a bound on what a peer can make the consumer map.
+pub const MAX_POOL: u64 = 1 << 40;
+
+pub const KIND_INLINE: u32 = 1;
+pub const KIND_POOL: u32 = 2;
+
+const HEADER_END: usize = 4096;
+const OFF_MAGIC: usize = 0;
+const OFF_VERSION: usize = 8;
+const OFF_SLOT_COUNT: usize = 12;
+const OFF_POOL_SIZE: usize = 16;
+const OFF_TOTAL_LEN: usize = 24;
+const OFF_PRODUCER_CLOSED: usize = 128;
+const OFF_CONSUMER_CLOSED: usize = 132;
+const OFF_TAIL: usize = 256;
+const OFF_DATA_FUTEX: usize = 384;
+const OFF_DATA_SLEEPING: usize = 388;
+const OFF_FD_WAITING: usize = 392;
+const OFF_ROOM_FUTEX: usize = 512;
+const OFF_ROOM_SLEEPING: usize = 516;
+
+fn round_up(value: u64, to: u64) -> u64 {
+    value.div_ceil(to) * to
+}
+
+/// Sizes and offsets of a region, computed by each side from the slot count and pool size,
+/// never read back from shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub slot_count: u32,
+    pub pool_size: u64,
+    pub slots_offset: usize,
+    pub pool_offset: usize,
+    pub total_len: usize,
+}
+
+impl Geometry {
+    pub fn new(slot_count: u32, pool_size: u64) -> Result<Geometry> {
+        if !slot_count.is_power_of_two() || !(2..=MAX_SLOTS).contains(&slot_count) {
+            return Err(Error::invalid(format!(
+                "channel capacity {slot_count} must be a power of two from 2 to {MAX_SLOTS}"
+            )));
+        }
+        let page = crate::os::mapping::page_size() as u64;
+        let pool_size = round_up(pool_size.max(page), page);
+        if pool_size > MAX_POOL {
+            return Err(Error::invalid(format!("pool size {pool_size} exceeds the limit of {MAX_POOL} bytes")));
+        }
+        let slots_offset = HEADER_END;
+        let pool_offset = round_up((slots_offset + slot_count as usize * SLOT_SIZE) as u64, page) as usize;
+        let total_len = pool_offset + pool_size as usize;
+        Ok(Geometry { slot_count, pool_size, slots_offset, pool_offset, total_len })
+    }
+}
+
+/// A mapped channel region. All shared words are accessed through atomics.
+#[derive(Debug)]
+pub struct Region {
+    map: Mapping,
+    pub geometry: Geometry,
+}
+
+impl Region {
+    /// Creates the memfd (sealed against resizing, so the consumer can never be made to touch
+    /// pages beyond its end) and writes the header. Returns the region and the fd to pass.
+    pub fn create(name: &str, geometry: Geometry) -> Result<(Region, OwnedFd)> {
+        let fd = memfd_create(
+            &format!("lava-flow:{name}"),
+            geometry.total_len as u64,
+            MemfdFlags { huge_page_size: None, allow_sealing: true },
+        )?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor we own, with integer arguments.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(Error::last_os("sealing the channel memfd"));
+        }
+        let map = Mapping::shared(&fd, 0, geometry.total_len)?;
+        let region = Region { map, geometry };
+        region.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
+        region.u32_at(OFF_SLOT_COUNT).store(geometry.slot_count, Ordering::Relaxed);
+        region.u64_at(OFF_POOL_SIZE).store(geometry.pool_size, Ordering::Relaxed);
+        region.u64_at(OFF_TOTAL_LEN).store(geometry.total_len as u64, Ordering::Relaxed);
+        region.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        Ok((region, fd))
+    }
+
+    /// Maps a region received from a producer after checking that the file is sealed, large
+    /// enough, and carries the header `geometry` predicts.
+    pub fn attach(fd: &OwnedFd, geometry: Geometry) -> Result<Region> {
+        // SAFETY: fcntl on a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        if seals < 0 || seals & needed != needed {
+            return Err(Error::Corrupt(
+                "the producer's memfd is not sealed against shrinking; refusing to map it".into(),
+            ));
+        }
+        let size = fd_size(fd)?;
+        if size < geometry.total_len as u64 {
+            return Err(Error::Corrupt(format!(
+                "the producer's memfd has {size} bytes, its hello promised {}",
+                geometry.total_len
+            )));
+        }
+        let region = Region { map: Mapping::shared(fd, 0, geometry.total_len)?, geometry };
+        let header_ok = region.u64_at(OFF_MAGIC).load(Ordering::Acquire) == MAGIC
+            && region.u32_at(OFF_VERSION).load(Ordering::Relaxed) == VERSION
+            && region.u32_at(OFF_SLOT_COUNT).load(Ordering::Relaxed) == geometry.slot_count
+            && region.u64_at(OFF_POOL_SIZE).load(Ordering::Relaxed) == geometry.pool_size
+            && region.u64_at(OFF_TOTAL_LEN).load(Ordering::Relaxed) == geometry.total_len as u64;
+        if !header_ok {
+            return Err(Error::Corrupt("the shared region's header does not match the producer's hello".into()));
+        }
+        Ok(region)
+    }
+    #[inline]
+    fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset % 4 == 0 && offset + 4 <= self.map.len());
+        // SAFETY: offset is one of this module's constants or a checked slot offset: in bounds
+        // and 4-aligned (the mapping is page-aligned). AtomicU32 has u32's layout, and every
+        // access to shared words goes through atomics, so the other process's writes are not
+        // data races.
+        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+    #[inline]
+    fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.map.len());
+        // SAFETY: as u32_at, 8-aligned.
+        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+    #[inline]
+    pub fn producer_closed(&self) -> &AtomicU32 {
+        self.u32_at(OFF_PRODUCER_CLOSED)
+    }
+    #[inline]
+    pub fn consumer_closed(&self) -> &AtomicU32 {
+        self.u32_at(OFF_CONSUMER_CLOSED)
+    }
+    #[inline]
+    pub fn tail(&self) -> &AtomicU64 {
+        self.u64_at(OFF_TAIL)
+    }
+    #[inline]
+    pub fn data_futex(&self) -> &AtomicU32 {
+        self.u32_at(OFF_DATA_FUTEX)
+    }
+    #[inline]
+    pub fn data_sleeping(&self) -> &AtomicU32 {
+        self.u32_at(OFF_DATA_SLEEPING)
+    }
+    #[inline]
+    pub fn fd_waiting(&self) -> &AtomicU32 {
+        self.u32_at(OFF_FD_WAITING)
+    }
+    #[inline]
+    pub fn room_futex(&self) -> &AtomicU32 {
+        self.u32_at(OFF_ROOM_FUTEX)
+    }
+    #[inline]
+    pub fn room_sleeping(&self) -> &AtomicU32 {
+        self.u32_at(OFF_ROOM_SLEEPING)
+    }
+    #[inline]
+    fn slot_offset(&self, index: usize) -> usize {
+        assert!(index < self.geometry.slot_count as usize, "slot index {index} out of range");
+        self.geometry.slots_offset + index * SLOT_SIZE
+    }
+    #[inline]
+    pub fn slot_seq(&self, index: usize) -> &AtomicU64 {
+        self.u64_at(self.slot_offset(index))
+    }
+    #[inline]
+    pub fn slot_len(&self, index: usize) -> &AtomicU32 {
+        self.u32_at(self.slot_offset(index) + 8)
+    }
+    #[inline]
+    pub fn slot_kind(&self, index: usize) -> &AtomicU32 {
+        self.u32_at(self.slot_offset(index) + 12)
+    }
+    /// The pool offset of a pool message (shares the inline bytes' place).
+    #[inline]
+    pub fn slot_pool_offset(&self, index: usize) -> &AtomicU64 {
+        self.u64_at(self.slot_offset(index) + SLOT_DATA)
+    }
+    /// Where a slot's inline payload starts ([`INLINE_MAX`] bytes).
+    #[inline]
+    pub fn slot_inline(&self, index: usize) -> *mut u8 {
+        // SAFETY: slot_offset checked the index; the inline area ends with the slot.
+        unsafe { self.map.as_ptr().add(self.slot_offset(index) + SLOT_DATA) }
+    }
+
+    /// `len` bytes of pool at `offset`, after checking that they lie inside the pool.
+    #[inline]
+    pub fn pool_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        let end = offset.checked_add(len)?;
+        if len == 0 || end > self.geometry.pool_size {
+            return None;
+        }
+        // SAFETY: offset + len <= pool_size, so the range lies inside the mapping.
+        Some(unsafe { self.map.as_ptr().add(self.geometry.pool_offset + offset as usize) })
+    }
+
+    /// The whole mapping, for tests that play a hostile peer.
+    pub fn raw(&self) -> (*mut u8, usize) {
+        (self.map.as_ptr(), self.map.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_is_checked() {
+        assert!(Geometry::new(3, 4096).is_err());
+        assert!(Geometry::new(1, 4096).is_err());
+        let g = Geometry::new(64, 1).unwrap();
+        assert_eq!(g.pool_size, 4096);
+        assert_eq!(g.pool_offset, 4096 + 64 * 128);
+    }
+
+    #[test]
+    fn attach_checks_seals_size_and_header() {
+        let g = Geometry::new(8, 8192).unwrap();
+        let (region, fd) = Region::create("t", g).unwrap();
+        let other = Region::attach(&fd, g).unwrap();
+        region.slot_seq(3).store(9, Ordering::Relaxed);
+        assert_eq!(other.slot_seq(3).load(Ordering::Relaxed), 9);
+        let wrong = Geometry::new(16, 8192).unwrap();
+        assert!(Region::attach(&fd, wrong).is_err());
+        let unsealed = memfd_create("u", g.total_len as u64, MemfdFlags::default()).unwrap();
+        assert!(matches!(Region::attach(&unsealed, g), Err(Error::Corrupt(_))));
+        assert!(region.pool_range(8192 - 64, 64).is_some());
+        assert!(region.pool_range(8192 - 64, 65).is_none());
+        assert!(region.pool_range(u64::MAX, 2).is_none());
+    }
+}

@@ -1,0 +1,569 @@
+//! `lf_channel`: one end of a Layer 2 channel, with copy sends, loans, zero-copy receive views
+//! and a pollable fd.
+//!
+//! Ownership: an `lf_channel` is exclusively owned by its creator and released with
+//! `lf_channel_free`. A channel may be used from any thread but by one thread at a time; a
+//! call that finds it busy in another thread fails with LF_ERR_INVALID_STATE instead of
+//! racing. Views (`lf_message`) and loans (`lf_loan_region`) are plain structs the caller keeps; they
+//! are checked when handed back, so a released, foreign or forged one is refused with
+//! LF_ERR_INVALID_STATE. Release every view before freeing its channel: freeing unmaps the
+//! memory the views point into.
+//!
+//! Timeouts are in nanoseconds; a negative value waits forever.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::location::lf_location;
+use super::status::lf_status;
+use super::{boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
+use crate::channels::transport::{RawLoan, RawView};
+use crate::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
+
+/// The producing end.
+pub const LF_ROLE_PRODUCER: u32 = 1;
+/// The consuming end.
+pub const LF_ROLE_CONSUMER: u32 = 2;
+
+/// Spin on shared memory while waiting (lowest latency, a busy core).
+pub const LF_WAIT_BUSY_POLL: u32 = 1;
+/// Spin for `spin_ns`, then sleep.
+pub const LF_WAIT_SPIN_THEN_BLOCK: u32 = 2;
+/// Sleep at once (no CPU while waiting).
+pub const LF_WAIT_BLOCK: u32 = 3;
+
+/// Channel options; fill with `lf_channel_config_default` and change what you need.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct lf_channel_config {
+    /// LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK or LF_WAIT_BLOCK.
+    pub wait_strategy: u32,
+    /// Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
+    pub capacity: u32,
+    /// Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
+    pub spin_ns: u64,
+    /// Shared payload pool in bytes, also the largest message. Producer's value rules.
+    pub pool_size: u64,
+    /// How long lf_channel_create waits for the peer; negative: forever.
+    pub rendezvous_timeout_ns: i64,
+}
+
+/// A received message: `len` bytes at `data`, readable until `lf_release`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct lf_message {
+    pub data: *const c_void,
+    pub len: usize,
+    /// The message's sequence number (0, 1, 2, ... per producer).
+    pub sequence: u64,
+    /// Internal: which producer session the message came from. Do not change.
+    pub session: u64,
+}
+
+/// Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct lf_loan_region {
+    pub data: *mut c_void,
+    pub len: usize,
+    /// Internal: identifies the loan. Do not change.
+    pub token: u64,
+}
+
+/// Opaque handle on one end of a channel.
+#[allow(non_camel_case_types)]
+pub struct lf_channel {
+    channel: Mutex<Channel>,
+    transport_name: CString,
+    transport_reason: CString,
+}
+
+impl From<ChannelConfig> for lf_channel_config {
+    fn from(c: ChannelConfig) -> Self {
+        let (wait_strategy, spin_ns) = match c.wait {
+            WaitStrategy::BusyPoll => (LF_WAIT_BUSY_POLL, 0),
+            WaitStrategy::SpinThenBlock { spin } => (LF_WAIT_SPIN_THEN_BLOCK, spin.as_nanos() as u64),
+            WaitStrategy::Block => (LF_WAIT_BLOCK, 0),
+        };
+        lf_channel_config {
+            wait_strategy,
+            capacity: c.capacity,
+            spin_ns,
+            pool_size: c.pool_size as u64,
+            rendezvous_timeout_ns: c.rendezvous_timeout.map_or(-1, |t| t.as_nanos().min(i64::MAX as u128) as i64),
+        }
+    }
+}
+
+fn invalid(message: String) -> Failure {
+    Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
+}
+
+fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
+    let wait = match c.wait_strategy {
+        LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
+        LF_WAIT_SPIN_THEN_BLOCK => WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) },
+        LF_WAIT_BLOCK => WaitStrategy::Block,
+        other => return Err(invalid(format!("wait_strategy {other} is not LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"))),
+    };
+    let pool_size = usize::try_from(c.pool_size).map_err(|_| invalid(format!("pool_size {} is too large", c.pool_size)))?;
+    if pool_size == 0 {
+        return Err(invalid("pool_size is 0".into()));
+    }
+    Ok(ChannelConfig {
+        wait,
+        capacity: c.capacity,
+        pool_size,
+        rendezvous_timeout: timeout(c.rendezvous_timeout_ns),
+        transports: None,
+    })
+}
+
+fn timeout(ns: i64) -> Option<Duration> {
+    u64::try_from(ns).ok().map(Duration::from_nanos)
+}
+
+fn deadline(ns: i64) -> Option<std::time::Instant> {
+    timeout(ns).map(|t| std::time::Instant::now() + t)
+}
+
+/// Locks the channel for this call; another thread in the middle of a call is an error, not
+/// a wait.
+fn lock<'a>(ch: &'a lf_channel) -> FfiResult<parking_lot::MutexGuard<'a, Channel>> {
+    ch.channel.try_lock().ok_or_else(|| Failure {
+        status: lf_status::LF_ERR_INVALID_STATE,
+        message: "the channel is in use by another thread; use a channel from one thread at a time".into(),
+    })
+}
+
+fn producer(guard: &mut Channel) -> FfiResult<&mut Producer> {
+    match guard {
+        Channel::Producer(p) => Ok(p),
+        Channel::Consumer(_) => Err(Failure {
+            status: lf_status::LF_ERR_INVALID_STATE,
+            message: "this channel end is a consumer; only a producer sends".into(),
+        }),
+    }
+}
+
+fn consumer(guard: &mut Channel) -> FfiResult<&mut Consumer> {
+    match guard {
+        Channel::Consumer(c) => Ok(c),
+        Channel::Producer(_) => Err(Failure {
+            status: lf_status::LF_ERR_INVALID_STATE,
+            message: "this channel end is a producer; only a consumer receives".into(),
+        }),
+    }
+}
+
+fn payload<'a>(data: *const c_void, len: usize) -> FfiResult<&'a [u8]> {
+    if data.is_null() {
+        return Err(Failure::null("data"));
+    }
+    if len == 0 {
+        return Err(invalid("len is 0; a message needs at least one byte".into()));
+    }
+    // SAFETY: non-NULL; the C caller promises `len` readable bytes at `data` for the call.
+    Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+}
+
+fn write_sequence(out: *mut u64, seq: u64) {
+    if !out.is_null() {
+        write_out(out, seq);
+    }
+}
+
+/// Fills `*out` with the defaults: spin-then-block (50 us), 256 messages, a 16 MiB pool,
+/// a 10 s rendezvous timeout.
+///
+/// # Safety
+/// `out` must be NULL (rejected) or point to writable storage for an `lf_channel_config`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) -> lf_status {
+    boundary("lf_channel_config_default", || {
+        let out = out_ptr(out, "out")?;
+        write_out(out, ChannelConfig::default().into());
+        Ok(())
+    })
+}
+
+/// Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
+/// waits for the other end; either may start first. `role` is LF_ROLE_PRODUCER or
+/// LF_ROLE_CONSUMER. The transport follows the scope between `my_location` and
+/// `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells which and why.
+/// `config` may be NULL for the defaults.
+///
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string; the locations NULL or live lf_location
+/// handles; `config` NULL or a valid config; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_create(
+    name: *const c_char,
+    role: u32,
+    my_location: *const lf_location,
+    peer_location: *const lf_location,
+    config: *const lf_channel_config,
+    out: *mut *mut lf_channel,
+) -> lf_status {
+    boundary("lf_channel_create", || {
+        let out = out_ptr(out, "out")?;
+        let name = c_str(name, "name")?;
+        let role = match role {
+            LF_ROLE_PRODUCER => Role::Producer,
+            LF_ROLE_CONSUMER => Role::Consumer,
+            other => return Err(invalid(format!("role {other} is not LF_ROLE_PRODUCER (1) or LF_ROLE_CONSUMER (2)"))),
+        };
+        let mine = handle_ref(my_location, "my_location")?.location().clone();
+        let peer = handle_ref(peer_location, "peer_location")?.location().clone();
+        let config = if config.is_null() {
+            ChannelConfig::default()
+        } else {
+            // SAFETY: non-NULL; the caller promises a valid, readable config.
+            to_config(unsafe { &*config })?
+        };
+        let channel = Channel::create(name, role, &mine, &peer, &config)?;
+        let info = channel.transport().clone();
+        let transport_name = CString::new(info.kind.name()).expect("no NUL in transport names");
+        let transport_reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
+        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), transport_name, transport_reason }));
+        Ok(())
+    })
+}
+
+/// Lends the transport's name (`"shm"`, ...) and, if `reason` is not NULL, one sentence on why
+/// it was chosen. Both strings are owned by the channel and valid until it is freed.
+///
+/// # Safety
+/// `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
+/// or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: *mut *const c_char, reason: *mut *const c_char) -> lf_status {
+    boundary("lf_channel_transport", || {
+        let name = out_ptr(name, "name")?;
+        let ch = handle_ref(channel, "channel")?;
+        write_out(name, ch.transport_name.as_ptr());
+        if !reason.is_null() {
+            write_out(reason, ch.transport_reason.as_ptr());
+        }
+        Ok(())
+    })
+}
+
+/// Copies `len` bytes at `data` into the channel as the next message, waiting for room up to
+/// `timeout_ns` (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `data` NULL or `len` readable bytes;
+/// `sequence` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_send(channel: *mut lf_channel, data: *const c_void, len: usize, timeout_ns: i64, sequence: *mut u64) -> lf_status {
+    boundary("lf_send", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let bytes = payload(data, len)?;
+        let mut guard = lock(ch)?;
+        let seq = producer(&mut guard)?.send_until(bytes, deadline(timeout_ns))?;
+        write_sequence(sequence, seq);
+        Ok(())
+    })
+}
+
+/// As `lf_send`, but LF_ERR_WOULD_BLOCK at once when the channel is full.
+///
+/// # Safety
+/// As `lf_send`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_try_send(channel: *mut lf_channel, data: *const c_void, len: usize, sequence: *mut u64) -> lf_status {
+    boundary("lf_try_send", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let bytes = payload(data, len)?;
+        let mut guard = lock(ch)?;
+        let seq = producer(&mut guard)?.try_send(bytes)?;
+        write_sequence(sequence, seq);
+        Ok(())
+    })
+}
+
+/// Lends `len` bytes of shared memory to write the next message in place, waiting for room up
+/// to `timeout_ns` (0: LF_ERR_WOULD_BLOCK at once when full). One loan at a time; finish it
+/// with `lf_publish` or `lf_loan_cancel`.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_loan(channel: *mut lf_channel, len: usize, timeout_ns: i64, out: *mut lf_loan_region) -> lf_status {
+    boundary("lf_loan", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if len == 0 {
+            return Err(invalid("len is 0; a message needs at least one byte".into()));
+        }
+        let mut guard = lock(ch)?;
+        let p = producer(&mut guard)?;
+        let raw = if timeout_ns == 0 { p.try_loan_raw(len)? } else { p.loan_raw(len, deadline(timeout_ns))? };
+        write_out(out, lf_loan_region { data: raw.ptr.cast(), len: raw.len, token: raw.token });
+        Ok(())
+    })
+}
+
+fn raw_loan(loan: *const lf_loan_region) -> FfiResult<RawLoan> {
+    if loan.is_null() {
+        return Err(Failure::null("loan"));
+    }
+    // SAFETY: non-NULL; the caller promises a readable lf_loan_region.
+    let l = unsafe { *loan };
+    Ok(RawLoan { ptr: l.data.cast(), len: l.len, token: l.token })
+}
+
+/// Publishes the first `len` bytes (1 to the loan's length) of the outstanding loan as the
+/// next message. `*sequence` (if not NULL) receives its number.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `loan` NULL or a loan from `lf_loan`;
+/// `sequence` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_publish(channel: *mut lf_channel, loan: *const lf_loan_region, len: usize, sequence: *mut u64) -> lf_status {
+    boundary("lf_publish", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let raw = raw_loan(loan)?;
+        let mut guard = lock(ch)?;
+        let seq = producer(&mut guard)?.publish_raw(raw, len)?;
+        write_sequence(sequence, seq);
+        Ok(())
+    })
+}
+
+/// Gives an unpublished loan back. A loan that is not outstanding is ignored.
+///
+/// # Safety
+/// As `lf_publish`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_loan_cancel(channel: *mut lf_channel, loan: *const lf_loan_region) -> lf_status {
+    boundary("lf_loan_cancel", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let raw = raw_loan(loan)?;
+        let mut guard = lock(ch)?;
+        producer(&mut guard)?.cancel_raw(raw);
+        Ok(())
+    })
+}
+
+/// How many messages the consumer has released: all sequence numbers below `*out` are done.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_completed(channel: *mut lf_channel, out: *mut u64) -> lf_status {
+    boundary("lf_completed", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        write_out(out, producer(&mut guard)?.completed()?);
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ns` until message `sequence` has been released by the consumer.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn lf_wait_completed(channel: *mut lf_channel, sequence: u64, timeout_ns: i64) -> lf_status {
+    boundary("lf_wait_completed", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        producer(&mut guard)?.wait_completed(sequence, timeout(timeout_ns))?;
+        Ok(())
+    })
+}
+
+fn write_message(out: *mut lf_message, view: RawView) {
+    write_out(out, lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session });
+}
+
+/// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
+/// (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
+/// Release the view with `lf_release`.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_recv(channel: *mut lf_channel, timeout_ns: i64, out: *mut lf_message) -> lf_status {
+    boundary("lf_recv", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let view = consumer(&mut guard)?.recv_raw(deadline(timeout_ns))?;
+        write_message(out, view);
+        Ok(())
+    })
+}
+
+/// As `lf_recv`, but LF_ERR_WOULD_BLOCK at once when no message waits.
+///
+/// # Safety
+/// As `lf_recv`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_try_recv(channel: *mut lf_channel, out: *mut lf_message) -> lf_status {
+    boundary("lf_try_recv", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let view = consumer(&mut guard)?.try_recv_raw()?;
+        write_message(out, view);
+        Ok(())
+    })
+}
+
+/// Releases a view: its memory goes back to the producer, which sees the completion. A view
+/// already released, or not received from this channel, is refused (LF_ERR_INVALID_STATE).
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message.
+#[no_mangle]
+pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf_message) -> lf_status {
+    boundary("lf_release", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if message.is_null() {
+            return Err(Failure::null("message"));
+        }
+        // SAFETY: non-NULL; the caller promises a readable lf_message.
+        let m = unsafe { *message };
+        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session };
+        let mut guard = lock(ch)?;
+        consumer(&mut guard)?.release_raw(&view)?;
+        Ok(())
+    })
+}
+
+/// A file descriptor for poll/epoll: readable while a message waits or after the producer
+/// has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
+/// until LF_ERR_WOULD_BLOCK. Consumers only.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_fd(channel: *mut lf_channel, out: *mut c_int) -> lf_status {
+    boundary("lf_channel_fd", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let fd = consumer(&mut guard)?.notify_fd()?.as_raw_fd();
+        write_out(out, fd);
+        Ok(())
+    })
+}
+
+/// Closes this end of the channel; the peer sees LF_ERR_PEER_GONE (after reading what was
+/// sent). NULL is accepted. Views into the channel become invalid.
+///
+/// # Safety
+/// `channel` must not be in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_free(channel: *mut lf_channel) {
+    boundary_void("lf_channel_free", || free_handle(channel, "channel"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::location::lf_location_free;
+    use crate::ffi::location::lf_location_detect;
+    use crate::ffi::status::lf_last_error_message;
+    use std::ffi::CStr;
+    use std::ptr;
+
+    fn last_error() -> String {
+        // SAFETY: lf_last_error_message returns a valid thread-local C string.
+        unsafe { CStr::from_ptr(lf_last_error_message()) }.to_string_lossy().into_owned()
+    }
+
+    struct Loc(*mut lf_location);
+    // SAFETY: locations are immutable; the test frees them after both threads finish.
+    unsafe impl Send for Loc {}
+    unsafe impl Sync for Loc {}
+
+    #[test]
+    fn send_loan_receive_release_through_the_c_api() {
+        unsafe {
+            let mut loc = ptr::null_mut();
+            assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
+            let loc = Loc(loc);
+            let name = CString::new(format!("ffi-unit-{}", std::process::id())).unwrap();
+            let mut config: lf_channel_config = std::mem::zeroed();
+            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
+            config.wait_strategy = LF_WAIT_BLOCK;
+            config.capacity = 8;
+            let (loc_ref, name_ref, config_ref) = (&loc, &name, &config);
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    let mut ch = ptr::null_mut();
+                    assert_eq!(lf_channel_create(name_ref.as_ptr(), LF_ROLE_PRODUCER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
+                    let mut seq = 99;
+                    assert_eq!(lf_send(ch, b"hello".as_ptr().cast(), 5, -1, &mut seq), lf_status::LF_OK);
+                    assert_eq!(seq, 0);
+                    // Bad input.
+                    assert_eq!(lf_send(ch, ptr::null(), 5, -1, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+                    assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 0, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+                    let mut m: lf_message = std::mem::zeroed();
+                    assert_eq!(lf_try_recv(ch, &mut m), lf_status::LF_ERR_INVALID_STATE);
+                    let mut loan: lf_loan_region = std::mem::zeroed();
+                    assert_eq!(lf_loan(ch, 1000, -1, &mut loan), lf_status::LF_OK);
+                    let mut second: lf_loan_region = std::mem::zeroed();
+                    assert_eq!(lf_loan(ch, 10, -1, &mut second), lf_status::LF_ERR_INVALID_STATE, "one loan at a time");
+                    ptr::write_bytes(loan.data.cast::<u8>(), 0x5a, 1000);
+                    let forged = lf_loan_region { token: loan.token + 1, ..loan };
+                    assert_eq!(lf_publish(ch, &forged, 1000, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE);
+                    assert_eq!(lf_publish(ch, &loan, 1001, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+                    assert_eq!(lf_publish(ch, &loan, 1000, &mut seq), lf_status::LF_OK);
+                    assert_eq!(seq, 1);
+                    assert_eq!(lf_publish(ch, &loan, 1000, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE, "published twice");
+                    assert_eq!(lf_wait_completed(ch, 1, 10_000_000_000), lf_status::LF_OK, "{}", last_error());
+                    let mut done = 0;
+                    assert_eq!(lf_completed(ch, &mut done), lf_status::LF_OK);
+                    assert_eq!(done, 2);
+                    let (mut tname, mut reason) = (ptr::null(), ptr::null());
+                    assert_eq!(lf_channel_transport(ch, &mut tname, &mut reason), lf_status::LF_OK);
+                    assert_eq!(CStr::from_ptr(tname).to_str().unwrap(), "shm");
+                    assert!(CStr::from_ptr(reason).to_str().unwrap().contains("scope local"));
+                    lf_channel_free(ch);
+                    assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 1, -1, ptr::null_mut()), lf_status::LF_ERR_BAD_HANDLE);
+                });
+                s.spawn(move || {
+                    let mut ch = ptr::null_mut();
+                    assert_eq!(lf_channel_create(name_ref.as_ptr(), LF_ROLE_CONSUMER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
+                    let mut fd = -1;
+                    assert_eq!(lf_channel_fd(ch, &mut fd), lf_status::LF_OK);
+                    assert!(fd >= 0);
+                    let mut m: lf_message = std::mem::zeroed();
+                    assert_eq!(lf_recv(ch, 10_000_000_000, &mut m), lf_status::LF_OK, "{}", last_error());
+                    assert_eq!(std::slice::from_raw_parts(m.data.cast::<u8>(), m.len), b"hello");
+                    let mut big: lf_message = std::mem::zeroed();
+                    assert_eq!(lf_recv(ch, 10_000_000_000, &mut big), lf_status::LF_OK);
+                    assert_eq!(big.len, 1000);
+                    assert!(std::slice::from_raw_parts(big.data.cast::<u8>(), big.len).iter().all(|&b| b == 0x5a));
+                    let forged = lf_message { len: 4, ..m };
+                    assert_eq!(lf_release(ch, &forged), lf_status::LF_ERR_INVALID_STATE);
+                    assert_eq!(lf_release(ch, &m), lf_status::LF_OK);
+                    assert_eq!(lf_release(ch, &m), lf_status::LF_ERR_INVALID_STATE, "released twice");
+                    assert!(last_error().contains("not held"), "{}", last_error());
+                    assert_eq!(lf_release(ch, &big), lf_status::LF_OK);
+                    assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 1, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE);
+                    assert_eq!(lf_recv(ch, 10_000_000_000, &mut m), lf_status::LF_ERR_PEER_GONE);
+                    lf_channel_free(ch);
+                    lf_channel_free(ptr::null_mut());
+                });
+            });
+            lf_location_free(loc.0);
+            assert_eq!(lf_channel_create(ptr::null(), 1, ptr::null(), ptr::null(), ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            let mut ch = ptr::null_mut();
+            assert_eq!(lf_channel_create(CString::new("x").unwrap().as_ptr(), 7, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert!(ch.is_null());
+        }
+    }
+}

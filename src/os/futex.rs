@@ -1,0 +1,67 @@
+//! Process-shared futexes: sleeping on a 32-bit word in `MAP_SHARED` memory until another
+//! process changes it and wakes us.
+//!
+//! The private variants (`FUTEX_*_PRIVATE`) are deliberately not used: they key the wait
+//! queue on the virtual address, which differs between the two processes mapping a region.
+
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Sleeps while `*word == expected`, for at most `timeout`. Returns early on a wake-up, a
+/// signal, a spurious wake or when the word already differs; callers re-check their condition
+/// in every case, so the outcome is not reported.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned 32-bit atomic; the kernel only reads it. The timeout
+    // is relative for FUTEX_WAIT and lives across the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes up to `count` processes sleeping on `word`.
+pub fn futex_wake(word: &AtomicU32, count: u32) {
+    // SAFETY: as futex_wait; FUTEX_WAKE does not touch the word's contents.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, count.min(i32::MAX as u32), 0usize, 0usize, 0u32);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn wait_times_out_and_wake_wakes() {
+        let word = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        futex_wait(&word, 0, Duration::from_millis(5));
+        assert!(start.elapsed() >= Duration::from_millis(4));
+        // A differing value returns at once.
+        futex_wait(&word, 1, Duration::from_secs(10));
+        let w = word.clone();
+        let t = std::thread::spawn(move || {
+            while w.load(Ordering::Acquire) == 0 {
+                futex_wait(&w, 0, Duration::from_secs(10));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(10));
+        word.store(1, Ordering::Release);
+        futex_wake(&word, 1);
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,111 @@
+//! Bounded capacity: would-block, send timeouts, pool exhaustion, receive timeouts.
+
+use std::time::{Duration, Instant};
+
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
+use lava_flow::Error;
+
+use crate::common::*;
+
+fn small_config() -> ChannelConfig {
+    ChannelConfig { capacity: 4, pool_size: 64 << 10, ..config(WaitStrategy::Block) }
+}
+
+#[test]
+fn full_channel_would_block_and_times_out() {
+    const TEST: &str = "backpressure::full_channel_would_block_and_times_out";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create("full", &here(), &here(), &small_config()).unwrap();
+            for i in 0..4u8 {
+                p.try_send(&[i; 16]).unwrap();
+            }
+            assert!(matches!(p.try_send(&[9; 16]), Err(Error::WouldBlock(_))));
+            let start = Instant::now();
+            assert!(matches!(p.send_timeout(&[9; 16], Duration::from_millis(100)), Err(Error::Timeout(_))));
+            let waited = start.elapsed();
+            assert!(waited >= Duration::from_millis(100) && waited < Duration::from_secs(5), "{waited:?}");
+            std::fs::write(arg("flag"), b"go").unwrap();
+            // The consumer drains the ring; then the pool: message A (40 KiB) is held, so B
+            // does not fit the 64 KiB pool until the consumer releases A on seeing C.
+            p.wait_completed(3, Some(Duration::from_secs(10))).unwrap();
+            p.send(&[0xA; 40 << 10]).unwrap();
+            assert!(matches!(p.try_send(&[0xB; 40 << 10]), Err(Error::WouldBlock(_))));
+            p.send(b"C").unwrap();
+            p.send_timeout(&[0xB; 40 << 10], Duration::from_secs(10)).unwrap();
+            p.wait_completed(6, Some(Duration::from_secs(10))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create("full", &here(), &here(), &small_config()).unwrap();
+            let flag = arg("flag");
+            while !std::path::Path::new(&flag).exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for i in 0..4u8 {
+                assert_eq!(&*c.recv().unwrap(), &[i; 16]);
+            }
+            let a = c.recv().unwrap();
+            assert!(a.len() == 40 << 10 && a.iter().all(|&b| b == 0xA));
+            assert_eq!(&*c.recv().unwrap(), b"C");
+            drop(a);
+            let b = c.recv().unwrap();
+            assert!(b.len() == 40 << 10 && b.iter().all(|&x| x == 0xB));
+            drop(b);
+            assert!(matches!(c.recv_timeout(Duration::from_secs(10)), Err(Error::PeerGone(_))));
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("full");
+            let flag = format!("/tmp/lf-l2-{}-full.flag", std::process::id());
+            let _ = std::fs::remove_file(&flag);
+            let args = [("flag", flag.clone())];
+            let c = spawn(TEST, "consumer", &dir, &args);
+            let p = spawn(TEST, "producer", &dir, &args);
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            let _ = std::fs::remove_file(&flag);
+            assert_dir_empty(&dir);
+        }
+    }
+}
+
+#[test]
+fn receive_times_out_when_nothing_arrives() {
+    const TEST: &str = "backpressure::receive_times_out_when_nothing_arrives";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create("quiet", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let flag = arg("flag");
+            while !std::path::Path::new(&flag).exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            p.send(b"late").unwrap();
+            p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create("quiet", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            assert!(matches!(c.try_recv(), Err(Error::WouldBlock(_))));
+            for _ in 0..3 {
+                let start = Instant::now();
+                assert!(matches!(c.recv_timeout(Duration::from_millis(100)), Err(Error::Timeout(_))));
+                let waited = start.elapsed();
+                assert!(waited >= Duration::from_millis(100) && waited < Duration::from_secs(5), "{waited:?}");
+            }
+            std::fs::write(arg("flag"), b"go").unwrap();
+            assert_eq!(&*c.recv_timeout(Duration::from_secs(20)).unwrap(), b"late");
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("quiet");
+            let flag = format!("/tmp/lf-l2-{}-quiet.flag", std::process::id());
+            let _ = std::fs::remove_file(&flag);
+            let args = [("flag", flag.clone())];
+            let c = spawn(TEST, "consumer", &dir, &args);
+            let p = spawn(TEST, "producer", &dir, &args);
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            let _ = std::fs::remove_file(&flag);
+            assert_dir_empty(&dir);
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Spawning child roles and small helpers shared by the tests.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use lava_flow::channels::{ChannelConfig, WaitStrategy};
+use lava_flow::ProcessLocation;
+
+pub const CHILD_ENV: &str = "LF_TEST_CHILD";
+
+/// The role this process plays, when it is a child.
+pub fn child_role() -> Option<String> {
+    std::env::var(CHILD_ENV).ok()
+}
+
+/// A test argument passed by the orchestrator.
+pub fn arg(name: &str) -> String {
+    std::env::var(format!("LF_TEST_ARG_{name}")).unwrap_or_else(|_| panic!("missing test argument {name}"))
+}
+
+/// A fresh, empty runtime dir for one test (0700).
+pub fn test_dir(test: &str) -> PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = PathBuf::from(format!("/tmp/lf-l2-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+    dir
+}
+
+/// Starts `test` in a child process as `role`, with arguments as `LF_TEST_ARG_*`.
+pub fn spawn(test: &str, role: &str, dir: &Path, args: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, role)
+        .env("LF_RUNTIME_DIR", dir)
+        .env_remove("LF_TRANSPORTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in args {
+        cmd.env(format!("LF_TEST_ARG_{k}"), v);
+    }
+    cmd.spawn().expect("re-executing the test binary")
+}
+
+/// Reads the child's stdout until a line `@@ <key> <value>` and returns the value.
+pub fn expect_line(out: &mut BufReader<ChildStdout>, key: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = out.read_line(&mut line).unwrap();
+        assert!(n > 0, "child ended before printing {key}");
+        // libtest may have printed "test name ... " on the same line first.
+        let tag = format!("@@ {key} ");
+        if let Some(at) = line.find(&tag) {
+            return line[at + tag.len()..].trim().to_owned();
+        }
+    }
+}
+
+/// Prints a line for the orchestrator.
+pub fn report(key: &str, value: impl std::fmt::Display) {
+    use std::io::Write;
+    println!("@@ {key} {value}");
+    std::io::stdout().flush().unwrap();
+}
+
+pub fn stdout_of(child: &mut Child) -> BufReader<ChildStdout> {
+    BufReader::new(child.stdout.take().unwrap())
+}
+
+/// Waits for a child and asserts that its part passed.
+pub fn wait_ok(mut child: Child, what: &str) {
+    let status = wait_timeout(&mut child, Duration::from_secs(120)).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("{what} did not finish in 120 s")
+    });
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn kill9(child: &mut Child) {
+    // SAFETY: kill with a pid we spawned and have not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// CLOCK_MONOTONIC in ns: comparable between processes on one host.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn here() -> ProcessLocation {
+    ProcessLocation::from_hostname().unwrap()
+}
+
+pub fn config(wait: WaitStrategy) -> ChannelConfig {
+    ChannelConfig { wait, rendezvous_timeout: Some(Duration::from_secs(30)), ..Default::default() }
+}
+
+pub fn strategy(name: &str) -> WaitStrategy {
+    match name {
+        "busy" => WaitStrategy::BusyPoll,
+        "spin" => WaitStrategy::SpinThenBlock { spin: Duration::from_micros(50) },
+        "block" => WaitStrategy::Block,
+        other => panic!("unknown strategy {other}"),
+    }
+}
+
+pub const STRATEGIES: [&str; 3] = ["busy", "spin", "block"];
+
+/// Asserts that a runtime dir holds nothing (no socket left behind), then removes it.
+pub fn assert_dir_empty(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
+    std::fs::remove_dir(dir).unwrap();
+}
+
+/// Fills `buf` with bytes derived from `seq` and returns their checksum.
+pub fn fill(buf: &mut [u8], seq: u64) {
+    let mut x = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for b in buf.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+/// Checks a message built by `message(seq, size)`.
+pub fn check(msg: &[u8], expected_seq: u64) {
+    assert!(msg.len() >= 16, "message {expected_seq} is {} bytes", msg.len());
+    let seq = u64::from_le_bytes(msg[..8].try_into().unwrap());
+    assert_eq!(seq, expected_seq, "out of order, lost or duplicated message");
+    let sum = u64::from_le_bytes(msg[8..16].try_into().unwrap());
+    assert_eq!(sum, checksum(&msg[16..]), "message {seq} damaged");
+}
+
+pub fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Writes message `seq` of `size` (>= 16) bytes into `buf`: sequence, checksum, payload.
+pub fn message_into(buf: &mut [u8], seq: u64) {
+    fill(&mut buf[16..], seq);
+    let sum = checksum(&buf[16..]);
+    buf[..8].copy_from_slice(&seq.to_le_bytes());
+    buf[8..16].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// The size of message `seq` in the mixed-size streams: mostly small (inline), some medium,
+/// a few large.
+pub fn size_of(seq: u64) -> usize {
+    match seq % 1000 {
+        0 => 16 + (seq as usize * 7919) % (256 << 10),
+        1..=99 => 16 + (seq as usize * 31) % 4000,
+        _ => 16 + (seq as usize * 13) % 100,
+    }
+}

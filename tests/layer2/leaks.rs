@@ -1,0 +1,62 @@
+//! 1,000 create/destroy cycles leave no fd, mapping, /dev/shm entry or socket file behind.
+
+use std::time::Duration;
+
+use lava_flow::channels::{Consumer, Producer, WaitStrategy};
+
+use crate::common::*;
+
+const CYCLES: u32 = 1000;
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn channel_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("lava-flow:")).count()
+}
+
+fn dev_shm_entries() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn thousand_cycles_leave_nothing() {
+    const TEST: &str = "leaks::thousand_cycles_leave_nothing";
+    let wait = WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let fds = open_fds();
+            for i in 0..CYCLES {
+                let mut p = Producer::create("cycle", &here(), &here(), &config(wait)).unwrap();
+                p.send(&i.to_le_bytes()).unwrap();
+                p.wait_completed(0, Some(Duration::from_secs(10))).unwrap();
+            }
+            assert_eq!(open_fds(), fds, "fds leaked");
+            assert_eq!(channel_mappings(), 0, "mappings leaked");
+        }
+        Some("consumer") => {
+            let fds = open_fds();
+            for i in 0..CYCLES {
+                let mut c = Consumer::create("cycle", &here(), &here(), &config(wait)).unwrap();
+                assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
+            }
+            assert_eq!(open_fds(), fds, "fds leaked");
+            assert_eq!(channel_mappings(), 0, "mappings leaked");
+        }
+        Some(_) => {}
+        None => {
+            let shm_before = dev_shm_entries();
+            let dir = test_dir("cycles");
+            let c = spawn(TEST, "consumer", &dir, &[]);
+            let p = spawn(TEST, "producer", &dir, &[]);
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+            let new: Vec<_> = dev_shm_entries().into_iter().filter(|e| !shm_before.contains(e) && e.contains("lava")).collect();
+            assert!(new.is_empty(), "left in /dev/shm: {new:?}");
+        }
+    }
+}

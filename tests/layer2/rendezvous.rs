@@ -1,0 +1,186 @@
+//! Meeting by name: either start order, timeouts, transport choice and its report, refusals.
+
+use std::time::{Duration, Instant};
+
+use lava_flow::channels::{Channel, ChannelConfig, Consumer, Producer, Role, TransportKind, WaitStrategy};
+use lava_flow::{Error, ProcessLocation};
+
+use crate::common::*;
+
+fn exchange(role: &str) {
+    let cfg = config(WaitStrategy::Block);
+    if arg("delay") == role {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    match role {
+        "producer" => {
+            let ch = Channel::create("order", Role::Producer, &here(), &here(), &cfg).unwrap();
+            assert_eq!(ch.role(), Role::Producer);
+            let mut p = ch.into_producer().unwrap();
+            for i in 0..100u32 {
+                p.send(&i.to_le_bytes()).unwrap();
+            }
+            p.wait_completed(99, Some(Duration::from_secs(20))).unwrap();
+        }
+        _ => {
+            let ch = Channel::create("order", Role::Consumer, &here(), &here(), &cfg).unwrap();
+            let info = ch.transport().clone();
+            assert_eq!(info.kind, TransportKind::Shm);
+            assert!(info.reason.contains("scope local"), "{}", info.reason);
+            report("transport", format!("{} ({})", info.kind, info.reason));
+            let mut c = ch.into_consumer().unwrap();
+            for i in 0..100u32 {
+                assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
+            }
+        }
+    }
+}
+
+#[test]
+fn either_start_order() {
+    const TEST: &str = "rendezvous::either_start_order";
+    match child_role().as_deref() {
+        Some(role) => exchange(role),
+        None => {
+            for first in ["consumer", "producer"] {
+                let dir = test_dir(&format!("order-{first}"));
+                let args = [("delay", if first == "consumer" { "producer" } else { "consumer" }.to_owned())];
+                let c = spawn(TEST, "consumer", &dir, &args);
+                let p = spawn(TEST, "producer", &dir, &args);
+                wait_ok(p, "producer");
+                wait_ok(c, "consumer");
+                assert_dir_empty(&dir);
+            }
+        }
+    }
+}
+
+#[test]
+fn rendezvous_timeout_and_refusals() {
+    const TEST: &str = "rendezvous::rendezvous_timeout_and_refusals";
+    match child_role().as_deref() {
+        Some("lonely") => {
+            let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_millis(200)), ..Default::default() };
+            let start = Instant::now();
+            let err = Producer::create("nobody-home", &here(), &here(), &cfg).unwrap_err();
+            assert!(matches!(err, Error::Timeout(ref m) if m.contains("nobody-home")), "{err}");
+            let waited = start.elapsed();
+            assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+            let err = Consumer::create("nobody-home", &here(), &here(), &cfg).unwrap_err();
+            assert!(matches!(err, Error::Timeout(_)), "{err}");
+
+            // Remote scope: a clear message until the MPI transport lands.
+            let far = ProcessLocation::new("some-other-host", None, None).unwrap();
+            let err = Producer::create("far", &here(), &far, &cfg).unwrap_err();
+            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport available")), "{err}");
+
+            // LF_TRANSPORTS names an unavailable transport: creation fails and says why.
+            std::env::set_var("LF_TRANSPORTS", "mpi");
+            let err = Consumer::create("restricted", &here(), &here(), &cfg).unwrap_err();
+            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("LF_TRANSPORTS=mpi") && m.contains("mpi is not built yet")), "{err}");
+            std::env::set_var("LF_TRANSPORTS", "bogus");
+            assert!(matches!(Consumer::create("restricted", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
+            std::env::remove_var("LF_TRANSPORTS");
+
+            assert!(matches!(Producer::create("bad/name", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create("taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            report("ready", 1);
+            assert_eq!(&*c.recv().unwrap(), b"done");
+        }
+        Some("second-consumer") => {
+            let err = Consumer::create("taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap_err();
+            assert!(matches!(err, Error::InvalidState(ref m) if m.contains("already has a live consumer")), "{err}");
+        }
+        Some("producer") => {
+            let mut p = Producer::create("taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let flag = arg("flag");
+            while !std::path::Path::new(&flag).exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            p.send(b"done").unwrap();
+            p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("lonely");
+            wait_ok(spawn(TEST, "lonely", &dir, &[]), "lonely");
+            assert_dir_empty(&dir);
+
+            let dir = test_dir("taken");
+            let flag = format!("/tmp/lf-l2-{}-taken.flag", std::process::id());
+            let _ = std::fs::remove_file(&flag);
+            let args = [("flag", flag.clone())];
+            let mut c = spawn(TEST, "consumer", &dir, &args);
+            let mut out = stdout_of(&mut c);
+            let p = spawn(TEST, "producer", &dir, &args);
+            expect_line(&mut out, "ready");
+            wait_ok(spawn(TEST, "second-consumer", &dir, &args), "second consumer");
+            std::fs::write(&flag, b"go").unwrap();
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            let _ = std::fs::remove_file(&flag);
+            assert_dir_empty(&dir);
+        }
+    }
+}
+
+#[test]
+fn runtime_dir_must_be_private() {
+    const TEST: &str = "rendezvous::runtime_dir_must_be_private";
+    use std::os::unix::fs::PermissionsExt;
+    match child_role().as_deref() {
+        Some("open-dir") => {
+            let err = Consumer::create("x", &here(), &here(), &ChannelConfig::default()).unwrap_err();
+            assert!(matches!(err, Error::PermissionDenied(ref m) if m.contains("0700")), "{err}");
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("open");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            wait_ok(spawn(TEST, "open-dir", &dir, &[]), "open-dir");
+            assert_dir_empty(&dir);
+        }
+    }
+}
+
+/// A process of another user that reaches the socket (root can, through DAC override) is
+/// refused by SO_PEERCRED. Runs only as root (it needs to switch the consumer to `nobody`).
+#[test]
+fn other_user_is_refused() {
+    const TEST: &str = "rendezvous::other_user_is_refused";
+    const NOBODY: u32 = 65534;
+    match child_role().as_deref() {
+        Some("nobody-consumer") => {
+            // SAFETY: plain syscalls in a single-threaded child before any lava-flow call.
+            unsafe {
+                assert_eq!(libc::setgid(NOBODY), 0);
+                assert_eq!(libc::setuid(NOBODY), 0);
+            }
+            let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(3)), ..Default::default() };
+            let err = Consumer::create("guarded", &here(), &here(), &cfg).unwrap_err();
+            assert!(matches!(err, Error::Timeout(ref m) if m.contains("runs as uid 0")), "{err}");
+        }
+        Some(_) => {}
+        None => {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                eprintln!("skipped: needs root to run a consumer as another user");
+                return;
+            }
+            let dir = test_dir("guarded");
+            std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+            let c = spawn(TEST, "nobody-consumer", &dir, &[]);
+            let path = dir.join("guarded.sock");
+            let start = Instant::now();
+            // Root passes the 0700 directory; the consumer must still refuse it.
+            while std::os::unix::net::UnixStream::connect(&path).is_err() {
+                assert!(start.elapsed() < Duration::from_secs(3), "the consumer never listened");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            wait_ok(c, "nobody consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
