@@ -15,6 +15,7 @@ use super::transport::{AnyConsumer, ConsumerTransport, RawView, Release, Transpo
 use super::transports::shm::ShmConsumer;
 use super::{select_transport, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
+use crate::memory::Context as MemoryContext;
 use crate::os::eventfd::{eventfd, eventfd_signal, poll};
 use crate::types::ProcessLocation;
 
@@ -22,6 +23,7 @@ use crate::types::ProcessLocation;
 pub struct Consumer {
     transport: AnyConsumer,
     name: String,
+    context: MemoryContext,
     waker_thread: Option<WakerThread>,
 }
 
@@ -35,19 +37,37 @@ impl Consumer {
     /// Creates the consuming end of channel `name` and waits for a producer (up to
     /// `config.rendezvous_timeout`; the producer may start before or after). The consumer
     /// keeps the name: when its producer has gone, a new producer can attach, and the next
-    /// receive after the old producer's messages picks it up.
-    pub fn create(name: &str, my_location: &ProcessLocation, peer_location: &ProcessLocation, config: &ChannelConfig) -> Result<Consumer> {
+    /// receive after the old producer's messages picks it up. `context` is the process's
+    /// memory context.
+    pub fn create(
+        context: &MemoryContext,
+        name: &str,
+        my_location: &ProcessLocation,
+        peer_location: &ProcessLocation,
+        config: &ChannelConfig,
+    ) -> Result<Consumer> {
         validate_channel_name(name)?;
         let info = select_transport(my_location, peer_location, config)?;
         let transport = match info.kind {
             TransportKind::Shm => AnyConsumer::Shm(ShmConsumer::listen(name, info, config)?),
             other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
         };
-        Ok(Consumer { transport, name: name.to_owned(), waker_thread: None })
+        Ok(Consumer { transport, name: name.to_owned(), context: context.clone(), waker_thread: None })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The memory context the channel was created with.
+    pub fn context(&self) -> &MemoryContext {
+        &self.context
+    }
+
+    /// How many arenas (memory files) producers have passed to this consumer for buffer
+    /// sends; each is mapped once per channel and cached.
+    pub fn arenas_received(&self) -> u64 {
+        self.transport.arenas_received()
     }
 
     /// The transport and why it was chosen.
@@ -155,6 +175,13 @@ impl Message {
     pub fn sequence(&self) -> u64 {
         self.view.token
     }
+    /// Whether the bytes lie in the sender's own buffer (a buffer send, or a send of bytes
+    /// inside a lava-flow buffer): no copy was made anywhere. False for bytes the sender
+    /// copied (or wrote in place) into the channel's pool.
+    #[inline]
+    pub fn is_zero_copy(&self) -> bool {
+        self.view.zero_copy
+    }
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the transport validated that view.len bytes at view.ptr lie inside its
@@ -174,7 +201,11 @@ impl Deref for Message {
 
 impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Message").field("sequence", &self.view.token).field("len", &self.view.len).finish()
+        f.debug_struct("Message")
+            .field("sequence", &self.view.token)
+            .field("len", &self.view.len)
+            .field("zero_copy", &self.view.zero_copy)
+            .finish()
     }
 }
 

@@ -15,9 +15,12 @@
 //! of the listed transports can serve the channel, creation fails and says why for each.
 //!
 //! Messages are FIFO and delivered exactly once. The producer copies into the channel's
-//! shared pool ([`Producer::send`]) or writes in place ([`Producer::loan`]); the consumer reads
-//! a zero-copy [`Message`] view and releases it (on drop), which the producer sees as
-//! completion ([`Producer::completed`]).
+//! shared pool ([`Producer::send`]), writes in place ([`Producer::loan`]), or sends a region
+//! of a lava-flow buffer by reference ([`Producer::send_buffer`]; `send` does so by itself
+//! for bytes inside a buffer of the channel's [`Context`](crate::memory::Context)): the
+//! consumer maps the buffer's arena once per channel and reads the bytes where they lie. The
+//! consumer reads a zero-copy [`Message`] view and releases it (on drop), which the producer
+//! sees as completion ([`Producer::completed`]): then a sent buffer may be reused.
 //!
 //! Waiting follows [`WaitStrategy`]. Peer death (even `kill -9`) is noticed within about 20 ms
 //! in every strategy and reported as [`Error::PeerGone`] once the messages already delivered
@@ -32,6 +35,7 @@ pub mod transports;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::memory::Context;
 use crate::types::{detect_scope, CommunicationScope, ProcessLocation};
 
 pub use consumer::{Consumer, Message, RecvFuture};
@@ -41,6 +45,11 @@ pub use transport::{SharedRegion, TransportInfo, TransportKind};
 /// The environment variable that restricts transport choice: a comma-separated list of
 /// transport names (`shm`, `vulkan_ipc`, `mpi`), tried in that order.
 pub const TRANSPORTS_ENV: &str = "LF_TRANSPORTS";
+
+/// The shortest send that goes by reference by itself when its bytes lie in a lava-flow
+/// buffer ([`Producer::send`]); shorter ones are copied into their ring slot, which costs
+/// less than mapping anything.
+pub const AUTO_ZERO_COPY_MIN: usize = transports::shm::SHM_INLINE_MAX + 1;
 
 /// The longest channel name in bytes (it becomes a socket file name).
 pub const MAX_CHANNEL_NAME_LEN: usize = 64;
@@ -111,8 +120,10 @@ pub enum Channel {
 
 impl Channel {
     /// Creates this process's end of channel `name` and waits (up to
-    /// `config.rendezvous_timeout`) for the other end.
+    /// `config.rendezvous_timeout`) for the other end. `context` is this process's memory
+    /// context: bytes sent from its buffers travel by reference.
     pub fn create(
+        context: &Context,
         name: &str,
         role: Role,
         my_location: &ProcessLocation,
@@ -120,8 +131,8 @@ impl Channel {
         config: &ChannelConfig,
     ) -> Result<Channel> {
         Ok(match role {
-            Role::Producer => Channel::Producer(Producer::create(name, my_location, peer_location, config)?),
-            Role::Consumer => Channel::Consumer(Consumer::create(name, my_location, peer_location, config)?),
+            Role::Producer => Channel::Producer(Producer::create(context, name, my_location, peer_location, config)?),
+            Role::Consumer => Channel::Consumer(Consumer::create(context, name, my_location, peer_location, config)?),
         })
     }
 

@@ -1,11 +1,14 @@
 //! The sending end of a channel.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::transport::{AnyProducer, ProducerTransport, RawLoan, SharedRegion, TransportInfo, TransportKind};
 use super::transports::shm::ShmProducer;
-use super::{select_transport, validate_channel_name, ChannelConfig};
+use super::{select_transport, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
 use crate::error::{Error, Result};
+use crate::memory::registry::Registry;
+use crate::memory::{Buffer, Context, SharedArena};
 use crate::types::ProcessLocation;
 
 /// The sending end of a channel. Not shareable between threads (`&mut self` everywhere), but
@@ -13,6 +16,10 @@ use crate::types::ProcessLocation;
 pub struct Producer {
     transport: AnyProducer,
     name: String,
+    context: Context,
+    /// The context's registry, asked by every copy send whether the bytes lie in a lava-flow
+    /// buffer (then they go by reference).
+    registry: Arc<Registry>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -23,15 +30,27 @@ impl std::fmt::Debug for Producer {
 
 impl Producer {
     /// Creates the producing end of channel `name` and waits for the consumer (up to
-    /// `config.rendezvous_timeout`; the consumer may start before or after).
-    pub fn create(name: &str, my_location: &ProcessLocation, peer_location: &ProcessLocation, config: &ChannelConfig) -> Result<Producer> {
+    /// `config.rendezvous_timeout`; the consumer may start before or after). `context` is
+    /// the process's memory context: bytes sent from its buffers go by reference.
+    pub fn create(
+        context: &Context,
+        name: &str,
+        my_location: &ProcessLocation,
+        peer_location: &ProcessLocation,
+        config: &ChannelConfig,
+    ) -> Result<Producer> {
         validate_channel_name(name)?;
         let info = select_transport(my_location, peer_location, config)?;
         let transport = match info.kind {
             TransportKind::Shm => AnyProducer::Shm(ShmProducer::connect(name, info, config)?),
             other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
         };
-        Ok(Producer { transport, name: name.to_owned() })
+        Ok(Producer { transport, name: name.to_owned(), context: context.clone(), registry: Arc::clone(context.registry()) })
+    }
+
+    /// The memory context the channel was created with.
+    pub fn context(&self) -> &Context {
+        &self.context
     }
 
     pub fn name(&self) -> &str {
@@ -48,8 +67,15 @@ impl Producer {
         self.transport.max_message_len()
     }
 
-    /// Copies `data` into the channel, waiting for room as long as needed. Returns the
-    /// message's sequence number (0, 1, 2, ...).
+    /// Sends `data`, waiting for room as long as needed. Returns the message's sequence
+    /// number (0, 1, 2, ...).
+    ///
+    /// Bytes lying inside one lava-flow buffer of the channel's context (allocated or
+    /// imported CPU memory) and longer than [`AUTO_ZERO_COPY_MIN`] go by reference, as
+    /// [`send_buffer`](Self::send_buffer) would send them: the consumer reads them where they
+    /// lie, so do not write them until the message is complete
+    /// ([`wait_completed`](Self::wait_completed)). Any other bytes are copied into the
+    /// channel's pool, and may be reused at once.
     #[inline]
     pub fn send(&mut self, data: &[u8]) -> Result<u64> {
         self.send_until(data, None)
@@ -63,13 +89,34 @@ impl Producer {
     /// As [`send`](Self::send), but `WouldBlock` at once when the channel is full.
     #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
+        if let Some((arena, offset)) = self.shareable(data) {
+            match self.transport.try_send_region(&arena, offset, data.len()) {
+                Err(Error::Unsupported(_)) => {}
+                other => return other,
+            }
+        }
         let loan = self.transport.try_loan(data.len())?;
         self.fill_and_publish(loan, data)
     }
     #[inline]
     pub(crate) fn send_until(&mut self, data: &[u8], deadline: Option<Instant>) -> Result<u64> {
+        if let Some((arena, offset)) = self.shareable(data) {
+            match self.transport.send_region(&arena, offset, data.len(), deadline) {
+                Err(Error::Unsupported(_)) => {}
+                other => return other,
+            }
+        }
         let loan = self.loan_raw(data.len(), deadline)?;
         self.fill_and_publish(loan, data)
+    }
+
+    /// The arena `data` lies in, when it can go by reference.
+    #[inline]
+    fn shareable(&self, data: &[u8]) -> Option<(SharedArena, usize)> {
+        if data.len() < AUTO_ZERO_COPY_MIN {
+            return None;
+        }
+        self.registry.find_shareable(data.as_ptr() as usize, data.len())
     }
     #[inline]
     fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {
@@ -122,10 +169,53 @@ impl Producer {
         self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))
     }
 
-    /// Sends bytes that already lie in memory the peer can map, without copying them (the
-    /// hook for Layer 1 buffers; no transport implements it yet).
-    pub fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
-        self.transport.send_region(region, offset, len)
+    /// Sends `len` bytes at `offset` of `buffer` by reference, waiting for room as long as
+    /// needed: the consumer maps the buffer's arena (once per channel) and reads the bytes
+    /// where they lie, so later writes to them are visible to it. Do not write (or free) the
+    /// range until the message is complete ([`completed`](Self::completed),
+    /// [`wait_completed`](Self::wait_completed)); the channel keeps the arena itself alive
+    /// until then.
+    ///
+    /// Any CPU buffer lava-flow allocated or imported can be sent; registered user memory and
+    /// GPU memory are `Unsupported` (GPU buffers will travel through the Vulkan IPC transport).
+    pub fn send_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize) -> Result<u64> {
+        self.send_buffer_until(buffer, offset, len, None)
+    }
+
+    /// As [`send_buffer`](Self::send_buffer), giving up with `Timeout` after `timeout`.
+    pub fn send_buffer_timeout(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Duration) -> Result<u64> {
+        self.send_buffer_until(buffer, offset, len, Some(Instant::now() + timeout))
+    }
+
+    /// As [`send_buffer`](Self::send_buffer), but `WouldBlock` at once when the channel is full.
+    pub fn try_send_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize) -> Result<u64> {
+        let (arena, start) = Self::buffer_region(buffer, offset, len)?;
+        self.transport.try_send_region(&arena, start, len)
+    }
+
+    pub(crate) fn send_buffer_until(&mut self, buffer: &Buffer, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        let (arena, start) = Self::buffer_region(buffer, offset, len)?;
+        self.transport.send_region(&arena, start, len, deadline)
+    }
+
+    fn buffer_region(buffer: &Buffer, offset: usize, len: usize) -> Result<(SharedArena, usize)> {
+        if len == 0 {
+            return Err(Error::invalid("a message needs at least one byte"));
+        }
+        buffer.check_range(offset, len)?;
+        let (arena, start) = buffer.shared_arena()?;
+        Ok((arena, start + offset))
+    }
+
+    /// Sends bytes that already lie in memory the peer can map, without copying them.
+    pub fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+        self.transport.send_region(region, offset, len, timeout.map(|t| Instant::now() + t))
+    }
+
+    /// How many arenas (memory files) this producer has passed to its consumer: each goes
+    /// once per channel, however many messages point into it.
+    pub fn arenas_sent(&self) -> u64 {
+        self.transport.arenas_sent()
     }
 
     /// The shared control region's address and length, for tests that play a hostile peer.

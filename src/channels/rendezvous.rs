@@ -10,7 +10,9 @@
 //! consumer when it closes, or by a surviving producer when the consumer died.
 //!
 //! After the handshake the socket stays open: it and a pidfd of the peer are how each side
-//! learns that the other has gone.
+//! learns that the other has gone. The producer also sends [`ControlRecord`]s over it: the
+//! fd of each arena a buffer send points into (once per arena and channel), and which
+//! arenas the consumer may forget.
 
 use std::io::ErrorKind;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -292,10 +294,27 @@ impl PeerWatch {
             libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 },
             libc::pollfd { fd: self.pidfd.as_ref().map_or(-1, |f| f.as_raw_fd()), events: libc::POLLIN, revents: 0 },
         ];
-        // After the handshake the peer sends nothing, so any event on the socket (data,
-        // hang-up, error) means its end is closed or misbehaving.
-        if poll(&mut fds, Some(Duration::ZERO)).map_or(true, |n| n > 0) {
+        let Ok(n) = poll(&mut fds, Some(Duration::ZERO)) else {
             self.gone = true;
+            return true;
+        };
+        if n == 0 {
+            return false;
+        }
+        let hung_up = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL;
+        if fds[1].revents != 0 || fds[0].revents & hung_up != 0 {
+            self.gone = true;
+        } else if fds[0].revents & libc::POLLIN != 0 {
+            // Readable without a hang-up: control records (arena fds) may be waiting after the
+            // handshake, so peek to tell end-of-file from data.
+            let mut byte = 0u8;
+            // SAFETY: peeks at most one byte into a live local.
+            let n = unsafe {
+                libc::recv(self.sock.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+            };
+            if n == 0 {
+                self.gone = true;
+            }
         }
         self.gone
     }
@@ -355,6 +374,55 @@ impl Hello {
             total_len: u64_at(32),
             name: name.to_owned(),
         })
+    }
+}
+
+/// What the producer sends over the socket after the handshake, each record in one message
+/// of [`ControlRecord::LEN`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlRecord {
+    /// Arena `id` of `len` bytes: its memory file is attached (one fd). Sent before the first
+    /// message that points into it.
+    Arena { id: u64, len: u64 },
+    /// Arena `id` is gone at the producer and no message in flight points into it: unmap it.
+    Forget { id: u64 },
+}
+
+const RECORD_MAGIC: &[u8; 4] = b"LFCR";
+const RECORD_ARENA: u32 = 1;
+const RECORD_FORGET: u32 = 2;
+
+impl ControlRecord {
+    pub const LEN: usize = 32;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let (kind, id, len) = match *self {
+            ControlRecord::Arena { id, len } => (RECORD_ARENA, id, len),
+            ControlRecord::Forget { id } => (RECORD_FORGET, id, 0),
+        };
+        let mut out = [0u8; Self::LEN];
+        out[..4].copy_from_slice(RECORD_MAGIC);
+        out[4..8].copy_from_slice(&kind.to_le_bytes());
+        out[8..16].copy_from_slice(&id.to_le_bytes());
+        out[16..24].copy_from_slice(&len.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ControlRecord> {
+        let bad = |what: String| Error::Corrupt(format!("the producer sent a control record that {what}"));
+        if bytes.len() != Self::LEN || &bytes[..4] != RECORD_MAGIC {
+            return Err(bad(format!("is not one (wrong magic or {} bytes, not {})", bytes.len(), Self::LEN)));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        if u64_at(24) != 0 {
+            return Err(bad("has non-zero reserved bytes".into()));
+        }
+        match (u32_at(4), u64_at(8), u64_at(16)) {
+            (RECORD_ARENA, id, len) => Ok(ControlRecord::Arena { id, len }),
+            (RECORD_FORGET, id, 0) => Ok(ControlRecord::Forget { id }),
+            (kind, _, _) => Err(bad(format!("has unknown kind {kind}"))),
+        }
     }
 }
 
@@ -437,6 +505,29 @@ mod tests {
         let mut bytes = h.encode();
         bytes[44] = 200;
         assert!(matches!(Hello::decode(&bytes), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn control_records_round_trip_and_reject_garbage() {
+        for r in [ControlRecord::Arena { id: 7, len: 1 << 21 }, ControlRecord::Forget { id: 9 }] {
+            assert_eq!(ControlRecord::decode(&r.encode()).unwrap(), r);
+        }
+        let mut bytes = ControlRecord::Forget { id: 1 }.encode();
+        bytes[4] = 9;
+        assert!(matches!(ControlRecord::decode(&bytes), Err(Error::Corrupt(_))));
+        assert!(matches!(ControlRecord::decode(&bytes[..8]), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn data_on_the_socket_is_not_a_hang_up() {
+        use std::io::Write;
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut watch = PeerWatch::new(b, std::process::id() as i32);
+        assert!(!watch.is_gone());
+        (&a).write_all(b"record").unwrap();
+        assert!(!watch.is_gone(), "pending data is not end-of-file");
+        drop(a);
+        assert!(watch.is_gone());
     }
 
     #[test]

@@ -12,11 +12,14 @@
 //! (a lava-flow buffer from Layer 1) go through [`ProducerTransport::send_region`], with the
 //! region described by [`SharedRegion`].
 
+use std::any::Any;
 use std::fmt;
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::memory::SharedArena;
 
 /// The transports lava-flow knows, built or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +90,8 @@ pub struct RawView {
     pub len: usize,
     pub token: u64,
     pub session: u64,
+    /// The bytes lie in the sender's own buffer (a buffer send), not in the channel's pool.
+    pub zero_copy: bool,
 }
 
 /// Gives a received message's space back to its producer. Shared by all views of one
@@ -98,17 +103,35 @@ pub trait Release: Send + Sync {
 }
 
 /// Memory the peer can map by itself, so a message can point into it instead of being
-/// copied: a Layer 1 arena (memfd) today, a Vulkan allocation later.
+/// copied: a Layer 1 arena (a memfd, [`SharedArena`]) today, a Vulkan allocation later.
 ///
-/// This is the hook for buffer sends. The receiving side maps `fd()` once per `arena_id()`
-/// and caches the mapping; a message then carries `(arena_id, offset, len)`.
+/// The receiving side maps `fd()` once per arena and caches it; a message then carries
+/// (arena, offset, len). The sender keeps [`keep_alive`](Self::keep_alive) until the receiver
+/// releases the message.
 pub trait SharedRegion {
     /// The file behind the region, passed to the peer over the rendezvous socket once.
     fn fd(&self) -> BorrowedFd<'_>;
-    /// Identifies the arena for the lifetime of the sending process.
-    fn arena_id(&self) -> u64;
     /// The size of the file (the peer maps `[0, arena_len)`).
     fn arena_len(&self) -> usize;
+    /// Identifies the arena in this process while a `Weak` of `keep_alive()` lives.
+    fn identity(&self) -> usize;
+    /// Keeps the memory alive while held.
+    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync>;
+}
+
+impl SharedRegion for SharedArena {
+    fn fd(&self) -> BorrowedFd<'_> {
+        SharedArena::fd(self)
+    }
+    fn arena_len(&self) -> usize {
+        self.len()
+    }
+    fn identity(&self) -> usize {
+        SharedArena::identity(self)
+    }
+    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        SharedArena::keep_alive(self)
+    }
 }
 
 /// The sending half of a transport.
@@ -149,14 +172,25 @@ pub trait ProducerTransport: Send {
     /// Waits until `completed() > seq`.
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()>;
 
-    /// Sends `len` bytes at `offset` of `region` without copying. Not built yet for any
-    /// transport: the lead wires Layer 1 buffers in here.
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
-        let _ = (region.arena_id(), offset, len);
+    /// Sends `len` bytes at `offset` of `region` without copying, waiting for room up to
+    /// `deadline` (`None`: forever). The region must not be written until the message is
+    /// complete.
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        let _ = (region.arena_len(), offset, len, deadline);
         Err(Error::Unsupported(format!(
             "{} transport cannot send lava-flow buffers by reference yet; use send (copy) or loan",
             self.info().kind
         )))
+    }
+
+    /// As [`send_region`](Self::send_region), but `WouldBlock` at once when there is no room.
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        self.send_region(region, offset, len, Some(Instant::now()))
+    }
+
+    /// How many arenas (memory files) this producer has passed to its consumer.
+    fn arenas_sent(&self) -> u64 {
+        0
     }
 
     /// The shared region, for tests that play a hostile peer.
@@ -194,6 +228,11 @@ pub trait ConsumerTransport: Send {
     /// Releases a view by value (the C API keeps no per-view object). Views of an earlier
     /// producer's session are accepted too.
     fn release(&mut self, view: &RawView) -> Result<()>;
+
+    /// How many arenas (memory files) the producers of this consumer have passed to it.
+    fn arenas_received(&self) -> u64 {
+        0
+    }
 
     /// A file descriptor that polls readable while a message waits or the producer has gone;
     /// from the first call on, the producer signals it (a syscall per message only while the
@@ -263,8 +302,15 @@ impl ProducerTransport for AnyProducer {
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
         forward!(self, t => t.wait_completed(seq, deadline))
     }
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
-        forward!(self, t => t.send_region(region, offset, len))
+    #[inline]
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        forward!(self, t => t.send_region(region, offset, len, deadline))
+    }
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        forward!(self, t => t.try_send_region(region, offset, len))
+    }
+    fn arenas_sent(&self) -> u64 {
+        forward!(self, t => t.arenas_sent())
     }
     fn raw_region(&self) -> Option<(*mut u8, usize)> {
         forward!(self, t => t.raw_region())
@@ -305,6 +351,9 @@ impl ConsumerTransport for AnyConsumer {
     }
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         forward!(self, t => t.notify_fd())
+    }
+    fn arenas_received(&self) -> u64 {
+        forward!(self, t => t.arenas_received())
     }
     fn raw_region(&self) -> Option<(*mut u8, usize)> {
         forward!(self, t => t.raw_region())

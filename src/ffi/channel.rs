@@ -1,5 +1,5 @@
-//! `lf_channel`: one end of a Layer 2 channel, with copy sends, loans, zero-copy receive views
-//! and a pollable fd.
+//! `lf_channel`: one end of a Layer 2 channel, with copy sends, loans, buffer sends (by
+//! reference), zero-copy receive views and a pollable fd.
 //!
 //! Ownership: an `lf_channel` is exclusively owned by its creator and released with
 //! `lf_channel_free`. A channel may be used from any thread but by one thread at a time; a
@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::buffer::lf_buffer;
+use super::context::lf_context;
 use super::location::lf_location;
 use super::status::lf_status;
 use super::{boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
@@ -52,6 +54,10 @@ pub struct lf_channel_config {
     pub rendezvous_timeout_ns: i64,
 }
 
+/// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
+/// or `lf_send` of bytes inside a buffer): nothing was copied.
+pub const LF_MESSAGE_ZERO_COPY: u32 = 1;
+
 /// A received message: `len` bytes at `data`, readable until `lf_release`.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -63,6 +69,9 @@ pub struct lf_message {
     pub sequence: u64,
     /// Internal: which producer session the message came from. Do not change.
     pub session: u64,
+    /// LF_MESSAGE_ZERO_COPY or 0.
+    pub flags: u32,
+    pub reserved: u32,
 }
 
 /// Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
@@ -194,16 +203,20 @@ pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) 
 }
 
 /// Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
-/// waits for the other end; either may start first. `role` is LF_ROLE_PRODUCER or
-/// LF_ROLE_CONSUMER. The transport follows the scope between `my_location` and
-/// `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells which and why.
-/// `config` may be NULL for the defaults.
+/// waits for the other end; either may start first. `context` is this process's memory
+/// context: `lf_send` of bytes inside one of its buffers goes by reference. The channel
+/// keeps what it needs of the context, which may be freed before the channel. `role` is
+/// LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
+/// `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
+/// which and why. `config` may be NULL for the defaults.
 ///
 /// # Safety
-/// `name` must be NULL or a NUL-terminated string; the locations NULL or live lf_location
-/// handles; `config` NULL or a valid config; `out` NULL or writable.
+/// `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
+/// locations NULL or live lf_location handles; `config` NULL or a valid config; `out` NULL or
+/// writable.
 #[no_mangle]
 pub unsafe extern "C" fn lf_channel_create(
+    context: *const lf_context,
     name: *const c_char,
     role: u32,
     my_location: *const lf_location,
@@ -213,6 +226,7 @@ pub unsafe extern "C" fn lf_channel_create(
 ) -> lf_status {
     boundary("lf_channel_create", || {
         let out = out_ptr(out, "out")?;
+        let context = handle_ref(context, "context")?.context.clone();
         let name = c_str(name, "name")?;
         let role = match role {
             LF_ROLE_PRODUCER => Role::Producer,
@@ -227,7 +241,7 @@ pub unsafe extern "C" fn lf_channel_create(
             // SAFETY: non-NULL; the caller promises a valid, readable config.
             to_config(unsafe { &*config })?
         };
-        let channel = Channel::create(name, role, &mine, &peer, &config)?;
+        let channel = Channel::create(&context, name, role, &mine, &peer, &config)?;
         let info = channel.transport().clone();
         let transport_name = CString::new(info.kind.name()).expect("no NUL in transport names");
         let transport_reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
@@ -255,8 +269,13 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
     })
 }
 
-/// Copies `len` bytes at `data` into the channel as the next message, waiting for room up to
-/// `timeout_ns` (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+/// Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
+/// (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+///
+/// The bytes are copied into the channel's pool, unless they lie inside one CPU buffer of the
+/// channel's context (`lf_alloc`, `lf_import`) and are longer than 112 bytes: then they go by
+/// reference, as `lf_send_buffer` sends them, and must not be written until the message is
+/// complete (`lf_wait_completed`). The receiver's `lf_message.flags` tells which.
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `data` NULL or `len` readable bytes;
@@ -284,6 +303,45 @@ pub unsafe extern "C" fn lf_try_send(channel: *mut lf_channel, data: *const c_vo
         let bytes = payload(data, len)?;
         let mut guard = lock(ch)?;
         let seq = producer(&mut guard)?.try_send(bytes)?;
+        write_sequence(sequence, seq);
+        Ok(())
+    })
+}
+
+/// Sends `len` bytes at `offset` of `buffer` by reference as the next message, waiting for
+/// room up to `timeout_ns` (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). The
+/// consumer maps the buffer's arena once per channel (its fd travels over the rendezvous
+/// socket the first time) and reads the bytes where they lie. Do not write or free the range
+/// until the message is complete (`lf_completed`, `lf_wait_completed`); the channel keeps
+/// the arena's memory alive until then. `*sequence` (if not NULL) receives the message's
+/// number.
+///
+/// Any CPU buffer from `lf_alloc`, `lf_alloc_auto` or `lf_import` can be sent.
+/// LF_ERR_UNSUPPORTED for registered user memory (`lf_register`) and GPU memory (GPU buffers
+/// will travel through the Vulkan IPC transport); LF_ERR_INVALID_ARGUMENT for an empty range
+/// or one outside the buffer.
+///
+/// # Safety
+/// `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_send_buffer(
+    channel: *mut lf_channel,
+    buffer: *const lf_buffer,
+    offset: usize,
+    len: usize,
+    timeout_ns: i64,
+    sequence: *mut u64,
+) -> lf_status {
+    boundary("lf_send_buffer", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let buffer = &handle_ref(buffer, "buffer")?.buffer;
+        let mut guard = lock(ch)?;
+        let p = producer(&mut guard)?;
+        let seq = if timeout_ns == 0 {
+            p.try_send_buffer(buffer, offset, len)?
+        } else {
+            p.send_buffer_until(buffer, offset, len, deadline(timeout_ns))?
+        };
         write_sequence(sequence, seq);
         Ok(())
     })
@@ -383,7 +441,8 @@ pub unsafe extern "C" fn lf_wait_completed(channel: *mut lf_channel, sequence: u
 }
 
 fn write_message(out: *mut lf_message, view: RawView) {
-    write_out(out, lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session });
+    let flags = if view.zero_copy { LF_MESSAGE_ZERO_COPY } else { 0 };
+    write_out(out, lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session, flags, reserved: 0 });
 }
 
 /// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
@@ -434,7 +493,7 @@ pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf
         }
         // SAFETY: non-NULL; the caller promises a readable lf_message.
         let m = unsafe { *message };
-        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session };
+        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, zero_copy: false };
         let mut guard = lock(ch)?;
         consumer(&mut guard)?.release_raw(&view)?;
         Ok(())

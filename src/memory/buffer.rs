@@ -1,6 +1,8 @@
 //! [`Buffer`]: a range of memory lava-flow hands out, and what it really is.
 
+use std::any::Any;
 use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -111,7 +113,7 @@ impl Buffer {
         let base = ptr.map_or(0, |p| p.as_ptr() as usize);
         let info = BufferInfo { id: BufferId::next(), base, len, location, page_size, origin };
         if ptr.is_some() {
-            registry.insert(info, exclusive)?;
+            registry.insert(info, exclusive, SharedArena::of(&backing))?;
         }
         Ok(Buffer { ptr, len, info, backing, registry: Arc::clone(registry), fallback: None })
     }
@@ -293,6 +295,108 @@ impl Buffer {
     /// Exports the buffer for another process on this host: see [`ExportHandle`].
     pub fn export(&self) -> Result<ExportHandle> {
         super::export::export(self)
+    }
+
+    /// The memory file this buffer lies in and the buffer's offset in it, for sending the
+    /// buffer by reference (a channel's buffer send). CPU memory allocated or imported by
+    /// lava-flow has one; registered user memory and GPU memory are `Unsupported`, saying why.
+    pub fn shared_arena(&self) -> Result<(SharedArena, usize)> {
+        if let Some(found) = SharedArena::of(&self.backing) {
+            return Ok(found);
+        }
+        Err(Error::Unsupported(match &self.backing {
+            Backing::Registered => format!(
+                "buffer {} is registered user memory, which lives in no memory file another process \
+                 can map; allocate it with Context::allocate (lf_alloc) to send it by reference, or \
+                 send a copy",
+                self.info.id
+            ),
+            _ => format!(
+                "buffer {} is {}: GPU buffers travel through the Vulkan IPC transport, which is not \
+                 built yet (a later issue); stage the data through a CPU buffer (Context::copy) or \
+                 send a copy",
+                self.info.id, self.info.location
+            ),
+        }))
+    }
+}
+
+/// The memory file (arena) a CPU buffer lies in: what a peer maps to read the buffer where it
+/// lies. Cloning it keeps the arena's memory alive (in this process) as long as the clone.
+#[derive(Clone)]
+pub struct SharedArena {
+    arena: ArenaRef,
+}
+
+#[derive(Clone)]
+enum ArenaRef {
+    Local(Arc<Arena>),
+    Imported(Arc<ImportedArena>),
+}
+
+impl SharedArena {
+    /// The arena behind a backing and the offset of the backing's memory in it, for memory
+    /// that lies in a memory file (not registered user memory, not GPU memory).
+    pub(crate) fn of(backing: &Backing) -> Option<(SharedArena, usize)> {
+        let (arena, offset) = match backing {
+            Backing::Pooled { arena, offset, .. } => (ArenaRef::Local(Arc::clone(arena)), *offset),
+            Backing::Dedicated { arena } => (ArenaRef::Local(Arc::clone(arena)), 0),
+            Backing::Imported { arena, offset } => (ArenaRef::Imported(Arc::clone(arena)), *offset),
+            _ => return None,
+        };
+        Some((SharedArena { arena }, offset))
+    }
+
+    /// The memory file, to pass to the peer (`SCM_RIGHTS`).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        match &self.arena {
+            ArenaRef::Local(a) => a.fd.as_fd(),
+            ArenaRef::Imported(a) => a.fd.as_fd(),
+        }
+    }
+
+    /// The size of the memory file (all of it is mapped, here and by the peer).
+    pub fn len(&self) -> usize {
+        match &self.arena {
+            ArenaRef::Local(a) => a.mapping.len(),
+            ArenaRef::Imported(a) => a.mapping.len(),
+        }
+    }
+
+    /// Always false: arenas are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the arena is mapped in this process.
+    pub fn base(&self) -> *const u8 {
+        match &self.arena {
+            ArenaRef::Local(a) => a.mapping.as_ptr(),
+            ArenaRef::Imported(a) => a.mapping.as_ptr(),
+        }
+    }
+
+    /// A reference that keeps the arena's memory mapped (and its file open) while held.
+    pub fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        match &self.arena {
+            ArenaRef::Local(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
+            ArenaRef::Imported(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
+        }
+    }
+
+    /// Identifies the arena in this process while anything (a clone, a `Weak` of
+    /// [`keep_alive`](Self::keep_alive)) still refers to it: the address of its shared state.
+    pub fn identity(&self) -> usize {
+        match &self.arena {
+            ArenaRef::Local(a) => Arc::as_ptr(a) as *const () as usize,
+            ArenaRef::Imported(a) => Arc::as_ptr(a) as *const () as usize,
+        }
+    }
+}
+
+impl fmt::Debug for SharedArena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedArena").field("base", &self.base()).field("len", &self.len()).finish()
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::arena::{Pool, Strategy};
-use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
+use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts, SharedArena};
 use super::cpu::numa::NumaTopology;
 use super::export::{ExportHandle, ImportCache};
 use super::gpu_context::ContextGpu;
@@ -149,6 +149,18 @@ impl Context {
     /// where in it. O(log n) in the number of buffers.
     pub fn find(&self, addr: *const u8) -> Option<FoundBuffer> {
         self.inner.registry.find(addr as usize)
+    }
+
+    /// The memory file holding all of `[ptr, ptr + len)` inside one buffer of this context
+    /// that lies in one (allocated or imported CPU memory), and where the range starts in it:
+    /// what a channel needs to send those bytes by reference. `None` for any other memory.
+    /// Cheap when the answer is no: an atomic load when the context has no such buffer.
+    pub fn find_shareable(&self, ptr: *const u8, len: usize) -> Option<(SharedArena, usize)> {
+        self.inner.registry.find_shareable(ptr as usize, len)
+    }
+
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
     }
 
     /// Makes a buffer of user memory, so that [`Context::find`] knows it (and, later, GPU

@@ -35,7 +35,7 @@ pub mod location;
 pub mod registry;
 
 pub use allocator::auto_location;
-pub use buffer::{Buffer, BufferId, BufferOrigin};
+pub use buffer::{Buffer, BufferId, BufferOrigin, SharedArena};
 pub use context::{Context, ContextConfig, HugepagePolicy};
 pub use gpu_settings::{format_uuid, DeviceSelector, GpuPolicy};
 pub use cpu::gpu_pinned::{locked_bytes, DeviceRegistration};

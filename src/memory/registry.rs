@@ -5,12 +5,18 @@
 //! the same bytes), so the registry keeps the address space cut into disjoint pieces, each
 //! listing the buffers that cover it: a lookup is one `BTreeMap` predecessor search,
 //! O(log n), whatever overlaps exist.
+//!
+//! Buffers that lie in a memory file (allocated and imported CPU memory) also keep their
+//! arena here, so that a channel can send bytes found in them by reference
+//! ([`Registry::find_shareable`]). That lookup runs on every copy send, so it starts with two
+//! lock-free checks: no shareable buffer at all, or an address outside the span they cover.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 
-use super::buffer::{BufferId, BufferOrigin};
+use super::buffer::{BufferId, BufferOrigin, SharedArena};
 use super::location::MemoryLocation;
 use crate::error::{Error, Result};
 
@@ -45,11 +51,29 @@ struct Inner {
     /// Disjoint pieces keyed by start address.
     pieces: BTreeMap<usize, Piece>,
     buffers: HashMap<BufferId, BufferInfo>,
+    /// The arena of each buffer that lies in a memory file, and the buffer's offset in it.
+    arenas: HashMap<BufferId, (SharedArena, usize)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Registry {
     inner: RwLock<Inner>,
+    /// How many entries `arenas` holds, and a span `[low, high)` covering all of them (it
+    /// only grows while any is left): read without the lock by `find_shareable`.
+    shareable: AtomicUsize,
+    low: AtomicUsize,
+    high: AtomicUsize,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            inner: RwLock::default(),
+            shareable: AtomicUsize::new(0),
+            low: AtomicUsize::new(usize::MAX),
+            high: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl Inner {
@@ -72,8 +96,9 @@ impl Inner {
 }
 
 impl Registry {
-    /// Enters a buffer. With `exclusive`, a range overlapping any registered buffer is refused.
-    pub(crate) fn insert(&self, info: BufferInfo, exclusive: bool) -> Result<()> {
+    /// Enters a buffer, with its arena when it lies in a memory file. With `exclusive`, a range
+    /// overlapping any registered buffer is refused.
+    pub(crate) fn insert(&self, info: BufferInfo, exclusive: bool, arena: Option<(SharedArena, usize)>) -> Result<()> {
         let (start, end) = (info.base, info.base + info.len);
         let mut inner = self.inner.write();
         if exclusive {
@@ -106,12 +131,23 @@ impl Registry {
             inner.pieces.insert(gap_start, Piece { end: gap_end, ids: vec![info.id] });
         }
         inner.buffers.insert(info.id, info);
+        if let Some(arena) = arena {
+            inner.arenas.insert(info.id, arena);
+            // Under the write lock: the span and the count change together.
+            self.low.fetch_min(start, Ordering::Relaxed);
+            self.high.fetch_max(end, Ordering::Relaxed);
+            self.shareable.fetch_add(1, Ordering::Release);
+        }
         Ok(())
     }
 
     pub(crate) fn remove(&self, id: BufferId) {
         let mut inner = self.inner.write();
         let Some(info) = inner.buffers.remove(&id) else { return };
+        if inner.arenas.remove(&id).is_some() && self.shareable.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.low.store(usize::MAX, Ordering::Relaxed);
+            self.high.store(0, Ordering::Relaxed);
+        }
         let mut emptied = Vec::new();
         for (&start, piece) in inner.pieces.range_mut(info.base..info.base + info.len) {
             piece.ids.retain(|&other| other != id);
@@ -132,6 +168,38 @@ impl Registry {
         }
         let info = inner.buffers[piece.ids.last()?];
         Some(FoundBuffer { info, offset: addr - info.base })
+    }
+
+    /// The arena holding all of `[addr, addr + len)` inside one buffer that lies in a memory
+    /// file, and where the range starts in that arena; `None` for any other memory. Costs
+    /// one atomic load when no such buffer exists, two more when `addr` lies outside them
+    /// all; only then a lock and a tree search.
+    #[inline]
+    pub(crate) fn find_shareable(&self, addr: usize, len: usize) -> Option<(SharedArena, usize)> {
+        if self.shareable.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let end = addr.checked_add(len)?;
+        if addr < self.low.load(Ordering::Relaxed) || end > self.high.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.find_shareable_slow(addr, end)
+    }
+
+    #[cold]
+    fn find_shareable_slow(&self, addr: usize, end: usize) -> Option<(SharedArena, usize)> {
+        let inner = self.inner.read();
+        let (_, piece) = inner.pieces.range(..=addr).next_back()?;
+        if piece.end <= addr {
+            return None;
+        }
+        // Overlapping buffers (one export imported twice) are mappings of the same memory:
+        // any of them that holds the whole range will do.
+        piece.ids.iter().rev().find_map(|id| {
+            let info = &inner.buffers[id];
+            let (arena, offset) = inner.arenas.get(id)?;
+            (end <= info.base + info.len).then(|| (arena.clone(), offset + (addr - info.base)))
+        })
     }
 
     #[cfg(test)]
@@ -163,24 +231,24 @@ mod tests {
     #[test]
     fn finds_the_buffer_holding_an_address() {
         let registry = Registry::default();
-        registry.insert(info(1, 1000, 100), true).unwrap();
-        registry.insert(info(2, 1100, 50), true).unwrap();
+        registry.insert(info(1, 1000, 100), true, None).unwrap();
+        registry.insert(info(2, 1100, 50), true, None).unwrap();
         assert_eq!(registry.find(999), None);
         assert_eq!(registry.find(1000).unwrap().info.id, BufferId(1));
         let found = registry.find(1099).unwrap();
         assert_eq!((found.info.id, found.offset), (BufferId(1), 99));
         assert_eq!(registry.find(1100).unwrap().info.id, BufferId(2));
         assert_eq!(registry.find(1150), None);
-        let err = registry.insert(info(3, 1080, 10), true).unwrap_err();
+        let err = registry.insert(info(3, 1080, 10), true, None).unwrap_err();
         assert!(err.to_string().contains("overlaps lava-flow buffer #1"), "{err}");
     }
 
     #[test]
     fn overlapping_ranges_are_tracked_and_removed_cleanly() {
         let registry = Registry::default();
-        registry.insert(info(1, 0, 100), false).unwrap();
-        registry.insert(info(2, 50, 100), false).unwrap();
-        registry.insert(info(3, 0, 100), false).unwrap();
+        registry.insert(info(1, 0, 100), false, None).unwrap();
+        registry.insert(info(2, 50, 100), false, None).unwrap();
+        registry.insert(info(3, 0, 100), false, None).unwrap();
         assert_eq!(registry.find(10).unwrap().info.id, BufferId(3));
         assert_eq!(registry.find(120).unwrap().info.id, BufferId(2));
         registry.remove(BufferId(3));

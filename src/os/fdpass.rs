@@ -64,6 +64,18 @@ pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) 
 /// Returns the payload length (0 means the peer closed the socket) and the descriptors, each
 /// owned (closed on drop) so that none leaks whatever the caller does next.
 pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+    recv_with_fds_flags(sock, buf, 0)
+}
+
+/// As [`recv_with_fds`], without waiting: `None` when nothing is pending.
+pub fn try_recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<Option<(usize, Vec<OwnedFd>)>> {
+    match recv_with_fds_flags(sock, buf, libc::MSG_DONTWAIT) {
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        other => other.map(Some),
+    }
+}
+
+fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: libc::c_int) -> Result<(usize, Vec<OwnedFd>)> {
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut control = vec![0u8; space];
@@ -77,7 +89,7 @@ pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<Ow
     let n = loop {
         // SAFETY: msg describes writable buffers that outlive the call. MSG_CMSG_CLOEXEC keeps
         // received fds from leaking into exec'd children.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if n >= 0 {
             break n as usize;
         }

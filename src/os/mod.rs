@@ -8,6 +8,6 @@ pub mod futex;
 pub mod mapping;
 pub mod memfd;
 
-pub use fdpass::{recv_with_fds, send_with_fds};
+pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds};
 pub use mapping::Mapping;
 pub use memfd::{memfd_create, MemfdFlags};

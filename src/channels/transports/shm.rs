@@ -11,20 +11,24 @@
 //! waits sleep at most [`SLEEP_SLICE`] at a time for that reason. A closing peer also sets its
 //! `closed` word, which is seen at once.
 
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::shm_ring::{Geometry, Region, INLINE_MAX, KIND_INLINE, KIND_POOL, POOL_ALIGN};
-use crate::channels::rendezvous::{self, Hello, Listener, PeerWatch};
-use crate::channels::transport::{ConsumerTransport, ProducerTransport, RawLoan, RawView, Release, TransportInfo};
+use parking_lot::Mutex;
+
+use super::shm_ring::{Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, MAX_ARENAS, MAX_ARENA_LEN, POOL_ALIGN};
+use crate::channels::rendezvous::{self, ControlRecord, Hello, Listener, PeerWatch};
+use crate::channels::transport::{ConsumerTransport, ProducerTransport, RawLoan, RawView, Release, SharedRegion, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 use crate::os::futex::{futex_wait, futex_wake};
-use crate::os::{recv_with_fds, send_with_fds};
+use crate::os::{recv_with_fds, send_with_fds, try_recv_with_fds, Mapping};
 
 pub use super::shm_ring::INLINE_MAX as SHM_INLINE_MAX;
 
@@ -125,6 +129,20 @@ pub struct ShmProducer {
     last_check: Instant,
     socket_path: PathBuf,
     socket_id: Option<rendezvous::FileId>,
+    /// Buffer sends: the arenas announced to the consumer, and what keeps the memory of
+    /// messages in flight alive until the consumer releases them.
+    arenas: SentArenas,
+    in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
+}
+
+/// The arenas a producer has passed to its consumer, by [`SharedRegion::identity`]. Each
+/// entry holds a `Weak` of the arena, which keeps its address from being reused by another
+/// arena: a known identity always means the same arena.
+#[derive(Default)]
+struct SentArenas {
+    by_identity: HashMap<usize, (u64, Weak<dyn Any + Send + Sync>)>,
+    next_id: u64,
+    sent: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +220,8 @@ impl ShmProducer {
             last_check: Instant::now(),
             socket_path,
             socket_id,
+            arenas: SentArenas::default(),
+            in_flight: VecDeque::new(),
         })
     }
 
@@ -235,6 +255,9 @@ impl ShmProducer {
             self.tail = tail;
             let end = self.pool_ends[((tail - 1) & self.mask) as usize];
             self.pool_tail = self.pool_tail.max(end);
+            while self.in_flight.front().is_some_and(|(seq, _)| *seq < tail) {
+                self.in_flight.pop_front();
+            }
         }
         Ok(())
     }
@@ -335,6 +358,81 @@ impl ShmProducer {
             )));
         }
         Ok(())
+    }
+}
+
+/// Buffer sends.
+impl ShmProducer {
+    fn check_region(&self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::invalid("a message needs at least one byte"));
+        }
+        if offset.checked_add(len).map_or(true, |end| end > region.arena_len()) {
+            return Err(Error::invalid(format!(
+                "range [{offset}, {offset} + {len}) lies outside its {}-byte arena",
+                region.arena_len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The id under which the consumer knows `region`'s arena, passing its fd first if this
+    /// channel has not carried it yet (and telling the consumer to forget arenas that have
+    /// died here since: their messages are all released, or they would still be alive).
+    fn announce(&mut self, region: &dyn SharedRegion) -> Result<u64> {
+        let identity = region.identity();
+        if let Some((id, _)) = self.arenas.by_identity.get(&identity) {
+            return Ok(*id);
+        }
+        let dead: Vec<usize> =
+            self.arenas.by_identity.iter().filter(|(_, (_, weak))| weak.strong_count() == 0).map(|(k, _)| *k).collect();
+        for key in dead {
+            let (id, _) = self.arenas.by_identity.remove(&key).expect("listed above");
+            self.send_record(ControlRecord::Forget { id }, None)?;
+        }
+        self.arenas.next_id += 1;
+        let id = self.arenas.next_id;
+        self.send_record(ControlRecord::Arena { id, len: region.arena_len() as u64 }, Some(region.fd()))?;
+        self.arenas.by_identity.insert(identity, (id, Arc::downgrade(&region.keep_alive())));
+        self.arenas.sent += 1;
+        Ok(id)
+    }
+
+    fn send_record(&mut self, record: ControlRecord, fd: Option<BorrowedFd<'_>>) -> Result<()> {
+        let fds: &[BorrowedFd<'_>] = match &fd {
+            Some(fd) => std::slice::from_ref(fd),
+            None => &[],
+        };
+        if let Err(e) = send_with_fds(self.watch.socket(), &record.encode(), fds) {
+            self.consumer_gone(true)?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Publishes the slot lent by `loan` as a buffer send of `len` bytes at `offset` of
+    /// `region`.
+    fn publish_region(&mut self, loan: RawLoan, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        let id = match self.announce(region) {
+            Ok(id) => id,
+            Err(e) => {
+                self.cancel(loan);
+                return Err(e);
+            }
+        };
+        let index = (self.head & self.mask) as usize;
+        let [slot_id, slot_offset, slot_len] = self.region.slot_arena(index);
+        slot_id.store(id, Ordering::Relaxed);
+        slot_offset.store(offset as u64, Ordering::Relaxed);
+        slot_len.store(len as u64, Ordering::Relaxed);
+        if let Some(pending) = self.loan.as_mut() {
+            pending.kind = KIND_ARENA;
+            pending.len = len;
+        }
+        let keep = region.keep_alive();
+        let seq = self.publish(RawLoan { len, ..loan }, len)?;
+        self.in_flight.push_back((seq, keep));
+        Ok(seq)
     }
 }
 
@@ -457,6 +555,27 @@ impl ProducerTransport for ShmProducer {
         Ok(self.tail)
     }
 
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        self.check_region(region, offset, len)?;
+        loop {
+            // A buffer send needs a slot and no pool: a one-byte loan asks for exactly that.
+            if let Some(loan) = self.poll_loan(1)? {
+                return self.publish_region(loan, region, offset, len);
+            }
+            self.wait_for_room(1, deadline)?;
+        }
+    }
+
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        self.check_region(region, offset, len)?;
+        let loan = self.try_loan(1)?;
+        self.publish_region(loan, region, offset, len)
+    }
+
+    fn arenas_sent(&self) -> u64 {
+        self.arenas.sent
+    }
+
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
         if seq >= self.head {
             return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
@@ -532,6 +651,9 @@ struct Session {
     /// Messages released in order (mirrors the shared tail, which only we write).
     reclaimed: AtomicU64,
     reclaiming: AtomicBool,
+    /// Per slot, made at the first buffer send: the arena mapping a held view points into,
+    /// so that it stays mapped until the view is released whatever the producer says.
+    arena_holds: OnceLock<Box<[Mutex<Option<Arc<Mapping>>>]>>,
 }
 
 impl Session {
@@ -549,7 +671,12 @@ impl Session {
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
+            arena_holds: OnceLock::new(),
         }
+    }
+
+    fn arena_holds(&self) -> &[Mutex<Option<Arc<Mapping>>>] {
+        self.arena_holds.get_or_init(|| (0..self.slot_count).map(|_| Mutex::new(None)).collect())
     }
 
     /// Whether a view of this session is still held (releases reclaim in order, so all are
@@ -612,6 +739,10 @@ impl Release for Session {
         if self.states[index].load(Ordering::Acquire) != view.token << 1 | 1 {
             return Err(not_held());
         }
+        // Before the slot can be reused: a buffer send's arena may be unmapped from now on.
+        if let Some(holds) = self.arena_holds.get() {
+            drop(holds[index].lock().take());
+        }
         self.states[index].store(view.token << 1, Ordering::Release);
         self.reclaim();
         Ok(())
@@ -626,6 +757,8 @@ struct Link {
     next: u64,
     last_check: Instant,
     gone: Option<String>,
+    /// The producer's arenas mapped here, by the id it gave them.
+    arenas: HashMap<u64, Arc<Mapping>>,
 }
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
@@ -641,6 +774,7 @@ pub struct ShmConsumer {
     sessions: u64,
     epoll: Option<OwnedFd>,
     armed: bool,
+    arenas_received: u64,
 }
 
 impl std::fmt::Debug for ShmConsumer {
@@ -680,6 +814,7 @@ impl ShmConsumer {
             sessions: 1,
             epoll: None,
             armed: false,
+            arenas_received: 0,
         })
     }
 
@@ -748,6 +883,7 @@ impl ShmConsumer {
                     }
                 }
             }
+            KIND_ARENA => return self.read_arena_slot(index, next),
             kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
         };
         s.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
@@ -755,7 +891,75 @@ impl ShmConsumer {
         s.states[index].store(next << 1 | 1, Ordering::Release);
         self.link.next = next + 1;
         s.received.store(next + 1, Ordering::Release);
-        Ok(Some(RawView { ptr, len, token: next, session: s.id }))
+        Ok(Some(RawView { ptr, len, token: next, session: s.id, zero_copy: false }))
+    }
+
+    /// Reads a buffer send: (arena id, offset, len), each checked against the arenas mapped
+    /// here, reading the arena's fd from the socket first if it is new.
+    #[cold]
+    fn read_arena_slot(&mut self, index: usize, next: u64) -> Result<Option<RawView>> {
+        let session = Arc::clone(&self.link.session);
+        let [id, offset, len] = session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
+        if !self.link.arenas.contains_key(&id) {
+            self.receive_records(Some(id))?;
+        }
+        let Some(mapping) = self.link.arenas.get(&id).cloned() else {
+            return Err(self.corrupt(format!("message {next} points into arena {id}, which the producer never passed")));
+        };
+        let in_bounds = offset.checked_add(len).is_some_and(|end| len > 0 && end <= mapping.len() as u64);
+        if !in_bounds {
+            return Err(self.corrupt(format!(
+                "message {next} claims {len} bytes at offset {offset} of arena {id}, which has {} bytes",
+                mapping.len()
+            )));
+        }
+        // SAFETY: offset + len <= the mapping's length, checked above.
+        let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
+        let len = len as usize;
+        *session.arena_holds()[index].lock() = Some(mapping);
+        session.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
+        session.view_lens[index].store(len, Ordering::Relaxed);
+        session.states[index].store(next << 1 | 1, Ordering::Release);
+        self.link.next = next + 1;
+        session.received.store(next + 1, Ordering::Release);
+        Ok(Some(RawView { ptr, len, token: next, session: session.id, zero_copy: true }))
+    }
+
+    /// Reads the producer's control records waiting on the socket, without blocking: until
+    /// arena `want` is known, or all of them. Each arena is checked (a sealed memory file of
+    /// at least the announced size) and mapped once; its fd is closed after mapping.
+    fn receive_records(&mut self, want: Option<u64>) -> Result<()> {
+        loop {
+            if want.is_some_and(|id| self.link.arenas.contains_key(&id)) {
+                return Ok(());
+            }
+            let mut bytes = [0u8; ControlRecord::LEN];
+            let Some((n, fds)) = try_recv_with_fds(self.link.watch.socket(), &mut bytes)? else {
+                return Ok(());
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            let record = ControlRecord::decode(&bytes[..n]).map_err(|e| self.corrupt(e.to_string()))?;
+            match (record, fds.len()) {
+                (ControlRecord::Arena { id, len }, 1) => {
+                    if self.link.arenas.contains_key(&id) {
+                        return Err(self.corrupt(format!("arena {id} was passed twice")));
+                    }
+                    if self.link.arenas.len() >= MAX_ARENAS {
+                        return Err(self.corrupt(format!("more than {MAX_ARENAS} arenas at once")));
+                    }
+                    let mapping = map_arena(&fds[0], len).map_err(|e| self.corrupt(format!("arena {id}: {e}")))?;
+                    self.link.arenas.insert(id, Arc::new(mapping));
+                    self.arenas_received += 1;
+                }
+                (ControlRecord::Forget { id }, 0) => {
+                    // Views still held keep their mapping (Session::arena_holds).
+                    self.link.arenas.remove(&id);
+                }
+                (record, count) => return Err(self.corrupt(format!("{record:?} came with {count} fds"))),
+            }
+        }
     }
 
     /// The next message if one waits, `None` if not (no allocation on the blocking path),
@@ -923,6 +1127,7 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
                 next: 0,
                 last_check: Instant::now(),
                 gone: None,
+                arenas: HashMap::new(),
             })
         }
         Err(e) => {
@@ -930,6 +1135,29 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
             Err(e)
         }
     }
+}
+
+/// Maps an arena passed by a producer, after checking that it is a memory file sealed against
+/// shrinking (so that reading it can never fault) and holds at least `len` bytes.
+fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
+    if len == 0 || len > MAX_ARENA_LEN {
+        return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
+    }
+    // SAFETY: zeroed stat is a valid out-buffer; fstat on a descriptor we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Error::Corrupt("its fd is not a memory file".into()));
+    }
+    // SAFETY: F_GET_SEALS only reads the file's seals.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
+    }
+    if (st.st_size as u64) < len {
+        return Err(Error::Corrupt(format!("its memory file has {} bytes, {len} were announced", st.st_size)));
+    }
+    Mapping::shared(fd, 0, len as usize)
 }
 
 /// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
@@ -1007,6 +1235,10 @@ impl ConsumerTransport for ShmConsumer {
 
     fn releaser(&self) -> Arc<dyn Release> {
         self.link.session.clone()
+    }
+
+    fn arenas_received(&self) -> u64 {
+        self.arenas_received
     }
 
     fn release(&mut self, view: &RawView) -> Result<()> {

@@ -17,8 +17,10 @@
 //!
 //! A slot holds `seq` (the message's sequence number + 1 once published: the consumer polls
 //! this word, so a small message costs the consumer one or two cache lines and no separate
-//! index line), `len`, `kind`, and either the payload inline (up to [`INLINE_MAX`] bytes) or
-//! the payload's pool offset.
+//! index line), `len`, `kind`, and either the payload inline (up to [`INLINE_MAX`] bytes),
+//! the payload's pool offset, or (a buffer send, [`KIND_ARENA`]) the arena id, offset and
+//! 64-bit length of bytes lying in one of the producer's arenas, which the consumer mapped
+//! when the arena's fd came over the rendezvous socket.
 //!
 //! The producer's own state (head, pool allocator) lives in its process, never in the region,
 //! so a consumer cannot corrupt it; the only value the producer reads back is the consumer's
@@ -32,7 +34,8 @@ use crate::os::memfd::fd_size;
 use crate::os::{memfd_create, Mapping, MemfdFlags};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
-pub const VERSION: u32 = 1;
+/// 2: buffer sends (arena slots, control records on the socket).
+pub const VERSION: u32 = 2;
 pub const SLOT_SIZE: usize = 128;
 /// Offset of the payload (or pool offset) inside a slot.
 pub const SLOT_DATA: usize = 16;
@@ -46,6 +49,12 @@ pub const MAX_POOL: u64 = 1 << 40;
 
 pub const KIND_INLINE: u32 = 1;
 pub const KIND_POOL: u32 = 2;
+/// A buffer send: (arena id, offset, len) at [`SLOT_DATA`], the slot's 32-bit `len` unused.
+pub const KIND_ARENA: u32 = 3;
+/// The most arenas one channel's consumer keeps mapped: a bound on what a peer can make it map.
+pub const MAX_ARENAS: usize = 16384;
+/// The largest arena a consumer maps (1 TiB).
+pub const MAX_ARENA_LEN: u64 = 1 << 40;
 
 const HEADER_END: usize = 4096;
 const OFF_MAGIC: usize = 0;
@@ -224,6 +233,12 @@ impl Region {
     #[inline]
     pub fn slot_pool_offset(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index) + SLOT_DATA)
+    }
+    /// A buffer send's arena id, offset and length (in place of the inline bytes).
+    #[inline]
+    pub fn slot_arena(&self, index: usize) -> [&AtomicU64; 3] {
+        let at = self.slot_offset(index) + SLOT_DATA;
+        [self.u64_at(at), self.u64_at(at + 8), self.u64_at(at + 16)]
     }
     /// Where a slot's inline payload starts ([`INLINE_MAX`] bytes).
     #[inline]
