@@ -8,9 +8,15 @@
 //!
 //! - latency: ping-pong, half round trip (p50/p99/p99.9), per wait strategy (busy-poll,
 //!   block) and payload handling: `zero-copy` (loan and publish; the receiver only takes the
-//!   view) and `touch` (the sender writes every byte, the receiver reads every byte).
-//!   `ffi` runs the busy zero-copy ping-pong through the C API.
-//! - bandwidth: one direction, `window` messages in flight, zero-copy and touch.
+//!   view), `touch` (the sender writes every byte, the receiver reads every byte), `buffer`
+//!   (a buffer send: a real lava-flow buffer goes by reference, untouched), `buffer-touch`
+//!   (the sender writes the buffer, sends it by reference, the receiver reads every byte) and
+//!   `copy` (send of ordinary heap memory: copied into the pool, after the registry lookup
+//!   that would have sent a lava-flow buffer by reference). `ffi` runs the busy zero-copy
+//!   ping-pong through the C API.
+//! - bandwidth: one direction, `window` messages in flight, each payload but copy.
+//! - the registry lookup every copy send makes, timed in-process: with no shareable buffer,
+//!   with the address outside the buffers' span, and inside it (the locked search).
 //! - floors: two processes spinning on one shared cache line; an eventfd ping-pong; a
 //!   single-thread memcpy. lava-flow's ratio to each is printed with the targets.
 //!
@@ -21,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
+use lava_flow::memory::{Buffer, Context, ContextConfig, GpuPolicy, MemoryLocation};
 use lava_flow::ProcessLocation;
 
 #[derive(Clone, Debug)]
@@ -231,14 +238,88 @@ fn read_all(buf: &[u8]) -> u64 {
     std::hint::black_box(sum)
 }
 
-fn send_one(p: &mut Producer, size: usize, touch: bool, v: u8) {
-    // Zero-copy: the payload is neither written nor read, so what is measured is the
-    // transport alone, whatever the size.
-    let mut loan = p.loan(size, None).expect("loan");
-    if touch {
-        fill(loan.as_mut_slice(), v);
+/// How a benchmark message's payload is produced and consumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Payload {
+    /// Loan and publish; nobody touches the bytes.
+    ZeroCopy,
+    /// Loan, the sender writes every byte, the receiver reads every byte.
+    Touch,
+    /// A lava-flow buffer sent by reference; nobody touches the bytes.
+    Buffer,
+    /// The sender writes the buffer, sends it by reference; the receiver reads every byte.
+    BufferTouch,
+    /// `send` of ordinary heap memory: the registry lookup, then a copy into the pool.
+    Copy,
+}
+
+impl Payload {
+    fn name(self) -> &'static str {
+        match self {
+            Payload::ZeroCopy => "zero-copy",
+            Payload::Touch => "touch",
+            Payload::Buffer => "buffer",
+            Payload::BufferTouch => "buf-touch",
+            Payload::Copy => "copy",
+        }
     }
-    loan.publish().expect("publish");
+
+    fn touches(self) -> bool {
+        matches!(self, Payload::Touch | Payload::BufferTouch | Payload::Copy)
+    }
+}
+
+/// The sender's memory for buffer and copy payloads: lava-flow buffers (one per message in
+/// flight) and a heap buffer.
+struct Sources {
+    buffers: Vec<Buffer>,
+    heap: Vec<u8>,
+}
+
+impl Sources {
+    fn new() -> Sources {
+        Sources { buffers: Vec::new(), heap: Vec::new() }
+    }
+
+    /// Makes sure `count` buffers of at least `size` bytes (and a heap buffer) exist.
+    fn ensure(&mut self, context: &Context, size: usize, count: usize) {
+        if self.buffers.first().map_or(0, Buffer::len) < size || self.buffers.len() < count {
+            self.buffers.clear();
+            for _ in 0..count {
+                self.buffers.push(context.allocate(size, MemoryLocation::CpuStandard).expect("allocating a benchmark buffer"));
+            }
+        }
+        if self.heap.len() < size {
+            self.heap = vec![1u8; size];
+        }
+    }
+}
+
+fn send_one(p: &mut Producer, src: &Sources, slot: usize, size: usize, payload: Payload, v: u8) {
+    match payload {
+        Payload::ZeroCopy | Payload::Touch => {
+            // Zero-copy: the payload is neither written nor read, so what is measured is the
+            // transport alone, whatever the size.
+            let mut loan = p.loan(size, None).expect("loan");
+            if payload == Payload::Touch {
+                fill(loan.as_mut_slice(), v);
+            }
+            loan.publish().expect("publish");
+        }
+        Payload::Buffer | Payload::BufferTouch => {
+            let buffer = &src.buffers[slot % src.buffers.len()];
+            if payload == Payload::BufferTouch {
+                // SAFETY: the buffer's previous message was released (ping-pong) or the
+                // benchmark accepts rewriting bytes in flight (bandwidth); nothing else
+                // writes it.
+                unsafe { std::ptr::write_bytes(buffer.as_ptr(), v, size) };
+            }
+            p.send_buffer(buffer, 0, size).expect("send_buffer");
+        }
+        Payload::Copy => {
+            p.send(&src.heap[..size]).expect("send");
+        }
+    }
 }
 
 fn recv_one(c: &mut Consumer, touch: bool) {
@@ -253,6 +334,7 @@ fn recv_one(c: &mut Consumer, touch: bool) {
 struct Pair {
     tx: Producer,
     rx: Consumer,
+    sources: Sources,
 }
 
 fn config(wait: WaitStrategy, pool: usize) -> ChannelConfig {
@@ -262,18 +344,52 @@ fn config(wait: WaitStrategy, pool: usize) -> ChannelConfig {
 /// The ping side produces on `<tag>-a2b` and consumes `<tag>-b2a`; pong the reverse. The
 /// producer is created first on both sides, then the consumer: ping's producer meets pong's
 /// consumer first.
-fn open_pair(tag: &str, ping: bool, wait: WaitStrategy, pool: usize) -> Pair {
+fn open_pair(context: &Context, tag: &str, ping: bool, wait: WaitStrategy, pool: usize) -> Pair {
     let here = ProcessLocation::from_hostname().expect("hostname");
     let cfg = config(wait, pool);
+    let sources = Sources::new();
     if ping {
-        let tx = Producer::create(&format!("{tag}-a2b"), &here, &here, &cfg).expect("producer a2b");
-        let rx = Consumer::create(&format!("{tag}-b2a"), &here, &here, &cfg).expect("consumer b2a");
-        Pair { tx, rx }
+        let tx = Producer::create(context, &format!("{tag}-a2b"), &here, &here, &cfg).expect("producer a2b");
+        let rx = Consumer::create(context, &format!("{tag}-b2a"), &here, &here, &cfg).expect("consumer b2a");
+        Pair { tx, rx, sources }
     } else {
-        let rx = Consumer::create(&format!("{tag}-a2b"), &here, &here, &cfg).expect("consumer a2b");
-        let tx = Producer::create(&format!("{tag}-b2a"), &here, &here, &cfg).expect("producer b2a");
-        Pair { tx, rx }
+        let rx = Consumer::create(context, &format!("{tag}-a2b"), &here, &here, &cfg).expect("consumer a2b");
+        let tx = Producer::create(context, &format!("{tag}-b2a"), &here, &here, &cfg).expect("producer b2a");
+        Pair { tx, rx, sources }
     }
+}
+
+/// A CPU-only context: the benchmark is about channels, not the GPU.
+fn cpu_context() -> Context {
+    let mut config = ContextConfig::default();
+    config.gpu = GpuPolicy::Disabled;
+    Context::new(config).expect("memory context")
+}
+
+/// ns per `find_shareable` call for a heap address: (no shareable buffer, outside the
+/// buffers' span, inside the span but in no buffer).
+fn lookup_cost() -> (f64, f64, f64) {
+    let context = cpu_context();
+    let heap = vec![0u8; 4096];
+    let time = |ptr: *const u8| {
+        let calls = 2_000_000;
+        let t = Instant::now();
+        for _ in 0..calls {
+            std::hint::black_box(context.find_shareable(std::hint::black_box(ptr), 1024));
+        }
+        t.elapsed().as_nanos() as f64 / calls as f64
+    };
+    let empty = time(heap.as_ptr());
+    // Two dedicated arenas far apart: a gap between them lies inside the span.
+    let a = context.allocate(8 << 20, MemoryLocation::CpuStandard).expect("buffer");
+    let _spacer = context.allocate(8 << 20, MemoryLocation::CpuStandard).expect("buffer");
+    let b = context.allocate(8 << 20, MemoryLocation::CpuStandard).expect("buffer");
+    drop(_spacer);
+    let outside = time(heap.as_ptr());
+    let (lo, hi) = (a.as_ptr().min(b.as_ptr()) as usize, a.as_ptr().max(b.as_ptr()) as usize);
+    let gap = if hi - lo > (8 << 20) { (lo + (8 << 20) + 4096) as *const u8 } else { heap.as_ptr() };
+    let inside = time(gap);
+    (empty, outside, inside)
 }
 
 #[derive(Clone, Debug)]
@@ -293,27 +409,29 @@ struct BandwidthRow {
     bytes_per_s: f64,
 }
 
-fn latency(pair: &mut Pair, ping: bool, size: usize, touch: bool, iters: usize) -> Option<Percentiles> {
+fn latency(pair: &mut Pair, ping: bool, size: usize, payload: Payload, iters: usize) -> Option<Percentiles> {
     let warm = (iters / 10).max(5);
     let mut rtts = Vec::with_capacity(iters);
+    let touch = payload.touches();
     for i in 0..warm + iters {
         let v = i as u8;
         if ping {
             let t = Instant::now();
-            send_one(&mut pair.tx, size, touch, v);
+            send_one(&mut pair.tx, &pair.sources, 0, size, payload, v);
             recv_one(&mut pair.rx, touch);
             if i >= warm {
                 rtts.push(t.elapsed().as_nanos() as u64);
             }
         } else {
             recv_one(&mut pair.rx, touch);
-            send_one(&mut pair.tx, size, touch, v);
+            send_one(&mut pair.tx, &pair.sources, 0, size, payload, v);
         }
     }
     ping.then(|| percentiles(rtts))
 }
 
-fn bandwidth(pair: &mut Pair, ping: bool, size: usize, touch: bool, window: usize, iters: usize) -> Option<f64> {
+fn bandwidth(pair: &mut Pair, ping: bool, size: usize, payload: Payload, window: usize, iters: usize) -> Option<f64> {
+    let touch = payload.touches();
     let mut start = Instant::now();
     for it in 0..iters + 1 {
         if it == 1 {
@@ -321,14 +439,14 @@ fn bandwidth(pair: &mut Pair, ping: bool, size: usize, touch: bool, window: usiz
         }
         if ping {
             for w in 0..window {
-                send_one(&mut pair.tx, size, touch, w as u8);
+                send_one(&mut pair.tx, &pair.sources, w, size, payload, w as u8);
             }
             recv_one(&mut pair.rx, false);
         } else {
             for _ in 0..window {
                 recv_one(&mut pair.rx, touch);
             }
-            send_one(&mut pair.tx, 1, false, 0);
+            send_one(&mut pair.tx, &pair.sources, 0, 1, Payload::ZeroCopy, 0);
         }
     }
     ping.then(|| (iters * window * size) as f64 / start.elapsed().as_secs_f64())
@@ -338,6 +456,8 @@ fn bandwidth(pair: &mut Pair, ping: bool, size: usize, touch: bool, window: usiz
 /// the panic boundary on the hot path.
 fn ffi_latency(tag: &str, ping: bool, size: usize, iters: usize) -> Option<Percentiles> {
     use lava_flow::ffi::channel::*;
+    use lava_flow::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
+    use lava_flow::ffi::device::LF_GPU_DISABLED;
     use lava_flow::ffi::location::{lf_location_detect, lf_location_free};
     use lava_flow::ffi::status::lf_status;
     use std::ffi::CString;
@@ -345,6 +465,10 @@ fn ffi_latency(tag: &str, ping: bool, size: usize, iters: usize) -> Option<Perce
     unsafe {
         let mut here = std::ptr::null_mut();
         assert_eq!(lf_location_detect(&mut here), lf_status::LF_OK);
+        let mut ctx_config: lf_context_config = std::mem::zeroed();
+        ctx_config.gpu_policy = LF_GPU_DISABLED;
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(lf_context_create(&ctx_config, &mut ctx), lf_status::LF_OK);
         let mut cfg: lf_channel_config = std::mem::zeroed();
         lf_channel_config_default(&mut cfg);
         cfg.wait_strategy = LF_WAIT_BUSY_POLL;
@@ -352,13 +476,14 @@ fn ffi_latency(tag: &str, ping: bool, size: usize, iters: usize) -> Option<Perce
         let b2a = CString::new(format!("{tag}-b2a")).unwrap();
         let (mut tx, mut rx) = (std::ptr::null_mut(), std::ptr::null_mut());
         if ping {
-            assert_eq!(lf_channel_create(a2b.as_ptr(), LF_ROLE_PRODUCER, here, here, &cfg, &mut tx), lf_status::LF_OK);
-            assert_eq!(lf_channel_create(b2a.as_ptr(), LF_ROLE_CONSUMER, here, here, &cfg, &mut rx), lf_status::LF_OK);
+            assert_eq!(lf_channel_create(ctx, a2b.as_ptr(), LF_ROLE_PRODUCER, here, here, &cfg, &mut tx), lf_status::LF_OK);
+            assert_eq!(lf_channel_create(ctx, b2a.as_ptr(), LF_ROLE_CONSUMER, here, here, &cfg, &mut rx), lf_status::LF_OK);
         } else {
-            assert_eq!(lf_channel_create(a2b.as_ptr(), LF_ROLE_CONSUMER, here, here, &cfg, &mut rx), lf_status::LF_OK);
-            assert_eq!(lf_channel_create(b2a.as_ptr(), LF_ROLE_PRODUCER, here, here, &cfg, &mut tx), lf_status::LF_OK);
+            assert_eq!(lf_channel_create(ctx, a2b.as_ptr(), LF_ROLE_CONSUMER, here, here, &cfg, &mut rx), lf_status::LF_OK);
+            assert_eq!(lf_channel_create(ctx, b2a.as_ptr(), LF_ROLE_PRODUCER, here, here, &cfg, &mut tx), lf_status::LF_OK);
         }
         lf_location_free(here);
+        lf_context_free(ctx);
         let warm = (iters / 10).max(5);
         let mut rtts = Vec::with_capacity(iters);
         let mut loan: lf_loan_region = std::mem::zeroed();
@@ -408,6 +533,8 @@ static FFI_CALL_NS: AtomicU64 = AtomicU64::new(0);
 // ----- driver ------------------------------------------------------------------------------
 
 struct Results {
+    /// ns per registry lookup: no shareable buffer, outside their span, inside it.
+    lookup: (f64, f64, f64),
     spin_floor: Percentiles,
     eventfd_floor: Percentiles,
     memcpy: Vec<(usize, f64)>,
@@ -440,6 +567,7 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
 
     let max_size = o.sizes.iter().chain(&o.bw_sizes).copied().max().unwrap_or(64);
     let pool = (max_size * 4).max(64 << 20);
+    let context = cpu_context();
     let mut latency_rows = Vec::new();
     let mut bandwidth_rows = Vec::new();
     for mode in &o.modes {
@@ -456,23 +584,25 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
             "busy" => (WaitStrategy::BusyPoll, false),
             _ => (WaitStrategy::Block, true),
         };
-        let mut pair = open_pair(&format!("{tag}-{mode}"), ping, wait, pool);
-        for touch in [false, true] {
+        let mut pair = open_pair(&context, &format!("{tag}-{mode}"), ping, wait, pool);
+        for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch, Payload::Copy] {
             for &size in &o.sizes {
                 let iters = iterations(o, size, blocking);
-                if let Some(lat) = latency(&mut pair, ping, size, touch, iters) {
-                    latency_rows.push(LatencyRow { mode: mode.clone(), payload: if touch { "touch" } else { "zero-copy" }, size, iters, lat });
+                pair.sources.ensure(&context, size, 1);
+                if let Some(lat) = latency(&mut pair, ping, size, payload, iters) {
+                    latency_rows.push(LatencyRow { mode: mode.clone(), payload: payload.name(), size, iters, lat });
                 }
             }
         }
         if mode == "busy" {
-            for touch in [false, true] {
+            for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch] {
                 for &size in &o.bw_sizes {
                     let window = o.window.min(pool / size / 2).max(1);
                     let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };
                     let iters = (budget / (size * window)).clamp(3, 2000);
-                    if let Some(bps) = bandwidth(&mut pair, ping, size, touch, window, iters) {
-                        bandwidth_rows.push(BandwidthRow { payload: if touch { "touch" } else { "zero-copy" }, size, window, bytes_per_s: bps });
+                    pair.sources.ensure(&context, size, window);
+                    if let Some(bps) = bandwidth(&mut pair, ping, size, payload, window, iters) {
+                        bandwidth_rows.push(BandwidthRow { payload: payload.name(), size, window, bytes_per_s: bps });
                     }
                 }
             }
@@ -483,6 +613,7 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
     }
     let memcpy = o.bw_sizes.iter().map(|&s| (s, memcpy_bandwidth(s, o.quick))).collect();
     Some(Results {
+        lookup: lookup_cost(),
         spin_floor: spin_floor.unwrap(),
         eventfd_floor: eventfd_floor.unwrap(),
         memcpy,
@@ -512,17 +643,19 @@ fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
             t.push((format!("touch bandwidth {} / memcpy", human(b.size)), ratio, 0.9, ratio >= 0.9));
         }
     }
-    let zc: Vec<&LatencyRow> = r.latency.iter().filter(|l| l.mode == "busy" && l.payload == "zero-copy" && l.size >= 64).collect();
-    if zc.len() >= 2 {
-        let min = zc.iter().map(|l| l.lat.p50).fold(f64::MAX, f64::min);
-        let max = zc.iter().map(|l| l.lat.p50).fold(0.0, f64::max);
-        let spread = max / min - 1.0;
-        t.push((
-            format!("zero-copy p50 spread {}..{} (max/min - 1)", human(zc[0].size), human(zc[zc.len() - 1].size)),
-            spread,
-            0.10,
-            spread <= 0.10,
-        ));
+    for payload in ["zero-copy", "buffer"] {
+        let zc: Vec<&LatencyRow> = r.latency.iter().filter(|l| l.mode == "busy" && l.payload == payload && l.size >= 64).collect();
+        if zc.len() >= 2 {
+            let min = zc.iter().map(|l| l.lat.p50).fold(f64::MAX, f64::min);
+            let max = zc.iter().map(|l| l.lat.p50).fold(0.0, f64::max);
+            let spread = max / min - 1.0;
+            t.push((
+                format!("{payload} p50 spread {}..{} (max/min - 1)", human(zc[0].size), human(zc[zc.len() - 1].size)),
+                spread,
+                0.10,
+                spread <= 0.10,
+            ));
+        }
     }
     t
 }
@@ -555,6 +688,10 @@ fn print_text(r: &Results, o: &Options) {
             println!("  {:<9} {:>6} {:>7} {:>10.2} {:>10.2}", b.payload, human(b.size), b.window, b.bytes_per_s / 1e9, m);
         }
     }
+    let (empty, outside, inside) = r.lookup;
+    println!();
+    println!("registry lookup per copy send (is the memory a lava-flow buffer?)");
+    println!("  no shareable buffer {empty:.1} ns, address outside their span {outside:.1} ns, inside it {inside:.1} ns");
     let ffi = f64::from_bits(FFI_CALL_NS.load(Ordering::Relaxed));
     if ffi > 0.0 {
         println!();
@@ -585,6 +722,7 @@ fn print_json(r: &Results, o: &Options) {
             "payload": b.payload, "size": b.size, "window": b.window, "bytes_per_s": b.bytes_per_s,
         })).collect::<Vec<_>>(),
         "ffi_call_ns": f64::from_bits(FFI_CALL_NS.load(Ordering::Relaxed)),
+        "registry_lookup_ns": {"empty": r.lookup.0, "outside_span": r.lookup.1, "inside_span": r.lookup.2},
         "targets": targets(r).into_iter().map(|(n, v, t, p)| json!({"name": n, "value": v, "target": t, "pass": p})).collect::<Vec<_>>(),
     });
     println!("{}", serde_json::to_string_pretty(&doc).unwrap());

@@ -531,6 +531,10 @@ pub unsafe extern "C" fn lf_channel_free(channel: *mut lf_channel) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::alloc::{lf_alloc, lf_register};
+    use crate::ffi::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
+    use crate::ffi::device::LF_GPU_DISABLED;
     use crate::ffi::location::lf_location_free;
     use crate::ffi::location::lf_location_detect;
     use crate::ffi::status::lf_last_error_message;
@@ -542,8 +546,9 @@ mod tests {
         unsafe { CStr::from_ptr(lf_last_error_message()) }.to_string_lossy().into_owned()
     }
 
-    struct Loc(*mut lf_location);
-    // SAFETY: locations are immutable; the test frees them after both threads finish.
+    struct Loc(*mut lf_location, *mut lf_context);
+    // SAFETY: locations are immutable and contexts thread-safe; the test frees them after both
+    // threads finish.
     unsafe impl Send for Loc {}
     unsafe impl Sync for Loc {}
 
@@ -552,7 +557,10 @@ mod tests {
         unsafe {
             let mut loc = ptr::null_mut();
             assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
-            let loc = Loc(loc);
+            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
+            let loc = Loc(loc, context);
             let name = CString::new(format!("ffi-unit-{}", std::process::id())).unwrap();
             let mut config: lf_channel_config = std::mem::zeroed();
             assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
@@ -562,7 +570,7 @@ mod tests {
             std::thread::scope(|s| {
                 s.spawn(move || {
                     let mut ch = ptr::null_mut();
-                    assert_eq!(lf_channel_create(name_ref.as_ptr(), LF_ROLE_PRODUCER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
+                    assert_eq!(lf_channel_create(loc_ref.1, name_ref.as_ptr(), LF_ROLE_PRODUCER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
                     let mut seq = 99;
                     assert_eq!(lf_send(ch, b"hello".as_ptr().cast(), 5, -1, &mut seq), lf_status::LF_OK);
                     assert_eq!(seq, 0);
@@ -586,6 +594,26 @@ mod tests {
                     let mut done = 0;
                     assert_eq!(lf_completed(ch, &mut done), lf_status::LF_OK);
                     assert_eq!(done, 2);
+                    // Buffer sends: explicit, and by itself for bytes inside a buffer.
+                    let mut buf = ptr::null_mut();
+                    assert_eq!(lf_alloc(loc_ref.1, 8192, LF_MEMORY_CPU_STANDARD, -1, 0, &mut buf), lf_status::LF_OK);
+                    let base = (*buf).buffer.as_ptr();
+                    ptr::write_bytes(base, 0x33, 8192);
+                    assert_eq!(lf_send_buffer(ch, buf, 100, 4000, -1, &mut seq), lf_status::LF_OK, "{}", last_error());
+                    assert_eq!(seq, 2);
+                    assert_eq!(lf_send(ch, base.add(200).cast(), 1000, -1, &mut seq), lf_status::LF_OK);
+                    assert_eq!(seq, 3);
+                    assert_eq!(lf_send_buffer(ch, buf, 8000, 193, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+                    assert_eq!(lf_send_buffer(ch, buf, 0, 0, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+                    assert_eq!(lf_send_buffer(ch, ptr::null(), 0, 1, -1, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+                    let mut user = vec![0u8; 4096];
+                    let mut registered = ptr::null_mut();
+                    assert_eq!(lf_register(loc_ref.1, user.as_mut_ptr().cast(), 4096, &mut registered), lf_status::LF_OK);
+                    assert_eq!(lf_send_buffer(ch, registered, 0, 10, -1, ptr::null_mut()), lf_status::LF_ERR_UNSUPPORTED);
+                    assert!(last_error().contains("registered user memory"), "{}", last_error());
+                    lf_free(registered);
+                    assert_eq!(lf_wait_completed(ch, 3, 10_000_000_000), lf_status::LF_OK, "{}", last_error());
+                    lf_free(buf);
                     let (mut tname, mut reason) = (ptr::null(), ptr::null());
                     assert_eq!(lf_channel_transport(ch, &mut tname, &mut reason), lf_status::LF_OK);
                     assert_eq!(CStr::from_ptr(tname).to_str().unwrap(), "shm");
@@ -595,7 +623,7 @@ mod tests {
                 });
                 s.spawn(move || {
                     let mut ch = ptr::null_mut();
-                    assert_eq!(lf_channel_create(name_ref.as_ptr(), LF_ROLE_CONSUMER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
+                    assert_eq!(lf_channel_create(loc_ref.1, name_ref.as_ptr(), LF_ROLE_CONSUMER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
                     let mut fd = -1;
                     assert_eq!(lf_channel_fd(ch, &mut fd), lf_status::LF_OK);
                     assert!(fd >= 0);
@@ -612,6 +640,14 @@ mod tests {
                     assert_eq!(lf_release(ch, &m), lf_status::LF_ERR_INVALID_STATE, "released twice");
                     assert!(last_error().contains("not held"), "{}", last_error());
                     assert_eq!(lf_release(ch, &big), lf_status::LF_OK);
+                    assert_eq!(m.flags & LF_MESSAGE_ZERO_COPY, 0);
+                    for (len, byte) in [(4000, 0x33u8), (1000, 0x33)] {
+                        let mut view: lf_message = std::mem::zeroed();
+                        assert_eq!(lf_recv(ch, 10_000_000_000, &mut view), lf_status::LF_OK, "{}", last_error());
+                        assert_eq!((view.len, view.flags), (len, LF_MESSAGE_ZERO_COPY));
+                        assert!(std::slice::from_raw_parts(view.data.cast::<u8>(), view.len).iter().all(|&b| b == byte));
+                        assert_eq!(lf_release(ch, &view), lf_status::LF_OK);
+                    }
                     assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 1, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE);
                     assert_eq!(lf_recv(ch, 10_000_000_000, &mut m), lf_status::LF_ERR_PEER_GONE);
                     lf_channel_free(ch);
@@ -619,10 +655,12 @@ mod tests {
                 });
             });
             lf_location_free(loc.0);
-            assert_eq!(lf_channel_create(ptr::null(), 1, ptr::null(), ptr::null(), ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(lf_channel_create(loc.1, ptr::null(), 1, ptr::null(), ptr::null(), ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             let mut ch = ptr::null_mut();
-            assert_eq!(lf_channel_create(CString::new("x").unwrap().as_ptr(), 7, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(lf_channel_create(loc.1, CString::new("x").unwrap().as_ptr(), 7, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(lf_channel_create(ptr::null(), CString::new("x").unwrap().as_ptr(), 1, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_NULL_POINTER);
             assert!(ch.is_null());
+            lf_context_free(loc.1);
         }
     }
 }

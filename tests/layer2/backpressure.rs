@@ -16,7 +16,7 @@ fn full_channel_would_block_and_times_out() {
     const TEST: &str = "backpressure::full_channel_would_block_and_times_out";
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create("full", &here(), &here(), &small_config()).unwrap();
+            let mut p = Producer::create(&ctx(), "full", &here(), &here(), &small_config()).unwrap();
             for i in 0..4u8 {
                 p.try_send(&[i; 16]).unwrap();
             }
@@ -36,7 +36,7 @@ fn full_channel_would_block_and_times_out() {
             p.wait_completed(6, Some(Duration::from_secs(10))).unwrap();
         }
         Some("consumer") => {
-            let mut c = Consumer::create("full", &here(), &here(), &small_config()).unwrap();
+            let mut c = Consumer::create(&ctx(), "full", &here(), &here(), &small_config()).unwrap();
             let flag = arg("flag");
             while !std::path::Path::new(&flag).exists() {
                 std::thread::sleep(Duration::from_millis(5));
@@ -74,7 +74,7 @@ fn receive_times_out_when_nothing_arrives() {
     const TEST: &str = "backpressure::receive_times_out_when_nothing_arrives";
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create("quiet", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let mut p = Producer::create(&ctx(), "quiet", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             let flag = arg("flag");
             while !std::path::Path::new(&flag).exists() {
                 std::thread::sleep(Duration::from_millis(5));
@@ -83,7 +83,7 @@ fn receive_times_out_when_nothing_arrives() {
             p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
         }
         Some("consumer") => {
-            let mut c = Consumer::create("quiet", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let mut c = Consumer::create(&ctx(), "quiet", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             assert!(matches!(c.try_recv(), Err(Error::WouldBlock(_))));
             for _ in 0..3 {
                 let start = Instant::now();

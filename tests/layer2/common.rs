@@ -8,6 +8,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use lava_flow::channels::{ChannelConfig, WaitStrategy};
+use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
 use lava_flow::ProcessLocation;
 
 pub const CHILD_ENV: &str = "LF_TEST_CHILD";
@@ -106,6 +107,18 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: ts is a valid out-parameter.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// This process's memory context (CPU only: these tests are about channels).
+pub fn ctx() -> Context {
+    static CONTEXT: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
+    CONTEXT
+        .get_or_init(|| {
+            let mut config = ContextConfig::default();
+            config.gpu = GpuPolicy::Disabled;
+            Context::new(config).expect("memory context")
+        })
+        .clone()
 }
 
 pub fn here() -> ProcessLocation {

@@ -16,7 +16,7 @@ fn million_messages_mixed_sizes_fifo_exactly_once() {
     let wait = WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) };
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create("million", &here(), &here(), &config(wait)).unwrap();
+            let mut p = Producer::create(&ctx(), "million", &here(), &here(), &config(wait)).unwrap();
             let mut scratch = vec![0u8; 1 << 20];
             let mut last = 0;
             for seq in 0..MILLION {
@@ -35,7 +35,7 @@ fn million_messages_mixed_sizes_fifo_exactly_once() {
             assert_eq!(p.completed().unwrap(), MILLION);
         }
         Some("consumer") => {
-            let mut c = Consumer::create("million", &here(), &here(), &config(wait)).unwrap();
+            let mut c = Consumer::create(&ctx(), "million", &here(), &here(), &config(wait)).unwrap();
             assert_eq!(c.transport().kind, TransportKind::Shm);
             for seq in 0..MILLION {
                 let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
@@ -68,7 +68,7 @@ fn completion_follows_release_in_order() {
     let wait = WaitStrategy::Block;
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create("completion", &here(), &here(), &config(wait)).unwrap();
+            let mut p = Producer::create(&ctx(), "completion", &here(), &here(), &config(wait)).unwrap();
             p.send(b"first message, held").unwrap();
             let mut loan = p.loan(5000, None).unwrap();
             loan.as_mut_slice().fill(7);
@@ -88,7 +88,7 @@ fn completion_follows_release_in_order() {
             p.wait_completed(2, Some(Duration::from_secs(10))).unwrap();
         }
         Some("consumer") => {
-            let mut c = Consumer::create("completion", &here(), &here(), &config(wait)).unwrap();
+            let mut c = Consumer::create(&ctx(), "completion", &here(), &here(), &config(wait)).unwrap();
             let first = c.recv().unwrap();
             assert_eq!(&*first, b"first message, held");
             let second = c.recv().unwrap();
@@ -140,7 +140,7 @@ fn pollable_fd_and_async_receive() {
     let wait = WaitStrategy::Block;
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create("pollable", &here(), &here(), &config(wait)).unwrap();
+            let mut p = Producer::create(&ctx(), "pollable", &here(), &here(), &config(wait)).unwrap();
             let mut buf = vec![0u8; 4096];
             for seq in 0..2 * N {
                 let size = size_of(seq).min(4096);
@@ -154,7 +154,7 @@ fn pollable_fd_and_async_receive() {
         }
         Some("consumer") => {
             use std::os::fd::AsRawFd;
-            let mut c = Consumer::create("pollable", &here(), &here(), &config(wait)).unwrap();
+            let mut c = Consumer::create(&ctx(), "pollable", &here(), &here(), &config(wait)).unwrap();
             let fd = c.notify_fd().unwrap().as_raw_fd();
             let mut seq = 0;
             while seq < N {
@@ -199,7 +199,7 @@ fn views_released_from_many_threads_in_any_order() {
     let cfg = lava_flow::channels::ChannelConfig { capacity: 64, ..config(WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) }) };
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create("threads", &here(), &here(), &cfg).unwrap();
+            let mut p = Producer::create(&ctx(), "threads", &here(), &here(), &cfg).unwrap();
             for seq in 0..N {
                 let size = 16 + (seq as usize * 37) % 300;
                 let mut loan = p.loan(size, Some(Duration::from_secs(30))).unwrap();
@@ -209,7 +209,7 @@ fn views_released_from_many_threads_in_any_order() {
             p.wait_completed(N - 1, Some(Duration::from_secs(30))).unwrap();
         }
         Some("consumer") => {
-            let mut c = Consumer::create("threads", &here(), &here(), &cfg).unwrap();
+            let mut c = Consumer::create(&ctx(), "threads", &here(), &here(), &cfg).unwrap();
             let workers: Vec<_> = (0..4)
                 .map(|w| {
                     let (tx, rx) = std::sync::mpsc::channel::<lava_flow::channels::Message>();

@@ -31,7 +31,7 @@ fn garbage_in_the_control_region_is_corrupt() {
     match child_role().as_deref() {
         Some("producer") => {
             for variant in VARIANTS {
-                let mut p = Producer::create(&format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
+                let mut p = Producer::create(&ctx(), &format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
                 for i in 0..3u64 {
                     p.send(&i.to_le_bytes()).unwrap();
                 }
@@ -69,7 +69,7 @@ fn garbage_in_the_control_region_is_corrupt() {
                 let _ = p.wait_completed(3, Some(Duration::from_millis(300)));
             }
             // A hostile consumer: its tail jumps ahead of anything sent.
-            let mut p = Producer::create("hostile-tail", &here(), &here(), &config(wait)).unwrap();
+            let mut p = Producer::create(&ctx(), "hostile-tail", &here(), &here(), &config(wait)).unwrap();
             p.send(b"one").unwrap();
             let err = loop {
                 match p.completed() {
@@ -81,7 +81,7 @@ fn garbage_in_the_control_region_is_corrupt() {
         }
         Some("consumer") => {
             for variant in VARIANTS {
-                let mut c = Consumer::create(&format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
+                let mut c = Consumer::create(&ctx(), &format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
                 for i in 0..3u64 {
                     assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
                 }
@@ -89,7 +89,7 @@ fn garbage_in_the_control_region_is_corrupt() {
                 assert!(matches!(err, Error::Corrupt(_)), "{variant}: {err}");
                 println!("{variant}: {err}");
             }
-            let mut c = Consumer::create("hostile-tail", &here(), &here(), &config(wait)).unwrap();
+            let mut c = Consumer::create(&ctx(), "hostile-tail", &here(), &here(), &config(wait)).unwrap();
             drop(c.recv().unwrap());
             let (base, _) = c.raw_region_for_tests().unwrap();
             // SAFETY: the test owns the mapping; the tail word lies in the header page.

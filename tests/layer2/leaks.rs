@@ -30,7 +30,7 @@ fn thousand_cycles_leave_nothing() {
         Some("producer") => {
             let fds = open_fds();
             for i in 0..CYCLES {
-                let mut p = Producer::create("cycle", &here(), &here(), &config(wait)).unwrap();
+                let mut p = Producer::create(&ctx(), "cycle", &here(), &here(), &config(wait)).unwrap();
                 p.send(&i.to_le_bytes()).unwrap();
                 p.wait_completed(0, Some(Duration::from_secs(10))).unwrap();
             }
@@ -40,7 +40,7 @@ fn thousand_cycles_leave_nothing() {
         Some("consumer") => {
             let fds = open_fds();
             for i in 0..CYCLES {
-                let mut c = Consumer::create("cycle", &here(), &here(), &config(wait)).unwrap();
+                let mut c = Consumer::create(&ctx(), "cycle", &here(), &here(), &config(wait)).unwrap();
                 assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
             }
             assert_eq!(open_fds(), fds, "fds leaked");

@@ -18,7 +18,7 @@ fn producer_killed_consumer_sees_peer_gone() {
     const TEST: &str = "peer_death::producer_killed_consumer_sees_peer_gone";
     match child_role().as_deref() {
         Some("victim") => {
-            let mut p = Producer::create("victim", &here(), &here(), &config(strategy(&arg("wait")))).unwrap();
+            let mut p = Producer::create(&ctx(), "victim", &here(), &here(), &config(strategy(&arg("wait")))).unwrap();
             for i in 0..10u64 {
                 p.send(&i.to_le_bytes()).unwrap();
             }
@@ -28,7 +28,7 @@ fn producer_killed_consumer_sees_peer_gone() {
             }
         }
         Some("survivor") => {
-            let mut c = Consumer::create("victim", &here(), &here(), &config(strategy(&arg("wait")))).unwrap();
+            let mut c = Consumer::create(&ctx(), "victim", &here(), &here(), &config(strategy(&arg("wait")))).unwrap();
             // Phase 1: the producer is killed while 10 messages wait unread.
             let flag = arg("flag");
             while !std::path::Path::new(&flag).exists() {
@@ -98,7 +98,7 @@ fn consumer_killed_producer_sees_peer_gone() {
     const TEST: &str = "peer_death::consumer_killed_producer_sees_peer_gone";
     match child_role().as_deref() {
         Some("victim") => {
-            let _c = Consumer::create("cvictim", &here(), &here(), &config(strategy(&arg("wait")))).unwrap();
+            let _c = Consumer::create(&ctx(), "cvictim", &here(), &here(), &config(strategy(&arg("wait")))).unwrap();
             report("ready", 1);
             loop {
                 std::thread::sleep(Duration::from_secs(1));
@@ -106,7 +106,7 @@ fn consumer_killed_producer_sees_peer_gone() {
         }
         Some("survivor") => {
             let cfg = ChannelConfig { capacity: 4, ..config(strategy(&arg("wait"))) };
-            let mut p = Producer::create("cvictim", &here(), &here(), &cfg).unwrap();
+            let mut p = Producer::create(&ctx(), "cvictim", &here(), &here(), &cfg).unwrap();
             for _ in 0..4 {
                 p.send(b"fill").unwrap();
             }

@@ -14,7 +14,7 @@ fn exchange(role: &str) {
     }
     match role {
         "producer" => {
-            let ch = Channel::create("order", Role::Producer, &here(), &here(), &cfg).unwrap();
+            let ch = Channel::create(&ctx(), "order", Role::Producer, &here(), &here(), &cfg).unwrap();
             assert_eq!(ch.role(), Role::Producer);
             let mut p = ch.into_producer().unwrap();
             for i in 0..100u32 {
@@ -23,7 +23,7 @@ fn exchange(role: &str) {
             p.wait_completed(99, Some(Duration::from_secs(20))).unwrap();
         }
         _ => {
-            let ch = Channel::create("order", Role::Consumer, &here(), &here(), &cfg).unwrap();
+            let ch = Channel::create(&ctx(), "order", Role::Consumer, &here(), &here(), &cfg).unwrap();
             let info = ch.transport().clone();
             assert_eq!(info.kind, TransportKind::Shm);
             assert!(info.reason.contains("scope local"), "{}", info.reason);
@@ -62,39 +62,39 @@ fn rendezvous_timeout_and_refusals() {
         Some("lonely") => {
             let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_millis(200)), ..Default::default() };
             let start = Instant::now();
-            let err = Producer::create("nobody-home", &here(), &here(), &cfg).unwrap_err();
+            let err = Producer::create(&ctx(), "nobody-home", &here(), &here(), &cfg).unwrap_err();
             assert!(matches!(err, Error::Timeout(ref m) if m.contains("nobody-home")), "{err}");
             let waited = start.elapsed();
             assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
-            let err = Consumer::create("nobody-home", &here(), &here(), &cfg).unwrap_err();
+            let err = Consumer::create(&ctx(), "nobody-home", &here(), &here(), &cfg).unwrap_err();
             assert!(matches!(err, Error::Timeout(_)), "{err}");
 
             // Remote scope: a clear message until the MPI transport lands.
             let far = ProcessLocation::new("some-other-host", None, None).unwrap();
-            let err = Producer::create("far", &here(), &far, &cfg).unwrap_err();
+            let err = Producer::create(&ctx(), "far", &here(), &far, &cfg).unwrap_err();
             assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport available")), "{err}");
 
             // LF_TRANSPORTS names an unavailable transport: creation fails and says why.
             std::env::set_var("LF_TRANSPORTS", "mpi");
-            let err = Consumer::create("restricted", &here(), &here(), &cfg).unwrap_err();
+            let err = Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg).unwrap_err();
             assert!(matches!(err, Error::Unsupported(ref m) if m.contains("LF_TRANSPORTS=mpi") && m.contains("mpi is not built yet")), "{err}");
             std::env::set_var("LF_TRANSPORTS", "bogus");
-            assert!(matches!(Consumer::create("restricted", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
+            assert!(matches!(Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
             std::env::remove_var("LF_TRANSPORTS");
 
-            assert!(matches!(Producer::create("bad/name", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
+            assert!(matches!(Producer::create(&ctx(), "bad/name", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
         }
         Some("consumer") => {
-            let mut c = Consumer::create("taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let mut c = Consumer::create(&ctx(), "taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             report("ready", 1);
             assert_eq!(&*c.recv().unwrap(), b"done");
         }
         Some("second-consumer") => {
-            let err = Consumer::create("taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap_err();
+            let err = Consumer::create(&ctx(), "taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap_err();
             assert!(matches!(err, Error::InvalidState(ref m) if m.contains("already has a live consumer")), "{err}");
         }
         Some("producer") => {
-            let mut p = Producer::create("taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let mut p = Producer::create(&ctx(), "taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             let flag = arg("flag");
             while !std::path::Path::new(&flag).exists() {
                 std::thread::sleep(Duration::from_millis(5));
@@ -132,7 +132,7 @@ fn runtime_dir_must_be_private() {
     use std::os::unix::fs::PermissionsExt;
     match child_role().as_deref() {
         Some("open-dir") => {
-            let err = Consumer::create("x", &here(), &here(), &ChannelConfig::default()).unwrap_err();
+            let err = Consumer::create(&ctx(), "x", &here(), &here(), &ChannelConfig::default()).unwrap_err();
             assert!(matches!(err, Error::PermissionDenied(ref m) if m.contains("0700")), "{err}");
         }
         Some(_) => {}
@@ -159,7 +159,7 @@ fn other_user_is_refused() {
                 assert_eq!(libc::setuid(NOBODY), 0);
             }
             let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(3)), ..Default::default() };
-            let err = Consumer::create("guarded", &here(), &here(), &cfg).unwrap_err();
+            let err = Consumer::create(&ctx(), "guarded", &here(), &here(), &cfg).unwrap_err();
             assert!(matches!(err, Error::Timeout(ref m) if m.contains("runs as uid 0")), "{err}");
         }
         Some(_) => {}
