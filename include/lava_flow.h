@@ -82,6 +82,10 @@
 // Sleep at once (no CPU while waiting).
 #define LF_WAIT_BLOCK 3
 
+// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
+// or `lf_send` of bytes inside a buffer): nothing was copied.
+#define LF_MESSAGE_ZERO_COPY 1
+
 // `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
 #define LF_HUGEPAGE_STRICT 0
 
@@ -264,6 +268,9 @@ typedef struct lf_message {
   uint64_t sequence;
   // Internal: which producer session the message came from. Do not change.
   uint64_t session;
+  // LF_MESSAGE_ZERO_COPY or 0.
+  uint32_t flags;
+  uint32_t reserved;
 } lf_message;
 
 // Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
@@ -565,15 +572,19 @@ lf_status lf_buffer_copy(const struct lf_context *context,
 lf_status lf_channel_config_default(struct lf_channel_config *out);
 
 // Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
-// waits for the other end; either may start first. `role` is LF_ROLE_PRODUCER or
-// LF_ROLE_CONSUMER. The transport follows the scope between `my_location` and
-// `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells which and why.
-// `config` may be NULL for the defaults.
+// waits for the other end; either may start first. `context` is this process's memory
+// context: `lf_send` of bytes inside one of its buffers goes by reference. The channel
+// keeps what it needs of the context, which may be freed before the channel. `role` is
+// LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
+// `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
+// which and why. `config` may be NULL for the defaults.
 //
 // # Safety
-// `name` must be NULL or a NUL-terminated string; the locations NULL or live lf_location
-// handles; `config` NULL or a valid config; `out` NULL or writable.
-lf_status lf_channel_create(const char *name,
+// `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
+// locations NULL or live lf_location handles; `config` NULL or a valid config; `out` NULL or
+// writable.
+lf_status lf_channel_create(const struct lf_context *context,
+                            const char *name,
                             uint32_t role,
                             const struct lf_location *my_location,
                             const struct lf_location *peer_location,
@@ -590,8 +601,13 @@ lf_status lf_channel_transport(const struct lf_channel *channel,
                                const char **name,
                                const char **reason);
 
-// Copies `len` bytes at `data` into the channel as the next message, waiting for room up to
-// `timeout_ns` (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+// Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
+// (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+//
+// The bytes are copied into the channel's pool, unless they lie inside one CPU buffer of the
+// channel's context (`lf_alloc`, `lf_import`) and are longer than 112 bytes: then they go by
+// reference, as `lf_send_buffer` sends them, and must not be written until the message is
+// complete (`lf_wait_completed`). The receiver's `lf_message.flags` tells which.
 //
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `data` NULL or `len` readable bytes;
@@ -607,6 +623,28 @@ lf_status lf_send(struct lf_channel *channel,
 // # Safety
 // As `lf_send`.
 lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, uint64_t *sequence);
+
+// Sends `len` bytes at `offset` of `buffer` by reference as the next message, waiting for
+// room up to `timeout_ns` (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). The
+// consumer maps the buffer's arena once per channel (its fd travels over the rendezvous
+// socket the first time) and reads the bytes where they lie. Do not write or free the range
+// until the message is complete (`lf_completed`, `lf_wait_completed`); the channel keeps
+// the arena's memory alive until then. `*sequence` (if not NULL) receives the message's
+// number.
+//
+// Any CPU buffer from `lf_alloc`, `lf_alloc_auto` or `lf_import` can be sent.
+// LF_ERR_UNSUPPORTED for registered user memory (`lf_register`) and GPU memory (GPU buffers
+// will travel through the Vulkan IPC transport); LF_ERR_INVALID_ARGUMENT for an empty range
+// or one outside the buffer.
+//
+// # Safety
+// `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.
+lf_status lf_send_buffer(struct lf_channel *channel,
+                         const struct lf_buffer *buffer,
+                         size_t offset,
+                         size_t len,
+                         int64_t timeout_ns,
+                         uint64_t *sequence);
 
 // Lends `len` bytes of shared memory to write the next message in place, waiting for room up
 // to `timeout_ns` (0: LF_ERR_WOULD_BLOCK at once when full). One loan at a time; finish it

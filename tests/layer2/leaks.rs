@@ -1,8 +1,11 @@
-//! 1,000 create/destroy cycles leave no fd, mapping, /dev/shm entry or socket file behind.
+//! 1,000 create/destroy cycles, each with a copy send and a buffer send (the arena's fd
+//! travels and is mapped anew per channel), leave no fd, mapping, /dev/shm entry or socket
+//! file behind.
 
 use std::time::Duration;
 
 use lava_flow::channels::{Consumer, Producer, WaitStrategy};
+use lava_flow::memory::MemoryLocation;
 
 use crate::common::*;
 
@@ -14,6 +17,10 @@ fn open_fds() -> usize {
 
 fn channel_mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("lava-flow:")).count()
+}
+
+fn arena_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("lava-flow-arena")).count()
 }
 
 fn dev_shm_entries() -> Vec<String> {
@@ -28,23 +35,32 @@ fn thousand_cycles_leave_nothing() {
     let wait = WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) };
     match child_role().as_deref() {
         Some("producer") => {
-            let fds = open_fds();
+            let buffer = ctx().allocate(1 << 20, MemoryLocation::CpuStandard).unwrap();
+            let (fds, arenas) = (open_fds(), arena_mappings());
             for i in 0..CYCLES {
                 let mut p = Producer::create(&ctx(), "cycle", &here(), &here(), &config(wait)).unwrap();
                 p.send(&i.to_le_bytes()).unwrap();
-                p.wait_completed(0, Some(Duration::from_secs(10))).unwrap();
+                buffer.write_at(i as usize * 8, &u64::from(i).to_le_bytes()).unwrap();
+                p.send_buffer(&buffer, i as usize * 8, 8).unwrap();
+                p.wait_completed(1, Some(Duration::from_secs(10))).unwrap();
+                assert_eq!(p.arenas_sent(), 1);
             }
             assert_eq!(open_fds(), fds, "fds leaked");
             assert_eq!(channel_mappings(), 0, "mappings leaked");
+            assert_eq!(arena_mappings(), arenas, "arena mappings leaked");
         }
         Some("consumer") => {
             let fds = open_fds();
             for i in 0..CYCLES {
                 let mut c = Consumer::create(&ctx(), "cycle", &here(), &here(), &config(wait)).unwrap();
                 assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
+                let m = c.recv().unwrap();
+                assert!(m.is_zero_copy());
+                assert_eq!(&*m, &u64::from(i).to_le_bytes());
             }
             assert_eq!(open_fds(), fds, "fds leaked");
             assert_eq!(channel_mappings(), 0, "mappings leaked");
+            assert_eq!(arena_mappings(), 0, "arena mappings leaked");
         }
         Some(_) => {}
         None => {

@@ -8,6 +8,7 @@
 mod common;
 
 mod backpressure;
+mod buffers;
 mod delivery;
 mod hostile;
 mod leaks;
