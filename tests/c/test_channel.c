@@ -5,8 +5,10 @@
  *   test_channel consumer NAME
  *
  * Exchanges 100,000 messages of varying sizes (copy sends and loans) with sequence numbers
- * and checksums, uses the pollable fd, checks completion, bad input of every kind, and that
- * the runtime dir is empty afterwards. Plain C11; prints each failed check and returns
+ * and checksums, then buffer sends of regions of an lf_alloc buffer (by reference: the
+ * consumer sees LF_MESSAGE_ZERO_COPY), an lf_send of bytes inside that buffer (by reference
+ * by itself) and of heap memory (copied); uses the pollable fd, checks completion, bad input
+ * of every kind, and that the runtime dir is empty afterwards. Plain C11; prints each failed check and returns
  * non-zero. Valgrind-clean (it follows the fork). */
 #define _GNU_SOURCE
 #include <lava_flow.h>
@@ -45,6 +47,9 @@ static int failures = 0;
 
 #define MESSAGES 100000u
 #define SECOND 1000000000LL
+/* Buffer sends: this many regions of REGION bytes of one buffer. */
+#define BUFFER_MESSAGES 64u
+#define REGION 16384u
 
 /* Message `seq`: 8-byte sequence, 8-byte checksum, payload. Sizes: mostly inline, some pool. */
 static size_t size_of(uint64_t seq) {
@@ -58,21 +63,29 @@ static uint64_t checksum(const unsigned char *p, size_t n) {
     return h;
 }
 
-static void build(unsigned char *buf, uint64_t seq) {
-    size_t n = size_of(seq);
+static void build_len(unsigned char *buf, uint64_t seq, size_t n) {
     for (size_t i = 16; i < n; i++) buf[i] = (unsigned char)(seq * 31 + i * 7);
     uint64_t sum = checksum(buf + 16, n - 16);
     memcpy(buf, &seq, 8);
     memcpy(buf + 8, &sum, 8);
 }
 
-static int verify(const lf_message *m, uint64_t seq) {
+static void build(unsigned char *buf, uint64_t seq) { build_len(buf, seq, size_of(seq)); }
+
+static int verify_len(const lf_message *m, uint64_t seq, size_t n) {
     uint64_t got_seq, got_sum;
-    if (m->len != size_of(seq) || m->sequence != seq) return 0;
+    if (m->len != n || m->sequence != seq) return 0;
     memcpy(&got_seq, m->data, 8);
     memcpy(&got_sum, (const unsigned char *)m->data + 8, 8);
     return got_seq == seq && got_sum == checksum((const unsigned char *)m->data + 16, m->len - 16);
 }
+
+static int verify(const lf_message *m, uint64_t seq) { return verify_len(m, seq, size_of(seq)); }
+
+/* The length of buffer message `seq`. */
+static size_t region_len(uint64_t seq) { return 16 + (size_t)(seq * 977 % (REGION - 16)); }
+
+static lf_context *context = NULL;
 
 static lf_channel *open_channel(const char *name, uint32_t role) {
     lf_location *here = NULL;
@@ -83,10 +96,67 @@ static lf_channel *open_channel(const char *name, uint32_t role) {
     config.spin_ns = 20000;
     config.capacity = 64;
     config.rendezvous_timeout_ns = 30 * SECOND;
+    lf_context_config context_config;
+    memset(&context_config, 0, sizeof context_config);
+    context_config.gpu_policy = LF_GPU_DISABLED;
+    EXPECT(lf_context_create(&context_config, &context), LF_OK);
     EXPECT(lf_location_detect(&here), LF_OK);
-    EXPECT(lf_channel_create(name, role, here, here, &config, &channel), LF_OK);
+    EXPECT(lf_channel_create(NULL, name, role, here, here, &config, &channel), LF_ERR_NULL_POINTER);
+    EXPECT(lf_channel_create(context, name, role, here, here, &config, &channel), LF_OK);
     lf_location_free(here);
     return channel;
+}
+
+/* Buffer sends: regions of one lf_alloc buffer by reference, then lf_send of bytes inside it
+ * (by reference by itself) and of heap memory (copied). */
+static void send_buffers(lf_channel *ch, unsigned char *heap) {
+    lf_buffer *buffer = NULL, *registered = NULL;
+    unsigned char *base = NULL;
+    void *ptr = NULL;
+    uint64_t seq = 0;
+    EXPECT(lf_alloc(context, BUFFER_MESSAGES * REGION, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_buffer_ptr(buffer, &ptr), LF_OK);
+    base = ptr;
+    if (base == NULL) return;
+    for (uint64_t i = 0; i < BUFFER_MESSAGES; i++) {
+        uint64_t want = MESSAGES + i;
+        build_len(base + i * REGION, want, region_len(want));
+        EXPECT(lf_send_buffer(ch, buffer, i * REGION, region_len(want), 30 * SECOND, &seq), LF_OK);
+        CHECK(seq == want);
+    }
+    /* Bytes inside the buffer go by reference by themselves; heap bytes are copied. */
+    build_len(base + 100, MESSAGES + BUFFER_MESSAGES, 5000);
+    EXPECT(lf_send(ch, base + 100, 5000, 30 * SECOND, &seq), LF_OK);
+    build_len(heap, MESSAGES + BUFFER_MESSAGES + 1, 5000);
+    EXPECT(lf_send(ch, heap, 5000, 30 * SECOND, &seq), LF_OK);
+    /* Bad input: NULL buffer, a range outside it, registered user memory. */
+    EXPECT(lf_send_buffer(ch, NULL, 0, 8, -1, NULL), LF_ERR_NULL_POINTER);
+    EXPECT(lf_send_buffer(ch, buffer, BUFFER_MESSAGES * REGION - 4, 8, -1, NULL), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_send_buffer(ch, buffer, 0, 0, -1, NULL), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_register(context, heap, 4096, &registered), LF_OK);
+    EXPECT(lf_send_buffer(ch, registered, 0, 8, -1, NULL), LF_ERR_UNSUPPORTED);
+    EXPECT(lf_deregister(context, registered), LF_OK);
+    /* The buffer may be freed once every message pointing into it is complete. */
+    EXPECT(lf_wait_completed(ch, seq, 30 * SECOND), LF_OK);
+    lf_free(buffer);
+}
+
+static void receive_buffers(lf_channel *ch, uint64_t seq) {
+    lf_message m;
+    for (uint64_t i = 0; i < BUFFER_MESSAGES; i++, seq++) {
+        EXPECT(lf_recv(ch, 30 * SECOND, &m), LF_OK);
+        CHECK(verify_len(&m, seq, region_len(seq)));
+        CHECK(m.flags == LF_MESSAGE_ZERO_COPY);
+        EXPECT(lf_release(ch, &m), LF_OK);
+    }
+    EXPECT(lf_recv(ch, 30 * SECOND, &m), LF_OK);
+    CHECK(verify_len(&m, seq++, 5000));
+    CHECK(m.flags == LF_MESSAGE_ZERO_COPY);
+    EXPECT(lf_release(ch, &m), LF_OK);
+    EXPECT(lf_recv(ch, 30 * SECOND, &m), LF_OK);
+    CHECK(verify_len(&m, seq, 5000));
+    CHECK(m.flags == 0);
+    EXPECT(lf_release(ch, &m), LF_OK);
 }
 
 static int run_producer(const char *name) {
@@ -127,12 +197,14 @@ static int run_producer(const char *name) {
     EXPECT(lf_wait_completed(ch, seq, 30 * SECOND), LF_OK);
     EXPECT(lf_completed(ch, &done), LF_OK);
     CHECK(done == MESSAGES);
+    send_buffers(ch, buf);
     /* A cancelled loan sends nothing. */
     EXPECT(lf_loan(ch, 64, 0, &loan), LF_OK);
     EXPECT(lf_loan_cancel(ch, &loan), LF_OK);
     free(buf);
     lf_channel_free(ch);
     lf_channel_free(NULL);
+    lf_context_free(context);
     return failures != 0;
 }
 
@@ -182,10 +254,12 @@ static int run_consumer(const char *name) {
     /* Released views are refused. */
     EXPECT(lf_release(ch, &m), LF_ERR_INVALID_STATE);
     EXPECT(lf_release(ch, NULL), LF_ERR_NULL_POINTER);
+    receive_buffers(ch, MESSAGES);
     /* The producer closes after its last message is released. */
     EXPECT(lf_recv(ch, 30 * SECOND, &m), LF_ERR_PEER_GONE);
     lf_channel_free(ch);
     EXPECT(lf_recv(ch, 0, &m), LF_ERR_BAD_HANDLE);
+    lf_context_free(context);
     return failures != 0;
 }
 
