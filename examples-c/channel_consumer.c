@@ -13,8 +13,10 @@ int main(int argc, char **argv) {
     char reply_name[128];
     snprintf(reply_name, sizeof reply_name, "%s.reply", argv[1]);
     lf_channel *in = NULL, *out = NULL;
-    CHECK(demo_open(argv[1], LF_ROLE_CONSUMER, &in));
-    CHECK(demo_open(reply_name, LF_ROLE_PRODUCER, &out));
+    lf_context *context = NULL;
+    CHECK(demo_context(&context));
+    CHECK(demo_open(context, argv[1], LF_ROLE_CONSUMER, &in));
+    CHECK(demo_open(context, reply_name, LF_ROLE_PRODUCER, &out));
     demo_print_transport("consumer", in);
 
     /* 1. verify: order, length and checksum of every message. */
@@ -45,30 +47,39 @@ int main(int argc, char **argv) {
         CHECK(lf_release(in, &ping));
     }
 
-    /* 3. bandwidth: read every byte of every bulk message. */
-    uint64_t sum = 0, expected = 0;
-    double t0 = 0;
-    for (uint64_t i = 0; i < DEMO_BULK; i++) {
-        lf_message m;
-        CHECK(lf_recv(in, DEMO_TIMEOUT_NS, &m));
-        if (i == 0) t0 = demo_now_ns();
-        const uint64_t *words = m.data;
-        for (size_t w = 0; w < m.len / 8; w++) sum += words[w];
-        expected += (i & 0xff) * 0x0101010101010101ull * (DEMO_BULK_SIZE / 8);
-        CHECK(lf_release(in, &m));
+    /* 3. bandwidth (copied into the channel) and 4. buffer sends (by reference): read every
+     * byte of every bulk message. */
+    for (int phase = 3; phase <= 4; phase++) {
+        uint64_t sum = 0, expected = 0;
+        double t0 = 0;
+        for (uint64_t i = 0; i < DEMO_BULK; i++) {
+            lf_message m;
+            CHECK(lf_recv(in, DEMO_TIMEOUT_NS, &m));
+            if (i == 0) t0 = demo_now_ns();
+            if ((m.flags & LF_MESSAGE_ZERO_COPY) != (phase == 4 ? LF_MESSAGE_ZERO_COPY : 0u)) {
+                fprintf(stderr, "consumer: phase %d message %llu has flags %u\n", phase, (unsigned long long)i, m.flags);
+                return 1;
+            }
+            const uint64_t *words = m.data;
+            for (size_t w = 0; w < m.len / 8; w++) sum += words[w];
+            expected += (i & 0xff) * 0x0101010101010101ull * (DEMO_BULK_SIZE / 8);
+            CHECK(lf_release(in, &m));
+        }
+        double seconds = (demo_now_ns() - t0) / 1e9;
+        if (sum != expected) {
+            fprintf(stderr, "consumer: bulk data corrupted in phase %d\n", phase);
+            return 1;
+        }
+        printf("consumer: %s (1 MiB messages, every byte written and read): %.2f GB/s\n",
+               phase == 3 ? "bandwidth, written into the channel" : "bandwidth, buffer sends by reference",
+               (double)(DEMO_BULK - 1) * DEMO_BULK_SIZE / seconds / 1e9);
     }
-    double seconds = (demo_now_ns() - t0) / 1e9;
-    if (sum != expected) {
-        fprintf(stderr, "consumer: bulk data corrupted\n");
-        return 1;
-    }
-    printf("consumer: bandwidth (1 MiB messages, every byte written and read): %.2f GB/s\n",
-           (double)(DEMO_BULK - 1) * DEMO_BULK_SIZE / seconds / 1e9);
     uint64_t done = 1;
     CHECK(lf_send(out, &done, sizeof done, DEMO_TIMEOUT_NS, NULL));
 
     lf_channel_free(out);
     lf_channel_free(in);
+    lf_context_free(context);
     printf("consumer: done\n");
     return 0;
 }

@@ -8,7 +8,11 @@
  *                 consumer checks, with the order.
  *   2. latency:   DEMO_PINGS 8-byte ping-pongs; half the round trip is the one-way latency.
  *   3. bandwidth: DEMO_BULK messages of DEMO_BULK_SIZE bytes, every byte written by the
- *                 producer and read by the consumer (touch mode). */
+ *                 producer and read by the consumer (touch mode).
+ *   4. buffer sends: the same, but each message is a region of a buffer from lf_alloc sent
+ *                 by reference (lf_send_buffer): the consumer reads the producer's pages
+ *                 (LF_MESSAGE_ZERO_COPY), and the producer rewrites a region only once its
+ *                 previous message is complete (lf_wait_completed). */
 #ifndef LAVA_FLOW_CHANNEL_DEMO_H
 #define LAVA_FLOW_CHANNEL_DEMO_H
 
@@ -24,6 +28,8 @@
 #define DEMO_PINGS 20000
 #define DEMO_BULK 2000
 #define DEMO_BULK_SIZE (1u << 20)
+/* Phase 4 cycles through this many regions of one buffer. */
+#define DEMO_REGIONS 4
 #define DEMO_TIMEOUT_NS (30LL * 1000 * 1000 * 1000)
 
 /* A verified message: header, then `len - 16` payload bytes. */
@@ -54,8 +60,17 @@ static inline int demo_fail(const char *who, const char *call, lf_status status)
     return 1;
 }
 
+/* This process's memory context: CPU memory only (the demo needs no GPU). Sends of bytes
+ * inside its buffers would go by reference. */
+static inline lf_status demo_context(lf_context **out) {
+    lf_context_config config;
+    memset(&config, 0, sizeof config);
+    config.gpu_policy = LF_GPU_DISABLED;
+    return lf_context_create(&config, out);
+}
+
 /* Opens one end of a channel between this process and a peer on the same host. */
-static inline lf_status demo_open(const char *name, uint32_t role, lf_channel **out) {
+static inline lf_status demo_open(lf_context *context, const char *name, uint32_t role, lf_channel **out) {
     lf_location *me = NULL;
     lf_status st = lf_location_detect(&me);
     if (st != LF_OK) return st;
@@ -63,7 +78,7 @@ static inline lf_status demo_open(const char *name, uint32_t role, lf_channel **
     lf_channel_config_default(&config);
     config.rendezvous_timeout_ns = DEMO_TIMEOUT_NS;
     config.pool_size = 8u << 20; /* room for several 1 MiB messages in flight */
-    st = lf_channel_create(name, role, me, me, &config, out);
+    st = lf_channel_create(context, name, role, me, me, &config, out);
     lf_location_free(me);
     return st;
 }

@@ -18,8 +18,10 @@ int main(int argc, char **argv) {
     char reply_name[128];
     snprintf(reply_name, sizeof reply_name, "%s.reply", argv[1]);
     lf_channel *out = NULL, *in = NULL;
-    CHECK(demo_open(argv[1], LF_ROLE_PRODUCER, &out));
-    CHECK(demo_open(reply_name, LF_ROLE_CONSUMER, &in));
+    lf_context *context = NULL;
+    CHECK(demo_context(&context));
+    CHECK(demo_open(context, argv[1], LF_ROLE_PRODUCER, &out));
+    CHECK(demo_open(context, reply_name, LF_ROLE_CONSUMER, &in));
     demo_print_transport("producer", out);
 
     /* 1. verify: copy sends and loaned (written in place) sends, checksummed. */
@@ -73,15 +75,31 @@ int main(int argc, char **argv) {
         memset(loan.data, (int)(i & 0xff), DEMO_BULK_SIZE);
         CHECK(lf_publish(out, &loan, DEMO_BULK_SIZE, NULL));
     }
+
+    /* 4. buffer sends: regions of one lava-flow buffer, by reference. */
+    lf_buffer *buffer = NULL;
+    void *base = NULL;
+    uint64_t sent[DEMO_REGIONS];
+    CHECK(lf_alloc(context, (size_t)DEMO_REGIONS * DEMO_BULK_SIZE, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer));
+    CHECK(lf_buffer_ptr(buffer, &base));
+    for (uint64_t i = 0; i < DEMO_BULK; i++) {
+        size_t region = (size_t)(i % DEMO_REGIONS);
+        /* The consumer may still be reading this region's previous message. */
+        if (i >= DEMO_REGIONS) CHECK(lf_wait_completed(out, sent[region], DEMO_TIMEOUT_NS));
+        memset((uint8_t *)base + region * DEMO_BULK_SIZE, (int)(i & 0xff), DEMO_BULK_SIZE);
+        CHECK(lf_send_buffer(out, buffer, region * DEMO_BULK_SIZE, DEMO_BULK_SIZE, DEMO_TIMEOUT_NS, &sent[region]));
+    }
     /* The consumer's reply says it has read everything. */
     lf_message done;
     CHECK(lf_recv(in, DEMO_TIMEOUT_NS, &done));
     CHECK(lf_release(in, &done));
 
+    lf_free(buffer); /* every message pointing into it is complete */
     free(half_rtt);
     free(scratch);
     lf_channel_free(in);
     lf_channel_free(out);
+    lf_context_free(context);
     printf("producer: done\n");
     return 0;
 }

@@ -532,7 +532,7 @@ pub unsafe extern "C" fn lf_channel_free(channel: *mut lf_channel) {
 mod tests {
     use super::*;
     use crate::ffi::alloc::{lf_alloc, lf_register};
-    use crate::ffi::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::ffi::buffer::{lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
     use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
     use crate::ffi::device::LF_GPU_DISABLED;
     use crate::ffi::location::lf_location_free;
@@ -597,7 +597,9 @@ mod tests {
                     // Buffer sends: explicit, and by itself for bytes inside a buffer.
                     let mut buf = ptr::null_mut();
                     assert_eq!(lf_alloc(loc_ref.1, 8192, LF_MEMORY_CPU_STANDARD, -1, 0, &mut buf), lf_status::LF_OK);
-                    let base = (*buf).buffer.as_ptr();
+                    let mut base: *mut c_void = ptr::null_mut();
+                    assert_eq!(lf_buffer_ptr(buf, &mut base), lf_status::LF_OK);
+                    let base = base.cast::<u8>();
                     ptr::write_bytes(base, 0x33, 8192);
                     assert_eq!(lf_send_buffer(ch, buf, 100, 4000, -1, &mut seq), lf_status::LF_OK, "{}", last_error());
                     assert_eq!(seq, 2);
