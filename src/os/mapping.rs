@@ -22,15 +22,20 @@ impl Mapping {
     /// Maps `len` bytes of `fd` from `offset` (a multiple of the page size), read-write and
     /// shared, so that every process mapping the same file sees the same bytes.
     pub fn shared(fd: &impl AsRawFd, offset: u64, len: usize) -> Result<Self> {
-        Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+        Self::map(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+    }
+
+    /// As [`Mapping::shared`], readable only: for memory this process must never write.
+    pub fn shared_read_only(fd: &impl AsRawFd, offset: u64, len: usize) -> Result<Self> {
+        Self::map(len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), offset)
     }
 
     /// Maps `len` bytes of fresh, private, zeroed memory.
     pub fn anonymous(len: usize) -> Result<Self> {
-        Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        Self::map(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     }
 
-    fn map(len: usize, flags: libc::c_int, fd: libc::c_int, offset: u64) -> Result<Self> {
+    fn map(len: usize, prot: libc::c_int, flags: libc::c_int, fd: libc::c_int, offset: u64) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("cannot map 0 bytes"));
         }
@@ -42,7 +47,7 @@ impl Mapping {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 flags,
                 fd,
                 off,

@@ -6,6 +6,13 @@
 //! "sleeping" flags, a cache line the consumer writes only when it goes to sleep, and makes a
 //! syscall (futex wake, eventfd write) only if one is set.
 //!
+//! Buffer sends (`send_region`) carry no payload: the slot holds (arena id, offset, len) of
+//! bytes in one of the producer's arenas. The first time an arena goes over the channel, the
+//! producer passes its fd over the rendezvous socket (`ControlRecord::Arena`) before
+//! publishing; the consumer maps it once, read-only, and caches it per channel. The producer
+//! keeps each arena alive until the messages pointing into it are released, and tells the
+//! consumer which arenas died since (`ControlRecord::Forget`) when it announces a new one.
+//!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and polls them
 //! (one `poll` syscall with zero timeout) every [`LIVENESS_PERIOD`] while it waits; blocked
 //! waits sleep at most [`SLEEP_SLICE`] at a time for that reason. A closing peer also sets its
@@ -1137,8 +1144,9 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
     }
 }
 
-/// Maps an arena passed by a producer, after checking that it is a memory file sealed against
-/// shrinking (so that reading it can never fault) and holds at least `len` bytes.
+/// Maps an arena passed by a producer, read-only, after checking that it is a memory file
+/// sealed against shrinking (so that reading it can never fault) and holds at least `len`
+/// bytes.
 fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
     if len == 0 || len > MAX_ARENA_LEN {
         return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
@@ -1157,7 +1165,7 @@ fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
     if (st.st_size as u64) < len {
         return Err(Error::Corrupt(format!("its memory file has {} bytes, {len} were announced", st.st_size)));
     }
-    Mapping::shared(fd, 0, len as usize)
+    Mapping::shared_read_only(fd, 0, len as usize)
 }
 
 /// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
