@@ -148,6 +148,8 @@ pub struct ShmProducer {
 #[derive(Default)]
 struct SentArenas {
     by_identity: HashMap<usize, (u64, Weak<dyn Any + Send + Sync>)>,
+    /// The last arena sent, (identity, id): a stream usually sends from one arena.
+    last: Option<(usize, u64)>,
     next_id: u64,
     sent: u64,
 }
@@ -388,7 +390,12 @@ impl ShmProducer {
     /// died here since: their messages are all released, or they would still be alive).
     fn announce(&mut self, region: &dyn SharedRegion) -> Result<u64> {
         let identity = region.identity();
+        match self.arenas.last {
+            Some((last, id)) if last == identity => return Ok(id),
+            _ => {}
+        }
         if let Some((id, _)) = self.arenas.by_identity.get(&identity) {
+            self.arenas.last = Some((identity, *id));
             return Ok(*id);
         }
         let dead: Vec<usize> =
@@ -401,6 +408,7 @@ impl ShmProducer {
         let id = self.arenas.next_id;
         self.send_record(ControlRecord::Arena { id, len: region.arena_len() as u64 }, Some(region.fd()))?;
         self.arenas.by_identity.insert(identity, (id, Arc::downgrade(&region.keep_alive())));
+        self.arenas.last = Some((identity, id));
         self.arenas.sent += 1;
         Ok(id)
     }
@@ -764,8 +772,9 @@ struct Link {
     next: u64,
     last_check: Instant,
     gone: Option<String>,
-    /// The producer's arenas mapped here, by the id it gave them.
+    /// The producer's arenas mapped here, by the id it gave them, and the last one used.
     arenas: HashMap<u64, Arc<Mapping>>,
+    last_arena: Option<(u64, Arc<Mapping>)>,
 }
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
@@ -905,13 +914,19 @@ impl ShmConsumer {
     /// here, reading the arena's fd from the socket first if it is new.
     #[cold]
     fn read_arena_slot(&mut self, index: usize, next: u64) -> Result<Option<RawView>> {
-        let session = Arc::clone(&self.link.session);
-        let [id, offset, len] = session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
-        if !self.link.arenas.contains_key(&id) {
-            self.receive_records(Some(id))?;
-        }
-        let Some(mapping) = self.link.arenas.get(&id).cloned() else {
-            return Err(self.corrupt(format!("message {next} points into arena {id}, which the producer never passed")));
+        let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
+        let mapping = match &self.link.last_arena {
+            Some((last, mapping)) if *last == id => Arc::clone(mapping),
+            _ => {
+                if !self.link.arenas.contains_key(&id) {
+                    self.receive_records(Some(id))?;
+                }
+                let Some(mapping) = self.link.arenas.get(&id).cloned() else {
+                    return Err(self.corrupt(format!("message {next} points into arena {id}, which the producer never passed")));
+                };
+                self.link.last_arena = Some((id, Arc::clone(&mapping)));
+                mapping
+            }
         };
         let in_bounds = offset.checked_add(len).is_some_and(|end| len > 0 && end <= mapping.len() as u64);
         if !in_bounds {
@@ -923,13 +938,15 @@ impl ShmConsumer {
         // SAFETY: offset + len <= the mapping's length, checked above.
         let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
         let len = len as usize;
+        let session = &*self.link.session;
         *session.arena_holds()[index].lock() = Some(mapping);
         session.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
         session.view_lens[index].store(len, Ordering::Relaxed);
         session.states[index].store(next << 1 | 1, Ordering::Release);
-        self.link.next = next + 1;
         session.received.store(next + 1, Ordering::Release);
-        Ok(Some(RawView { ptr, len, token: next, session: session.id, zero_copy: true }))
+        let view = RawView { ptr, len, token: next, session: session.id, zero_copy: true };
+        self.link.next = next + 1;
+        Ok(Some(view))
     }
 
     /// Reads the producer's control records waiting on the socket, without blocking: until
@@ -963,6 +980,9 @@ impl ShmConsumer {
                 (ControlRecord::Forget { id }, 0) => {
                     // Views still held keep their mapping (Session::arena_holds).
                     self.link.arenas.remove(&id);
+                    if self.link.last_arena.as_ref().is_some_and(|(last, _)| *last == id) {
+                        self.link.last_arena = None;
+                    }
                 }
                 (record, count) => return Err(self.corrupt(format!("{record:?} came with {count} fds"))),
             }
@@ -1135,6 +1155,7 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
                 last_check: Instant::now(),
                 gone: None,
                 arenas: HashMap::new(),
+                last_arena: None,
             })
         }
         Err(e) => {
