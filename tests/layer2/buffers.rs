@@ -201,6 +201,39 @@ fn views_of_arena_memory_survive_the_producers_kill_9() {
     }
 }
 
+#[test]
+fn arenas_that_die_at_the_producer_are_unmapped_at_the_consumer() {
+    const TEST: &str = "buffers::arenas_that_die_at_the_producer_are_unmapped_at_the_consumer";
+    const ROUNDS: u64 = 20;
+    let wait = WaitStrategy::Block;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "forget", &here(), &here(), &config(wait)).unwrap();
+            for round in 0..ROUNDS {
+                // A buffer with an arena of its own, freed once its message is complete: the
+                // next announcement tells the consumer to forget it.
+                let buffer = allocate(1 << 20);
+                write_message(&buffer, 4096, 4096, round);
+                p.send_buffer(&buffer, 4096, 4096).unwrap();
+                p.wait_completed(round, Some(Duration::from_secs(10))).unwrap();
+            }
+            assert_eq!(p.arenas_sent(), ROUNDS);
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "forget", &here(), &here(), &config(wait)).unwrap();
+            for round in 0..ROUNDS {
+                let m = c.recv().unwrap();
+                assert!(m.is_zero_copy());
+                check(&m, round);
+                assert_eq!(arena_mappings(), 1, "round {round}: the arenas that died are unmapped");
+            }
+            assert_eq!(c.arenas_received(), ROUNDS);
+        }
+        Some(_) => {}
+        None => run_pair(TEST, "forget"),
+    }
+}
+
 // The layout from src/channels/transports/shm_ring.rs, as a hostile peer would learn it.
 const SLOTS: usize = 4096;
 const SLOT: usize = 128;
