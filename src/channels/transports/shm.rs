@@ -649,6 +649,9 @@ impl Drop for ShmProducer {
 // Consumer
 // ---------------------------------------------------------------------------------------------
 
+/// The arena mapping a view of a buffer send points into, while the view is held.
+type ArenaHold = Mutex<Option<Arc<Mapping>>>;
+
 /// What views of one producer's session share: the region and which slots are still held.
 struct Session {
     id: u64,
@@ -668,7 +671,7 @@ struct Session {
     reclaiming: AtomicBool,
     /// Per slot, made at the first buffer send: the arena mapping a held view points into,
     /// so that it stays mapped until the view is released whatever the producer says.
-    arena_holds: OnceLock<Box<[Mutex<Option<Arc<Mapping>>>]>>,
+    arena_holds: OnceLock<Box<[ArenaHold]>>,
 }
 
 impl Session {
@@ -690,7 +693,7 @@ impl Session {
         }
     }
 
-    fn arena_holds(&self) -> &[Mutex<Option<Arc<Mapping>>>] {
+    fn arena_holds(&self) -> &[ArenaHold] {
         self.arena_holds.get_or_init(|| (0..self.slot_count).map(|_| Mutex::new(None)).collect())
     }
 
