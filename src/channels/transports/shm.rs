@@ -6,6 +6,12 @@
 //! "sleeping" flags, a cache line the consumer writes only when it goes to sleep, and makes a
 //! syscall (futex wake, eventfd write) only if one is set.
 //!
+//! That store-then-check against the sleeper's announce-then-check is Dekker's protocol and
+//! needs a StoreLoad fence on both sides. Where both processes could register for global
+//! membarriers (`fast_wake`), the sleeper pays for both with a membarrier and the publisher
+//! uses a plain release store, which leaves the store buffer free to drain in the background
+//! instead of stalling on the cache line the peer is polling. Elsewhere both sides fence.
+//!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and polls them
 //! (one `poll` syscall with zero timeout) every [`LIVENESS_PERIOD`] while it waits; blocked
 //! waits sleep at most [`SLEEP_SLICE`] at a time for that reason. A closing peer also sets its
@@ -24,6 +30,7 @@ use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 use crate::os::futex::{futex_wait, futex_wake};
+use crate::os::membarrier;
 use crate::os::{recv_with_fds, send_with_fds};
 
 pub use super::shm_ring::INLINE_MAX as SHM_INLINE_MAX;
@@ -37,11 +44,15 @@ const TRANSPORT_SHM: u32 = 1;
 
 /// Sleeps on `futex` while `ready` stays false, announcing the sleep in `sleeping` so the
 /// other side knows to wake us; returns after one wake-up or [`SLEEP_SLICE`] (or less, to
-/// honour `deadline`).
-fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, deadline: Option<Instant>, ready: impl Fn() -> bool) {
+/// honour `deadline`). `fast_wake`: the other side publishes without a fence (see
+/// [`publish_then_check`]), so the announcement is followed by a membarrier.
+fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, fast_wake: bool, deadline: Option<Instant>, ready: impl Fn() -> bool) {
     let seen = futex.load(Ordering::SeqCst);
     sleeping.store(1, Ordering::SeqCst);
-    // The SeqCst store above and the other side's SeqCst publish-then-check make this
+    if fast_wake {
+        membarrier::global_barrier();
+    }
+    // The store (and membarrier) above and the other side's publish-then-check make this
     // re-check safe: either we see its message now, or it sees our flag and wakes us.
     if !ready() {
         let slice = match deadline {
@@ -55,10 +66,26 @@ fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, deadline: Option<Instant>
     sleeping.store(0, Ordering::Relaxed);
 }
 
-/// Wakes the other side if it announced a sleep on `futex`.
+/// Publishes `value` in `word` (a slot's sequence word or the tail), ordered before the
+/// sleeping-flag loads that follow: by a StoreLoad fence (SeqCst store), or, with
+/// `fast_wake`, by the sleeper's membarrier, so that only the compiler must keep the order.
 #[inline]
-fn wake_if_sleeping(futex: &AtomicU32, sleeping: &AtomicU32) {
-    if sleeping.load(Ordering::SeqCst) != 0 {
+fn publish_then_check(word: &AtomicU64, value: u64, fast_wake: bool) {
+    if fast_wake {
+        word.store(value, Ordering::Release);
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        word.store(value, Ordering::SeqCst);
+    }
+}
+
+/// Wakes the other side if it announced a sleep on `futex`. Call after [`publish_then_check`].
+#[inline]
+fn wake_if_sleeping(futex: &AtomicU32, sleeping: &AtomicU32, fast_wake: bool) {
+    // With fast_wake the order comes from the sleeper's membarrier (a SeqCst load would add
+    // a barrier on weakly ordered CPUs); without, SeqCst pairs with the SeqCst store.
+    let order = if fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
+    if sleeping.load(order) != 0 {
         futex.fetch_add(1, Ordering::SeqCst);
         futex_wake(futex, 1);
     }
@@ -121,6 +148,8 @@ pub struct ShmProducer {
     /// `pool_head` after each in-flight message's allocation, indexed by slot.
     pool_ends: Vec<u64>,
     loan: Option<PendingLoan>,
+    /// Both processes registered for membarriers: publish without a fence (see the module doc).
+    fast_wake: bool,
     sends_since_check: u32,
     last_check: Instant,
     socket_path: PathBuf,
@@ -153,6 +182,7 @@ impl ShmProducer {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
         let eventfd = eventfd()?;
+        let can_membarrier = membarrier::register();
         let hello = Hello {
             version: super::shm_ring::VERSION,
             transport: TRANSPORT_SHM,
@@ -166,6 +196,8 @@ impl ShmProducer {
         let (sock, cred, socket_path, socket_id, region) = loop {
             let (sock, cred, path, id) = rendezvous::connect(name, deadline)?;
             let (region, memfd) = Region::create(name, geometry)?;
+            // Before the hello: the consumer reads it during the handshake.
+            region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
             let eventfd_copy = eventfd.as_fd();
             let attempt = (|| {
                 send_with_fds(&sock, &hello.encode(), &[memfd.as_fd(), eventfd_copy])?;
@@ -183,6 +215,9 @@ impl ShmProducer {
             }
         };
         let slot_count = u64::from(geometry.slot_count);
+        // The consumer wrote its flag before its answer. A consumer that lies about it only
+        // delays its own wake-ups (to the next sleep slice).
+        let fast_wake = can_membarrier && region.consumer_fast_wake().load(Ordering::Acquire) == 1;
         Ok(ShmProducer {
             info,
             name: name.to_owned(),
@@ -198,6 +233,7 @@ impl ShmProducer {
             pool_tail: 0,
             pool_ends: vec![0; slot_count as usize],
             loan: None,
+            fast_wake,
             sends_since_check: 0,
             last_check: Instant::now(),
             socket_path,
@@ -250,7 +286,12 @@ impl ShmProducer {
             self.pool_tail = start;
         }
         let pos = self.pool_head % size;
-        let (offset, taken) = if pos + need <= size { (pos, need) } else { (0, size - pos + need) };
+        let tail_pos = self.pool_tail % size;
+        // Wrap to offset 0 as soon as the front of the pool is free (not only when the end is
+        // reached): the pool then cycles through about as many bytes as are in flight, which
+        // stay in cache, instead of streaming through the whole pool, which does not.
+        let front_free = tail_pos < pos && need <= tail_pos;
+        let (offset, taken) = if pos + need <= size && !front_free { (pos, need) } else { (0, size - pos + need) };
         if self.pool_head - self.pool_tail + taken > size {
             return None;
         }
@@ -401,7 +442,7 @@ impl ProducerTransport for ShmProducer {
                 let region = &self.region;
                 let (head, slot_count) = (self.head, self.slot_count);
                 let tail_before = self.tail;
-                sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
+                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
                     let t = region.tail().load(Ordering::SeqCst);
                     t != tail_before || head - t < slot_count && len <= INLINE_MAX
                 });
@@ -435,12 +476,12 @@ impl ProducerTransport for ShmProducer {
         }
         self.pool_ends[index] = pending.pool_end;
         self.pool_head = pending.pool_end;
-        // SeqCst (xchg on x86) also orders this store before the flag loads below.
-        region.slot_seq(index).store(self.head + 1, Ordering::SeqCst);
+        publish_then_check(region.slot_seq(index), self.head + 1, self.fast_wake);
         let seq = self.head;
         self.head += 1;
-        wake_if_sleeping(region.data_futex(), region.data_sleeping());
-        if region.fd_waiting().load(Ordering::SeqCst) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
+        wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
+        let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
+        if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
             eventfd_signal(self.eventfd.as_fd());
         }
         Ok(seq)
@@ -487,7 +528,7 @@ impl ProducerTransport for ShmProducer {
             }
             if !waiter.spinning(now) {
                 let region = &self.region;
-                sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
+                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
                     region.tail().load(Ordering::SeqCst) > seq
                 });
                 slept = true;
@@ -532,10 +573,12 @@ struct Session {
     /// Messages released in order (mirrors the shared tail, which only we write).
     reclaimed: AtomicU64,
     reclaiming: AtomicBool,
+    /// Both processes registered for membarriers (see the module doc).
+    fast_wake: bool,
 }
 
 impl Session {
-    fn new(id: u64, region: Region) -> Self {
+    fn new(id: u64, region: Region, fast_wake: bool) -> Self {
         let slot_count = u64::from(region.geometry.slot_count);
         let n = slot_count as usize;
         Session {
@@ -549,6 +592,20 @@ impl Session {
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
+            fast_wake,
+        }
+    }
+
+    /// Asks the producer to signal the eventfd at its next message. Call before re-checking
+    /// the ring. While the flag is still set the producer has not yet taken it, so it will
+    /// signal after this call: only setting it needs the barrier.
+    fn ask_for_signal(&self) {
+        let flag = self.region.fd_waiting();
+        if flag.load(Ordering::SeqCst) == 0 {
+            flag.store(1, Ordering::SeqCst);
+            if self.fast_wake {
+                membarrier::global_barrier();
+            }
         }
     }
 
@@ -582,9 +639,8 @@ impl Session {
         }
         if tail != start {
             self.reclaimed.store(tail, Ordering::Release);
-            // SeqCst orders this store before the flag load (the producer's sleep protocol).
-            self.region.tail().store(tail, Ordering::SeqCst);
-            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping());
+            publish_then_check(self.region.tail(), tail, self.fast_wake);
+            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.fast_wake);
         }
         self.reclaiming.store(false, Ordering::Release);
     }
@@ -772,7 +828,7 @@ impl ShmConsumer {
                 // Level-triggered notification: the fd is reset only when the ring is seen
                 // empty, after asking the producer to signal the next message.
                 eventfd_drain(self.link.eventfd.as_fd());
-                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                self.link.session.ask_for_signal();
                 if let Some(view) = self.try_read()? {
                     return Ok(Some(view));
                 }
@@ -914,10 +970,16 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
     })();
     match checked {
         Ok((region, eventfd)) => {
+            // Before the answer: the producer reads it once the answer arrives. A producer
+            // that lies about its own flag only delays its own messages' wake-ups (to the
+            // next sleep slice).
+            let can_membarrier = membarrier::register();
+            region.consumer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
+            let fast_wake = can_membarrier && region.producer_fast_wake().load(Ordering::Acquire) == 1;
             rendezvous::send_ack(&sock, rendezvous::ACK_OK, "")?;
             sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
             Ok(Link {
-                session: Arc::new(Session::new(id, region)),
+                session: Arc::new(Session::new(id, region, fast_wake)),
                 watch: PeerWatch::new(sock, cred.pid),
                 eventfd,
                 next: 0,
@@ -989,7 +1051,7 @@ impl ConsumerTransport for ShmConsumer {
             if !waiter.spinning(now) {
                 let region = &self.link.session.region;
                 let (next, slot_count) = (self.link.next, self.link.session.slot_count);
-                sleep_once(region.data_futex(), region.data_sleeping(), deadline, || {
+                sleep_once(region.data_futex(), region.data_sleeping(), self.link.session.fast_wake, deadline, || {
                     region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
                         || region.producer_closed().load(Ordering::SeqCst) != 0
                 });
@@ -1042,7 +1104,7 @@ impl ConsumerTransport for ShmConsumer {
             if self.ready() {
                 eventfd_signal(self.link.eventfd.as_fd());
             } else {
-                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                self.link.session.ask_for_signal();
                 if self.ready() {
                     eventfd_signal(self.link.eventfd.as_fd());
                 }

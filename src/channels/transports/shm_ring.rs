@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! 0      header: magic, version, geometry (written once by the producer)
-//! 128    lifecycle line: producer_closed, consumer_closed         (rarely written)
+//! 128    lifecycle line: producer_closed, consumer_closed,         (rarely written)
+//!        producer_fast_wake, consumer_fast_wake
 //! 256    tail line: how many messages the consumer has released  (consumer writes)
 //! 384    data-wait line: futex word, sleeping flag, fd flag      (consumer sets flags)
 //! 512    room-wait line: futex word, sleeping flag               (producer sets flag)
@@ -55,6 +56,8 @@ const OFF_POOL_SIZE: usize = 16;
 const OFF_TOTAL_LEN: usize = 24;
 const OFF_PRODUCER_CLOSED: usize = 128;
 const OFF_CONSUMER_CLOSED: usize = 132;
+const OFF_PRODUCER_FAST_WAKE: usize = 136;
+const OFF_CONSUMER_FAST_WAKE: usize = 140;
 const OFF_TAIL: usize = 256;
 const OFF_DATA_FUTEX: usize = 384;
 const OFF_DATA_SLEEPING: usize = 388;
@@ -178,6 +181,18 @@ impl Region {
     #[inline]
     pub fn consumer_closed(&self) -> &AtomicU32 {
         self.u32_at(OFF_CONSUMER_CLOSED)
+    }
+    /// 1 when the producer is registered for global membarriers (written before the hello):
+    /// together with [`consumer_fast_wake`](Self::consumer_fast_wake), publishers may skip
+    /// the StoreLoad fence and sleepers issue a membarrier instead (see `os::membarrier`).
+    #[inline]
+    pub fn producer_fast_wake(&self) -> &AtomicU32 {
+        self.u32_at(OFF_PRODUCER_FAST_WAKE)
+    }
+    /// 1 when the consumer is registered for global membarriers (written before the ack).
+    #[inline]
+    pub fn consumer_fast_wake(&self) -> &AtomicU32 {
+        self.u32_at(OFF_CONSUMER_FAST_WAKE)
     }
     #[inline]
     pub fn tail(&self) -> &AtomicU64 {
