@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::shm_ring::{Geometry, Region, INLINE_MAX, KIND_INLINE, KIND_POOL, POOL_ALIGN};
+use super::shm_ring::{pack_len_kind, Geometry, Region, INLINE_MAX, KIND_INLINE, KIND_POOL, POOL_ALIGN};
 use crate::channels::rendezvous::{self, Hello, Listener, PeerWatch};
 use crate::channels::transport::{ConsumerTransport, ProducerTransport, RawLoan, RawView, Release, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -286,12 +286,7 @@ impl ShmProducer {
             self.pool_tail = start;
         }
         let pos = self.pool_head % size;
-        let tail_pos = self.pool_tail % size;
-        // Wrap to offset 0 as soon as the front of the pool is free (not only when the end is
-        // reached): the pool then cycles through about as many bytes as are in flight, which
-        // stay in cache, instead of streaming through the whole pool, which does not.
-        let front_free = tail_pos < pos && need <= tail_pos;
-        let (offset, taken) = if pos + need <= size && !front_free { (pos, need) } else { (0, size - pos + need) };
+        let (offset, taken) = if pos + need <= size { (pos, need) } else { (0, size - pos + need) };
         if self.pool_head - self.pool_tail + taken > size {
             return None;
         }
@@ -403,6 +398,7 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
+    #[inline]
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         loop {
             if let Some(loan) = self.poll_loan(len)? {
@@ -453,6 +449,7 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
+    #[inline]
     fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         let pending = match self.loan {
             Some(p) if p.token == loan.token && p.ptr == loan.ptr => p,
@@ -469,8 +466,7 @@ impl ProducerTransport for ShmProducer {
         self.loan = None;
         let index = (self.head & self.mask) as usize;
         let region = &self.region;
-        region.slot_len(index).store(len as u32, Ordering::Relaxed);
-        region.slot_kind(index).store(pending.kind, Ordering::Relaxed);
+        region.slot_len_kind(index).store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
         if pending.kind == KIND_POOL {
             region.slot_pool_offset(index).store(pending.pool_offset, Ordering::Relaxed);
         }
@@ -556,18 +552,30 @@ impl Drop for ShmProducer {
 // Consumer
 // ---------------------------------------------------------------------------------------------
 
+/// Which view holds a slot: `state` is `seq << 1 | 1` while message `seq` is held,
+/// `seq << 1` once released, u64::MAX before first use; `ptr` and `len` check views handed
+/// back by C. Aligned so that a receive and a release touch one line per message.
+#[repr(align(32))]
+struct ViewRecord {
+    state: AtomicU64,
+    ptr: AtomicUsize,
+    len: AtomicUsize,
+}
+
+impl Default for ViewRecord {
+    fn default() -> Self {
+        ViewRecord { state: AtomicU64::new(u64::MAX), ptr: AtomicUsize::new(0), len: AtomicUsize::new(0) }
+    }
+}
+
 /// What views of one producer's session share: the region and which slots are still held.
 struct Session {
     id: u64,
     region: Region,
     mask: u64,
     slot_count: u64,
-    /// Per slot: `seq << 1 | 1` while message `seq` is held by a view, `seq << 1` once
-    /// released, u64::MAX before first use.
-    states: Box<[AtomicU64]>,
-    /// Per slot: the view's address and length, to check views handed back by C.
-    view_ptrs: Box<[AtomicUsize]>,
-    view_lens: Box<[AtomicUsize]>,
+    /// Per slot: the view that holds it, in one cache line per slot's record.
+    views: Box<[ViewRecord]>,
     /// Messages received (next sequence number to read).
     received: AtomicU64,
     /// Messages released in order (mirrors the shared tail, which only we write).
@@ -586,9 +594,7 @@ impl Session {
             region,
             mask: slot_count - 1,
             slot_count,
-            states: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
-            view_ptrs: (0..n).map(|_| AtomicUsize::new(0)).collect(),
-            view_lens: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            views: (0..n).map(|_| ViewRecord::default()).collect(),
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
@@ -634,7 +640,7 @@ impl Session {
         let start = self.reclaimed.load(Ordering::Relaxed);
         let received = self.received.load(Ordering::Acquire);
         let mut tail = start;
-        while tail < received && self.states[(tail & self.mask) as usize].load(Ordering::Acquire) == tail << 1 {
+        while tail < received && self.views[(tail & self.mask) as usize].state.load(Ordering::Acquire) == tail << 1 {
             tail += 1;
         }
         if tail != start {
@@ -657,18 +663,16 @@ impl Release for Session {
         if view.session != self.id || view.token >= self.received.load(Ordering::Acquire) {
             return Err(not_held());
         }
-        let index = (view.token & self.mask) as usize;
-        if self.view_ptrs[index].load(Ordering::Relaxed) != view.ptr as usize
-            || self.view_lens[index].load(Ordering::Relaxed) != view.len
+        let record = &self.views[(view.token & self.mask) as usize];
+        // A plain check-then-store is enough: each slot has one view, a Rust Message releases
+        // once, and C releases are serialised by the channel's lock.
+        if record.state.load(Ordering::Acquire) != view.token << 1 | 1
+            || record.ptr.load(Ordering::Relaxed) != view.ptr as usize
+            || record.len.load(Ordering::Relaxed) != view.len
         {
             return Err(not_held());
         }
-        // A plain check-then-store is enough: each slot has one view, a Rust Message releases
-        // once, and C releases are serialised by the channel's lock.
-        if self.states[index].load(Ordering::Acquire) != view.token << 1 | 1 {
-            return Err(not_held());
-        }
-        self.states[index].store(view.token << 1, Ordering::Release);
+        record.state.store(view.token << 1, Ordering::Release);
         self.reclaim();
         Ok(())
     }
@@ -788,8 +792,9 @@ impl ShmConsumer {
             }
             return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {}", next + 1, expected_empty(next, s.slot_count))));
         }
-        let len = s.region.slot_len(index).load(Ordering::Relaxed) as usize;
-        let ptr = match s.region.slot_kind(index).load(Ordering::Relaxed) {
+        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
+        let len = len_kind as u32 as usize;
+        let ptr = match (len_kind >> 32) as u32 {
             KIND_INLINE if (1..=INLINE_MAX).contains(&len) => s.region.slot_inline(index) as *const u8,
             KIND_INLINE => return Err(self.corrupt(format!("inline message {next} has length {len}"))),
             KIND_POOL => {
@@ -806,9 +811,10 @@ impl ShmConsumer {
             }
             kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
         };
-        s.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
-        s.view_lens[index].store(len, Ordering::Relaxed);
-        s.states[index].store(next << 1 | 1, Ordering::Release);
+        let record = &s.views[index];
+        record.ptr.store(ptr as usize, Ordering::Relaxed);
+        record.len.store(len, Ordering::Relaxed);
+        record.state.store(next << 1 | 1, Ordering::Release);
         self.link.next = next + 1;
         s.received.store(next + 1, Ordering::Release);
         Ok(Some(RawView { ptr, len, token: next, session: s.id }))
@@ -1013,6 +1019,7 @@ impl ConsumerTransport for ShmConsumer {
         &self.info
     }
 
+    #[inline]
     fn try_recv(&mut self) -> Result<RawView> {
         match self.poll_recv(true)? {
             Some(view) => Ok(view),
@@ -1020,6 +1027,7 @@ impl ConsumerTransport for ShmConsumer {
         }
     }
 
+    #[inline]
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         loop {
             if let Some(view) = self.poll_recv(false)? {

@@ -48,6 +48,15 @@ pub const MAX_POOL: u64 = 1 << 40;
 pub const KIND_INLINE: u32 = 1;
 pub const KIND_POOL: u32 = 2;
 
+#[cfg(not(target_endian = "little"))]
+compile_error!("the shared region's slot layout (len and kind read as one word) assumes little-endian");
+
+/// Packs a slot's length and kind into the word [`Region::slot_len_kind`] holds.
+#[inline]
+pub fn pack_len_kind(len: u32, kind: u32) -> u64 {
+    u64::from(len) | u64::from(kind) << 32
+}
+
 const HEADER_END: usize = 4096;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
@@ -226,6 +235,14 @@ impl Region {
     #[inline]
     pub fn slot_seq(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index))
+    }
+    /// A slot's `len` (low half) and `kind` (high half) as one word, so that each side moves
+    /// them with one access. On little-endian targets (all lava-flow supports) this is `len`
+    /// at byte 8 and `kind` at byte 12, the same bytes as [`slot_len`](Self::slot_len) and
+    /// [`slot_kind`](Self::slot_kind).
+    #[inline]
+    pub fn slot_len_kind(&self, index: usize) -> &AtomicU64 {
+        self.u64_at(self.slot_offset(index) + 8)
     }
     #[inline]
     pub fn slot_len(&self, index: usize) -> &AtomicU32 {
