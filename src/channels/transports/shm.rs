@@ -515,7 +515,15 @@ impl ProducerTransport for ShmProducer {
             // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
             // sleep always checks, while a woken one pays no syscall.
             slept = false;
-            self.consumer_gone(false)?;
+            if let Err(gone) = self.consumer_gone(false) {
+                // A consumer may release and then close between our two looks: the tail it
+                // stored before its closed word decides.
+                self.refresh_tail()?;
+                if self.tail > seq {
+                    return Ok(());
+                }
+                return Err(gone);
+            }
             if waiter.timed_out(now) {
                 return Err(Error::Timeout(format!(
                     "message {seq} of channel {:?} was not released by the deadline",
