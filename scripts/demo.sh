@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command: installs what is missing, builds and installs lava-flow into
 # ./build/demo/prefix, builds the examples against that installed package (as a user would),
-# and runs them.
+# and runs them: where this process runs, then two processes exchanging messages through a
+# channel (a C producer and a C consumer, separate executables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -38,5 +39,5 @@ echo
 echo "== C example: this process's location and its scope to the processes in $config"
 "$build/examples-c/lf_location_c" "$config" neighbour far-away
 echo
-echo "== C++ example"
-"$build/examples-cpp/lf_location_cpp" "$config" neighbour far-away
+echo "== two processes, one channel: examples-c/channel_producer.c and channel_consumer.c"
+sh examples-c/run_channel_demo.sh "$build/examples-c/lf_channel_producer" "$build/examples-c/lf_channel_consumer"

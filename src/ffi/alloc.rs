@@ -70,7 +70,7 @@ pub unsafe extern "C" fn lf_alloc(
             other => return Err(invalid(format!("flags {other:#x} are unknown; use 0 or one LF_ALLOC_* flag"))),
         };
         let buffer = context.allocate_with(size, location, policy)?;
-        write_out(out, lf_buffer::into_handle(buffer));
+        write_out(out, lf_buffer::into_handle(buffer)?);
         Ok(())
     })
 }
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn lf_alloc_auto(
         let context = &handle_ref(context, "context")?.context;
         let mine = handle_ref(mine, "mine")?.location();
         let peer = handle_ref(peer, "peer")?.location();
-        write_out(out, lf_buffer::into_handle(context.allocate_auto(size, mine, peer)?));
+        write_out(out, lf_buffer::into_handle(context.allocate_auto(size, mine, peer)?)?);
         Ok(())
     })
 }
@@ -119,7 +119,7 @@ pub unsafe extern "C" fn lf_register(
         let context = &handle_ref(context, "context")?.context;
         // SAFETY: the caller promises the range stays valid while registered.
         let buffer = unsafe { context.register(ptr.cast(), size)? };
-        write_out(out, lf_buffer::into_handle(buffer));
+        write_out(out, lf_buffer::into_handle(buffer)?);
         Ok(())
     })
 }

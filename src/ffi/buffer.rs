@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 
 use super::location::LF_UNSET;
 use super::status::lf_status;
-use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure};
+use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
 use crate::memory::location::code;
 use crate::memory::{Buffer, BufferId, BufferOrigin, DeviceRegistration};
 
@@ -79,14 +79,14 @@ fn handles() -> &'static Mutex<HashMap<BufferId, usize>> {
 }
 
 impl lf_buffer {
-    pub(crate) fn into_handle(buffer: Buffer) -> *mut lf_buffer {
+    pub(crate) fn into_handle(buffer: Buffer) -> FfiResult<*mut lf_buffer> {
         let id = buffer.id();
         let fallback = buffer.fallback().map(c_string);
         let failures = buffer.registration_failures();
         let registration_failures = (!failures.is_empty()).then(|| c_string(&failures.join("; ")));
-        let handle = new_handle(lf_buffer { buffer, fallback, registration_failures });
+        let handle = new_handle(lf_buffer { buffer, fallback, registration_failures })?;
         handles().lock().insert(id, handle as usize);
-        handle
+        Ok(handle)
     }
 
     pub(crate) fn handle_of(id: BufferId) -> Option<*mut lf_buffer> {

@@ -112,7 +112,7 @@ mod tests {
     }
 
     unsafe fn has_gpu(context: *const lf_context) -> bool {
-        (*context).context.gpu_unavailable_reason().is_none()
+        crate::ffi::handle_ref(context, "context").ok().unwrap().context.gpu_unavailable_reason().is_none()
     }
 
     #[test]
@@ -159,7 +159,7 @@ mod tests {
             let (mut flags, mut failures) = (99u32, ptr::null());
             assert_eq!(lf_buffer_registrations(pinned, &mut flags), lf_status::LF_OK);
             assert_eq!(lf_buffer_registration_failures(pinned, &mut failures), lf_status::LF_OK);
-            let rust = &(*pinned).buffer;
+            let rust = &crate::ffi::handle_ref(pinned, "pinned").ok().unwrap().buffer;
             assert_eq!(flags, rust.registrations().iter().fold(0, |bits, r| bits | r.flag()));
             assert_eq!(failures.is_null(), rust.registration_failures().is_empty());
             if flags & LF_REGISTRATION_CUDA == 0 {
@@ -216,7 +216,7 @@ mod tests {
             assert_eq!(lf_buffer_write(buffer, 0, b"hello gpu".as_ptr().cast(), 9), lf_status::LF_OK);
             let mut export = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
-            let uuid = (*exporter).context.device_info().unwrap().device_uuid;
+            let uuid = crate::ffi::handle_ref(exporter, "exporter").ok().unwrap().context.device_info().unwrap().device_uuid;
             assert_eq!((export.location, export.handle_type, export.size, export.device_uuid), (LF_MEMORY_GPU_DEVICE_LOCAL, 1, 3000, uuid));
             let (a, b) = UnixStream::pair().unwrap();
             assert_eq!(lf_export_send(a.as_raw_fd(), &export), lf_status::LF_OK);

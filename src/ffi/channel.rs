@@ -231,7 +231,7 @@ pub unsafe extern "C" fn lf_channel_create(
         let info = channel.transport().clone();
         let transport_name = CString::new(info.kind.name()).expect("no NUL in transport names");
         let transport_reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
-        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), transport_name, transport_reason }));
+        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), transport_name, transport_reason })?);
         Ok(())
     })
 }

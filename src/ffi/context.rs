@@ -105,7 +105,7 @@ pub unsafe extern "C" fn lf_context_create(config: *const lf_context_config, out
         };
         let context = Context::new(config)?;
         let gpu_unavailable = context.gpu_unavailable_reason().map(|r| CString::new(r.replace('\0', " ")).unwrap_or_default());
-        write_out(out, new_handle(lf_context { context, gpu_unavailable }));
+        write_out(out, new_handle(lf_context { context, gpu_unavailable })?);
         Ok(())
     })
 }

@@ -257,7 +257,7 @@ mod tests {
                 assert_eq!(status, lf_status::LF_OK);
                 #[cfg(feature = "vulkan")]
                 {
-                    let rust = (*context).context.device_info().unwrap();
+                    let rust = crate::ffi::handle_ref(context, "context").ok().unwrap().context.device_info().unwrap();
                     assert_eq!(c_text(&info.name), rust.name);
                     assert_eq!((info.device_uuid, info.driver_uuid), (rust.device_uuid, rust.driver_uuid));
                 }

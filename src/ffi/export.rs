@@ -193,7 +193,7 @@ pub unsafe extern "C" fn lf_import(
         let out = out_ptr(out, "out")?;
         let context = &handle_ref(context, "context")?.context;
         let buffer = context.import(ExportHandle { fd, descriptor: descriptor_of(export) })?;
-        write_out(out, lf_buffer::into_handle(buffer));
+        write_out(out, lf_buffer::into_handle(buffer)?);
         Ok(())
     })
 }

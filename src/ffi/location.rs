@@ -28,7 +28,7 @@ impl lf_location {
             status: lf_status::LF_ERR_INVALID_ARGUMENT,
             message: "hostname contains a NUL byte".into(),
         })?;
-        Ok(new_handle(lf_location { location, hostname }))
+        new_handle(lf_location { location, hostname })
     }
 
     /// The Rust location, for the other handle types' functions that take an `lf_location`.

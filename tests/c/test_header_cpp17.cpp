@@ -11,6 +11,46 @@
 
 static_assert(!std::is_copy_constructible_v<lf::Location>, "handles are move-only");
 static_assert(std::is_nothrow_move_constructible_v<lf::Location>, "handles move without throwing");
+static_assert(!std::is_copy_constructible_v<lf::Buffer> && !std::is_copy_constructible_v<lf::Export>,
+              "buffers and exports are move-only");
+
+// Context, Buffer and Export: allocate, write through the host pointer, export, import the
+// same memory again, and see a GPU request fall back visibly (the GPU is disabled here).
+static int memory_wrapper() {
+    lf_context_config config{};
+    config.gpu_policy = LF_GPU_DISABLED;
+    const lf::Context context(&config);
+    if (!context.gpu_unavailable_reason()) {
+        std::cerr << "a disabled GPU gives no reason\n";
+        return 1;
+    }
+    auto buffer = context.allocate(4096, lf::Memory::CpuStandard);
+    std::memcpy(buffer.data(), "lava", 4);
+    auto twin = context.import(buffer.export_());
+    char seen[5] = {};
+    twin.read(0, seen, 4);
+    if (std::strcmp(seen, "lava") != 0 || twin.size() != 4096 || twin.location() != lf::Memory::CpuStandard) {
+        std::cerr << "the imported buffer is not the same memory\n";
+        return 1;
+    }
+    auto gpu = context.allocate(1 << 16, lf::Memory::GpuDeviceLocal);
+    if (gpu.location() != lf::Memory::CpuStandard || !gpu.fallback_reason()) {
+        std::cerr << "a GPU request without a GPU did not report its fallback\n";
+        return 1;
+    }
+    try {
+        context.allocate(0);
+        std::cerr << "size 0 accepted\n";
+        return 1;
+    } catch (const lf::Error& e) {
+        if (e.status() != LF_ERR_INVALID_ARGUMENT) {
+            std::cerr << "size 0: wrong status " << e.status() << "\n";
+            return 1;
+        }
+    }
+    std::cout << "C++ memory wrapper ok (fallback: " << *gpu.fallback_reason() << ")\n";
+    return 0;
+}
 
 int main() {
     auto a = lf::Location::create("node-a", 0, std::nullopt);
@@ -31,6 +71,7 @@ int main() {
         }
         std::cout << "caught: " << e.what() << "\n";
     }
+    if (memory_wrapper() != 0) return 1;
     std::cout << "C++ wrapper ok, lava-flow " << lf::version() << "\n";
     return 0;
 }

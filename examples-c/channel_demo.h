@@ -1,0 +1,77 @@
+/* What the two halves of the channel demo (channel_producer.c, channel_consumer.c) share:
+ * the message format, a checksum, a clock and error reporting.
+ *
+ * Phases, in order, each over the channel "<name>" (producer -> consumer) and, for replies,
+ * "<name>.reply" (consumer -> producer):
+ *   1. verify:    DEMO_MESSAGES messages of 16 B to 4 KiB, every other one written in place
+ *                 through a loan; each carries its sequence number and a checksum that the
+ *                 consumer checks, with the order.
+ *   2. latency:   DEMO_PINGS 8-byte ping-pongs; half the round trip is the one-way latency.
+ *   3. bandwidth: DEMO_BULK messages of DEMO_BULK_SIZE bytes, every byte written by the
+ *                 producer and read by the consumer (touch mode). */
+#ifndef LAVA_FLOW_CHANNEL_DEMO_H
+#define LAVA_FLOW_CHANNEL_DEMO_H
+
+#include <lava_flow.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEMO_MESSAGES 200000
+#define DEMO_PINGS 20000
+#define DEMO_BULK 2000
+#define DEMO_BULK_SIZE (1u << 20)
+#define DEMO_TIMEOUT_NS (30LL * 1000 * 1000 * 1000)
+
+/* A verified message: header, then `len - 16` payload bytes. */
+typedef struct {
+    uint64_t sequence;
+    uint64_t checksum;
+} demo_header;
+
+static inline size_t demo_length(uint64_t i) { return 16 + (size_t)((i * 7919u) % (4096u - 16u)); }
+
+static inline uint8_t demo_byte(uint64_t i, size_t at) { return (uint8_t)(i * 31u + at * 7u); }
+
+/* FNV-1a over the payload. */
+static inline uint64_t demo_checksum(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t k = 0; k < n; k++) h = (h ^ p[k]) * 1099511628211ull;
+    return h;
+}
+
+static inline double demo_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+static inline int demo_fail(const char *who, const char *call, lf_status status) {
+    fprintf(stderr, "%s: %s failed: %s\n  %s\n", who, call, lf_status_str(status), lf_last_error_message());
+    return 1;
+}
+
+/* Opens one end of a channel between this process and a peer on the same host. */
+static inline lf_status demo_open(const char *name, uint32_t role, lf_channel **out) {
+    lf_location *me = NULL;
+    lf_status st = lf_location_detect(&me);
+    if (st != LF_OK) return st;
+    lf_channel_config config;
+    lf_channel_config_default(&config);
+    config.rendezvous_timeout_ns = DEMO_TIMEOUT_NS;
+    config.pool_size = 8u << 20; /* room for several 1 MiB messages in flight */
+    st = lf_channel_create(name, role, me, me, &config, out);
+    lf_location_free(me);
+    return st;
+}
+
+static inline void demo_print_transport(const char *who, lf_channel *ch) {
+    const char *name = "?", *reason = "?";
+    lf_channel_transport(ch, &name, &reason);
+    printf("%s: transport %s (%s)\n", who, name, reason);
+}
+
+#endif
