@@ -233,12 +233,12 @@ mod tests {
             assert_eq!(&word, b"HELLO gpu");
 
             // Another GPU's (or driver's) memory is refused before Vulkan sees it; the fd closes.
-            let mut foreign = lf_export { fd: libc::dup(export.fd), ..export };
+            let mut foreign = lf_export { fd: crate::ffi::tests::dup_high(export.fd), ..export };
             foreign.device_uuid[0] ^= 1;
             assert_eq!(lf_import(importer, &foreign, &mut imported), lf_status::LF_ERR_UNSUPPORTED);
             assert!(last_error().contains("another GPU or driver"), "{}", last_error());
             assert!(libc::fcntl(foreign.fd, libc::F_GETFD) < 0, "the fd was closed");
-            let outside = lf_export { fd: libc::dup(export.fd), offset: export.arena_size, ..export };
+            let outside = lf_export { fd: crate::ffi::tests::dup_high(export.fd), offset: export.arena_size, ..export };
             assert_eq!(lf_import(importer, &outside, &mut imported), lf_status::LF_ERR_INVALID_ARGUMENT);
             libc::close(export.fd);
             lf_free(imported);

@@ -301,6 +301,9 @@ mod tests {
             assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
+            let low = good.fd;
+            good.fd = crate::ffi::tests::dup_high(low);
+            libc::close(low);
             let foreign_fd =
                 crate::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
             let broken: [(lf_export, &str); 6] = [
@@ -312,7 +315,7 @@ mod tests {
                 (lf_export { fd: foreign_fd, ..good }, "not a lava-flow memory file"),
             ];
             for (export, text) in broken {
-                let fd = libc::dup(export.fd);
+                let fd = crate::ffi::tests::dup_high(export.fd);
                 let export = lf_export { fd, ..export };
                 let mut imported = ptr::null_mut();
                 assert_ne!(lf_import(context, &export, &mut imported), lf_status::LF_OK, "{text}");

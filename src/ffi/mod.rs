@@ -117,6 +117,18 @@ pub(crate) fn c_str<'a>(ptr: *const c_char, arg: &str) -> FfiResult<&'a str> {
 pub(crate) mod tests {
     use super::*;
 
+    /// A duplicate of `fd` at a high, rarely used number. Tests that check an fd *number* is
+    /// closed after a call use it: other test threads open and close fds meanwhile, and the
+    /// kernel gives them the lowest free numbers, so a high one is not reused under the check.
+    pub(crate) fn dup_high(fd: i32) -> i32 {
+        static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+        let floor = 700 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 300;
+        // SAFETY: F_DUPFD_CLOEXEC only duplicates the descriptor.
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
+        assert!(high >= 0, "F_DUPFD_CLOEXEC: {}", std::io::Error::last_os_error());
+        high
+    }
+
     /// The calling thread's last error message.
     pub(crate) fn last_error() -> String {
         // SAFETY: lf_last_error_message returns a valid thread-local C string.

@@ -6,6 +6,7 @@ pub mod eventfd;
 pub mod fdpass;
 pub mod futex;
 pub mod mapping;
+pub mod membarrier;
 pub mod memfd;
 
 pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds};

@@ -6,7 +6,7 @@
 //! Tests that need a Vulkan device skip (printing why) where there is none, and fail instead
 //! when `LF_REQUIRE_VULKAN=1`. Two-process tests re-execute this binary (see gpu_memory.rs).
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 
 use lava_flow::memory::gpu::DEVICE_ENV;
@@ -56,6 +56,20 @@ fn read_all(buffer: &Buffer) -> Vec<u8> {
 fn is_open(fd: i32) -> bool {
     // SAFETY: F_GETFD only queries the descriptor.
     unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+}
+
+/// Moves an export's fd to a high, rarely used number, so that checking the number is closed
+/// after a refused import is not fooled by another test thread reusing it (the kernel hands
+/// out the lowest free numbers).
+fn park_high(export: &mut ExportHandle) -> i32 {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    let floor = 700 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 300;
+    // SAFETY: F_DUPFD_CLOEXEC only duplicates the descriptor; the new fd is owned below.
+    let high = unsafe { libc::fcntl(export.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
+    assert!(high >= 0, "F_DUPFD_CLOEXEC: {}", std::io::Error::last_os_error());
+    // SAFETY: `high` is a fresh descriptor owned by nothing else; the old one closes on drop.
+    export.fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(high) };
+    high
 }
 
 #[test]
@@ -232,7 +246,7 @@ fn gpu_context_import_twice_hits_cache_and_uuid_mismatch_is_refused() {
     let tampered = |tamper: &dyn Fn(&mut ExportHandle)| {
         let mut export = buffer.export().unwrap();
         tamper(&mut export);
-        let fd = export.fd.as_raw_fd();
+        let fd = park_high(&mut export);
         let e = importer.import(export).unwrap_err();
         assert!(!is_open(fd), "the fd is closed on error: {e}");
         e
@@ -252,8 +266,8 @@ fn gpu_context_import_twice_hits_cache_and_uuid_mismatch_is_refused() {
 
     // A context without a GPU cannot import GPU memory: a clear error, the fd closed.
     let cpu_only = Context::new(config(GpuPolicy::Disabled)).unwrap();
-    let export = buffer.export().unwrap();
-    let fd = export.fd.as_raw_fd();
+    let mut export = buffer.export().unwrap();
+    let fd = park_high(&mut export);
     let e = cpu_only.import(export).unwrap_err();
     assert!(matches!(e, Error::Unsupported(ref m) if m.contains("no Vulkan device")), "{e}");
     assert!(!is_open(fd));

@@ -13,6 +13,12 @@
 //! keeps each arena alive until the messages pointing into it are released, and tells the
 //! consumer which arenas died since (`ControlRecord::Forget`) when it announces a new one.
 //!
+//! That store-then-check against the sleeper's announce-then-check is Dekker's protocol and
+//! needs a StoreLoad fence on both sides. Where both processes could register for global
+//! membarriers (`fast_wake`), the sleeper pays for both with a membarrier and the publisher
+//! uses a plain release store, which leaves the store buffer free to drain in the background
+//! instead of stalling on the cache line the peer is polling. Elsewhere both sides fence.
+//!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and polls them
 //! (one `poll` syscall with zero timeout) every [`LIVENESS_PERIOD`] while it waits; blocked
 //! waits sleep at most [`SLEEP_SLICE`] at a time for that reason. A closing peer also sets its
@@ -28,13 +34,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::shm_ring::{Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, MAX_ARENAS, MAX_ARENA_LEN, POOL_ALIGN};
+use super::shm_ring::{pack_len_kind, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, MAX_ARENAS, MAX_ARENA_LEN, POOL_ALIGN};
 use crate::channels::rendezvous::{self, ControlRecord, Hello, Listener, PeerWatch};
 use crate::channels::transport::{ConsumerTransport, ProducerTransport, RawLoan, RawView, Release, SharedRegion, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 use crate::os::futex::{futex_wait, futex_wake};
+use crate::os::membarrier;
 use crate::os::{recv_with_fds, send_with_fds, try_recv_with_fds, Mapping};
 
 pub use super::shm_ring::INLINE_MAX as SHM_INLINE_MAX;
@@ -48,11 +55,15 @@ const TRANSPORT_SHM: u32 = 1;
 
 /// Sleeps on `futex` while `ready` stays false, announcing the sleep in `sleeping` so the
 /// other side knows to wake us; returns after one wake-up or [`SLEEP_SLICE`] (or less, to
-/// honour `deadline`).
-fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, deadline: Option<Instant>, ready: impl Fn() -> bool) {
+/// honour `deadline`). `fast_wake`: the other side publishes without a fence (see
+/// [`publish_then_check`]), so the announcement is followed by a membarrier.
+fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, fast_wake: bool, deadline: Option<Instant>, ready: impl Fn() -> bool) {
     let seen = futex.load(Ordering::SeqCst);
     sleeping.store(1, Ordering::SeqCst);
-    // The SeqCst store above and the other side's SeqCst publish-then-check make this
+    if fast_wake {
+        membarrier::global_barrier();
+    }
+    // The store (and membarrier) above and the other side's publish-then-check make this
     // re-check safe: either we see its message now, or it sees our flag and wakes us.
     if !ready() {
         let slice = match deadline {
@@ -66,10 +77,26 @@ fn sleep_once(futex: &AtomicU32, sleeping: &AtomicU32, deadline: Option<Instant>
     sleeping.store(0, Ordering::Relaxed);
 }
 
-/// Wakes the other side if it announced a sleep on `futex`.
+/// Publishes `value` in `word` (a slot's sequence word or the tail), ordered before the
+/// sleeping-flag loads that follow: by a StoreLoad fence (SeqCst store), or, with
+/// `fast_wake`, by the sleeper's membarrier, so that only the compiler must keep the order.
 #[inline]
-fn wake_if_sleeping(futex: &AtomicU32, sleeping: &AtomicU32) {
-    if sleeping.load(Ordering::SeqCst) != 0 {
+fn publish_then_check(word: &AtomicU64, value: u64, fast_wake: bool) {
+    if fast_wake {
+        word.store(value, Ordering::Release);
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        word.store(value, Ordering::SeqCst);
+    }
+}
+
+/// Wakes the other side if it announced a sleep on `futex`. Call after [`publish_then_check`].
+#[inline]
+fn wake_if_sleeping(futex: &AtomicU32, sleeping: &AtomicU32, fast_wake: bool) {
+    // With fast_wake the order comes from the sleeper's membarrier (a SeqCst load would add
+    // a barrier on weakly ordered CPUs); without, SeqCst pairs with the SeqCst store.
+    let order = if fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
+    if sleeping.load(order) != 0 {
         futex.fetch_add(1, Ordering::SeqCst);
         futex_wake(futex, 1);
     }
@@ -132,6 +159,8 @@ pub struct ShmProducer {
     /// `pool_head` after each in-flight message's allocation, indexed by slot.
     pool_ends: Vec<u64>,
     loan: Option<PendingLoan>,
+    /// Both processes registered for membarriers: publish without a fence (see the module doc).
+    fast_wake: bool,
     sends_since_check: u32,
     last_check: Instant,
     socket_path: PathBuf,
@@ -180,6 +209,7 @@ impl ShmProducer {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
         let eventfd = eventfd()?;
+        let can_membarrier = membarrier::register();
         let hello = Hello {
             version: super::shm_ring::VERSION,
             transport: TRANSPORT_SHM,
@@ -193,6 +223,8 @@ impl ShmProducer {
         let (sock, cred, socket_path, socket_id, region) = loop {
             let (sock, cred, path, id) = rendezvous::connect(name, deadline)?;
             let (region, memfd) = Region::create(name, geometry)?;
+            // Before the hello: the consumer reads it during the handshake.
+            region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
             let eventfd_copy = eventfd.as_fd();
             let attempt = (|| {
                 send_with_fds(&sock, &hello.encode(), &[memfd.as_fd(), eventfd_copy])?;
@@ -210,6 +242,9 @@ impl ShmProducer {
             }
         };
         let slot_count = u64::from(geometry.slot_count);
+        // The consumer wrote its flag before its answer. A consumer that lies about it only
+        // delays its own wake-ups (to the next sleep slice).
+        let fast_wake = can_membarrier && region.consumer_fast_wake().load(Ordering::Acquire) == 1;
         Ok(ShmProducer {
             info,
             name: name.to_owned(),
@@ -225,6 +260,7 @@ impl ShmProducer {
             pool_tail: 0,
             pool_ends: vec![0; slot_count as usize],
             loan: None,
+            fast_wake,
             sends_since_check: 0,
             last_check: Instant::now(),
             socket_path,
@@ -475,6 +511,7 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
+    #[inline]
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         loop {
             if let Some(loan) = self.poll_loan(len)? {
@@ -514,7 +551,7 @@ impl ProducerTransport for ShmProducer {
                 let region = &self.region;
                 let (head, slot_count) = (self.head, self.slot_count);
                 let tail_before = self.tail;
-                sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
+                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
                     let t = region.tail().load(Ordering::SeqCst);
                     t != tail_before || head - t < slot_count && len <= INLINE_MAX
                 });
@@ -525,6 +562,7 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
+    #[inline]
     fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         let pending = match self.loan {
             Some(p) if p.token == loan.token && p.ptr == loan.ptr => p,
@@ -541,19 +579,18 @@ impl ProducerTransport for ShmProducer {
         self.loan = None;
         let index = (self.head & self.mask) as usize;
         let region = &self.region;
-        region.slot_len(index).store(len as u32, Ordering::Relaxed);
-        region.slot_kind(index).store(pending.kind, Ordering::Relaxed);
+        region.slot_len_kind(index).store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
         if pending.kind == KIND_POOL {
             region.slot_pool_offset(index).store(pending.pool_offset, Ordering::Relaxed);
         }
         self.pool_ends[index] = pending.pool_end;
         self.pool_head = pending.pool_end;
-        // SeqCst (xchg on x86) also orders this store before the flag loads below.
-        region.slot_seq(index).store(self.head + 1, Ordering::SeqCst);
+        publish_then_check(region.slot_seq(index), self.head + 1, self.fast_wake);
         let seq = self.head;
         self.head += 1;
-        wake_if_sleeping(region.data_futex(), region.data_sleeping());
-        if region.fd_waiting().load(Ordering::SeqCst) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
+        wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
+        let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
+        if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
             eventfd_signal(self.eventfd.as_fd());
         }
         Ok(seq)
@@ -612,7 +649,15 @@ impl ProducerTransport for ShmProducer {
             // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
             // sleep always checks, while a woken one pays no syscall.
             slept = false;
-            self.consumer_gone(false)?;
+            if let Err(gone) = self.consumer_gone(false) {
+                // A consumer may release and then close between our two looks: the tail it
+                // stored before its closed word decides.
+                self.refresh_tail()?;
+                if self.tail > seq {
+                    return Ok(());
+                }
+                return Err(gone);
+            }
             if waiter.timed_out(now) {
                 return Err(Error::Timeout(format!(
                     "message {seq} of channel {:?} was not released by the deadline",
@@ -621,7 +666,7 @@ impl ProducerTransport for ShmProducer {
             }
             if !waiter.spinning(now) {
                 let region = &self.region;
-                sleep_once(region.room_futex(), region.room_sleeping(), deadline, || {
+                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
                     region.tail().load(Ordering::SeqCst) > seq
                 });
                 slept = true;
@@ -652,30 +697,44 @@ impl Drop for ShmProducer {
 /// The arena mapping a view of a buffer send points into, while the view is held.
 type ArenaHold = Mutex<Option<Arc<Mapping>>>;
 
+/// Which view holds a slot: `state` is `seq << 1 | 1` while message `seq` is held,
+/// `seq << 1` once released, u64::MAX before first use; `ptr` and `len` check views handed
+/// back by C. Aligned so that a receive and a release touch one line per message.
+#[repr(align(32))]
+struct ViewRecord {
+    state: AtomicU64,
+    ptr: AtomicUsize,
+    len: AtomicUsize,
+}
+
+impl Default for ViewRecord {
+    fn default() -> Self {
+        ViewRecord { state: AtomicU64::new(u64::MAX), ptr: AtomicUsize::new(0), len: AtomicUsize::new(0) }
+    }
+}
+
 /// What views of one producer's session share: the region and which slots are still held.
 struct Session {
     id: u64,
     region: Region,
     mask: u64,
     slot_count: u64,
-    /// Per slot: `seq << 1 | 1` while message `seq` is held by a view, `seq << 1` once
-    /// released, u64::MAX before first use.
-    states: Box<[AtomicU64]>,
-    /// Per slot: the view's address and length, to check views handed back by C.
-    view_ptrs: Box<[AtomicUsize]>,
-    view_lens: Box<[AtomicUsize]>,
+    /// Per slot: the view that holds it, in one cache line per slot's record.
+    views: Box<[ViewRecord]>,
     /// Messages received (next sequence number to read).
     received: AtomicU64,
     /// Messages released in order (mirrors the shared tail, which only we write).
     reclaimed: AtomicU64,
     reclaiming: AtomicBool,
+    /// Both processes registered for membarriers (see the module doc).
+    fast_wake: bool,
     /// Per slot, made at the first buffer send: the arena mapping a held view points into,
     /// so that it stays mapped until the view is released whatever the producer says.
     arena_holds: OnceLock<Box<[ArenaHold]>>,
 }
 
 impl Session {
-    fn new(id: u64, region: Region) -> Self {
+    fn new(id: u64, region: Region, fast_wake: bool) -> Self {
         let slot_count = u64::from(region.geometry.slot_count);
         let n = slot_count as usize;
         Session {
@@ -683,13 +742,25 @@ impl Session {
             region,
             mask: slot_count - 1,
             slot_count,
-            states: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
-            view_ptrs: (0..n).map(|_| AtomicUsize::new(0)).collect(),
-            view_lens: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            views: (0..n).map(|_| ViewRecord::default()).collect(),
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
+            fast_wake,
             arena_holds: OnceLock::new(),
+        }
+    }
+
+    /// Asks the producer to signal the eventfd at its next message. Call before re-checking
+    /// the ring. While the flag is still set the producer has not yet taken it, so it will
+    /// signal after this call: only setting it needs the barrier.
+    fn ask_for_signal(&self) {
+        let flag = self.region.fd_waiting();
+        if flag.load(Ordering::SeqCst) == 0 {
+            flag.store(1, Ordering::SeqCst);
+            if self.fast_wake {
+                membarrier::global_barrier();
+            }
         }
     }
 
@@ -722,14 +793,13 @@ impl Session {
         let start = self.reclaimed.load(Ordering::Relaxed);
         let received = self.received.load(Ordering::Acquire);
         let mut tail = start;
-        while tail < received && self.states[(tail & self.mask) as usize].load(Ordering::Acquire) == tail << 1 {
+        while tail < received && self.views[(tail & self.mask) as usize].state.load(Ordering::Acquire) == tail << 1 {
             tail += 1;
         }
         if tail != start {
             self.reclaimed.store(tail, Ordering::Release);
-            // SeqCst orders this store before the flag load (the producer's sleep protocol).
-            self.region.tail().store(tail, Ordering::SeqCst);
-            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping());
+            publish_then_check(self.region.tail(), tail, self.fast_wake);
+            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.fast_wake);
         }
         self.reclaiming.store(false, Ordering::Release);
     }
@@ -746,22 +816,20 @@ impl Release for Session {
         if view.session != self.id || view.token >= self.received.load(Ordering::Acquire) {
             return Err(not_held());
         }
-        let index = (view.token & self.mask) as usize;
-        if self.view_ptrs[index].load(Ordering::Relaxed) != view.ptr as usize
-            || self.view_lens[index].load(Ordering::Relaxed) != view.len
-        {
-            return Err(not_held());
-        }
+        let record = &self.views[(view.token & self.mask) as usize];
         // A plain check-then-store is enough: each slot has one view, a Rust Message releases
         // once, and C releases are serialised by the channel's lock.
-        if self.states[index].load(Ordering::Acquire) != view.token << 1 | 1 {
+        if record.state.load(Ordering::Acquire) != view.token << 1 | 1
+            || record.ptr.load(Ordering::Relaxed) != view.ptr as usize
+            || record.len.load(Ordering::Relaxed) != view.len
+        {
             return Err(not_held());
         }
         // Before the slot can be reused: a buffer send's arena may be unmapped from now on.
         if let Some(holds) = self.arena_holds.get() {
-            drop(holds[index].lock().take());
+            drop(holds[(view.token & self.mask) as usize].lock().take());
         }
-        self.states[index].store(view.token << 1, Ordering::Release);
+        record.state.store(view.token << 1, Ordering::Release);
         self.reclaim();
         Ok(())
     }
@@ -886,8 +954,9 @@ impl ShmConsumer {
             }
             return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {}", next + 1, expected_empty(next, s.slot_count))));
         }
-        let len = s.region.slot_len(index).load(Ordering::Relaxed) as usize;
-        let ptr = match s.region.slot_kind(index).load(Ordering::Relaxed) {
+        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
+        let len = len_kind as u32 as usize;
+        let ptr = match (len_kind >> 32) as u32 {
             KIND_INLINE if (1..=INLINE_MAX).contains(&len) => s.region.slot_inline(index) as *const u8,
             KIND_INLINE => return Err(self.corrupt(format!("inline message {next} has length {len}"))),
             KIND_POOL => {
@@ -905,9 +974,10 @@ impl ShmConsumer {
             KIND_ARENA => return self.read_arena_slot(index, next),
             kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
         };
-        s.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
-        s.view_lens[index].store(len, Ordering::Relaxed);
-        s.states[index].store(next << 1 | 1, Ordering::Release);
+        let record = &s.views[index];
+        record.ptr.store(ptr as usize, Ordering::Relaxed);
+        record.len.store(len, Ordering::Relaxed);
+        record.state.store(next << 1 | 1, Ordering::Release);
         self.link.next = next + 1;
         s.received.store(next + 1, Ordering::Release);
         Ok(Some(RawView { ptr, len, token: next, session: s.id, zero_copy: false }))
@@ -943,9 +1013,10 @@ impl ShmConsumer {
         let len = len as usize;
         let session = &*self.link.session;
         *session.arena_holds()[index].lock() = Some(mapping);
-        session.view_ptrs[index].store(ptr as usize, Ordering::Relaxed);
-        session.view_lens[index].store(len, Ordering::Relaxed);
-        session.states[index].store(next << 1 | 1, Ordering::Release);
+        let record = &session.views[index];
+        record.ptr.store(ptr as usize, Ordering::Relaxed);
+        record.len.store(len, Ordering::Relaxed);
+        record.state.store(next << 1 | 1, Ordering::Release);
         session.received.store(next + 1, Ordering::Release);
         let view = RawView { ptr, len, token: next, session: session.id, zero_copy: true };
         self.link.next = next + 1;
@@ -1006,7 +1077,7 @@ impl ShmConsumer {
                 // Level-triggered notification: the fd is reset only when the ring is seen
                 // empty, after asking the producer to signal the next message.
                 eventfd_drain(self.link.eventfd.as_fd());
-                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                self.link.session.ask_for_signal();
                 if let Some(view) = self.try_read()? {
                     return Ok(Some(view));
                 }
@@ -1148,10 +1219,16 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
     })();
     match checked {
         Ok((region, eventfd)) => {
+            // Before the answer: the producer reads it once the answer arrives. A producer
+            // that lies about its own flag only delays its own messages' wake-ups (to the
+            // next sleep slice).
+            let can_membarrier = membarrier::register();
+            region.consumer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
+            let fast_wake = can_membarrier && region.producer_fast_wake().load(Ordering::Acquire) == 1;
             rendezvous::send_ack(&sock, rendezvous::ACK_OK, "")?;
             sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
             Ok(Link {
-                session: Arc::new(Session::new(id, region)),
+                session: Arc::new(Session::new(id, region, fast_wake)),
                 watch: PeerWatch::new(sock, cred.pid),
                 eventfd,
                 next: 0,
@@ -1211,6 +1288,7 @@ impl ConsumerTransport for ShmConsumer {
         &self.info
     }
 
+    #[inline]
     fn try_recv(&mut self) -> Result<RawView> {
         match self.poll_recv(true)? {
             Some(view) => Ok(view),
@@ -1218,6 +1296,7 @@ impl ConsumerTransport for ShmConsumer {
         }
     }
 
+    #[inline]
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         loop {
             if let Some(view) = self.poll_recv(false)? {
@@ -1249,7 +1328,7 @@ impl ConsumerTransport for ShmConsumer {
             if !waiter.spinning(now) {
                 let region = &self.link.session.region;
                 let (next, slot_count) = (self.link.next, self.link.session.slot_count);
-                sleep_once(region.data_futex(), region.data_sleeping(), deadline, || {
+                sleep_once(region.data_futex(), region.data_sleeping(), self.link.session.fast_wake, deadline, || {
                     region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
                         || region.producer_closed().load(Ordering::SeqCst) != 0
                 });
@@ -1306,7 +1385,7 @@ impl ConsumerTransport for ShmConsumer {
             if self.ready() {
                 eventfd_signal(self.link.eventfd.as_fd());
             } else {
-                self.link.session.region.fd_waiting().store(1, Ordering::SeqCst);
+                self.link.session.ask_for_signal();
                 if self.ready() {
                     eventfd_signal(self.link.eventfd.as_fd());
                 }

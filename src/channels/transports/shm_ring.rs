@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! 0      header: magic, version, geometry (written once by the producer)
-//! 128    lifecycle line: producer_closed, consumer_closed         (rarely written)
+//! 128    lifecycle line: producer_closed, consumer_closed,         (rarely written)
+//!        producer_fast_wake, consumer_fast_wake
 //! 256    tail line: how many messages the consumer has released  (consumer writes)
 //! 384    data-wait line: futex word, sleeping flag, fd flag      (consumer sets flags)
 //! 512    room-wait line: futex word, sleeping flag               (producer sets flag)
@@ -56,6 +57,15 @@ pub const MAX_ARENAS: usize = 16384;
 /// The largest arena a consumer maps (1 TiB).
 pub const MAX_ARENA_LEN: u64 = 1 << 40;
 
+#[cfg(not(target_endian = "little"))]
+compile_error!("the shared region's slot layout (len and kind read as one word) assumes little-endian");
+
+/// Packs a slot's length and kind into the word [`Region::slot_len_kind`] holds.
+#[inline]
+pub fn pack_len_kind(len: u32, kind: u32) -> u64 {
+    u64::from(len) | u64::from(kind) << 32
+}
+
 const HEADER_END: usize = 4096;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
@@ -64,6 +74,8 @@ const OFF_POOL_SIZE: usize = 16;
 const OFF_TOTAL_LEN: usize = 24;
 const OFF_PRODUCER_CLOSED: usize = 128;
 const OFF_CONSUMER_CLOSED: usize = 132;
+const OFF_PRODUCER_FAST_WAKE: usize = 136;
+const OFF_CONSUMER_FAST_WAKE: usize = 140;
 const OFF_TAIL: usize = 256;
 const OFF_DATA_FUTEX: usize = 384;
 const OFF_DATA_SLEEPING: usize = 388;
@@ -188,6 +200,18 @@ impl Region {
     pub fn consumer_closed(&self) -> &AtomicU32 {
         self.u32_at(OFF_CONSUMER_CLOSED)
     }
+    /// 1 when the producer is registered for global membarriers (written before the hello):
+    /// together with [`consumer_fast_wake`](Self::consumer_fast_wake), publishers may skip
+    /// the StoreLoad fence and sleepers issue a membarrier instead (see `os::membarrier`).
+    #[inline]
+    pub fn producer_fast_wake(&self) -> &AtomicU32 {
+        self.u32_at(OFF_PRODUCER_FAST_WAKE)
+    }
+    /// 1 when the consumer is registered for global membarriers (written before the ack).
+    #[inline]
+    pub fn consumer_fast_wake(&self) -> &AtomicU32 {
+        self.u32_at(OFF_CONSUMER_FAST_WAKE)
+    }
     #[inline]
     pub fn tail(&self) -> &AtomicU64 {
         self.u64_at(OFF_TAIL)
@@ -220,6 +244,14 @@ impl Region {
     #[inline]
     pub fn slot_seq(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index))
+    }
+    /// A slot's `len` (low half) and `kind` (high half) as one word, so that each side moves
+    /// them with one access. On little-endian targets (all lava-flow supports) this is `len`
+    /// at byte 8 and `kind` at byte 12, the same bytes as [`slot_len`](Self::slot_len) and
+    /// [`slot_kind`](Self::slot_kind).
+    #[inline]
+    pub fn slot_len_kind(&self, index: usize) -> &AtomicU64 {
+        self.u64_at(self.slot_offset(index) + 8)
     }
     #[inline]
     pub fn slot_len(&self, index: usize) -> &AtomicU32 {
