@@ -4,6 +4,7 @@
 //! ```text
 //! lf-bench [--quick] [--json] [--sizes 8,64,4K,1M] [--iters N] [--modes busy,block,ffi]
 //!          [--bw-sizes 1M,16M] [--window W] [--no-pin]
+//!          [--payloads zero-copy,touch,buffer,buf-touch,copy]
 //! ```
 //!
 //! - latency: ping-pong, half round trip (p50/p99/p99.9), per wait strategy (busy-poll,
@@ -38,6 +39,8 @@ struct Options {
     bw_sizes: Vec<usize>,
     iters: Option<usize>,
     modes: Vec<String>,
+    /// Payload kinds to run (names as `Payload::name`); empty: all.
+    payloads: Vec<String>,
     window: usize,
     pin: bool,
 }
@@ -75,6 +78,7 @@ fn options() -> Options {
         bw_sizes: vec![],
         iters: None,
         modes: vec!["busy".into(), "block".into(), "ffi".into()],
+        payloads: vec![],
         window: 16,
         pin: true,
     };
@@ -92,9 +96,10 @@ fn options() -> Options {
             "--bw-sizes" => o.bw_sizes = value(&mut i).split(',').map(parse_size).collect(),
             "--iters" => o.iters = Some(value(&mut i).parse().unwrap_or_else(|_| die("bad --iters"))),
             "--modes" => o.modes = value(&mut i).split(',').map(str::to_owned).collect(),
+            "--payloads" => o.payloads = value(&mut i).split(',').map(str::to_owned).collect(),
             "--window" => o.window = value(&mut i).parse().unwrap_or_else(|_| die("bad --window")),
             "-h" | "--help" => {
-                println!("usage: lf-bench [--quick] [--json] [--sizes LIST] [--bw-sizes LIST] [--iters N] [--modes busy,block,ffi] [--window W] [--no-pin]");
+                println!("usage: lf-bench [--quick] [--json] [--sizes LIST] [--bw-sizes LIST] [--iters N] [--modes busy,block,ffi] [--payloads zero-copy,touch,buffer,buf-touch,copy] [--window W] [--no-pin]");
                 std::process::exit(0);
             }
             other => die(&format!("unknown option {other}")),
@@ -585,7 +590,8 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
             _ => (WaitStrategy::Block, true),
         };
         let mut pair = open_pair(&context, &format!("{tag}-{mode}"), ping, wait, pool);
-        for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch, Payload::Copy] {
+        let wanted = |p: &Payload| o.payloads.is_empty() || o.payloads.iter().any(|n| n == p.name());
+        for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch, Payload::Copy].iter().filter(|p| wanted(p)).copied() {
             for &size in &o.sizes {
                 let iters = iterations(o, size, blocking);
                 pair.sources.ensure(&context, size, 1);
@@ -595,7 +601,7 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
             }
         }
         if mode == "busy" {
-            for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch] {
+            for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch].iter().filter(|p| wanted(p)).copied() {
                 for &size in &o.bw_sizes {
                     let window = o.window.min(pool / size / 2).max(1);
                     let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };

@@ -165,10 +165,8 @@ pub struct ShmProducer {
     last_check: Instant,
     socket_path: PathBuf,
     socket_id: Option<rendezvous::FileId>,
-    /// Buffer sends: the arenas announced to the consumer, and what keeps the memory of
-    /// messages in flight alive until the consumer releases them.
-    arenas: SentArenas,
-    in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
+    /// Buffer sends (boxed: cold, and kept off the hot fields' cache lines).
+    arenas: Box<SentArenas>,
 }
 
 /// The arenas a producer has passed to its consumer, by [`SharedRegion::identity`]. Each
@@ -176,6 +174,8 @@ pub struct ShmProducer {
 /// arena: a known identity always means the same arena.
 #[derive(Default)]
 struct SentArenas {
+    /// What keeps the memory of messages in flight alive until the consumer releases them.
+    in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
     by_identity: HashMap<usize, (u64, Weak<dyn Any + Send + Sync>)>,
     /// The last arena sent, (identity, id): a stream usually sends from one arena.
     last: Option<(usize, u64)>,
@@ -265,8 +265,7 @@ impl ShmProducer {
             last_check: Instant::now(),
             socket_path,
             socket_id,
-            arenas: SentArenas::default(),
-            in_flight: VecDeque::new(),
+            arenas: Box::default(),
         })
     }
 
@@ -300,8 +299,8 @@ impl ShmProducer {
             self.tail = tail;
             let end = self.pool_ends[((tail - 1) & self.mask) as usize];
             self.pool_tail = self.pool_tail.max(end);
-            while self.in_flight.front().is_some_and(|(seq, _)| *seq < tail) {
-                self.in_flight.pop_front();
+            while self.arenas.in_flight.front().is_some_and(|(seq, _)| *seq < tail) {
+                self.arenas.in_flight.pop_front();
             }
         }
         Ok(())
@@ -482,7 +481,7 @@ impl ShmProducer {
         }
         let keep = region.keep_alive();
         let seq = self.publish(RawLoan { len, ..loan }, len)?;
-        self.in_flight.push_back((seq, keep));
+        self.arenas.in_flight.push_back((seq, keep));
         Ok(seq)
     }
 }
@@ -843,9 +842,16 @@ struct Link {
     next: u64,
     last_check: Instant,
     gone: Option<String>,
-    /// The producer's arenas mapped here, by the id it gave them, and the last one used.
-    arenas: HashMap<u64, Arc<Mapping>>,
-    last_arena: Option<(u64, Arc<Mapping>)>,
+    /// The producer's arenas mapped here (boxed: cold).
+    arenas: Box<ReceivedArenas>,
+}
+
+/// The arenas a consumer has mapped for one producer, by the id it gave them, and the last
+/// one used.
+#[derive(Default)]
+struct ReceivedArenas {
+    by_id: HashMap<u64, Arc<Mapping>>,
+    last: Option<(u64, Arc<Mapping>)>,
 }
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
@@ -988,16 +994,16 @@ impl ShmConsumer {
     #[cold]
     fn read_arena_slot(&mut self, index: usize, next: u64) -> Result<Option<RawView>> {
         let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
-        let mapping = match &self.link.last_arena {
+        let mapping = match &self.link.arenas.last {
             Some((last, mapping)) if *last == id => Arc::clone(mapping),
             _ => {
-                if !self.link.arenas.contains_key(&id) {
+                if !self.link.arenas.by_id.contains_key(&id) {
                     self.receive_records(Some(id))?;
                 }
-                let Some(mapping) = self.link.arenas.get(&id).cloned() else {
+                let Some(mapping) = self.link.arenas.by_id.get(&id).cloned() else {
                     return Err(self.corrupt(format!("message {next} points into arena {id}, which the producer never passed")));
                 };
-                self.link.last_arena = Some((id, Arc::clone(&mapping)));
+                self.link.arenas.last = Some((id, Arc::clone(&mapping)));
                 mapping
             }
         };
@@ -1028,7 +1034,7 @@ impl ShmConsumer {
     /// at least the announced size) and mapped once; its fd is closed after mapping.
     fn receive_records(&mut self, want: Option<u64>) -> Result<()> {
         loop {
-            if want.is_some_and(|id| self.link.arenas.contains_key(&id)) {
+            if want.is_some_and(|id| self.link.arenas.by_id.contains_key(&id)) {
                 return Ok(());
             }
             let mut bytes = [0u8; ControlRecord::LEN];
@@ -1041,21 +1047,21 @@ impl ShmConsumer {
             let record = ControlRecord::decode(&bytes[..n]).map_err(|e| self.corrupt(e.to_string()))?;
             match (record, fds.len()) {
                 (ControlRecord::Arena { id, len }, 1) => {
-                    if self.link.arenas.contains_key(&id) {
+                    if self.link.arenas.by_id.contains_key(&id) {
                         return Err(self.corrupt(format!("arena {id} was passed twice")));
                     }
-                    if self.link.arenas.len() >= MAX_ARENAS {
+                    if self.link.arenas.by_id.len() >= MAX_ARENAS {
                         return Err(self.corrupt(format!("more than {MAX_ARENAS} arenas at once")));
                     }
                     let mapping = map_arena(&fds[0], len).map_err(|e| self.corrupt(format!("arena {id}: {e}")))?;
-                    self.link.arenas.insert(id, Arc::new(mapping));
+                    self.link.arenas.by_id.insert(id, Arc::new(mapping));
                     self.arenas_received += 1;
                 }
                 (ControlRecord::Forget { id }, 0) => {
                     // Views still held keep their mapping (Session::arena_holds).
-                    self.link.arenas.remove(&id);
-                    if self.link.last_arena.as_ref().is_some_and(|(last, _)| *last == id) {
-                        self.link.last_arena = None;
+                    self.link.arenas.by_id.remove(&id);
+                    if self.link.arenas.last.as_ref().is_some_and(|(last, _)| *last == id) {
+                        self.link.arenas.last = None;
                     }
                 }
                 (record, count) => return Err(self.corrupt(format!("{record:?} came with {count} fds"))),
@@ -1234,8 +1240,7 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
                 next: 0,
                 last_check: Instant::now(),
                 gone: None,
-                arenas: HashMap::new(),
-                last_arena: None,
+                arenas: Box::default(),
             })
         }
         Err(e) => {
