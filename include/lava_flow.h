@@ -250,6 +250,12 @@ typedef struct lf_channel_config {
   uint64_t pool_size;
   // How long lf_channel_create waits for the peer; negative: forever.
   int64_t rendezvous_timeout_ns;
+  // 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
+  // and they must not be rewritten until the message completes (`lf_wait_completed`).
+  // 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
+  uint32_t auto_zero_copy;
+  // Must be 0.
+  uint32_t reserved;
 } lf_channel_config;
 
 // Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.

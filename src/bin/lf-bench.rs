@@ -343,7 +343,7 @@ struct Pair {
 }
 
 fn config(wait: WaitStrategy, pool: usize) -> ChannelConfig {
-    ChannelConfig { wait, capacity: 256, pool_size: pool, rendezvous_timeout: Some(Duration::from_secs(30)), transports: None }
+    ChannelConfig { wait, capacity: 256, pool_size: pool, rendezvous_timeout: Some(Duration::from_secs(30)), ..ChannelConfig::default() }
 }
 
 /// The ping side produces on `<tag>-a2b` and consumes `<tag>-b2a`; pong the reverse. The

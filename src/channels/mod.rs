@@ -97,6 +97,10 @@ pub struct ChannelConfig {
     /// Allowed transports in order of preference; `None` reads `LF_TRANSPORTS`, and when that
     /// is unset too, every built transport is allowed.
     pub transports: Option<Vec<TransportKind>>,
+    /// Whether `Producer::send` of bytes that lie inside a lava-flow buffer sends them by
+    /// reference (zero copy; the sender must not rewrite them until the message completes).
+    /// Off: `send` always copies, and the bytes may be reused as soon as it returns.
+    pub auto_zero_copy: bool,
 }
 
 impl Default for ChannelConfig {
@@ -107,6 +111,7 @@ impl Default for ChannelConfig {
             pool_size: 16 << 20,
             rendezvous_timeout: Some(Duration::from_secs(10)),
             transports: None,
+            auto_zero_copy: true,
         }
     }
 }

@@ -18,8 +18,8 @@ pub struct Producer {
     name: String,
     context: Context,
     /// The context's registry, asked by every copy send whether the bytes lie in a lava-flow
-    /// buffer (then they go by reference).
-    registry: Arc<Registry>,
+    /// buffer (then they go by reference); `None` when `ChannelConfig::auto_zero_copy` is off.
+    registry: Option<Arc<Registry>>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -45,7 +45,8 @@ impl Producer {
             TransportKind::Shm => AnyProducer::Shm(ShmProducer::connect(name, info, config)?),
             other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
         };
-        Ok(Producer { transport, name: name.to_owned(), context: context.clone(), registry: Arc::clone(context.registry()) })
+        let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
+        Ok(Producer { transport, name: name.to_owned(), context: context.clone(), registry })
     }
 
     /// The memory context the channel was created with.
@@ -75,7 +76,8 @@ impl Producer {
     /// [`send_buffer`](Self::send_buffer) would send them: the consumer reads them where they
     /// lie, so do not write them until the message is complete
     /// ([`wait_completed`](Self::wait_completed)). Any other bytes are copied into the
-    /// channel's pool, and may be reused at once.
+    /// channel's pool, and may be reused at once; so are all bytes when the channel was created
+    /// with [`ChannelConfig::auto_zero_copy`] off.
     #[inline]
     pub fn send(&mut self, data: &[u8]) -> Result<u64> {
         self.send_until(data, None)
@@ -116,7 +118,7 @@ impl Producer {
         if data.len() < AUTO_ZERO_COPY_MIN {
             return None;
         }
-        self.registry.find_shareable(data.as_ptr() as usize, data.len())
+        self.registry.as_ref()?.find_shareable(data.as_ptr() as usize, data.len())
     }
     #[inline]
     fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {

@@ -52,6 +52,12 @@ pub struct lf_channel_config {
     pub pool_size: u64,
     /// How long lf_channel_create waits for the peer; negative: forever.
     pub rendezvous_timeout_ns: i64,
+    /// 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
+    /// and they must not be rewritten until the message completes (`lf_wait_completed`).
+    /// 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
+    pub auto_zero_copy: u32,
+    /// Must be 0.
+    pub reserved: u32,
 }
 
 /// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
@@ -106,6 +112,8 @@ impl From<ChannelConfig> for lf_channel_config {
             spin_ns,
             pool_size: c.pool_size as u64,
             rendezvous_timeout_ns: c.rendezvous_timeout.map_or(-1, |t| t.as_nanos().min(i64::MAX as u128) as i64),
+            auto_zero_copy: u32::from(c.auto_zero_copy),
+            reserved: 0,
         }
     }
 }
@@ -125,12 +133,19 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
     if pool_size == 0 {
         return Err(invalid("pool_size is 0".into()));
     }
+    if c.auto_zero_copy > 1 || c.reserved != 0 {
+        return Err(invalid(format!(
+            "auto_zero_copy is {} (use 0 or 1) or reserved is {} (must be 0); start from lf_channel_config_default",
+            c.auto_zero_copy, c.reserved
+        )));
+    }
     Ok(ChannelConfig {
         wait,
         capacity: c.capacity,
         pool_size,
         rendezvous_timeout: timeout(c.rendezvous_timeout_ns),
         transports: None,
+        auto_zero_copy: c.auto_zero_copy == 1,
     })
 }
 
@@ -664,5 +679,23 @@ mod tests {
             assert!(ch.is_null());
             lf_context_free(loc.1);
         }
+    }
+
+    #[test]
+    fn config_values_are_checked() {
+        let mut c: lf_channel_config = ChannelConfig::default().into();
+        assert!(to_config(&c).ok().unwrap().auto_zero_copy, "on by default");
+        c.auto_zero_copy = 0;
+        assert!(!to_config(&c).ok().unwrap().auto_zero_copy);
+        c.auto_zero_copy = 2;
+        let err = to_config(&c).err().unwrap();
+        assert_eq!(err.status, lf_status::LF_ERR_INVALID_ARGUMENT);
+        assert!(err.message.contains("auto_zero_copy is 2"), "{}", err.message);
+        c.auto_zero_copy = 1;
+        c.reserved = 5;
+        assert!(to_config(&c).is_err());
+        c.reserved = 0;
+        c.wait_strategy = 9;
+        assert!(to_config(&c).err().unwrap().message.contains("wait_strategy 9"));
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use lava_flow::channels::{Consumer, Producer, WaitStrategy, AUTO_ZERO_COPY_MIN};
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy, AUTO_ZERO_COPY_MIN};
 use lava_flow::memory::{Buffer, ContextConfig, MemoryLocation};
 use lava_flow::Error;
 
@@ -292,6 +292,37 @@ fn hostile_arena_descriptors_are_corrupt() {
         }
         Some(_) => {}
         None => run_pair(TEST, "hostile-arena"),
+    }
+}
+
+#[test]
+fn with_auto_zero_copy_off_send_copies_and_the_bytes_are_free_at_once() {
+    const TEST: &str = "buffers::with_auto_zero_copy_off_send_copies_and_the_bytes_are_free_at_once";
+    let config = ChannelConfig { auto_zero_copy: false, ..config(WaitStrategy::Block) };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "copy-only", &here(), &here(), &config).unwrap();
+            let buffer = allocate(1 << 16);
+            buffer.write_at(0, &[0x11; 4000]).unwrap();
+            // SAFETY: the buffer is live and holds 64 KiB.
+            let inside = unsafe { std::slice::from_raw_parts(buffer.as_ptr(), 4000) };
+            p.send(inside).unwrap();
+            // Copy semantics: rewriting at once cannot change the message in flight.
+            buffer.write_at(0, &[0x22; 4000]).unwrap();
+            p.send(b"rewritten").unwrap();
+            p.wait_completed(1, Some(Duration::from_secs(10))).unwrap();
+            assert_eq!(p.arenas_sent(), 0, "nothing went by reference");
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "copy-only", &here(), &here(), &config).unwrap();
+            let first = c.recv().unwrap();
+            let second = c.recv().unwrap();
+            assert_eq!(&*second, b"rewritten");
+            assert!(!first.is_zero_copy());
+            assert!(first.iter().all(|&b| b == 0x11), "the copy kept the bytes as they were sent");
+        }
+        Some(_) => {}
+        None => run_pair(TEST, "copy-only"),
     }
 }
 
