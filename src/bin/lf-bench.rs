@@ -286,9 +286,11 @@ impl Sources {
         Sources { buffers: Vec::new(), heap: Vec::new() }
     }
 
-    /// Makes sure `count` buffers of at least `size` bytes (and a heap buffer) exist.
+    /// Makes sure `count` buffers of exactly `size` bytes (and a heap buffer) exist: sized to
+    /// the message, as an application would, so that small messages do not each sit in an
+    /// arena of its own left over from a larger size.
     fn ensure(&mut self, context: &Context, size: usize, count: usize) {
-        if self.buffers.first().map_or(0, Buffer::len) < size || self.buffers.len() < count {
+        if self.buffers.first().map_or(0, Buffer::len) != size || self.buffers.len() < count {
             self.buffers.clear();
             for _ in 0..count {
                 self.buffers.push(context.allocate(size, MemoryLocation::CpuStandard).expect("allocating a benchmark buffer"));
