@@ -25,7 +25,8 @@ use super::location::MemoryLocation;
 use super::registry::Registry;
 use crate::error::{Error, Result};
 use crate::os::mapping::page_size;
-use crate::os::{recv_with_fds, send_with_fds, Mapping};
+use crate::os::fdpass::recv_exact_with_fd;
+use crate::os::{send_with_fds, Mapping};
 
 /// The first field of every descriptor: "LFEX".
 pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
@@ -205,19 +206,9 @@ impl ExportHandle {
     /// descriptor with one fd is refused, and whatever fds came with it are closed.
     pub fn recv(socket: &UnixStream) -> Result<ExportHandle> {
         let mut bytes = [0u8; ExportDescriptor::SIZE];
-        let (n, mut fds) = recv_with_fds(socket, &mut bytes)?;
-        if n == 0 {
-            return Err(Error::PeerGone("the socket closed before an export handle arrived".into()));
-        }
-        if n != ExportDescriptor::SIZE || fds.len() != 1 {
-            return Err(Error::Corrupt(format!(
-                "expected an export handle ({} bytes and 1 fd), got {n} bytes and {} fds",
-                ExportDescriptor::SIZE,
-                fds.len()
-            )));
-        }
+        let fd = recv_exact_with_fd(socket, &mut bytes, "an export handle")?;
         let descriptor = ExportDescriptor::from_bytes(&bytes)?;
-        Ok(ExportHandle { fd: fds.pop().expect("one fd"), descriptor })
+        Ok(ExportHandle { fd, descriptor })
     }
 }
 

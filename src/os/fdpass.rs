@@ -125,6 +125,24 @@ fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: libc::c_int) ->
     Ok((n, fds))
 }
 
+/// Receives one message that must be exactly `buf.len()` bytes with exactly one descriptor
+/// attached (`what` names it in errors): PeerGone when the socket closed first, Corrupt for any
+/// other shape, whose descriptors are closed.
+pub fn recv_exact_with_fd(sock: &UnixStream, buf: &mut [u8], what: &str) -> Result<OwnedFd> {
+    let (n, mut fds) = recv_with_fds(sock, buf)?;
+    if n == 0 {
+        return Err(Error::PeerGone(format!("the socket closed before {what} arrived")));
+    }
+    if n != buf.len() || fds.len() != 1 {
+        return Err(Error::Corrupt(format!(
+            "expected {what} ({} bytes and 1 fd), got {n} bytes and {} fds",
+            buf.len(),
+            fds.len()
+        )));
+    }
+    Ok(fds.pop().expect("one fd"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

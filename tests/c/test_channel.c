@@ -25,25 +25,7 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, \
-                    #cond, lf_last_error_message());                                           \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define EXPECT(call, status)                                                                   \
-    do {                                                                                       \
-        lf_status got_ = (call);                                                               \
-        if (got_ != (status)) {                                                                \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__, \
-                    __LINE__, #call, lf_status_str(got_), lf_status_str(status),               \
-                    lf_last_error_message());                                                  \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
+#include "check.h"
 
 #define MESSAGES 100000u
 #define SECOND 1000000000LL

@@ -19,7 +19,8 @@ use super::allocator::{GpuBuffer, GpuMemoryKind};
 use super::arena::ArenaId;
 use super::device::{format_uuid, vk_err};
 use crate::error::{Error, Result};
-use crate::os::{recv_with_fds, send_with_fds};
+use crate::os::fdpass::recv_exact_with_fd;
+use crate::os::send_with_fds;
 
 /// `"LFGX"` read as a little-endian u32.
 pub const GPU_EXPORT_MAGIC: u32 = u32::from_le_bytes(*b"LFGX");
@@ -258,19 +259,9 @@ impl GpuExport {
     /// that arrives with a malformed message is closed.
     pub fn recv(socket: &UnixStream) -> Result<Self> {
         let mut buf = [0u8; GpuExportDesc::SIZE];
-        let (n, mut fds) = recv_with_fds(socket, &mut buf)?;
-        if n == 0 {
-            return Err(Error::PeerGone("the socket closed before a GPU export arrived".into()));
-        }
-        if n != GpuExportDesc::SIZE || fds.len() != 1 {
-            return Err(Error::invalid(format!(
-                "a GPU export message is {} bytes and one fd; got {n} bytes and {} fds",
-                GpuExportDesc::SIZE,
-                fds.len()
-            )));
-        }
+        let fd = recv_exact_with_fd(socket, &mut buf, "a GPU export")?;
         let desc = GpuExportDesc::from_bytes(&buf)?;
-        Ok(GpuExport { desc, fd: fds.pop().expect("one fd") })
+        Ok(GpuExport { desc, fd })
     }
 
     /// A second export of the same buffer with a duplicated fd.
@@ -368,7 +359,7 @@ mod tests {
     fn malformed_export_messages_are_refused() {
         let (a, b) = UnixStream::pair().unwrap();
         send_with_fds(&a, &sample().to_bytes(), &[]).unwrap();
-        assert!(matches!(GpuExport::recv(&b), Err(Error::InvalidArgument(ref m)) if m.contains("0 fds")));
+        assert!(matches!(GpuExport::recv(&b), Err(Error::Corrupt(ref m)) if m.contains("0 fds")));
         let fd = crate::os::memfd_create("lf-test", 4096, Default::default()).unwrap();
         let mut bad = sample();
         bad.magic ^= 1;
