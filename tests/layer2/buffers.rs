@@ -325,13 +325,3 @@ fn with_auto_zero_copy_off_send_copies_and_the_bytes_are_free_at_once() {
         None => run_pair(TEST, "copy-only"),
     }
 }
-
-/// Runs a test's consumer and producer children and checks that they pass and leave nothing.
-fn run_pair(test: &str, dir_name: &str) {
-    let dir = test_dir(dir_name);
-    let c = spawn(test, "consumer", &dir, &[]);
-    let p = spawn(test, "producer", &dir, &[]);
-    wait_ok(p, "producer");
-    wait_ok(c, "consumer");
-    assert_dir_empty(&dir);
-}

@@ -188,3 +188,13 @@ pub fn size_of(seq: u64) -> usize {
         _ => 16 + (seq as usize * 13) % 100,
     }
 }
+
+/// Runs a test's consumer and producer children and checks that they pass and leave nothing.
+pub fn run_pair(test: &str, dir_name: &str) {
+    let dir = test_dir(dir_name);
+    let c = spawn(test, "consumer", &dir, &[]);
+    let p = spawn(test, "producer", &dir, &[]);
+    wait_ok(p, "producer");
+    wait_ok(c, "consumer");
+    assert_dir_empty(&dir);
+}

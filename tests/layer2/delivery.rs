@@ -51,14 +51,7 @@ fn million_messages_mixed_sizes_fifo_exactly_once() {
             }
         }
         Some(_) => {}
-        None => {
-            let dir = test_dir("million");
-            let c = spawn(TEST, "consumer", &dir, &[]);
-            let p = spawn(TEST, "producer", &dir, &[]);
-            wait_ok(p, "producer");
-            wait_ok(c, "consumer");
-            assert_dir_empty(&dir);
-        }
+        None => run_pair(TEST, "million"),
     }
 }
 
@@ -101,14 +94,7 @@ fn completion_follows_release_in_order() {
             assert!(matches!(c.recv_timeout(Duration::from_secs(10)), Err(Error::PeerGone(_))));
         }
         Some(_) => {}
-        None => {
-            let dir = test_dir("completion");
-            let c = spawn(TEST, "consumer", &dir, &[]);
-            let p = spawn(TEST, "producer", &dir, &[]);
-            wait_ok(p, "producer");
-            wait_ok(c, "consumer");
-            assert_dir_empty(&dir);
-        }
+        None => run_pair(TEST, "completion"),
     }
 }
 
@@ -181,14 +167,7 @@ fn pollable_fd_and_async_receive() {
             assert!(matches!(block_on(c.recv_async()), Err(Error::PeerGone(_))));
         }
         Some(_) => {}
-        None => {
-            let dir = test_dir("pollable");
-            let c = spawn(TEST, "consumer", &dir, &[]);
-            let p = spawn(TEST, "producer", &dir, &[]);
-            wait_ok(p, "producer");
-            wait_ok(c, "consumer");
-            assert_dir_empty(&dir);
-        }
+        None => run_pair(TEST, "pollable"),
     }
 }
 
@@ -243,13 +222,6 @@ fn views_released_from_many_threads_in_any_order() {
             assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
         }
         Some(_) => {}
-        None => {
-            let dir = test_dir("threads");
-            let c = spawn(TEST, "consumer", &dir, &[]);
-            let p = spawn(TEST, "producer", &dir, &[]);
-            wait_ok(p, "producer");
-            wait_ok(c, "consumer");
-            assert_dir_empty(&dir);
-        }
+        None => run_pair(TEST, "threads"),
     }
 }

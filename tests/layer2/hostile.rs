@@ -97,13 +97,6 @@ fn garbage_in_the_control_region_is_corrupt() {
             let _ = c.recv_timeout(Duration::from_secs(10));
         }
         Some(_) => {}
-        None => {
-            let dir = test_dir("hostile");
-            let c = spawn(TEST, "consumer", &dir, &[]);
-            let p = spawn(TEST, "producer", &dir, &[]);
-            wait_ok(p, "producer");
-            wait_ok(c, "consumer");
-            assert_dir_empty(&dir);
-        }
+        None => run_pair(TEST, "hostile"),
     }
 }
