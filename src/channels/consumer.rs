@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::transport::{AnyConsumer, ConsumerTransport, RawView, Release, TransportInfo, TransportKind};
+use super::transport::{AnyConsumer, ConsumerTransport, RawView, Releaser, TransportInfo, TransportKind};
 use super::transports::shm::ShmConsumer;
 use super::{select_transport, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
@@ -79,20 +79,38 @@ impl Consumer {
     /// everything it sent has been received.
     #[inline]
     pub fn recv(&mut self) -> Result<Message> {
-        let view = self.recv_raw(None)?;
-        Ok(self.wrap(view))
+        match self.transport.recv_fast() {
+            Some(view) => Ok(self.wrap(view)),
+            None => self.recv_until(None),
+        }
     }
 
     /// As [`recv`](Self::recv), giving up with `Timeout` after `timeout`.
     #[inline]
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message> {
-        let view = self.recv_raw(Some(Instant::now() + timeout))?;
-        Ok(self.wrap(view))
+        match self.transport.recv_fast() {
+            Some(view) => Ok(self.wrap(view)),
+            None => self.recv_until(Some(Instant::now() + timeout)),
+        }
     }
 
     /// The next message if one is waiting, else `WouldBlock` (or `PeerGone`).
     #[inline]
     pub fn try_recv(&mut self) -> Result<Message> {
+        match self.transport.recv_fast() {
+            Some(view) => Ok(self.wrap(view)),
+            None => self.try_recv_slow(),
+        }
+    }
+
+    #[inline(never)]
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Message> {
+        let view = self.transport.recv(deadline)?;
+        Ok(self.wrap(view))
+    }
+
+    #[inline(never)]
+    fn try_recv_slow(&mut self) -> Result<Message> {
         let view = self.transport.try_recv()?;
         Ok(self.wrap(view))
     }
@@ -112,7 +130,7 @@ impl Consumer {
     }
     #[inline]
     fn wrap(&self, view: RawView) -> Message {
-        Message { view, releaser: self.transport.releaser() }
+        Message { view, releaser: self.transport.message_releaser() }
     }
     #[inline]
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
@@ -160,7 +178,7 @@ impl Drop for Consumer {
 /// contents, so a misbehaving one can change what you read but not where.
 pub struct Message {
     view: RawView,
-    releaser: Arc<dyn Release>,
+    releaser: Releaser,
 }
 
 // SAFETY: the view points into a mapping kept alive by `releaser` (the session), which is
@@ -180,7 +198,7 @@ impl Message {
     /// copied (or wrote in place) into the channel's pool.
     #[inline]
     pub fn is_zero_copy(&self) -> bool {
-        self.view.zero_copy
+        self.view.is_zero_copy()
     }
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
@@ -204,15 +222,15 @@ impl std::fmt::Debug for Message {
         f.debug_struct("Message")
             .field("sequence", &self.view.token)
             .field("len", &self.view.len)
-            .field("zero_copy", &self.view.zero_copy)
+            .field("zero_copy", &self.view.is_zero_copy())
             .finish()
     }
 }
 
 impl Drop for Message {
+    #[inline]
     fn drop(&mut self) {
-        // Only a view already released could fail, and a Message is released once.
-        let _ = self.releaser.release(&self.view);
+        self.releaser.release_held(&self.view);
     }
 }
 

@@ -97,7 +97,7 @@ impl Producer {
                 other => return other,
             }
         }
-        let loan = self.transport.try_loan(data.len())?;
+        let loan = self.try_loan_raw(data.len())?;
         self.fill_and_publish(loan, data)
     }
     #[inline]
@@ -140,15 +140,34 @@ impl Producer {
     /// As [`loan`](Self::loan), but `WouldBlock` at once when the channel is full.
     #[inline]
     pub fn try_loan(&mut self, len: usize) -> Result<Loan<'_>> {
-        let raw = self.transport.try_loan(len)?;
+        let raw = self.try_loan_raw(len)?;
         Ok(Loan { producer: self, raw: Some(raw) })
     }
+
+    /// A loan: the transport's inlined fast path first, then the full one.
     #[inline]
     pub(crate) fn loan_raw(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        match self.transport.loan_fast(len) {
+            Some(raw) => Ok(raw),
+            None => self.loan_slow(len, deadline),
+        }
+    }
+
+    #[inline(never)]
+    fn loan_slow(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         self.transport.loan(len, deadline)
     }
 
+    #[inline]
     pub(crate) fn try_loan_raw(&mut self, len: usize) -> Result<RawLoan> {
+        match self.transport.loan_fast(len) {
+            Some(raw) => Ok(raw),
+            None => self.try_loan_slow(len),
+        }
+    }
+
+    #[inline(never)]
+    fn try_loan_slow(&mut self, len: usize) -> Result<RawLoan> {
         self.transport.try_loan(len)
     }
     #[inline]
@@ -268,6 +287,7 @@ impl Loan<'_> {
 }
 
 impl Drop for Loan<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
             self.producer.cancel_raw(raw);

@@ -90,8 +90,19 @@ pub struct RawView {
     pub len: usize,
     pub token: u64,
     pub session: u64,
+    /// [`RawView::ZERO_COPY`] or 0. A whole word, so that the view has no padding bytes:
+    /// copying a view with a `bool` here cost narrow, overlapping moves on the hot path.
+    pub flags: u64,
+}
+
+impl RawView {
     /// The bytes lie in the sender's own buffer (a buffer send), not in the channel's pool.
-    pub zero_copy: bool,
+    pub const ZERO_COPY: u64 = 1;
+
+    #[inline]
+    pub fn is_zero_copy(&self) -> bool {
+        self.flags & Self::ZERO_COPY != 0
+    }
 }
 
 /// Gives a received message's space back to its producer. Shared by all views of one
@@ -100,6 +111,31 @@ pub trait Release: Send + Sync {
     /// Releases `view`; a view that is not outstanding (already released, or never received
     /// from this session) is refused with `InvalidState`.
     fn release(&self, view: &RawView) -> Result<()>;
+
+    /// Releases a view that this session handed out and that nobody has released yet (a
+    /// Rust `Message`'s, released once when it drops), so nothing needs checking.
+    fn release_held(&self, view: &RawView) {
+        // Cannot fail for a held view.
+        let _ = self.release(view);
+    }
+}
+
+/// What a Rust `Message` releases its view through: the built-in shared-memory session
+/// directly (so its release is inlined), any other transport through [`Release`].
+pub(crate) enum Releaser {
+    Shm(Arc<super::transports::shm::Session>),
+    #[allow(dead_code)]
+    Other(Arc<dyn Release>),
+}
+
+impl Releaser {
+    #[inline]
+    pub(crate) fn release_held(&self, view: &RawView) {
+        match self {
+            Releaser::Shm(session) => session.release_held(view),
+            Releaser::Other(release) => release.release_held(view),
+        }
+    }
 }
 
 /// Memory the peer can map by itself, so a message can point into it instead of being
@@ -144,6 +180,14 @@ pub trait ProducerTransport: Send {
     /// Lends room for a message of `len` bytes, or `WouldBlock` when there is none now
     /// (ring full or payload pool exhausted), or `PeerGone`.
     fn try_loan(&mut self, len: usize) -> Result<RawLoan>;
+
+    /// Lends room if there is some now and nothing needs attention: the inlined first try of
+    /// every loan. `None` says nothing (the channel may be full, closed or the length bad):
+    /// ask [`try_loan`](Self::try_loan) or [`loan`](Self::loan).
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        let _ = len;
+        None
+    }
 
     /// Lends room, waiting for it up to `deadline` (`None`: forever).
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
@@ -208,6 +252,13 @@ pub trait ConsumerTransport: Send {
     /// and the producer has gone (messages it sent before stay readable).
     fn try_recv(&mut self) -> Result<RawView>;
 
+    /// The next message if one is waiting and needs no attention: the inlined first try of
+    /// every receive. `None` says nothing (the channel may be empty, closed or corrupt): ask
+    /// [`try_recv`](Self::try_recv) or [`recv`](Self::recv).
+    fn recv_fast(&mut self) -> Option<RawView> {
+        None
+    }
+
     /// The next message, waiting for it up to `deadline` (`None`: forever).
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         loop {
@@ -223,7 +274,7 @@ pub trait ConsumerTransport: Send {
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()>;
 
     /// The release side for views of the current session.
-    fn releaser(&self) -> std::sync::Arc<dyn Release>;
+    fn releaser(&self) -> Arc<dyn Release>;
 
     /// Releases a view by value (the C API keeps no per-view object). Views of an earlier
     /// producer's session are accepted too.
@@ -280,7 +331,10 @@ impl ProducerTransport for AnyProducer {
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
         forward!(self, t => t.try_loan(len))
     }
-    #[inline]
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        forward!(self, t => t.loan_fast(len))
+    }
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         forward!(self, t => t.loan(len, deadline))
     }
@@ -325,24 +379,36 @@ pub(crate) enum AnyConsumer {
     Other(Box<dyn ConsumerTransport>),
 }
 
+impl AnyConsumer {
+    /// The releaser of the current session, statically typed for the shm transport.
+    #[inline]
+    pub(crate) fn message_releaser(&self) -> Releaser {
+        match self {
+            Self::Shm(t) => Releaser::Shm(t.session()),
+            Self::Other(t) => Releaser::Other(t.releaser()),
+        }
+    }
+}
+
 impl ConsumerTransport for AnyConsumer {
     #[inline]
     fn info(&self) -> &TransportInfo {
         forward!(self, t => t.info())
     }
-    #[inline]
     fn try_recv(&mut self) -> Result<RawView> {
         forward!(self, t => t.try_recv())
     }
-    #[inline]
+    #[inline(always)]
+    fn recv_fast(&mut self) -> Option<RawView> {
+        forward!(self, t => t.recv_fast())
+    }
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         forward!(self, t => t.recv(deadline))
     }
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
         forward!(self, t => t.wait(deadline))
     }
-    #[inline]
-    fn releaser(&self) -> std::sync::Arc<dyn Release> {
+    fn releaser(&self) -> Arc<dyn Release> {
         forward!(self, t => t.releaser())
     }
     #[inline]

@@ -456,7 +456,7 @@ pub unsafe extern "C" fn lf_wait_completed(channel: *mut lf_channel, sequence: u
 }
 
 fn write_message(out: *mut lf_message, view: RawView) {
-    let flags = if view.zero_copy { LF_MESSAGE_ZERO_COPY } else { 0 };
+    let flags = if view.is_zero_copy() { LF_MESSAGE_ZERO_COPY } else { 0 };
     write_out(out, lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session, flags, reserved: 0 });
 }
 
@@ -508,7 +508,7 @@ pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf
         }
         // SAFETY: non-NULL; the caller promises a readable lf_message.
         let m = unsafe { *message };
-        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, zero_copy: false };
+        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
         let mut guard = lock(ch)?;
         consumer(&mut guard)?.release_raw(&view)?;
         Ok(())

@@ -343,6 +343,39 @@ impl ShmProducer {
         Ok(self.pool_alloc(len).is_some())
     }
 
+    /// The common case of a loan, free of `Result` so that the hot path moves no error-sized
+    /// values: no loan outstanding, a valid length, room by the tail last read, the consumer
+    /// open (its closed word is read every time) and no liveness check due (one in 64 sends
+    /// goes to `poll_loan`, which polls the peer at most every [`LIVENESS_PERIOD`]).
+    /// `None` says nothing: ask [`poll_loan`](Self::poll_loan).
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        let due = self.sends_since_check.wrapping_add(1) % 64 == 0;
+        if self.loan.is_some()
+            || len == 0
+            || due
+            || self.head - self.tail >= self.slot_count
+            || self.region.consumer_closed().load(Ordering::Relaxed) != 0
+            || self.watch.known_gone()
+        {
+            return None;
+        }
+        let index = (self.head & self.mask) as usize;
+        let pending = if len <= INLINE_MAX {
+            PendingLoan { token: self.head, ptr: self.region.slot_inline(index), len, kind: KIND_INLINE, pool_offset: 0, pool_end: self.pool_head }
+        } else {
+            if len as u64 > self.region.geometry.pool_size {
+                return None;
+            }
+            let (offset, end) = self.pool_alloc(len)?;
+            let ptr = self.region.pool_range(offset, len as u64)?;
+            PendingLoan { token: self.head, ptr, len, kind: KIND_POOL, pool_offset: offset, pool_end: end }
+        };
+        self.sends_since_check = self.sends_since_check.wrapping_add(1);
+        self.loan = Some(pending);
+        Some(RawLoan { ptr: pending.ptr, len, token: pending.token })
+    }
+
     /// A loan if there is room now, `None` if not (no allocation: the blocking path calls
     /// this in a loop).
     #[inline]
@@ -402,6 +435,21 @@ impl ShmProducer {
             )));
         }
         Ok(())
+    }
+}
+
+impl ShmProducer {
+    /// Why [`publish`](ProducerTransport::publish) refused a loan.
+    #[cold]
+    #[inline(never)]
+    fn publish_error(&self, len: usize) -> Error {
+        match self.loan {
+            Some(p) if len == 0 || len > p.len => Error::invalid(format!("publishing {len} bytes of a {}-byte loan", p.len)),
+            _ => Error::InvalidState(format!(
+                "this loan is not the outstanding loan of channel {:?} (already published or cancelled?)",
+                self.name
+            )),
+        }
     }
 }
 
@@ -510,7 +558,11 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
-    #[inline]
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        ShmProducer::loan_fast(self, len)
+    }
+
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         loop {
             if let Some(loan) = self.poll_loan(len)? {
@@ -561,20 +613,12 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         let pending = match self.loan {
-            Some(p) if p.token == loan.token && p.ptr == loan.ptr => p,
-            _ => {
-                return Err(Error::InvalidState(format!(
-                    "this loan is not the outstanding loan of channel {:?} (already published or cancelled?)",
-                    self.name
-                )))
-            }
+            Some(p) if p.token == loan.token && p.ptr == loan.ptr && len != 0 && len <= p.len => p,
+            _ => return Err(self.publish_error(len)),
         };
-        if len == 0 || len > pending.len {
-            return Err(Error::invalid(format!("publishing {len} bytes of a {}-byte loan", pending.len)));
-        }
         self.loan = None;
         let index = (self.head & self.mask) as usize;
         let region = &self.region;
@@ -713,7 +757,7 @@ impl Default for ViewRecord {
 }
 
 /// What views of one producer's session share: the region and which slots are still held.
-struct Session {
+pub(crate) struct Session {
     id: u64,
     region: Region,
     mask: u64,
@@ -805,6 +849,19 @@ impl Session {
 }
 
 impl Release for Session {
+    #[inline]
+    fn release_held(&self, view: &RawView) {
+        let index = (view.token & self.mask) as usize;
+        // Only buffer sends (zero_copy) hold an arena mapping; see `release`.
+        if view.is_zero_copy() {
+            if let Some(holds) = self.arena_holds.get() {
+                drop(holds[index].lock().take());
+            }
+        }
+        self.views[index].state.store(view.token << 1, Ordering::Release);
+        self.reclaim();
+    }
+
     fn release(&self, view: &RawView) -> Result<()> {
         let not_held = || {
             Error::InvalidState(format!(
@@ -944,21 +1001,65 @@ impl ShmConsumer {
         s.region.slot_seq((next & s.mask) as usize).load(Ordering::Acquire) != expected_empty(next, s.slot_count)
             && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
     }
-    #[inline]
-    fn try_read(&mut self) -> Result<Option<RawView>> {
+    /// The next message if one is waiting and it is the common case: an inline or pool
+    /// message that passes every check. Everything else (nothing waiting, every slot held, a
+    /// buffer send, a slot that fails validation) is `None`, for [`try_read`](Self::try_read).
+    /// Kept free of `Result` so that the hot path moves no error-sized values.
+    #[inline(always)]
+    fn read_fast(&mut self) -> Option<RawView> {
         let s = &*self.link.session;
         let next = self.link.next;
+        let index = (next & s.mask) as usize;
+        // The second test: every slot is held by a view, so a legitimate producer cannot have
+        // published more.
+        if s.region.slot_seq(index).load(Ordering::Acquire) != next + 1
+            || next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count
+        {
+            return None;
+        }
+        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
+        let len = len_kind as u32 as usize;
+        let ptr = match (len_kind >> 32) as u32 {
+            KIND_INLINE if len.wrapping_sub(1) < INLINE_MAX => s.region.slot_inline(index) as *const u8,
+            KIND_POOL => {
+                let offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+                match s.region.pool_range(offset, len as u64) {
+                    Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        Some(self.hand_out(index, ptr, len, 0))
+    }
+
+    /// The next message if one is waiting (`Ok(None)` if not), or why the slot is invalid.
+    #[inline]
+    fn try_read(&mut self) -> Result<Option<RawView>> {
+        match self.read_fast() {
+            Some(view) => Ok(Some(view)),
+            None => self.read_slow(),
+        }
+    }
+
+    /// Reads the next slot with every case spelled out: what [`read_fast`](Self::read_fast)
+    /// leaves to it, and a message that arrived after it looked.
+    #[cold]
+    #[inline(never)]
+    fn read_slow(&mut self) -> Result<Option<RawView>> {
+        let s = &*self.link.session;
+        let next = self.link.next;
+        let index = (next & s.mask) as usize;
         if next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count {
-            // Every slot is held by a view: a legitimate producer cannot have published more.
             return Ok(None);
         }
-        let index = (next & s.mask) as usize;
         let seq = s.region.slot_seq(index).load(Ordering::Acquire);
+        let empty = expected_empty(next, s.slot_count);
+        if seq == empty {
+            return Ok(None);
+        }
         if seq != next + 1 {
-            if seq == expected_empty(next, s.slot_count) {
-                return Ok(None);
-            }
-            return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {}", next + 1, expected_empty(next, s.slot_count))));
+            return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {empty}", next + 1)));
         }
         let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
         let len = len_kind as u32 as usize;
@@ -971,7 +1072,8 @@ impl ShmConsumer {
                     Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
                     _ => {
                         return Err(self.corrupt(format!(
-                            "pool message {next} claims {len} bytes at offset {offset}, outside the {}-byte pool",
+                            "pool message {next} claims {len} bytes at offset {offset}, outside the {}-byte pool \
+                             or not {POOL_ALIGN}-byte aligned",
                             s.region.geometry.pool_size
                         )))
                     }
@@ -980,18 +1082,25 @@ impl ShmConsumer {
             KIND_ARENA => return self.read_arena_slot(index, next),
             kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
         };
+        Ok(Some(self.hand_out(index, ptr, len, 0)))
+    }
+
+    /// Records that message `next` is held by a view of `len` bytes at `ptr`, and hands it out.
+    #[inline(always)]
+    fn hand_out(&mut self, index: usize, ptr: *const u8, len: usize, flags: u64) -> RawView {
+        let s = &*self.link.session;
+        let next = self.link.next;
         let record = &s.views[index];
         record.ptr.store(ptr as usize, Ordering::Relaxed);
         record.len.store(len, Ordering::Relaxed);
         record.state.store(next << 1 | 1, Ordering::Release);
         self.link.next = next + 1;
         s.received.store(next + 1, Ordering::Release);
-        Ok(Some(RawView { ptr, len, token: next, session: s.id, zero_copy: false }))
+        RawView { ptr, len, token: next, session: s.id, flags }
     }
 
     /// Reads a buffer send: (arena id, offset, len), each checked against the arenas mapped
     /// here, reading the arena's fd from the socket first if it is new.
-    #[cold]
     fn read_arena_slot(&mut self, index: usize, next: u64) -> Result<Option<RawView>> {
         let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
         let mapping = match &self.link.arenas.last {
@@ -1017,16 +1126,8 @@ impl ShmConsumer {
         // SAFETY: offset + len <= the mapping's length, checked above.
         let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
         let len = len as usize;
-        let session = &*self.link.session;
-        *session.arena_holds()[index].lock() = Some(mapping);
-        let record = &session.views[index];
-        record.ptr.store(ptr as usize, Ordering::Relaxed);
-        record.len.store(len, Ordering::Relaxed);
-        record.state.store(next << 1 | 1, Ordering::Release);
-        session.received.store(next + 1, Ordering::Release);
-        let view = RawView { ptr, len, token: next, session: session.id, zero_copy: true };
-        self.link.next = next + 1;
-        Ok(Some(view))
+        *self.link.session.arena_holds()[index].lock() = Some(mapping);
+        Ok(Some(self.hand_out(index, ptr, len, RawView::ZERO_COPY)))
     }
 
     /// Reads the producer's control records waiting on the socket, without blocking: until
@@ -1288,6 +1389,14 @@ fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
     Ok(())
 }
 
+impl ShmConsumer {
+    /// The current session, which a received message keeps alive.
+    #[inline]
+    pub(crate) fn session(&self) -> Arc<Session> {
+        Arc::clone(&self.link.session)
+    }
+}
+
 impl ConsumerTransport for ShmConsumer {
     fn info(&self) -> &TransportInfo {
         &self.info
@@ -1302,8 +1411,15 @@ impl ConsumerTransport for ShmConsumer {
     }
 
     #[inline]
+    fn recv_fast(&mut self) -> Option<RawView> {
+        self.read_fast()
+    }
+
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
         loop {
+            if let Some(view) = self.read_fast() {
+                return Ok(view);
+            }
             if let Some(view) = self.poll_recv(false)? {
                 return Ok(view);
             }
@@ -1350,7 +1466,7 @@ impl ConsumerTransport for ShmConsumer {
     }
 
     fn releaser(&self) -> Arc<dyn Release> {
-        self.link.session.clone()
+        self.session()
     }
 
     fn arenas_received(&self) -> u64 {
