@@ -121,18 +121,23 @@ pub trait Release: Send + Sync {
 }
 
 /// What a Rust `Message` releases its view through: the built-in shared-memory session
-/// directly (so its release is inlined), any other transport through [`Release`].
+/// directly (inlined, no reference count per message: see `shm::Session::retire`), any other
+/// transport through [`Release`].
 pub(crate) enum Releaser {
-    Shm(Arc<super::transports::shm::Session>),
+    /// Valid while the message's view is held (`shm::release_message`'s contract).
+    Shm(std::ptr::NonNull<super::transports::shm::Session>),
     #[allow(dead_code)]
     Other(Arc<dyn Release>),
 }
 
 impl Releaser {
+    /// Releases `view`, which this releaser handed out and nobody released yet.
     #[inline]
     pub(crate) fn release_held(&self, view: &RawView) {
         match self {
-            Releaser::Shm(session) => session.release_held(view),
+            // SAFETY: a Releaser::Shm is made (by AnyConsumer::message_releaser) for a view just
+            // received from that session, and a Message releases its view once, in its drop.
+            Releaser::Shm(session) => unsafe { super::transports::shm::release_message(*session, view) },
             Releaser::Other(release) => release.release_held(view),
         }
     }
@@ -384,7 +389,7 @@ impl AnyConsumer {
     #[inline]
     pub(crate) fn message_releaser(&self) -> Releaser {
         match self {
-            Self::Shm(t) => Releaser::Shm(t.session()),
+            Self::Shm(t) => Releaser::Shm(t.session_ptr()),
             Self::Other(t) => Releaser::Other(t.releaser()),
         }
     }

@@ -156,6 +156,8 @@ pub struct ShmProducer {
     /// Pool allocator: monotonic byte counters; position = counter % pool_size.
     pool_head: u64,
     pool_tail: u64,
+    /// Where in the pool the next allocation starts (`pool_head` modulo the pool, tracked).
+    pool_pos: u64,
     /// `pool_head` after each in-flight message's allocation, indexed by slot.
     pool_ends: Vec<u64>,
     loan: Option<PendingLoan>,
@@ -258,6 +260,7 @@ impl ShmProducer {
             tail: 0,
             pool_head: 0,
             pool_tail: 0,
+            pool_pos: 0,
             pool_ends: vec![0; slot_count as usize],
             loan: None,
             fast_wake,
@@ -306,17 +309,14 @@ impl ShmProducer {
         Ok(())
     }
 
-    /// Finds `len` contiguous pool bytes: (offset, new pool_head), committed on publish.
-    fn pool_alloc(&mut self, len: usize) -> Option<(u64, u64)> {
+    /// Finds `len` contiguous pool bytes: (offset, new pool_head), committed on publish,
+    /// which also moves `pool_pos`. No division on this path: the position is tracked.
+    #[inline]
+    fn pool_alloc(&self, len: usize) -> Option<(u64, u64)> {
         let size = self.region.geometry.pool_size;
-        let need = (len as u64).div_ceil(POOL_ALIGN) * POOL_ALIGN;
-        if self.pool_head == self.pool_tail {
-            // Empty: start again at offset 0 so that even a pool-sized message fits.
-            let start = self.pool_head.div_ceil(size) * size;
-            self.pool_head = start;
-            self.pool_tail = start;
-        }
-        let pos = self.pool_head % size;
+        let need = pool_need(len);
+        // Empty: start again at offset 0, so that even a pool-sized message fits.
+        let pos = if self.pool_head == self.pool_tail { 0 } else { self.pool_pos };
         let (offset, taken) = if pos + need <= size { (pos, need) } else { (0, size - pos + need) };
         if self.pool_head - self.pool_tail + taken > size {
             return None;
@@ -628,6 +628,9 @@ impl ProducerTransport for ShmProducer {
         }
         self.pool_ends[index] = pending.pool_end;
         self.pool_head = pending.pool_end;
+        if pending.kind == KIND_POOL {
+            self.pool_pos = pending.pool_offset + pool_need(pending.len);
+        }
         publish_then_check(region.slot_seq(index), self.head + 1, self.fast_wake);
         let seq = self.head;
         self.head += 1;
@@ -769,6 +772,9 @@ pub(crate) struct Session {
     /// Messages released in order (mirrors the shared tail, which only we write).
     reclaimed: AtomicU64,
     reclaiming: AtomicBool,
+    /// Set under the reclaim lock when the consumer gave the session up while views were still
+    /// held: the release of the last one drops the consumer's reference (see [`Session::retire`]).
+    orphaned: AtomicBool,
     /// Both processes registered for membarriers (see the module doc).
     fast_wake: bool,
     /// Per slot, made at the first buffer send: the arena mapping a held view points into,
@@ -789,6 +795,7 @@ impl Session {
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             fast_wake,
             arena_holds: OnceLock::new(),
         }
@@ -818,12 +825,9 @@ impl Session {
         self.reclaimed.load(Ordering::Acquire) != self.received.load(Ordering::Acquire)
     }
 
-    /// Advances the shared tail over the released prefix and wakes a producer waiting for
-    /// room. Views may be released from several threads: a short spinlock orders the
-    /// reclaimers, and each releaser scans after its own release, so no release is left
-    /// unreclaimed (a "someone else will do it" hand-off would need a StoreLoad fence).
+    /// Takes the reclaim lock: views may be released from several threads.
     #[inline]
-    fn reclaim(&self) {
+    fn lock(&self) {
         let mut spins = 0u32;
         while self.reclaiming.swap(true, Ordering::Acquire) {
             spins += 1;
@@ -833,6 +837,17 @@ impl Session {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Marks message `token` released, advances the shared tail over the released prefix and
+    /// wakes a producer waiting for room, all under the lock: each releaser scans after its
+    /// own release, so no release is left unreclaimed (a "someone else will do it" hand-off
+    /// would need a StoreLoad fence). Returns whether this was the last view of an orphaned
+    /// session, which the caller must then drop. The unlock is this call's last access.
+    #[inline]
+    fn mark_released(&self, token: u64) -> bool {
+        self.lock();
+        self.views[(token & self.mask) as usize].state.store(token << 1, Ordering::Release);
         let start = self.reclaimed.load(Ordering::Relaxed);
         let received = self.received.load(Ordering::Acquire);
         let mut tail = start;
@@ -844,24 +859,59 @@ impl Session {
             publish_then_check(self.region.tail(), tail, self.fast_wake);
             wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.fast_wake);
         }
+        let last = tail == received && self.orphaned.load(Ordering::Relaxed);
         self.reclaiming.store(false, Ordering::Release);
+        last
+    }
+
+    /// Gives up the consumer's reference to a session. A Rust [`Message`] points at its
+    /// session without a reference count (an atomic increment and decrement per message
+    /// saved); instead, a session whose views are not all released is marked orphaned, and
+    /// the release of its last view drops this reference ([`release_message`]).
+    ///
+    /// [`Message`]: crate::channels::Message
+    fn retire(session: Arc<Session>) {
+        session.lock();
+        let held = session.reclaimed.load(Ordering::Relaxed) != session.received.load(Ordering::Acquire);
+        session.orphaned.store(held, Ordering::Relaxed);
+        session.reclaiming.store(false, Ordering::Release);
+        if held {
+            // Dropped by `release_message` when the last view goes.
+            std::mem::forget(session);
+        }
+    }
+}
+
+/// Releases a Rust message's view.
+///
+/// # Safety
+/// `session` points to a live session (the consumer's own reference, or, once the consumer
+/// has retired it, the one this function drops when the last view goes), and `view` is held:
+/// received from it and not released yet. Both hold for a [`Message`] until its drop.
+///
+/// [`Message`]: crate::channels::Message
+#[inline]
+pub(crate) unsafe fn release_message(session: std::ptr::NonNull<Session>, view: &RawView) {
+    let last = {
+        // SAFETY: the caller guarantees the session is alive; it stays so until the view is
+        // marked released, which happens inside `mark_released`.
+        let s = unsafe { session.as_ref() };
+        // Only buffer sends (zero copy) hold an arena mapping; see `Session::release`.
+        if view.is_zero_copy() {
+            if let Some(holds) = s.arena_holds.get() {
+                drop(holds[(view.token & s.mask) as usize].lock().take());
+            }
+        }
+        s.mark_released(view.token)
+    };
+    if last {
+        // SAFETY: the session was retired with its views held, leaking the consumer's strong
+        // reference for this moment; this was its last view, so nothing else touches it.
+        unsafe { Arc::decrement_strong_count(session.as_ptr().cast_const()) };
     }
 }
 
 impl Release for Session {
-    #[inline]
-    fn release_held(&self, view: &RawView) {
-        let index = (view.token & self.mask) as usize;
-        // Only buffer sends (zero_copy) hold an arena mapping; see `release`.
-        if view.is_zero_copy() {
-            if let Some(holds) = self.arena_holds.get() {
-                drop(holds[index].lock().take());
-            }
-        }
-        self.views[index].state.store(view.token << 1, Ordering::Release);
-        self.reclaim();
-    }
-
     fn release(&self, view: &RawView) -> Result<()> {
         let not_held = || {
             Error::InvalidState(format!(
@@ -885,15 +935,36 @@ impl Release for Session {
         if let Some(holds) = self.arena_holds.get() {
             drop(holds[(view.token & self.mask) as usize].lock().take());
         }
-        record.state.store(view.token << 1, Ordering::Release);
-        self.reclaim();
+        // The consumer that received it (and releases it now) still holds the session.
+        let last = self.mark_released(view.token);
+        debug_assert!(!last, "a session is orphaned only once its consumer has gone");
         Ok(())
+    }
+}
+
+/// The consumer's own reference to a session; dropping it retires the session, which keeps
+/// it alive for the messages still held ([`Session::retire`]).
+struct OwnedSession(Option<Arc<Session>>);
+
+impl std::ops::Deref for OwnedSession {
+    type Target = Arc<Session>;
+    #[inline]
+    fn deref(&self) -> &Arc<Session> {
+        self.0.as_ref().expect("an owned session is present until dropped")
+    }
+}
+
+impl Drop for OwnedSession {
+    fn drop(&mut self) {
+        if let Some(session) = self.0.take() {
+            Session::retire(session);
+        }
     }
 }
 
 /// The consumer's connection to its current producer.
 struct Link {
-    session: Arc<Session>,
+    session: OwnedSession,
     watch: PeerWatch,
     eventfd: OwnedFd,
     next: u64,
@@ -920,7 +991,7 @@ pub struct ShmConsumer {
     listener: Listener,
     link: Link,
     /// Earlier sessions whose views are still held (for release by value).
-    old: Vec<Arc<Session>>,
+    old: Vec<OwnedSession>,
     sessions: u64,
     epoll: Option<OwnedFd>,
     armed: bool,
@@ -1244,7 +1315,7 @@ impl ShmConsumer {
         }
         self.old.retain(|s| s.holds_views());
         if old.session.holds_views() {
-            self.old.push(old.session.clone());
+            self.old.push(old.session);
         }
         Ok(true)
     }
@@ -1262,6 +1333,12 @@ impl ShmConsumer {
     fn gone_error(&self) -> Error {
         Error::PeerGone(self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)))
     }
+}
+
+/// The pool bytes a message of `len` bytes takes: rounded up to cache lines.
+#[inline]
+fn pool_need(len: usize) -> u64 {
+    (len as u64 + POOL_ALIGN - 1) & !(POOL_ALIGN - 1)
 }
 
 /// The sequence word of the slot that will carry message `next` while it is still empty:
@@ -1335,7 +1412,7 @@ fn handshake(sock: std::os::unix::net::UnixStream, cred: libc::ucred, name: &str
             rendezvous::send_ack(&sock, rendezvous::ACK_OK, "")?;
             sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
             Ok(Link {
-                session: Arc::new(Session::new(id, region, fast_wake)),
+                session: OwnedSession(Some(Arc::new(Session::new(id, region, fast_wake)))),
                 watch: PeerWatch::new(sock, cred.pid),
                 eventfd,
                 next: 0,
@@ -1390,10 +1467,10 @@ fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
 }
 
 impl ShmConsumer {
-    /// The current session, which a received message keeps alive.
+    /// The current session, which a received message points at (see [`Session::retire`]).
     #[inline]
-    pub(crate) fn session(&self) -> Arc<Session> {
-        Arc::clone(&self.link.session)
+    pub(crate) fn session_ptr(&self) -> std::ptr::NonNull<Session> {
+        std::ptr::NonNull::from(&**self.link.session as &Session)
     }
 }
 
@@ -1466,7 +1543,7 @@ impl ConsumerTransport for ShmConsumer {
     }
 
     fn releaser(&self) -> Arc<dyn Release> {
-        self.session()
+        Arc::clone(&self.link.session) as Arc<dyn Release>
     }
 
     fn arenas_received(&self) -> u64 {
@@ -1477,8 +1554,7 @@ impl ConsumerTransport for ShmConsumer {
         if view.session == self.link.session.id {
             return self.link.session.release(view);
         }
-        let old = self.old.iter().find(|s| s.id == view.session).cloned();
-        match old {
+        match self.old.iter().find(|s| s.id == view.session) {
             Some(s) => {
                 let r = s.release(view);
                 self.old.retain(|s| s.holds_views());
