@@ -76,3 +76,54 @@ fn thousand_cycles_leave_nothing() {
         }
     }
 }
+
+/// Messages may outlive their consumer: they stay readable, in any thread, and the last one
+/// released unmaps the channel (a message points at its session without a reference count,
+/// so this is what checks that the session is neither freed early nor leaked).
+#[test]
+fn messages_outlive_their_consumer() {
+    const TEST: &str = "leaks::messages_outlive_their_consumer";
+    let wait = WaitStrategy::BusyPoll;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let buffer = ctx().allocate(4096, MemoryLocation::CpuStandard).unwrap();
+            buffer.write_at(0, b"by reference").unwrap();
+            let mut p = Producer::create(&ctx(), "outlive", &here(), &here(), &config(wait)).unwrap();
+            p.send(b"first").unwrap();
+            p.send(&[7u8; 5000]).unwrap();
+            p.send_buffer(&buffer, 0, 12).unwrap();
+            // The consumer releases nothing before it goes; its exit is the end of the test.
+            let gone = p.wait_completed(2, Some(Duration::from_secs(20)));
+            assert!(gone.is_err(), "the consumer dropped its channel before releasing anything");
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "outlive", &here(), &here(), &config(wait)).unwrap();
+            let first = c.recv().unwrap();
+            let pooled = c.recv().unwrap();
+            let by_ref = c.recv().unwrap();
+            drop(c);
+            assert_eq!(channel_mappings(), 1, "the held messages keep the channel mapped");
+            assert_eq!(&*first, b"first");
+            let elsewhere = std::thread::spawn(move || {
+                assert!(pooled.iter().all(|&b| b == 7) && pooled.len() == 5000);
+                drop(pooled);
+            });
+            elsewhere.join().unwrap();
+            assert_eq!(&*by_ref, b"by reference");
+            drop(first);
+            assert_eq!(channel_mappings(), 1, "one message is still held");
+            drop(by_ref);
+            assert_eq!(channel_mappings(), 0, "the last release unmaps the channel");
+            assert_eq!(arena_mappings(), 0, "and the producer's arena");
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("outlive");
+            let c = spawn(TEST, "consumer", &dir, &[]);
+            let p = spawn(TEST, "producer", &dir, &[]);
+            wait_ok(c, "consumer");
+            wait_ok(p, "producer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
