@@ -228,6 +228,139 @@ fn memcpy_bandwidth(size: usize, quick: bool) -> f64 {
     (reps * size) as f64 / t.elapsed().as_secs_f64()
 }
 
+/// Slots of the minimal-ring floor, as many as the benchmark channels have.
+const RING_SLOTS: usize = 256;
+/// One slot of the minimal ring: a sequence word and a length, 128 bytes apart like the
+/// shared-memory transport's slots.
+#[repr(C, align(128))]
+struct RingSlot {
+    seq: AtomicU64,
+    len: AtomicU64,
+}
+
+/// The minimal-ring floor: the same ping-pong as the channels' over two rings of
+/// [`RING_SLOTS`] slots in plain shared memory, each message one slot write and one release
+/// (a tail word), with no checks, pool, wake-up protocol or API. What any ring-based channel of
+/// this capacity pays on this machine; lava-flow's software is the difference.
+fn ring_floor(rings: *mut RingSlot, ping: bool, iters: usize) -> Option<Percentiles> {
+    // SAFETY: `rings` is the shared mapping made before the fork: two rings of RING_SLOTS
+    // slots, then one tail slot per ring, all used only through atomics.
+    let slot = |ring: usize, i: usize| unsafe { &*rings.add(ring * RING_SLOTS + i % RING_SLOTS) };
+    let tail = |ring: usize| unsafe { &(*rings.add(2 * RING_SLOTS + ring)).seq };
+    let (out, inp) = if ping { (0, 1) } else { (1, 0) };
+    let mut rtts = Vec::with_capacity(iters);
+    let warm = iters / 10;
+    for i in 0..warm + iters {
+        let t = Instant::now();
+        let send = |i: usize| {
+            let s = slot(out, i);
+            s.len.store(64, Ordering::Relaxed);
+            s.seq.store(i as u64 + 1, Ordering::Release);
+        };
+        let recv = |i: usize| {
+            let s = slot(inp, i);
+            while s.seq.load(Ordering::Acquire) != i as u64 + 1 {
+                std::hint::spin_loop();
+            }
+            std::hint::black_box(s.len.load(Ordering::Relaxed));
+            tail(inp).store(i as u64 + 1, Ordering::Release);
+        };
+        if ping {
+            send(i);
+            recv(i);
+            if i >= warm {
+                rtts.push(t.elapsed().as_nanos() as u64);
+            }
+        } else {
+            recv(i);
+            send(i);
+        }
+    }
+    ping.then(|| percentiles(rtts))
+}
+
+/// Plain shared memory for the cross-core copy floor, mapped before the fork: two counters on
+/// their own cache lines and a buffer area.
+struct CopyFloorMem {
+    published: &'static AtomicU64,
+    acked: &'static AtomicU64,
+    buf: *mut u8,
+    len: usize,
+}
+
+impl CopyFloorMem {
+    fn map(len: usize) -> CopyFloorMem {
+        let total = len + 4096;
+        // SAFETY: a fresh shared anonymous mapping, populated now so that page faults are not
+        // timed; checked.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mapping the copy floor's memory");
+        let p = p.cast::<u8>();
+        // SAFETY: the mapping lives until the process exits; both words are 8-aligned, on
+        // lines of their own, and used only through atomics.
+        unsafe {
+            CopyFloorMem {
+                published: &*(p.add(128) as *const AtomicU64),
+                acked: &*(p.add(256) as *const AtomicU64),
+                buf: p.add(4096),
+                len,
+            }
+        }
+    }
+}
+
+/// The cross-core copy floor for touch bandwidth: exactly the `bandwidth` pipeline in touch
+/// mode (the sender writes `window` buffers of `size` bytes, publishing each; the receiver
+/// reads every byte of each; then acknowledges the window), over plain shared memory with two
+/// counters and no channel. What the machine allows one core to hand another.
+fn copy_floor(mem: &CopyFloorMem, ping: bool, size: usize, window: usize, iters: usize) -> Option<f64> {
+    // Like a channel's pool (the area is as large), the buffers move on through the whole area:
+    // reusing the same few would make every write wait for the reader's copies to be
+    // invalidated.
+    let count = (mem.len / size).max(1);
+    assert!(count >= window && size <= mem.len);
+    let mut next = 0usize;
+    // SAFETY: `size` bytes at a multiple of `size` inside the shared buffer; the counters order
+    // the writes and reads, and a buffer is rewritten only after the window holding it is
+    // acknowledged.
+    let mut slot = |_w: usize| {
+        let at = next % count * size;
+        next += 1;
+        unsafe { std::slice::from_raw_parts_mut(mem.buf.add(at), size) }
+    };
+    let (mut published, mut acked) = (mem.published.load(Ordering::Acquire), mem.acked.load(Ordering::Acquire));
+    let mut start = Instant::now();
+    for it in 0..iters + 1 {
+        if it == 1 {
+            start = Instant::now();
+        }
+        if ping {
+            for w in 0..window {
+                fill(slot(w), w as u8);
+                published += 1;
+                mem.published.store(published, Ordering::Release);
+            }
+            acked += 1;
+            while mem.acked.load(Ordering::Acquire) < acked {
+                std::hint::spin_loop();
+            }
+        } else {
+            for w in 0..window {
+                published += 1;
+                while mem.published.load(Ordering::Acquire) < published {
+                    std::hint::spin_loop();
+                }
+                read_all(slot(w));
+            }
+            acked += 1;
+            mem.acked.store(acked, Ordering::Release);
+        }
+    }
+    ping.then(|| (iters * window * size) as f64 / start.elapsed().as_secs_f64())
+}
+
 // ----- lava-flow ---------------------------------------------------------------------------
 
 fn fill(buf: &mut [u8], v: u8) {
@@ -548,18 +681,22 @@ struct Results {
     /// ns per registry lookup: no shareable buffer, outside their span, inside it.
     lookup: (f64, f64, f64),
     spin_floor: Percentiles,
+    ring_floor: Percentiles,
     eventfd_floor: Percentiles,
     memcpy: Vec<(usize, f64)>,
+    /// (size, bytes/s) of the cross-core copy floor.
+    copy_floor: Vec<(usize, f64)>,
     latency: Vec<LatencyRow>,
     bandwidth: Vec<BandwidthRow>,
 }
 
-fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag: &str) -> Option<Results> {
+fn run(o: &Options, ping: bool, line: &AtomicU64, rings: *mut RingSlot, floor_mem: &CopyFloorMem, efd: (&OwnedFd, &OwnedFd), tag: &str) -> Option<Results> {
     let floor_iters = if o.quick { 20_000 } else { 200_000 };
     let spin_floor = if ping { Some(spin_floor_ping(line, floor_iters)) } else {
         spin_floor_pong(line, floor_iters);
         None
     };
+    let ring = ring_floor(rings, ping, floor_iters);
     let efd_iters = floor_iters / 10;
     let mut rtts = Vec::new();
     for i in 0..efd_iters + efd_iters / 10 {
@@ -577,11 +714,11 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
     }
     let eventfd_floor = ping.then(|| percentiles(rtts));
 
-    let max_size = o.sizes.iter().chain(&o.bw_sizes).copied().max().unwrap_or(64);
-    let pool = (max_size * 4).max(64 << 20);
+    let pool = pool_for(o);
     let context = cpu_context();
     let mut latency_rows = Vec::new();
     let mut bandwidth_rows = Vec::new();
+    let mut copy_floors = Vec::new();
     for mode in &o.modes {
         if mode == "ffi" {
             for &size in o.sizes.iter().filter(|&&s| s <= 64) {
@@ -608,11 +745,15 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
             }
         }
         if mode == "busy" {
+            for &size in &o.bw_sizes {
+                let (window, iters) = bandwidth_shape(o, size, pool);
+                if let Some(bps) = copy_floor(floor_mem, ping, size, window, iters) {
+                    copy_floors.push((size, bps));
+                }
+            }
             for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch].iter().filter(|p| wanted(p)).copied() {
                 for &size in &o.bw_sizes {
-                    let window = o.window.min(pool / size / 2).max(1);
-                    let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };
-                    let iters = (budget / (size * window)).clamp(3, 2000);
+                    let (window, iters) = bandwidth_shape(o, size, pool);
                     pair.sources.ensure(&context, size, window);
                     if let Some(bps) = bandwidth(&mut pair, ping, size, payload, window, iters) {
                         bandwidth_rows.push(BandwidthRow { payload: payload.name(), size, window, bytes_per_s: bps });
@@ -628,11 +769,26 @@ fn run(o: &Options, ping: bool, line: &AtomicU64, efd: (&OwnedFd, &OwnedFd), tag
     Some(Results {
         lookup: lookup_cost(),
         spin_floor: spin_floor.unwrap(),
+        ring_floor: ring.unwrap(),
         eventfd_floor: eventfd_floor.unwrap(),
         memcpy,
+        copy_floor: copy_floors,
         latency: latency_rows,
         bandwidth: bandwidth_rows,
     })
+}
+
+/// The window and iteration count of a bandwidth row of `size` bytes.
+fn bandwidth_shape(o: &Options, size: usize, pool: usize) -> (usize, usize) {
+    let window = o.window.min(pool / size / 2).max(1);
+    let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };
+    (window, (budget / (size * window)).clamp(3, 2000))
+}
+
+/// The pool every benchmark channel gets: room for a window of the largest message.
+fn pool_for(o: &Options) -> usize {
+    let max_size = o.sizes.iter().chain(&o.bw_sizes).copied().max().unwrap_or(64);
+    (max_size * 4).max(64 << 20)
 }
 
 fn find<'a>(r: &'a Results, mode: &str, payload: &str, size: usize) -> Option<&'a LatencyRow> {
@@ -645,6 +801,9 @@ fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
     if let Some(l) = find(r, "busy", "zero-copy", 64) {
         let ratio = l.lat.p50 / r.spin_floor.p50;
         t.push(("busy-poll 64 B p50 / spinning floor".to_owned(), ratio, 1.5, ratio <= 1.5));
+        // Context, not an issue target: against the least a ring channel pays here.
+        let ratio = l.lat.p50 / r.ring_floor.p50;
+        t.push(("  (busy-poll 64 B p50 / minimal-ring floor)".to_owned(), ratio, 1.5, ratio <= 1.5));
     }
     if let Some(l) = find(r, "block", "zero-copy", 8) {
         let ratio = l.lat.p50 / r.eventfd_floor.p50;
@@ -654,6 +813,11 @@ fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
         if let Some((_, m)) = r.memcpy.iter().find(|(s, _)| *s == b.size) {
             let ratio = b.bytes_per_s / m;
             t.push((format!("touch bandwidth {} / memcpy", human(b.size)), ratio, 0.9, ratio >= 0.9));
+        }
+        if let Some((_, f)) = r.copy_floor.iter().find(|(s, _)| *s == b.size) {
+            // Context, not an issue target: how close to what the machine allows.
+            let ratio = b.bytes_per_s / f;
+            t.push((format!("  (touch bandwidth {} / cross-core copy floor)", human(b.size)), ratio, 0.9, ratio >= 0.9));
         }
     }
     for payload in ["zero-copy", "buffer"] {
@@ -678,9 +842,13 @@ fn print_text(r: &Results, o: &Options) {
     println!();
     println!("floors (half round trip, same run)");
     println!("  spinning on one cache line   p50 {:8.0} ns  p99 {:8.0} ns", r.spin_floor.p50, r.spin_floor.p99);
+    println!("  minimal ring ({RING_SLOTS} slots)     p50 {:8.0} ns  p99 {:8.0} ns  (two rings, no checks or API)", r.ring_floor.p50, r.ring_floor.p99);
     println!("  eventfd ping-pong            p50 {:8.0} ns  p99 {:8.0} ns", r.eventfd_floor.p50, r.eventfd_floor.p99);
     for (s, bw) in &r.memcpy {
         println!("  memcpy {:>6}                {:8.2} GB/s", human(*s), bw / 1e9);
+    }
+    for (s, bw) in &r.copy_floor {
+        println!("  cross-core copy {:>6}       {:8.2} GB/s  (one core writes, the other reads, no channel)", human(*s), bw / 1e9);
     }
     println!();
     println!("latency (half round trip, ns)");
@@ -724,8 +892,10 @@ fn print_json(r: &Results, o: &Options) {
         "pinned": o.pin,
         "floors": {
             "spin_cache_line": lat(&r.spin_floor),
+            "minimal_ring": lat(&r.ring_floor),
             "eventfd": lat(&r.eventfd_floor),
             "memcpy": r.memcpy.iter().map(|(s, b)| json!({"size": s, "bytes_per_s": b})).collect::<Vec<_>>(),
+            "cross_core_copy": r.copy_floor.iter().map(|(s, b)| json!({"size": s, "bytes_per_s": b})).collect::<Vec<_>>(),
         },
         "latency": r.latency.iter().map(|l| json!({
             "mode": l.mode, "payload": l.payload, "size": l.size, "iters": l.iters,
@@ -760,6 +930,13 @@ fn main() {
     };
     // SAFETY: the page is live for the whole run, 8-aligned, and used only through atomics.
     let line = unsafe { &*(line_ptr as *const AtomicU64) };
+    let floor_mem = CopyFloorMem::map(pool_for(&o));
+    let ring_len = (2 * RING_SLOTS + 2) * std::mem::size_of::<RingSlot>();
+    // SAFETY: a fresh shared anonymous mapping (zeroed: every sequence word starts at 0); checked.
+    let rings = unsafe {
+        libc::mmap(std::ptr::null_mut(), ring_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    assert_ne!(rings, libc::MAP_FAILED, "mapping the ring floor");
     let (efd_a, efd_b) = (blocking_eventfd(), blocking_eventfd());
     // SAFETY: no other threads exist yet; the child only runs this function's code.
     let child = unsafe { libc::fork() };
@@ -771,7 +948,7 @@ fn main() {
     if o.pin && online >= 2 {
         pin_to(if ping { 0 } else { 1 });
     }
-    let results = run(&o, ping, line, (&efd_a, &efd_b), &tag);
+    let results = run(&o, ping, line, rings.cast(), &floor_mem, (&efd_a, &efd_b), &tag);
     if !ping {
         std::process::exit(0);
     }
