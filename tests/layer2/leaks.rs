@@ -92,9 +92,13 @@ fn messages_outlive_their_consumer() {
             p.send(b"first").unwrap();
             p.send(&[7u8; 5000]).unwrap();
             p.send_buffer(&buffer, 0, 12).unwrap();
-            // The consumer releases nothing before it goes; its exit is the end of the test.
-            let gone = p.wait_completed(2, Some(Duration::from_secs(20)));
-            assert!(gone.is_err(), "the consumer dropped its channel before releasing anything");
+            // The consumer closes before it releases: the producer sees either the close or
+            // the releases that follow it (the shared tail still moves), whichever it looks
+            // at first.
+            match p.wait_completed(2, Some(Duration::from_secs(20))) {
+                Ok(()) | Err(lava_flow::Error::PeerGone(_)) => {}
+                Err(e) => panic!("waiting for the consumer: {e}"),
+            }
         }
         Some("consumer") => {
             let mut c = Consumer::create(&ctx(), "outlive", &here(), &here(), &config(wait)).unwrap();
