@@ -72,7 +72,7 @@ fn every_exported_name_is_prefixed() {
             rest.split_whitespace().next()
         } else if !line.starts_with(' ') && !line.starts_with('/') && !line.starts_with('#') && line.contains('(') {
             // A function declaration: the identifier before the first parenthesis.
-            line.split('(').next().and_then(|s| s.rsplit(|c: char| c == ' ' || c == '*').next())
+            line.split('(').next().and_then(|s| s.rsplit([' ', '*']).next())
         } else {
             None
         };
