@@ -325,7 +325,7 @@ fn copy_floor(mem: &CopyFloorMem, ping: bool, size: usize, window: usize, iters:
     // SAFETY: `size` bytes at a multiple of `size` inside the shared buffer; the counters order
     // the writes and reads, and a buffer is rewritten only after the window holding it is
     // acknowledged.
-    let mut slot = |_w: usize| {
+    let mut next_buffer = || {
         let at = next % count * size;
         next += 1;
         unsafe { std::slice::from_raw_parts_mut(mem.buf.add(at), size) }
@@ -338,7 +338,7 @@ fn copy_floor(mem: &CopyFloorMem, ping: bool, size: usize, window: usize, iters:
         }
         if ping {
             for w in 0..window {
-                fill(slot(w), w as u8);
+                fill(next_buffer(), w as u8);
                 published += 1;
                 mem.published.store(published, Ordering::Release);
             }
@@ -347,12 +347,12 @@ fn copy_floor(mem: &CopyFloorMem, ping: bool, size: usize, window: usize, iters:
                 std::hint::spin_loop();
             }
         } else {
-            for w in 0..window {
+            for _ in 0..window {
                 published += 1;
                 while mem.published.load(Ordering::Acquire) < published {
                     std::hint::spin_loop();
                 }
-                read_all(slot(w));
+                read_all(next_buffer());
             }
             acked += 1;
             mem.acked.store(acked, Ordering::Release);
