@@ -181,8 +181,10 @@ pub struct Message {
     releaser: Releaser,
 }
 
-// SAFETY: the view points into a mapping kept alive by `releaser` (the session), which is
-// Send + Sync; reading it from another thread is as safe as from this one.
+// SAFETY: the view points into a mapping that its session keeps alive until the view is
+// released (for shm, the session outlives its consumer while views are held: see
+// `shm::Session::retire`). Sessions are Send + Sync, their release takes a lock, so reading
+// and releasing from another thread is as safe as from this one.
 unsafe impl Send for Message {}
 // SAFETY: &Message only gives read access to the bytes.
 unsafe impl Sync for Message {}
