@@ -86,6 +86,11 @@
 // or `lf_send` of bytes inside a buffer): nothing was copied.
 #define LF_MESSAGE_ZERO_COPY 1
 
+// `lf_message.flags`: the payload is GPU memory of the sender's, shared with this process's
+// GPU: `lf_message_buffer` gives it as an `lf_buffer`; `data` is its host address where the
+// host can map it, else NULL.
+#define LF_MESSAGE_GPU 2
+
 // `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
 #define LF_HUGEPAGE_STRICT 0
 
@@ -254,8 +259,12 @@ typedef struct lf_channel_config {
   // and they must not be rewritten until the message completes (`lf_wait_completed`).
   // 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
   uint32_t auto_zero_copy;
-  // Must be 0.
-  uint32_t reserved;
+  // 1: GPU buffers must go by reference with GPU-side synchronisation; where they would be
+  // staged through host memory (the consumer on another GPU, or without one) or
+  // synchronised on the host (the driver cannot share semaphores), `lf_channel_create`
+  // fails instead, saying why. 0 (the default): those fallbacks are taken and reported by
+  // `lf_channel_transport`.
+  uint32_t strict_gpu;
 } lf_channel_config;
 
 // Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
@@ -274,9 +283,13 @@ typedef struct lf_message {
   uint64_t sequence;
   // Internal: which producer session the message came from. Do not change.
   uint64_t session;
-  // LF_MESSAGE_ZERO_COPY or 0.
+  // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
   uint32_t flags;
   uint32_t reserved;
+  // For LF_MESSAGE_GPU: the value of the channel's ready semaphore
+  // (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
+  // lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
+  uint64_t ready_value;
 } lf_message;
 
 // Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
@@ -597,8 +610,9 @@ lf_status lf_channel_create(const struct lf_context *context,
                             const struct lf_channel_config *config,
                             struct lf_channel **out);
 
-// Lends the transport's name (`"shm"`, ...) and, if `reason` is not NULL, one sentence on why
-// it was chosen. Both strings are owned by the channel and valid until it is freed.
+// Lends the name of the transports the channel uses (`"shm"`, or `"shm+vulkan_ipc"` when GPU
+// buffers take the Vulkan IPC route) and, if `reason` is not NULL, sentences on each route:
+// why it was chosen, and how GPU buffers are synchronised or why they are staged. Both strings are owned by the channel and valid until it is freed.
 //
 // # Safety
 // `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
@@ -631,17 +645,20 @@ lf_status lf_send(struct lf_channel *channel,
 lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, uint64_t *sequence);
 
 // Sends `len` bytes at `offset` of `buffer` by reference as the next message, waiting for
-// room up to `timeout_ns` (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). The
-// consumer maps the buffer's arena once per channel (its fd travels over the rendezvous
-// socket the first time) and reads the bytes where they lie. Do not write or free the range
-// until the message is complete (`lf_completed`, `lf_wait_completed`); the channel keeps
-// the arena's memory alive until then. `*sequence` (if not NULL) receives the message's
-// number.
+// room up to `timeout_ns` (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). Do not
+// write or free the range until the message is complete (`lf_completed`,
+// `lf_wait_completed`); the channel keeps the buffer's memory alive until then. `*sequence`
+// (if not NULL) receives the message's number.
 //
-// Any CPU buffer from `lf_alloc`, `lf_alloc_auto` or `lf_import` can be sent.
-// LF_ERR_UNSUPPORTED for registered user memory (`lf_register`) and GPU memory (GPU buffers
-// will travel through the Vulkan IPC transport); LF_ERR_INVALID_ARGUMENT for an empty range
-// or one outside the buffer.
+// CPU buffers from `lf_alloc`, `lf_alloc_auto` or `lf_import`: the consumer maps the
+// buffer's arena once per channel and reads the bytes where they lie. GPU buffers
+// (LF_MEMORY_GPU_*): through the channel's GPU route, by reference where the consumer's
+// process shares the GPU (the arena is exported once per channel and imported once by the
+// consumer, which receives an `lf_buffer`: `lf_message_buffer`), else copied through host
+// memory; `lf_channel_transport` says which. The bytes must be in place when this is called
+// (lava-flow's own writes and copies are); for GPU work still running, see
+// `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
+// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer.
 //
 // # Safety
 // `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.
@@ -651,6 +668,37 @@ lf_status lf_send_buffer(struct lf_channel *channel,
                          size_t len,
                          int64_t timeout_ns,
                          uint64_t *sequence);
+
+// As `lf_send_buffer` for a GPU buffer whose contents the producer's own GPU work is still
+// writing: they are in place once the channel's ready semaphore (`lf_channel_ready_semaphore`,
+// imported into that work's API, e.g. `cudaImportExternalSemaphore`) reaches `ready_value`,
+// which the work signals (`cudaSignalExternalSemaphoresAsync`). The consumer's GPU work waits
+// for it on the GPU. Values must grow from message to message (the consumer refuses one that
+// goes back, LF_ERR_CORRUPT). LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on
+// the host or stages them; LF_ERR_INVALID_ARGUMENT for `ready_value` 0 (use `lf_send_buffer`).
+//
+// # Safety
+// As `lf_send_buffer`.
+lf_status lf_send_buffer_after(struct lf_channel *channel,
+                               const struct lf_buffer *buffer,
+                               size_t offset,
+                               size_t len,
+                               uint64_t ready_value,
+                               int64_t timeout_ns,
+                               uint64_t *sequence);
+
+// A new file descriptor of the channel's ready semaphore: a Vulkan timeline semaphore
+// exported as an opaque fd, for `cudaImportExternalSemaphore`
+// (`cudaExternalSemaphoreHandleTypeTimelineSemaphoreFd`, which takes the fd) or
+// `vkImportSemaphoreFdKHR`. A producer's GPU work signals it (see `lf_send_buffer_after`); a
+// consumer's GPU work waits on a message's `ready_value`. The caller owns the fd. The
+// consumer's semaphore is its current producer's (a new producer brings a new one).
+// LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on the host (the driver
+// cannot share semaphores, as with Mesa's lavapipe) or stages them, with the reason.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
+lf_status lf_channel_ready_semaphore(struct lf_channel *channel, int *fd);
 
 // Lends `len` bytes of shared memory to write the next message in place, waiting for room up
 // to `timeout_ns` (0: LF_ERR_WOULD_BLOCK at once when full). One loan at a time; finish it
@@ -713,6 +761,21 @@ lf_status lf_try_recv(struct lf_channel *channel, struct lf_message *out);
 // `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message.
 lf_status lf_release(struct lf_channel *channel, const struct lf_message *message);
 
+// The GPU buffer a received LF_MESSAGE_GPU message carries, as an `lf_buffer` lent until
+// `lf_release` of the message (do not `lf_free` it): usable with `lf_buffer_copy` (the copy
+// waits on the GPU for the message's `ready_value`), `lf_buffer_read`, and `lf_buffer_export`
+// to hand the memory to CUDA or OpenCL (`cudaImportExternalMemory`; the export names the
+// producer's arena, so an importer can cache by `exporter_pid`, `exporter_token` and
+// `arena_id`). The same handle is lent each time it is asked for. LF_ERR_INVALID_STATE for a
+// message that carries no GPU buffer or is not held.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message; `out`
+// NULL or writable.
+lf_status lf_message_buffer(struct lf_channel *channel,
+                            const struct lf_message *message,
+                            const struct lf_buffer **out);
+
 // A file descriptor for poll/epoll: readable while a message waits or after the producer
 // has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
 // until LF_ERR_WOULD_BLOCK. Consumers only.
@@ -722,7 +785,8 @@ lf_status lf_release(struct lf_channel *channel, const struct lf_message *messag
 lf_status lf_channel_fd(struct lf_channel *channel, int *out);
 
 // Closes this end of the channel; the peer sees LF_ERR_PEER_GONE (after reading what was
-// sent). NULL is accepted. Views into the channel become invalid.
+// sent). NULL is accepted. Views into the channel become invalid, and so do the buffers of
+// GPU messages not released (`lf_message_buffer`).
 //
 // # Safety
 // `channel` must not be in use by another thread.

@@ -11,17 +11,20 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::transport::{AnyConsumer, ConsumerTransport, RawView, Releaser, TransportInfo, TransportKind};
-use super::transports::shm::ShmConsumer;
-use super::{select_transport, validate_channel_name, ChannelConfig};
+use super::transport::{ConsumerTransport, RawView, RouteReceiver, RoutedPayload, TransportInfo};
+use super::transports::{self, AnyConsumer, MessageReleaser};
+use super::{plan_routes, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
-use crate::memory::Context as MemoryContext;
+use crate::memory::{Buffer, Context as MemoryContext};
 use crate::os::eventfd::{eventfd, eventfd_signal, poll};
 use crate::types::ProcessLocation;
 
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
 pub struct Consumer {
     transport: AnyConsumer,
+    /// The route of GPU buffers by reference, if the channel has one.
+    gpu: Option<Box<dyn RouteReceiver>>,
+    info: TransportInfo,
     name: String,
     context: MemoryContext,
     waker_thread: Option<WakerThread>,
@@ -29,7 +32,7 @@ pub struct Consumer {
 
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Consumer").field("name", &self.name).field("transport", self.transport.info()).finish()
+        f.debug_struct("Consumer").field("name", &self.name).field("transport", &self.info).finish()
     }
 }
 
@@ -47,12 +50,16 @@ impl Consumer {
         config: &ChannelConfig,
     ) -> Result<Consumer> {
         validate_channel_name(name)?;
-        let info = select_transport(my_location, peer_location, config)?;
-        let transport = match info.kind {
-            TransportKind::Shm => AnyConsumer::Shm(ShmConsumer::listen(name, info, config)?),
-            other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
-        };
-        Ok(Consumer { transport, name: name.to_owned(), context: context.clone(), waker_thread: None })
+        let plan = plan_routes(my_location, peer_location, config, context)?;
+        let parts = transports::listen_consumer(name, &plan, config, context)?;
+        Ok(Consumer {
+            transport: parts.carrier,
+            gpu: parts.gpu,
+            info: parts.info,
+            name: name.to_owned(),
+            context: context.clone(),
+            waker_thread: None,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -70,9 +77,24 @@ impl Consumer {
         self.transport.arenas_received()
     }
 
-    /// The transport and why it was chosen.
+    /// The transports (every route) and why they were chosen.
     pub fn transport(&self) -> &TransportInfo {
-        self.transport.info()
+        &self.info
+    }
+
+    /// A new descriptor of the current producer's ready semaphore (a Vulkan timeline
+    /// semaphore exported as an opaque fd), for the consumer's own GPU work to wait on
+    /// [`Message::ready_value`]; `Unsupported` where GPU buffers are synchronised on the host
+    /// or staged.
+    pub fn ready_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
+        self.sync_gpu_session()?;
+        match &self.gpu {
+            Some(gpu) => gpu.ready_semaphore(),
+            None => Err(Error::Unsupported(format!(
+                "channel {:?} has no GPU route with a shared semaphore: {}",
+                self.name, self.info.reason
+            ))),
+        }
     }
 
     /// The next message, waiting as long as needed. `PeerGone` once the producer has gone and
@@ -106,13 +128,72 @@ impl Consumer {
     #[inline(never)]
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Message> {
         let view = self.transport.recv(deadline)?;
-        Ok(self.wrap(view))
+        self.wrap_any(view)
     }
 
     #[inline(never)]
     fn try_recv_slow(&mut self) -> Result<Message> {
         let view = self.transport.try_recv()?;
-        Ok(self.wrap(view))
+        self.wrap_any(view)
+    }
+
+    /// A message of any kind: routed views are resolved into their payload.
+    fn wrap_any(&mut self, view: RawView) -> Result<Message> {
+        let routed = match view.route() {
+            None => None,
+            Some(_) => Some(Box::new(self.resolve(&view)?)),
+        };
+        Ok(Message { view, releaser: self.transport.message_releaser(), routed })
+    }
+
+    /// Hands the route the current producer's rendezvous section when a new one attached.
+    fn sync_gpu_session(&mut self) -> Result<()> {
+        if let Some((session, sections)) = self.transport.take_peer_sections() {
+            if let Some(gpu) = self.gpu.as_mut() {
+                let id = gpu.route_id();
+                gpu.new_session(session, sections.into_iter().find(|s| s.route == id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The payload a routed view names, reading the attachments that came before it. A view
+    /// that cannot be resolved is released before the error is returned.
+    pub(crate) fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
+        let result = self.try_resolve(view);
+        if result.is_err() {
+            let _ = self.transport.release(view);
+        }
+        result
+    }
+
+    fn try_resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
+        let route = view.route().expect("a routed view");
+        self.sync_gpu_session()?;
+        let Some(gpu) = self.gpu.as_mut().filter(|g| g.route_id() == route) else {
+            return Err(Error::Corrupt(format!(
+                "channel {:?}: message {} names route {route}, which this channel does not use",
+                self.name, view.token
+            )));
+        };
+        // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
+        // which stays mapped while the view is held.
+        let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) }.to_vec();
+        loop {
+            if let Some(payload) = gpu.resolve(&descriptor)? {
+                return Ok(payload);
+            }
+            let attachments = self.transport.take_attachments()?;
+            if attachments.is_empty() {
+                return Err(Error::Corrupt(format!(
+                    "channel {:?}: message {} names GPU memory the producer never passed",
+                    self.name, view.token
+                )));
+            }
+            for attachment in attachments.into_iter().filter(|a| a.route == route) {
+                gpu.attach(attachment)?;
+            }
+        }
     }
 
     /// Receives asynchronously, without a runtime: the future registers its waker with a
@@ -128,9 +209,10 @@ impl Consumer {
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         self.transport.notify_fd()
     }
+    /// A message from the carrier's fast path, which never hands out routed views.
     #[inline]
     fn wrap(&self, view: RawView) -> Message {
-        Message { view, releaser: self.transport.message_releaser() }
+        Message { view, releaser: self.transport.message_releaser(), routed: None }
     }
     #[inline]
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
@@ -178,7 +260,9 @@ impl Drop for Consumer {
 /// contents, so a misbehaving one can change what you read but not where.
 pub struct Message {
     view: RawView,
-    releaser: Releaser,
+    releaser: MessageReleaser,
+    /// A GPU buffer's payload (boxed: the hot path moves CPU messages).
+    routed: Option<Box<RoutedPayload>>,
 }
 
 // SAFETY: the view points into a mapping that its session keeps alive until the view is
@@ -202,12 +286,46 @@ impl Message {
     pub fn is_zero_copy(&self) -> bool {
         self.view.is_zero_copy()
     }
+    /// The payload's bytes in host memory. A GPU buffer's ([`Message::buffer`]) are its host
+    /// mapping where the host can map it, else empty: move its data with
+    /// [`Buffer::read_at`] or `Context::copy`.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
+        if let Some(routed) = &self.routed {
+            return match routed.buffer.host_ptr() {
+                // SAFETY: the buffer is a live view of `len()` bytes mapped in this process,
+                // kept alive (and unwritten by a well-behaved producer) until the release.
+                Ok(ptr) => unsafe { std::slice::from_raw_parts(ptr, routed.buffer.len()) },
+                Err(_) => &[],
+            };
+        }
         // SAFETY: the transport validated that view.len bytes at view.ptr lie inside its
         // mapping, which `releaser` keeps alive; the producer does not reuse them before the
         // release in Drop.
         unsafe { std::slice::from_raw_parts(self.view.ptr, self.view.len) }
+    }
+
+    /// The payload's length in bytes (a GPU buffer's too).
+    pub fn len(&self) -> usize {
+        self.routed.as_ref().map_or(self.view.len, |r| r.buffer.len())
+    }
+
+    /// Always false: a message has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The GPU buffer a message carries by reference: usable with `Context::copy`,
+    /// [`Buffer::read_at`] and [`Buffer::export`] while the message is held. `None` for
+    /// messages in host memory.
+    pub fn buffer(&self) -> Option<&Buffer> {
+        self.routed.as_ref().map(|r| &r.buffer)
+    }
+
+    /// For a GPU buffer: the value of the channel's ready semaphore at which its contents are
+    /// in place (0: now). lava-flow's own GPU work on [`Message::buffer`] waits for it.
+    pub fn ready_value(&self) -> u64 {
+        self.routed.as_ref().map_or(0, |r| r.ready_value)
     }
 }
 
@@ -223,7 +341,8 @@ impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Message")
             .field("sequence", &self.view.token)
-            .field("len", &self.view.len)
+            .field("len", &self.len())
+            .field("gpu", &self.routed.is_some())
             .field("zero_copy", &self.view.is_zero_copy())
             .finish()
     }
@@ -232,6 +351,8 @@ impl std::fmt::Debug for Message {
 impl Drop for Message {
     #[inline]
     fn drop(&mut self) {
+        // The payload's view goes first: the producer may reuse the memory once released.
+        self.routed = None;
         self.releaser.release_held(&self.view);
     }
 }

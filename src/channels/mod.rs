@@ -31,6 +31,7 @@ pub mod producer;
 pub mod rendezvous;
 pub mod transport;
 pub mod transports;
+pub(crate) mod wait;
 
 use std::time::Duration;
 
@@ -40,16 +41,12 @@ use crate::types::{detect_scope, CommunicationScope, ProcessLocation};
 
 pub use consumer::{Consumer, Message, RecvFuture};
 pub use producer::{Loan, Producer};
-pub use transport::{SharedRegion, TransportInfo, TransportKind};
+pub use transport::{PayloadClass, Route, SharedRegion, TransportInfo, TransportKind};
+pub use transports::AUTO_ZERO_COPY_MIN;
 
 /// The environment variable that restricts transport choice: a comma-separated list of
 /// transport names (`shm`, `vulkan_ipc`, `mpi`), tried in that order.
 pub const TRANSPORTS_ENV: &str = "LF_TRANSPORTS";
-
-/// The shortest send that goes by reference by itself when its bytes lie in a lava-flow
-/// buffer ([`Producer::send`]); shorter ones are copied into their ring slot, which costs
-/// less than mapping anything.
-pub const AUTO_ZERO_COPY_MIN: usize = transports::shm::SHM_INLINE_MAX + 1;
 
 /// The longest channel name in bytes (it becomes a socket file name).
 pub const MAX_CHANNEL_NAME_LEN: usize = 64;
@@ -89,8 +86,8 @@ pub struct ChannelConfig {
     /// but space is reclaimed in order, so a view held while `capacity` more messages arrive
     /// makes the producer wait (or `WouldBlock`).
     pub capacity: u32,
-    /// Bytes of shared payload pool for messages larger than the inline limit
-    /// ([`transports::shm::SHM_INLINE_MAX`], 112 bytes); also the largest message. Rounded up to pages.
+    /// Bytes of shared payload pool for messages larger than the inline limit (112 bytes);
+    /// also the largest message. Rounded up to pages.
     pub pool_size: usize,
     /// How long `create` waits for the peer; `None` waits forever.
     pub rendezvous_timeout: Option<Duration>,
@@ -101,6 +98,11 @@ pub struct ChannelConfig {
     /// reference (zero copy; the sender must not rewrite them until the message completes).
     /// Off: `send` always copies, and the bytes may be reused as soon as it returns.
     pub auto_zero_copy: bool,
+    /// GPU buffers must go by reference with GPU-side synchronisation: where they would be
+    /// staged through host memory (the consumer on another GPU, or without one) or
+    /// synchronised on the host (the driver cannot share semaphores), creating the channel
+    /// fails instead, saying why.
+    pub strict_gpu: bool,
 }
 
 impl Default for ChannelConfig {
@@ -112,6 +114,7 @@ impl Default for ChannelConfig {
             rendezvous_timeout: Some(Duration::from_secs(10)),
             transports: None,
             auto_zero_copy: true,
+            strict_gpu: false,
         }
     }
 }
@@ -191,32 +194,9 @@ pub(crate) fn validate_channel_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether a transport is built into this library and can serve `scope`, or why not.
-fn availability(kind: TransportKind, scope: CommunicationScope) -> std::result::Result<(), String> {
-    match (kind, scope) {
-        (TransportKind::Shm, CommunicationScope::Local) => Ok(()),
-        (TransportKind::Shm, CommunicationScope::Remote) => {
-            Err("shm needs both processes on one host".into())
-        }
-        (TransportKind::VulkanIpc, _) => Err("vulkan_ipc is not built yet".into()),
-        (TransportKind::Mpi, _) => Err("mpi is not built yet".into()),
-    }
-}
-
-/// Picks the transport for a channel between `mine` and `peer`, and says why.
-pub(crate) fn select_transport(
-    mine: &ProcessLocation,
-    peer: &ProcessLocation,
-    config: &ChannelConfig,
-) -> Result<TransportInfo> {
-    let scope = detect_scope(mine, peer);
-    let scope_text = match scope {
-        CommunicationScope::Local => format!("same host ({}): scope local", mine.hostname),
-        CommunicationScope::Remote => format!(
-            "peer host {:?} differs from this host {:?}: scope remote",
-            peer.hostname, mine.hostname
-        ),
-    };
+/// The transports a channel may use, in order of preference, and what said so: the config,
+/// else `LF_TRANSPORTS`, else every transport.
+fn allowed_transports(config: &ChannelConfig) -> Result<(Vec<TransportKind>, String)> {
     let (wanted, source) = match &config.transports {
         Some(list) => (list.clone(), "ChannelConfig::transports".to_owned()),
         None => match std::env::var(TRANSPORTS_ENV) {
@@ -235,34 +215,21 @@ pub(crate) fn select_transport(
     if wanted.is_empty() {
         return Err(Error::invalid(format!("{source} allows no transport")));
     }
-    let mut refused = Vec::new();
-    for kind in &wanted {
-        match availability(*kind, scope) {
-            Ok(()) => {
-                let mut reason = format!("{scope_text}; {kind} chosen");
-                if !source.is_empty() {
-                    reason.push_str(&format!(" (allowed by {source})"));
-                }
-                if !refused.is_empty() {
-                    reason.push_str(&format!("; skipped: {}", refused.join("; ")));
-                }
-                return Ok(TransportInfo { kind: *kind, reason });
-            }
-            Err(why) => refused.push(why),
-        }
-    }
-    if scope == CommunicationScope::Remote && source.is_empty() {
-        return Err(Error::Unsupported(format!(
-            "no remote transport available (the MPI transport is not built yet): {scope_text}. \
-             Run both processes on one host for now, or check that both locations name the \
-             same hostname if they do share one"
-        )));
-    }
-    let what = if source.is_empty() { "no built transport".to_owned() } else { format!("none of the transports {source} allows") };
-    Err(Error::Unsupported(format!(
-        "{what} can serve this channel ({scope_text}): {}",
-        refused.join("; ")
-    )))
+    Ok((wanted, source))
+}
+
+/// Decides which transports serve a channel between `mine` and `peer`, and says why.
+pub(crate) fn plan_routes(mine: &ProcessLocation, peer: &ProcessLocation, config: &ChannelConfig, context: &Context) -> Result<transports::Plan> {
+    let scope = detect_scope(mine, peer);
+    let scope_text = match scope {
+        CommunicationScope::Local => format!("same host ({}): scope local", mine.hostname),
+        CommunicationScope::Remote => format!(
+            "peer host {:?} differs from this host {:?}: scope remote",
+            peer.hostname, mine.hostname
+        ),
+    };
+    let (allowed, source) = allowed_transports(config)?;
+    transports::plan(scope, &scope_text, &allowed, &source, context)
 }
 
 #[cfg(test)]
@@ -273,18 +240,24 @@ mod tests {
         ProcessLocation::new("host-a", None, None).unwrap()
     }
 
+    fn no_gpu() -> Context {
+        Context::new(crate::memory::ContextConfig { gpu: crate::memory::GpuPolicy::Disabled, ..Default::default() }).unwrap()
+    }
+
     #[test]
     fn local_picks_shm_and_remote_is_unsupported() {
         let mut config = ChannelConfig { transports: Some(TransportKind::ALL.to_vec()), ..Default::default() };
-        let info = select_transport(&here(), &here(), &config).unwrap();
-        assert_eq!(info.kind, TransportKind::Shm);
-        assert!(info.reason.contains("scope local"), "{}", info.reason);
+        let plan = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap();
+        assert_eq!(plan.carrier, TransportKind::Shm);
+        assert!(plan.reasons[0].contains("scope local"), "{:?}", plan.reasons);
+        assert_eq!(plan.gpu_route, None, "no GPU in this context");
+        assert!(plan.reasons[1].contains("GPU buffers: staged through shm"), "{:?}", plan.reasons);
 
         let far = ProcessLocation::new("host-b", None, None).unwrap();
         config.transports = None;
         // The env var is not set by this test binary's callers for this check.
         if std::env::var(TRANSPORTS_ENV).is_err() {
-            let err = select_transport(&here(), &far, &config).unwrap_err();
+            let err = plan_routes(&here(), &far, &config, &no_gpu()).unwrap_err();
             assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport available")), "{err}");
         }
     }
@@ -292,8 +265,11 @@ mod tests {
     #[test]
     fn wanted_but_unavailable_fails_loudly() {
         let config = ChannelConfig { transports: Some(vec![TransportKind::Mpi]), ..Default::default() };
-        let err = select_transport(&here(), &here(), &config).unwrap_err();
+        let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("mpi is not built yet")), "{err}");
+        let config = ChannelConfig { transports: Some(vec![TransportKind::VulkanIpc]), ..Default::default() };
+        let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
+        assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! The sending end of a channel.
 
+use std::any::Any;
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::transport::{AnyProducer, ProducerTransport, RawLoan, SharedRegion, TransportInfo, TransportKind};
-use super::transports::shm::ShmProducer;
-use super::{select_transport, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
+use super::transport::{ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
+use super::transports::{self, AnyProducer};
+use super::{plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
 use crate::error::{Error, Result};
 use crate::memory::registry::Registry;
 use crate::memory::{Buffer, Context, SharedArena};
@@ -15,6 +18,12 @@ use crate::types::ProcessLocation;
 /// it may move to another thread.
 pub struct Producer {
     transport: AnyProducer,
+    /// The route of GPU buffers by reference; `None`: they are staged through the carrier.
+    gpu: Option<Box<dyn RouteSender>>,
+    info: TransportInfo,
+    /// What keeps the memory of routed messages in flight alive until the consumer releases
+    /// them, by sequence number.
+    routed_in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
     name: String,
     context: Context,
     /// The context's registry, asked by every copy send whether the bytes lie in a lava-flow
@@ -24,7 +33,7 @@ pub struct Producer {
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer").field("name", &self.name).field("transport", self.transport.info()).finish()
+        f.debug_struct("Producer").field("name", &self.name).field("transport", &self.info).finish()
     }
 }
 
@@ -40,13 +49,18 @@ impl Producer {
         config: &ChannelConfig,
     ) -> Result<Producer> {
         validate_channel_name(name)?;
-        let info = select_transport(my_location, peer_location, config)?;
-        let transport = match info.kind {
-            TransportKind::Shm => AnyProducer::Shm(ShmProducer::connect(name, info, config)?),
-            other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
-        };
+        let plan = plan_routes(my_location, peer_location, config, context)?;
+        let parts = transports::connect_producer(name, &plan, config, context)?;
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
-        Ok(Producer { transport, name: name.to_owned(), context: context.clone(), registry })
+        Ok(Producer {
+            transport: parts.carrier,
+            gpu: parts.gpu,
+            info: parts.info,
+            routed_in_flight: VecDeque::new(),
+            name: name.to_owned(),
+            context: context.clone(),
+            registry,
+        })
     }
 
     /// The memory context the channel was created with.
@@ -58,9 +72,9 @@ impl Producer {
         &self.name
     }
 
-    /// The transport and why it was chosen.
+    /// The transports (every route) and why they were chosen.
     pub fn transport(&self) -> &TransportInfo {
-        self.transport.info()
+        &self.info
     }
 
     /// The largest message this channel carries.
@@ -182,50 +196,134 @@ impl Producer {
     /// How many messages the consumer has released: every sequence number below the result
     /// is done, and its memory reusable.
     pub fn completed(&mut self) -> Result<u64> {
-        self.transport.completed()
+        let done = self.transport.completed()?;
+        self.forget_completed(done);
+        Ok(done)
     }
 
     /// Waits until message `seq` has been released by the consumer.
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
-        self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))
+        self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))?;
+        if !self.routed_in_flight.is_empty() {
+            self.forget_completed(seq + 1);
+        }
+        Ok(())
+    }
+
+    /// Lets go of the memory of routed messages below `done`.
+    fn forget_completed(&mut self, done: u64) {
+        while self.routed_in_flight.front().is_some_and(|(seq, _)| *seq < done) {
+            self.routed_in_flight.pop_front();
+        }
     }
 
     /// Sends `len` bytes at `offset` of `buffer` by reference, waiting for room as long as
-    /// needed: the consumer maps the buffer's arena (once per channel) and reads the bytes
-    /// where they lie, so later writes to them are visible to it. Do not write (or free) the
-    /// range until the message is complete ([`completed`](Self::completed),
-    /// [`wait_completed`](Self::wait_completed)); the channel keeps the arena itself alive
-    /// until then.
+    /// needed: the consumer reads the bytes where they lie, so later writes to them are
+    /// visible to it. Do not write (or free) the range until the message is complete
+    /// ([`completed`](Self::completed), [`wait_completed`](Self::wait_completed)); the channel
+    /// keeps the memory itself alive until then.
     ///
-    /// Any CPU buffer lava-flow allocated or imported can be sent; registered user memory and
-    /// GPU memory are `Unsupported` (GPU buffers will travel through the Vulkan IPC transport).
+    /// CPU buffers lava-flow allocated or imported go through the carrier: the consumer maps
+    /// the buffer's arena once per channel. GPU buffers go through the channel's GPU route
+    /// (see [`transport`](Self::transport)): by reference where the consumer shares the GPU
+    /// (its arena is exported once per channel and imported once by the consumer), else
+    /// staged through host memory, as the channel's report says. Registered user memory is
+    /// `Unsupported`.
     pub fn send_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize) -> Result<u64> {
-        self.send_buffer_until(buffer, offset, len, None)
+        self.send_buffer_until(buffer, offset, len, 0, None)
     }
 
     /// As [`send_buffer`](Self::send_buffer), giving up with `Timeout` after `timeout`.
     pub fn send_buffer_timeout(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Duration) -> Result<u64> {
-        self.send_buffer_until(buffer, offset, len, Some(Instant::now() + timeout))
+        self.send_buffer_until(buffer, offset, len, 0, Some(Instant::now() + timeout))
     }
 
     /// As [`send_buffer`](Self::send_buffer), but `WouldBlock` at once when the channel is full.
     pub fn try_send_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize) -> Result<u64> {
-        let (arena, start) = Self::buffer_region(buffer, offset, len)?;
-        self.transport.try_send_region(&arena, start, len)
+        self.send_buffer_until(buffer, offset, len, 0, Some(Instant::now()))
     }
 
-    pub(crate) fn send_buffer_until(&mut self, buffer: &Buffer, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
-        let (arena, start) = Self::buffer_region(buffer, offset, len)?;
-        self.transport.send_region(&arena, start, len, deadline)
+    /// Sends a GPU buffer whose contents the producer's own GPU work is still writing: they
+    /// are in place once the channel's ready semaphore ([`ready_semaphore`](Self::ready_semaphore))
+    /// reaches `ready_value`, which that work signals (for example
+    /// `cudaSignalExternalSemaphoresAsync`). The consumer's GPU work on the buffer waits for
+    /// it on the GPU. Values must grow from message to message. `Unsupported` where the
+    /// channel's GPU route synchronises on the host.
+    pub fn send_buffer_after(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, timeout: Option<Duration>) -> Result<u64> {
+        if ready_value == 0 {
+            return Err(Error::invalid("ready value 0 means ready now: use send_buffer"));
+        }
+        self.send_buffer_until(buffer, offset, len, ready_value, timeout.map(|t| Instant::now() + t))
     }
 
-    fn buffer_region(buffer: &Buffer, offset: usize, len: usize) -> Result<(SharedArena, usize)> {
+    /// A new descriptor of the channel's ready semaphore (a Vulkan timeline semaphore exported
+    /// as an opaque fd), for the producer's GPU work to signal; `Unsupported` where GPU
+    /// buffers are synchronised on the host or staged.
+    pub fn ready_semaphore(&self) -> Result<OwnedFd> {
+        match &self.gpu {
+            Some(gpu) => gpu.ready_semaphore(),
+            None => Err(Error::Unsupported(format!(
+                "channel {:?} has no GPU route with a shared semaphore: {}",
+                self.name, self.info.reason
+            ))),
+        }
+    }
+
+    pub(crate) fn send_buffer_until(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, deadline: Option<Instant>) -> Result<u64> {
         if len == 0 {
             return Err(Error::invalid("a message needs at least one byte"));
         }
         buffer.check_range(offset, len)?;
+        if buffer.location().is_gpu() {
+            return self.send_gpu(buffer, offset, len, ready_value, deadline);
+        }
+        if ready_value != 0 {
+            return Err(Error::invalid(format!("buffer {} is CPU memory: a ready value is for GPU buffers", buffer.id())));
+        }
         let (arena, start) = buffer.shared_arena()?;
-        Ok((arena, start + offset))
+        match deadline {
+            Some(d) if d <= Instant::now() => self.transport.try_send_region(&arena, start + offset, len),
+            _ => self.transport.send_region(&arena, start + offset, len, deadline),
+        }
+    }
+
+    /// A GPU buffer: by reference through the GPU route, or staged through the carrier.
+    #[cold]
+    fn send_gpu(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, deadline: Option<Instant>) -> Result<u64> {
+        let Some(gpu) = self.gpu.as_mut() else {
+            if ready_value != 0 {
+                return Err(Error::Unsupported(format!(
+                    "channel {:?} stages GPU buffers through host memory, so it cannot wait for a ready value: {}",
+                    self.name, self.info.reason
+                )));
+            }
+            return self.send_staged(buffer, offset, len, deadline);
+        };
+        let packed = gpu.pack(buffer, offset, len, ready_value)?;
+        let route = gpu.route_id();
+        if !self.routed_in_flight.is_empty() {
+            let done = self.transport.completed()?;
+            self.forget_completed(done);
+        }
+        let seq = self.transport.send_routed(route, &packed.descriptor, packed.attachments, deadline)?;
+        self.routed_in_flight.push_back((seq, packed.keep_alive));
+        Ok(seq)
+    }
+
+    /// Copies a GPU buffer's bytes into the channel (the consumer gets host memory).
+    fn send_staged(&mut self, buffer: &Buffer, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        let loan = match deadline {
+            Some(d) if d <= Instant::now() => self.try_loan_raw(len)?,
+            _ => self.loan_raw(len, deadline)?,
+        };
+        // SAFETY: the loan is `len` writable bytes of the channel's region that nothing else
+        // touches until it is published or cancelled.
+        let room = unsafe { std::slice::from_raw_parts_mut(loan.ptr, len) };
+        if let Err(e) = buffer.read_at(offset, room) {
+            self.transport.cancel(loan);
+            return Err(e);
+        }
+        self.transport.publish(loan, len)
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.

@@ -1,7 +1,9 @@
-//! Meeting by name: the consumer listens on a Unix socket `<runtime dir>/<name>.sock`, the
-//! producer connects (retrying until the consumer is there, so either may start first), each
-//! checks the other's uid with `SO_PEERCRED`, and the producer hands over the shared memory
-//! and its eventfd with `SCM_RIGHTS`.
+//! Meeting by name on one host: the consumer listens on a Unix socket
+//! `<runtime dir>/<name>.sock`, the producer connects (retrying until the consumer is there, so
+//! either may start first), each checks the other's uid with `SO_PEERCRED`, and the producer
+//! sends a hello: the channel's name and one [`Section`] per route it offers (the carrier's:
+//! shared memory and its eventfd; a GPU route's: device identity and semaphore), descriptors
+//! attached with `SCM_RIGHTS`. The consumer answers with its own sections or a refusal.
 //!
 //! The runtime dir is `$LF_RUNTIME_DIR` if set, else `$XDG_RUNTIME_DIR/lava-flow`, else
 //! `/tmp/lava-flow-$UID`; it is created 0700 and refused unless it is a real directory owned
@@ -10,9 +12,8 @@
 //! consumer when it closes, or by a surviving producer when the consumer died.
 //!
 //! After the handshake the socket stays open: it and a pidfd of the peer are how each side
-//! learns that the other has gone. The producer also sends [`ControlRecord`]s over it: the
-//! fd of each arena a buffer send points into (once per arena and channel), and which
-//! arenas the consumer may forget.
+//! learns that the other has gone, and the carrier may send records of its own over it (the
+//! shared-memory transport passes arena descriptors this way).
 
 use std::io::ErrorKind;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -320,127 +321,126 @@ impl PeerWatch {
     }
 }
 
-/// The producer's offer: the geometry of the shared region it made. Sent with the memfd and
-/// the eventfd attached.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Hello {
-    pub version: u32,
-    pub transport: u32,
-    pub slot_count: u32,
-    pub pool_size: u64,
-    pub total_len: u64,
-    pub name: String,
+/// One route's part of the rendezvous: opaque bytes and the descriptors that go with them.
+/// The carrier of a channel (the transport that owns the socket) offers its own section and
+/// carries the others' without reading them; each route reads only sections with its own id.
+#[derive(Debug)]
+pub struct Section {
+    pub route: u32,
+    pub bytes: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
 }
 
-const HELLO_MAGIC: &[u8; 8] = b"LFHELLO1";
-const ACK_MAGIC: &[u8; 8] = b"LFACK001";
+impl Section {
+    pub fn new(route: u32, bytes: Vec<u8>) -> Self {
+        Section { route, bytes, fds: Vec::new() }
+    }
+}
+
+/// The most bytes one section may hold, and the most sections a hello or answer carries.
+pub const MAX_SECTION_LEN: usize = 1024;
+pub const MAX_SECTIONS: usize = 8;
+/// The most descriptors a hello carries (a bound on what a peer can make us hold).
+pub const MAX_HELLO_FDS: usize = 8;
+
+const HELLO_MAGIC: &[u8; 8] = b"LFHELLO2";
+const ACK_MAGIC: &[u8; 8] = b"LFACK002";
 /// Accepted; anything else is a refusal whose text follows.
 pub const ACK_OK: u32 = 0;
 pub const ACK_REFUSED: u32 = 1;
 
-impl Hello {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(48 + self.name.len());
-        out.extend_from_slice(HELLO_MAGIC);
-        out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&self.transport.to_le_bytes());
-        out.extend_from_slice(&self.slot_count.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&self.pool_size.to_le_bytes());
-        out.extend_from_slice(&self.total_len.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
-        out.extend_from_slice(self.name.as_bytes());
-        out
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<Hello> {
-        let bad = |what: &str| Error::Corrupt(format!("rendezvous: producer's hello {what}"));
-        if bytes.len() < 48 || &bytes[..8] != HELLO_MAGIC {
-            return Err(bad("is not a lava-flow hello (wrong magic or too short)"));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
-        let name_len = u32_at(44) as usize;
-        if bytes.len() != 48 + name_len {
-            return Err(bad("has a name length that does not match its size"));
-        }
-        let name = std::str::from_utf8(&bytes[48..]).map_err(|_| bad("has a name that is not UTF-8"))?;
-        Ok(Hello {
-            version: u32_at(8),
-            transport: u32_at(12),
-            slot_count: u32_at(16),
-            pool_size: u64_at(24),
-            total_len: u64_at(32),
-            name: name.to_owned(),
-        })
+fn put_sections(out: &mut Vec<u8>, sections: &[Section]) {
+    out.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+    for s in sections {
+        out.extend_from_slice(&s.route.to_le_bytes());
+        out.extend_from_slice(&(s.fds.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(s.bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(&s.bytes);
     }
 }
 
-/// What the producer sends over the socket after the handshake, each record in one message
-/// of [`ControlRecord::LEN`] bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ControlRecord {
-    /// Arena `id` of `len` bytes: its memory file is attached (one fd). Sent before the first
-    /// message that points into it.
-    Arena { id: u64, len: u64 },
-    /// Arena `id` is gone at the producer and no message in flight points into it: unmap it.
-    Forget { id: u64 },
+/// Reads the sections at `bytes[at..]`, handing out `fds` in order; everything is checked.
+fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> Result<Vec<Section>> {
+    let bad = |why: &str| Error::Corrupt(format!("rendezvous: the peer's {what} {why}"));
+    let u32_at = |i: usize| -> Result<u32> {
+        bytes.get(i..i + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).ok_or_else(|| bad("is cut short"))
+    };
+    let count = u32_at(at)? as usize;
+    at += 4;
+    if count > MAX_SECTIONS {
+        return Err(bad(&format!("has {count} sections, more than {MAX_SECTIONS}")));
+    }
+    let mut fds = fds.into_iter();
+    let mut sections = Vec::with_capacity(count);
+    let mut fds_claimed = 0usize;
+    for _ in 0..count {
+        let (route, fd_count, len) = (u32_at(at)?, u32_at(at + 4)? as usize, u32_at(at + 8)? as usize);
+        at += 12;
+        if len > MAX_SECTION_LEN || fd_count > MAX_HELLO_FDS {
+            return Err(bad(&format!("has a section of {len} bytes and {fd_count} descriptors")));
+        }
+        let body = bytes.get(at..at + len).ok_or_else(|| bad("is cut short"))?;
+        at += len;
+        fds_claimed += fd_count;
+        let mine: Vec<OwnedFd> = fds.by_ref().take(fd_count).collect();
+        if mine.len() != fd_count {
+            return Err(bad(&format!("claims {fds_claimed} descriptors but carries fewer")));
+        }
+        sections.push(Section { route, bytes: body.to_vec(), fds: mine });
+    }
+    if at != bytes.len() || fds.next().is_some() {
+        return Err(bad("has trailing bytes or descriptors"));
+    }
+    Ok(sections)
 }
 
-const RECORD_MAGIC: &[u8; 4] = b"LFCR";
-const RECORD_ARENA: u32 = 1;
-const RECORD_FORGET: u32 = 2;
-
-impl ControlRecord {
-    pub const LEN: usize = 32;
-
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let (kind, id, len) = match *self {
-            ControlRecord::Arena { id, len } => (RECORD_ARENA, id, len),
-            ControlRecord::Forget { id } => (RECORD_FORGET, id, 0),
-        };
-        let mut out = [0u8; Self::LEN];
-        out[..4].copy_from_slice(RECORD_MAGIC);
-        out[4..8].copy_from_slice(&kind.to_le_bytes());
-        out[8..16].copy_from_slice(&id.to_le_bytes());
-        out[16..24].copy_from_slice(&len.to_le_bytes());
-        out
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<ControlRecord> {
-        let bad = |what: String| Error::Corrupt(format!("the producer sent a control record that {what}"));
-        if bytes.len() != Self::LEN || &bytes[..4] != RECORD_MAGIC {
-            return Err(bad(format!("is not one (wrong magic or {} bytes, not {})", bytes.len(), Self::LEN)));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        if u64_at(24) != 0 {
-            return Err(bad("has non-zero reserved bytes".into()));
-        }
-        match (u32_at(4), u64_at(8), u64_at(16)) {
-            (RECORD_ARENA, id, len) => Ok(ControlRecord::Arena { id, len }),
-            (RECORD_FORGET, id, 0) => Ok(ControlRecord::Forget { id }),
-            (kind, _, _) => Err(bad(format!("has unknown kind {kind}"))),
-        }
-    }
+/// Sends the producer's hello: the channel's name and every route's section, descriptors
+/// attached in section order.
+pub fn send_hello(sock: &UnixStream, name: &str, sections: &[Section]) -> Result<()> {
+    let mut out = Vec::with_capacity(64 + name.len());
+    out.extend_from_slice(HELLO_MAGIC);
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    put_sections(&mut out, sections);
+    let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.fds.iter().map(|f| f.as_fd())).collect();
+    crate::os::send_with_fds(sock, &out, &fds)
 }
 
-/// Sends the consumer's answer to a hello: `ACK_OK` or a refusal with its reason.
-pub fn send_ack(sock: &UnixStream, status: u32, text: &str) -> Result<()> {
+/// The largest hello, in bytes.
+pub const MAX_HELLO_LEN: usize = 16 + 64 + 4 + MAX_SECTIONS * (12 + MAX_SECTION_LEN);
+
+/// Parses a hello received with its descriptors: (channel name, sections).
+pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Section>)> {
+    let bad = |what: &str| Error::Corrupt(format!("rendezvous: producer's hello {what}"));
+    if bytes.len() < 12 || &bytes[..8] != HELLO_MAGIC {
+        return Err(bad("is not a lava-flow hello of this version (wrong magic or too short); use the same lava-flow on both sides"));
+    }
+    let name_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
+    let name = bytes.get(12..12 + name_len).ok_or_else(|| bad("has a name longer than itself"))?;
+    let name = std::str::from_utf8(name).map_err(|_| bad("has a name that is not UTF-8"))?.to_owned();
+    Ok((name, take_sections(bytes, 12 + name_len, fds, "hello")?))
+}
+
+/// Sends the consumer's answer to a hello: `ACK_OK` with its routes' sections (no
+/// descriptors), or a refusal with its reason.
+pub fn send_ack(sock: &UnixStream, status: u32, text: &str, sections: &[Section]) -> Result<()> {
     let text = &text.as_bytes()[..text.len().min(1000)];
     let mut out = Vec::with_capacity(16 + text.len());
     out.extend_from_slice(ACK_MAGIC);
     out.extend_from_slice(&status.to_le_bytes());
     out.extend_from_slice(&(text.len() as u32).to_le_bytes());
     out.extend_from_slice(text);
+    put_sections(&mut out, sections);
+    let mut body = Vec::with_capacity(4 + out.len());
+    body.extend_from_slice(&(out.len() as u32).to_le_bytes());
+    body.extend_from_slice(&out);
     let mut sent = 0;
-    while sent < out.len() {
+    while sent < body.len() {
         // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
         // kill a C host process that keeps the default signal action.
         // SAFETY: sends from a live buffer of the given length.
         let n = unsafe {
-            libc::send(sock.as_raw_fd(), out[sent..].as_ptr().cast(), out.len() - sent, libc::MSG_NOSIGNAL)
+            libc::send(sock.as_raw_fd(), body[sent..].as_ptr().cast(), body.len() - sent, libc::MSG_NOSIGNAL)
         };
         if n < 0 {
             let err = std::io::Error::last_os_error();
@@ -454,33 +454,45 @@ pub fn send_ack(sock: &UnixStream, status: u32, text: &str) -> Result<()> {
     Ok(())
 }
 
-/// Reads the consumer's answer: Ok on acceptance, the refusal as an error.
-pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<()> {
+/// Reads the consumer's answer: its sections on acceptance, the refusal as an error.
+pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Section>> {
     use std::io::Read;
-    let mut head = [0u8; 16];
-    (&*sock).read_exact(&mut head).map_err(|e| match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout(format!(
-            "the consumer of channel {channel:?} did not answer in time (it may already have a producer)"
-        )),
-        ErrorKind::UnexpectedEof => Error::PeerGone(format!(
-            "the consumer of channel {channel:?} closed the connection during the rendezvous"
-        )),
-        _ => Error::os("reading the rendezvous answer", e),
-    })?;
-    if &head[..8] != ACK_MAGIC {
-        return Err(Error::Corrupt(format!("channel {channel:?}: the consumer's answer has the wrong magic")));
+    let read = |buf: &mut [u8]| {
+        (&*sock).read_exact(buf).map_err(|e| match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout(format!(
+                "the consumer of channel {channel:?} did not answer in time (it may already have a producer)"
+            )),
+            ErrorKind::UnexpectedEof => Error::PeerGone(format!(
+                "the consumer of channel {channel:?} closed the connection during the rendezvous"
+            )),
+            _ => Error::os("reading the rendezvous answer", e),
+        })
+    };
+    let mut len = [0u8; 4];
+    read(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if !(16..=MAX_HELLO_LEN + 1000).contains(&len) {
+        return Err(Error::Corrupt(format!("channel {channel:?}: the consumer's answer claims {len} bytes")));
     }
-    let status = u32::from_le_bytes(head[8..12].try_into().unwrap());
-    let len = (u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize).min(1000);
-    let mut text = vec![0u8; len];
-    (&*sock).read_exact(&mut text).map_err(|e| Error::os("reading the rendezvous answer", e))?;
+    let mut body = vec![0u8; len];
+    read(&mut body)?;
+    if &body[..8] != ACK_MAGIC {
+        return Err(Error::Corrupt(format!(
+            "channel {channel:?}: the consumer's answer has the wrong magic (another lava-flow version?)"
+        )));
+    }
+    let status = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+    let text_len = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")) as usize;
+    let text = body.get(16..16 + text_len).ok_or_else(|| {
+        Error::Corrupt(format!("channel {channel:?}: the consumer's answer is cut short"))
+    })?;
     if status != ACK_OK {
         return Err(Error::InvalidState(format!(
             "the consumer of channel {channel:?} refused this producer: {}",
-            String::from_utf8_lossy(&text)
+            String::from_utf8_lossy(text)
         )));
     }
-    Ok(())
+    take_sections(&body, 16 + text_len, Vec::new(), "answer")
 }
 
 /// Remaining time to `deadline` for a socket timeout (at least 1 ms; `None` = forever).
@@ -498,24 +510,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hello_round_trips_and_rejects_garbage() {
-        let h = Hello { version: 1, transport: 1, slot_count: 64, pool_size: 1 << 20, total_len: 12345, name: "ch".into() };
-        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
-        assert!(matches!(Hello::decode(b"garbage"), Err(Error::Corrupt(_))));
-        let mut bytes = h.encode();
-        bytes[44] = 200;
-        assert!(matches!(Hello::decode(&bytes), Err(Error::Corrupt(_))));
-    }
-
-    #[test]
-    fn control_records_round_trip_and_reject_garbage() {
-        for r in [ControlRecord::Arena { id: 7, len: 1 << 21 }, ControlRecord::Forget { id: 9 }] {
-            assert_eq!(ControlRecord::decode(&r.encode()).unwrap(), r);
-        }
-        let mut bytes = ControlRecord::Forget { id: 1 }.encode();
-        bytes[4] = 9;
-        assert!(matches!(ControlRecord::decode(&bytes), Err(Error::Corrupt(_))));
-        assert!(matches!(ControlRecord::decode(&bytes[..8]), Err(Error::Corrupt(_))));
+    fn hello_and_answer_round_trip_and_reject_garbage() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let fd = crate::os::eventfd::eventfd().unwrap();
+        let sections = vec![Section { route: 1, bytes: vec![1, 2, 3], fds: vec![fd] }, Section::new(2, vec![9])];
+        send_hello(&a, "ch", &sections).unwrap();
+        let mut buf = vec![0u8; MAX_HELLO_LEN];
+        let (n, fds) = crate::os::recv_with_fds(&b, &mut buf).unwrap();
+        let (name, got) = decode_hello(&buf[..n], fds).unwrap();
+        assert_eq!(name, "ch");
+        assert_eq!((got[0].route, got[0].bytes.as_slice(), got[0].fds.len()), (1, &[1u8, 2, 3][..], 1));
+        assert_eq!((got[1].route, got[1].bytes.as_slice(), got[1].fds.len()), (2, &[9u8][..], 0));
+        assert!(matches!(decode_hello(b"garbage", Vec::new()), Err(Error::Corrupt(_))));
+        // A section that claims a descriptor the message does not carry.
+        let mut bytes = buf[..n].to_vec();
+        assert!(matches!(decode_hello(&bytes, Vec::new()), Err(Error::Corrupt(_))));
+        bytes.push(0);
+        assert!(matches!(decode_hello(&bytes, Vec::new()), Err(Error::Corrupt(_))));
+        send_ack(&b, ACK_OK, "", &[Section::new(7, vec![5; 40])]).unwrap();
+        let answer = recv_ack(&a, "ch").unwrap();
+        assert_eq!((answer[0].route, answer[0].bytes.len()), (7, 40));
+        send_ack(&b, ACK_REFUSED, "no thanks", &[]).unwrap();
+        assert!(matches!(recv_ack(&a, "ch"), Err(Error::InvalidState(ref m)) if m.contains("no thanks")));
     }
 
     #[test]

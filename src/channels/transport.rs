@@ -1,9 +1,20 @@
-//! The interface between a channel and the transport that carries its messages.
+//! The interface between a channel and the transports that carry its messages.
 //!
-//! A transport moves messages one way, producer to consumer, in order and exactly once. It is
-//! split in two halves because the two ends live in different processes. The shared-memory
-//! transport (`transports::shm`) is the first; Vulkan IPC (GPU buffers on one host) and MPI
-//! (other hosts) implement the same traits later.
+//! Two kinds of transport serve a channel:
+//! - its **carrier** ([`ProducerTransport`], [`ConsumerTransport`]) moves every message one
+//!   way, producer to consumer, in order and exactly once, and owns the connection to the peer.
+//!   It is split in two halves because the two ends live in different processes.
+//! - a **payload route** ([`RouteSender`], [`RouteReceiver`]) serves payloads the carrier
+//!   cannot hold itself (GPU memory): it turns a buffer region into a small descriptor, which
+//!   the carrier carries in the same order as every other message
+//!   ([`ProducerTransport::send_routed`]), and the receiving half turns the descriptor back
+//!   into a buffer. What a route must tell its peer once (a memory file, a semaphore) goes
+//!   as a [`Section`]: in the rendezvous, or as an attachment the carrier passes before the
+//!   message that needs it.
+//!
+//! Which transports serve a channel is decided per payload class ([`PayloadClass`]) from the
+//! scope between the two processes, by `channels::transports`, the one module that names the
+//! implementations; the channel core sees only these traits. A new transport plugs in there.
 //!
 //! Zero copy is expressed by *loans* and *views*: the producer asks its transport for room
 //! ([`RawLoan`]), writes the payload there and publishes it; the consumer gets a [`RawView`] of
@@ -19,7 +30,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::memory::SharedArena;
+use crate::memory::{Buffer, SharedArena};
+
+pub use super::rendezvous::Section;
 
 /// The transports lava-flow knows, built or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,12 +77,59 @@ impl fmt::Display for TransportKind {
     }
 }
 
-/// Which transport a channel uses and why it was chosen.
+/// What a message carries, which decides the route that serves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PayloadClass {
+    /// Bytes in host memory: copies, loans, CPU buffers.
+    Host,
+    /// GPU memory (DEVICE_LOCAL, HOST_VISIBLE, GPU-pinned host memory imported into the
+    /// device).
+    Gpu,
+}
+
+impl fmt::Display for PayloadClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PayloadClass::Host => "CPU payloads",
+            PayloadClass::Gpu => "GPU buffers",
+        })
+    }
+}
+
+/// The transport that serves one payload class of a channel, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub class: PayloadClass,
+    pub kind: TransportKind,
+    /// One sentence: why this transport, and how it synchronises where that matters.
+    pub reason: String,
+}
+
+/// Which transports a channel uses and why they were chosen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransportInfo {
+    /// The carrier: the transport every message goes through, in order.
     pub kind: TransportKind,
-    /// One human-readable sentence: the scope, the candidates and what restricted them.
+    /// Human-readable sentences: the scope, each route, the candidates and what restricted them.
     pub reason: String,
+    /// Every route the channel uses, the carrier's first.
+    pub routes: Vec<Route>,
+}
+
+impl TransportInfo {
+    /// `shm`, or `shm+vulkan_ipc` when GPU buffers take another route.
+    pub fn names(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for route in &self.routes {
+            if !names.contains(&route.kind.name()) {
+                names.push(route.kind.name());
+            }
+        }
+        if names.is_empty() {
+            return self.kind.name().to_owned();
+        }
+        names.join("+")
+    }
 }
 
 /// Room lent by a producer transport: `len` writable bytes at `ptr`, valid until published or
@@ -83,25 +143,39 @@ pub struct RawLoan {
 
 /// A received message where it lies: `len` readable bytes at `ptr`, valid until released.
 /// `token` is the message's sequence number; `session` tells apart the producers a consumer
-/// has had (a new producer may attach after the old one died).
+/// has had (a new producer may attach after the old one died). A routed message's bytes are
+/// its route's descriptor ([`RawView::route`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawView {
     pub ptr: *const u8,
     pub len: usize,
     pub token: u64,
     pub session: u64,
-    /// [`RawView::ZERO_COPY`] or 0. A whole word, so that the view has no padding bytes:
-    /// copying a view with a `bool` here cost narrow, overlapping moves on the hot path.
+    /// [`RawView::ZERO_COPY`], [`RawView::ROUTED`] with the route id in bits 8-15, or 0. A
+    /// whole word, so that the view has no padding bytes: copying a view with a `bool` here
+    /// cost narrow, overlapping moves on the hot path.
     pub flags: u64,
 }
 
 impl RawView {
     /// The bytes lie in the sender's own buffer (a buffer send), not in the channel's pool.
     pub const ZERO_COPY: u64 = 1;
+    /// The bytes are another route's descriptor of the payload.
+    pub const ROUTED: u64 = 2;
 
     #[inline]
     pub fn is_zero_copy(&self) -> bool {
         self.flags & Self::ZERO_COPY != 0
+    }
+
+    /// The route whose descriptor this view holds.
+    #[inline]
+    pub fn route(&self) -> Option<u32> {
+        (self.flags & Self::ROUTED != 0).then_some(((self.flags >> 8) & 0xff) as u32)
+    }
+
+    pub fn routed_flags(route: u32) -> u64 {
+        Self::ROUTED | Self::ZERO_COPY | u64::from(route & 0xff) << 8
     }
 }
 
@@ -117,29 +191,6 @@ pub trait Release: Send + Sync {
     fn release_held(&self, view: &RawView) {
         // Cannot fail for a held view.
         let _ = self.release(view);
-    }
-}
-
-/// What a Rust `Message` releases its view through: the built-in shared-memory session
-/// directly (inlined, no reference count per message: see `shm::Session::retire`), any other
-/// transport through [`Release`].
-pub(crate) enum Releaser {
-    /// Valid while the message's view is held (`shm::release_message`'s contract).
-    Shm(std::ptr::NonNull<super::transports::shm::Session>),
-    #[allow(dead_code)]
-    Other(Arc<dyn Release>),
-}
-
-impl Releaser {
-    /// Releases `view`, which this releaser handed out and nobody released yet.
-    #[inline]
-    pub(crate) fn release_held(&self, view: &RawView) {
-        match self {
-            // SAFETY: a Releaser::Shm is made (by AnyConsumer::message_releaser) for a view just
-            // received from that session, and a Message releases its view once, in its drop.
-            Releaser::Shm(session) => unsafe { super::transports::shm::release_message(*session, view) },
-            Releaser::Other(release) => release.release_held(view),
-        }
     }
 }
 
@@ -237,6 +288,19 @@ pub trait ProducerTransport: Send {
         self.send_region(region, offset, len, Some(Instant::now()))
     }
 
+    /// Publishes route `route`'s `descriptor` as the next message, after passing
+    /// `attachments` to the consumer (in order: before the message). Waits for room up to
+    /// `deadline` (`Some(now)`: `WouldBlock` at once when full).
+    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+        let _ = (route, descriptor, attachments, deadline);
+        Err(Error::Unsupported(format!("the {} transport carries no other route's messages", self.info().kind)))
+    }
+
+    /// The consumer's rendezvous sections for routes other than the carrier's.
+    fn peer_sections(&mut self) -> Vec<Section> {
+        Vec::new()
+    }
+
     /// How many arenas (memory files) this producer has passed to its consumer.
     fn arenas_sent(&self) -> u64 {
         0
@@ -290,6 +354,17 @@ pub trait ConsumerTransport: Send {
         0
     }
 
+    /// The current producer's rendezvous sections for routes other than the carrier's, once
+    /// per session: `Some((session, sections))` the first time after a (new) producer attached.
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+        None
+    }
+
+    /// The other routes' attachments that have arrived, in order, without waiting.
+    fn take_attachments(&mut self) -> Result<Vec<Section>> {
+        Ok(Vec::new())
+    }
+
     /// A file descriptor that polls readable while a message waits or the producer has gone;
     /// from the first call on, the producer signals it (a syscall per message only while the
     /// consumer sleeps on it).
@@ -302,131 +377,57 @@ pub trait ConsumerTransport: Send {
     }
 }
 
-/// Forwards every trait method of an enum of transports to its variants, so that a built-in
-/// transport is called statically (and its hot path inlined) while others plug in as trait
-/// objects.
-macro_rules! forward {
-    ($self:ident, $t:ident => $call:expr) => {
-        match $self {
-            Self::Shm($t) => $call,
-            Self::Other($t) => $call,
-        }
-    };
+
+/// A route's descriptor of one payload, with what the consumer must learn before it (an
+/// arena's memory file the first time) and what keeps the memory alive until the consumer
+/// releases the message.
+pub struct Packed {
+    pub descriptor: Vec<u8>,
+    pub attachments: Vec<Section>,
+    pub keep_alive: Arc<dyn Any + Send + Sync>,
 }
 
-/// The producer transports of a channel: shm statically, anything else dynamically.
-// The shm variant is held inline on purpose: it is the hot path.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum AnyProducer {
-    Shm(super::transports::shm::ShmProducer),
-    #[allow(dead_code)]
-    Other(Box<dyn ProducerTransport>),
+/// The sending half of a payload route.
+pub trait RouteSender: Send {
+    /// The route's id in descriptors, sections and attachments.
+    fn route_id(&self) -> u32;
+
+    /// Which transport, and how it synchronises, for the channel's report.
+    fn route(&self) -> &Route;
+
+    /// Packs `len` bytes at `offset` of `buffer`. `ready_value`: 0 when the bytes are in
+    /// place now, else the value of the route's ready semaphore at which they will be (the
+    /// producer's own GPU work signals it).
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64) -> Result<Packed>;
+
+    /// A new descriptor of the route's ready semaphore, for the producer's own GPU work to
+    /// signal (`Unsupported` where the route synchronises on the host).
+    fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
 }
 
-impl ProducerTransport for AnyProducer {
-    #[inline]
-    fn info(&self) -> &TransportInfo {
-        forward!(self, t => t.info())
-    }
-    #[inline]
-    fn max_message_len(&self) -> usize {
-        forward!(self, t => t.max_message_len())
-    }
-    #[inline]
-    fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
-        forward!(self, t => t.try_loan(len))
-    }
-    #[inline(always)]
-    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
-        forward!(self, t => t.loan_fast(len))
-    }
-    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
-        forward!(self, t => t.loan(len, deadline))
-    }
-    #[inline]
-    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
-        forward!(self, t => t.wait_for_room(len, deadline))
-    }
-    #[inline]
-    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
-        forward!(self, t => t.publish(loan, len))
-    }
-    #[inline]
-    fn cancel(&mut self, loan: RawLoan) {
-        forward!(self, t => t.cancel(loan))
-    }
-    fn completed(&mut self) -> Result<u64> {
-        forward!(self, t => t.completed())
-    }
-    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
-        forward!(self, t => t.wait_completed(seq, deadline))
-    }
-    #[inline]
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
-        forward!(self, t => t.send_region(region, offset, len, deadline))
-    }
-    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
-        forward!(self, t => t.try_send_region(region, offset, len))
-    }
-    fn arenas_sent(&self) -> u64 {
-        forward!(self, t => t.arenas_sent())
-    }
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        forward!(self, t => t.raw_region())
-    }
+/// A payload as a route hands it to the consumer: a buffer over the producer's memory, ready
+/// for use once `ready_value` is reached (0: now).
+pub struct RoutedPayload {
+    pub buffer: Buffer,
+    pub ready_value: u64,
 }
 
-/// The consumer transports of a channel: shm statically, anything else dynamically.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum AnyConsumer {
-    Shm(super::transports::shm::ShmConsumer),
-    #[allow(dead_code)]
-    Other(Box<dyn ConsumerTransport>),
-}
+/// The receiving half of a payload route.
+pub trait RouteReceiver: Send {
+    fn route_id(&self) -> u32;
 
-impl AnyConsumer {
-    /// The releaser of the current session, statically typed for the shm transport.
-    #[inline]
-    pub(crate) fn message_releaser(&self) -> Releaser {
-        match self {
-            Self::Shm(t) => Releaser::Shm(t.session_ptr()),
-            Self::Other(t) => Releaser::Other(t.releaser()),
-        }
-    }
-}
+    /// A new producer attached: its rendezvous section for this route (or none).
+    fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()>;
 
-impl ConsumerTransport for AnyConsumer {
-    #[inline]
-    fn info(&self) -> &TransportInfo {
-        forward!(self, t => t.info())
-    }
-    fn try_recv(&mut self) -> Result<RawView> {
-        forward!(self, t => t.try_recv())
-    }
-    #[inline(always)]
-    fn recv_fast(&mut self) -> Option<RawView> {
-        forward!(self, t => t.recv_fast())
-    }
-    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
-        forward!(self, t => t.recv(deadline))
-    }
-    fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
-        forward!(self, t => t.wait(deadline))
-    }
-    fn releaser(&self) -> Arc<dyn Release> {
-        forward!(self, t => t.releaser())
-    }
-    #[inline]
-    fn release(&mut self, view: &RawView) -> Result<()> {
-        forward!(self, t => t.release(view))
-    }
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        forward!(self, t => t.notify_fd())
-    }
-    fn arenas_received(&self) -> u64 {
-        forward!(self, t => t.arenas_received())
-    }
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        forward!(self, t => t.raw_region())
-    }
+    /// An attachment the producer passed before the messages that need it.
+    fn attach(&mut self, attachment: Section) -> Result<()>;
+
+    /// The payload a descriptor of the current session names; `Ok(None)` when it names an
+    /// attachment not arrived yet. Everything in the descriptor is checked: `Corrupt` for a
+    /// hostile one.
+    fn resolve(&mut self, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
+
+    /// A new descriptor of the ready semaphore of the current producer, for the consumer's
+    /// own GPU work to wait on (`Unsupported` where the route synchronises on the host).
+    fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
 }

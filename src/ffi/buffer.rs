@@ -60,6 +60,8 @@ pub struct lf_buffer {
     /// `Buffer::fallback` and `Buffer::registration_failures` as C strings.
     fallback: Option<CString>,
     registration_failures: Option<CString>,
+    /// Lent by a received message (`lf_message_buffer`): freed by `lf_release`, not `lf_free`.
+    borrowed: bool,
 }
 
 const _: () = assert!(
@@ -80,11 +82,20 @@ fn handles() -> &'static Mutex<HashMap<BufferId, usize>> {
 
 impl lf_buffer {
     pub(crate) fn into_handle(buffer: Buffer) -> FfiResult<*mut lf_buffer> {
+        Self::make(buffer, false)
+    }
+
+    /// A handle lent by a received message until its release ([`release_borrowed`]).
+    pub(crate) fn into_borrowed_handle(buffer: Buffer) -> FfiResult<*mut lf_buffer> {
+        Self::make(buffer, true)
+    }
+
+    fn make(buffer: Buffer, borrowed: bool) -> FfiResult<*mut lf_buffer> {
         let id = buffer.id();
         let fallback = buffer.fallback().map(c_string);
         let failures = buffer.registration_failures();
         let registration_failures = (!failures.is_empty()).then(|| c_string(&failures.join("; ")));
-        let handle = new_handle(lf_buffer { buffer, fallback, registration_failures })?;
+        let handle = new_handle(lf_buffer { buffer, fallback, registration_failures, borrowed })?;
         handles().lock().insert(id, handle as usize);
         Ok(handle)
     }
@@ -95,6 +106,23 @@ impl lf_buffer {
 }
 
 pub(crate) fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
+    if let Ok(live) = handle_ref(buffer, "buffer") {
+        if live.borrowed {
+            return Err(Failure {
+                status: lf_status::LF_ERR_INVALID_STATE,
+                message: "this buffer belongs to a received message (lf_message_buffer); lf_release the message instead of freeing the buffer".into(),
+            });
+        }
+    }
+    release_any(buffer)
+}
+
+/// Frees a buffer lent by a message, at the message's release.
+pub(crate) fn release_borrowed(buffer: *mut lf_buffer) -> Result<(), Failure> {
+    release_any(buffer)
+}
+
+fn release_any(buffer: *mut lf_buffer) -> Result<(), Failure> {
     if let Ok(live) = handle_ref(buffer, "buffer") {
         handles().lock().remove(&live.buffer.id());
     }

@@ -11,8 +11,9 @@
 //!
 //! Timeouts are in nanoseconds; a negative value waits forever.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -22,7 +23,7 @@ use super::context::lf_context;
 use super::location::lf_location;
 use super::status::lf_status;
 use super::{boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
-use crate::channels::transport::{RawLoan, RawView};
+use crate::channels::transport::{RawLoan, RawView, RoutedPayload};
 use crate::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
 
 /// The producing end.
@@ -56,13 +57,21 @@ pub struct lf_channel_config {
     /// and they must not be rewritten until the message completes (`lf_wait_completed`).
     /// 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
     pub auto_zero_copy: u32,
-    /// Must be 0.
-    pub reserved: u32,
+    /// 1: GPU buffers must go by reference with GPU-side synchronisation; where they would be
+    /// staged through host memory (the consumer on another GPU, or without one) or
+    /// synchronised on the host (the driver cannot share semaphores), `lf_channel_create`
+    /// fails instead, saying why. 0 (the default): those fallbacks are taken and reported by
+    /// `lf_channel_transport`.
+    pub strict_gpu: u32,
 }
 
 /// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
 /// or `lf_send` of bytes inside a buffer): nothing was copied.
 pub const LF_MESSAGE_ZERO_COPY: u32 = 1;
+/// `lf_message.flags`: the payload is GPU memory of the sender's, shared with this process's
+/// GPU: `lf_message_buffer` gives it as an `lf_buffer`; `data` is its host address where the
+/// host can map it, else NULL.
+pub const LF_MESSAGE_GPU: u32 = 2;
 
 /// A received message: `len` bytes at `data`, readable until `lf_release`.
 #[allow(non_camel_case_types)]
@@ -75,9 +84,13 @@ pub struct lf_message {
     pub sequence: u64,
     /// Internal: which producer session the message came from. Do not change.
     pub session: u64,
-    /// LF_MESSAGE_ZERO_COPY or 0.
+    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
     pub flags: u32,
     pub reserved: u32,
+    /// For LF_MESSAGE_GPU: the value of the channel's ready semaphore
+    /// (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
+    /// lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
+    pub ready_value: u64,
 }
 
 /// Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
@@ -95,9 +108,35 @@ pub struct lf_loan_region {
 #[allow(non_camel_case_types)]
 pub struct lf_channel {
     channel: Mutex<Channel>,
+    /// GPU messages received and not yet released, by (session, sequence); only touched with
+    /// `channel` locked.
+    gpu_held: Mutex<HashMap<(u64, u64), HeldGpu>>,
     transport_name: CString,
     transport_reason: CString,
 }
+
+/// A received GPU message: the carrier's view (released by `lf_release`) and its payload,
+/// lent to C as an `lf_buffer` handle once asked for.
+struct HeldGpu {
+    view: RawView,
+    payload: Option<RoutedPayload>,
+    handle: Option<*mut lf_buffer>,
+}
+
+impl Drop for lf_channel {
+    fn drop(&mut self) {
+        // Buffers lent by messages never released go with the channel.
+        for (_, held) in self.gpu_held.get_mut().drain() {
+            if let Some(handle) = held.handle {
+                let _ = super::buffer::release_borrowed(handle);
+            }
+        }
+    }
+}
+
+// SAFETY: the handle is a token into the handle table (see ffi::handle), not a pointer that
+// is dereferenced; it may be freed from any thread.
+unsafe impl Send for HeldGpu {}
 
 impl From<ChannelConfig> for lf_channel_config {
     fn from(c: ChannelConfig) -> Self {
@@ -113,7 +152,7 @@ impl From<ChannelConfig> for lf_channel_config {
             pool_size: c.pool_size as u64,
             rendezvous_timeout_ns: c.rendezvous_timeout.map_or(-1, |t| t.as_nanos().min(i64::MAX as u128) as i64),
             auto_zero_copy: u32::from(c.auto_zero_copy),
-            reserved: 0,
+            strict_gpu: u32::from(c.strict_gpu),
         }
     }
 }
@@ -133,10 +172,10 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
     if pool_size == 0 {
         return Err(invalid("pool_size is 0".into()));
     }
-    if c.auto_zero_copy > 1 || c.reserved != 0 {
+    if c.auto_zero_copy > 1 || c.strict_gpu > 1 {
         return Err(invalid(format!(
-            "auto_zero_copy is {} (use 0 or 1) or reserved is {} (must be 0); start from lf_channel_config_default",
-            c.auto_zero_copy, c.reserved
+            "auto_zero_copy is {} or strict_gpu is {} (use 0 or 1); start from lf_channel_config_default",
+            c.auto_zero_copy, c.strict_gpu
         )));
     }
     Ok(ChannelConfig {
@@ -146,6 +185,7 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
         rendezvous_timeout: timeout(c.rendezvous_timeout_ns),
         transports: None,
         auto_zero_copy: c.auto_zero_copy == 1,
+        strict_gpu: c.strict_gpu == 1,
     })
 }
 
@@ -258,15 +298,17 @@ pub unsafe extern "C" fn lf_channel_create(
         };
         let channel = Channel::create(&context, name, role, &mine, &peer, &config)?;
         let info = channel.transport().clone();
-        let transport_name = CString::new(info.kind.name()).expect("no NUL in transport names");
+        let transport_name = CString::new(info.names()).expect("no NUL in transport names");
         let transport_reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
-        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), transport_name, transport_reason })?);
+        let gpu_held = Mutex::new(HashMap::new());
+        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), gpu_held, transport_name, transport_reason })?);
         Ok(())
     })
 }
 
-/// Lends the transport's name (`"shm"`, ...) and, if `reason` is not NULL, one sentence on why
-/// it was chosen. Both strings are owned by the channel and valid until it is freed.
+/// Lends the name of the transports the channel uses (`"shm"`, or `"shm+vulkan_ipc"` when GPU
+/// buffers take the Vulkan IPC route) and, if `reason` is not NULL, sentences on each route:
+/// why it was chosen, and how GPU buffers are synchronised or why they are staged. Both strings are owned by the channel and valid until it is freed.
 ///
 /// # Safety
 /// `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
@@ -324,17 +366,20 @@ pub unsafe extern "C" fn lf_try_send(channel: *mut lf_channel, data: *const c_vo
 }
 
 /// Sends `len` bytes at `offset` of `buffer` by reference as the next message, waiting for
-/// room up to `timeout_ns` (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). The
-/// consumer maps the buffer's arena once per channel (its fd travels over the rendezvous
-/// socket the first time) and reads the bytes where they lie. Do not write or free the range
-/// until the message is complete (`lf_completed`, `lf_wait_completed`); the channel keeps
-/// the arena's memory alive until then. `*sequence` (if not NULL) receives the message's
-/// number.
+/// room up to `timeout_ns` (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). Do not
+/// write or free the range until the message is complete (`lf_completed`,
+/// `lf_wait_completed`); the channel keeps the buffer's memory alive until then. `*sequence`
+/// (if not NULL) receives the message's number.
 ///
-/// Any CPU buffer from `lf_alloc`, `lf_alloc_auto` or `lf_import` can be sent.
-/// LF_ERR_UNSUPPORTED for registered user memory (`lf_register`) and GPU memory (GPU buffers
-/// will travel through the Vulkan IPC transport); LF_ERR_INVALID_ARGUMENT for an empty range
-/// or one outside the buffer.
+/// CPU buffers from `lf_alloc`, `lf_alloc_auto` or `lf_import`: the consumer maps the
+/// buffer's arena once per channel and reads the bytes where they lie. GPU buffers
+/// (LF_MEMORY_GPU_*): through the channel's GPU route, by reference where the consumer's
+/// process shares the GPU (the arena is exported once per channel and imported once by the
+/// consumer, which receives an `lf_buffer`: `lf_message_buffer`), else copied through host
+/// memory; `lf_channel_transport` says which. The bytes must be in place when this is called
+/// (lava-flow's own writes and copies are); for GPU work still running, see
+/// `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
+/// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer.
 ///
 /// # Safety
 /// `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.
@@ -347,17 +392,70 @@ pub unsafe extern "C" fn lf_send_buffer(
     timeout_ns: i64,
     sequence: *mut u64,
 ) -> lf_status {
-    boundary("lf_send_buffer", || {
+    boundary("lf_send_buffer", || send_buffer(channel, buffer, offset, len, 0, timeout_ns, sequence))
+}
+
+/// As `lf_send_buffer` for a GPU buffer whose contents the producer's own GPU work is still
+/// writing: they are in place once the channel's ready semaphore (`lf_channel_ready_semaphore`,
+/// imported into that work's API, e.g. `cudaImportExternalSemaphore`) reaches `ready_value`,
+/// which the work signals (`cudaSignalExternalSemaphoresAsync`). The consumer's GPU work waits
+/// for it on the GPU. Values must grow from message to message (the consumer refuses one that
+/// goes back, LF_ERR_CORRUPT). LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on
+/// the host or stages them; LF_ERR_INVALID_ARGUMENT for `ready_value` 0 (use `lf_send_buffer`).
+///
+/// # Safety
+/// As `lf_send_buffer`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_send_buffer_after(
+    channel: *mut lf_channel,
+    buffer: *const lf_buffer,
+    offset: usize,
+    len: usize,
+    ready_value: u64,
+    timeout_ns: i64,
+    sequence: *mut u64,
+) -> lf_status {
+    boundary("lf_send_buffer_after", || {
+        if ready_value == 0 {
+            return Err(invalid("ready_value is 0, which means ready now: use lf_send_buffer".into()));
+        }
+        send_buffer(channel, buffer, offset, len, ready_value, timeout_ns, sequence)
+    })
+}
+
+fn send_buffer(channel: *mut lf_channel, buffer: *const lf_buffer, offset: usize, len: usize, ready_value: u64, timeout_ns: i64, sequence: *mut u64) -> FfiResult {
+    let ch = handle_ref(channel as *const lf_channel, "channel")?;
+    let buffer = &handle_ref(buffer, "buffer")?.buffer;
+    let mut guard = lock(ch)?;
+    let p = producer(&mut guard)?;
+    let deadline = if timeout_ns == 0 { Some(std::time::Instant::now()) } else { deadline(timeout_ns) };
+    let seq = p.send_buffer_until(buffer, offset, len, ready_value, deadline)?;
+    write_sequence(sequence, seq);
+    Ok(())
+}
+
+/// A new file descriptor of the channel's ready semaphore: a Vulkan timeline semaphore
+/// exported as an opaque fd, for `cudaImportExternalSemaphore`
+/// (`cudaExternalSemaphoreHandleTypeTimelineSemaphoreFd`, which takes the fd) or
+/// `vkImportSemaphoreFdKHR`. A producer's GPU work signals it (see `lf_send_buffer_after`); a
+/// consumer's GPU work waits on a message's `ready_value`. The caller owns the fd. The
+/// consumer's semaphore is its current producer's (a new producer brings a new one).
+/// LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on the host (the driver
+/// cannot share semaphores, as with Mesa's lavapipe) or stages them, with the reason.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_ready_semaphore(channel: *mut lf_channel, fd: *mut c_int) -> lf_status {
+    boundary("lf_channel_ready_semaphore", || {
+        let out = out_ptr(fd, "fd")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
-        let buffer = &handle_ref(buffer, "buffer")?.buffer;
         let mut guard = lock(ch)?;
-        let p = producer(&mut guard)?;
-        let seq = if timeout_ns == 0 {
-            p.try_send_buffer(buffer, offset, len)?
-        } else {
-            p.send_buffer_until(buffer, offset, len, deadline(timeout_ns))?
+        let owned = match &mut *guard {
+            Channel::Producer(p) => p.ready_semaphore()?,
+            Channel::Consumer(c) => c.ready_semaphore()?,
         };
-        write_sequence(sequence, seq);
+        write_out(out, owned.into_raw_fd());
         Ok(())
     })
 }
@@ -455,9 +553,29 @@ pub unsafe extern "C" fn lf_wait_completed(channel: *mut lf_channel, sequence: u
     })
 }
 
-fn write_message(out: *mut lf_message, view: RawView) {
-    let flags = if view.is_zero_copy() { LF_MESSAGE_ZERO_COPY } else { 0 };
-    write_out(out, lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session, flags, reserved: 0 });
+/// Hands a received view to C: CPU bytes as they are; a routed view resolved into its GPU
+/// payload, which the channel holds until `lf_release`.
+fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
+    if view.route().is_none() {
+        let flags = if view.is_zero_copy() { LF_MESSAGE_ZERO_COPY } else { 0 };
+        let m = lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session, flags, reserved: 0, ready_value: 0 };
+        write_out(out, m);
+        return Ok(());
+    }
+    let payload = consumer.resolve(&view)?;
+    let data = payload.buffer.host_ptr().map_or(std::ptr::null(), |p| p.cast_const().cast());
+    let m = lf_message {
+        data,
+        len: payload.buffer.len(),
+        sequence: view.token,
+        session: view.session,
+        flags: LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU,
+        reserved: 0,
+        ready_value: payload.ready_value,
+    };
+    ch.gpu_held.lock().insert((view.session, view.token), HeldGpu { view, payload: Some(payload), handle: None });
+    write_out(out, m);
+    Ok(())
 }
 
 /// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
@@ -472,9 +590,9 @@ pub unsafe extern "C" fn lf_recv(channel: *mut lf_channel, timeout_ns: i64, out:
         let out = out_ptr(out, "out")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
-        let view = consumer(&mut guard)?.recv_raw(deadline(timeout_ns))?;
-        write_message(out, view);
-        Ok(())
+        let c = consumer(&mut guard)?;
+        let view = c.recv_raw(deadline(timeout_ns))?;
+        deliver(ch, c, view, out)
     })
 }
 
@@ -488,9 +606,9 @@ pub unsafe extern "C" fn lf_try_recv(channel: *mut lf_channel, out: *mut lf_mess
         let out = out_ptr(out, "out")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
-        let view = consumer(&mut guard)?.try_recv_raw()?;
-        write_message(out, view);
-        Ok(())
+        let c = consumer(&mut guard)?;
+        let view = c.try_recv_raw()?;
+        deliver(ch, c, view, out)
     })
 }
 
@@ -508,9 +626,71 @@ pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf
         }
         // SAFETY: non-NULL; the caller promises a readable lf_message.
         let m = unsafe { *message };
-        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
         let mut guard = lock(ch)?;
-        consumer(&mut guard)?.release_raw(&view)?;
+        let c = consumer(&mut guard)?;
+        if m.flags & LF_MESSAGE_GPU != 0 {
+            let Some(held) = ch.gpu_held.lock().remove(&(m.session, m.sequence)) else {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_INVALID_STATE,
+                    message: format!("GPU message {} is not held by this consumer (already released, or not received from this channel)", m.sequence),
+                });
+            };
+            // The payload's buffer goes first: the producer may reuse the memory once released.
+            if let Some(handle) = held.handle {
+                super::buffer::release_borrowed(handle)?;
+            }
+            drop(held.payload);
+            c.release_raw(&held.view)?;
+            return Ok(());
+        }
+        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
+        c.release_raw(&view)?;
+        Ok(())
+    })
+}
+
+/// The GPU buffer a received LF_MESSAGE_GPU message carries, as an `lf_buffer` lent until
+/// `lf_release` of the message (do not `lf_free` it): usable with `lf_buffer_copy` (the copy
+/// waits on the GPU for the message's `ready_value`), `lf_buffer_read`, and `lf_buffer_export`
+/// to hand the memory to CUDA or OpenCL (`cudaImportExternalMemory`; the export names the
+/// producer's arena, so an importer can cache by `exporter_pid`, `exporter_token` and
+/// `arena_id`). The same handle is lent each time it is asked for. LF_ERR_INVALID_STATE for a
+/// message that carries no GPU buffer or is not held.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message; `out`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_message_buffer(channel: *mut lf_channel, message: *const lf_message, out: *mut *const lf_buffer) -> lf_status {
+    boundary("lf_message_buffer", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if message.is_null() {
+            return Err(Failure::null("message"));
+        }
+        // SAFETY: non-NULL; the caller promises a readable lf_message.
+        let m = unsafe { *message };
+        let _guard = lock(ch)?;
+        let mut held = ch.gpu_held.lock();
+        let Some(entry) = held.get_mut(&(m.session, m.sequence)).filter(|_| m.flags & LF_MESSAGE_GPU != 0) else {
+            return Err(Failure {
+                status: lf_status::LF_ERR_INVALID_STATE,
+                message: format!(
+                    "message {} carries no GPU buffer held by this channel (flags {:#x}; already released?)",
+                    m.sequence, m.flags
+                ),
+            });
+        };
+        let handle = match entry.handle {
+            Some(handle) => handle,
+            None => {
+                let payload = entry.payload.take().expect("a payload until its handle is made");
+                let handle = lf_buffer::into_borrowed_handle(payload.buffer)?;
+                entry.handle = Some(handle);
+                handle
+            }
+        };
+        write_out(out, handle.cast_const());
         Ok(())
     })
 }
@@ -534,7 +714,8 @@ pub unsafe extern "C" fn lf_channel_fd(channel: *mut lf_channel, out: *mut c_int
 }
 
 /// Closes this end of the channel; the peer sees LF_ERR_PEER_GONE (after reading what was
-/// sent). NULL is accepted. Views into the channel become invalid.
+/// sent). NULL is accepted. Views into the channel become invalid, and so do the buffers of
+/// GPU messages not released (`lf_message_buffer`).
 ///
 /// # Safety
 /// `channel` must not be in use by another thread.
@@ -692,9 +873,9 @@ mod tests {
         assert_eq!(err.status, lf_status::LF_ERR_INVALID_ARGUMENT);
         assert!(err.message.contains("auto_zero_copy is 2"), "{}", err.message);
         c.auto_zero_copy = 1;
-        c.reserved = 5;
+        c.strict_gpu = 5;
         assert!(to_config(&c).is_err());
-        c.reserved = 0;
+        c.strict_gpu = 0;
         c.wait_strategy = 9;
         assert!(to_config(&c).err().unwrap().message.contains("wait_strategy 9"));
     }

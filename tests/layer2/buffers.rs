@@ -234,7 +234,7 @@ fn arenas_that_die_at_the_producer_are_unmapped_at_the_consumer() {
     }
 }
 
-// The layout from src/channels/transports/shm_ring.rs, as a hostile peer would learn it.
+// The layout from src/channels/transports/shm/ring.rs, as a hostile peer would learn it.
 const SLOTS: usize = 4096;
 const SLOT: usize = 128;
 const KIND_ARENA: u32 = 3;

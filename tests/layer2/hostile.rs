@@ -9,7 +9,7 @@ use lava_flow::Error;
 
 use crate::common::*;
 
-// The layout from src/channels/transports/shm_ring.rs, as a hostile peer would learn it.
+// The layout from src/channels/transports/shm/ring.rs, as a hostile peer would learn it.
 const SLOTS: usize = 4096;
 const SLOT: usize = 128;
 const TAIL: usize = 256;

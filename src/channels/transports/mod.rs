@@ -1,4 +1,386 @@
-//! One file per transport.
+//! The transports lava-flow builds, and the choice among them: the one module of the channel
+//! layer that names them. The channel core (`Producer`, `Consumer`) sees the traits of
+//! `channels::transport` and the enums below, which call the built-in carriers statically so
+//! that their hot paths inline.
+//!
+//! | transport    | role     | serves                                  | scope  |
+//! |--------------|----------|-----------------------------------------|--------|
+//! | `shm`        | carrier  | every message's order; CPU payloads     | local  |
+//! | `vulkan_ipc` | route    | GPU buffers by reference                | local  |
+//! | `mpi`        | carrier  | (not built yet)                         | remote |
+//!
+//! Adding a transport: a module here that implements the carrier traits
+//! ([`ProducerTransport`], [`ConsumerTransport`]) or the route traits
+//! ([`RouteSender`](super::transport::RouteSender), [`RouteReceiver`](super::transport::RouteReceiver)),
+//! a variant in the enums below (carriers), and its case in [`plan`] and the connect
+//! functions. Nothing in the channel core changes. A remote carrier brings its own
+//! rendezvous (the peer's address comes from its location) and has no descriptors to pass:
+//! GPU buffers to a remote peer are staged through host memory by the core, as to a local peer
+//! on another GPU.
 
 pub mod shm;
-pub mod shm_ring;
+#[cfg(any())]
+pub mod vulkan_ipc;
+
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::transport::{
+    ConsumerTransport, PayloadClass, ProducerTransport, RawLoan, RawView, Release, Route, RouteReceiver, RouteSender,
+    Section, SharedRegion, TransportInfo, TransportKind,
+};
+use super::ChannelConfig;
+use crate::error::{Error, Result};
+use crate::memory::Context;
+use crate::types::CommunicationScope;
+
+/// The shortest send that goes by reference by itself when its bytes lie in a lava-flow
+/// buffer; shorter ones are copied into their ring slot, which costs less than mapping
+/// anything.
+pub const AUTO_ZERO_COPY_MIN: usize = shm::SHM_INLINE_MAX + 1;
+
+/// Which transports serve a channel, decided before the rendezvous from the scope and what
+/// the channel allows.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) carrier: TransportKind,
+    /// The route for GPU buffers, when one is allowed and built; `None`: staged through the
+    /// carrier.
+    pub(crate) gpu_route: Option<TransportKind>,
+    /// The sentences of the report so far.
+    pub(crate) reasons: Vec<String>,
+}
+
+/// Whether `kind` is built and can carry a channel of `scope`, or why not.
+fn carrier_availability(kind: TransportKind, scope: CommunicationScope) -> std::result::Result<(), String> {
+    match (kind, scope) {
+        (TransportKind::Shm, CommunicationScope::Local) => Ok(()),
+        (TransportKind::Shm, CommunicationScope::Remote) => Err("shm needs both processes on one host".into()),
+        (TransportKind::VulkanIpc, _) => Err("vulkan_ipc carries GPU buffers only, not a channel's messages".into()),
+        (TransportKind::Mpi, _) => Err("mpi is not built yet".into()),
+    }
+}
+
+/// Whether `kind` can carry GPU buffers by reference for a channel of `scope`, or why not.
+fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, context: &Context) -> std::result::Result<(), String> {
+    match kind {
+        TransportKind::VulkanIpc if scope == CommunicationScope::Local => {
+            #[cfg(any())]
+            {
+                match context.gpu_device() {
+                    Some(_) => Ok(()),
+                    None => Err(format!(
+                        "vulkan_ipc needs a Vulkan device in this process: {}",
+                        context.gpu_unavailable_reason().unwrap_or("none was opened")
+                    )),
+                }
+            }
+            #[cfg(all())]
+            {
+                let _ = context;
+                Err("vulkan_ipc is not in this build (cargo feature `vulkan`)".into())
+            }
+        }
+        TransportKind::VulkanIpc => Err("vulkan_ipc needs both processes on one host".into()),
+        _ => Err(format!("{kind} does not carry GPU buffers by reference")),
+    }
+}
+
+/// Chooses the carrier (the first allowed transport that can serve the scope) and the GPU
+/// route (vulkan_ipc where allowed, local and possible), saying why.
+pub(crate) fn plan(scope: CommunicationScope, scope_text: &str, allowed: &[TransportKind], source: &str, context: &Context) -> Result<Plan> {
+    let mut refused = Vec::new();
+    let mut carrier = None;
+    for kind in allowed {
+        match carrier_availability(*kind, scope) {
+            Ok(()) => {
+                carrier = Some(*kind);
+                break;
+            }
+            Err(why) => refused.push(why),
+        }
+    }
+    let Some(carrier) = carrier else {
+        if scope == CommunicationScope::Remote && source.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "no remote transport available (the MPI transport is not built yet): {scope_text}. \
+                 Run both processes on one host for now, or check that both locations name the \
+                 same hostname if they do share one"
+            )));
+        }
+        let what = if source.is_empty() { "no built transport".to_owned() } else { format!("none of the transports {source} allows") };
+        return Err(Error::Unsupported(format!("{what} can carry this channel ({scope_text}): {}", refused.join("; "))));
+    };
+    let mut reasons = vec![format!("{scope_text}; {carrier} carries the messages and CPU payloads")];
+    if !source.is_empty() {
+        reasons[0].push_str(&format!(" (allowed by {source})"));
+    }
+    if !refused.is_empty() {
+        reasons[0].push_str(&format!("; skipped: {}", refused.join("; ")));
+    }
+    let mut gpu_route = None;
+    let mut gpu_refused = Vec::new();
+    for kind in allowed.iter().filter(|k| **k != carrier) {
+        match gpu_route_availability(*kind, scope, context) {
+            Ok(()) => {
+                gpu_route = Some(*kind);
+                break;
+            }
+            Err(why) => gpu_refused.push(why),
+        }
+    }
+    if gpu_route.is_none() {
+        if !allowed.contains(&TransportKind::VulkanIpc) {
+            gpu_refused.push(format!("vulkan_ipc is not allowed{}", if source.is_empty() { String::new() } else { format!(" by {source}") }));
+        }
+        reasons.push(format!("GPU buffers: staged through {carrier} (copied to host memory): {}", gpu_refused.join("; ")));
+    }
+    Ok(Plan { carrier, gpu_route, reasons })
+}
+
+/// Forwards every trait method of an enum of carriers to its variants, statically.
+macro_rules! forward {
+    ($self:ident, $t:ident => $call:expr) => {
+        match $self {
+            Self::Shm($t) => $call,
+        }
+    };
+}
+
+/// The producer half of a channel's carrier.
+pub(crate) enum AnyProducer {
+    Shm(shm::ShmProducer),
+}
+
+/// The consumer half of a channel's carrier.
+pub(crate) enum AnyConsumer {
+    Shm(shm::ShmConsumer),
+}
+
+/// What a Rust `Message` releases its view through: the carrier's session directly (inlined,
+/// no reference count per message: see `shm::Session::retire`).
+pub(crate) enum MessageReleaser {
+    /// Valid while the message's view is held (`shm::release_message`'s contract).
+    Shm(NonNull<shm::Session>),
+}
+
+impl MessageReleaser {
+    /// Releases `view`, which this releaser handed out and nobody released yet.
+    #[inline]
+    pub(crate) fn release_held(&self, view: &RawView) {
+        match self {
+            // SAFETY: a MessageReleaser::Shm is made (by AnyConsumer::message_releaser) for a
+            // view just received from that session, and a Message releases its view once, in
+            // its drop.
+            MessageReleaser::Shm(session) => unsafe { shm::release_message(*session, view) },
+        }
+    }
+}
+
+/// The carrier and the GPU route of a producer.
+pub(crate) struct ProducerParts {
+    pub(crate) carrier: AnyProducer,
+    pub(crate) gpu: Option<Box<dyn RouteSender>>,
+    pub(crate) info: TransportInfo,
+}
+
+/// The carrier and the GPU route of a consumer.
+pub(crate) struct ConsumerParts {
+    pub(crate) carrier: AnyConsumer,
+    pub(crate) gpu: Option<Box<dyn RouteReceiver>>,
+    pub(crate) info: TransportInfo,
+}
+
+fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
+    let mut routes = vec![Route { class: PayloadClass::Host, kind: plan.carrier, reason: plan.reasons[0].clone() }];
+    let mut reasons = plan.reasons.clone();
+    match gpu {
+        Some(route) => {
+            reasons.push(route.reason.clone());
+            routes.push(route);
+        }
+        None => {
+            let reason = reasons.last().cloned().unwrap_or_default();
+            routes.push(Route { class: PayloadClass::Gpu, kind: plan.carrier, reason });
+        }
+    }
+    TransportInfo { kind: plan.carrier, reason: reasons.join(". "), routes }
+}
+
+/// Connects the producer's end: the carrier's rendezvous, with the GPU route's offer in it.
+pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ProducerParts> {
+    #[cfg(any())]
+    let mut gpu = match plan.gpu_route {
+        Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Offer::new(context, config.strict_gpu)?),
+        _ => None,
+    };
+    #[cfg(all())]
+    let _ = context;
+    let provisional = report(plan, None);
+    let carrier = match plan.carrier {
+        TransportKind::Shm => {
+            #[cfg(any())]
+            let mut offers = || gpu.as_mut().map_or(Ok(Vec::new()), |g| g.sections());
+            #[cfg(all())]
+            let mut offers = || Ok(Vec::new());
+            AnyProducer::Shm(shm::ShmProducer::connect(name, provisional.clone(), config, &mut offers)?)
+        }
+        other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
+    };
+    let mut carrier = carrier;
+    let answers = carrier.peer_sections();
+    #[cfg(any())]
+    if let Some(offer) = gpu.take() {
+        return match offer.accept(name, answers)? {
+            Ok(sender) => {
+                let info = report(plan, Some(sender.route().clone()));
+                Ok(ProducerParts { carrier, gpu: Some(Box::new(sender)), info })
+            }
+            Err(why) => {
+                let mut plan = plan.clone();
+                plan.reasons.push(format!("GPU buffers: staged through {} (copied to host memory): {why}", plan.carrier));
+                Ok(ProducerParts { carrier, gpu: None, info: report(&plan, None) })
+            }
+        };
+    }
+    let _ = answers;
+    Ok(ProducerParts { carrier, gpu: None, info: provisional })
+}
+
+/// Listens for the producer's end: the carrier's rendezvous, answering the GPU route's offer.
+pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ConsumerParts> {
+    #[cfg(any())]
+    let gpu = match plan.gpu_route {
+        Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Receiver::new(context)?),
+        _ => None,
+    };
+    #[cfg(all())]
+    let _ = context;
+    #[cfg(any())]
+    let answers = gpu.as_ref().map(|g| vec![g.answer()]).unwrap_or_default();
+    #[cfg(all())]
+    let answers = Vec::new();
+    let info = report(plan, None);
+    let carrier = match plan.carrier {
+        TransportKind::Shm => AnyConsumer::Shm(shm::ShmConsumer::listen(name, info.clone(), config, answers)?),
+        other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
+    };
+    #[cfg(any())]
+    if let Some(receiver) = gpu {
+        return Ok(ConsumerParts { carrier, info: report(plan, Some(receiver.route_info())), gpu: Some(Box::new(receiver)) });
+    }
+    Ok(ConsumerParts { carrier, gpu: None, info })
+}
+
+impl ProducerTransport for AnyProducer {
+    #[inline]
+    fn info(&self) -> &TransportInfo {
+        forward!(self, t => t.info())
+    }
+    #[inline]
+    fn max_message_len(&self) -> usize {
+        forward!(self, t => t.max_message_len())
+    }
+    #[inline]
+    fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
+        forward!(self, t => t.try_loan(len))
+    }
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        forward!(self, t => t.loan_fast(len))
+    }
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        forward!(self, t => t.loan(len, deadline))
+    }
+    #[inline]
+    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
+        forward!(self, t => t.wait_for_room(len, deadline))
+    }
+    #[inline]
+    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        forward!(self, t => t.publish(loan, len))
+    }
+    #[inline]
+    fn cancel(&mut self, loan: RawLoan) {
+        forward!(self, t => t.cancel(loan))
+    }
+    fn completed(&mut self) -> Result<u64> {
+        forward!(self, t => t.completed())
+    }
+    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
+        forward!(self, t => t.wait_completed(seq, deadline))
+    }
+    #[inline]
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        forward!(self, t => t.send_region(region, offset, len, deadline))
+    }
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        forward!(self, t => t.try_send_region(region, offset, len))
+    }
+    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+        forward!(self, t => t.send_routed(route, descriptor, attachments, deadline))
+    }
+    fn peer_sections(&mut self) -> Vec<Section> {
+        forward!(self, t => t.peer_sections())
+    }
+    fn arenas_sent(&self) -> u64 {
+        forward!(self, t => t.arenas_sent())
+    }
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        forward!(self, t => t.raw_region())
+    }
+}
+
+impl AnyConsumer {
+    /// The releaser of the current session, statically typed.
+    #[inline]
+    pub(crate) fn message_releaser(&self) -> MessageReleaser {
+        match self {
+            Self::Shm(t) => MessageReleaser::Shm(t.session_ptr()),
+        }
+    }
+}
+
+impl ConsumerTransport for AnyConsumer {
+    #[inline]
+    fn info(&self) -> &TransportInfo {
+        forward!(self, t => t.info())
+    }
+    fn try_recv(&mut self) -> Result<RawView> {
+        forward!(self, t => t.try_recv())
+    }
+    #[inline(always)]
+    fn recv_fast(&mut self) -> Option<RawView> {
+        forward!(self, t => t.recv_fast())
+    }
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        forward!(self, t => t.recv(deadline))
+    }
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
+        forward!(self, t => t.wait(deadline))
+    }
+    fn releaser(&self) -> Arc<dyn Release> {
+        forward!(self, t => t.releaser())
+    }
+    #[inline]
+    fn release(&mut self, view: &RawView) -> Result<()> {
+        forward!(self, t => t.release(view))
+    }
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        forward!(self, t => t.notify_fd())
+    }
+    fn arenas_received(&self) -> u64 {
+        forward!(self, t => t.arenas_received())
+    }
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+        forward!(self, t => t.take_peer_sections())
+    }
+    fn take_attachments(&mut self) -> Result<Vec<Section>> {
+        forward!(self, t => t.take_attachments())
+    }
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        forward!(self, t => t.raw_region())
+    }
+}

@@ -21,7 +21,8 @@
 //! index line), `len`, `kind`, and either the payload inline (up to [`INLINE_MAX`] bytes),
 //! the payload's pool offset, or (a buffer send, [`KIND_ARENA`]) the arena id, offset and
 //! 64-bit length of bytes lying in one of the producer's arenas, which the consumer mapped
-//! when the arena's fd came over the rendezvous socket.
+//! when the arena's fd came over the rendezvous socket, or ([`KIND_ROUTED`]) another route's
+//! descriptor of the payload, inline.
 //!
 //! The producer's own state (head, pool allocator) lives in its process, never in the region,
 //! so a consumer cannot corrupt it; the only value the producer reads back is the consumer's
@@ -35,8 +36,8 @@ use crate::os::memfd::fd_size;
 use crate::os::{memfd_create, Mapping, MemfdFlags};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
-/// 2: buffer sends (arena slots, control records on the socket).
-pub const VERSION: u32 = 2;
+/// 2: buffer sends (arena slots, control records on the socket). 3: routed slots.
+pub const VERSION: u32 = 3;
 pub const SLOT_SIZE: usize = 128;
 /// Offset of the payload (or pool offset) inside a slot.
 pub const SLOT_DATA: usize = 16;
@@ -52,10 +53,19 @@ pub const KIND_INLINE: u32 = 1;
 pub const KIND_POOL: u32 = 2;
 /// A buffer send: (arena id, offset, len) at [`SLOT_DATA`], the slot's 32-bit `len` unused.
 pub const KIND_ARENA: u32 = 3;
+/// Another route's descriptor, inline (as [`KIND_INLINE`]), the route id in bits 8-15 of the
+/// kind word.
+pub const KIND_ROUTED: u32 = 4;
 /// The most arenas one channel's consumer keeps mapped: a bound on what a peer can make it map.
 pub const MAX_ARENAS: usize = 16384;
 /// The largest arena a consumer maps (1 TiB).
 pub const MAX_ARENA_LEN: u64 = 1 << 40;
+
+/// The pool bytes a message of `len` bytes takes: rounded up to cache lines.
+#[inline]
+pub fn pool_need(len: usize) -> u64 {
+    (len as u64 + POOL_ALIGN - 1) & !(POOL_ALIGN - 1)
+}
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("the shared region's slot layout (len and kind read as one word) assumes little-endian");
@@ -245,21 +255,12 @@ impl Region {
     pub fn slot_seq(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index))
     }
-    /// A slot's `len` (low half) and `kind` (high half) as one word, so that each side moves
-    /// them with one access. On little-endian targets (all lava-flow supports) this is `len`
-    /// at byte 8 and `kind` at byte 12, the same bytes as [`slot_len`](Self::slot_len) and
-    /// [`slot_kind`](Self::slot_kind).
+    /// A slot's `len` (low half, byte 8) and `kind` (high half, byte 12) as one word, so
+    /// that each side moves them with one access (little-endian targets, all lava-flow
+    /// supports).
     #[inline]
     pub fn slot_len_kind(&self, index: usize) -> &AtomicU64 {
         self.u64_at(self.slot_offset(index) + 8)
-    }
-    #[inline]
-    pub fn slot_len(&self, index: usize) -> &AtomicU32 {
-        self.u32_at(self.slot_offset(index) + 8)
-    }
-    #[inline]
-    pub fn slot_kind(&self, index: usize) -> &AtomicU32 {
-        self.u32_at(self.slot_offset(index) + 12)
     }
     /// The pool offset of a pool message (shares the inline bytes' place).
     #[inline]

@@ -1,0 +1,153 @@
+//! Buffer sends: the arena protocol, and the records the producer sends after the handshake. A buffer send carries no payload, only (arena id,
+//! offset, len) of bytes in one of the producer's arenas. The first time an arena goes over
+//! the channel, the producer passes its fd over the rendezvous socket ([`ControlRecord::Arena`])
+//! before publishing; the consumer maps it once, read-only, and caches it per channel. The
+//! producer keeps each arena alive until the messages pointing into it are released, and tells
+//! the consumer which arenas died since ([`ControlRecord::Forget`]) when it announces a new one.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Weak};
+
+use super::ring::MAX_ARENA_LEN;
+use crate::error::{Error, Result};
+use crate::os::Mapping;
+
+/// The arenas a producer has passed to its consumer, by [`SharedRegion::identity`]. Each
+/// entry holds a `Weak` of the arena, which keeps its address from being reused by another
+/// arena: a known identity always means the same arena.
+#[derive(Default)]
+pub(super) struct SentArenas {
+    /// What keeps the memory of messages in flight alive until the consumer releases them.
+    pub(super) in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
+    pub(super) by_identity: HashMap<usize, (u64, Weak<dyn Any + Send + Sync>)>,
+    /// The last arena sent, (identity, id): a stream usually sends from one arena.
+    pub(super) last: Option<(usize, u64)>,
+    pub(super) next_id: u64,
+    pub(super) sent: u64,
+}
+
+
+/// The arenas a consumer has mapped for one producer, by the id it gave them, and the last
+/// one used.
+#[derive(Default)]
+pub(super) struct ReceivedArenas {
+    pub(super) by_id: HashMap<u64, Arc<Mapping>>,
+    pub(super) last: Option<(u64, Arc<Mapping>)>,
+}
+
+
+/// Maps an arena passed by a producer, read-only, after checking that it is a memory file
+/// sealed against shrinking (so that reading it can never fault) and holds at least `len`
+/// bytes.
+pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
+    if len == 0 || len > MAX_ARENA_LEN {
+        return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
+    }
+    // SAFETY: zeroed stat is a valid out-buffer; fstat on a descriptor we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Error::Corrupt("its fd is not a memory file".into()));
+    }
+    // SAFETY: F_GET_SEALS only reads the file's seals.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
+    }
+    if (st.st_size as u64) < len {
+        return Err(Error::Corrupt(format!("its memory file has {} bytes, {len} were announced", st.st_size)));
+    }
+    Mapping::shared_read_only(fd, 0, len as usize)
+}
+
+/// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
+
+/// What the producer sends over the rendezvous socket after the handshake, each record in one
+/// message of [`ControlRecord::LEN`] bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum ControlRecord {
+    /// Arena `id` of `len` bytes: its memory file is attached (one fd). Sent before the first
+    /// message that points into it.
+    Arena { id: u64, len: u64 },
+    /// Arena `id` is gone at the producer and no message in flight points into it: unmap it.
+    Forget { id: u64 },
+    /// Another route's record (its descriptors attached), carried for it unread, in order
+    /// with the messages: sent before the first message that needs it.
+    Attachment { route: u32, bytes: Vec<u8> },
+}
+
+const RECORD_MAGIC: &[u8; 4] = b"LFCR";
+const RECORD_ARENA: u32 = 1;
+const RECORD_FORGET: u32 = 2;
+const RECORD_ATTACHMENT: u32 = 3;
+/// The most bytes an attachment carries.
+pub(crate) const MAX_ATTACHMENT_LEN: usize = ControlRecord::LEN - 24;
+
+impl ControlRecord {
+    /// Every record has this size, so that records are read whole from the stream socket.
+    pub(super) const LEN: usize = 256;
+
+    pub(super) fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..4].copy_from_slice(RECORD_MAGIC);
+        let (kind, a, b) = match self {
+            ControlRecord::Arena { id, len } => (RECORD_ARENA, *id, *len),
+            ControlRecord::Forget { id } => (RECORD_FORGET, *id, 0),
+            ControlRecord::Attachment { route, bytes } => {
+                out[24..24 + bytes.len()].copy_from_slice(bytes);
+                (RECORD_ATTACHMENT, u64::from(*route), bytes.len() as u64)
+            }
+        };
+        out[4..8].copy_from_slice(&kind.to_le_bytes());
+        out[8..16].copy_from_slice(&a.to_le_bytes());
+        out[16..24].copy_from_slice(&b.to_le_bytes());
+        out
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> Result<ControlRecord> {
+        let bad = |what: String| Error::Corrupt(format!("the producer sent a control record that {what}"));
+        if bytes.len() != Self::LEN || &bytes[..4] != RECORD_MAGIC {
+            return Err(bad(format!("is not one (wrong magic or {} bytes, not {})", bytes.len(), Self::LEN)));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let unused_zero = |from: usize| bytes[from..].iter().all(|&b| b == 0);
+        match (u32_at(4), u64_at(8), u64_at(16)) {
+            (RECORD_ARENA, id, len) if unused_zero(24) => Ok(ControlRecord::Arena { id, len }),
+            (RECORD_FORGET, id, 0) if unused_zero(24) => Ok(ControlRecord::Forget { id }),
+            (RECORD_ATTACHMENT, route, len) if route <= u64::from(u32::MAX) && len as usize <= MAX_ATTACHMENT_LEN => {
+                let len = len as usize;
+                if !unused_zero(24 + len) {
+                    return Err(bad("has non-zero bytes past its attachment".into()));
+                }
+                Ok(ControlRecord::Attachment { route: route as u32, bytes: bytes[24..24 + len].to_vec() })
+            }
+            (kind, _, _) => Err(bad(format!("has unknown kind {kind} or malformed fields"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_records_round_trip_and_reject_garbage() {
+        for r in [
+            ControlRecord::Arena { id: 7, len: 1 << 21 },
+            ControlRecord::Forget { id: 9 },
+            ControlRecord::Attachment { route: 2, bytes: vec![1, 2, 3] },
+        ] {
+            assert_eq!(ControlRecord::decode(&r.encode()).unwrap(), r);
+        }
+        let mut bytes = ControlRecord::Forget { id: 1 }.encode();
+        bytes[4] = 9;
+        assert!(matches!(ControlRecord::decode(&bytes), Err(Error::Corrupt(_))));
+        assert!(matches!(ControlRecord::decode(&bytes[..8]), Err(Error::Corrupt(_))));
+        let mut long = ControlRecord::Attachment { route: 2, bytes: vec![1; 4] }.encode();
+        long[16] = 240;
+        assert!(matches!(ControlRecord::decode(&long), Err(Error::Corrupt(_))));
+    }
+}

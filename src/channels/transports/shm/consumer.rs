@@ -1,0 +1,578 @@
+//! The consumer half of a shared-memory channel.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
+use super::handshake;
+use super::ring::{INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
+use super::session::{OwnedSession, Session};
+use crate::channels::rendezvous::{Listener, PeerWatch, Section};
+use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
+use crate::channels::wait::{sleep_once, Waiter, LIVENESS_PERIOD};
+use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::error::{Error, Result};
+use crate::os::eventfd::{eventfd_drain, eventfd_signal};
+use crate::os::futex::futex_wake;
+use crate::os::try_recv_with_fds;
+
+/// The most attachments read from the socket and not yet taken: a bound on what a peer can
+/// make the consumer hold.
+const MAX_PENDING_ATTACHMENTS: usize = 4096;
+
+/// The consumer's connection to its current producer.
+pub(super) struct Link {
+    pub(super) session: OwnedSession,
+    pub(super) watch: PeerWatch,
+    pub(super) eventfd: OwnedFd,
+    pub(super) next: u64,
+    pub(super) last_check: Instant,
+    pub(super) gone: Option<String>,
+    /// The producer's arenas mapped here (boxed: cold).
+    pub(super) arenas: Box<ReceivedArenas>,
+    /// The producer's rendezvous sections for the other routes, until taken.
+    pub(super) peer_sections: Option<Vec<Section>>,
+    /// The other routes' attachments read from the socket, until taken.
+    pub(super) attachments: Vec<Section>,
+}
+
+
+/// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
+/// can attach once the old one has gone.
+pub struct ShmConsumer {
+    info: TransportInfo,
+    name: String,
+    wait: WaitStrategy,
+    listener: Listener,
+    link: Link,
+    /// Earlier sessions whose views are still held (for release by value).
+    old: Vec<OwnedSession>,
+    sessions: u64,
+    epoll: Option<OwnedFd>,
+    armed: bool,
+    arenas_received: u64,
+    /// This consumer's sections for the other routes, the answer to every producer's hello.
+    answers: Vec<Section>,
+}
+
+impl std::fmt::Debug for ShmConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmConsumer").field("name", &self.name).field("next", &self.link.next).finish()
+    }
+}
+
+impl ShmConsumer {
+    /// Listens on `name` and waits for a producer, answering its hello with `answers` (the
+    /// other routes' sections).
+    pub fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, answers: Vec<Section>) -> Result<Self> {
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let listener = Listener::bind(name)?;
+        let mut refused = Vec::new();
+        let link = loop {
+            match listener.accept(deadline, &mut refused, name)? {
+                None => {
+                    let mut msg = format!("no producer of channel {name:?} connected to {} in time", listener.path().display());
+                    if !refused.is_empty() {
+                        msg.push_str(&format!("; refused: {}", refused.join("; ")));
+                    }
+                    return Err(Error::Timeout(msg));
+                }
+                Some((sock, cred)) => match handshake::accept(sock, cred, name, deadline, 1, &answers) {
+                    Ok(link) => break link,
+                    Err(e) => refused.push(e.to_string()),
+                },
+            }
+        };
+        Ok(ShmConsumer {
+            info,
+            name: name.to_owned(),
+            wait: config.wait,
+            listener,
+            link,
+            old: Vec::new(),
+            sessions: 1,
+            epoll: None,
+            armed: false,
+            arenas_received: 0,
+            answers,
+        })
+    }
+
+    /// Checks whether the current producer is gone (closed word at once, process and socket
+    /// every LIVENESS_PERIOD or when `force`).
+    fn producer_gone(&mut self, force: bool) -> bool {
+        let link = &mut self.link;
+        if link.gone.is_some() {
+            return true;
+        }
+        if link.session.region.producer_closed().load(Ordering::Acquire) != 0 {
+            link.gone = Some(format!("the producer of channel {:?} closed it", self.name));
+            return true;
+        }
+        let now = Instant::now();
+        if force || now.duration_since(link.last_check) >= LIVENESS_PERIOD {
+            link.last_check = now;
+            if link.watch.is_gone() {
+                link.gone = Some(format!(
+                    "the producer of channel {:?} (pid {}) has exited or closed its socket",
+                    self.name, link.watch.pid
+                ));
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether a message is ready (or the slot fails validation, which try_recv reports).
+    #[inline]
+    fn ready(&self) -> bool {
+        let s = &self.link.session;
+        let next = self.link.next;
+        s.region.slot_seq((next & s.mask) as usize).load(Ordering::Acquire) != expected_empty(next, s.slot_count)
+            && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
+    }
+    /// The next message if one is waiting and it is the common case: an inline or pool
+    /// message that passes every check. Everything else (nothing waiting, every slot held, a
+    /// buffer send, a slot that fails validation) is `None`, for [`try_read`](Self::try_read).
+    /// Kept free of `Result` so that the hot path moves no error-sized values.
+    #[inline(always)]
+    fn read_fast(&mut self) -> Option<RawView> {
+        let s = &*self.link.session;
+        let next = self.link.next;
+        let index = (next & s.mask) as usize;
+        // The second test: every slot is held by a view, so a legitimate producer cannot have
+        // published more.
+        if s.region.slot_seq(index).load(Ordering::Acquire) != next + 1
+            || next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count
+        {
+            return None;
+        }
+        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
+        let len = len_kind as u32 as usize;
+        let ptr = match (len_kind >> 32) as u32 {
+            KIND_INLINE if len.wrapping_sub(1) < INLINE_MAX => s.region.slot_inline(index) as *const u8,
+            KIND_POOL => {
+                let offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+                match s.region.pool_range(offset, len as u64) {
+                    Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        Some(self.hand_out(index, ptr, len, 0))
+    }
+
+    /// The next message if one is waiting (`Ok(None)` if not), or why the slot is invalid.
+    #[inline]
+    fn try_read(&mut self) -> Result<Option<RawView>> {
+        match self.read_fast() {
+            Some(view) => Ok(Some(view)),
+            None => self.read_slow(),
+        }
+    }
+
+    /// Reads the next slot with every case spelled out: what [`read_fast`](Self::read_fast)
+    /// leaves to it, and a message that arrived after it looked.
+    #[cold]
+    #[inline(never)]
+    fn read_slow(&mut self) -> Result<Option<RawView>> {
+        let s = &*self.link.session;
+        let next = self.link.next;
+        let index = (next & s.mask) as usize;
+        if next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count {
+            return Ok(None);
+        }
+        let seq = s.region.slot_seq(index).load(Ordering::Acquire);
+        let empty = expected_empty(next, s.slot_count);
+        if seq == empty {
+            return Ok(None);
+        }
+        if seq != next + 1 {
+            return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {empty}", next + 1)));
+        }
+        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
+        let len = len_kind as u32 as usize;
+        let ptr = match (len_kind >> 32) as u32 {
+            KIND_INLINE if (1..=INLINE_MAX).contains(&len) => s.region.slot_inline(index) as *const u8,
+            KIND_INLINE => return Err(self.corrupt(format!("inline message {next} has length {len}"))),
+            KIND_POOL => {
+                let offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+                match s.region.pool_range(offset, len as u64) {
+                    Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
+                    _ => {
+                        return Err(self.corrupt(format!(
+                            "pool message {next} claims {len} bytes at offset {offset}, outside the {}-byte pool \
+                             or not {POOL_ALIGN}-byte aligned",
+                            s.region.geometry.pool_size
+                        )))
+                    }
+                }
+            }
+            KIND_ARENA => return self.read_arena_slot(index, next),
+            kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 => {
+                if !(1..=INLINE_MAX).contains(&len) {
+                    return Err(self.corrupt(format!("routed message {next} has length {len}")));
+                }
+                let ptr = s.region.slot_inline(index) as *const u8;
+                return Ok(Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8))));
+            }
+            kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
+        };
+        Ok(Some(self.hand_out(index, ptr, len, 0)))
+    }
+
+    /// Records that message `next` is held by a view of `len` bytes at `ptr`, and hands it out.
+    #[inline(always)]
+    fn hand_out(&mut self, index: usize, ptr: *const u8, len: usize, flags: u64) -> RawView {
+        let s = &*self.link.session;
+        let next = self.link.next;
+        let record = &s.views[index];
+        record.ptr.store(ptr as usize, Ordering::Relaxed);
+        record.len.store(len, Ordering::Relaxed);
+        record.state.store(next << 1 | 1, Ordering::Release);
+        self.link.next = next + 1;
+        s.received.store(next + 1, Ordering::Release);
+        RawView { ptr, len, token: next, session: s.id, flags }
+    }
+
+    /// Reads a buffer send: (arena id, offset, len), each checked against the arenas mapped
+    /// here, reading the arena's fd from the socket first if it is new.
+    fn read_arena_slot(&mut self, index: usize, next: u64) -> Result<Option<RawView>> {
+        let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
+        let mapping = match &self.link.arenas.last {
+            Some((last, mapping)) if *last == id => Arc::clone(mapping),
+            _ => {
+                if !self.link.arenas.by_id.contains_key(&id) {
+                    self.receive_records(Some(id))?;
+                }
+                let Some(mapping) = self.link.arenas.by_id.get(&id).cloned() else {
+                    return Err(self.corrupt(format!("message {next} points into arena {id}, which the producer never passed")));
+                };
+                self.link.arenas.last = Some((id, Arc::clone(&mapping)));
+                mapping
+            }
+        };
+        let in_bounds = offset.checked_add(len).is_some_and(|end| len > 0 && end <= mapping.len() as u64);
+        if !in_bounds {
+            return Err(self.corrupt(format!(
+                "message {next} claims {len} bytes at offset {offset} of arena {id}, which has {} bytes",
+                mapping.len()
+            )));
+        }
+        // SAFETY: offset + len <= the mapping's length, checked above.
+        let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
+        let len = len as usize;
+        *self.link.session.arena_holds()[index].lock() = Some(mapping);
+        Ok(Some(self.hand_out(index, ptr, len, RawView::ZERO_COPY)))
+    }
+
+    /// Reads the producer's control records waiting on the socket, without blocking: until
+    /// arena `want` is known, or all of them. Other routes' attachments are kept for
+    /// [`take_attachments`](ConsumerTransport::take_attachments). Each arena is checked (a sealed memory file of
+    /// at least the announced size) and mapped once; its fd is closed after mapping.
+    fn receive_records(&mut self, want: Option<u64>) -> Result<()> {
+        loop {
+            if want.is_some_and(|id| self.link.arenas.by_id.contains_key(&id)) {
+                return Ok(());
+            }
+            let mut bytes = [0u8; ControlRecord::LEN];
+            let Some((n, fds)) = try_recv_with_fds(self.link.watch.socket(), &mut bytes)? else {
+                return Ok(());
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            let record = ControlRecord::decode(&bytes[..n]).map_err(|e| self.corrupt(e.to_string()))?;
+            match (record, fds.len()) {
+                (ControlRecord::Arena { id, len }, 1) => {
+                    if self.link.arenas.by_id.contains_key(&id) {
+                        return Err(self.corrupt(format!("arena {id} was passed twice")));
+                    }
+                    if self.link.arenas.by_id.len() >= MAX_ARENAS {
+                        return Err(self.corrupt(format!("more than {MAX_ARENAS} arenas at once")));
+                    }
+                    let mapping = map_arena(&fds[0], len).map_err(|e| self.corrupt(format!("arena {id}: {e}")))?;
+                    self.link.arenas.by_id.insert(id, Arc::new(mapping));
+                    self.arenas_received += 1;
+                }
+                (ControlRecord::Forget { id }, 0) => {
+                    // Views still held keep their mapping (Session::arena_holds).
+                    self.link.arenas.by_id.remove(&id);
+                    if self.link.arenas.last.as_ref().is_some_and(|(last, _)| *last == id) {
+                        self.link.arenas.last = None;
+                    }
+                }
+                (ControlRecord::Attachment { route, bytes }, _) => {
+                    if self.link.attachments.len() >= MAX_PENDING_ATTACHMENTS {
+                        return Err(self.corrupt(format!("more than {MAX_PENDING_ATTACHMENTS} attachments wait unread")));
+                    }
+                    self.link.attachments.push(Section { route, bytes, fds });
+                }
+                (record, count) => return Err(self.corrupt(format!("{record:?} came with {count} fds"))),
+            }
+        }
+    }
+
+    /// The next message if one waits, `None` if not (no allocation on the blocking path),
+    /// `PeerGone` when none waits and the producer has gone.
+    /// `from_try`: called by try_recv, which keeps the fd's level and checks the producer
+    /// itself; the blocking path leaves both to `wait`.
+    #[inline]
+    fn poll_recv(&mut self, from_try: bool) -> Result<Option<RawView>> {
+        loop {
+            if let Some(view) = self.try_read()? {
+                return Ok(Some(view));
+            }
+            if self.armed && from_try {
+                // Level-triggered notification: the fd is reset only when the ring is seen
+                // empty, after asking the producer to signal the next message.
+                eventfd_drain(self.link.eventfd.as_fd());
+                self.link.session.ask_for_signal();
+                if let Some(view) = self.try_read()? {
+                    return Ok(Some(view));
+                }
+            }
+            let gone = if self.link.gone.is_some() {
+                true
+            } else if from_try {
+                self.producer_gone(false)
+            } else {
+                self.link.session.region.producer_closed().load(Ordering::Relaxed) != 0 && self.producer_gone(true)
+            };
+            if !gone {
+                return Ok(None);
+            }
+            // Gone: messages published before the end are still read first.
+            if let Some(view) = self.try_read()? {
+                return Ok(Some(view));
+            }
+            if self.try_reattach()? {
+                continue;
+            }
+            if self.armed {
+                // Keep the fd readable so an event loop learns about the end.
+                eventfd_signal(self.link.eventfd.as_fd());
+            }
+            return Err(self.gone_error());
+        }
+    }
+
+    fn corrupt(&self, what: String) -> Error {
+        Error::Corrupt(format!(
+            "channel {:?}: the producer (pid {}) wrote an invalid descriptor: {what}",
+            self.name, self.link.watch.pid
+        ))
+    }
+
+    /// After the producer has gone and its messages are read: attach a new producer if one is
+    /// waiting on the socket.
+    fn try_reattach(&mut self) -> Result<bool> {
+        let mut refused = Vec::new();
+        let Some((sock, cred)) = self.listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
+            return Ok(false);
+        };
+        let id = self.sessions + 1;
+        let deadline = Some(Instant::now() + Duration::from_secs(2));
+        let link = match handshake::accept(sock, cred, &self.name, deadline, id, &self.answers) {
+            Ok(l) => l,
+            Err(_) => return Ok(false),
+        };
+        self.sessions = id;
+        let old = std::mem::replace(&mut self.link, link);
+        if let Some(epoll) = &self.epoll {
+            for fd in [Some(old.eventfd.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten() {
+                epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0);
+            }
+            self.register_link_fds()?;
+        }
+        self.old.retain(|s| s.holds_views());
+        if old.session.holds_views() {
+            self.old.push(old.session);
+        }
+        Ok(true)
+    }
+
+    fn register_link_fds(&self) -> Result<()> {
+        let epoll = self.epoll.as_ref().expect("epoll created");
+        epoll_add(epoll.as_fd(), self.link.eventfd.as_fd(), libc::EPOLLIN as u32)?;
+        epoll_add(epoll.as_fd(), self.link.watch.socket_fd(), (libc::EPOLLIN | libc::EPOLLRDHUP) as u32)?;
+        if let Some(pidfd) = self.link.watch.pidfd() {
+            epoll_add(epoll.as_fd(), pidfd, libc::EPOLLIN as u32)?;
+        }
+        Ok(())
+    }
+
+    fn gone_error(&self) -> Error {
+        Error::PeerGone(self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)))
+    }
+}
+
+/// The sequence word of the slot that will carry message `next` while it is still empty:
+/// the previous lap's message number + 1, or 0 on the first lap.
+#[inline]
+fn expected_empty(next: u64, slot_count: u64) -> u64 {
+    if next >= slot_count { next + 1 - slot_count } else { 0 }
+}
+
+fn epoll_ctl(epoll: BorrowedFd<'_>, op: i32, fd: BorrowedFd<'_>, events: u32) -> i32 {
+    let mut ev = libc::epoll_event { events, u64: fd.as_raw_fd() as u64 };
+    // SAFETY: both descriptors are live; ev is a valid epoll_event.
+    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) }
+}
+
+fn epoll_add(epoll: BorrowedFd<'_>, fd: BorrowedFd<'_>, events: u32) -> Result<()> {
+    if epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, events) != 0 {
+        return Err(Error::last_os("epoll_ctl(ADD) for the channel's notification fd"));
+    }
+    Ok(())
+}
+
+impl ShmConsumer {
+    /// The current session, which a received message points at (see [`Session::retire`]).
+    #[inline]
+    pub(crate) fn session_ptr(&self) -> std::ptr::NonNull<Session> {
+        std::ptr::NonNull::from(&**self.link.session as &Session)
+    }
+}
+
+impl ConsumerTransport for ShmConsumer {
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    #[inline]
+    fn try_recv(&mut self) -> Result<RawView> {
+        match self.poll_recv(true)? {
+            Some(view) => Ok(view),
+            None => Err(Error::WouldBlock(format!("no message waiting on channel {:?}", self.name))),
+        }
+    }
+
+    #[inline]
+    fn recv_fast(&mut self) -> Option<RawView> {
+        self.read_fast()
+    }
+
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        loop {
+            if let Some(view) = self.read_fast() {
+                return Ok(view);
+            }
+            if let Some(view) = self.poll_recv(false)? {
+                return Ok(view);
+            }
+            self.wait(deadline)?;
+        }
+    }
+
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        loop {
+            if self.ready() || self.link.gone.is_some() {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 256 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if self.producer_gone(false) {
+                return Ok(());
+            }
+            if waiter.timed_out(now) {
+                return Err(Error::Timeout(format!("no message arrived on channel {:?} before the deadline", self.name)));
+            }
+            if !waiter.spinning(now) {
+                let region = &self.link.session.region;
+                let (next, slot_count) = (self.link.next, self.link.session.slot_count);
+                sleep_once(region.data_futex(), region.data_sleeping(), self.link.session.fast_wake, deadline, || {
+                    region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
+                        || region.producer_closed().load(Ordering::SeqCst) != 0
+                });
+                // Rate-limited like every check: a woken sleep pays no syscall.
+                if self.producer_gone(false) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        Some(self.link.session.region.raw())
+    }
+
+    fn releaser(&self) -> Arc<dyn Release> {
+        Arc::clone(&self.link.session) as Arc<dyn Release>
+    }
+
+    fn arenas_received(&self) -> u64 {
+        self.arenas_received
+    }
+
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+        let sections = self.link.peer_sections.take()?;
+        Some((self.link.session.id, sections))
+    }
+
+    fn take_attachments(&mut self) -> Result<Vec<Section>> {
+        self.receive_records(None)?;
+        Ok(std::mem::take(&mut self.link.attachments))
+    }
+
+    fn release(&mut self, view: &RawView) -> Result<()> {
+        if view.session == self.link.session.id {
+            return self.link.session.release(view);
+        }
+        match self.old.iter().find(|s| s.id == view.session) {
+            Some(s) => {
+                let r = s.release(view);
+                self.old.retain(|s| s.holds_views());
+                r
+            }
+            None => Err(Error::InvalidState(format!(
+                "message {} is not held by this consumer (already released, or from another channel)",
+                view.token
+            ))),
+        }
+    }
+
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        if self.epoll.is_none() {
+            // SAFETY: epoll_create1 takes a flag and returns a new descriptor or -1.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if fd < 0 {
+                return Err(Error::last_os("epoll_create1"));
+            }
+            // SAFETY: fresh descriptor owned by no one else.
+            self.epoll = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            self.register_link_fds()?;
+            self.armed = true;
+            // Make the fd reflect messages already waiting.
+            if self.ready() {
+                eventfd_signal(self.link.eventfd.as_fd());
+            } else {
+                self.link.session.ask_for_signal();
+                if self.ready() {
+                    eventfd_signal(self.link.eventfd.as_fd());
+                }
+            }
+        }
+        Ok(self.epoll.as_ref().expect("created above").as_fd())
+    }
+}
+
+impl Drop for ShmConsumer {
+    fn drop(&mut self) {
+        let region = &self.link.session.region;
+        region.consumer_closed().store(1, Ordering::SeqCst);
+        region.room_futex().fetch_add(1, Ordering::SeqCst);
+        futex_wake(region.room_futex(), 1);
+        // The listener's drop removes the socket file.
+    }
+}
+

@@ -1,0 +1,179 @@
+//! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
+//! (a sealed memfd) and its eventfd in this transport's [`Section`] of the hello, next to the
+//! other routes' sections; the consumer checks and maps them and answers with its own routes'
+//! sections, or refuses.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::consumer::Link;
+use super::ring::{Geometry, Region, VERSION};
+use super::session::{OwnedSession, Session};
+use super::ROUTE_ID;
+use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
+use crate::error::{Error, Result};
+use crate::os::eventfd::eventfd;
+use crate::os::{membarrier, recv_with_fds};
+
+/// This transport's section: the region's geometry (its memfd and the producer's eventfd go
+/// as the section's descriptors).
+const SECTION_LEN: usize = 24;
+
+fn encode_section(geometry: &Geometry, memfd: OwnedFd, eventfd: OwnedFd) -> Section {
+    let mut bytes = Vec::with_capacity(SECTION_LEN);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&geometry.slot_count.to_le_bytes());
+    bytes.extend_from_slice(&geometry.pool_size.to_le_bytes());
+    bytes.extend_from_slice(&(geometry.total_len as u64).to_le_bytes());
+    Section { route: ROUTE_ID, bytes, fds: vec![memfd, eventfd] }
+}
+
+/// What the producer has once the consumer accepted it.
+pub(super) struct Connected {
+    pub(super) sock: UnixStream,
+    pub(super) cred: libc::ucred,
+    pub(super) socket_path: PathBuf,
+    pub(super) socket_id: Option<rendezvous::FileId>,
+    pub(super) region: Region,
+    pub(super) eventfd: OwnedFd,
+    /// Both processes registered for membarriers (see the wait protocol).
+    pub(super) fast_wake: bool,
+    /// The consumer's sections for the other routes.
+    pub(super) answers: Vec<Section>,
+}
+
+/// The producer's side: connects to the consumer of `name` (retrying until it listens or
+/// `deadline`), offers a fresh region of `geometry` with `offers()` (the other routes'
+/// sections, made anew for each attempt), and reads the answer.
+pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, offers: &mut dyn FnMut() -> Result<Vec<Section>>) -> Result<Connected> {
+    let eventfd = eventfd()?;
+    let can_membarrier = membarrier::register();
+    // A consumer that is closing may still accept our connection and then drop it; such a
+    // refusal by disappearance is retried until the deadline.
+    loop {
+        let (sock, cred, socket_path, socket_id) = rendezvous::connect(name, deadline)?;
+        let (region, memfd) = Region::create(name, geometry)?;
+        // Before the hello: the consumer reads it during the handshake.
+        region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
+        let eventfd_copy = eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
+        let attempt = (|| {
+            let mut sections = vec![encode_section(&geometry, memfd, eventfd_copy)];
+            sections.extend(offers()?);
+            rendezvous::send_hello(&sock, name, &sections)?;
+            drop(sections);
+            sock.set_read_timeout(rendezvous::remaining(deadline))
+                .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
+            let answers = rendezvous::recv_ack(&sock, name)?;
+            sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
+            Ok(answers)
+        })();
+        match attempt {
+            Ok(answers) => {
+                // The consumer wrote its flag before its answer. A consumer that lies about it
+                // only delays its own wake-ups (to the next sleep slice).
+                let fast_wake = can_membarrier && region.consumer_fast_wake().load(Ordering::Acquire) == 1;
+                return Ok(Connected { sock, cred, socket_path, socket_id, region, eventfd, fast_wake, answers });
+            }
+            Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The consumer's side: receive the hello and its descriptors, check everything, map the
+/// region, answer with `answers` (the other routes' sections). Session `id` starts.
+pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: Option<Instant>, id: u64, answers: &[Section]) -> Result<Link> {
+    sock.set_read_timeout(rendezvous::remaining(deadline))
+        .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
+    let mut buf = vec![0u8; MAX_HELLO_LEN];
+    let (n, fds) = recv_with_fds(&sock, &mut buf).map_err(|e| match e {
+        Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::WouldBlock => {
+            Error::Timeout(format!("producer pid {} sent no hello in time", cred.pid))
+        }
+        other => other,
+    })?;
+    if n == 0 {
+        return Err(Error::PeerGone(format!("process {} connected and closed without a hello", cred.pid)));
+    }
+    let checked = (|| {
+        let (hello_name, sections) = rendezvous::decode_hello(&buf[..n], fds)?;
+        if hello_name != name {
+            return Err(Error::Corrupt(format!("producer asked for channel {hello_name:?}, this is {name:?}")));
+        }
+        let (mine, others): (Vec<Section>, Vec<Section>) = sections.into_iter().partition(|s| s.route == ROUTE_ID);
+        let Some(section) = mine.into_iter().next() else {
+            return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
+        };
+        let b = &section.bytes;
+        if b.len() != SECTION_LEN {
+            return Err(Error::Corrupt(format!("the producer's shared-memory section has {} bytes, not {SECTION_LEN}", b.len())));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if u32_at(0) != VERSION {
+            return Err(Error::Unsupported(format!(
+                "the producer's shared-memory layout is version {}, this consumer's {VERSION}; use the same lava-flow on both sides",
+                u32_at(0)
+            )));
+        }
+        let mut fds = section.fds.into_iter();
+        let (Some(memfd), Some(evfd), None) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::Corrupt("the producer's shared-memory section must carry exactly two fds (memfd, eventfd)".into()));
+        };
+        let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
+        let geometry = Geometry::new(slot_count, pool_size)?;
+        if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
+            return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
+        }
+        let region = Region::attach(&memfd, geometry)?;
+        check_is_eventfd(&evfd)?;
+        Ok((region, evfd, others))
+    })();
+    match checked {
+        Ok((region, eventfd, peer_sections)) => {
+            // Before the answer: the producer reads it once the answer arrives. A producer
+            // that lies about its own flag only delays its own messages' wake-ups (to the
+            // next sleep slice).
+            let can_membarrier = membarrier::register();
+            region.consumer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
+            let fast_wake = can_membarrier && region.producer_fast_wake().load(Ordering::Acquire) == 1;
+            rendezvous::send_ack(&sock, rendezvous::ACK_OK, "", answers)?;
+            sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
+            Ok(Link {
+                session: OwnedSession(Some(Arc::new(Session::new(id, region, fast_wake)))),
+                watch: PeerWatch::new(sock, cred.pid),
+                eventfd,
+                next: 0,
+                last_check: Instant::now(),
+                gone: None,
+                arenas: Box::default(),
+                peer_sections: Some(peer_sections),
+                attachments: Vec::new(),
+            })
+        }
+        Err(e) => {
+            let _ = rendezvous::send_ack(&sock, rendezvous::ACK_REFUSED, &e.to_string(), &[]);
+            Err(e)
+        }
+    }
+}
+
+/// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
+fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default();
+    if link.to_string_lossy() != "anon_inode:[eventfd]" {
+        return Err(Error::Corrupt(format!("producer's second fd is {}, not an eventfd", link.display())));
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    Ok(())
+}

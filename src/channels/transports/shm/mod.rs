@@ -1,0 +1,42 @@
+//! The same-host shared-memory transport: the carrier of every channel between two processes
+//! of one host.
+//!
+//! One memfd holds a ring of message slots and a payload pool ([`ring`] has the layout).
+//! Sending a message writes its slot (and, for a large one, its pool bytes) and then the
+//! slot's `seq` word; that store is the only synchronisation on the fast path. Afterwards the
+//! producer reads the consumer's "sleeping" flags, a cache line the consumer writes only when
+//! it goes to sleep, and makes a syscall (futex wake, eventfd write) only if one is set: the
+//! channel's wait protocol (`channels::wait`).
+//!
+//! What a slot carries:
+//! - bytes inline (up to 112) or in the pool: copies and loans;
+//! - (arena, offset, len) of a lava-flow CPU buffer: buffer sends by reference ([`arenas`]
+//!   has the protocol: each arena's fd goes once per channel over the rendezvous socket);
+//! - another route's descriptor, inline and unread (a GPU buffer's, say), with the route's
+//!   records passed over the socket before it: so every message of a channel, whatever route
+//!   carries its payload, takes one place in one order.
+//!
+//! The files: [`handshake`] (the rendezvous section this transport offers and the consumer's
+//! checks), [`producer`], [`session`] (what the views of one producer's messages share, and
+//! how releases become the tail the producer reads), [`consumer`], [`arenas`].
+//!
+//! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and polls them
+//! (one `poll` syscall with zero timeout) every `LIVENESS_PERIOD` while it waits; blocked waits
+//! sleep at most `SLEEP_SLICE` at a time for that reason. A closing peer also sets its
+//! `closed` word, which is seen at once.
+
+mod arenas;
+mod consumer;
+mod handshake;
+mod producer;
+pub(crate) mod ring;
+mod session;
+
+pub use consumer::ShmConsumer;
+pub use producer::ShmProducer;
+pub(crate) use session::{release_message, Session};
+
+/// The largest payload carried inside its ring slot; longer ones go through the pool.
+pub use ring::INLINE_MAX as SHM_INLINE_MAX;
+/// The id of this transport's section in the rendezvous.
+pub(crate) const ROUTE_ID: u32 = 1;

@@ -1,0 +1,621 @@
+//! The producer half of a shared-memory channel.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::arenas::{ControlRecord, SentArenas, MAX_ATTACHMENT_LEN};
+use super::handshake;
+use super::ring::{pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED};
+use crate::channels::rendezvous::{self, PeerWatch, Section};
+use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
+use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter, LIVENESS_PERIOD};
+use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::error::{Error, Result};
+use crate::os::eventfd::eventfd_signal;
+use crate::os::futex::futex_wake;
+use crate::os::send_with_fds;
+
+// ---------------------------------------------------------------------------------------------
+// Producer
+// ---------------------------------------------------------------------------------------------
+
+/// The producer half of a shared-memory channel.
+pub struct ShmProducer {
+    info: TransportInfo,
+    name: String,
+    region: Region,
+    watch: PeerWatch,
+    eventfd: OwnedFd,
+    wait: WaitStrategy,
+    mask: u64,
+    slot_count: u64,
+    /// Sequence number of the next message.
+    head: u64,
+    /// The consumer's tail as last read (all messages below it are released).
+    tail: u64,
+    /// Pool allocator: monotonic byte counters; position = counter % pool_size.
+    pool_head: u64,
+    pool_tail: u64,
+    /// Where in the pool the next allocation starts (`pool_head` modulo the pool, tracked).
+    pool_pos: u64,
+    /// `pool_head` after each in-flight message's allocation, indexed by slot.
+    pool_ends: Vec<u64>,
+    loan: Option<PendingLoan>,
+    /// Both processes registered for membarriers: publish without a fence (see the module doc).
+    fast_wake: bool,
+    sends_since_check: u32,
+    last_check: Instant,
+    socket_path: PathBuf,
+    socket_id: Option<rendezvous::FileId>,
+    /// Buffer sends (boxed: cold, and kept off the hot fields' cache lines).
+    arenas: Box<SentArenas>,
+    /// The consumer's rendezvous sections for the other routes, until taken.
+    peer_sections: Vec<Section>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingLoan {
+    token: u64,
+    ptr: *mut u8,
+    len: usize,
+    kind: u32,
+    pool_offset: u64,
+    pool_end: u64,
+}
+
+// SAFETY: the raw pointers in PendingLoan point into `region`, which the producer owns and
+// which is valid in any thread.
+unsafe impl Send for ShmProducer {}
+
+impl std::fmt::Debug for ShmProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmProducer").field("name", &self.name).field("head", &self.head).field("tail", &self.tail).finish()
+    }
+}
+
+impl ShmProducer {
+    /// Connects to the consumer of `name` and hands it a fresh region, with the other
+    /// routes' sections that `offers` makes (anew for each attempt).
+    pub fn connect(name: &str, info: TransportInfo, config: &ChannelConfig, offers: &mut dyn FnMut() -> Result<Vec<Section>>) -> Result<Self> {
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
+        let c = handshake::offer(name, geometry, deadline, offers)?;
+        let slot_count = u64::from(geometry.slot_count);
+        Ok(ShmProducer {
+            info,
+            name: name.to_owned(),
+            region: c.region,
+            watch: PeerWatch::new(c.sock, c.cred.pid),
+            eventfd: c.eventfd,
+            wait: config.wait,
+            mask: slot_count - 1,
+            slot_count,
+            head: 0,
+            tail: 0,
+            pool_head: 0,
+            pool_tail: 0,
+            pool_pos: 0,
+            pool_ends: vec![0; slot_count as usize],
+            loan: None,
+            fast_wake: c.fast_wake,
+            sends_since_check: 0,
+            last_check: Instant::now(),
+            socket_path: c.socket_path,
+            socket_id: c.socket_id,
+            arenas: Box::default(),
+            peer_sections: c.answers,
+        })
+    }
+
+    fn consumer_gone(&mut self, force: bool) -> Result<()> {
+        if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
+            return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
+        }
+        let now = Instant::now();
+        if force || self.watch.known_gone() || now.duration_since(self.last_check) >= LIVENESS_PERIOD {
+            self.last_check = now;
+            if self.watch.is_gone() {
+                return Err(Error::PeerGone(format!(
+                    "the consumer of channel {:?} (pid {}) has exited or closed its socket",
+                    self.name, self.watch.pid
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the consumer's tail, checks it, and frees the pool space of released messages.
+    fn refresh_tail(&mut self) -> Result<()> {
+        let tail = self.region.tail().load(Ordering::Acquire);
+        if tail < self.tail || tail > self.head {
+            return Err(Error::Corrupt(format!(
+                "channel {:?}: the consumer's tail {tail} lies outside [{}, {}]",
+                self.name, self.tail, self.head
+            )));
+        }
+        if tail > self.tail {
+            self.tail = tail;
+            let end = self.pool_ends[((tail - 1) & self.mask) as usize];
+            self.pool_tail = self.pool_tail.max(end);
+            while self.arenas.in_flight.front().is_some_and(|(seq, _)| *seq < tail) {
+                self.arenas.in_flight.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds `len` contiguous pool bytes: (offset, new pool_head), committed on publish,
+    /// which also moves `pool_pos`. No division on this path: the position is tracked.
+    #[inline]
+    fn pool_alloc(&self, len: usize) -> Option<(u64, u64)> {
+        let size = self.region.geometry.pool_size;
+        let need = pool_need(len);
+        // Empty: start again at offset 0, so that even a pool-sized message fits.
+        let pos = if self.pool_head == self.pool_tail { 0 } else { self.pool_pos };
+        let (offset, taken) = if pos + need <= size { (pos, need) } else { (0, size - pos + need) };
+        if self.pool_head - self.pool_tail + taken > size {
+            return None;
+        }
+        Some((offset, self.pool_head + taken))
+    }
+
+    /// Whether a loan of `len` could be granted now.
+    #[inline]
+    fn room_for(&mut self, len: usize) -> Result<bool> {
+        if self.head - self.tail >= self.slot_count {
+            self.refresh_tail()?;
+            if self.head - self.tail >= self.slot_count {
+                return Ok(false);
+            }
+        }
+        if len <= INLINE_MAX {
+            return Ok(true);
+        }
+        if self.pool_alloc(len).is_some() {
+            return Ok(true);
+        }
+        self.refresh_tail()?;
+        Ok(self.pool_alloc(len).is_some())
+    }
+
+    /// The common case of a loan, free of `Result` so that the hot path moves no error-sized
+    /// values: no loan outstanding, a valid length, room by the tail last read, the consumer
+    /// open (its closed word is read every time) and no liveness check due (one in 64 sends
+    /// goes to `poll_loan`, which polls the peer at most every [`LIVENESS_PERIOD`]).
+    /// `None` says nothing: ask [`poll_loan`](Self::poll_loan).
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        let due = self.sends_since_check.wrapping_add(1) % 64 == 0;
+        if self.loan.is_some()
+            || len == 0
+            || due
+            || self.head - self.tail >= self.slot_count
+            || self.region.consumer_closed().load(Ordering::Relaxed) != 0
+            || self.watch.known_gone()
+        {
+            return None;
+        }
+        let index = (self.head & self.mask) as usize;
+        let pending = if len <= INLINE_MAX {
+            PendingLoan { token: self.head, ptr: self.region.slot_inline(index), len, kind: KIND_INLINE, pool_offset: 0, pool_end: self.pool_head }
+        } else {
+            if len as u64 > self.region.geometry.pool_size {
+                return None;
+            }
+            let (offset, end) = self.pool_alloc(len)?;
+            let ptr = self.region.pool_range(offset, len as u64)?;
+            PendingLoan { token: self.head, ptr, len, kind: KIND_POOL, pool_offset: offset, pool_end: end }
+        };
+        self.sends_since_check = self.sends_since_check.wrapping_add(1);
+        self.loan = Some(pending);
+        Some(RawLoan { ptr: pending.ptr, len, token: pending.token })
+    }
+
+    /// A loan if there is room now, `None` if not (no allocation: the blocking path calls
+    /// this in a loop).
+    #[inline]
+    fn poll_loan(&mut self, len: usize) -> Result<Option<RawLoan>> {
+        if self.loan.is_some() {
+            return Err(Error::InvalidState(format!(
+                "channel {:?} already has a loan outstanding; publish or cancel it first",
+                self.name
+            )));
+        }
+        self.check_len(len)?;
+        // The closed word is read every time (a line the consumer writes once); the process
+        // and socket are polled at most every LIVENESS_PERIOD, looked at every 64 sends.
+        self.sends_since_check = self.sends_since_check.wrapping_add(1);
+        if self.region.consumer_closed().load(Ordering::Relaxed) != 0
+            || self.watch.known_gone()
+            || self.sends_since_check % 64 == 0
+        {
+            self.consumer_gone(false)?;
+        }
+        if !self.room_for(len)? {
+            return Ok(None);
+        }
+        let index = (self.head & self.mask) as usize;
+        let pending = if len <= INLINE_MAX {
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.slot_inline(index),
+                len,
+                kind: KIND_INLINE,
+                pool_offset: 0,
+                pool_end: self.pool_head,
+            }
+        } else {
+            let (offset, end) = self.pool_alloc(len).expect("room_for found room");
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.pool_range(offset, len as u64).expect("allocation inside the pool"),
+                len,
+                kind: KIND_POOL,
+                pool_offset: offset,
+                pool_end: end,
+            }
+        };
+        self.loan = Some(pending);
+        Ok(Some(RawLoan { ptr: pending.ptr, len, token: pending.token }))
+    }
+    #[inline]
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::invalid("a message needs at least one byte"));
+        }
+        if len as u64 > self.region.geometry.pool_size {
+            return Err(Error::invalid(format!(
+                "a {len}-byte message does not fit channel {:?}, whose pool holds {} bytes; raise ChannelConfig::pool_size",
+                self.name, self.region.geometry.pool_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ShmProducer {
+    /// Why [`publish`](ProducerTransport::publish) refused a loan.
+    #[cold]
+    #[inline(never)]
+    fn publish_error(&self, len: usize) -> Error {
+        match self.loan {
+            Some(p) if len == 0 || len > p.len => Error::invalid(format!("publishing {len} bytes of a {}-byte loan", p.len)),
+            _ => Error::InvalidState(format!(
+                "this loan is not the outstanding loan of channel {:?} (already published or cancelled?)",
+                self.name
+            )),
+        }
+    }
+}
+
+/// Buffer sends.
+impl ShmProducer {
+    fn check_region(&self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::invalid("a message needs at least one byte"));
+        }
+        if offset.checked_add(len).map_or(true, |end| end > region.arena_len()) {
+            return Err(Error::invalid(format!(
+                "range [{offset}, {offset} + {len}) lies outside its {}-byte arena",
+                region.arena_len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The id under which the consumer knows `region`'s arena, passing its fd first if this
+    /// channel has not carried it yet (and telling the consumer to forget arenas that have
+    /// died here since: their messages are all released, or they would still be alive).
+    fn announce(&mut self, region: &dyn SharedRegion) -> Result<u64> {
+        let identity = region.identity();
+        match self.arenas.last {
+            Some((last, id)) if last == identity => return Ok(id),
+            _ => {}
+        }
+        if let Some((id, _)) = self.arenas.by_identity.get(&identity) {
+            self.arenas.last = Some((identity, *id));
+            return Ok(*id);
+        }
+        let dead: Vec<usize> =
+            self.arenas.by_identity.iter().filter(|(_, (_, weak))| weak.strong_count() == 0).map(|(k, _)| *k).collect();
+        for key in dead {
+            let (id, _) = self.arenas.by_identity.remove(&key).expect("listed above");
+            self.send_record(ControlRecord::Forget { id }, &[])?;
+        }
+        self.arenas.next_id += 1;
+        let id = self.arenas.next_id;
+        self.send_record(ControlRecord::Arena { id, len: region.arena_len() as u64 }, &[region.fd()])?;
+        self.arenas.by_identity.insert(identity, (id, Arc::downgrade(&region.keep_alive())));
+        self.arenas.last = Some((identity, id));
+        self.arenas.sent += 1;
+        Ok(id)
+    }
+
+    fn send_record(&mut self, record: ControlRecord, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        if let Err(e) = send_with_fds(self.watch.socket(), &record.encode(), fds) {
+            self.consumer_gone(true)?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Publishes the slot lent by `loan` as a buffer send of `len` bytes at `offset` of
+    /// `region`.
+    fn publish_region(&mut self, loan: RawLoan, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        let id = match self.announce(region) {
+            Ok(id) => id,
+            Err(e) => {
+                self.cancel(loan);
+                return Err(e);
+            }
+        };
+        let index = (self.head & self.mask) as usize;
+        let [slot_id, slot_offset, slot_len] = self.region.slot_arena(index);
+        slot_id.store(id, Ordering::Relaxed);
+        slot_offset.store(offset as u64, Ordering::Relaxed);
+        slot_len.store(len as u64, Ordering::Relaxed);
+        if let Some(pending) = self.loan.as_mut() {
+            pending.kind = KIND_ARENA;
+            pending.len = len;
+        }
+        let keep = region.keep_alive();
+        let seq = self.publish(RawLoan { len, ..loan }, len)?;
+        self.arenas.in_flight.push_back((seq, keep));
+        Ok(seq)
+    }
+}
+
+/// Other routes' messages.
+impl ShmProducer {
+    /// Passes `attachments` over the socket, then publishes the slot lent by `loan` as route
+    /// `route`'s `descriptor`, inline.
+    fn publish_routed(&mut self, loan: RawLoan, route: u32, descriptor: &[u8], attachments: Vec<Section>) -> Result<u64> {
+        for attachment in attachments {
+            let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
+            let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
+            if let Err(e) = self.send_record(record, &fds) {
+                self.cancel(loan);
+                return Err(e);
+            }
+        }
+        // SAFETY: the loan is `descriptor.len()` (<= INLINE_MAX) writable bytes of the slot,
+        // which nothing else writes until it is published.
+        unsafe { std::ptr::copy_nonoverlapping(descriptor.as_ptr(), loan.ptr, descriptor.len()) };
+        if let Some(pending) = self.loan.as_mut() {
+            pending.kind = KIND_ROUTED | (route & 0xff) << 8;
+        }
+        self.publish(loan, descriptor.len())
+    }
+}
+
+impl ProducerTransport for ShmProducer {
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    fn max_message_len(&self) -> usize {
+        self.region.geometry.pool_size as usize
+    }
+
+    fn raw_region(&self) -> Option<(*mut u8, usize)> {
+        Some(self.region.raw())
+    }
+
+    fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
+        match self.poll_loan(len)? {
+            Some(loan) => Ok(loan),
+            None => Err(Error::WouldBlock(format!(
+                "channel {:?} is full ({} messages in flight, or no pool room for {len} bytes)",
+                self.name,
+                self.head - self.tail
+            ))),
+        }
+    }
+
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        ShmProducer::loan_fast(self, len)
+    }
+
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+        loop {
+            if let Some(loan) = self.poll_loan(len)? {
+                return Ok(loan);
+            }
+            self.wait_for_room(len, deadline)?;
+        }
+    }
+
+    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
+        self.check_len(len)?;
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        let mut slept = false;
+        loop {
+            if self.room_for(len)? {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 128 != 0 && !slept {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
+            // sleep always checks, while a woken one pays no syscall.
+            slept = false;
+            self.consumer_gone(false)?;
+            if waiter.timed_out(now) {
+                return Err(Error::Timeout(format!(
+                    "channel {:?} stayed full ({} messages in flight) until the deadline",
+                    self.name,
+                    self.head - self.tail
+                )));
+            }
+            if !waiter.spinning(now) {
+                let region = &self.region;
+                let (head, slot_count) = (self.head, self.slot_count);
+                let tail_before = self.tail;
+                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
+                    let t = region.tail().load(Ordering::SeqCst);
+                    t != tail_before || head - t < slot_count && len <= INLINE_MAX
+                });
+                // Check the condition once more before the peer: a consumer may release and
+                // then close.
+                slept = true;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        let pending = match self.loan {
+            Some(p) if p.token == loan.token && p.ptr == loan.ptr && len != 0 && len <= p.len => p,
+            _ => return Err(self.publish_error(len)),
+        };
+        self.loan = None;
+        let index = (self.head & self.mask) as usize;
+        let region = &self.region;
+        region.slot_len_kind(index).store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
+        if pending.kind == KIND_POOL {
+            region.slot_pool_offset(index).store(pending.pool_offset, Ordering::Relaxed);
+        }
+        self.pool_ends[index] = pending.pool_end;
+        self.pool_head = pending.pool_end;
+        if pending.kind == KIND_POOL {
+            self.pool_pos = pending.pool_offset + pool_need(pending.len);
+        }
+        publish_then_check(region.slot_seq(index), self.head + 1, self.fast_wake);
+        let seq = self.head;
+        self.head += 1;
+        wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
+        let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
+        if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
+            eventfd_signal(self.eventfd.as_fd());
+        }
+        Ok(seq)
+    }
+
+    fn cancel(&mut self, loan: RawLoan) {
+        if self.loan.is_some_and(|p| p.token == loan.token) {
+            self.loan = None;
+        }
+    }
+
+    fn completed(&mut self) -> Result<u64> {
+        self.refresh_tail()?;
+        Ok(self.tail)
+    }
+
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        self.check_region(region, offset, len)?;
+        loop {
+            // A buffer send needs a slot and no pool: a one-byte loan asks for exactly that.
+            if let Some(loan) = self.poll_loan(1)? {
+                return self.publish_region(loan, region, offset, len);
+            }
+            self.wait_for_room(1, deadline)?;
+        }
+    }
+
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        self.check_region(region, offset, len)?;
+        let loan = self.try_loan(1)?;
+        self.publish_region(loan, region, offset, len)
+    }
+
+    fn arenas_sent(&self) -> u64 {
+        self.arenas.sent
+    }
+
+    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+        if descriptor.is_empty() || descriptor.len() > INLINE_MAX || route > 0xff {
+            return Err(Error::invalid(format!(
+                "a route descriptor of {} bytes for route {route}: it must have 1 to {INLINE_MAX} bytes and a route below 256",
+                descriptor.len()
+            )));
+        }
+        if let Some(a) = attachments.iter().find(|a| a.bytes.len() > MAX_ATTACHMENT_LEN) {
+            return Err(Error::invalid(format!("an attachment of {} bytes exceeds {MAX_ATTACHMENT_LEN}", a.bytes.len())));
+        }
+        loop {
+            // The descriptor goes inline: a loan of its length asks for a slot and no pool.
+            if let Some(loan) = self.poll_loan(descriptor.len())? {
+                return self.publish_routed(loan, route, descriptor, attachments);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.tail)));
+            }
+            self.wait_for_room(descriptor.len(), deadline)?;
+        }
+    }
+
+    fn peer_sections(&mut self) -> Vec<Section> {
+        std::mem::take(&mut self.peer_sections)
+    }
+
+    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
+        if seq >= self.head {
+            return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
+        }
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        let mut slept = false;
+        loop {
+            self.refresh_tail()?;
+            if self.tail > seq {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 128 != 0 && !slept {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
+            // sleep always checks, while a woken one pays no syscall.
+            slept = false;
+            if let Err(gone) = self.consumer_gone(false) {
+                // A consumer may release and then close between our two looks: the tail it
+                // stored before its closed word decides.
+                self.refresh_tail()?;
+                if self.tail > seq {
+                    return Ok(());
+                }
+                return Err(gone);
+            }
+            if waiter.timed_out(now) {
+                return Err(Error::Timeout(format!(
+                    "message {seq} of channel {:?} was not released by the deadline",
+                    self.name
+                )));
+            }
+            if !waiter.spinning(now) {
+                let region = &self.region;
+                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
+                    region.tail().load(Ordering::SeqCst) > seq
+                });
+                slept = true;
+            }
+        }
+    }
+}
+
+impl Drop for ShmProducer {
+    fn drop(&mut self) {
+        let region = &self.region;
+        region.producer_closed().store(1, Ordering::SeqCst);
+        // Wake a sleeping consumer so it sees the close now rather than at its next check.
+        region.data_futex().fetch_add(1, Ordering::SeqCst);
+        futex_wake(region.data_futex(), 1);
+        eventfd_signal(self.eventfd.as_fd());
+        // A consumer that closed removed its socket itself; one that died left it behind.
+        if region.consumer_closed().load(Ordering::SeqCst) == 0 && self.watch.is_gone() {
+            rendezvous::remove_stale_socket(&self.socket_path, self.socket_id);
+        }
+    }
+}
+
