@@ -229,7 +229,7 @@ pub(crate) fn plan_routes(mine: &ProcessLocation, peer: &ProcessLocation, config
         ),
     };
     let (allowed, source) = allowed_transports(config)?;
-    transports::plan(scope, &scope_text, &allowed, &source, context)
+    transports::plan(scope, &scope_text, &allowed, &source, config.strict_gpu, context)
 }
 
 #[cfg(test)]

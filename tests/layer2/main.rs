@@ -14,3 +14,4 @@ mod hostile;
 mod leaks;
 mod peer_death;
 mod rendezvous;
+mod gpu;

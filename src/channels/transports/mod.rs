@@ -19,7 +19,7 @@
 //! on another GPU.
 
 pub mod shm;
-#[cfg(any())]
+#[cfg(feature = "vulkan")]
 pub mod vulkan_ipc;
 
 use std::os::fd::BorrowedFd;
@@ -67,7 +67,7 @@ fn carrier_availability(kind: TransportKind, scope: CommunicationScope) -> std::
 fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, context: &Context) -> std::result::Result<(), String> {
     match kind {
         TransportKind::VulkanIpc if scope == CommunicationScope::Local => {
-            #[cfg(any())]
+            #[cfg(feature = "vulkan")]
             {
                 match context.gpu_device() {
                     Some(_) => Ok(()),
@@ -77,7 +77,7 @@ fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, contex
                     )),
                 }
             }
-            #[cfg(all())]
+            #[cfg(not(feature = "vulkan"))]
             {
                 let _ = context;
                 Err("vulkan_ipc is not in this build (cargo feature `vulkan`)".into())
@@ -90,7 +90,14 @@ fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, contex
 
 /// Chooses the carrier (the first allowed transport that can serve the scope) and the GPU
 /// route (vulkan_ipc where allowed, local and possible), saying why.
-pub(crate) fn plan(scope: CommunicationScope, scope_text: &str, allowed: &[TransportKind], source: &str, context: &Context) -> Result<Plan> {
+pub(crate) fn plan(
+    scope: CommunicationScope,
+    scope_text: &str,
+    allowed: &[TransportKind],
+    source: &str,
+    strict_gpu: bool,
+    context: &Context,
+) -> Result<Plan> {
     let mut refused = Vec::new();
     let mut carrier = None;
     for kind in allowed {
@@ -134,6 +141,12 @@ pub(crate) fn plan(scope: CommunicationScope, scope_text: &str, allowed: &[Trans
     if gpu_route.is_none() {
         if !allowed.contains(&TransportKind::VulkanIpc) {
             gpu_refused.push(format!("vulkan_ipc is not allowed{}", if source.is_empty() { String::new() } else { format!(" by {source}") }));
+        }
+        if strict_gpu {
+            return Err(Error::Unsupported(format!(
+                "GPU buffers would be staged through {carrier} (copied to host memory), which strict_gpu forbids: {}",
+                gpu_refused.join("; ")
+            )));
         }
         reasons.push(format!("GPU buffers: staged through {carrier} (copied to host memory): {}", gpu_refused.join("; ")));
     }
@@ -211,19 +224,19 @@ fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
 
 /// Connects the producer's end: the carrier's rendezvous, with the GPU route's offer in it.
 pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ProducerParts> {
-    #[cfg(any())]
+    #[cfg(feature = "vulkan")]
     let mut gpu = match plan.gpu_route {
         Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Offer::new(context, config.strict_gpu)?),
         _ => None,
     };
-    #[cfg(all())]
+    #[cfg(not(feature = "vulkan"))]
     let _ = context;
     let provisional = report(plan, None);
     let carrier = match plan.carrier {
         TransportKind::Shm => {
-            #[cfg(any())]
+            #[cfg(feature = "vulkan")]
             let mut offers = || gpu.as_mut().map_or(Ok(Vec::new()), |g| g.sections());
-            #[cfg(all())]
+            #[cfg(not(feature = "vulkan"))]
             let mut offers = || Ok(Vec::new());
             AnyProducer::Shm(shm::ShmProducer::connect(name, provisional.clone(), config, &mut offers)?)
         }
@@ -231,7 +244,7 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
     };
     let mut carrier = carrier;
     let answers = carrier.peer_sections();
-    #[cfg(any())]
+    #[cfg(feature = "vulkan")]
     if let Some(offer) = gpu.take() {
         return match offer.accept(name, answers)? {
             Ok(sender) => {
@@ -251,23 +264,23 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
 
 /// Listens for the producer's end: the carrier's rendezvous, answering the GPU route's offer.
 pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ConsumerParts> {
-    #[cfg(any())]
+    #[cfg(feature = "vulkan")]
     let gpu = match plan.gpu_route {
         Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Receiver::new(context)?),
         _ => None,
     };
-    #[cfg(all())]
+    #[cfg(not(feature = "vulkan"))]
     let _ = context;
-    #[cfg(any())]
+    #[cfg(feature = "vulkan")]
     let answers = gpu.as_ref().map(|g| vec![g.answer()]).unwrap_or_default();
-    #[cfg(all())]
+    #[cfg(not(feature = "vulkan"))]
     let answers = Vec::new();
     let info = report(plan, None);
     let carrier = match plan.carrier {
         TransportKind::Shm => AnyConsumer::Shm(shm::ShmConsumer::listen(name, info.clone(), config, answers)?),
         other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
     };
-    #[cfg(any())]
+    #[cfg(feature = "vulkan")]
     if let Some(receiver) = gpu {
         return Ok(ConsumerParts { carrier, info: report(plan, Some(receiver.route_info())), gpu: Some(Box::new(receiver)) });
     }

@@ -1,0 +1,204 @@
+//! The consumer's half of the Vulkan IPC route.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_SEMAPHORE};
+use super::ROUTE_ID;
+use crate::channels::transport::{PayloadClass, Route, RouteReceiver, RoutedPayload, Section, TransportKind};
+use crate::error::{Error, Result};
+use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
+use crate::memory::{Buffer, BufferOrigin, Context};
+
+/// An arena of the current producer, imported on this process's device.
+struct Imported {
+    generation: u32,
+    /// A buffer over the whole arena; a message's buffer is a view of it.
+    whole: Arc<GpuBuffer>,
+    exporter_pid: u32,
+}
+
+/// The consumer's side of the route: the producer's arenas imported here, by slot.
+pub(crate) struct Receiver {
+    device: VulkanDevice,
+    importer: GpuImporter,
+    /// Whether this device can import the producer's semaphore.
+    imports_semaphores: bool,
+    session: u64,
+    semaphore: Option<Arc<TimelineSemaphore>>,
+    /// A descriptor of the producer's semaphore kept for handing on (to CUDA), since an
+    /// imported semaphore need not be exportable again.
+    semaphore_fd: Option<OwnedFd>,
+    /// Why the current producer shares no semaphore.
+    no_semaphore: String,
+    arenas: Vec<Option<Imported>>,
+    last_ready: u64,
+    imports: u64,
+}
+
+impl Receiver {
+    pub(crate) fn new(context: &Context) -> Result<Receiver> {
+        let device = context
+            .gpu_device()
+            .cloned()
+            .ok_or_else(|| Error::Unsupported("the Vulkan IPC route needs a Vulkan device in this process".into()))?;
+        let info = device.info();
+        let imports_semaphores = info.timeline_semaphores && info.semaphore_fd.importable;
+        Ok(Receiver {
+            importer: GpuImporter::new(&device),
+            device,
+            imports_semaphores,
+            session: 0,
+            semaphore: None,
+            semaphore_fd: None,
+            no_semaphore: "no producer attached yet".into(),
+            arenas: Vec::new(),
+            last_ready: 0,
+            imports: 0,
+        })
+    }
+
+    /// This route's answer to every producer's hello: who this process's device is.
+    pub(crate) fn answer(&self) -> Section {
+        let info = self.device.info();
+        let mut flags = ANSWER_GPU;
+        if self.imports_semaphores {
+            flags |= ANSWER_SEMAPHORE;
+        }
+        Section::new(ROUTE_ID, Identity { flags, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid }.encode())
+    }
+
+    /// The route as the consumer sees it before the producer's first GPU buffer.
+    pub(crate) fn route_info(&self) -> Route {
+        let info = self.device.info();
+        Route {
+            class: PayloadClass::Gpu,
+            kind: TransportKind::VulkanIpc,
+            reason: format!(
+                "GPU buffers: vulkan_ipc, imported on {} {} (once per arena) where the producer shares this device, else staged by the producer",
+                info.name,
+                format_uuid(&info.device_uuid)
+            ),
+        }
+    }
+
+    fn corrupt(&self, what: String) -> Error {
+        Error::Corrupt(format!("the producer's GPU route {what}"))
+    }
+}
+
+impl RouteReceiver for Receiver {
+    fn route_id(&self) -> u32 {
+        ROUTE_ID
+    }
+
+    fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()> {
+        // Views of the old producer's messages hold their arenas themselves.
+        self.arenas.clear();
+        self.session = session;
+        self.semaphore = None;
+        self.semaphore_fd = None;
+        self.last_ready = 0;
+        self.no_semaphore = "the producer offers no GPU route".into();
+        let Some(offer) = offer else { return Ok(()) };
+        let identity = Identity::decode(&offer.bytes, "producer")?;
+        let mut fds = offer.fds.into_iter();
+        if identity.flags & OFFER_SEMAPHORE == 0 {
+            self.no_semaphore = "the producer's driver cannot share timeline semaphores".into();
+            return Ok(());
+        }
+        let (Some(fd), None) = (fds.next(), fds.next()) else {
+            return Err(self.corrupt("offer announces a semaphore but carries no single descriptor".into()));
+        };
+        if !self.imports_semaphores {
+            self.no_semaphore = "this device cannot import timeline semaphores".into();
+            return Ok(());
+        }
+        if identity.device_uuid != self.device.info().device_uuid {
+            // The producer stages: nothing of its device is imported here.
+            self.no_semaphore = "the producer uses another GPU".into();
+            return Ok(());
+        }
+        let kept = fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e))?;
+        self.semaphore = Some(Arc::new(TimelineSemaphore::import(&self.device, fd)?));
+        self.semaphore_fd = Some(kept);
+        Ok(())
+    }
+
+    fn attach(&mut self, attachment: Section) -> Result<()> {
+        let count = attachment.fds.len();
+        match Attachment::decode(&attachment.bytes, count)? {
+            Attachment::Announce { slot, generation, desc } => {
+                let fd = attachment.fds.into_iter().next().expect("decode checked one descriptor");
+                if let Some(Some(old)) = self.arenas.get(slot as usize) {
+                    if old.generation == generation {
+                        return Err(self.corrupt(format!("passed slot {slot} generation {generation} twice")));
+                    }
+                }
+                let exporter_pid = desc.exporter_pid;
+                let whole = self
+                    .importer
+                    .import(GpuExport { desc, fd })
+                    .map_err(|e| self.corrupt(format!("passed an arena this device cannot import: {e}")))?;
+                let index = slot as usize;
+                if self.arenas.len() <= index {
+                    self.arenas.resize_with(index + 1, || None);
+                }
+                self.arenas[index] = Some(Imported { generation, whole: Arc::new(whole), exporter_pid });
+                self.imports += 1;
+            }
+            Attachment::Forget { slot, generation } => {
+                // Messages still held keep the import alive through their views.
+                if let Some(entry) = self.arenas.get_mut(slot as usize) {
+                    if entry.as_ref().is_some_and(|a| a.generation == generation) {
+                        *entry = None;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve(&mut self, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
+        let d = Descriptor::decode(descriptor).map_err(|e| self.corrupt(e.to_string()))?;
+        if d.slot >= MAX_SLOTS {
+            return Err(self.corrupt(format!("names slot {}, beyond the {MAX_SLOTS} a channel uses", d.slot)));
+        }
+        let Some(arena) = self.arenas.get(d.slot as usize).and_then(Option::as_ref).filter(|a| a.generation == d.generation) else {
+            // Its arena's attachment has not been read yet (the caller reads and retries).
+            return Ok(None);
+        };
+        let size = arena.whole.size();
+        if d.len == 0 || d.offset.checked_add(d.len).map_or(true, |end| end > size) {
+            return Err(self.corrupt(format!(
+                "names {} bytes at offset {} of an arena of {size} bytes",
+                d.len, d.offset
+            )));
+        }
+        let wait = if d.ready_value == 0 {
+            None
+        } else {
+            let Some(semaphore) = &self.semaphore else {
+                return Err(self.corrupt(format!("names ready value {} but shares no semaphore ({})", d.ready_value, self.no_semaphore)));
+            };
+            if d.ready_value < self.last_ready {
+                return Err(self.corrupt(format!(
+                    "names ready value {}, below the previous message's {}: semaphore values must not go backwards",
+                    d.ready_value, self.last_ready
+                )));
+            }
+            self.last_ready = d.ready_value;
+            Some((Arc::clone(semaphore), d.ready_value))
+        };
+        let origin = BufferOrigin::Imported { exporter_pid: arena.exporter_pid };
+        let buffer = Buffer::gpu_view(Arc::clone(&arena.whole), d.offset, d.len as usize, wait, origin)?;
+        Ok(Some(RoutedPayload { buffer, ready_value: d.ready_value }))
+    }
+
+    fn ready_semaphore(&self) -> Result<OwnedFd> {
+        match &self.semaphore_fd {
+            Some(fd) => fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e)),
+            None => Err(Error::Unsupported(format!("the channel shares no semaphore with its producer: {}", self.no_semaphore))),
+        }
+    }
+}

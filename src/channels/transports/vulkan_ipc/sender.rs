@@ -1,0 +1,247 @@
+//! The producer's half of the Vulkan IPC route.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Weak};
+
+use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_SEMAPHORE};
+use super::ROUTE_ID;
+use crate::channels::transport::{Packed, PayloadClass, Route, RouteSender, Section, TransportKind};
+use crate::error::{Error, Result};
+use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, TimelineSemaphore, VulkanDevice};
+use crate::memory::{Buffer, Context};
+
+/// The producer's side before the consumer answered: its device and, where the driver can
+/// share one, the ready semaphore it offers.
+pub(crate) struct Offer {
+    device: VulkanDevice,
+    semaphore: Option<Arc<TimelineSemaphore>>,
+    /// Why there is no shared semaphore.
+    no_semaphore: Option<String>,
+    strict: bool,
+}
+
+impl Offer {
+    /// Opens the route on `context`'s device, probing whether timeline semaphores can be
+    /// shared (create, export, import, one signal and wait).
+    pub(crate) fn new(context: &Context, strict: bool) -> Result<Offer> {
+        let device = context
+            .gpu_device()
+            .cloned()
+            .ok_or_else(|| Error::Unsupported("the Vulkan IPC route needs a Vulkan device in this process".into()))?;
+        let (semaphore, no_semaphore) = match probe_semaphore_sharing(&device) {
+            Ok(()) => (Some(Arc::new(TimelineSemaphore::new_exportable(&device, 0)?)), None),
+            Err(why) => (None, Some(why)),
+        };
+        if strict {
+            if let Some(why) = &no_semaphore {
+                return Err(Error::Unsupported(format!(
+                    "GPU buffers would be synchronised on the host, which strict_gpu forbids: {why}"
+                )));
+            }
+        }
+        Ok(Offer { device, semaphore, no_semaphore, strict })
+    }
+
+    /// This route's section of the hello (a new semaphore descriptor each time).
+    pub(crate) fn sections(&mut self) -> Result<Vec<Section>> {
+        let info = self.device.info();
+        let mut identity = Identity { flags: 0, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid };
+        let mut fds = Vec::new();
+        if let Some(semaphore) = &self.semaphore {
+            identity.flags |= OFFER_SEMAPHORE;
+            fds.push(semaphore.export_fd()?);
+        }
+        Ok(vec![Section { route: ROUTE_ID, bytes: identity.encode(), fds }])
+    }
+
+    /// Reads the consumer's answer: `Ok(sender)` when buffers can go by reference, `Err(why)`
+    /// when they must be staged (an error instead under strict_gpu).
+    pub(crate) fn accept(self, channel: &str, answers: Vec<Section>) -> Result<std::result::Result<Sender, String>> {
+        let mine = self.device.info();
+        let why = match answers.into_iter().find(|s| s.route == ROUTE_ID) {
+            None => Some("the consumer offers no GPU route (vulkan_ipc is not allowed there, or it runs an older lava-flow)".to_owned()),
+            Some(section) => {
+                let peer = Identity::decode(&section.bytes, "consumer")?;
+                if peer.flags & ANSWER_GPU == 0 {
+                    Some("the consumer's process has no Vulkan device".to_owned())
+                } else if peer.device_uuid != mine.device_uuid || peer.driver_uuid != mine.driver_uuid {
+                    Some(format!(
+                        "the consumer uses another GPU or driver (deviceUUID {}, driverUUID {}; this process: {} ({}), {}, {})",
+                        format_uuid(&peer.device_uuid),
+                        format_uuid(&peer.driver_uuid),
+                        mine.name,
+                        mine.index,
+                        format_uuid(&mine.device_uuid),
+                        format_uuid(&mine.driver_uuid)
+                    ))
+                } else {
+                    return Ok(Ok(self.into_sender(peer.flags & ANSWER_SEMAPHORE != 0, channel)?));
+                }
+            }
+        };
+        let why = why.expect("set on every other path");
+        if self.strict {
+            return Err(Error::Unsupported(format!(
+                "channel {channel:?}: GPU buffers would be staged through host memory, which strict_gpu forbids: {why}"
+            )));
+        }
+        Ok(Err(why))
+    }
+
+    fn into_sender(self, peer_imports_semaphores: bool, channel: &str) -> Result<Sender> {
+        let info = self.device.info();
+        let (semaphore, sync) = match (self.semaphore, peer_imports_semaphores) {
+            (Some(s), true) => (Some(s), "GPU-side synchronisation through a shared timeline semaphore".to_owned()),
+            (_, peer) => {
+                let why = if !peer {
+                    "the consumer's device cannot import timeline semaphores".to_owned()
+                } else {
+                    self.no_semaphore.unwrap_or_default()
+                };
+                if self.strict {
+                    return Err(Error::Unsupported(format!(
+                        "channel {channel:?}: GPU buffers would be synchronised on the host, which strict_gpu forbids: {why}"
+                    )));
+                }
+                (None, format!("host-side synchronisation (buffers are complete when sent), because {why}"))
+            }
+        };
+        let reason = format!(
+            "GPU buffers: vulkan_ipc, by reference (both processes on {} {}, each arena exported once per channel); {sync}",
+            info.name,
+            format_uuid(&info.device_uuid)
+        );
+        Ok(Sender {
+            route: Route { class: PayloadClass::Gpu, kind: TransportKind::VulkanIpc, reason },
+            device: self.device,
+            semaphore,
+            arenas: HashMap::new(),
+            generations: Vec::new(),
+            free_slots: Vec::new(),
+            last: None,
+            last_ready: 0,
+        })
+    }
+}
+
+/// An arena the consumer knows: its slot, generation, and a weak reference that tells when
+/// it died here.
+struct SentArena {
+    slot: u32,
+    generation: u32,
+    alive: Weak<dyn Any + Send + Sync>,
+}
+
+/// The producer's side of a connected route.
+pub(crate) struct Sender {
+    route: Route,
+    device: VulkanDevice,
+    semaphore: Option<Arc<TimelineSemaphore>>,
+    arenas: HashMap<ArenaId, SentArena>,
+    /// Per slot, the generation of its current (or last) arena.
+    generations: Vec<u32>,
+    free_slots: Vec<u32>,
+    /// The last arena sent: a stream usually sends from one.
+    last: Option<(ArenaId, u32, u32)>,
+    last_ready: u64,
+}
+
+impl Sender {
+    /// The consumer's slot and generation for `arena`, with the attachments that must reach it
+    /// first: the arena's export the first time, and the end of arenas that died since.
+    fn slot_of(&mut self, buffer: &Buffer, arena: ArenaId, attachments: &mut Vec<Section>) -> Result<(u32, u32)> {
+        if let Some((id, slot, generation)) = self.last {
+            if id == arena {
+                return Ok((slot, generation));
+            }
+        }
+        if let Some(known) = self.arenas.get(&arena) {
+            let found = (known.slot, known.generation);
+            self.last = Some((arena, found.0, found.1));
+            return Ok(found);
+        }
+        let gpu = buffer.gpu_buffer().expect("checked by pack");
+        // Arenas that died here: every message into them is released (their memory would
+        // still be alive otherwise), so the consumer may drop its imports.
+        let dead: Vec<ArenaId> = self.arenas.iter().filter(|(_, a)| a.alive.strong_count() == 0).map(|(id, _)| *id).collect();
+        for id in dead {
+            let gone = self.arenas.remove(&id).expect("listed above");
+            attachments.push(Section::new(ROUTE_ID, Attachment::Forget { slot: gone.slot, generation: gone.generation }.encode()));
+            self.free_slots.push(gone.slot);
+        }
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None if (self.generations.len() as u32) < MAX_SLOTS => {
+                self.generations.push(0);
+                self.generations.len() as u32 - 1
+            }
+            None => {
+                return Err(Error::OutOfMemory(format!(
+                    "this channel already shares {MAX_SLOTS} GPU arenas alive at once; free buffers, or send from fewer arenas (larger pools)"
+                )))
+            }
+        };
+        self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
+        let generation = self.generations[slot as usize];
+        let export = gpu.export_arena()?;
+        attachments.push(Section {
+            route: ROUTE_ID,
+            bytes: Attachment::Announce { slot, generation, desc: export.desc }.encode(),
+            fds: vec![export.fd],
+        });
+        self.arenas.insert(arena, SentArena { slot, generation, alive: Arc::downgrade(&gpu.arena_keep_alive()) });
+        self.last = Some((arena, slot, generation));
+        Ok((slot, generation))
+    }
+}
+
+impl RouteSender for Sender {
+    fn route_id(&self) -> u32 {
+        ROUTE_ID
+    }
+
+    fn route(&self) -> &Route {
+        &self.route
+    }
+
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64) -> Result<Packed> {
+        let Some(gpu) = buffer.gpu_buffer() else {
+            return Err(Error::Unsupported(format!(
+                "buffer {} is {} that this channel cannot send by reference (a received GPU buffer is the producer's: copy it into a buffer of your own first)",
+                buffer.id(),
+                buffer.location()
+            )));
+        };
+        if !gpu.device().same_device(&self.device) {
+            return Err(Error::invalid(format!(
+                "buffer {} belongs to another context's Vulkan device than the channel's; allocate it from the channel's context",
+                buffer.id()
+            )));
+        }
+        if ready_value != 0 {
+            if self.semaphore.is_none() {
+                return Err(Error::Unsupported(format!("this channel cannot wait for a ready value: {}", self.route.reason)));
+            }
+            if ready_value < self.last_ready {
+                return Err(Error::invalid(format!(
+                    "ready value {ready_value} is below the previous message's {}: values must grow",
+                    self.last_ready
+                )));
+            }
+            self.last_ready = ready_value;
+        }
+        let mut attachments = Vec::new();
+        let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), &mut attachments)?;
+        let descriptor = Descriptor { slot, generation, offset: gpu.offset() + offset as u64, len: len as u64, ready_value };
+        Ok(Packed { descriptor: descriptor.encode(), attachments, keep_alive: gpu.arena_keep_alive() })
+    }
+
+    fn ready_semaphore(&self) -> Result<OwnedFd> {
+        match &self.semaphore {
+            Some(s) => s.export_fd(),
+            None => Err(Error::Unsupported(format!("this channel shares no semaphore: {}", self.route.reason))),
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! GPU buffers through a channel, between two real processes on one GPU (lavapipe in CI): by
+//! reference through the Vulkan IPC route, in one order with CPU messages, each arena
+//! imported once, completion, staging where the route cannot serve, kill -9 of either side,
+//! hostile descriptors and leak cycles. The tests skip, saying why, without a Vulkan device,
+//! and fail then under `LF_REQUIRE_VULKAN=1`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use lava_flow::channels::{ChannelConfig, Consumer, Message, Producer, TransportKind, WaitStrategy};
+use lava_flow::memory::{Buffer, Context, ContextConfig, GpuPolicy, MemoryLocation};
+use lava_flow::Error;
+
+use crate::common::*;
+
+/// This process's context with its GPU, or `None` (the test then skips) when there is none.
+fn gpu_ctx() -> Option<Context> {
+    let context = Context::new(ContextConfig::default()).expect("memory context");
+    match context.gpu_unavailable_reason() {
+        None => Some(context),
+        Some(why) => {
+            assert!(std::env::var("LF_REQUIRE_VULKAN").is_err(), "LF_REQUIRE_VULKAN is set but there is no Vulkan device: {why}");
+            eprintln!("skipped: no Vulkan device ({why})");
+            None
+        }
+    }
+}
+
+fn gpu_config() -> ChannelConfig {
+    config(WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) })
+}
+
+/// Writes message `seq` (sequence, checksum, payload) into `len` bytes at `offset` of `buffer`.
+fn write_message(buffer: &Buffer, offset: usize, len: usize, seq: u64) {
+    let mut bytes = vec![0u8; len];
+    message_into(&mut bytes, seq);
+    buffer.write_at(offset, &bytes).unwrap();
+}
+
+/// Reads a GPU message's bytes through its buffer and checks them.
+fn check_gpu(context: &Context, m: &Message, seq: u64, copy_on_gpu: bool) {
+    let buffer = m.buffer().expect("a GPU buffer");
+    assert!(m.is_zero_copy());
+    let mut bytes = vec![0u8; buffer.len()];
+    if copy_on_gpu {
+        // A GPU copy into a buffer of this process (which waits for the message's ready value
+        // on the GPU), then read back.
+        let own = context.allocate(buffer.len(), MemoryLocation::GpuDeviceLocal).unwrap();
+        context.copy(&own, 0, buffer, 0, buffer.len()).unwrap();
+        own.read_at(0, &mut bytes).unwrap();
+    } else {
+        buffer.read_at(0, &mut bytes).unwrap();
+    }
+    check(&bytes, seq);
+}
+
+/// What each message of the mixed stream is.
+fn kind_of(seq: u64) -> &'static str {
+    match seq % 5 {
+        0 => "bytes",
+        1 => "device-local",
+        2 => "cpu-buffer",
+        3 => "host-visible",
+        _ => "large-own-arena",
+    }
+}
+
+#[test]
+fn gpu_buffers_and_cpu_messages_share_one_order() {
+    const TEST: &str = "gpu::gpu_buffers_and_cpu_messages_share_one_order";
+    const MESSAGES: u64 = 400;
+    const LEN: usize = 64 << 10;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut p = Producer::create(&context, "gpu-order", &here(), &here(), &gpu_config()).unwrap();
+            let names = p.transport().names();
+            assert_eq!(names, "shm+vulkan_ipc", "{}", p.transport().reason);
+            // Four regions per kind, each rewritten only once its previous message completed.
+            let device_local = context.allocate(4 * LEN, MemoryLocation::GpuDeviceLocal).unwrap();
+            let host_visible = context.allocate(4 * LEN, MemoryLocation::GpuHostVisible).unwrap();
+            // Over a quarter of the 64 MiB GPU arena: an arena of its own.
+            let large = context.allocate(20 << 20, MemoryLocation::GpuDeviceLocal).unwrap();
+            let cpu = context.allocate(4 * LEN, MemoryLocation::CpuStandard).unwrap();
+            for seq in 0..MESSAGES {
+                if let Some(previous) = seq.checked_sub(20) {
+                    p.wait_completed(previous, Some(Duration::from_secs(30))).unwrap();
+                }
+                let region = ((seq / 5) % 4) as usize * LEN;
+                let len = 16 + (seq as usize * 7919) % (LEN - 16);
+                let sent = match kind_of(seq) {
+                    "bytes" => {
+                        let mut bytes = vec![0u8; len.min(4000)];
+                        message_into(&mut bytes, seq);
+                        p.send(&bytes)
+                    }
+                    kind => {
+                        let buffer = match kind {
+                            "device-local" => &device_local,
+                            "host-visible" => &host_visible,
+                            "large-own-arena" => &large,
+                            _ => &cpu,
+                        };
+                        write_message(buffer, region, len, seq);
+                        p.send_buffer(buffer, region, len)
+                    }
+                };
+                assert_eq!(sent.unwrap(), seq);
+            }
+            p.wait_completed(MESSAGES - 1, Some(Duration::from_secs(30))).unwrap();
+            report("reason", &p.transport().reason);
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut c = Consumer::create(&context, "gpu-order", &here(), &here(), &gpu_config()).unwrap();
+            assert_eq!(c.transport().names(), "shm+vulkan_ipc");
+            let imported_before = context.imported_arenas();
+            for seq in 0..MESSAGES {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                assert_eq!(m.sequence(), seq, "one order across every kind of message");
+                match kind_of(seq) {
+                    "bytes" => {
+                        assert!(m.buffer().is_none());
+                        check(&m, seq);
+                    }
+                    "cpu-buffer" => {
+                        assert!(m.buffer().is_none() && m.is_zero_copy());
+                        check(&m, seq);
+                    }
+                    _ => {
+                        check_gpu(&context, &m, seq, seq % 3 == 0);
+                        // The buffer can be handed on (to CUDA, say) while the message is held.
+                        m.buffer().unwrap().export().unwrap();
+                        assert_eq!(m.ready_value(), 0);
+                    }
+                }
+            }
+            // Three GPU arenas (the pooled DEVICE_LOCAL and HOST_VISIBLE ones and the large
+            // buffer's own), each imported once however many messages pointed into it.
+            assert_eq!(context.imported_arenas() - imported_before, 3, "each GPU arena is imported once");
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            // Both start orders.
+            for first in ["consumer", "producer"] {
+                let dir = test_dir(&format!("gpu-order-{first}"));
+                let start = |role| spawn(TEST, role, &dir, &[]);
+                let pause = || std::thread::sleep(Duration::from_millis(50));
+                let (p, c) = if first == "producer" {
+                    let p = start("producer");
+                    pause();
+                    (p, start("consumer"))
+                } else {
+                    let c = start("consumer");
+                    pause();
+                    (start("producer"), c)
+                };
+                wait_ok(p, "producer");
+                wait_ok(c, "consumer");
+                assert_dir_empty(&dir);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
+    const TEST: &str = "gpu::gpu_buffers_are_staged_where_the_route_cannot_serve";
+    const LEN: usize = 100_000;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let case = arg("case");
+            let mut config = gpu_config();
+            if case == "shm-only" {
+                config.transports = Some(vec![TransportKind::Shm]);
+            }
+            let mut p = Producer::create(&context, &format!("staged-{case}"), &here(), &here(), &config).unwrap();
+            let reason = p.transport().reason.clone();
+            assert_eq!(p.transport().names(), "shm", "{reason}");
+            let why = if case == "shm-only" { "vulkan_ipc is not allowed" } else { "has no Vulkan device" };
+            assert!(reason.contains("GPU buffers: staged through shm") && reason.contains(why), "{reason}");
+            let buffer = context.allocate(LEN, MemoryLocation::GpuDeviceLocal).unwrap();
+            write_message(&buffer, 0, LEN, 7);
+            assert_eq!(p.send_buffer(&buffer, 0, LEN).unwrap(), 0);
+            // The bytes were copied: the buffer may be rewritten at once.
+            write_message(&buffer, 0, LEN, 8);
+            assert!(matches!(p.send_buffer_after(&buffer, 0, LEN, 5, None), Err(Error::Unsupported(_))));
+            assert!(matches!(p.ready_semaphore(), Err(Error::Unsupported(_))));
+            p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+            // Strict: the same channel refuses to stage.
+            let strict = ChannelConfig { strict_gpu: true, rendezvous_timeout: Some(Duration::from_secs(30)), ..config };
+            let err = Producer::create(&context, &format!("strict-{case}"), &here(), &here(), &strict).unwrap_err();
+            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("strict_gpu")), "{err}");
+        }
+        Some("consumer") => {
+            let case = arg("case");
+            let context = if case == "no-gpu-consumer" { ctx() } else {
+                let Some(context) = gpu_ctx() else { return };
+                context
+            };
+            let mut config = gpu_config();
+            if case == "shm-only" {
+                config.transports = Some(vec![TransportKind::Shm]);
+            }
+            let mut c = Consumer::create(&context, &format!("staged-{case}"), &here(), &here(), &config).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert!(m.buffer().is_none() && !m.is_zero_copy(), "staged: host bytes");
+            assert_eq!(m.len(), LEN);
+            check(&m, 7);
+            drop(m);
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+            drop(c);
+            // The strict producer's attempt: it connects, reads the answer and leaves.
+            if case == "no-gpu-consumer" {
+                let mut c = Consumer::create(&context, &format!("strict-{case}"), &here(), &here(), &config).unwrap();
+                assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+            }
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            for case in ["shm-only", "no-gpu-consumer"] {
+                let dir = test_dir(&format!("gpu-staged-{case}"));
+                let args = [("case", case.to_owned())];
+                let c = spawn(TEST, "consumer", &dir, &args);
+                let p = spawn(TEST, "producer", &dir, &args);
+                wait_ok(p, "producer");
+                wait_ok(c, "consumer");
+                assert_dir_empty(&dir);
+            }
+        }
+    }
+}
+
+#[test]
+fn kill9_of_either_side_with_gpu_buffers_in_flight() {
+    const TEST: &str = "gpu::kill9_of_either_side_with_gpu_buffers_in_flight";
+    const LEN: usize = 1 << 20;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut p = Producer::create(&context, "gpu-kill", &here(), &here(), &gpu_config()).unwrap();
+            let buffer = context.allocate(LEN, MemoryLocation::GpuDeviceLocal).unwrap();
+            write_message(&buffer, 0, LEN, 0);
+            p.send_buffer(&buffer, 0, LEN).unwrap();
+            report("sent", 1);
+            if arg("victim") == "producer" {
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            // The consumer holds message 0 and is killed: waiting for it ends in PeerGone.
+            let started = monotonic_ns();
+            let err = p.wait_completed(0, Some(Duration::from_secs(20))).unwrap_err();
+            assert!(matches!(err, Error::PeerGone(_)), "{err}");
+            report("gone_after_ms", (monotonic_ns() - started) as f64 / 1e6);
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut c = Consumer::create(&context, "gpu-kill", &here(), &here(), &gpu_config()).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            report("holding", 1);
+            if arg("victim") == "consumer" {
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            // The producer was killed: the held buffer stays readable (its import is this
+            // process's), the next receive is PeerGone, and the import goes with the message.
+            let flag = arg("flag");
+            while !std::path::Path::new(&flag).exists() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            check_gpu(&context, &m, 0, true);
+            let started = monotonic_ns();
+            assert!(matches!(c.recv_timeout(Duration::from_secs(20)), Err(Error::PeerGone(_))));
+            report("gone_after_ms", (monotonic_ns() - started) as f64 / 1e6);
+            let imported = context.imported_arenas();
+            drop(m);
+            assert_eq!(context.imported_arenas(), imported - 1, "the dead producer's arena is released with its last message");
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            for victim in ["producer", "consumer"] {
+                let dir = test_dir(&format!("gpu-kill-{victim}"));
+                let flag = format!("/tmp/lf-l2-{}-gpu-kill-{victim}.flag", std::process::id());
+                let _ = std::fs::remove_file(&flag);
+                let args = [("victim", victim.to_owned()), ("flag", flag.clone())];
+                let mut c = spawn(TEST, "consumer", &dir, &args);
+                let mut c_out = stdout_of(&mut c);
+                let mut p = spawn(TEST, "producer", &dir, &args);
+                let mut p_out = stdout_of(&mut p);
+                expect_line(&mut p_out, "sent");
+                expect_line(&mut c_out, "holding");
+                let (mut victim_child, survivor, mut out) = if victim == "producer" { (p, c, c_out) } else { (c, p, p_out) };
+                kill9(&mut victim_child);
+                std::fs::write(&flag, b"killed").unwrap();
+                let ms: f64 = expect_line(&mut out, "gone_after_ms").parse().unwrap();
+                println!("{victim} killed: seen after {ms:.1} ms");
+                assert!(ms < 500.0, "peer death seen after {ms} ms");
+                wait_ok(survivor, "survivor");
+                let _ = std::fs::remove_file(&flag);
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+}
+
+// The layout from src/channels/transports/shm/ring.rs and the Vulkan IPC route's descriptor
+// (src/channels/transports/vulkan_ipc/wire.rs), as a hostile producer would learn them.
+const SLOTS: usize = 4096;
+const SLOT: usize = 128;
+const KIND_ROUTED_VULKAN: u32 = 4 | 2 << 8;
+
+/// What the hostile producer writes as message 1, after a legitimate GPU message 0.
+const HOSTILE: [&str; 5] = ["slot", "generation", "range", "ready-without-semaphore", "short-descriptor"];
+
+#[test]
+fn hostile_gpu_descriptors_are_corrupt() {
+    const TEST: &str = "gpu::hostile_gpu_descriptors_are_corrupt";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let buffer = context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap();
+            for variant in HOSTILE {
+                let mut p = Producer::create(&context, &format!("gpu-hostile-{variant}"), &here(), &here(), &gpu_config()).unwrap();
+                if variant == "ready-without-semaphore" && p.ready_semaphore().is_ok() {
+                    // On a driver that shares semaphores, a value going backwards instead.
+                    p.send_buffer_after(&buffer, 0, 64, 10, None).unwrap();
+                } else {
+                    p.send_buffer(&buffer, 0, 64).unwrap();
+                }
+                p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+                let (base, _) = p.raw_region_for_tests().unwrap();
+                let slot = SLOTS + SLOT;
+                let (slot_id, generation, offset, len, ready): (u32, u32, u64, u64, u64) = match variant {
+                    "slot" => (9999, 1, 0, 64, 0),
+                    "generation" => (0, 7, 0, 64, 0),
+                    "range" => (0, 1, u64::MAX - 10, 64, 0),
+                    _ => (0, 1, 0, 64, 5),
+                };
+                let desc_len: u32 = if variant == "short-descriptor" { 31 } else { 32 };
+                // SAFETY: the test owns the mapping and writes inside slot 1.
+                unsafe {
+                    let at = |off: usize| &*(base.add(slot + off) as *const AtomicU64);
+                    let at32 = |off: usize| &*(base.add(slot + off) as *const AtomicU32);
+                    at32(16).store(slot_id, Ordering::Relaxed);
+                    at32(20).store(generation, Ordering::Relaxed);
+                    at(24).store(offset, Ordering::Relaxed);
+                    at(32).store(len, Ordering::Relaxed);
+                    at(40).store(ready, Ordering::Relaxed);
+                    at32(8).store(desc_len, Ordering::Relaxed);
+                    at32(12).store(KIND_ROUTED_VULKAN, Ordering::Relaxed);
+                    at(0).store(2, Ordering::SeqCst);
+                }
+                report("written", variant);
+                // Kept open until the consumer has judged the message.
+                let _ = p.wait_completed(1, Some(Duration::from_secs(2)));
+            }
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            for variant in HOSTILE {
+                let mut c = Consumer::create(&context, &format!("gpu-hostile-{variant}"), &here(), &here(), &gpu_config()).unwrap();
+                drop(c.recv_timeout(Duration::from_secs(30)).unwrap());
+                let err = c.recv_timeout(Duration::from_secs(30)).unwrap_err();
+                assert!(matches!(err, Error::Corrupt(_)), "{variant}: {err}");
+                println!("{variant}: {err}");
+            }
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            run_pair(TEST, "gpu-hostile");
+        }
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn gpu_channel_cycles_leak_nothing() {
+    const TEST: &str = "gpu::gpu_channel_cycles_leak_nothing";
+    const CYCLES: u32 = 1000;
+    const MESSAGES: u64 = 100_000;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let buffers: Vec<Buffer> = (0..4).map(|_| context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap()).collect();
+            let fds = open_fds();
+            for i in 0..CYCLES {
+                let mut p = Producer::create(&context, "gpu-cycle", &here(), &here(), &gpu_config()).unwrap();
+                p.send_buffer(&buffers[i as usize % 4], 0, 64).unwrap();
+                p.wait_completed(0, Some(Duration::from_secs(10))).unwrap();
+            }
+            assert_eq!(open_fds(), fds, "fds leaked over {CYCLES} channels");
+            let mut p = Producer::create(&context, "gpu-stream", &here(), &here(), &gpu_config()).unwrap();
+            for seq in 0..MESSAGES {
+                p.send_buffer(&buffers[seq as usize % 4], (seq as usize % 64) * 64, 64).unwrap();
+            }
+            p.wait_completed(MESSAGES - 1, Some(Duration::from_secs(60))).unwrap();
+            drop(p);
+            assert_eq!(open_fds(), fds, "fds leaked over {MESSAGES} messages");
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let (fds, imports) = (open_fds(), context.imported_arenas());
+            for _ in 0..CYCLES {
+                let mut c = Consumer::create(&context, "gpu-cycle", &here(), &here(), &gpu_config()).unwrap();
+                let m = c.recv_timeout(Duration::from_secs(10)).unwrap();
+                assert_eq!(m.len(), 64);
+                drop(m);
+                assert!(matches!(c.recv_timeout(Duration::from_secs(10)), Err(Error::PeerGone(_))));
+            }
+            assert_eq!(open_fds(), fds, "fds leaked over {CYCLES} channels");
+            assert_eq!(context.imported_arenas(), imports, "imports outlived their channels");
+            let mut c = Consumer::create(&context, "gpu-stream", &here(), &here(), &gpu_config()).unwrap();
+            for seq in 0..MESSAGES {
+                let m = c.recv_timeout(Duration::from_secs(10)).unwrap();
+                assert_eq!(m.sequence(), seq);
+            }
+            assert_eq!(context.imported_arenas(), imports + 1, "one arena, imported once for {MESSAGES} messages");
+            assert!(matches!(c.recv_timeout(Duration::from_secs(10)), Err(Error::PeerGone(_))));
+            drop(c);
+            assert_eq!(open_fds(), fds, "fds leaked over {MESSAGES} messages");
+            assert_eq!(context.imported_arenas(), imports);
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            run_pair(TEST, "gpu-cycles");
+        }
+    }
+}
