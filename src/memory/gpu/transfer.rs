@@ -328,7 +328,11 @@ impl GpuBuffer {
             // SAFETY: the staging mapping is at least `chunk` >= piece.len() bytes and no GPU
             // work uses it (the last submission was waited for).
             unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), staging_ptr.as_ptr(), piece.len()) };
-            let region = [vk::BufferCopy { src_offset: 0, dst_offset: offset + done as u64, size: piece.len() as u64 }];
+            let region = [vk::BufferCopy {
+                src_offset: 0,
+                dst_offset: self.vk_offset + offset + done as u64,
+                size: piece.len() as u64,
+            }];
             let dst = self.buffer;
             submitter.submit(&device, false, &[], |d, cmd| {
                 // SAFETY: both buffers are live for the submission, which is waited for.
@@ -371,10 +375,15 @@ impl GpuBuffer {
         let mut submitter = device.shared.submitter.lock();
         let chunk = submitter.staging(&device, out.len() as u64)?.size as usize;
         let mut done = 0usize;
+        let src_vk_offset = self.vk_offset;
         for piece in out.chunks_mut(chunk) {
             let staging = submitter.staging.as_ref().expect("made above");
             let (staging_buffer, staging_ptr) = (staging.buffer, staging.ptr);
-            let region = [vk::BufferCopy { src_offset: offset + done as u64, dst_offset: 0, size: piece.len() as u64 }];
+            let region = [vk::BufferCopy {
+                src_offset: src_vk_offset + offset + done as u64,
+                dst_offset: 0,
+                size: piece.len() as u64,
+            }];
             let src = self.buffer;
             submitter.submit(&device, false, &[], |d, cmd| {
                 // SAFETY: both buffers are live for the submission, which is waited for.
@@ -503,7 +512,8 @@ fn copy_inner(
         }
     }
     let device = src.device().clone();
-    let region = [vk::BufferCopy { src_offset, dst_offset, size: len }];
+    let region =
+        [vk::BufferCopy { src_offset: src.vk_offset + src_offset, dst_offset: dst.vk_offset + dst_offset, size: len }];
     let (s, t) = (src.buffer, dst.buffer);
     let mut submitter = device.shared.submitter.lock();
     let start = Instant::now();
