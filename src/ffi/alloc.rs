@@ -141,7 +141,7 @@ pub unsafe extern "C" fn lf_deregister(context: *const lf_context, buffer: *mut 
             return Err(Failure {
                 status: lf_status::LF_ERR_INVALID_ARGUMENT,
                 message: format!(
-                    "buffer {} is not memory registered with this context ({:?}); release it with lf_free",
+                    "buffer {} is not memory registered with this context (it is {}); release it with lf_free",
                     live.id(),
                     live.origin()
                 ),

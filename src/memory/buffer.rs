@@ -11,7 +11,7 @@ use super::arena::{Arena, Pool};
 use super::cpu::gpu_pinned::DeviceRegistration;
 use super::export::{ExportHandle, ImportedArena};
 #[cfg(feature = "vulkan")]
-use super::gpu::GpuBuffer;
+use super::gpu::{GpuBuffer, GpuMemoryKind, TimelineSemaphore};
 use super::gpu_context::Pins;
 use super::location::MemoryLocation;
 use super::registry::{BufferInfo, Registry};
@@ -50,6 +50,29 @@ pub enum BufferOrigin {
     Imported { exporter_pid: u32 },
 }
 
+impl fmt::Display for BufferOrigin {
+    /// In words, for messages: "allocated", "registered user memory", "imported from
+    /// process 42".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BufferOrigin::Allocated => f.write_str("allocated"),
+            BufferOrigin::Registered => f.write_str("registered user memory"),
+            BufferOrigin::Imported { exporter_pid } => write!(f, "imported from process {exporter_pid}"),
+        }
+    }
+}
+
+/// How long reading or writing a GPU view waits on the host for its semaphore value.
+#[cfg(feature = "vulkan")]
+const VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The registry of buffers that are in none: GPU views ([`Buffer::gpu_view`]) hold no
+/// context's registry, and [`Buffer::registry`] names this one for them (never entered into).
+fn detached_registry() -> &'static Arc<Registry> {
+    static DETACHED: std::sync::OnceLock<Arc<Registry>> = std::sync::OnceLock::new();
+    DETACHED.get_or_init(Arc::default)
+}
+
 /// What keeps a buffer's memory alive, and where it goes back on drop.
 #[derive(Debug)]
 pub(crate) enum Backing {
@@ -60,6 +83,10 @@ pub(crate) enum Backing {
     /// Vulkan memory of the context's device: allocated from its pooled arenas, or imported.
     #[cfg(feature = "vulkan")]
     Gpu { buffer: GpuBuffer },
+    /// Part of a GPU buffer (typically a whole imported arena), from `offset`, whose data is
+    /// ready once `wait`'s semaphore reaches its value. Made without any Vulkan call.
+    #[cfg(feature = "vulkan")]
+    GpuView { whole: Arc<GpuBuffer>, offset: u64, wait: Option<(Arc<TimelineSemaphore>, u64)> },
 }
 
 /// Everything a new buffer is made of but its id and registry.
@@ -90,7 +117,8 @@ pub struct Buffer {
     len: usize,
     info: BufferInfo,
     backing: Backing,
-    registry: Arc<Registry>,
+    /// The context registry the buffer is entered in; `None` for GPU views, which are in none.
+    registry: Option<Arc<Registry>>,
     /// Why the buffer is not at the location asked for (a GPU request served by CPU memory).
     fallback: Option<String>,
 }
@@ -115,7 +143,68 @@ impl Buffer {
         if ptr.is_some() {
             registry.insert(info, exclusive, SharedArena::of(&backing))?;
         }
-        Ok(Buffer { ptr, len, info, backing, registry: Arc::clone(registry), fallback: None })
+        Ok(Buffer { ptr, len, info, backing, registry: Some(Arc::clone(registry)), fallback: None })
+    }
+
+    /// A buffer over `len` bytes of `whole` from `offset`, whose data is ready once `wait`'s
+    /// semaphore reaches its value (`None`: ready now). Costs no Vulkan call and no lock: the
+    /// view is entered in no context's registry ([`Context::find`](super::Context::find) does
+    /// not know it). Its host pointer, where `whole` is host-mappable, is `whole`'s mapping +
+    /// `offset`; its location is `whole`'s kind of memory.
+    ///
+    /// [`Buffer::read_at`] and [`Buffer::write_at`] first wait on the host for the semaphore
+    /// (10 s, then `Timeout`); [`Context::copy`](super::Context::copy) to or from another
+    /// buffer of the same device makes the GPU wait instead; [`Buffer::export`] exports
+    /// `whole`'s arena with the view's offset and size. [`Buffer::as_ptr`] and
+    /// [`Buffer::host_ptr`] do not wait: check [`Buffer::gpu_wait`] first.
+    #[cfg(feature = "vulkan")]
+    pub fn gpu_view(
+        whole: Arc<GpuBuffer>,
+        offset: u64,
+        len: usize,
+        wait: Option<(Arc<TimelineSemaphore>, u64)>,
+        origin: BufferOrigin,
+    ) -> Result<Buffer> {
+        if len == 0 {
+            return Err(Error::invalid("a GPU buffer view needs at least one byte"));
+        }
+        if offset.checked_add(len as u64).map_or(true, |end| end > whole.size()) {
+            return Err(Error::invalid(format!(
+                "a view of {len} bytes at offset {offset} overruns its GPU buffer of {} bytes",
+                whole.size()
+            )));
+        }
+        if let Some((semaphore, _)) = &wait {
+            if !semaphore.device().same_device(whole.device()) {
+                return Err(Error::invalid(format!(
+                    "a GPU buffer view on {} cannot wait on a semaphore of another device ({}); \
+                     import the semaphore on the buffer's device",
+                    whole.device().info().name,
+                    semaphore.device().info().name
+                )));
+            }
+        }
+        let ptr = if whole.is_host_mappable() {
+            let base = whole.map()?.as_ptr();
+            // SAFETY: offset + len <= whole.size() (checked above): the result lies inside
+            // the mapping of `whole`, which lives as long as the view holds it.
+            NonNull::new(unsafe { base.add(offset as usize) })
+        } else {
+            None
+        };
+        let location = match whole.kind() {
+            GpuMemoryKind::DeviceLocal => MemoryLocation::GpuDeviceLocal,
+            GpuMemoryKind::HostVisible => MemoryLocation::GpuHostVisible,
+        };
+        let info = BufferInfo {
+            id: BufferId::next(),
+            base: ptr.map_or(0, |p| p.as_ptr() as usize),
+            len,
+            location,
+            page_size: crate::os::mapping::page_size(),
+            origin,
+        };
+        Ok(Buffer { ptr, len, info, backing: Backing::GpuView { whole, offset, wait }, registry: None, fallback: None })
     }
 
     pub fn id(&self) -> BufferId {
@@ -203,24 +292,65 @@ impl Buffer {
         self.fallback = Some(reason);
     }
 
-    /// The GPU buffer behind the memory, and where in it this buffer starts: GPU memory, and
-    /// GPU-pinned memory imported into the context's device.
+    /// The GPU buffer behind the memory, and where in it this buffer starts: GPU memory (for
+    /// views, the whole buffer and the view's offset), and GPU-pinned memory imported into
+    /// the context's device.
     #[cfg(feature = "vulkan")]
-    pub(crate) fn gpu_view(&self) -> Option<(&GpuBuffer, u64)> {
+    pub(crate) fn gpu_region(&self) -> Option<(&GpuBuffer, u64)> {
         match &self.backing {
             Backing::Gpu { buffer } => Some((buffer, 0)),
+            Backing::GpuView { whole, offset, .. } => Some((whole, *offset)),
             Backing::Pooled { arena, offset, .. } => arena.pins.vulkan_buffer().map(|b| (b, *offset as u64)),
             Backing::Dedicated { arena } => arena.pins.vulkan_buffer().map(|b| (b, 0)),
             _ => None,
         }
     }
 
+    /// The GPU buffer behind a GPU buffer (allocated or imported; not a view, not GPU-pinned
+    /// memory): its arena identity, device and exports.
+    #[cfg(feature = "vulkan")]
+    pub fn gpu_buffer(&self) -> Option<&GpuBuffer> {
+        match &self.backing {
+            Backing::Gpu { buffer } => Some(buffer),
+            _ => None,
+        }
+    }
+
+    /// For a GPU view: the semaphore and value its data is ready at, if it has one.
+    #[cfg(feature = "vulkan")]
+    pub fn gpu_wait(&self) -> Option<(&TimelineSemaphore, u64)> {
+        match &self.backing {
+            Backing::GpuView { wait: Some((semaphore, value)), .. } => Some((semaphore, *value)),
+            _ => None,
+        }
+    }
+
+    /// Waits on the host until a GPU view's data is ready (at most 10 s); at once for every
+    /// other buffer.
+    pub(crate) fn wait_ready(&self) -> Result<()> {
+        #[cfg(feature = "vulkan")]
+        if let Some((semaphore, value)) = self.gpu_wait() {
+            if !semaphore.wait(value, VIEW_WAIT)? {
+                let now = semaphore.value().map_or_else(|e| format!("unreadable: {e}"), |v| v.to_string());
+                return Err(Error::Timeout(format!(
+                    "buffer {} (a view of GPU memory) is ready when its timeline semaphore reaches \
+                     value {value}, which did not happen within {VIEW_WAIT:?} (the semaphore is at {now}); \
+                     the producer has not signalled it",
+                    self.info.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn backing(&self) -> &Backing {
         &self.backing
     }
 
+    /// The context registry the buffer is in (for GPU views, which are in none, a registry
+    /// of no context).
     pub(crate) fn registry(&self) -> &Arc<Registry> {
-        &self.registry
+        self.registry.as_ref().unwrap_or_else(|| detached_registry())
     }
 
     pub(crate) fn check_range(&self, offset: usize, count: usize) -> Result<()> {
@@ -238,8 +368,13 @@ impl Buffer {
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
         #[cfg(feature = "vulkan")]
-        if let Backing::Gpu { buffer } = &self.backing {
-            return buffer.write(offset as u64, data);
+        match &self.backing {
+            Backing::Gpu { buffer } => return buffer.write(offset as u64, data),
+            Backing::GpuView { whole, offset: start, .. } => {
+                self.wait_ready()?;
+                return whole.write(start + offset as u64, data);
+            }
+            _ => {}
         }
         let base = self.host_ptr()?;
         // SAFETY: the range was checked to lie inside the live buffer; `data` is a separate
@@ -253,8 +388,13 @@ impl Buffer {
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         #[cfg(feature = "vulkan")]
-        if let Backing::Gpu { buffer } = &self.backing {
-            return buffer.read(offset as u64, out);
+        match &self.backing {
+            Backing::Gpu { buffer } => return buffer.read(offset as u64, out),
+            Backing::GpuView { whole, offset: start, .. } => {
+                self.wait_ready()?;
+                return whole.read(start + offset as u64, out);
+            }
+            _ => {}
         }
         let base = self.host_ptr()?;
         // SAFETY: as in write_at.
@@ -312,9 +452,9 @@ impl Buffer {
                 self.info.id
             ),
             _ => format!(
-                "buffer {} is {}: GPU buffers travel through the Vulkan IPC transport, which is not \
-                 built yet (a later issue); stage the data through a CPU buffer (Context::copy) or \
-                 send a copy",
+                "buffer {} is {}, which lies in no memory file: GPU buffers are sent by reference \
+                 through the channel's GPU route; to send its bytes through CPU memory, copy them \
+                 into a CPU buffer first (lf_buffer_copy)",
                 self.info.id, self.info.location
             ),
         }))
@@ -416,7 +556,9 @@ impl fmt::Debug for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        self.registry.remove(self.info.id);
+        if let Some(registry) = &self.registry {
+            registry.remove(self.info.id);
+        }
         if let Backing::Pooled { pool, arena, offset, order } = &self.backing {
             pool.release(arena, *offset, *order);
         }

@@ -197,7 +197,7 @@ impl Context {
     pub fn deregister(&self, buffer: Buffer) -> Result<()> {
         if buffer.origin() != BufferOrigin::Registered {
             return Err(Error::invalid(format!(
-                "buffer {} is {:?} memory, not registered user memory; drop (free) it instead",
+                "buffer {} is not registered user memory (it is {}); drop (free) it instead",
                 buffer.id(),
                 buffer.origin()
             )));

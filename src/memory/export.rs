@@ -304,6 +304,14 @@ pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
     let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
         #[cfg(feature = "vulkan")]
         Backing::Gpu { buffer } => return buffer.export().map(ExportHandle::from),
+        // A view: its whole buffer's arena, with the view's place in it.
+        #[cfg(feature = "vulkan")]
+        Backing::GpuView { whole, offset, .. } => {
+            let mut export = whole.export()?;
+            export.desc.offset = whole.offset() + offset;
+            export.desc.size = buffer.len() as u64;
+            return Ok(ExportHandle::from(export));
+        }
         Backing::Pooled { arena, offset, .. } => {
             (&arena.fd, arena.id, arena.mapping.len(), *offset, std::process::id(), process_token())
         }

@@ -22,8 +22,8 @@ use std::ptr::NonNull;
 use super::buffer::{Backing, BufferOrigin, BufferParts};
 #[cfg(feature = "vulkan")]
 use super::gpu::{
-    copy_buffer, cuda_host_register, import_host_memory, CudaHostRegistration, DeviceInfo, GpuAllocator,
-    GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport, VulkanDevice,
+    copy_buffer_waiting, cuda_host_register, import_host_memory, CudaHostRegistration, DeviceInfo, GpuAllocator,
+    GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport, TimelineSemaphore, VulkanDevice,
 };
 
 const DISABLED: &str = "the context's GPU policy is Disabled";
@@ -295,12 +295,17 @@ impl Context {
             return Ok(());
         }
         #[cfg(feature = "vulkan")]
-        if let (Some((s, s_base)), Some((d, d_base))) = (src.gpu_view(), dst.gpu_view()) {
+        if let (Some((s, s_base)), Some((d, d_base))) = (src.gpu_region(), dst.gpu_region()) {
             if s.device().same_device(d.device()) {
                 let (from, to) = (s_base + src_offset as u64, d_base + dst_offset as u64);
-                return copy_buffer(s, from, d, to, len as u64);
+                // The GPU, not the host, waits for the data of views.
+                let waits: Vec<(&TimelineSemaphore, u64)> = src.gpu_wait().into_iter().chain(dst.gpu_wait()).collect();
+                return copy_buffer_waiting(s, from, d, to, len as u64, &waits);
             }
         }
+        // Through the host: views' data must be ready first.
+        src.wait_ready()?;
+        dst.wait_ready()?;
         match (src.host_ptr(), dst.host_ptr()) {
             (Ok(from), Ok(to)) => {
                 // SAFETY: both ranges were checked to lie inside live buffers; `copy` allows

@@ -62,8 +62,9 @@ impl fmt::Display for GpuMemoryKind {
 /// How a [`GpuAllocator`] pools memory.
 #[derive(Clone, Debug)]
 pub struct GpuAllocatorConfig {
-    /// Size of each pooled arena (default 64 MiB). Requests larger than this get an arena of
-    /// their own.
+    /// Size of each pooled arena (default 64 MiB). Requests larger than a quarter of this
+    /// get an arena of their own (so that a large buffer shares its exported memory with no
+    /// other buffer, as for CPU memory).
     pub arena_size: u64,
     /// Allocate memory that can be exported to other processes (default). `false` gives plain
     /// device memory, e.g. as the in-process baseline of a benchmark.
@@ -163,8 +164,8 @@ impl GpuAllocator {
         self.pooling
     }
 
-    /// A buffer of `size` bytes of `kind`, from a pooled arena (or, above the arena size, an
-    /// arena of its own).
+    /// A buffer of `size` bytes of `kind`, from a pooled arena (or, above a quarter of the
+    /// arena size, an arena of its own).
     pub fn allocate(&self, size: u64, kind: GpuMemoryKind) -> Result<GpuBuffer> {
         self.allocate_inner(size, kind, self.pooling)
     }
@@ -195,7 +196,7 @@ impl GpuAllocator {
                 new.requirements.memory_type_bits
             )));
         }
-        if !pooled || new.requires_dedicated || new.requirements.size > self.config.arena_size {
+        if !pooled || new.requires_dedicated || new.requirements.size > self.config.arena_size / 4 {
             return self.own_arena(size, kind, type_index, new);
         }
 
@@ -232,6 +233,7 @@ impl GpuAllocator {
                             dedicated_buffer: None,
                             origin: ArenaOrigin::Pooled,
                             host_pointer: None,
+                            reexport_fd: None,
                         },
                     ));
                     let offset = arena.free.lock().allocate(reserved, align).expect("a fresh arena fits the request");
@@ -240,15 +242,23 @@ impl GpuAllocator {
                 }
             }
         };
-        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, size, reserved };
+        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, vk_offset: 0, size, reserved };
         buffer.bind()?;
         Ok(buffer)
     }
 
-    fn own_arena(&self, size: u64, kind: GpuMemoryKind, type_index: u32, new: arena::NewBuffer) -> Result<GpuBuffer> {
+    fn own_arena(&self, size: u64, kind: GpuMemoryKind, type_index: u32, mut new: arena::NewBuffer) -> Result<GpuBuffer> {
         let dedicated = new.wants_dedicated
             || self.config.dedicated_own_arenas
             || (self.config.exportable && self.device.info().opaque_fd.dedicated_only);
+        if dedicated && new.requirements.size != size {
+            // The buffer of a dedicated allocation spans the whole allocation, so that an
+            // importer can create the identical buffer from the arena size alone (the import
+            // of a dedicated allocation must use a buffer identical to the exporter's).
+            let whole = arena::create_buffer(&self.device, new.requirements.size, self.handle_types);
+            arena::destroy_buffer(&self.device, new.buffer);
+            new = whole?;
+        }
         let memory = match arena::allocate_memory(
             &self.device,
             new.requirements.size,
@@ -274,9 +284,11 @@ impl GpuAllocator {
                 dedicated_buffer: dedicated.then_some(new.buffer),
                 origin: ArenaOrigin::Own,
                 host_pointer: None,
+                reexport_fd: None,
             },
         ));
-        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: !dedicated, offset: 0, size, reserved: 0 };
+        let buffer =
+            GpuBuffer { arena, buffer: new.buffer, owns_buffer: !dedicated, offset: 0, vk_offset: 0, size, reserved: 0 };
         buffer.bind()?;
         Ok(buffer)
     }
@@ -309,6 +321,11 @@ pub struct GpuBuffer {
     /// False when the buffer belongs to a dedicated arena, which destroys it.
     pub(crate) owns_buffer: bool,
     pub(crate) offset: u64,
+    /// Where the buffer's first byte lies in `buffer` (0 but for imports at an offset that is
+    /// not a multiple of the buffer alignment, and for imports inside a dedicated allocation,
+    /// whose `VkBuffer` spans the whole allocation): `buffer` is bound at
+    /// `offset - vk_offset`.
+    pub(crate) vk_offset: u64,
     pub(crate) size: u64,
     /// The range taken from the arena's free list (0: none).
     pub(crate) reserved: u64,
@@ -333,11 +350,15 @@ impl GpuBuffer {
     pub(crate) fn bind(&self) -> Result<()> {
         // SAFETY: buffer and memory are live and of this device; offset + size lies inside
         // the arena and is aligned (the free list or the importer's checks made sure).
-        unsafe { self.arena.device.shared.device.bind_buffer_memory(self.buffer, self.arena.memory, self.offset) }
-            .map_err(vk_err(&format!(
-                "vkBindBufferMemory({} bytes at offset {} of arena {})",
-                self.size, self.offset, self.arena.id
-            )))
+        unsafe {
+            self.arena.device.shared.device.bind_buffer_memory(self.buffer, self.arena.memory, self.offset - self.vk_offset)
+        }
+        .map_err(vk_err(&format!(
+            "vkBindBufferMemory({} bytes at offset {} of arena {})",
+            self.vk_offset + self.size,
+            self.offset - self.vk_offset,
+            self.arena.id
+        )))
     }
 
     /// The size asked for, in bytes.
@@ -381,9 +402,10 @@ impl GpuBuffer {
         self.arena.origin == ArenaOrigin::Imported
     }
 
-    /// Whether it may be exported to other processes.
+    /// Whether it may be exported to other processes: memory allocated exportable, and
+    /// memory imported from an opaque fd (exported again as a copy of that fd).
     pub fn is_exportable(&self) -> bool {
-        !self.arena.handle_types.is_empty()
+        !self.arena.handle_types.is_empty() || self.arena.reexport_fd.is_some()
     }
 
     /// Whether its arena is a dedicated allocation (importers, CUDA included, must say so).
@@ -396,8 +418,22 @@ impl GpuBuffer {
     }
 
     /// The `VkBuffer`, for callers recording their own commands. Valid while `self` lives.
+    /// The buffer's first byte lies at [`GpuBuffer::raw_buffer_offset`] in it.
     pub fn raw_buffer(&self) -> vk::Buffer {
         self.buffer
+    }
+
+    /// Where the buffer's first byte lies in [`GpuBuffer::raw_buffer`]: 0 but for some
+    /// imported buffers (an export at an unaligned offset, or inside a dedicated allocation).
+    pub fn raw_buffer_offset(&self) -> u64 {
+        self.vk_offset
+    }
+
+    /// A reference that keeps the buffer's arena (its memory, and the device) alive while
+    /// held, e.g. for memory a peer still reads after the buffer itself was dropped.
+    #[allow(dead_code)] // for the channel layer's GPU route
+    pub(crate) fn arena_keep_alive(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        Arc::clone(&self.arena) as Arc<dyn std::any::Any + Send + Sync>
     }
 
     /// The arena's `VkDeviceMemory` (shared with the other buffers of the arena).

@@ -6,6 +6,7 @@
 //! pooled arenas.
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -77,6 +78,10 @@ pub(crate) struct Arena {
     /// For a dedicated allocation: the one buffer it may be bound to, owned by the arena.
     pub(crate) dedicated_buffer: Option<vk::Buffer>,
     pub(crate) origin: ArenaOrigin,
+    /// For arenas imported from an opaque fd: a duplicate of that fd, taken before Vulkan
+    /// took the original, so that the memory can be exported again (to CUDA, or to another
+    /// process); closed when the arena drops.
+    pub(crate) reexport_fd: Option<OwnedFd>,
     /// Base of the persistent mapping of the whole arena; null until first mapped.
     mapped: AtomicPtr<u8>,
     map_lock: Mutex<()>,
@@ -94,6 +99,8 @@ pub(crate) struct ArenaParts {
     pub origin: ArenaOrigin,
     /// For host-pointer arenas: the host memory itself serves as the mapping.
     pub host_pointer: Option<NonNull<u8>>,
+    /// See [`Arena::reexport_fd`].
+    pub reexport_fd: Option<OwnedFd>,
 }
 
 impl Arena {
@@ -112,6 +119,7 @@ impl Arena {
             handle_types: parts.handle_types,
             dedicated_buffer: parts.dedicated_buffer,
             origin: parts.origin,
+            reexport_fd: parts.reexport_fd,
             mapped: AtomicPtr::new(parts.host_pointer.map_or(std::ptr::null_mut(), |p| p.as_ptr())),
             map_lock: Mutex::new(()),
             free: Mutex::new(free),
@@ -199,7 +207,8 @@ pub(crate) fn allocate_memory(
     // SAFETY: the allocate info chain is live for the call; the type index is one of the
     // device's (chosen from its memory properties).
     unsafe { device.shared.device.allocate_memory(&info, None) }.map_err(vk_err(&format!(
-        "vkAllocateMemory({size} bytes, memory type {type_index}, export {handle_types:?})"
+        "vkAllocateMemory({size} bytes, memory type {type_index}, export as {})",
+        super::export::describe_handle_types(handle_types)
     )))
 }
 

@@ -109,6 +109,27 @@ pub struct ExternalMemorySupport {
     pub compatible_handle_types: u32,
 }
 
+/// What the external-semaphore query said about timeline semaphores as opaque fds
+/// (`vkGetPhysicalDeviceExternalSemaphoreProperties` with a chained timeline
+/// `VkSemaphoreTypeCreateInfo`). Both false where the device does not offer
+/// `VK_KHR_external_semaphore_fd` or timeline semaphores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExternalSemaphoreSupport {
+    pub exportable: bool,
+    pub importable: bool,
+}
+
+impl fmt::Display for ExternalSemaphoreSupport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.exportable, self.importable) {
+            (true, true) => f.write_str("exportable and importable"),
+            (true, false) => f.write_str("exportable only"),
+            (false, true) => f.write_str("importable only"),
+            (false, false) => f.write_str("no"),
+        }
+    }
+}
+
 /// What [`VulkanDevice::open`] found and chose.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -136,6 +157,11 @@ pub struct DeviceInfo {
     pub min_imported_host_pointer_alignment: Option<u64>,
     pub opaque_fd: ExternalMemorySupport,
     pub dma_buf: ExternalMemorySupport,
+    /// Whether timeline semaphores were enabled (Vulkan 1.2 `timelineSemaphore`, or
+    /// `VK_KHR_timeline_semaphore` on a 1.1 device).
+    pub timeline_semaphores: bool,
+    /// Whether timeline semaphores can be exported and imported as opaque fds.
+    pub semaphore_fd: ExternalSemaphoreSupport,
     /// Every device the loader enumerated: (index, name, type, deviceUUID).
     pub all_devices: Vec<(u32, String, DeviceType, [u8; 16])>,
 }
@@ -169,6 +195,10 @@ impl DeviceInfo {
             "timestamp_period_ns": self.timestamp_period_ns,
             "opaque_fd": format!("{:?}", self.opaque_fd),
             "dma_buf": format!("{:?}", self.dma_buf),
+            "timeline_semaphores": self.timeline_semaphores,
+            "semaphore_fd": serde_json::json!({
+                "exportable": self.semaphore_fd.exportable,
+                "importable": self.semaphore_fd.importable }),
         })
     }
 }
@@ -201,6 +231,12 @@ impl fmt::Display for DeviceInfo {
         }
         writeln!(f, "  extensions: {}", self.enabled_extensions.join(", "))?;
         writeln!(f, "  opaque fd: {:?}; dma-buf: {:?}", self.opaque_fd, self.dma_buf)?;
+        writeln!(
+            f,
+            "  timeline semaphores: {}; as opaque fds: {}",
+            if self.timeline_semaphores { "yes" } else { "no" },
+            self.semaphore_fd
+        )?;
         write!(f, "  transfer queue family {}", self.queue_family_index)
     }
 }
@@ -231,6 +267,16 @@ pub fn describe_memory_flags(flags: u32) -> String {
 const EXT_MEMORY_FD: &CStr = ash::khr::external_memory_fd::NAME;
 const EXT_DMA_BUF: &CStr = ash::ext::external_memory_dma_buf::NAME;
 const EXT_MEMORY_HOST: &CStr = ash::ext::external_memory_host::NAME;
+const EXT_SEMAPHORE_FD: &CStr = ash::khr::external_semaphore_fd::NAME;
+const EXT_TIMELINE: &CStr = ash::khr::timeline_semaphore::NAME;
+
+/// How timeline semaphores are reached on a device.
+pub(crate) enum TimelineApi {
+    /// Vulkan 1.2 core entry points (`ash::Device`).
+    Core,
+    /// `VK_KHR_timeline_semaphore` on a Vulkan 1.1 device.
+    Khr(ash::khr::timeline_semaphore::Device),
+}
 
 /// The state every GPU object of one device shares; dropped (device destroyed) after the last
 /// buffer, arena and handle.
@@ -242,6 +288,10 @@ pub(crate) struct DeviceShared {
     pub(crate) device: ash::Device,
     pub(crate) memory_fd: ash::khr::external_memory_fd::Device,
     pub(crate) memory_host: Option<ash::ext::external_memory_host::Device>,
+    /// `VK_KHR_external_semaphore_fd`, where the device offers it.
+    pub(crate) semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
+    /// Timeline semaphores, where enabled.
+    pub(crate) timeline: Option<TimelineApi>,
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
     pub(crate) info: DeviceInfo,
     pub(crate) submitter: Mutex<Submitter>,
@@ -349,7 +399,7 @@ impl VulkanDevice {
         })?;
         // From here on, the instance must be destroyed on every error path, while the loader
         // (held by `entry`) is still loaded.
-        match Self::open_on(entry.clone(), instance.clone(), selector) {
+        match Self::open_on(entry.clone(), instance.clone(), api, selector) {
             Ok(device) => Ok(device),
             Err(e) => {
                 // SAFETY: nothing made from the instance survives a failed open_on.
@@ -359,7 +409,12 @@ impl VulkanDevice {
         }
     }
 
-    fn open_on(entry: ash::Entry, instance: ash::Instance, selector: Option<DeviceSelector>) -> Result<Self> {
+    fn open_on(
+        entry: ash::Entry,
+        instance: ash::Instance,
+        instance_api: u32,
+        selector: Option<DeviceSelector>,
+    ) -> Result<Self> {
         // SAFETY: instance is a live instance for all the queries below.
         let physicals = unsafe { instance.enumerate_physical_devices() }
             .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
@@ -442,6 +497,46 @@ impl VulkanDevice {
         }
         let has_host = enable.contains(&EXT_MEMORY_HOST);
         let has_dma_buf = enable.contains(&EXT_DMA_BUF);
+        // The version the device is used at: the lower of the instance's and the device's.
+        let device_api = instance_api.min(chosen.properties.api_version);
+        let core_12 = device_api >= vk::API_VERSION_1_2;
+
+        // Timeline semaphores: Vulkan 1.2 core, or VK_KHR_timeline_semaphore on 1.1; the
+        // feature is queried before it is enabled.
+        let timeline_ext = !core_12 && offers(EXT_TIMELINE);
+        let timeline_semaphores = if core_12 || timeline_ext {
+            let mut timeline = vk::PhysicalDeviceTimelineSemaphoreFeatures::default();
+            let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut timeline);
+            // SAFETY: the chained struct is known to the device (1.2 core or the extension it
+            // offers); both outlive the call.
+            unsafe { instance.get_physical_device_features2(physical, &mut features2) };
+            timeline.timeline_semaphore == vk::TRUE
+        } else {
+            false
+        };
+        if timeline_semaphores && timeline_ext {
+            enable.push(EXT_TIMELINE);
+        }
+        let has_semaphore_fd = offers(EXT_SEMAPHORE_FD);
+        if has_semaphore_fd {
+            enable.push(EXT_SEMAPHORE_FD);
+        }
+        let semaphore_fd = if has_semaphore_fd && timeline_semaphores {
+            let mut kind = vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE);
+            let query = vk::PhysicalDeviceExternalSemaphoreInfo::default()
+                .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD)
+                .push_next(&mut kind);
+            let mut out = vk::ExternalSemaphoreProperties::default();
+            // SAFETY: plain query (Vulkan 1.1 core); the chain is live for the call.
+            unsafe { instance.get_physical_device_external_semaphore_properties(physical, &query, &mut out) };
+            let f = out.external_semaphore_features;
+            ExternalSemaphoreSupport {
+                exportable: f.contains(vk::ExternalSemaphoreFeatureFlags::EXPORTABLE),
+                importable: f.contains(vk::ExternalSemaphoreFeatureFlags::IMPORTABLE),
+            }
+        } else {
+            ExternalSemaphoreSupport::default()
+        };
 
         // Driver name/info and the host-pointer alignment, where the device has them.
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
@@ -510,7 +605,11 @@ impl VulkanDevice {
         let priorities = [1.0f32];
         let queue_info = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
         let names: Vec<*const c_char> = enable.iter().map(|e| e.as_ptr()).collect();
-        let create = vk::DeviceCreateInfo::default().queue_create_infos(&queue_info).enabled_extension_names(&names);
+        let mut timeline_feature = vk::PhysicalDeviceTimelineSemaphoreFeatures::default().timeline_semaphore(true);
+        let mut create = vk::DeviceCreateInfo::default().queue_create_infos(&queue_info).enabled_extension_names(&names);
+        if timeline_semaphores {
+            create = create.push_next(&mut timeline_feature);
+        }
         // SAFETY: the create info and everything it points to outlive the call.
         let device = unsafe { instance.create_device(physical, &create, None) }
             .map_err(vk_err(&format!("vkCreateDevice on device {index} ({name})")))?;
@@ -526,6 +625,12 @@ impl VulkanDevice {
         };
         let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
         let memory_host = has_host.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
+        let semaphore_fd_api = has_semaphore_fd.then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
+        let timeline = match (timeline_semaphores, core_12) {
+            (false, _) => None,
+            (true, true) => Some(TimelineApi::Core),
+            (true, false) => Some(TimelineApi::Khr(ash::khr::timeline_semaphore::Device::new(&instance, &device))),
+        };
 
         let props = &chosen.properties;
         let info = DeviceInfo {
@@ -556,6 +661,8 @@ impl VulkanDevice {
             min_imported_host_pointer_alignment: has_host.then_some(host_props.min_imported_host_pointer_alignment),
             opaque_fd,
             dma_buf,
+            timeline_semaphores,
+            semaphore_fd,
             all_devices,
         };
         Ok(VulkanDevice {
@@ -566,6 +673,8 @@ impl VulkanDevice {
                 device,
                 memory_fd,
                 memory_host,
+                semaphore_fd: semaphore_fd_api,
+                timeline,
                 memory_properties,
                 info,
                 submitter: Mutex::new(submitter),

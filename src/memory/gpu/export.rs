@@ -10,7 +10,7 @@
 //! UUID equals `device_uuid`.
 
 use std::fmt;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use ash::vk;
@@ -56,6 +56,38 @@ impl HandleType {
 
     pub fn from_raw(raw: u32) -> Option<Self> {
         [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
+    }
+
+    /// `OPAQUE_FD` or `DMA_BUF`, as Vulkan names the handle types.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandleType::OpaqueFd => "OPAQUE_FD",
+            HandleType::DmaBuf => "DMA_BUF",
+        }
+    }
+}
+
+impl fmt::Display for HandleType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The handle types in `flags` by name (`OPAQUE_FD|DMA_BUF`), for messages.
+pub(crate) fn describe_handle_types(flags: vk::ExternalMemoryHandleTypeFlags) -> String {
+    let mut names: Vec<String> = [HandleType::OpaqueFd, HandleType::DmaBuf]
+        .into_iter()
+        .filter(|h| flags.contains(h.to_vk()))
+        .map(|h| h.as_str().to_string())
+        .collect();
+    let rest = flags.as_raw() & !(HandleType::OpaqueFd.to_raw() | HandleType::DmaBuf.to_raw());
+    if rest != 0 {
+        names.push(format!("unknown handle types {rest:#x}"));
+    }
+    if names.is_empty() {
+        "no handle type".into()
+    } else {
+        names.join("|")
     }
 }
 
@@ -220,13 +252,16 @@ impl fmt::Display for GpuExportDesc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "GPU export of {} bytes at offset {} of arena {} ({} bytes, memory type {}, {:?}, device {}, driver {})",
+            "GPU export of {} bytes at offset {} of arena {} ({} bytes, memory type {}, {}, device {}, driver {})",
             self.size,
             self.offset,
             self.arena_id(),
             self.arena_size,
             self.memory_type_index,
-            self.handle(),
+            match self.handle() {
+                Some(handle) => handle.as_str().to_string(),
+                None => format!("unknown handle type {:#x}", self.handle_type),
+            },
             format_uuid(&self.device_uuid),
             format_uuid(&self.driver_uuid)
         )
@@ -277,31 +312,65 @@ impl GpuBuffer {
         self.export_as(HandleType::OpaqueFd)
     }
 
-    /// Exports the buffer's arena as `handle`. Every call returns a new fd.
+    /// Exports the buffer's whole arena (same fd semantics as [`GpuBuffer::export`]): offset 0
+    /// and the arena's size, for a peer that imports the arena once and then reads many
+    /// buffers in it by offset. For a dedicated allocation: the dedicated buffer, whose export
+    /// always covers the whole allocation from offset 0 (its size is the buffer's size).
+    pub fn export_arena(&self) -> Result<GpuExport> {
+        let mut export = self.export()?;
+        if self.arena.dedicated_buffer.is_none() || export.desc.offset != 0 {
+            // (A dedicated allocation's buffer spans all of it, so an import of part of one
+            // exports it whole.)
+            export.desc.offset = 0;
+            export.desc.size = self.arena.size;
+        }
+        Ok(export)
+    }
+
+    /// Exports the buffer's arena as `handle`. Every call returns a new fd. Memory imported
+    /// from an opaque fd is exported again as a copy of that fd, with the original
+    /// exporter's arena identity (so that caches keyed by arena identity still match).
     pub fn export_as(&self, handle: HandleType) -> Result<GpuExport> {
         let arena = &self.arena;
-        if !arena.handle_types.contains(handle.to_vk()) {
-            return Err(if arena.handle_types.is_empty() {
-                Error::InvalidState(format!(
-                    "buffer in arena {} is not exportable (allocated without export, imported, or host memory)",
-                    arena.id
-                ))
+        let fd = if arena.handle_types.contains(handle.to_vk()) {
+            let info = vk::MemoryGetFdInfoKHR::default().memory(arena.memory).handle_type(handle.to_vk());
+            // SAFETY: the memory is live and was allocated exportable as this handle type.
+            let raw = unsafe { arena.device.shared.memory_fd.get_memory_fd(&info) }
+                .map_err(vk_err(&format!("vkGetMemoryFdKHR({handle}) of arena {}", arena.id)))?;
+            if raw < 0 {
+                return Err(Error::Vulkan(format!("vkGetMemoryFdKHR returned fd {raw}")));
+            }
+            // SAFETY: vkGetMemoryFdKHR returns a new descriptor that the caller owns.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        } else if let (Some(kept), HandleType::OpaqueFd) = (&arena.reexport_fd, handle) {
+            // SAFETY: `kept` is a live descriptor the arena owns; F_DUPFD_CLOEXEC makes a new
+            // one (or fails) and touches nothing else.
+            let raw = unsafe { libc::fcntl(kept.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+            if raw < 0 {
+                return Err(Error::os(
+                    format!("duplicating the fd of imported arena {} to export it again", arena.id),
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            // SAFETY: fcntl returned a new descriptor that nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        } else if arena.handle_types.is_empty() && arena.reexport_fd.is_none() {
+            return Err(Error::InvalidState(format!(
+                "buffer in arena {} is not exportable: it was allocated without export, imported \
+                 from a dma-buf, or is host memory imported into the GPU",
+                arena.id
+            )));
+        } else {
+            let offered = if arena.reexport_fd.is_some() {
+                "OPAQUE_FD (memory imported from an opaque fd)".to_string()
             } else {
-                Error::Unsupported(format!(
-                    "arena {} is exportable as {:?}, not as {handle:?} (the device does not offer it)",
-                    arena.id, arena.handle_types
-                ))
-            });
-        }
-        let info = vk::MemoryGetFdInfoKHR::default().memory(arena.memory).handle_type(handle.to_vk());
-        // SAFETY: the memory is live and was allocated exportable as this handle type.
-        let raw = unsafe { arena.device.shared.memory_fd.get_memory_fd(&info) }
-            .map_err(vk_err(&format!("vkGetMemoryFdKHR({handle:?}) of arena {}", arena.id)))?;
-        if raw < 0 {
-            return Err(Error::Vulkan(format!("vkGetMemoryFdKHR returned fd {raw}")));
-        }
-        // SAFETY: vkGetMemoryFdKHR returns a new descriptor that the caller owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                describe_handle_types(arena.handle_types)
+            };
+            return Err(Error::Unsupported(format!(
+                "arena {} is exportable as {offered}, not as {handle} (the device does not offer it)",
+                arena.id
+            )));
+        };
         let info = arena.device.info();
         let desc = GpuExportDesc {
             magic: GPU_EXPORT_MAGIC,

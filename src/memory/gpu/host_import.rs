@@ -118,9 +118,10 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
             dedicated_buffer: None,
             origin: ArenaOrigin::HostPointer,
             host_pointer: Some(base),
+            reexport_fd: None,
         },
     ));
-    let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: 0, size: len as u64, reserved: 0 };
+    let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: 0, vk_offset: 0, size: len as u64, reserved: 0 };
     buffer.bind()?;
     Ok(HostMemoryImport { buffer })
 }

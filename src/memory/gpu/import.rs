@@ -11,7 +11,7 @@
 //!   the fd stays an `OwnedFd` here and is closed when it drops.
 //! - Imported buffers hold the arena; its memory is freed when the last one goes.
 
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use ash::vk;
@@ -73,26 +73,55 @@ impl GpuImporter {
             )));
         }
         if let Some(dedicated) = arena.dedicated_buffer {
-            return Ok(GpuBuffer { arena, buffer: dedicated, owns_buffer: false, offset: 0, size: desc.size, reserved: 0 });
+            // The dedicated buffer spans the whole allocation; this buffer starts at the
+            // export's offset in it (validate() checked offset + size <= arena size).
+            return Ok(GpuBuffer {
+                arena,
+                buffer: dedicated,
+                owns_buffer: false,
+                offset: desc.offset,
+                vk_offset: desc.offset,
+                size: desc.size,
+                reserved: 0,
+            });
         }
-        let new = arena::create_buffer(&self.device, desc.size, handle.to_vk())?;
+        // A buffer at an offset that is not a multiple of the buffer alignment (an export of
+        // part of a buffer) is bound at the aligned offset below and starts `vk_offset` in.
+        let probe = arena::create_buffer(&self.device, desc.size, handle.to_vk())?;
+        let align = probe.requirements.alignment.max(1);
+        let vk_offset = desc.offset % align;
+        let new = if vk_offset == 0 {
+            probe
+        } else {
+            arena::destroy_buffer(&self.device, probe.buffer);
+            arena::create_buffer(&self.device, vk_offset + desc.size, handle.to_vk())?
+        };
         let requirements = new.requirements;
+        let bind_at = desc.offset - vk_offset;
         let problem = if requirements.memory_type_bits & (1 << desc.memory_type_index) == 0 {
             Some(format!(
                 "a buffer of {} bytes may not live in memory type {} here (allowed: {:#x})",
                 desc.size, desc.memory_type_index, requirements.memory_type_bits
             ))
-        } else if desc.offset % requirements.alignment.max(1) != 0 {
-            Some(format!("offset {} is not a multiple of the buffer alignment {}", desc.offset, requirements.alignment))
-        } else if desc.offset.checked_add(requirements.size).map_or(true, |end| end > desc.arena_size) {
+        } else if bind_at % requirements.alignment.max(1) != 0 {
+            Some(format!("offset {bind_at} is not a multiple of the buffer alignment {}", requirements.alignment))
+        } else if bind_at.checked_add(requirements.size).map_or(true, |end| end > desc.arena_size) {
             Some(format!(
-                "the buffer needs {} bytes at offset {}, past the arena's end ({} bytes)",
-                requirements.size, desc.offset, desc.arena_size
+                "the buffer needs {} bytes at offset {bind_at}, past the arena's end ({} bytes)",
+                requirements.size, desc.arena_size
             ))
         } else {
             None
         };
-        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: desc.offset, size: desc.size, reserved: 0 };
+        let buffer = GpuBuffer {
+            arena,
+            buffer: new.buffer,
+            owns_buffer: true,
+            offset: desc.offset,
+            vk_offset,
+            size: desc.size,
+            reserved: 0,
+        };
         if let Some(problem) = problem {
             return Err(Error::invalid(format!("cannot import {desc}: {problem}")));
         }
@@ -127,7 +156,7 @@ impl GpuImporter {
         };
         if !enabled {
             return Err(Error::Unsupported(format!(
-                "Vulkan device {} ({}) cannot import {handle:?} memory",
+                "Vulkan device {} ({}) cannot import {handle} memory",
                 info.index, info.name
             )));
         }
@@ -149,7 +178,7 @@ impl GpuImporter {
         Ok(())
     }
 
-    fn import_arena(&self, desc: &GpuExportDesc, handle: HandleType, fd: std::os::fd::OwnedFd) -> Result<Arena> {
+    fn import_arena(&self, desc: &GpuExportDesc, handle: HandleType, fd: OwnedFd) -> Result<Arena> {
         let device = &self.device;
         let ash_device = &device.shared.device;
         if handle == HandleType::DmaBuf {
@@ -165,8 +194,27 @@ impl GpuImporter {
                 )));
             }
         }
+        // A copy of an opaque fd, taken before Vulkan takes the original, so that the memory
+        // can be exported again (dma-bufs are not: their exporter is not Vulkan).
+        let reexport_fd = if handle == HandleType::OpaqueFd {
+            // SAFETY: fd is a live descriptor; F_DUPFD_CLOEXEC makes a new one (or fails) and
+            // touches nothing else.
+            let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+            if raw < 0 {
+                return Err(Error::os(
+                    format!("duplicating the fd of {desc} (to export it again later)"),
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            // SAFETY: fcntl returned a new descriptor that nothing else owns.
+            Some(unsafe { OwnedFd::from_raw_fd(raw) })
+        } else {
+            None
+        };
+        // The exporter's dedicated buffer spans the whole allocation (see the allocator), and
+        // the import of a dedicated allocation needs an identical buffer.
         let dedicated = if desc.is_dedicated() {
-            Some(arena::create_buffer(device, desc.size, handle.to_vk())?.buffer)
+            Some(arena::create_buffer(device, desc.arena_size, handle.to_vk())?.buffer)
         } else {
             None
         };
@@ -219,6 +267,7 @@ impl GpuImporter {
                 dedicated_buffer: dedicated,
                 origin: ArenaOrigin::Imported,
                 host_pointer: None,
+                reexport_fd,
             },
         ))
     }

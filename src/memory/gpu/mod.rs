@@ -10,7 +10,9 @@
 //!   an owned fd); [`GpuImporter::import`] imports it on this process's own device, once per
 //!   arena, refusing exports of another GPU or driver.
 //! - [`GpuBuffer::write`], [`GpuBuffer::read`], [`GpuBuffer::map`], [`copy_buffer`] move data
-//!   without Vulkan code; [`import_host_memory`] and [`cuda_host_register`] pin host memory.
+//!   without Vulkan code; [`copy_buffer_waiting`] makes the GPU wait for
+//!   [`TimelineSemaphore`] values first (timeline semaphores shared between processes as
+//!   opaque fds where the driver can: [`probe_semaphore_sharing`]); [`import_host_memory`] and [`cuda_host_register`] pin host memory.
 //!
 //! Environment: `LF_VULKAN_DEVICE` = device index or deviceUUID picks the device when the
 //! config does not (see [`GpuConfig`]). The loader's own variables apply too
@@ -38,6 +40,7 @@ mod device;
 mod export;
 mod host_import;
 mod import;
+mod semaphore;
 mod transfer;
 
 pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind};
@@ -45,9 +48,10 @@ pub use arena::ArenaId;
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
 pub use device::{
     describe_memory_flags, format_api_version, format_uuid, DeviceInfo, DeviceSelector, DeviceType,
-    ExternalMemorySupport, GpuConfig, MemoryHeapInfo, MemoryTypeInfo, VulkanDevice, DEVICE_ENV,
+    ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo, MemoryTypeInfo, VulkanDevice, DEVICE_ENV,
 };
 pub use export::{GpuExport, GpuExportDesc, HandleType, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
 pub use host_import::{import_host_memory, HostMemoryImport};
 pub use import::GpuImporter;
-pub use transfer::{copy_buffer, copy_buffer_timed, CopyTiming, MappedRange};
+pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
+pub use transfer::{copy_buffer, copy_buffer_timed, copy_buffer_waiting, CopyTiming, MappedRange};

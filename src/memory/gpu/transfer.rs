@@ -14,6 +14,7 @@ use ash::vk;
 use super::allocator::GpuBuffer;
 use super::arena;
 use super::device::{vk_err, VulkanDevice};
+use super::semaphore::TimelineSemaphore;
 use crate::error::{Error, Result};
 
 /// Largest staging buffer kept per device; bigger transfers go through it in pieces.
@@ -171,6 +172,7 @@ impl Submitter {
         &mut self,
         device: &VulkanDevice,
         timed: bool,
+        waits: &[(vk::Semaphore, u64)],
         record: impl FnOnce(&ash::Device, vk::CommandBuffer),
     ) -> Result<Option<Duration>> {
         if self.hung {
@@ -226,7 +228,18 @@ impl Submitter {
             d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
             d.reset_fences(&[self.fence]).map_err(vk_err("vkResetFences"))?;
             let cmds = [cmd];
-            let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+            let wait_semaphores: Vec<vk::Semaphore> = waits.iter().map(|w| w.0).collect();
+            let wait_values: Vec<u64> = waits.iter().map(|w| w.1).collect();
+            let wait_stages = vec![vk::PipelineStageFlags::TRANSFER; waits.len()];
+            let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&wait_values);
+            let mut submit_info = vk::SubmitInfo::default().command_buffers(&cmds);
+            if !waits.is_empty() {
+                submit_info = submit_info
+                    .wait_semaphores(&wait_semaphores)
+                    .wait_dst_stage_mask(&wait_stages)
+                    .push_next(&mut timeline);
+            }
+            let submit = [submit_info];
             d.queue_submit(self.queue, &submit, self.fence).map_err(vk_err("vkQueueSubmit"))?;
             match d.wait_for_fences(&[self.fence], true, FENCE_TIMEOUT.as_nanos() as u64) {
                 Ok(()) => {}
@@ -315,9 +328,13 @@ impl GpuBuffer {
             // SAFETY: the staging mapping is at least `chunk` >= piece.len() bytes and no GPU
             // work uses it (the last submission was waited for).
             unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), staging_ptr.as_ptr(), piece.len()) };
-            let region = [vk::BufferCopy { src_offset: 0, dst_offset: offset + done as u64, size: piece.len() as u64 }];
+            let region = [vk::BufferCopy {
+                src_offset: 0,
+                dst_offset: self.vk_offset + offset + done as u64,
+                size: piece.len() as u64,
+            }];
             let dst = self.buffer;
-            submitter.submit(&device, false, |d, cmd| {
+            submitter.submit(&device, false, &[], |d, cmd| {
                 // SAFETY: both buffers are live for the submission, which is waited for.
                 unsafe { d.cmd_copy_buffer(cmd, staging_buffer, dst, &region) }
             })?;
@@ -358,12 +375,17 @@ impl GpuBuffer {
         let mut submitter = device.shared.submitter.lock();
         let chunk = submitter.staging(&device, out.len() as u64)?.size as usize;
         let mut done = 0usize;
+        let src_vk_offset = self.vk_offset;
         for piece in out.chunks_mut(chunk) {
             let staging = submitter.staging.as_ref().expect("made above");
             let (staging_buffer, staging_ptr) = (staging.buffer, staging.ptr);
-            let region = [vk::BufferCopy { src_offset: offset + done as u64, dst_offset: 0, size: piece.len() as u64 }];
+            let region = [vk::BufferCopy {
+                src_offset: src_vk_offset + offset + done as u64,
+                dst_offset: 0,
+                size: piece.len() as u64,
+            }];
             let src = self.buffer;
-            submitter.submit(&device, false, |d, cmd| {
+            submitter.submit(&device, false, &[], |d, cmd| {
                 // SAFETY: both buffers are live for the submission, which is waited for.
                 unsafe { d.cmd_copy_buffer(cmd, src, staging_buffer, &region) }
             })?;
@@ -423,7 +445,23 @@ impl MappedRange<'_> {
 /// (`vkCmdCopyBuffer`), waiting until done. Both buffers must be on the same device; the
 /// ranges must not overlap.
 pub fn copy_buffer(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, len: u64) -> Result<()> {
-    copy_buffer_timed(src, src_offset, dst, dst_offset, len).map(|_| ())
+    copy_buffer_waiting(src, src_offset, dst, dst_offset, len, &[])
+}
+
+/// [`copy_buffer`] whose copy the GPU starts only once every semaphore of `waits` has reached
+/// its value (the host does not wait for them; it waits for the copy to finish). The
+/// semaphores must be of the buffers' device. A value that is never signalled makes the copy
+/// fail after the device's transfer timeout (two minutes), after which the device is
+/// unusable: signal every value waited for.
+pub fn copy_buffer_waiting(
+    src: &GpuBuffer,
+    src_offset: u64,
+    dst: &GpuBuffer,
+    dst_offset: u64,
+    len: u64,
+    waits: &[(&TimelineSemaphore, u64)],
+) -> Result<()> {
+    copy_inner(src, src_offset, dst, dst_offset, len, waits).map(|_| ())
 }
 
 /// [`copy_buffer`], also reporting how long it took (host wall time and GPU timestamps).
@@ -434,6 +472,25 @@ pub fn copy_buffer_timed(
     dst_offset: u64,
     len: u64,
 ) -> Result<CopyTiming> {
+    copy_inner(src, src_offset, dst, dst_offset, len, &[])
+}
+
+fn copy_inner(
+    src: &GpuBuffer,
+    src_offset: u64,
+    dst: &GpuBuffer,
+    dst_offset: u64,
+    len: u64,
+    waits: &[(&TimelineSemaphore, u64)],
+) -> Result<CopyTiming> {
+    if let Some((semaphore, _)) = waits.iter().find(|(s, _)| !s.device().same_device(src.device())) {
+        return Err(Error::invalid(format!(
+            "a copy on {} cannot wait on a semaphore of another device ({}); import the semaphore on the \
+             buffers' device first",
+            src.device().info().name,
+            semaphore.device().info().name
+        )));
+    }
     if !src.device().same_device(dst.device()) {
         return Err(Error::invalid(
             "copy between buffers of two different Vulkan devices; import the source on the destination's device first",
@@ -455,11 +512,13 @@ pub fn copy_buffer_timed(
         }
     }
     let device = src.device().clone();
-    let region = [vk::BufferCopy { src_offset, dst_offset, size: len }];
+    let region =
+        [vk::BufferCopy { src_offset: src.vk_offset + src_offset, dst_offset: dst.vk_offset + dst_offset, size: len }];
     let (s, t) = (src.buffer, dst.buffer);
     let mut submitter = device.shared.submitter.lock();
     let start = Instant::now();
-    let gpu = submitter.submit(&device, true, |d, cmd| {
+    let raw_waits: Vec<(vk::Semaphore, u64)> = waits.iter().map(|(s, v)| (s.raw(), *v)).collect();
+    let gpu = submitter.submit(&device, true, &raw_waits, |d, cmd| {
         // SAFETY: both buffers are live for the submission, which is waited for.
         unsafe { d.cmd_copy_buffer(cmd, s, t, &region) }
     })?;
