@@ -127,14 +127,25 @@ impl Consumer {
 
     #[inline(never)]
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Message> {
-        let view = self.transport.recv(deadline)?;
+        let view = self.recv_raw(deadline)?;
         self.wrap_any(view)
     }
 
     #[inline(never)]
     fn try_recv_slow(&mut self) -> Result<Message> {
-        let view = self.transport.try_recv()?;
+        let view = self.try_recv_raw()?;
         self.wrap_any(view)
+    }
+
+    /// Ends the GPU route's session when the producer has gone.
+    #[cold]
+    fn gone(&mut self, error: Error) -> Error {
+        if matches!(error, Error::PeerGone(_)) {
+            if let Some(gpu) = self.gpu.as_mut() {
+                gpu.end_session();
+            }
+        }
+        error
     }
 
     /// A message of any kind: routed views are resolved into their payload.
@@ -216,11 +227,11 @@ impl Consumer {
     }
     #[inline]
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
-        self.transport.recv(deadline)
+        self.transport.recv(deadline).map_err(|e| self.gone(e))
     }
 
     pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
-        self.transport.try_recv()
+        self.transport.try_recv().map_err(|e| self.gone(e))
     }
 
     /// Releases a view received with `recv_raw` (the C API's path: views are plain values).

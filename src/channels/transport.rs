@@ -419,6 +419,10 @@ pub trait RouteReceiver: Send {
     /// A new producer attached: its rendezvous section for this route (or none).
     fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()>;
 
+    /// The producer has gone and its messages are read: let go of what was imported for it
+    /// (messages still held keep their own memory alive).
+    fn end_session(&mut self);
+
     /// An attachment the producer passed before the messages that need it.
     fn attach(&mut self, attachment: Section) -> Result<()>;
 

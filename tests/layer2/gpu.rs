@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lava_flow::channels::{ChannelConfig, Consumer, Message, Producer, TransportKind, WaitStrategy};
-use lava_flow::memory::{Buffer, Context, ContextConfig, GpuPolicy, MemoryLocation};
+use lava_flow::memory::{Buffer, Context, ContextConfig, MemoryLocation};
 use lava_flow::Error;
 
 use crate::common::*;
@@ -182,7 +182,7 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
             let mut p = Producer::create(&context, &format!("staged-{case}"), &here(), &here(), &config).unwrap();
             let reason = p.transport().reason.clone();
             assert_eq!(p.transport().names(), "shm", "{reason}");
-            let why = if case == "shm-only" { "vulkan_ipc is not allowed" } else { "has no Vulkan device" };
+            let why = if case == "shm-only" { "vulkan_ipc is not allowed" } else { "the consumer serves no GPU route (vulkan_ipc needs a Vulkan device" };
             assert!(reason.contains("GPU buffers: staged through shm") && reason.contains(why), "{reason}");
             let buffer = context.allocate(LEN, MemoryLocation::GpuDeviceLocal).unwrap();
             write_message(&buffer, 0, LEN, 7);
@@ -192,8 +192,9 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
             assert!(matches!(p.send_buffer_after(&buffer, 0, LEN, 5, None), Err(Error::Unsupported(_))));
             assert!(matches!(p.ready_semaphore(), Err(Error::Unsupported(_))));
             p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
-            // Strict: the same channel refuses to stage.
-            let strict = ChannelConfig { strict_gpu: true, rendezvous_timeout: Some(Duration::from_secs(30)), ..config };
+            // Strict: the same channel refuses to stage (or, where semaphores cannot be shared,
+            // to synchronise on the host), before or after meeting the consumer.
+            let strict = ChannelConfig { strict_gpu: true, rendezvous_timeout: Some(Duration::from_secs(5)), ..config };
             let err = Producer::create(&context, &format!("strict-{case}"), &here(), &here(), &strict).unwrap_err();
             assert!(matches!(err, Error::Unsupported(ref m) if m.contains("strict_gpu")), "{err}");
         }
@@ -215,10 +216,13 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
             drop(m);
             assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
             drop(c);
-            // The strict producer's attempt: it connects, reads the answer and leaves.
+            // The strict producer's attempt: it connects, reads the answer and leaves, unless it
+            // refused before connecting.
             if case == "no-gpu-consumer" {
-                let mut c = Consumer::create(&context, &format!("strict-{case}"), &here(), &here(), &config).unwrap();
-                assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+                let short = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(5)), ..config };
+                if let Ok(mut c) = Consumer::create(&context, &format!("strict-{case}"), &here(), &here(), &short) {
+                    assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+                }
             }
         }
         Some(_) => {}
@@ -423,8 +427,7 @@ fn gpu_channel_cycles_leak_nothing() {
                 let mut c = Consumer::create(&context, "gpu-cycle", &here(), &here(), &gpu_config()).unwrap();
                 let m = c.recv_timeout(Duration::from_secs(10)).unwrap();
                 assert_eq!(m.len(), 64);
-                drop(m);
-                assert!(matches!(c.recv_timeout(Duration::from_secs(10)), Err(Error::PeerGone(_))));
+                assert!(m.buffer().is_some());
             }
             assert_eq!(open_fds(), fds, "fds leaked over {CYCLES} channels");
             assert_eq!(context.imported_arenas(), imports, "imports outlived their channels");

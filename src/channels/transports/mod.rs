@@ -51,6 +51,8 @@ pub(crate) struct Plan {
     pub(crate) gpu_route: Option<TransportKind>,
     /// The sentences of the report so far.
     pub(crate) reasons: Vec<String>,
+    /// Why GPU buffers have no route of their own, when they have none.
+    pub(crate) gpu_refusal: Option<String>,
 }
 
 /// Whether `kind` is built and can carry a channel of `scope`, or why not.
@@ -150,7 +152,8 @@ pub(crate) fn plan(
         }
         reasons.push(format!("GPU buffers: staged through {carrier} (copied to host memory): {}", gpu_refused.join("; ")));
     }
-    Ok(Plan { carrier, gpu_route, reasons })
+    let gpu_refusal = gpu_route.is_none().then(|| gpu_refused.join("; "));
+    Ok(Plan { carrier, gpu_route, reasons, gpu_refusal })
 }
 
 /// Forwards every trait method of an enum of carriers to its variants, statically.
@@ -272,7 +275,10 @@ pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, c
     #[cfg(not(feature = "vulkan"))]
     let _ = context;
     #[cfg(feature = "vulkan")]
-    let answers = gpu.as_ref().map(|g| vec![g.answer()]).unwrap_or_default();
+    let answers = match (&gpu, &plan.gpu_refusal) {
+        (Some(g), _) => vec![g.answer()],
+        (None, why) => vec![vulkan_ipc::Receiver::decline(why.as_deref().unwrap_or_default())],
+    };
     #[cfg(not(feature = "vulkan"))]
     let answers = Vec::new();
     let info = report(plan, None);

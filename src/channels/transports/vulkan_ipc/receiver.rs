@@ -65,7 +65,12 @@ impl Receiver {
         if self.imports_semaphores {
             flags |= ANSWER_SEMAPHORE;
         }
-        Section::new(ROUTE_ID, Identity { flags, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid }.encode())
+        Section::new(ROUTE_ID, Identity { flags, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid, declined: String::new() }.encode())
+    }
+
+    /// The answer of a consumer that serves no GPU route, saying why (the producer stages).
+    pub(crate) fn decline(why: &str) -> Section {
+        Section::new(ROUTE_ID, Identity { flags: 0, device_uuid: [0; 16], driver_uuid: [0; 16], declined: why.to_owned() }.encode())
     }
 
     /// The route as the consumer sees it before the producer's first GPU buffer.
@@ -123,6 +128,13 @@ impl RouteReceiver for Receiver {
         self.semaphore = Some(Arc::new(TimelineSemaphore::import(&self.device, fd)?));
         self.semaphore_fd = Some(kept);
         Ok(())
+    }
+
+    fn end_session(&mut self) {
+        self.arenas.clear();
+        self.semaphore = None;
+        self.semaphore_fd = None;
+        self.no_semaphore = "the producer has gone".into();
     }
 
     fn attach(&mut self, attachment: Section) -> Result<()> {

@@ -47,7 +47,7 @@ impl Offer {
     /// This route's section of the hello (a new semaphore descriptor each time).
     pub(crate) fn sections(&mut self) -> Result<Vec<Section>> {
         let info = self.device.info();
-        let mut identity = Identity { flags: 0, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid };
+        let mut identity = Identity { flags: 0, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid, declined: String::new() };
         let mut fds = Vec::new();
         if let Some(semaphore) = &self.semaphore {
             identity.flags |= OFFER_SEMAPHORE;
@@ -65,7 +65,7 @@ impl Offer {
             Some(section) => {
                 let peer = Identity::decode(&section.bytes, "consumer")?;
                 if peer.flags & ANSWER_GPU == 0 {
-                    Some("the consumer's process has no Vulkan device".to_owned())
+                    Some(format!("the consumer serves no GPU route ({})", peer.declined))
                 } else if peer.device_uuid != mine.device_uuid || peer.driver_uuid != mine.driver_uuid {
                     Some(format!(
                         "the consumer uses another GPU or driver (deviceUUID {}, driverUUID {}; this process: {} ({}), {}, {})",

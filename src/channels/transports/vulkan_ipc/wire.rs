@@ -12,29 +12,39 @@ pub(super) const ANSWER_GPU: u32 = 1;
 /// The consumer's answer: its device can import timeline semaphores from opaque fds.
 pub(super) const ANSWER_SEMAPHORE: u32 = 2;
 
-/// A rendezvous section of either side: who its device is, and what it offers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A rendezvous section of either side: who its device is, what it offers, and (a consumer
+/// that serves no GPU route) why not.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Identity {
     pub(super) flags: u32,
     pub(super) device_uuid: [u8; 16],
     pub(super) driver_uuid: [u8; 16],
+    pub(super) declined: String,
 }
+
+/// The longest reason a section carries.
+const MAX_REASON: usize = 512;
 
 impl Identity {
     const LEN: usize = 40;
 
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(Self::LEN);
+        let mut out = Vec::with_capacity(Self::LEN + self.declined.len());
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.device_uuid);
         out.extend_from_slice(&self.driver_uuid);
+        let mut end = self.declined.len().min(MAX_REASON);
+        while !self.declined.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.extend_from_slice(&self.declined.as_bytes()[..end]);
         out
     }
 
     pub(super) fn decode(bytes: &[u8], whose: &str) -> Result<Identity> {
-        if bytes.len() != Self::LEN {
-            return Err(Error::Corrupt(format!("the {whose}'s GPU route section has {} bytes, not {}", bytes.len(), Self::LEN)));
+        if !(Self::LEN..=Self::LEN + MAX_REASON).contains(&bytes.len()) {
+            return Err(Error::Corrupt(format!("the {whose}'s GPU route section has {} bytes", bytes.len())));
         }
         let version = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
         if version != VERSION {
@@ -46,6 +56,7 @@ impl Identity {
             flags: u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
             device_uuid: bytes[8..24].try_into().expect("16 bytes"),
             driver_uuid: bytes[24..40].try_into().expect("16 bytes"),
+            declined: String::from_utf8_lossy(&bytes[40..]).into_owned(),
         })
     }
 }
@@ -142,9 +153,10 @@ mod tests {
 
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
-        let id = Identity { flags: ANSWER_GPU, device_uuid: [1; 16], driver_uuid: [2; 16] };
+        let id = Identity { flags: ANSWER_GPU, device_uuid: [1; 16], driver_uuid: [2; 16], declined: "none é".into() };
         assert_eq!(Identity::decode(&id.encode(), "peer").unwrap(), id);
         assert!(matches!(Identity::decode(&[0; 3], "peer"), Err(Error::Corrupt(_))));
+        assert!(matches!(Identity::decode(&[0; 600], "peer"), Err(Error::Corrupt(_))));
         let mut other = id.encode();
         other[0] = 9;
         assert!(matches!(Identity::decode(&other, "peer"), Err(Error::Unsupported(_))));
