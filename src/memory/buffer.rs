@@ -565,3 +565,15 @@ impl Drop for Buffer {
         // Dedicated and imported arenas are released with their last Arc.
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_read_as_words() {
+        assert_eq!(BufferOrigin::Allocated.to_string(), "allocated");
+        assert_eq!(BufferOrigin::Registered.to_string(), "registered user memory");
+        assert_eq!(BufferOrigin::Imported { exporter_pid: 42 }.to_string(), "imported from process 42");
+    }
+}
