@@ -224,8 +224,9 @@ impl Buffer {
     pub fn host_ptr(&self) -> Result<*mut u8> {
         self.ptr.map(NonNull::as_ptr).ok_or_else(|| {
             Error::InvalidState(format!(
-                "buffer {} is {} that the host cannot map; move its data with write_at/read_at \
-                 (lf_buffer_write/lf_buffer_read), which stage through the GPU, or Context::copy",
+                "buffer {} is {} that the host cannot map; move its data with the buffer write and \
+                 read calls (lf_buffer_write/lf_buffer_read), which stage through the GPU, or copy it \
+                 to another buffer (lf_buffer_copy)",
                 self.info.id, self.info.location
             ))
         })
@@ -447,7 +448,7 @@ impl Buffer {
         Err(Error::Unsupported(match &self.backing {
             Backing::Registered => format!(
                 "buffer {} is registered user memory, which lives in no memory file another process \
-                 can map; allocate it with Context::allocate (lf_alloc) to send it by reference, or \
+                 can map; allocate it from the context (lf_alloc) to send it by reference, or \
                  send a copy",
                 self.info.id
             ),
@@ -563,5 +564,17 @@ impl Drop for Buffer {
             pool.release(arena, *offset, *order);
         }
         // Dedicated and imported arenas are released with their last Arc.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_read_as_words() {
+        assert_eq!(BufferOrigin::Allocated.to_string(), "allocated");
+        assert_eq!(BufferOrigin::Registered.to_string(), "registered user memory");
+        assert_eq!(BufferOrigin::Imported { exporter_pid: 42 }.to_string(), "imported from process 42");
     }
 }

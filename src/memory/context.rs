@@ -47,7 +47,7 @@ pub struct ContextConfig {
     /// why there is no device) instead of CPU memory that reports the fallback.
     pub strict_gpu: bool,
     /// The size of pooled GPU arenas (one exportable `VkDeviceMemory` each), in bytes.
-    /// Buffers larger than this get an allocation of their own.
+    /// Buffers larger than a quarter of it get an allocation of their own.
     pub gpu_arena_size: u64,
 }
 

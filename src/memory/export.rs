@@ -324,7 +324,7 @@ pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
         Backing::Registered => {
             return Err(Error::Unsupported(format!(
                 "buffer {} is registered user memory, which lives in no shareable memory file; \
-                 allocate it with Context::allocate to export it",
+                 allocate it from the context (lf_alloc) to export it",
                 buffer.id()
             )))
         }

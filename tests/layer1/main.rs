@@ -7,3 +7,5 @@ mod scope_detection;
 mod gpu_context;
 #[cfg(feature = "vulkan")]
 mod gpu_memory;
+#[cfg(feature = "vulkan")]
+mod gpu_sharing;

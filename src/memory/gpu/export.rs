@@ -418,6 +418,19 @@ mod tests {
     }
 
     #[test]
+    fn handle_types_print_by_their_vulkan_names() {
+        let shown = sample().to_string();
+        assert!(shown.contains("OPAQUE_FD") && !shown.contains("Some("), "{shown}");
+        let mut unknown = sample();
+        unknown.handle_type = 0x40;
+        assert!(unknown.to_string().contains("unknown handle type 0x40"), "{unknown}");
+        assert_eq!(HandleType::DmaBuf.to_string(), "DMA_BUF");
+        let both = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD | vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
+        assert_eq!(describe_handle_types(both), "OPAQUE_FD|DMA_BUF");
+        assert_eq!(describe_handle_types(vk::ExternalMemoryHandleTypeFlags::empty()), "no handle type");
+    }
+
+    #[test]
     fn desc_round_trips_through_bytes() {
         let d = sample();
         assert_eq!(GpuExportDesc::from_bytes(&d.to_bytes()).unwrap(), d);

@@ -5,7 +5,7 @@
 //! - [`VulkanDevice::open`] opens the device eagerly and reports it ([`DeviceInfo`]).
 //! - [`GpuAllocator`] hands out [`GpuBuffer`]s of [`GpuMemoryKind::DeviceLocal`] or
 //!   [`GpuMemoryKind::HostVisible`] memory from pooled exportable arenas (64 MiB by default;
-//!   larger requests get their own): one exported fd serves every buffer of an arena.
+//!   requests larger than a quarter of that get their own): one exported fd serves every buffer of an arena.
 //! - [`GpuBuffer::export`] gives a [`GpuExport`] (a validated `#[repr(C)]` [`GpuExportDesc`] and
 //!   an owned fd); [`GpuImporter::import`] imports it on this process's own device, once per
 //!   arena, refusing exports of another GPU or driver.

@@ -165,9 +165,9 @@ impl TimelineSemaphore {
     pub fn signal(&self, value: u64) -> Result<()> {
         let info = vk::SemaphoreSignalInfo::default().semaphore(self.semaphore).value(value);
         let what = format!("vkSignalSemaphore({value})");
-        // SAFETY: the semaphore is a live timeline semaphore of this device; the api matching
-        // how timeline semaphores were enabled is used.
         match self.api() {
+            // SAFETY: the semaphore is a live timeline semaphore of this device; the entry
+            // point matches how timeline semaphores were enabled.
             TimelineApi::Core => unsafe { self.device.shared.device.signal_semaphore(&info) },
             // SAFETY: as above.
             TimelineApi::Khr(khr) => unsafe { khr.signal_semaphore(&info) },
