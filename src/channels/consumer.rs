@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::transport::{ConsumerTransport, RawView, RouteReceiver, RoutedPayload, TransportInfo};
+use super::transport::{ConsumerTransport, Packed, RawView, RouteReceiver, RoutedPayload, TransportInfo};
 use super::transports::{self, AnyConsumer, MessageReleaser};
 use super::{plan_routes, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
@@ -187,11 +187,18 @@ impl Consumer {
                 self.name, view.token
             )));
         };
+        // Copied out of shared memory once, so that what is checked is what is used.
+        let mut copy = [0u8; Packed::MAX_DESCRIPTOR];
+        let len = view.len.min(copy.len());
         // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
-        // which stays mapped while the view is held.
-        let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) }.to_vec();
+        // which stays mapped while the view is held; `copy` holds `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(view.ptr, copy.as_mut_ptr(), len) };
+        if view.len > copy.len() {
+            return Err(Error::Corrupt(format!("channel {:?}: message {} has a {}-byte route descriptor", self.name, view.token, view.len)));
+        }
+        let descriptor = &copy[..len];
         loop {
-            if let Some(payload) = gpu.resolve(&descriptor)? {
+            if let Some(payload) = gpu.resolve(descriptor)? {
                 return Ok(payload);
             }
             let attachments = self.transport.take_attachments()?;

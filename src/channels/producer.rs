@@ -301,11 +301,10 @@ impl Producer {
         };
         let packed = gpu.pack(buffer, offset, len, ready_value)?;
         let route = gpu.route_id();
-        if !self.routed_in_flight.is_empty() {
-            let done = self.transport.completed()?;
-            self.forget_completed(done);
-        }
-        let seq = self.transport.send_routed(route, &packed.descriptor, packed.attachments, deadline)?;
+        let done = self.transport.completed_hint();
+        self.forget_completed(done);
+        let descriptor = &packed.descriptor[..packed.descriptor_len];
+        let seq = self.transport.send_routed(route, descriptor, packed.attachments, deadline)?;
         self.routed_in_flight.push_back((seq, packed.keep_alive));
         Ok(seq)
     }

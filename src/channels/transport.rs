@@ -269,6 +269,10 @@ pub trait ProducerTransport: Send {
     /// How many messages the consumer has released (all sequence numbers below it are done).
     fn completed(&mut self) -> Result<u64>;
 
+    /// What the last look at the consumer's releases found, without looking again (no
+    /// cross-core read): a lower bound of [`completed`](Self::completed).
+    fn completed_hint(&self) -> u64;
+
     /// Waits until `completed() > seq`.
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()>;
 
@@ -382,9 +386,16 @@ pub trait ConsumerTransport: Send {
 /// arena's memory file the first time) and what keeps the memory alive until the consumer
 /// releases the message.
 pub struct Packed {
-    pub descriptor: Vec<u8>,
+    /// The descriptor's first `descriptor_len` bytes (no allocation per message).
+    pub descriptor: [u8; Packed::MAX_DESCRIPTOR],
+    pub descriptor_len: usize,
     pub attachments: Vec<Section>,
     pub keep_alive: Arc<dyn Any + Send + Sync>,
+}
+
+impl Packed {
+    /// The longest descriptor a route may pack.
+    pub const MAX_DESCRIPTOR: usize = 64;
 }
 
 /// The sending half of a payload route.

@@ -451,3 +451,52 @@ fn gpu_channel_cycles_leak_nothing() {
         }
     }
 }
+
+/// The producer on GPU 0, the consumer on GPU 1 (device UUIDs differ): detected at connect,
+/// reported, and GPU buffers staged through host memory; strict channels refuse. Skips on a
+/// host with fewer than two Vulkan devices.
+#[test]
+fn a_consumer_on_another_gpu_gets_staged_buffers() {
+    const TEST: &str = "gpu::a_consumer_on_another_gpu_gets_staged_buffers";
+    const LEN: usize = 4 << 20;
+    let on_device = |index: u32| {
+        let mut config = ContextConfig::default();
+        config.gpu = lava_flow::memory::GpuPolicy::Required;
+        config.gpu_device = Some(lava_flow::memory::DeviceSelector::Index(index));
+        Context::new(config).expect("a context on that device")
+    };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let context = on_device(0);
+            let mut p = Producer::create(&context, "gpu-cross", &here(), &here(), &gpu_config()).unwrap();
+            let reason = p.transport().reason.clone();
+            assert!(reason.contains("staged") && reason.contains("another GPU"), "{reason}");
+            let buffer = context.allocate(LEN, MemoryLocation::GpuDeviceLocal).unwrap();
+            for seq in 0..8 {
+                write_message(&buffer, 0, LEN, seq);
+                p.send_buffer(&buffer, 0, LEN).unwrap();
+            }
+            p.wait_completed(7, Some(Duration::from_secs(30))).unwrap();
+            println!("{reason}");
+        }
+        Some("consumer") => {
+            let context = on_device(1);
+            let mut c = Consumer::create(&context, "gpu-cross", &here(), &here(), &gpu_config()).unwrap();
+            for seq in 0..8 {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                assert!(m.buffer().is_none(), "staged: host bytes");
+                check(&m, seq);
+            }
+        }
+        Some(_) => {}
+        None => {
+            let Some(context) = gpu_ctx() else { return };
+            let devices = context.device_info().map_or(0, |d| d.all_devices.len());
+            if devices < 2 {
+                eprintln!("skipped: {devices} Vulkan device(s); this test needs two GPUs");
+                return;
+            }
+            run_pair(TEST, "gpu-cross");
+        }
+    }
+}

@@ -328,6 +328,10 @@ impl ProducerTransport for AnyProducer {
     fn completed(&mut self) -> Result<u64> {
         forward!(self, t => t.completed())
     }
+    #[inline]
+    fn completed_hint(&self) -> u64 {
+        forward!(self, t => t.completed_hint())
+    }
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
         forward!(self, t => t.wait_completed(seq, deadline))
     }

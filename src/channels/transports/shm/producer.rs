@@ -510,6 +510,11 @@ impl ProducerTransport for ShmProducer {
         Ok(self.tail)
     }
 
+    #[inline]
+    fn completed_hint(&self) -> u64 {
+        self.tail
+    }
+
     fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
         self.check_region(region, offset, len)?;
         loop {

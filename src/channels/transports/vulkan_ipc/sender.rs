@@ -235,7 +235,9 @@ impl RouteSender for Sender {
         let mut attachments = Vec::new();
         let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), &mut attachments)?;
         let descriptor = Descriptor { slot, generation, offset: gpu.offset() + offset as u64, len: len as u64, ready_value };
-        Ok(Packed { descriptor: descriptor.encode(), attachments, keep_alive: gpu.arena_keep_alive() })
+        let mut packed = Packed { descriptor: [0; Packed::MAX_DESCRIPTOR], descriptor_len: Descriptor::LEN, attachments, keep_alive: gpu.arena_keep_alive() };
+        packed.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
+        Ok(packed)
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {

@@ -127,13 +127,13 @@ pub(super) struct Descriptor {
 impl Descriptor {
     pub(super) const LEN: usize = 32;
 
-    pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(Self::LEN);
-        out.extend_from_slice(&self.slot.to_le_bytes());
-        out.extend_from_slice(&self.generation.to_le_bytes());
-        out.extend_from_slice(&self.offset.to_le_bytes());
-        out.extend_from_slice(&self.len.to_le_bytes());
-        out.extend_from_slice(&self.ready_value.to_le_bytes());
+    pub(super) fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[0..4].copy_from_slice(&self.slot.to_le_bytes());
+        out[4..8].copy_from_slice(&self.generation.to_le_bytes());
+        out[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        out[16..24].copy_from_slice(&self.len.to_le_bytes());
+        out[24..32].copy_from_slice(&self.ready_value.to_le_bytes());
         out
     }
 

@@ -22,6 +22,12 @@
 //!   single-thread memcpy. lava-flow's ratio to each is printed with the targets.
 //!
 //! The two processes (fork) are pinned to cores 0 and 1 unless `--no-pin`.
+//!
+//! `lf-bench --gpu [--quick] [--json]` measures GPU buffers through channels instead: see
+//! `gpu.rs`.
+
+#[cfg(feature = "vulkan")]
+mod gpu;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +96,7 @@ fn options() -> Options {
     while i < args.len() {
         match args[i].as_str() {
             "--quick" => o.quick = true,
+            "--gpu" => {}
             "--json" => o.json = true,
             "--no-pin" => o.pin = false,
             "--sizes" => o.sizes = value(&mut i).split(',').map(parse_size).collect(),
@@ -912,6 +919,13 @@ fn print_json(r: &Results, o: &Options) {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "--gpu") {
+        #[cfg(feature = "vulkan")]
+        gpu::main(std::env::args().any(|a| a == "--quick"), std::env::args().any(|a| a == "--json"));
+        #[cfg(not(feature = "vulkan"))]
+        die("this lf-bench was built without the cargo feature `vulkan`");
+        return;
+    }
     let o = options();
     // A private runtime dir unless the caller chose one.
     let tag = format!("lfb{}", std::process::id());

@@ -1,0 +1,269 @@
+//! `lf-bench --gpu`: GPU buffers through a channel between two processes on one GPU, next to
+//! 64-byte messages on the same channels, measured in the same run.
+//!
+//! - `handoff`: a ping-pong in which each hop hands over a GPU buffer by reference (ready,
+//!   its arena already imported): the half round trip, and its ratio to the same ping-pong
+//!   with 64-byte messages on the same channels.
+//! - `gpu-work`: the same ping-pong, but each side copies the buffer it received into a
+//!   buffer of its own on the GPU (`Context::copy`, which waits for the copy) before
+//!   answering with that buffer: the hand-off with GPU work on both sides.
+//! - `copy`: the receiver copies a received buffer into its own GPU memory (GB/s of bytes
+//!   copied, 10 copies), and the same copy between two of its own buffers in-process.
+//! - `import`: the first receive of a buffer from a fresh arena (the arena is imported then),
+//!   against a receive from an arena already imported; and the arenas imported for all the
+//!   messages of the run (re-imports per message: none).
+//!
+//! The ping side is the parent (pinned to core 0), the pong side a forked child (core 1).
+
+use std::time::{Duration, Instant};
+
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
+use lava_flow::memory::{Buffer, Context, ContextConfig, GpuPolicy, MemoryLocation};
+use lava_flow::ProcessLocation;
+
+fn die(msg: &str) -> ! {
+    eprintln!("lf-bench --gpu: {msg}");
+    std::process::exit(2)
+}
+
+struct Ends {
+    tx: Producer,
+    rx: Consumer,
+}
+
+fn open(context: &Context, tag: &str, ping: bool) -> Ends {
+    let here = ProcessLocation::from_hostname().expect("hostname");
+    let cfg = ChannelConfig { wait: WaitStrategy::BusyPoll, rendezvous_timeout: Some(Duration::from_secs(60)), ..ChannelConfig::default() };
+    let (out, back) = (format!("{tag}-a2b"), format!("{tag}-b2a"));
+    if ping {
+        let tx = Producer::create(context, &out, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        let rx = Consumer::create(context, &back, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        Ends { tx, rx }
+    } else {
+        let rx = Consumer::create(context, &out, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        let tx = Producer::create(context, &back, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        Ends { tx, rx }
+    }
+}
+
+fn p50_p99(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// What one hop of a ping-pong carries.
+#[derive(Clone, Copy, PartialEq)]
+enum Hop {
+    Bytes64,
+    Handoff,
+    GpuWork,
+}
+
+/// One ping-pong row: half round trips in ns on the ping side.
+fn pingpong(context: &Context, ends: &mut Ends, ping: bool, hop: Hop, size: usize, iters: usize) -> Option<(f64, f64)> {
+    let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    let scratch = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    let warm = iters / 10 + 10;
+    let mut samples = Vec::with_capacity(iters);
+    let small = [7u8; 64];
+    let send = |ends: &mut Ends| -> u64 {
+        match hop {
+            Hop::Bytes64 => ends.tx.send(&small).expect("send"),
+            _ => ends.tx.send_buffer(&mine, 0, size).expect("send_buffer"),
+        }
+    };
+    let receive = |ends: &mut Ends| {
+        let m = ends.rx.recv().expect("recv");
+        if hop == Hop::GpuWork {
+            let received = m.buffer().expect("a GPU buffer");
+            context.copy(&scratch, 0, received, 0, size).expect("GPU copy");
+        }
+    };
+    let mut last = None;
+    for i in 0..warm + iters {
+        let t0 = Instant::now();
+        if ping {
+            if hop == Hop::GpuWork {
+                context.copy(&mine, 0, &scratch, 0, size).expect("GPU copy");
+            }
+            // The previous hand-off of `mine` must be complete before it goes again.
+            if let Some(seq) = last {
+                ends.tx.wait_completed(seq, None).expect("completion");
+            }
+            last = Some(send(ends));
+            receive(ends);
+            if i >= warm {
+                samples.push(t0.elapsed().as_nanos() as f64 / 2.0);
+            }
+        } else {
+            receive(ends);
+            if let Some(seq) = last {
+                ends.tx.wait_completed(seq, None).expect("completion");
+            }
+            last = Some(send(ends));
+        }
+    }
+    if let Some(seq) = last {
+        ends.tx.wait_completed(seq, None).expect("completion");
+    }
+    ping.then(|| p50_p99(samples))
+}
+
+/// GB/s of bytes copied: the pong side copies a received buffer, then its own.
+fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize) -> Option<(f64, f64)> {
+    const REPS: usize = 10;
+    if ping {
+        let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+        let seq = ends.tx.send_buffer(&mine, 0, size).expect("send_buffer");
+        let m = ends.rx.recv().expect("the pong side's rates");
+        ends.tx.wait_completed(seq, None).expect("completion");
+        let rates: Vec<f64> = m.chunks(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        return Some((rates[0], rates[1]));
+    }
+    let m = ends.rx.recv().expect("recv");
+    let received = m.buffer().expect("a GPU buffer");
+    let own = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    let other = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    let rate = |src: &Buffer| {
+        context.copy(&own, 0, src, 0, size).expect("warm-up copy");
+        let t0 = Instant::now();
+        for _ in 0..REPS {
+            context.copy(&own, 0, src, 0, size).expect("copy");
+        }
+        (size * REPS) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let (imported, local) = (rate(received), rate(&other));
+    drop(m);
+    let mut bytes = imported.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&local.to_le_bytes());
+    ends.tx.send(&bytes).expect("send rates");
+    None
+}
+
+/// The first receive from a fresh arena of `size` bytes against a receive from it once
+/// imported, in µs, as the pong side times its successful `try_recv`.
+fn first_import(context: &Context, ends: &mut Ends, ping: bool, size: usize) -> Option<(f64, f64)> {
+    if ping {
+        let fresh = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+        for _ in 0..2 {
+            let seq = ends.tx.send_buffer(&fresh, 0, 64).expect("send_buffer");
+            ends.tx.wait_completed(seq, None).expect("completion");
+        }
+        let m = ends.rx.recv().expect("the pong side's times");
+        let t: Vec<f64> = m.chunks(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        return Some((t[0], t[1]));
+    }
+    let mut times = Vec::new();
+    for _ in 0..2 {
+        let (m, took) = loop {
+            let t0 = Instant::now();
+            match ends.rx.try_recv() {
+                Ok(m) => break (m, t0.elapsed()),
+                Err(lava_flow::Error::WouldBlock(_)) => std::hint::spin_loop(),
+                Err(e) => die(&e.to_string()),
+            }
+        };
+        assert!(m.buffer().is_some());
+        times.push(took.as_secs_f64() * 1e6);
+    }
+    let bytes: Vec<u8> = times.iter().flat_map(|t| t.to_le_bytes()).collect();
+    ends.tx.send(&bytes).expect("send times");
+    None
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 30 => format!("{} GiB", s >> 30),
+        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+pub(crate) fn main(quick: bool, json: bool) {
+    let tag = format!("lfg{}", std::process::id());
+    if std::env::var_os("LF_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("{tag}-rt"));
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).expect("runtime dir");
+        std::env::set_var("LF_RUNTIME_DIR", &dir);
+    }
+    // SAFETY: no threads exist yet; the child runs only this function's code.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    let ping = child > 0;
+    super::pin_to(if ping { 0 } else { 1 });
+    let mut config = ContextConfig::default();
+    config.gpu = GpuPolicy::Required;
+    let context = Context::new(config).unwrap_or_else(|e| die(&format!("no GPU: {e}")));
+    let mut ends = open(&context, &tag, ping);
+    let iters = if quick { 2_000 } else { 20_000 };
+    let sizes = [4usize << 10, 1 << 20, 64 << 20];
+    let mut rows = Vec::new();
+    let mut row = |name: &str, size: usize, values: Option<(f64, f64)>, unit: &str| {
+        if let Some((a, b)) = values {
+            rows.push((name.to_owned(), size, a, b, unit.to_owned()));
+        }
+    };
+    let base = pingpong(&context, &mut ends, ping, Hop::Bytes64, 64, iters);
+    row("bytes-64", 64, base, "ns p50/p99");
+    for &size in &sizes {
+        let r = pingpong(&context, &mut ends, ping, Hop::Handoff, size, iters);
+        row("handoff", size, r, "ns p50/p99");
+    }
+    for &size in &sizes[..2] {
+        let r = pingpong(&context, &mut ends, ping, Hop::GpuWork, size, iters / 10);
+        row("gpu-work", size, r, "ns p50/p99");
+    }
+    for size in [1usize << 20, 16 << 20, 64 << 20, 256 << 20] {
+        let r = copy_rate(&context, &mut ends, ping, size);
+        row("copy", size, r, "GB/s imported/in-process");
+    }
+    let import_sizes: &[usize] = if quick { &[20 << 20, 64 << 20] } else { &[20 << 20, 64 << 20, 256 << 20, 1 << 30] };
+    for &size in import_sizes {
+        let r = first_import(&context, &mut ends, ping, size);
+        row("import", size, r, "us first/imported");
+    }
+    let imports = context.imported_arenas();
+    let reason = ends.tx.transport().reason.clone();
+    if !ping {
+        drop(ends);
+        std::process::exit(0);
+    }
+    drop(ends);
+    let mut status = 0;
+    // SAFETY: waiting for the child we forked.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    if let Ok(dir) = std::env::var("LF_RUNTIME_DIR") {
+        if dir.contains(&tag) {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+    let device = context.device_info().map(|d| d.name.clone()).unwrap_or_default();
+    let bytes64 = rows.iter().find(|r| r.0 == "bytes-64").map_or(f64::NAN, |r| r.2);
+    if json {
+        let out: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, size, a, b, unit)| serde_json::json!({"case": name, "size": size, "a": a, "b": b, "unit": unit}))
+            .collect();
+        println!("{}", serde_json::json!({"device": device, "route": reason, "rows": out, "child_status": status}));
+        return;
+    }
+    println!("lf-bench --gpu on {device}\nroute: {reason}\n");
+    println!("{:<10} {:>8} {:>12} {:>12}  {}", "case", "size", "a", "b", "unit / ratio");
+    for (name, size, a, b, unit) in &rows {
+        let ratio = match name.as_str() {
+            "handoff" => format!("  p50 = {:.2}x the 64 B message (target <= 1.2x)", a / bytes64),
+            "copy" => format!("  imported/in-process = {:.3} (target >= 0.95)", a / b),
+            _ => String::new(),
+        };
+        println!("{name:<10} {:>8} {a:>12.1} {b:>12.1}  {unit}{ratio}", human(*size));
+    }
+    println!("\narenas imported by the ping side for all its messages: {imports} (each arena once per channel)");
+    if status != 0 {
+        die("the pong side failed");
+    }
+}
