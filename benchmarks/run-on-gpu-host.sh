@@ -1,35 +1,44 @@
 #!/bin/bash
-# Runs lava-flow's GPU tests, the CUDA example and the GPU benchmarks on a machine with an
-# NVIDIA GPU but no Rust toolchain; writes logs to $OUT. Prepare, on the build machine:
-#   .device/layer1, .device/layer2   cargo test --test layer1 (layer2) --no-run   (the binaries it names)
-#   .device/libtests        cargo test --lib --no-run
-#   .device/lf-gpu-bench, .device/lf-bench (.device/lf-alloc-bench optional)   cargo build --release --bin ...
-#   .device/prefix          cmake --install of the release build
+# Runs lava-flow's GPU tests, the CUDA examples and the GPU benchmarks (lf-bench --gpu next to
+# plain CUDA IPC, with and without the MPS daemon) on a machine with NVIDIA GPUs but no Rust
+# toolchain. Logs go to $OUT/results.tar.gz (and a summary to stdout). Prepare, on the build
+# machine:
+#   .device/layer1, .device/layer2, .device/libtests   cargo test --release --all-features --no-run
+#                                                      (the binaries it names, stripped)
+#   .device/lf-bench, .device/lf-gpu-bench             cargo build --release --all-features --bin ...
+#   .device/prefix          cmake --install of a Release build (-DBUILD_TESTING=OFF)
 #   .gl/*.deb               the Vulkan loader packages (libvulkan1 etc.), when the host lacks one
-# Set SKIP_BENCH=1 to run only the tests and the example.
+# SKIP_BENCH=1 runs only the tests and the examples.
 set -u
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
-export XDG_RUNTIME_DIR=/tmp
-{ date -u; uname -r; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } 2>&1 | tee $OUT/machine.txt
-echo "== layer1 tests (GPU required)"
-LF_REQUIRE_VULKAN=1 LF_REQUIRE_CUDA=1 timeout 300 .device/layer1 --test-threads=1 2>&1 | tee $OUT/layer1-tests.txt | tail -40
-echo "== lib unit tests"
-LF_REQUIRE_VULKAN=1 timeout 120 .device/libtests --test-threads=1 2>&1 | tee $OUT/lib-tests.txt | tail -5
-echo "== layer2 channel tests"
-timeout 200 .device/layer2 --test-threads=2 2>&1 | tee $OUT/layer2-tests.txt | tail -5
-echo "== CUDA and OpenCL examples against the installed prefix"
-export PATH=/usr/local/cuda/bin:$PATH
-(cmake -S examples-cpp -B /tmp/bc -DCMAKE_PREFIX_PATH=$PWD/.device/prefix && cmake --build /tmp/bc -j8 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bc --output-on-failure -V) 2>&1 | tee $OUT/cuda-example.txt | tail -12
-(ls /etc/OpenCL/vendors/ 2>&1; cmake -S examples-c -B /tmp/bcl "-DCMAKE_PREFIX_PATH=$PWD/.device/prefix;/usr/local/cuda" && cmake --build /tmp/bcl -j8 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bcl --output-on-failure -V) 2>&1 | tee $OUT/c-examples.txt | tail -40
-echo "== lf-bench --quick (a 16-core host; the targets are for the 2-core CI machine)"
-timeout 120 .device/lf-bench --quick 2>&1 | tee $OUT/lf-bench-quick.txt | tail -25
+export XDG_RUNTIME_DIR=/tmp PATH=/usr/local/cuda/bin:$PATH
+res=/tmp/lf-results; rm -rf $res; mkdir -p $res
+{ date -u; uname -r; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } 2>&1 | tee $res/machine.txt
+run() { local name=$1; shift; echo "== $name"; "$@" > $res/$name.txt 2>&1; local rc=$?; tail -${TAIL:-4} $res/$name.txt; echo "   (exit $rc)"; }
+TAIL=3 run layer1-tests env LF_REQUIRE_VULKAN=1 LF_REQUIRE_CUDA=1 timeout 300 .device/layer1 --test-threads=1
+TAIL=3 run lib-tests env LF_REQUIRE_VULKAN=1 timeout 120 .device/libtests --test-threads=1
+TAIL=3 run layer2-tests env LF_REQUIRE_VULKAN=1 timeout 300 .device/layer2 --test-threads=2
+grep -E "^test gpu::|staged|vulkan_ipc" $res/layer2-tests.txt | head -20
+echo "== CUDA examples against the installed prefix"
+(cmake -S examples-cpp -B /tmp/bc -DCMAKE_PREFIX_PATH=$PWD/.device/prefix && cmake --build /tmp/bc -j16 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bc --output-on-failure -V) > $res/cuda-examples.txt 2>&1
+grep -E "PASS|FAIL|Passed|Failed|cuda imports|semaphore|transport" $res/cuda-examples.txt | head -20
+nvcc -O2 -o /tmp/cuda_ipc_pingpong benchmarks/cuda_ipc_pingpong.cu > $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
 if [ -z "${SKIP_BENCH:-}" ]; then
-echo "== lf-gpu-bench"
-timeout 200 .device/lf-gpu-bench 2>&1 | tee $OUT/gpu-bench.txt
-timeout 120 .device/lf-gpu-bench --json > $OUT/gpu-bench.json 2>$OUT/gpu-bench.err
-echo "== lf-alloc-bench"
-if [ -x .device/lf-alloc-bench ]; then timeout 60 .device/lf-alloc-bench 2>&1 | tee $OUT/alloc-bench.txt; fi
+  TAIL=30 run lf-bench-gpu timeout 240 .device/lf-bench --gpu
+  TAIL=2 run cuda-ipc timeout 120 /tmp/cuda_ipc_pingpong
+  grep -E "^JSON" $res/cuda-ipc.txt | grep -E '"handoff"|"gpu_pingpong"|"open_cost"|"copy"' | head -20
+  echo "== with the MPS daemon"
+  mkdir -p /tmp/mps /tmp/mpslog
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  nvidia-cuda-mps-control -d && sleep 1
+  TAIL=2 run cuda-ipc-mps timeout 120 /tmp/cuda_ipc_pingpong
+  grep -E "^JSON" $res/cuda-ipc-mps.txt | grep -E '"handoff"|"gpu_pingpong"' | head -12
+  TAIL=6 run cuda-consumer-mps env LD_LIBRARY_PATH=$PWD/.device/prefix/lib timeout 120 /tmp/bc/lf_cuda_consumer
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  TAIL=14 run lf-bench-quick timeout 150 .device/lf-bench --quick --modes busy,block
 fi
+tar -czf $OUT/results.tar.gz -C /tmp lf-results

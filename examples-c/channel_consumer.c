@@ -1,6 +1,11 @@
 /* The consumer half of the two-process channel demo (see channel_demo.h):
  *   lf_channel_consumer NAME
- * Start lf_channel_producer NAME too, in either order. */
+ * Start lf_channel_producer NAME too, in either order.
+ *
+ * After the phases of channel_demo.h comes 5. GPU buffers (see channel_producer.c): the
+ * producer's marker says whether GPU buffers follow; each is checked byte by byte, read through
+ * lf_message_buffer + lf_buffer_read when it came by reference (LF_MESSAGE_GPU), from the
+ * message's bytes when the producer staged it. */
 #include "channel_demo.h"
 
 #define CHECK(call) do { lf_status s_ = (call); if (s_ != LF_OK) return demo_fail("consumer", #call, s_); } while (0)
@@ -14,7 +19,8 @@ int main(int argc, char **argv) {
     snprintf(reply_name, sizeof reply_name, "%s.reply", argv[1]);
     lf_channel *in = NULL, *out = NULL;
     lf_context *context = NULL;
-    CHECK(demo_context(&context));
+    /* The defaults: the GPU opened where there is one, so that GPU buffers come by reference. */
+    CHECK(lf_context_create(NULL, &context));
     CHECK(demo_open(context, argv[1], LF_ROLE_CONSUMER, &in));
     CHECK(demo_open(context, reply_name, LF_ROLE_PRODUCER, &out));
     demo_print_transport("consumer", in);
@@ -74,6 +80,62 @@ int main(int argc, char **argv) {
                phase == 3 ? "bandwidth, written into the channel" : "bandwidth, buffer sends by reference",
                (double)(DEMO_BULK - 1) * DEMO_BULK_SIZE / seconds / 1e9);
     }
+
+    /* 5. GPU buffers: the marker, then as many 1 MiB buffers as it says. */
+    lf_message m;
+    char marker[1024];
+    CHECK(lf_recv(in, DEMO_TIMEOUT_NS, &m));
+    size_t marker_len = m.len < sizeof marker ? m.len : sizeof marker - 1;
+    memcpy(marker, m.data, marker_len);
+    marker[marker_len] = '\0';
+    CHECK(lf_release(in, &m));
+    int count = 0, offset = 0;
+    if (strncmp(marker, "no GPU ", 7) == 0) {
+        printf("consumer: GPU buffers skipped: the producer has no Vulkan device (%s)\n", marker + 7);
+    } else if (sscanf(marker, "GPU %d %n", &count, &offset) == 1 && count > 0 && offset > 0) {
+        const char *how = marker + offset;
+        uint8_t *bytes = malloc(DEMO_BULK_SIZE);
+        if (!bytes) return 1;
+        int by_reference = 0;
+        for (uint64_t i = 0; i < (uint64_t)count; i++) {
+            CHECK(lf_recv(in, DEMO_TIMEOUT_NS, &m));
+            const uint8_t *p = m.data;
+            if (m.flags & LF_MESSAGE_GPU) {
+                /* A GPU buffer of the producer's, imported here: read it through the buffer
+                 * the message lends (its memory need not be mapped in this process). */
+                const lf_buffer *buffer = NULL;
+                CHECK(lf_message_buffer(in, &m, &buffer));
+                CHECK(lf_buffer_read(buffer, 0, bytes, m.len < DEMO_BULK_SIZE ? m.len : DEMO_BULK_SIZE));
+                p = bytes;
+                by_reference++;
+            }
+            size_t at = 0;
+            if (m.len == DEMO_BULK_SIZE)
+                while (at < DEMO_BULK_SIZE && p[at] == demo_byte(i, at)) at++;
+            if (m.len != DEMO_BULK_SIZE || at != DEMO_BULK_SIZE) {
+                fprintf(stderr, "consumer: GPU buffer %llu is wrong (len %zu, flags %u, first bad byte at %zu)\n",
+                        (unsigned long long)i, m.len, m.flags, at);
+                return 1;
+            }
+            CHECK(lf_release(in, &m));
+        }
+        free(bytes);
+        const char *transport = "?";
+        CHECK(lf_channel_transport(in, &transport, NULL));
+        if (by_reference == count) {
+            printf("consumer: verified %d GPU buffers (1 MiB each) by reference through %s (%s)\n", count, transport, how);
+        } else if (by_reference == 0) {
+            printf("consumer: verified %d GPU buffers (1 MiB each), staged by the producer, not by reference (%s)\n",
+                   count, how);
+        } else {
+            fprintf(stderr, "consumer: %d of %d GPU buffers came by reference, the others staged\n", by_reference, count);
+            return 1;
+        }
+    } else {
+        fprintf(stderr, "consumer: unexpected phase 5 marker \"%s\"\n", marker);
+        return 1;
+    }
+
     uint64_t done = 1;
     CHECK(lf_send(out, &done, sizeof done, DEMO_TIMEOUT_NS, NULL));
 

@@ -12,7 +12,13 @@
  *   4. buffer sends: the same, but each message is a region of a buffer from lf_alloc sent
  *                 by reference (lf_send_buffer): the consumer reads the producer's pages
  *                 (LF_MESSAGE_ZERO_COPY), and the producer rewrites a region only once its
- *                 previous message is complete (lf_wait_completed). */
+ *                 previous message is complete (lf_wait_completed).
+ *   5. GPU buffers: where the producer's context has a GPU, DEVICE_LOCAL buffers sent with
+ *                 lf_send_buffer: by reference through the Vulkan IPC route when the
+ *                 consumer shares the GPU (lf_message_buffer + lf_buffer_read there), copied
+ *                 through host memory otherwise; a marker message says which, or why the
+ *                 phase is skipped. Both processes open the GPU as lf_context_create's
+ *                 defaults do (GPU if there is one). */
 #ifndef LAVA_FLOW_CHANNEL_DEMO_H
 #define LAVA_FLOW_CHANNEL_DEMO_H
 
@@ -58,15 +64,6 @@ static inline double demo_now_ns(void) {
 static inline int demo_fail(const char *who, const char *call, lf_status status) {
     fprintf(stderr, "%s: %s failed: %s\n  %s\n", who, call, lf_status_str(status), lf_last_error_message());
     return 1;
-}
-
-/* This process's memory context: CPU memory only (the demo needs no GPU). Sends of bytes
- * inside its buffers would go by reference. */
-static inline lf_status demo_context(lf_context **out) {
-    lf_context_config config;
-    memset(&config, 0, sizeof config);
-    config.gpu_policy = LF_GPU_DISABLED;
-    return lf_context_create(&config, out);
 }
 
 /* Opens one end of a channel between this process and a peer on the same host. */

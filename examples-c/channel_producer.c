@@ -1,7 +1,17 @@
 /* The producer half of the two-process channel demo (see channel_demo.h):
  *   lf_channel_producer NAME
- * Start lf_channel_consumer NAME too, in either order. */
+ * Start lf_channel_consumer NAME too, in either order.
+ *
+ * After the phases of channel_demo.h comes 5. GPU buffers: where this process's context has a
+ * GPU, a marker message "GPU <count> <how>" and then DEMO_GPU_BUFFERS messages, each a 1 MiB
+ * DEVICE_LOCAL buffer (one of DEMO_REGIONS, written with lf_buffer_write, rewritten only once
+ * its previous message is complete) sent with lf_send_buffer: by reference through the Vulkan
+ * IPC route where the consumer shares the GPU, else staged (copied through host memory). <how>
+ * is this end's sentence on GPU buffers: how they are synchronised, or why they are staged.
+ * Without a GPU the marker is "no GPU <why>" and nothing else follows. */
 #include "channel_demo.h"
+
+#define DEMO_GPU_BUFFERS 16
 
 #define CHECK(call) do { lf_status s_ = (call); if (s_ != LF_OK) return demo_fail("producer", #call, s_); } while (0)
 
@@ -19,7 +29,8 @@ int main(int argc, char **argv) {
     snprintf(reply_name, sizeof reply_name, "%s.reply", argv[1]);
     lf_channel *out = NULL, *in = NULL;
     lf_context *context = NULL;
-    CHECK(demo_context(&context));
+    /* The defaults: the GPU opened where there is one (phase 5), CPU memory otherwise. */
+    CHECK(lf_context_create(NULL, &context));
     CHECK(demo_open(context, argv[1], LF_ROLE_PRODUCER, &out));
     CHECK(demo_open(context, reply_name, LF_ROLE_CONSUMER, &in));
     demo_print_transport("producer", out);
@@ -89,12 +100,54 @@ int main(int argc, char **argv) {
         memset((uint8_t *)base + region * DEMO_BULK_SIZE, (int)(i & 0xff), DEMO_BULK_SIZE);
         CHECK(lf_send_buffer(out, buffer, region * DEMO_BULK_SIZE, DEMO_BULK_SIZE, DEMO_TIMEOUT_NS, &sent[region]));
     }
+    /* 5. GPU buffers, where this process has a GPU; the marker tells the consumer what follows. */
+    const char *no_gpu = NULL;
+    char marker[1024];
+    lf_buffer *gpu[DEMO_REGIONS] = {NULL};
+    CHECK(lf_context_gpu_unavailable_reason(context, &no_gpu));
+    if (no_gpu != NULL) {
+        snprintf(marker, sizeof marker, "no GPU %s", no_gpu);
+        CHECK(lf_send(out, marker, strlen(marker) + 1, DEMO_TIMEOUT_NS, NULL));
+        printf("producer: GPU buffers skipped: this process has no Vulkan device (%s)\n", no_gpu);
+    } else {
+        /* This end's word on GPU buffers: the synchronisation sentence when they go by
+         * reference, else the sentence on why they are staged. */
+        const char *transport = "?", *reason = "?", *how = NULL;
+        CHECK(lf_channel_transport(out, &transport, &reason));
+        int by_reference = strcmp(transport, "shm+vulkan_ipc") == 0;
+        if (by_reference) {
+            how = strstr(reason, "host-side synchronisation");
+            if (how == NULL) how = strstr(reason, "GPU-side synchronisation");
+        } else {
+            how = strstr(reason, "GPU buffers:");
+        }
+        if (how == NULL) how = reason;
+        snprintf(marker, sizeof marker, "GPU %d %s", DEMO_GPU_BUFFERS, how);
+        CHECK(lf_send(out, marker, strlen(marker) + 1, DEMO_TIMEOUT_NS, NULL));
+        uint8_t *pattern = malloc(DEMO_BULK_SIZE);
+        if (!pattern) return 1;
+        for (int b = 0; b < DEMO_REGIONS; b++)
+            CHECK(lf_alloc(context, DEMO_BULK_SIZE, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &gpu[b]));
+        for (uint64_t i = 0; i < DEMO_GPU_BUFFERS; i++) {
+            size_t b = (size_t)(i % DEMO_REGIONS);
+            /* By reference, the consumer may still be reading this buffer's previous message. */
+            if (i >= DEMO_REGIONS) CHECK(lf_wait_completed(out, sent[b], DEMO_TIMEOUT_NS));
+            for (size_t at = 0; at < DEMO_BULK_SIZE; at++) pattern[at] = demo_byte(i, at);
+            CHECK(lf_buffer_write(gpu[b], 0, pattern, DEMO_BULK_SIZE));
+            CHECK(lf_send_buffer(out, gpu[b], 0, DEMO_BULK_SIZE, DEMO_TIMEOUT_NS, &sent[b]));
+        }
+        free(pattern);
+        printf("producer: sent %d GPU buffers (DEVICE_LOCAL, 1 MiB each) %s %s\n", DEMO_GPU_BUFFERS,
+               by_reference ? "by reference through" : "staged through", transport);
+    }
+
     /* The consumer's reply says it has read everything. */
     lf_message done;
     CHECK(lf_recv(in, DEMO_TIMEOUT_NS, &done));
     CHECK(lf_release(in, &done));
 
     lf_free(buffer); /* every message pointing into it is complete */
+    for (int b = 0; b < DEMO_REGIONS; b++) lf_free(gpu[b]);
     free(half_rtt);
     free(scratch);
     lf_channel_free(in);

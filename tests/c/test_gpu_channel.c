@@ -130,10 +130,12 @@ static lf_channel *open_channel(const char *name, uint32_t role) {
 }
 
 /* The transport, which must be the GPU route; returns whether GPU buffers are synchronised on
- * the host (no shared semaphore), as the reason says. */
-static int check_transport(lf_channel *ch, const char *who) {
+ * the host (no shared semaphore), as the reason says; `*reason_out` (if not NULL) receives the
+ * reason. */
+static int check_transport(lf_channel *ch, const char *who, const char **reason_out) {
     const char *name = NULL, *reason = NULL;
     EXPECT(lf_channel_transport(ch, &name, &reason), LF_OK);
+    if (reason_out != NULL) *reason_out = reason != NULL ? reason : "";
     CHECK(name != NULL && strcmp(name, "shm+vulkan_ipc") == 0);
     CHECK(reason != NULL && strstr(reason, "vulkan_ipc") != NULL);
     printf("%s: transport %s (%s)\n", who, name ? name : "?", reason ? reason : "?");
@@ -195,11 +197,14 @@ static int run_producer(const char *name) {
     }
     lf_channel *ch = open_channel(name, LF_ROLE_PRODUCER);
     if (ch == NULL) return 1;
-    int host_sync = check_transport(ch, "producer");
+    const char *reason = NULL;
+    int host_sync = check_transport(ch, "producer", &reason);
     int shared = check_ready_semaphore(ch);
-    /* The reason and the semaphore agree. */
+    /* The reason and the semaphore agree: host-side synchronisation (lavapipe), or a shared
+     * timeline semaphore (NVIDIA). */
     CHECK(shared == !host_sync);
     if (host_sync) EXPECT_MESSAGE("host-side synchronisation");
+    if (shared) CHECK(strstr(reason, "GPU-side synchronisation through a shared timeline semaphore") != NULL);
 
     for (enum kind k = DEVICE_LOCAL; k <= CPU_BUFFER; k++) {
         uint32_t location = 0;
@@ -342,7 +347,7 @@ static int run_consumer(const char *name) {
     fds = open_fd_count();
     lf_channel *ch = open_channel(name, LF_ROLE_CONSUMER);
     if (ch == NULL) return 1;
-    int host_sync = check_transport(ch, "consumer");
+    int host_sync = check_transport(ch, "consumer", NULL);
     int shared = check_ready_semaphore(ch);
     /* The consumer's reason names the sync only where it says host-side; then no semaphore. */
     if (host_sync) CHECK(!shared);

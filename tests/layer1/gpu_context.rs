@@ -134,7 +134,7 @@ fn gpu_context_allocates_each_location_and_moves_data() {
             match buffer.host_ptr() {
                 Ok(ptr) => assert_eq!(context.find(ptr.wrapping_add(size - 1)).unwrap().info.id, buffer.id()),
                 Err(e) => {
-                    assert!(matches!(e, Error::InvalidState(ref m) if m.contains("write_at")), "{e}");
+                    assert!(matches!(e, Error::InvalidState(ref m) if m.contains("lf_buffer_write")), "{e}");
                     assert!(buffer.as_ptr().is_null());
                 }
             }

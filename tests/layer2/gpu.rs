@@ -192,6 +192,7 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
             assert!(matches!(p.send_buffer_after(&buffer, 0, LEN, 5, None), Err(Error::Unsupported(_))));
             assert!(matches!(p.ready_semaphore(), Err(Error::Unsupported(_))));
             p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+            drop(p);
             // Strict: the same channel refuses to stage (or, where semaphores cannot be shared,
             // to synchronise on the host), before or after meeting the consumer.
             let strict = ChannelConfig { strict_gpu: true, rendezvous_timeout: Some(Duration::from_secs(5)), ..config };

@@ -85,8 +85,7 @@ fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, contex
                 Err("vulkan_ipc is not in this build (cargo feature `vulkan`)".into())
             }
         }
-        TransportKind::VulkanIpc => Err("vulkan_ipc needs both processes on one host".into()),
-        _ => Err(format!("{kind} does not carry GPU buffers by reference")),
+        _ => Err(format!("{kind} needs both processes on one host")),
     }
 }
 
@@ -131,7 +130,7 @@ pub(crate) fn plan(
     }
     let mut gpu_route = None;
     let mut gpu_refused = Vec::new();
-    for kind in allowed.iter().filter(|k| **k != carrier) {
+    for kind in allowed.iter().filter(|k| **k == TransportKind::VulkanIpc) {
         match gpu_route_availability(*kind, scope, context) {
             Ok(()) => {
                 gpu_route = Some(*kind);
@@ -287,8 +286,16 @@ pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, c
         other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
     };
     #[cfg(feature = "vulkan")]
-    if let Some(receiver) = gpu {
-        return Ok(ConsumerParts { carrier, info: report(plan, Some(receiver.route_info())), gpu: Some(Box::new(receiver)) });
+    if let Some(mut receiver) = gpu {
+        // The producer's offer arrived with its hello: the report says what it brings.
+        let mut carrier = carrier;
+        if let Some((session, sections)) = carrier.take_peer_sections() {
+            use super::transport::RouteReceiver;
+            let id = receiver.route_id();
+            receiver.new_session(session, sections.into_iter().find(|s| s.route == id))?;
+        }
+        let info = report(plan, Some(receiver.route_info(plan.carrier)));
+        return Ok(ConsumerParts { carrier, info, gpu: Some(Box::new(receiver)) });
     }
     Ok(ConsumerParts { carrier, gpu: None, info })
 }

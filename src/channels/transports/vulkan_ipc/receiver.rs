@@ -31,6 +31,8 @@ pub(crate) struct Receiver {
     semaphore_fd: Option<OwnedFd>,
     /// Why the current producer shares no semaphore.
     no_semaphore: String,
+    /// Why the current producer stages its GPU buffers, when it does.
+    staged: Option<String>,
     arenas: Vec<Option<Imported>>,
     last_ready: u64,
     imports: u64,
@@ -52,6 +54,7 @@ impl Receiver {
             semaphore: None,
             semaphore_fd: None,
             no_semaphore: "no producer attached yet".into(),
+            staged: None,
             arenas: Vec::new(),
             last_ready: 0,
             imports: 0,
@@ -73,18 +76,41 @@ impl Receiver {
         Section::new(ROUTE_ID, Identity { flags: 0, device_uuid: [0; 16], driver_uuid: [0; 16], declined: why.to_owned() }.encode())
     }
 
-    /// The route as the consumer sees it before the producer's first GPU buffer.
-    pub(crate) fn route_info(&self) -> Route {
+    /// The route of the current producer's GPU buffers, as this side sees it.
+    pub(crate) fn route_info(&self, carrier: TransportKind) -> Route {
         let info = self.device.info();
+        if let Some(why) = &self.staged {
+            return Route {
+                class: PayloadClass::Gpu,
+                kind: carrier,
+                reason: format!("GPU buffers: staged through {carrier} by the producer (copied to host memory): {why}"),
+            };
+        }
+        let sync = match &self.semaphore {
+            Some(_) => "GPU-side synchronisation through the producer's timeline semaphore".to_owned(),
+            None => format!("host-side synchronisation (buffers are complete when sent), because {}", self.no_semaphore),
+        };
         Route {
             class: PayloadClass::Gpu,
             kind: TransportKind::VulkanIpc,
             reason: format!(
-                "GPU buffers: vulkan_ipc, imported on {} {} (once per arena) where the producer shares this device, else staged by the producer",
+                "GPU buffers: vulkan_ipc, by reference (imported on {} {} once per arena); {sync}",
                 info.name,
                 format_uuid(&info.device_uuid)
             ),
         }
+    }
+
+    /// Why this process's device cannot take the producer's semaphore.
+    fn own_semaphore_gap(&self) -> String {
+        let info = self.device.info();
+        format!(
+            "{} (driver {}) cannot import timeline semaphores from opaque fds (timeline semaphores: {}; as opaque fds: {})",
+            info.name,
+            info.driver_name,
+            if info.timeline_semaphores { "yes" } else { "no" },
+            info.semaphore_fd
+        )
     }
 
     fn corrupt(&self, what: String) -> Error {
@@ -104,24 +130,30 @@ impl RouteReceiver for Receiver {
         self.semaphore = None;
         self.semaphore_fd = None;
         self.last_ready = 0;
-        self.no_semaphore = "the producer offers no GPU route".into();
+        self.staged = Some("the producer offers no GPU route (it has no Vulkan device, or vulkan_ipc is not allowed there)".into());
         let Some(offer) = offer else { return Ok(()) };
         let identity = Identity::decode(&offer.bytes, "producer")?;
-        let mut fds = offer.fds.into_iter();
-        if identity.flags & OFFER_SEMAPHORE == 0 {
-            self.no_semaphore = "the producer's driver cannot share timeline semaphores".into();
+        let mine = self.device.info();
+        if identity.device_uuid != mine.device_uuid || identity.driver_uuid != mine.driver_uuid {
+            // The producer stages: nothing of its device is imported here.
+            self.staged = Some(format!("it uses another GPU or driver (deviceUUID {})", format_uuid(&identity.device_uuid)));
             return Ok(());
         }
-        let (Some(fd), None) = (fds.next(), fds.next()) else {
-            return Err(self.corrupt("offer announces a semaphore but carries no single descriptor".into()));
+        self.staged = None;
+        let mut fds = offer.fds.into_iter();
+        let fd = match (identity.flags & OFFER_SEMAPHORE != 0, fds.next(), fds.next()) {
+            (true, Some(fd), None) => fd,
+            (false, None, None) => {
+                self.no_semaphore = match self.imports_semaphores {
+                    false => self.own_semaphore_gap(),
+                    true => "the producer's driver cannot share timeline semaphores".into(),
+                };
+                return Ok(());
+            }
+            _ => return Err(self.corrupt("offer's semaphore flag and descriptors disagree".into())),
         };
         if !self.imports_semaphores {
-            self.no_semaphore = "this device cannot import timeline semaphores".into();
-            return Ok(());
-        }
-        if identity.device_uuid != self.device.info().device_uuid {
-            // The producer stages: nothing of its device is imported here.
-            self.no_semaphore = "the producer uses another GPU".into();
+            self.no_semaphore = self.own_semaphore_gap();
             return Ok(());
         }
         let kept = fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e))?;

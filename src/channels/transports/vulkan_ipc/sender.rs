@@ -94,11 +94,10 @@ impl Offer {
         let info = self.device.info();
         let (semaphore, sync) = match (self.semaphore, peer_imports_semaphores) {
             (Some(s), true) => (Some(s), "GPU-side synchronisation through a shared timeline semaphore".to_owned()),
-            (_, peer) => {
-                let why = if !peer {
-                    "the consumer's device cannot import timeline semaphores".to_owned()
-                } else {
-                    self.no_semaphore.unwrap_or_default()
+            (mine, _) => {
+                let why = match (mine, self.no_semaphore) {
+                    (None, Some(why)) => why,
+                    _ => "the consumer's device cannot import timeline semaphores".to_owned(),
                 };
                 if self.strict {
                     return Err(Error::Unsupported(format!(
@@ -243,7 +242,7 @@ impl RouteSender for Sender {
     fn ready_semaphore(&self) -> Result<OwnedFd> {
         match &self.semaphore {
             Some(s) => s.export_fd(),
-            None => Err(Error::Unsupported(format!("this channel shares no semaphore: {}", self.route.reason))),
+            None => Err(Error::Unsupported(format!("the channel shares no semaphore with its consumer: {}", self.route.reason))),
         }
     }
 }
