@@ -25,6 +25,9 @@ grep -E "^test gpu::|staged|vulkan_ipc" $res/layer2-tests.txt | head -20
 echo "== CUDA examples against the installed prefix"
 (cmake -S examples-cpp -B /tmp/bc -DCMAKE_PREFIX_PATH=$PWD/.device/prefix && cmake --build /tmp/bc -j16 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bc --output-on-failure -V) > $res/cuda-examples.txt 2>&1
 grep -E "PASS|FAIL|Passed|Failed|cuda imports|semaphore|transport" $res/cuda-examples.txt | head -20
+echo "== C examples (the two-process channel demo with its GPU phase) against the installed prefix"
+(cmake -S examples-c -B /tmp/bcc "-DCMAKE_PREFIX_PATH=$PWD/.device/prefix;/usr/local/cuda" && cmake --build /tmp/bcc -j16 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bcc --output-on-failure -V) > $res/c-examples.txt 2>&1
+grep -E "GPU buffers|channel demo passed|Passed|Failed|Not Run" $res/c-examples.txt | head -12
 nvcc -O2 -o /tmp/cuda_ipc_pingpong benchmarks/cuda_ipc_pingpong.cu > $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
 if [ -z "${SKIP_BENCH:-}" ]; then
   TAIL=30 run lf-bench-gpu timeout 240 .device/lf-bench --gpu
