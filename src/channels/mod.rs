@@ -2,17 +2,23 @@
 //!
 //! A channel has a name, a [`Producer`] and a [`Consumer`]. Both ends call
 //! [`Channel::create`] with the same name, in either order; they meet through a Unix socket
-//! in a per-user directory (see [`rendezvous`]) and agree on a transport chosen from the
-//! scope between their [`ProcessLocation`]s:
+//! in a per-user directory (see [`rendezvous`]) and agree on transports chosen from the
+//! scope between their [`ProcessLocation`]s, per class of payload:
 //!
-//! | scope  | transport                                   |
-//! |--------|---------------------------------------------|
-//! | local  | `shm`: memfd shared memory (built)          |
-//! | local  | `vulkan_ipc`: GPU buffers (later)           |
-//! | remote | `mpi` (later): until then, `Unsupported`    |
+//! | scope  | every message, CPU payloads        | GPU buffers                              |
+//! |--------|------------------------------------|------------------------------------------|
+//! | local  | `shm`: memfd shared memory         | `vulkan_ipc` by reference, else staged    |
+//! | remote | `mpi` (not built: `Unsupported`)   | staged through host memory               |
+//!
+//! The core (this module, [`producer`], [`consumer`]) knows transports only through the
+//! traits of [`transport`]: a *carrier* keeps the order of every message, a *route* serves
+//! payloads the carrier cannot hold (GPU memory) with descriptors the carrier carries in
+//! order. [`transports`] is the one module that names the implementations and chooses among
+//! them; a transport added there (MPI: a carrier with its own rendezvous) needs no change here.
+//! [`wait`] is the wait protocol any same-host transport uses.
 //!
 //! `LF_TRANSPORTS` (like `UCX_TLS`) restricts the choice, e.g. `LF_TRANSPORTS=shm`; when none
-//! of the listed transports can serve the channel, creation fails and says why for each.
+//! of the listed transports can carry the channel, creation fails and says why for each.
 //!
 //! Messages are FIFO and delivered exactly once. The producer copies into the channel's
 //! shared pool ([`Producer::send`]), writes in place ([`Producer::loan`]), or sends a region
@@ -20,7 +26,8 @@
 //! for bytes inside a buffer of the channel's [`Context`](crate::memory::Context)): the
 //! consumer maps the buffer's arena once per channel and reads the bytes where they lie. The
 //! consumer reads a zero-copy [`Message`] view and releases it (on drop), which the producer
-//! sees as completion ([`Producer::completed`]): then a sent buffer may be reused.
+//! sees as completion ([`Producer::completed`]): then a sent buffer may be reused. A GPU
+//! buffer's message holds a buffer over the producer's memory ([`Message::buffer`]).
 //!
 //! Waiting follows [`WaitStrategy`]. Peer death (even `kill -9`) is noticed within about 20 ms
 //! in every strategy and reported as [`Error::PeerGone`] once the messages already delivered
