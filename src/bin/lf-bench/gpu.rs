@@ -256,7 +256,7 @@ pub(crate) fn main(quick: bool, json: bool) {
         return;
     }
     println!("lf-bench --gpu on {device}\nroute: {reason}\n");
-    println!("{:<10} {:>8} {:>12} {:>12}  {}", "case", "size", "a", "b", "unit / ratio");
+    println!("{:<10} {:>8} {:>12} {:>12}  unit / ratio", "case", "size", "a", "b");
     for (name, size, a, b, unit) in &rows {
         let ratio = match name.as_str() {
             "handoff" => format!("  p50 = {:.2}x the 64 B message (target <= 1.2x)", a / bytes64),

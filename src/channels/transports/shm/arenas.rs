@@ -1,5 +1,7 @@
-//! Buffer sends: the arena protocol, and the records the producer sends after the handshake. A buffer send carries no payload, only (arena id,
-//! offset, len) of bytes in one of the producer's arenas. The first time an arena goes over
+//! Buffer sends: the arena protocol, and the records the producer sends after the handshake.
+//!
+//! A buffer send carries no payload, only (arena id, offset, len) of bytes in one of the
+//! producer's arenas. The first time an arena goes over
 //! the channel, the producer passes its fd over the rendezvous socket ([`ControlRecord::Arena`])
 //! before publishing; the consumer maps it once, read-only, and caches it per channel. The
 //! producer keeps each arena alive until the messages pointing into it are released, and tells
@@ -61,8 +63,6 @@ pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
     }
     Mapping::shared_read_only(fd, 0, len as usize)
 }
-
-/// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
 
 /// What the producer sends over the rendezvous socket after the handshake, each record in one
 /// message of [`ControlRecord::LEN`] bytes.
