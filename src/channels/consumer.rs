@@ -102,7 +102,7 @@ impl Consumer {
     #[inline]
     pub fn recv(&mut self) -> Result<Message> {
         match self.transport.recv_fast() {
-            Some(view) => Ok(self.wrap(view)),
+            Some(view) => self.wrap_fast(view),
             None => self.recv_until(None),
         }
     }
@@ -111,7 +111,7 @@ impl Consumer {
     #[inline]
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message> {
         match self.transport.recv_fast() {
-            Some(view) => Ok(self.wrap(view)),
+            Some(view) => self.wrap_fast(view),
             None => self.recv_until(Some(Instant::now() + timeout)),
         }
     }
@@ -120,7 +120,7 @@ impl Consumer {
     #[inline]
     pub fn try_recv(&mut self) -> Result<Message> {
         match self.transport.recv_fast() {
-            Some(view) => Ok(self.wrap(view)),
+            Some(view) => self.wrap_fast(view),
             None => self.try_recv_slow(),
         }
     }
@@ -128,13 +128,13 @@ impl Consumer {
     #[inline(never)]
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Message> {
         let view = self.recv_raw(deadline)?;
-        self.wrap_any(view)
+        self.wrap_fast(view)
     }
 
     #[inline(never)]
     fn try_recv_slow(&mut self) -> Result<Message> {
         let view = self.try_recv_raw()?;
-        self.wrap_any(view)
+        self.wrap_fast(view)
     }
 
     /// Ends the GPU route's session when the producer has gone.
@@ -149,11 +149,17 @@ impl Consumer {
     }
 
     /// A message of any kind: routed views are resolved into their payload.
-    fn wrap_any(&mut self, view: RawView) -> Result<Message> {
-        let routed = match view.route() {
-            None => None,
-            Some(_) => Some(Box::new(self.resolve(&view)?)),
-        };
+    #[inline]
+    fn wrap_fast(&mut self, view: RawView) -> Result<Message> {
+        if view.flags & RawView::ROUTED == 0 {
+            return Ok(self.wrap(view));
+        }
+        self.wrap_routed(view)
+    }
+
+    #[inline(never)]
+    fn wrap_routed(&mut self, view: RawView) -> Result<Message> {
+        let routed = Some(Box::new(self.resolve(&view)?));
         Ok(Message { view, releaser: self.transport.message_releaser(), routed })
     }
 
@@ -227,7 +233,7 @@ impl Consumer {
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         self.transport.notify_fd()
     }
-    /// A message from the carrier's fast path, which never hands out routed views.
+    /// A message in host memory.
     #[inline]
     fn wrap(&self, view: RawView) -> Message {
         Message { view, releaser: self.transport.message_releaser(), routed: None }

@@ -1,7 +1,5 @@
 //! The sending end of a channel.
 
-use std::any::Any;
-use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,9 +19,6 @@ pub struct Producer {
     /// The route of GPU buffers by reference; `None`: they are staged through the carrier.
     gpu: Option<Box<dyn RouteSender>>,
     info: TransportInfo,
-    /// What keeps the memory of routed messages in flight alive until the consumer releases
-    /// them, by sequence number.
-    routed_in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
     name: String,
     context: Context,
     /// The context's registry, asked by every copy send whether the bytes lie in a lava-flow
@@ -56,7 +51,6 @@ impl Producer {
             transport: parts.carrier,
             gpu: parts.gpu,
             info: parts.info,
-            routed_in_flight: VecDeque::new(),
             name: name.to_owned(),
             context: context.clone(),
             registry,
@@ -196,25 +190,12 @@ impl Producer {
     /// How many messages the consumer has released: every sequence number below the result
     /// is done, and its memory reusable.
     pub fn completed(&mut self) -> Result<u64> {
-        let done = self.transport.completed()?;
-        self.forget_completed(done);
-        Ok(done)
+        self.transport.completed()
     }
 
     /// Waits until message `seq` has been released by the consumer.
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
-        self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))?;
-        if !self.routed_in_flight.is_empty() {
-            self.forget_completed(seq + 1);
-        }
-        Ok(())
-    }
-
-    /// Lets go of the memory of routed messages below `done`.
-    fn forget_completed(&mut self, done: u64) {
-        while self.routed_in_flight.front().is_some_and(|(seq, _)| *seq < done) {
-            self.routed_in_flight.pop_front();
-        }
+        self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))
     }
 
     /// Sends `len` bytes at `offset` of `buffer` by reference, waiting for room as long as
@@ -299,13 +280,11 @@ impl Producer {
             }
             return self.send_staged(buffer, offset, len, deadline);
         };
-        let packed = gpu.pack(buffer, offset, len, ready_value)?;
+        let packed = gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint())?;
         let route = gpu.route_id();
-        let done = self.transport.completed_hint();
-        self.forget_completed(done);
         let descriptor = &packed.descriptor[..packed.descriptor_len];
         let seq = self.transport.send_routed(route, descriptor, packed.attachments, deadline)?;
-        self.routed_in_flight.push_back((seq, packed.keep_alive));
+        gpu.sent(seq);
         Ok(seq)
     }
 

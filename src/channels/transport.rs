@@ -326,8 +326,9 @@ pub trait ConsumerTransport: Send {
     fn try_recv(&mut self) -> Result<RawView>;
 
     /// The next message if one is waiting and needs no attention: the inlined first try of
-    /// every receive. `None` says nothing (the channel may be empty, closed or corrupt): ask
-    /// [`try_recv`](Self::try_recv) or [`recv`](Self::recv).
+    /// every receive (a routed view among them: check [`RawView::route`]). `None` says
+    /// nothing (the channel may be empty, closed or corrupt): ask [`try_recv`](Self::try_recv)
+    /// or [`recv`](Self::recv).
     fn recv_fast(&mut self) -> Option<RawView> {
         None
     }
@@ -383,14 +384,12 @@ pub trait ConsumerTransport: Send {
 
 
 /// A route's descriptor of one payload, with what the consumer must learn before it (an
-/// arena's memory file the first time) and what keeps the memory alive until the consumer
-/// releases the message.
+/// arena's memory file the first time).
 pub struct Packed {
     /// The descriptor's first `descriptor_len` bytes (no allocation per message).
     pub descriptor: [u8; Packed::MAX_DESCRIPTOR],
     pub descriptor_len: usize,
     pub attachments: Vec<Section>,
-    pub keep_alive: Arc<dyn Any + Send + Sync>,
 }
 
 impl Packed {
@@ -408,8 +407,13 @@ pub trait RouteSender: Send {
 
     /// Packs `len` bytes at `offset` of `buffer`. `ready_value`: 0 when the bytes are in
     /// place now, else the value of the route's ready semaphore at which they will be (the
-    /// producer's own GPU work signals it).
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64) -> Result<Packed>;
+    /// producer's own GPU work signals it). `completed`: how many messages the consumer is
+    /// known to have released, so that the route may let go of memory no message needs.
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64) -> Result<Packed>;
+
+    /// The message just packed went out as `seq`: the route keeps its memory alive until the
+    /// consumer has released it.
+    fn sent(&mut self, seq: u64);
 
     /// A new descriptor of the route's ready semaphore, for the producer's own GPU work to
     /// signal (`Unsupported` where the route synchronises on the host).

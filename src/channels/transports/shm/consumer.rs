@@ -133,8 +133,8 @@ impl ShmConsumer {
         s.region.slot_seq((next & s.mask) as usize).load(Ordering::Acquire) != expected_empty(next, s.slot_count)
             && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
     }
-    /// The next message if one is waiting and it is the common case: an inline or pool
-    /// message that passes every check. Everything else (nothing waiting, every slot held, a
+    /// The next message if one is waiting and it is the common case: an inline, pool or
+    /// routed message that passes every check. Everything else (nothing waiting, every slot held, a
     /// buffer send, a slot that fails validation) is `None`, for [`try_read`](Self::try_read).
     /// Kept free of `Result` so that the hot path moves no error-sized values.
     #[inline(always)]
@@ -159,6 +159,10 @@ impl ShmConsumer {
                     Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
                     _ => return None,
                 }
+            }
+            kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 && len.wrapping_sub(1) < INLINE_MAX => {
+                let ptr = s.region.slot_inline(index) as *const u8;
+                return Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8)));
             }
             _ => return None,
         };

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_SEMAPHORE};
 use super::ROUTE_ID;
@@ -11,6 +11,10 @@ use crate::channels::transport::{Packed, PayloadClass, Route, RouteSender, Secti
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, TimelineSemaphore, VulkanDevice};
 use crate::memory::{Buffer, Context};
+
+/// How many messages go between two looks for arenas that died (and whose GPU memory the
+/// channel still holds).
+const SWEEP_EVERY: u32 = 256;
 
 /// The producer's side before the consumer answered: its device and, where the driver can
 /// share one, the ready semaphore it offers.
@@ -118,19 +122,21 @@ impl Offer {
             semaphore,
             arenas: HashMap::new(),
             generations: Vec::new(),
+            last_seqs: Vec::new(),
             free_slots: Vec::new(),
             last: None,
             last_ready: 0,
+            since_sweep: 0,
         })
     }
 }
 
-/// An arena the consumer knows: its slot, generation, and a weak reference that tells when
-/// it died here.
+/// An arena the consumer knows: its slot, generation, and a reference that keeps its memory
+/// alive until the consumer released the last message into it.
 struct SentArena {
     slot: u32,
     generation: u32,
-    alive: Weak<dyn Any + Send + Sync>,
+    keep: Arc<dyn Any + Send + Sync>,
 }
 
 /// The producer's side of a connected route.
@@ -139,18 +145,43 @@ pub(crate) struct Sender {
     device: VulkanDevice,
     semaphore: Option<Arc<TimelineSemaphore>>,
     arenas: HashMap<ArenaId, SentArena>,
-    /// Per slot, the generation of its current (or last) arena.
+    /// Per slot, the generation of its current (or last) arena, and the last message into it.
     generations: Vec<u32>,
+    last_seqs: Vec<u64>,
     free_slots: Vec<u32>,
     /// The last arena sent: a stream usually sends from one.
     last: Option<(ArenaId, u32, u32)>,
     last_ready: u64,
+    /// Messages packed since arenas that died were last looked for.
+    since_sweep: u32,
 }
 
 impl Sender {
+    /// Lets go of arenas that died here and whose messages are all released, telling the
+    /// consumer to drop its imports (an attachment on the next message).
+    fn sweep(&mut self, completed: u64, attachments: &mut Vec<Section>) {
+        self.since_sweep = 0;
+        // Nothing here uses the arena any more, and every message into it has been released.
+        let last_seqs = &self.last_seqs;
+        let done: Vec<ArenaId> = self
+            .arenas
+            .iter()
+            .filter(|(_, a)| Arc::strong_count(&a.keep) == 1 && last_seqs[a.slot as usize] < completed)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let gone = self.arenas.remove(&id).expect("listed above");
+            attachments.push(Section::new(ROUTE_ID, Attachment::Forget { slot: gone.slot, generation: gone.generation }.encode()));
+            self.free_slots.push(gone.slot);
+            if self.last.is_some_and(|(last, _, _)| last == id) {
+                self.last = None;
+            }
+        }
+    }
+
     /// The consumer's slot and generation for `arena`, with the attachments that must reach it
     /// first: the arena's export the first time, and the end of arenas that died since.
-    fn slot_of(&mut self, buffer: &Buffer, arena: ArenaId, attachments: &mut Vec<Section>) -> Result<(u32, u32)> {
+    fn slot_of(&mut self, buffer: &Buffer, arena: ArenaId, completed: u64, attachments: &mut Vec<Section>) -> Result<(u32, u32)> {
         if let Some((id, slot, generation)) = self.last {
             if id == arena {
                 return Ok((slot, generation));
@@ -162,18 +193,12 @@ impl Sender {
             return Ok(found);
         }
         let gpu = buffer.gpu_buffer().expect("checked by pack");
-        // Arenas that died here: every message into them is released (their memory would
-        // still be alive otherwise), so the consumer may drop its imports.
-        let dead: Vec<ArenaId> = self.arenas.iter().filter(|(_, a)| a.alive.strong_count() == 0).map(|(id, _)| *id).collect();
-        for id in dead {
-            let gone = self.arenas.remove(&id).expect("listed above");
-            attachments.push(Section::new(ROUTE_ID, Attachment::Forget { slot: gone.slot, generation: gone.generation }.encode()));
-            self.free_slots.push(gone.slot);
-        }
+        self.sweep(completed, attachments);
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
             None if (self.generations.len() as u32) < MAX_SLOTS => {
                 self.generations.push(0);
+                self.last_seqs.push(0);
                 self.generations.len() as u32 - 1
             }
             None => {
@@ -190,7 +215,7 @@ impl Sender {
             bytes: Attachment::Announce { slot, generation, desc: export.desc }.encode(),
             fds: vec![export.fd],
         });
-        self.arenas.insert(arena, SentArena { slot, generation, alive: Arc::downgrade(&gpu.arena_keep_alive()) });
+        self.arenas.insert(arena, SentArena { slot, generation, keep: gpu.arena_keep_alive() });
         self.last = Some((arena, slot, generation));
         Ok((slot, generation))
     }
@@ -205,7 +230,7 @@ impl RouteSender for Sender {
         &self.route
     }
 
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64) -> Result<Packed> {
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64) -> Result<Packed> {
         let Some(gpu) = buffer.gpu_buffer() else {
             return Err(Error::Unsupported(format!(
                 "buffer {} is {} that this channel cannot send by reference (a received GPU buffer is the producer's: copy it into a buffer of your own first)",
@@ -232,11 +257,21 @@ impl RouteSender for Sender {
             self.last_ready = ready_value;
         }
         let mut attachments = Vec::new();
-        let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), &mut attachments)?;
+        self.since_sweep += 1;
+        if self.since_sweep >= SWEEP_EVERY {
+            self.sweep(completed, &mut attachments);
+        }
+        let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), completed, &mut attachments)?;
         let descriptor = Descriptor { slot, generation, offset: gpu.offset() + offset as u64, len: len as u64, ready_value };
-        let mut packed = Packed { descriptor: [0; Packed::MAX_DESCRIPTOR], descriptor_len: Descriptor::LEN, attachments, keep_alive: gpu.arena_keep_alive() };
+        let mut packed = Packed { descriptor: [0; Packed::MAX_DESCRIPTOR], descriptor_len: Descriptor::LEN, attachments };
         packed.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
         Ok(packed)
+    }
+
+    fn sent(&mut self, seq: u64) {
+        if let Some((_, slot, _)) = self.last {
+            self.last_seqs[slot as usize] = seq;
+        }
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
