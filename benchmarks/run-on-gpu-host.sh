@@ -1,6 +1,7 @@
 #!/bin/bash
-# Runs lava-flow's GPU tests, the CUDA examples and the GPU benchmarks (lf-bench --gpu next to
-# plain CUDA IPC, with and without the MPS daemon) on a machine with NVIDIA GPUs but no Rust
+# Runs lava-flow's GPU tests, the CUDA examples and the GPU benchmarks (lf-bench --gpu, and a
+# CUDA ping-pong over lava-flow channels next to the same over plain CUDA IPC, with and
+# without the MPS daemon) on a machine with NVIDIA GPUs but no Rust
 # toolchain. Logs go to $OUT/results.tar.gz (and a summary to stdout). Prepare, on the build
 # machine:
 #   .device/layer1, .device/layer2, .device/libtests   cargo test --release --all-features --no-run
@@ -29,16 +30,22 @@ echo "== C examples (the two-process channel demo with its GPU phase) against th
 (cmake -S examples-c -B /tmp/bcc "-DCMAKE_PREFIX_PATH=$PWD/.device/prefix;/usr/local/cuda" && cmake --build /tmp/bcc -j16 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bcc --output-on-failure -V) > $res/c-examples.txt 2>&1
 grep -E "GPU buffers|channel demo passed|Passed|Failed|Not Run" $res/c-examples.txt | head -12
 nvcc -O2 -o /tmp/cuda_ipc_pingpong benchmarks/cuda_ipc_pingpong.cu > $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
+prefix=$PWD/.device/prefix
+nvcc -O2 -I$prefix/include -L$prefix/lib -Xlinker -rpath=$prefix/lib -llava_flow -o /tmp/lf_cuda_pingpong benchmarks/lf_cuda_pingpong.cu >> $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
 if [ -z "${SKIP_BENCH:-}" ]; then
   TAIL=30 run lf-bench-gpu timeout 240 .device/lf-bench --gpu
   TAIL=2 run cuda-ipc timeout 120 /tmp/cuda_ipc_pingpong
   grep -E "^JSON" $res/cuda-ipc.txt | grep -E '"handoff"|"gpu_pingpong"|"open_cost"|"copy"' | head -20
+  TAIL=2 run lf-cuda timeout 150 /tmp/lf_cuda_pingpong
+  grep -E "^JSON|^channel" $res/lf-cuda.txt | head -14
   echo "== with the MPS daemon"
   mkdir -p /tmp/mps /tmp/mpslog
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
   nvidia-cuda-mps-control -d && sleep 1
   TAIL=2 run cuda-ipc-mps timeout 120 /tmp/cuda_ipc_pingpong
   grep -E "^JSON" $res/cuda-ipc-mps.txt | grep -E '"handoff"|"gpu_pingpong"' | head -12
+  TAIL=2 run lf-cuda-mps timeout 150 /tmp/lf_cuda_pingpong
+  grep -E "^JSON" $res/lf-cuda-mps.txt | head -14
   TAIL=6 run cuda-consumer-mps env LD_LIBRARY_PATH=$PWD/.device/prefix/lib timeout 120 /tmp/bc/lf_cuda_consumer
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
