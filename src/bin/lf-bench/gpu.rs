@@ -12,8 +12,9 @@
 //!   copied, 10 copies, best of 5 rounds), and the same copy between two of its own buffers
 //!   in-process, the rounds alternated.
 //! - `import`: the first receive of a buffer from a fresh arena (the arena is imported then),
-//!   against a receive from an arena already imported; and the arenas imported for all the
-//!   messages of the run (re-imports per message: none).
+//!   against a receive from an arena already imported, for a new pooled arena
+//!   (`import-pool`, the arena's size shown) and for buffers with arenas of their own; and
+//!   the arenas imported for all the messages of the run (re-imports per message: none).
 //!
 //! The ping side is the parent (pinned to core 0), the pong side a forked child (core 1).
 
@@ -63,7 +64,7 @@ enum Hop {
 }
 
 /// One ping-pong row: half round trips in ns on the ping side.
-fn pingpong(context: &Context, ends: &mut Ends, ping: bool, hop: Hop, size: usize, iters: usize) -> Option<(f64, f64)> {
+fn pingpong(context: &Context, ends: &mut Ends, ping: bool, hop: Hop, size: usize, iters: usize, keep: &mut Vec<Buffer>) -> Option<(f64, f64)> {
     let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
     let warm = iters / 10 + 10;
     let mut samples = Vec::with_capacity(iters);
@@ -105,17 +106,19 @@ fn pingpong(context: &Context, ends: &mut Ends, ping: bool, hop: Hop, size: usiz
     if let Some(seq) = last {
         ends.tx.wait_completed(seq, None).expect("completion");
     }
+    keep.push(mine);
     ping.then(|| p50_p99(samples))
 }
 
 /// GB/s of bytes copied: the pong side copies a received buffer, then its own.
-fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize) -> Option<(f64, f64)> {
+fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize, keep: &mut Vec<Buffer>) -> Option<(f64, f64)> {
     const REPS: usize = 10;
     if ping {
         let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
         let seq = ends.tx.send_buffer(&mine, 0, size).expect("send_buffer");
         let m = ends.rx.recv().expect("the pong side's rates");
         ends.tx.wait_completed(seq, None).expect("completion");
+        keep.push(mine);
         let rates: Vec<f64> = m.chunks(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
         return Some((rates[0], rates[1]));
     }
@@ -144,17 +147,38 @@ fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize) -> Opt
     None
 }
 
-/// The first receive from a fresh arena of `size` bytes against a receive from it once
-/// imported, in µs, as the pong side times its successful `try_recv`.
-fn first_import(context: &Context, ends: &mut Ends, ping: bool, size: usize) -> Option<(f64, f64)> {
+/// A buffer of `size` bytes in an arena never sent before: its own arena (over a quarter of
+/// the pooled arena size), or, for `pooled`, the first buffer of a new pooled arena.
+fn fresh_buffer(context: &Context, size: usize, pooled: bool, keep: &mut Vec<Buffer>) -> Buffer {
+    let allocate = |len| context.allocate(len, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    if !pooled {
+        return allocate(size);
+    }
+    let arena_of = |b: &Buffer| b.gpu_buffer().expect("GPU memory").arena_id();
+    let first = allocate(size);
+    let old = arena_of(&first);
+    keep.push(first);
+    loop {
+        let next = allocate(size);
+        if arena_of(&next) != old {
+            return next;
+        }
+        keep.push(next);
+    }
+}
+
+/// The first receive from a fresh arena against a receive from it once imported, in µs, as
+/// the pong side times its successful `try_recv`.
+fn first_import(context: &Context, ends: &mut Ends, ping: bool, size: usize, pooled: bool, keep: &mut Vec<Buffer>) -> Option<(f64, f64)> {
     if ping {
-        let fresh = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+        let fresh = fresh_buffer(context, size, pooled, keep);
         for _ in 0..2 {
             let seq = ends.tx.send_buffer(&fresh, 0, 64).expect("send_buffer");
             ends.tx.wait_completed(seq, None).expect("completion");
         }
         let m = ends.rx.recv().expect("the pong side's times");
         let t: Vec<f64> = m.chunks(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        keep.push(fresh);
         return Some((t[0], t[1]));
     }
     let mut times = Vec::new();
@@ -211,24 +235,30 @@ pub(crate) fn main(quick: bool, json: bool) {
             rows.push((name.to_owned(), size, a, b, unit.to_owned()));
         }
     };
-    let base = pingpong(&context, &mut ends, ping, Hop::Bytes64, 64, iters);
+    // Every buffer sent stays alive to the end: an arena that dies is dropped by the consumer
+    // at the next new arena, and that free would be timed with the next import.
+    let mut keep = Vec::new();
+    let base = pingpong(&context, &mut ends, ping, Hop::Bytes64, 64, iters, &mut keep);
     row("bytes-64", 64, base, "ns p50/p99");
     for &size in &sizes {
-        let r = pingpong(&context, &mut ends, ping, Hop::Handoff, size, iters);
+        let r = pingpong(&context, &mut ends, ping, Hop::Handoff, size, iters, &mut keep);
         row("handoff", size, r, "ns p50/p99");
     }
     for &size in &sizes[..2] {
-        let r = pingpong(&context, &mut ends, ping, Hop::GpuWork, size, iters / 10);
+        let r = pingpong(&context, &mut ends, ping, Hop::GpuWork, size, iters / 10, &mut keep);
         row("gpu-work", size, r, "ns p50/p99");
     }
-    for size in [1usize << 20, 16 << 20, 64 << 20, 256 << 20] {
-        let r = copy_rate(&context, &mut ends, ping, size);
-        row("copy", size, r, "GB/s imported/in-process");
-    }
+    // Arenas of their own, then a new pooled arena (64 MiB, the default) of 1 MiB buffers.
     let import_sizes: &[usize] = if quick { &[20 << 20, 64 << 20] } else { &[20 << 20, 64 << 20, 256 << 20, 1 << 30] };
     for &size in import_sizes {
-        let r = first_import(&context, &mut ends, ping, size);
+        let r = first_import(&context, &mut ends, ping, size, false, &mut keep);
         row("import", size, r, "us first/imported");
+    }
+    let r = first_import(&context, &mut ends, ping, 1 << 20, true, &mut keep);
+    row("import-pool", 64 << 20, r, "us first/imported");
+    for size in [1usize << 20, 16 << 20, 64 << 20, 256 << 20] {
+        let r = copy_rate(&context, &mut ends, ping, size, &mut keep);
+        row("copy", size, r, "GB/s imported/in-process");
     }
     let imports = context.imported_arenas();
     let reason = ends.tx.transport().reason.clone();

@@ -248,7 +248,10 @@ impl GpuAllocator {
     }
 
     fn own_arena(&self, size: u64, kind: GpuMemoryKind, type_index: u32, mut new: arena::NewBuffer) -> Result<GpuBuffer> {
-        let dedicated = new.wants_dedicated
+        // Only where the driver requires it: a driver's preference for dedicated memory (as
+        // NVIDIA's for exportable buffers) makes every import of the arena slower, and an
+        // arena of its own is imported by every consumer it is sent to.
+        let dedicated = new.requires_dedicated
             || self.config.dedicated_own_arenas
             || (self.config.exportable && self.device.info().opaque_fd.dedicated_only);
         if dedicated && new.requirements.size != size {

@@ -216,8 +216,7 @@ pub(crate) fn allocate_memory(
 pub(crate) struct NewBuffer {
     pub buffer: vk::Buffer,
     pub requirements: vk::MemoryRequirements,
-    /// The driver requires or prefers a dedicated allocation for it.
-    pub wants_dedicated: bool,
+    /// The driver requires a dedicated allocation for it.
     pub requires_dedicated: bool,
 }
 
@@ -248,8 +247,6 @@ pub(crate) fn create_buffer(
     Ok(NewBuffer {
         buffer,
         requirements,
-        wants_dedicated: dedicated.prefers_dedicated_allocation == vk::TRUE
-            || dedicated.requires_dedicated_allocation == vk::TRUE,
         requires_dedicated: dedicated.requires_dedicated_allocation == vk::TRUE,
     })
 }

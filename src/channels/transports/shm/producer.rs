@@ -548,7 +548,11 @@ impl ProducerTransport for ShmProducer {
         }
         loop {
             // The descriptor goes inline: a loan of its length asks for a slot and no pool.
-            if let Some(loan) = self.poll_loan(descriptor.len())? {
+            let loan = match self.loan_fast(descriptor.len()) {
+                Some(loan) => Some(loan),
+                None => self.poll_loan(descriptor.len())?,
+            };
+            if let Some(loan) = loan {
                 return self.publish_routed(loan, route, descriptor, attachments);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
