@@ -16,6 +16,10 @@
 //!   (`import-pool`, the arena's size shown) and for buffers with arenas of their own; and
 //!   the arenas imported for all the messages of the run (re-imports per message: none).
 //!
+//! - `cross-gpu` (hosts with two GPUs): GPU buffers to a consumer on the other GPU, staged
+//!   through host memory by the channel and uploaded by the consumer, against the slower of
+//!   the two halves (GPU to host, host to GPU) measured alone.
+//!
 //! The ping side is the parent (pinned to core 0), the pong side a forked child (core 1).
 
 use std::time::{Duration, Instant};
@@ -199,6 +203,68 @@ fn first_import(context: &Context, ends: &mut Ends, ping: bool, size: usize, poo
     None
 }
 
+/// GPU buffers to a consumer on another GPU (staged through host memory by the channel): GB/s
+/// from the consumer's first receive to its last, each message uploaded into the consumer's
+/// own GPU memory; beside it, in the same run, the producer's own read of the buffer to the
+/// host and the consumer's own upload, the two halves of any staged path. `None` on a host
+/// with one GPU.
+fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64)> {
+    const MESSAGES: usize = 16;
+    let mut config = ContextConfig::default();
+    config.gpu = GpuPolicy::Required;
+    config.gpu_device = Some(lava_flow::memory::DeviceSelector::Index(if ping { 0 } else { 1 }));
+    let context = Context::new(config).unwrap_or_else(|e| die(&format!("second GPU: {e}")));
+    let here = ProcessLocation::from_hostname().expect("hostname");
+    // Room for two staged messages in flight.
+    let cfg = ChannelConfig {
+        wait: WaitStrategy::BusyPoll,
+        pool_size: 2 * size,
+        rendezvous_timeout: Some(Duration::from_secs(60)),
+        ..ChannelConfig::default()
+    };
+    let name = format!("{tag}-xgpu");
+    let buffer = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    let mut host = vec![0u8; size];
+    // Best of three.
+    let rate = |f: &mut dyn FnMut()| {
+        (0..3)
+            .map(|_| {
+                let t0 = Instant::now();
+                f();
+                size as f64 / t0.elapsed().as_secs_f64() / 1e9
+            })
+            .fold(0f64, f64::max)
+    };
+    if ping {
+        let d2h = rate(&mut || buffer.read_at(0, &mut host).expect("read"));
+        let mut p = Producer::create(&context, &name, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        assert!(p.transport().reason.contains("staged"), "{}", p.transport().reason);
+        for _ in 0..MESSAGES {
+            p.send_buffer(&buffer, 0, size).expect("staged send");
+        }
+        let mut c = Consumer::create(&context, &format!("{name}-back"), &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        let m = c.recv().expect("the consumer's figures");
+        let t: Vec<f64> = m.chunks(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        println!("cross-GPU: producer read to host {d2h:.1} GB/s, consumer upload {:.1} GB/s (each alone)", t[1]);
+        return Some((t[0], d2h.min(t[1])));
+    }
+    let h2d = rate(&mut || buffer.write_at(0, &host).expect("write"));
+    let mut c = Consumer::create(&context, &name, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+    let mut started = None;
+    for _ in 0..MESSAGES {
+        let m = c.recv().expect("staged message");
+        started.get_or_insert_with(Instant::now);
+        buffer.write_at(0, &m).expect("upload");
+    }
+    let staged = (size * (MESSAGES - 1)) as f64 / started.expect("received").elapsed().as_secs_f64() / 1e9;
+    let mut p = Producer::create(&context, &format!("{name}-back"), &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+    let mut bytes = staged.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&h2d.to_le_bytes());
+    p.send(&bytes).expect("send figures");
+    p.wait_completed(0, Some(Duration::from_secs(30))).expect("figures read");
+    None
+}
+
 fn human(size: usize) -> String {
     match size {
         s if s >= 1 << 30 => format!("{} GiB", s >> 30),
@@ -260,6 +326,11 @@ pub(crate) fn main(quick: bool, json: bool) {
         let r = copy_rate(&context, &mut ends, ping, size, &mut keep);
         row("copy", size, r, "GB/s imported/in-process");
     }
+    let devices = context.device_info().map_or(0, |d| d.all_devices.len());
+    if devices >= 2 {
+        let r = cross_gpu(&tag, ping, 64 << 20);
+        row("cross-gpu", 64 << 20, r, "GB/s staged/slower half");
+    }
     let imports = context.imported_arenas();
     let reason = ends.tx.transport().reason.clone();
     if !ping {
@@ -291,6 +362,7 @@ pub(crate) fn main(quick: bool, json: bool) {
         let ratio = match name.as_str() {
             "handoff" => format!("  p50 = {:.2}x the 64 B message (target <= 1.2x)", a / bytes64),
             "copy" => format!("  imported/in-process = {:.3} (target >= 0.95)", a / b),
+            "cross-gpu" => format!("  staged / slower of (GPU-to-host, host-to-GPU) = {:.2}", a / b),
             _ => String::new(),
         };
         println!("{name:<10} {:>8} {a:>12.1} {b:>12.1}  {unit}{ratio}", human(*size));
