@@ -193,16 +193,13 @@ impl Consumer {
                 self.name, view.token
             )));
         };
-        // Copied out of shared memory once, so that what is checked is what is used.
-        let mut copy = [0u8; Packed::MAX_DESCRIPTOR];
-        let len = view.len.min(copy.len());
-        // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
-        // which stays mapped while the view is held; `copy` holds `len` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(view.ptr, copy.as_mut_ptr(), len) };
-        if view.len > copy.len() {
+        if view.len > Packed::MAX_DESCRIPTOR {
             return Err(Error::Corrupt(format!("channel {:?}: message {} has a {}-byte route descriptor", self.name, view.token, view.len)));
         }
-        let descriptor = &copy[..len];
+        // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
+        // which stays mapped while the view is held. The producer can still write them: the
+        // route reads each field once and checks what it read.
+        let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) };
         loop {
             if let Some(payload) = gpu.resolve(descriptor)? {
                 return Ok(payload);
@@ -316,12 +313,13 @@ impl Message {
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
         if let Some(routed) = &self.routed {
-            return match routed.buffer.host_ptr() {
-                // SAFETY: the buffer is a live view of `len()` bytes mapped in this process,
-                // kept alive (and unwritten by a well-behaved producer) until the release.
-                Ok(ptr) => unsafe { std::slice::from_raw_parts(ptr, routed.buffer.len()) },
-                Err(_) => &[],
-            };
+            let ptr = routed.buffer.as_ptr();
+            if ptr.is_null() {
+                return &[];
+            }
+            // SAFETY: the buffer is a live view of `len()` bytes mapped in this process, kept
+            // alive (and unwritten by a well-behaved producer) until the release.
+            return unsafe { std::slice::from_raw_parts(ptr, routed.buffer.len()) };
         }
         // SAFETY: the transport validated that view.len bytes at view.ptr lie inside its
         // mapping, which `releaser` keeps alive; the producer does not reuse them before the

@@ -269,7 +269,6 @@ impl Producer {
     }
 
     /// A GPU buffer: by reference through the GPU route, or staged through the carrier.
-    #[cold]
     fn send_gpu(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, deadline: Option<Instant>) -> Result<u64> {
         let Some(gpu) = self.gpu.as_mut() else {
             if ready_value != 0 {

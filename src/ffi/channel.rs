@@ -563,7 +563,8 @@ fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf
         return Ok(());
     }
     let payload = consumer.resolve(&view)?;
-    let data = payload.buffer.host_ptr().map_or(std::ptr::null(), |p| p.cast_const().cast());
+    // NULL where the host cannot map the memory (as_ptr builds no error message).
+    let data = payload.buffer.as_ptr().cast_const().cast();
     let m = lf_message {
         data,
         len: payload.buffer.len(),
