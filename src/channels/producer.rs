@@ -279,12 +279,19 @@ impl Producer {
             }
             return self.send_staged(buffer, offset, len, deadline);
         };
-        let packed = gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint())?;
+        let mut packed = gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint())?;
         let route = gpu.route_id();
         let descriptor = &packed.descriptor[..packed.descriptor_len];
-        let seq = self.transport.send_routed(route, descriptor, packed.attachments, deadline)?;
-        gpu.sent(seq);
-        Ok(seq)
+        match self.transport.send_routed(route, descriptor, &mut packed.attachments, deadline) {
+            Ok(seq) => {
+                gpu.sent(seq);
+                Ok(seq)
+            }
+            Err(e) => {
+                gpu.unsent(std::mem::take(&mut packed.attachments));
+                Err(e)
+            }
+        }
     }
 
     /// Copies a GPU buffer's bytes into the channel (the consumer gets host memory).

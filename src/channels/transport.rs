@@ -293,9 +293,11 @@ pub trait ProducerTransport: Send {
     }
 
     /// Publishes route `route`'s `descriptor` as the next message, after passing
-    /// `attachments` to the consumer (in order: before the message). Waits for room up to
-    /// `deadline` (`Some(now)`: `WouldBlock` at once when full).
-    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+    /// `attachments` to the consumer (in order: before the message; taken from the vector
+    /// only once there is room for the message, so that a send that found none leaves them
+    /// for the next). Waits for room up to `deadline` (`Some(now)`: `WouldBlock` at once when
+    /// full).
+    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
         let _ = (route, descriptor, attachments, deadline);
         Err(Error::Unsupported(format!("the {} transport carries no other route's messages", self.info().kind)))
     }
@@ -414,6 +416,11 @@ pub trait RouteSender: Send {
     /// The message just packed went out as `seq`: the route keeps its memory alive until the
     /// consumer has released it.
     fn sent(&mut self, seq: u64);
+
+    /// The message just packed did not go out (no room, timeout): its attachments go with the
+    /// next message instead, so that the consumer still learns what they say before anything
+    /// needs it.
+    fn unsent(&mut self, attachments: Vec<Section>);
 
     /// A new descriptor of the route's ready semaphore, for the producer's own GPU work to
     /// signal (`Unsupported` where the route synchronises on the host).

@@ -501,3 +501,67 @@ fn a_consumer_on_another_gpu_gets_staged_buffers() {
         }
     }
 }
+
+/// A send that finds the channel full keeps what the consumer must learn first (a new arena's
+/// export) for the next send: nothing is lost, nothing is `Corrupt`.
+#[test]
+fn a_full_channel_loses_no_arena_announcement() {
+    const TEST: &str = "gpu::a_full_channel_loses_no_arena_announcement";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let config = ChannelConfig { capacity: 2, ..gpu_config() };
+            let mut p = Producer::create(&context, "gpu-full", &here(), &here(), &config).unwrap();
+            let first = context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap();
+            // Over a quarter of the GPU arena: an arena of its own, not announced yet.
+            let second = context.allocate(20 << 20, MemoryLocation::GpuDeviceLocal).unwrap();
+            write_message(&first, 0, 64, 0);
+            write_message(&first, 64, 64, 1);
+            write_message(&second, 0, 64, 2);
+            p.send_buffer(&first, 0, 64).unwrap();
+            p.send_buffer(&first, 64, 64).unwrap();
+            for _ in 0..3 {
+                let err = p.try_send_buffer(&second, 0, 64).unwrap_err();
+                assert!(matches!(err, Error::WouldBlock(_)), "{err}");
+            }
+            report("full", 1);
+            assert_eq!(p.send_buffer_timeout(&second, 0, 64, Duration::from_secs(30)).unwrap(), 2);
+            p.wait_completed(2, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let config = ChannelConfig { capacity: 2, ..gpu_config() };
+            let mut c = Consumer::create(&context, "gpu-full", &here(), &here(), &config).unwrap();
+            let flag = arg("flag");
+            while !std::path::Path::new(&flag).exists() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            for seq in 0..3 {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                assert_eq!(m.sequence(), seq);
+                let mut bytes = vec![0u8; 64];
+                m.buffer().expect("a GPU buffer").read_at(0, &mut bytes).unwrap();
+                check(&bytes, seq);
+            }
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            let dir = test_dir("gpu-full");
+            let flag = format!("/tmp/lf-l2-{}-gpu-full.flag", std::process::id());
+            let _ = std::fs::remove_file(&flag);
+            let args = [("flag", flag.clone())];
+            let c = spawn(TEST, "consumer", &dir, &args);
+            let mut p = spawn(TEST, "producer", &dir, &args);
+            let mut p_out = stdout_of(&mut p);
+            expect_line(&mut p_out, "full");
+            std::fs::write(&flag, b"go").unwrap();
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            let _ = std::fs::remove_file(&flag);
+            assert_dir_empty(&dir);
+        }
+    }
+}

@@ -349,7 +349,7 @@ impl ProducerTransport for AnyProducer {
     fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
         forward!(self, t => t.try_send_region(region, offset, len))
     }
-    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
         forward!(self, t => t.send_routed(route, descriptor, attachments, deadline))
     }
     fn peer_sections(&mut self) -> Vec<Section> {

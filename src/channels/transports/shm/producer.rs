@@ -372,8 +372,8 @@ impl ShmProducer {
 impl ShmProducer {
     /// Passes `attachments` over the socket, then publishes the slot lent by `loan` as route
     /// `route`'s `descriptor`, inline.
-    fn publish_routed(&mut self, loan: RawLoan, route: u32, descriptor: &[u8], attachments: Vec<Section>) -> Result<u64> {
-        for attachment in attachments {
+    fn publish_routed(&mut self, loan: RawLoan, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>) -> Result<u64> {
+        for attachment in attachments.drain(..) {
             let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
             let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
             if let Err(e) = self.send_record(record, &fds) {
@@ -536,7 +536,7 @@ impl ProducerTransport for ShmProducer {
         self.arenas.sent
     }
 
-    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
         if descriptor.is_empty() || descriptor.len() > INLINE_MAX || route > 0xff {
             return Err(Error::invalid(format!(
                 "a route descriptor of {} bytes for route {route}: it must have 1 to {INLINE_MAX} bytes and a route below 256",

@@ -127,6 +127,7 @@ impl Offer {
             last: None,
             last_ready: 0,
             since_sweep: 0,
+            pending: Vec::new(),
         })
     }
 }
@@ -154,6 +155,8 @@ pub(crate) struct Sender {
     last_ready: u64,
     /// Messages packed since arenas that died were last looked for.
     since_sweep: u32,
+    /// Attachments of a message that did not go out, for the next one.
+    pending: Vec<Section>,
 }
 
 impl Sender {
@@ -256,16 +259,26 @@ impl RouteSender for Sender {
             }
             self.last_ready = ready_value;
         }
-        let mut attachments = Vec::new();
+        let mut attachments = std::mem::take(&mut self.pending);
         self.since_sweep += 1;
         if self.since_sweep >= SWEEP_EVERY {
             self.sweep(completed, &mut attachments);
         }
-        let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), completed, &mut attachments)?;
+        let (slot, generation) = match self.slot_of(buffer, gpu.arena_id(), completed, &mut attachments) {
+            Ok(found) => found,
+            Err(e) => {
+                self.pending = attachments;
+                return Err(e);
+            }
+        };
         let descriptor = Descriptor { slot, generation, offset: gpu.offset() + offset as u64, len: len as u64, ready_value };
         let mut packed = Packed { descriptor: [0; Packed::MAX_DESCRIPTOR], descriptor_len: Descriptor::LEN, attachments };
         packed.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
         Ok(packed)
+    }
+
+    fn unsent(&mut self, attachments: Vec<Section>) {
+        self.pending = attachments;
     }
 
     fn sent(&mut self, seq: u64) {
