@@ -101,7 +101,8 @@ pub(crate) fn plan(
 ) -> Result<Plan> {
     let mut refused = Vec::new();
     let mut carrier = None;
-    for kind in allowed {
+    // Routes (vulkan_ipc) are not carriers: they are weighed for GPU buffers below.
+    for kind in allowed.iter().filter(|k| **k != TransportKind::VulkanIpc || allowed.len() == 1) {
         match carrier_availability(*kind, scope) {
             Ok(()) => {
                 carrier = Some(*kind);
