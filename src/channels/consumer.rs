@@ -169,6 +169,7 @@ impl Consumer {
             if let Some(gpu) = self.gpu.as_mut() {
                 let id = gpu.route_id();
                 gpu.new_session(session, sections.into_iter().find(|s| s.route == id))?;
+                self.info.set_route(gpu.route(self.info.kind));
             }
         }
         Ok(())

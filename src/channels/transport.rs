@@ -117,6 +117,21 @@ pub struct TransportInfo {
 }
 
 impl TransportInfo {
+    /// A report of `routes`, the carrier's first; the reason is theirs, sentence by sentence.
+    pub fn new(routes: Vec<Route>) -> TransportInfo {
+        let kind = routes.first().map_or(TransportKind::Shm, |r| r.kind);
+        let reason = routes.iter().map(|r| r.reason.as_str()).collect::<Vec<_>>().join(". ");
+        TransportInfo { kind, reason, routes }
+    }
+
+    /// Replaces the route of `route.class` (a new producer may bring another).
+    pub fn set_route(&mut self, route: Route) {
+        let mut routes = std::mem::take(&mut self.routes);
+        routes.retain(|r| r.class != route.class);
+        routes.push(route);
+        *self = TransportInfo::new(routes);
+    }
+
     /// `shm`, or `shm+vulkan_ipc` when GPU buffers take another route.
     pub fn names(&self) -> String {
         let mut names: Vec<&str> = Vec::new();
@@ -440,6 +455,10 @@ pub trait RouteReceiver: Send {
 
     /// A new producer attached: its rendezvous section for this route (or none).
     fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()>;
+
+    /// How the current producer's payloads arrive (by this route, or staged through the
+    /// carrier), for the channel's report.
+    fn route(&self, carrier: TransportKind) -> Route;
 
     /// The producer has gone and its messages are read: let go of what was imported for it
     /// (messages still held keep their own memory alive).

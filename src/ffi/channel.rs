@@ -111,8 +111,10 @@ pub struct lf_channel {
     /// GPU messages received and not yet released, by (session, sequence); only touched with
     /// `channel` locked.
     gpu_held: Mutex<HashMap<(u64, u64), HeldGpu>>,
-    transport_name: CString,
-    transport_reason: CString,
+    /// The report as last handed out, (name, reason): C holds pointers into these. Reports
+    /// that change (a new producer brings another GPU route) are kept, never freed before the
+    /// channel, so that no pointer handed out dangles.
+    reports: Mutex<Vec<(CString, CString)>>,
 }
 
 /// A received GPU message: the carrier's view (released by `lf_release`) and its payload,
@@ -155,6 +157,12 @@ impl From<ChannelConfig> for lf_channel_config {
             strict_gpu: u32::from(c.strict_gpu),
         }
     }
+}
+
+fn report_strings(info: &crate::channels::TransportInfo) -> (CString, CString) {
+    let name = CString::new(info.names()).expect("no NUL in transport names");
+    let reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
+    (name, reason)
 }
 
 fn invalid(message: String) -> Failure {
@@ -298,17 +306,19 @@ pub unsafe extern "C" fn lf_channel_create(
         };
         let channel = Channel::create(&context, name, role, &mine, &peer, &config)?;
         let info = channel.transport().clone();
-        let transport_name = CString::new(info.names()).expect("no NUL in transport names");
-        let transport_reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
+        let reports = Mutex::new(vec![report_strings(&info)]);
         let gpu_held = Mutex::new(HashMap::new());
-        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), gpu_held, transport_name, transport_reason })?);
+        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), gpu_held, reports })?);
         Ok(())
     })
 }
 
 /// Lends the name of the transports the channel uses (`"shm"`, or `"shm+vulkan_ipc"` when GPU
 /// buffers take the Vulkan IPC route) and, if `reason` is not NULL, sentences on each route:
-/// why it was chosen, and how GPU buffers are synchronised or why they are staged. Both strings are owned by the channel and valid until it is freed.
+/// why it was chosen, and how GPU buffers are synchronised or why they are staged. Both
+/// strings are owned by the channel and valid until it is freed. A consumer's report follows
+/// its current producer (a new one may bring another GPU route) from that producer's first
+/// GPU buffer on.
 ///
 /// # Safety
 /// `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
@@ -318,9 +328,18 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
     boundary("lf_channel_transport", || {
         let name = out_ptr(name, "name")?;
         let ch = handle_ref(channel, "channel")?;
-        write_out(name, ch.transport_name.as_ptr());
+        let mut reports = ch.reports.lock();
+        // A channel in use by another thread answers with the report it gave last.
+        if let Some(guard) = ch.channel.try_lock() {
+            let now = report_strings(guard.transport());
+            if reports.last() != Some(&now) {
+                reports.push(now);
+            }
+        }
+        let (now_name, now_reason) = reports.last().expect("one report from the start");
+        write_out(name, now_name.as_ptr());
         if !reason.is_null() {
-            write_out(reason, ch.transport_reason.as_ptr());
+            write_out(reason, now_reason.as_ptr());
         }
         Ok(())
     })

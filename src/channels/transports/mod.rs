@@ -209,20 +209,16 @@ pub(crate) struct ConsumerParts {
     pub(crate) info: TransportInfo,
 }
 
+/// The report of a plan: the carrier's route, and the GPU route (`None`: staged through the
+/// carrier, for the plan's last reason).
 fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
-    let mut routes = vec![Route { class: PayloadClass::Host, kind: plan.carrier, reason: plan.reasons[0].clone() }];
-    let mut reasons = plan.reasons.clone();
-    match gpu {
-        Some(route) => {
-            reasons.push(route.reason.clone());
-            routes.push(route);
-        }
-        None => {
-            let reason = reasons.last().cloned().unwrap_or_default();
-            routes.push(Route { class: PayloadClass::Gpu, kind: plan.carrier, reason });
-        }
-    }
-    TransportInfo { kind: plan.carrier, reason: reasons.join(". "), routes }
+    let carrier = Route { class: PayloadClass::Host, kind: plan.carrier, reason: plan.reasons[0].clone() };
+    let gpu = gpu.unwrap_or_else(|| Route {
+        class: PayloadClass::Gpu,
+        kind: plan.carrier,
+        reason: plan.reasons.last().cloned().unwrap_or_default(),
+    });
+    TransportInfo::new(vec![carrier, gpu])
 }
 
 /// Connects the producer's end: the carrier's rendezvous, with the GPU route's offer in it.
@@ -295,7 +291,7 @@ pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, c
             let id = receiver.route_id();
             receiver.new_session(session, sections.into_iter().find(|s| s.route == id))?;
         }
-        let info = report(plan, Some(receiver.route_info(plan.carrier)));
+        let info = report(plan, Some(receiver.route(plan.carrier)));
         return Ok(ConsumerParts { carrier, info, gpu: Some(Box::new(receiver)) });
     }
     Ok(ConsumerParts { carrier, gpu: None, info })

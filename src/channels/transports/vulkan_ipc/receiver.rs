@@ -76,31 +76,6 @@ impl Receiver {
         Section::new(ROUTE_ID, Identity { flags: 0, device_uuid: [0; 16], driver_uuid: [0; 16], declined: why.to_owned() }.encode())
     }
 
-    /// The route of the current producer's GPU buffers, as this side sees it.
-    pub(crate) fn route_info(&self, carrier: TransportKind) -> Route {
-        let info = self.device.info();
-        if let Some(why) = &self.staged {
-            return Route {
-                class: PayloadClass::Gpu,
-                kind: carrier,
-                reason: format!("GPU buffers: staged through {carrier} by the producer (copied to host memory): {why}"),
-            };
-        }
-        let sync = match &self.semaphore {
-            Some(_) => "GPU-side synchronisation through the producer's timeline semaphore".to_owned(),
-            None => format!("host-side synchronisation (buffers are complete when sent), because {}", self.no_semaphore),
-        };
-        Route {
-            class: PayloadClass::Gpu,
-            kind: TransportKind::VulkanIpc,
-            reason: format!(
-                "GPU buffers: vulkan_ipc, by reference (imported on {} {} once per arena); {sync}",
-                info.name,
-                format_uuid(&info.device_uuid)
-            ),
-        }
-    }
-
     /// Why this process's device cannot take the producer's semaphore.
     fn own_semaphore_gap(&self) -> String {
         let info = self.device.info();
@@ -160,6 +135,30 @@ impl RouteReceiver for Receiver {
         self.semaphore = Some(Arc::new(TimelineSemaphore::import(&self.device, fd)?));
         self.semaphore_fd = Some(kept);
         Ok(())
+    }
+
+    fn route(&self, carrier: TransportKind) -> Route {
+        let info = self.device.info();
+        if let Some(why) = &self.staged {
+            return Route {
+                class: PayloadClass::Gpu,
+                kind: carrier,
+                reason: format!("GPU buffers: staged through {carrier} by the producer (copied to host memory): {why}"),
+            };
+        }
+        let sync = match &self.semaphore {
+            Some(_) => "GPU-side synchronisation through the producer's timeline semaphore".to_owned(),
+            None => format!("host-side synchronisation (buffers are complete when sent), because {}", self.no_semaphore),
+        };
+        Route {
+            class: PayloadClass::Gpu,
+            kind: TransportKind::VulkanIpc,
+            reason: format!(
+                "GPU buffers: vulkan_ipc, by reference (imported on {} {} once per arena); {sync}",
+                info.name,
+                format_uuid(&info.device_uuid)
+            ),
+        }
     }
 
     fn end_session(&mut self) {
