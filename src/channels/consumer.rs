@@ -163,7 +163,10 @@ impl Consumer {
         Ok(Message { view, releaser: self.transport.message_releaser(), routed })
     }
 
-    /// Hands the route the current producer's rendezvous section when a new one attached.
+    /// Hands the route the current producer's rendezvous section when a new one attached (a
+    /// producer attaches on the receive path that found the old one gone), and refreshes the
+    /// report.
+    #[inline]
     fn sync_gpu_session(&mut self) -> Result<()> {
         if let Some((session, sections)) = self.transport.take_peer_sections() {
             if let Some(gpu) = self.gpu.as_mut() {
@@ -238,11 +241,24 @@ impl Consumer {
     }
     #[inline]
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
-        self.transport.recv(deadline).map_err(|e| self.gone(e))
+        let view = self.transport.recv(deadline).map_err(|e| self.gone(e))?;
+        self.after_receive(view)
     }
 
     pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
-        self.transport.try_recv().map_err(|e| self.gone(e))
+        let view = self.transport.try_recv().map_err(|e| self.gone(e))?;
+        self.after_receive(view)
+    }
+
+    /// A view from the slow path, where a new producer may have attached: its offer is read
+    /// first (the view is released if that fails).
+    #[inline]
+    fn after_receive(&mut self, view: RawView) -> Result<RawView> {
+        if let Err(e) = self.sync_gpu_session() {
+            let _ = self.transport.release(&view);
+            return Err(e);
+        }
+        Ok(view)
     }
 
     /// Releases a view received with `recv_raw` (the C API's path: views are plain values).

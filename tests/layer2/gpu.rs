@@ -565,3 +565,60 @@ fn a_full_channel_loses_no_arena_announcement() {
         }
     }
 }
+
+/// A consumer's report follows its current producer: one that sends GPU buffers by
+/// reference, then (after it has gone) one that stages them.
+#[test]
+fn the_consumer_report_follows_a_new_producer() {
+    const TEST: &str = "gpu::the_consumer_report_follows_a_new_producer";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut config = gpu_config();
+            if arg("which") == "staging" {
+                config.transports = Some(vec![TransportKind::Shm]);
+            }
+            let mut p = Producer::create(&context, "gpu-report", &here(), &here(), &config).unwrap();
+            let buffer = context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap();
+            write_message(&buffer, 0, 64, 0);
+            p.send_buffer(&buffer, 0, 64).unwrap();
+            p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut c = Consumer::create(&context, "gpu-report", &here(), &here(), &gpu_config()).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert!(m.buffer().is_some());
+            assert_eq!(c.transport().names(), "shm+vulkan_ipc", "{}", c.transport().reason);
+            drop(m);
+            report("first", 1);
+            let m = loop {
+                match c.recv_timeout(Duration::from_secs(30)) {
+                    Err(Error::PeerGone(_)) => std::thread::sleep(Duration::from_millis(2)),
+                    other => break other.unwrap(),
+                }
+            };
+            assert!(m.buffer().is_none(), "the second producer stages");
+            check(&m, 0);
+            let reason = &c.transport().reason;
+            assert_eq!(c.transport().names(), "shm", "{reason}");
+            assert!(reason.contains("staged") && reason.contains("offers no GPU route"), "{reason}");
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            let dir = test_dir("gpu-report");
+            let mut c = spawn(TEST, "consumer", &dir, &[]);
+            let mut c_out = stdout_of(&mut c);
+            let p1 = spawn(TEST, "producer", &dir, &[("which", "reference".to_owned())]);
+            expect_line(&mut c_out, "first");
+            wait_ok(p1, "first producer");
+            let p2 = spawn(TEST, "producer", &dir, &[("which", "staging".to_owned())]);
+            wait_ok(p2, "second producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
