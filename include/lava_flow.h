@@ -614,8 +614,7 @@ lf_status lf_channel_create(const struct lf_context *context,
 // buffers take the Vulkan IPC route) and, if `reason` is not NULL, sentences on each route:
 // why it was chosen, and how GPU buffers are synchronised or why they are staged. Both
 // strings are owned by the channel and valid until it is freed. A consumer's report follows
-// its current producer (a new one may bring another GPU route) from that producer's first
-// GPU buffer on.
+// its current producer: a new one may bring another GPU route.
 //
 // # Safety
 // `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
