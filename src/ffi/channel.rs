@@ -330,9 +330,10 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
         let mut reports = ch.reports.lock();
         // A channel in use by another thread answers with the report it gave last.
         if let Some(guard) = ch.channel.try_lock() {
-            let now = report_strings(guard.transport());
-            if reports.last() != Some(&now) {
-                reports.push(now);
+            let info = guard.transport();
+            let unchanged = reports.last().is_some_and(|(_, reason)| reason.as_bytes() == info.reason.as_bytes());
+            if !unchanged {
+                reports.push(report_strings(info));
             }
         }
         let (now_name, now_reason) = reports.last().expect("one report from the start");
