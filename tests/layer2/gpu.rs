@@ -411,11 +411,17 @@ fn gpu_channel_cycles_leak_nothing() {
                 let mut p = Producer::create(&context, "gpu-cycle", &here(), &here(), &gpu_config()).unwrap();
                 p.send_buffer(&buffers[i as usize % 4], 0, 64).unwrap();
                 p.wait_completed(0, Some(Duration::from_secs(10))).unwrap();
+                if i % 250 == 0 {
+                    eprintln!("producer: cycle {i}");
+                }
             }
             assert_eq!(open_fds(), fds, "fds leaked over {CYCLES} channels");
             let mut p = Producer::create(&context, "gpu-stream", &here(), &here(), &gpu_config()).unwrap();
             for seq in 0..MESSAGES {
                 p.send_buffer(&buffers[seq as usize % 4], (seq as usize % 64) * 64, 64).unwrap();
+                if seq % 25_000 == 0 {
+                    eprintln!("producer: message {seq}");
+                }
             }
             p.wait_completed(MESSAGES - 1, Some(Duration::from_secs(60))).unwrap();
             drop(p);

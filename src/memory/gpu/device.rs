@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -299,8 +299,27 @@ pub(crate) struct DeviceShared {
     pub(crate) import_cache: Mutex<HashMap<ArenaId, Weak<Arena>>>,
 }
 
+/// The Vulkan loader, loaded once per process and never unloaded: loading is slow, and a
+/// loader (or driver) unloaded while another thread is inside it crashes that thread.
+fn loader() -> Result<ash::Entry> {
+    static ENTRY: OnceLock<std::result::Result<ash::Entry, String>> = OnceLock::new();
+    // SAFETY: loading libvulkan runs its initialisers; the loader is designed for that, and
+    // the static keeps the library loaded for the rest of the process.
+    let entry = ENTRY.get_or_init(|| unsafe { ash::Entry::load() }.map_err(|e| e.to_string()));
+    entry.clone().map_err(|e| {
+        Error::Unsupported(format!("no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"))
+    })
+}
+
+/// Held while an instance and its device are created or destroyed: the loader's list of
+/// drivers is not safe against one thread creating an instance while another destroys one
+/// (seen with NVIDIA's driver as heap corruption in a process opening and closing contexts
+/// in two threads), so lava-flow does those one at a time.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+
 impl Drop for DeviceShared {
     fn drop(&mut self) {
+        let _lifecycle = LIFECYCLE.lock();
         // SAFETY: this is the last reference to the device: every arena and buffer holds a
         // VulkanDevice clone, so none is alive. Waiting for idle first means no command still
         // uses the objects destroyed here.
@@ -366,11 +385,8 @@ impl VulkanDevice {
             (None, false) => None,
         };
 
-        // SAFETY: loading libvulkan runs its initialisers; the loader is designed for that,
-        // and the Entry keeps the library loaded as long as any object made from it lives.
-        let entry = unsafe { ash::Entry::load() }.map_err(|e| {
-            Error::Unsupported(format!("no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"))
-        })?;
+        let entry = loader()?;
+        let _lifecycle = LIFECYCLE.lock();
         // SAFETY: a plain query on a loaded entry.
         let instance_version = unsafe { entry.try_enumerate_instance_version() }
             .map_err(vk_err("vkEnumerateInstanceVersion"))?
