@@ -299,22 +299,62 @@ pub(crate) struct DeviceShared {
     pub(crate) import_cache: Mutex<HashMap<ArenaId, Weak<Arena>>>,
 }
 
-/// The Vulkan loader, loaded once per process and never unloaded: loading is slow, and a
-/// loader (or driver) unloaded while another thread is inside it crashes that thread.
-fn loader() -> Result<ash::Entry> {
-    static ENTRY: OnceLock<std::result::Result<ash::Entry, String>> = OnceLock::new();
-    // SAFETY: loading libvulkan runs its initialisers; the loader is designed for that, and
-    // the static keeps the library loaded for the rest of the process.
-    let entry = ENTRY.get_or_init(|| unsafe { ash::Entry::load() }.map_err(|e| e.to_string()));
-    entry.clone().map_err(|e| {
-        Error::Unsupported(format!("no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"))
-    })
+/// The Vulkan loader and one instance, made once per process and never destroyed: all of a
+/// process's contexts open their devices on it. A driver unloaded, or an instance destroyed,
+/// while another thread is inside the driver crashes that thread (seen with NVIDIA's driver:
+/// heap corruption and calls into unloaded code in a process opening and closing contexts in
+/// two threads); one instance for the process's life avoids both, and costs one instance.
+fn process_instance() -> Result<(ash::Entry, ash::Instance, u32)> {
+    /// A failure, kept to be told again: Unsupported (no loader, driver or device) or a
+    /// Vulkan error.
+    type Kept = std::result::Result<(ash::Entry, ash::Instance, u32), (bool, String)>;
+    static INSTANCE: OnceLock<Kept> = OnceLock::new();
+    let kept = INSTANCE.get_or_init(|| {
+        create_instance().map_err(|e| match e {
+            Error::Unsupported(m) => (true, m),
+            other => (false, other.to_string()),
+        })
+    });
+    match kept {
+        Ok(instance) => Ok(instance.clone()),
+        Err((true, m)) => Err(Error::Unsupported(m.clone())),
+        Err((false, m)) => Err(Error::Vulkan(m.clone())),
+    }
 }
 
-/// Held while an instance and its device are created or destroyed: the loader's list of
-/// drivers is not safe against one thread creating an instance while another destroys one
-/// (seen with NVIDIA's driver as heap corruption in a process opening and closing contexts
-/// in two threads), so lava-flow does those one at a time.
+fn create_instance() -> Result<(ash::Entry, ash::Instance, u32)> {
+    // SAFETY: loading libvulkan runs its initialisers; the loader is designed for that, and
+    // the process-wide instance keeps the library loaded for the rest of the process.
+    let entry = unsafe { ash::Entry::load() }.map_err(|e| {
+        Error::Unsupported(format!("no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"))
+    })?;
+    // SAFETY: a plain query on a loaded entry.
+    let instance_version = unsafe { entry.try_enumerate_instance_version() }
+        .map_err(vk_err("vkEnumerateInstanceVersion"))?
+        .unwrap_or(vk::API_VERSION_1_0);
+    if instance_version < vk::API_VERSION_1_1 {
+        return Err(Error::Unsupported(format!(
+            "the Vulkan loader offers API {}, lava-flow needs 1.1 or newer; update libvulkan1",
+            format_api_version(instance_version)
+        )));
+    }
+    let api = instance_version.min(vk::API_VERSION_1_3);
+    // (No c"" literals: they need Rust 1.77 and the crate supports 1.75.)
+    let name = CStr::from_bytes_with_nul(b"lava-flow\0").expect("NUL-terminated");
+    let app = vk::ApplicationInfo::default().application_name(name).engine_name(name).api_version(api);
+    let create = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: create info and the strings it points to outlive the call.
+    let instance = unsafe { entry.create_instance(&create, None) }.map_err(|r| {
+        if r == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
+            Error::Unsupported(format!("vkCreateInstance: no Vulkan driver (ICD) found; {FIX_HINT}"))
+        } else {
+            vk_err("vkCreateInstance")(r)
+        }
+    })?;
+    Ok((entry, instance, api))
+}
+
+/// Held while a device is created or destroyed, so that drivers see one at a time.
 static LIFECYCLE: Mutex<()> = Mutex::new(());
 
 impl Drop for DeviceShared {
@@ -327,7 +367,7 @@ impl Drop for DeviceShared {
             let _ = self.device.device_wait_idle();
             self.submitter.get_mut().destroy(&self.device);
             self.device.destroy_device(None);
-            self.instance.destroy_instance(None);
+            // The instance is the process's (see `process_instance`).
         }
     }
 }
@@ -385,44 +425,9 @@ impl VulkanDevice {
             (None, false) => None,
         };
 
-        let entry = loader()?;
+        let (entry, instance, api) = process_instance()?;
         let _lifecycle = LIFECYCLE.lock();
-        // SAFETY: a plain query on a loaded entry.
-        let instance_version = unsafe { entry.try_enumerate_instance_version() }
-            .map_err(vk_err("vkEnumerateInstanceVersion"))?
-            .unwrap_or(vk::API_VERSION_1_0);
-        if instance_version < vk::API_VERSION_1_1 {
-            return Err(Error::Unsupported(format!(
-                "the Vulkan loader offers API {}, lava-flow needs 1.1 or newer; update libvulkan1",
-                format_api_version(instance_version)
-            )));
-        }
-        let api = instance_version.min(vk::API_VERSION_1_3);
-        // (No c"" literals: they need Rust 1.77 and the crate supports 1.75.)
-        let name = CStr::from_bytes_with_nul(b"lava-flow\0").expect("NUL-terminated");
-        let app = vk::ApplicationInfo::default()
-            .application_name(name)
-            .engine_name(name)
-            .api_version(api);
-        let create = vk::InstanceCreateInfo::default().application_info(&app);
-        // SAFETY: create info and the strings it points to outlive the call.
-        let instance = unsafe { entry.create_instance(&create, None) }.map_err(|r| {
-            if r == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
-                Error::Unsupported(format!("vkCreateInstance: no Vulkan driver (ICD) found; {FIX_HINT}"))
-            } else {
-                vk_err("vkCreateInstance")(r)
-            }
-        })?;
-        // From here on, the instance must be destroyed on every error path, while the loader
-        // (held by `entry`) is still loaded.
-        match Self::open_on(entry.clone(), instance.clone(), api, selector) {
-            Ok(device) => Ok(device),
-            Err(e) => {
-                // SAFETY: nothing made from the instance survives a failed open_on.
-                unsafe { instance.destroy_instance(None) };
-                Err(e)
-            }
-        }
+        Self::open_on(entry, instance, api, selector)
     }
 
     fn open_on(
