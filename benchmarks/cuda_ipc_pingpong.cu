@@ -57,6 +57,8 @@
 #include <string>
 #include <vector>
 
+#include "pingpong_common.cuh"
+
 static const char *g_role = "main";
 static int g_sock = -1;
 static pid_t g_child = -1;  // set in the parent only
@@ -64,22 +66,6 @@ static pid_t g_child = -1;  // set in the parent only
 static const int kTimeoutS = 30;          // the longest either side waits for the other
 static const uint32_t kSlots = 4;         // buffers A cycles through in `handoff`
 static const size_t kGranule = 2u << 20;  // CUDA's allocation granularity
-
-// Waits up to grace_ms for the child, then kills it: the parent must never hang on it.
-static int reap(pid_t pid, int grace_ms) {
-    int status = 0;
-    for (int waited = 0;; waited += 10) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return status;
-        if (r < 0) return -1;
-        if (waited >= grace_ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return status;
-        }
-        usleep(10000);
-    }
-}
 
 [[noreturn]] static void fail(const char *format, ...) {
     std::fflush(stdout);
@@ -102,12 +88,6 @@ static int reap(pid_t pid, int grace_ms) {
         cudaError_t error_ = (call);                                                              \
         if (error_ != cudaSuccess) fail("%s: %s", #call, cudaGetErrorString(error_));             \
     } while (0)
-
-static double now_us() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return double(t.tv_sec) * 1e6 + double(t.tv_nsec) / 1e3;
-}
 
 static size_t rounded(size_t n) { return (n + kGranule - 1) / kGranule * kGranule; }
 
@@ -184,21 +164,6 @@ static Msg request(const Msg &m, const void *payload = nullptr, size_t n = 0) {
 }
 
 // ---- kernels: 32-bit words, grid-stride ----
-
-__global__ void fill_words(uint32_t *p, size_t words, uint32_t value) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
-        p[i] = value;
-}
-
-__global__ void sum_words(const uint32_t *p, size_t words, unsigned long long *out) {
-    unsigned long long s = 0;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
-        s += p[i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0 && s != 0) atomicAdd(out, s);
-}
-
-static const unsigned kThreads = 256;
 
 struct Gpu {
     int device;
@@ -283,21 +248,7 @@ static Options parse(int argc, char **argv) {
         } else if (arg == "--device") {
             o.device = std::atoi(next().c_str());
         } else if (arg == "--sizes") {
-            o.sizes.clear();
-            std::string list = next();
-            for (size_t at = 0; at <= list.size();) {
-                size_t comma = list.find(',', at);
-                if (comma == std::string::npos) comma = list.size();
-                std::string item = list.substr(at, comma - at);
-                char *end = nullptr;
-                unsigned long long n = std::strtoull(item.c_str(), &end, 10);
-                if (item.empty() || *end != '\0' || n == 0 || n % 4 != 0) {
-                    std::fprintf(stderr, "--sizes: '%s' is not a positive multiple of 4 bytes\n", item.c_str());
-                    std::exit(2);
-                }
-                o.sizes.push_back(size_t(n));
-                at = comma + 1;
-            }
+            o.sizes = parse_sizes(next());
         } else {
             usage(argv[0]);
         }
@@ -311,16 +262,6 @@ static Options parse(int argc, char **argv) {
         o.copy_reps /= 2;
     }
     return o;
-}
-
-struct Stats {
-    double p50, p99;
-};
-
-static Stats stats(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return {v[n / 2], v[std::min(n - 1, n * 99 / 100)]};
 }
 
 // ---- consumer B: answers A's requests until OP_QUIT ----

@@ -60,6 +60,8 @@
 #include <tuple>
 #include <vector>
 
+#include "pingpong_common.cuh"
+
 static const char *g_role = "main";
 static pid_t g_child = -1;  // set in the parent only
 
@@ -67,22 +69,6 @@ static const int kTimeoutS = 30;                              // the longest eit
 static const int64_t kTimeoutNs = int64_t(kTimeoutS) * 1000000000;
 static const unsigned kWatchdogS = 120;                       // no phase of the run takes this long
 static const size_t kSlot = sizeof(unsigned long long);       // one round's sum in B's buffer
-
-// Waits up to grace_ms for the child, then kills it: the parent must never hang on it.
-static int reap(pid_t pid, int grace_ms) {
-    int status = 0;
-    for (int waited = 0;; waited += 10) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return status;
-        if (r < 0) return -1;
-        if (waited >= grace_ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return status;
-        }
-        usleep(10000);
-    }
-}
 
 [[noreturn]] static void fail(const char *format, ...) {
     std::fflush(stdout);
@@ -128,28 +114,7 @@ static void progress() { alarm(kWatchdogS); }
         if (status_ != LF_OK) fail("%s: %s: %s", #call, lf_status_str(status_), lf_last_error_message()); \
     } while (0)
 
-static double now_us() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return double(t.tv_sec) * 1e6 + double(t.tv_nsec) / 1e3;
-}
-
 // ---- kernels: 32-bit words, grid-stride (as in cuda_ipc_pingpong) ----
-
-__global__ void fill_words(uint32_t *p, size_t words, uint32_t value) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
-        p[i] = value;
-}
-
-__global__ void sum_words(const uint32_t *p, size_t words, unsigned long long *out) {
-    unsigned long long s = 0;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
-        s += p[i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0 && s != 0) atomicAdd(out, s);
-}
-
-static const unsigned kThreads = 256;
 
 // ---- options ----
 
@@ -192,21 +157,7 @@ static Options parse(int argc, char **argv) {
         } else if (arg == "--device") {
             o.device = std::atoi(next().c_str());
         } else if (arg == "--sizes") {
-            o.sizes.clear();
-            std::string list = next();
-            for (size_t at = 0; at <= list.size();) {
-                size_t comma = list.find(',', at);
-                if (comma == std::string::npos) comma = list.size();
-                std::string item = list.substr(at, comma - at);
-                char *end = nullptr;
-                unsigned long long n = std::strtoull(item.c_str(), &end, 10);
-                if (item.empty() || *end != '\0' || n == 0 || n % 4 != 0) {
-                    std::fprintf(stderr, "--sizes: '%s' is not a positive multiple of 4 bytes\n", item.c_str());
-                    std::exit(2);
-                }
-                o.sizes.push_back(size_t(n));
-                at = comma + 1;
-            }
+            o.sizes = parse_sizes(next());
         } else {
             usage(argv[0]);
         }
@@ -218,17 +169,6 @@ static Options parse(int argc, char **argv) {
         o.gpu_iters /= 2;
     }
     return o;
-}
-
-struct Stats {
-    double p50, p99;
-};
-
-static Stats stats(std::vector<double> v) {
-    if (v.empty()) return {0, 0};
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return {v[n / 2], v[std::min(n - 1, n * 99 / 100)]};
 }
 
 static std::string json_escape(const char *s) {
