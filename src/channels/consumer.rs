@@ -5,7 +5,7 @@ use std::future::Future;
 use std::ops::Deref;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, AsFd};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -22,8 +22,9 @@ use crate::types::ProcessLocation;
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
 pub struct Consumer {
     transport: AnyConsumer,
-    /// The route of GPU buffers by reference, if the channel has one.
+    /// The route of GPU buffers by reference, if the channel has one, and its id.
     gpu: Option<Box<dyn RouteReceiver>>,
+    gpu_route: u32,
     info: TransportInfo,
     name: String,
     context: MemoryContext,
@@ -54,6 +55,7 @@ impl Consumer {
         let parts = transports::listen_consumer(name, &plan, config, context)?;
         Ok(Consumer {
             transport: parts.carrier,
+            gpu_route: parts.gpu.as_ref().map_or(u32::MAX, |g| g.route_id()),
             gpu: parts.gpu,
             info: parts.info,
             name: name.to_owned(),
@@ -159,8 +161,8 @@ impl Consumer {
 
     #[inline(never)]
     fn wrap_routed(&mut self, view: RawView) -> Result<Message> {
-        let routed = Some(Box::new(self.resolve(&view)?));
-        Ok(Message { view, releaser: self.transport.message_releaser(), routed })
+        let payload = self.resolve(&view)?;
+        Ok(Message { view, releaser: self.transport.message_releaser(), routed: Some(Routed { payload, buffer: OnceLock::new() }) })
     }
 
     /// Hands the route the current producer's rendezvous section when a new one attached (a
@@ -180,6 +182,7 @@ impl Consumer {
 
     /// The payload a routed view names, reading the attachments that came before it. A view
     /// that cannot be resolved is released before the error is returned.
+    #[inline]
     pub(crate) fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
         let result = self.try_resolve(view);
         if result.is_err() {
@@ -188,26 +191,29 @@ impl Consumer {
         result
     }
 
+    #[inline]
     fn try_resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
-        let route = view.route().expect("a routed view");
         self.sync_gpu_session()?;
-        let Some(gpu) = self.gpu.as_mut().filter(|g| g.route_id() == route) else {
-            return Err(Error::Corrupt(format!(
-                "channel {:?}: message {} names route {route}, which this channel does not use",
-                self.name, view.token
-            )));
-        };
-        if view.len > Packed::MAX_DESCRIPTOR {
-            return Err(Error::Corrupt(format!("channel {:?}: message {} has a {}-byte route descriptor", self.name, view.token, view.len)));
+        if view.route() != Some(self.gpu_route) || view.len > Packed::MAX_DESCRIPTOR {
+            return Err(self.unroutable(view));
         }
+        let Some(gpu) = self.gpu.as_mut() else { return Err(self.unroutable(view)) };
         // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
         // which stays mapped while the view is held. The producer can still write them: the
         // route reads each field once and checks what it read.
         let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) };
+        match gpu.resolve(descriptor)? {
+            Some(payload) => Ok(payload),
+            None => self.resolve_after_attachments(view, descriptor),
+        }
+    }
+
+    /// A routed view whose memory the route does not know yet: the attachments that came
+    /// before it say what it is.
+    #[cold]
+    fn resolve_after_attachments(&mut self, view: &RawView, descriptor: &[u8]) -> Result<RoutedPayload> {
+        let gpu = self.gpu.as_mut().expect("checked by try_resolve");
         loop {
-            if let Some(payload) = gpu.resolve(descriptor)? {
-                return Ok(payload);
-            }
             let attachments = self.transport.take_attachments()?;
             if attachments.is_empty() {
                 return Err(Error::Corrupt(format!(
@@ -215,9 +221,23 @@ impl Consumer {
                     self.name, view.token
                 )));
             }
-            for attachment in attachments.into_iter().filter(|a| a.route == route) {
+            for attachment in attachments.into_iter().filter(|a| a.route == self.gpu_route) {
                 gpu.attach(attachment)?;
             }
+            if let Some(payload) = gpu.resolve(descriptor)? {
+                return Ok(payload);
+            }
+        }
+    }
+
+    #[cold]
+    fn unroutable(&self, view: &RawView) -> Error {
+        match view.route() {
+            Some(route) if view.len <= Packed::MAX_DESCRIPTOR => Error::Corrupt(format!(
+                "channel {:?}: message {} names route {route}, which this channel does not use",
+                self.name, view.token
+            )),
+            _ => Error::Corrupt(format!("channel {:?}: message {} has a {}-byte route descriptor", self.name, view.token, view.len)),
         }
     }
 
@@ -299,8 +319,15 @@ impl Drop for Consumer {
 pub struct Message {
     view: RawView,
     releaser: MessageReleaser,
-    /// A GPU buffer's payload (boxed: the hot path moves CPU messages).
-    routed: Option<Box<RoutedPayload>>,
+    /// A GPU buffer's payload.
+    routed: Option<Routed>,
+}
+
+/// A GPU buffer's payload, and the buffer over it once asked for (boxed: the hot path moves
+/// CPU messages, and many GPU messages are handed on without one).
+struct Routed {
+    payload: RoutedPayload,
+    buffer: OnceLock<Box<Buffer>>,
 }
 
 // SAFETY: the view points into a mapping that its session keeps alive until the view is
@@ -330,13 +357,13 @@ impl Message {
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
         if let Some(routed) = &self.routed {
-            let ptr = routed.buffer.as_ptr();
+            let ptr = routed.payload.as_ptr();
             if ptr.is_null() {
                 return &[];
             }
-            // SAFETY: the buffer is a live view of `len()` bytes mapped in this process, kept
-            // alive (and unwritten by a well-behaved producer) until the release.
-            return unsafe { std::slice::from_raw_parts(ptr, routed.buffer.len()) };
+            // SAFETY: the payload is `len` bytes mapped in this process, kept alive (and
+            // unwritten by a well-behaved producer) by its memory until the release.
+            return unsafe { std::slice::from_raw_parts(ptr, routed.payload.len) };
         }
         // SAFETY: the transport validated that view.len bytes at view.ptr lie inside its
         // mapping, which `releaser` keeps alive; the producer does not reuse them before the
@@ -346,7 +373,7 @@ impl Message {
 
     /// The payload's length in bytes (a GPU buffer's too).
     pub fn len(&self) -> usize {
-        self.routed.as_ref().map_or(self.view.len, |r| r.buffer.len())
+        self.routed.as_ref().map_or(self.view.len, |r| r.payload.len)
     }
 
     /// Always false: a message has at least one byte.
@@ -358,13 +385,13 @@ impl Message {
     /// [`Buffer::read_at`] and [`Buffer::export`] while the message is held. `None` for
     /// messages in host memory.
     pub fn buffer(&self) -> Option<&Buffer> {
-        self.routed.as_ref().map(|r| &r.buffer)
+        self.routed.as_ref().map(|r| &**r.buffer.get_or_init(|| Box::new(r.payload.to_buffer())))
     }
 
     /// For a GPU buffer: the value of the channel's ready semaphore at which its contents are
     /// in place (0: now). lava-flow's own GPU work on [`Message::buffer`] waits for it.
     pub fn ready_value(&self) -> u64 {
-        self.routed.as_ref().map_or(0, |r| r.ready_value)
+        self.routed.as_ref().map_or(0, |r| r.payload.ready_value)
     }
 }
 

@@ -4,7 +4,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::transport::{ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
+use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
 use super::transports::{self, AnyProducer};
 use super::{plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
 use crate::error::{Error, Result};
@@ -18,6 +18,9 @@ pub struct Producer {
     transport: AnyProducer,
     /// The route of GPU buffers by reference; `None`: they are staged through the carrier.
     gpu: Option<Box<dyn RouteSender>>,
+    /// The GPU route's id, and every GPU message packed here (see [`Packed`]).
+    gpu_route: u32,
+    packed: Packed,
     info: TransportInfo,
     name: String,
     context: Context,
@@ -49,7 +52,9 @@ impl Producer {
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
         Ok(Producer {
             transport: parts.carrier,
+            gpu_route: parts.gpu.as_ref().map_or(0, |g| g.route_id()),
             gpu: parts.gpu,
+            packed: Packed::default(),
             info: parts.info,
             name: name.to_owned(),
             context: context.clone(),
@@ -279,19 +284,13 @@ impl Producer {
             }
             return self.send_staged(buffer, offset, len, deadline);
         };
-        let mut packed = gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint())?;
-        let route = gpu.route_id();
+        let packed = &mut self.packed;
+        gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint(), packed)?;
         let descriptor = &packed.descriptor[..packed.descriptor_len];
-        match self.transport.send_routed(route, descriptor, &mut packed.attachments, deadline) {
-            Ok(seq) => {
-                gpu.sent(seq);
-                Ok(seq)
-            }
-            Err(e) => {
-                gpu.unsent(std::mem::take(&mut packed.attachments));
-                Err(e)
-            }
-        }
+        // Attachments that did not go out stay in `packed` for the next message.
+        let seq = self.transport.send_routed(self.gpu_route, descriptor, &mut packed.attachments, deadline)?;
+        gpu.sent(seq);
+        Ok(seq)
     }
 
     /// Copies a GPU buffer's bytes into the channel (the consumer gets host memory).

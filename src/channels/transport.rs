@@ -401,12 +401,20 @@ pub trait ConsumerTransport: Send {
 
 
 /// A route's descriptor of one payload, with what the consumer must learn before it (an
-/// arena's memory file the first time).
+/// arena's memory file the first time). The producer keeps one and packs every message into
+/// it: attachments of a message that did not go out (no room, timeout) stay at the front and
+/// go with the next, so the consumer still learns what they say before anything needs it.
 pub struct Packed {
     /// The descriptor's first `descriptor_len` bytes (no allocation per message).
     pub descriptor: [u8; Packed::MAX_DESCRIPTOR],
     pub descriptor_len: usize,
     pub attachments: Vec<Section>,
+}
+
+impl Default for Packed {
+    fn default() -> Packed {
+        Packed { descriptor: [0; Packed::MAX_DESCRIPTOR], descriptor_len: 0, attachments: Vec::new() }
+    }
 }
 
 impl Packed {
@@ -422,31 +430,59 @@ pub trait RouteSender: Send {
     /// Which transport, and how it synchronises, for the channel's report.
     fn route(&self) -> &Route;
 
-    /// Packs `len` bytes at `offset` of `buffer`. `ready_value`: 0 when the bytes are in
-    /// place now, else the value of the route's ready semaphore at which they will be (the
-    /// producer's own GPU work signals it). `completed`: how many messages the consumer is
-    /// known to have released, so that the route may let go of memory no message needs.
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64) -> Result<Packed>;
+    /// Packs `len` bytes at `offset` of `buffer` into `out`: its descriptor, and attachments
+    /// appended to those already there. `ready_value`: 0 when the bytes are in place now, else
+    /// the value of the route's ready semaphore at which they will be (the producer's own GPU
+    /// work signals it). `completed`: how many messages the consumer is known to have
+    /// released, so that the route may let go of memory no message needs.
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()>;
 
     /// The message just packed went out as `seq`: the route keeps its memory alive until the
     /// consumer has released it.
     fn sent(&mut self, seq: u64);
-
-    /// The message just packed did not go out (no room, timeout): its attachments go with the
-    /// next message instead, so that the consumer still learns what they say before anything
-    /// needs it.
-    fn unsent(&mut self, attachments: Vec<Section>);
 
     /// A new descriptor of the route's ready semaphore, for the producer's own GPU work to
     /// signal (`Unsupported` where the route synchronises on the host).
     fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
 }
 
-/// A payload as a route hands it to the consumer: a buffer over the producer's memory, ready
-/// for use once `ready_value` is reached (0: now).
+/// Memory a route received from its peer (an imported arena), shared by every message into it.
+pub trait RoutedMemory: Send + Sync {
+    /// Byte 0 in this process where the host maps the memory, else null.
+    fn host_base(&self) -> *mut u8;
+    /// A buffer over `len` bytes at `offset`, whose GPU work waits for `ready_value` (0: none).
+    /// The route checked the range when it resolved the message.
+    fn view(self: Arc<Self>, offset: u64, len: usize, ready_value: u64) -> Buffer;
+}
+
+/// A payload as a route hands it to the consumer: `len` bytes at `offset` of the producer's
+/// memory, ready for use once `ready_value` is reached (0: now). Made with one reference
+/// count and nothing else; the [`Buffer`] over it is made when asked for.
+#[derive(Clone)]
 pub struct RoutedPayload {
-    pub buffer: Buffer,
+    pub memory: Arc<dyn RoutedMemory>,
+    pub offset: u64,
+    pub len: usize,
     pub ready_value: u64,
+}
+
+impl RoutedPayload {
+    /// The first byte in this process, or null where the host cannot map the memory.
+    #[inline]
+    pub fn as_ptr(&self) -> *const u8 {
+        let base = self.memory.host_base();
+        if base.is_null() {
+            return std::ptr::null();
+        }
+        // SAFETY: the route checked offset + len against the memory's size, and the memory
+        // is mapped from byte 0 (`host_base`).
+        unsafe { base.add(self.offset as usize) }
+    }
+
+    /// A buffer over the payload, which holds the memory itself.
+    pub fn to_buffer(&self) -> Buffer {
+        Arc::clone(&self.memory).view(self.offset, self.len, self.ready_value)
+    }
 }
 
 /// The receiving half of a payload route.

@@ -582,11 +582,11 @@ fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf
         return Ok(());
     }
     let payload = consumer.resolve(&view)?;
-    // NULL where the host cannot map the memory (as_ptr builds no error message).
-    let data = payload.buffer.as_ptr().cast_const().cast();
+    // NULL where the host cannot map the memory.
+    let data = payload.as_ptr().cast();
     let m = lf_message {
         data,
-        len: payload.buffer.len(),
+        len: payload.len,
         sequence: view.token,
         session: view.session,
         flags: LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU,
@@ -705,7 +705,7 @@ pub unsafe extern "C" fn lf_message_buffer(channel: *mut lf_channel, message: *c
             Some(handle) => handle,
             None => {
                 let payload = entry.payload.take().expect("a payload until its handle is made");
-                let handle = lf_buffer::into_borrowed_handle(payload.buffer)?;
+                let handle = lf_buffer::into_borrowed_handle(payload.to_buffer())?;
                 entry.handle = Some(handle);
                 handle
             }

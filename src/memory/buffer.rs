@@ -184,13 +184,28 @@ impl Buffer {
                 )));
             }
         }
-        let ptr = if whole.is_host_mappable() {
-            let base = whole.map()?.as_ptr();
-            // SAFETY: offset + len <= whole.size() (checked above): the result lies inside
-            // the mapping of `whole`, which lives as long as the view holds it.
-            NonNull::new(unsafe { base.add(offset as usize) })
-        } else {
+        let base = if whole.is_host_mappable() { whole.map()?.as_ptr() } else { std::ptr::null_mut() };
+        Ok(Buffer::gpu_view_mapped(whole, offset, len, base, wait, origin))
+    }
+
+    /// [`Buffer::gpu_view`] of a range already checked, with `whole`'s mapping (`base`, null
+    /// where the host cannot map it) already looked up: no check, no lock, no call.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn gpu_view_mapped(
+        whole: Arc<GpuBuffer>,
+        offset: u64,
+        len: usize,
+        base: *mut u8,
+        wait: Option<(Arc<TimelineSemaphore>, u64)>,
+        origin: BufferOrigin,
+    ) -> Buffer {
+        debug_assert!(len > 0 && offset + len as u64 <= whole.size());
+        let ptr = if base.is_null() {
             None
+        } else {
+            // SAFETY: offset + len <= whole.size() (the caller checked): the result lies
+            // inside the mapping of `whole`, which lives as long as the view holds it.
+            NonNull::new(unsafe { base.add(offset as usize) })
         };
         let location = match whole.kind() {
             GpuMemoryKind::DeviceLocal => MemoryLocation::GpuDeviceLocal,
@@ -204,7 +219,7 @@ impl Buffer {
             page_size: crate::os::mapping::page_size(),
             origin,
         };
-        Ok(Buffer { ptr, len, info, backing: Backing::GpuView { whole, offset, wait }, registry: None, fallback: None })
+        Buffer { ptr, len, info, backing: Backing::GpuView { whole, offset, wait }, registry: None, fallback: None }
     }
 
     pub fn id(&self) -> BufferId {

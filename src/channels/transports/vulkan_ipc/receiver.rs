@@ -5,17 +5,46 @@ use std::sync::Arc;
 
 use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_SEMAPHORE};
 use super::ROUTE_ID;
-use crate::channels::transport::{PayloadClass, Route, RouteReceiver, RoutedPayload, Section, TransportKind};
+use crate::channels::transport::{PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, Section, TransportKind};
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
 use crate::memory::{Buffer, BufferOrigin, Context};
 
-/// An arena of the current producer, imported on this process's device.
-struct Imported {
-    generation: u32,
+/// An arena of the current producer, imported on this process's device, with what its
+/// messages' views need: its mapping and the session's semaphore.
+struct ImportedArena {
     /// A buffer over the whole arena; a message's buffer is a view of it.
     whole: Arc<GpuBuffer>,
+    size: u64,
+    /// Byte 0 in this process, or null where the host cannot map the memory.
+    base: *mut u8,
+    semaphore: Option<Arc<TimelineSemaphore>>,
     exporter_pid: u32,
+}
+
+// SAFETY: `base` is the arena's mapping, which lives as long as `whole`; GpuBuffer and
+// TimelineSemaphore are Send + Sync, and the pointer is only read.
+unsafe impl Send for ImportedArena {}
+// SAFETY: as above; nothing here is mutated after construction.
+unsafe impl Sync for ImportedArena {}
+
+impl RoutedMemory for ImportedArena {
+    #[inline]
+    fn host_base(&self) -> *mut u8 {
+        self.base
+    }
+
+    fn view(self: Arc<Self>, offset: u64, len: usize, ready_value: u64) -> Buffer {
+        let wait = self.semaphore.as_ref().filter(|_| ready_value != 0).map(|s| (Arc::clone(s), ready_value));
+        let origin = BufferOrigin::Imported { exporter_pid: self.exporter_pid };
+        Buffer::gpu_view_mapped(Arc::clone(&self.whole), offset, len, self.base, wait, origin)
+    }
+}
+
+/// A slot's arena and its generation.
+struct Imported {
+    generation: u32,
+    arena: Arc<ImportedArena>,
 }
 
 /// The consumer's side of the route: the producer's arenas imported here, by slot.
@@ -183,11 +212,14 @@ impl RouteReceiver for Receiver {
                     .importer
                     .import(GpuExport { desc, fd })
                     .map_err(|e| self.corrupt(format!("passed an arena this device cannot import: {e}")))?;
+                // Mapped once here, so that no message's view needs to.
+                let base = if whole.is_host_mappable() { whole.map()?.as_ptr() } else { std::ptr::null_mut() };
+                let arena = ImportedArena { size: whole.size(), whole: Arc::new(whole), base, semaphore: self.semaphore.clone(), exporter_pid };
                 let index = slot as usize;
                 if self.arenas.len() <= index {
                     self.arenas.resize_with(index + 1, || None);
                 }
-                self.arenas[index] = Some(Imported { generation, whole: Arc::new(whole), exporter_pid });
+                self.arenas[index] = Some(Imported { generation, arena: Arc::new(arena) });
                 self.imports += 1;
             }
             Attachment::Forget { slot, generation } => {
@@ -211,19 +243,17 @@ impl RouteReceiver for Receiver {
             // Its arena's attachment has not been read yet (the caller reads and retries).
             return Ok(None);
         };
-        let size = arena.whole.size();
+        let size = arena.arena.size;
         if d.len == 0 || d.offset.checked_add(d.len).map_or(true, |end| end > size) {
             return Err(self.corrupt(format!(
                 "names {} bytes at offset {} of an arena of {size} bytes",
                 d.len, d.offset
             )));
         }
-        let wait = if d.ready_value == 0 {
-            None
-        } else {
-            let Some(semaphore) = &self.semaphore else {
+        if d.ready_value != 0 {
+            if arena.arena.semaphore.is_none() {
                 return Err(self.corrupt(format!("names ready value {} but shares no semaphore ({})", d.ready_value, self.no_semaphore)));
-            };
+            }
             if d.ready_value < self.last_ready {
                 return Err(self.corrupt(format!(
                     "names ready value {}, below the previous message's {}: semaphore values must not go backwards",
@@ -231,11 +261,9 @@ impl RouteReceiver for Receiver {
                 )));
             }
             self.last_ready = d.ready_value;
-            Some((Arc::clone(semaphore), d.ready_value))
-        };
-        let origin = BufferOrigin::Imported { exporter_pid: arena.exporter_pid };
-        let buffer = Buffer::gpu_view(Arc::clone(&arena.whole), d.offset, d.len as usize, wait, origin)?;
-        Ok(Some(RoutedPayload { buffer, ready_value: d.ready_value }))
+        }
+        let memory: Arc<dyn RoutedMemory> = arena.arena.clone();
+        Ok(Some(RoutedPayload { memory, offset: d.offset, len: d.len as usize, ready_value: d.ready_value }))
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {

@@ -127,7 +127,6 @@ impl Offer {
             last: None,
             last_ready: 0,
             since_sweep: 0,
-            pending: Vec::new(),
         })
     }
 }
@@ -155,8 +154,6 @@ pub(crate) struct Sender {
     last_ready: u64,
     /// Messages packed since arenas that died were last looked for.
     since_sweep: u32,
-    /// Attachments of a message that did not go out, for the next one.
-    pending: Vec<Section>,
 }
 
 impl Sender {
@@ -233,7 +230,7 @@ impl RouteSender for Sender {
         &self.route
     }
 
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64) -> Result<Packed> {
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()> {
         let Some(gpu) = buffer.gpu_buffer() else {
             return Err(Error::Unsupported(format!(
                 "buffer {} is {} that this channel cannot send by reference (a received GPU buffer is the producer's: copy it into a buffer of your own first)",
@@ -259,26 +256,15 @@ impl RouteSender for Sender {
             }
             self.last_ready = ready_value;
         }
-        let mut attachments = std::mem::take(&mut self.pending);
         self.since_sweep += 1;
         if self.since_sweep >= SWEEP_EVERY {
-            self.sweep(completed, &mut attachments);
+            self.sweep(completed, &mut out.attachments);
         }
-        let (slot, generation) = match self.slot_of(buffer, gpu.arena_id(), completed, &mut attachments) {
-            Ok(found) => found,
-            Err(e) => {
-                self.pending = attachments;
-                return Err(e);
-            }
-        };
+        let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), completed, &mut out.attachments)?;
         let descriptor = Descriptor { slot, generation, offset: gpu.offset() + offset as u64, len: len as u64, ready_value };
-        let mut packed = Packed { descriptor: [0; Packed::MAX_DESCRIPTOR], descriptor_len: Descriptor::LEN, attachments };
-        packed.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
-        Ok(packed)
-    }
-
-    fn unsent(&mut self, attachments: Vec<Section>) {
-        self.pending = attachments;
+        out.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
+        out.descriptor_len = Descriptor::LEN;
+        Ok(())
     }
 
     fn sent(&mut self, seq: u64) {
