@@ -265,6 +265,12 @@ typedef struct lf_channel_config {
   // fails instead, saying why. 0 (the default): those fallbacks are taken and reported by
   // `lf_channel_transport`.
   uint32_t strict_gpu;
+  // 1: the consumer signals the producer's released semaphore
+  // (`lf_channel_released_semaphore`) as it lets go of GPU messages, so that the
+  // producer's GPU work can wait for a buffer's release on the GPU. 0 (the default): no
+  // semaphore signal per GPU message; `lf_wait_completed` waits on the host. Producer's
+  // value rules.
+  uint32_t released_semaphore;
 } lf_channel_config;
 
 // Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
@@ -701,6 +707,19 @@ lf_status lf_send_buffer_after(struct lf_channel *channel,
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
 lf_status lf_channel_ready_semaphore(struct lf_channel *channel, int *fd);
+
+// A new file descriptor of the channel's released semaphore (producers only): a Vulkan
+// timeline semaphore exported as an opaque fd, which the consumer signals to `sequence + 1`
+// once it let go of GPU message `sequence` and every GPU message before it. The producer's
+// GPU work waits for that value before rewriting the buffer
+// (`cudaWaitExternalSemaphoresAsync`), where `lf_wait_completed` waits on the host. A
+// consumer whose own GPU work reads the buffer must finish it before `lf_release`. Needs
+// `released_semaphore` set in the channel's config. The caller owns the fd.
+// LF_ERR_UNSUPPORTED, with the reason, where the channel has none.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
+lf_status lf_channel_released_semaphore(struct lf_channel *channel, int *fd);
 
 // Lends `len` bytes of shared memory to write the next message in place, waiting for room up
 // to `timeout_ns` (0: LF_ERR_WOULD_BLOCK at once when full). One loan at a time; finish it

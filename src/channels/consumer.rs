@@ -202,7 +202,7 @@ impl Consumer {
         // which stays mapped while the view is held. The producer can still write them: the
         // route reads each field once and checks what it read.
         let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) };
-        match gpu.resolve(descriptor)? {
+        match gpu.resolve(view.token, descriptor)? {
             Some(payload) => Ok(payload),
             None => self.resolve_after_attachments(view, descriptor),
         }
@@ -224,7 +224,7 @@ impl Consumer {
             for attachment in attachments.into_iter().filter(|a| a.route == self.gpu_route) {
                 gpu.attach(attachment)?;
             }
-            if let Some(payload) = gpu.resolve(descriptor)? {
+            if let Some(payload) = gpu.resolve(view.token, descriptor)? {
                 return Ok(payload);
             }
         }

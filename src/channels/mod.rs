@@ -110,6 +110,13 @@ pub struct ChannelConfig {
     /// synchronised on the host (the driver cannot share semaphores), creating the channel
     /// fails instead, saying why.
     pub strict_gpu: bool,
+    /// Producer: the consumer signals a Vulkan timeline semaphore of the producer's (the
+    /// *released* semaphore, [`Producer::released_semaphore`]) to `seq + 1` once it let go of
+    /// GPU message `seq` and every GPU message before it, so that the producer's GPU work can
+    /// wait on the GPU before rewriting a buffer it sent. Off by default: it costs a host-side
+    /// semaphore signal per GPU message. Where semaphores cannot be shared, the report says so
+    /// (strict_gpu: creating the channel fails).
+    pub released_semaphore: bool,
 }
 
 impl Default for ChannelConfig {
@@ -122,6 +129,7 @@ impl Default for ChannelConfig {
             transports: None,
             auto_zero_copy: true,
             strict_gpu: false,
+            released_semaphore: false,
         }
     }
 }

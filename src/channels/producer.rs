@@ -255,6 +255,23 @@ impl Producer {
         }
     }
 
+    /// A new descriptor of the channel's released semaphore (a Vulkan timeline semaphore
+    /// exported as an opaque fd), which the consumer signals to `seq + 1` once it let go of
+    /// GPU message `seq` and every GPU message before it: the producer's GPU work waits for
+    /// that value before rewriting the buffer (`cudaWaitExternalSemaphoresAsync`), where
+    /// [`wait_completed`](Self::wait_completed) would wait on the host. Needs
+    /// [`ChannelConfig::released_semaphore`]; `Unsupported`, saying why, where the channel has
+    /// none.
+    pub fn released_semaphore(&self) -> Result<OwnedFd> {
+        match &self.gpu {
+            Some(gpu) => gpu.released_semaphore(),
+            None => Err(Error::Unsupported(format!(
+                "channel {:?} has no GPU route with shared semaphores: {}",
+                self.name, self.info.reason
+            ))),
+        }
+    }
+
     pub(crate) fn send_buffer_until(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, deadline: Option<Instant>) -> Result<u64> {
         if len == 0 {
             return Err(Error::invalid("a message needs at least one byte"));

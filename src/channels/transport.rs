@@ -437,6 +437,11 @@ pub trait RouteSender: Send {
     /// released, so that the route may let go of memory no message needs.
     fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()>;
 
+    /// A new descriptor of the route's released semaphore, which the consumer signals to
+    /// `seq + 1` once it let go of message `seq` and every GPU message before it
+    /// (`Unsupported`, saying why, where the channel has none).
+    fn released_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
+
     /// The message just packed went out as `seq`: the route keeps its memory alive until the
     /// consumer has released it.
     fn sent(&mut self, seq: u64);
@@ -453,17 +458,28 @@ pub trait RoutedMemory: Send + Sync {
     /// A buffer over `len` bytes at `offset`, whose GPU work waits for `ready_value` (0: none).
     /// The route checked the range when it resolved the message.
     fn view(self: Arc<Self>, offset: u64, len: usize, ready_value: u64) -> Buffer;
+    /// The consumer let go of message `seq`, a payload in this memory (the route may tell
+    /// the producer's GPU work).
+    fn released(&self, seq: u64);
 }
 
 /// A payload as a route hands it to the consumer: `len` bytes at `offset` of the producer's
-/// memory, ready for use once `ready_value` is reached (0: now). Made with one reference
-/// count and nothing else; the [`Buffer`] over it is made when asked for.
-#[derive(Clone)]
+/// memory, ready for use once `ready_value` is reached (0: now), carried by message `seq`.
+/// Made with one reference count and nothing else; the [`Buffer`] over it is made when asked
+/// for. Dropping it tells the route that the consumer let go of the payload.
 pub struct RoutedPayload {
     pub memory: Arc<dyn RoutedMemory>,
     pub offset: u64,
     pub len: usize,
     pub ready_value: u64,
+    pub seq: u64,
+}
+
+impl Drop for RoutedPayload {
+    #[inline]
+    fn drop(&mut self) {
+        self.memory.released(self.seq);
+    }
 }
 
 impl RoutedPayload {
@@ -503,10 +519,10 @@ pub trait RouteReceiver: Send {
     /// An attachment the producer passed before the messages that need it.
     fn attach(&mut self, attachment: Section) -> Result<()>;
 
-    /// The payload a descriptor of the current session names; `Ok(None)` when it names an
+    /// The payload that message `seq`'s descriptor names; `Ok(None)` when it names an
     /// attachment not arrived yet. Everything in the descriptor is checked: `Corrupt` for a
     /// hostile one.
-    fn resolve(&mut self, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
+    fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
 
     /// A new descriptor of the ready semaphore of the current producer, for the consumer's
     /// own GPU work to wait on (`Unsupported` where the route synchronises on the host).

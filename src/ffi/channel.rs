@@ -63,6 +63,12 @@ pub struct lf_channel_config {
     /// fails instead, saying why. 0 (the default): those fallbacks are taken and reported by
     /// `lf_channel_transport`.
     pub strict_gpu: u32,
+    /// 1: the consumer signals the producer's released semaphore
+    /// (`lf_channel_released_semaphore`) as it lets go of GPU messages, so that the
+    /// producer's GPU work can wait for a buffer's release on the GPU. 0 (the default): no
+    /// semaphore signal per GPU message; `lf_wait_completed` waits on the host. Producer's
+    /// value rules.
+    pub released_semaphore: u32,
 }
 
 /// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
@@ -155,6 +161,7 @@ impl From<ChannelConfig> for lf_channel_config {
             rendezvous_timeout_ns: c.rendezvous_timeout.map_or(-1, |t| t.as_nanos().min(i64::MAX as u128) as i64),
             auto_zero_copy: u32::from(c.auto_zero_copy),
             strict_gpu: u32::from(c.strict_gpu),
+            released_semaphore: u32::from(c.released_semaphore),
         }
     }
 }
@@ -180,11 +187,10 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
     if pool_size == 0 {
         return Err(invalid("pool_size is 0".into()));
     }
-    if c.auto_zero_copy > 1 || c.strict_gpu > 1 {
-        return Err(invalid(format!(
-            "auto_zero_copy is {} or strict_gpu is {} (use 0 or 1); start from lf_channel_config_default",
-            c.auto_zero_copy, c.strict_gpu
-        )));
+    for (name, value) in [("auto_zero_copy", c.auto_zero_copy), ("strict_gpu", c.strict_gpu), ("released_semaphore", c.released_semaphore)] {
+        if value > 1 {
+            return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_default")));
+        }
     }
     Ok(ChannelConfig {
         wait,
@@ -194,6 +200,7 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
         transports: None,
         auto_zero_copy: c.auto_zero_copy == 1,
         strict_gpu: c.strict_gpu == 1,
+        released_semaphore: c.released_semaphore == 1,
     })
 }
 
@@ -474,6 +481,29 @@ pub unsafe extern "C" fn lf_channel_ready_semaphore(channel: *mut lf_channel, fd
             Channel::Producer(p) => p.ready_semaphore()?,
             Channel::Consumer(c) => c.ready_semaphore()?,
         };
+        write_out(out, owned.into_raw_fd());
+        Ok(())
+    })
+}
+
+/// A new file descriptor of the channel's released semaphore (producers only): a Vulkan
+/// timeline semaphore exported as an opaque fd, which the consumer signals to `sequence + 1`
+/// once it let go of GPU message `sequence` and every GPU message before it. The producer's
+/// GPU work waits for that value before rewriting the buffer
+/// (`cudaWaitExternalSemaphoresAsync`), where `lf_wait_completed` waits on the host. A
+/// consumer whose own GPU work reads the buffer must finish it before `lf_release`. Needs
+/// `released_semaphore` set in the channel's config. The caller owns the fd.
+/// LF_ERR_UNSUPPORTED, with the reason, where the channel has none.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_released_semaphore(channel: *mut lf_channel, fd: *mut c_int) -> lf_status {
+    boundary("lf_channel_released_semaphore", || {
+        let out = out_ptr(fd, "fd")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let owned = producer(&mut guard)?.released_semaphore()?;
         write_out(out, owned.into_raw_fd());
         Ok(())
     })

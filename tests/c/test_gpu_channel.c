@@ -184,6 +184,12 @@ static void producer_bad_input(lf_channel *ch, lf_buffer *gpu, lf_buffer *cpu, i
     EXPECT(lf_channel_ready_semaphore(ch, NULL), LF_ERR_NULL_POINTER);
     EXPECT(lf_channel_ready_semaphore((lf_channel *)cpu, &fd), LF_ERR_BAD_HANDLE);
     CHECK(fd == -1);
+    /* No released semaphore unless the config asks for one. */
+    EXPECT(lf_channel_released_semaphore(NULL, &fd), LF_ERR_NULL_POINTER);
+    EXPECT(lf_channel_released_semaphore(ch, NULL), LF_ERR_NULL_POINTER);
+    EXPECT(lf_channel_released_semaphore(ch, &fd), LF_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("released semaphore");
+    CHECK(fd == -1);
 }
 
 static int run_producer(const char *name) {

@@ -628,3 +628,83 @@ fn the_consumer_report_follows_a_new_producer() {
         }
     }
 }
+
+/// The released semaphore: the consumer signals it to `seq + 1` once it let go of GPU message
+/// `seq` and every GPU message before it (CPU messages do not count), so that the producer's
+/// GPU work can wait before rewriting a buffer. Where semaphores cannot be shared (lavapipe),
+/// the producer is told why, and strict_gpu refuses the channel.
+#[test]
+fn the_released_semaphore_follows_the_consumer() {
+    const TEST: &str = "gpu::the_released_semaphore_follows_the_consumer";
+    let released_config = || ChannelConfig { released_semaphore: true, ..gpu_config() };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut p = Producer::create(&context, "released", &here(), &here(), &released_config()).unwrap();
+            let mut back = Consumer::create(&context, "released-back", &here(), &here(), &released_config()).unwrap();
+            let semaphore = match p.released_semaphore() {
+                Ok(fd) => Some(lava_flow::memory::gpu::TimelineSemaphore::import(context.gpu_device().unwrap(), fd).unwrap()),
+                Err(Error::Unsupported(why)) => {
+                    assert!(p.ready_semaphore().is_err(), "a ready semaphore but no released one: {why}");
+                    assert!(why.contains("released semaphore"), "{why}");
+                    None
+                }
+                Err(e) => panic!("{e}"),
+            };
+            let reason = p.transport().reason.clone();
+            assert_eq!(semaphore.is_some(), reason.contains("signals a released semaphore"), "{reason}");
+            let gpu = context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap();
+            write_message(&gpu, 0, 4096, 0);
+            assert_eq!(p.send_buffer(&gpu, 0, 4096).unwrap(), 0);
+            assert_eq!(p.send(b"a CPU message").unwrap(), 1);
+            assert_eq!(p.send_buffer(&gpu, 0, 4096).unwrap(), 2);
+            // The consumer let go of message 2 only: message 0 is still held.
+            assert_eq!(&*back.recv_timeout(Duration::from_secs(30)).unwrap(), b"released 2");
+            if let Some(s) = &semaphore {
+                assert_eq!(s.value().unwrap(), 0, "signalled while GPU message 0 is held");
+            }
+            p.send(b"go on").unwrap();
+            // Then of message 0: every GPU message up to 2 is let go.
+            assert_eq!(&*back.recv_timeout(Duration::from_secs(30)).unwrap(), b"released 0");
+            if let Some(s) = &semaphore {
+                assert!(s.wait(3, Duration::from_secs(10)).unwrap(), "the released semaphore never reached 3");
+                assert_eq!(s.value().unwrap(), 3);
+            }
+            p.wait_completed(3, Some(Duration::from_secs(30))).unwrap();
+            if semaphore.is_none() {
+                drop(p);
+                let strict = ChannelConfig { strict_gpu: true, rendezvous_timeout: Some(Duration::from_secs(5)), ..released_config() };
+                let err = Producer::create(&context, "released-strict", &here(), &here(), &strict).unwrap_err();
+                assert!(matches!(err, Error::Unsupported(ref m) if m.contains("strict_gpu")), "{err}");
+            }
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut c = Consumer::create(&context, "released", &here(), &here(), &released_config()).unwrap();
+            let mut back = Producer::create(&context, "released-back", &here(), &here(), &released_config()).unwrap();
+            let held: Vec<Message> = (0..3).map(|_| c.recv_timeout(Duration::from_secs(30)).unwrap()).collect();
+            assert!(held[0].buffer().is_some() && held[1].buffer().is_none() && held[2].buffer().is_some());
+            let mut held = held.into_iter();
+            let (m0, m1, m2) = (held.next().unwrap(), held.next().unwrap(), held.next().unwrap());
+            drop(m2);
+            back.send(b"released 2").unwrap();
+            assert_eq!(&*c.recv_timeout(Duration::from_secs(30)).unwrap(), b"go on");
+            check_gpu(&context, &m0, 0, false);
+            drop(m0);
+            back.send(b"released 0").unwrap();
+            drop(m1);
+            back.wait_completed(1, Some(Duration::from_secs(30))).unwrap();
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+            let short = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(5)), ..released_config() };
+            if let Ok(mut c) = Consumer::create(&context, "released-strict", &here(), &here(), &short) {
+                assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+            }
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_some() {
+                run_pair(TEST, "gpu-released");
+            }
+        }
+    }
+}

@@ -225,7 +225,7 @@ fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
 pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ProducerParts> {
     #[cfg(feature = "vulkan")]
     let mut gpu = match plan.gpu_route {
-        Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Offer::new(context, config.strict_gpu)?),
+        Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Offer::new(context, config.strict_gpu, config.released_semaphore)?),
         _ => None,
     };
     #[cfg(not(feature = "vulkan"))]

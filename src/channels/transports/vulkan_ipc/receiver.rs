@@ -1,17 +1,57 @@
 //! The consumer's half of the Vulkan IPC route.
 
+use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_SEMAPHORE};
+use parking_lot::Mutex;
+
+use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE};
 use super::ROUTE_ID;
 use crate::channels::transport::{PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, Section, TransportKind};
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
 use crate::memory::{Buffer, BufferOrigin, Context};
 
+/// A producer's released semaphore, signalled as this consumer lets go of GPU messages: to
+/// `seq + 1` once message `seq` and every GPU message before it are let go.
+struct ReleaseTracker {
+    semaphore: TimelineSemaphore,
+    /// GPU messages received and whether each was let go, oldest first; and the value last
+    /// signalled.
+    state: Mutex<(VecDeque<(u64, bool)>, u64)>,
+}
+
+impl ReleaseTracker {
+    fn received(&self, seq: u64) {
+        self.state.lock().0.push_back((seq, false));
+    }
+
+    fn released(&self, seq: u64) {
+        let mut state = self.state.lock();
+        let (held, signalled) = &mut *state;
+        let Some(entry) = held.iter_mut().find(|(s, _)| *s == seq) else { return };
+        entry.1 = true;
+        let mut value = *signalled;
+        while let Some(&(s, true)) = held.front() {
+            held.pop_front();
+            value = s + 1;
+        }
+        if let Some(&(first_held, _)) = held.front() {
+            value = value.max(first_held);
+        }
+        if value > *signalled {
+            // A failed signal leaves the producer's GPU waiting; its host-side completion
+            // (and peer-death detection) still work, so there is nothing better to do here.
+            if self.semaphore.signal(value).is_ok() {
+                *signalled = value;
+            }
+        }
+    }
+}
+
 /// An arena of the current producer, imported on this process's device, with what its
-/// messages' views need: its mapping and the session's semaphore.
+/// messages' views need: its mapping and the session's semaphores.
 struct ImportedArena {
     /// A buffer over the whole arena; a message's buffer is a view of it.
     whole: Arc<GpuBuffer>,
@@ -19,6 +59,7 @@ struct ImportedArena {
     /// Byte 0 in this process, or null where the host cannot map the memory.
     base: *mut u8,
     semaphore: Option<Arc<TimelineSemaphore>>,
+    released: Option<Arc<ReleaseTracker>>,
     exporter_pid: u32,
 }
 
@@ -39,6 +80,13 @@ impl RoutedMemory for ImportedArena {
         let origin = BufferOrigin::Imported { exporter_pid: self.exporter_pid };
         Buffer::gpu_view_mapped(Arc::clone(&self.whole), offset, len, self.base, wait, origin)
     }
+
+    #[inline]
+    fn released(&self, seq: u64) {
+        if let Some(tracker) = &self.released {
+            tracker.released(seq);
+        }
+    }
 }
 
 /// A slot's arena and its generation.
@@ -58,6 +106,8 @@ pub(crate) struct Receiver {
     /// A descriptor of the producer's semaphore kept for handing on (to CUDA), since an
     /// imported semaphore need not be exportable again.
     semaphore_fd: Option<OwnedFd>,
+    /// The current producer's released semaphore, where it asked for one.
+    released: Option<Arc<ReleaseTracker>>,
     /// Why the current producer shares no semaphore.
     no_semaphore: String,
     /// Why the current producer stages its GPU buffers, when it does.
@@ -82,6 +132,7 @@ impl Receiver {
             session: 0,
             semaphore: None,
             semaphore_fd: None,
+            released: None,
             no_semaphore: "no producer attached yet".into(),
             staged: None,
             arenas: Vec::new(),
@@ -133,6 +184,7 @@ impl RouteReceiver for Receiver {
         self.session = session;
         self.semaphore = None;
         self.semaphore_fd = None;
+        self.released = None;
         self.last_ready = 0;
         self.staged = Some("the producer offers no GPU route (it has no Vulkan device, or vulkan_ipc is not allowed there)".into());
         let Some(offer) = offer else { return Ok(()) };
@@ -144,10 +196,12 @@ impl RouteReceiver for Receiver {
             return Ok(());
         }
         self.staged = None;
+        let wants_released = identity.flags & OFFER_RELEASED != 0;
         let mut fds = offer.fds.into_iter();
-        let fd = match (identity.flags & OFFER_SEMAPHORE != 0, fds.next(), fds.next()) {
-            (true, Some(fd), None) => fd,
-            (false, None, None) => {
+        let (fd, released_fd) = match (identity.flags & OFFER_SEMAPHORE != 0, wants_released, fds.next(), fds.next(), fds.next()) {
+            (true, false, Some(fd), None, None) => (fd, None),
+            (true, true, Some(fd), Some(released), None) => (fd, Some(released)),
+            (false, false, None, None, None) => {
                 self.no_semaphore = match self.imports_semaphores {
                     false => self.own_semaphore_gap(),
                     true => "the producer's driver cannot share timeline semaphores".into(),
@@ -163,6 +217,10 @@ impl RouteReceiver for Receiver {
         let kept = fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e))?;
         self.semaphore = Some(Arc::new(TimelineSemaphore::import(&self.device, fd)?));
         self.semaphore_fd = Some(kept);
+        if let Some(fd) = released_fd {
+            let semaphore = TimelineSemaphore::import(&self.device, fd)?;
+            self.released = Some(Arc::new(ReleaseTracker { semaphore, state: Mutex::new((VecDeque::new(), 0)) }));
+        }
         Ok(())
     }
 
@@ -194,6 +252,7 @@ impl RouteReceiver for Receiver {
         self.arenas.clear();
         self.semaphore = None;
         self.semaphore_fd = None;
+        self.released = None;
         self.no_semaphore = "the producer has gone".into();
     }
 
@@ -214,7 +273,14 @@ impl RouteReceiver for Receiver {
                     .map_err(|e| self.corrupt(format!("passed an arena this device cannot import: {e}")))?;
                 // Mapped once here, so that no message's view needs to.
                 let base = if whole.is_host_mappable() { whole.map()?.as_ptr() } else { std::ptr::null_mut() };
-                let arena = ImportedArena { size: whole.size(), whole: Arc::new(whole), base, semaphore: self.semaphore.clone(), exporter_pid };
+                let arena = ImportedArena {
+                    size: whole.size(),
+                    whole: Arc::new(whole),
+                    base,
+                    semaphore: self.semaphore.clone(),
+                    released: self.released.clone(),
+                    exporter_pid,
+                };
                 let index = slot as usize;
                 if self.arenas.len() <= index {
                     self.arenas.resize_with(index + 1, || None);
@@ -234,7 +300,7 @@ impl RouteReceiver for Receiver {
         Ok(())
     }
 
-    fn resolve(&mut self, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
+    fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
         let d = Descriptor::decode(descriptor).map_err(|e| self.corrupt(e.to_string()))?;
         if d.slot >= MAX_SLOTS {
             return Err(self.corrupt(format!("names slot {}, beyond the {MAX_SLOTS} a channel uses", d.slot)));
@@ -262,8 +328,11 @@ impl RouteReceiver for Receiver {
             }
             self.last_ready = d.ready_value;
         }
+        if let Some(tracker) = &arena.arena.released {
+            tracker.received(seq);
+        }
         let memory: Arc<dyn RoutedMemory> = arena.arena.clone();
-        Ok(Some(RoutedPayload { memory, offset: d.offset, len: d.len as usize, ready_value: d.ready_value }))
+        Ok(Some(RoutedPayload { memory, offset: d.offset, len: d.len as usize, ready_value: d.ready_value, seq }))
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_SEMAPHORE};
+use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE};
 use super::ROUTE_ID;
 use crate::channels::transport::{Packed, PayloadClass, Route, RouteSender, Section, TransportKind};
 use crate::error::{Error, Result};
@@ -17,19 +17,22 @@ use crate::memory::{Buffer, Context};
 const SWEEP_EVERY: u32 = 256;
 
 /// The producer's side before the consumer answered: its device and, where the driver can
-/// share one, the ready semaphore it offers.
+/// share them, the ready semaphore it offers and the released semaphore it asks for.
 pub(crate) struct Offer {
     device: VulkanDevice,
     semaphore: Option<Arc<TimelineSemaphore>>,
     /// Why there is no shared semaphore.
     no_semaphore: Option<String>,
+    released: Option<TimelineSemaphore>,
+    want_released: bool,
     strict: bool,
 }
 
 impl Offer {
     /// Opens the route on `context`'s device, probing whether timeline semaphores can be
-    /// shared (create, export, import, one signal and wait).
-    pub(crate) fn new(context: &Context, strict: bool) -> Result<Offer> {
+    /// shared (create, export, import, one signal and wait). `released`: the consumer is
+    /// asked to signal a released semaphore.
+    pub(crate) fn new(context: &Context, strict: bool, released_wanted: bool) -> Result<Offer> {
         let device = context
             .gpu_device()
             .cloned()
@@ -45,7 +48,11 @@ impl Offer {
                 )));
             }
         }
-        Ok(Offer { device, semaphore, no_semaphore, strict })
+        let released = match (&semaphore, released_wanted) {
+            (Some(_), true) => Some(TimelineSemaphore::new_exportable(&device, 0)?),
+            _ => None,
+        };
+        Ok(Offer { device, semaphore, no_semaphore, released, want_released: released_wanted, strict })
     }
 
     /// This route's section of the hello (a new semaphore descriptor each time).
@@ -56,6 +63,10 @@ impl Offer {
         if let Some(semaphore) = &self.semaphore {
             identity.flags |= OFFER_SEMAPHORE;
             fds.push(semaphore.export_fd()?);
+        }
+        if let Some(released) = &self.released {
+            identity.flags |= OFFER_RELEASED;
+            fds.push(released.export_fd()?);
         }
         Ok(vec![Section { route: ROUTE_ID, bytes: identity.encode(), fds }])
     }
@@ -111,8 +122,23 @@ impl Offer {
                 (None, format!("host-side synchronisation (buffers are complete when sent), because {why}"))
             }
         };
+        let released = match (self.released, &semaphore) {
+            (Some(released), Some(_)) => Ok(released),
+            _ if !self.want_released => Err("the channel was not created with released_semaphore set".to_owned()),
+            _ => {
+                let why = format!("the consumer cannot signal a released semaphore: {sync}");
+                if self.strict {
+                    return Err(Error::Unsupported(format!("channel {channel:?}: {why}, which strict_gpu forbids")));
+                }
+                Err(why)
+            }
+        };
+        let released_text = match &released {
+            Ok(_) => "; the consumer signals a released semaphore as it lets go of GPU messages",
+            Err(_) => "",
+        };
         let reason = format!(
-            "GPU buffers: vulkan_ipc, by reference (both processes on {} {}, each arena exported once per channel); {sync}",
+            "GPU buffers: vulkan_ipc, by reference (both processes on {} {}, each arena exported once per channel); {sync}{released_text}",
             info.name,
             format_uuid(&info.device_uuid)
         );
@@ -120,6 +146,7 @@ impl Offer {
             route: Route { class: PayloadClass::Gpu, kind: TransportKind::VulkanIpc, reason },
             device: self.device,
             semaphore,
+            released,
             arenas: HashMap::new(),
             generations: Vec::new(),
             last_seqs: Vec::new(),
@@ -144,6 +171,8 @@ pub(crate) struct Sender {
     route: Route,
     device: VulkanDevice,
     semaphore: Option<Arc<TimelineSemaphore>>,
+    /// The semaphore the consumer signals as it lets go of GPU messages, or why there is none.
+    released: std::result::Result<TimelineSemaphore, String>,
     arenas: HashMap<ArenaId, SentArena>,
     /// Per slot, the generation of its current (or last) arena, and the last message into it.
     generations: Vec<u32>,
@@ -277,6 +306,13 @@ impl RouteSender for Sender {
         match &self.semaphore {
             Some(s) => s.export_fd(),
             None => Err(Error::Unsupported(format!("the channel shares no semaphore with its consumer: {}", self.route.reason))),
+        }
+    }
+
+    fn released_semaphore(&self) -> Result<OwnedFd> {
+        match &self.released {
+            Ok(s) => s.export_fd(),
+            Err(why) => Err(Error::Unsupported(format!("the channel has no released semaphore: {why}"))),
         }
     }
 }

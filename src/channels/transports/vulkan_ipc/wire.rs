@@ -7,6 +7,9 @@ use crate::memory::gpu::GpuExportDesc;
 const VERSION: u32 = 1;
 /// The producer's offer: a ready semaphore is attached.
 pub(super) const OFFER_SEMAPHORE: u32 = 1;
+/// The producer's offer: a released semaphore is attached too (after the ready one), which
+/// the consumer signals as it lets go of GPU messages.
+pub(super) const OFFER_RELEASED: u32 = 2;
 /// The consumer's answer: it has a Vulkan device.
 pub(super) const ANSWER_GPU: u32 = 1;
 /// The consumer's answer: its device can import timeline semaphores from opaque fds.
