@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::transport::{ConsumerTransport, Packed, RawView, RouteReceiver, RoutedPayload, TransportInfo};
-use super::transports::{self, AnyConsumer, MessageReleaser};
+use super::transports::{self, AnyConsumer, AnyRouteReceiver, MessageReleaser};
 use super::{plan_routes, validate_channel_name, ChannelConfig};
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, Context as MemoryContext};
@@ -23,7 +23,7 @@ use crate::types::ProcessLocation;
 pub struct Consumer {
     transport: AnyConsumer,
     /// The route of GPU buffers by reference, if the channel has one, and its id.
-    gpu: Option<Box<dyn RouteReceiver>>,
+    gpu: Option<AnyRouteReceiver>,
     gpu_route: u32,
     info: TransportInfo,
     name: String,

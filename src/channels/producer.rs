@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
-use super::transports::{self, AnyProducer};
+use super::transports::{self, AnyProducer, AnyRouteSender};
 use super::{plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
 use crate::error::{Error, Result};
 use crate::memory::registry::Registry;
@@ -17,7 +17,7 @@ use crate::types::ProcessLocation;
 pub struct Producer {
     transport: AnyProducer,
     /// The route of GPU buffers by reference; `None`: they are staged through the carrier.
-    gpu: Option<Box<dyn RouteSender>>,
+    gpu: Option<AnyRouteSender>,
     /// The GPU route's id, and every GPU message packed here (see [`Packed`]).
     gpu_route: u32,
     packed: Packed,

@@ -12,7 +12,7 @@
 //! Adding a transport: a module here that implements the carrier traits
 //! ([`ProducerTransport`], [`ConsumerTransport`]) or the route traits
 //! ([`RouteSender`](super::transport::RouteSender), [`RouteReceiver`](super::transport::RouteReceiver)),
-//! a variant in the enums below (carriers), and its case in [`plan`] and the connect
+//! a variant in the enums below, and its case in [`plan`] and the connect
 //! functions. Nothing in the channel core changes. A remote carrier brings its own
 //! rendezvous (the peer's address comes from its location) and has no descriptors to pass:
 //! GPU buffers to a remote peer are staged through host memory by the core, as to a local peer
@@ -22,18 +22,18 @@ pub mod shm;
 #[cfg(feature = "vulkan")]
 pub mod vulkan_ipc;
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::transport::{
-    ConsumerTransport, PayloadClass, ProducerTransport, RawLoan, RawView, Release, Route, RouteReceiver, RouteSender,
-    Section, SharedRegion, TransportInfo, TransportKind,
+    ConsumerTransport, Packed, PayloadClass, ProducerTransport, RawLoan, RawView, Release, Route, RouteReceiver, RouteSender,
+    RoutedPayload, Section, SharedRegion, TransportInfo, TransportKind,
 };
 use super::ChannelConfig;
 use crate::error::{Error, Result};
-use crate::memory::Context;
+use crate::memory::{Buffer, Context};
 use crate::types::CommunicationScope;
 
 /// The shortest send that goes by reference by itself when its bytes lie in a lava-flow
@@ -195,17 +195,100 @@ impl MessageReleaser {
     }
 }
 
+/// Forwards every trait method of an enum of routes to its variants, statically.
+macro_rules! forward_route {
+    ($self:ident, $t:ident => $call:expr) => {
+        match $self {
+            #[cfg(feature = "vulkan")]
+            Self::VulkanIpc($t) => $call,
+            #[cfg(not(feature = "vulkan"))]
+            Self::None(never) => match *never {},
+        }
+    };
+}
+
+/// The sending half of a channel's GPU route (a routed message's hot path inlines).
+pub(crate) enum AnyRouteSender {
+    #[cfg(feature = "vulkan")]
+    VulkanIpc(vulkan_ipc::Sender),
+    /// No route is built without the `vulkan` feature.
+    #[cfg(not(feature = "vulkan"))]
+    #[allow(dead_code)]
+    None(std::convert::Infallible),
+}
+
+/// The receiving half of a channel's GPU route.
+pub(crate) enum AnyRouteReceiver {
+    #[cfg(feature = "vulkan")]
+    VulkanIpc(vulkan_ipc::Receiver),
+    #[cfg(not(feature = "vulkan"))]
+    #[allow(dead_code)]
+    None(std::convert::Infallible),
+}
+
+#[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+impl RouteSender for AnyRouteSender {
+    #[inline]
+    fn route_id(&self) -> u32 {
+        forward_route!(self, r => r.route_id())
+    }
+    fn route(&self) -> &Route {
+        forward_route!(self, r => r.route())
+    }
+    #[inline]
+    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()> {
+        forward_route!(self, r => r.pack(buffer, offset, len, ready_value, completed, out))
+    }
+    fn released_semaphore(&self) -> Result<OwnedFd> {
+        forward_route!(self, r => r.released_semaphore())
+    }
+    #[inline]
+    fn sent(&mut self, seq: u64) {
+        forward_route!(self, r => r.sent(seq))
+    }
+    fn ready_semaphore(&self) -> Result<OwnedFd> {
+        forward_route!(self, r => r.ready_semaphore())
+    }
+}
+
+#[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+impl RouteReceiver for AnyRouteReceiver {
+    #[inline]
+    fn route_id(&self) -> u32 {
+        forward_route!(self, r => r.route_id())
+    }
+    fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()> {
+        forward_route!(self, r => r.new_session(session, offer))
+    }
+    fn route(&self, carrier: TransportKind) -> Route {
+        forward_route!(self, r => r.route(carrier))
+    }
+    fn end_session(&mut self) {
+        forward_route!(self, r => r.end_session())
+    }
+    fn attach(&mut self, attachment: Section) -> Result<()> {
+        forward_route!(self, r => r.attach(attachment))
+    }
+    #[inline]
+    fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
+        forward_route!(self, r => r.resolve(seq, descriptor))
+    }
+    fn ready_semaphore(&self) -> Result<OwnedFd> {
+        forward_route!(self, r => r.ready_semaphore())
+    }
+}
+
 /// The carrier and the GPU route of a producer.
 pub(crate) struct ProducerParts {
     pub(crate) carrier: AnyProducer,
-    pub(crate) gpu: Option<Box<dyn RouteSender>>,
+    pub(crate) gpu: Option<AnyRouteSender>,
     pub(crate) info: TransportInfo,
 }
 
 /// The carrier and the GPU route of a consumer.
 pub(crate) struct ConsumerParts {
     pub(crate) carrier: AnyConsumer,
-    pub(crate) gpu: Option<Box<dyn RouteReceiver>>,
+    pub(crate) gpu: Option<AnyRouteReceiver>,
     pub(crate) info: TransportInfo,
 }
 
@@ -248,7 +331,7 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
         return match offer.accept(name, answers)? {
             Ok(sender) => {
                 let info = report(plan, Some(sender.route().clone()));
-                Ok(ProducerParts { carrier, gpu: Some(Box::new(sender)), info })
+                Ok(ProducerParts { carrier, gpu: Some(AnyRouteSender::VulkanIpc(sender)), info })
             }
             Err(why) => {
                 let mut plan = plan.clone();
@@ -287,12 +370,11 @@ pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, c
         // The producer's offer arrived with its hello: the report says what it brings.
         let mut carrier = carrier;
         if let Some((session, sections)) = carrier.take_peer_sections() {
-            use super::transport::RouteReceiver;
             let id = receiver.route_id();
             receiver.new_session(session, sections.into_iter().find(|s| s.route == id))?;
         }
         let info = report(plan, Some(receiver.route(plan.carrier)));
-        return Ok(ConsumerParts { carrier, info, gpu: Some(Box::new(receiver)) });
+        return Ok(ConsumerParts { carrier, info, gpu: Some(AnyRouteReceiver::VulkanIpc(receiver)) });
     }
     Ok(ConsumerParts { carrier, gpu: None, info })
 }

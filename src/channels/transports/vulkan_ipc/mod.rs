@@ -26,7 +26,7 @@ mod sender;
 mod wire;
 
 pub(crate) use receiver::Receiver;
-pub(crate) use sender::Offer;
+pub(crate) use sender::{Offer, Sender};
 
 /// This route's id in rendezvous sections, attachments and routed messages.
 pub(crate) const ROUTE_ID: u32 = 2;
