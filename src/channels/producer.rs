@@ -8,8 +8,8 @@ use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRe
 use super::transports::{self, AnyProducer, AnyRouteSender};
 use super::{plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
 use crate::error::{Error, Result};
-use crate::memory::registry::Registry;
-use crate::memory::{Buffer, Context, SharedArena};
+use crate::memory::registry::{Registry, SharedMemory};
+use crate::memory::{Buffer, Context};
 use crate::types::ProcessLocation;
 
 /// The sending end of a channel. Not shareable between threads (`&mut self` everywhere), but
@@ -85,7 +85,8 @@ impl Producer {
     /// number (0, 1, 2, ...).
     ///
     /// Bytes lying inside one lava-flow buffer of the channel's context (allocated or
-    /// imported CPU memory) and longer than [`AUTO_ZERO_COPY_MIN`] go by reference, as
+    /// imported CPU memory, or the host mapping of an allocated GPU buffer where the channel
+    /// sends GPU buffers by reference) and longer than [`AUTO_ZERO_COPY_MIN`] go by reference, as
     /// [`send_buffer`](Self::send_buffer) would send them: the consumer reads them where they
     /// lie, so do not write them until the message is complete
     /// ([`wait_completed`](Self::wait_completed)). Any other bytes are copied into the
@@ -104,8 +105,8 @@ impl Producer {
     /// As [`send`](Self::send), but `WouldBlock` at once when the channel is full.
     #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
-        if let Some((arena, offset)) = self.shareable(data) {
-            match self.transport.try_send_region(&arena, offset, data.len()) {
+        if let Some((memory, offset)) = self.shareable(data) {
+            match self.send_shared(memory, offset, data.len(), Some(Instant::now())) {
                 Err(Error::Unsupported(_)) => {}
                 other => return other,
             }
@@ -115,8 +116,8 @@ impl Producer {
     }
     #[inline]
     pub(crate) fn send_until(&mut self, data: &[u8], deadline: Option<Instant>) -> Result<u64> {
-        if let Some((arena, offset)) = self.shareable(data) {
-            match self.transport.send_region(&arena, offset, data.len(), deadline) {
+        if let Some((memory, offset)) = self.shareable(data) {
+            match self.send_shared(memory, offset, data.len(), deadline) {
                 Err(Error::Unsupported(_)) => {}
                 other => return other,
             }
@@ -125,13 +126,33 @@ impl Producer {
         self.fill_and_publish(loan, data)
     }
 
-    /// The arena `data` lies in, when it can go by reference.
+    /// The memory `data` lies in, when it can go by reference.
     #[inline]
-    fn shareable(&self, data: &[u8]) -> Option<(SharedArena, usize)> {
+    fn shareable(&self, data: &[u8]) -> Option<(SharedMemory, usize)> {
         if data.len() < AUTO_ZERO_COPY_MIN {
             return None;
         }
         self.registry.as_ref()?.find_shareable(data.as_ptr() as usize, data.len())
+    }
+
+    /// Sends `len` bytes at `offset` of `memory` by reference: a memory file through the
+    /// carrier, a GPU buffer's mapping through the GPU route (`Unsupported` where the channel
+    /// has none: the caller copies instead).
+    #[inline(never)]
+    fn send_shared(&mut self, memory: SharedMemory, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        let now = deadline.is_some_and(|d| d <= Instant::now());
+        match memory {
+            SharedMemory::File(arena, _) if now => self.transport.try_send_region(&arena, offset, len),
+            SharedMemory::File(arena, _) => self.transport.send_region(&arena, offset, len, deadline),
+            #[cfg(feature = "vulkan")]
+            SharedMemory::Gpu(whole) => {
+                if self.gpu.is_none() {
+                    return Err(Error::Unsupported("GPU buffers are staged on this channel".into()));
+                }
+                let view = Buffer::gpu_view(whole, offset as u64, len, None, crate::memory::BufferOrigin::Allocated)?;
+                self.send_gpu(&view, 0, len, 0, deadline)
+            }
+        }
     }
     #[inline]
     fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {

@@ -355,10 +355,12 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
 /// Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
 /// (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
 ///
-/// The bytes are copied into the channel's pool, unless they lie inside one CPU buffer of the
-/// channel's context (`lf_alloc`, `lf_import`) and are longer than 112 bytes: then they go by
-/// reference, as `lf_send_buffer` sends them, and must not be written until the message is
-/// complete (`lf_wait_completed`). The receiver's `lf_message.flags` tells which.
+/// The bytes are copied into the channel's pool, unless they lie inside one buffer of the
+/// channel's context (CPU memory from `lf_alloc` or `lf_import`, or the host mapping of a GPU
+/// buffer from `lf_alloc`, where the channel sends GPU buffers by reference) and are longer
+/// than 112 bytes: then they go by reference, as `lf_send_buffer` sends them, and must not be
+/// written until the message is complete (`lf_wait_completed`). The receiver's
+/// `lf_message.flags` tells which (LF_MESSAGE_GPU for GPU memory).
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `data` NULL or `len` readable bytes;

@@ -14,7 +14,7 @@ use super::export::{ExportHandle, ImportedArena};
 use super::gpu::{GpuBuffer, GpuMemoryKind, TimelineSemaphore};
 use super::gpu_context::Pins;
 use super::location::MemoryLocation;
-use super::registry::{BufferInfo, Registry};
+use super::registry::{BufferInfo, Registry, SharedMemory};
 use crate::error::{Error, Result};
 
 /// Identifies a buffer within this process (unique across contexts, never reused).
@@ -82,7 +82,7 @@ pub(crate) enum Backing {
     Registered,
     /// Vulkan memory of the context's device: allocated from its pooled arenas, or imported.
     #[cfg(feature = "vulkan")]
-    Gpu { buffer: GpuBuffer },
+    Gpu { buffer: Arc<GpuBuffer> },
     /// Part of a GPU buffer (typically a whole imported arena), from `offset`, whose data is
     /// ready once `wait`'s semaphore reaches its value. Made without any Vulkan call.
     #[cfg(feature = "vulkan")]
@@ -141,7 +141,7 @@ impl Buffer {
         let base = ptr.map_or(0, |p| p.as_ptr() as usize);
         let info = BufferInfo { id: BufferId::next(), base, len, location, page_size, origin };
         if ptr.is_some() {
-            registry.insert(info, exclusive, SharedArena::of(&backing))?;
+            registry.insert(info, exclusive, SharedMemory::of(&backing, origin))?;
         }
         Ok(Buffer { ptr, len, info, backing, registry: Some(Arc::clone(registry)), fallback: None })
     }

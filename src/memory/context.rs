@@ -15,7 +15,7 @@ use super::export::{ExportHandle, ImportCache};
 use super::gpu_context::ContextGpu;
 use super::gpu_settings::{DeviceSelector, GpuPolicy};
 use super::location::MemoryLocation;
-use super::registry::{FoundBuffer, Registry};
+use super::registry::{FoundBuffer, Registry, SharedMemory};
 use crate::error::{Error, Result};
 use crate::os::mapping::page_size;
 
@@ -156,7 +156,11 @@ impl Context {
     /// what a channel needs to send those bytes by reference. `None` for any other memory.
     /// Cheap when the answer is no: an atomic load when the context has no such buffer.
     pub fn find_shareable(&self, ptr: *const u8, len: usize) -> Option<(SharedArena, usize)> {
-        self.inner.registry.find_shareable(ptr as usize, len)
+        match self.inner.registry.find_shareable(ptr as usize, len)? {
+            (SharedMemory::File(arena, _), offset) => Some((arena, offset)),
+            #[cfg(feature = "vulkan")]
+            (SharedMemory::Gpu(_), _) => None,
+        }
     }
 
     pub(crate) fn registry(&self) -> &Arc<Registry> {

@@ -262,7 +262,7 @@ impl Context {
             location,
             page_size: crate::os::mapping::page_size(),
             origin,
-            backing: Backing::Gpu { buffer: gpu },
+            backing: Backing::Gpu { buffer: std::sync::Arc::new(gpu) },
         };
         Buffer::new(parts, &self.inner.registry, false)
     }

@@ -13,10 +13,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(feature = "vulkan")]
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::buffer::{BufferId, BufferOrigin, SharedArena};
+use super::buffer::{Backing, BufferId, BufferOrigin, SharedArena};
+#[cfg(feature = "vulkan")]
+use super::gpu::GpuBuffer;
 use super::location::MemoryLocation;
 use crate::error::{Error, Result};
 
@@ -39,6 +43,30 @@ pub struct FoundBuffer {
     pub offset: usize,
 }
 
+/// Memory a peer can reach by itself in which a registered buffer lies: what a channel needs
+/// to send bytes of the buffer by reference.
+#[derive(Clone, Debug)]
+pub(crate) enum SharedMemory {
+    /// A memory file, and where the buffer starts in it.
+    File(SharedArena, usize),
+    /// An allocated GPU buffer whose host mapping is registered (HOST_VISIBLE memory, or
+    /// DEVICE_LOCAL where the host maps it).
+    #[cfg(feature = "vulkan")]
+    Gpu(Arc<GpuBuffer>),
+}
+
+impl SharedMemory {
+    /// The shared memory of a new buffer's backing, if it has any.
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+    pub(crate) fn of(backing: &Backing, origin: BufferOrigin) -> Option<SharedMemory> {
+        match backing {
+            #[cfg(feature = "vulkan")]
+            Backing::Gpu { buffer } if origin == BufferOrigin::Allocated => Some(SharedMemory::Gpu(Arc::clone(buffer))),
+            _ => SharedArena::of(backing).map(|(arena, offset)| SharedMemory::File(arena, offset)),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Piece {
     end: usize,
@@ -51,8 +79,8 @@ struct Inner {
     /// Disjoint pieces keyed by start address.
     pieces: BTreeMap<usize, Piece>,
     buffers: HashMap<BufferId, BufferInfo>,
-    /// The arena of each buffer that lies in a memory file, and the buffer's offset in it.
-    arenas: HashMap<BufferId, (SharedArena, usize)>,
+    /// The memory a peer can reach of each buffer that lies in some (see [`SharedMemory`]).
+    arenas: HashMap<BufferId, SharedMemory>,
 }
 
 #[derive(Debug)]
@@ -98,7 +126,7 @@ impl Inner {
 impl Registry {
     /// Enters a buffer, with its arena when it lies in a memory file. With `exclusive`, a range
     /// overlapping any registered buffer is refused.
-    pub(crate) fn insert(&self, info: BufferInfo, exclusive: bool, arena: Option<(SharedArena, usize)>) -> Result<()> {
+    pub(crate) fn insert(&self, info: BufferInfo, exclusive: bool, arena: Option<SharedMemory>) -> Result<()> {
         let (start, end) = (info.base, info.base + info.len);
         let mut inner = self.inner.write();
         if exclusive {
@@ -170,12 +198,12 @@ impl Registry {
         Some(FoundBuffer { info, offset: addr - info.base })
     }
 
-    /// The arena holding all of `[addr, addr + len)` inside one buffer that lies in a memory
-    /// file, and where the range starts in that arena; `None` for any other memory. Costs
-    /// one atomic load when no such buffer exists, two more when `addr` lies outside them
-    /// all; only then a lock and a tree search.
+    /// The memory a peer can reach holding all of `[addr, addr + len)` inside one buffer, and
+    /// where the range starts in it (in the memory file; in the GPU buffer); `None` for any
+    /// other memory. Costs one atomic load when no such buffer exists, two more when `addr`
+    /// lies outside them all; only then a lock and a tree search.
     #[inline]
-    pub(crate) fn find_shareable(&self, addr: usize, len: usize) -> Option<(SharedArena, usize)> {
+    pub(crate) fn find_shareable(&self, addr: usize, len: usize) -> Option<(SharedMemory, usize)> {
         if self.shareable.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -187,7 +215,7 @@ impl Registry {
     }
 
     #[cold]
-    fn find_shareable_slow(&self, addr: usize, end: usize) -> Option<(SharedArena, usize)> {
+    fn find_shareable_slow(&self, addr: usize, end: usize) -> Option<(SharedMemory, usize)> {
         let inner = self.inner.read();
         let (_, piece) = inner.pieces.range(..=addr).next_back()?;
         if piece.end <= addr {
@@ -197,8 +225,13 @@ impl Registry {
         // any of them that holds the whole range will do.
         piece.ids.iter().rev().find_map(|id| {
             let info = &inner.buffers[id];
-            let (arena, offset) = inner.arenas.get(id)?;
-            (end <= info.base + info.len).then(|| (arena.clone(), offset + (addr - info.base)))
+            let memory = inner.arenas.get(id)?;
+            let start = match memory {
+                SharedMemory::File(_, offset) => offset,
+                #[cfg(feature = "vulkan")]
+                SharedMemory::Gpu(_) => &0,
+            };
+            (end <= info.base + info.len).then(|| (memory.clone(), start + (addr - info.base)))
         })
     }
 

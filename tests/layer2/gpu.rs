@@ -708,3 +708,62 @@ fn the_released_semaphore_follows_the_consumer() {
         }
     }
 }
+
+/// `send` of bytes that lie in a GPU buffer's host mapping (HOST_VISIBLE memory) goes by
+/// reference through the GPU route, as a buffer send of that range would; with
+/// auto_zero_copy off, or on a channel that stages GPU buffers, the bytes are copied.
+#[test]
+fn sends_from_a_gpu_mapping_go_by_reference() {
+    const TEST: &str = "gpu::sends_from_a_gpu_mapping_go_by_reference";
+    const LEN: usize = 50_000;
+    let config_of = |case: &str| {
+        let mut config = gpu_config();
+        config.auto_zero_copy = case != "copy";
+        if case == "shm-only" {
+            config.transports = Some(vec![TransportKind::Shm]);
+        }
+        config
+    };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let case = arg("case");
+            let mut p = Producer::create(&context, &format!("mapped-{case}"), &here(), &here(), &config_of(&case)).unwrap();
+            let buffer = context.allocate(3 * LEN, MemoryLocation::GpuHostVisible).unwrap();
+            let ptr = buffer.host_ptr().expect("HOST_VISIBLE memory is mapped");
+            // SAFETY: 3 * LEN bytes of the live mapping; nothing else uses them.
+            let mapped = unsafe { std::slice::from_raw_parts_mut(ptr, 3 * LEN) };
+            message_into(&mut mapped[LEN..2 * LEN], 0);
+            assert_eq!(p.send(&mapped[LEN..2 * LEN]).unwrap(), 0);
+            p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let case = arg("case");
+            let mut c = Consumer::create(&context, &format!("mapped-{case}"), &here(), &here(), &config_of(&case)).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert_eq!(m.len(), LEN);
+            check(&m, 0);
+            assert_eq!(m.buffer().is_some(), case == "auto", "{case}: by reference only where the GPU route serves and auto_zero_copy is on");
+            assert_eq!(m.is_zero_copy(), case == "auto");
+            if case == "auto" {
+                check_gpu(&context, &m, 0, true);
+            }
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            for case in ["auto", "copy", "shm-only"] {
+                let dir = test_dir(&format!("gpu-mapped-{case}"));
+                let args = [("case", case.to_owned())];
+                let c = spawn(TEST, "consumer", &dir, &args);
+                let p = spawn(TEST, "producer", &dir, &args);
+                wait_ok(p, "producer");
+                wait_ok(c, "consumer");
+                assert_dir_empty(&dir);
+            }
+        }
+    }
+}

@@ -924,10 +924,12 @@ fn print_json(r: &Results, o: &Options) {
 fn main() {
     if std::env::args().any(|a| a == "--gpu") {
         #[cfg(feature = "vulkan")]
-        gpu::main(std::env::args().any(|a| a == "--quick"), std::env::args().any(|a| a == "--json"));
+        {
+            gpu::main(std::env::args().any(|a| a == "--quick"), std::env::args().any(|a| a == "--json"));
+            return;
+        }
         #[cfg(not(feature = "vulkan"))]
         die("this lf-bench was built without the cargo feature `vulkan`");
-        return;
     }
     let o = options();
     // A private runtime dir unless the caller chose one.

@@ -44,6 +44,7 @@ pub const AUTO_ZERO_COPY_MIN: usize = shm::SHM_INLINE_MAX + 1;
 /// Which transports serve a channel, decided before the rendezvous from the scope and what
 /// the channel allows.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 pub(crate) struct Plan {
     pub(crate) carrier: TransportKind,
     /// The route for GPU buffers, when one is allowed and built; `None`: staged through the

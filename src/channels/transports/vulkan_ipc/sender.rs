@@ -9,8 +9,8 @@ use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE
 use super::ROUTE_ID;
 use crate::channels::transport::{Packed, PayloadClass, Route, RouteSender, Section, TransportKind};
 use crate::error::{Error, Result};
-use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, TimelineSemaphore, VulkanDevice};
-use crate::memory::{Buffer, Context};
+use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, GpuBuffer, TimelineSemaphore, VulkanDevice};
+use crate::memory::{Buffer, BufferOrigin, Context};
 
 /// How many messages go between two looks for arenas that died (and whose GPU memory the
 /// channel still holds).
@@ -210,7 +210,8 @@ impl Sender {
 
     /// The consumer's slot and generation for `arena`, with the attachments that must reach it
     /// first: the arena's export the first time, and the end of arenas that died since.
-    fn slot_of(&mut self, buffer: &Buffer, arena: ArenaId, completed: u64, attachments: &mut Vec<Section>) -> Result<(u32, u32)> {
+    fn slot_of(&mut self, gpu: &GpuBuffer, completed: u64, attachments: &mut Vec<Section>) -> Result<(u32, u32)> {
+        let arena = gpu.arena_id();
         if let Some((id, slot, generation)) = self.last {
             if id == arena {
                 return Ok((slot, generation));
@@ -221,7 +222,6 @@ impl Sender {
             self.last = Some((arena, found.0, found.1));
             return Ok(found);
         }
-        let gpu = buffer.gpu_buffer().expect("checked by pack");
         self.sweep(completed, attachments);
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
@@ -260,7 +260,8 @@ impl RouteSender for Sender {
     }
 
     fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()> {
-        let Some(gpu) = buffer.gpu_buffer() else {
+        // Allocated here (a view of such a buffer too): a received buffer is the producer's.
+        let Some((gpu, start)) = buffer.gpu_region().filter(|_| buffer.origin() == BufferOrigin::Allocated) else {
             return Err(Error::Unsupported(format!(
                 "buffer {} is {} that this channel cannot send by reference (a received GPU buffer is the producer's: copy it into a buffer of your own first)",
                 buffer.id(),
@@ -289,8 +290,8 @@ impl RouteSender for Sender {
         if self.since_sweep >= SWEEP_EVERY {
             self.sweep(completed, &mut out.attachments);
         }
-        let (slot, generation) = self.slot_of(buffer, gpu.arena_id(), completed, &mut out.attachments)?;
-        let descriptor = Descriptor { slot, generation, offset: gpu.offset() + offset as u64, len: len as u64, ready_value };
+        let (slot, generation) = self.slot_of(gpu, completed, &mut out.attachments)?;
+        let descriptor = Descriptor { slot, generation, offset: gpu.offset() + start + offset as u64, len: len as u64, ready_value };
         out.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
         out.descriptor_len = Descriptor::LEN;
         Ok(())
