@@ -288,17 +288,31 @@ fn gpu_allocate_each_kind_write_read() {
     assert_eq!(allocator.arena_count(GpuMemoryKind::DeviceLocal), 0);
 }
 
+/// Staged transfers go in pieces through a few staging buffers, several pieces in flight: a
+/// transfer of many pieces at odd offsets arrives whole, and leaves the bytes around it alone.
 #[test]
 fn gpu_staging_larger_than_one_chunk() {
     let Some(device) = open_device("gpu_staging_larger_than_one_chunk") else { return };
     let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
-    let size = (64 << 20) + 4096 + 3; // more than the 64 MiB staging buffer
-    let buffer = allocator.allocate(size as u64, GpuMemoryKind::DeviceLocal).unwrap();
+    let size = (64 << 20) + 4096 + 3; // many 8 MiB pieces, more than the staging slots
+    let buffer = allocator.allocate(size as u64 + 64, GpuMemoryKind::DeviceLocal).unwrap();
+    buffer.write_staged(0, &vec![0xEEu8; size + 64]).unwrap();
     let data = pattern(9, size);
-    buffer.write_staged(0, &data).unwrap();
+    buffer.write_staged(31, &data).unwrap();
     let mut out = vec![0u8; size];
-    buffer.read_staged(0, &mut out).unwrap();
-    assert!(out == data, "staged round trip of {size} bytes");
+    buffer.read_staged(31, &mut out).unwrap();
+    assert!(out == data, "staged round trip of {size} bytes at offset 31");
+    let mut edges = [0u8; 64];
+    buffer.read_staged(0, &mut edges[..31]).unwrap();
+    buffer.read_staged(31 + size as u64, &mut edges[31..]).unwrap();
+    assert!(edges.iter().all(|&b| b == 0xEE), "bytes around the transfer untouched");
+    // A transfer of a piece and a bit, at an odd offset of both.
+    let piece = (8 << 20) + 5;
+    let data = pattern(10, piece);
+    buffer.write_staged(1_000_003, &data).unwrap();
+    let mut out = vec![0u8; piece];
+    buffer.read(1_000_003, &mut out).unwrap();
+    assert!(out == data, "a piece and a bit");
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! Moving data without writing Vulkan code: host writes and reads (direct for mappable memory,
 //! staged through a host-visible buffer otherwise), GPU copies between buffers, and mapping.
 //!
-//! Every operation is synchronous: it submits one command buffer on the device's transfer
-//! queue and waits for its fence, so the data is in place when the call returns.
+//! Every operation is synchronous: it submits its command buffers on the device's transfer
+//! queue and waits for their fences, so the data is in place when the call returns. Staged
+//! transfers go in pieces through a few staging buffers, the host's copy of one piece
+//! overlapping the GPU's copy of another.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -17,17 +19,31 @@ use super::device::{vk_err, VulkanDevice};
 use super::semaphore::TimelineSemaphore;
 use crate::error::{Error, Result};
 
-/// Largest staging buffer kept per device; bigger transfers go through it in pieces.
-const STAGING_MAX: u64 = 64 << 20;
+/// Staged transfers go through `STAGING_SLOTS` host-visible buffers of up to `STAGING_CHUNK`
+/// bytes each, in pieces, so that the host's copy of one piece overlaps the GPU's copy of the
+/// next (and a transfer never needs one staging buffer as large as itself).
+const STAGING_CHUNK: u64 = 8 << 20;
 const STAGING_MIN: u64 = 1 << 20;
+const STAGING_SLOTS: usize = 3;
 /// How long a single transfer may take before the device counts as hung.
 const FENCE_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// One staging buffer with its own command buffer and fence, so that several pieces of a
+/// transfer can be in flight at once.
 struct Staging {
     buffer: vk::Buffer,
     memory: vk::DeviceMemory,
     ptr: NonNull<u8>,
     size: u64,
+    cmd: vk::CommandBuffer,
+    fence: vk::Fence,
+}
+
+/// Which way a staged transfer goes.
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    ToDevice,
+    ToHost,
 }
 
 /// The transfer queue and what submitting on it needs. Lives behind the device's mutex.
@@ -37,7 +53,8 @@ pub(crate) struct Submitter {
     cmd: vk::CommandBuffer,
     fence: vk::Fence,
     timestamps: Option<vk::QueryPool>,
-    staging: Option<Staging>,
+    /// The staging slots, all of one size (made on first use, remade larger when needed).
+    staging: Vec<Staging>,
     /// Set when a fence wait timed out: the command buffer may still be pending, so it must
     /// not be reused.
     hung: bool,
@@ -80,16 +97,14 @@ impl Submitter {
             } else {
                 None
             };
-            Ok(Submitter { queue, pool, cmd, fence, timestamps, staging: None, hung: false })
+            Ok(Submitter { queue, pool, cmd, fence, timestamps, staging: Vec::new(), hung: false })
         }
     }
 
     /// Destroys everything; the device must be idle.
     pub(crate) unsafe fn destroy(&mut self, device: &ash::Device) {
-        if let Some(s) = self.staging.take() {
-            device.destroy_buffer(s.buffer, None);
-            device.unmap_memory(s.memory);
-            device.free_memory(s.memory, None);
+        for s in self.staging.drain(..) {
+            Self::destroy_staging(device, s);
         }
         if let Some(q) = self.timestamps.take() {
             device.destroy_query_pool(q, None);
@@ -98,24 +113,43 @@ impl Submitter {
         device.destroy_command_pool(self.pool, None);
     }
 
-    /// A staging buffer of at least `min(want, STAGING_MAX)` bytes; returns its size.
-    fn staging(&mut self, device: &VulkanDevice, want: u64) -> Result<&Staging> {
-        let size = want.clamp(STAGING_MIN, STAGING_MAX).next_multiple_of(STAGING_MIN).min(STAGING_MAX);
-        if self.staging.as_ref().is_some_and(|s| s.size >= size) {
-            return Ok(self.staging.as_ref().expect("checked"));
+    /// Destroys a staging slot whose work has finished.
+    unsafe fn destroy_staging(device: &ash::Device, s: Staging) {
+        device.destroy_fence(s.fence, None);
+        device.destroy_buffer(s.buffer, None);
+        device.unmap_memory(s.memory);
+        device.free_memory(s.memory, None);
+        // (The slot's command buffer goes back to the pool with it.)
+    }
+
+    /// Makes sure there are `STAGING_SLOTS` staging slots of at least `min(want,
+    /// STAGING_CHUNK)` bytes (rounded up to MiB); returns their size.
+    fn ensure_staging(&mut self, device: &VulkanDevice, want: u64) -> Result<u64> {
+        let size = want.clamp(STAGING_MIN, STAGING_CHUNK).next_multiple_of(STAGING_MIN);
+        if self.staging.first().is_some_and(|s| s.size >= size) {
+            return Ok(self.staging[0].size);
         }
         let ash_device = &device.shared.device;
-        if let Some(old) = self.staging.take() {
-            // SAFETY: no submission is pending (every submit waits), so the old staging
-            // buffer is unused.
+        for old in self.staging.drain(..) {
+            // SAFETY: every staged transfer waits for all its pieces before returning (or
+            // marks the device hung), so no slot is in use.
             unsafe {
-                ash_device.destroy_buffer(old.buffer, None);
-                ash_device.unmap_memory(old.memory);
-                ash_device.free_memory(old.memory, None);
+                ash_device.free_command_buffers(self.pool, &[old.cmd]);
+                Self::destroy_staging(ash_device, old);
             }
         }
+        for _ in 0..STAGING_SLOTS {
+            let slot = self.new_staging(device, size)?;
+            self.staging.push(slot);
+        }
+        Ok(size)
+    }
+
+    fn new_staging(&self, device: &VulkanDevice, size: u64) -> Result<Staging> {
+        let ash_device = &device.shared.device;
         let new = arena::create_buffer(device, size, vk::ExternalMemoryHandleTypeFlags::empty())?;
         use vk::MemoryPropertyFlags as F;
+        // Cached where the device offers it: the host reads what comes back from the GPU.
         let Some(type_index) = device.find_memory_type(
             new.requirements.memory_type_bits,
             F::HOST_VISIBLE | F::HOST_COHERENT,
@@ -142,28 +176,154 @@ impl Submitter {
             }
         };
         // SAFETY: buffer and memory are fresh and compatible (type chosen from its bits);
-        // the memory is host-visible, so mapping it is allowed.
-        let mapped = unsafe {
-            ash_device
+        // the memory is host-visible, so mapping it is allowed; the command buffer and fence
+        // are new objects of this device and pool.
+        unsafe {
+            let mapped = ash_device
                 .bind_buffer_memory(new.buffer, memory, 0)
-                .and_then(|()| ash_device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()))
-        };
-        let ptr = match mapped.map(|p| NonNull::new(p.cast::<u8>())) {
-            Ok(Some(p)) => p,
-            other => {
-                // SAFETY: unused fresh objects.
-                unsafe {
+                .and_then(|()| ash_device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()));
+            let ptr = match mapped.map(|p| NonNull::new(p.cast::<u8>())) {
+                Ok(Some(p)) => p,
+                other => {
                     ash_device.destroy_buffer(new.buffer, None);
                     ash_device.free_memory(memory, None);
+                    return Err(match other {
+                        Err(r) => vk_err("binding/mapping a staging buffer")(r),
+                        _ => Error::Vulkan("vkMapMemory of a staging buffer returned NULL".into()),
+                    });
                 }
-                return Err(match other {
-                    Err(r) => vk_err("binding/mapping the staging buffer")(r),
-                    _ => Error::Vulkan("vkMapMemory of the staging buffer returned NULL".into()),
+            };
+            let alloc = vk::CommandBufferAllocateInfo::default()
+                .command_pool(self.pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1);
+            let made = ash_device.allocate_command_buffers(&alloc).map(|c| c[0]).and_then(|cmd| {
+                match ash_device.create_fence(&vk::FenceCreateInfo::default(), None) {
+                    Ok(fence) => Ok((cmd, fence)),
+                    Err(r) => {
+                        ash_device.free_command_buffers(self.pool, &[cmd]);
+                        Err(r)
+                    }
+                }
+            });
+            match made {
+                Ok((cmd, fence)) => Ok(Staging { buffer: new.buffer, memory, ptr, size, cmd, fence }),
+                Err(r) => {
+                    ash_device.destroy_buffer(new.buffer, None);
+                    ash_device.unmap_memory(memory);
+                    ash_device.free_memory(memory, None);
+                    Err(vk_err("a staging command buffer or fence")(r))
+                }
+            }
+        }
+    }
+
+    /// Moves `len` bytes between host memory at `host` and `buffer` from `buffer_offset`,
+    /// through the staging slots in pieces: while the GPU copies one piece, the host copies
+    /// the next (to the device) or the previous one (to the host). Returns once every piece
+    /// is in place.
+    ///
+    /// # Safety
+    /// `host` is valid for `len` bytes (readable for `ToDevice`, writable for `ToHost`) and
+    /// distinct from GPU memory; `buffer` is a live buffer of this device with
+    /// `buffer_offset + len` in range.
+    unsafe fn staged(&mut self, device: &VulkanDevice, buffer: vk::Buffer, buffer_offset: u64, host: *mut u8, len: usize, direction: Direction) -> Result<()> {
+        if self.hung {
+            return Err(Error::InvalidState(format!(
+                "an earlier transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}; the device is unusable",
+                device.info().name
+            )));
+        }
+        let chunk = self.ensure_staging(device, len as u64)? as usize;
+        let pieces = len.div_ceil(chunk);
+        // Pieces submitted and not yet waited for, oldest first: (slot, start, len).
+        let mut in_flight = std::collections::VecDeque::with_capacity(STAGING_SLOTS);
+        let mut result = Ok(());
+        for piece in 0..pieces {
+            let slot = piece % STAGING_SLOTS;
+            if in_flight.len() == STAGING_SLOTS {
+                let oldest = in_flight.pop_front().expect("full");
+                if let Err(e) = self.finish_piece(device, oldest, host, direction) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            let start = piece * chunk;
+            let n = chunk.min(len - start);
+            if let Err(e) = self.submit_piece(device, slot, buffer, buffer_offset + start as u64, host.add(start), n, direction) {
+                result = Err(e);
+                break;
+            }
+            in_flight.push_back((slot, start, n));
+        }
+        // Every piece submitted is waited for, even after an error: the slots must be idle.
+        while let Some(piece) = in_flight.pop_front() {
+            let finished = self.finish_piece(device, piece, host, direction);
+            if result.is_ok() {
+                result = finished;
+            }
+        }
+        result
+    }
+
+    /// Submits one piece's GPU copy on its slot (after copying the host bytes in, to the
+    /// device).
+    unsafe fn submit_piece(&mut self, device: &VulkanDevice, slot: usize, buffer: vk::Buffer, offset: u64, host: *mut u8, len: usize, direction: Direction) -> Result<()> {
+        let d = &device.shared.device;
+        let s = &self.staging[slot];
+        let region = [match direction {
+            Direction::ToDevice => {
+                std::ptr::copy_nonoverlapping(host, s.ptr.as_ptr(), len);
+                vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 }
+            }
+            Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
+        }];
+        let cmd = s.cmd;
+        d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()).map_err(vk_err("vkResetCommandBuffer"))?;
+        d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
+            .map_err(vk_err("vkBeginCommandBuffer"))?;
+        // Earlier transfers and GPU work on the buffer before this copy (host writes to the
+        // staging slot are made visible by the submission itself).
+        let before = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+        d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+        match direction {
+            Direction::ToDevice => d.cmd_copy_buffer(cmd, s.buffer, buffer, &region),
+            Direction::ToHost => {
+                d.cmd_copy_buffer(cmd, buffer, s.buffer, &region);
+                let after = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::TRANSFER_WRITE).dst_access_mask(vk::AccessFlags::HOST_READ)];
+                d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::HOST, vk::DependencyFlags::empty(), &after, &[], &[]);
+            }
+        }
+        d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
+        d.reset_fences(&[s.fence]).map_err(vk_err("vkResetFences"))?;
+        let cmds = [cmd];
+        let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        d.queue_submit(self.queue, &submit, s.fence).map_err(vk_err("vkQueueSubmit"))
+    }
+
+    /// Waits for a submitted piece (and copies its bytes out, to the host).
+    unsafe fn finish_piece(&mut self, device: &VulkanDevice, (slot, start, len): (usize, usize, usize), host: *mut u8, direction: Direction) -> Result<()> {
+        let d = &device.shared.device;
+        let s = &self.staging[slot];
+        match d.wait_for_fences(&[s.fence], true, FENCE_TIMEOUT.as_nanos() as u64) {
+            Ok(()) => {}
+            Err(r) => {
+                self.hung = true;
+                return Err(match r {
+                    vk::Result::TIMEOUT => Error::Timeout(format!(
+                        "a transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}",
+                        device.info().name
+                    )),
+                    r => vk_err("vkWaitForFences")(r),
                 });
             }
-        };
-        self.staging = Some(Staging { buffer: new.buffer, memory, ptr, size });
-        Ok(self.staging.as_ref().expect("just set"))
+        }
+        if direction == Direction::ToHost {
+            std::ptr::copy_nonoverlapping(s.ptr.as_ptr(), host.add(start), len);
+        }
+        Ok(())
     }
 
     /// Records `record` between barriers, submits, and waits. Returns the GPU time between the
@@ -320,27 +480,11 @@ impl GpuBuffer {
         }
         let device = self.device().clone();
         let mut submitter = device.shared.submitter.lock();
-        let chunk = submitter.staging(&device, data.len() as u64)?.size as usize;
-        let mut done = 0usize;
-        for piece in data.chunks(chunk) {
-            let staging = submitter.staging.as_ref().expect("made above");
-            let (staging_buffer, staging_ptr) = (staging.buffer, staging.ptr);
-            // SAFETY: the staging mapping is at least `chunk` >= piece.len() bytes and no GPU
-            // work uses it (the last submission was waited for).
-            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), staging_ptr.as_ptr(), piece.len()) };
-            let region = [vk::BufferCopy {
-                src_offset: 0,
-                dst_offset: self.vk_offset + offset + done as u64,
-                size: piece.len() as u64,
-            }];
-            let dst = self.buffer;
-            submitter.submit(&device, false, &[], |d, cmd| {
-                // SAFETY: both buffers are live for the submission, which is waited for.
-                unsafe { d.cmd_copy_buffer(cmd, staging_buffer, dst, &region) }
-            })?;
-            done += piece.len();
+        // SAFETY: `data` is readable for its length and is not GPU memory Rust borrows; the
+        // range lies in the buffer (checked above), which lives through the call.
+        unsafe {
+            submitter.staged(&device, self.buffer, self.vk_offset + offset, data.as_ptr().cast_mut(), data.len(), Direction::ToDevice)
         }
-        Ok(())
     }
 
     /// Copies `out.len()` bytes at `offset` out of the buffer (memcpy or staged, as `write`).
@@ -373,27 +517,9 @@ impl GpuBuffer {
         }
         let device = self.device().clone();
         let mut submitter = device.shared.submitter.lock();
-        let chunk = submitter.staging(&device, out.len() as u64)?.size as usize;
-        let mut done = 0usize;
-        let src_vk_offset = self.vk_offset;
-        for piece in out.chunks_mut(chunk) {
-            let staging = submitter.staging.as_ref().expect("made above");
-            let (staging_buffer, staging_ptr) = (staging.buffer, staging.ptr);
-            let region = [vk::BufferCopy {
-                src_offset: src_vk_offset + offset + done as u64,
-                dst_offset: 0,
-                size: piece.len() as u64,
-            }];
-            let src = self.buffer;
-            submitter.submit(&device, false, &[], |d, cmd| {
-                // SAFETY: both buffers are live for the submission, which is waited for.
-                unsafe { d.cmd_copy_buffer(cmd, src, staging_buffer, &region) }
-            })?;
-            // SAFETY: the copy has finished (fence waited, HOST_READ barrier recorded).
-            unsafe { std::ptr::copy_nonoverlapping(staging_ptr.as_ptr(), piece.as_mut_ptr(), piece.len()) };
-            done += piece.len();
-        }
-        Ok(())
+        // SAFETY: `out` is writable for its length and is not GPU memory; the range lies in
+        // the buffer (checked above), which lives through the call.
+        unsafe { submitter.staged(&device, self.buffer, self.vk_offset + offset, out.as_mut_ptr(), out.len(), Direction::ToHost) }
     }
 
     /// The buffer's bytes in this process's address space (a persistent mapping of its
