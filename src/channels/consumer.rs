@@ -143,11 +143,18 @@ impl Consumer {
     #[cold]
     fn gone(&mut self, error: Error) -> Error {
         if matches!(error, Error::PeerGone(_)) {
-            if let Some(gpu) = self.gpu.as_mut() {
-                gpu.end_session();
-            }
+            self.end_gpu_session();
         }
         error
+    }
+
+    /// Ends the GPU route's session: what its messages may still use stays with the carrier's
+    /// session while they are held.
+    fn end_gpu_session(&mut self) {
+        if let Some(gpu) = self.gpu.as_mut() {
+            let (session, kept) = gpu.end_session();
+            self.transport.keep_while_held(session, kept);
+        }
     }
 
     /// A message of any kind: routed views are resolved into their payload.
@@ -171,6 +178,7 @@ impl Consumer {
     #[inline]
     fn sync_gpu_session(&mut self) -> Result<()> {
         if let Some((session, sections)) = self.transport.take_peer_sections() {
+            self.end_gpu_session();
             if let Some(gpu) = self.gpu.as_mut() {
                 let id = gpu.route_id();
                 gpu.new_session(session, sections.into_iter().find(|s| s.route == id))?;
@@ -221,8 +229,9 @@ impl Consumer {
                     self.name, view.token
                 )));
             }
+            let released_below = self.transport.released_below();
             for attachment in attachments.into_iter().filter(|a| a.route == self.gpu_route) {
-                gpu.attach(attachment)?;
+                gpu.attach(attachment, released_below)?;
             }
             if let Some(payload) = gpu.resolve(view.token, descriptor)? {
                 return Ok(payload);
@@ -307,6 +316,8 @@ impl Drop for Consumer {
         if let Some(mut t) = self.waker_thread.take() {
             t.stop();
         }
+        // Messages still held may point into the GPU route's memory.
+        self.end_gpu_session();
     }
 }
 

@@ -26,6 +26,7 @@
 use std::any::Any;
 use std::fmt;
 use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -387,6 +388,15 @@ pub trait ConsumerTransport: Send {
         Ok(Vec::new())
     }
 
+    /// How many messages of the current session this consumer has released in order (every
+    /// sequence number below it is released).
+    fn released_below(&self) -> u64;
+
+    /// Keeps `keep` (another route's memory) alive while any view of session `session` is
+    /// held, and drops it at once when none is: what lets routed payloads point into memory
+    /// without a reference count per message.
+    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>);
+
     /// A file descriptor that polls readable while a message waits or the producer has gone;
     /// from the first call on, the producer signals it (a syscall per message only while the
     /// consumer sleeps on it).
@@ -455,9 +465,9 @@ pub trait RouteSender: Send {
 pub trait RoutedMemory: Send + Sync {
     /// Byte 0 in this process where the host maps the memory, else null.
     fn host_base(&self) -> *mut u8;
-    /// A buffer over `len` bytes at `offset`, whose GPU work waits for `ready_value` (0: none).
-    /// The route checked the range when it resolved the message.
-    fn view(self: Arc<Self>, offset: u64, len: usize, ready_value: u64) -> Buffer;
+    /// A buffer over `len` bytes at `offset`, whose GPU work waits for `ready_value` (0: none),
+    /// which holds the memory itself. The route checked the range when it resolved the message.
+    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Buffer;
     /// The consumer let go of message `seq`, a payload in this memory (the route may tell
     /// the producer's GPU work).
     fn released(&self, seq: u64);
@@ -465,28 +475,50 @@ pub trait RoutedMemory: Send + Sync {
 
 /// A payload as a route hands it to the consumer: `len` bytes at `offset` of the producer's
 /// memory, ready for use once `ready_value` is reached (0: now), carried by message `seq`.
-/// Made with one reference count and nothing else; the [`Buffer`] over it is made when asked
-/// for. Dropping it tells the route that the consumer let go of the payload.
+/// Made with no reference count and no allocation: the route keeps the memory alive while the
+/// message's view is held (through [`ConsumerTransport::keep_while_held`] once the route lets
+/// go of it). The [`Buffer`] over it is made when asked for. Dropping it, which must happen
+/// before the view is released, tells the route that the consumer let go of the payload.
 pub struct RoutedPayload {
-    pub memory: Arc<dyn RoutedMemory>,
+    memory: NonNull<dyn RoutedMemory>,
     pub offset: u64,
     pub len: usize,
     pub ready_value: u64,
     pub seq: u64,
 }
 
+// SAFETY: the memory is Send + Sync (RoutedMemory's bounds) and outlives the payload (new's
+// contract); the payload only reads through the pointer.
+unsafe impl Send for RoutedPayload {}
+// SAFETY: as above.
+unsafe impl Sync for RoutedPayload {}
+
 impl Drop for RoutedPayload {
     #[inline]
     fn drop(&mut self) {
-        self.memory.released(self.seq);
+        self.memory().released(self.seq);
     }
 }
 
 impl RoutedPayload {
+    /// # Safety
+    /// `memory` stays alive and in place until the payload is dropped: the route keeps it
+    /// while message `seq`'s view is held, and the payload is dropped before the view is
+    /// released.
+    pub unsafe fn new(memory: &(dyn RoutedMemory + 'static), offset: u64, len: usize, ready_value: u64, seq: u64) -> RoutedPayload {
+        RoutedPayload { memory: NonNull::from(memory), offset, len, ready_value, seq }
+    }
+
+    #[inline]
+    fn memory(&self) -> &dyn RoutedMemory {
+        // SAFETY: alive until the payload is dropped (new's contract).
+        unsafe { self.memory.as_ref() }
+    }
+
     /// The first byte in this process, or null where the host cannot map the memory.
     #[inline]
     pub fn as_ptr(&self) -> *const u8 {
-        let base = self.memory.host_base();
+        let base = self.memory().host_base();
         if base.is_null() {
             return std::ptr::null();
         }
@@ -497,7 +529,7 @@ impl RoutedPayload {
 
     /// A buffer over the payload, which holds the memory itself.
     pub fn to_buffer(&self) -> Buffer {
-        Arc::clone(&self.memory).view(self.offset, self.len, self.ready_value)
+        self.memory().view(self.offset, self.len, self.ready_value)
     }
 }
 
@@ -505,19 +537,23 @@ impl RoutedPayload {
 pub trait RouteReceiver: Send {
     fn route_id(&self) -> u32;
 
-    /// A new producer attached: its rendezvous section for this route (or none).
+    /// A new producer attached: its rendezvous section for this route (or none). The earlier
+    /// session was ended first ([`end_session`](Self::end_session)).
     fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()>;
 
     /// How the current producer's payloads arrive (by this route, or staged through the
     /// carrier), for the channel's report.
     fn route(&self, carrier: TransportKind) -> Route;
 
-    /// The producer has gone and its messages are read: let go of what was imported for it
-    /// (messages still held keep their own memory alive).
-    fn end_session(&mut self);
+    /// The current session ended (its producer has gone, or another attached, or the consumer
+    /// closes): everything its messages may still use, for the carrier to keep while they are
+    /// held ([`ConsumerTransport::keep_while_held`]), and the session's id.
+    fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>);
 
-    /// An attachment the producer passed before the messages that need it.
-    fn attach(&mut self, attachment: Section) -> Result<()>;
+    /// An attachment the producer passed before the messages that need it. `released_below`:
+    /// the carrier's [`ConsumerTransport::released_below`], below which no message holds
+    /// memory any more.
+    fn attach(&mut self, attachment: Section, released_below: u64) -> Result<()>;
 
     /// The payload that message `seq`'s descriptor names; `Ok(None)` when it names an
     /// attachment not arrived yet. Everything in the descriptor is checked: `Corrupt` for a

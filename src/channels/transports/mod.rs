@@ -22,6 +22,7 @@ pub mod shm;
 #[cfg(feature = "vulkan")]
 pub mod vulkan_ipc;
 
+use std::any::Any;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -264,11 +265,11 @@ impl RouteReceiver for AnyRouteReceiver {
     fn route(&self, carrier: TransportKind) -> Route {
         forward_route!(self, r => r.route(carrier))
     }
-    fn end_session(&mut self) {
+    fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>) {
         forward_route!(self, r => r.end_session())
     }
-    fn attach(&mut self, attachment: Section) -> Result<()> {
-        forward_route!(self, r => r.attach(attachment))
+    fn attach(&mut self, attachment: Section, released_below: u64) -> Result<()> {
+        forward_route!(self, r => r.attach(attachment, released_below))
     }
     #[inline]
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
@@ -489,6 +490,12 @@ impl ConsumerTransport for AnyConsumer {
     }
     fn take_attachments(&mut self) -> Result<Vec<Section>> {
         forward!(self, t => t.take_attachments())
+    }
+    fn released_below(&self) -> u64 {
+        forward!(self, t => t.released_below())
+    }
+    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>) {
+        forward!(self, t => t.keep_while_held(session, keep))
     }
     fn raw_region(&self) -> Option<(*mut u8, usize)> {
         forward!(self, t => t.raw_region())

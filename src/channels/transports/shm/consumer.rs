@@ -1,5 +1,6 @@
 //! The consumer half of a shared-memory channel.
 
+use std::any::Any;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -526,6 +527,19 @@ impl ConsumerTransport for ShmConsumer {
     fn take_attachments(&mut self) -> Result<Vec<Section>> {
         self.receive_records(None)?;
         Ok(std::mem::take(&mut self.link.attachments))
+    }
+
+    fn released_below(&self) -> u64 {
+        self.link.session.reclaimed.load(Ordering::Acquire)
+    }
+
+    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>) {
+        // A session that is neither current nor among the old ones holds no view any more.
+        if self.link.session.id == session {
+            self.link.session.keep_while_held(keep);
+        } else if let Some(old) = self.old.iter().find(|s| s.id == session) {
+            old.keep_while_held(keep);
+        }
     }
 
     fn release(&mut self, view: &RawView) -> Result<()> {

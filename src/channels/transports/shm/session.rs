@@ -1,6 +1,7 @@
 //! A consumer's session with one producer: the mapped region, which slots are held by views,
 //! and the in-order reclaim that turns releases into the shared tail the producer reads.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -52,6 +53,11 @@ pub(crate) struct Session {
     /// Per slot, made at the first buffer send: the arena mapping a held view points into,
     /// so that it stays mapped until the view is released whatever the producer says.
     arena_holds: OnceLock<Box<[ArenaHold]>>,
+    /// Other routes' memory that views of this session may point into, dropped when the last
+    /// view is released (see `ConsumerTransport::keep_while_held`); `has_kept` says whether
+    /// there is any. Both change only under the reclaim lock.
+    kept: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
+    has_kept: AtomicBool,
 }
 
 impl Session {
@@ -70,6 +76,8 @@ impl Session {
             orphaned: AtomicBool::new(false),
             fast_wake,
             arena_holds: OnceLock::new(),
+            kept: Mutex::new(Vec::new()),
+            has_kept: AtomicBool::new(false),
         }
     }
 
@@ -95,6 +103,20 @@ impl Session {
     #[inline]
     pub(super) fn holds_views(&self) -> bool {
         self.reclaimed.load(Ordering::Acquire) != self.received.load(Ordering::Acquire)
+    }
+
+    /// Keeps `keep` until the last view held now is released, or drops it now when none is.
+    /// Called by the consumer, the only one that hands out views, once it hands out no more
+    /// of this session's (its route's session ended).
+    pub(super) fn keep_while_held(&self, keep: Box<dyn Any + Send + Sync>) {
+        self.lock();
+        let held = self.holds_views();
+        if held {
+            self.kept.lock().push(keep);
+            self.has_kept.store(true, Ordering::Relaxed);
+        }
+        self.reclaiming.store(false, Ordering::Release);
+        // (Not held: `keep` is dropped here, outside the lock.)
     }
 
     /// Takes the reclaim lock: views may be released from several threads.
@@ -132,7 +154,16 @@ impl Session {
             wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.fast_wake);
         }
         let last = tail == received && self.orphaned.load(Ordering::Relaxed);
+        let kept = if tail == received && self.has_kept.load(Ordering::Relaxed) {
+            self.has_kept.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *self.kept.lock())
+        } else {
+            Vec::new()
+        };
         self.reclaiming.store(false, Ordering::Release);
+        // The last view is gone: what it pointed into goes too (outside the lock; the
+        // session is not touched again).
+        drop(kept);
         last
     }
 

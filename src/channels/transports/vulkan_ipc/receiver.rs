@@ -1,5 +1,6 @@
 //! The consumer's half of the Vulkan IPC route.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -75,7 +76,7 @@ impl RoutedMemory for ImportedArena {
         self.base
     }
 
-    fn view(self: Arc<Self>, offset: u64, len: usize, ready_value: u64) -> Buffer {
+    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Buffer {
         let wait = self.semaphore.as_ref().filter(|_| ready_value != 0).map(|s| (Arc::clone(s), ready_value));
         let origin = BufferOrigin::Imported { exporter_pid: self.exporter_pid };
         Buffer::gpu_view_mapped(Arc::clone(&self.whole), offset, len, self.base, wait, origin)
@@ -89,10 +90,12 @@ impl RoutedMemory for ImportedArena {
     }
 }
 
-/// A slot's arena and its generation.
+/// A slot's arena, its generation, and the last message that pointed into it (messages hold
+/// no reference: the arena is let go only once that one is released).
 struct Imported {
     generation: u32,
     arena: Arc<ImportedArena>,
+    last_seq: Option<u64>,
 }
 
 /// The consumer's side of the route: the producer's arenas imported here, by slot.
@@ -113,6 +116,9 @@ pub(crate) struct Receiver {
     /// Why the current producer stages its GPU buffers, when it does.
     staged: Option<String>,
     arenas: Vec<Option<Imported>>,
+    /// Arenas the producer said died while a message into them was still held, with that
+    /// message's sequence number (a well-behaved producer says so only after the release).
+    retired: Vec<(Arc<ImportedArena>, u64)>,
     last_ready: u64,
     imports: u64,
 }
@@ -136,6 +142,7 @@ impl Receiver {
             no_semaphore: "no producer attached yet".into(),
             staged: None,
             arenas: Vec::new(),
+            retired: Vec::new(),
             last_ready: 0,
             imports: 0,
         })
@@ -168,6 +175,13 @@ impl Receiver {
         )
     }
 
+    /// Lets go of an arena the producer replaced or said died, once no message into it is held.
+    fn retire(&mut self, old: Imported, released_below: u64) {
+        if let Some(last) = old.last_seq.filter(|last| *last >= released_below) {
+            self.retired.push((old.arena, last));
+        }
+    }
+
     fn corrupt(&self, what: String) -> Error {
         Error::Corrupt(format!("the producer's GPU route {what}"))
     }
@@ -179,8 +193,7 @@ impl RouteReceiver for Receiver {
     }
 
     fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()> {
-        // Views of the old producer's messages hold their arenas themselves.
-        self.arenas.clear();
+        debug_assert!(self.arenas.is_empty() && self.retired.is_empty(), "the earlier session was ended first");
         self.session = session;
         self.semaphore = None;
         self.semaphore_fd = None;
@@ -248,15 +261,18 @@ impl RouteReceiver for Receiver {
         }
     }
 
-    fn end_session(&mut self) {
-        self.arenas.clear();
+    fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>) {
+        let mut kept: Vec<Arc<ImportedArena>> = self.retired.drain(..).map(|(arena, _)| arena).collect();
+        kept.extend(self.arenas.drain(..).flatten().filter(|a| a.last_seq.is_some()).map(|a| a.arena));
         self.semaphore = None;
         self.semaphore_fd = None;
         self.released = None;
         self.no_semaphore = "the producer has gone".into();
+        (self.session, Box::new(kept))
     }
 
-    fn attach(&mut self, attachment: Section) -> Result<()> {
+    fn attach(&mut self, attachment: Section, released_below: u64) -> Result<()> {
+        self.retired.retain(|(_, last)| *last >= released_below);
         let count = attachment.fds.len();
         match Attachment::decode(&attachment.bytes, count)? {
             Attachment::Announce { slot, generation, desc } => {
@@ -285,14 +301,17 @@ impl RouteReceiver for Receiver {
                 if self.arenas.len() <= index {
                     self.arenas.resize_with(index + 1, || None);
                 }
-                self.arenas[index] = Some(Imported { generation, arena: Arc::new(arena) });
+                if let Some(old) = self.arenas[index].take() {
+                    self.retire(old, released_below);
+                }
+                self.arenas[index] = Some(Imported { generation, arena: Arc::new(arena), last_seq: None });
                 self.imports += 1;
             }
             Attachment::Forget { slot, generation } => {
-                // Messages still held keep the import alive through their views.
                 if let Some(entry) = self.arenas.get_mut(slot as usize) {
                     if entry.as_ref().is_some_and(|a| a.generation == generation) {
-                        *entry = None;
+                        let old = entry.take().expect("checked");
+                        self.retire(old, released_below);
                     }
                 }
             }
@@ -300,6 +319,7 @@ impl RouteReceiver for Receiver {
         Ok(())
     }
 
+    #[inline]
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
         let d = Descriptor::decode(descriptor).map_err(|e| self.corrupt(e.to_string()))?;
         if d.slot >= MAX_SLOTS {
@@ -311,10 +331,7 @@ impl RouteReceiver for Receiver {
         };
         let size = arena.arena.size;
         if d.len == 0 || d.offset.checked_add(d.len).map_or(true, |end| end > size) {
-            return Err(self.corrupt(format!(
-                "names {} bytes at offset {} of an arena of {size} bytes",
-                d.len, d.offset
-            )));
+            return Err(self.corrupt(format!("names {} bytes at offset {} of an arena of {size} bytes", d.len, d.offset)));
         }
         if d.ready_value != 0 {
             if arena.arena.semaphore.is_none() {
@@ -328,11 +345,16 @@ impl RouteReceiver for Receiver {
             }
             self.last_ready = d.ready_value;
         }
+        let arena = self.arenas[d.slot as usize].as_mut().expect("found above");
         if let Some(tracker) = &arena.arena.released {
             tracker.received(seq);
         }
-        let memory: Arc<dyn RoutedMemory> = arena.arena.clone();
-        Ok(Some(RoutedPayload { memory, offset: d.offset, len: d.len as usize, ready_value: d.ready_value, seq }))
+        arena.last_seq = Some(seq);
+        // SAFETY: the arena stays in `arenas`, or in `retired` until message `seq` is
+        // released, or with the carrier's session while its views are held (end_session):
+        // alive and in place (behind its Arc) until the payload, dropped before that release,
+        // is gone.
+        Ok(Some(unsafe { RoutedPayload::new(&*arena.arena, d.offset, d.len as usize, d.ready_value, seq) }))
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
