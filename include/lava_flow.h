@@ -984,8 +984,8 @@ void lf_location_free(struct lf_location *location);
 // lava-flow works on a private duplicate of it, with MPI_ERRORS_RETURN. If the application has
 // initialised MPI, lava-flow never finalizes it; if not, lava-flow initialises it
 // (`MPI_Init_thread`, asking for MPI_THREAD_MULTIPLE: see `lf_mpi_thread_level`) and finalizes
-// it when the last `lf_mpi` is freed. MPI cannot be initialised again after that: a later join
-// fails with LF_ERR_INVALID_STATE.
+// it when the last `lf_mpi` is freed, or when this join fails and no `lf_mpi` is left. MPI
+// cannot be initialised again after that: a later join fails with LF_ERR_INVALID_STATE.
 //
 // `process_name` names this process (1-64 of `A-Z a-z 0-9 - _ .`); NULL takes it from the
 // environment variable `LF_PROCESS_NAME`, or makes it `rank<N>`. Names must differ across

@@ -167,6 +167,27 @@ pub fn detect_scope(mine: &ProcessLocation, peer: &ProcessLocation) -> Communica
     }
 }
 
+/// [`detect_scope`] with the reason in words, for reports: which hostnames or host identities
+/// were compared.
+pub fn explain_scope(mine: &ProcessLocation, peer: &ProcessLocation) -> (CommunicationScope, String) {
+    let scope = detect_scope(mine, peer);
+    let text = match (&mine.host_id, &peer.host_id, scope) {
+        (Some(id), Some(_), CommunicationScope::Local) => {
+            format!("same host ({}, host identity {id:?}): scope local", mine.hostname)
+        }
+        (Some(mine_id), Some(peer_id), CommunicationScope::Remote) => format!(
+            "peer host {:?} (host identity {peer_id:?}) differs from this host {:?} (host identity {mine_id:?}): \
+             scope remote",
+            peer.hostname, mine.hostname
+        ),
+        (_, _, CommunicationScope::Local) => format!("same host ({}): scope local", mine.hostname),
+        (_, _, CommunicationScope::Remote) => {
+            format!("peer host {:?} differs from this host {:?}: scope remote", peer.hostname, mine.hostname)
+        }
+    };
+    (scope, text)
+}
+
 /// This process's host identity: `LF_HOST_ID` when it is set and not empty, otherwise what
 /// the kernel tells (see below), or `None` where it tells nothing (then locations fall back to
 /// comparing hostnames).
@@ -328,6 +349,10 @@ mod tests {
         assert_eq!(detect_scope(&a, &plain), CommunicationScope::Local);
         assert_eq!(detect_scope(&plain, &b), CommunicationScope::Local);
         assert!(a.to_string().ends_with(" host-id=box-a"), "{a}");
+        let (scope, why) = explain_scope(&a, &b);
+        assert_eq!(scope, CommunicationScope::Remote);
+        assert!(why.contains("\"box-b\") differs from this host \"node0\" (host identity \"box-a\")"), "{why}");
+        assert_eq!(explain_scope(&a, &plain).1, "same host (node0): scope local");
     }
 
     #[test]
