@@ -5,3 +5,6 @@
 set(LAVA_FLOW_NATIVE_STATIC_LIBS util rt pthread m dl)
 # Linked by every C compiler driver anyway; accepted but not listed.
 set(LAVA_FLOW_NATIVE_STATIC_LIBS_OPTIONAL c gcc_s)
+# Needed with the mpi feature only; linked through MPI::MPI_C (find_package(MPI)), which also
+# knows where the MPI library is.
+set(LAVA_FLOW_NATIVE_STATIC_LIBS_MPI mpi)

@@ -161,6 +161,10 @@
 // Marks an unset `node_id` or `device_id`.
 #define LF_UNSET -1
 
+// `comm` argument of `lf_mpi_join`: MPI_COMM_WORLD. (Outside the range of an `MPI_Fint`, so it
+// can never be mistaken for a communicator.)
+#define LF_MPI_COMM_WORLD -4294967296
+
 // The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a
 // class of failure, and `lf_last_error_message()` says what exactly went wrong.
 //
@@ -231,6 +235,25 @@ typedef uint32_t lf_scope;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// The thread support MPI provides (the values of the MPI standard's constants).
+enum lf_mpi_thread_support
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  LF_MPI_THREAD_SINGLE = 0,
+  LF_MPI_THREAD_FUNNELED = 1,
+  LF_MPI_THREAD_SERIALIZED = 2,
+  LF_MPI_THREAD_MULTIPLE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_mpi_thread_support lf_mpi_thread_support;
+#else
+typedef uint32_t lf_mpi_thread_support;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // Opaque handle on a buffer.
 typedef struct lf_buffer lf_buffer;
 
@@ -242,6 +265,9 @@ typedef struct lf_context lf_context;
 
 // Opaque handle on a process location.
 typedef struct lf_location lf_location;
+
+// Opaque handle on lava-flow's MPI world.
+typedef struct lf_mpi lf_mpi;
 
 // Channel options; fill with `lf_channel_config_default` and change what you need.
 typedef struct lf_channel_config {
@@ -891,8 +917,10 @@ lf_status lf_export_send(int32_t socket, const struct lf_export *export_);
 // `out` must be NULL or writable.
 lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 
-// Detects the calling process's location: this host's name and the NUMA node of the CPU the
-// calling thread runs on now (`device_id` is LF_UNSET).
+// Detects the calling process's location: this host's name, its host identity
+// (`LF_HOST_ID` if set; see `lf_location_host_id`) and the NUMA node of the CPU the calling
+// thread runs on now (`device_id` is LF_UNSET). An invalid `LF_HOST_ID` is
+// LF_ERR_INVALID_ARGUMENT.
 //
 // On success `*out` receives a new location to release with `lf_location_free`.
 //
@@ -927,6 +955,17 @@ lf_status lf_location_from_config(const char *path,
 // `location` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
 lf_status lf_location_hostname(const struct lf_location *location, const char **out);
 
+// Lends the host identity: `*out` points to a NUL-terminated string owned by the location
+// and valid until it is freed, or is NULL when the location has none (built by hand or read
+// from a config file: such locations are compared by hostname).
+//
+// Detected locations carry the machine's boot id and the process's UTS, IPC and network
+// namespaces, so two containers on one machine differ; `LF_HOST_ID` overrides it.
+//
+// # Safety
+// As `lf_location_hostname`.
+lf_status lf_location_host_id(const struct lf_location *location, const char **out);
+
 // The NUMA node, or LF_UNSET.
 //
 // # Safety
@@ -939,8 +978,8 @@ lf_status lf_location_node_id(const struct lf_location *location, int64_t *out);
 // As `lf_location_hostname`.
 lf_status lf_location_device_id(const struct lf_location *location, int64_t *out);
 
-// Whether two processes share a host (LF_SCOPE_LOCAL) or not (LF_SCOPE_REMOTE): their
-// hostnames are compared, ignoring ASCII case.
+// Whether two processes share a host (LF_SCOPE_LOCAL) or not (LF_SCOPE_REMOTE): their host
+// identities are compared when both have one, otherwise their hostnames, ignoring ASCII case.
 //
 // # Safety
 // `mine` and `peer` must be NULL or pointers obtained from lava-flow; `out` NULL or writable.
@@ -958,6 +997,103 @@ const char *lf_scope_str(uint32_t scope);
 // # Safety
 // `location` must not be in use by another thread.
 void lf_location_free(struct lf_location *location);
+
+// Joins the application's MPI and finds every process of the communicator. Collective: every
+// process of the communicator calls it.
+//
+// `comm` is `MPI_Comm_c2f(comm)` of the application's communicator, or LF_MPI_COMM_WORLD.
+// lava-flow works on a private duplicate of it, with MPI_ERRORS_RETURN. If the application has
+// initialised MPI, lava-flow never finalizes it; if not, lava-flow initialises it
+// (`MPI_Init_thread`, asking for MPI_THREAD_MULTIPLE: see `lf_mpi_thread_level`) and finalizes
+// it when the last `lf_mpi` is freed, or when this join fails and no `lf_mpi` is left. MPI
+// cannot be initialised again after that: a later join fails with LF_ERR_INVALID_STATE.
+//
+// `process_name` names this process (1-64 of `A-Z a-z 0-9 - _ .`); NULL takes it from the
+// environment variable `LF_PROCESS_NAME`, or makes it `rank<N>`. Names must differ across
+// the world: a duplicate makes every process's join fail with LF_ERR_INVALID_ARGUMENT. A
+// failure caused by one process's input fails the join on every process, so none is left
+// waiting. Without the `mpi` feature: LF_ERR_UNSUPPORTED.
+//
+// On success `*out` receives a new handle to release with `lf_mpi_free`.
+//
+// # Safety
+// `process_name` must be NULL or a NUL-terminated string; `out` NULL (rejected) or writable.
+lf_status lf_mpi_join(int64_t comm, const char *process_name, struct lf_mpi **out);
+
+// The number of processes in the world.
+//
+// # Safety
+// `mpi` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_mpi_size(const struct lf_mpi *mpi, int32_t *out);
+
+// This process's rank in the communicator lava-flow joined.
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_rank(const struct lf_mpi *mpi, int32_t *out);
+
+// The thread support MPI provides: what lava-flow obtained when it initialised MPI
+// (MPI_THREAD_MULTIPLE where the library offers it), or what the application asked for.
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_thread_level(const struct lf_mpi *mpi, lf_mpi_thread_support *out);
+
+// The largest message tag MPI accepts (`MPI_TAG_UB`; the standard guarantees 32767).
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_tag_ub(const struct lf_mpi *mpi, int32_t *out);
+
+// Whether lava-flow initialised MPI (and so finalizes it when the last `lf_mpi` is freed).
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_initialized_mpi(const struct lf_mpi *mpi, bool *out);
+
+// The location of the process of rank `rank`: hostname, host identity and NUMA node
+// (`device_id` is LF_UNSET). Compare it with `lf_scope_detect`. A rank outside 0..size-1 is
+// LF_ERR_INVALID_ARGUMENT.
+//
+// On success `*out` receives a new location to release with `lf_location_free`.
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_location(const struct lf_mpi *mpi, int32_t rank, struct lf_location **out);
+
+// Lends the name of the process of rank `rank`: `*out` points to a NUL-terminated string
+// owned by `mpi`, valid until it is freed. A rank outside 0..size-1 is
+// LF_ERR_INVALID_ARGUMENT.
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_process_name(const struct lf_mpi *mpi, int32_t rank, const char **out);
+
+// The rank of the process called `process_name`: LF_ERR_NOT_FOUND (listing the names there
+// are) when no process has that name, LF_ERR_INVALID_ARGUMENT when it is not a valid name.
+//
+// # Safety
+// `mpi` as in `lf_mpi_size`; `process_name` NULL or a NUL-terminated string; `out` NULL or
+// writable.
+lf_status lf_mpi_rank_of(const struct lf_mpi *mpi, const char *process_name, int32_t *out);
+
+// Lends a report of where MPI's shared-memory split (`MPI_COMM_TYPE_SHARED`) disagrees with
+// the processes' host identities, what lava-flow concluded and how to fix it; "" when they
+// agree. Disagreement is not an error: the host identities decide the scope. Rank 0 also
+// prints a non-empty report to stderr at the join. `*out` is owned by `mpi`.
+//
+// # Safety
+// As `lf_mpi_size`.
+lf_status lf_mpi_topology_report(const struct lf_mpi *mpi, const char **out);
+
+// Releases the handle: frees lava-flow's private communicator and, when lava-flow initialised
+// MPI and this was its last `lf_mpi`, finalizes MPI (collective: every process frees its last
+// handle). Never finalizes MPI the application initialised. NULL is accepted and ignored; a
+// pointer that is not a live `lf_mpi` is ignored too, with a note in `lf_last_error_message()`.
+//
+// # Safety
+// `mpi` must not be in use by another thread.
+void lf_mpi_free(struct lf_mpi *mpi);
 
 // A static, NUL-terminated description of a status value, such as
 // `"LF_ERR_TIMEOUT: timed out"`. Never NULL; unknown values give `"unknown lf_status value"`.

@@ -36,7 +36,9 @@ step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
 cargo test --all-features
 
 step "CMake build"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix"
+# With MPI, so that ctest runs the lf_mpi tests under mpirun (LF_CMAKE_FEATURES= builds without).
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" \
+  -DLAVA_FLOW_FEATURES="${LF_CMAKE_FEATURES-mpi}"
 cmake --build "$build" -j"$jobs"
 
 step "ctest (C and C++ tests, examples, valgrind)"

@@ -2,7 +2,8 @@
 //!
 //! The crate is layered as its folders are:
 //! - Layer 0, [`types`] and [`config`]: who a process is, where it runs, and the
-//!   [`CommunicationScope`] between two processes.
+//!   [`CommunicationScope`] between two processes; [`mpi`] finds every process of an MPI job
+//!   (with the `mpi` feature).
 //! - Layer 1, `memory`: one allocator for GPU (Vulkan) and CPU memory, shareable with local
 //!   peers.
 //! - Layer 2, `channels`: ordered producer/consumer channels whose transport follows the
@@ -19,6 +20,8 @@ pub mod error;
 pub mod ffi;
 /// cbindgen:ignore
 pub mod memory;
+/// cbindgen:ignore
+pub mod mpi;
 /// cbindgen:ignore
 pub mod os;
 /// cbindgen:ignore

@@ -11,6 +11,12 @@ pub const MAX_NAME_LEN: usize = 64;
 /// The longest hostname POSIX allows (`HOST_NAME_MAX`).
 pub const MAX_HOSTNAME_LEN: usize = 255;
 
+/// The longest host identity (see [`ProcessLocation::host_id`]), in bytes.
+pub const MAX_HOST_ID_LEN: usize = 255;
+
+/// The environment variable that overrides the detected host identity.
+pub const HOST_ID_ENV: &str = "LF_HOST_ID";
+
 /// A validated name for a process (or, later, a channel): 1 to [`MAX_NAME_LEN`] bytes of
 /// ASCII letters, digits, `-`, `_` and `.`, not starting with `.`.
 ///
@@ -57,14 +63,19 @@ impl fmt::Display for ProcessName {
 
 /// Where a process runs: its host, and optionally its NUMA node and GPU.
 ///
-/// `hostname` decides the [`CommunicationScope`]; `node_id` and `device_id` steer memory
-/// placement (a NUMA node for CPU buffers, a GPU for device buffers) and are `None` when
-/// unknown or irrelevant.
+/// `hostname` (or `host_id`, when both sides have one) decides the [`CommunicationScope`];
+/// `node_id` and `device_id` steer memory placement (a NUMA node for CPU buffers, a GPU for
+/// device buffers) and are `None` when unknown or irrelevant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessLocation {
     pub hostname: String,
     pub node_id: Option<u32>,
     pub device_id: Option<u32>,
+    /// Which machine, kernel and namespaces the process runs in, when known: processes with
+    /// equal host identities can share memory. Hostnames alone cannot tell two containers on
+    /// one machine apart (or may be equal on two machines); see [`detect_host_id`]. `None`
+    /// for locations built by hand or read from a config file, which are compared by hostname.
+    pub host_id: Option<String>,
 }
 
 impl ProcessLocation {
@@ -75,18 +86,28 @@ impl ProcessLocation {
             hostname: hostname.to_owned(),
             node_id,
             device_id,
+            host_id: None,
         })
     }
 
-    /// Detects the calling process's location: the kernel's hostname and the NUMA node of the
-    /// CPU the calling thread runs on now. `device_id` is left unset: which GPU a process uses
-    /// is its own choice, not something the host can tell.
+    /// The same location with a host identity, checked like `LF_HOST_ID`.
+    pub fn with_host_id(mut self, host_id: &str) -> Result<Self> {
+        validate_host_id(host_id)?;
+        self.host_id = Some(host_id.to_owned());
+        Ok(self)
+    }
+
+    /// Detects the calling process's location: the kernel's hostname, the host identity
+    /// ([`detect_host_id`]: `LF_HOST_ID` if set) and the NUMA node of the CPU the calling
+    /// thread runs on now. `device_id` is left unset: which GPU a process uses is its own
+    /// choice, not something the host can tell.
     pub fn from_hostname() -> Result<Self> {
         let hostname = detect_hostname()?;
         Ok(ProcessLocation {
             hostname,
             node_id: current_numa_node(),
             device_id: None,
+            host_id: detect_host_id()?,
         })
     }
 
@@ -105,6 +126,9 @@ impl fmt::Display for ProcessLocation {
         }
         if let Some(device) = self.device_id {
             write!(f, " device={device}")?;
+        }
+        if let Some(host_id) = &self.host_id {
+            write!(f, " host-id={host_id}")?;
         }
         Ok(())
     }
@@ -128,14 +152,104 @@ impl fmt::Display for CommunicationScope {
     }
 }
 
-/// Two processes are local to each other when their hostnames match. Hostnames are compared
-/// without regard to ASCII case, as DNS does.
+/// Two processes are local to each other when their host identities match, if both have one;
+/// otherwise when their hostnames match. Hostnames are compared without regard to ASCII case,
+/// as DNS does; host identities exactly.
 pub fn detect_scope(mine: &ProcessLocation, peer: &ProcessLocation) -> CommunicationScope {
-    if mine.hostname.eq_ignore_ascii_case(&peer.hostname) {
+    let same_host = match (&mine.host_id, &peer.host_id) {
+        (Some(mine), Some(peer)) => mine == peer,
+        _ => mine.hostname.eq_ignore_ascii_case(&peer.hostname),
+    };
+    if same_host {
         CommunicationScope::Local
     } else {
         CommunicationScope::Remote
     }
+}
+
+/// [`detect_scope`] with the reason in words, for reports: which hostnames or host identities
+/// were compared.
+pub fn explain_scope(mine: &ProcessLocation, peer: &ProcessLocation) -> (CommunicationScope, String) {
+    let scope = detect_scope(mine, peer);
+    let text = match (&mine.host_id, &peer.host_id, scope) {
+        (Some(id), Some(_), CommunicationScope::Local) => {
+            format!("same host ({}, host identity {id:?}): scope local", mine.hostname)
+        }
+        (Some(mine_id), Some(peer_id), CommunicationScope::Remote) => format!(
+            "peer host {:?} (host identity {peer_id:?}) differs from this host {:?} (host identity {mine_id:?}): \
+             scope remote",
+            peer.hostname, mine.hostname
+        ),
+        (_, _, CommunicationScope::Local) => format!("same host ({}): scope local", mine.hostname),
+        (_, _, CommunicationScope::Remote) => {
+            format!("peer host {:?} differs from this host {:?}: scope remote", peer.hostname, mine.hostname)
+        }
+    };
+    (scope, text)
+}
+
+/// This process's host identity: `LF_HOST_ID` when it is set and not empty, otherwise what
+/// the kernel tells (see below), or `None` where it tells nothing (then locations fall back to
+/// comparing hostnames).
+///
+/// The detected identity is the boot id (`/proc/sys/kernel/random/boot_id`: one running
+/// kernel, so one machine) and the inode numbers of the UTS, IPC and network namespaces
+/// (`/proc/self/ns/*`). Two processes with the same identity run on one kernel in the same
+/// namespaces, so they can share memory and reach each other's sockets; two containers on one
+/// machine differ, and are treated as different hosts.
+///
+/// `LF_HOST_ID` overrides it: to group containers that can share memory after all, or for
+/// tests that simulate several hosts on one machine.
+pub fn detect_host_id() -> Result<Option<String>> {
+    host_id_from(std::env::var_os(HOST_ID_ENV))
+}
+
+/// [`detect_host_id`] with the value of `LF_HOST_ID` given.
+fn host_id_from(override_value: Option<std::ffi::OsString>) -> Result<Option<String>> {
+    let Some(value) = override_value.filter(|v| !v.is_empty()) else {
+        return Ok(kernel_host_id());
+    };
+    let value = value.into_string().map_err(|_| {
+        Error::invalid(format!("{HOST_ID_ENV} is not valid UTF-8; set it to a short ASCII name, or unset it"))
+    })?;
+    if let Some(problem) = host_id_problem(&value) {
+        return Err(Error::invalid(format!(
+            "{HOST_ID_ENV}: {problem}; set it to a short ASCII name (the same for processes that share memory), or unset it"
+        )));
+    }
+    Ok(Some(value))
+}
+
+fn kernel_host_id() -> Option<String> {
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let mut id = boot_id.trim().to_owned();
+    // Only complete identities: leaving a namespace out could call two containers one host.
+    for namespace in ["uts", "ipc", "net"] {
+        let link = std::fs::read_link(format!("/proc/self/ns/{namespace}")).ok()?;
+        id.push('/');
+        id.push_str(link.to_str()?);
+    }
+    host_id_problem(&id).is_none().then_some(id)
+}
+
+/// Checks a host identity: 1 to [`MAX_HOST_ID_LEN`] bytes of printable ASCII without spaces.
+pub(crate) fn validate_host_id(host_id: &str) -> Result<()> {
+    match host_id_problem(host_id) {
+        Some(problem) => Err(Error::invalid(problem)),
+        None => Ok(()),
+    }
+}
+
+fn host_id_problem(host_id: &str) -> Option<String> {
+    if host_id.is_empty() {
+        return Some("host identity is empty".into());
+    }
+    if host_id.len() > MAX_HOST_ID_LEN {
+        return Some(format!("host identity is {} bytes long; the limit is {MAX_HOST_ID_LEN}", host_id.len()));
+    }
+    host_id.chars().find(|c| !c.is_ascii_graphic()).map(|bad| {
+        format!("host identity {host_id:?} contains {bad:?}; use printable ASCII without spaces")
+    })
 }
 
 pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
@@ -219,6 +333,43 @@ mod tests {
         let node = me.node_id.expect("getcpu reports a NUMA node on Linux");
         assert!(std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists()
             || node == 0);
+    }
+
+    #[test]
+    fn scope_compares_host_ids_when_both_sides_have_one() {
+        let a = ProcessLocation::new("node0", None, None).unwrap().with_host_id("box-a").unwrap();
+        let a_again = ProcessLocation::new("other-name", None, None).unwrap().with_host_id("box-a").unwrap();
+        let b = ProcessLocation::new("node0", None, None).unwrap().with_host_id("box-b").unwrap();
+        let plain = ProcessLocation::new("NODE0", None, None).unwrap();
+        // Same host identity, different hostnames: one host.
+        assert_eq!(detect_scope(&a, &a_again), CommunicationScope::Local);
+        // Same hostname, different identities (two containers): two hosts.
+        assert_eq!(detect_scope(&a, &b), CommunicationScope::Remote);
+        // One side without an identity: hostnames decide, as before.
+        assert_eq!(detect_scope(&a, &plain), CommunicationScope::Local);
+        assert_eq!(detect_scope(&plain, &b), CommunicationScope::Local);
+        assert!(a.to_string().ends_with(" host-id=box-a"), "{a}");
+        let (scope, why) = explain_scope(&a, &b);
+        assert_eq!(scope, CommunicationScope::Remote);
+        assert!(why.contains("\"box-b\") differs from this host \"node0\" (host identity \"box-a\")"), "{why}");
+        assert_eq!(explain_scope(&a, &plain).1, "same host (node0): scope local");
+    }
+
+    #[test]
+    fn host_id_override_and_detection() {
+        use std::ffi::OsString;
+        assert_eq!(host_id_from(Some("rack1-node7".into())).unwrap().as_deref(), Some("rack1-node7"));
+        // Empty means unset: the kernel's identity, the same on every call in this process.
+        let detected = host_id_from(Some(OsString::new())).unwrap();
+        assert_eq!(detected, host_id_from(None).unwrap());
+        let detected = detected.expect("Linux has a boot id and namespaces in /proc");
+        assert!(detected.contains("/uts:[") && detected.contains("/net:["), "{detected}");
+        for bad in ["a b", "tab\t", "é", &"x".repeat(MAX_HOST_ID_LEN + 1)] {
+            let err = host_id_from(Some(bad.into())).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, Error::InvalidArgument(_)) && msg.contains("LF_HOST_ID") && msg.contains("unset it"), "{bad:?}: {msg}");
+        }
+        assert!(ProcessLocation::new("h", None, None).unwrap().with_host_id("").is_err());
     }
 
     #[test]

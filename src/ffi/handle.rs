@@ -45,6 +45,7 @@ handle_types! {
     super::context::lf_context => 2, "lf_context";
     super::buffer::lf_buffer => 3, "lf_buffer";
     super::channel::lf_channel => 4, "lf_channel";
+    super::mpi::lf_mpi => 32, "lf_mpi";
 }
 
 const CHUNK_BITS: u32 = 10;

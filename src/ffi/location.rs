@@ -19,16 +19,24 @@ pub struct lf_location {
     location: ProcessLocation,
     /// The hostname as C sees it, kept so `lf_location_hostname` can lend a pointer.
     hostname: CString,
+    /// Likewise for `lf_location_host_id`.
+    host_id: Option<CString>,
 }
 
 impl lf_location {
-    fn boxed(location: ProcessLocation) -> FfiResult<*mut lf_location> {
-        // validate_hostname rejects control characters, so there is no interior NUL.
-        let hostname = CString::new(location.hostname.clone()).map_err(|_| Failure {
+    pub(crate) fn boxed(location: ProcessLocation) -> FfiResult<*mut lf_location> {
+        // validate_hostname rejects control characters and validate_host_id anything but
+        // printable ASCII, so there is no interior NUL.
+        let nul = |what: &str| Failure {
             status: lf_status::LF_ERR_INVALID_ARGUMENT,
-            message: "hostname contains a NUL byte".into(),
-        })?;
-        new_handle(lf_location { location, hostname })
+            message: format!("{what} contains a NUL byte"),
+        };
+        let hostname = CString::new(location.hostname.clone()).map_err(|_| nul("hostname"))?;
+        let host_id = match &location.host_id {
+            Some(id) => Some(CString::new(id.clone()).map_err(|_| nul("host identity"))?),
+            None => None,
+        };
+        new_handle(lf_location { location, hostname, host_id })
     }
 
     /// The Rust location, for the other handle types' functions that take an `lf_location`.
@@ -63,8 +71,10 @@ fn id_or_unset(id: Option<u32>) -> i64 {
     id.map_or(LF_UNSET, i64::from)
 }
 
-/// Detects the calling process's location: this host's name and the NUMA node of the CPU the
-/// calling thread runs on now (`device_id` is LF_UNSET).
+/// Detects the calling process's location: this host's name, its host identity
+/// (`LF_HOST_ID` if set; see `lf_location_host_id`) and the NUMA node of the CPU the calling
+/// thread runs on now (`device_id` is LF_UNSET). An invalid `LF_HOST_ID` is
+/// LF_ERR_INVALID_ARGUMENT.
 ///
 /// On success `*out` receives a new location to release with `lf_location_free`.
 ///
@@ -145,6 +155,28 @@ pub unsafe extern "C" fn lf_location_hostname(
     })
 }
 
+/// Lends the host identity: `*out` points to a NUL-terminated string owned by the location
+/// and valid until it is freed, or is NULL when the location has none (built by hand or read
+/// from a config file: such locations are compared by hostname).
+///
+/// Detected locations carry the machine's boot id and the process's UTS, IPC and network
+/// namespaces, so two containers on one machine differ; `LF_HOST_ID` overrides it.
+///
+/// # Safety
+/// As `lf_location_hostname`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_location_host_id(
+    location: *const lf_location,
+    out: *mut *const c_char,
+) -> lf_status {
+    boundary("lf_location_host_id", || {
+        let out = out_ptr(out, "out")?;
+        let location = handle_ref(location, "location")?;
+        write_out(out, location.host_id.as_ref().map_or(std::ptr::null(), |id| id.as_ptr()));
+        Ok(())
+    })
+}
+
 /// The NUMA node, or LF_UNSET.
 ///
 /// # Safety
@@ -173,8 +205,8 @@ pub unsafe extern "C" fn lf_location_device_id(location: *const lf_location, out
     })
 }
 
-/// Whether two processes share a host (LF_SCOPE_LOCAL) or not (LF_SCOPE_REMOTE): their
-/// hostnames are compared, ignoring ASCII case.
+/// Whether two processes share a host (LF_SCOPE_LOCAL) or not (LF_SCOPE_REMOTE): their host
+/// identities are compared when both have one, otherwise their hostnames, ignoring ASCII case.
 ///
 /// # Safety
 /// `mine` and `peer` must be NULL or pointers obtained from lava-flow; `out` NULL or writable.
@@ -245,6 +277,12 @@ mod tests {
             let mut host = ptr::null();
             assert_eq!(lf_location_hostname(other, &mut host), lf_status::LF_OK);
             assert_eq!(CStr::from_ptr(host), name);
+            // A hand-made location has no host identity; a detected one has.
+            let mut host_id = c"x".as_ptr();
+            assert_eq!(lf_location_host_id(other, &mut host_id), lf_status::LF_OK);
+            assert!(host_id.is_null());
+            assert_eq!(lf_location_host_id(me, &mut host_id), lf_status::LF_OK);
+            assert!(!host_id.is_null() && !CStr::from_ptr(host_id).to_bytes().is_empty());
             lf_location_free(me);
             lf_location_free(other);
         }

@@ -19,6 +19,7 @@ pub mod device;
 pub mod export;
 mod handle;
 pub mod location;
+pub mod mpi;
 pub mod status;
 
 use std::ffi::{c_char, CStr};

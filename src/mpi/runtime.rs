@@ -1,0 +1,330 @@
+//! The raw MPI calls: joining (or starting) the application's MPI, the private communicator,
+//! the collectives of discovery, and finalizing when lava-flow started MPI.
+//!
+//! Every MPI call is here, each in a small `unsafe` block. The private communicator has
+//! `MPI_ERRORS_RETURN`, so a failure on it becomes an `Error`, never an abort; calls on the
+//! application's communicator (only `MPI_Comm_dup`) keep the application's error handler.
+
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+use mpi_sys as ffi;
+use parking_lot::Mutex;
+
+use super::{rank_list, ThreadLevel};
+use crate::error::{Error, Result};
+
+/// What lava-flow did to the process's MPI, shared by every world in the process.
+struct Lifecycle {
+    /// Worlds alive now.
+    live_worlds: usize,
+    /// lava-flow called `MPI_Init_thread` (the application had not initialised MPI).
+    initialised_by_lava_flow: bool,
+}
+
+static LIFECYCLE: Mutex<Lifecycle> = Mutex::new(Lifecycle { live_worlds: 0, initialised_by_lava_flow: false });
+
+/// lava-flow's own duplicate of the application's communicator. Dropping it frees the
+/// duplicate and, when lava-flow initialised MPI and this was its last communicator,
+/// finalizes MPI.
+pub(crate) struct PrivateComm {
+    comm: ffi::MPI_Comm,
+    /// This is a world's communicator: dropping it ends the world (see [`leave`]).
+    is_world: bool,
+}
+
+// SAFETY: an MPI_Comm is a handle (a pointer into the MPI library, or an integer), not
+// memory lava-flow owns; MPI decides which threads may call it (the thread level, which the
+// world reports and the API documents), and lava-flow itself only frees it, once, in Drop.
+unsafe impl Send for PrivateComm {}
+// SAFETY: as above; shared references never call MPI.
+unsafe impl Sync for PrivateComm {}
+
+/// What joining found out, besides the communicator.
+pub(crate) struct Joined {
+    pub comm: PrivateComm,
+    pub rank: u32,
+    pub size: u32,
+    pub thread_level: ThreadLevel,
+    pub tag_upper_bound: i32,
+    pub initialised_by_lava_flow: bool,
+}
+
+/// Which communicator to duplicate: `None` is `MPI_COMM_WORLD`, `Some` a Fortran handle from
+/// `MPI_Comm_c2f`.
+pub(crate) fn join(fortran_comm: Option<i64>) -> Result<Joined> {
+    let mut lifecycle = LIFECYCLE.lock();
+    if finalized()? {
+        return Err(Error::InvalidState(
+            "MPI has already been finalized in this process (by the application, or by lava-flow when its last \
+             MPI handle was freed), and MPI cannot be initialised twice: keep one lava-flow MPI handle for the \
+             life of the program, or initialise and finalize MPI in the application"
+                .into(),
+        ));
+    }
+    let started_here = !initialized()?;
+    if started_here {
+        let mut provided: c_int = 0;
+        // SAFETY: NULL argc/argv are allowed since MPI-2; `provided` is a valid out-pointer.
+        let rc = unsafe {
+            ffi::MPI_Init_thread(ptr::null_mut(), ptr::null_mut(), ffi::RSMPI_THREAD_MULTIPLE, &mut provided)
+        };
+        check(rc, "MPI_Init_thread (lava-flow initialises MPI because the application has not)",
+              "launch the program with mpirun/srun, or initialise MPI in the application before joining")?;
+        lifecycle.initialised_by_lava_flow = true;
+    }
+    match join_initialised(fortran_comm, lifecycle.initialised_by_lava_flow) {
+        Ok(mut joined) => {
+            lifecycle.live_worlds += 1;
+            joined.comm.is_world = true;
+            Ok(joined)
+        }
+        Err(error) => {
+            // A failed join leaves no world behind: MPI ends as after freeing the last one.
+            finish(&mut lifecycle);
+            Err(error)
+        }
+    }
+}
+
+fn join_initialised(fortran_comm: Option<i64>, initialised_by_lava_flow: bool) -> Result<Joined> {
+    let thread_level = query_thread_level()?;
+    let app_comm = match fortran_comm {
+        // SAFETY: reading an extern static that rsmpi's C shim initialises to MPI_COMM_WORLD.
+        None => unsafe { ffi::RSMPI_COMM_WORLD },
+        Some(handle) => {
+            let handle = ffi::RSMPI_Fint::try_from(handle).map_err(|_| {
+                Error::invalid(format!(
+                    "communicator {handle} is not an MPI_Fint (a C int); pass MPI_Comm_c2f(comm), or LF_MPI_COMM_WORLD"
+                ))
+            })?;
+            // SAFETY: MPI is initialised; f2c takes any integer and returns a handle (a null or
+            // MPI_COMM_NULL one for integers that name no communicator, checked below).
+            unsafe { ffi::RSMPI_Comm_f2c(handle) }
+        }
+    };
+    // SAFETY: reading extern statics initialised by rsmpi's C shim; an all-zero MPI_Comm (a
+    // null pointer in Open MPI, the invalid handle 0 in MPICH) names no communicator.
+    let (null_comm, zeroed) = unsafe { (ffi::RSMPI_COMM_NULL, std::mem::zeroed::<ffi::MPI_Comm>()) };
+    if app_comm == null_comm || app_comm == zeroed {
+        return Err(Error::invalid(format!(
+            "communicator {} is MPI_COMM_NULL or names no live communicator; pass MPI_Comm_c2f(comm) of a live \
+             communicator, or LF_MPI_COMM_WORLD",
+            fortran_comm.unwrap_or_default()
+        )));
+    }
+
+    let mut comm = PrivateComm { comm: null_comm, is_world: false };
+    // SAFETY: `app_comm` is a live communicator (checked above as far as MPI lets one check);
+    // the duplicate is written to valid storage. Errors follow the application's handler.
+    let rc = unsafe { ffi::MPI_Comm_dup(app_comm, &mut comm.comm) };
+    check(rc, "MPI_Comm_dup of the application's communicator", "pass a live communicator")?;
+    // From here on `comm` frees the duplicate if anything fails.
+    // SAFETY: the private communicator is live; ERRORS_RETURN is a predefined handler.
+    let rc = unsafe { ffi::MPI_Comm_set_errhandler(comm.comm, ffi::RSMPI_ERRORS_RETURN) };
+    check(rc, "MPI_Comm_set_errhandler(MPI_ERRORS_RETURN) on lava-flow's communicator", "")?;
+
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: live communicator, valid out-pointers.
+    check(unsafe { ffi::MPI_Comm_rank(comm.comm, &mut rank) }, "MPI_Comm_rank", "")?;
+    // SAFETY: as above.
+    check(unsafe { ffi::MPI_Comm_size(comm.comm, &mut size) }, "MPI_Comm_size", "")?;
+
+    let mut tag_ub: *mut c_int = ptr::null_mut();
+    let mut found: c_int = 0;
+    // SAFETY: for MPI_TAG_UB, MPI writes a pointer to an int it owns into `tag_ub` (passed
+    // as the address of a pointer, as the standard specifies) and sets `found`.
+    let rc = unsafe {
+        ffi::MPI_Comm_get_attr(comm.comm, ffi::MPI_TAG_UB as c_int, (&mut tag_ub as *mut *mut c_int).cast::<c_void>(), &mut found)
+    };
+    check(rc, "MPI_Comm_get_attr(MPI_TAG_UB)", "")?;
+    let tag_upper_bound = if found != 0 && !tag_ub.is_null() {
+        // SAFETY: MPI set `found` and pointed `tag_ub` at its attribute value, which lives as
+        // long as MPI does.
+        unsafe { *tag_ub }
+    } else {
+        // The standard guarantees at least this much.
+        32767
+    };
+
+    Ok(Joined {
+        rank: u32::try_from(rank).map_err(|_| Error::Corrupt(format!("MPI_Comm_rank gave {rank}")))?,
+        size: u32::try_from(size).map_err(|_| Error::Corrupt(format!("MPI_Comm_size gave {size}")))?,
+        comm,
+        thread_level,
+        tag_upper_bound,
+        initialised_by_lava_flow,
+    })
+}
+
+impl PrivateComm {
+    /// The lowest rank among the processes that `MPI_COMM_TYPE_SHARED` puts with this one:
+    /// the same number for all processes that MPI says can share memory.
+    pub fn shared_memory_group(&self, my_rank: u32) -> Result<u32> {
+        // SAFETY: reading extern statics initialised by rsmpi's C shim.
+        let (shared, info_null, mut node) = unsafe { (ffi::RSMPI_COMM_TYPE_SHARED, ffi::RSMPI_INFO_NULL, ffi::RSMPI_COMM_NULL) };
+        // SAFETY: live communicator; `node` is valid storage for the new one.
+        let rc = unsafe { ffi::MPI_Comm_split_type(self.comm, shared, my_rank as c_int, info_null, &mut node) };
+        check(rc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)", "")?;
+        let node = PrivateComm { comm: node, is_world: false };
+        let mine = my_rank as c_int;
+        let mut lowest: c_int = 0;
+        // SAFETY: one int in, one int out, on a live communicator; MIN is a predefined op.
+        let rc = unsafe {
+            ffi::MPI_Allreduce((&mine as *const c_int).cast(), (&mut lowest as *mut c_int).cast(), 1,
+                               ffi::RSMPI_INT32_T, ffi::RSMPI_MIN, node.comm)
+        };
+        check(rc, "MPI_Allreduce over the shared-memory communicator", "")?;
+        u32::try_from(lowest).map_err(|_| Error::Corrupt(format!("MPI_Allreduce(MIN) of ranks gave {lowest}")))
+    }
+
+    /// Every process's bytes, in rank order: `MPI_Allgather` of the lengths, then
+    /// `MPI_Allgatherv` of the bytes. A process that has nothing to send (`None`: it failed
+    /// to describe itself) sends length 0 and every process returns an error naming it, so
+    /// that all leave the collective together. No length above `max_len` is accepted.
+    pub fn all_gather(&self, mine: Option<&[u8]>, size: u32, max_len: usize) -> Result<Vec<Vec<u8>>> {
+        let size = size as usize;
+        let my_len = mine.map_or(0, |m| m.len());
+        assert!(my_len <= max_len && max_len <= i32::MAX as usize, "callers bound their records");
+        let my_len = my_len as c_int;
+        let mut lengths: Vec<c_int> = vec![0; size];
+        // SAFETY: one int sent; `lengths` has room for one int from each of the `size` ranks.
+        let rc = unsafe {
+            ffi::MPI_Allgather((&my_len as *const c_int).cast(), 1, ffi::RSMPI_INT32_T,
+                               lengths.as_mut_ptr().cast(), 1, ffi::RSMPI_INT32_T, self.comm)
+        };
+        check(rc, "MPI_Allgather of the discovery record lengths", "")?;
+
+        let failed: Vec<usize> = (0..size).filter(|&r| lengths[r] == 0).collect();
+        if !failed.is_empty() {
+            return Err(Error::InvalidState(format!(
+                "discovery failed because MPI rank(s) {} could not describe themselves; their own error says why",
+                rank_list(&failed)
+            )));
+        }
+        if let Some(bad) = (0..size).find(|&r| lengths[r] < 0 || lengths[r] as usize > max_len) {
+            return Err(Error::Corrupt(format!(
+                "MPI rank {bad} announced a discovery record of {} bytes; the limit is {max_len}: is every process \
+                 running the same lava-flow version?",
+                lengths[bad]
+            )));
+        }
+        // Bounded: at most `size` × `max_len` bytes, with offsets that fit in an int.
+        let mut displacements = Vec::with_capacity(size);
+        let mut total: usize = 0;
+        for &len in &lengths {
+            displacements.push(c_int::try_from(total).map_err(|_| {
+                Error::Unsupported(format!("the discovery records of {size} processes exceed 2 GiB"))
+            })?);
+            total += len as usize;
+        }
+        let mut all = vec![0u8; total];
+        let mine = mine.expect("a process with nothing to send returned above");
+        // SAFETY: `mine` holds `my_len` bytes; `all` holds the sum of `lengths`, and each
+        // rank's bytes land at its displacement, inside `all`.
+        let rc = unsafe {
+            ffi::MPI_Allgatherv(mine.as_ptr().cast(), my_len, ffi::RSMPI_UINT8_T, all.as_mut_ptr().cast(),
+                                lengths.as_ptr(), displacements.as_ptr(), ffi::RSMPI_UINT8_T, self.comm)
+        };
+        check(rc, "MPI_Allgatherv of the discovery records", "")?;
+        Ok((0..size)
+            .map(|r| {
+                let start = displacements[r] as usize;
+                all[start..start + lengths[r] as usize].to_vec()
+            })
+            .collect())
+    }
+
+    /// The MPI handle, for lava-flow's MPI transport.
+    #[allow(dead_code)]
+    pub(crate) fn raw(&self) -> ffi::MPI_Comm {
+        self.comm
+    }
+}
+
+impl Drop for PrivateComm {
+    fn drop(&mut self) {
+        // SAFETY: reading an extern static initialised by rsmpi's C shim.
+        let null_comm = unsafe { ffi::RSMPI_COMM_NULL };
+        // After MPI_Finalize no MPI call is allowed; MPI has released the communicator then.
+        if self.comm != null_comm && !finalized().unwrap_or(true) {
+            // SAFETY: the communicator is one lava-flow created and has not freed; freeing sets
+            // the handle to MPI_COMM_NULL. A failure leaves nothing to do.
+            unsafe { ffi::MPI_Comm_free(&mut self.comm) };
+        }
+        if self.is_world {
+            leave();
+        }
+    }
+}
+
+/// A world's end, after its communicator is freed.
+fn leave() {
+    let mut lifecycle = LIFECYCLE.lock();
+    lifecycle.live_worlds = lifecycle.live_worlds.saturating_sub(1);
+    finish(&mut lifecycle);
+}
+
+/// Finalizes MPI when lava-flow started it and no world is left.
+fn finish(lifecycle: &mut Lifecycle) {
+    if lifecycle.live_worlds == 0 && lifecycle.initialised_by_lava_flow && !finalized().unwrap_or(true) {
+        // SAFETY: MPI is initialised (by lava-flow) and not finalized; lava-flow holds no
+        // communicator any more. Collective: every process does this when it frees its last
+        // handle.
+        unsafe { ffi::MPI_Finalize() };
+    }
+}
+
+fn initialized() -> Result<bool> {
+    let mut flag: c_int = 0;
+    // SAFETY: may be called at any time, before MPI_Init and after MPI_Finalize.
+    check(unsafe { ffi::MPI_Initialized(&mut flag) }, "MPI_Initialized", "")?;
+    Ok(flag != 0)
+}
+
+fn finalized() -> Result<bool> {
+    let mut flag: c_int = 0;
+    // SAFETY: may be called at any time, before MPI_Init and after MPI_Finalize.
+    check(unsafe { ffi::MPI_Finalized(&mut flag) }, "MPI_Finalized", "")?;
+    Ok(flag != 0)
+}
+
+fn query_thread_level() -> Result<ThreadLevel> {
+    let mut provided: c_int = 0;
+    // SAFETY: MPI is initialised; valid out-pointer.
+    check(unsafe { ffi::MPI_Query_thread(&mut provided) }, "MPI_Query_thread", "")?;
+    // SAFETY: reading extern statics initialised by rsmpi's C shim.
+    let levels = unsafe {
+        [
+            (ffi::RSMPI_THREAD_SINGLE, ThreadLevel::Single),
+            (ffi::RSMPI_THREAD_FUNNELED, ThreadLevel::Funneled),
+            (ffi::RSMPI_THREAD_SERIALIZED, ThreadLevel::Serialized),
+            (ffi::RSMPI_THREAD_MULTIPLE, ThreadLevel::Multiple),
+        ]
+    };
+    levels
+        .iter()
+        .find(|(value, _)| *value == provided)
+        .map(|&(_, level)| level)
+        .ok_or_else(|| Error::Corrupt(format!("MPI_Query_thread gave {provided}, which is no MPI thread level")))
+}
+
+/// Turns an MPI return code into an error saying which call failed, MPI's own words, and
+/// what to do.
+fn check(rc: c_int, call: &str, hint: &str) -> Result<()> {
+    if rc == ffi::MPI_SUCCESS as c_int {
+        return Ok(());
+    }
+    let mut text = vec![0u8; ffi::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING bytes and more, as the call requires;
+    // MPI_Error_string may be called for any code.
+    let described = unsafe { ffi::MPI_Error_string(rc, text.as_mut_ptr().cast(), &mut len) } == ffi::MPI_SUCCESS as c_int;
+    let what = if described {
+        String::from_utf8_lossy(&text[..(len.max(0) as usize).min(text.len())]).into_owned()
+    } else {
+        format!("MPI error code {rc}")
+    };
+    let hint = if hint.is_empty() { String::new() } else { format!("; {hint}") };
+    Err(Error::Io { context: format!("{call} failed"), source: std::io::Error::other(format!("{what}{hint}")) })
+}
