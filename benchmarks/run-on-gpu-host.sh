@@ -7,6 +7,7 @@
 #   .device/layer1, .device/layer2, .device/libtests   cargo test --release --all-features --no-run
 #                                                      (the binaries it names, stripped)
 #   .device/lf-bench, .device/lf-gpu-bench             cargo build --release --all-features --bin ...
+#   .device/lf-gpu-bench-before (optional)             the same from an earlier commit, to compare
 #   .device/prefix          cmake --install of a Release build (-DBUILD_TESTING=OFF)
 #   .gl/*.deb               the Vulkan loader packages (libvulkan1 etc.), when the host lacks one
 # SKIP_BENCH=1 runs only the tests and the examples.
@@ -50,5 +51,13 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   TAIL=14 run lf-bench-quick timeout 150 .device/lf-bench --quick --modes busy,block
+  # Host transfers, staged and direct; with a build from before a change when one is carried
+  # (.device/lf-gpu-bench-before), alternated with it in the same run.
+  for round in 1 2; do
+    TAIL=12 run lf-gpu-bench-$round timeout 200 .device/lf-gpu-bench --quick --max-size 256M
+    if [ -x .device/lf-gpu-bench-before ]; then
+      TAIL=12 run lf-gpu-bench-before-$round timeout 200 .device/lf-gpu-bench-before --quick --max-size 256M
+    fi
+  done
 fi
 tar -czf $OUT/results.tar.gz -C /tmp lf-results

@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::Context;
-use crate::types::{detect_scope, CommunicationScope, ProcessLocation};
+use crate::types::{explain_scope, ProcessLocation};
 
 pub use consumer::{Consumer, Message, RecvFuture};
 pub use producer::{Loan, Producer};
@@ -235,14 +235,7 @@ fn allowed_transports(config: &ChannelConfig) -> Result<(Vec<TransportKind>, Str
 
 /// Decides which transports serve a channel between `mine` and `peer`, and says why.
 pub(crate) fn plan_routes(mine: &ProcessLocation, peer: &ProcessLocation, config: &ChannelConfig, context: &Context) -> Result<transports::Plan> {
-    let scope = detect_scope(mine, peer);
-    let scope_text = match scope {
-        CommunicationScope::Local => format!("same host ({}): scope local", mine.hostname),
-        CommunicationScope::Remote => format!(
-            "peer host {:?} differs from this host {:?}: scope remote",
-            peer.hostname, mine.hostname
-        ),
-    };
+    let (scope, scope_text) = explain_scope(mine, peer);
     let (allowed, source) = allowed_transports(config)?;
     transports::plan(scope, &scope_text, &allowed, &source, config.strict_gpu, context)
 }
