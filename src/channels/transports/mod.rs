@@ -271,7 +271,7 @@ impl RouteReceiver for AnyRouteReceiver {
     fn attach(&mut self, attachment: Section, released_below: u64) -> Result<()> {
         forward_route!(self, r => r.attach(attachment, released_below))
     }
-    #[inline]
+    #[inline(always)]
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
         forward_route!(self, r => r.resolve(seq, descriptor))
     }

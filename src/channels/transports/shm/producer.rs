@@ -373,12 +373,14 @@ impl ShmProducer {
     /// Passes `attachments` over the socket, then publishes the slot lent by `loan` as route
     /// `route`'s `descriptor`, inline.
     fn publish_routed(&mut self, loan: RawLoan, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>) -> Result<u64> {
-        for attachment in attachments.drain(..) {
-            let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
-            let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
-            if let Err(e) = self.send_record(record, &fds) {
-                self.cancel(loan);
-                return Err(e);
+        if !attachments.is_empty() {
+            for attachment in attachments.drain(..) {
+                let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
+                let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
+                if let Err(e) = self.send_record(record, &fds) {
+                    self.cancel(loan);
+                    return Err(e);
+                }
             }
         }
         // SAFETY: the loan is `descriptor.len()` (<= INLINE_MAX) writable bytes of the slot,

@@ -319,7 +319,7 @@ impl RouteReceiver for Receiver {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>> {
         let d = Descriptor::decode(descriptor).map_err(|e| self.corrupt(e.to_string()))?;
         if d.slot >= MAX_SLOTS {
