@@ -81,6 +81,7 @@ impl ProcessConfig {
                 node_id: optional_u32(obj, "node_id", &at)?,
                 device_id: optional_u32(obj, "device_id", &at)?,
                 host_id: None,
+                mpi: None,
             };
             processes.push((name, location));
         }
@@ -159,7 +160,7 @@ mod tests {
         )
         .unwrap();
         let a = cfg.location_of(&ProcessName::new("a").unwrap()).unwrap();
-        assert_eq!(a, ProcessLocation { hostname: "h0".into(), node_id: Some(1), device_id: Some(2), host_id: None });
+        assert_eq!(a, ProcessLocation { hostname: "h0".into(), node_id: Some(1), device_id: Some(2), host_id: None, mpi: None });
         let b = cfg.location_of(&ProcessName::new("b").unwrap()).unwrap();
         assert_eq!((b.node_id, b.device_id), (None, None));
         let err = cfg.location_of(&ProcessName::new("c").unwrap()).unwrap_err();

@@ -76,6 +76,17 @@ pub struct ProcessLocation {
     /// one machine apart (or may be equal on two machines); see [`detect_host_id`]. `None`
     /// for locations built by hand or read from a config file, which are compared by hostname.
     pub host_id: Option<String>,
+    /// How to reach the process through MPI, for locations found by MPI discovery
+    /// (`MpiWorld::peer`): what a channel to a peer on another host addresses.
+    pub mpi: Option<MpiAddress>,
+}
+
+/// A process in an MPI world lava-flow joined: the world (its id in this process) and the
+/// process's rank there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MpiAddress {
+    pub world: u64,
+    pub rank: u32,
 }
 
 impl ProcessLocation {
@@ -87,6 +98,7 @@ impl ProcessLocation {
             node_id,
             device_id,
             host_id: None,
+            mpi: None,
         })
     }
 
@@ -108,6 +120,7 @@ impl ProcessLocation {
             node_id: current_numa_node(),
             device_id: None,
             host_id: detect_host_id()?,
+            mpi: None,
         })
     }
 

@@ -237,7 +237,7 @@ fn allowed_transports(config: &ChannelConfig) -> Result<(Vec<TransportKind>, Str
 pub(crate) fn plan_routes(mine: &ProcessLocation, peer: &ProcessLocation, config: &ChannelConfig, context: &Context) -> Result<transports::Plan> {
     let (scope, scope_text) = explain_scope(mine, peer);
     let (allowed, source) = allowed_transports(config)?;
-    transports::plan(scope, &scope_text, &allowed, &source, config.strict_gpu, context)
+    transports::plan(scope, peer, &scope_text, &allowed, &source, config.strict_gpu, context)
 }
 
 #[cfg(test)]

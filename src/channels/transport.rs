@@ -225,6 +225,9 @@ pub trait SharedRegion {
     fn identity(&self) -> usize;
     /// Keeps the memory alive while held.
     fn keep_alive(&self) -> Arc<dyn Any + Send + Sync>;
+    /// The region's first byte in this process (for transports that send the bytes
+    /// themselves, from where they lie).
+    fn base(&self) -> *const u8;
 }
 
 impl SharedRegion for SharedArena {
@@ -239,6 +242,9 @@ impl SharedRegion for SharedArena {
     }
     fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
         SharedArena::keep_alive(self)
+    }
+    fn base(&self) -> *const u8 {
+        SharedArena::base(self)
     }
 }
 

@@ -22,12 +22,65 @@ mod record;
 #[cfg(feature = "mpi")]
 mod runtime;
 
+#[cfg(feature = "mpi")]
+pub(crate) use runtime::{PrivateComm, Request};
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+use std::sync::atomic::AtomicU64;
+#[cfg(feature = "mpi")]
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
 use crate::error::{Error, Result};
-use crate::types::{ProcessLocation, ProcessName};
+use crate::types::{MpiAddress, ProcessLocation, ProcessName};
 use record::LocationRecord;
+
+/// Ids of the worlds joined in this process (in their peers' locations).
+static NEXT_WORLD: AtomicU64 = AtomicU64::new(1);
+
+/// The worlds joined in this process and alive (held by a world or a channel over it), for
+/// channels to find the communicator of a peer's location.
+static WORLDS: Mutex<Vec<WorldEntry>> = Mutex::new(Vec::new());
+
+struct WorldEntry {
+    id: u64,
+    comm: Weak<PrivateComm>,
+    rank: u32,
+    tag_upper_bound: i32,
+    thread_level: ThreadLevel,
+}
+
+/// One process's way to a peer of an MPI world: the world's communicator (kept alive, and
+/// MPI with it, while the endpoint lives), this process's rank, the peer's rank, and what
+/// MPI allows (tags, threads).
+#[cfg(feature = "mpi")]
+pub(crate) struct Endpoint {
+    pub(crate) comm: Arc<PrivateComm>,
+    pub(crate) rank: u32,
+    pub(crate) peer: u32,
+    pub(crate) tag_upper_bound: i32,
+    pub(crate) thread_level: ThreadLevel,
+}
+
+/// The endpoint to the process at `address`, or why there is none.
+#[cfg(feature = "mpi")]
+pub(crate) fn endpoint(address: MpiAddress) -> std::result::Result<Endpoint, String> {
+    let worlds = WORLDS.lock();
+    let Some(entry) = worlds.iter().find(|w| w.id == address.world) else {
+        return Err(format!("the peer's location names MPI world {}, which this process never joined", address.world));
+    };
+    let Some(comm) = entry.comm.upgrade() else {
+        return Err(format!("MPI world {} has been freed (lf_mpi_free): keep it while channels are created over it", address.world));
+    };
+    if address.rank == entry.rank {
+        return Err(format!("the peer is this process (MPI rank {})", entry.rank));
+    }
+    Ok(Endpoint { comm, rank: entry.rank, peer: address.rank, tag_upper_bound: entry.tag_upper_bound, thread_level: entry.thread_level })
+}
 
 /// The environment variable that names this process when the join does not.
 pub const PROCESS_NAME_ENV: &str = "LF_PROCESS_NAME";
@@ -105,8 +158,6 @@ impl Peer {
     }
 }
 
-#[cfg(feature = "mpi")]
-type PrivateComm = runtime::PrivateComm;
 /// Without MPI no world can exist.
 #[cfg(not(feature = "mpi"))]
 enum PrivateComm {}
@@ -124,10 +175,10 @@ pub struct MpiWorld {
     tag_upper_bound: i32,
     initialised_by_lava_flow: bool,
     topology_report: String,
-    /// Freed on drop (and MPI finalized with the last one, where lava-flow initialised it);
-    /// the MPI transport sends through it.
+    /// Freed when the world and the channels over it are gone (and MPI finalized with the
+    /// last one, where lava-flow initialised it); the MPI transport sends through it.
     #[allow(dead_code)]
-    comm: PrivateComm,
+    comm: Arc<PrivateComm>,
 }
 
 impl fmt::Debug for MpiWorld {
@@ -166,7 +217,8 @@ impl MpiWorld {
             .enumerate()
             .map(|(rank, bytes)| LocationRecord::decode(bytes, rank, joined.size as usize))
             .collect::<Result<Vec<_>>>()?;
-        let peers = peers_from(records)?;
+        let id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
+        let peers = peers_from(records, id)?;
         let topology_report = topology_report(&peers);
         if joined.rank == 0 && !topology_report.is_empty() {
             // Said once per job, by rank 0; every process can read it with `topology_report`.
@@ -179,7 +231,18 @@ impl MpiWorld {
             tag_upper_bound: joined.tag_upper_bound,
             initialised_by_lava_flow: joined.initialised_by_lava_flow,
             topology_report,
-            comm: joined.comm,
+            comm: Arc::new(joined.comm),
+        })
+        .inspect(|world| {
+            let mut worlds = WORLDS.lock();
+            worlds.retain(|w| w.comm.strong_count() > 0);
+            worlds.push(WorldEntry {
+                id,
+                comm: Arc::downgrade(&world.comm),
+                rank: world.rank,
+                tag_upper_bound: world.tag_upper_bound,
+                thread_level: world.thread_level,
+            });
         })
     }
 
@@ -290,7 +353,7 @@ fn describe_self(process_name: Option<&str>, rank: u32, shared_memory_group: u32
 }
 
 /// The records, validated as a whole: names are unique.
-fn peers_from(records: Vec<LocationRecord>) -> Result<Vec<Peer>> {
+fn peers_from(records: Vec<LocationRecord>, world: u64) -> Result<Vec<Peer>> {
     let mut first_rank: HashMap<&ProcessName, usize> = HashMap::new();
     for (rank, record) in records.iter().enumerate() {
         if let Some(other) = first_rank.insert(&record.name, rank) {
@@ -307,7 +370,7 @@ fn peers_from(records: Vec<LocationRecord>) -> Result<Vec<Peer>> {
         .map(|(rank, r)| Peer {
             rank: rank as u32,
             name: r.name,
-            location: r.location,
+            location: ProcessLocation { mpi: Some(MpiAddress { world, rank: rank as u32 }), ..r.location },
             gpu_uuids: r.gpu_uuids,
             shared_memory_group: r.shared_memory_group,
         })
@@ -441,10 +504,10 @@ mod tests {
             gpu_uuids: vec![],
             shared_memory_group: 0,
         };
-        let err = peers_from(vec![record("x"), record("y"), record("x")]).unwrap_err();
+        let err = peers_from(vec![record("x"), record("y"), record("x")], 1).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)));
         assert!(err.to_string().contains("\"x\" is used by MPI ranks 0 and 2"), "{err}");
-        assert_eq!(peers_from(vec![record("x"), record("y")]).unwrap()[1].rank(), 1);
+        assert_eq!(peers_from(vec![record("x"), record("y")], 1).unwrap()[1].rank(), 1);
     }
 
     #[test]

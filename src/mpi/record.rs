@@ -124,6 +124,7 @@ impl LocationRecord {
                 node_id: (flags & HAS_NODE != 0).then_some(node),
                 device_id: (flags & HAS_DEVICE != 0).then_some(device),
                 host_id,
+                mpi: None,
             },
             gpu_uuids,
             shared_memory_group,

@@ -328,3 +328,104 @@ fn check(rc: c_int, call: &str, hint: &str) -> Result<()> {
     let hint = if hint.is_empty() { String::new() } else { format!("; {hint}") };
     Err(Error::Io { context: format!("{call} failed"), source: std::io::Error::other(format!("{what}{hint}")) })
 }
+
+/// Serialises lava-flow's point-to-point calls: with it, channels in several threads need
+/// only `MPI_THREAD_SERIALIZED` (channels refuse a lower level).
+static CALLS: Mutex<()> = Mutex::new(());
+
+/// A nonblocking operation in flight. Its buffer must stay valid and untouched until
+/// [`PrivateComm::test`] says it is complete; dropping an incomplete request is a bug
+/// (callers complete, cancel, or deliberately leak).
+pub(crate) struct Request(ffi::MPI_Request);
+
+// SAFETY: an MPI_Request is a handle; lava-flow calls MPI on it only under CALLS.
+unsafe impl Send for Request {}
+
+impl PrivateComm {
+    /// Starts sending `len` bytes at `buf` to `dest` with `tag`.
+    ///
+    /// # Safety
+    /// `buf` stays valid for `len` bytes, unwritten, until the request is complete.
+    pub(crate) unsafe fn isend(&self, buf: *const u8, len: usize, dest: u32, tag: i32) -> Result<Request> {
+        let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
+        let _calls = CALLS.lock();
+        // SAFETY: reading an extern static; the caller keeps the buffer valid as required.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = unsafe { ffi::MPI_Isend(buf.cast(), count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut request) };
+        check(rc, "MPI_Isend", "")?;
+        Ok(Request(request))
+    }
+
+    /// Starts receiving up to `len` bytes from `source` with `tag` into `buf`.
+    ///
+    /// # Safety
+    /// `buf` stays valid for `len` bytes, and is not read or written, until the request is
+    /// complete (or cancelled and completed).
+    pub(crate) unsafe fn irecv(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<Request> {
+        let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
+        let _calls = CALLS.lock();
+        // SAFETY: as for isend.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = unsafe { ffi::MPI_Irecv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, &mut request) };
+        check(rc, "MPI_Irecv", "")?;
+        Ok(Request(request))
+    }
+
+    /// Whether `request` is complete (then its buffer is free again).
+    pub(crate) fn test(&self, request: &mut Request) -> Result<bool> {
+        let _calls = CALLS.lock();
+        let mut done: c_int = 0;
+        // SAFETY: a live request (or REQUEST_NULL once complete, for which MPI_Test is true);
+        // the status is ignored.
+        let rc = unsafe { ffi::MPI_Test(&mut request.0, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+        check(rc, "MPI_Test", "")?;
+        Ok(done != 0)
+    }
+
+    /// Cancels a receive and completes it; its buffer is free again when this returns Ok.
+    pub(crate) fn cancel_recv(&self, mut request: Request) -> Result<()> {
+        let _calls = CALLS.lock();
+        // SAFETY: a live receive request; MPI_Wait after MPI_Cancel completes it either way.
+        let rc = unsafe { ffi::MPI_Cancel(&mut request.0) };
+        check(rc, "MPI_Cancel", "")?;
+        let rc = unsafe { ffi::MPI_Wait(&mut request.0, ffi::RSMPI_STATUS_IGNORE) };
+        check(rc, "MPI_Wait of a cancelled receive", "")
+    }
+
+    /// Lets MPI finish a send on its own; its buffer must then stay valid forever (callers
+    /// leak it): for sends to a peer that will never receive them.
+    pub(crate) fn abandon(&self, mut request: Request) {
+        let _calls = CALLS.lock();
+        // SAFETY: a live request; MPI frees it when it completes, if ever.
+        unsafe { ffi::MPI_Request_free(&mut request.0) };
+    }
+
+    /// The length of the next message from `source` with `tag`, if one has arrived.
+    pub(crate) fn iprobe(&self, source: u32, tag: i32) -> Result<Option<usize>> {
+        let _calls = CALLS.lock();
+        let mut flag: c_int = 0;
+        // SAFETY: MPI_Status is plain data that MPI fills in.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let rc = unsafe { ffi::MPI_Iprobe(source as c_int, tag, self.comm, &mut flag, &mut status) };
+        check(rc, "MPI_Iprobe", "")?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        let mut count: c_int = 0;
+        // SAFETY: the status of a matched probe.
+        let rc = unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+        check(rc, "MPI_Get_count", "")?;
+        usize::try_from(count).map(Some).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
+    }
+
+    /// Receives the message a probe found (`len` bytes, as it said) into `buf`.
+    ///
+    /// # Safety
+    /// `buf` is valid for `len` writable bytes.
+    pub(crate) unsafe fn recv_probed(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<()> {
+        let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
+        let _calls = CALLS.lock();
+        let rc = unsafe { ffi::MPI_Recv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, ffi::RSMPI_STATUS_IGNORE) };
+        check(rc, "MPI_Recv", "")
+    }
+}

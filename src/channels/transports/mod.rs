@@ -7,7 +7,7 @@
 //! |--------------|----------|-----------------------------------------|--------|
 //! | `shm`        | carrier  | every message's order; CPU payloads     | local  |
 //! | `vulkan_ipc` | route    | GPU buffers by reference                | local  |
-//! | `mpi`        | carrier  | (not built yet)                         | remote |
+//! | `mpi`        | carrier  | every message's order; CPU payloads     | remote |
 //!
 //! Adding a transport: a module here that implements the carrier traits
 //! ([`ProducerTransport`], [`ConsumerTransport`]) or the route traits
@@ -18,6 +18,8 @@
 //! GPU buffers to a remote peer are staged through host memory by the core, as to a local peer
 //! on another GPU.
 
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod shm;
 #[cfg(feature = "vulkan")]
 pub mod vulkan_ipc;
@@ -35,7 +37,7 @@ use super::transport::{
 use super::ChannelConfig;
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, Context};
-use crate::types::CommunicationScope;
+use crate::types::{CommunicationScope, MpiAddress, ProcessLocation};
 
 /// The shortest send that goes by reference by itself when its bytes lie in a lava-flow
 /// buffer; shorter ones are copied into their ring slot, which costs less than mapping
@@ -55,16 +57,40 @@ pub(crate) struct Plan {
     pub(crate) reasons: Vec<String>,
     /// Why GPU buffers have no route of their own, when they have none.
     pub(crate) gpu_refusal: Option<String>,
+    /// The peer's MPI address, for the mpi carrier.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) peer_mpi: Option<MpiAddress>,
 }
 
-/// Whether `kind` is built and can carry a channel of `scope`, or why not.
-fn carrier_availability(kind: TransportKind, scope: CommunicationScope) -> std::result::Result<(), String> {
+/// Whether `kind` is built and can carry a channel of `scope` to `peer`, or why not.
+fn carrier_availability(kind: TransportKind, scope: CommunicationScope, peer: &ProcessLocation) -> std::result::Result<(), String> {
     match (kind, scope) {
         (TransportKind::Shm, CommunicationScope::Local) => Ok(()),
         (TransportKind::Shm, CommunicationScope::Remote) => Err("shm needs both processes on one host".into()),
         (TransportKind::VulkanIpc, _) => Err("vulkan_ipc carries GPU buffers only, not a channel's messages".into()),
-        (TransportKind::Mpi, _) => Err("mpi is not built yet".into()),
+        (TransportKind::Mpi, _) => mpi_availability(peer),
     }
+}
+
+/// Whether the peer can be reached through MPI, or why not.
+fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
+    #[cfg(feature = "mpi")]
+    {
+        match peer.mpi {
+            Some(address) => mpi_endpoint(address).map(|_| ()),
+            None => Err("mpi needs the peer's location from MPI discovery (lf_mpi_location, MpiWorld::peer), which carries its rank".into()),
+        }
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = peer;
+        Err("mpi is not in this build (cargo feature `mpi`, or cmake -DLAVA_FLOW_FEATURES=mpi)".into())
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_endpoint(address: MpiAddress) -> std::result::Result<crate::mpi::Endpoint, String> {
+    crate::mpi::endpoint(address)
 }
 
 /// Whether `kind` can carry GPU buffers by reference for a channel of `scope`, or why not.
@@ -95,6 +121,7 @@ fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, contex
 /// route (vulkan_ipc where allowed, local and possible), saying why.
 pub(crate) fn plan(
     scope: CommunicationScope,
+    peer: &ProcessLocation,
     scope_text: &str,
     allowed: &[TransportKind],
     source: &str,
@@ -105,7 +132,7 @@ pub(crate) fn plan(
     let mut carrier = None;
     // Routes (vulkan_ipc) are not carriers: they are weighed for GPU buffers below.
     for kind in allowed.iter().filter(|k| **k != TransportKind::VulkanIpc || allowed.len() == 1) {
-        match carrier_availability(*kind, scope) {
+        match carrier_availability(*kind, scope, peer) {
             Ok(()) => {
                 carrier = Some(*kind);
                 break;
@@ -116,9 +143,10 @@ pub(crate) fn plan(
     let Some(carrier) = carrier else {
         if scope == CommunicationScope::Remote && source.is_empty() {
             return Err(Error::Unsupported(format!(
-                "no remote transport available (the MPI transport is not built yet): {scope_text}. \
-                 Run both processes on one host for now, or check that both locations name the \
-                 same hostname if they do share one"
+                "no remote transport can reach the peer: {scope_text}; {}. Join MPI on both sides \
+                 (lf_mpi_join) and take the peer's location from it (lf_mpi_location), or check \
+                 that both locations name the same host if they do share one",
+                refused.join("; ")
             )));
         }
         let what = if source.is_empty() { "no built transport".to_owned() } else { format!("none of the transports {source} allows") };
@@ -155,7 +183,7 @@ pub(crate) fn plan(
         reasons.push(format!("GPU buffers: staged through {carrier} (copied to host memory): {}", gpu_refused.join("; ")));
     }
     let gpu_refusal = gpu_route.is_none().then(|| gpu_refused.join("; "));
-    Ok(Plan { carrier, gpu_route, reasons, gpu_refusal })
+    Ok(Plan { carrier, gpu_route, reasons, gpu_refusal, peer_mpi: peer.mpi })
 }
 
 /// Forwards every trait method of an enum of carriers to its variants, statically.
@@ -163,6 +191,8 @@ macro_rules! forward {
     ($self:ident, $t:ident => $call:expr) => {
         match $self {
             Self::Shm($t) => $call,
+            #[cfg(feature = "mpi")]
+            Self::Mpi($t) => $call,
         }
     };
 }
@@ -170,11 +200,15 @@ macro_rules! forward {
 /// The producer half of a channel's carrier.
 pub(crate) enum AnyProducer {
     Shm(shm::ShmProducer),
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiProducer),
 }
 
 /// The consumer half of a channel's carrier.
 pub(crate) enum AnyConsumer {
     Shm(shm::ShmConsumer),
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiConsumer),
 }
 
 /// What a Rust `Message` releases its view through: the carrier's session directly (inlined,
@@ -182,6 +216,9 @@ pub(crate) enum AnyConsumer {
 pub(crate) enum MessageReleaser {
     /// Valid while the message's view is held (`shm::release_message`'s contract).
     Shm(NonNull<shm::Session>),
+    /// A carrier's shared release side (one reference count per message).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Shared(Arc<dyn Release>),
 }
 
 impl MessageReleaser {
@@ -193,6 +230,7 @@ impl MessageReleaser {
             // view just received from that session, and a Message releases its view once, in
             // its drop.
             MessageReleaser::Shm(session) => unsafe { shm::release_message(*session, view) },
+            MessageReleaser::Shared(release) => release.release_held(view),
         }
     }
 }
@@ -306,6 +344,13 @@ fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
     TransportInfo::new(vec![carrier, gpu])
 }
 
+/// The endpoint to the peer of an mpi plan.
+#[cfg(feature = "mpi")]
+fn mpi_peer(plan: &Plan) -> Result<crate::mpi::Endpoint> {
+    let address = plan.peer_mpi.ok_or_else(|| Error::Unsupported("the peer's location has no MPI rank".into()))?;
+    mpi_endpoint(address).map_err(Error::Unsupported)
+}
+
 /// Connects the producer's end: the carrier's rendezvous, with the GPU route's offer in it.
 pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ProducerParts> {
     #[cfg(feature = "vulkan")]
@@ -324,6 +369,8 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
             let mut offers = || Ok(Vec::new());
             AnyProducer::Shm(shm::ShmProducer::connect(name, provisional.clone(), config, &mut offers)?)
         }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional.clone(), config, mpi_peer(plan)?)?),
         other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
     };
     let mut carrier = carrier;
@@ -365,6 +412,8 @@ pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, c
     let info = report(plan, None);
     let carrier = match plan.carrier {
         TransportKind::Shm => AnyConsumer::Shm(shm::ShmConsumer::listen(name, info.clone(), config, answers)?),
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => AnyConsumer::Mpi(mpi::MpiConsumer::listen(name, info.clone(), config, mpi_peer(plan)?)?),
         other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
     };
     #[cfg(feature = "vulkan")]
@@ -450,6 +499,8 @@ impl AnyConsumer {
     pub(crate) fn message_releaser(&self) -> MessageReleaser {
         match self {
             Self::Shm(t) => MessageReleaser::Shm(t.session_ptr()),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => MessageReleaser::Shared(t.releaser()),
         }
     }
 }

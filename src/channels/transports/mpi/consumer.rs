@@ -1,0 +1,512 @@
+//! The consumer half of an MPI channel.
+
+use std::any::Any;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::{backoff, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use crate::channels::transport::{ConsumerTransport, RawView, Release, Section, TransportInfo};
+use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::error::{Error, Result};
+use crate::mpi::{Endpoint, PrivateComm, Request, ThreadLevel};
+use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
+
+/// The one session of an MPI consumer (a new producer does not attach to an MPI channel).
+const SESSION: u64 = 1;
+/// Free receive buffers kept for reuse.
+const POOLED_BUFFERS: usize = 16;
+
+/// A message received and not yet released: the buffer its bytes lie in.
+struct Held {
+    buffer: Vec<u8>,
+    report: bool,
+}
+
+/// What the consumer and the messages it handed out share: releases (from any thread), and
+/// the credits they turn into.
+struct Shared {
+    comm: Arc<PrivateComm>,
+    peer: u32,
+    control_tag: i32,
+    /// Credits go at least every this many messages.
+    batch: u64,
+    state: Mutex<State>,
+}
+
+struct State {
+    held: HashMap<u64, Held>,
+    /// Every message below this is released; `released` holds those released above it.
+    released_below: u64,
+    released: BTreeSet<u64>,
+    last_reported: u64,
+    /// The producer waits for a credit covering this many messages (0: it does not).
+    report_wanted: u64,
+    pool: Vec<Vec<u8>>,
+    /// Credits in flight.
+    sends: VecDeque<(Request, Box<[u8; Header::LEN]>)>,
+    /// Other routes' memory kept while views are held.
+    kept: Vec<Box<dyn Any + Send + Sync>>,
+    /// The channel's consumer has gone: credits are no longer sent.
+    closed: bool,
+}
+
+impl Shared {
+    /// Sends a credit for everything released in order, when the producer should hear of it.
+    fn report(&self, state: &mut State, now: bool) -> Result<()> {
+        while let Some((request, _)) = state.sends.front_mut() {
+            if !self.comm.test(request)? {
+                break;
+            }
+            state.sends.pop_front();
+        }
+        let due = now
+            || state.released_below >= state.last_reported + self.batch
+            || (state.report_wanted != 0 && state.released_below >= state.report_wanted);
+        if !due || state.closed || state.released_below == state.last_reported {
+            return Ok(());
+        }
+        if state.report_wanted != 0 && state.released_below >= state.report_wanted {
+            state.report_wanted = 0;
+        }
+        state.last_reported = state.released_below;
+        let credit = Box::new(Header::new(Kind::Credit, state.released_below, 0).to_bytes());
+        // SAFETY: the box's heap memory stays in `sends` until the send is complete (or is
+        // leaked with it when the consumer closes).
+        let request = unsafe { self.comm.isend(credit.as_ptr(), Header::LEN, self.peer, self.control_tag)? };
+        state.sends.push_back((request, credit));
+        Ok(())
+    }
+}
+
+impl Release for Shared {
+    fn release(&self, view: &RawView) -> Result<()> {
+        let mut state = self.state.lock();
+        let matches = view.session == SESSION
+            && state.held.get(&view.token).is_some_and(|h| {
+                let start = h.buffer.as_ptr() as usize;
+                view.ptr as usize >= start && view.ptr as usize + view.len <= start + h.buffer.len()
+            });
+        if !matches {
+            return Err(Error::InvalidState(format!(
+                "message {} is not held by this consumer (already released, or not received from this channel)",
+                view.token
+            )));
+        }
+        let held = state.held.remove(&view.token).expect("checked");
+        if state.pool.len() < POOLED_BUFFERS {
+            state.pool.push(held.buffer);
+        }
+        if view.token == state.released_below {
+            state.released_below += 1;
+            loop {
+                let next = state.released_below;
+                if !state.released.remove(&next) {
+                    break;
+                }
+                state.released_below += 1;
+            }
+        } else {
+            state.released.insert(view.token);
+        }
+        if state.held.is_empty() {
+            state.kept.clear();
+        }
+        self.report(&mut state, held.report)
+    }
+}
+
+/// A message whose payload arrives in chunks.
+struct Partial {
+    header: Header,
+    buffer: Vec<u8>,
+    requests: Vec<Request>,
+}
+
+/// Probes for the producer's messages in a thread, so that a descriptor can say one waits.
+struct Notifier {
+    fd: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The consuming end of an MPI channel.
+pub(crate) struct MpiConsumer {
+    info: TransportInfo,
+    name: String,
+    ep: Endpoint,
+    tag: i32,
+    max_len: usize,
+    busy: bool,
+    /// The next message's sequence number.
+    next: u64,
+    gone: Option<String>,
+    shared: Arc<Shared>,
+    partial: Option<Partial>,
+    notifier: Option<Notifier>,
+}
+
+impl MpiConsumer {
+    /// Waits for the producer of `name` at `ep` (its hello), up to the config's rendezvous
+    /// timeout, and answers it.
+    pub(crate) fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, ep: Endpoint) -> Result<MpiConsumer> {
+        let (tag, control_tag) = tags_for(name, ep.tag_upper_bound)?;
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let mut spins = 0;
+        let (nonce, capacity, max_len) = loop {
+            if let Some(len) = ep.comm.iprobe(ep.peer, tag)? {
+                let bytes = receive(&ep, tag, len, Header::LEN + 4096 + 8, "producer")?;
+                let header = Header::decode(&bytes, "producer")?;
+                if header.kind == Kind::Hello {
+                    let body = &bytes[Header::LEN..];
+                    let name_len = header.len as usize;
+                    if body.len() != name_len + 8 {
+                        return Err(Error::Corrupt(format!("the producer's hello for channel {name:?} has {} bytes of body", body.len())));
+                    }
+                    let theirs = String::from_utf8_lossy(&body[..name_len]).into_owned();
+                    if theirs != name {
+                        let why = format!(
+                            "channels {theirs:?} and {name:?} between MPI ranks {} and {} share MPI tag {tag}; rename one",
+                            ep.peer, ep.rank
+                        );
+                        let mut refuse = Header::new(Kind::Refuse, header.seq, 0).to_bytes().to_vec();
+                        refuse.extend_from_slice(why.as_bytes());
+                        send_now(&ep, control_tag, &refuse)?;
+                        return Err(Error::InvalidState(why));
+                    }
+                    let max_len = u64::from_le_bytes(body[name_len..].try_into().expect("8 bytes"));
+                    let capacity = header.extra;
+                    if !(2..=1 << 20).contains(&capacity) || max_len == 0 || max_len > 1 << 40 {
+                        return Err(Error::Corrupt(format!(
+                            "the producer of channel {name:?} asks for capacity {capacity} and messages of {max_len} bytes"
+                        )));
+                    }
+                    break (header.seq, capacity, max_len as usize);
+                }
+                // A close or request of an earlier producer that gave up: not ours.
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout(format!(
+                    "no producer of channel {name:?} said hello from MPI rank {} within the rendezvous timeout; start it, or raise rendezvous_timeout",
+                    ep.peer
+                )));
+            }
+            backoff(&mut spins, false);
+        };
+        let mut ack = Header::new(Kind::Ack, nonce, 0);
+        ack.extra = capacity;
+        send_now(&ep, control_tag, &ack.to_bytes())?;
+        let shared = Arc::new(Shared {
+            comm: Arc::clone(&ep.comm),
+            peer: ep.peer,
+            control_tag,
+            batch: (capacity / 4).max(1),
+            state: Mutex::new(State {
+                held: HashMap::new(),
+                released_below: 0,
+                released: BTreeSet::new(),
+                last_reported: 0,
+                report_wanted: 0,
+                pool: Vec::new(),
+                sends: VecDeque::new(),
+                kept: Vec::new(),
+                closed: false,
+            }),
+        });
+        Ok(MpiConsumer {
+            info,
+            name: name.to_owned(),
+            ep,
+            tag,
+            max_len,
+            busy: matches!(config.wait, WaitStrategy::BusyPoll),
+            next: 0,
+            gone: None,
+            shared,
+            partial: None,
+            notifier: None,
+        })
+    }
+
+    fn corrupt(&self, what: String) -> Error {
+        Error::Corrupt(format!("the producer of channel {:?} (MPI rank {}) {what}", self.name, self.ep.peer))
+    }
+
+    /// A receive buffer of at least `len` bytes.
+    fn buffer(&self, len: usize) -> Vec<u8> {
+        let mut state = self.shared.state.lock();
+        match state.pool.iter().position(|b| b.len() >= len) {
+            Some(i) => state.pool.swap_remove(i),
+            None => vec![0u8; len],
+        }
+    }
+
+    /// Hands out a received message: held until released.
+    fn deliver(&mut self, header: Header, buffer: Vec<u8>, start: usize) -> RawView {
+        let len = header.len as usize;
+        // SAFETY: start + len <= buffer.len() (checked by the callers); the buffer's heap
+        // memory stays in place in `held` until the view is released.
+        let ptr = unsafe { buffer.as_ptr().add(start) };
+        let flags = if header.flags & FLAG_ZERO_COPY != 0 { RawView::ZERO_COPY } else { 0 };
+        self.shared.state.lock().held.insert(header.seq, Held { buffer, report: header.flags & FLAG_REPORT != 0 });
+        self.next += 1;
+        RawView { ptr, len, token: header.seq, session: SESSION, flags }
+    }
+
+    /// Completes a chunked message if all its chunks have arrived.
+    fn finish_partial(&mut self) -> Result<Option<RawView>> {
+        let Some(partial) = self.partial.as_mut() else { return Ok(None) };
+        while let Some(request) = partial.requests.last_mut() {
+            if !self.ep.comm.test(request)? {
+                return Ok(None);
+            }
+            partial.requests.pop();
+        }
+        let partial = self.partial.take().expect("present");
+        Ok(Some(self.deliver(partial.header, partial.buffer, 0)))
+    }
+
+    fn start_partial(&mut self, header: Header) -> Result<()> {
+        let len = header.len as usize;
+        let mut buffer = self.buffer(len);
+        let mut requests = Vec::with_capacity(len.div_ceil(CHUNK));
+        let mut start = 0;
+        while start < len {
+            let n = CHUNK.min(len - start);
+            // SAFETY: `n` bytes inside the buffer, whose heap memory stays in place in
+            // `partial` until every request completes (or is cancelled, on drop).
+            match unsafe { self.ep.comm.irecv(buffer.as_mut_ptr().add(start), n, self.ep.peer, self.tag) } {
+                Ok(request) => requests.push(request),
+                Err(e) => {
+                    for request in requests {
+                        let _ = self.ep.comm.cancel_recv(request);
+                    }
+                    return Err(e);
+                }
+            }
+            start += n;
+        }
+        // Completed newest first: they finish in order anyway.
+        requests.reverse();
+        self.partial = Some(Partial { header, buffer, requests });
+        Ok(())
+    }
+
+    /// Reads the next message if one has arrived: data, or the producer's close and requests.
+    fn poll_message(&mut self) -> Result<Option<RawView>> {
+        loop {
+            if self.partial.is_some() {
+                return self.finish_partial();
+            }
+            if let Some(why) = &self.gone {
+                return Err(Error::PeerGone(why.clone()));
+            }
+            let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tag)? else {
+                return Ok(None);
+            };
+            let mut buffer = self.buffer(len);
+            // SAFETY: the buffer has at least the `len` bytes the probe reported.
+            unsafe { self.ep.comm.recv_probed(buffer.as_mut_ptr(), len, self.ep.peer, self.tag)? };
+            let header = Header::decode(&buffer[..len], "producer")?;
+            match header.kind {
+                Kind::Data => {
+                    if header.seq != self.next {
+                        return Err(self.corrupt(format!("sent message {} where {} was next", header.seq, self.next)));
+                    }
+                    let payload = header.len as usize;
+                    if payload == 0 || payload > self.max_len {
+                        return Err(self.corrupt(format!("sent a message of {payload} bytes; the channel's are 1 to {}", self.max_len)));
+                    }
+                    if header.flags & FLAG_SPLIT != 0 {
+                        if len != Header::LEN {
+                            return Err(self.corrupt(format!("sent a chunked message's header of {len} bytes")));
+                        }
+                        self.shared.state.lock().pool.push(buffer);
+                        self.start_partial(header)?;
+                        continue;
+                    }
+                    if len != Header::LEN + payload {
+                        return Err(self.corrupt(format!("sent {len} bytes for a message of {payload}")));
+                    }
+                    return Ok(Some(self.deliver(header, buffer, Header::LEN)));
+                }
+                Kind::Close => {
+                    self.gone = Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                }
+                Kind::ReportRequest => {
+                    let mut state = self.shared.state.lock();
+                    state.report_wanted = state.report_wanted.max(header.seq + 1);
+                    self.shared.report(&mut state, false)?;
+                }
+                other => return Err(self.corrupt(format!("sent {other:?} in the middle of the channel"))),
+            }
+        }
+    }
+}
+
+/// Receives a probed message of `len` bytes (at most `max`).
+fn receive(ep: &Endpoint, tag: i32, len: usize, max: usize, whose: &str) -> Result<Vec<u8>> {
+    if len > max {
+        return Err(Error::Corrupt(format!("the {whose} sent {len} bytes where at most {max} were due")));
+    }
+    let mut bytes = vec![0u8; len];
+    // SAFETY: `bytes` has the `len` bytes the probe reported.
+    unsafe { ep.comm.recv_probed(bytes.as_mut_ptr(), len, ep.peer, tag)? };
+    Ok(bytes)
+}
+
+/// Sends a short message and waits until MPI has it (at most a second).
+fn send_now(ep: &Endpoint, tag: i32, bytes: &[u8]) -> Result<()> {
+    let owned = bytes.to_vec();
+    // SAFETY: `owned` lives until the request completes below, or is leaked with it.
+    let mut request = unsafe { ep.comm.isend(owned.as_ptr(), owned.len(), ep.peer, tag)? };
+    let deadline = Instant::now() + std::time::Duration::from_secs(1);
+    while !ep.comm.test(&mut request)? {
+        if Instant::now() >= deadline {
+            ep.comm.abandon(request);
+            std::mem::forget(owned);
+            return Ok(());
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+impl ConsumerTransport for MpiConsumer {
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    fn try_recv(&mut self) -> Result<RawView> {
+        match self.poll_message()? {
+            Some(view) => Ok(view),
+            None => {
+                if let Some(n) = &self.notifier {
+                    eventfd_drain(n.fd.as_fd());
+                    // A message that arrived meanwhile is signalled again by the thread.
+                }
+                Err(Error::WouldBlock(format!("no message waits on channel {:?}", self.name)))
+            }
+        }
+    }
+
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
+        let mut spins = 0;
+        loop {
+            if self.gone.is_some() {
+                return Ok(());
+            }
+            match &mut self.partial {
+                Some(partial) => {
+                    if let Some(request) = partial.requests.last_mut() {
+                        if self.ep.comm.test(request)? {
+                            partial.requests.pop();
+                            continue;
+                        }
+                    } else {
+                        return Ok(());
+                    }
+                }
+                None => {
+                    if self.ep.comm.iprobe(self.ep.peer, self.tag)?.is_some() {
+                        return Ok(());
+                    }
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout(format!("no message on channel {:?} in time", self.name)));
+            }
+            backoff(&mut spins, self.busy);
+        }
+    }
+
+    fn releaser(&self) -> Arc<dyn Release> {
+        Arc::clone(&self.shared) as Arc<dyn Release>
+    }
+
+    fn release(&mut self, view: &RawView) -> Result<()> {
+        self.shared.release(view)
+    }
+
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        if self.notifier.is_none() {
+            if self.ep.thread_level < ThreadLevel::Serialized {
+                return Err(Error::Unsupported(format!(
+                    "a descriptor for channel {:?} needs a thread that probes MPI, and MPI runs at thread level {} here; \
+                     initialise MPI with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (lava-flow asks for MULTIPLE when it \
+                     initialises MPI itself), or poll with try_recv",
+                    self.name, self.ep.thread_level
+                )));
+            }
+            let fd = Arc::new(eventfd()?);
+            let stop = Arc::new(AtomicBool::new(false));
+            let (comm, peer, tag) = (Arc::clone(&self.ep.comm), self.ep.peer, self.tag);
+            let (thread_fd, thread_stop) = (Arc::clone(&fd), Arc::clone(&stop));
+            let thread = std::thread::Builder::new()
+                .name("lava-flow-mpi".into())
+                .spawn(move || {
+                    while !thread_stop.load(Ordering::Relaxed) {
+                        // An error here shows again at the consumer's next receive.
+                        if let Ok(Some(_)) = comm.iprobe(peer, tag) {
+                            eventfd_signal(thread_fd.as_fd());
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                })
+                .map_err(|e| Error::os("spawning the MPI probe thread", e))?;
+            self.notifier = Some(Notifier { fd, stop, thread: Some(thread) });
+        }
+        Ok(self.notifier.as_ref().expect("started").fd.as_fd())
+    }
+
+    fn released_below(&self) -> u64 {
+        self.shared.state.lock().released_below
+    }
+
+    fn keep_while_held(&mut self, _session: u64, keep: Box<dyn Any + Send + Sync>) {
+        let mut state = self.shared.state.lock();
+        if !state.held.is_empty() {
+            state.kept.push(keep);
+        }
+    }
+
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+        None
+    }
+}
+
+impl Drop for MpiConsumer {
+    fn drop(&mut self) {
+        if let Some(mut n) = self.notifier.take() {
+            n.stop.store(true, Ordering::Relaxed);
+            if let Some(t) = n.thread.take() {
+                let _ = t.join();
+            }
+        }
+        if let Some(partial) = self.partial.take() {
+            let mut cancelled = true;
+            for request in partial.requests {
+                cancelled &= self.ep.comm.cancel_recv(request).is_ok();
+            }
+            if !cancelled {
+                // MPI may still write into it.
+                std::mem::forget(partial.buffer);
+            }
+        }
+        let mut state = self.shared.state.lock();
+        state.closed = true;
+        // Credits still in flight are left to MPI, with their memory.
+        for (request, credit) in state.sends.drain(..) {
+            self.ep.comm.abandon(request);
+            std::mem::forget(credit);
+        }
+        drop(state);
+        if self.gone.is_none() {
+            let _ = send_now(&self.ep, self.shared.control_tag, &Header::new(Kind::Closed, 0, 0).to_bytes());
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The MPI carrier: a channel between processes on different hosts, over lava-flow's private
+//! communicator (see `crate::mpi`).
+//!
+//! - **Addressing.** The peer's location comes from MPI discovery and carries its world and
+//!   rank. A channel uses two tags derived from its name (checked against `MPI_TAG_UB`): the
+//!   even one carries the producer's messages, the odd one the consumer's answers, so that two
+//!   channels of one name in opposite directions never meet.
+//! - **Rendezvous.** The producer sends a hello (channel name, capacity, largest message,
+//!   a nonce); the consumer checks the name and answers with an acknowledgement (or a refusal
+//!   saying why). Either may start first: MPI holds the hello until the consumer looks.
+//! - **Messages.** Every message starts with a [`Header`] (sequence number, length, flags).
+//!   Up to [`CHUNK`] bytes go in one MPI message with their header; longer ones, and buffer
+//!   sends (sent from the buffer itself, not copied), go as the header alone followed by
+//!   chunks of [`CHUNK`] bytes, all posted at once, so that several are in flight. MPI keeps
+//!   messages of one source and tag in order; the consumer checks every header (magic, kind,
+//!   sequence number, length against the channel's largest message) and every chunk's
+//!   length, so a malformed or short message is `Corrupt`, never an overflow.
+//! - **Credits and completion.** The consumer receives into buffers of its own and releases
+//!   them in any order; it reports how many messages it released in order (a *credit*), which
+//!   is both the producer's completion (`completed`) and its room (at most `capacity`
+//!   messages in flight). Credits go when the producer asks for one in a message's flags
+//!   (buffer sends, and messages sent with half the capacity in flight), every quarter of the
+//!   capacity, and when the producer waits for a completion (a report request in the stream).
+//! - **Progress.** No thread of lava-flow's drives MPI: progress happens inside the calls of
+//!   either side (sends, receives, waits, releases), except for [`ConsumerTransport::notify_fd`]
+//!   which starts a thread that probes for messages every 100 µs. lava-flow serialises its MPI
+//!   calls, so channels need `MPI_THREAD_SERIALIZED`, or the application's threads must not
+//!   call MPI while lava-flow does (`MPI_THREAD_FUNNELED`/`SINGLE`: one thread only).
+//! - **Ends.** A producer that closes sends a close message after its last message: the
+//!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
+//!   producer, whose next call is `PeerGone`. A killed process is MPI's business: with
+//!   mpirun, the job usually ends; errors MPI returns are reported as they come.
+//!
+//! [`ConsumerTransport::notify_fd`]: crate::channels::transport::ConsumerTransport::notify_fd
+
+mod consumer;
+mod producer;
+
+pub(crate) use consumer::MpiConsumer;
+pub(crate) use producer::MpiProducer;
+
+use crate::error::{Error, Result};
+
+/// The longest message that goes as one MPI message with its header, and the size of the
+/// chunks of longer ones.
+pub(crate) const CHUNK: usize = 1 << 20;
+
+const MAGIC: u32 = 0x4c46_4d31; // "LFM1"
+
+/// What a header introduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum Kind {
+    /// Producer to consumer: a channel's first words (`seq`: nonce, `len`: name length,
+    /// `extra`: capacity; the body: the name, then the largest message as 8 bytes).
+    Hello = 1,
+    /// Producer to consumer: message `seq` of `len` bytes.
+    Data = 2,
+    /// Producer to consumer: the producer closed after its last message.
+    Close = 3,
+    /// Producer to consumer: answer with a credit once `seq + 1` messages are released.
+    ReportRequest = 4,
+    /// Consumer to producer: the hello `seq` (its nonce) is accepted, with capacity `extra`.
+    Ack = 5,
+    /// Consumer to producer: the hello `seq` is refused; the body says why.
+    Refuse = 6,
+    /// Consumer to producer: `seq` messages are released in order.
+    Credit = 7,
+    /// Consumer to producer: the consumer closed.
+    Closed = 8,
+}
+
+/// Header flag: answer with a credit as soon as this message is released.
+const FLAG_REPORT: u32 = 1;
+/// Header flag: the payload follows in chunks, not in this MPI message.
+const FLAG_SPLIT: u32 = 2;
+/// Header flag: the payload was sent from the producer's own buffer.
+const FLAG_ZERO_COPY: u32 = 4;
+
+/// The fixed start of every lava-flow MPI message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    kind: Kind,
+    flags: u32,
+    seq: u64,
+    len: u64,
+    extra: u64,
+}
+
+impl Header {
+    const LEN: usize = 32;
+
+    fn new(kind: Kind, seq: u64, len: u64) -> Header {
+        Header { kind, flags: 0, seq, len, extra: 0 }
+    }
+
+    fn encode(&self, out: &mut [u8]) {
+        out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        out[4..6].copy_from_slice(&(self.kind as u16).to_le_bytes());
+        out[6..8].copy_from_slice(&(self.flags as u16).to_le_bytes());
+        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        out[16..24].copy_from_slice(&self.len.to_le_bytes());
+        out[24..32].copy_from_slice(&self.extra.to_le_bytes());
+    }
+
+    fn to_bytes(&self) -> [u8; Header::LEN] {
+        let mut out = [0u8; Header::LEN];
+        self.encode(&mut out);
+        out
+    }
+
+    /// Parses a header that `whose` sent; anything else is `Corrupt`.
+    fn decode(bytes: &[u8], whose: &str) -> Result<Header> {
+        let bad = |what: String| Error::Corrupt(format!("a message from the {whose} over MPI {what}"));
+        if bytes.len() < Header::LEN {
+            return Err(bad(format!("has {} bytes, fewer than a header's {}", bytes.len(), Header::LEN)));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes(bytes[i..i + 2].try_into().expect("2 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        if magic != MAGIC {
+            return Err(bad(format!(
+                "starts with {magic:#x}, not lava-flow's {MAGIC:#x}: is another program using lava-flow's communicator, or another lava-flow version?"
+            )));
+        }
+        let kind = match u16_at(4) {
+            1 => Kind::Hello,
+            2 => Kind::Data,
+            3 => Kind::Close,
+            4 => Kind::ReportRequest,
+            5 => Kind::Ack,
+            6 => Kind::Refuse,
+            7 => Kind::Credit,
+            8 => Kind::Closed,
+            other => return Err(bad(format!("has kind {other}, which lava-flow does not send"))),
+        };
+        let flags = u32::from(u16_at(6));
+        if flags & !(FLAG_REPORT | FLAG_SPLIT | FLAG_ZERO_COPY) != 0 {
+            return Err(bad(format!("has unknown flags {flags:#x}")));
+        }
+        Ok(Header { kind, flags, seq: u64_at(8), len: u64_at(16), extra: u64_at(24) })
+    }
+}
+
+/// The channel's tag pair on lava-flow's communicator: the producer's messages go with the
+/// even tag, the consumer's with the odd one after it. Derived from the name (FNV-1a), so both
+/// ends find it alone; names that meet on one tag pair are told apart at the hello.
+fn tags_for(name: &str, tag_upper_bound: i32) -> Result<(i32, i32)> {
+    // Tags 0 and 1 are left to discovery and future use.
+    let pairs = (i64::from(tag_upper_bound) - 2) / 2;
+    if pairs < 1 {
+        return Err(Error::Unsupported(format!("MPI_TAG_UB is {tag_upper_bound}: too small for lava-flow's channels")));
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let tag = 2 + 2 * (hash % pairs as u64) as i32;
+    Ok((tag, tag + 1))
+}
+
+/// Sleeps a little when a wait has spun long enough: MPI progress needs calls, so waits poll.
+fn backoff(spins: &mut u32, busy: bool) {
+    *spins = spins.saturating_add(1);
+    if busy || *spins < 2000 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros(if *spins < 20_000 { 5 } else { 50 }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_garbage_is_corrupt() {
+        let mut h = Header::new(Kind::Data, 7, 1 << 20);
+        h.flags = FLAG_SPLIT | FLAG_REPORT;
+        h.extra = 3;
+        assert_eq!(Header::decode(&h.to_bytes(), "producer").unwrap(), h);
+        assert!(matches!(Header::decode(&h.to_bytes()[..31], "producer"), Err(Error::Corrupt(_))));
+        let mut bad = h.to_bytes();
+        bad[0] ^= 1;
+        assert!(matches!(Header::decode(&bad, "producer"), Err(Error::Corrupt(m)) if m.contains("lava-flow's")));
+        let mut bad = h.to_bytes();
+        bad[4] = 99;
+        assert!(matches!(Header::decode(&bad, "producer"), Err(Error::Corrupt(m)) if m.contains("kind 99")));
+        let mut bad = h.to_bytes();
+        bad[6] = 0x80;
+        assert!(matches!(Header::decode(&bad, "producer"), Err(Error::Corrupt(m)) if m.contains("flags")));
+    }
+
+    #[test]
+    fn tags_are_even_odd_pairs_within_the_bound() {
+        for name in ["a", "b", "a-much-longer-channel-name", ""] {
+            let (data, control) = tags_for(name, 32767).unwrap();
+            assert!(data >= 2 && data % 2 == 0 && control == data + 1 && control <= 32767, "{name}: {data}");
+        }
+        assert_eq!(tags_for("x", 32767).unwrap(), tags_for("x", 32767).unwrap());
+        assert_ne!(tags_for("x", 1 << 30).unwrap(), tags_for("y", 1 << 30).unwrap());
+        assert!(tags_for("x", 2).is_err());
+    }
+}

@@ -1,0 +1,430 @@
+//! The producer half of an MPI channel.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::{backoff, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
+use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::error::{Error, Result};
+use crate::mpi::{Endpoint, Request};
+
+/// Free loan buffers kept for reuse.
+const POOLED_BUFFERS: usize = 16;
+
+/// What an MPI send reads from, kept until the send is complete.
+enum Keep {
+    /// A loan's buffer (header and payload), returned to the pool afterwards.
+    Buffer(Vec<u8>),
+    /// A header sent alone, or what keeps a lava-flow buffer sent from where it lies.
+    Hold(#[allow(dead_code)] Box<dyn Any + Send>),
+    /// Nothing (a chunk of memory a later entry keeps).
+    Nothing,
+}
+
+/// The producing end of an MPI channel.
+pub(crate) struct MpiProducer {
+    info: TransportInfo,
+    name: String,
+    ep: Endpoint,
+    tag: i32,
+    control_tag: i32,
+    capacity: u64,
+    max_len: usize,
+    busy: bool,
+    /// The next message's sequence number, and how many the consumer released in order.
+    head: u64,
+    completed: u64,
+    /// Why the consumer is gone, once it is.
+    gone: Option<String>,
+    /// Sends in flight, oldest first.
+    sends: VecDeque<(Request, Keep)>,
+    pool: Vec<Vec<u8>>,
+    /// The current loan's buffer.
+    loan: Option<Vec<u8>>,
+    /// A report was requested for every message below this.
+    report_asked: u64,
+}
+
+impl MpiProducer {
+    /// Connects to the consumer of `name` at `ep`: hello, then its acknowledgement, waiting up
+    /// to the config's rendezvous timeout.
+    pub(crate) fn connect(name: &str, info: TransportInfo, config: &ChannelConfig, ep: Endpoint) -> Result<MpiProducer> {
+        let (tag, control_tag) = tags_for(name, ep.tag_upper_bound)?;
+        if config.capacity < 2 || !config.capacity.is_power_of_two() {
+            return Err(Error::invalid(format!("capacity {} is not a power of two >= 2", config.capacity)));
+        }
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
+        let mut hello = Header::new(Kind::Hello, nonce, name.len() as u64);
+        hello.extra = u64::from(config.capacity);
+        let mut bytes = hello.to_bytes().to_vec();
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.extend_from_slice(&(config.pool_size as u64).to_le_bytes());
+        let mut p = MpiProducer {
+            info,
+            name: name.to_owned(),
+            ep,
+            tag,
+            control_tag,
+            capacity: u64::from(config.capacity),
+            max_len: config.pool_size,
+            busy: matches!(config.wait, WaitStrategy::BusyPoll),
+            head: 0,
+            completed: 0,
+            gone: None,
+            sends: VecDeque::new(),
+            pool: Vec::new(),
+            loan: None,
+            report_asked: 0,
+        };
+        let len = bytes.len();
+        p.post_buffer(bytes, len)?;
+        let mut spins = 0;
+        loop {
+            p.reap()?;
+            if let Some((len, header, body)) = p.next_control()? {
+                match header.kind {
+                    Kind::Ack if header.seq == nonce => {
+                        let _ = len;
+                        return Ok(p);
+                    }
+                    Kind::Refuse if header.seq == nonce => {
+                        return Err(Error::InvalidState(format!(
+                            "the consumer of channel {name:?} (MPI rank {}) refused it: {}",
+                            p.ep.peer,
+                            String::from_utf8_lossy(&body)
+                        )));
+                    }
+                    // An answer to an earlier producer of this name that gave up: not ours.
+                    Kind::Ack | Kind::Refuse | Kind::Credit | Kind::Closed => {}
+                    other => return Err(Error::Corrupt(format!("the consumer of channel {name:?} sent {other:?} before answering")))
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                // The hello stays queued in MPI: a consumer that starts later answers it, and
+                // the answer is dropped as stale by a later producer.
+                return Err(Error::Timeout(format!(
+                    "no consumer of channel {name:?} answered from MPI rank {} within the rendezvous timeout; start it, or raise rendezvous_timeout",
+                    p.ep.peer
+                )));
+            }
+            backoff(&mut spins, false);
+        }
+    }
+
+    /// Starts sending `len` bytes at `ptr` to the consumer.
+    ///
+    /// # Safety
+    /// The bytes stay valid and unwritten until the send completes: they lie in `keep` (heap
+    /// memory, which does not move with it), or in memory a later entry of `sends` keeps.
+    /// Entries are dropped only once complete and in order (reap), or leaked (Drop).
+    unsafe fn post(&mut self, ptr: *const u8, len: usize, keep: Keep) -> Result<()> {
+        // SAFETY: the caller's contract.
+        match unsafe { self.ep.comm.isend(ptr, len, self.ep.peer, self.tag) } {
+            Ok(request) => {
+                self.sends.push_back((request, keep));
+                Ok(())
+            }
+            Err(e) => {
+                // Earlier sends may read what `keep` holds (the chunks of one message): leak it.
+                std::mem::forget(keep);
+                Err(self.failed(e))
+            }
+        }
+    }
+
+    /// Sends the first `len` bytes of `buffer`, which goes to the pool once sent.
+    fn post_buffer(&mut self, buffer: Vec<u8>, len: usize) -> Result<()> {
+        let ptr = buffer.as_ptr();
+        // SAFETY: the bytes are the buffer's heap memory, kept by its entry.
+        unsafe { self.post(ptr, len, Keep::Buffer(buffer)) }
+    }
+
+    /// Sends a header alone.
+    fn post_header(&mut self, header: Header) -> Result<()> {
+        let boxed = Box::new(header.to_bytes());
+        let ptr = boxed.as_ptr();
+        // SAFETY: the bytes are the box's heap memory, kept by its entry.
+        unsafe { self.post(ptr, Header::LEN, Keep::Hold(boxed)) }
+    }
+
+    fn failed(&self, error: Error) -> Error {
+        Error::Io {
+            context: format!("channel {:?} to MPI rank {}", self.name, self.ep.peer),
+            source: std::io::Error::other(error.to_string()),
+        }
+    }
+
+    /// Completes the sends that are done, oldest first, recycling their buffers.
+    fn reap(&mut self) -> Result<()> {
+        while let Some((request, _)) = self.sends.front_mut() {
+            if !self.ep.comm.test(request).map_err(|e| self.failed(e))? {
+                break;
+            }
+            if let Some((_, Keep::Buffer(buffer))) = self.sends.pop_front() {
+                if self.pool.len() < POOLED_BUFFERS {
+                    self.pool.push(buffer);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The consumer's next answer, if one has arrived: (length, header, body).
+    fn next_control(&mut self) -> Result<Option<(usize, Header, Vec<u8>)>> {
+        let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.control_tag).map_err(|e| self.failed(e))? else {
+            return Ok(None);
+        };
+        if len > Header::LEN + 4096 {
+            return Err(Error::Corrupt(format!("the consumer of channel {:?} sent an answer of {len} bytes", self.name)));
+        }
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `bytes` has the `len` bytes the probe reported.
+        unsafe { self.ep.comm.recv_probed(bytes.as_mut_ptr(), len, self.ep.peer, self.control_tag) }.map_err(|e| self.failed(e))?;
+        let header = Header::decode(&bytes, "consumer")?;
+        Ok(Some((len, header, bytes.split_off(Header::LEN))))
+    }
+
+    /// Reads the consumer's answers: credits and its close.
+    fn poll(&mut self) -> Result<()> {
+        self.reap()?;
+        while let Some((_, header, _)) = self.next_control()? {
+            match header.kind {
+                Kind::Credit => {
+                    if header.seq > self.head {
+                        return Err(Error::Corrupt(format!(
+                            "the consumer of channel {:?} reports {} messages released, but only {} were sent",
+                            self.name, header.seq, self.head
+                        )));
+                    }
+                    self.completed = self.completed.max(header.seq);
+                }
+                Kind::Closed => self.gone = Some(format!("the consumer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer)),
+                Kind::Ack | Kind::Refuse => {}
+                other => return Err(Error::Corrupt(format!("the consumer of channel {:?} sent {other:?}", self.name))),
+            }
+        }
+        Ok(())
+    }
+
+    fn check_gone(&self) -> Result<()> {
+        match &self.gone {
+            Some(why) => Err(Error::PeerGone(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.head - self.completed < self.capacity
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len == 0 || len > self.max_len {
+            return Err(Error::invalid(format!(
+                "a message of {len} bytes on channel {:?}: it must have 1 to {} bytes (the channel's pool_size)",
+                self.name, self.max_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// The header of the next message, asking for a credit when half the capacity is in
+    /// flight (so that a full channel never waits for one).
+    fn next_header(&self, len: usize, flags: u32) -> Header {
+        let mut header = Header::new(Kind::Data, self.head, len as u64);
+        header.flags = flags;
+        if self.head + 1 - self.completed >= self.capacity / 2 {
+            header.flags |= FLAG_REPORT;
+        }
+        header
+    }
+
+    fn wait_until(&mut self, deadline: Option<Instant>, mut done: impl FnMut(&Self) -> bool, what: &str) -> Result<()> {
+        let mut spins = 0;
+        loop {
+            self.poll()?;
+            if done(self) {
+                return Ok(());
+            }
+            self.check_gone()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout(format!("channel {:?}: {what}", self.name)));
+            }
+            backoff(&mut spins, self.busy);
+        }
+    }
+}
+
+impl ProducerTransport for MpiProducer {
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    fn max_message_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
+        self.check_len(len)?;
+        if self.loan.is_some() {
+            return Err(Error::InvalidState(format!("channel {:?} already lends room for a message; publish or cancel it first", self.name)));
+        }
+        self.poll()?;
+        self.check_gone()?;
+        if !self.has_room() {
+            return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.completed)));
+        }
+        let want = Header::LEN + len;
+        let mut buffer = match self.pool.iter().position(|b| b.len() >= want) {
+            Some(i) => self.pool.swap_remove(i),
+            None => vec![0u8; want],
+        };
+        let ptr = buffer[Header::LEN..].as_mut_ptr();
+        self.loan = Some(buffer);
+        Ok(RawLoan { ptr, len, token: self.head })
+    }
+
+    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
+        self.check_len(len)?;
+        self.wait_until(deadline, |p| p.has_room(), "no room: the consumer has not released enough messages")
+    }
+
+    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        let Some(mut buffer) = self.loan.take().filter(|_| loan.token == self.head) else {
+            return Err(Error::InvalidState(format!("that loan is not channel {:?}'s current one", self.name)));
+        };
+        if len == 0 || len > loan.len {
+            self.loan = Some(buffer);
+            return Err(Error::invalid(format!("publishing {len} bytes of a loan of {}", loan.len)));
+        }
+        let seq = self.head;
+        if len <= CHUNK {
+            self.next_header(len, 0).encode(&mut buffer[..Header::LEN]);
+            self.post_buffer(buffer, Header::LEN + len)?;
+        } else {
+            let header = self.next_header(len, FLAG_SPLIT);
+            let payload = buffer[Header::LEN..].as_ptr();
+            // SAFETY: `len` bytes of the buffer's heap memory, which the last chunk's entry keeps.
+            unsafe { self.send_split(header, payload, len, Keep::Buffer(buffer))? };
+        }
+        self.head += 1;
+        Ok(seq)
+    }
+
+    fn cancel(&mut self, loan: RawLoan) {
+        if loan.token == self.head {
+            if let Some(buffer) = self.loan.take() {
+                self.pool.push(buffer);
+            }
+        }
+    }
+
+    fn completed(&mut self) -> Result<u64> {
+        self.poll()?;
+        Ok(self.completed)
+    }
+
+    fn completed_hint(&self) -> u64 {
+        self.completed
+    }
+
+    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
+        if seq >= self.head {
+            return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
+        }
+        self.poll()?;
+        if self.completed > seq {
+            return Ok(());
+        }
+        if self.report_asked <= seq && self.gone.is_none() {
+            self.post_header(Header::new(Kind::ReportRequest, seq, 0))?;
+            self.report_asked = seq + 1;
+        }
+        self.wait_until(deadline, |p| p.completed > seq, &format!("message {seq} was not released by the consumer in time"))
+    }
+
+    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+        self.check_len(len)?;
+        if offset.checked_add(len).map_or(true, |end| end > region.arena_len()) {
+            return Err(Error::invalid(format!("{len} bytes at offset {offset} overrun a region of {} bytes", region.arena_len())));
+        }
+        self.wait_until(deadline, |p| p.has_room(), "no room: the consumer has not released enough messages")?;
+        let header = self.next_header(len, FLAG_SPLIT | FLAG_ZERO_COPY | FLAG_REPORT);
+        // SAFETY: offset + len lies in the region (checked), which `keep_alive` keeps mapped
+        // until the last chunk's send completes; the producer's user does not write it until
+        // the message is complete (the buffer send contract).
+        unsafe { self.send_split(header, region.base().add(offset), len, Keep::Hold(Box::new(region.keep_alive())))? };
+        let seq = self.head;
+        self.head += 1;
+        Ok(seq)
+    }
+
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        self.poll()?;
+        self.check_gone()?;
+        if !self.has_room() {
+            return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.completed)));
+        }
+        self.send_region(region, offset, len, None)
+    }
+}
+
+impl MpiProducer {
+    /// Sends a header alone, then the `len` bytes at `payload` in chunks, all posted at once.
+    ///
+    /// # Safety
+    /// `keep` keeps the payload valid and unwritten until its sends complete; it goes with the
+    /// last chunk.
+    unsafe fn send_split(&mut self, header: Header, payload: *const u8, len: usize, keep: Keep) -> Result<()> {
+        self.post_header(header)?;
+        let mut keep = Some(keep);
+        let mut start = 0;
+        while start < len {
+            let n = CHUNK.min(len - start);
+            let k = if start + n == len { keep.take().expect("the last chunk") } else { Keep::Nothing };
+            // SAFETY: inside the payload, which the caller keeps (through the last entry).
+            if let Err(e) = unsafe { self.post(payload.add(start), n, k) } {
+                // Chunks already posted read the payload: leak what keeps it.
+                std::mem::forget(keep);
+                return Err(e);
+            }
+            start += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MpiProducer {
+    fn drop(&mut self) {
+        if self.gone.is_none() {
+            let _ = self.post_header(Header::new(Kind::Close, self.head, 0));
+        }
+        // Sends complete once the consumer receives them; one that is gone never will: give
+        // them a moment, then leave them to MPI with their memory.
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        while !self.sends.is_empty() && Instant::now() < deadline {
+            if self.reap().is_err() {
+                break;
+            }
+            if self.gone.is_some() {
+                break;
+            }
+            let _ = self.poll();
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        for (request, keep) in self.sends.drain(..) {
+            self.ep.comm.abandon(request);
+            std::mem::forget(keep);
+        }
+    }
+}
+
+/// A little randomness for nonces, without a dependency.
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish() as u32
+}

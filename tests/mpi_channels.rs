@@ -1,0 +1,172 @@
+//! Channels between "hosts" over MPI: this test starts itself under `mpirun` with two ranks
+//! that lava-flow sees on different hosts (`LF_HOST_ID=a` and `b`) and Open MPI's TCP path,
+//! so the messages really cross MPI. Every payload kind in one order (copies inline and
+//! chunked, loans, buffer sends of CPU buffers), exactly once; completion; timeouts; a
+//! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is).
+#![cfg(feature = "mpi")]
+
+use std::process::Command;
+use std::time::Duration;
+
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind, WaitStrategy};
+use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
+use lava_flow::mpi::{Communicator, MpiWorld};
+use lava_flow::Error;
+
+const MESSAGES: u64 = 20_000;
+
+/// The length of message `seq`: mostly small, some over the inline limit, a few chunked.
+fn size_of(seq: u64) -> usize {
+    match seq % 1000 {
+        999 => 3 << 20,
+        n if n % 10 == 9 => 100_000,
+        n => 8 + (n as usize * 7) % 300,
+    }
+}
+
+fn fill(buf: &mut [u8], seq: u64) {
+    buf[..8].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in buf[8..].iter_mut().enumerate() {
+        *b = (seq as usize + i) as u8;
+    }
+}
+
+fn check(buf: &[u8], seq: u64) {
+    assert_eq!(buf.len(), size_of(seq), "message {seq}'s length");
+    assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()), seq, "message {seq} out of order");
+    assert!(buf[8..].iter().enumerate().all(|(i, &b)| b == (seq as usize + i) as u8), "message {seq}'s bytes");
+}
+
+fn config() -> ChannelConfig {
+    ChannelConfig {
+        wait: WaitStrategy::BusyPoll,
+        capacity: 64,
+        rendezvous_timeout: Some(Duration::from_secs(60)),
+        ..ChannelConfig::default()
+    }
+}
+
+fn role(world: &MpiWorld) {
+    let context = Context::new(ContextConfig::default()).unwrap();
+    let other = 1 - world.rank();
+    let mine = world.me().location().clone();
+    let peer = world.peer(other).unwrap().location().clone();
+    if world.rank() == 0 {
+        let mut p = Producer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
+        let report = p.transport().clone();
+        assert_eq!(report.kind, TransportKind::Mpi, "{}", report.reason);
+        assert!(report.reason.contains("mpi carries the messages") && report.reason.contains("staged through mpi"), "{}", report.reason);
+        let buffer = context.allocate(3 << 20, MemoryLocation::CpuStandard).unwrap();
+        for seq in 0..MESSAGES {
+            let len = size_of(seq);
+            let sent = match seq % 3 {
+                0 => {
+                    let mut bytes = vec![0u8; len];
+                    fill(&mut bytes, seq);
+                    p.send(&bytes).unwrap()
+                }
+                1 => {
+                    let mut loan = p.loan(len, None).unwrap();
+                    fill(loan.as_mut_slice(), seq);
+                    loan.publish().unwrap()
+                }
+                _ => {
+                    // A buffer send: the buffer may be rewritten once the message is complete.
+                    // SAFETY: the buffer's len bytes are ours; nothing reads them now.
+                    let bytes = unsafe { std::slice::from_raw_parts_mut(buffer.as_ptr(), len) };
+                    fill(bytes, seq);
+                    let sent = p.send_buffer(&buffer, 0, len).unwrap();
+                    p.wait_completed(sent, Some(Duration::from_secs(60))).unwrap();
+                    sent
+                }
+            };
+            assert_eq!(sent, seq);
+        }
+        // Completion of a copy: the producer asks for a report.
+        p.wait_completed(MESSAGES - 1, Some(Duration::from_secs(60))).unwrap();
+        assert!(p.completed().unwrap() >= MESSAGES);
+        // Messages too large are refused at once, saying why.
+        assert!(matches!(p.send(&vec![0u8; (16 << 20) + 1]), Err(Error::InvalidArgument(m)) if m.contains("pool_size")));
+        // A GPU buffer goes staged through MPI (where this process has a GPU).
+        if let Ok(gpu) = context.allocate(5 << 20, MemoryLocation::GpuDeviceLocal) {
+            if gpu.location().is_gpu() {
+                let mut bytes = vec![0u8; 5 << 20];
+                fill(&mut bytes, 7);
+                gpu.write_at(0, &bytes).unwrap();
+                p.send_buffer(&gpu, 0, 5 << 20).unwrap();
+            }
+        }
+        p.send(b"last").unwrap();
+    } else {
+        let mut c = Consumer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
+        assert_eq!(c.transport().kind, TransportKind::Mpi, "{}", c.transport().reason);
+        // Message 3k is held across the receive of 3k + 1, and released after it: releases
+        // out of order, all done before the buffer send 3k + 2, whose completion the
+        // producer waits for.
+        let mut held = None;
+        for seq in 0..MESSAGES {
+            let m = c.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|e| panic!("message {seq}: {e}"));
+            assert_eq!(m.sequence(), seq);
+            check(&m, seq);
+            assert_eq!(m.is_zero_copy(), seq % 3 == 2, "buffer sends say so");
+            match seq % 3 {
+                0 => held = Some(m),
+                1 => {
+                    drop(m);
+                    held = None;
+                }
+                _ => {}
+            }
+        }
+        let mut next = c.recv_timeout(Duration::from_secs(60)).unwrap();
+        if next.len() == 5 << 20 {
+            assert!(next.buffer().is_none() && !next.is_zero_copy(), "staged: host bytes");
+            let mut expected = vec![0u8; 5 << 20];
+            fill(&mut expected, 7);
+            assert!(*next == expected[..], "the staged GPU buffer's bytes");
+            drop(next);
+            next = c.recv_timeout(Duration::from_secs(60)).unwrap();
+        }
+        assert_eq!(&*next, b"last");
+        drop(next);
+        // Nothing more until the producer closes: PeerGone, not a hang.
+        assert!(matches!(c.try_recv(), Err(Error::WouldBlock(_)) | Err(Error::PeerGone(_))));
+        loop {
+            match c.recv_timeout(Duration::from_secs(60)) {
+                Err(Error::PeerGone(_)) => break,
+                Err(Error::Timeout(_)) => panic!("the producer's close never came"),
+                other => panic!("after the last message: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn channels_cross_mpi_between_hosts() {
+    if std::env::var_os("OMPI_COMM_WORLD_RANK").is_some() {
+        let world = MpiWorld::join(Communicator::World, None).unwrap();
+        assert_eq!(world.size(), 2);
+        role(&world);
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { panic!("no test executable") };
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]);
+    for host in ["a", "b"] {
+        if host == "b" {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", "1", "-x", &format!("LF_HOST_ID={host}")]);
+        cmd.arg(&exe).args(["--exact", "channels_cross_mpi_between_hosts", "--nocapture"]);
+    }
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let status = match cmd.status() {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(std::env::var_os("LF_REQUIRE_MPI").is_none(), "LF_REQUIRE_MPI is set but mpirun cannot start: {e}");
+            eprintln!("skipped: mpirun cannot start ({e})");
+            return;
+        }
+    };
+    assert!(status.success(), "the two ranks under mpirun: {status}");
+}
