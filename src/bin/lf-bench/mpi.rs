@@ -250,6 +250,20 @@ impl Comm {
         v
     }
 
+    fn send_text(&self, text: &str, tag: c_int) {
+        self.send(&(text.len() as u64).to_le_bytes(), tag);
+        self.send(text.as_bytes(), tag);
+    }
+
+    fn recv_text(&self, tag: c_int) -> String {
+        let mut len = [0u8; 8];
+        self.recv(&mut len, tag);
+        let len = usize::try_from(u64::from_le_bytes(len)).unwrap_or(0).min(1 << 20);
+        let mut text = vec![0u8; len];
+        self.recv(&mut text, tag);
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
     /// Every rank's flag, in rank order.
     fn all_gather_flag(&self, flag: bool) -> Vec<bool> {
         let mine: i32 = flag.into();
@@ -561,26 +575,34 @@ pub(crate) fn main() {
     };
     let opened = open(&context, &world, &tag, ping, &config);
     let failed = comm.all_gather_flag(opened.is_err());
-    let mut ends = None;
     let mut lava_flow = LavaFlowStatus { transport: None, error: None };
-    match opened {
-        Ok(e) if !failed.contains(&true) => {
-            let info = e.tx.transport();
-            lava_flow.transport = Some((info.names(), info.reason.clone()));
-            ends = Some(e);
-        }
-        Ok(_) => {
-            let ranks: Vec<String> = (0..2).filter(|&r| failed[r]).map(|r| r.to_string()).collect();
-            lava_flow.error = Some(format!("the channels could not be created on rank {} (its error is on stderr)", ranks.join(", ")));
-        }
-        Err(e) => {
-            // Rank 0's error is in the report; another rank's goes to stderr where rank 0's
-            // did not fail (both usually fail alike).
-            if !ping && !failed[0] {
-                eprintln!("lf-bench --mpi (rank {}): lava-flow channels not created: {e}", world.rank());
+    let mut ends = None;
+    if failed.contains(&true) {
+        // Rank 1's own words travel to rank 0: where only one rank failed, the other's error
+        // (a rendezvous time-out) is only the echo of it.
+        let mine = opened.as_ref().err().cloned().unwrap_or_default();
+        let theirs = if failed[1] {
+            if ping {
+                comm.recv_text(TAG_ACK)
+            } else {
+                comm.send_text(&mine, TAG_ACK);
+                String::new()
             }
-            lava_flow.error = Some(e);
+        } else {
+            String::new()
+        };
+        let mut errors = Vec::new();
+        if failed[0] {
+            errors.push(format!("rank 0: {}", if ping { &mine } else { "(see rank 0)" }));
         }
+        if failed[1] {
+            errors.push(format!("rank 1: {}", if ping { &theirs } else { &mine }));
+        }
+        lava_flow.error = Some(errors.join("\n"));
+    } else if let Ok(e) = opened {
+        let info = e.tx.transport();
+        lava_flow.transport = Some((info.names(), info.reason.clone()));
+        ends = Some(e);
     }
 
     let report_head = Report {
@@ -679,7 +701,10 @@ fn print_head(r: &Report, o: &Options, world: &MpiWorld) {
             }
         }
         (None, Some(error)) => {
-            println!("  lava-flow channels: NOT CREATED: {error}");
+            println!("  lava-flow channels: NOT CREATED:");
+            for line in error.lines() {
+                println!("    {line}");
+            }
             println!("  (only the raw MPI rows are measured)");
         }
         (None, None) => {}
