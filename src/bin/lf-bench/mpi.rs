@@ -713,9 +713,12 @@ fn print_head(r: &Report, o: &Options, world: &MpiWorld) {
     println!();
     println!(
         "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
-        "size", "iters", "raw p50", "raw p99", "lf p50", "lf p99", "lf-raw", "", "window", "iters", "raw MB/s", "lf MB/s", "lf/raw", ""
+        "size", "iters", "raw p50", "raw p99", "lf p50", "lf p99", "lf-raw", "target", "window", "iters", "raw MB/s", "lf MB/s", "lf/raw", "target"
     );
-    println!("  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} |", "", "", "us", "us", "us", "us", "us", "");
+    println!(
+        "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
+        "", "", "us", "us", "us", "us", "us", "+0.5us", "", "", "", "", "", ">=0.95"
+    );
 }
 
 fn verdict(v: Option<bool>) -> &'static str {
