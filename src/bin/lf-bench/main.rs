@@ -25,9 +25,15 @@
 //!
 //! `lf-bench --gpu [--quick] [--json]` measures GPU buffers through channels instead: see
 //! `gpu.rs`.
+//!
+//! `mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b
+//! lf-bench --mpi [...]` measures lava-flow channels between two MPI ranks against raw MPI
+//! between the same ranks (built with the cargo feature `mpi`): see `mpi.rs`.
 
 #[cfg(feature = "vulkan")]
 mod gpu;
+#[cfg(feature = "mpi")]
+mod mpi;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,6 +113,8 @@ fn options() -> Options {
             "--window" => o.window = value(&mut i).parse().unwrap_or_else(|_| die("bad --window")),
             "-h" | "--help" => {
                 println!("usage: lf-bench [--quick] [--json] [--sizes LIST] [--bw-sizes LIST] [--iters N] [--modes busy,block,ffi] [--payloads zero-copy,touch,buffer,buf-touch,copy] [--window W] [--no-pin]");
+                println!("       lf-bench --gpu [--quick] [--json]");
+                println!("       mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [--quick] [--json]   (see lf-bench --mpi --help)");
                 std::process::exit(0);
             }
             other => die(&format!("unknown option {other}")),
@@ -930,6 +938,15 @@ fn main() {
         }
         #[cfg(not(feature = "vulkan"))]
         die("this lf-bench was built without the cargo feature `vulkan`");
+    }
+    if std::env::args().any(|a| a == "--mpi") {
+        #[cfg(feature = "mpi")]
+        {
+            mpi::main();
+            return;
+        }
+        #[cfg(not(feature = "mpi"))]
+        die("this lf-bench was built without MPI support: build it with `cargo build --release --features mpi --bin lf-bench` (needs the MPI headers and libclang)");
     }
     let o = options();
     // A private runtime dir unless the caller chose one.
