@@ -103,7 +103,7 @@ fn role(world: &MpiWorld) {
         // Message 3k is held across the receive of 3k + 1, and released after it: releases
         // out of order, all done before the buffer send 3k + 2, whose completion the
         // producer waits for.
-        let mut held = None;
+        let mut held: Option<lava_flow::channels::Message> = None;
         for seq in 0..MESSAGES {
             let m = c.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|e| panic!("message {seq}: {e}"));
             assert_eq!(m.sequence(), seq);
@@ -113,7 +113,7 @@ fn role(world: &MpiWorld) {
                 0 => held = Some(m),
                 1 => {
                     drop(m);
-                    held = None;
+                    drop(held.take().expect("message 3k is held"));
                 }
                 _ => {}
             }
