@@ -7,6 +7,8 @@
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use mpi_sys as ffi;
 use parking_lot::Mutex;
@@ -75,6 +77,7 @@ pub(crate) fn join(fortran_comm: Option<i64>) -> Result<Joined> {
     }
     match join_initialised(fortran_comm, lifecycle.initialised_by_lava_flow) {
         Ok(mut joined) => {
+            THREADS_ALLOWED.store(joined.thread_level >= ThreadLevel::Serialized, Ordering::Relaxed);
             lifecycle.live_worlds += 1;
             joined.comm.is_world = true;
             Ok(joined)
@@ -262,6 +265,10 @@ impl Drop for PrivateComm {
 fn leave() {
     let mut lifecycle = LIFECYCLE.lock();
     lifecycle.live_worlds = lifecycle.live_worlds.saturating_sub(1);
+    if lifecycle.live_worlds == 0 {
+        // No MPI call after this: the application may finalize MPI now.
+        Progress::stop();
+    }
     finish(&mut lifecycle);
 }
 
@@ -330,8 +337,75 @@ fn check(rc: c_int, call: &str, hint: &str) -> Result<()> {
 }
 
 /// Serialises lava-flow's point-to-point calls: with it, channels in several threads need
-/// only `MPI_THREAD_SERIALIZED` (channels refuse a lower level).
+/// only `MPI_THREAD_SERIALIZED`.
 static CALLS: Mutex<()> = Mutex::new(());
+
+/// Whether MPI's thread level lets lava-flow call MPI from a thread of its own.
+static THREADS_ALLOWED: AtomicBool = AtomicBool::new(false);
+/// Sends and receives lava-flow has started and not seen complete.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// MPI moves a message only while the processes at both ends call into it. A channel's end
+/// that waits for something else (another channel's shared memory, the application's own
+/// work) would stall its peer's large transfers, which need several steps of both; so, while
+/// any of lava-flow's operations is pending, a thread of lava-flow's enters MPI's progress
+/// engine every few microseconds (a probe on MPI_COMM_SELF). It exists where MPI's thread
+/// level is SERIALIZED or MULTIPLE, and stops when the last world is freed.
+struct Progress {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+static PROGRESS: Mutex<Option<Progress>> = Mutex::new(None);
+
+impl Progress {
+    /// Notes an operation started, and starts the thread if it can and has not yet.
+    fn started() {
+        PENDING.fetch_add(1, Ordering::Relaxed);
+        if !THREADS_ALLOWED.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut progress = PROGRESS.lock();
+        if progress.is_some() {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let spawned = std::thread::Builder::new().name("lava-flow-mpi-progress".into()).spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                if PENDING.load(Ordering::Relaxed) == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    continue;
+                }
+                {
+                    let _calls = CALLS.lock();
+                    let mut found: c_int = 0;
+                    // SAFETY: MPI is initialised and not finalized (the thread stops before the
+                    // last world goes); COMM_SELF is predefined; the status is ignored.
+                    unsafe {
+                        ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, ffi::RSMPI_ANY_TAG, ffi::RSMPI_COMM_SELF, &mut found, ffi::RSMPI_STATUS_IGNORE);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        });
+        // Without the thread, progress still happens inside the channels' calls.
+        if let Ok(thread) = spawned {
+            *progress = Some(Progress { stop, thread });
+        }
+    }
+
+    fn finished() {
+        PENDING.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn stop() {
+        if let Some(p) = PROGRESS.lock().take() {
+            p.stop.store(true, Ordering::Relaxed);
+            let _ = p.thread.join();
+        }
+    }
+}
 
 /// A nonblocking operation in flight. Its buffer must stay valid and untouched until
 /// [`PrivateComm::test`] says it is complete; dropping an incomplete request is a bug
@@ -353,6 +427,7 @@ impl PrivateComm {
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = unsafe { ffi::MPI_Isend(buf.cast(), count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut request) };
         check(rc, "MPI_Isend", "")?;
+        Progress::started();
         Ok(Request(request))
     }
 
@@ -368,6 +443,7 @@ impl PrivateComm {
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = unsafe { ffi::MPI_Irecv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, &mut request) };
         check(rc, "MPI_Irecv", "")?;
+        Progress::started();
         Ok(Request(request))
     }
 
@@ -379,6 +455,9 @@ impl PrivateComm {
         // the status is ignored.
         let rc = unsafe { ffi::MPI_Test(&mut request.0, &mut done, ffi::RSMPI_STATUS_IGNORE) };
         check(rc, "MPI_Test", "")?;
+        if done != 0 {
+            Progress::finished();
+        }
         Ok(done != 0)
     }
 
@@ -389,6 +468,7 @@ impl PrivateComm {
         let rc = unsafe { ffi::MPI_Cancel(&mut request.0) };
         check(rc, "MPI_Cancel", "")?;
         let rc = unsafe { ffi::MPI_Wait(&mut request.0, ffi::RSMPI_STATUS_IGNORE) };
+        Progress::finished();
         check(rc, "MPI_Wait of a cancelled receive", "")
     }
 
@@ -398,6 +478,7 @@ impl PrivateComm {
         let _calls = CALLS.lock();
         // SAFETY: a live request; MPI frees it when it completes, if ever.
         unsafe { ffi::MPI_Request_free(&mut request.0) };
+        Progress::finished();
     }
 
     /// The length of the next message from `source` with `tag`, if one has arrived.

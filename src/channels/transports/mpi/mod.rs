@@ -21,11 +21,13 @@
 //!   messages in flight). Credits go when the producer asks for one in a message's flags
 //!   (buffer sends, and messages sent with half the capacity in flight), every quarter of the
 //!   capacity, and when the producer waits for a completion (a report request in the stream).
-//! - **Progress.** No thread of lava-flow's drives MPI: progress happens inside the calls of
-//!   either side (sends, receives, waits, releases), except for [`ConsumerTransport::notify_fd`]
-//!   which starts a thread that probes for messages every 100 µs. lava-flow serialises its MPI
-//!   calls, so channels need `MPI_THREAD_SERIALIZED`, or the application's threads must not
-//!   call MPI while lava-flow does (`MPI_THREAD_FUNNELED`/`SINGLE`: one thread only).
+//! - **Progress.** Progress happens inside the calls of either side (sends, receives, waits,
+//!   releases), and, while any of lava-flow's MPI operations is pending, in a thread of
+//!   lava-flow's that enters MPI's progress engine every few microseconds (`crate::mpi`): a
+//!   process that waits for something else (another channel's shared memory, its own work)
+//!   would otherwise stall its peer's large transfers, which need steps of both. The thread
+//!   needs `MPI_THREAD_SERIALIZED` or `MULTIPLE`; lava-flow serialises its own MPI calls.
+//!   [`ConsumerTransport::notify_fd`] starts a thread that probes for messages every 100 µs.
 //! - **Ends.** A producer that closes sends a close message after its last message: the
 //!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
 //!   producer, whose next call is `PeerGone`. A killed process is MPI's business: with

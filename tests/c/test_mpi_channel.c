@@ -1,0 +1,249 @@
+/* Channels through the C API under mpirun, with the peers' locations from MPI discovery:
+ *
+ *   test_mpi_channel pair   two ranks on different "hosts" (LF_HOST_ID per app context): a
+ *                           channel over MPI; copies (inline and chunked), loans and buffer
+ *                           sends in one order, exactly once; completion; a receive timeout;
+ *                           the producer's close seen as LF_ERR_PEER_GONE. The application
+ *                           initialises and finalizes MPI itself (MPI_THREAD_MULTIPLE).
+ *   test_mpi_channel ring   four ranks, two per "host": rank r produces to rank r+1 (mod 4),
+ *                           so two channels stay on one host (shm) and two cross hosts (mpi),
+ *                           with the same code; each report says which. lava-flow initialises
+ *                           MPI.
+ *
+ * Every rank checks what it sees and exits non-zero on any failure, so mpirun fails. */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+#include "check.h"
+
+#define SECOND 1000000000LL
+
+static int world_rank = -1;
+
+/* Message `seq`: mostly small, some above the inline limit, a few chunked (2 MiB). */
+static size_t size_of(uint64_t seq) {
+    if (seq % 500 == 499) return 2u << 20;
+    if (seq % 10 == 9) return 70000;
+    return 8 + (size_t)(seq * 13 % 200);
+}
+
+static void fill(unsigned char *p, size_t len, uint64_t seq) {
+    memcpy(p, &seq, 8);
+    for (size_t i = 8; i < len; i++) p[i] = (unsigned char)(seq + i);
+}
+
+static int check_message(const lf_message *m, uint64_t seq) {
+    if (m->len != size_of(seq) || m->sequence != seq) return 0;
+    const unsigned char *p = m->data;
+    uint64_t got;
+    memcpy(&got, p, 8);
+    if (got != seq) return 0;
+    for (size_t i = 8; i < m->len; i++)
+        if (p[i] != (unsigned char)(seq + i)) return 0;
+    return 1;
+}
+
+static lf_channel *open_channel(lf_context *ctx, lf_mpi *mpi, const char *name, uint32_t role, int32_t peer) {
+    lf_location *mine = NULL, *theirs = NULL;
+    lf_channel *ch = NULL;
+    EXPECT(lf_mpi_location(mpi, world_rank, &mine), LF_OK);
+    EXPECT(lf_mpi_location(mpi, peer, &theirs), LF_OK);
+    lf_channel_config cfg;
+    EXPECT(lf_channel_config_default(&cfg), LF_OK);
+    cfg.rendezvous_timeout_ns = 60 * SECOND;
+    cfg.capacity = 32;
+    EXPECT(lf_channel_create(ctx, name, role, mine, theirs, &cfg, &ch), LF_OK);
+    lf_location_free(mine);
+    lf_location_free(theirs);
+    return ch;
+}
+
+static const char *transport_of(lf_channel *ch) {
+    const char *name = NULL, *reason = NULL;
+    EXPECT(lf_channel_transport(ch, &name, &reason), LF_OK);
+    printf("[rank %d] transport %s: %s\n", world_rank, name ? name : "?", reason ? reason : "?");
+    return name ? name : "";
+}
+
+static void produce(lf_context *ctx, lf_channel *ch, uint64_t count) {
+    lf_buffer *buffer = NULL;
+    void *base = NULL;
+    EXPECT(lf_alloc(ctx, 2u << 20, LF_MEMORY_CPU_STANDARD, -1, 0, &buffer), LF_OK);
+    EXPECT(lf_buffer_ptr(buffer, &base), LF_OK);
+    unsigned char *scratch = malloc(2u << 20);
+    for (uint64_t seq = 0; seq < count && failures == 0; seq++) {
+        size_t len = size_of(seq);
+        uint64_t sent = UINT64_MAX;
+        switch (seq % 3) {
+        case 0:
+            fill(scratch, len, seq);
+            EXPECT(lf_send(ch, scratch, len, 60 * SECOND, &sent), LF_OK);
+            break;
+        case 1: {
+            lf_loan_region loan;
+            EXPECT(lf_loan(ch, len, 60 * SECOND, &loan), LF_OK);
+            fill(loan.data, len, seq);
+            EXPECT(lf_publish(ch, &loan, len, &sent), LF_OK);
+            break;
+        }
+        default:
+            fill(base, len, seq);
+            EXPECT(lf_send_buffer(ch, buffer, 0, len, 60 * SECOND, &sent), LF_OK);
+            /* The buffer is reused: wait until the consumer has released this message. */
+            EXPECT(lf_wait_completed(ch, sent, 60 * SECOND), LF_OK);
+            break;
+        }
+        CHECK(sent == seq);
+    }
+    EXPECT(lf_wait_completed(ch, count - 1, 60 * SECOND), LF_OK);
+    /* Too large for the channel: refused, saying why. */
+    EXPECT(lf_send(ch, scratch, (size_t)64 << 20, SECOND, NULL), LF_ERR_INVALID_ARGUMENT);
+    free(scratch);
+    lf_free(buffer);
+}
+
+static void consume(lf_channel *ch, uint64_t count) {
+    lf_message held;
+    int holding = 0;
+    for (uint64_t seq = 0; seq < count && failures == 0; seq++) {
+        lf_message m;
+        EXPECT(lf_recv(ch, 60 * SECOND, &m), LF_OK);
+        if (!check_message(&m, seq)) {
+            fprintf(stderr, "[rank %d] message %llu is wrong (sequence %llu, %zu bytes)\n", world_rank,
+                    (unsigned long long)seq, (unsigned long long)m.sequence, m.len);
+            failures++;
+        }
+        CHECK(((m.flags & LF_MESSAGE_ZERO_COPY) != 0) == (seq % 3 == 2));
+        /* Message 3k is released after 3k + 1: out of order, before the buffer send 3k + 2. */
+        if (seq % 3 == 0) {
+            held = m;
+            holding = 1;
+        } else {
+            EXPECT(lf_release(ch, &m), LF_OK);
+            if (holding) EXPECT(lf_release(ch, &held), LF_OK);
+            holding = 0;
+        }
+    }
+    if (holding) EXPECT(lf_release(ch, &held), LF_OK);
+    /* A view released twice is refused. */
+    lf_message again = held;
+    EXPECT(lf_release(ch, &again), LF_ERR_INVALID_STATE);
+}
+
+static int run_pair(void) {
+    int provided = 0;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    lf_mpi *mpi = NULL;
+    lf_context *ctx = NULL;
+    EXPECT(lf_mpi_join(LF_MPI_COMM_WORLD, NULL, &mpi), LF_OK);
+    EXPECT(lf_context_create(NULL, &ctx), LF_OK);
+    if (mpi == NULL || ctx == NULL) return 1;
+    const uint64_t count = 30000;
+    if (world_rank == 0) {
+        lf_channel *ch = open_channel(ctx, mpi, "pair", LF_ROLE_PRODUCER, 1);
+        if (ch == NULL) return 1;
+        CHECK(strcmp(transport_of(ch), "mpi") == 0);
+        produce(ctx, ch, count);
+        lf_channel_free(ch);
+        /* A location that did not come from MPI discovery cannot reach another host. */
+        lf_location *mine = NULL, *far = NULL;
+        lf_channel *none = NULL;
+        EXPECT(lf_location_detect(&mine), LF_OK);
+        EXPECT(lf_location_new("elsewhere", LF_UNSET, LF_UNSET, &far), LF_OK);
+        lf_channel_config cfg;
+        EXPECT(lf_channel_config_default(&cfg), LF_OK);
+        EXPECT(lf_channel_create(ctx, "nowhere", LF_ROLE_PRODUCER, mine, far, &cfg, &none), LF_ERR_UNSUPPORTED);
+        EXPECT_MESSAGE("MPI discovery");
+        lf_location_free(mine);
+        lf_location_free(far);
+    } else {
+        lf_channel *ch = open_channel(ctx, mpi, "pair", LF_ROLE_CONSUMER, 0);
+        if (ch == NULL) return 1;
+        CHECK(strcmp(transport_of(ch), "mpi") == 0);
+        consume(ch, count);
+        /* Then the producer closes: PEER_GONE, after a timeout or two while it finishes. */
+        lf_message m;
+        lf_status s;
+        while ((s = lf_recv(ch, 60 * SECOND, &m)) == LF_ERR_TIMEOUT) {
+        }
+        EXPECT(s, LF_ERR_PEER_GONE);
+        EXPECT(lf_try_recv(ch, &m), LF_ERR_PEER_GONE);
+        lf_channel_free(ch);
+    }
+    lf_context_free(ctx);
+    lf_mpi_free(mpi);
+    int flag = 0;
+    MPI_Finalized(&flag);
+    CHECK(!flag); /* the application's MPI: lava-flow leaves it running */
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    return failures ? 1 : 0;
+}
+
+static int run_ring(void) {
+    lf_mpi *mpi = NULL;
+    lf_context *ctx = NULL;
+    EXPECT(lf_mpi_join(LF_MPI_COMM_WORLD, NULL, &mpi), LF_OK);
+    EXPECT(lf_context_create(NULL, &ctx), LF_OK);
+    if (mpi == NULL || ctx == NULL) return 1;
+    int32_t size = 0;
+    EXPECT(lf_mpi_rank(mpi, &world_rank), LF_OK);
+    EXPECT(lf_mpi_size(mpi, &size), LF_OK);
+    CHECK(size == 4);
+    int32_t next = (world_rank + 1) % size, prev = (world_rank + size - 1) % size;
+    /* Ranks 0, 1 share one host, 2, 3 the other: 0->1 and 2->3 stay local. */
+    int local_out = world_rank % 2 == 0;
+    char out_name[32], in_name[32];
+    snprintf(out_name, sizeof out_name, "ring-%d", (int)world_rank);
+    snprintf(in_name, sizeof in_name, "ring-%d", (int)prev);
+    /* Producers on even ranks first, so every rendezvous has its peer waiting. */
+    lf_channel *out = NULL, *in = NULL;
+    if (world_rank % 2 == 0) {
+        out = open_channel(ctx, mpi, out_name, LF_ROLE_PRODUCER, next);
+        in = open_channel(ctx, mpi, in_name, LF_ROLE_CONSUMER, prev);
+    } else {
+        in = open_channel(ctx, mpi, in_name, LF_ROLE_CONSUMER, prev);
+        out = open_channel(ctx, mpi, out_name, LF_ROLE_PRODUCER, next);
+    }
+    if (out == NULL || in == NULL) return 1;
+    /* Local channels are "shm" (or "shm+vulkan_ipc" where there is a GPU), remote ones "mpi". */
+    CHECK(strncmp(transport_of(out), local_out ? "shm" : "mpi", 3) == 0);
+    CHECK(strncmp(transport_of(in), local_out ? "mpi" : "shm", 3) == 0);
+    const uint64_t count = 2000;
+    unsigned char *scratch = malloc(2u << 20);
+    for (uint64_t seq = 0; seq < count && failures == 0; seq++) {
+        size_t len = size_of(seq);
+        fill(scratch, len, seq);
+        EXPECT(lf_send(out, scratch, len, 60 * SECOND, NULL), LF_OK);
+        lf_message m;
+        EXPECT(lf_recv(in, 60 * SECOND, &m), LF_OK);
+        CHECK(check_message(&m, seq));
+        EXPECT(lf_release(in, &m), LF_OK);
+    }
+    free(scratch);
+    lf_channel_free(out);
+    lf_channel_free(in);
+    lf_context_free(ctx);
+    lf_mpi_free(mpi); /* lava-flow initialised MPI: this finalizes it */
+    return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    int rc;
+    if (strcmp(mode, "pair") == 0) {
+        rc = run_pair();
+    } else if (strcmp(mode, "ring") == 0) {
+        rc = run_ring();
+    } else {
+        fprintf(stderr, "usage: test_mpi_channel pair|ring\n");
+        return 2;
+    }
+    printf("[rank %d] %s: %s\n", world_rank, mode, rc ? "FAILED" : "passed");
+    return rc;
+}
