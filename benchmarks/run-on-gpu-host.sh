@@ -8,6 +8,7 @@
 #                                                      (the binaries it names, stripped)
 #   .device/lf-bench, .device/lf-gpu-bench             cargo build --release --all-features --bin ...
 #   .device/lf-gpu-bench-before (optional)             the same from an earlier commit, to compare
+#   .device/lf-bench-mpi (optional)                    lf-bench with the mpi feature (needs the host's libmpi)
 #   .device/prefix          cmake --install of a Release build (-DBUILD_TESTING=OFF)
 #   .gl/*.deb               the Vulkan loader packages (libvulkan1 etc.), when the host lacks one
 # SKIP_BENCH=1 runs only the tests and the examples.
@@ -51,6 +52,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   TAIL=14 run lf-bench-quick timeout 150 .device/lf-bench --quick --modes busy,block
+  # Channels over MPI between two ranks that lava-flow sees on two hosts, beside raw MPI
+  # (.device/lf-bench-mpi: lf-bench built with the mpi feature, when carried).
+  if [ -x .device/lf-bench-mpi ] && command -v mpirun > /dev/null; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    pair="-np 1 -x LF_HOST_ID=a .device/lf-bench-mpi --mpi : -np 1 -x LF_HOST_ID=b .device/lf-bench-mpi --mpi"
+    TAIL=14 run lf-bench-mpi-vader timeout 120 mpirun --oversubscribe --mca btl self,vader $pair
+    TAIL=14 run lf-bench-mpi-tcp timeout 120 mpirun --oversubscribe --mca btl self,tcp --mca btl_tcp_if_include lo $pair
+  fi
   # Host transfers, staged and direct; with a build from before a change when one is carried
   # (.device/lf-gpu-bench-before), alternated with it in the same run.
   for round in 1 2; do
