@@ -41,9 +41,9 @@ pub use super::rendezvous::Section;
 pub enum TransportKind {
     /// CPU shared memory on one host (memfd + SPSC ring + payload pool).
     Shm,
-    /// GPU memory shared through Vulkan external memory on one host (not built yet).
+    /// GPU memory shared through Vulkan external memory on one host.
     VulkanIpc,
-    /// MPI between hosts (not built yet).
+    /// MPI between hosts.
     Mpi,
 }
 

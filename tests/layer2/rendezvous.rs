@@ -69,15 +69,15 @@ fn rendezvous_timeout_and_refusals() {
             let err = Consumer::create(&ctx(), "nobody-home", &here(), &here(), &cfg).unwrap_err();
             assert!(matches!(err, Error::Timeout(_)), "{err}");
 
-            // Remote scope: a clear message until the MPI transport lands.
+            // Remote scope with a location that did not come from MPI discovery: a clear message.
             let far = ProcessLocation::new("some-other-host", None, None).unwrap();
             let err = Producer::create(&ctx(), "far", &here(), &far, &cfg).unwrap_err();
-            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport available")), "{err}");
+            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport can reach the peer") && m.contains("lf_mpi_location")), "{err}");
 
             // LF_TRANSPORTS names an unavailable transport: creation fails and says why.
             std::env::set_var("LF_TRANSPORTS", "mpi");
             let err = Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg).unwrap_err();
-            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("LF_TRANSPORTS=mpi") && m.contains("mpi is not built yet")), "{err}");
+            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("LF_TRANSPORTS=mpi") && (m.contains("MPI discovery") || m.contains("mpi is not in this build"))), "{err}");
             std::env::set_var("LF_TRANSPORTS", "bogus");
             assert!(matches!(Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
             std::env::remove_var("LF_TRANSPORTS");
