@@ -16,6 +16,9 @@
 //!   (`import-pool`, the arena's size shown) and for buffers with arenas of their own; and
 //!   the arenas imported for all the messages of the run (re-imports per message: none).
 //!
+//! - `one-thread`: the software cost per message without a second core: both ends of one
+//!   channel in the ping process, each 64 B message or hand-off sent, received and released
+//!   on one thread.
 //! - `cross-gpu` (hosts with two GPUs): GPU buffers to a consumer on the other GPU, staged
 //!   through host memory by the channel and uploaded by the consumer, against the slower of
 //!   the two halves (GPU to host, host to GPU) measured alone.
@@ -149,6 +152,36 @@ fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize, keep: 
     bytes.extend_from_slice(&local.to_le_bytes());
     ends.tx.send(&bytes).expect("send rates");
     None
+}
+
+/// The software cost of one message, without a second core: a producer and a consumer of one
+/// channel in this process, each message sent, received and released on this thread, for 64 B
+/// messages and for hand-offs of a GPU buffer (best of three rounds, ns per message).
+fn one_thread_cost(context: &Context, tag: &str, iters: usize) -> (f64, f64) {
+    let here = ProcessLocation::from_hostname().expect("hostname");
+    let cfg = ChannelConfig { wait: WaitStrategy::BusyPoll, rendezvous_timeout: Some(Duration::from_secs(60)), ..ChannelConfig::default() };
+    let name = format!("{tag}-one");
+    let (c2, n2, h2, cfg2) = (context.clone(), name.clone(), here.clone(), cfg.clone());
+    let consumer = std::thread::spawn(move || Consumer::create(&c2, &n2, &h2, &h2, &cfg2));
+    let mut tx = Producer::create(context, &name, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+    let mut rx = consumer.join().expect("consumer thread").unwrap_or_else(|e| die(&e.to_string()));
+    let buffer = context.allocate(4096, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
+    let small = [7u8; 64];
+    let mut best = [f64::MAX; 2];
+    for _ in 0..3 {
+        for (i, gpu) in [false, true].into_iter().enumerate() {
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                let seq = if gpu { tx.send_buffer(&buffer, 0, 4096) } else { tx.send(&small) }.expect("send");
+                let m = rx.recv().expect("recv");
+                std::hint::black_box(m.len());
+                drop(m);
+                tx.wait_completed(seq, None).expect("completion");
+            }
+            best[i] = best[i].min(t0.elapsed().as_nanos() as f64 / iters as f64);
+        }
+    }
+    (best[0], best[1])
 }
 
 /// A buffer of `size` bytes in an arena never sent before: its own arena (over a quarter of
@@ -338,6 +371,8 @@ pub(crate) fn main(quick: bool, json: bool) {
         std::process::exit(0);
     }
     drop(ends);
+    let (cost_64, cost_handoff) = one_thread_cost(&context, &tag, if quick { 200_000 } else { 1_000_000 });
+    row("one-thread", 64, Some((cost_64, cost_handoff)), "ns/message 64 B / hand-off");
     let mut status = 0;
     // SAFETY: waiting for the child we forked.
     unsafe { libc::waitpid(child, &mut status, 0) };
@@ -362,6 +397,7 @@ pub(crate) fn main(quick: bool, json: bool) {
         let ratio = match name.as_str() {
             "handoff" => format!("  p50 = {:.2}x the 64 B message (target <= 1.2x)", a / bytes64),
             "copy" => format!("  imported/in-process = {:.3} (target >= 0.95)", a / b),
+            "one-thread" => format!("  a hand-off's software costs {:.0} ns more than a 64 B message", b - a),
             "cross-gpu" => format!("  staged / slower of (GPU-to-host, host-to-GPU) = {:.2}", a / b),
             _ => String::new(),
         };
