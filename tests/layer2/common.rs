@@ -191,9 +191,15 @@ pub fn size_of(seq: u64) -> usize {
 
 /// Runs a test's consumer and producer children and checks that they pass and leave nothing.
 pub fn run_pair(test: &str, dir_name: &str) {
+    run_pair_with(test, dir_name, &[]);
+}
+
+/// Runs `test`'s consumer and producer roles with `args`, in a fresh runtime dir that must be
+/// left empty.
+pub fn run_pair_with(test: &str, dir_name: &str, args: &[(&str, String)]) {
     let dir = test_dir(dir_name);
-    let c = spawn(test, "consumer", &dir, &[]);
-    let p = spawn(test, "producer", &dir, &[]);
+    let c = spawn(test, "consumer", &dir, args);
+    let p = spawn(test, "producer", &dir, args);
     wait_ok(p, "producer");
     wait_ok(c, "consumer");
     assert_dir_empty(&dir);

@@ -232,13 +232,7 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
                 return;
             }
             for case in ["shm-only", "no-gpu-consumer"] {
-                let dir = test_dir(&format!("gpu-staged-{case}"));
-                let args = [("case", case.to_owned())];
-                let c = spawn(TEST, "consumer", &dir, &args);
-                let p = spawn(TEST, "producer", &dir, &args);
-                wait_ok(p, "producer");
-                wait_ok(c, "consumer");
-                assert_dir_empty(&dir);
+                run_pair_with(TEST, &format!("gpu-staged-{case}"), &[("case", case.to_owned())]);
             }
         }
     }
@@ -756,13 +750,7 @@ fn sends_from_a_gpu_mapping_go_by_reference() {
                 return;
             }
             for case in ["auto", "copy", "shm-only"] {
-                let dir = test_dir(&format!("gpu-mapped-{case}"));
-                let args = [("case", case.to_owned())];
-                let c = spawn(TEST, "consumer", &dir, &args);
-                let p = spawn(TEST, "producer", &dir, &args);
-                wait_ok(p, "producer");
-                wait_ok(c, "consumer");
-                assert_dir_empty(&dir);
+                run_pair_with(TEST, &format!("gpu-mapped-{case}"), &[("case", case.to_owned())]);
             }
         }
     }

@@ -43,13 +43,8 @@ fn either_start_order() {
         Some(role) => exchange(role),
         None => {
             for first in ["consumer", "producer"] {
-                let dir = test_dir(&format!("order-{first}"));
                 let args = [("delay", if first == "consumer" { "producer" } else { "consumer" }.to_owned())];
-                let c = spawn(TEST, "consumer", &dir, &args);
-                let p = spawn(TEST, "producer", &dir, &args);
-                wait_ok(p, "producer");
-                wait_ok(c, "consumer");
-                assert_dir_empty(&dir);
+                run_pair_with(TEST, &format!("order-{first}"), &args);
             }
         }
     }
