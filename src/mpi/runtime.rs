@@ -340,6 +340,15 @@ fn check(rc: c_int, call: &str, hint: &str) -> Result<()> {
 /// only `MPI_THREAD_SERIALIZED`.
 static CALLS: Mutex<()> = Mutex::new(());
 
+/// lava-flow's MPI calls so far: the progress thread stays out of the way while they come.
+static CALL_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes the call lock for one of lava-flow's MPI calls.
+fn calls() -> parking_lot::MutexGuard<'static, ()> {
+    CALL_COUNT.fetch_add(1, Ordering::Relaxed);
+    CALLS.lock()
+}
+
 /// Whether MPI's thread level lets lava-flow call MPI from a thread of its own.
 static THREADS_ALLOWED: AtomicBool = AtomicBool::new(false);
 /// Sends and receives lava-flow has started and not seen complete.
@@ -349,7 +358,8 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// that waits for something else (another channel's shared memory, the application's own
 /// work) would stall its peer's large transfers, which need several steps of both; so, while
 /// any of lava-flow's operations is pending, a thread of lava-flow's enters MPI's progress
-/// engine every few microseconds (a probe on MPI_COMM_SELF). It exists where MPI's thread
+/// engine every few tens of microseconds (a probe on MPI_COMM_SELF) when lava-flow's own calls
+/// have been quiet since its last look. It exists where MPI's thread
 /// level is SERIALIZED or MULTIPLE, and stops when the last world is freed.
 struct Progress {
     stop: Arc<AtomicBool>,
@@ -372,9 +382,18 @@ impl Progress {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let spawned = std::thread::Builder::new().name("lava-flow-mpi-progress".into()).spawn(move || {
+            let mut seen = usize::MAX;
             while !flag.load(Ordering::Relaxed) {
                 if PENDING.load(Ordering::Relaxed) == 0 {
                     std::thread::sleep(std::time::Duration::from_micros(200));
+                    continue;
+                }
+                // Channels calling MPI themselves drive its progress: enter only when they
+                // have been quiet since the last look.
+                let now = CALL_COUNT.load(Ordering::Relaxed);
+                if now != seen {
+                    seen = now;
+                    std::thread::sleep(std::time::Duration::from_micros(20));
                     continue;
                 }
                 {
@@ -422,7 +441,7 @@ impl PrivateComm {
     /// `buf` stays valid for `len` bytes, unwritten, until the request is complete.
     pub(crate) unsafe fn isend(&self, buf: *const u8, len: usize, dest: u32, tag: i32) -> Result<Request> {
         let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
-        let _calls = CALLS.lock();
+        let _calls = calls();
         // SAFETY: reading an extern static; the caller keeps the buffer valid as required.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = unsafe { ffi::MPI_Isend(buf.cast(), count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut request) };
@@ -438,7 +457,7 @@ impl PrivateComm {
     /// complete (or cancelled and completed).
     pub(crate) unsafe fn irecv(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<Request> {
         let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
-        let _calls = CALLS.lock();
+        let _calls = calls();
         // SAFETY: as for isend.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = unsafe { ffi::MPI_Irecv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, &mut request) };
@@ -449,7 +468,7 @@ impl PrivateComm {
 
     /// Whether `request` is complete (then its buffer is free again).
     pub(crate) fn test(&self, request: &mut Request) -> Result<bool> {
-        let _calls = CALLS.lock();
+        let _calls = calls();
         let mut done: c_int = 0;
         // SAFETY: a live request (or REQUEST_NULL once complete, for which MPI_Test is true);
         // the status is ignored.
@@ -463,7 +482,7 @@ impl PrivateComm {
 
     /// Cancels a receive and completes it; its buffer is free again when this returns Ok.
     pub(crate) fn cancel_recv(&self, mut request: Request) -> Result<()> {
-        let _calls = CALLS.lock();
+        let _calls = calls();
         // SAFETY: a live receive request; MPI_Wait after MPI_Cancel completes it either way.
         let rc = unsafe { ffi::MPI_Cancel(&mut request.0) };
         check(rc, "MPI_Cancel", "")?;
@@ -475,7 +494,7 @@ impl PrivateComm {
     /// Lets MPI finish a send on its own; its buffer must then stay valid forever (callers
     /// leak it): for sends to a peer that will never receive them.
     pub(crate) fn abandon(&self, mut request: Request) {
-        let _calls = CALLS.lock();
+        let _calls = calls();
         // SAFETY: a live request; MPI frees it when it completes, if ever.
         unsafe { ffi::MPI_Request_free(&mut request.0) };
         Progress::finished();
@@ -483,7 +502,7 @@ impl PrivateComm {
 
     /// The length of the next message from `source` with `tag`, if one has arrived.
     pub(crate) fn iprobe(&self, source: u32, tag: i32) -> Result<Option<usize>> {
-        let _calls = CALLS.lock();
+        let _calls = calls();
         let mut flag: c_int = 0;
         // SAFETY: MPI_Status is plain data that MPI fills in.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
@@ -505,7 +524,7 @@ impl PrivateComm {
     /// `buf` is valid for `len` writable bytes.
     pub(crate) unsafe fn recv_probed(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<()> {
         let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
-        let _calls = CALLS.lock();
+        let _calls = calls();
         let rc = unsafe { ffi::MPI_Recv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, ffi::RSMPI_STATUS_IGNORE) };
         check(rc, "MPI_Recv", "")
     }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{backoff, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, pooled_bytes, recycle, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, Section, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -18,8 +18,6 @@ use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
 /// The one session of an MPI consumer (a new producer does not attach to an MPI channel).
 const SESSION: u64 = 1;
-/// Free receive buffers kept for reuse.
-const POOLED_BUFFERS: usize = 16;
 
 /// A message received and not yet released: the buffer its bytes lie in.
 struct Held {
@@ -35,6 +33,8 @@ struct Shared {
     control_tag: i32,
     /// Credits go at least every this many messages.
     batch: u64,
+    /// The most bytes of receive buffers kept for reuse.
+    pooled_bytes: usize,
     state: Mutex<State>,
 }
 
@@ -98,9 +98,7 @@ impl Release for Shared {
             )));
         }
         let held = state.held.remove(&view.token).expect("checked");
-        if state.pool.len() < POOLED_BUFFERS {
-            state.pool.push(held.buffer);
-        }
+        recycle(&mut state.pool, held.buffer, self.pooled_bytes);
         if view.token == state.released_below {
             state.released_below += 1;
             loop {
@@ -205,6 +203,7 @@ impl MpiConsumer {
             peer: ep.peer,
             control_tag,
             batch: (capacity / 4).max(1),
+            pooled_bytes: pooled_bytes(max_len),
             state: Mutex::new(State {
                 held: HashMap::new(),
                 released_below: 0,
@@ -325,7 +324,7 @@ impl MpiConsumer {
                         if len != Header::LEN {
                             return Err(self.corrupt(format!("sent a chunked message's header of {len} bytes")));
                         }
-                        self.shared.state.lock().pool.push(buffer);
+                        recycle(&mut self.shared.state.lock().pool, buffer, self.shared.pooled_bytes);
                         self.start_partial(header)?;
                         continue;
                     }

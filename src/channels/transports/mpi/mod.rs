@@ -162,6 +162,27 @@ fn tags_for(name: &str, tag_upper_bound: i32) -> Result<(i32, i32)> {
     Ok((tag, tag + 1))
 }
 
+/// Buffers kept for reuse by each end of a channel.
+const POOLED_BUFFERS: usize = 16;
+
+/// Keeps `buffer` for reuse: at most [`POOLED_BUFFERS`] buffers of at most `max_bytes` in all,
+/// the largest kept first (a large message's buffer is costly to make again: the allocation
+/// zeroes it, a pass over the whole message).
+fn recycle(pool: &mut Vec<Vec<u8>>, buffer: Vec<u8>, max_bytes: usize) {
+    let mut total: usize = pool.iter().map(Vec::len).sum::<usize>() + buffer.len();
+    pool.push(buffer);
+    while pool.len() > POOLED_BUFFERS || total > max_bytes {
+        let smallest = (0..pool.len()).min_by_key(|&i| pool[i].len()).expect("not empty");
+        total -= pool.swap_remove(smallest).len();
+    }
+}
+
+/// The most bytes an end keeps for reuse: four of the channel's largest messages (and 8 MiB
+/// at least).
+fn pooled_bytes(max_len: usize) -> usize {
+    max_len.saturating_add(Header::LEN).saturating_mul(4).max(8 << 20)
+}
+
 /// Sleeps a little when a wait has spun long enough: MPI progress needs calls, so waits poll.
 fn backoff(spins: &mut u32, busy: bool) {
     *spins = spins.saturating_add(1);
@@ -192,6 +213,21 @@ mod tests {
         let mut bad = h.to_bytes();
         bad[6] = 0x80;
         assert!(matches!(Header::decode(&bad, "producer"), Err(Error::Corrupt(m)) if m.contains("flags")));
+    }
+
+    #[test]
+    fn the_pool_keeps_the_largest_buffers_within_its_bounds() {
+        let mut pool = Vec::new();
+        for _ in 0..POOLED_BUFFERS {
+            recycle(&mut pool, vec![0; 10], 1 << 20);
+        }
+        recycle(&mut pool, vec![0; 1000], 1 << 20);
+        assert_eq!(pool.len(), POOLED_BUFFERS);
+        assert!(pool.iter().any(|b| b.len() == 1000), "a large buffer displaces a small one");
+        recycle(&mut pool, vec![0; 2 << 20], 1 << 20);
+        assert!(pool.iter().all(|b| b.len() < 2 << 20), "nothing above the byte bound is kept");
+        let total: usize = pool.iter().map(Vec::len).sum();
+        assert!(total <= 1 << 20);
     }
 
     #[test]

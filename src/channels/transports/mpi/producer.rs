@@ -4,14 +4,12 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::{backoff, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, pooled_bytes, recycle, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{Endpoint, Request};
 
-/// Free loan buffers kept for reuse.
-const POOLED_BUFFERS: usize = 16;
 
 /// What an MPI send reads from, kept until the send is complete.
 enum Keep {
@@ -164,9 +162,7 @@ impl MpiProducer {
                 break;
             }
             if let Some((_, Keep::Buffer(buffer))) = self.sends.pop_front() {
-                if self.pool.len() < POOLED_BUFFERS {
-                    self.pool.push(buffer);
-                }
+                recycle(&mut self.pool, buffer, pooled_bytes(self.max_len));
             }
         }
         Ok(())
@@ -320,7 +316,7 @@ impl ProducerTransport for MpiProducer {
     fn cancel(&mut self, loan: RawLoan) {
         if loan.token == self.head {
             if let Some(buffer) = self.loan.take() {
-                self.pool.push(buffer);
+                recycle(&mut self.pool, buffer, pooled_bytes(self.max_len));
             }
         }
     }
