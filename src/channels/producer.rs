@@ -337,14 +337,7 @@ impl Producer {
             Some(d) if d <= Instant::now() => self.try_loan_raw(len)?,
             _ => self.loan_raw(len, deadline)?,
         };
-        // SAFETY: the loan is `len` writable bytes of the channel's region that nothing else
-        // touches until it is published or cancelled.
-        let room = unsafe { std::slice::from_raw_parts_mut(loan.ptr, len) };
-        if let Err(e) = buffer.read_at(offset, room) {
-            self.transport.cancel(loan);
-            return Err(e);
-        }
-        self.transport.publish(loan, len)
+        self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece))
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.

@@ -285,6 +285,22 @@ pub trait ProducerTransport: Send {
     /// message. Returns its sequence number (0, 1, 2, ...).
     fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64>;
 
+    /// Fills the first `len` bytes of `loan` piece by piece with `fill(offset, piece)` and
+    /// publishes them, as a transport that can send part of a message while the rest is being
+    /// filled does (staged GPU buffers: the GPU-to-host copy of one piece overlaps the sending
+    /// of the last). A failed fill cancels the loan, or, where part was already sent, cuts the
+    /// message short, which the consumer sees as `Corrupt`.
+    fn publish_filled(&mut self, loan: RawLoan, len: usize, fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>) -> Result<u64> {
+        // SAFETY: the loan is at least `len` writable bytes that nothing else touches until it
+        // is published or cancelled.
+        let room = unsafe { std::slice::from_raw_parts_mut(loan.ptr, len) };
+        if let Err(e) = fill(0, room) {
+            self.cancel(loan);
+            return Err(e);
+        }
+        self.publish(loan, len)
+    }
+
     /// Gives an unpublished loan back.
     fn cancel(&mut self, loan: RawLoan);
 

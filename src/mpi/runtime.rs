@@ -480,6 +480,25 @@ impl PrivateComm {
         Ok(done != 0)
     }
 
+    /// For a receive: `Some(bytes received)` once it is complete.
+    pub(crate) fn test_received(&self, request: &mut Request) -> Result<Option<usize>> {
+        let _calls = calls();
+        let mut done: c_int = 0;
+        // SAFETY: MPI_Status is plain data that MPI fills in; a live request.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let rc = unsafe { ffi::MPI_Test(&mut request.0, &mut done, &mut status) };
+        check(rc, "MPI_Test", "")?;
+        if done == 0 {
+            return Ok(None);
+        }
+        Progress::finished();
+        let mut count: c_int = 0;
+        // SAFETY: the status of a completed receive.
+        let rc = unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+        check(rc, "MPI_Get_count", "")?;
+        usize::try_from(count).map(Some).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
+    }
+
     /// Cancels a receive and completes it; its buffer is free again when this returns Ok.
     pub(crate) fn cancel_recv(&self, mut request: Request) -> Result<()> {
         let _calls = calls();

@@ -462,6 +462,9 @@ impl ProducerTransport for AnyProducer {
     fn cancel(&mut self, loan: RawLoan) {
         forward!(self, t => t.cancel(loan))
     }
+    fn publish_filled(&mut self, loan: RawLoan, len: usize, fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>) -> Result<u64> {
+        forward!(self, t => t.publish_filled(loan, len, fill))
+    }
     fn completed(&mut self) -> Result<u64> {
         forward!(self, t => t.completed())
     }

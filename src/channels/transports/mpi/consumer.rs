@@ -118,11 +118,12 @@ impl Release for Shared {
     }
 }
 
-/// A message whose payload arrives in chunks.
+/// A message whose payload arrives in chunks: the receives of the chunks still due, newest
+/// first, each with the length it must bring.
 struct Partial {
     header: Header,
     buffer: Vec<u8>,
-    requests: Vec<Request>,
+    requests: Vec<(Request, usize)>,
 }
 
 /// Probes for the producer's messages in a thread, so that a descriptor can say one waits.
@@ -143,6 +144,8 @@ pub(crate) struct MpiConsumer {
     /// The next message's sequence number.
     next: u64,
     gone: Option<String>,
+    /// A message arrived malformed: the channel is unusable, and says why.
+    broken: Option<String>,
     shared: Arc<Shared>,
     partial: Option<Partial>,
     notifier: Option<Notifier>,
@@ -225,6 +228,7 @@ impl MpiConsumer {
             busy: matches!(config.wait, WaitStrategy::BusyPoll),
             next: 0,
             gone: None,
+            broken: None,
             shared,
             partial: None,
             notifier: None,
@@ -258,15 +262,51 @@ impl MpiConsumer {
 
     /// Completes a chunked message if all its chunks have arrived.
     fn finish_partial(&mut self) -> Result<Option<RawView>> {
-        let Some(partial) = self.partial.as_mut() else { return Ok(None) };
-        while let Some(request) = partial.requests.last_mut() {
-            if !self.ep.comm.test(request)? {
+        while self.partial.as_ref().is_some_and(|p| !p.requests.is_empty()) {
+            if !self.test_chunk()? {
                 return Ok(None);
             }
-            partial.requests.pop();
         }
-        let partial = self.partial.take().expect("present");
+        let Some(partial) = self.partial.take() else { return Ok(None) };
         Ok(Some(self.deliver(partial.header, partial.buffer, 0)))
+    }
+
+    /// Whether the oldest chunk still due has arrived (whole: a short one is `Corrupt`, and
+    /// the channel stays broken).
+    fn test_chunk(&mut self) -> Result<bool> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Corrupt(why.clone()));
+        }
+        let partial = self.partial.as_mut().expect("a chunked message");
+        let (request, want) = partial.requests.last_mut().expect("a chunk due");
+        let want = *want;
+        let Some(got) = self.ep.comm.test_received(request)? else { return Ok(false) };
+        partial.requests.pop();
+        if got != want {
+            let seq = partial.header.seq;
+            let why = format!(
+                "the producer of channel {:?} (MPI rank {}) cut message {seq} short: a piece of {got} bytes where {want} were due",
+                self.name, self.ep.peer
+            );
+            self.broken = Some(why.clone());
+            self.cancel_partial();
+            return Err(Error::Corrupt(why));
+        }
+        Ok(true)
+    }
+
+    /// Cancels the receives of a chunked message that will not complete.
+    fn cancel_partial(&mut self) {
+        if let Some(partial) = self.partial.take() {
+            let mut cancelled = true;
+            for (request, _) in partial.requests {
+                cancelled &= self.ep.comm.cancel_recv(request).is_ok();
+            }
+            if !cancelled {
+                // MPI may still write into it.
+                std::mem::forget(partial.buffer);
+            }
+        }
     }
 
     fn start_partial(&mut self, header: Header) -> Result<()> {
@@ -279,9 +319,9 @@ impl MpiConsumer {
             // SAFETY: `n` bytes inside the buffer, whose heap memory stays in place in
             // `partial` until every request completes (or is cancelled, on drop).
             match unsafe { self.ep.comm.irecv(buffer.as_mut_ptr().add(start), n, self.ep.peer, self.tag) } {
-                Ok(request) => requests.push(request),
+                Ok(request) => requests.push((request, n)),
                 Err(e) => {
-                    for request in requests {
+                    for (request, _) in requests {
                         let _ = self.ep.comm.cancel_recv(request);
                     }
                     return Err(e);
@@ -297,6 +337,9 @@ impl MpiConsumer {
 
     /// Reads the next message if one has arrived: data, or the producer's close and requests.
     fn poll_message(&mut self) -> Result<Option<RawView>> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Corrupt(why.clone()));
+        }
         loop {
             if self.partial.is_some() {
                 return self.finish_partial();
@@ -399,15 +442,14 @@ impl ConsumerTransport for MpiConsumer {
             if self.gone.is_some() {
                 return Ok(());
             }
-            match &mut self.partial {
-                Some(partial) => {
-                    if let Some(request) = partial.requests.last_mut() {
-                        if self.ep.comm.test(request)? {
-                            partial.requests.pop();
-                            continue;
-                        }
-                    } else {
-                        return Ok(());
+            if self.broken.is_some() {
+                return Ok(());
+            }
+            match &self.partial {
+                Some(partial) if partial.requests.is_empty() => return Ok(()),
+                Some(_) => {
+                    if self.test_chunk()? {
+                        continue;
                     }
                 }
                 None => {
@@ -486,16 +528,7 @@ impl Drop for MpiConsumer {
                 let _ = t.join();
             }
         }
-        if let Some(partial) = self.partial.take() {
-            let mut cancelled = true;
-            for request in partial.requests {
-                cancelled &= self.ep.comm.cancel_recv(request).is_ok();
-            }
-            if !cancelled {
-                // MPI may still write into it.
-                std::mem::forget(partial.buffer);
-            }
-        }
+        self.cancel_partial();
         let mut state = self.shared.state.lock();
         state.closed = true;
         // Credits still in flight are left to MPI, with their memory.

@@ -14,7 +14,9 @@
 //!   chunks of [`CHUNK`] bytes, all posted at once, so that several are in flight. MPI keeps
 //!   messages of one source and tag in order; the consumer checks every header (magic, kind,
 //!   sequence number, length against the channel's largest message) and every chunk's
-//!   length, so a malformed or short message is `Corrupt`, never an overflow.
+//!   length, so a malformed or short message is `Corrupt`, never an overflow. A message filled
+//!   piece by piece (a staged GPU buffer) sends each chunk as soon as it is filled, so the
+//!   GPU-to-host copy of one overlaps the transfer of the last.
 //! - **Credits and completion.** The consumer receives into buffers of its own and releases
 //!   them in any order; it reports how many messages it released in order (a *credit*), which
 //!   is both the producer's completion (`completed`) and its room (at most `capacity`

@@ -313,6 +313,61 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
+    fn publish_filled(&mut self, loan: RawLoan, len: usize, fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>) -> Result<u64> {
+        let Some(mut buffer) = self.loan.take().filter(|_| loan.token == self.head) else {
+            return Err(Error::InvalidState(format!("that loan is not channel {:?}'s current one", self.name)));
+        };
+        if len == 0 || len > loan.len {
+            self.loan = Some(buffer);
+            return Err(Error::invalid(format!("publishing {len} bytes of a loan of {}", loan.len)));
+        }
+        // The first piece is filled before anything goes: a failure there only cancels.
+        let first = CHUNK.min(len);
+        if let Err(e) = fill(0, &mut buffer[Header::LEN..Header::LEN + first]) {
+            recycle(&mut self.pool, buffer, pooled_bytes(self.max_len));
+            return Err(e);
+        }
+        self.loan = Some(buffer);
+        if len == first {
+            return self.publish(loan, len);
+        }
+        let mut buffer = self.loan.take().expect("put back above");
+        let seq = self.head;
+        self.post_header(self.next_header(len, FLAG_SPLIT))?;
+        let payload = buffer[Header::LEN..].as_mut_ptr();
+        let mut start = 0;
+        while start < len {
+            let n = CHUNK.min(len - start);
+            if start > 0 {
+                // SAFETY: `n` bytes of the buffer's payload that no posted send reads (each
+                // send reads only its own piece).
+                let piece = unsafe { std::slice::from_raw_parts_mut(payload.add(start), n) };
+                if let Err(e) = fill(start, piece) {
+                    // The message cannot be completed: a close where its next piece was due
+                    // cuts it short (the consumer sees Corrupt), and the channel ends. The
+                    // buffer stays with the close: the pieces sent read it.
+                    let close = Box::new(Header::new(Kind::Close, seq, 0).to_bytes());
+                    let ptr = close.as_ptr();
+                    // SAFETY: the box's heap memory is kept by the entry.
+                    let _ = unsafe { self.post(ptr, Header::LEN, Keep::Hold(Box::new((close, buffer)))) };
+                    self.gone = Some(format!("channel {:?} was cut short: filling message {seq} failed: {e}", self.name));
+                    return Err(e);
+                }
+            }
+            let keep = if start + n == len { Keep::Buffer(std::mem::take(&mut buffer)) } else { Keep::Nothing };
+            // SAFETY: the piece lies in the buffer's heap memory, which the last piece's entry
+            // keeps (entries complete and drop in order).
+            if let Err(e) = unsafe { self.post(payload.add(start), n, keep) } {
+                // Pieces already posted read the buffer: leak it (post leaked the last one's).
+                std::mem::forget(std::mem::take(&mut buffer));
+                return Err(e);
+            }
+            start += n;
+        }
+        self.head += 1;
+        Ok(seq)
+    }
+
     fn cancel(&mut self, loan: RawLoan) {
         if loan.token == self.head {
             if let Some(buffer) = self.loan.take() {
