@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [...]
-//!        [--sizes 8,64,1K,64K,1M,16M,64M] [--window 64] [--rounds N] [--iters N] [--untouched]
+//!        [--sizes 8,64,1K,64K,1M,16M,64M] [--window 64] [--rounds N] [--iters N] [--untouched] [--no-gpu]
 //! ```
 //!
 //! Rank 0 pings, rank 1 pongs. Per message size, alternated (raw, lava-flow, raw, lava-flow,
@@ -21,6 +21,11 @@
 //! neither does, the plain OSU pattern on both sides). Bandwidth windows are 64 messages, fewer
 //! for large sizes (at most 128 MiB in flight), the same for both halves.
 //!
+//! Where both ranks have a GPU (`--no-gpu`: skip it), a last row sends 64 MiB GPU buffers
+//! through a channel (staged through host memory piece by piece) and compares the rate with
+//! the slower of its halves measured alone in the same job: the producer's GPU-to-host copy,
+//! and raw MPI at 64 MiB.
+//!
 //! lava-flow's channels go over MPI only when the ranks are different hosts as lava-flow sees
 //! them (`LF_HOST_ID`); the report names the transport the channels chose and warns when it is
 //! not mpi. When the channels cannot be created, the error is printed and the raw MPI rows
@@ -33,7 +38,7 @@ use std::time::{Duration, Instant};
 use mpi_sys as ffi;
 
 use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
-use lava_flow::memory::Context;
+use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
 use lava_flow::mpi::{Communicator, MpiWorld};
 
 use super::{fill, human, parse_size, percentiles, read_all, Percentiles};
@@ -110,11 +115,13 @@ struct Options {
     rounds: usize,
     iters: Option<usize>,
     touch: bool,
+    /// Skip the GPU row even where both ranks have a GPU.
+    no_gpu: bool,
 }
 
 fn options() -> Options {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options { quick: false, json: false, sizes: vec![], window: WINDOW, rounds: 0, iters: None, touch: true };
+    let mut o = Options { quick: false, json: false, sizes: vec![], window: WINDOW, rounds: 0, iters: None, touch: true, no_gpu: false };
     let mut i = 0;
     let value = |i: &mut usize| -> String {
         *i += 1;
@@ -126,6 +133,7 @@ fn options() -> Options {
             "--quick" => o.quick = true,
             "--json" => o.json = true,
             "--untouched" => o.touch = false,
+            "--no-gpu" => o.no_gpu = true,
             "--sizes" => o.sizes = value(&mut i).split(',').map(parse_size).collect(),
             "--window" => o.window = value(&mut i).parse().unwrap_or_else(|_| die("bad --window")),
             "--rounds" => o.rounds = value(&mut i).parse().unwrap_or_else(|_| die("bad --rounds")),
@@ -133,7 +141,7 @@ fn options() -> Options {
             "-h" | "--help" => {
                 println!(
                     "usage: mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [OPTIONS] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [OPTIONS]\n\
-                     options: [--quick] [--json] [--sizes LIST] [--window W] [--rounds N] [--iters N] [--untouched]"
+                     options: [--quick] [--json] [--sizes LIST] [--window W] [--rounds N] [--iters N] [--untouched] [--no-gpu]"
                 );
                 std::process::exit(0);
             }
@@ -473,6 +481,63 @@ fn lf_bandwidth(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: 
     ping.then(|| (iters * window * size) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// GPU buffers over the channel (staged through host memory: the consumer gets host bytes and
+/// reads them): the one-way rate of 64 MiB messages, window 2, against the slower of its two
+/// halves measured alone in the same job: the producer's GPU-to-host copy, and raw MPI at that
+/// size. Both ranks must agree to run it; `None` where either has no GPU (rates in B/s).
+fn gpu_row(world: &MpiWorld, comm: &Comm, tag: &str, ping: bool, bufs: &mut RawBuffers, o: &Options) -> Option<(f64, f64, f64)> {
+    const SIZE: usize = 64 << 20;
+    const WINDOW: usize = 2;
+    let iters = if o.quick { 2 } else { 6 };
+    let context = Context::new(ContextConfig::default()).ok().filter(|c| c.gpu_unavailable_reason().is_none());
+    if comm.all_gather_flag(context.is_none()).contains(&true) {
+        return None;
+    }
+    let context = context.expect("checked on both ranks");
+    let config = ChannelConfig {
+        wait: WaitStrategy::BusyPoll,
+        pool_size: SIZE * (WINDOW + 1),
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..ChannelConfig::default()
+    };
+    let mut ends = open(&context, world, &format!("{tag}-gpu"), ping, &config).unwrap_or_else(|e| die(&e));
+    let gpu = lf(context.allocate(SIZE, MemoryLocation::GpuDeviceLocal), "GPU allocation");
+    let mut host = vec![0u8; SIZE];
+    let mut d2h = 0f64;
+    if ping {
+        fill(&mut host, 3);
+        lf(gpu.write_at(0, &host), "GPU write");
+        for _ in 0..3 {
+            let t = Instant::now();
+            lf(gpu.read_at(0, &mut host), "GPU read");
+            d2h = d2h.max(SIZE as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    comm.barrier();
+    let raw = raw_bandwidth(comm, bufs, ping, SIZE, WINDOW, iters, o.touch);
+    comm.barrier();
+    let mut start = Instant::now();
+    for it in 0..iters + 1 {
+        if it == 1 {
+            start = Instant::now();
+        }
+        if ping {
+            for _ in 0..WINDOW {
+                lf(ends.tx.send_buffer(&gpu, 0, SIZE), "send of a GPU buffer");
+            }
+            lf_recv(&mut ends, false);
+        } else {
+            for _ in 0..WINDOW {
+                lf_recv(&mut ends, o.touch);
+            }
+            lf(ends.tx.send(&[0u8; 4]), "send of the ack");
+        }
+    }
+    let rate = (iters * WINDOW * SIZE) as f64 / start.elapsed().as_secs_f64();
+    comm.barrier();
+    ping.then(|| (rate, d2h, raw.unwrap_or(f64::NAN)))
+}
+
 // ----- driver ------------------------------------------------------------------------------
 
 #[derive(Clone, Debug, Default)]
@@ -648,6 +713,18 @@ pub(crate) fn main() {
             print_row(&row);
         }
         report.rows.push(row);
+    }
+    let gpu = if ends.is_some() && !o.no_gpu { gpu_row(&world, &comm, &tag, ping, &mut bufs, &o) } else { None };
+    if let (true, false, Some((rate, d2h, raw))) = (ping, o.json, gpu) {
+        let slower = d2h.min(raw);
+        println!(
+            "\nGPU buffers, 64 MiB, staged through host memory: {:.1} MB/s; alone: GPU-to-host {:.1} MB/s, raw MPI {:.1} MB/s; \
+             {:.2}x the slower (target >= 0.9)",
+            rate / 1e6,
+            d2h / 1e6,
+            raw / 1e6,
+            rate / slower
+        );
     }
     // Neither rank closes its channels while the other still uses them.
     comm.barrier();
