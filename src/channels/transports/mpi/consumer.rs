@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{backoff, pooled_bytes, recycle, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, tags_for, BufferPool, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, Section, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -33,8 +33,6 @@ struct Shared {
     control_tag: i32,
     /// Credits go at least every this many messages.
     batch: u64,
-    /// The most bytes of receive buffers kept for reuse.
-    pooled_bytes: usize,
     state: Mutex<State>,
 }
 
@@ -46,7 +44,7 @@ struct State {
     last_reported: u64,
     /// The producer waits for a credit covering this many messages (0: it does not).
     report_wanted: u64,
-    pool: Vec<Vec<u8>>,
+    pool: BufferPool,
     /// Credits in flight.
     sends: VecDeque<(Request, Box<[u8; Header::LEN]>)>,
     /// Other routes' memory kept while views are held.
@@ -98,7 +96,7 @@ impl Release for Shared {
             )));
         }
         let held = state.held.remove(&view.token).expect("checked");
-        recycle(&mut state.pool, held.buffer, self.pooled_bytes);
+        state.pool.put(held.buffer);
         if view.token == state.released_below {
             state.released_below += 1;
             loop {
@@ -206,14 +204,13 @@ impl MpiConsumer {
             peer: ep.peer,
             control_tag,
             batch: (capacity / 4).max(1),
-            pooled_bytes: pooled_bytes(max_len),
             state: Mutex::new(State {
                 held: HashMap::new(),
                 released_below: 0,
                 released: BTreeSet::new(),
                 last_reported: 0,
                 report_wanted: 0,
-                pool: Vec::new(),
+                pool: BufferPool::new(max_len),
                 sends: VecDeque::new(),
                 kept: Vec::new(),
                 closed: false,
@@ -241,11 +238,7 @@ impl MpiConsumer {
 
     /// A receive buffer of at least `len` bytes.
     fn buffer(&self, len: usize) -> Vec<u8> {
-        let mut state = self.shared.state.lock();
-        match state.pool.iter().position(|b| b.len() >= len) {
-            Some(i) => state.pool.swap_remove(i),
-            None => vec![0u8; len],
-        }
+        self.shared.state.lock().pool.take(len)
     }
 
     /// Hands out a received message: held until released.
@@ -367,7 +360,7 @@ impl MpiConsumer {
                         if len != Header::LEN {
                             return Err(self.corrupt(format!("sent a chunked message's header of {len} bytes")));
                         }
-                        recycle(&mut self.shared.state.lock().pool, buffer, self.shared.pooled_bytes);
+                        self.shared.state.lock().pool.put(buffer);
                         self.start_partial(header)?;
                         continue;
                     }

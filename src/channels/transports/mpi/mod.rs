@@ -164,25 +164,50 @@ fn tags_for(name: &str, tag_upper_bound: i32) -> Result<(i32, i32)> {
     Ok((tag, tag + 1))
 }
 
-/// Buffers kept for reuse by each end of a channel.
-const POOLED_BUFFERS: usize = 16;
-
-/// Keeps `buffer` for reuse: at most [`POOLED_BUFFERS`] buffers of at most `max_bytes` in all,
-/// the largest kept first (a large message's buffer is costly to make again: the allocation
-/// zeroes it, a pass over the whole message).
-fn recycle(pool: &mut Vec<Vec<u8>>, buffer: Vec<u8>, max_bytes: usize) {
-    let mut total: usize = pool.iter().map(Vec::len).sum::<usize>() + buffer.len();
-    pool.push(buffer);
-    while pool.len() > POOLED_BUFFERS || total > max_bytes {
-        let smallest = (0..pool.len()).min_by_key(|&i| pool[i].len()).expect("not empty");
-        total -= pool.swap_remove(smallest).len();
-    }
+/// Buffers one end of a channel keeps for reuse: at most [`BufferPool::MAX_BUFFERS`], and at
+/// most four of the channel's largest messages in bytes (8 MiB at least), the largest kept
+/// first (a large message's buffer is costly to make again: the allocation zeroes it, a pass
+/// over the whole message).
+struct BufferPool {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
+    max_bytes: usize,
 }
 
-/// The most bytes an end keeps for reuse: four of the channel's largest messages (and 8 MiB
-/// at least).
-fn pooled_bytes(max_len: usize) -> usize {
-    max_len.saturating_add(Header::LEN).saturating_mul(4).max(8 << 20)
+impl BufferPool {
+    /// Enough for a window of small messages in flight.
+    const MAX_BUFFERS: usize = 512;
+
+    fn new(max_len: usize) -> BufferPool {
+        let max_bytes = max_len.saturating_add(Header::LEN).saturating_mul(4).max(8 << 20);
+        BufferPool { buffers: Vec::new(), bytes: 0, max_bytes }
+    }
+
+    /// A buffer of at least `len` bytes: a kept one, or a new one (zeroed).
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        // The newest fitting buffer: the one most likely still in cache.
+        match self.buffers.iter().rposition(|b| b.len() >= len) {
+            Some(i) => {
+                let buffer = self.buffers.swap_remove(i);
+                self.bytes -= buffer.len();
+                buffer
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    fn has(&self, len: usize) -> bool {
+        self.buffers.iter().any(|b| b.len() >= len)
+    }
+
+    fn put(&mut self, buffer: Vec<u8>) {
+        self.bytes += buffer.len();
+        self.buffers.push(buffer);
+        while self.buffers.len() > Self::MAX_BUFFERS || self.bytes > self.max_bytes {
+            let smallest = (0..self.buffers.len()).min_by_key(|&i| self.buffers[i].len()).expect("not empty");
+            self.bytes -= self.buffers.swap_remove(smallest).len();
+        }
+    }
 }
 
 /// Sleeps a little when a wait has spun long enough: MPI progress needs calls, so waits poll.
@@ -219,17 +244,20 @@ mod tests {
 
     #[test]
     fn the_pool_keeps_the_largest_buffers_within_its_bounds() {
-        let mut pool = Vec::new();
-        for _ in 0..POOLED_BUFFERS {
-            recycle(&mut pool, vec![0; 10], 1 << 20);
+        let mut pool = BufferPool::new(1 << 20);
+        assert_eq!(pool.max_bytes, 8 << 20);
+        for _ in 0..BufferPool::MAX_BUFFERS {
+            pool.put(vec![0; 10]);
         }
-        recycle(&mut pool, vec![0; 1000], 1 << 20);
-        assert_eq!(pool.len(), POOLED_BUFFERS);
-        assert!(pool.iter().any(|b| b.len() == 1000), "a large buffer displaces a small one");
-        recycle(&mut pool, vec![0; 2 << 20], 1 << 20);
-        assert!(pool.iter().all(|b| b.len() < 2 << 20), "nothing above the byte bound is kept");
-        let total: usize = pool.iter().map(Vec::len).sum();
-        assert!(total <= 1 << 20);
+        pool.put(vec![0; 1000]);
+        assert_eq!(pool.buffers.len(), BufferPool::MAX_BUFFERS);
+        assert!(pool.has(1000), "a large buffer displaces a small one");
+        pool.put(vec![0; 9 << 20]);
+        assert!(!pool.has(9 << 20), "nothing above the byte bound is kept");
+        assert_eq!(pool.bytes, pool.buffers.iter().map(Vec::len).sum::<usize>());
+        assert_eq!(pool.take(1000).len(), 1000);
+        assert_eq!(pool.take(2000).len(), 2000, "a new buffer when none fits");
+        assert_eq!(pool.bytes, pool.buffers.iter().map(Vec::len).sum::<usize>());
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::{backoff, pooled_bytes, recycle, tags_for, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, tags_for, BufferPool, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -38,7 +38,7 @@ pub(crate) struct MpiProducer {
     gone: Option<String>,
     /// Sends in flight, oldest first.
     sends: VecDeque<(Request, Keep)>,
-    pool: Vec<Vec<u8>>,
+    pool: BufferPool,
     /// The current loan's buffer.
     loan: Option<Vec<u8>>,
     /// A report was requested for every message below this.
@@ -73,7 +73,7 @@ impl MpiProducer {
             completed: 0,
             gone: None,
             sends: VecDeque::new(),
-            pool: Vec::new(),
+            pool: BufferPool::new(config.pool_size),
             loan: None,
             report_asked: 0,
         };
@@ -162,7 +162,7 @@ impl MpiProducer {
                 break;
             }
             if let Some((_, Keep::Buffer(buffer))) = self.sends.pop_front() {
-                recycle(&mut self.pool, buffer, pooled_bytes(self.max_len));
+                self.pool.put(buffer);
             }
         }
         Ok(())
@@ -270,17 +270,14 @@ impl ProducerTransport for MpiProducer {
         let want = Header::LEN + len;
         // The consumer's answers and finished sends are looked at when they matter (no room,
         // no buffer to reuse) and every few messages: each look is an MPI call.
-        if !self.has_room() || self.head % 8 == 0 || !self.pool.iter().any(|b| b.len() >= want) {
+        if !self.has_room() || self.head % 8 == 0 || !self.pool.has(want) {
             self.poll()?;
         }
         self.check_gone()?;
         if !self.has_room() {
             return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.completed)));
         }
-        let mut buffer = match self.pool.iter().position(|b| b.len() >= want) {
-            Some(i) => self.pool.swap_remove(i),
-            None => vec![0u8; want],
-        };
+        let mut buffer = self.pool.take(want);
         let ptr = buffer[Header::LEN..].as_mut_ptr();
         self.loan = Some(buffer);
         Ok(RawLoan { ptr, len, token: self.head })
@@ -324,7 +321,7 @@ impl ProducerTransport for MpiProducer {
         // The first piece is filled before anything goes: a failure there only cancels.
         let first = CHUNK.min(len);
         if let Err(e) = fill(0, &mut buffer[Header::LEN..Header::LEN + first]) {
-            recycle(&mut self.pool, buffer, pooled_bytes(self.max_len));
+            self.pool.put(buffer);
             return Err(e);
         }
         self.loan = Some(buffer);
@@ -371,7 +368,7 @@ impl ProducerTransport for MpiProducer {
     fn cancel(&mut self, loan: RawLoan) {
         if loan.token == self.head {
             if let Some(buffer) = self.loan.take() {
-                recycle(&mut self.pool, buffer, pooled_bytes(self.max_len));
+                self.pool.put(buffer);
             }
         }
     }
