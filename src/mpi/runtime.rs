@@ -499,6 +499,31 @@ impl PrivateComm {
         usize::try_from(count).map(Some).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
     }
 
+    /// Cancels a receive that may have matched a message already: `Some(bytes received)` when
+    /// it had (the message is in its buffer), `None` when it was cancelled. Either way the
+    /// buffer is free again.
+    pub(crate) fn cancel_or_receive(&self, mut request: Request) -> Result<Option<usize>> {
+        let _calls = calls();
+        // SAFETY: a live receive request; MPI_Wait after MPI_Cancel completes it either way,
+        // and the status says which happened.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let rc = unsafe { ffi::MPI_Cancel(&mut request.0) };
+        check(rc, "MPI_Cancel", "")?;
+        let rc = unsafe { ffi::MPI_Wait(&mut request.0, &mut status) };
+        Progress::finished();
+        check(rc, "MPI_Wait of a cancelled receive", "")?;
+        let mut cancelled: c_int = 0;
+        // SAFETY: the status of a completed request.
+        check(unsafe { ffi::MPI_Test_cancelled(&status, &mut cancelled) }, "MPI_Test_cancelled", "")?;
+        if cancelled != 0 {
+            return Ok(None);
+        }
+        let mut count: c_int = 0;
+        // SAFETY: the status of a completed receive.
+        check(unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) }, "MPI_Get_count", "")?;
+        usize::try_from(count).map(Some).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
+    }
+
     /// Cancels a receive and completes it; its buffer is free again when this returns Ok.
     pub(crate) fn cancel_recv(&self, mut request: Request) -> Result<()> {
         let _calls = calls();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{backoff, tags_for, BufferPool, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, Section, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -18,6 +18,13 @@ use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
 /// The one session of an MPI consumer (a new producer does not attach to an MPI channel).
 const SESSION: u64 = 1;
+/// Receives posted ahead for the producer's next messages: MPI puts a message straight into
+/// one instead of holding it until asked for, and several in flight keep a window of
+/// messages moving.
+const LANDINGS: usize = 4;
+/// Messages up to this long are copied out of their landing buffer (which is posted again);
+/// longer ones keep it.
+const COPY_OUT_MAX: usize = 16 << 10;
 
 /// A message received and not yet released: the buffer its bytes lie in.
 struct Held {
@@ -136,8 +143,13 @@ pub(crate) struct MpiConsumer {
     info: TransportInfo,
     name: String,
     ep: Endpoint,
-    tag: i32,
+    tags: Tags,
     max_len: usize,
+    /// The receives posted ahead, oldest first (MPI fills them in that order); none while a
+    /// descriptor's probing thread looks for messages instead (see `notify_fd`).
+    landings: VecDeque<(Request, Vec<u8>)>,
+    /// Messages arrived and not read yet: their buffers and lengths.
+    landed: VecDeque<(Vec<u8>, usize)>,
     busy: bool,
     /// The next message's sequence number.
     next: u64,
@@ -153,7 +165,8 @@ impl MpiConsumer {
     /// Waits for the producer of `name` at `ep` (its hello), up to the config's rendezvous
     /// timeout, and answers it.
     pub(crate) fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, ep: Endpoint) -> Result<MpiConsumer> {
-        let (tag, control_tag) = tags_for(name, ep.tag_upper_bound)?;
+        let tags = tags_for(name, ep.tag_upper_bound)?;
+        let (tag, control_tag) = (tags.messages, tags.answers);
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let mut spins = 0;
         let (nonce, capacity, max_len) = loop {
@@ -216,12 +229,14 @@ impl MpiConsumer {
                 closed: false,
             }),
         });
-        Ok(MpiConsumer {
+        let mut consumer = MpiConsumer {
             info,
             name: name.to_owned(),
             ep,
-            tag,
+            tags,
             max_len,
+            landings: VecDeque::with_capacity(LANDINGS),
+            landed: VecDeque::new(),
             busy: matches!(config.wait, WaitStrategy::BusyPoll),
             next: 0,
             gone: None,
@@ -229,7 +244,51 @@ impl MpiConsumer {
             shared,
             partial: None,
             notifier: None,
-        })
+        };
+        for _ in 0..LANDINGS {
+            consumer.post_landing()?;
+        }
+        Ok(consumer)
+    }
+
+    /// The most bytes one MPI message of the producer's headers tag carries.
+    fn landing_len(&self) -> usize {
+        Header::LEN + CHUNK.min(self.max_len)
+    }
+
+    /// Posts one more receive ahead for the producer's next message.
+    fn post_landing(&mut self) -> Result<()> {
+        let len = self.landing_len();
+        let mut buffer = self.buffer(len);
+        // SAFETY: `len` bytes of the buffer, whose heap memory stays in place in `landings`
+        // until the receive completes (or is cancelled).
+        let request = unsafe { self.ep.comm.irecv(buffer.as_mut_ptr(), len, self.ep.peer, self.tags.messages)? };
+        self.landings.push_back((request, buffer));
+        Ok(())
+    }
+
+    /// Whether a message has arrived (then it waits in `landed`): the oldest receive posted
+    /// ahead, completed and posted again; or, without those, a message probed and received.
+    fn arrive(&mut self) -> Result<bool> {
+        if !self.landed.is_empty() {
+            return Ok(true);
+        }
+        if let Some((request, _)) = self.landings.front_mut() {
+            let Some(len) = self.ep.comm.test_received(request)? else { return Ok(false) };
+            let (_, buffer) = self.landings.pop_front().expect("tested above");
+            self.landed.push_back((buffer, len));
+            self.post_landing()?;
+            return Ok(true);
+        }
+        let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tags.messages)? else { return Ok(false) };
+        if len > self.landing_len() {
+            return Err(self.corrupt(format!("sent {len} bytes at once; at most {} are due", self.landing_len())));
+        }
+        let mut buffer = self.buffer(len);
+        // SAFETY: the buffer has at least the `len` bytes the probe reported.
+        unsafe { self.ep.comm.recv_probed(buffer.as_mut_ptr(), len, self.ep.peer, self.tags.messages)? };
+        self.landed.push_back((buffer, len));
+        Ok(true)
     }
 
     fn corrupt(&self, what: String) -> Error {
@@ -311,7 +370,7 @@ impl MpiConsumer {
             let n = CHUNK.min(len - start);
             // SAFETY: `n` bytes inside the buffer, whose heap memory stays in place in
             // `partial` until every request completes (or is cancelled, on drop).
-            match unsafe { self.ep.comm.irecv(buffer.as_mut_ptr().add(start), n, self.ep.peer, self.tag) } {
+            match unsafe { self.ep.comm.irecv(buffer.as_mut_ptr().add(start), n, self.ep.peer, self.tags.chunks) } {
                 Ok(request) => requests.push((request, n)),
                 Err(e) => {
                     for (request, _) in requests {
@@ -340,12 +399,10 @@ impl MpiConsumer {
             if let Some(why) = &self.gone {
                 return Err(Error::PeerGone(why.clone()));
             }
-            let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tag)? else {
+            if !self.arrive()? {
                 return Ok(None);
-            };
-            let mut buffer = self.buffer(len);
-            // SAFETY: the buffer has at least the `len` bytes the probe reported.
-            unsafe { self.ep.comm.recv_probed(buffer.as_mut_ptr(), len, self.ep.peer, self.tag)? };
+            }
+            let (buffer, len) = self.landed.pop_front().expect("arrived");
             let header = Header::decode(&buffer[..len], "producer")?;
             match header.kind {
                 Kind::Data => {
@@ -367,12 +424,21 @@ impl MpiConsumer {
                     if len != Header::LEN + payload {
                         return Err(self.corrupt(format!("sent {len} bytes for a message of {payload}")));
                     }
+                    if payload <= COPY_OUT_MAX && buffer.len() > Header::LEN + COPY_OUT_MAX {
+                        // A small message in a landing buffer: copied out, the buffer reused.
+                        let mut small = self.buffer(payload);
+                        small[..payload].copy_from_slice(&buffer[Header::LEN..len]);
+                        self.shared.state.lock().pool.put(buffer);
+                        return Ok(Some(self.deliver(header, small, 0)));
+                    }
                     return Ok(Some(self.deliver(header, buffer, Header::LEN)));
                 }
                 Kind::Close => {
+                    self.shared.state.lock().pool.put(buffer);
                     self.gone = Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
                 }
                 Kind::ReportRequest => {
+                    self.shared.state.lock().pool.put(buffer);
                     let mut state = self.shared.state.lock();
                     state.report_wanted = state.report_wanted.max(header.seq + 1);
                     self.shared.report(&mut state, false)?;
@@ -446,7 +512,7 @@ impl ConsumerTransport for MpiConsumer {
                     }
                 }
                 None => {
-                    if self.ep.comm.iprobe(self.ep.peer, self.tag)?.is_some() {
+                    if self.arrive()? {
                         return Ok(());
                     }
                 }
@@ -476,9 +542,20 @@ impl ConsumerTransport for MpiConsumer {
                     self.name, self.ep.thread_level
                 )));
             }
+            // The thread probes for messages, which receives posted ahead would take unseen:
+            // take those back first (keeping what they already received).
+            while let Some((request, buffer)) = self.landings.pop_front() {
+                match self.ep.comm.cancel_or_receive(request)? {
+                    Some(len) => self.landed.push_back((buffer, len)),
+                    None => self.shared.state.lock().pool.put(buffer),
+                }
+            }
             let fd = Arc::new(eventfd()?);
+            if !self.landed.is_empty() {
+                eventfd_signal(fd.as_fd());
+            }
             let stop = Arc::new(AtomicBool::new(false));
-            let (comm, peer, tag) = (Arc::clone(&self.ep.comm), self.ep.peer, self.tag);
+            let (comm, peer, tag) = (Arc::clone(&self.ep.comm), self.ep.peer, self.tags.messages);
             let (thread_fd, thread_stop) = (Arc::clone(&fd), Arc::clone(&stop));
             let thread = std::thread::Builder::new()
                 .name("lava-flow-mpi".into())
@@ -522,6 +599,12 @@ impl Drop for MpiConsumer {
             }
         }
         self.cancel_partial();
+        for (request, buffer) in std::mem::take(&mut self.landings) {
+            if self.ep.comm.cancel_recv(request).is_err() {
+                // MPI may still write into it.
+                std::mem::forget(buffer);
+            }
+        }
         let mut state = self.shared.state.lock();
         state.closed = true;
         // Credits still in flight are left to MPI, with their memory.

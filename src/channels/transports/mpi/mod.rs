@@ -2,16 +2,18 @@
 //! communicator (see `crate::mpi`).
 //!
 //! - **Addressing.** The peer's location comes from MPI discovery and carries its world and
-//!   rank. A channel uses two tags derived from its name (checked against `MPI_TAG_UB`): the
-//!   even one carries the producer's messages, the odd one the consumer's answers, so that two
-//!   channels of one name in opposite directions never meet.
+//!   rank. A channel uses three tags derived from its name (checked against `MPI_TAG_UB`): one
+//!   for the producer's messages, one for the consumer's answers, one for the chunks of large
+//!   messages ([`Tags`]).
 //! - **Rendezvous.** The producer sends a hello (channel name, capacity, largest message,
 //!   a nonce); the consumer checks the name and answers with an acknowledgement (or a refusal
 //!   saying why). Either may start first: MPI holds the hello until the consumer looks.
 //! - **Messages.** Every message starts with a [`Header`] (sequence number, length, flags).
 //!   Up to [`CHUNK`] bytes go in one MPI message with their header; longer ones, and buffer
 //!   sends (sent from the buffer itself, not copied), go as the header alone followed by
-//!   chunks of [`CHUNK`] bytes, all posted at once, so that several are in flight. MPI keeps
+//!   chunks of [`CHUNK`] bytes on a tag of their own, all posted at once, so that several are
+//!   in flight. The consumer keeps a few receives posted ahead for the next headers, so that
+//!   MPI puts messages straight where they are read. MPI keeps
 //!   messages of one source and tag in order; the consumer checks every header (magic, kind,
 //!   sequence number, length against the channel's largest message) and every chunk's
 //!   length, so a malformed or short message is `Corrupt`, never an overflow. A message filled
@@ -146,13 +148,24 @@ impl Header {
     }
 }
 
-/// The channel's tag pair on lava-flow's communicator: the producer's messages go with the
-/// even tag, the consumer's with the odd one after it. Derived from the name (FNV-1a), so both
-/// ends find it alone; names that meet on one tag pair are told apart at the hello.
-fn tags_for(name: &str, tag_upper_bound: i32) -> Result<(i32, i32)> {
+/// A channel's tags on lava-flow's communicator, derived from its name (FNV-1a) so that both
+/// ends find them alone; names that meet on one set are told apart at the hello. Three
+/// consecutive tags, so that two channels of one name in opposite directions never meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tags {
+    /// Producer to consumer: headers and the messages that fit with them.
+    messages: i32,
+    /// Consumer to producer: answers and credits.
+    answers: i32,
+    /// Producer to consumer: the chunks of larger messages (a tag of their own, so that the
+    /// consumer's receives posted ahead for headers never take one).
+    chunks: i32,
+}
+
+fn tags_for(name: &str, tag_upper_bound: i32) -> Result<Tags> {
     // Tags 0 and 1 are left to discovery and future use.
-    let pairs = (i64::from(tag_upper_bound) - 2) / 2;
-    if pairs < 1 {
+    let sets = (i64::from(tag_upper_bound) - 1) / 3;
+    if sets < 1 {
         return Err(Error::Unsupported(format!("MPI_TAG_UB is {tag_upper_bound}: too small for lava-flow's channels")));
     }
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -160,8 +173,8 @@ fn tags_for(name: &str, tag_upper_bound: i32) -> Result<(i32, i32)> {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    let tag = 2 + 2 * (hash % pairs as u64) as i32;
-    Ok((tag, tag + 1))
+    let messages = 2 + 3 * (hash % sets as u64) as i32;
+    Ok(Tags { messages, answers: messages + 1, chunks: messages + 2 })
 }
 
 /// Buffers one end of a channel keeps for reuse: at most [`BufferPool::MAX_BUFFERS`], and at
@@ -183,10 +196,11 @@ impl BufferPool {
         BufferPool { buffers: Vec::new(), bytes: 0, max_bytes }
     }
 
-    /// A buffer of at least `len` bytes: a kept one, or a new one (zeroed).
+    /// A buffer of at least `len` bytes: the smallest kept one that fits (a small message must
+    /// not take the buffer a large one will need), or a new one (zeroed).
     fn take(&mut self, len: usize) -> Vec<u8> {
-        // The newest fitting buffer: the one most likely still in cache.
-        match self.buffers.iter().rposition(|b| b.len() >= len) {
+        let fitting = self.buffers.iter().enumerate().filter(|(_, b)| b.len() >= len);
+        match fitting.min_by_key(|(_, b)| b.len()).map(|(i, _)| i) {
             Some(i) => {
                 let buffer = self.buffers.swap_remove(i);
                 self.bytes -= buffer.len();
@@ -201,6 +215,9 @@ impl BufferPool {
     }
 
     fn put(&mut self, buffer: Vec<u8>) {
+        if buffer.len() > self.max_bytes {
+            return;
+        }
         self.bytes += buffer.len();
         self.buffers.push(buffer);
         while self.buffers.len() > Self::MAX_BUFFERS || self.bytes > self.max_bytes {
@@ -255,19 +272,24 @@ mod tests {
         pool.put(vec![0; 9 << 20]);
         assert!(!pool.has(9 << 20), "nothing above the byte bound is kept");
         assert_eq!(pool.bytes, pool.buffers.iter().map(Vec::len).sum::<usize>());
-        assert_eq!(pool.take(1000).len(), 1000);
+        pool.put(vec![0; 5000]);
+        assert_eq!(pool.take(900).len(), 1000, "the smallest buffer that fits");
+        assert_eq!(pool.take(2000).len(), 5000);
         assert_eq!(pool.take(2000).len(), 2000, "a new buffer when none fits");
         assert_eq!(pool.bytes, pool.buffers.iter().map(Vec::len).sum::<usize>());
     }
 
     #[test]
-    fn tags_are_even_odd_pairs_within_the_bound() {
+    fn tags_are_consecutive_sets_within_the_bound() {
         for name in ["a", "b", "a-much-longer-channel-name", ""] {
-            let (data, control) = tags_for(name, 32767).unwrap();
-            assert!(data >= 2 && data % 2 == 0 && control == data + 1 && control <= 32767, "{name}: {data}");
+            let t = tags_for(name, 32767).unwrap();
+            assert!(t.messages >= 2 && (t.messages - 2) % 3 == 0, "{name}: {t:?}");
+            assert_eq!((t.answers, t.chunks), (t.messages + 1, t.messages + 2));
+            assert!(t.chunks <= 32767);
         }
         assert_eq!(tags_for("x", 32767).unwrap(), tags_for("x", 32767).unwrap());
         assert_ne!(tags_for("x", 1 << 30).unwrap(), tags_for("y", 1 << 30).unwrap());
-        assert!(tags_for("x", 2).is_err());
+        assert!(tags_for("x", 3).is_err());
+        assert!(tags_for("x", 4).is_ok());
     }
 }

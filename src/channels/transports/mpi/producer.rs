@@ -4,7 +4,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::{backoff, tags_for, BufferPool, Header, Kind, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -26,8 +26,7 @@ pub(crate) struct MpiProducer {
     info: TransportInfo,
     name: String,
     ep: Endpoint,
-    tag: i32,
-    control_tag: i32,
+    tags: Tags,
     capacity: u64,
     max_len: usize,
     busy: bool,
@@ -49,7 +48,7 @@ impl MpiProducer {
     /// Connects to the consumer of `name` at `ep`: hello, then its acknowledgement, waiting up
     /// to the config's rendezvous timeout.
     pub(crate) fn connect(name: &str, info: TransportInfo, config: &ChannelConfig, ep: Endpoint) -> Result<MpiProducer> {
-        let (tag, control_tag) = tags_for(name, ep.tag_upper_bound)?;
+        let tags = tags_for(name, ep.tag_upper_bound)?;
         if config.capacity < 2 || !config.capacity.is_power_of_two() {
             return Err(Error::invalid(format!("capacity {} is not a power of two >= 2", config.capacity)));
         }
@@ -64,8 +63,7 @@ impl MpiProducer {
             info,
             name: name.to_owned(),
             ep,
-            tag,
-            control_tag,
+            tags,
             capacity: u64::from(config.capacity),
             max_len: config.pool_size,
             busy: matches!(config.wait, WaitStrategy::BusyPoll),
@@ -120,7 +118,16 @@ impl MpiProducer {
     /// Entries are dropped only once complete and in order (reap), or leaked (Drop).
     unsafe fn post(&mut self, ptr: *const u8, len: usize, keep: Keep) -> Result<()> {
         // SAFETY: the caller's contract.
-        match unsafe { self.ep.comm.isend(ptr, len, self.ep.peer, self.tag) } {
+        unsafe { self.post_with(self.tags.messages, ptr, len, keep) }
+    }
+
+    /// [`post`](Self::post) with `tag`.
+    ///
+    /// # Safety
+    /// As for `post`.
+    unsafe fn post_with(&mut self, tag: i32, ptr: *const u8, len: usize, keep: Keep) -> Result<()> {
+        // SAFETY: the caller's contract.
+        match unsafe { self.ep.comm.isend(ptr, len, self.ep.peer, tag) } {
             Ok(request) => {
                 self.sends.push_back((request, keep));
                 Ok(())
@@ -170,7 +177,7 @@ impl MpiProducer {
 
     /// The consumer's next answer, if one has arrived: (length, header, body).
     fn next_control(&mut self) -> Result<Option<(usize, Header, Vec<u8>)>> {
-        let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.control_tag).map_err(|e| self.failed(e))? else {
+        let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tags.answers).map_err(|e| self.failed(e))? else {
             return Ok(None);
         };
         if len > Header::LEN + 4096 {
@@ -178,7 +185,7 @@ impl MpiProducer {
         }
         let mut bytes = vec![0u8; len];
         // SAFETY: `bytes` has the `len` bytes the probe reported.
-        unsafe { self.ep.comm.recv_probed(bytes.as_mut_ptr(), len, self.ep.peer, self.control_tag) }.map_err(|e| self.failed(e))?;
+        unsafe { self.ep.comm.recv_probed(bytes.as_mut_ptr(), len, self.ep.peer, self.tags.answers) }.map_err(|e| self.failed(e))?;
         let header = Header::decode(&bytes, "consumer")?;
         Ok(Some((len, header, bytes.split_off(Header::LEN))))
     }
@@ -340,13 +347,13 @@ impl ProducerTransport for MpiProducer {
                 // send reads only its own piece).
                 let piece = unsafe { std::slice::from_raw_parts_mut(payload.add(start), n) };
                 if let Err(e) = fill(start, piece) {
-                    // The message cannot be completed: a close where its next piece was due
-                    // cuts it short (the consumer sees Corrupt), and the channel ends. The
-                    // buffer stays with the close: the pieces sent read it.
+                    // The message cannot be completed: a close header where its next piece was
+                    // due cuts it short (the consumer sees Corrupt), and the channel ends. The
+                    // buffer stays with it: the pieces sent read it.
                     let close = Box::new(Header::new(Kind::Close, seq, 0).to_bytes());
                     let ptr = close.as_ptr();
                     // SAFETY: the box's heap memory is kept by the entry.
-                    let _ = unsafe { self.post(ptr, Header::LEN, Keep::Hold(Box::new((close, buffer)))) };
+                    let _ = unsafe { self.post_with(self.tags.chunks, ptr, Header::LEN, Keep::Hold(Box::new((close, buffer)))) };
                     self.gone = Some(format!("channel {:?} was cut short: filling message {seq} failed: {e}", self.name));
                     return Err(e);
                 }
@@ -354,7 +361,7 @@ impl ProducerTransport for MpiProducer {
             let keep = if start + n == len { Keep::Buffer(std::mem::take(&mut buffer)) } else { Keep::Nothing };
             // SAFETY: the piece lies in the buffer's heap memory, which the last piece's entry
             // keeps (entries complete and drop in order).
-            if let Err(e) = unsafe { self.post(payload.add(start), n, keep) } {
+            if let Err(e) = unsafe { self.post_with(self.tags.chunks, payload.add(start), n, keep) } {
                 // Pieces already posted read the buffer: leak it (post leaked the last one's).
                 std::mem::forget(std::mem::take(&mut buffer));
                 return Err(e);
@@ -437,7 +444,7 @@ impl MpiProducer {
             let n = CHUNK.min(len - start);
             let k = if start + n == len { keep.take().expect("the last chunk") } else { Keep::Nothing };
             // SAFETY: inside the payload, which the caller keeps (through the last entry).
-            if let Err(e) = unsafe { self.post(payload.add(start), n, k) } {
+            if let Err(e) = unsafe { self.post_with(self.tags.chunks, payload.add(start), n, k) } {
                 // Chunks already posted read the payload: leak what keeps it.
                 std::mem::forget(keep);
                 return Err(e);
