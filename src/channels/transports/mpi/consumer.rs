@@ -258,12 +258,41 @@ impl MpiConsumer {
 
     /// Posts one more receive ahead for the producer's next message.
     fn post_landing(&mut self) -> Result<()> {
+        let buffer = self.buffer(self.landing_len());
+        self.post_landing_in(buffer)
+    }
+
+    /// Posts a receive ahead into `buffer` (at least `landing_len` bytes).
+    fn post_landing_in(&mut self, mut buffer: Vec<u8>) -> Result<()> {
         let len = self.landing_len();
-        let mut buffer = self.buffer(len);
         // SAFETY: `len` bytes of the buffer, whose heap memory stays in place in `landings`
         // until the receive completes (or is cancelled).
         let request = unsafe { self.ep.comm.irecv(buffer.as_mut_ptr(), len, self.ep.peer, self.tags.messages)? };
         self.landings.push_back((request, buffer));
+        Ok(())
+    }
+
+    /// Whether receives are posted ahead (not while a descriptor's thread probes instead).
+    fn posting(&self) -> bool {
+        self.notifier.is_none()
+    }
+
+    /// A read message's landing buffer is free again: posted again for the next message, or
+    /// kept in the pool.
+    fn recycle_landing(&mut self, buffer: Vec<u8>) -> Result<()> {
+        if self.posting() && self.landings.len() < LANDINGS && buffer.len() >= self.landing_len() {
+            return self.post_landing_in(buffer);
+        }
+        self.shared.state.lock().pool.put(buffer);
+        Ok(())
+    }
+
+    /// Posts receives ahead until there are enough again (a landing buffer went with its
+    /// message).
+    fn refill_landings(&mut self) -> Result<()> {
+        while self.posting() && self.landings.len() < LANDINGS {
+            self.post_landing()?;
+        }
         Ok(())
     }
 
@@ -276,8 +305,8 @@ impl MpiConsumer {
         if let Some((request, _)) = self.landings.front_mut() {
             let Some(len) = self.ep.comm.test_received(request)? else { return Ok(false) };
             let (_, buffer) = self.landings.pop_front().expect("tested above");
+            // Posted again once read (`recycle_landing`), or replaced (`refill_landings`).
             self.landed.push_back((buffer, len));
-            self.post_landing()?;
             return Ok(true);
         }
         let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tags.messages)? else { return Ok(false) };
@@ -417,7 +446,7 @@ impl MpiConsumer {
                         if len != Header::LEN {
                             return Err(self.corrupt(format!("sent a chunked message's header of {len} bytes")));
                         }
-                        self.shared.state.lock().pool.put(buffer);
+                        self.recycle_landing(buffer)?;
                         self.start_partial(header)?;
                         continue;
                     }
@@ -428,17 +457,19 @@ impl MpiConsumer {
                         // A small message in a landing buffer: copied out, the buffer reused.
                         let mut small = self.buffer(payload);
                         small[..payload].copy_from_slice(&buffer[Header::LEN..len]);
-                        self.shared.state.lock().pool.put(buffer);
+                        self.recycle_landing(buffer)?;
                         return Ok(Some(self.deliver(header, small, 0)));
                     }
+                    // The buffer goes with the message: another takes its place first.
+                    self.refill_landings()?;
                     return Ok(Some(self.deliver(header, buffer, Header::LEN)));
                 }
                 Kind::Close => {
-                    self.shared.state.lock().pool.put(buffer);
+                    self.recycle_landing(buffer)?;
                     self.gone = Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
                 }
                 Kind::ReportRequest => {
-                    self.shared.state.lock().pool.put(buffer);
+                    self.recycle_landing(buffer)?;
                     let mut state = self.shared.state.lock();
                     state.report_wanted = state.report_wanted.max(header.seq + 1);
                     self.shared.report(&mut state, false)?;
