@@ -461,6 +461,12 @@ fn lf_latency(ends: &mut Ends, ping: bool, size: usize, iters: usize, touch: boo
 }
 
 fn lf_bandwidth(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: usize, touch: bool) -> Option<f64> {
+    windowed(ends, ping, size, window, iters, touch, |e, w| lf_send(e, size, w as u8, touch))
+}
+
+/// One direction: the ping side sends `window` messages with `send`, the pong side receives
+/// them and answers with a small ack; B/s on the ping side, after one round of warm-up.
+fn windowed(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: usize, touch: bool, mut send: impl FnMut(&mut Ends, usize)) -> Option<f64> {
     let mut start = Instant::now();
     for it in 0..iters + 1 {
         if it == 1 {
@@ -468,7 +474,7 @@ fn lf_bandwidth(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: 
         }
         if ping {
             for w in 0..window {
-                lf_send(ends, size, w as u8, touch);
+                send(ends, w);
             }
             lf_recv(ends, false);
         } else {
@@ -516,26 +522,11 @@ fn gpu_row(world: &MpiWorld, comm: &Comm, tag: &str, ping: bool, bufs: &mut RawB
     comm.barrier();
     let raw = raw_bandwidth(comm, bufs, ping, SIZE, WINDOW, iters, o.touch);
     comm.barrier();
-    let mut start = Instant::now();
-    for it in 0..iters + 1 {
-        if it == 1 {
-            start = Instant::now();
-        }
-        if ping {
-            for _ in 0..WINDOW {
-                lf(ends.tx.send_buffer(&gpu, 0, SIZE), "send of a GPU buffer");
-            }
-            lf_recv(&mut ends, false);
-        } else {
-            for _ in 0..WINDOW {
-                lf_recv(&mut ends, o.touch);
-            }
-            lf(ends.tx.send(&[0u8; 4]), "send of the ack");
-        }
-    }
-    let rate = (iters * WINDOW * SIZE) as f64 / start.elapsed().as_secs_f64();
+    let rate = windowed(&mut ends, ping, SIZE, WINDOW, iters, o.touch, |e, _| {
+        lf(e.tx.send_buffer(&gpu, 0, SIZE), "send of a GPU buffer");
+    });
     comm.barrier();
-    ping.then(|| (rate, d2h, raw.unwrap_or(f64::NAN)))
+    rate.map(|rate| (rate, d2h, raw.unwrap_or(f64::NAN)))
 }
 
 // ----- driver ------------------------------------------------------------------------------
