@@ -133,10 +133,16 @@ struct HeldGpu {
 
 impl Drop for lf_channel {
     fn drop(&mut self) {
-        // Buffers lent by messages never released go with the channel.
+        // GPU messages never released go with the channel: their buffers, then their views,
+        // so that the consumer's imports of the producer's memory are let go too.
+        let channel = self.channel.get_mut();
         for (_, held) in self.gpu_held.get_mut().drain() {
             if let Some(handle) = held.handle {
                 let _ = super::buffer::release_borrowed(handle);
+            }
+            drop(held.payload);
+            if let Channel::Consumer(c) = channel {
+                let _ = c.release_raw(&held.view);
             }
         }
     }
