@@ -78,6 +78,7 @@ pub(crate) fn join(fortran_comm: Option<i64>) -> Result<Joined> {
     match join_initialised(fortran_comm, lifecycle.initialised_by_lava_flow) {
         Ok(mut joined) => {
             THREADS_ALLOWED.store(joined.thread_level >= ThreadLevel::Serialized, Ordering::Relaxed);
+            SERIALIZE.store(joined.thread_level < ThreadLevel::Multiple, Ordering::Relaxed);
             lifecycle.live_worlds += 1;
             joined.comm.is_world = true;
             Ok(joined)
@@ -336,31 +337,44 @@ fn check(rc: c_int, call: &str, hint: &str) -> Result<()> {
     Err(Error::Io { context: format!("{call} failed"), source: std::io::Error::other(format!("{what}{hint}")) })
 }
 
-/// Serialises lava-flow's point-to-point calls: with it, channels in several threads need
-/// only `MPI_THREAD_SERIALIZED`.
+/// Serialises lava-flow's MPI calls where MPI's thread level is SERIALIZED: with it,
+/// channels in several threads (and the progress thread) need no more than that. Under
+/// MULTIPLE, MPI serialises what it must itself.
 static CALLS: Mutex<()> = Mutex::new(());
+static SERIALIZE: AtomicBool = AtomicBool::new(true);
 
-/// lava-flow's MPI calls so far: the progress thread stays out of the way while they come.
+/// Counts lava-flow's MPI calls (approximately: only whether it moved matters), so that the
+/// progress thread stays out of the way while they come.
 static CALL_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Takes the call lock for one of lava-flow's MPI calls.
-fn calls() -> parking_lot::MutexGuard<'static, ()> {
-    CALL_COUNT.fetch_add(1, Ordering::Relaxed);
-    CALLS.lock()
+/// Takes the call lock (where one is needed) for one of lava-flow's MPI calls.
+fn calls() -> Option<parking_lot::MutexGuard<'static, ()>> {
+    // A plain increment, no read-modify-write: two threads that race still move it.
+    CALL_COUNT.store(CALL_COUNT.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    SERIALIZE.load(Ordering::Relaxed).then(|| CALLS.lock())
 }
 
 /// Whether MPI's thread level lets lava-flow call MPI from a thread of its own.
 static THREADS_ALLOWED: AtomicBool = AtomicBool::new(false);
-/// Sends and receives lava-flow has started and not seen complete.
+/// Transfers lava-flow has started and not seen complete: sends, and receives of data that
+/// is on its way (not the receives posted ahead for messages that may come), of more than
+/// [`SMALL`] bytes.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// Sends up to this long go eagerly (MPI copies them out at once, or the receiver takes them
+/// without the sender's help): they need no progress thread.
+const SMALL: usize = 4096;
+/// The progress thread runs (or could not be started): no need to look again.
+static PROGRESS_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// MPI moves a message only while the processes at both ends call into it. A channel's end
 /// that waits for something else (another channel's shared memory, the application's own
-/// work) would stall its peer's large transfers, which need several steps of both; so, while
-/// any of lava-flow's operations is pending, a thread of lava-flow's enters MPI's progress
-/// engine every few tens of microseconds (a probe on MPI_COMM_SELF) when lava-flow's own calls
-/// have been quiet since its last look. It exists where MPI's thread
-/// level is SERIALIZED or MULTIPLE, and stops when the last world is freed.
+/// work) would stall its peer's large transfers, which need several steps of both; so a
+/// thread of lava-flow's enters MPI's progress engine (a probe on MPI_COMM_SELF) when
+/// lava-flow's own calls have been quiet since its last look. It looks every 20 µs while a
+/// transfer of more than a few KiB is pending, every 2 ms otherwise (small sends need no help;
+/// receives posted ahead wait for messages that may never come), so that it seldom takes the
+/// core from a thread that busy-polls small messages. It exists where MPI's thread level is
+/// SERIALIZED or MULTIPLE, and stops when the last world is freed.
 struct Progress {
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
@@ -369,10 +383,9 @@ struct Progress {
 static PROGRESS: Mutex<Option<Progress>> = Mutex::new(None);
 
 impl Progress {
-    /// Notes an operation started, and starts the thread if it can and has not yet.
-    fn started() {
-        PENDING.fetch_add(1, Ordering::Relaxed);
-        if !THREADS_ALLOWED.load(Ordering::Relaxed) {
+    /// Starts the thread if MPI's thread level allows it and it has not started yet.
+    fn ensure() {
+        if PROGRESS_STARTED.load(Ordering::Relaxed) || !THREADS_ALLOWED.load(Ordering::Relaxed) {
             return;
         }
         let mut progress = PROGRESS.lock();
@@ -382,40 +395,32 @@ impl Progress {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let spawned = std::thread::Builder::new().name("lava-flow-mpi-progress".into()).spawn(move || {
+            use std::time::Duration;
             let mut seen = usize::MAX;
             while !flag.load(Ordering::Relaxed) {
-                if PENDING.load(Ordering::Relaxed) == 0 {
-                    std::thread::sleep(std::time::Duration::from_micros(200));
-                    continue;
-                }
-                // Channels calling MPI themselves drive its progress: enter only when they
-                // have been quiet since the last look.
+                let transfers = PENDING.load(Ordering::Relaxed) != 0;
                 let now = CALL_COUNT.load(Ordering::Relaxed);
-                if now != seen {
-                    seen = now;
-                    std::thread::sleep(std::time::Duration::from_micros(20));
-                    continue;
-                }
-                {
-                    let _calls = CALLS.lock();
+                let quiet = now == seen;
+                seen = now;
+                if quiet {
+                    let _calls = calls();
                     let mut found: c_int = 0;
                     // SAFETY: MPI is initialised and not finalized (the thread stops before the
                     // last world goes); COMM_SELF is predefined; the status is ignored.
                     unsafe {
                         ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, ffi::RSMPI_ANY_TAG, ffi::RSMPI_COMM_SELF, &mut found, ffi::RSMPI_STATUS_IGNORE);
                     }
+                    // The probe is a call too: only the channels' calls should move the count.
+                    seen = CALL_COUNT.load(Ordering::Relaxed);
                 }
-                std::thread::sleep(std::time::Duration::from_micros(20));
+                std::thread::sleep(Duration::from_micros(if transfers { 20 } else { 2000 }));
             }
         });
         // Without the thread, progress still happens inside the channels' calls.
         if let Ok(thread) = spawned {
             *progress = Some(Progress { stop, thread });
         }
-    }
-
-    fn finished() {
-        PENDING.fetch_sub(1, Ordering::Relaxed);
+        PROGRESS_STARTED.store(true, Ordering::Relaxed);
     }
 
     fn stop() {
@@ -423,16 +428,39 @@ impl Progress {
             p.stop.store(true, Ordering::Relaxed);
             let _ = p.thread.join();
         }
+        PROGRESS_STARTED.store(false, Ordering::Relaxed);
     }
 }
 
 /// A nonblocking operation in flight. Its buffer must stay valid and untouched until
 /// [`PrivateComm::test`] says it is complete; dropping an incomplete request is a bug
 /// (callers complete, cancel, or deliberately leak).
-pub(crate) struct Request(ffi::MPI_Request);
+pub(crate) struct Request {
+    raw: ffi::MPI_Request,
+    /// Counted in `PENDING` (a transfer under way, not a receive posted ahead).
+    transfer: bool,
+}
 
-// SAFETY: an MPI_Request is a handle; lava-flow calls MPI on it only under CALLS.
+// SAFETY: an MPI_Request is a handle; lava-flow calls MPI on it from one thread at a time
+// (the request's owner), under the call lock where MPI's thread level asks for it.
 unsafe impl Send for Request {}
+
+impl Request {
+    fn new(raw: ffi::MPI_Request, transfer: bool) -> Request {
+        if transfer {
+            PENDING.fetch_add(1, Ordering::Relaxed);
+        }
+        Progress::ensure();
+        Request { raw, transfer }
+    }
+
+    /// The request is complete (or freed): it no longer counts.
+    fn finished(&mut self) {
+        if std::mem::take(&mut self.transfer) {
+            PENDING.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 impl PrivateComm {
     /// Starts sending `len` bytes at `buf` to `dest` with `tag`.
@@ -446,24 +474,40 @@ impl PrivateComm {
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = unsafe { ffi::MPI_Isend(buf.cast(), count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut request) };
         check(rc, "MPI_Isend", "")?;
-        Progress::started();
-        Ok(Request(request))
+        Ok(Request::new(request, len > SMALL))
     }
 
-    /// Starts receiving up to `len` bytes from `source` with `tag` into `buf`.
+    /// Starts receiving up to `len` bytes from `source` with `tag` into `buf`: data that is
+    /// on its way.
     ///
     /// # Safety
     /// `buf` stays valid for `len` bytes, and is not read or written, until the request is
     /// complete (or cancelled and completed).
     pub(crate) unsafe fn irecv(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<Request> {
+        // SAFETY: the caller's contract.
+        unsafe { self.irecv_as(buf, len, source, tag, len > SMALL) }
+    }
+
+    /// [`irecv`](Self::irecv) of a message that may come (a receive posted ahead): the
+    /// progress thread looks after it less often.
+    ///
+    /// # Safety
+    /// As for `irecv`.
+    pub(crate) unsafe fn irecv_ahead(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<Request> {
+        // SAFETY: the caller's contract.
+        unsafe { self.irecv_as(buf, len, source, tag, false) }
+    }
+
+    /// # Safety
+    /// As for `irecv`.
+    unsafe fn irecv_as(&self, buf: *mut u8, len: usize, source: u32, tag: i32, transfer: bool) -> Result<Request> {
         let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
         let _calls = calls();
         // SAFETY: as for isend.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = unsafe { ffi::MPI_Irecv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, &mut request) };
         check(rc, "MPI_Irecv", "")?;
-        Progress::started();
-        Ok(Request(request))
+        Ok(Request::new(request, transfer))
     }
 
     /// Whether `request` is complete (then its buffer is free again).
@@ -472,10 +516,10 @@ impl PrivateComm {
         let mut done: c_int = 0;
         // SAFETY: a live request (or REQUEST_NULL once complete, for which MPI_Test is true);
         // the status is ignored.
-        let rc = unsafe { ffi::MPI_Test(&mut request.0, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+        let rc = unsafe { ffi::MPI_Test(&mut request.raw, &mut done, ffi::RSMPI_STATUS_IGNORE) };
         check(rc, "MPI_Test", "")?;
         if done != 0 {
-            Progress::finished();
+            request.finished();
         }
         Ok(done != 0)
     }
@@ -486,17 +530,35 @@ impl PrivateComm {
         let mut done: c_int = 0;
         // SAFETY: MPI_Status is plain data that MPI fills in; a live request.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        let rc = unsafe { ffi::MPI_Test(&mut request.0, &mut done, &mut status) };
+        let rc = unsafe { ffi::MPI_Test(&mut request.raw, &mut done, &mut status) };
         check(rc, "MPI_Test", "")?;
         if done == 0 {
             return Ok(None);
         }
-        Progress::finished();
+        request.finished();
         let mut count: c_int = 0;
         // SAFETY: the status of a completed receive.
         let rc = unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
         check(rc, "MPI_Get_count", "")?;
         usize::try_from(count).map(Some).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
+    }
+
+    /// Waits inside MPI until a receive is complete: `bytes received`. For a wait that
+    /// would otherwise poll `test_received` without end; it holds no lock of lava-flow's,
+    /// so only where MPI's thread level is MULTIPLE.
+    pub(crate) fn wait_received(&self, request: &mut Request) -> Result<usize> {
+        debug_assert!(!SERIALIZE.load(Ordering::Relaxed), "only under MPI_THREAD_MULTIPLE");
+        CALL_COUNT.store(CALL_COUNT.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        // SAFETY: MPI_Status is plain data that MPI fills in; a live request.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let rc = unsafe { ffi::MPI_Wait(&mut request.raw, &mut status) };
+        check(rc, "MPI_Wait", "")?;
+        request.finished();
+        let mut count: c_int = 0;
+        // SAFETY: the status of a completed receive.
+        let rc = unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+        check(rc, "MPI_Get_count", "")?;
+        usize::try_from(count).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
     }
 
     /// Cancels a receive that may have matched a message already: `Some(bytes received)` when
@@ -507,10 +569,10 @@ impl PrivateComm {
         // SAFETY: a live receive request; MPI_Wait after MPI_Cancel completes it either way,
         // and the status says which happened.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        let rc = unsafe { ffi::MPI_Cancel(&mut request.0) };
+        let rc = unsafe { ffi::MPI_Cancel(&mut request.raw) };
         check(rc, "MPI_Cancel", "")?;
-        let rc = unsafe { ffi::MPI_Wait(&mut request.0, &mut status) };
-        Progress::finished();
+        let rc = unsafe { ffi::MPI_Wait(&mut request.raw, &mut status) };
+        request.finished();
         check(rc, "MPI_Wait of a cancelled receive", "")?;
         let mut cancelled: c_int = 0;
         // SAFETY: the status of a completed request.
@@ -528,10 +590,10 @@ impl PrivateComm {
     pub(crate) fn cancel_recv(&self, mut request: Request) -> Result<()> {
         let _calls = calls();
         // SAFETY: a live receive request; MPI_Wait after MPI_Cancel completes it either way.
-        let rc = unsafe { ffi::MPI_Cancel(&mut request.0) };
+        let rc = unsafe { ffi::MPI_Cancel(&mut request.raw) };
         check(rc, "MPI_Cancel", "")?;
-        let rc = unsafe { ffi::MPI_Wait(&mut request.0, ffi::RSMPI_STATUS_IGNORE) };
-        Progress::finished();
+        let rc = unsafe { ffi::MPI_Wait(&mut request.raw, ffi::RSMPI_STATUS_IGNORE) };
+        request.finished();
         check(rc, "MPI_Wait of a cancelled receive", "")
     }
 
@@ -540,8 +602,8 @@ impl PrivateComm {
     pub(crate) fn abandon(&self, mut request: Request) {
         let _calls = calls();
         // SAFETY: a live request; MPI frees it when it completes, if ever.
-        unsafe { ffi::MPI_Request_free(&mut request.0) };
-        Progress::finished();
+        unsafe { ffi::MPI_Request_free(&mut request.raw) };
+        request.finished();
     }
 
     /// The length of the next message from `source` with `tag`, if one has arrived.

@@ -1,7 +1,7 @@
 //! The consumer half of an MPI channel.
 
 use std::any::Any;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,6 +28,7 @@ const COPY_OUT_MAX: usize = 16 << 10;
 
 /// A message received and not yet released: the buffer its bytes lie in.
 struct Held {
+    seq: u64,
     buffer: Vec<u8>,
     report: bool,
 }
@@ -44,7 +45,10 @@ struct Shared {
 }
 
 struct State {
-    held: HashMap<u64, Held>,
+    /// Messages held, in slot `seq % capacity`: a producer that keeps to its credits never
+    /// has more than `capacity` messages unreleased.
+    held: Vec<Option<Held>>,
+    held_count: usize,
     /// Every message below this is released; `released` holds those released above it.
     released_below: u64,
     released: BTreeSet<u64>,
@@ -58,6 +62,12 @@ struct State {
     kept: Vec<Box<dyn Any + Send + Sync>>,
     /// The channel's consumer has gone: credits are no longer sent.
     closed: bool,
+}
+
+impl State {
+    fn slot(&self, seq: u64) -> usize {
+        (seq % self.held.len() as u64) as usize
+    }
 }
 
 impl Shared {
@@ -91,10 +101,11 @@ impl Shared {
 impl Release for Shared {
     fn release(&self, view: &RawView) -> Result<()> {
         let mut state = self.state.lock();
+        let slot = state.slot(view.token);
         let matches = view.session == SESSION
-            && state.held.get(&view.token).is_some_and(|h| {
+            && state.held[slot].as_ref().is_some_and(|h| {
                 let start = h.buffer.as_ptr() as usize;
-                view.ptr as usize >= start && view.ptr as usize + view.len <= start + h.buffer.len()
+                h.seq == view.token && view.ptr as usize >= start && view.ptr as usize + view.len <= start + h.buffer.len()
             });
         if !matches {
             return Err(Error::InvalidState(format!(
@@ -102,7 +113,8 @@ impl Release for Shared {
                 view.token
             )));
         }
-        let held = state.held.remove(&view.token).expect("checked");
+        let held = state.held[slot].take().expect("checked");
+        state.held_count -= 1;
         state.pool.put(held.buffer);
         if view.token == state.released_below {
             state.released_below += 1;
@@ -116,7 +128,7 @@ impl Release for Shared {
         } else {
             state.released.insert(view.token);
         }
-        if state.held.is_empty() {
+        if state.held_count == 0 {
             state.kept.clear();
         }
         self.report(&mut state, held.report)
@@ -150,6 +162,9 @@ pub(crate) struct MpiConsumer {
     landings: VecDeque<(Request, Vec<u8>)>,
     /// Messages arrived and not read yet: their buffers and lengths.
     landed: VecDeque<(Vec<u8>, usize)>,
+    /// Landing buffers of messages read, to be posted again at the next look for messages
+    /// (not while a message is handed out: posting costs an MPI call).
+    spare: Vec<Vec<u8>>,
     busy: bool,
     /// The next message's sequence number.
     next: u64,
@@ -218,7 +233,8 @@ impl MpiConsumer {
             control_tag,
             batch: (capacity / 4).max(1),
             state: Mutex::new(State {
-                held: HashMap::new(),
+                held: (0..capacity).map(|_| None).collect(),
+                held_count: 0,
                 released_below: 0,
                 released: BTreeSet::new(),
                 last_reported: 0,
@@ -237,6 +253,7 @@ impl MpiConsumer {
             max_len,
             landings: VecDeque::with_capacity(LANDINGS),
             landed: VecDeque::new(),
+            spare: Vec::with_capacity(LANDINGS),
             busy: matches!(config.wait, WaitStrategy::BusyPoll),
             next: 0,
             gone: None,
@@ -267,7 +284,7 @@ impl MpiConsumer {
         let len = self.landing_len();
         // SAFETY: `len` bytes of the buffer, whose heap memory stays in place in `landings`
         // until the receive completes (or is cancelled).
-        let request = unsafe { self.ep.comm.irecv(buffer.as_mut_ptr(), len, self.ep.peer, self.tags.messages)? };
+        let request = unsafe { self.ep.comm.irecv_ahead(buffer.as_mut_ptr(), len, self.ep.peer, self.tags.messages)? };
         self.landings.push_back((request, buffer));
         Ok(())
     }
@@ -277,21 +294,24 @@ impl MpiConsumer {
         self.notifier.is_none()
     }
 
-    /// A read message's landing buffer is free again: posted again for the next message, or
-    /// kept in the pool.
-    fn recycle_landing(&mut self, buffer: Vec<u8>) -> Result<()> {
-        if self.posting() && self.landings.len() < LANDINGS && buffer.len() >= self.landing_len() {
-            return self.post_landing_in(buffer);
+    /// A read message's landing buffer is free again: posted again at the next look for
+    /// messages, or kept in the pool.
+    fn recycle_landing(&mut self, buffer: Vec<u8>) {
+        if self.posting() && self.landings.len() + self.spare.len() < LANDINGS && buffer.len() >= self.landing_len() {
+            self.spare.push(buffer);
+        } else {
+            self.shared.state.lock().pool.put(buffer);
         }
-        self.shared.state.lock().pool.put(buffer);
-        Ok(())
     }
 
-    /// Posts receives ahead until there are enough again (a landing buffer went with its
-    /// message).
+    /// Posts receives ahead until there are enough again: the spare landing buffers, then new
+    /// ones (a landing buffer went with its message).
     fn refill_landings(&mut self) -> Result<()> {
         while self.posting() && self.landings.len() < LANDINGS {
-            self.post_landing()?;
+            match self.spare.pop() {
+                Some(buffer) => self.post_landing_in(buffer)?,
+                None => self.post_landing()?,
+            }
         }
         Ok(())
     }
@@ -302,10 +322,13 @@ impl MpiConsumer {
         if !self.landed.is_empty() {
             return Ok(true);
         }
+        if self.landings.len() < LANDINGS {
+            self.refill_landings()?;
+        }
         if let Some((request, _)) = self.landings.front_mut() {
             let Some(len) = self.ep.comm.test_received(request)? else { return Ok(false) };
             let (_, buffer) = self.landings.pop_front().expect("tested above");
-            // Posted again once read (`recycle_landing`), or replaced (`refill_landings`).
+            // Posted again once read, or replaced (`recycle_landing`, `refill_landings`).
             self.landed.push_back((buffer, len));
             return Ok(true);
         }
@@ -330,15 +353,9 @@ impl MpiConsumer {
     }
 
     /// Hands out a received message: held until released.
-    fn deliver(&mut self, header: Header, buffer: Vec<u8>, start: usize) -> RawView {
-        let len = header.len as usize;
-        // SAFETY: start + len <= buffer.len() (checked by the callers); the buffer's heap
-        // memory stays in place in `held` until the view is released.
-        let ptr = unsafe { buffer.as_ptr().add(start) };
-        let flags = if header.flags & FLAG_ZERO_COPY != 0 { RawView::ZERO_COPY } else { 0 };
-        self.shared.state.lock().held.insert(header.seq, Held { buffer, report: header.flags & FLAG_REPORT != 0 });
-        self.next += 1;
-        RawView { ptr, len, token: header.seq, session: SESSION, flags }
+    fn deliver(&mut self, header: Header, buffer: Vec<u8>, start: usize) -> Result<RawView> {
+        let mut state = self.shared.state.lock();
+        hold(&mut state, &mut self.next, header, buffer, start).map_err(|e| self.corrupt(e))
     }
 
     /// Completes a chunked message if all its chunks have arrived.
@@ -349,7 +366,7 @@ impl MpiConsumer {
             }
         }
         let Some(partial) = self.partial.take() else { return Ok(None) };
-        Ok(Some(self.deliver(partial.header, partial.buffer, 0)))
+        self.deliver(partial.header, partial.buffer, 0).map(Some)
     }
 
     /// Whether the oldest chunk still due has arrived (whole: a short one is `Corrupt`, and
@@ -446,7 +463,7 @@ impl MpiConsumer {
                         if len != Header::LEN {
                             return Err(self.corrupt(format!("sent a chunked message's header of {len} bytes")));
                         }
-                        self.recycle_landing(buffer)?;
+                        self.recycle_landing(buffer);
                         self.start_partial(header)?;
                         continue;
                     }
@@ -455,21 +472,24 @@ impl MpiConsumer {
                     }
                     if payload <= COPY_OUT_MAX && buffer.len() > Header::LEN + COPY_OUT_MAX {
                         // A small message in a landing buffer: copied out, the buffer reused.
-                        let mut small = self.buffer(payload);
-                        small[..payload].copy_from_slice(&buffer[Header::LEN..len]);
-                        self.recycle_landing(buffer)?;
-                        return Ok(Some(self.deliver(header, small, 0)));
+                        let view = {
+                            let mut state = self.shared.state.lock();
+                            let mut small = state.pool.take(payload);
+                            small[..payload].copy_from_slice(&buffer[Header::LEN..len]);
+                            hold(&mut state, &mut self.next, header, small, 0)
+                        };
+                        self.recycle_landing(buffer);
+                        return view.map(Some).map_err(|e| self.corrupt(e));
                     }
-                    // The buffer goes with the message: another takes its place first.
-                    self.refill_landings()?;
-                    return Ok(Some(self.deliver(header, buffer, Header::LEN)));
+                    // The buffer goes with the message; another takes its place at the next look.
+                    return self.deliver(header, buffer, Header::LEN).map(Some);
                 }
                 Kind::Close => {
-                    self.recycle_landing(buffer)?;
+                    self.recycle_landing(buffer);
                     self.gone = Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
                 }
                 Kind::ReportRequest => {
-                    self.recycle_landing(buffer)?;
+                    self.recycle_landing(buffer);
                     let mut state = self.shared.state.lock();
                     state.report_wanted = state.report_wanted.max(header.seq + 1);
                     self.shared.report(&mut state, false)?;
@@ -478,6 +498,29 @@ impl MpiConsumer {
             }
         }
     }
+}
+
+/// Holds a received message (its payload at `start` in `buffer`) until it is released, and
+/// hands out its view; what is wrong when the producer sent more than the capacity allows.
+fn hold(state: &mut State, next: &mut u64, header: Header, buffer: Vec<u8>, start: usize) -> std::result::Result<RawView, String> {
+    let len = header.len as usize;
+    let slot = state.slot(header.seq);
+    if state.held[slot].is_some() {
+        state.pool.put(buffer);
+        return Err(format!(
+            "sent message {} while {} messages were unreleased: more than the channel's capacity",
+            header.seq,
+            state.held.len()
+        ));
+    }
+    // SAFETY: start + len <= buffer.len() (checked by the callers); the buffer's heap memory
+    // stays in place in `held` until the view is released.
+    let ptr = unsafe { buffer.as_ptr().add(start) };
+    let flags = if header.flags & FLAG_ZERO_COPY != 0 { RawView::ZERO_COPY } else { 0 };
+    state.held[slot] = Some(Held { seq: header.seq, buffer, report: header.flags & FLAG_REPORT != 0 });
+    state.held_count += 1;
+    *next += 1;
+    Ok(RawView { ptr, len, token: header.seq, session: SESSION, flags })
 }
 
 /// Receives a probed message of `len` bytes (at most `max`).
@@ -527,6 +570,20 @@ impl ConsumerTransport for MpiConsumer {
     }
 
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
+        if deadline.is_none() && self.busy && self.ep.thread_level == ThreadLevel::Multiple && self.partial.is_none() && self.gone.is_none() {
+            // A busy wait without end: inside MPI, as a blocking receive waits. Whatever the
+            // producer sends next (a message, its close, a request) lands in the oldest
+            // receive posted ahead.
+            if self.arrive()? {
+                return Ok(());
+            }
+            if let Some((request, _)) = self.landings.front_mut() {
+                let len = self.ep.comm.wait_received(request)?;
+                let (_, buffer) = self.landings.pop_front().expect("waited above");
+                self.landed.push_back((buffer, len));
+                return Ok(());
+            }
+        }
         let mut spins = 0;
         loop {
             if self.gone.is_some() {
@@ -581,6 +638,9 @@ impl ConsumerTransport for MpiConsumer {
                     None => self.shared.state.lock().pool.put(buffer),
                 }
             }
+            for buffer in self.spare.drain(..) {
+                self.shared.state.lock().pool.put(buffer);
+            }
             let fd = Arc::new(eventfd()?);
             if !self.landed.is_empty() {
                 eventfd_signal(fd.as_fd());
@@ -611,7 +671,7 @@ impl ConsumerTransport for MpiConsumer {
 
     fn keep_while_held(&mut self, _session: u64, keep: Box<dyn Any + Send + Sync>) {
         let mut state = self.shared.state.lock();
-        if !state.held.is_empty() {
+        if state.held_count != 0 {
             state.kept.push(keep);
         }
     }

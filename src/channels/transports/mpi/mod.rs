@@ -26,8 +26,8 @@
 //!   (buffer sends, and messages sent with half the capacity in flight), every quarter of the
 //!   capacity, and when the producer waits for a completion (a report request in the stream).
 //! - **Progress.** Progress happens inside the calls of either side (sends, receives, waits,
-//!   releases), and, while any of lava-flow's MPI operations is pending, in a thread of
-//!   lava-flow's that enters MPI's progress engine every few microseconds (`crate::mpi`): a
+//!   releases), and in a thread of lava-flow's that enters MPI's progress engine when those
+//!   calls are quiet (`crate::mpi`): a
 //!   process that waits for something else (another channel's shared memory, its own work)
 //!   would otherwise stall its peer's large transfers, which need steps of both. The thread
 //!   needs `MPI_THREAD_SERIALIZED` or `MULTIPLE`; lava-flow serialises its own MPI calls.
@@ -196,9 +196,15 @@ impl BufferPool {
         BufferPool { buffers: Vec::new(), bytes: 0, max_bytes }
     }
 
-    /// A buffer of at least `len` bytes: the smallest kept one that fits (a small message must
-    /// not take the buffer a large one will need), or a new one (zeroed).
+    /// A buffer of at least `len` bytes: the one put back last when it fits without wasting
+    /// much (cache-hot, found at once), else the smallest kept one that fits (a small message
+    /// must not take the buffer a large one will need), or a new one (zeroed).
     fn take(&mut self, len: usize) -> Vec<u8> {
+        if self.last_fits(len) {
+            let buffer = self.buffers.pop().expect("last_fits");
+            self.bytes -= buffer.len();
+            return buffer;
+        }
         let fitting = self.buffers.iter().enumerate().filter(|(_, b)| b.len() >= len);
         match fitting.min_by_key(|(_, b)| b.len()).map(|(i, _)| i) {
             Some(i) => {
@@ -210,8 +216,13 @@ impl BufferPool {
         }
     }
 
+    /// Whether the buffer put back last holds `len` bytes and at most twice as many (or 4 KiB).
+    fn last_fits(&self, len: usize) -> bool {
+        self.buffers.last().is_some_and(|b| b.len() >= len && b.len() <= len.max(4096).saturating_mul(2))
+    }
+
     fn has(&self, len: usize) -> bool {
-        self.buffers.iter().any(|b| b.len() >= len)
+        self.last_fits(len) || self.buffers.iter().any(|b| b.len() >= len)
     }
 
     fn put(&mut self, buffer: Vec<u8>) {
@@ -228,9 +239,14 @@ impl BufferPool {
 }
 
 /// Sleeps a little when a wait has spun long enough: MPI progress needs calls, so waits poll.
+/// Busy waits go straight back to MPI (each look is a call into its progress engine, longer
+/// than a pause).
 fn backoff(spins: &mut u32, busy: bool) {
     *spins = spins.saturating_add(1);
-    if busy || *spins < 2000 {
+    if busy {
+        return;
+    }
+    if *spins < 2000 {
         std::hint::spin_loop();
     } else {
         std::thread::sleep(std::time::Duration::from_micros(if *spins < 20_000 { 5 } else { 50 }));
