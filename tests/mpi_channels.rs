@@ -2,7 +2,8 @@
 //! that lava-flow sees on different hosts (`LF_HOST_ID=a` and `b`) and Open MPI's TCP path,
 //! so the messages really cross MPI. Every payload kind in one order (copies inline and
 //! chunked, loans, buffer sends of CPU buffers), exactly once; completion; timeouts; a
-//! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is).
+//! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is);
+//! malformed messages from a hostile producer, each `Corrupt`.
 #![cfg(feature = "mpi")]
 
 use std::process::Command;
@@ -136,6 +137,35 @@ fn role(world: &MpiWorld) {
                 Err(Error::PeerGone(_)) => break,
                 Err(Error::Timeout(_)) => panic!("the producer's close never came"),
                 other => panic!("after the last message: {other:?}"),
+            }
+        }
+    }
+    hostile_producer(world, &context);
+}
+
+/// A producer that sends malformed messages: the consumer says `Corrupt`, naming what is
+/// wrong, and reads nothing out of bounds (one channel per kind: a malformed one is done).
+fn hostile_producer(world: &MpiWorld, context: &Context) {
+    let other = 1 - world.rank();
+    let mine = world.me().location().clone();
+    let peer = world.peer(other).unwrap().location().clone();
+    let expected = ["cut message 0 short", "sent message 5 where 0 was next", "sent 132 bytes for a message of 8"];
+    for (how, words) in expected.iter().enumerate() {
+        let name = format!("hostile-{how}");
+        if world.rank() == 0 {
+            let mut p = Producer::create(context, &name, &mine, &peer, &config()).unwrap();
+            p.send_malformed_for_tests(how as u32).unwrap();
+            // Until the consumer has looked: it closes once it has.
+            let mut tries = 0;
+            while !matches!(p.try_loan(8), Err(Error::PeerGone(_))) && tries < 60_000 {
+                std::thread::sleep(Duration::from_millis(1));
+                tries += 1;
+            }
+        } else {
+            let mut c = Consumer::create(context, &name, &mine, &peer, &config()).unwrap();
+            match c.recv_timeout(Duration::from_secs(60)) {
+                Err(Error::Corrupt(why)) => assert!(why.contains(words), "malformed message {how}: {why}"),
+                other => panic!("malformed message {how}: {other:?}"),
             }
         }
     }

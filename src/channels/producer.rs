@@ -356,6 +356,14 @@ impl Producer {
     pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
         self.transport.raw_region()
     }
+
+    /// Sends a malformed message (over MPI), for tests that play a hostile peer: 0, a chunked
+    /// message cut short; 1, a sequence number out of order; 2, more bytes than the header
+    /// says.
+    #[doc(hidden)]
+    pub fn send_malformed_for_tests(&mut self, how: u32) -> Result<()> {
+        self.transport.send_malformed(how)
+    }
 }
 
 /// Room lent by a [`Producer`] to write one message in place.

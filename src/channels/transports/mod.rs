@@ -494,6 +494,9 @@ impl ProducerTransport for AnyProducer {
     fn raw_region(&self) -> Option<(*mut u8, usize)> {
         forward!(self, t => t.raw_region())
     }
+    fn send_malformed(&mut self, how: u32) -> Result<()> {
+        forward!(self, t => t.send_malformed(how))
+    }
 }
 
 impl AnyConsumer {

@@ -430,6 +430,30 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
+    fn send_malformed(&mut self, how: u32) -> Result<()> {
+        let (tag, bytes) = match how {
+            0 => {
+                // A header for three chunks, then one short chunk.
+                self.post_header(self.next_header(3 * CHUNK, FLAG_SPLIT))?;
+                (self.tags.chunks, vec![0u8; 100])
+            }
+            1 => {
+                let mut bytes = Header::new(Kind::Data, self.head + 5, 8).to_bytes().to_vec();
+                bytes.extend_from_slice(&[0u8; 8]);
+                (self.tags.messages, bytes)
+            }
+            2 => {
+                let mut bytes = self.next_header(8, 0).to_bytes().to_vec();
+                bytes.extend_from_slice(&[0u8; 100]);
+                (self.tags.messages, bytes)
+            }
+            other => return Err(Error::invalid(format!("no malformed message {other}"))),
+        };
+        let ptr = bytes.as_ptr();
+        // SAFETY: the vector's heap memory is kept by the entry.
+        unsafe { self.post_with(tag, ptr, bytes.len(), Keep::Buffer(bytes)) }
+    }
+
     fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
         self.poll()?;
         self.check_gone()?;
