@@ -109,3 +109,63 @@ fn receive_times_out_when_nothing_arrives() {
         }
     }
 }
+
+/// Payload space is reused while it is still in cache: with the default 16 MiB pool, a
+/// large message sent after the last one was released (as the producer learns from an
+/// answer, not from a completion wait) lies where the last one did, and a steady stream of
+/// small pool messages stays within the first MiB.
+#[test]
+fn pool_payloads_reuse_recent_space() {
+    const TEST: &str = "backpressure::pool_payloads_reuse_recent_space";
+    const LARGE: u64 = 200;
+    const SMALL: u64 = 20_000;
+    let answered = |seq: u64| seq < LARGE || seq % 16 == 15;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let config = config(WaitStrategy::BusyPoll);
+            let mut p = Producer::create(&ctx(), "hot", &here(), &here(), &config).unwrap();
+            let mut answers = Consumer::create(&ctx(), "hot-answers", &here(), &here(), &config).unwrap();
+            let mut first = None;
+            let (mut low, mut high) = (usize::MAX, 0);
+            for i in 0..LARGE + SMALL {
+                let len = if i < LARGE { 64 << 10 } else { 1 << 10 };
+                let mut loan = p.loan(len, None).unwrap();
+                let at = loan.as_mut_slice().as_mut_ptr() as usize;
+                if i < LARGE {
+                    assert_eq!(*first.get_or_insert(at), at, "message {i} of 64 KiB after its predecessor was released");
+                } else {
+                    (low, high) = (low.min(at), high.max(at + len));
+                }
+                loan.as_mut_slice().fill(i as u8);
+                loan.publish().unwrap();
+                if answered(i) {
+                    answers.recv_timeout(Duration::from_secs(10)).unwrap();
+                }
+            }
+            assert!(high - low <= 1 << 20, "a stream of 1 KiB messages spread over {} KiB of the pool", (high - low) >> 10);
+        }
+        Some("consumer") => {
+            let config = config(WaitStrategy::BusyPoll);
+            let mut c = Consumer::create(&ctx(), "hot", &here(), &here(), &config).unwrap();
+            let mut answers = Producer::create(&ctx(), "hot-answers", &here(), &here(), &config).unwrap();
+            for i in 0..LARGE + SMALL {
+                let m = c.recv_timeout(Duration::from_secs(10)).unwrap();
+                assert!(m.iter().all(|&b| b == i as u8), "message {i}'s bytes");
+                drop(m);
+                if answered(i) {
+                    answers.send(b"released").unwrap();
+                }
+            }
+            assert!(matches!(c.recv_timeout(Duration::from_secs(10)), Err(Error::PeerGone(_))));
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("hot");
+            let c = spawn(TEST, "consumer", &dir, &[]);
+            let p = spawn(TEST, "producer", &dir, &[]);
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}

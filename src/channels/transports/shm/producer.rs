@@ -22,6 +22,14 @@ use crate::os::send_with_fds;
 // Producer
 // ---------------------------------------------------------------------------------------------
 
+/// A stream of pool payloads goes back to the start of the pool once past this many bytes
+/// (when the start is free): its bytes stay in the caches, whatever the pool's size.
+const POOL_HOT: u64 = 512 << 10;
+/// Pool loans from this size on read the consumer's tail first when the pool may have
+/// emptied, so that they start again where the last messages were (a cross-core read is
+/// small beside copying this many bytes).
+const POOL_REFRESH_MIN: usize = 16 << 10;
+
 /// The producer half of a shared-memory channel.
 pub struct ShmProducer {
     info: TransportInfo,
@@ -149,17 +157,34 @@ impl ShmProducer {
 
     /// Finds `len` contiguous pool bytes: (offset, new pool_head), committed on publish,
     /// which also moves `pool_pos`. No division on this path: the position is tracked.
+    ///
+    /// Payloads stay in cache: an empty pool starts again at offset 0 (the bytes the last
+    /// messages used), and a stream that has gone past [`POOL_HOT`] bytes goes back to the
+    /// start as soon as the start is free, rather than through the whole pool.
     #[inline]
     fn pool_alloc(&self, len: usize) -> Option<(u64, u64)> {
         let size = self.region.geometry.pool_size;
         let need = pool_need(len);
-        // Empty: start again at offset 0, so that even a pool-sized message fits.
         let pos = if self.pool_head == self.pool_tail { 0 } else { self.pool_pos };
-        let (offset, taken) = if pos + need <= size { (pos, need) } else { (0, size - pos + need) };
-        if self.pool_head - self.pool_tail + taken > size {
-            return None;
-        }
-        Some((offset, self.pool_head + taken))
+        let fits = |taken: u64| self.pool_head - self.pool_tail + taken <= size;
+        let wrap = size - pos + need;
+        let (offset, taken) = if pos + need > POOL_HOT && pos != 0 && fits(wrap) {
+            (0, wrap)
+        } else if pos + need <= size {
+            (pos, need)
+        } else {
+            (0, wrap)
+        };
+        fits(taken).then_some((offset, self.pool_head + taken))
+    }
+
+    /// Whether the consumer's tail is worth reading before a pool loan of `len` (one read of
+    /// a line the consumer writes): when the pool may have emptied since the tail was last
+    /// read and the message is large enough for its bytes' place in cache to matter, or when
+    /// the stream has gone past [`POOL_HOT`] and may go back to the start.
+    #[inline]
+    fn pool_refresh_due(&self, len: usize) -> bool {
+        self.pool_head != self.pool_tail && (len >= POOL_REFRESH_MIN || self.pool_pos + pool_need(len) > POOL_HOT)
     }
 
     /// Whether a loan of `len` could be granted now.
@@ -173,6 +198,9 @@ impl ShmProducer {
         }
         if len <= INLINE_MAX {
             return Ok(true);
+        }
+        if self.pool_refresh_due(len) {
+            self.refresh_tail()?;
         }
         if self.pool_alloc(len).is_some() {
             return Ok(true);
@@ -202,7 +230,7 @@ impl ShmProducer {
         let pending = if len <= INLINE_MAX {
             PendingLoan { token: self.head, ptr: self.region.slot_inline(index), len, kind: KIND_INLINE, pool_offset: 0, pool_end: self.pool_head }
         } else {
-            if len as u64 > self.region.geometry.pool_size {
+            if len as u64 > self.region.geometry.pool_size || self.pool_refresh_due(len) {
                 return None;
             }
             let (offset, end) = self.pool_alloc(len)?;
