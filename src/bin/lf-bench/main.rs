@@ -19,7 +19,7 @@
 //! - the registry lookup every copy send makes, timed in-process: with no shareable buffer,
 //!   with the address outside the buffers' span, and inside it (the locked search).
 //! - floors: two processes spinning on one shared cache line; an eventfd ping-pong; a
-//!   single-thread memcpy. lava-flow's ratio to each is printed with the issue's targets.
+//!   single-thread memcpy. lava-flow's ratio to each is printed with its targets.
 //!
 //! The two processes (fork) are pinned to cores 0 and 1 unless `--no-pin`.
 //!
@@ -813,13 +813,13 @@ fn find<'a>(r: &'a Results, mode: &str, payload: &str, size: usize) -> Option<&'
     r.latency.iter().find(|l| l.mode == mode && l.payload == payload && l.size == size)
 }
 
-/// The issue's targets, as (name, value, target, pass).
+/// The targets, as (name, value, target, pass).
 fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
     let mut t = Vec::new();
     if let Some(l) = find(r, "busy", "zero-copy", 64) {
         let ratio = l.lat.p50 / r.spin_floor.p50;
         t.push(("busy-poll 64 B p50 / spinning floor".to_owned(), ratio, 1.5, ratio <= 1.5));
-        // Context, not an issue target: against the least a ring channel pays here.
+        // Context, not a target: against the least a ring channel pays here.
         let ratio = l.lat.p50 / r.ring_floor.p50;
         t.push(("  (busy-poll 64 B p50 / minimal-ring floor)".to_owned(), ratio, 1.5, ratio <= 1.5));
     }
@@ -833,7 +833,7 @@ fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
             t.push((format!("touch bandwidth {} / memcpy", human(b.size)), ratio, 0.9, ratio >= 0.9));
         }
         if let Some((_, f)) = r.copy_floor.iter().find(|(s, _)| *s == b.size) {
-            // Context, not an issue target: how close to what the machine allows.
+            // Context, not a target: how close to what the machine allows.
             let ratio = b.bytes_per_s / f;
             t.push((format!("  (touch bandwidth {} / cross-core copy floor)", human(b.size)), ratio, 0.9, ratio >= 0.9));
         }
@@ -897,7 +897,7 @@ fn print_text(r: &Results, o: &Options) {
         println!("C API: handle check + panic boundary {ffi:.1} ns per call");
     }
     println!();
-    println!("targets (issue 5)");
+    println!("targets");
     for (name, value, target, pass) in targets(r) {
         println!("  {:<48} {:>7.2}  target {:>5.2}  {}", name, value, target, if pass { "ok" } else { "MISSED" });
     }
