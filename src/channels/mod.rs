@@ -213,7 +213,7 @@ pub(crate) fn validate_channel_name(name: &str) -> Result<()> {
 /// else `LF_TRANSPORTS`, else every transport.
 fn allowed_transports(config: &ChannelConfig) -> Result<(Vec<TransportKind>, String)> {
     let (wanted, source) = match &config.transports {
-        Some(list) => (list.clone(), "ChannelConfig::transports".to_owned()),
+        Some(list) => (list.clone(), "the channel's transports setting".to_owned()),
         None => match std::env::var(TRANSPORTS_ENV) {
             Ok(value) if !value.trim().is_empty() => {
                 let list = value

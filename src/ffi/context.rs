@@ -20,10 +20,13 @@ pub struct lf_context {
     pub(crate) gpu_unavailable: Option<CString>,
 }
 
-/// `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
-pub const LF_HUGEPAGE_STRICT: u32 = 0;
-/// `hugepage_policy`: fall back to ordinary memory (the buffer reports what it got).
-pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 1;
+/// Hugepage policies, for `lf_context_config.hugepage_policy` and for `lf_alloc`'s `flags`
+/// (the same values in both places; 0 means the default there: strict for a context, the
+/// context's policy for one allocation).
+/// Fail when no huge pages are reserved, saying how to reserve them.
+pub const LF_HUGEPAGE_STRICT: u32 = 1;
+/// Fall back to ordinary memory (the buffer reports what it got, and why).
+pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 2;
 
 /// Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
 /// defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
@@ -32,7 +35,7 @@ pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct lf_context_config {
-    /// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
+    /// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT; 0 for strict.
     pub hugepage_policy: u32,
     /// LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
     pub gpu_policy: u32,
@@ -61,10 +64,11 @@ fn invalid(message: String) -> Failure {
 
 fn policy(value: u32) -> FfiResult<HugepagePolicy> {
     match value {
-        LF_HUGEPAGE_STRICT => Ok(HugepagePolicy::Strict),
+        0 | LF_HUGEPAGE_STRICT => Ok(HugepagePolicy::Strict),
         LF_HUGEPAGE_BEST_EFFORT => Ok(HugepagePolicy::BestEffort),
         other => Err(invalid(format!(
-            "hugepage_policy {other} is unknown; use LF_HUGEPAGE_STRICT (0) or LF_HUGEPAGE_BEST_EFFORT (1)"
+            "hugepage_policy {other} is unknown; use 0 (the default, strict), LF_HUGEPAGE_STRICT (1) or \
+             LF_HUGEPAGE_BEST_EFFORT (2)"
         ))),
     }
 }

@@ -54,6 +54,9 @@ int main(void) {
 
     /* Bad values. */
     EXPECT(lf_location_new("", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "hostname is empty");
+    EXPECT(lf_location_new("a/b", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "contains '/'");
+    EXPECT(lf_location_new("a..b", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "empty label");
+    EXPECT(lf_location_new("-a", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "starts or ends with '-'");
     EXPECT(lf_location_new("h", -7, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "`node_id` is -7");
     EXPECT(lf_location_new("h", 0, 1LL << 40, &loc), LF_ERR_INVALID_ARGUMENT, "`device_id`");
     EXPECT(lf_location_from_config("/x.json", "bad name!", &loc), LF_ERR_INVALID_ARGUMENT, "process name");

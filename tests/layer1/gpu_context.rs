@@ -312,14 +312,14 @@ fn gpu_context_fallback_is_visible_and_strict_is_an_error() {
         return;
     }
     let disabled = Context::new(config(GpuPolicy::Disabled)).unwrap();
-    assert!(disabled.gpu_unavailable_reason().unwrap().contains("Disabled"));
-    check_fallback(&disabled, "Disabled");
+    assert!(disabled.gpu_unavailable_reason().unwrap().contains("disables the GPU"));
+    check_fallback(&disabled, "disables the GPU");
     let mut strict = config(GpuPolicy::Disabled);
     strict.strict_gpu = true;
     let strict = Context::new(strict).unwrap();
     for location in GPU_LOCATIONS {
         let e = strict.allocate(64, location).unwrap_err();
-        assert!(matches!(e, Error::Unsupported(ref m) if m.contains("strict_gpu") && m.contains("Disabled")), "{e}");
+        assert!(matches!(e, Error::Unsupported(ref m) if m.contains("strict_gpu") && m.contains("disables the GPU")), "{e}");
     }
     let no_driver = [("VK_ICD_FILENAMES", "/nonexistent/lf-icd.json"), ("VK_DRIVER_FILES", "/nonexistent/lf-icd.json")];
     for role in ["auto", "required"] {
@@ -363,7 +363,7 @@ fn gpu_context_pinned_memory_reports_its_registrations() {
     let cpu_only = Context::new(config(GpuPolicy::Disabled)).unwrap();
     let unregistered = cpu_only.allocate(4096, MemoryLocation::CpuGpuPinned).unwrap();
     assert!(unregistered.registrations().is_empty());
-    assert!(unregistered.registration_failures()[0].contains("Disabled"));
+    assert!(unregistered.registration_failures()[0].contains("disables the GPU"));
 }
 
 #[test]

@@ -76,6 +76,22 @@ enum Kind {
     Closed = 8,
 }
 
+impl Kind {
+    /// The kind in words, for messages.
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Hello => "a hello",
+            Kind::Data => "a data message",
+            Kind::Close => "a close message",
+            Kind::ReportRequest => "a report request",
+            Kind::Ack => "an acknowledgement",
+            Kind::Refuse => "a refusal",
+            Kind::Credit => "a credit",
+            Kind::Closed => "a closed message",
+        }
+    }
+}
+
 /// Header flag: answer with a credit as soon as this message is released.
 const FLAG_REPORT: u32 = 1;
 /// Header flag: the payload follows in chunks, not in this MPI message.

@@ -89,6 +89,15 @@ impl ControlRecord {
     /// Every record has this size, so that records are read whole from the stream socket.
     pub(super) const LEN: usize = 256;
 
+    /// The record in words, for messages.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            ControlRecord::Arena { id, len } => format!("the record of arena {id} ({len} bytes)"),
+            ControlRecord::Forget { id } => format!("the record forgetting arena {id}"),
+            ControlRecord::Attachment { route, bytes } => format!("an attachment of {} bytes for route {route}", bytes.len()),
+        }
+    }
+
     pub(super) fn encode(&self) -> [u8; Self::LEN] {
         let mut out = [0u8; Self::LEN];
         out[..4].copy_from_slice(RECORD_MAGIC);

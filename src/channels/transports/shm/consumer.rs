@@ -316,7 +316,7 @@ impl ShmConsumer {
                     }
                     self.link.attachments.push(Section { route, bytes, fds });
                 }
-                (record, count) => return Err(self.corrupt(format!("{record:?} came with {count} fds"))),
+                (record, count) => return Err(self.corrupt(format!("{} came with {count} fds", record.describe()))),
             }
         }
     }

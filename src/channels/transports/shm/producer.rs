@@ -268,7 +268,7 @@ impl ShmProducer {
         }
         if len as u64 > self.region.geometry.pool_size {
             return Err(Error::invalid(format!(
-                "a {len}-byte message does not fit channel {:?}, whose pool holds {} bytes; raise ChannelConfig::pool_size",
+                "a {len}-byte message does not fit channel {:?}, whose pool holds {} bytes; raise the channel's pool_size",
                 self.name, self.region.geometry.pool_size
             )));
         }
