@@ -920,8 +920,12 @@ lf_status lf_export_send(int32_t socket, const struct lf_export *export_);
 
 // Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
 // caller (hand it to `lf_import`). Anything else arriving on the socket is refused
-// (LF_ERR_CORRUPT) and any fds that came with it are closed; LF_ERR_PEER_GONE when the socket
-// closed first.
+// (LF_ERR_CORRUPT, the message naming what is wrong) and any fds that came with it are
+// closed: a message that is not one 128-byte record with one fd; a record with another magic
+// or version, non-zero reserved fields, an unknown location, handle type or flag, GPU fields
+// on CPU memory, or an empty range or one outside its arena; an fd that is not memory (for
+// CPU memory a memfd sealed against shrinking) of at least the arena's size.
+// LF_ERR_PEER_GONE when the socket closed first.
 //
 // # Safety
 // `out` must be NULL or writable.
