@@ -281,7 +281,8 @@ typedef struct lf_channel_config {
   uint32_t capacity;
   // Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
   uint64_t spin_ns;
-  // Shared payload pool in bytes, also the largest message. Producer's value rules.
+  // Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
+  // both ends at `lf_channel_create`. Producer's value rules.
   uint64_t pool_size;
   // How long lf_channel_create waits for the peer; negative: forever.
   int64_t rendezvous_timeout_ns;
@@ -349,7 +350,8 @@ typedef struct lf_context_config {
   uint32_t strict_gpu;
   // Must be 0.
   uint32_t reserved0;
-  // Size of the pooled GPU arenas in bytes; 0 for 64 MiB.
+  // Size of the pooled GPU arenas in bytes; 0 for 64 MiB. At most 2^40 (1 TiB) and the
+  // device's largest memory heap: larger is LF_ERR_INVALID_ARGUMENT at `lf_context_create`.
   uint64_t gpu_arena_size;
   // Room for later settings; must be 0.
   uint64_t reserved[2];

@@ -49,7 +49,8 @@ pub struct lf_channel_config {
     pub capacity: u32,
     /// Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
     pub spin_ns: u64,
-    /// Shared payload pool in bytes, also the largest message. Producer's value rules.
+    /// Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
+    /// both ends at `lf_channel_create`. Producer's value rules.
     pub pool_size: u64,
     /// How long lf_channel_create waits for the peer; negative: forever.
     pub rendezvous_timeout_ns: i64,
@@ -917,6 +918,37 @@ mod tests {
             assert_eq!(lf_channel_create(ptr::null(), CString::new("x").unwrap().as_ptr(), 1, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_NULL_POINTER);
             assert!(ch.is_null());
             lf_context_free(loc.1);
+        }
+    }
+
+    /// An absurd pool size is refused at once, on either end, naming the field: not a
+    /// rendezvous that fails later on one side and times out on the other.
+    #[test]
+    fn absurd_pool_sizes_are_refused_at_once() {
+        unsafe {
+            let mut loc = ptr::null_mut();
+            assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
+            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
+            let name = CString::new(format!("ffi-absurd-{}", std::process::id())).unwrap();
+            let mut config: lf_channel_config = std::mem::zeroed();
+            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
+            config.rendezvous_timeout_ns = 5_000_000_000;
+            for pool_size in [u64::MAX, u64::MAX - 4095, 1 << 62, (1 << 40) + 1] {
+                for role in [LF_ROLE_PRODUCER, LF_ROLE_CONSUMER] {
+                    let config = lf_channel_config { pool_size, ..config };
+                    let mut ch = ptr::null_mut();
+                    let started = std::time::Instant::now();
+                    let status = lf_channel_create(context, name.as_ptr(), role, loc, loc, &config, &mut ch);
+                    assert_eq!(status, lf_status::LF_ERR_INVALID_ARGUMENT, "pool_size {pool_size}, role {role}: {}", last_error());
+                    assert!(last_error().contains(&format!("pool_size {pool_size}")), "{}", last_error());
+                    assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not after a rendezvous");
+                    assert!(ch.is_null());
+                }
+            }
+            lf_location_free(loc);
+            lf_context_free(context);
         }
     }
 

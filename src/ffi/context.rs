@@ -52,7 +52,8 @@ pub struct lf_context_config {
     pub strict_gpu: u32,
     /// Must be 0.
     pub reserved0: u32,
-    /// Size of the pooled GPU arenas in bytes; 0 for 64 MiB.
+    /// Size of the pooled GPU arenas in bytes; 0 for 64 MiB. At most 2^40 (1 TiB) and the
+    /// device's largest memory heap: larger is LF_ERR_INVALID_ARGUMENT at `lf_context_create`.
     pub gpu_arena_size: u64,
     /// Room for later settings; must be 0.
     pub reserved: [u64; 2],
@@ -133,13 +134,16 @@ mod tests {
 
     #[test]
     fn bad_config_gives_status_and_message() {
-        let cases: [(lf_context_config, lf_status, &str); 8] = [
+        let cases: [(lf_context_config, lf_status, &str); 10] = [
             (lf_context_config { hugepage_policy: 7, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "hugepage_policy 7"),
             (lf_context_config { arena_size: 3000, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "arena size 3000"),
             (lf_context_config { reserved0: 1, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "reserved"),
             (lf_context_config { gpu_policy: 9, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_policy 9"),
             (lf_context_config { gpu_device_select: 5, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_device_select 5"),
             (lf_context_config { strict_gpu: 2, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "strict_gpu 2"),
+            // Absurd GPU arenas are refused here, not by every GPU allocation later.
+            (lf_context_config { gpu_arena_size: 1 << 63, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 9223372036854775808"),
+            (lf_context_config { gpu_arena_size: u64::MAX, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 18446744073709551615"),
             // Device selection is checked even where the GPU turns out to be missing.
             (
                 lf_context_config { gpu_device_select: LF_GPU_DEVICE_INDEX, gpu_device_index: 4000, ..Default::default() },

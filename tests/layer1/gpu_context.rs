@@ -421,3 +421,22 @@ fn gpu_contexts_open_and_close_in_several_threads_at_once() {
         }
     });
 }
+
+/// A GPU arena larger than any memory heap of the device would make every GPU allocation
+/// fail: the context refuses it at creation, naming the field and the heap.
+#[test]
+fn gpu_arenas_beyond_the_largest_heap_are_refused() {
+    let Some(context) = gpu_context("gpu_arenas_beyond_the_largest_heap_are_refused") else { return };
+    let largest = context.device_info().unwrap().memory_heaps.iter().map(|h| h.size).max().unwrap();
+    drop(context);
+    let mut too_large = config(GpuPolicy::Auto);
+    too_large.gpu_arena_size = largest + 1;
+    let err = Context::new(too_large).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(ref m) if m.contains(&format!("gpu_arena_size {}", largest + 1)) && m.contains("largest memory heap")),
+        "{err}"
+    );
+    let mut absurd = config(GpuPolicy::Disabled);
+    absurd.gpu_arena_size = 1 << 63;
+    assert!(matches!(Context::new(absurd), Err(Error::InvalidArgument(ref m)) if m.contains("gpu_arena_size")));
+}

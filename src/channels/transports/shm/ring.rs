@@ -93,8 +93,9 @@ const OFF_FD_WAITING: usize = 392;
 const OFF_ROOM_FUTEX: usize = 512;
 const OFF_ROOM_SLEEPING: usize = 516;
 
-fn round_up(value: u64, to: u64) -> u64 {
-    value.div_ceil(to) * to
+/// `value` rounded up to a multiple of `to`, or `None` where that does not fit in a u64.
+fn round_up(value: u64, to: u64) -> Option<u64> {
+    value.div_ceil(to).checked_mul(to)
 }
 
 /// Sizes and offsets of a region, computed by each side from the slot count and pool size,
@@ -115,15 +116,23 @@ impl Geometry {
                 "channel capacity {slot_count} must be a power of two from 2 to {MAX_SLOTS}"
             )));
         }
-        let page = crate::os::mapping::page_size() as u64;
-        let pool_size = round_up(pool_size.max(page), page);
+        // Checked before any arithmetic: an absurd size must be refused, not wrap around.
         if pool_size > MAX_POOL {
-            return Err(Error::invalid(format!("pool size {pool_size} exceeds the limit of {MAX_POOL} bytes")));
+            return Err(Error::invalid(format!(
+                "pool_size {pool_size} exceeds the limit of {MAX_POOL} bytes (1 TiB); the pool also bounds the largest message"
+            )));
         }
-        let slots_offset = HEADER_END;
-        let pool_offset = round_up((slots_offset + slot_count as usize * SLOT_SIZE) as u64, page) as usize;
-        let total_len = pool_offset + pool_size as usize;
-        Ok(Geometry { slot_count, pool_size, slots_offset, pool_offset, total_len })
+        let page = crate::os::mapping::page_size() as u64;
+        let too_large = || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
+        let pool_size = round_up(pool_size.max(page), page).ok_or_else(too_large)?;
+        let slots_offset = HEADER_END as u64;
+        let slots_end = u64::from(slot_count).checked_mul(SLOT_SIZE as u64).and_then(|s| s.checked_add(slots_offset));
+        let pool_offset = slots_end.and_then(|end| round_up(end, page)).ok_or_else(too_large)?;
+        let total_len = pool_offset.checked_add(pool_size).ok_or_else(too_large)?;
+        let (Ok(pool_offset), Ok(total_len)) = (usize::try_from(pool_offset), usize::try_from(total_len)) else {
+            return Err(too_large());
+        };
+        Ok(Geometry { slot_count, pool_size, slots_offset: HEADER_END, pool_offset, total_len })
     }
 }
 
@@ -308,6 +317,12 @@ mod tests {
         let g = Geometry::new(64, 1).unwrap();
         assert_eq!(g.pool_size, 4096);
         assert_eq!(g.pool_offset, 4096 + 64 * 128);
+        // Absurd sizes are refused before any arithmetic could wrap them into small ones.
+        for absurd in [u64::MAX, u64::MAX - 4095, 1 << 62, MAX_POOL + 1] {
+            let err = Geometry::new(64, absurd).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("pool_size")), "{absurd}: {err}");
+        }
+        assert_eq!(Geometry::new(MAX_SLOTS, MAX_POOL).unwrap().pool_size, MAX_POOL);
     }
 
     #[test]
