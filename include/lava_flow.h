@@ -642,6 +642,10 @@ lf_status lf_channel_config_default(struct lf_channel_config *out);
 // `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 // which and why. `config` may be NULL for the defaults.
 //
+// A channel has one producer and one consumer at a time: a second one of a live channel is
+// refused at once with LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new
+// producer may attach once the previous one has closed or died.
+//
 // # Safety
 // `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
 // locations NULL or live lf_location handles; `config` NULL or a valid config; `out` NULL or
@@ -803,6 +807,8 @@ lf_status lf_wait_completed(struct lf_channel *channel, uint64_t sequence, int64
 
 // Receives the next message as a view into shared memory, waiting up to `timeout_ns`
 // (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
+// A new producer of the channel is attached by a later call, only after its predecessor's
+// LF_ERR_PEER_GONE was returned: its messages start again at sequence number 0.
 // Release the view with `lf_release`.
 //
 // # Safety

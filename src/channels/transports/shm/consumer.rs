@@ -10,7 +10,7 @@ use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
 use super::handshake;
 use super::ring::{INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
 use super::session::{OwnedSession, Session};
-use crate::channels::rendezvous::{Listener, PeerWatch, Section};
+use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::wait::{sleep_once, Waiter, LIVENESS_PERIOD};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -31,6 +31,10 @@ pub(super) struct Link {
     pub(super) next: u64,
     pub(super) last_check: Instant,
     pub(super) gone: Option<String>,
+    /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
+    pub(super) gone_reported: bool,
+    /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
+    pub(super) producer_lock: Option<rendezvous::FileId>,
     /// The producer's arenas mapped here (boxed: cold).
     pub(super) arenas: Box<ReceivedArenas>,
     /// The producer's rendezvous sections for the other routes, until taken.
@@ -354,9 +358,12 @@ impl ShmConsumer {
             if let Some(view) = self.try_read()? {
                 return Ok(Some(view));
             }
-            if self.try_reattach()? {
+            // A new producer is attached only once the end of this one has been reported: its
+            // messages start again at sequence number 0, and the application must know.
+            if self.link.gone_reported && self.try_reattach()? {
                 continue;
             }
+            self.link.gone_reported = true;
             if self.armed {
                 // Keep the fd readable so an event loop learns about the end.
                 eventfd_signal(self.link.eventfd.as_fd());
@@ -590,7 +597,14 @@ impl Drop for ShmConsumer {
         region.consumer_closed().store(1, Ordering::SeqCst);
         region.room_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.room_futex(), 1);
-        // The listener's drop removes the socket file.
+        let producer_over = self.link.gone.is_some() || region.producer_closed().load(Ordering::SeqCst) != 0;
+        // The socket file and this end's claim go first, so that a peer closing at the same
+        // time never waits for us while we wait for it.
+        self.listener.close();
+        // A producer that died left its lock file behind: removed once its lock is free.
+        if producer_over || self.link.watch.is_gone() {
+            rendezvous::clean_after_peer(&self.name, End::Producer, &self.link.watch, self.link.producer_lock);
+        }
     }
 }
 

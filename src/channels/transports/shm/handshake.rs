@@ -5,7 +5,6 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,8 +35,6 @@ fn encode_section(geometry: &Geometry, memfd: OwnedFd, eventfd: OwnedFd) -> Sect
 pub(super) struct Connected {
     pub(super) sock: UnixStream,
     pub(super) cred: libc::ucred,
-    pub(super) socket_path: PathBuf,
-    pub(super) socket_id: Option<rendezvous::FileId>,
     pub(super) region: Region,
     pub(super) eventfd: OwnedFd,
     /// Both processes registered for membarriers (see the wait protocol).
@@ -55,7 +52,7 @@ pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, o
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
     loop {
-        let (sock, cred, socket_path, socket_id) = rendezvous::connect(name, deadline)?;
+        let (sock, cred) = rendezvous::connect(name, deadline)?;
         let (region, memfd) = Region::create(name, geometry)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
@@ -76,7 +73,7 @@ pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, o
                 // The consumer wrote its flag before its answer. A consumer that lies about it
                 // only delays its own wake-ups (to the next sleep slice).
                 let fast_wake = can_membarrier && region.consumer_fast_wake().load(Ordering::Acquire) == 1;
-                return Ok(Connected { sock, cred, socket_path, socket_id, region, eventfd, fast_wake, answers });
+                return Ok(Connected { sock, cred, region, eventfd, fast_wake, answers });
             }
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
@@ -152,6 +149,8 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
                 next: 0,
                 last_check: Instant::now(),
                 gone: None,
+                gone_reported: false,
+                producer_lock: rendezvous::lock_file_id(name, rendezvous::End::Producer),
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),
                 attachments: Vec::new(),
