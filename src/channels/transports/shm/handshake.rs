@@ -1,5 +1,5 @@
 //! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
-//! (a sealed memfd) and its eventfd in this transport's [`Section`] of the hello, next to the
+//! (two sealed memfds: the control part and the data part) and its eventfd in this transport's [`Section`] of the hello, next to the
 //! other routes' sections; the consumer checks and maps them and answers with its own routes'
 //! sections, or refuses.
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::consumer::Link;
-use super::ring::{Geometry, Region, VERSION};
+use super::ring::{Geometry, Region, RegionFds, VERSION};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
 use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
@@ -18,17 +18,17 @@ use crate::error::{Error, Result};
 use crate::os::eventfd::eventfd;
 use crate::os::{membarrier, recv_with_fds};
 
-/// This transport's section: the region's geometry (its memfd and the producer's eventfd go
-/// as the section's descriptors).
+/// This transport's section: the region's geometry (its two memfds and the producer's
+/// eventfd go as the section's descriptors).
 const SECTION_LEN: usize = 24;
 
-fn encode_section(geometry: &Geometry, memfd: OwnedFd, eventfd: OwnedFd) -> Section {
+fn encode_section(geometry: &Geometry, fds: RegionFds, eventfd: OwnedFd) -> Section {
     let mut bytes = Vec::with_capacity(SECTION_LEN);
     bytes.extend_from_slice(&VERSION.to_le_bytes());
     bytes.extend_from_slice(&geometry.slot_count.to_le_bytes());
     bytes.extend_from_slice(&geometry.pool_size.to_le_bytes());
     bytes.extend_from_slice(&(geometry.total_len as u64).to_le_bytes());
-    Section { route: ROUTE_ID, bytes, fds: vec![memfd, eventfd] }
+    Section { route: ROUTE_ID, bytes, fds: vec![fds.control, fds.data, eventfd] }
 }
 
 /// What the producer has once the consumer accepted it.
@@ -53,12 +53,12 @@ pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, o
     // refusal by disappearance is retried until the deadline.
     loop {
         let (sock, cred) = rendezvous::connect(name, deadline)?;
-        let (region, memfd) = Region::create(name, geometry)?;
+        let (region, fds) = Region::create(name, geometry)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
         let eventfd_copy = eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
         let attempt = (|| {
-            let mut sections = vec![encode_section(&geometry, memfd, eventfd_copy)];
+            let mut sections = vec![encode_section(&geometry, fds, eventfd_copy)];
             sections.extend(offers()?);
             rendezvous::send_hello(&sock, name, &sections)?;
             drop(sections);
@@ -120,15 +120,17 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
             )));
         }
         let mut fds = section.fds.into_iter();
-        let (Some(memfd), Some(evfd), None) = (fds.next(), fds.next(), fds.next()) else {
-            return Err(Error::Corrupt("the producer's shared-memory section must carry exactly two fds (memfd, eventfd)".into()));
+        let (Some(control), Some(data), Some(evfd), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::Corrupt(
+                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, eventfd)".into(),
+            ));
         };
         let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
         let geometry = Geometry::new(slot_count, pool_size)?;
         if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
             return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
         }
-        let region = Region::attach(&memfd, geometry)?;
+        let region = Region::attach(&control, &data, geometry)?;
         check_is_eventfd(&evfd)?;
         Ok((region, evfd, others))
     })();

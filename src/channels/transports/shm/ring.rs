@@ -1,6 +1,11 @@
 //! The layout of a shared-memory channel's region and checked access to it.
 //!
-//! One memfd holds everything:
+//! Two memfds, mapped back to back, hold everything: the control part (the first page: what
+//! both sides write) and the data part (slots and pool: what only the producer writes). The
+//! data part is sealed with `F_SEAL_FUTURE_WRITE` once the producer has mapped it, so the
+//! consumer's read-only view of it cannot be made writable (`mprotect`, a new mapping, a
+//! reopened fd, `write`): the kernel refuses. The producer keeps writing through its own
+//! mapping, made before the seal.
 //!
 //! ```text
 //! 0      header: magic, version, geometry (written once by the producer)
@@ -36,8 +41,9 @@ use crate::os::memfd::fd_size;
 use crate::os::{memfd_create, Mapping, MemfdFlags};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
-/// 2: buffer sends (arena slots, control records on the socket). 3: routed slots.
-pub const VERSION: u32 = 3;
+/// 2: buffer sends (arena slots, control records on the socket). 3: routed slots. 4: the
+/// control and data parts in two memfds, the data part sealed against the consumer's writes.
+pub const VERSION: u32 = 4;
 pub const SLOT_SIZE: usize = 128;
 /// Offset of the payload (or pool offset) inside a slot.
 pub const SLOT_DATA: usize = 16;
@@ -125,14 +131,14 @@ impl Geometry {
         let page = crate::os::mapping::page_size() as u64;
         let too_large = || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
         let pool_size = round_up(pool_size.max(page), page).ok_or_else(too_large)?;
-        let slots_offset = HEADER_END as u64;
+        let slots_offset = round_up(HEADER_END as u64, page).ok_or_else(too_large)?;
         let slots_end = u64::from(slot_count).checked_mul(SLOT_SIZE as u64).and_then(|s| s.checked_add(slots_offset));
         let pool_offset = slots_end.and_then(|end| round_up(end, page)).ok_or_else(too_large)?;
         let total_len = pool_offset.checked_add(pool_size).ok_or_else(too_large)?;
         let (Ok(pool_offset), Ok(total_len)) = (usize::try_from(pool_offset), usize::try_from(total_len)) else {
             return Err(too_large());
         };
-        Ok(Geometry { slot_count, pool_size, slots_offset: HEADER_END, pool_offset, total_len })
+        Ok(Geometry { slot_count, pool_size, slots_offset: slots_offset as usize, pool_offset, total_len })
     }
 }
 
@@ -143,49 +149,72 @@ pub struct Region {
     pub geometry: Geometry,
 }
 
+/// The seals of both parts: neither can be resized (so the consumer can never be made to
+/// touch pages beyond an end), nor sealed further by the peer.
+const RESIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> bool {
+    // SAFETY: fcntl on a descriptor we own, with integer arguments.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
+}
+
+/// The descriptors of a region, to pass to the consumer.
+pub struct RegionFds {
+    pub control: OwnedFd,
+    pub data: OwnedFd,
+}
+
 impl Region {
-    /// Creates the memfd (sealed against resizing, so the consumer can never be made to touch
-    /// pages beyond its end) and writes the header. Returns the region and the fd to pass.
-    pub fn create(name: &str, geometry: Geometry) -> Result<(Region, OwnedFd)> {
-        let fd = memfd_create(
-            &format!("lava-flow:{name}"),
-            geometry.total_len as u64,
-            MemfdFlags { huge_page_size: None, allow_sealing: true },
-        )?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on a descriptor we own, with integer arguments.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(Error::last_os("sealing the channel memfd"));
+    /// Creates the two memfds, maps them, seals them (the data part also against writes by
+    /// anyone but this mapping, where the kernel offers `F_SEAL_FUTURE_WRITE`, since 5.1) and
+    /// writes the header. Returns the region and the fds to pass.
+    pub fn create(name: &str, geometry: Geometry) -> Result<(Region, RegionFds)> {
+        let flags = MemfdFlags { huge_page_size: None, allow_sealing: true };
+        let control_len = geometry.slots_offset;
+        let data_len = geometry.total_len - control_len;
+        let control = memfd_create(&format!("lava-flow:{name}"), control_len as u64, flags)?;
+        let data = memfd_create(&format!("lava-flow:{name}:data"), data_len as u64, flags)?;
+        let map = Mapping::shared_pair((&control, control_len), (&data, data_len), true)?;
+        if !add_seals(&control, RESIZE_SEALS) {
+            return Err(Error::last_os("sealing the channel's control memfd"));
         }
-        let map = Mapping::shared(&fd, 0, geometry.total_len)?;
+        // After our mapping, which keeps writing; every later writable use is refused.
+        if !add_seals(&data, RESIZE_SEALS | libc::F_SEAL_FUTURE_WRITE) && !add_seals(&data, RESIZE_SEALS) {
+            return Err(Error::last_os("sealing the channel's data memfd"));
+        }
         let region = Region { map, geometry };
         region.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
         region.u32_at(OFF_SLOT_COUNT).store(geometry.slot_count, Ordering::Relaxed);
         region.u64_at(OFF_POOL_SIZE).store(geometry.pool_size, Ordering::Relaxed);
         region.u64_at(OFF_TOTAL_LEN).store(geometry.total_len as u64, Ordering::Relaxed);
         region.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
-        Ok((region, fd))
+        Ok((region, RegionFds { control, data }))
     }
 
-    /// Maps a region received from a producer after checking that the file is sealed, large
-    /// enough, and carries the header `geometry` predicts.
-    pub fn attach(fd: &OwnedFd, geometry: Geometry) -> Result<Region> {
-        // SAFETY: fcntl on a descriptor we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-        if seals < 0 || seals & needed != needed {
-            return Err(Error::Corrupt(
-                "the producer's memfd is not sealed against shrinking; refusing to map it".into(),
-            ));
+    /// Maps a region received from a producer (its data part read-only) after checking that
+    /// both files are sealed against shrinking, large enough, and that the header is what
+    /// `geometry` predicts.
+    pub fn attach(control: &OwnedFd, data: &OwnedFd, geometry: Geometry) -> Result<Region> {
+        let control_len = geometry.slots_offset;
+        let data_len = geometry.total_len - control_len;
+        for (fd, part, len) in [(control, "control", control_len), (data, "data", data_len)] {
+            // SAFETY: fcntl on a descriptor we own.
+            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+            let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+            if seals < 0 || seals & needed != needed {
+                return Err(Error::Corrupt(format!(
+                    "the producer's {part} memfd is not sealed against shrinking; refusing to map it"
+                )));
+            }
+            let size = fd_size(fd)?;
+            if size < len as u64 {
+                return Err(Error::Corrupt(format!(
+                    "the producer's {part} memfd has {size} bytes, its hello promised {len}"
+                )));
+            }
         }
-        let size = fd_size(fd)?;
-        if size < geometry.total_len as u64 {
-            return Err(Error::Corrupt(format!(
-                "the producer's memfd has {size} bytes, its hello promised {}",
-                geometry.total_len
-            )));
-        }
-        let region = Region { map: Mapping::shared(fd, 0, geometry.total_len)?, geometry };
+        let map = Mapping::shared_pair((control, control_len), (data, data_len), false)?;
+        let region = Region { map, geometry };
         let header_ok = region.u64_at(OFF_MAGIC).load(Ordering::Acquire) == MAGIC
             && region.u32_at(OFF_VERSION).load(Ordering::Relaxed) == VERSION
             && region.u32_at(OFF_SLOT_COUNT).load(Ordering::Relaxed) == geometry.slot_count
@@ -304,6 +333,13 @@ impl Region {
     pub fn raw(&self) -> (*mut u8, usize) {
         (self.map.as_ptr(), self.map.len())
     }
+
+    /// The data part (slots and pool) of the mapping: read-only at the consumer.
+    pub fn data_part(&self) -> (*mut u8, usize) {
+        let at = self.geometry.slots_offset;
+        // SAFETY: slots_offset < total_len, the mapping's length.
+        (unsafe { self.map.as_ptr().add(at) }, self.geometry.total_len - at)
+    }
 }
 
 #[cfg(test)]
@@ -325,17 +361,75 @@ mod tests {
         assert_eq!(Geometry::new(MAX_SLOTS, MAX_POOL).unwrap().pool_size, MAX_POOL);
     }
 
+    /// The consumer's view of the data part cannot be made writable, by any route the kernel
+    /// offers: `mprotect`, a writable mapping of the fd it received, of the fd reopened
+    /// read-write through /proc, or of /proc/self/map_files; nor can it `write` the file.
+    /// The producer still writes through its own mapping.
+    #[test]
+    fn the_consumer_cannot_write_the_data_part() {
+        let g = Geometry::new(8, 8192).unwrap();
+        let (producer, fds) = Region::create("sealed", g).unwrap();
+        // SAFETY: F_GET_SEALS only reads the seals.
+        let seals = unsafe { libc::fcntl(fds.data.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals & libc::F_SEAL_FUTURE_WRITE == 0 {
+            println!("skipped: this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1), so the data part is not sealed");
+            return;
+        }
+        let consumer = Region::attach(&fds.control, &fds.data, g).unwrap();
+        let (data, len) = consumer.data_part();
+        let errno = || std::io::Error::last_os_error().raw_os_error();
+        // SAFETY: mprotect of the consumer's own mapping; it fails, leaving it as it was.
+        let rc = unsafe { libc::mprotect(data.cast(), len, libc::PROT_READ | libc::PROT_WRITE) };
+        assert_eq!((rc, errno()), (-1, Some(libc::EACCES)), "mprotect to writable is refused");
+        let writable_map = |fd: i32| {
+            // SAFETY: a fresh mapping at a kernel-chosen address; unmapped if it succeeds.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+            if p != libc::MAP_FAILED {
+                // SAFETY: the mapping just made.
+                unsafe { libc::munmap(p, len) };
+                return None;
+            }
+            errno()
+        };
+        assert_eq!(writable_map(fds.data.as_raw_fd()), Some(libc::EPERM), "a writable mapping of the fd is refused");
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", fds.data.as_raw_fd()))
+            .unwrap();
+        assert_eq!(writable_map(reopened.as_raw_fd()), Some(libc::EPERM), "nor of the fd reopened read-write");
+        // SAFETY: a one-byte write from a live local; it fails.
+        let n = unsafe { libc::pwrite(reopened.as_raw_fd(), b"x".as_ptr().cast(), 1, 0) };
+        assert_eq!((n, errno()), (-1, Some(libc::EPERM)), "write to the file is refused");
+        let map_file = format!("/proc/self/map_files/{:x}-{:x}", data as usize, data as usize + len);
+        match std::fs::OpenOptions::new().read(true).write(true).open(&map_file) {
+            Ok(file) => assert_eq!(writable_map(file.as_raw_fd()), Some(libc::EPERM), "nor through {map_file}"),
+            // Opening map_files needs CAP_SYS_ADMIN: without it that route is closed anyway.
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{map_file}: {e}"),
+        }
+        // The producer's own mapping, made before the seal, still writes, and the consumer sees it.
+        producer.slot_seq(2).store(77, Ordering::Release);
+        assert_eq!(consumer.slot_seq(2).load(Ordering::Acquire), 77);
+        // SAFETY: the producer's pool lies inside its writable mapping.
+        unsafe { producer.pool_range(0, 8).unwrap().write_bytes(0x5a, 8) };
+        // SAFETY: the consumer's view of the same bytes, readable.
+        assert_eq!(unsafe { consumer.pool_range(0, 8).unwrap().read() }, 0x5a);
+    }
+
     #[test]
     fn attach_checks_seals_size_and_header() {
         let g = Geometry::new(8, 8192).unwrap();
-        let (region, fd) = Region::create("t", g).unwrap();
-        let other = Region::attach(&fd, g).unwrap();
+        let (region, fds) = Region::create("t", g).unwrap();
+        let other = Region::attach(&fds.control, &fds.data, g).unwrap();
         region.slot_seq(3).store(9, Ordering::Relaxed);
         assert_eq!(other.slot_seq(3).load(Ordering::Relaxed), 9);
+        other.tail().store(5, Ordering::Relaxed);
+        assert_eq!(region.tail().load(Ordering::Relaxed), 5, "the control part is shared both ways");
         let wrong = Geometry::new(16, 8192).unwrap();
-        assert!(Region::attach(&fd, wrong).is_err());
+        assert!(Region::attach(&fds.control, &fds.data, wrong).is_err());
         let unsealed = memfd_create("u", g.total_len as u64, MemfdFlags::default()).unwrap();
-        assert!(matches!(Region::attach(&unsealed, g), Err(Error::Corrupt(_))));
+        assert!(matches!(Region::attach(&fds.control, &unsealed, g), Err(Error::Corrupt(_))));
+        assert!(matches!(Region::attach(&unsealed, &fds.data, g), Err(Error::Corrupt(_))));
         assert!(region.pool_range(8192 - 64, 64).is_some());
         assert!(region.pool_range(8192 - 64, 65).is_none());
         assert!(region.pool_range(u64::MAX, 2).is_none());
