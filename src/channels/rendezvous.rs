@@ -659,12 +659,22 @@ pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Section>> {
     let mut len = [0u8; 4];
     read(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
-    if !(16..=MAX_HELLO_LEN + 1000).contains(&len) {
+    if !(16..=MAX_ACK_LEN).contains(&len) {
         return Err(Error::Corrupt(format!("channel {channel:?}: the consumer's answer claims {len} bytes")));
     }
     let mut body = vec![0u8; len];
     read(&mut body)?;
-    if &body[..8] != ACK_MAGIC {
+    decode_ack(&body, channel)
+}
+
+/// The largest answer body, in bytes.
+pub const MAX_ACK_LEN: usize = MAX_HELLO_LEN + 1000;
+
+/// Parses the body of the consumer's answer (after its length word): its sections on
+/// acceptance, the refusal as an error, anything malformed as `Corrupt`. Pure, so that it can
+/// be fuzzed.
+pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Section>> {
+    if body.len() < 16 || &body[..8] != ACK_MAGIC {
         return Err(Error::Corrupt(format!(
             "channel {channel:?}: the consumer's answer has the wrong magic (another lava-flow version?)"
         )));
@@ -680,7 +690,7 @@ pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Section>> {
             String::from_utf8_lossy(text)
         )));
     }
-    take_sections(&body, 16 + text_len, Vec::new(), "answer")
+    take_sections(body, 16 + text_len, Vec::new(), "answer")
 }
 
 /// Remaining time to `deadline` for a socket timeout (at least 1 ms; `None` = forever).
@@ -696,6 +706,7 @@ pub fn raw(fd: BorrowedFd<'_>) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn hello_and_answer_round_trip_and_reject_garbage() {
@@ -741,5 +752,70 @@ mod tests {
         check_same_user(&cred, "x").unwrap();
         let other = libc::ucred { uid: cred.uid.wrapping_add(1), ..cred };
         assert!(matches!(check_same_user(&other, "x"), Err(Error::PermissionDenied(_))));
+    }
+
+    fn valid_hello() -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(HELLO_MAGIC);
+        out.extend_from_slice(&5u32.to_le_bytes());
+        out.extend_from_slice(b"frame");
+        put_sections(&mut out, &[Section::new(1, vec![3; 24]), Section::new(2, vec![9; 40])]);
+        out
+    }
+
+    fn valid_ack() -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(ACK_MAGIC);
+        out.extend_from_slice(&ACK_OK.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        put_sections(&mut out, &[Section::new(2, vec![1; 40])]);
+        out
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(3000))]
+
+        /// A producer's hello, with up to three descriptors attached: accepted only when every
+        /// section is within bounds and every descriptor claimed is there, and then exactly
+        /// what its bytes encode.
+        #[test]
+        fn fuzz_hello(bytes in crate::fuzz::bytes_near(valid_hello(), 200), fd_count in 0usize..3) {
+            let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::eventfd::eventfd().unwrap()).collect();
+            if let Ok((name, sections)) = decode_hello(&bytes, fds) {
+                prop_assert!(sections.len() <= MAX_SECTIONS);
+                prop_assert_eq!(sections.iter().map(|s| s.fds.len()).sum::<usize>(), fd_count);
+                let mut again = Vec::new();
+                again.extend_from_slice(HELLO_MAGIC);
+                again.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                again.extend_from_slice(name.as_bytes());
+                for s in &sections {
+                    prop_assert!(s.bytes.len() <= MAX_SECTION_LEN);
+                }
+                let counts: Vec<u32> = sections.iter().map(|s| s.fds.len() as u32).collect();
+                again.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+                for (s, fds) in sections.iter().zip(counts) {
+                    again.extend_from_slice(&s.route.to_le_bytes());
+                    again.extend_from_slice(&fds.to_le_bytes());
+                    again.extend_from_slice(&(s.bytes.len() as u32).to_le_bytes());
+                    again.extend_from_slice(&s.bytes);
+                }
+                prop_assert_eq!(again, bytes);
+            }
+        }
+
+        /// The consumer's answer: accepted, refused (InvalidState, carrying its text) or
+        /// Corrupt; never a panic, never a descriptor.
+        #[test]
+        fn fuzz_ack(bytes in crate::fuzz::bytes_near(valid_ack(), 200)) {
+            match decode_ack(&bytes, "ch") {
+                Ok(sections) => {
+                    prop_assert!(sections.len() <= MAX_SECTIONS && sections.iter().all(|s| s.fds.is_empty()));
+                    prop_assert!(sections.iter().all(|s| s.bytes.len() <= MAX_SECTION_LEN));
+                }
+                Err(Error::InvalidState(m)) => prop_assert!(m.contains("refused")),
+                Err(Error::Corrupt(_)) => {}
+                Err(other) => prop_assert!(false, "unexpected error class: {}", other),
+            }
+        }
     }
 }

@@ -141,6 +141,7 @@ impl ControlRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn control_records_round_trip_and_reject_garbage() {
@@ -158,5 +159,25 @@ mod tests {
         let mut long = ControlRecord::Attachment { route: 2, bytes: vec![1; 4] }.encode();
         long[16] = 240;
         assert!(matches!(ControlRecord::decode(&long), Err(Error::Corrupt(_))));
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// Control records from the producer's socket: a record accepted is exactly the one its
+        /// bytes encode (no byte of it goes unchecked).
+        #[test]
+        fn fuzz_control_record_bytes(bytes in crate::fuzz::bytes_near(ControlRecord::Attachment { route: 2, bytes: vec![7; 9] }.encode().to_vec(), 300)) {
+            if let Ok(record) = ControlRecord::decode(&bytes) {
+                prop_assert_eq!(&record.encode()[..], &bytes[..]);
+            }
+        }
+
+        #[test]
+        fn fuzz_arena_record_bytes(bytes in crate::fuzz::mutated(ControlRecord::Arena { id: 3, len: 1 << 21 }.encode().to_vec())) {
+            if let Ok(record) = ControlRecord::decode(&bytes) {
+                prop_assert_eq!(&record.encode()[..], &bytes[..]);
+            }
+        }
     }
 }

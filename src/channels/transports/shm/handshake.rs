@@ -107,29 +107,13 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
         let Some(section) = mine.into_iter().next() else {
             return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
         };
-        let b = &section.bytes;
-        if b.len() != SECTION_LEN {
-            return Err(Error::Corrupt(format!("the producer's shared-memory section has {} bytes, not {SECTION_LEN}", b.len())));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if u32_at(0) != VERSION {
-            return Err(Error::Unsupported(format!(
-                "the producer's shared-memory layout is version {}, this consumer's {VERSION}; use the same lava-flow on both sides",
-                u32_at(0)
-            )));
-        }
+        let geometry = decode_section(&section.bytes)?;
         let mut fds = section.fds.into_iter();
         let (Some(control), Some(data), Some(evfd), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
             return Err(Error::Corrupt(
                 "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, eventfd)".into(),
             ));
         };
-        let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
-        let geometry = Geometry::new(slot_count, pool_size)?;
-        if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
-            return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
-        }
         let region = Region::attach(&control, &data, geometry)?;
         check_is_eventfd(&evfd)?;
         Ok((region, evfd, others))
@@ -165,6 +149,30 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
     }
 }
 
+/// Parses and checks the producer's section: this layout's version, and a geometry that
+/// `Geometry::new` accepts and that agrees with the sizes the producer states. Pure, so that
+/// it can be fuzzed.
+pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
+    if b.len() != SECTION_LEN {
+        return Err(Error::Corrupt(format!("the producer's shared-memory section has {} bytes, not {SECTION_LEN}", b.len())));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    if u32_at(0) != VERSION {
+        return Err(Error::Unsupported(format!(
+            "the producer's shared-memory layout is version {}, this consumer's {VERSION}; use the same lava-flow on both sides",
+            u32_at(0)
+        )));
+    }
+    let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
+    let geometry = Geometry::new(slot_count, pool_size)
+        .map_err(|e| Error::Corrupt(format!("the producer's shared-memory section describes no valid ring: {e}")))?;
+    if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
+        return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
+    }
+    Ok(geometry)
+}
+
 /// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
 fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
     let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default();
@@ -177,4 +185,38 @@ fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
         libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_section() -> Vec<u8> {
+        let g = Geometry::new(256, 1 << 20).unwrap();
+        let mut b = VERSION.to_le_bytes().to_vec();
+        b.extend_from_slice(&g.slot_count.to_le_bytes());
+        b.extend_from_slice(&g.pool_size.to_le_bytes());
+        b.extend_from_slice(&(g.total_len as u64).to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn the_section_of_a_valid_ring_is_accepted() {
+        assert_eq!(decode_section(&valid_section()).unwrap(), Geometry::new(256, 1 << 20).unwrap());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(3000))]
+
+        /// The producer's shared-memory section: accepted only for a geometry the consumer
+        /// would compute itself from the same capacity and pool size.
+        #[test]
+        fn fuzz_section(bytes in crate::fuzz::bytes_near(valid_section(), 40)) {
+            if let Ok(g) = decode_section(&bytes) {
+                prop_assert_eq!(Geometry::new(g.slot_count, g.pool_size).unwrap(), g);
+                prop_assert!(g.slots_offset < g.pool_offset && g.pool_offset < g.total_len);
+            }
+        }
+    }
 }

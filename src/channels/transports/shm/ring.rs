@@ -67,6 +67,78 @@ pub const MAX_ARENAS: usize = 16384;
 /// The largest arena a consumer maps (1 TiB).
 pub const MAX_ARENA_LEN: u64 = 1 << 40;
 
+/// What the slot of the next message holds, as the consumer reads it, checked by
+/// [`check_slot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Not published yet.
+    Empty,
+    /// `len` (1 to [`INLINE_MAX`]) bytes inline.
+    Inline { len: usize },
+    /// `len` bytes of pool at `offset`, inside the pool and aligned to [`POOL_ALIGN`].
+    Pool { offset: u64, len: usize },
+    /// A buffer send: its arena words are checked against the arena it names.
+    Arena,
+    /// Route `route`'s descriptor of `len` (1 to [`INLINE_MAX`]) bytes, inline.
+    Routed { route: u32, len: usize },
+}
+
+/// The sequence word of the slot that will carry message `next` while it is still empty:
+/// the previous lap's message number + 1, or 0 on the first lap.
+#[inline]
+pub fn expected_empty(next: u64, slot_count: u64) -> u64 {
+    if next >= slot_count { next + 1 - slot_count } else { 0 }
+}
+
+/// Whether `len` bytes at `offset` lie inside a pool of `pool_size` bytes.
+#[inline]
+pub fn in_pool(offset: u64, len: u64, pool_size: u64) -> bool {
+    len != 0 && offset.checked_add(len).is_some_and(|end| end <= pool_size)
+}
+
+/// Checks the words the producer wrote into the slot of message `next` (`seq`, `len_kind`,
+/// and the pool offset word) against the region's geometry: everything a consumer reads from
+/// a slot before it hands out a view. A pure function, so that it can be fuzzed. `Err` says
+/// what is wrong.
+pub fn check_slot(next: u64, geometry: &Geometry, seq: u64, len_kind: u64, pool_offset: u64) -> std::result::Result<Slot, String> {
+    let slot_count = u64::from(geometry.slot_count);
+    let empty = expected_empty(next, slot_count);
+    if seq == empty {
+        return Ok(Slot::Empty);
+    }
+    let index = next & (slot_count - 1);
+    if seq != next.wrapping_add(1) {
+        return Err(format!("slot {index} has sequence word {seq}, expected {} or {empty}", next.wrapping_add(1)));
+    }
+    let len = len_kind as u32 as usize;
+    match (len_kind >> 32) as u32 {
+        KIND_INLINE if (1..=INLINE_MAX).contains(&len) => Ok(Slot::Inline { len }),
+        KIND_INLINE => Err(format!("inline message {next} has length {len}")),
+        KIND_POOL if pool_offset % POOL_ALIGN == 0 && in_pool(pool_offset, len as u64, geometry.pool_size) => {
+            Ok(Slot::Pool { offset: pool_offset, len })
+        }
+        KIND_POOL => Err(format!(
+            "pool message {next} claims {len} bytes at offset {pool_offset}, outside the {}-byte pool or not \
+             {POOL_ALIGN}-byte aligned",
+            geometry.pool_size
+        )),
+        KIND_ARENA => Ok(Slot::Arena),
+        kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 => {
+            if !(1..=INLINE_MAX).contains(&len) {
+                return Err(format!("routed message {next} has length {len}"));
+            }
+            Ok(Slot::Routed { route: kind >> 8, len })
+        }
+        kind => Err(format!("message {next} has unknown kind {kind}")),
+    }
+}
+
+/// Whether a buffer send's `len` bytes at `offset` lie inside an arena of `arena_len` bytes.
+#[inline]
+pub fn in_arena(offset: u64, len: u64, arena_len: u64) -> bool {
+    len != 0 && offset.checked_add(len).is_some_and(|end| end <= arena_len)
+}
+
 /// The pool bytes a message of `len` bytes takes: rounded up to cache lines.
 #[inline]
 pub fn pool_need(len: usize) -> u64 {
@@ -321,8 +393,7 @@ impl Region {
     /// `len` bytes of pool at `offset`, after checking that they lie inside the pool.
     #[inline]
     pub fn pool_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
-        let end = offset.checked_add(len)?;
-        if len == 0 || end > self.geometry.pool_size {
+        if !in_pool(offset, len, self.geometry.pool_size) {
             return None;
         }
         // SAFETY: offset + len <= pool_size, so the range lies inside the mapping.
@@ -335,6 +406,7 @@ impl Region {
     }
 
     /// The data part (slots and pool) of the mapping: read-only at the consumer.
+    #[cfg(test)]
     pub fn data_part(&self) -> (*mut u8, usize) {
         let at = self.geometry.slots_offset;
         // SAFETY: slots_offset < total_len, the mapping's length.
@@ -345,6 +417,7 @@ impl Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn geometry_is_checked() {
@@ -433,5 +506,45 @@ mod tests {
         assert!(region.pool_range(8192 - 64, 64).is_some());
         assert!(region.pool_range(8192 - 64, 65).is_none());
         assert!(region.pool_range(u64::MAX, 2).is_none());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// Whatever a producer writes into a slot, the consumer's check answers, and what it
+        /// accepts lies inside the slot or the pool.
+        #[test]
+        fn fuzz_slot_words(
+            capacity_log in 1u32..=20,
+            pool_size in 1u64..(1 << 24),
+            next in any::<u64>(),
+            near in any::<bool>(),
+            seq in any::<u64>(),
+            len in any::<u32>(),
+            kind in prop_oneof![0u32..8, any::<u32>(), (0u32..256).prop_map(|r| r << 8 | KIND_ROUTED)],
+            pool_offset in prop_oneof![0u64..(1 << 24), any::<u64>()],
+        ) {
+            let g = Geometry::new(1 << capacity_log, pool_size).unwrap();
+            // Half the cases name the message the consumer waits for.
+            let seq = if near { next.wrapping_add(1) } else { seq };
+            match check_slot(next, &g, seq, pack_len_kind(len, kind), pool_offset) {
+                Ok(Slot::Empty) => prop_assert_eq!(seq, expected_empty(next, u64::from(g.slot_count))),
+                Ok(Slot::Inline { len }) | Ok(Slot::Routed { len, .. }) => prop_assert!((1..=INLINE_MAX).contains(&len)),
+                Ok(Slot::Pool { offset, len }) => {
+                    prop_assert!(len > 0 && offset % POOL_ALIGN == 0);
+                    prop_assert!(offset.checked_add(len as u64).is_some_and(|end| end <= g.pool_size));
+                }
+                Ok(Slot::Arena) => prop_assert_eq!(kind, KIND_ARENA),
+                Err(what) => prop_assert!(!what.is_empty()),
+            }
+        }
+
+        /// Arena ranges: accepted only inside the arena.
+        #[test]
+        fn fuzz_arena_ranges(offset in any::<u64>(), len in any::<u64>(), arena in any::<u64>()) {
+            if in_arena(offset, len, arena) {
+                prop_assert!(len > 0 && offset + len <= arena);
+            }
+        }
     }
 }
