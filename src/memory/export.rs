@@ -640,6 +640,7 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn descriptors_round_trip_through_bytes() {
@@ -686,5 +687,46 @@ mod tests {
         let re = imported.export().unwrap();
         assert_eq!(re.descriptor.exporter_pid, std::process::id());
         assert_eq!(re.descriptor.offset, a.export().unwrap().descriptor.offset);
+    }
+
+    fn valid_descriptor() -> Vec<u8> {
+        ExportDescriptor {
+            magic: EXPORT_MAGIC,
+            version: EXPORT_VERSION,
+            location: MemoryLocation::CpuStandard.code(),
+            numa_node: -1,
+            offset: 128,
+            size: 100,
+            arena_id: 7,
+            arena_size: 1 << 21,
+            exporter_pid: 42,
+            exporter_token: 9,
+            ..ExportDescriptor::default()
+        }
+        .to_bytes()
+        .to_vec()
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// An export record received from another process: accepted only with lava-flow's
+        /// magic and version, no reserved bits, a known location and a non-empty range inside
+        /// its arena; refused as Corrupt otherwise.
+        #[test]
+        fn fuzz_received_export_records(bytes in crate::fuzz::bytes_near(valid_descriptor(), 160)) {
+            let Ok(d) = ExportDescriptor::from_bytes(&bytes) else { return Ok(()) };
+            match check_received_descriptor(&d) {
+                Ok(location) => {
+                    prop_assert_eq!((d.magic, d.version, d.reserved2), (EXPORT_MAGIC, EXPORT_VERSION, [0, 0]));
+                    prop_assert_eq!(location.code(), d.location);
+                    prop_assert!(d.size > 0 && d.offset.checked_add(d.size).is_some_and(|end| end <= d.arena_size));
+                    if !location.is_gpu() {
+                        prop_assert!(d.offset % MIN_BLOCK as u64 == 0 && d.handle_type == 0 && d.gpu_flags == 0);
+                    }
+                }
+                Err(e) => prop_assert!(matches!(e, Error::Corrupt(_)), "{}", e),
+            }
+        }
     }
 }

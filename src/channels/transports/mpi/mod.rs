@@ -256,6 +256,7 @@ fn backoff(spins: &mut u32, busy: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn headers_round_trip_and_garbage_is_corrupt() {
@@ -307,5 +308,28 @@ mod tests {
         assert_ne!(tags_for("x", 1 << 30).unwrap(), tags_for("y", 1 << 30).unwrap());
         assert!(tags_for("x", 3).is_err());
         assert!(tags_for("x", 4).is_ok());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// Every MPI message starts with a header from the peer: accepted only with
+        /// lava-flow's magic, a known kind and known flags, and then exactly what its first
+        /// 32 bytes say (the rest of the message is its payload).
+        #[test]
+        fn fuzz_headers(bytes in crate::fuzz::bytes_near(
+            {
+                let mut h = Header::new(Kind::Data, 7, 1 << 20);
+                h.flags = FLAG_SPLIT;
+                h.to_bytes().to_vec()
+            },
+            64,
+        )) {
+            if let Ok(h) = Header::decode(&bytes, "producer") {
+                prop_assert!(bytes.len() >= Header::LEN);
+                prop_assert_eq!(h.flags & !(FLAG_REPORT | FLAG_SPLIT | FLAG_ZERO_COPY), 0);
+                prop_assert_eq!(&h.to_bytes()[..], &bytes[..Header::LEN]);
+            }
+        }
     }
 }
