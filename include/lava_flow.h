@@ -32,6 +32,7 @@
 #define LAVA_FLOW_VERSION_PATCH 0
 
 // `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
+// They equal LF_HUGEPAGE_STRICT and LF_HUGEPAGE_BEST_EFFORT, so either name means the same.
 #define LF_ALLOC_HUGEPAGE_STRICT 1
 
 #define LF_ALLOC_HUGEPAGE_BEST_EFFORT 2
@@ -91,11 +92,14 @@
 // host can map it, else NULL.
 #define LF_MESSAGE_GPU 2
 
-// `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
-#define LF_HUGEPAGE_STRICT 0
+// Hugepage policies, for `lf_context_config.hugepage_policy` and for `lf_alloc`'s `flags`
+// (the same values in both places; 0 means the default there: strict for a context, the
+// context's policy for one allocation).
+// Fail when no huge pages are reserved, saying how to reserve them.
+#define LF_HUGEPAGE_STRICT 1
 
-// `hugepage_policy`: fall back to ordinary memory (the buffer reports what it got).
-#define LF_HUGEPAGE_BEST_EFFORT 1
+// Fall back to ordinary memory (the buffer reports what it got, and why).
+#define LF_HUGEPAGE_BEST_EFFORT 2
 
 // `gpu_policy`: open Vulkan at `lf_context_create`; without a loader or device go on
 // without a GPU (GPU allocations fall back to CPU memory, visibly) and record why.
@@ -277,7 +281,8 @@ typedef struct lf_channel_config {
   uint32_t capacity;
   // Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
   uint64_t spin_ns;
-  // Shared payload pool in bytes, also the largest message. Producer's value rules.
+  // Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
+  // both ends at `lf_channel_create`. Producer's value rules.
   uint64_t pool_size;
   // How long lf_channel_create waits for the peer; negative: forever.
   int64_t rendezvous_timeout_ns;
@@ -328,7 +333,7 @@ typedef struct lf_message {
 // defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
 // fallback otherwise), the default device, 64 MiB GPU arenas.
 typedef struct lf_context_config {
-  // LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
+  // LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT; 0 for strict.
   uint32_t hugepage_policy;
   // LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
   uint32_t gpu_policy;
@@ -345,7 +350,8 @@ typedef struct lf_context_config {
   uint32_t strict_gpu;
   // Must be 0.
   uint32_t reserved0;
-  // Size of the pooled GPU arenas in bytes; 0 for 64 MiB.
+  // Size of the pooled GPU arenas in bytes; 0 for 64 MiB. At most 2^40 (1 TiB) and the
+  // device's largest memory heap: larger is LF_ERR_INVALID_ARGUMENT at `lf_context_create`.
   uint64_t gpu_arena_size;
   // Room for later settings; must be 0.
   uint64_t reserved[2];
@@ -433,9 +439,11 @@ extern "C" {
 
 // Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
 // `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-// must be LF_UNSET otherwise. `flags`: 0, LF_ALLOC_HUGEPAGE_STRICT or
-// LF_ALLOC_HUGEPAGE_BEST_EFFORT. On success `*out` receives a buffer to release with
-// `lf_free`; ask it what it really got (`lf_buffer_location`, `lf_buffer_page_size`).
+// must be LF_UNSET otherwise. `flags`: 0 (the context's hugepage policy),
+// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT (also named LF_ALLOC_HUGEPAGE_STRICT and
+// LF_ALLOC_HUGEPAGE_BEST_EFFORT: the same values). On success `*out` receives a buffer to
+// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
+// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
 //
 // Errors: LF_ERR_INVALID_ARGUMENT (size 0, unknown location value or flag, a node that does
 // not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
@@ -474,8 +482,9 @@ lf_status lf_alloc_auto(const struct lf_context *context,
 
 // Registers `size` bytes of the caller's memory at `ptr`, so that `lf_buffer_find` knows
 // it. Nothing is copied or freed: release the registration with `lf_deregister` (or
-// `lf_free`) before freeing the memory. Overlapping a known buffer, or unmapped memory, is
-// LF_ERR_INVALID_ARGUMENT. Registered buffers cannot be exported.
+// `lf_free`) before freeing the memory. A NULL `ptr` is LF_ERR_NULL_POINTER; 0 bytes,
+// overlapping a known buffer, or unmapped memory, LF_ERR_INVALID_ARGUMENT. Registered
+// buffers cannot be exported.
 //
 // # Safety
 // `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
@@ -557,8 +566,11 @@ lf_status lf_buffer_page_size(const struct lf_buffer *buffer, size_t *out);
 lf_status lf_buffer_origin(const struct lf_buffer *buffer, uint32_t *out);
 
 // Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
-// reason (e.g. a GPU location asked of a context without a Vulkan device, and why it has
-// none), a string owned by the buffer and valid until `lf_free`.
+// reason, a string owned by the buffer and valid until `lf_free`: a GPU location asked of a
+// context without a Vulkan device (and why it has none), or huge pages under the best-effort
+// policy (`lf_alloc`'s flag, the context's policy, or `lf_alloc_auto`'s staging memory for a
+// remote peer) that the kernel could not give (and why). Every buffer whose
+// `lf_buffer_location` differs from what was asked has a reason.
 //
 // # Safety
 // As `lf_buffer_ptr`.
@@ -629,6 +641,10 @@ lf_status lf_channel_config_default(struct lf_channel_config *out);
 // LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
 // `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 // which and why. `config` may be NULL for the defaults.
+//
+// A channel has one producer and one consumer at a time: a second one of a live channel is
+// refused at once with LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new
+// producer may attach once the previous one has closed or died.
 //
 // # Safety
 // `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
@@ -791,6 +807,8 @@ lf_status lf_wait_completed(struct lf_channel *channel, uint64_t sequence, int64
 
 // Receives the next message as a view into shared memory, waiting up to `timeout_ns`
 // (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
+// A new producer of the channel is attached by a later call, only after its predecessor's
+// LF_ERR_PEER_GONE was returned: its messages start again at sequence number 0.
 // Release the view with `lf_release`.
 //
 // # Safety
@@ -910,8 +928,12 @@ lf_status lf_export_send(int32_t socket, const struct lf_export *export_);
 
 // Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
 // caller (hand it to `lf_import`). Anything else arriving on the socket is refused
-// (LF_ERR_CORRUPT) and any fds that came with it are closed; LF_ERR_PEER_GONE when the socket
-// closed first.
+// (LF_ERR_CORRUPT, the message naming what is wrong) and any fds that came with it are
+// closed: a message that is not one 128-byte record with one fd; a record with another magic
+// or version, non-zero reserved fields, an unknown location, handle type or flag, GPU fields
+// on CPU memory, or an empty range or one outside its arena; an fd that is not memory (for
+// CPU memory a memfd sealed against shrinking) of at least the arena's size.
+// LF_ERR_PEER_GONE when the socket closed first.
 //
 // # Safety
 // `out` must be NULL or writable.

@@ -27,6 +27,9 @@ pub mod os;
 /// cbindgen:ignore
 pub mod types;
 
+#[cfg(test)]
+mod fuzz;
+
 pub use config::ProcessConfig;
 pub use error::{Error, Result};
 pub use types::{detect_scope, CommunicationScope, ProcessLocation, ProcessName};

@@ -8,8 +8,11 @@ use crate::error::{Error, Result};
 /// which the kernel limits to 255 bytes; this leaves room for lava-flow's own prefixes.
 pub const MAX_NAME_LEN: usize = 64;
 
-/// The longest hostname POSIX allows (`HOST_NAME_MAX`).
-pub const MAX_HOSTNAME_LEN: usize = 255;
+/// The longest hostname DNS allows (RFC 1123: 253 bytes of labels and dots).
+pub const MAX_HOSTNAME_LEN: usize = 253;
+
+/// The longest label (the part between dots) of a hostname.
+pub const MAX_HOSTNAME_LABEL_LEN: usize = 63;
 
 /// The longest host identity (see [`ProcessLocation::host_id`]), in bytes.
 pub const MAX_HOST_ID_LEN: usize = 255;
@@ -265,6 +268,9 @@ fn host_id_problem(host_id: &str) -> Option<String> {
     })
 }
 
+/// Checks a hostname against RFC 1123: dot-separated labels of 1 to 63 ASCII letters, digits
+/// and `-` (not first or last in a label), 253 bytes at most. `_` is accepted too, since some
+/// sites name hosts with it; nothing else is (no `/`, spaces or control characters).
 pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
     if hostname.is_empty() {
         return Err(Error::invalid("hostname is empty"));
@@ -275,18 +281,34 @@ pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
             hostname.len()
         )));
     }
-    if let Some(bad) = hostname.chars().find(|c| c.is_whitespace() || c.is_control()) {
+    if let Some(bad) = hostname.chars().find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))) {
         return Err(Error::invalid(format!(
-            "hostname {hostname:?} contains {bad:?}"
+            "hostname {hostname:?} contains {bad:?}; use ASCII letters, digits, '-', '_' and '.' (RFC 1123)"
         )));
+    }
+    for label in hostname.split('.') {
+        if label.is_empty() {
+            return Err(Error::invalid(format!(
+                "hostname {hostname:?} has an empty label (it starts or ends with '.', or has '..')"
+            )));
+        }
+        if label.len() > MAX_HOSTNAME_LABEL_LEN {
+            return Err(Error::invalid(format!(
+                "hostname {hostname:?} has a label of {} bytes; the limit is {MAX_HOSTNAME_LABEL_LEN}",
+                label.len()
+            )));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(Error::invalid(format!("hostname {hostname:?} has a label {label:?} that starts or ends with '-'")));
+        }
     }
     Ok(())
 }
 
 fn detect_hostname() -> Result<String> {
-    let mut buf = [0u8; MAX_HOSTNAME_LEN + 1];
+    let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for writes of buf.len() bytes; gethostname NUL-terminates
-    // within that length on Linux when the name fits, and HOST_NAME_MAX + 1 always fits.
+    // within that length on Linux when the name fits, and HOST_NAME_MAX (64) + 1 always fits.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
     if rc != 0 {
         return Err(Error::last_os("gethostname"));
@@ -387,8 +409,15 @@ mod tests {
 
     #[test]
     fn hostnames_are_validated() {
-        assert!(ProcessLocation::new("", None, None).is_err());
-        assert!(ProcessLocation::new("a b", None, None).is_err());
-        assert!(ProcessLocation::new(&"h".repeat(256), None, None).is_err());
+        let longest = vec!["b".repeat(63); 4].join(".")[..253].to_owned();
+        for good in ["h", "node-0", "gpu-node-0.cluster.example.org", "Node_7", &"a".repeat(63), &longest] {
+            assert!(ProcessLocation::new(good, None, None).is_ok(), "{good:?}");
+        }
+        let long_label = "a".repeat(64);
+        let too_long = vec!["b".repeat(63); 4].join(".");
+        for bad in ["", "a b", "a/b", "../x", "a\\b", "é", "a\n", ".a", "a.", "a..b", "-a", "a-", "x.-y", &long_label, &too_long] {
+            let err = ProcessLocation::new(bad, None, None).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("hostname"), "{bad:?}: {err}");
+        }
     }
 }

@@ -51,6 +51,7 @@ impl Consumer {
         config: &ChannelConfig,
     ) -> Result<Consumer> {
         validate_channel_name(name)?;
+        config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
         let parts = transports::listen_consumer(name, &plan, config, context)?;
         Ok(Consumer {

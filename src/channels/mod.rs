@@ -119,6 +119,22 @@ pub struct ChannelConfig {
     pub released_semaphore: bool,
 }
 
+impl ChannelConfig {
+    /// Refuses sizes no channel can have, at once and on either end, naming the field: a pool
+    /// of 0 bytes or more than 1 TiB. (The capacity is the producer's to choose; its
+    /// transport checks it.)
+    pub fn validate(&self) -> Result<()> {
+        use transports::shm::ring::MAX_POOL;
+        if self.pool_size == 0 || self.pool_size as u64 > MAX_POOL {
+            return Err(Error::invalid(format!(
+                "pool_size {} must be from 1 to {MAX_POOL} bytes (1 TiB); it is also the largest message",
+                self.pool_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ChannelConfig {
     fn default() -> Self {
         ChannelConfig {
@@ -213,7 +229,7 @@ pub(crate) fn validate_channel_name(name: &str) -> Result<()> {
 /// else `LF_TRANSPORTS`, else every transport.
 fn allowed_transports(config: &ChannelConfig) -> Result<(Vec<TransportKind>, String)> {
     let (wanted, source) = match &config.transports {
-        Some(list) => (list.clone(), "ChannelConfig::transports".to_owned()),
+        Some(list) => (list.clone(), "the channel's transports setting".to_owned()),
         None => match std::env::var(TRANSPORTS_ENV) {
             Ok(value) if !value.trim().is_empty() => {
                 let list = value

@@ -47,6 +47,7 @@ impl Producer {
         config: &ChannelConfig,
     ) -> Result<Producer> {
         validate_channel_name(name)?;
+        config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
         let parts = transports::connect_producer(name, &plan, config, context)?;
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));

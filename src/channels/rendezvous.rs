@@ -7,9 +7,16 @@
 //!
 //! The runtime dir is `$LF_RUNTIME_DIR` if set, else `$XDG_RUNTIME_DIR/lava-flow`, else
 //! `/tmp/lava-flow-$UID`; it is created 0700 and refused unless it is a real directory owned
-//! by this user and closed to others. Sockets are 0600. Nothing else is created: shared memory
-//! is a memfd, so a crash leaves nothing in `/dev/shm`. The socket file is removed by the
-//! consumer when it closes, or by a surviving producer when the consumer died.
+//! by this user and closed to others. Sockets are 0600. Shared memory is a memfd, so a crash
+//! leaves nothing in `/dev/shm`.
+//!
+//! Each end of a channel holds a lock file, `<name>.producer.lock` or `<name>.consumer.lock`
+//! ([`EndLock`], `flock`), for as long as it lives: a second producer or consumer of a live
+//! channel finds it held and is refused at once. The kernel releases a lock when its holder
+//! dies, so whether an end is over never depends on timing or on anything a peer wrote: a
+//! lock that can be taken belongs to nobody. The consumer's socket and its lock file are
+//! removed by the consumer when it closes, else by whoever next takes its lock (a surviving
+//! producer at its close, a new consumer); likewise a dead producer's lock file.
 //!
 //! After the handshake the socket stays open: it and a pidfd of the peer are how each side
 //! learns that the other has gone, and the carrier may send records of its own over it (the
@@ -112,6 +119,159 @@ pub fn check_same_user(cred: &libc::ucred, channel: &str) -> Result<()> {
     Ok(())
 }
 
+/// Which end of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Producer,
+    Consumer,
+}
+
+impl End {
+    fn as_str(self) -> &'static str {
+        match self {
+            End::Producer => "producer",
+            End::Consumer => "consumer",
+        }
+    }
+}
+
+/// The claim of one process on one end of a channel: an exclusive `flock` on
+/// `<runtime dir>/<name>.<end>.lock`, held while the end lives. The kernel drops the lock when
+/// the holder's last descriptor of it closes (at the latest when the holder dies, before its
+/// pidfd reports the exit). Dropping the claim removes the file (while still holding it).
+///
+/// A lock file can be removed by its holder while another process has it open and waits to
+/// lock it; that process then holds a lock on a file no longer in the directory. Every taker
+/// therefore checks, once it holds the lock, that the path still names the file it locked,
+/// and starts again if not: only one process at a time can hold the lock of the file in place.
+#[derive(Debug)]
+pub struct EndLock {
+    /// Held for its lock, which goes when it closes.
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl EndLock {
+    /// Takes the lock of `end` of channel `name` (already validated) if nobody holds it:
+    /// `Ok(Err(pid))` says it is held, by the process whose pid the file names (0 if unknown).
+    pub fn try_take(name: &str, end: End) -> Result<std::result::Result<EndLock, u32>> {
+        use std::io::{Read, Seek, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = lock_path(name, end)?;
+        loop {
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| Error::os(format!("opening the lock file {}", path.display()), e))?;
+            // SAFETY: flock on a descriptor this function owns, with integer flags.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    return Err(Error::os(format!("locking {}", path.display()), err));
+                }
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                return Ok(Err(text.trim().parse().unwrap_or(0)));
+            }
+            let locked = file.metadata().map(|m| (m.dev(), m.ino())).ok();
+            let in_place = std::fs::symlink_metadata(&path).map(|m| (m.dev(), m.ino())).ok();
+            if locked.is_none() || locked != in_place {
+                // Removed (or replaced) by its previous holder after we opened it: try again.
+                continue;
+            }
+            // Who holds it, for the messages of those refused; best-effort.
+            let _ = file.set_len(0);
+            let _ = file.rewind();
+            let _ = write!(file, "{}", std::process::id());
+            return Ok(Ok(EndLock { _file: file, path }));
+        }
+    }
+
+    /// [`try_take`](Self::try_take), retried for a short while: another process may hold the
+    /// lock for a moment to clean up after an end that is over.
+    pub fn take(name: &str, end: End) -> Result<std::result::Result<EndLock, u32>> {
+        let deadline = Instant::now() + Duration::from_millis(200);
+        loop {
+            match Self::try_take(name, end)? {
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+                result => return Ok(result),
+            }
+        }
+    }
+}
+
+impl Drop for EndLock {
+    fn drop(&mut self) {
+        // Still held here, so no other process can have put a file of its own in its place.
+        let _ = std::fs::remove_file(&self.path);
+        // The lock goes with the descriptor, when `_file` drops.
+    }
+}
+
+/// Where the lock file of `end` of channel `name` lives.
+fn lock_path(name: &str, end: End) -> Result<PathBuf> {
+    Ok(runtime_dir()?.join(format!("{name}.{}.lock", end.as_str())))
+}
+
+/// The identity of the lock file of `end` of channel `name` as it is now: taken by each side
+/// of a channel when it meets its peer, whose lock file it is then. A later end's lock file is
+/// another file, or the same one rewritten with another pid (a new change time).
+pub fn lock_file_id(name: &str, end: End) -> Option<FileId> {
+    file_id(&lock_path(name, end).ok()?)
+}
+
+/// How long the survivor of a channel waits for its peer's end to be over (its lock free)
+/// before leaving the cleanup to whoever next takes that end. A killed process lets go of its
+/// locks only after its memory is unmapped, which takes a while for a large one.
+const CLEANUP_WAIT: Duration = Duration::from_secs(2);
+
+/// Removes what the peer's `end` of channel `name` left once it is over (closed, or its
+/// process dead): its lock file and, for a consumer, its socket file. Only what the survivor
+/// learned itself counts: the peer's process (`SO_PEERCRED`, a pidfd), the identity of its
+/// lock file when the two met (`peer_lock`, from [`lock_file_id`]), and whether that lock can
+/// be taken; nothing the peer wrote in shared memory does. A socket file is removed only by a
+/// holder of the consumer's lock, so a live consumer's never is.
+///
+/// - The peer's lock file is gone: it closed and cleaned up (a consumer's socket left without
+///   its lock file is removed all the same).
+/// - Another lock file is in its place: a new end's, left alone.
+/// - The peer's lock file is held: the peer is still dying (a killed process lets go of its
+///   locks only after its memory is unmapped), so this waits up to [`CLEANUP_WAIT`] for its
+///   pidfd; held after the exit, it is a child's the peer forked, left alone.
+pub fn clean_after_peer(name: &str, end: End, peer: &PeerWatch, peer_lock: Option<FileId>) {
+    let (Ok(path), Ok(socket)) = (lock_path(name, end), socket_path(name)) else { return };
+    let deadline = Instant::now() + CLEANUP_WAIT;
+    loop {
+        // Looked at before the lock: once the process has exited, its locks are gone.
+        let exited = peer.has_exited();
+        let current = file_id(&path);
+        let ours = peer_lock.is_some() && current == peer_lock;
+        if current.is_none() && !(end == End::Consumer && socket.exists()) {
+            return;
+        }
+        if current.is_some() && !ours && peer_lock.is_some() {
+            return;
+        }
+        match EndLock::try_take(name, end) {
+            Ok(Ok(lock)) => {
+                if end == End::Consumer {
+                    // Holding the consumer's lock: no live consumer listens on this socket.
+                    let _ = std::fs::remove_file(&socket);
+                }
+                drop(lock);
+                return;
+            }
+            Ok(Err(_)) if ours && !exited && Instant::now() < deadline => peer.wait_for_exit(Duration::from_millis(2)),
+            _ => return,
+        }
+    }
+}
+
 /// Identifies one socket file: inode numbers are reused at once on tmpfs, so the change time
 /// (ns) is part of the identity.
 pub type FileId = (u64, u64, i64, i64);
@@ -120,13 +280,15 @@ fn file_id(path: &Path) -> Option<FileId> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-/// The consumer's listening socket. Dropping it removes the socket file (if it is still the
-/// one this listener created).
+/// The consumer's listening socket and its claim on the consumer's end. Dropping it removes
+/// the socket file (if it is still the one this listener created), then the claim.
 #[derive(Debug)]
 pub struct Listener {
     listener: UnixListener,
     path: PathBuf,
     id: Option<FileId>,
+    /// The claim on the consumer's end, until [`close`](Self::close).
+    lock: Option<EndLock>,
 }
 
 impl Listener {
@@ -134,33 +296,43 @@ impl Listener {
     /// live consumer of the same name is an error.
     pub fn bind(name: &str) -> Result<Self> {
         let path = socket_path(name)?;
-        let listener = match UnixListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) if e.kind() == ErrorKind::AddrInUse => {
-                match UnixStream::connect(&path) {
-                    Ok(_probe) => {
-                        return Err(Error::InvalidState(format!(
-                            "channel {name:?} already has a live consumer (socket {})",
-                            path.display()
-                        )))
-                    }
-                    Err(_) => {
-                        // Nobody listens: a consumer died and left its socket file.
-                        let _ = std::fs::remove_file(&path);
-                        UnixListener::bind(&path)
-                            .map_err(|e| Error::os(format!("bind {}", path.display()), e))?
-                    }
-                }
+        let lock = match EndLock::take(name, End::Consumer)? {
+            Ok(lock) => lock,
+            Err(pid) => {
+                return Err(Error::InvalidState(format!(
+                    "channel {name:?} already has a live consumer{} (socket {}); a channel has one consumer \
+                     at a time: close that one first, or use another channel name",
+                    holder(pid),
+                    path.display()
+                )))
             }
-            Err(e) => return Err(Error::os(format!("bind {}", path.display()), e)),
         };
+        // Holding the consumer's lock: a socket file in the way was left by one that died.
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::os(format!("removing the stale socket {}", path.display()), e)),
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| Error::os(format!("bind {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| Error::os(format!("chmod 0600 {}", path.display()), e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::os("making the listening socket non-blocking", e))?;
         let id = file_id(&path);
-        Ok(Listener { listener, path, id })
+        Ok(Listener { listener, path, id, lock: Some(lock) })
+    }
+
+    /// Removes the socket file (if it is still the one this listener created), then gives up
+    /// the claim on the consumer's end, so that another consumer may bind. The listening
+    /// socket itself stays open until the drop; connections to it fail once the file is gone.
+    pub fn close(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            if self.id.is_some() && file_id(&self.path) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            drop(lock);
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -211,25 +383,21 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if self.id.is_some() && file_id(&self.path) == self.id {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        self.close();
     }
 }
 
 /// Connects to the consumer of channel `name`, retrying until it listens or `deadline`.
-/// Returns the socket, the consumer's credentials and the socket file's identity (for
-/// removing it if the consumer dies).
-pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, libc::ucred, PathBuf, Option<FileId>)> {
+/// Returns the socket and the consumer's credentials.
+pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, libc::ucred)> {
     let path = socket_path(name)?;
     let mut pause = Duration::from_micros(200);
     loop {
         match UnixStream::connect(&path) {
             Ok(sock) => {
-                let id = file_id(&path);
                 let cred = peer_credentials(&sock)?;
                 check_same_user(&cred, name)?;
-                return Ok((sock, cred, path, id));
+                return Ok((sock, cred));
             }
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {}
             Err(e) => return Err(Error::os(format!("connect {}", path.display()), e)),
@@ -247,11 +415,12 @@ pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, lib
     }
 }
 
-/// Removes a producer's view of a dead consumer's socket file: only if it is the same file
-/// and nobody listens on it.
-pub fn remove_stale_socket(path: &Path, id: Option<FileId>) {
-    if id.is_some() && file_id(path) == id && UnixStream::connect(path).is_err() {
-        let _ = std::fs::remove_file(path);
+/// " (pid N)" for a lock holder's pid, when known.
+pub fn holder(pid: u32) -> String {
+    if pid == 0 {
+        String::new()
+    } else {
+        format!(" (pid {pid})")
     }
 }
 
@@ -279,6 +448,25 @@ impl PeerWatch {
 
     pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
         self.pidfd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Whether the peer's process has exited (its pidfd is readable); `false` where there is
+    /// no pidfd, or while the process lives.
+    pub fn has_exited(&self) -> bool {
+        let Some(pidfd) = &self.pidfd else { return false };
+        let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        matches!(poll(&mut fds, Some(Duration::ZERO)), Ok(n) if n > 0)
+    }
+
+    /// Waits up to `timeout` for the peer's process to exit (sleeps that long without a pidfd).
+    pub fn wait_for_exit(&self, timeout: Duration) {
+        match &self.pidfd {
+            Some(pidfd) => {
+                let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+                let _ = poll(&mut fds, Some(timeout));
+            }
+            None => std::thread::sleep(timeout),
+        }
     }
 
     /// Whether an earlier check found the peer gone (no syscall).
@@ -471,12 +659,22 @@ pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Section>> {
     let mut len = [0u8; 4];
     read(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
-    if !(16..=MAX_HELLO_LEN + 1000).contains(&len) {
+    if !(16..=MAX_ACK_LEN).contains(&len) {
         return Err(Error::Corrupt(format!("channel {channel:?}: the consumer's answer claims {len} bytes")));
     }
     let mut body = vec![0u8; len];
     read(&mut body)?;
-    if &body[..8] != ACK_MAGIC {
+    decode_ack(&body, channel)
+}
+
+/// The largest answer body, in bytes.
+pub const MAX_ACK_LEN: usize = MAX_HELLO_LEN + 1000;
+
+/// Parses the body of the consumer's answer (after its length word): its sections on
+/// acceptance, the refusal as an error, anything malformed as `Corrupt`. Pure, so that it can
+/// be fuzzed.
+pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Section>> {
+    if body.len() < 16 || &body[..8] != ACK_MAGIC {
         return Err(Error::Corrupt(format!(
             "channel {channel:?}: the consumer's answer has the wrong magic (another lava-flow version?)"
         )));
@@ -492,7 +690,7 @@ pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Section>> {
             String::from_utf8_lossy(text)
         )));
     }
-    take_sections(&body, 16 + text_len, Vec::new(), "answer")
+    take_sections(body, 16 + text_len, Vec::new(), "answer")
 }
 
 /// Remaining time to `deadline` for a socket timeout (at least 1 ms; `None` = forever).
@@ -508,6 +706,7 @@ pub fn raw(fd: BorrowedFd<'_>) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn hello_and_answer_round_trip_and_reject_garbage() {
@@ -553,5 +752,70 @@ mod tests {
         check_same_user(&cred, "x").unwrap();
         let other = libc::ucred { uid: cred.uid.wrapping_add(1), ..cred };
         assert!(matches!(check_same_user(&other, "x"), Err(Error::PermissionDenied(_))));
+    }
+
+    fn valid_hello() -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(HELLO_MAGIC);
+        out.extend_from_slice(&5u32.to_le_bytes());
+        out.extend_from_slice(b"frame");
+        put_sections(&mut out, &[Section::new(1, vec![3; 24]), Section::new(2, vec![9; 40])]);
+        out
+    }
+
+    fn valid_ack() -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(ACK_MAGIC);
+        out.extend_from_slice(&ACK_OK.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        put_sections(&mut out, &[Section::new(2, vec![1; 40])]);
+        out
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(3000))]
+
+        /// A producer's hello, with up to three descriptors attached: accepted only when every
+        /// section is within bounds and every descriptor claimed is there, and then exactly
+        /// what its bytes encode.
+        #[test]
+        fn fuzz_hello(bytes in crate::fuzz::bytes_near(valid_hello(), 200), fd_count in 0usize..3) {
+            let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::eventfd::eventfd().unwrap()).collect();
+            if let Ok((name, sections)) = decode_hello(&bytes, fds) {
+                prop_assert!(sections.len() <= MAX_SECTIONS);
+                prop_assert_eq!(sections.iter().map(|s| s.fds.len()).sum::<usize>(), fd_count);
+                let mut again = Vec::new();
+                again.extend_from_slice(HELLO_MAGIC);
+                again.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                again.extend_from_slice(name.as_bytes());
+                for s in &sections {
+                    prop_assert!(s.bytes.len() <= MAX_SECTION_LEN);
+                }
+                let counts: Vec<u32> = sections.iter().map(|s| s.fds.len() as u32).collect();
+                again.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+                for (s, fds) in sections.iter().zip(counts) {
+                    again.extend_from_slice(&s.route.to_le_bytes());
+                    again.extend_from_slice(&fds.to_le_bytes());
+                    again.extend_from_slice(&(s.bytes.len() as u32).to_le_bytes());
+                    again.extend_from_slice(&s.bytes);
+                }
+                prop_assert_eq!(again, bytes);
+            }
+        }
+
+        /// The consumer's answer: accepted, refused (InvalidState, carrying its text) or
+        /// Corrupt; never a panic, never a descriptor.
+        #[test]
+        fn fuzz_ack(bytes in crate::fuzz::bytes_near(valid_ack(), 200)) {
+            match decode_ack(&bytes, "ch") {
+                Ok(sections) => {
+                    prop_assert!(sections.len() <= MAX_SECTIONS && sections.iter().all(|s| s.fds.is_empty()));
+                    prop_assert!(sections.iter().all(|s| s.bytes.len() <= MAX_SECTION_LEN));
+                }
+                Err(Error::InvalidState(m)) => prop_assert!(m.contains("refused")),
+                Err(Error::Corrupt(_)) => {}
+                Err(other) => prop_assert!(false, "unexpected error class: {}", other),
+            }
+        }
     }
 }

@@ -8,15 +8,19 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::buffer::{lf_buffer, release};
-use super::context::lf_context;
+use super::context::{lf_context, LF_HUGEPAGE_BEST_EFFORT, LF_HUGEPAGE_STRICT};
 use super::location::{lf_location, LF_UNSET};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
 use crate::memory::{BufferOrigin, HugepagePolicy, MemoryLocation};
 
 /// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
+/// They equal LF_HUGEPAGE_STRICT and LF_HUGEPAGE_BEST_EFFORT, so either name means the same.
 pub const LF_ALLOC_HUGEPAGE_STRICT: u32 = 1;
 pub const LF_ALLOC_HUGEPAGE_BEST_EFFORT: u32 = 2;
+
+// Literals (so cbindgen writes them into the header), checked to agree with the context's.
+const _: () = assert!(LF_ALLOC_HUGEPAGE_STRICT == LF_HUGEPAGE_STRICT && LF_ALLOC_HUGEPAGE_BEST_EFFORT == LF_HUGEPAGE_BEST_EFFORT);
 
 fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
@@ -24,9 +28,11 @@ fn invalid(message: String) -> Failure {
 
 /// Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
 /// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-/// must be LF_UNSET otherwise. `flags`: 0, LF_ALLOC_HUGEPAGE_STRICT or
-/// LF_ALLOC_HUGEPAGE_BEST_EFFORT. On success `*out` receives a buffer to release with
-/// `lf_free`; ask it what it really got (`lf_buffer_location`, `lf_buffer_page_size`).
+/// must be LF_UNSET otherwise. `flags`: 0 (the context's hugepage policy),
+/// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT (also named LF_ALLOC_HUGEPAGE_STRICT and
+/// LF_ALLOC_HUGEPAGE_BEST_EFFORT: the same values). On success `*out` receives a buffer to
+/// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
+/// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
 ///
 /// Errors: LF_ERR_INVALID_ARGUMENT (size 0, unknown location value or flag, a node that does
 /// not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
@@ -67,7 +73,12 @@ pub unsafe extern "C" fn lf_alloc(
             0 => context.config().hugepage_policy,
             LF_ALLOC_HUGEPAGE_STRICT => HugepagePolicy::Strict,
             LF_ALLOC_HUGEPAGE_BEST_EFFORT => HugepagePolicy::BestEffort,
-            other => return Err(invalid(format!("flags {other:#x} are unknown; use 0 or one LF_ALLOC_* flag"))),
+            other => {
+                return Err(invalid(format!(
+                    "flags {other:#x} are unknown; use 0 (the context's hugepage policy), LF_HUGEPAGE_STRICT (1) \
+                     or LF_HUGEPAGE_BEST_EFFORT (2)"
+                )))
+            }
         };
         let buffer = context.allocate_with(size, location, policy)?;
         write_out(out, lf_buffer::into_handle(buffer)?);
@@ -102,8 +113,9 @@ pub unsafe extern "C" fn lf_alloc_auto(
 
 /// Registers `size` bytes of the caller's memory at `ptr`, so that `lf_buffer_find` knows
 /// it. Nothing is copied or freed: release the registration with `lf_deregister` (or
-/// `lf_free`) before freeing the memory. Overlapping a known buffer, or unmapped memory, is
-/// LF_ERR_INVALID_ARGUMENT. Registered buffers cannot be exported.
+/// `lf_free`) before freeing the memory. A NULL `ptr` is LF_ERR_NULL_POINTER; 0 bytes,
+/// overlapping a known buffer, or unmapped memory, LF_ERR_INVALID_ARGUMENT. Registered
+/// buffers cannot be exported.
 ///
 /// # Safety
 /// `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
@@ -117,6 +129,9 @@ pub unsafe extern "C" fn lf_register(
     boundary("lf_register", || {
         let out = out_ptr(out, "out")?;
         let context = &handle_ref(context, "context")?.context;
+        if ptr.is_null() {
+            return Err(Failure::null("ptr"));
+        }
         // SAFETY: the caller promises the range stays valid while registered.
         let buffer = unsafe { context.register(ptr.cast(), size)? };
         write_out(out, lf_buffer::into_handle(buffer)?);
@@ -232,7 +247,95 @@ mod tests {
             );
             assert_eq!(found, buffer);
             assert_eq!(lf_deregister(context, buffer), lf_status::LF_OK);
-            assert_eq!(lf_register(context, ptr::null_mut(), 16, &mut twice), lf_status::LF_ERR_INVALID_ARGUMENT);
+            assert_eq!(lf_register(context, ptr::null_mut(), 16, &mut twice), lf_status::LF_ERR_NULL_POINTER);
+            assert!(last_error().contains("`ptr` is NULL"), "{}", last_error());
+            assert_eq!(lf_register(ptr::null(), base, 16, &mut twice), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(lf_register(context, base, 0, &mut twice), lf_status::LF_ERR_INVALID_ARGUMENT);
+            lf_context_free(context);
+        }
+    }
+
+    /// Whether the kernel has a free 1 GiB huge page (then best-effort and strict agree, and
+    /// the tests below cannot tell the policies apart).
+    fn free_gigantic_pages() -> bool {
+        std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+    }
+
+    /// Checks that `buffer` is CPU standard memory and says why, in words containing `why`
+    /// that name the remedy-free reason (not the advice to use best-effort, taken already).
+    unsafe fn assert_fell_back_with_reason(buffer: *mut lf_buffer, why: &str) {
+        let mut location = 0;
+        assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
+        assert_eq!(location, LF_MEMORY_CPU_STANDARD);
+        let mut reason = ptr::null();
+        assert_eq!(crate::ffi::buffer::lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
+        assert!(!reason.is_null(), "a buffer that is not where it was asked to be says why");
+        let reason = std::ffi::CStr::from_ptr(reason).to_string_lossy();
+        assert!(reason.contains(why) && reason.contains("CPU standard memory"), "{reason}");
+        assert!(!reason.contains("choose the best-effort"), "{reason}");
+    }
+
+    #[test]
+    fn auto_staging_memory_for_a_remote_peer_says_why_it_is_not_huge() {
+        // More 2 MiB pages than the kernel has free, so that the best-effort choice falls back.
+        let free = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        let size = (free + 1) * (2 << 20);
+        unsafe {
+            let config = lf_context_config { gpu_policy: crate::ffi::device::LF_GPU_DISABLED, ..Default::default() };
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
+            let (mut mine, mut peer) = (ptr::null_mut(), ptr::null_mut());
+            let host = |name: &str| std::ffi::CString::new(name).unwrap();
+            assert_eq!(crate::ffi::location::lf_location_new(host("node-a").as_ptr(), 0, LF_UNSET, &mut mine), lf_status::LF_OK);
+            assert_eq!(crate::ffi::location::lf_location_new(host("node-b").as_ptr(), 0, LF_UNSET, &mut peer), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            match lf_alloc_auto(context, size, mine, peer, &mut buffer) {
+                lf_status::LF_OK => assert_fell_back_with_reason(buffer, "CPU memory on 2 MiB huge pages was asked for"),
+                lf_status::LF_ERR_OUT_OF_MEMORY => println!("skipped: {size} bytes are more than this host can give"),
+                other => panic!("{other}: {}", last_error()),
+            }
+            lf_free(buffer);
+            crate::ffi::location::lf_location_free(mine);
+            crate::ffi::location::lf_location_free(peer);
+            lf_context_free(context);
+        }
+    }
+
+    #[test]
+    fn hugepage_policies_mean_the_same_in_the_config_and_in_flags() {
+        if free_gigantic_pages() {
+            println!("skipped: this host has free 1 GiB huge pages, so strict and best-effort both succeed");
+            return;
+        }
+        unsafe {
+            let mut context = ptr::null_mut();
+            let config = lf_context_config { gpu_policy: crate::ffi::device::LF_GPU_DISABLED, ..Default::default() };
+            assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
+            let huge = crate::ffi::buffer::LF_MEMORY_CPU_HUGEPAGE_1GB;
+            let mut buffer = ptr::null_mut();
+            // The context's policy constant, passed as a flag: best-effort, not strict.
+            assert_eq!(lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &mut buffer), lf_status::LF_OK, "{}", last_error());
+            assert_fell_back_with_reason(buffer, "CPU memory on 1 GiB huge pages was asked for with the best-effort hugepage policy");
+            lf_free(buffer);
+            assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_STRICT, &mut buffer), lf_status::LF_OK);
+            // The message speaks to C users too: no Rust item names.
+            assert!(!last_error().contains("::") && !last_error().contains("Policy"), "{}", last_error());
+            assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "0: the context's, strict");
+            lf_context_free(context);
+
+            // The flag constant, set as the context's policy: best-effort too.
+            let config = lf_context_config { hugepage_policy: LF_ALLOC_HUGEPAGE_BEST_EFFORT, ..config };
+            assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK, "{}", last_error());
+            assert_eq!(lf_alloc(context, 64, huge, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "{}", last_error());
+            assert_fell_back_with_reason(buffer, "best-effort hugepage policy");
+            lf_free(buffer);
+            assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, LF_ALLOC_HUGEPAGE_STRICT, &mut buffer), lf_status::LF_OK);
             lf_context_free(context);
         }
     }
@@ -269,7 +372,7 @@ mod tests {
                     LF_UNSET,
                     0,
                     lf_status::LF_ERR_UNSUPPORTED,
-                    "strict_gpu forbids the CPU fallback: the context's GPU policy is Disabled",
+                    "strict_gpu forbids the CPU fallback: the context's GPU policy disables the GPU",
                 ),
             ];
             for (size, location, node, flags, status, text) in cases {

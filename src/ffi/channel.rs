@@ -49,7 +49,8 @@ pub struct lf_channel_config {
     pub capacity: u32,
     /// Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
     pub spin_ns: u64,
-    /// Shared payload pool in bytes, also the largest message. Producer's value rules.
+    /// Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
+    /// both ends at `lf_channel_create`. Producer's value rules.
     pub pool_size: u64,
     /// How long lf_channel_create waits for the peer; negative: forever.
     pub rendezvous_timeout_ns: i64,
@@ -285,6 +286,10 @@ pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) 
 /// LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
 /// `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 /// which and why. `config` may be NULL for the defaults.
+///
+/// A channel has one producer and one consumer at a time: a second one of a live channel is
+/// refused at once with LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new
+/// producer may attach once the previous one has closed or died.
 ///
 /// # Safety
 /// `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
@@ -638,6 +643,8 @@ fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf
 
 /// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
 /// (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
+/// A new producer of the channel is attached by a later call, only after its predecessor's
+/// LF_ERR_PEER_GONE was returned: its messages start again at sequence number 0.
 /// Release the view with `lf_release`.
 ///
 /// # Safety
@@ -917,6 +924,37 @@ mod tests {
             assert_eq!(lf_channel_create(ptr::null(), CString::new("x").unwrap().as_ptr(), 1, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_NULL_POINTER);
             assert!(ch.is_null());
             lf_context_free(loc.1);
+        }
+    }
+
+    /// An absurd pool size is refused at once, on either end, naming the field: not a
+    /// rendezvous that fails later on one side and times out on the other.
+    #[test]
+    fn absurd_pool_sizes_are_refused_at_once() {
+        unsafe {
+            let mut loc = ptr::null_mut();
+            assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
+            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
+            let name = CString::new(format!("ffi-absurd-{}", std::process::id())).unwrap();
+            let mut config: lf_channel_config = std::mem::zeroed();
+            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
+            config.rendezvous_timeout_ns = 5_000_000_000;
+            for pool_size in [u64::MAX, u64::MAX - 4095, 1 << 62, (1 << 40) + 1] {
+                for role in [LF_ROLE_PRODUCER, LF_ROLE_CONSUMER] {
+                    let config = lf_channel_config { pool_size, ..config };
+                    let mut ch = ptr::null_mut();
+                    let started = std::time::Instant::now();
+                    let status = lf_channel_create(context, name.as_ptr(), role, loc, loc, &config, &mut ch);
+                    assert_eq!(status, lf_status::LF_ERR_INVALID_ARGUMENT, "pool_size {pool_size}, role {role}: {}", last_error());
+                    assert!(last_error().contains(&format!("pool_size {pool_size}")), "{}", last_error());
+                    assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not after a rendezvous");
+                    assert!(ch.is_null());
+                }
+            }
+            lf_location_free(loc);
+            lf_context_free(context);
         }
     }
 

@@ -20,10 +20,13 @@ pub struct lf_context {
     pub(crate) gpu_unavailable: Option<CString>,
 }
 
-/// `hugepage_policy`: fail when no huge pages are reserved, saying how to reserve them.
-pub const LF_HUGEPAGE_STRICT: u32 = 0;
-/// `hugepage_policy`: fall back to ordinary memory (the buffer reports what it got).
-pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 1;
+/// Hugepage policies, for `lf_context_config.hugepage_policy` and for `lf_alloc`'s `flags`
+/// (the same values in both places; 0 means the default there: strict for a context, the
+/// context's policy for one allocation).
+/// Fail when no huge pages are reserved, saying how to reserve them.
+pub const LF_HUGEPAGE_STRICT: u32 = 1;
+/// Fall back to ordinary memory (the buffer reports what it got, and why).
+pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 2;
 
 /// Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
 /// defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
@@ -32,7 +35,7 @@ pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct lf_context_config {
-    /// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
+    /// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT; 0 for strict.
     pub hugepage_policy: u32,
     /// LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
     pub gpu_policy: u32,
@@ -49,7 +52,8 @@ pub struct lf_context_config {
     pub strict_gpu: u32,
     /// Must be 0.
     pub reserved0: u32,
-    /// Size of the pooled GPU arenas in bytes; 0 for 64 MiB.
+    /// Size of the pooled GPU arenas in bytes; 0 for 64 MiB. At most 2^40 (1 TiB) and the
+    /// device's largest memory heap: larger is LF_ERR_INVALID_ARGUMENT at `lf_context_create`.
     pub gpu_arena_size: u64,
     /// Room for later settings; must be 0.
     pub reserved: [u64; 2],
@@ -61,10 +65,11 @@ fn invalid(message: String) -> Failure {
 
 fn policy(value: u32) -> FfiResult<HugepagePolicy> {
     match value {
-        LF_HUGEPAGE_STRICT => Ok(HugepagePolicy::Strict),
+        0 | LF_HUGEPAGE_STRICT => Ok(HugepagePolicy::Strict),
         LF_HUGEPAGE_BEST_EFFORT => Ok(HugepagePolicy::BestEffort),
         other => Err(invalid(format!(
-            "hugepage_policy {other} is unknown; use LF_HUGEPAGE_STRICT (0) or LF_HUGEPAGE_BEST_EFFORT (1)"
+            "hugepage_policy {other} is unknown; use 0 (the default, strict), LF_HUGEPAGE_STRICT (1) or \
+             LF_HUGEPAGE_BEST_EFFORT (2)"
         ))),
     }
 }
@@ -129,13 +134,16 @@ mod tests {
 
     #[test]
     fn bad_config_gives_status_and_message() {
-        let cases: [(lf_context_config, lf_status, &str); 8] = [
+        let cases: [(lf_context_config, lf_status, &str); 10] = [
             (lf_context_config { hugepage_policy: 7, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "hugepage_policy 7"),
             (lf_context_config { arena_size: 3000, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "arena size 3000"),
             (lf_context_config { reserved0: 1, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "reserved"),
             (lf_context_config { gpu_policy: 9, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_policy 9"),
             (lf_context_config { gpu_device_select: 5, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_device_select 5"),
             (lf_context_config { strict_gpu: 2, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "strict_gpu 2"),
+            // Absurd GPU arenas are refused here, not by every GPU allocation later.
+            (lf_context_config { gpu_arena_size: 1 << 63, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 9223372036854775808"),
+            (lf_context_config { gpu_arena_size: u64::MAX, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 18446744073709551615"),
             // Device selection is checked even where the GPU turns out to be missing.
             (
                 lf_context_config { gpu_device_select: LF_GPU_DEVICE_INDEX, gpu_device_index: 4000, ..Default::default() },

@@ -284,9 +284,9 @@ mod tests {
             let disabled = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
             assert_eq!(lf_context_create(&disabled, &mut context), lf_status::LF_OK);
             assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
-            assert!(CStr::from_ptr(reason).to_str().unwrap().contains("Disabled"));
+            assert!(CStr::from_ptr(reason).to_str().unwrap().contains("disables the GPU"));
             assert_eq!(lf_context_device_info(context, &mut info), lf_status::LF_ERR_UNSUPPORTED);
-            assert!(last_error().contains("no Vulkan device: the context's GPU policy is Disabled"), "{}", last_error());
+            assert!(last_error().contains("no Vulkan device: the context's GPU policy disables the GPU"), "{}", last_error());
             lf_context_free(context);
         }
     }

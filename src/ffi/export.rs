@@ -231,8 +231,12 @@ pub unsafe extern "C" fn lf_export_send(socket: i32, export: *const lf_export) -
 
 /// Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
 /// caller (hand it to `lf_import`). Anything else arriving on the socket is refused
-/// (LF_ERR_CORRUPT) and any fds that came with it are closed; LF_ERR_PEER_GONE when the socket
-/// closed first.
+/// (LF_ERR_CORRUPT, the message naming what is wrong) and any fds that came with it are
+/// closed: a message that is not one 128-byte record with one fd; a record with another magic
+/// or version, non-zero reserved fields, an unknown location, handle type or flag, GPU fields
+/// on CPU memory, or an empty range or one outside its arena; an fd that is not memory (for
+/// CPU memory a memfd sealed against shrinking) of at least the arena's size.
+/// LF_ERR_PEER_GONE when the socket closed first.
 ///
 /// # Safety
 /// `out` must be NULL or writable.
@@ -286,6 +290,63 @@ mod tests {
             assert_ne!(here, there);
             here.cast::<u8>().add(299).write(7);
             assert_eq!(there.cast::<u8>().add(299).read(), 7);
+            lf_free(imported);
+            lf_free(buffer);
+            lf_context_free(context);
+        }
+    }
+
+    /// Sends `export`'s bytes with `fd` over a fresh socket pair and receives it back.
+    unsafe fn round_trip(export: &lf_export, fd: BorrowedFd<'_>) -> (lf_status, String, lf_export) {
+        let (a, b) = UnixStream::pair().unwrap();
+        send_with_fds(&a, &descriptor_of(export).to_bytes(), &[fd]).unwrap();
+        let mut received = lf_export { fd: -1, ..lf_export::default() };
+        let status = lf_export_recv(b.as_raw_fd(), &mut received);
+        (status, crate::ffi::tests::last_error(), received)
+    }
+
+    #[test]
+    fn received_exports_are_validated() {
+        use std::os::fd::AsFd;
+        unsafe {
+            let mut context = ptr::null_mut();
+            assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            let mut good = lf_export::default();
+            assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
+            let arena = OwnedFd::from_raw_fd(good.fd);
+            let event = crate::os::eventfd::eventfd().unwrap();
+            let small = crate::os::memfd_create("small", 4096, crate::os::MemfdFlags { huge_page_size: None, allow_sealing: true }).unwrap();
+            libc::fcntl(small.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
+            let unsealed = crate::os::memfd_create("unsealed", good.arena_size, Default::default()).unwrap();
+            let (sock, _other) = UnixStream::pair().unwrap();
+            let cases: Vec<(lf_export, BorrowedFd<'_>, &str)> = vec![
+                (lf_export::default(), arena.as_fd(), "magic 0x00000000"),
+                (lf_export { version: 9, ..good }, arena.as_fd(), "version 9"),
+                (lf_export { reserved: [0, 1], ..good }, arena.as_fd(), "reserved"),
+                (lf_export { location: 99, ..good }, arena.as_fd(), "unknown memory location value 99"),
+                (lf_export { numa_node: 3, ..good }, arena.as_fd(), "NUMA node"),
+                (lf_export { handle_type: 1, ..good }, arena.as_fd(), "carries GPU fields"),
+                (lf_export { size: 0, ..good }, arena.as_fd(), "size 0"),
+                (lf_export { offset: u64::MAX - 8, ..good }, arena.as_fd(), "lies outside"),
+                (lf_export { offset: 3, ..good }, arena.as_fd(), "not a multiple"),
+                (lf_export { arena_size: good.arena_size * 2, size: good.arena_size * 2, ..good }, arena.as_fd(), "fewer than the"),
+                (good, event.as_fd(), "not a memory file"),
+                (good, sock.as_fd(), "a socket"),
+                (good, small.as_fd(), "fewer than the"),
+                (good, unsealed.as_fd(), "not sealed against shrinking"),
+            ];
+            for (export, fd, text) in cases {
+                let (status, message, received) = round_trip(&export, fd);
+                assert_eq!(status, lf_status::LF_ERR_CORRUPT, "{text}: {message}");
+                assert!(message.starts_with("lf_export_recv: ") && message.contains(text), "{text}: {message}");
+                assert_eq!(received.fd, -1, "out untouched on failure");
+            }
+            let (status, message, received) = round_trip(&good, arena.as_fd());
+            assert_eq!(status, lf_status::LF_OK, "{message}");
+            let mut imported = ptr::null_mut();
+            assert_eq!(lf_import(context, &received, &mut imported), lf_status::LF_OK);
             lf_free(imported);
             lf_free(buffer);
             lf_context_free(context);

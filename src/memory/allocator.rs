@@ -72,10 +72,17 @@ impl Context {
             MemoryLocation::GpuDeviceLocal | MemoryLocation::GpuHostVisible => unreachable!("handled above"),
         };
         match self.allocate_from(strategy, size) {
-            Err(Error::OutOfMemory(_) | Error::Unsupported(_))
+            Err(why @ (Error::OutOfMemory(_) | Error::Unsupported(_)))
                 if matches!(strategy, Strategy::Hugetlb(_)) && policy == HugepagePolicy::BestEffort =>
             {
-                self.allocate_from(Strategy::TransparentHuge, size)
+                let mut buffer = self.allocate_from(Strategy::TransparentHuge, size)?;
+                let why = why.to_string();
+                let why = why.strip_suffix(super::cpu::hugepage::BEST_EFFORT_HINT).unwrap_or(&why);
+                buffer.set_fallback(format!(
+                    "{location} was asked for with the best-effort hugepage policy, but {why}; the buffer is \
+                     CPU standard memory (transparent huge pages advised, base pages promised)"
+                ));
+                Ok(buffer)
             }
             result => result,
         }

@@ -297,9 +297,13 @@ impl Buffer {
         }
     }
 
-    /// Why the buffer is not at the location asked for: `Some` when a GPU location was asked
-    /// of a context without a Vulkan device (and `strict_gpu` unset), which gave CPU standard
+    /// Why the buffer is not at the location asked for: `Some` whenever it is elsewhere, that
+    /// is when a GPU location was asked of a context without a Vulkan device (and `strict_gpu`
+    /// unset), or huge pages under the best-effort policy (also [`Context::allocate_auto`]'s
+    /// staging memory for a remote peer) and the kernel had none, which gave CPU standard
     /// memory instead. [`Buffer::location`] always says what the buffer really is.
+    ///
+    /// [`Context::allocate_auto`]: crate::memory::Context::allocate_auto
     pub fn fallback(&self) -> Option<&str> {
         self.fallback.as_deref()
     }

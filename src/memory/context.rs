@@ -56,6 +56,9 @@ impl ContextConfig {
     pub const MIN_ARENA_SIZE: usize = 64 << 10;
     pub const MAX_ARENA_SIZE: usize = 1 << 30;
     pub const DEFAULT_GPU_ARENA_SIZE: u64 = 64 << 20;
+    /// The largest GPU arena (1 TiB): beyond any GPU's memory, and far from overflowing the
+    /// allocator's arithmetic. The device's largest heap bounds it further once it is open.
+    pub const MAX_GPU_ARENA_SIZE: u64 = 1 << 40;
 }
 
 impl Default for ContextConfig {
@@ -117,8 +120,12 @@ impl Context {
                 ContextConfig::MAX_ARENA_SIZE
             )));
         }
-        if config.gpu_arena_size == 0 {
-            return Err(Error::invalid("GPU arena size 0: it must be positive"));
+        if !(1..=ContextConfig::MAX_GPU_ARENA_SIZE).contains(&config.gpu_arena_size) {
+            return Err(Error::invalid(format!(
+                "gpu_arena_size {} must be from 1 to {} bytes (1 TiB), and at most the GPU's largest memory heap",
+                config.gpu_arena_size,
+                ContextConfig::MAX_GPU_ARENA_SIZE
+            )));
         }
         let gpu = ContextGpu::open(&config)?;
         let (memory_limit, ram) = host_memory();

@@ -203,12 +203,157 @@ impl ExportHandle {
     }
 
     /// Receives one handle sent with [`ExportHandle::send`]. A message that is not exactly one
-    /// descriptor with one fd is refused, and whatever fds came with it are closed.
+    /// descriptor with one fd is refused, and whatever fds came with it are closed; so is a
+    /// descriptor that fails [`check_received_descriptor`], or an fd that is not memory of at
+    /// least the arena's size ([`check_received_fd`]): `Corrupt`, saying what is wrong.
     pub fn recv(socket: &UnixStream) -> Result<ExportHandle> {
         let mut bytes = [0u8; ExportDescriptor::SIZE];
         let fd = recv_exact_with_fd(socket, &mut bytes, "an export handle")?;
         let descriptor = ExportDescriptor::from_bytes(&bytes)?;
+        let location = check_received_descriptor(&descriptor)?;
+        check_received_fd(&fd, &descriptor, location)?;
         Ok(ExportHandle { fd, descriptor })
+    }
+}
+
+fn corrupt_export(problem: impl std::fmt::Display) -> Error {
+    Error::Corrupt(format!(
+        "the export received is not one lava-flow sends ({problem}); send exports with lf_export_send \
+         (ExportHandle::send) of a buffer's lf_buffer_export, from the same lava-flow version"
+    ))
+}
+
+/// The `VkExternalMemoryHandleTypeFlagBits` values a GPU export may carry: OPAQUE_FD, DMA_BUF.
+const GPU_HANDLE_TYPES: [u32; 2] = [0x1, 0x200];
+
+/// Checks a descriptor that arrived from another process, before anything is done with it:
+/// magic, version, reserved fields, a known location (and NUMA node only for NUMA memory), the
+/// GPU section only for GPU memory (a known handle type, known flags), and a non-empty range
+/// inside a non-empty arena. Returns the location; everything else is `Corrupt`, naming the
+/// field. Pure: it reads nothing but the bytes.
+pub fn check_received_descriptor(d: &ExportDescriptor) -> Result<MemoryLocation> {
+    let location = d.validate_header().map_err(|e| corrupt_export(strip_class(&e)))?;
+    if d.size == 0 || d.arena_size == 0 {
+        return Err(corrupt_export(format!("size {} in an arena of {} bytes: both must be positive", d.size, d.arena_size)));
+    }
+    if d.offset.checked_add(d.size).map_or(true, |end| end > d.arena_size) {
+        return Err(corrupt_export(format!(
+            "the range [{}, {} + {}) lies outside its {}-byte arena",
+            d.offset, d.offset, d.size, d.arena_size
+        )));
+    }
+    if location.is_gpu() {
+        if !GPU_HANDLE_TYPES.contains(&d.handle_type) {
+            return Err(corrupt_export(format!("unknown GPU handle type {:#x}", d.handle_type)));
+        }
+        if d.gpu_flags & !EXPORT_GPU_DEDICATED != 0 {
+            return Err(corrupt_export(format!("unknown GPU flags {:#x}", d.gpu_flags)));
+        }
+    } else if d.offset % MIN_BLOCK as u64 != 0 {
+        return Err(corrupt_export(format!("offset {} is not a multiple of {MIN_BLOCK}", d.offset)));
+    }
+    Ok(location)
+}
+
+/// An error's message without its class prefix ("invalid argument: "), to be wrapped in
+/// another.
+fn strip_class(error: &Error) -> String {
+    match error {
+        Error::InvalidArgument(m) | Error::Unsupported(m) | Error::Corrupt(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Kinds of descriptors that are never memory, as `/proc/self/fd` names them.
+const NOT_MEMORY: [&str; 11] = [
+    "anon_inode:[eventfd]",
+    "anon_inode:[eventpoll]",
+    "anon_inode:[timerfd]",
+    "anon_inode:[signalfd]",
+    "anon_inode:[pidfd]",
+    "anon_inode:inotify",
+    "anon_inode:[fanotify]",
+    "anon_inode:[io_uring]",
+    "anon_inode:[userfaultfd]",
+    "anon_inode:[perf_event]",
+    "anon_inode:bpf",
+];
+
+/// Checks the fd that came with a received descriptor: for CPU memory a memfd sealed against
+/// shrinking of at least the arena's size; for GPU memory something a driver exports (a memfd
+/// or dma-buf of at least the arena's size, a GPU device file, an anonymous driver object),
+/// never a socket, pipe, directory, terminal or the like. `Corrupt` otherwise, naming it.
+pub fn check_received_fd(fd: &OwnedFd, d: &ExportDescriptor, location: MemoryLocation) -> Result<()> {
+    // SAFETY: zeroed stat is a valid out-buffer; fstat fills it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open and owned; st is writable.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(corrupt_export(format!("fstat of its fd failed: {}", std::io::Error::last_os_error())));
+    }
+    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let kind = st.st_mode & libc::S_IFMT;
+    let at_least_arena = || -> Result<()> {
+        let size = file_size(fd, &st);
+        if size < d.arena_size {
+            return Err(corrupt_export(format!(
+                "its fd ({target}) holds {size} bytes, fewer than the {}-byte arena it claims",
+                d.arena_size
+            )));
+        }
+        Ok(())
+    };
+    if target.starts_with("/memfd:") && kind == libc::S_IFREG {
+        if !location.is_gpu() {
+            // SAFETY: F_GET_SEALS takes no argument and only reads the file's seals.
+            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+            if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+                return Err(corrupt_export(format!("its fd ({target}) is not sealed against shrinking")));
+            }
+        }
+        return at_least_arena();
+    }
+    if !location.is_gpu() {
+        return Err(corrupt_export(format!("its fd is {}, not a memory file (memfd)", describe_fd(&target, kind))));
+    }
+    if target.starts_with("/dmabuf:") || target.starts_with("anon_inode:dmabuf") {
+        return at_least_arena();
+    }
+    let device_file = kind == libc::S_IFCHR && (target.starts_with("/dev/nvidia") || target.starts_with("/dev/dri/"));
+    let driver_object = target.starts_with("anon_inode:") && !NOT_MEMORY.iter().any(|n| target.starts_with(n));
+    if device_file || driver_object {
+        return Ok(());
+    }
+    Err(corrupt_export(format!("its fd is {}, not GPU memory a driver exports", describe_fd(&target, kind))))
+}
+
+/// The size of the file behind `fd`: `st_size`, or where the end is for files (dma-bufs) that
+/// report their size only to `lseek`.
+fn file_size(fd: &OwnedFd, st: &libc::stat) -> u64 {
+    if st.st_size > 0 {
+        return st.st_size as u64;
+    }
+    // SAFETY: lseek on an fd we own; it moves only this descriptor's offset, which nothing
+    // else uses (imports map, they do not read).
+    let end = unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_END) };
+    u64::try_from(end).unwrap_or(0)
+}
+
+fn describe_fd(target: &str, kind: libc::mode_t) -> String {
+    let what = match kind {
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFIFO => "a pipe",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFREG => "a regular file",
+        _ => "a descriptor",
+    };
+    if target.is_empty() {
+        what.to_owned()
+    } else {
+        format!("{what} ({target})")
     }
 }
 
@@ -495,6 +640,7 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn descriptors_round_trip_through_bytes() {
@@ -541,5 +687,46 @@ mod tests {
         let re = imported.export().unwrap();
         assert_eq!(re.descriptor.exporter_pid, std::process::id());
         assert_eq!(re.descriptor.offset, a.export().unwrap().descriptor.offset);
+    }
+
+    fn valid_descriptor() -> Vec<u8> {
+        ExportDescriptor {
+            magic: EXPORT_MAGIC,
+            version: EXPORT_VERSION,
+            location: MemoryLocation::CpuStandard.code(),
+            numa_node: -1,
+            offset: 128,
+            size: 100,
+            arena_id: 7,
+            arena_size: 1 << 21,
+            exporter_pid: 42,
+            exporter_token: 9,
+            ..ExportDescriptor::default()
+        }
+        .to_bytes()
+        .to_vec()
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// An export record received from another process: accepted only with lava-flow's
+        /// magic and version, no reserved bits, a known location and a non-empty range inside
+        /// its arena; refused as Corrupt otherwise.
+        #[test]
+        fn fuzz_received_export_records(bytes in crate::fuzz::bytes_near(valid_descriptor(), 160)) {
+            let Ok(d) = ExportDescriptor::from_bytes(&bytes) else { return Ok(()) };
+            match check_received_descriptor(&d) {
+                Ok(location) => {
+                    prop_assert_eq!((d.magic, d.version, d.reserved2), (EXPORT_MAGIC, EXPORT_VERSION, [0, 0]));
+                    prop_assert_eq!(location.code(), d.location);
+                    prop_assert!(d.size > 0 && d.offset.checked_add(d.size).is_some_and(|end| end <= d.arena_size));
+                    if !location.is_gpu() {
+                        prop_assert!(d.offset % MIN_BLOCK as u64 == 0 && d.handle_type == 0 && d.gpu_flags == 0);
+                    }
+                }
+                Err(e) => prop_assert!(matches!(e, Error::Corrupt(_)), "{}", e),
+            }
+        }
     }
 }

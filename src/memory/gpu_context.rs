@@ -26,7 +26,7 @@ use super::gpu::{
     GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport, TimelineSemaphore, VulkanDevice,
 };
 
-const DISABLED: &str = "the context's GPU policy is Disabled";
+const DISABLED: &str = "the context's GPU policy disables the GPU";
 
 /// The GPU APIs a pinned CPU arena is registered with, and why the others are missing.
 #[derive(Debug, Default)]

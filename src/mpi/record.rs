@@ -91,6 +91,10 @@ impl LocationRecord {
         }
         let node = reader.u32("the NUMA node")?;
         let device = reader.u32("the device")?;
+        // An absent field is written as 0: anything else is not what lava-flow sends.
+        if (flags & HAS_NODE == 0 && node != 0) || (flags & HAS_DEVICE == 0 && device != 0) {
+            return Err(corrupt(format!("has a NUMA node {node} or device {device} that its flags {flags:#04x} say is absent")));
+        }
         let name = reader.str("the process name")?;
         let name = ProcessName::new(name).map_err(|e| corrupt(format!("has a bad process name: {e}")))?;
         let hostname = reader.str("the hostname")?;
@@ -190,6 +194,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sample() -> LocationRecord {
         LocationRecord {
@@ -285,5 +290,22 @@ mod tests {
         let mut record = sample();
         record.gpu_uuids = vec!["GPU-x".into(); MAX_GPUS + 1];
         assert!(matches!(record.encode(), Err(Error::InvalidArgument(_))));
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(3000))]
+
+        /// Another rank's discovery record: accepted only within the size limit, with valid
+        /// names, hostname, host identity and GPU UUIDs and a real rank as its group, and then
+        /// exactly what its bytes encode.
+        #[test]
+        fn fuzz_records(bytes in crate::fuzz::bytes_near(sample().encode().unwrap(), 300), size in 1usize..8) {
+            if let Ok(record) = LocationRecord::decode(&bytes, 0, size) {
+                prop_assert!((record.shared_memory_group as usize) < size);
+                prop_assert!(validate_hostname(&record.location.hostname).is_ok());
+                prop_assert!(record.gpu_uuids.iter().all(|u| gpu_uuid_problem(u).is_none()));
+                prop_assert_eq!(record.encode().unwrap(), bytes);
+            }
+        }
     }
 }

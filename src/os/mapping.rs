@@ -35,6 +35,45 @@ impl Mapping {
         Self::map(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     }
 
+    /// Maps two files back to back in one range, shared: the first `first.1` bytes of
+    /// `first.0` read-write, then the first `second.1` bytes of `second.0`, read-write only if
+    /// `second_writable`. Both lengths must be multiples of the page size. One value owns (and
+    /// unmaps) the whole range.
+    pub fn shared_pair(
+        first: (&impl AsRawFd, usize),
+        second: (&impl AsRawFd, usize),
+        second_writable: bool,
+    ) -> Result<Self> {
+        let page = page_size();
+        let (first_len, second_len) = (first.1, second.1);
+        if first_len % page != 0 || second_len % page != 0 {
+            return Err(Error::invalid(format!("mapping parts of {first_len} and {second_len} bytes are not whole pages")));
+        }
+        let total = first_len
+            .checked_add(second_len)
+            .ok_or_else(|| Error::invalid(format!("mapping parts of {first_len} and {second_len} bytes overflow")))?;
+        // A reservation no one can touch, replaced part by part below.
+        let reserved = Self::map(total, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)?;
+        let second_prot = if second_writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        for (fd, at, len, prot) in [
+            (first.0.as_raw_fd(), 0, first_len, libc::PROT_READ | libc::PROT_WRITE),
+            (second.0.as_raw_fd(), first_len, second_len, second_prot),
+        ] {
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: MAP_FIXED replaces pages of `reserved`, a range this function mapped
+            // itself and owns; `at + len <= total`, so nothing outside it is touched.
+            let ptr = unsafe {
+                libc::mmap(reserved.as_ptr().add(at).cast(), len, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0)
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(Error::last_os(format!("mmap({len} bytes of a shared file at offset {at} of a pair)")));
+            }
+        }
+        Ok(reserved)
+    }
+
     fn map(len: usize, prot: libc::c_int, flags: libc::c_int, fd: libc::c_int, offset: u64) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("cannot map 0 bytes"));

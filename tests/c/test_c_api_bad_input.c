@@ -54,6 +54,9 @@ int main(void) {
 
     /* Bad values. */
     EXPECT(lf_location_new("", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "hostname is empty");
+    EXPECT(lf_location_new("a/b", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "contains '/'");
+    EXPECT(lf_location_new("a..b", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "empty label");
+    EXPECT(lf_location_new("-a", LF_UNSET, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "starts or ends with '-'");
     EXPECT(lf_location_new("h", -7, LF_UNSET, &loc), LF_ERR_INVALID_ARGUMENT, "`node_id` is -7");
     EXPECT(lf_location_new("h", 0, 1LL << 40, &loc), LF_ERR_INVALID_ARGUMENT, "`device_id`");
     EXPECT(lf_location_from_config("/x.json", "bad name!", &loc), LF_ERR_INVALID_ARGUMENT, "process name");
@@ -87,6 +90,29 @@ int main(void) {
     EXPECT(lf_location_hostname((const lf_location *)&not_a_handle, &host), LF_ERR_BAD_HANDLE, "not a live");
     EXPECT(lf_location_node_id((const lf_location *)(uintptr_t)0x10, &id), LF_ERR_BAD_HANDLE, "not a live");
     lf_location_free(loc);
+
+    /* Absurd sizes are refused when they are set, naming the field: a GPU arena beyond any
+     * GPU, a channel pool whose rounding would wrap around (on either end, without waiting
+     * for a peer). */
+    lf_context *context = NULL;
+    lf_context_config context_config = {0};
+    context_config.gpu_policy = LF_GPU_DISABLED;
+    context_config.gpu_arena_size = 1ull << 63;
+    EXPECT(lf_context_create(&context_config, &context), LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 9223372036854775808");
+    context_config.gpu_arena_size = 0;
+    EXPECT(lf_context_create(&context_config, &context), LF_OK, NULL);
+    EXPECT(lf_location_new("localhost", LF_UNSET, LF_UNSET, &loc), LF_OK, NULL);
+    lf_channel_config channel_config;
+    EXPECT(lf_channel_config_default(&channel_config), LF_OK, NULL);
+    channel_config.pool_size = UINT64_MAX;
+    lf_channel *channel = NULL;
+    EXPECT(lf_channel_create(context, "absurd-pool", LF_ROLE_PRODUCER, loc, loc, &channel_config, &channel),
+           LF_ERR_INVALID_ARGUMENT, "pool_size 18446744073709551615");
+    EXPECT(lf_channel_create(context, "absurd-pool", LF_ROLE_CONSUMER, loc, loc, &channel_config, &channel),
+           LF_ERR_INVALID_ARGUMENT, "pool_size 18446744073709551615");
+    if (channel != NULL) { fprintf(stderr, "FAIL: a channel was made with an absurd pool\n"); failures++; }
+    lf_location_free(loc);
+    lf_context_free(context);
 
     /* Unknown enum values are safe to describe. */
     if (strcmp(lf_status_str(12345), "unknown lf_status value") != 0 || strcmp(lf_scope_str(99), "unknown") != 0) {

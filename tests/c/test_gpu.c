@@ -230,7 +230,7 @@ static void fallback_and_strict(void) {
     EXPECT(lf_alloc(context, 1000, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer), LF_OK);
     EXPECT(lf_buffer_location(buffer, &location), LF_OK);
     EXPECT(lf_buffer_fallback_reason(buffer, &reason), LF_OK);
-    CHECK(location == LF_MEMORY_CPU_STANDARD && reason != NULL && strstr(reason, "Disabled") != NULL);
+    CHECK(location == LF_MEMORY_CPU_STANDARD && reason != NULL && strstr(reason, "disables the GPU") != NULL);
     fill(buffer, 1000, 5);
     CHECK(holds(buffer, 1000, 5));
     lf_device_info info;

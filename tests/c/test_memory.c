@@ -176,6 +176,58 @@ static void no_leaks_over_many_cycles(lf_context *context) {
     CHECK(open_fd_count() == before);
 }
 
+/* A buffer that is not where it was asked to be says why; one that is, says nothing. */
+static void check_reason(const lf_buffer *buffer, uint32_t asked) {
+    uint32_t location = 0;
+    const char *why = NULL;
+    EXPECT(lf_buffer_location(buffer, &location), LF_OK);
+    EXPECT(lf_buffer_fallback_reason(buffer, &why), LF_OK);
+    if (location == asked) {
+        CHECK(why == NULL);
+    } else {
+        CHECK(location == LF_MEMORY_CPU_STANDARD);
+        CHECK(why != NULL && strstr(why, "huge pages") != NULL && strstr(why, "best-effort") != NULL);
+        if (why != NULL) printf("fallback reason: %s\n", why);
+    }
+}
+
+/* Best-effort huge pages, through each way of asking: lf_alloc's flag, the context's policy,
+ * and lf_alloc_auto's staging memory for a peer on another host (more 2 MiB pages than are
+ * reserved, so that it falls back where hugepages are reserved too). */
+static void best_effort_fallbacks_say_why(void) {
+    lf_context *context = NULL;
+    lf_context_config config = cpu_only();
+    config.hugepage_policy = LF_HUGEPAGE_BEST_EFFORT;
+    EXPECT(lf_context_create(&config, &context), LF_OK);
+    if (context == NULL) return;
+    lf_buffer *buffer = NULL;
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &buffer), LF_OK);
+    if (buffer) check_reason(buffer, LF_MEMORY_CPU_HUGEPAGE_1GB);
+    lf_free(buffer);
+    buffer = NULL;
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, 0, &buffer), LF_OK);
+    if (buffer) check_reason(buffer, LF_MEMORY_CPU_HUGEPAGE_1GB);
+    lf_free(buffer);
+    buffer = NULL;
+
+    size_t free_pages = 0;
+    FILE *f = fopen("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "r");
+    if (f) {
+        if (fscanf(f, "%zu", &free_pages) != 1) free_pages = 0;
+        fclose(f);
+    }
+    lf_location *mine = NULL, *peer = NULL;
+    EXPECT(lf_location_new("node-a", 0, LF_UNSET, &mine), LF_OK);
+    EXPECT(lf_location_new("node-b", 0, LF_UNSET, &peer), LF_OK);
+    lf_status st = lf_alloc_auto(context, (free_pages + 1) * (2u << 20), mine, peer, &buffer);
+    CHECK(st == LF_OK || st == LF_ERR_OUT_OF_MEMORY);
+    if (st == LF_OK) check_reason(buffer, LF_MEMORY_CPU_HUGEPAGE_2MB);
+    lf_free(buffer);
+    lf_location_free(mine);
+    lf_location_free(peer);
+    lf_context_free(context);
+}
+
 static void bad_input(lf_context *context) {
     lf_buffer *buffer = NULL;
     EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, NULL), LF_ERR_NULL_POINTER);
@@ -192,7 +244,11 @@ static void bad_input(lf_context *context) {
     EXPECT_MESSAGE("strict_gpu");
     EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_ALLOC_HUGEPAGE_BEST_EFFORT, &buffer), LF_OK);
     lf_free(buffer);
-    EXPECT(lf_register(context, NULL, 10, &buffer), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_register(context, NULL, 10, &buffer), LF_ERR_NULL_POINTER);
+    EXPECT_MESSAGE("`ptr` is NULL");
+    /* The context's policy constants and lf_alloc's flags are the same values. */
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &buffer), LF_OK);
+    lf_free(buffer);
 
     /* A freed handle is refused; a double free is ignored. */
     EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_OK);
@@ -248,6 +304,7 @@ int main(void) {
     export_to_another_process(context);
     no_leaks_over_many_cycles(context);
     bad_input(context);
+    best_effort_fallbacks_say_why();
     lf_context_free(context);
 
     if (failures != 0) {

@@ -181,13 +181,15 @@ fn hugepages_are_really_huge_or_refused_saying_how_to_reserve() {
     if free_huge_pages(HugePageSize::Size1G) == 0 {
         let err = context.allocate(4096, giant).unwrap_err();
         match &err {
-            Error::OutOfMemory(text) => assert!(text.contains("nr_hugepages") && text.contains("BestEffort"), "{text}"),
+            Error::OutOfMemory(text) => assert!(text.contains("nr_hugepages") && text.contains("best-effort"), "{text}"),
             Error::Unsupported(text) => assert!(text.contains("1 GiB"), "{text}"),
             other => panic!("unexpected {other}"),
         }
         let fallback = context.allocate_with(4096, giant, HugepagePolicy::BestEffort).unwrap();
         assert_eq!(fallback.location(), MemoryLocation::CpuStandard);
         assert_eq!(fallback.page_size(), page());
+        let reason = fallback.fallback().expect("a best-effort fallback says why");
+        assert!(reason.contains("1 GiB huge pages") && reason.contains("best-effort"), "{reason}");
         fill(&fallback, 4);
         assert!(check(&fallback, 4));
     }
@@ -201,7 +203,7 @@ fn pinned_memory_is_locked() {
     let after = locked_bytes().unwrap();
     assert!(after >= before + 1000, "VmLck {before} -> {after}");
     assert!(buffer.registrations().is_empty(), "the GPU is disabled");
-    assert!(buffer.registration_failures()[0].contains("Disabled"), "{:?}", buffer.registration_failures());
+    assert!(buffer.registration_failures()[0].contains("disables the GPU"), "{:?}", buffer.registration_failures());
     fill(&buffer, 5);
     assert!(check(&buffer, 5));
 }

@@ -312,14 +312,14 @@ fn gpu_context_fallback_is_visible_and_strict_is_an_error() {
         return;
     }
     let disabled = Context::new(config(GpuPolicy::Disabled)).unwrap();
-    assert!(disabled.gpu_unavailable_reason().unwrap().contains("Disabled"));
-    check_fallback(&disabled, "Disabled");
+    assert!(disabled.gpu_unavailable_reason().unwrap().contains("disables the GPU"));
+    check_fallback(&disabled, "disables the GPU");
     let mut strict = config(GpuPolicy::Disabled);
     strict.strict_gpu = true;
     let strict = Context::new(strict).unwrap();
     for location in GPU_LOCATIONS {
         let e = strict.allocate(64, location).unwrap_err();
-        assert!(matches!(e, Error::Unsupported(ref m) if m.contains("strict_gpu") && m.contains("Disabled")), "{e}");
+        assert!(matches!(e, Error::Unsupported(ref m) if m.contains("strict_gpu") && m.contains("disables the GPU")), "{e}");
     }
     let no_driver = [("VK_ICD_FILENAMES", "/nonexistent/lf-icd.json"), ("VK_DRIVER_FILES", "/nonexistent/lf-icd.json")];
     for role in ["auto", "required"] {
@@ -363,7 +363,7 @@ fn gpu_context_pinned_memory_reports_its_registrations() {
     let cpu_only = Context::new(config(GpuPolicy::Disabled)).unwrap();
     let unregistered = cpu_only.allocate(4096, MemoryLocation::CpuGpuPinned).unwrap();
     assert!(unregistered.registrations().is_empty());
-    assert!(unregistered.registration_failures()[0].contains("Disabled"));
+    assert!(unregistered.registration_failures()[0].contains("disables the GPU"));
 }
 
 #[test]
@@ -420,4 +420,23 @@ fn gpu_contexts_open_and_close_in_several_threads_at_once() {
             });
         }
     });
+}
+
+/// A GPU arena larger than any memory heap of the device would make every GPU allocation
+/// fail: the context refuses it at creation, naming the field and the heap.
+#[test]
+fn gpu_arenas_beyond_the_largest_heap_are_refused() {
+    let Some(context) = gpu_context("gpu_arenas_beyond_the_largest_heap_are_refused") else { return };
+    let largest = context.device_info().unwrap().memory_heaps.iter().map(|h| h.size).max().unwrap();
+    drop(context);
+    let mut too_large = config(GpuPolicy::Auto);
+    too_large.gpu_arena_size = largest + 1;
+    let err = Context::new(too_large).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(ref m) if m.contains(&format!("gpu_arena_size {}", largest + 1)) && m.contains("largest memory heap")),
+        "{err}"
+    );
+    let mut absurd = config(GpuPolicy::Disabled);
+    absurd.gpu_arena_size = 1 << 63;
+    assert!(matches!(Context::new(absurd), Err(Error::InvalidArgument(ref m)) if m.contains("gpu_arena_size")));
 }

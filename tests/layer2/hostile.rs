@@ -100,3 +100,53 @@ fn garbage_in_the_control_region_is_corrupt() {
         None => run_pair(TEST, "hostile"),
     }
 }
+
+/// Whether this kernel offers `F_SEAL_FUTURE_WRITE` (Linux 5.1), probed on a memfd of our own.
+fn kernel_seals_future_writes() -> bool {
+    // SAFETY: memfd_create with a static name; the fd is closed below.
+    let fd = unsafe { libc::memfd_create(b"lf-probe\0".as_ptr().cast(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: fcntl and close on the descriptor just made.
+    unsafe {
+        let ok = libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE) == 0;
+        libc::close(fd);
+        ok
+    }
+}
+
+/// A hostile consumer cannot make its read-only view of the producer's ring (slots and pool)
+/// writable: the kernel refuses `mprotect`, where it offers the seal; the messages arrive intact.
+#[test]
+fn the_consumer_cannot_make_the_ring_writable() {
+    const TEST: &str = "hostile::the_consumer_cannot_make_the_ring_writable";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            for i in 0..4u64 {
+                p.send(&[i as u8; 300]).unwrap();
+            }
+            p.wait_completed(3, Some(Duration::from_secs(20))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(20)).unwrap();
+            let (base, len) = c.raw_region_for_tests().unwrap();
+            // SAFETY: mprotect of the consumer's own mapping of the data part (from the slots
+            // on); refused, it leaves the mapping as it was.
+            let rc = unsafe { libc::mprotect(base.add(SLOTS).cast(), len - SLOTS, libc::PROT_READ | libc::PROT_WRITE) };
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            if kernel_seals_future_writes() {
+                assert_eq!((rc, errno), (-1, Some(libc::EACCES)), "the ring's data part could be made writable");
+            } else {
+                println!("this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1): the ring's data part is not sealed");
+            }
+            assert_eq!(&*m, &[0u8; 300]);
+            drop(m);
+            for i in 1..4u8 {
+                assert_eq!(&*c.recv_timeout(Duration::from_secs(20)).unwrap(), &[i; 300]);
+            }
+        }
+        Some(_) => {}
+        None => run_pair_with(TEST, "sealed-ring", &[]),
+    }
+}

@@ -15,8 +15,14 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Channels mapped here: each maps its control part and its data part (`lava-flow:NAME` and
+/// `lava-flow:NAME:data`) together, and unmaps them together; the two counts must agree.
 fn channel_mappings() -> usize {
-    std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("lava-flow:")).count()
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let parts: Vec<&str> = maps.lines().filter(|l| l.contains("lava-flow:")).collect();
+    let data = parts.iter().filter(|l| l.contains(":data")).count();
+    assert_eq!(data * 2, parts.len(), "control and data parts mapped together: {parts:?}");
+    data
 }
 
 fn arena_mappings() -> usize {

@@ -143,3 +143,65 @@ fn consumer_killed_producer_sees_peer_gone() {
         }
     }
 }
+
+/// kill -9 of a consumer, many times over: the surviving producer removes the dead consumer's
+/// socket (and lock file) every time, whether it notices the death while the consumer is
+/// still dying, and whatever the consumer wrote in shared memory (a hostile one marks itself
+/// closed, which once made the survivor leave the socket).
+#[test]
+fn a_killed_consumer_never_leaves_its_socket() {
+    const TEST: &str = "peer_death::a_killed_consumer_never_leaves_its_socket";
+    const ROUNDS: usize = 30;
+    match child_role().as_deref() {
+        Some("victim") => {
+            let c = Consumer::create(&ctx(), "stale", &here(), &here(), &config(strategy("block"))).unwrap();
+            if arg("hostile") == "1" {
+                let (base, _) = c.raw_region_for_tests().unwrap();
+                // SAFETY: the consumer's own mapping of the region; offset 132 is the
+                // consumer_closed word (src/channels/transports/shm/ring.rs), 4-aligned.
+                unsafe { (*base.add(132).cast::<std::sync::atomic::AtomicU32>()).store(1, std::sync::atomic::Ordering::SeqCst) };
+            }
+            report("ready", 1);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        Some("survivor") => {
+            let cfg = ChannelConfig { capacity: 2, ..config(strategy("block")) };
+            let mut p = Producer::create(&ctx(), "stale", &here(), &here(), &cfg).unwrap();
+            report("connected", 1);
+            // Until the consumer is gone (killed, or marked closed by a hostile one); then the
+            // drop cleans up at once.
+            loop {
+                match p.send_timeout(b"fill", Duration::from_secs(20)) {
+                    Ok(_) => {}
+                    Err(Error::PeerGone(_)) => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("stale");
+            for round in 0..ROUNDS {
+                let hostile = if round % 2 == 1 { "1" } else { "0" };
+                let args = [("hostile", hostile.to_owned())];
+                let mut c = spawn(TEST, "victim", &dir, &args);
+                let mut c_out = stdout_of(&mut c);
+                let mut p = spawn(TEST, "survivor", &dir, &args);
+                let mut p_out = stdout_of(&mut p);
+                expect_line(&mut p_out, "connected");
+                expect_line(&mut c_out, "ready");
+                // Killed, not reaped: the survivor races the consumer's death.
+                // SAFETY: kill with a pid we spawned and have not reaped yet.
+                unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+                wait_ok(p, "survivor");
+                drop((p_out, c_out));
+                let _ = c.wait();
+                let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+                assert!(left.is_empty(), "round {round} (hostile: {hostile}): left {left:?}");
+            }
+            assert_dir_empty(&dir);
+        }
+    }
+}

@@ -179,3 +179,79 @@ fn other_user_is_refused() {
         }
     }
 }
+
+/// A second producer on a live channel is refused at once, saying so (as a second consumer
+/// is), instead of waiting in the rendezvous to take over. Once the first has closed, the
+/// consumer reports its end (PeerGone) before a new producer attaches, whose messages start
+/// again at sequence number 0.
+#[test]
+fn a_second_producer_is_refused_at_once() {
+    const TEST: &str = "rendezvous::a_second_producer_is_refused_at_once";
+    let cfg = || ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(20)), ..config(WaitStrategy::Block) };
+    match child_role().as_deref() {
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "one-producer", &here(), &here(), &cfg()).unwrap();
+            for i in 0..3u64 {
+                let m = c.recv_timeout(Duration::from_secs(20)).unwrap();
+                assert_eq!((&*m, m.sequence()), (&b"first"[..], i));
+            }
+            let err = c.recv_timeout(Duration::from_secs(20)).unwrap_err();
+            assert!(matches!(err, Error::PeerGone(_)), "the first producer's end is reported: {err}");
+            report("first-gone", 1);
+            let give_up = Instant::now() + Duration::from_secs(30);
+            let m = loop {
+                match c.recv_timeout(Duration::from_secs(20)) {
+                    Err(Error::PeerGone(_)) if Instant::now() < give_up => std::thread::sleep(Duration::from_millis(2)),
+                    other => break other.unwrap(),
+                }
+            };
+            assert_eq!((&*m, m.sequence()), (&b"third"[..], 0));
+        }
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "one-producer", &here(), &here(), &cfg()).unwrap();
+            let what = arg("what");
+            let count = if what == "first" { 3 } else { 1 };
+            for _ in 0..count {
+                p.send(what.as_bytes()).unwrap();
+            }
+            p.wait_completed(count - 1, Some(Duration::from_secs(20))).unwrap();
+            report("sent", 1);
+            if what == "first" {
+                let flag = arg("flag");
+                while !std::path::Path::new(&flag).exists() {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+        Some("second-producer") => {
+            let start = Instant::now();
+            let err = Producer::create(&ctx(), "one-producer", &here(), &here(), &cfg()).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidState(ref m) if m.contains("already has a live producer (pid ") && m.contains("one producer at a time")),
+                "{err}"
+            );
+            assert!(start.elapsed() < Duration::from_secs(2), "refused after {:?}, not at once", start.elapsed());
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("one-producer");
+            let flag = format!("/tmp/lf-l2-{}-one-producer.flag", std::process::id());
+            let _ = std::fs::remove_file(&flag);
+            let args = |what: &str| [("flag", flag.clone()), ("what", what.to_owned())];
+            let mut c = spawn(TEST, "consumer", &dir, &args(""));
+            let mut c_out = stdout_of(&mut c);
+            let mut first = spawn(TEST, "producer", &dir, &args("first"));
+            let mut first_out = stdout_of(&mut first);
+            expect_line(&mut first_out, "sent");
+            wait_ok(spawn(TEST, "second-producer", &dir, &args("")), "second producer");
+            std::fs::write(&flag, b"close").unwrap();
+            wait_ok(first, "first producer");
+            drop(first_out);
+            expect_line(&mut c_out, "first-gone");
+            wait_ok(spawn(TEST, "producer", &dir, &args("third")), "third producer");
+            wait_ok(c, "consumer");
+            let _ = std::fs::remove_file(&flag);
+            assert_dir_empty(&dir);
+        }
+    }
+}

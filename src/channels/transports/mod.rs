@@ -78,7 +78,7 @@ fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
     {
         match peer.mpi {
             Some(address) => mpi_endpoint(address).map(|_| ()),
-            None => Err("mpi needs the peer's location from MPI discovery (lf_mpi_location, MpiWorld::peer), which carries its rank".into()),
+            None => Err("mpi needs the peer's location from MPI discovery (lf_mpi_location), which carries its rank".into()),
         }
     }
     #[cfg(not(feature = "mpi"))]

@@ -16,6 +16,10 @@ fn read_count(page: HugePageSize, file: &str) -> Option<u64> {
     std::fs::read_to_string(format!("{}/{file}", sysfs_dir(page))).ok()?.trim().parse().ok()
 }
 
+/// The end of the strict policy's message when huge pages are short, dropped from the reason a
+/// best-effort fallback gives (which took that advice already).
+pub(crate) const BEST_EFFORT_HINT: &str = ", or choose the best-effort hugepage policy to fall back to ordinary pages";
+
 /// Creates `size` bytes (a multiple of the page size) on hugetlbfs pages. Fails, saying how
 /// to reserve pages, when the kernel has too few free ones: the pages are reserved when the
 /// memory is mapped, so a buffer that was handed out never faults for lack of pages later.
@@ -35,8 +39,7 @@ pub(crate) fn create(size: usize, page: HugePageSize) -> Result<(OwnedFd, Mappin
             Error::OutOfMemory(format!(
                 "{size} bytes of {page} huge pages need {wanted} free page(s), but {free} of the \
                  {total} reserved are free; reserve more as root with \
-                 `echo N > {}/nr_hugepages`{also}, or ask with HugepagePolicy::BestEffort to fall \
-                 back to ordinary pages",
+                 `echo N > {}/nr_hugepages`{also}{BEST_EFFORT_HINT}",
                 sysfs_dir(page)
             ))
         }

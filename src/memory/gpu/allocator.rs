@@ -107,10 +107,15 @@ impl fmt::Debug for GpuAllocator {
 
 impl GpuAllocator {
     pub fn new(device: &VulkanDevice, config: GpuAllocatorConfig) -> Result<Self> {
-        if config.arena_size == 0 {
-            return Err(Error::invalid("GPU arena size must be positive"));
-        }
         let info = device.info();
+        let largest_heap = info.memory_heaps.iter().map(|h| h.size).max().unwrap_or(0);
+        if config.arena_size == 0 || config.arena_size > largest_heap {
+            return Err(Error::invalid(format!(
+                "gpu_arena_size {} must be from 1 byte to the largest memory heap of Vulkan device {} ({}), \
+                 {largest_heap} bytes: no GPU allocation could succeed otherwise",
+                config.arena_size, info.index, info.name
+            )));
+        }
         let mut handle_types = vk::ExternalMemoryHandleTypeFlags::empty();
         if config.exportable {
             if !info.opaque_fd.exportable {

@@ -396,6 +396,7 @@ impl GpuBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sample() -> GpuExportDesc {
         GpuExportDesc {
@@ -476,5 +477,20 @@ mod tests {
         let mut d = sample();
         d.version = 99;
         assert!(matches!(d.validate(), Err(Error::Unsupported(_))));
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// A GPU export description from another process: what is accepted lies inside its
+        /// arena, names a known handle type and kind, and is exactly what its bytes say.
+        #[test]
+        fn fuzz_gpu_export_descriptions(bytes in crate::fuzz::bytes_near(sample().to_bytes().to_vec(), 200)) {
+            if let Ok(desc) = GpuExportDesc::from_bytes(&bytes) {
+                prop_assert!(desc.handle().is_some() && desc.kind().is_some());
+                prop_assert!(desc.size > 0 && desc.offset.checked_add(desc.size).is_some_and(|end| end <= desc.arena_size));
+                prop_assert_eq!(&desc.to_bytes()[..], &bytes[..]);
+            }
+        }
     }
 }

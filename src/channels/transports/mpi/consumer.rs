@@ -494,7 +494,7 @@ impl MpiConsumer {
                     state.report_wanted = state.report_wanted.max(header.seq + 1);
                     self.shared.report(&mut state, false)?;
                 }
-                other => return Err(self.corrupt(format!("sent {other:?} in the middle of the channel"))),
+                other => return Err(self.corrupt(format!("sent {} in the middle of the channel", other.describe()))),
             }
         }
     }

@@ -76,6 +76,22 @@ enum Kind {
     Closed = 8,
 }
 
+impl Kind {
+    /// The kind in words, for messages.
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Hello => "a hello",
+            Kind::Data => "a data message",
+            Kind::Close => "a close message",
+            Kind::ReportRequest => "a report request",
+            Kind::Ack => "an acknowledgement",
+            Kind::Refuse => "a refusal",
+            Kind::Credit => "a credit",
+            Kind::Closed => "a closed message",
+        }
+    }
+}
+
 /// Header flag: answer with a credit as soon as this message is released.
 const FLAG_REPORT: u32 = 1;
 /// Header flag: the payload follows in chunks, not in this MPI message.
@@ -256,6 +272,7 @@ fn backoff(spins: &mut u32, busy: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn headers_round_trip_and_garbage_is_corrupt() {
@@ -307,5 +324,28 @@ mod tests {
         assert_ne!(tags_for("x", 1 << 30).unwrap(), tags_for("y", 1 << 30).unwrap());
         assert!(tags_for("x", 3).is_err());
         assert!(tags_for("x", 4).is_ok());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// Every MPI message starts with a header from the peer: accepted only with
+        /// lava-flow's magic, a known kind and known flags, and then exactly what its first
+        /// 32 bytes say (the rest of the message is its payload).
+        #[test]
+        fn fuzz_headers(bytes in crate::fuzz::bytes_near(
+            {
+                let mut h = Header::new(Kind::Data, 7, 1 << 20);
+                h.flags = FLAG_SPLIT;
+                h.to_bytes().to_vec()
+            },
+            64,
+        )) {
+            if let Ok(h) = Header::decode(&bytes, "producer") {
+                prop_assert!(bytes.len() >= Header::LEN);
+                prop_assert_eq!(h.flags & !(FLAG_REPORT | FLAG_SPLIT | FLAG_ZERO_COPY), 0);
+                prop_assert_eq!(&h.to_bytes()[..], &bytes[..Header::LEN]);
+            }
+        }
     }
 }

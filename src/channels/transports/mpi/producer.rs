@@ -215,7 +215,7 @@ impl MpiProducer {
                 }
                 Kind::Closed => self.gone = Some(format!("the consumer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer)),
                 Kind::Ack | Kind::Refuse => {}
-                other => return Err(Error::Corrupt(format!("the consumer of channel {:?} sent {other:?}", self.name))),
+                other => return Err(Error::Corrupt(format!("the consumer of channel {:?} sent {}", self.name, other.describe()))),
             }
         }
         Ok(())

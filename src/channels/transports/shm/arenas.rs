@@ -89,6 +89,15 @@ impl ControlRecord {
     /// Every record has this size, so that records are read whole from the stream socket.
     pub(super) const LEN: usize = 256;
 
+    /// The record in words, for messages.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            ControlRecord::Arena { id, len } => format!("the record of arena {id} ({len} bytes)"),
+            ControlRecord::Forget { id } => format!("the record forgetting arena {id}"),
+            ControlRecord::Attachment { route, bytes } => format!("an attachment of {} bytes for route {route}", bytes.len()),
+        }
+    }
+
     pub(super) fn encode(&self) -> [u8; Self::LEN] {
         let mut out = [0u8; Self::LEN];
         out[..4].copy_from_slice(RECORD_MAGIC);
@@ -132,6 +141,7 @@ impl ControlRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn control_records_round_trip_and_reject_garbage() {
@@ -149,5 +159,25 @@ mod tests {
         let mut long = ControlRecord::Attachment { route: 2, bytes: vec![1; 4] }.encode();
         long[16] = 240;
         assert!(matches!(ControlRecord::decode(&long), Err(Error::Corrupt(_))));
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// Control records from the producer's socket: a record accepted is exactly the one its
+        /// bytes encode (no byte of it goes unchecked).
+        #[test]
+        fn fuzz_control_record_bytes(bytes in crate::fuzz::bytes_near(ControlRecord::Attachment { route: 2, bytes: vec![7; 9] }.encode().to_vec(), 300)) {
+            if let Ok(record) = ControlRecord::decode(&bytes) {
+                prop_assert_eq!(&record.encode()[..], &bytes[..]);
+            }
+        }
+
+        #[test]
+        fn fuzz_arena_record_bytes(bytes in crate::fuzz::mutated(ControlRecord::Arena { id: 3, len: 1 << 21 }.encode().to_vec())) {
+            if let Ok(record) = ControlRecord::decode(&bytes) {
+                prop_assert_eq!(&record.encode()[..], &bytes[..]);
+            }
+        }
     }
 }

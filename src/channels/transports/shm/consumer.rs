@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
 use super::handshake;
-use super::ring::{INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
+use super::ring::{check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
 use super::session::{OwnedSession, Session};
-use crate::channels::rendezvous::{Listener, PeerWatch, Section};
+use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::wait::{sleep_once, Waiter, LIVENESS_PERIOD};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -31,6 +31,10 @@ pub(super) struct Link {
     pub(super) next: u64,
     pub(super) last_check: Instant,
     pub(super) gone: Option<String>,
+    /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
+    pub(super) gone_reported: bool,
+    /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
+    pub(super) producer_lock: Option<rendezvous::FileId>,
     /// The producer's arenas mapped here (boxed: cold).
     pub(super) arenas: Box<ReceivedArenas>,
     /// The producer's rendezvous sections for the other routes, until taken.
@@ -191,42 +195,20 @@ impl ShmConsumer {
             return Ok(None);
         }
         let seq = s.region.slot_seq(index).load(Ordering::Acquire);
-        let empty = expected_empty(next, s.slot_count);
-        if seq == empty {
-            return Ok(None);
-        }
-        if seq != next + 1 {
-            return Err(self.corrupt(format!("slot {index} has sequence word {seq}, expected {} or {empty}", next + 1)));
-        }
         let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
-        let len = len_kind as u32 as usize;
-        let ptr = match (len_kind >> 32) as u32 {
-            KIND_INLINE if (1..=INLINE_MAX).contains(&len) => s.region.slot_inline(index) as *const u8,
-            KIND_INLINE => return Err(self.corrupt(format!("inline message {next} has length {len}"))),
-            KIND_POOL => {
-                let offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
-                match s.region.pool_range(offset, len as u64) {
-                    Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
-                    _ => {
-                        return Err(self.corrupt(format!(
-                            "pool message {next} claims {len} bytes at offset {offset}, outside the {}-byte pool \
-                             or not {POOL_ALIGN}-byte aligned",
-                            s.region.geometry.pool_size
-                        )))
-                    }
-                }
+        let pool_offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+        let (ptr, len, flags) = match check_slot(next, &s.region.geometry, seq, len_kind, pool_offset) {
+            Err(what) => return Err(self.corrupt(what)),
+            Ok(Slot::Empty) => return Ok(None),
+            Ok(Slot::Inline { len }) => (s.region.slot_inline(index) as *const u8, len, 0),
+            Ok(Slot::Pool { offset, len }) => {
+                let ptr = s.region.pool_range(offset, len as u64).expect("check_slot checked the range");
+                (ptr as *const u8, len, 0)
             }
-            KIND_ARENA => return self.read_arena_slot(index, next),
-            kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 => {
-                if !(1..=INLINE_MAX).contains(&len) {
-                    return Err(self.corrupt(format!("routed message {next} has length {len}")));
-                }
-                let ptr = s.region.slot_inline(index) as *const u8;
-                return Ok(Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8))));
-            }
-            kind => return Err(self.corrupt(format!("message {next} has unknown kind {kind}"))),
+            Ok(Slot::Arena) => return self.read_arena_slot(index, next),
+            Ok(Slot::Routed { route, len }) => (s.region.slot_inline(index) as *const u8, len, RawView::routed_flags(route)),
         };
-        Ok(Some(self.hand_out(index, ptr, len, 0)))
+        Ok(Some(self.hand_out(index, ptr, len, flags)))
     }
 
     /// Records that message `next` is held by a view of `len` bytes at `ptr`, and hands it out.
@@ -260,8 +242,7 @@ impl ShmConsumer {
                 mapping
             }
         };
-        let in_bounds = offset.checked_add(len).is_some_and(|end| len > 0 && end <= mapping.len() as u64);
-        if !in_bounds {
+        if !in_arena(offset, len, mapping.len() as u64) {
             return Err(self.corrupt(format!(
                 "message {next} claims {len} bytes at offset {offset} of arena {id}, which has {} bytes",
                 mapping.len()
@@ -316,7 +297,7 @@ impl ShmConsumer {
                     }
                     self.link.attachments.push(Section { route, bytes, fds });
                 }
-                (record, count) => return Err(self.corrupt(format!("{record:?} came with {count} fds"))),
+                (record, count) => return Err(self.corrupt(format!("{} came with {count} fds", record.describe()))),
             }
         }
     }
@@ -354,9 +335,12 @@ impl ShmConsumer {
             if let Some(view) = self.try_read()? {
                 return Ok(Some(view));
             }
-            if self.try_reattach()? {
+            // A new producer is attached only once the end of this one has been reported: its
+            // messages start again at sequence number 0, and the application must know.
+            if self.link.gone_reported && self.try_reattach()? {
                 continue;
             }
+            self.link.gone_reported = true;
             if self.armed {
                 // Keep the fd readable so an event loop learns about the end.
                 eventfd_signal(self.link.eventfd.as_fd());
@@ -413,13 +397,6 @@ impl ShmConsumer {
     fn gone_error(&self) -> Error {
         Error::PeerGone(self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)))
     }
-}
-
-/// The sequence word of the slot that will carry message `next` while it is still empty:
-/// the previous lap's message number + 1, or 0 on the first lap.
-#[inline]
-fn expected_empty(next: u64, slot_count: u64) -> u64 {
-    if next >= slot_count { next + 1 - slot_count } else { 0 }
 }
 
 fn epoll_ctl(epoll: BorrowedFd<'_>, op: i32, fd: BorrowedFd<'_>, events: u32) -> i32 {
@@ -590,7 +567,14 @@ impl Drop for ShmConsumer {
         region.consumer_closed().store(1, Ordering::SeqCst);
         region.room_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.room_futex(), 1);
-        // The listener's drop removes the socket file.
+        let producer_over = self.link.gone.is_some() || region.producer_closed().load(Ordering::SeqCst) != 0;
+        // The socket file and this end's claim go first, so that a peer closing at the same
+        // time never waits for us while we wait for it.
+        self.listener.close();
+        // A producer that died left its lock file behind: removed once its lock is free.
+        if producer_over || self.link.watch.is_gone() {
+            rendezvous::clean_after_peer(&self.name, End::Producer, &self.link.watch, self.link.producer_lock);
+        }
     }
 }
 

@@ -1,17 +1,16 @@
 //! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
-//! (a sealed memfd) and its eventfd in this transport's [`Section`] of the hello, next to the
+//! (two sealed memfds: the control part and the data part) and its eventfd in this transport's [`Section`] of the hello, next to the
 //! other routes' sections; the consumer checks and maps them and answers with its own routes'
 //! sections, or refuses.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::consumer::Link;
-use super::ring::{Geometry, Region, VERSION};
+use super::ring::{Geometry, Region, RegionFds, VERSION};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
 use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
@@ -19,25 +18,23 @@ use crate::error::{Error, Result};
 use crate::os::eventfd::eventfd;
 use crate::os::{membarrier, recv_with_fds};
 
-/// This transport's section: the region's geometry (its memfd and the producer's eventfd go
-/// as the section's descriptors).
+/// This transport's section: the region's geometry (its two memfds and the producer's
+/// eventfd go as the section's descriptors).
 const SECTION_LEN: usize = 24;
 
-fn encode_section(geometry: &Geometry, memfd: OwnedFd, eventfd: OwnedFd) -> Section {
+fn encode_section(geometry: &Geometry, fds: RegionFds, eventfd: OwnedFd) -> Section {
     let mut bytes = Vec::with_capacity(SECTION_LEN);
     bytes.extend_from_slice(&VERSION.to_le_bytes());
     bytes.extend_from_slice(&geometry.slot_count.to_le_bytes());
     bytes.extend_from_slice(&geometry.pool_size.to_le_bytes());
     bytes.extend_from_slice(&(geometry.total_len as u64).to_le_bytes());
-    Section { route: ROUTE_ID, bytes, fds: vec![memfd, eventfd] }
+    Section { route: ROUTE_ID, bytes, fds: vec![fds.control, fds.data, eventfd] }
 }
 
 /// What the producer has once the consumer accepted it.
 pub(super) struct Connected {
     pub(super) sock: UnixStream,
     pub(super) cred: libc::ucred,
-    pub(super) socket_path: PathBuf,
-    pub(super) socket_id: Option<rendezvous::FileId>,
     pub(super) region: Region,
     pub(super) eventfd: OwnedFd,
     /// Both processes registered for membarriers (see the wait protocol).
@@ -55,13 +52,13 @@ pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, o
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
     loop {
-        let (sock, cred, socket_path, socket_id) = rendezvous::connect(name, deadline)?;
-        let (region, memfd) = Region::create(name, geometry)?;
+        let (sock, cred) = rendezvous::connect(name, deadline)?;
+        let (region, fds) = Region::create(name, geometry)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
         let eventfd_copy = eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
         let attempt = (|| {
-            let mut sections = vec![encode_section(&geometry, memfd, eventfd_copy)];
+            let mut sections = vec![encode_section(&geometry, fds, eventfd_copy)];
             sections.extend(offers()?);
             rendezvous::send_hello(&sock, name, &sections)?;
             drop(sections);
@@ -76,7 +73,7 @@ pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, o
                 // The consumer wrote its flag before its answer. A consumer that lies about it
                 // only delays its own wake-ups (to the next sleep slice).
                 let fast_wake = can_membarrier && region.consumer_fast_wake().load(Ordering::Acquire) == 1;
-                return Ok(Connected { sock, cred, socket_path, socket_id, region, eventfd, fast_wake, answers });
+                return Ok(Connected { sock, cred, region, eventfd, fast_wake, answers });
             }
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
@@ -110,28 +107,14 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
         let Some(section) = mine.into_iter().next() else {
             return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
         };
-        let b = &section.bytes;
-        if b.len() != SECTION_LEN {
-            return Err(Error::Corrupt(format!("the producer's shared-memory section has {} bytes, not {SECTION_LEN}", b.len())));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if u32_at(0) != VERSION {
-            return Err(Error::Unsupported(format!(
-                "the producer's shared-memory layout is version {}, this consumer's {VERSION}; use the same lava-flow on both sides",
-                u32_at(0)
-            )));
-        }
+        let geometry = decode_section(&section.bytes)?;
         let mut fds = section.fds.into_iter();
-        let (Some(memfd), Some(evfd), None) = (fds.next(), fds.next(), fds.next()) else {
-            return Err(Error::Corrupt("the producer's shared-memory section must carry exactly two fds (memfd, eventfd)".into()));
+        let (Some(control), Some(data), Some(evfd), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::Corrupt(
+                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, eventfd)".into(),
+            ));
         };
-        let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
-        let geometry = Geometry::new(slot_count, pool_size)?;
-        if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
-            return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
-        }
-        let region = Region::attach(&memfd, geometry)?;
+        let region = Region::attach(&control, &data, geometry)?;
         check_is_eventfd(&evfd)?;
         Ok((region, evfd, others))
     })();
@@ -152,6 +135,8 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
                 next: 0,
                 last_check: Instant::now(),
                 gone: None,
+                gone_reported: false,
+                producer_lock: rendezvous::lock_file_id(name, rendezvous::End::Producer),
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),
                 attachments: Vec::new(),
@@ -162,6 +147,30 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
             Err(e)
         }
     }
+}
+
+/// Parses and checks the producer's section: this layout's version, and a geometry that
+/// `Geometry::new` accepts and that agrees with the sizes the producer states. Pure, so that
+/// it can be fuzzed.
+pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
+    if b.len() != SECTION_LEN {
+        return Err(Error::Corrupt(format!("the producer's shared-memory section has {} bytes, not {SECTION_LEN}", b.len())));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    if u32_at(0) != VERSION {
+        return Err(Error::Unsupported(format!(
+            "the producer's shared-memory layout is version {}, this consumer's {VERSION}; use the same lava-flow on both sides",
+            u32_at(0)
+        )));
+    }
+    let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
+    let geometry = Geometry::new(slot_count, pool_size)
+        .map_err(|e| Error::Corrupt(format!("the producer's shared-memory section describes no valid ring: {e}")))?;
+    if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
+        return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
+    }
+    Ok(geometry)
 }
 
 /// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
@@ -176,4 +185,38 @@ fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
         libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_section() -> Vec<u8> {
+        let g = Geometry::new(256, 1 << 20).unwrap();
+        let mut b = VERSION.to_le_bytes().to_vec();
+        b.extend_from_slice(&g.slot_count.to_le_bytes());
+        b.extend_from_slice(&g.pool_size.to_le_bytes());
+        b.extend_from_slice(&(g.total_len as u64).to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn the_section_of_a_valid_ring_is_accepted() {
+        assert_eq!(decode_section(&valid_section()).unwrap(), Geometry::new(256, 1 << 20).unwrap());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(3000))]
+
+        /// The producer's shared-memory section: accepted only for a geometry the consumer
+        /// would compute itself from the same capacity and pool size.
+        #[test]
+        fn fuzz_section(bytes in crate::fuzz::bytes_near(valid_section(), 40)) {
+            if let Ok(g) = decode_section(&bytes) {
+                prop_assert_eq!(Geometry::new(g.slot_count, g.pool_size).unwrap(), g);
+                prop_assert!(g.slots_offset < g.pool_offset && g.pool_offset < g.total_len);
+            }
+        }
+    }
 }

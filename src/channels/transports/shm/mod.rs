@@ -1,7 +1,8 @@
 //! The same-host shared-memory transport: the carrier of every channel between two processes
 //! of one host.
 //!
-//! One memfd holds a ring of message slots and a payload pool ([`ring`] has the layout).
+//! Two memfds hold a ring of message slots and a payload pool, the part only the producer
+//! writes sealed against the consumer ([`ring`] has the layout).
 //! Sending a message writes its slot (and, for a large one, its pool bytes) and then the
 //! slot's `seq` word; that store is the only synchronisation on the fast path. Afterwards the
 //! producer reads the consumer's "sleeping" flags, a cache line the consumer writes only when

@@ -1,7 +1,6 @@
 //! The producer half of a shared-memory channel.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,7 +8,7 @@ use std::time::Instant;
 use super::arenas::{ControlRecord, SentArenas, MAX_ATTACHMENT_LEN};
 use super::handshake;
 use super::ring::{pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED};
-use crate::channels::rendezvous::{self, PeerWatch, Section};
+use crate::channels::rendezvous::{self, End, EndLock, PeerWatch, Section};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter, LIVENESS_PERIOD};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -56,8 +55,10 @@ pub struct ShmProducer {
     fast_wake: bool,
     sends_since_check: u32,
     last_check: Instant,
-    socket_path: PathBuf,
-    socket_id: Option<rendezvous::FileId>,
+    /// This process's claim on the producer's end of the channel, until the drop.
+    lock: Option<EndLock>,
+    /// The consumer's lock file when it answered (see `rendezvous::clean_after_peer`).
+    consumer_lock: Option<rendezvous::FileId>,
     /// Buffer sends (boxed: cold, and kept off the hot fields' cache lines).
     arenas: Box<SentArenas>,
     /// The consumer's rendezvous sections for the other routes, until taken.
@@ -90,7 +91,22 @@ impl ShmProducer {
     pub fn connect(name: &str, info: TransportInfo, config: &ChannelConfig, offers: &mut dyn FnMut() -> Result<Vec<Section>>) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
+        // One producer at a time: a second one is refused here, not left waiting for a
+        // consumer that will never answer it while the first lives.
+        let lock = match EndLock::take(name, End::Producer)? {
+            Ok(lock) => lock,
+            Err(pid) => {
+                return Err(Error::InvalidState(format!(
+                    "channel {name:?} already has a live producer{}; a channel has one producer at a time: \
+                     close that one first, or use another channel name",
+                    rendezvous::holder(pid)
+                )))
+            }
+        };
         let c = handshake::offer(name, geometry, deadline, offers)?;
+        // The consumer that answered holds its lock file now: remembered, to tell it from a
+        // later consumer's when cleaning up after this one.
+        let consumer_lock = rendezvous::lock_file_id(name, End::Consumer);
         let slot_count = u64::from(geometry.slot_count);
         Ok(ShmProducer {
             info,
@@ -111,8 +127,8 @@ impl ShmProducer {
             fast_wake: c.fast_wake,
             sends_since_check: 0,
             last_check: Instant::now(),
-            socket_path: c.socket_path,
-            socket_id: c.socket_id,
+            lock: Some(lock),
+            consumer_lock,
             arenas: Box::default(),
             peer_sections: c.answers,
         })
@@ -296,7 +312,7 @@ impl ShmProducer {
         }
         if len as u64 > self.region.geometry.pool_size {
             return Err(Error::invalid(format!(
-                "a {len}-byte message does not fit channel {:?}, whose pool holds {} bytes; raise ChannelConfig::pool_size",
+                "a {len}-byte message does not fit channel {:?}, whose pool holds {} bytes; raise the channel's pool_size",
                 self.name, self.region.geometry.pool_size
             )));
         }
@@ -651,9 +667,12 @@ impl Drop for ShmProducer {
         region.data_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.data_futex(), 1);
         eventfd_signal(self.eventfd.as_fd());
-        // A consumer that closed removed its socket itself; one that died left it behind.
-        if region.consumer_closed().load(Ordering::SeqCst) == 0 && self.watch.is_gone() {
-            rendezvous::remove_stale_socket(&self.socket_path, self.socket_id);
+        // Another producer may attach from now on.
+        drop(self.lock.take());
+        // A consumer whose end is over (closed, or dead) may have left its socket and lock
+        // file behind: removed once its lock is free, whatever it wrote in the region.
+        if region.consumer_closed().load(Ordering::SeqCst) != 0 || self.watch.is_gone() {
+            rendezvous::clean_after_peer(&self.name, End::Consumer, &self.watch, self.consumer_lock);
         }
     }
 }

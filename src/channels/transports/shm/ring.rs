@@ -1,6 +1,11 @@
 //! The layout of a shared-memory channel's region and checked access to it.
 //!
-//! One memfd holds everything:
+//! Two memfds, mapped back to back, hold everything: the control part (the first page: what
+//! both sides write) and the data part (slots and pool: what only the producer writes). The
+//! data part is sealed with `F_SEAL_FUTURE_WRITE` once the producer has mapped it, so the
+//! consumer's read-only view of it cannot be made writable (`mprotect`, a new mapping, a
+//! reopened fd, `write`): the kernel refuses. The producer keeps writing through its own
+//! mapping, made before the seal.
 //!
 //! ```text
 //! 0      header: magic, version, geometry (written once by the producer)
@@ -36,8 +41,9 @@ use crate::os::memfd::fd_size;
 use crate::os::{memfd_create, Mapping, MemfdFlags};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
-/// 2: buffer sends (arena slots, control records on the socket). 3: routed slots.
-pub const VERSION: u32 = 3;
+/// 2: buffer sends (arena slots, control records on the socket). 3: routed slots. 4: the
+/// control and data parts in two memfds, the data part sealed against the consumer's writes.
+pub const VERSION: u32 = 4;
 pub const SLOT_SIZE: usize = 128;
 /// Offset of the payload (or pool offset) inside a slot.
 pub const SLOT_DATA: usize = 16;
@@ -60,6 +66,78 @@ pub const KIND_ROUTED: u32 = 4;
 pub const MAX_ARENAS: usize = 16384;
 /// The largest arena a consumer maps (1 TiB).
 pub const MAX_ARENA_LEN: u64 = 1 << 40;
+
+/// What the slot of the next message holds, as the consumer reads it, checked by
+/// [`check_slot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Not published yet.
+    Empty,
+    /// `len` (1 to [`INLINE_MAX`]) bytes inline.
+    Inline { len: usize },
+    /// `len` bytes of pool at `offset`, inside the pool and aligned to [`POOL_ALIGN`].
+    Pool { offset: u64, len: usize },
+    /// A buffer send: its arena words are checked against the arena it names.
+    Arena,
+    /// Route `route`'s descriptor of `len` (1 to [`INLINE_MAX`]) bytes, inline.
+    Routed { route: u32, len: usize },
+}
+
+/// The sequence word of the slot that will carry message `next` while it is still empty:
+/// the previous lap's message number + 1, or 0 on the first lap.
+#[inline]
+pub fn expected_empty(next: u64, slot_count: u64) -> u64 {
+    if next >= slot_count { next + 1 - slot_count } else { 0 }
+}
+
+/// Whether `len` bytes at `offset` lie inside a pool of `pool_size` bytes.
+#[inline]
+pub fn in_pool(offset: u64, len: u64, pool_size: u64) -> bool {
+    len != 0 && offset.checked_add(len).is_some_and(|end| end <= pool_size)
+}
+
+/// Checks the words the producer wrote into the slot of message `next` (`seq`, `len_kind`,
+/// and the pool offset word) against the region's geometry: everything a consumer reads from
+/// a slot before it hands out a view. A pure function, so that it can be fuzzed. `Err` says
+/// what is wrong.
+pub fn check_slot(next: u64, geometry: &Geometry, seq: u64, len_kind: u64, pool_offset: u64) -> std::result::Result<Slot, String> {
+    let slot_count = u64::from(geometry.slot_count);
+    let empty = expected_empty(next, slot_count);
+    if seq == empty {
+        return Ok(Slot::Empty);
+    }
+    let index = next & (slot_count - 1);
+    if seq != next.wrapping_add(1) {
+        return Err(format!("slot {index} has sequence word {seq}, expected {} or {empty}", next.wrapping_add(1)));
+    }
+    let len = len_kind as u32 as usize;
+    match (len_kind >> 32) as u32 {
+        KIND_INLINE if (1..=INLINE_MAX).contains(&len) => Ok(Slot::Inline { len }),
+        KIND_INLINE => Err(format!("inline message {next} has length {len}")),
+        KIND_POOL if pool_offset % POOL_ALIGN == 0 && in_pool(pool_offset, len as u64, geometry.pool_size) => {
+            Ok(Slot::Pool { offset: pool_offset, len })
+        }
+        KIND_POOL => Err(format!(
+            "pool message {next} claims {len} bytes at offset {pool_offset}, outside the {}-byte pool or not \
+             {POOL_ALIGN}-byte aligned",
+            geometry.pool_size
+        )),
+        KIND_ARENA => Ok(Slot::Arena),
+        kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 => {
+            if !(1..=INLINE_MAX).contains(&len) {
+                return Err(format!("routed message {next} has length {len}"));
+            }
+            Ok(Slot::Routed { route: kind >> 8, len })
+        }
+        kind => Err(format!("message {next} has unknown kind {kind}")),
+    }
+}
+
+/// Whether a buffer send's `len` bytes at `offset` lie inside an arena of `arena_len` bytes.
+#[inline]
+pub fn in_arena(offset: u64, len: u64, arena_len: u64) -> bool {
+    len != 0 && offset.checked_add(len).is_some_and(|end| end <= arena_len)
+}
 
 /// The pool bytes a message of `len` bytes takes: rounded up to cache lines.
 #[inline]
@@ -93,8 +171,9 @@ const OFF_FD_WAITING: usize = 392;
 const OFF_ROOM_FUTEX: usize = 512;
 const OFF_ROOM_SLEEPING: usize = 516;
 
-fn round_up(value: u64, to: u64) -> u64 {
-    value.div_ceil(to) * to
+/// `value` rounded up to a multiple of `to`, or `None` where that does not fit in a u64.
+fn round_up(value: u64, to: u64) -> Option<u64> {
+    value.div_ceil(to).checked_mul(to)
 }
 
 /// Sizes and offsets of a region, computed by each side from the slot count and pool size,
@@ -115,15 +194,23 @@ impl Geometry {
                 "channel capacity {slot_count} must be a power of two from 2 to {MAX_SLOTS}"
             )));
         }
-        let page = crate::os::mapping::page_size() as u64;
-        let pool_size = round_up(pool_size.max(page), page);
+        // Checked before any arithmetic: an absurd size must be refused, not wrap around.
         if pool_size > MAX_POOL {
-            return Err(Error::invalid(format!("pool size {pool_size} exceeds the limit of {MAX_POOL} bytes")));
+            return Err(Error::invalid(format!(
+                "pool_size {pool_size} exceeds the limit of {MAX_POOL} bytes (1 TiB); the pool also bounds the largest message"
+            )));
         }
-        let slots_offset = HEADER_END;
-        let pool_offset = round_up((slots_offset + slot_count as usize * SLOT_SIZE) as u64, page) as usize;
-        let total_len = pool_offset + pool_size as usize;
-        Ok(Geometry { slot_count, pool_size, slots_offset, pool_offset, total_len })
+        let page = crate::os::mapping::page_size() as u64;
+        let too_large = || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
+        let pool_size = round_up(pool_size.max(page), page).ok_or_else(too_large)?;
+        let slots_offset = round_up(HEADER_END as u64, page).ok_or_else(too_large)?;
+        let slots_end = u64::from(slot_count).checked_mul(SLOT_SIZE as u64).and_then(|s| s.checked_add(slots_offset));
+        let pool_offset = slots_end.and_then(|end| round_up(end, page)).ok_or_else(too_large)?;
+        let total_len = pool_offset.checked_add(pool_size).ok_or_else(too_large)?;
+        let (Ok(pool_offset), Ok(total_len)) = (usize::try_from(pool_offset), usize::try_from(total_len)) else {
+            return Err(too_large());
+        };
+        Ok(Geometry { slot_count, pool_size, slots_offset: slots_offset as usize, pool_offset, total_len })
     }
 }
 
@@ -134,49 +221,72 @@ pub struct Region {
     pub geometry: Geometry,
 }
 
+/// The seals of both parts: neither can be resized (so the consumer can never be made to
+/// touch pages beyond an end), nor sealed further by the peer.
+const RESIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> bool {
+    // SAFETY: fcntl on a descriptor we own, with integer arguments.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
+}
+
+/// The descriptors of a region, to pass to the consumer.
+pub struct RegionFds {
+    pub control: OwnedFd,
+    pub data: OwnedFd,
+}
+
 impl Region {
-    /// Creates the memfd (sealed against resizing, so the consumer can never be made to touch
-    /// pages beyond its end) and writes the header. Returns the region and the fd to pass.
-    pub fn create(name: &str, geometry: Geometry) -> Result<(Region, OwnedFd)> {
-        let fd = memfd_create(
-            &format!("lava-flow:{name}"),
-            geometry.total_len as u64,
-            MemfdFlags { huge_page_size: None, allow_sealing: true },
-        )?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on a descriptor we own, with integer arguments.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(Error::last_os("sealing the channel memfd"));
+    /// Creates the two memfds, maps them, seals them (the data part also against writes by
+    /// anyone but this mapping, where the kernel offers `F_SEAL_FUTURE_WRITE`, since 5.1) and
+    /// writes the header. Returns the region and the fds to pass.
+    pub fn create(name: &str, geometry: Geometry) -> Result<(Region, RegionFds)> {
+        let flags = MemfdFlags { huge_page_size: None, allow_sealing: true };
+        let control_len = geometry.slots_offset;
+        let data_len = geometry.total_len - control_len;
+        let control = memfd_create(&format!("lava-flow:{name}"), control_len as u64, flags)?;
+        let data = memfd_create(&format!("lava-flow:{name}:data"), data_len as u64, flags)?;
+        let map = Mapping::shared_pair((&control, control_len), (&data, data_len), true)?;
+        if !add_seals(&control, RESIZE_SEALS) {
+            return Err(Error::last_os("sealing the channel's control memfd"));
         }
-        let map = Mapping::shared(&fd, 0, geometry.total_len)?;
+        // After our mapping, which keeps writing; every later writable use is refused.
+        if !add_seals(&data, RESIZE_SEALS | libc::F_SEAL_FUTURE_WRITE) && !add_seals(&data, RESIZE_SEALS) {
+            return Err(Error::last_os("sealing the channel's data memfd"));
+        }
         let region = Region { map, geometry };
         region.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
         region.u32_at(OFF_SLOT_COUNT).store(geometry.slot_count, Ordering::Relaxed);
         region.u64_at(OFF_POOL_SIZE).store(geometry.pool_size, Ordering::Relaxed);
         region.u64_at(OFF_TOTAL_LEN).store(geometry.total_len as u64, Ordering::Relaxed);
         region.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
-        Ok((region, fd))
+        Ok((region, RegionFds { control, data }))
     }
 
-    /// Maps a region received from a producer after checking that the file is sealed, large
-    /// enough, and carries the header `geometry` predicts.
-    pub fn attach(fd: &OwnedFd, geometry: Geometry) -> Result<Region> {
-        // SAFETY: fcntl on a descriptor we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-        if seals < 0 || seals & needed != needed {
-            return Err(Error::Corrupt(
-                "the producer's memfd is not sealed against shrinking; refusing to map it".into(),
-            ));
+    /// Maps a region received from a producer (its data part read-only) after checking that
+    /// both files are sealed against shrinking, large enough, and that the header is what
+    /// `geometry` predicts.
+    pub fn attach(control: &OwnedFd, data: &OwnedFd, geometry: Geometry) -> Result<Region> {
+        let control_len = geometry.slots_offset;
+        let data_len = geometry.total_len - control_len;
+        for (fd, part, len) in [(control, "control", control_len), (data, "data", data_len)] {
+            // SAFETY: fcntl on a descriptor we own.
+            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+            let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+            if seals < 0 || seals & needed != needed {
+                return Err(Error::Corrupt(format!(
+                    "the producer's {part} memfd is not sealed against shrinking; refusing to map it"
+                )));
+            }
+            let size = fd_size(fd)?;
+            if size < len as u64 {
+                return Err(Error::Corrupt(format!(
+                    "the producer's {part} memfd has {size} bytes, its hello promised {len}"
+                )));
+            }
         }
-        let size = fd_size(fd)?;
-        if size < geometry.total_len as u64 {
-            return Err(Error::Corrupt(format!(
-                "the producer's memfd has {size} bytes, its hello promised {}",
-                geometry.total_len
-            )));
-        }
-        let region = Region { map: Mapping::shared(fd, 0, geometry.total_len)?, geometry };
+        let map = Mapping::shared_pair((control, control_len), (data, data_len), false)?;
+        let region = Region { map, geometry };
         let header_ok = region.u64_at(OFF_MAGIC).load(Ordering::Acquire) == MAGIC
             && region.u32_at(OFF_VERSION).load(Ordering::Relaxed) == VERSION
             && region.u32_at(OFF_SLOT_COUNT).load(Ordering::Relaxed) == geometry.slot_count
@@ -283,8 +393,7 @@ impl Region {
     /// `len` bytes of pool at `offset`, after checking that they lie inside the pool.
     #[inline]
     pub fn pool_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
-        let end = offset.checked_add(len)?;
-        if len == 0 || end > self.geometry.pool_size {
+        if !in_pool(offset, len, self.geometry.pool_size) {
             return None;
         }
         // SAFETY: offset + len <= pool_size, so the range lies inside the mapping.
@@ -295,11 +404,20 @@ impl Region {
     pub fn raw(&self) -> (*mut u8, usize) {
         (self.map.as_ptr(), self.map.len())
     }
+
+    /// The data part (slots and pool) of the mapping: read-only at the consumer.
+    #[cfg(test)]
+    pub fn data_part(&self) -> (*mut u8, usize) {
+        let at = self.geometry.slots_offset;
+        // SAFETY: slots_offset < total_len, the mapping's length.
+        (unsafe { self.map.as_ptr().add(at) }, self.geometry.total_len - at)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn geometry_is_checked() {
@@ -308,21 +426,125 @@ mod tests {
         let g = Geometry::new(64, 1).unwrap();
         assert_eq!(g.pool_size, 4096);
         assert_eq!(g.pool_offset, 4096 + 64 * 128);
+        // Absurd sizes are refused before any arithmetic could wrap them into small ones.
+        for absurd in [u64::MAX, u64::MAX - 4095, 1 << 62, MAX_POOL + 1] {
+            let err = Geometry::new(64, absurd).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("pool_size")), "{absurd}: {err}");
+        }
+        assert_eq!(Geometry::new(MAX_SLOTS, MAX_POOL).unwrap().pool_size, MAX_POOL);
+    }
+
+    /// The consumer's view of the data part cannot be made writable, by any route the kernel
+    /// offers: `mprotect`, a writable mapping of the fd it received, of the fd reopened
+    /// read-write through /proc, or of /proc/self/map_files; nor can it `write` the file.
+    /// The producer still writes through its own mapping.
+    #[test]
+    fn the_consumer_cannot_write_the_data_part() {
+        let g = Geometry::new(8, 8192).unwrap();
+        let (producer, fds) = Region::create("sealed", g).unwrap();
+        // SAFETY: F_GET_SEALS only reads the seals.
+        let seals = unsafe { libc::fcntl(fds.data.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals & libc::F_SEAL_FUTURE_WRITE == 0 {
+            println!("skipped: this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1), so the data part is not sealed");
+            return;
+        }
+        let consumer = Region::attach(&fds.control, &fds.data, g).unwrap();
+        let (data, len) = consumer.data_part();
+        let errno = || std::io::Error::last_os_error().raw_os_error();
+        // SAFETY: mprotect of the consumer's own mapping; it fails, leaving it as it was.
+        let rc = unsafe { libc::mprotect(data.cast(), len, libc::PROT_READ | libc::PROT_WRITE) };
+        assert_eq!((rc, errno()), (-1, Some(libc::EACCES)), "mprotect to writable is refused");
+        let writable_map = |fd: i32| {
+            // SAFETY: a fresh mapping at a kernel-chosen address; unmapped if it succeeds.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+            if p != libc::MAP_FAILED {
+                // SAFETY: the mapping just made.
+                unsafe { libc::munmap(p, len) };
+                return None;
+            }
+            errno()
+        };
+        assert_eq!(writable_map(fds.data.as_raw_fd()), Some(libc::EPERM), "a writable mapping of the fd is refused");
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", fds.data.as_raw_fd()))
+            .unwrap();
+        assert_eq!(writable_map(reopened.as_raw_fd()), Some(libc::EPERM), "nor of the fd reopened read-write");
+        // SAFETY: a one-byte write from a live local; it fails.
+        let n = unsafe { libc::pwrite(reopened.as_raw_fd(), b"x".as_ptr().cast(), 1, 0) };
+        assert_eq!((n, errno()), (-1, Some(libc::EPERM)), "write to the file is refused");
+        let map_file = format!("/proc/self/map_files/{:x}-{:x}", data as usize, data as usize + len);
+        match std::fs::OpenOptions::new().read(true).write(true).open(&map_file) {
+            Ok(file) => assert_eq!(writable_map(file.as_raw_fd()), Some(libc::EPERM), "nor through {map_file}"),
+            // Opening map_files needs CAP_SYS_ADMIN: without it that route is closed anyway.
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{map_file}: {e}"),
+        }
+        // The producer's own mapping, made before the seal, still writes, and the consumer sees it.
+        producer.slot_seq(2).store(77, Ordering::Release);
+        assert_eq!(consumer.slot_seq(2).load(Ordering::Acquire), 77);
+        // SAFETY: the producer's pool lies inside its writable mapping.
+        unsafe { producer.pool_range(0, 8).unwrap().write_bytes(0x5a, 8) };
+        // SAFETY: the consumer's view of the same bytes, readable.
+        assert_eq!(unsafe { consumer.pool_range(0, 8).unwrap().read() }, 0x5a);
     }
 
     #[test]
     fn attach_checks_seals_size_and_header() {
         let g = Geometry::new(8, 8192).unwrap();
-        let (region, fd) = Region::create("t", g).unwrap();
-        let other = Region::attach(&fd, g).unwrap();
+        let (region, fds) = Region::create("t", g).unwrap();
+        let other = Region::attach(&fds.control, &fds.data, g).unwrap();
         region.slot_seq(3).store(9, Ordering::Relaxed);
         assert_eq!(other.slot_seq(3).load(Ordering::Relaxed), 9);
+        other.tail().store(5, Ordering::Relaxed);
+        assert_eq!(region.tail().load(Ordering::Relaxed), 5, "the control part is shared both ways");
         let wrong = Geometry::new(16, 8192).unwrap();
-        assert!(Region::attach(&fd, wrong).is_err());
+        assert!(Region::attach(&fds.control, &fds.data, wrong).is_err());
         let unsealed = memfd_create("u", g.total_len as u64, MemfdFlags::default()).unwrap();
-        assert!(matches!(Region::attach(&unsealed, g), Err(Error::Corrupt(_))));
+        assert!(matches!(Region::attach(&fds.control, &unsealed, g), Err(Error::Corrupt(_))));
+        assert!(matches!(Region::attach(&unsealed, &fds.data, g), Err(Error::Corrupt(_))));
         assert!(region.pool_range(8192 - 64, 64).is_some());
         assert!(region.pool_range(8192 - 64, 65).is_none());
         assert!(region.pool_range(u64::MAX, 2).is_none());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(4000))]
+
+        /// Whatever a producer writes into a slot, the consumer's check answers, and what it
+        /// accepts lies inside the slot or the pool.
+        #[test]
+        fn fuzz_slot_words(
+            capacity_log in 1u32..=20,
+            pool_size in 1u64..(1 << 24),
+            next in any::<u64>(),
+            near in any::<bool>(),
+            seq in any::<u64>(),
+            len in any::<u32>(),
+            kind in prop_oneof![0u32..8, any::<u32>(), (0u32..256).prop_map(|r| r << 8 | KIND_ROUTED)],
+            pool_offset in prop_oneof![0u64..(1 << 24), any::<u64>()],
+        ) {
+            let g = Geometry::new(1 << capacity_log, pool_size).unwrap();
+            // Half the cases name the message the consumer waits for.
+            let seq = if near { next.wrapping_add(1) } else { seq };
+            match check_slot(next, &g, seq, pack_len_kind(len, kind), pool_offset) {
+                Ok(Slot::Empty) => prop_assert_eq!(seq, expected_empty(next, u64::from(g.slot_count))),
+                Ok(Slot::Inline { len }) | Ok(Slot::Routed { len, .. }) => prop_assert!((1..=INLINE_MAX).contains(&len)),
+                Ok(Slot::Pool { offset, len }) => {
+                    prop_assert!(len > 0 && offset % POOL_ALIGN == 0);
+                    prop_assert!(offset.checked_add(len as u64).is_some_and(|end| end <= g.pool_size));
+                }
+                Ok(Slot::Arena) => prop_assert_eq!(kind, KIND_ARENA),
+                Err(what) => prop_assert!(!what.is_empty()),
+            }
+        }
+
+        /// Arena ranges: accepted only inside the arena.
+        #[test]
+        fn fuzz_arena_ranges(offset in any::<u64>(), len in any::<u64>(), arena in any::<u64>()) {
+            if in_arena(offset, len, arena) {
+                prop_assert!(len > 0 && offset + len <= arena);
+            }
+        }
     }
 }

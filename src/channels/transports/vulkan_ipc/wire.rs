@@ -153,6 +153,7 @@ impl Descriptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
@@ -177,5 +178,75 @@ mod tests {
         let mut announce = vec![0u8; 12 + GpuExportDesc::SIZE];
         announce[0] = 1;
         assert!(matches!(Attachment::decode(&announce, 1), Err(Error::Corrupt(_))));
+    }
+
+    fn sample_desc() -> GpuExportDesc {
+        use crate::memory::gpu::{HandleType, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
+        GpuExportDesc {
+            magic: GPU_EXPORT_MAGIC,
+            version: GPU_EXPORT_VERSION,
+            handle_type: HandleType::OpaqueFd.to_raw(),
+            memory_type_index: 2,
+            memory_property_flags: 0x7,
+            flags: 0,
+            kind: 1,
+            exporter_pid: 42,
+            arena_token: 0xdead_beef,
+            arena_counter: 7,
+            arena_size: 1 << 20,
+            offset: 4096,
+            size: 100,
+            device_uuid: [1; 16],
+            driver_uuid: [2; 16],
+        }
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(3000))]
+
+        /// The GPU route's records from a peer: sections, attachments (with 0 to 2
+        /// descriptors) and message descriptors. Whatever is accepted is what its bytes say.
+        #[test]
+        fn fuzz_identity(bytes in crate::fuzz::bytes_near(
+            Identity { flags: ANSWER_GPU, device_uuid: [1; 16], driver_uuid: [2; 16], declined: "no".into() }.encode(),
+            700,
+        )) {
+            if let Ok(id) = Identity::decode(&bytes, "peer") {
+                prop_assert!(id.declined.len() <= 3 * MAX_REASON);
+                prop_assert_eq!(&id.encode()[..40], &bytes[..40]);
+            }
+        }
+
+        #[test]
+        fn fuzz_attachment(
+            bytes in crate::fuzz::bytes_near(
+                Attachment::Announce { slot: 3, generation: 1, desc: sample_desc() }.encode(),
+                200,
+            ),
+            fds in 0usize..3,
+        ) {
+            if let Ok(attachment) = Attachment::decode(&bytes, fds) {
+                let (slot, expected_fds) = match attachment {
+                    Attachment::Announce { slot, desc, .. } => {
+                        prop_assert!(desc.validate().is_ok(), "an announced export is valid");
+                        (slot, 1)
+                    }
+                    Attachment::Forget { slot, .. } => (slot, 0),
+                };
+                prop_assert!(slot < MAX_SLOTS);
+                prop_assert_eq!(fds, expected_fds);
+                prop_assert_eq!(attachment.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn fuzz_descriptor(bytes in crate::fuzz::bytes_near(
+            Descriptor { slot: 1, generation: 2, offset: 64, len: 4096, ready_value: 9 }.encode().to_vec(),
+            64,
+        )) {
+            if let Ok(d) = Descriptor::decode(&bytes) {
+                prop_assert_eq!(&d.encode()[..], &bytes[..]);
+            }
+        }
     }
 }
