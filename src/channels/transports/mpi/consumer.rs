@@ -697,6 +697,11 @@ impl Drop for MpiConsumer {
             }
         }
         let mut state = self.shared.state.lock();
+        if self.gone.is_none() {
+            // A last credit for what was released since the last one, before the close: a
+            // producer waiting for their completion sees it, not only the close.
+            let _ = self.shared.report(&mut state, true);
+        }
         state.closed = true;
         // Credits still in flight are left to MPI, with their memory.
         for (request, credit) in state.sends.drain(..) {
