@@ -746,6 +746,23 @@ mod tests {
     }
 
     #[test]
+    fn an_end_lock_is_exclusive_and_its_file_goes_with_it() {
+        let name = format!("lock-test-{}", std::process::id());
+        let path = lock_path(&name, End::Producer).unwrap();
+        let first = EndLock::try_take(&name, End::Producer).unwrap().expect("free");
+        // Held (even within one process: flock is per open file): refused, naming the holder.
+        assert_eq!(EndLock::try_take(&name, End::Producer).unwrap().unwrap_err(), std::process::id());
+        let other_end = EndLock::try_take(&name, End::Consumer).unwrap().expect("the other end is free");
+        let id = lock_file_id(&name, End::Producer);
+        assert!(id.is_some() && path.exists());
+        drop(first);
+        assert!(!path.exists(), "the holder removes its lock file");
+        let again = EndLock::try_take(&name, End::Producer).unwrap().expect("free again");
+        assert_ne!(lock_file_id(&name, End::Producer), id, "a new end's lock file is another file");
+        drop((again, other_end));
+    }
+
+    #[test]
     fn peer_credentials_of_a_socketpair_are_ours() {
         let (a, _b) = UnixStream::pair().unwrap();
         let cred = peer_credentials(&a).unwrap();
