@@ -672,7 +672,7 @@ lf_status lf_channel_transport(const struct lf_channel *channel,
                                const char **reason);
 
 // Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
-// (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+// (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). `*sequence` (if not NULL) receives the message's number.
 //
 // The bytes are copied into the channel's pool, unless they lie inside one buffer of the
 // channel's context (CPU memory from `lf_alloc` or `lf_import`, or the host mapping of a GPU
@@ -711,6 +711,10 @@ lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, 
 // (lava-flow's own writes and copies are); for GPU work still running, see
 // `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
 // LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer.
+//
+// A CPU range of at most 112 bytes is copied into the message instead, which costs less
+// than a reference: the message is complete at once (`lf_wait_completed` returns without
+// waiting) and the receiver's `lf_message.flags` lacks LF_MESSAGE_ZERO_COPY.
 //
 // # Safety
 // `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.

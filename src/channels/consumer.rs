@@ -275,6 +275,16 @@ impl Consumer {
         self.after_receive(view)
     }
 
+    /// [`recv_raw`](Self::recv_raw) waiting up to `timeout` (`None`: forever), reading the
+    /// clock only when no message is waiting.
+    #[inline]
+    pub(crate) fn recv_raw_within(&mut self, timeout: Option<Duration>) -> Result<RawView> {
+        match self.transport.recv_fast() {
+            Some(view) => Ok(view),
+            None => self.recv_raw(super::deadline_after(timeout)),
+        }
+    }
+
     pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
         let view = self.transport.try_recv().map_err(|e| self.gone(e))?;
         self.after_receive(view)

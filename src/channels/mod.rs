@@ -40,7 +40,7 @@ pub mod transport;
 pub mod transports;
 pub(crate) mod wait;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::memory::Context;
@@ -207,6 +207,13 @@ impl Channel {
 
 /// Checks a channel name: 1 to 64 bytes of ASCII letters, digits, `-`, `_`, `.`, not
 /// starting with `.` (it becomes a file name).
+/// The instant a wait of `timeout` (`None`: forever) ends, read from the clock now. Called
+/// only where a wait begins, so that a timeout costs nothing when nobody has to wait.
+#[cold]
+pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
 pub(crate) fn validate_channel_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_CHANNEL_NAME_LEN {
         return Err(Error::invalid(format!(

@@ -2,11 +2,11 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
 use super::transports::{self, AnyProducer, AnyRouteSender};
-use super::{plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
+use super::{deadline_after, plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
 use crate::error::{Error, Result};
 use crate::memory::registry::{Registry, SharedMemory};
 use crate::memory::{Buffer, Context};
@@ -27,7 +27,14 @@ pub struct Producer {
     /// The context's registry, asked by every copy send whether the bytes lie in a lava-flow
     /// buffer (then they go by reference); `None` when `ChannelConfig::auto_zero_copy` is off.
     registry: Option<Arc<Registry>>,
+    /// `seq + 1` of recent messages copied from a buffer at send, by `seq % COPIED_AT_SEND`:
+    /// complete for [`wait_completed`](Self::wait_completed) without waiting for the consumer.
+    copied_at_send: [u64; COPIED_AT_SEND],
 }
+
+/// How many recent copied buffer sends the producer remembers as complete; an older one is
+/// waited for as any message (its release comes soon after).
+const COPIED_AT_SEND: usize = 64;
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,6 +67,7 @@ impl Producer {
             name: name.to_owned(),
             context: context.clone(),
             registry,
+            copied_at_send: [0; COPIED_AT_SEND],
         })
     }
 
@@ -95,35 +103,38 @@ impl Producer {
     /// with [`ChannelConfig::auto_zero_copy`] off.
     #[inline]
     pub fn send(&mut self, data: &[u8]) -> Result<u64> {
-        self.send_until(data, None)
+        self.send_within(data, None)
     }
 
     /// As [`send`](Self::send), giving up with `Timeout` after `timeout`.
     pub fn send_timeout(&mut self, data: &[u8], timeout: Duration) -> Result<u64> {
-        self.send_until(data, Some(Instant::now() + timeout))
+        self.send_within(data, Some(timeout))
     }
 
     /// As [`send`](Self::send), but `WouldBlock` at once when the channel is full.
     #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
         if let Some((memory, offset)) = self.shareable(data) {
-            match self.send_shared(memory, offset, data.len(), Some(Instant::now())) {
+            match self.send_shared(memory, offset, data.len(), Some(Duration::ZERO)) {
                 Err(Error::Unsupported(_)) => {}
                 other => return other,
             }
         }
-        let loan = self.try_loan_raw(data.len())?;
+        let loan = self.loan_raw(data.len(), Some(Duration::ZERO))?;
         self.fill_and_publish(loan, data)
     }
+    /// [`send`](Self::send) waiting for room up to `timeout` (`None`: forever; zero: not at
+    /// all). The clock is read only when there is no room at once, so that a timeout costs
+    /// nothing when it is not reached.
     #[inline]
-    pub(crate) fn send_until(&mut self, data: &[u8], deadline: Option<Instant>) -> Result<u64> {
+    pub(crate) fn send_within(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
         if let Some((memory, offset)) = self.shareable(data) {
-            match self.send_shared(memory, offset, data.len(), deadline) {
+            match self.send_shared(memory, offset, data.len(), timeout) {
                 Err(Error::Unsupported(_)) => {}
                 other => return other,
             }
         }
-        let loan = self.loan_raw(data.len(), deadline)?;
+        let loan = self.loan_raw(data.len(), timeout)?;
         self.fill_and_publish(loan, data)
     }
 
@@ -140,18 +151,17 @@ impl Producer {
     /// carrier, a GPU buffer's mapping through the GPU route (`Unsupported` where the channel
     /// has none: the caller copies instead).
     #[inline(never)]
-    fn send_shared(&mut self, memory: SharedMemory, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
-        let now = deadline.is_some_and(|d| d <= Instant::now());
+    fn send_shared(&mut self, memory: SharedMemory, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
         match memory {
-            SharedMemory::File(arena, _) if now => self.transport.try_send_region(&arena, offset, len),
-            SharedMemory::File(arena, _) => self.transport.send_region(&arena, offset, len, deadline),
+            SharedMemory::File(arena, _) if timeout == Some(Duration::ZERO) => self.transport.try_send_region(&arena, offset, len),
+            SharedMemory::File(arena, _) => self.transport.send_region(&arena, offset, len, deadline_after(timeout)),
             #[cfg(feature = "vulkan")]
             SharedMemory::Gpu(whole) => {
                 if self.gpu.is_none() {
                     return Err(Error::Unsupported("GPU buffers are staged on this channel".into()));
                 }
                 let view = Buffer::gpu_view(whole, offset as u64, len, None, crate::memory::BufferOrigin::Allocated)?;
-                self.send_gpu(&view, 0, len, 0, deadline)
+                self.send_gpu(&view, 0, len, 0, timeout)
             }
         }
     }
@@ -168,43 +178,34 @@ impl Producer {
     /// it unpublished gives the room back.
     #[inline]
     pub fn loan(&mut self, len: usize, timeout: Option<Duration>) -> Result<Loan<'_>> {
-        let raw = self.loan_raw(len, timeout.map(|t| Instant::now() + t))?;
+        let raw = self.loan_raw(len, timeout)?;
         Ok(Loan { producer: self, raw: Some(raw) })
     }
 
     /// As [`loan`](Self::loan), but `WouldBlock` at once when the channel is full.
     #[inline]
     pub fn try_loan(&mut self, len: usize) -> Result<Loan<'_>> {
-        let raw = self.try_loan_raw(len)?;
+        let raw = self.loan_raw(len, Some(Duration::ZERO))?;
         Ok(Loan { producer: self, raw: Some(raw) })
     }
 
     /// A loan: the transport's inlined fast path first, then the full one.
     #[inline]
-    pub(crate) fn loan_raw(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
+    pub(crate) fn loan_raw(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
         match self.transport.loan_fast(len) {
             Some(raw) => Ok(raw),
-            None => self.loan_slow(len, deadline),
+            None => self.loan_slow(len, timeout),
         }
     }
 
     #[inline(never)]
-    fn loan_slow(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
-        self.transport.loan(len, deadline)
-    }
-
-    #[inline]
-    pub(crate) fn try_loan_raw(&mut self, len: usize) -> Result<RawLoan> {
-        match self.transport.loan_fast(len) {
-            Some(raw) => Ok(raw),
-            None => self.try_loan_slow(len),
+    fn loan_slow(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
+        match timeout {
+            Some(Duration::ZERO) => self.transport.try_loan(len),
+            _ => self.transport.loan(len, deadline_after(timeout)),
         }
     }
 
-    #[inline(never)]
-    fn try_loan_slow(&mut self, len: usize) -> Result<RawLoan> {
-        self.transport.try_loan(len)
-    }
     #[inline]
     pub(crate) fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         self.transport.publish(loan, len)
@@ -222,7 +223,11 @@ impl Producer {
 
     /// Waits until message `seq` has been released by the consumer.
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
-        self.transport.wait_completed(seq, timeout.map(|t| Instant::now() + t))
+        // Without a look at the consumer's side: complete by the last look, or copied at send.
+        if seq < self.transport.completed_hint() || self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] == seq + 1 {
+            return Ok(());
+        }
+        self.transport.wait_completed(seq, deadline_after(timeout))
     }
 
     /// Sends `len` bytes at `offset` of `buffer` by reference, waiting for room as long as
@@ -237,18 +242,21 @@ impl Producer {
     /// (its arena is exported once per channel and imported once by the consumer), else
     /// staged through host memory, as the channel's report says. Registered user memory is
     /// `Unsupported`.
+    ///
+    /// A CPU range shorter than [`AUTO_ZERO_COPY_MIN`] is copied into the message instead,
+    /// which costs less than a reference: such a message is complete as soon as this returns.
     pub fn send_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize) -> Result<u64> {
-        self.send_buffer_until(buffer, offset, len, 0, None)
+        self.send_buffer_within(buffer, offset, len, 0, None)
     }
 
     /// As [`send_buffer`](Self::send_buffer), giving up with `Timeout` after `timeout`.
     pub fn send_buffer_timeout(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Duration) -> Result<u64> {
-        self.send_buffer_until(buffer, offset, len, 0, Some(Instant::now() + timeout))
+        self.send_buffer_within(buffer, offset, len, 0, Some(timeout))
     }
 
     /// As [`send_buffer`](Self::send_buffer), but `WouldBlock` at once when the channel is full.
     pub fn try_send_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize) -> Result<u64> {
-        self.send_buffer_until(buffer, offset, len, 0, Some(Instant::now()))
+        self.send_buffer_within(buffer, offset, len, 0, Some(Duration::ZERO))
     }
 
     /// Sends a GPU buffer whose contents the producer's own GPU work is still writing: they
@@ -261,7 +269,7 @@ impl Producer {
         if ready_value == 0 {
             return Err(Error::invalid("ready value 0 means ready now: use send_buffer"));
         }
-        self.send_buffer_until(buffer, offset, len, ready_value, timeout.map(|t| Instant::now() + t))
+        self.send_buffer_within(buffer, offset, len, ready_value, timeout)
     }
 
     /// A new descriptor of the channel's ready semaphore (a Vulkan timeline semaphore exported
@@ -294,26 +302,47 @@ impl Producer {
         }
     }
 
-    pub(crate) fn send_buffer_until(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, deadline: Option<Instant>) -> Result<u64> {
+    /// A buffer send waiting for room up to `timeout` (`None`: forever; zero: not at all),
+    /// reading the clock only when there is no room at once.
+    pub(crate) fn send_buffer_within(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, timeout: Option<Duration>) -> Result<u64> {
         if len == 0 {
             return Err(Error::invalid("a message needs at least one byte"));
         }
         buffer.check_range(offset, len)?;
         if buffer.location().is_gpu() {
-            return self.send_gpu(buffer, offset, len, ready_value, deadline);
+            return self.send_gpu(buffer, offset, len, ready_value, timeout);
         }
         if ready_value != 0 {
             return Err(Error::invalid(format!("buffer {} is CPU memory: a ready value is for GPU buffers", buffer.id())));
         }
+        if len < AUTO_ZERO_COPY_MIN && !buffer.is_registered() {
+            return self.send_small_buffer(buffer, offset, len, timeout);
+        }
         let (arena, start) = buffer.shared_arena()?;
-        match deadline {
-            Some(d) if d <= Instant::now() => self.transport.try_send_region(&arena, start + offset, len),
-            _ => self.transport.send_region(&arena, start + offset, len, deadline),
+        let try_now = self.transport.try_send_region(&arena, start + offset, len);
+        match (try_now, timeout) {
+            (Err(Error::WouldBlock(_)), timeout) if timeout != Some(Duration::ZERO) => {
+                self.transport.send_region(&arena, start + offset, len, deadline_after(timeout))
+            }
+            (sent, _) => sent,
         }
     }
 
+    /// A buffer send of a few bytes: cheaper copied into the message than sent by reference
+    /// (no arena to map, no cache line of the buffer to fetch across cores), and complete for
+    /// the sender at once: the buffer may be rewritten as soon as this returns.
+    fn send_small_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+        // SAFETY: a CPU buffer's memory is mapped in this process for its whole length, and
+        // `check_range` showed that `len` bytes at `offset` lie inside it.
+        let bytes = unsafe { std::slice::from_raw_parts(buffer.as_ptr().add(offset), len) };
+        let loan = self.loan_raw(len, timeout)?;
+        let seq = self.fill_and_publish(loan, bytes)?;
+        self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] = seq + 1;
+        Ok(seq)
+    }
+
     /// A GPU buffer: by reference through the GPU route, or staged through the carrier.
-    fn send_gpu(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, deadline: Option<Instant>) -> Result<u64> {
+    fn send_gpu(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, timeout: Option<Duration>) -> Result<u64> {
         let Some(gpu) = self.gpu.as_mut() else {
             if ready_value != 0 {
                 return Err(Error::Unsupported(format!(
@@ -321,29 +350,26 @@ impl Producer {
                     self.name, self.info.reason
                 )));
             }
-            return self.send_staged(buffer, offset, len, deadline);
+            return self.send_staged(buffer, offset, len, timeout);
         };
         let packed = &mut self.packed;
         gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint(), packed)?;
         let descriptor = &packed.descriptor[..packed.descriptor_len];
         // Attachments that did not go out stay in `packed` for the next message.
-        let seq = self.transport.send_routed(self.gpu_route, descriptor, &mut packed.attachments, deadline)?;
+        let seq = self.transport.send_routed(self.gpu_route, descriptor, &mut packed.attachments, deadline_after(timeout))?;
         gpu.sent(seq);
         Ok(seq)
     }
 
     /// Copies a GPU buffer's bytes into the channel (the consumer gets host memory).
-    fn send_staged(&mut self, buffer: &Buffer, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
-        let loan = match deadline {
-            Some(d) if d <= Instant::now() => self.try_loan_raw(len)?,
-            _ => self.loan_raw(len, deadline)?,
-        };
+    fn send_staged(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+        let loan = self.loan_raw(len, timeout)?;
         self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece))
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.
     pub fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
-        self.transport.send_region(region, offset, len, timeout.map(|t| Instant::now() + t))
+        self.transport.send_region(region, offset, len, deadline_after(timeout))
     }
 
     /// How many arenas (memory files) this producer has passed to its consumer: each goes

@@ -19,6 +19,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::buffer::lf_buffer;
+use super::exclusive::{Exclusive, ExclusiveGuard};
 use super::context::lf_context;
 use super::location::lf_location;
 use super::status::lf_status;
@@ -114,7 +115,7 @@ pub struct lf_loan_region {
 /// Opaque handle on one end of a channel.
 #[allow(non_camel_case_types)]
 pub struct lf_channel {
-    channel: Mutex<Channel>,
+    channel: Exclusive<Channel>,
     /// GPU messages received and not yet released, by (session, sequence); only touched with
     /// `channel` locked.
     gpu_held: Mutex<HashMap<(u64, u64), HeldGpu>>,
@@ -215,13 +216,9 @@ fn timeout(ns: i64) -> Option<Duration> {
     u64::try_from(ns).ok().map(Duration::from_nanos)
 }
 
-fn deadline(ns: i64) -> Option<std::time::Instant> {
-    timeout(ns).map(|t| std::time::Instant::now() + t)
-}
-
 /// Locks the channel for this call; another thread in the middle of a call is an error, not
 /// a wait.
-fn lock<'a>(ch: &'a lf_channel) -> FfiResult<parking_lot::MutexGuard<'a, Channel>> {
+fn lock(ch: &lf_channel) -> FfiResult<ExclusiveGuard<'_, Channel>> {
     ch.channel.try_lock().ok_or_else(|| Failure {
         status: lf_status::LF_ERR_INVALID_STATE,
         message: "the channel is in use by another thread; use a channel from one thread at a time".into(),
@@ -326,7 +323,7 @@ pub unsafe extern "C" fn lf_channel_create(
         let info = channel.transport().clone();
         let reports = Mutex::new(vec![report_strings(&info)]);
         let gpu_held = Mutex::new(HashMap::new());
-        write_out(out, new_handle(lf_channel { channel: Mutex::new(channel), gpu_held, reports })?);
+        write_out(out, new_handle(lf_channel { channel: Exclusive::new(channel), gpu_held, reports })?);
         Ok(())
     })
 }
@@ -364,7 +361,7 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
 }
 
 /// Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
-/// (LF_ERR_TIMEOUT). `*sequence` (if not NULL) receives the message's number.
+/// (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). `*sequence` (if not NULL) receives the message's number.
 ///
 /// The bytes are copied into the channel's pool, unless they lie inside one buffer of the
 /// channel's context (CPU memory from `lf_alloc` or `lf_import`, or the host mapping of a GPU
@@ -382,7 +379,7 @@ pub unsafe extern "C" fn lf_send(channel: *mut lf_channel, data: *const c_void, 
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let bytes = payload(data, len)?;
         let mut guard = lock(ch)?;
-        let seq = producer(&mut guard)?.send_until(bytes, deadline(timeout_ns))?;
+        let seq = producer(&mut guard)?.send_within(bytes, timeout(timeout_ns))?;
         write_sequence(sequence, seq);
         Ok(())
     })
@@ -419,6 +416,10 @@ pub unsafe extern "C" fn lf_try_send(channel: *mut lf_channel, data: *const c_vo
 /// (lava-flow's own writes and copies are); for GPU work still running, see
 /// `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
 /// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer.
+///
+/// A CPU range of at most 112 bytes is copied into the message instead, which costs less
+/// than a reference: the message is complete at once (`lf_wait_completed` returns without
+/// waiting) and the receiver's `lf_message.flags` lacks LF_MESSAGE_ZERO_COPY.
 ///
 /// # Safety
 /// `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.
@@ -467,8 +468,7 @@ fn send_buffer(channel: *mut lf_channel, buffer: *const lf_buffer, offset: usize
     let buffer = &handle_ref(buffer, "buffer")?.buffer;
     let mut guard = lock(ch)?;
     let p = producer(&mut guard)?;
-    let deadline = if timeout_ns == 0 { Some(std::time::Instant::now()) } else { deadline(timeout_ns) };
-    let seq = p.send_buffer_until(buffer, offset, len, ready_value, deadline)?;
+    let seq = p.send_buffer_within(buffer, offset, len, ready_value, timeout(timeout_ns))?;
     write_sequence(sequence, seq);
     Ok(())
 }
@@ -538,7 +538,7 @@ pub unsafe extern "C" fn lf_loan(channel: *mut lf_channel, len: usize, timeout_n
         }
         let mut guard = lock(ch)?;
         let p = producer(&mut guard)?;
-        let raw = if timeout_ns == 0 { p.try_loan_raw(len)? } else { p.loan_raw(len, deadline(timeout_ns))? };
+        let raw = p.loan_raw(len, timeout(timeout_ns))?;
         write_out(out, lf_loan_region { data: raw.ptr.cast(), len: raw.len, token: raw.token });
         Ok(())
     })
@@ -656,7 +656,7 @@ pub unsafe extern "C" fn lf_recv(channel: *mut lf_channel, timeout_ns: i64, out:
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
         let c = consumer(&mut guard)?;
-        let view = c.recv_raw(deadline(timeout_ns))?;
+        let view = c.recv_raw_within(timeout(timeout_ns))?;
         deliver(ch, c, view, out)
     })
 }

@@ -17,6 +17,7 @@ pub mod channel;
 pub mod context;
 pub mod device;
 pub mod export;
+mod exclusive;
 mod handle;
 pub mod location;
 pub mod mpi;

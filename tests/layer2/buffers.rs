@@ -50,7 +50,8 @@ fn many_regions_of_several_arenas_arrive_by_reference() {
                 if let Some(previous) = seq.checked_sub(regions.len() as u64) {
                     p.wait_completed(previous, Some(Duration::from_secs(30))).unwrap();
                 }
-                let len = 16 + (seq as usize * 7919) % (REGION - 16 - 64);
+                // Ranges shorter than AUTO_ZERO_COPY_MIN are copied, not sent by reference.
+                let len = AUTO_ZERO_COPY_MIN + (seq as usize * 7919) % (REGION - AUTO_ZERO_COPY_MIN - 64);
                 let start = offset + if seq % 3 == 0 { 64 } else { 0 };
                 write_message(&buffers[b], start, len, seq);
                 assert_eq!(p.send_buffer(&buffers[b], start, len).unwrap(), seq);
@@ -118,6 +119,12 @@ fn the_consumer_reads_the_producers_pages_and_completion_says_when_to_reuse() {
             // SAFETY: the registered range is live.
             p.send(unsafe { std::slice::from_raw_parts(registered.as_ptr(), 8192) }).unwrap();
             p.wait_completed(5, Some(Duration::from_secs(10))).unwrap();
+            // A short buffer send is copied into the message: complete at once, before the
+            // consumer has even looked, and the buffer is free to rewrite.
+            buffer.write_at(0, &[0xee; 8]).unwrap();
+            assert_eq!(p.send_buffer(&buffer, 0, 8).unwrap(), 6);
+            p.wait_completed(6, Some(Duration::ZERO)).unwrap();
+            buffer.write_at(0, &[0x11; 8]).unwrap();
             assert_eq!(p.arenas_sent(), 1);
         }
         Some("consumer") => {
@@ -131,7 +138,7 @@ fn the_consumer_reads_the_producers_pages_and_completion_says_when_to_reuse() {
             assert!(held.iter().all(|&b| b == 0xbb), "the view shows the producer's later write: same pages");
             drop(note);
             drop(held);
-            let expect = [(5000, true), (5000, false), (AUTO_ZERO_COPY_MIN - 1, false), (8192, false)];
+            let expect = [(5000, true), (5000, false), (AUTO_ZERO_COPY_MIN - 1, false), (8192, false), (8, false)];
             for (i, (len, zero_copy)) in expect.into_iter().enumerate() {
                 let m = c.recv().unwrap();
                 assert_eq!((m.len(), m.is_zero_copy()), (len, zero_copy), "message {}", i + 2);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lava_flow::channels::{Consumer, Producer, WaitStrategy};
+use lava_flow::channels::{Consumer, Producer, WaitStrategy, AUTO_ZERO_COPY_MIN};
 use lava_flow::memory::MemoryLocation;
 
 use crate::common::*;
@@ -46,8 +46,10 @@ fn thousand_cycles_leave_nothing() {
             for i in 0..CYCLES {
                 let mut p = Producer::create(&ctx(), "cycle", &here(), &here(), &config(wait)).unwrap();
                 p.send(&i.to_le_bytes()).unwrap();
-                buffer.write_at(i as usize * 8, &u64::from(i).to_le_bytes()).unwrap();
-                p.send_buffer(&buffer, i as usize * 8, 8).unwrap();
+                // Long enough to go by reference (shorter ranges are copied).
+                let offset = i as usize * AUTO_ZERO_COPY_MIN;
+                buffer.write_at(offset, &u64::from(i).to_le_bytes()).unwrap();
+                p.send_buffer(&buffer, offset, AUTO_ZERO_COPY_MIN).unwrap();
                 p.wait_completed(1, Some(Duration::from_secs(10))).unwrap();
                 assert_eq!(p.arenas_sent(), 1);
             }
@@ -62,7 +64,7 @@ fn thousand_cycles_leave_nothing() {
                 assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
                 let m = c.recv().unwrap();
                 assert!(m.is_zero_copy());
-                assert_eq!(&*m, &u64::from(i).to_le_bytes());
+                assert_eq!(&m[..8], &u64::from(i).to_le_bytes());
             }
             assert_eq!(open_fds(), fds, "fds leaked");
             assert_eq!(channel_mappings(), 0, "mappings leaked");

@@ -413,9 +413,11 @@ fn epoll_add(epoll: BorrowedFd<'_>, fd: BorrowedFd<'_>, events: u32) -> Result<(
 }
 
 impl ShmConsumer {
-    /// The current session, which a received message points at (see [`Session::retire`]).
+    /// The current session, which a received Rust message points at (see
+    /// [`Session::retire`]); its releases take the reclaim lock from now on.
     #[inline]
     pub(crate) fn session_ptr(&self) -> std::ptr::NonNull<Session> {
+        self.link.session.note_message_out();
         std::ptr::NonNull::from(&**self.link.session as &Session)
     }
 }

@@ -45,6 +45,12 @@ pub(crate) struct Session {
     /// Messages released in order (mirrors the shared tail, which only we write).
     pub(super) reclaimed: AtomicU64,
     reclaiming: AtomicBool,
+    /// Set by the consumer before it hands out the session's first Rust `Message`, which may be
+    /// dropped on any thread: from then on releases take the reclaim lock. Until then (always,
+    /// through the C API, whose calls on a channel never overlap) every release comes from
+    /// the consumer's caller, one at a time, and skips it: the lock's atomic swap was a
+    /// sizeable part of a small message's cost.
+    messages_out: AtomicBool,
     /// Set under the reclaim lock when the consumer gave the session up while views were still
     /// held: the release of the last one drops the consumer's reference (see [`Session::retire`]).
     orphaned: AtomicBool,
@@ -73,6 +79,7 @@ impl Session {
             received: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             reclaiming: AtomicBool::new(false),
+            messages_out: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
             fast_wake,
             arena_holds: OnceLock::new(),
@@ -119,6 +126,15 @@ impl Session {
         // (Not held: `keep` is dropped here, outside the lock.)
     }
 
+    /// Notes that a Rust `Message` of this session is about to be handed out. Called by the
+    /// consumer (before the message exists, so any thread that drops it sees the flag).
+    #[inline]
+    pub(super) fn note_message_out(&self) {
+        if !self.messages_out.load(Ordering::Relaxed) {
+            self.messages_out.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Takes the reclaim lock: views may be released from several threads.
     #[inline]
     fn lock(&self) {
@@ -134,13 +150,17 @@ impl Session {
     }
 
     /// Marks message `token` released, advances the shared tail over the released prefix and
-    /// wakes a producer waiting for room, all under the lock: each releaser scans after its
+    /// wakes a producer waiting for room, all under the lock (where releases can overlap, see
+    /// `messages_out`): each releaser scans after its
     /// own release, so no release is left unreclaimed (a "someone else will do it" hand-off
     /// would need a StoreLoad fence). Returns whether this was the last view of an orphaned
     /// session, which the caller must then drop. The unlock is this call's last access.
     #[inline]
     fn mark_released(&self, token: u64) -> bool {
-        self.lock();
+        let locked = self.messages_out.load(Ordering::Relaxed);
+        if locked {
+            self.lock();
+        }
         self.views[(token & self.mask) as usize].state.store(token << 1, Ordering::Release);
         let start = self.reclaimed.load(Ordering::Relaxed);
         let received = self.received.load(Ordering::Acquire);
@@ -160,7 +180,9 @@ impl Session {
         } else {
             Vec::new()
         };
-        self.reclaiming.store(false, Ordering::Release);
+        if locked {
+            self.reclaiming.store(false, Ordering::Release);
+        }
         // The last view is gone: what it pointed into goes too (outside the lock; the
         // session is not touched again).
         drop(kept);
