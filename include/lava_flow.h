@@ -302,6 +302,11 @@ typedef struct lf_channel_config {
   // semaphore signal per GPU message; `lf_wait_completed` waits on the host. Producer's
   // value rules.
   uint32_t released_semaphore;
+  // 1 (the default): the producer faults the shared pool in when the channel is made (and
+  // the consumer maps it in whole), where it is at most a quarter of the available memory,
+  // so that first touches do not fault in the message path. 0: pages fault in as used.
+  // Producer's value rules.
+  uint32_t prefault;
 } lf_channel_config;
 
 // Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.

@@ -117,6 +117,11 @@ pub struct ChannelConfig {
     /// semaphore signal per GPU message. Where semaphores cannot be shared, the report says so
     /// (strict_gpu: creating the channel fails).
     pub released_semaphore: bool,
+    /// Producer: fault the shared-memory pool and slots in when the channel is made (and the
+    /// consumer maps them in whole), so that first touches do not fault in the message path.
+    /// Skipped where the pool is over a quarter of the memory the kernel calls available.
+    /// On by default.
+    pub prefault: bool,
 }
 
 impl ChannelConfig {
@@ -146,6 +151,7 @@ impl Default for ChannelConfig {
             auto_zero_copy: true,
             strict_gpu: false,
             released_semaphore: false,
+            prefault: true,
         }
     }
 }

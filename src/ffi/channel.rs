@@ -71,6 +71,11 @@ pub struct lf_channel_config {
     /// semaphore signal per GPU message; `lf_wait_completed` waits on the host. Producer's
     /// value rules.
     pub released_semaphore: u32,
+    /// 1 (the default): the producer faults the shared pool in when the channel is made (and
+    /// the consumer maps it in whole), where it is at most a quarter of the available memory,
+    /// so that first touches do not fault in the message path. 0: pages fault in as used.
+    /// Producer's value rules.
+    pub prefault: u32,
 }
 
 /// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
@@ -170,6 +175,7 @@ impl From<ChannelConfig> for lf_channel_config {
             auto_zero_copy: u32::from(c.auto_zero_copy),
             strict_gpu: u32::from(c.strict_gpu),
             released_semaphore: u32::from(c.released_semaphore),
+            prefault: u32::from(c.prefault),
         }
     }
 }
@@ -195,7 +201,7 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
     if pool_size == 0 {
         return Err(invalid("pool_size is 0".into()));
     }
-    for (name, value) in [("auto_zero_copy", c.auto_zero_copy), ("strict_gpu", c.strict_gpu), ("released_semaphore", c.released_semaphore)] {
+    for (name, value) in [("auto_zero_copy", c.auto_zero_copy), ("strict_gpu", c.strict_gpu), ("released_semaphore", c.released_semaphore), ("prefault", c.prefault)] {
         if value > 1 {
             return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_default")));
         }
@@ -209,6 +215,7 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
         auto_zero_copy: c.auto_zero_copy == 1,
         strict_gpu: c.strict_gpu == 1,
         released_semaphore: c.released_semaphore == 1,
+        prefault: c.prefault == 1,
     })
 }
 

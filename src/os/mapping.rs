@@ -74,6 +74,19 @@ impl Mapping {
         Ok(reserved)
     }
 
+    /// Faults in `len` bytes from `offset` now (for writing, or only for reading), so that
+    /// first touches later do not: `MADV_POPULATE_WRITE`/`_READ` (Linux 5.14). Best effort:
+    /// whether the kernel did it.
+    pub fn populate(&self, offset: usize, len: usize, write: bool) -> bool {
+        if offset.checked_add(len).map_or(true, |end| end > self.len) || len == 0 {
+            return false;
+        }
+        let advice = if write { libc::MADV_POPULATE_WRITE } else { libc::MADV_POPULATE_READ };
+        // SAFETY: the range lies inside this mapping (checked above); the advice only faults
+        // pages in, as touching them would.
+        unsafe { libc::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) == 0 }
+    }
+
     fn map(len: usize, prot: libc::c_int, flags: libc::c_int, fd: libc::c_int, offset: u64) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("cannot map 0 bytes"));

@@ -169,3 +169,52 @@ fn pool_payloads_reuse_recent_space() {
         }
     }
 }
+
+/// KiB of the mapping that holds `addr` that are mapped into this process (its `Rss` in
+/// /proc/self/smaps).
+fn rss_kib_of_mapping_at(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((start, end)) = range.split_once('-') {
+                if let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) {
+                    inside = (start..end).contains(&addr);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(kib) = line.strip_prefix("Rss:") {
+                return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+    }
+    panic!("no mapping holds {addr:#x}")
+}
+
+#[test]
+fn the_pool_is_faulted_in_at_creation_unless_turned_off() {
+    const TEST: &str = "backpressure::the_pool_is_faulted_in_at_creation_unless_turned_off";
+    const POOL: usize = 8 << 20;
+    // The data part (slots and pool) follows the region's first page; how much of it this
+    // process has mapped in, in KiB, right after the channel is made.
+    let mapped = |region: Option<(*mut u8, usize)>| {
+        let (ptr, len) = region.expect("a shared-memory channel");
+        (rss_kib_of_mapping_at(ptr as usize + 4096), (len as u64 - 4096) / 1024)
+    };
+    for (name, prefault) in [("warm", true), ("cold", false)] {
+        let config = ChannelConfig { prefault, pool_size: POOL, ..config(WaitStrategy::BusyPoll) };
+        let (rss, data) = match child_role().as_deref() {
+            Some("producer") => mapped(Producer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests()),
+            Some("consumer") => mapped(Consumer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests()),
+            Some(_) => return,
+            None => return run_pair(TEST, "prefault"),
+        };
+        if prefault {
+            assert!(rss * 10 >= data * 9, "{name}: {rss} of {data} KiB mapped in");
+        } else {
+            assert!(rss * 10 <= data, "{name}: {rss} of {data} KiB mapped in without prefault");
+        }
+    }
+}

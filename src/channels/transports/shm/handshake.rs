@@ -46,14 +46,20 @@ pub(super) struct Connected {
 /// The producer's side: connects to the consumer of `name` (retrying until it listens or
 /// `deadline`), offers a fresh region of `geometry` with `offers()` (the other routes'
 /// sections, made anew for each attempt), and reads the answer.
-pub(super) fn offer(name: &str, geometry: Geometry, deadline: Option<Instant>, offers: &mut dyn FnMut() -> Result<Vec<Section>>) -> Result<Connected> {
+pub(super) fn offer(
+    name: &str,
+    geometry: Geometry,
+    prefault: bool,
+    deadline: Option<Instant>,
+    offers: &mut dyn FnMut() -> Result<Vec<Section>>,
+) -> Result<Connected> {
     let eventfd = eventfd()?;
     let can_membarrier = membarrier::register();
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
     loop {
         let (sock, cred) = rendezvous::connect(name, deadline)?;
-        let (region, fds) = Region::create(name, geometry)?;
+        let (region, fds) = Region::create(name, geometry, prefault)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
         let eventfd_copy = eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;

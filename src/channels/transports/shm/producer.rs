@@ -103,7 +103,7 @@ impl ShmProducer {
                 )))
             }
         };
-        let c = handshake::offer(name, geometry, deadline, offers)?;
+        let c = handshake::offer(name, geometry, config.prefault, deadline, offers)?;
         // The consumer that answered holds its lock file now: remembered, to tell it from a
         // later consumer's when cleaning up after this one.
         let consumer_lock = rendezvous::lock_file_id(name, End::Consumer);

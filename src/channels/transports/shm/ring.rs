@@ -133,6 +133,16 @@ pub fn check_slot(next: u64, geometry: &Geometry, seq: u64, len_kind: u64, pool_
     }
 }
 
+/// Whether faulting in `len` bytes at a channel's creation leaves memory to spare: at most a
+/// quarter of what the kernel calls available (`MemAvailable`), so that a large pool on a
+/// small machine is faulted in as it is used instead.
+pub fn prefault_fits(len: usize) -> bool {
+    let available_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    available_kib.is_some_and(|kib| (len as u64) <= kib.saturating_mul(1024) / 4)
+}
+
 /// Whether a buffer send's `len` bytes at `offset` lie inside an arena of `arena_len` bytes.
 #[inline]
 pub fn in_arena(offset: u64, len: u64, arena_len: u64) -> bool {
@@ -160,6 +170,9 @@ const OFF_VERSION: usize = 8;
 const OFF_SLOT_COUNT: usize = 12;
 const OFF_POOL_SIZE: usize = 16;
 const OFF_TOTAL_LEN: usize = 24;
+/// 1 when the producer faulted the data part in at creation: the consumer then maps it in
+/// whole too (reading pages that exist costs no memory).
+const OFF_PREFAULTED: usize = 32;
 const OFF_PRODUCER_CLOSED: usize = 128;
 const OFF_CONSUMER_CLOSED: usize = 132;
 const OFF_PRODUCER_FAST_WAKE: usize = 136;
@@ -240,7 +253,9 @@ impl Region {
     /// Creates the two memfds, maps them, seals them (the data part also against writes by
     /// anyone but this mapping, where the kernel offers `F_SEAL_FUTURE_WRITE`, since 5.1) and
     /// writes the header. Returns the region and the fds to pass.
-    pub fn create(name: &str, geometry: Geometry) -> Result<(Region, RegionFds)> {
+    /// `prefault`: fault the data part in now (where memory allows, see [`prefault_fits`]), so
+    /// that first touches of slots and pool do not fault in the message path.
+    pub fn create(name: &str, geometry: Geometry, prefault: bool) -> Result<(Region, RegionFds)> {
         let flags = MemfdFlags { huge_page_size: None, allow_sealing: true };
         let control_len = geometry.slots_offset;
         let data_len = geometry.total_len - control_len;
@@ -255,6 +270,8 @@ impl Region {
             return Err(Error::last_os("sealing the channel's data memfd"));
         }
         let region = Region { map, geometry };
+        let prefaulted = prefault && prefault_fits(data_len) && region.map.populate(control_len, data_len, true);
+        region.u32_at(OFF_PREFAULTED).store(u32::from(prefaulted), Ordering::Relaxed);
         region.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
         region.u32_at(OFF_SLOT_COUNT).store(geometry.slot_count, Ordering::Relaxed);
         region.u64_at(OFF_POOL_SIZE).store(geometry.pool_size, Ordering::Relaxed);
@@ -294,6 +311,9 @@ impl Region {
             && region.u64_at(OFF_TOTAL_LEN).load(Ordering::Relaxed) == geometry.total_len as u64;
         if !header_ok {
             return Err(Error::Corrupt("the shared region's header does not match the producer's hello".into()));
+        }
+        if region.u32_at(OFF_PREFAULTED).load(Ordering::Relaxed) == 1 {
+            region.map.populate(control_len, data_len, false);
         }
         Ok(region)
     }
@@ -441,7 +461,7 @@ mod tests {
     #[test]
     fn the_consumer_cannot_write_the_data_part() {
         let g = Geometry::new(8, 8192).unwrap();
-        let (producer, fds) = Region::create("sealed", g).unwrap();
+        let (producer, fds) = Region::create("sealed", g, true).unwrap();
         // SAFETY: F_GET_SEALS only reads the seals.
         let seals = unsafe { libc::fcntl(fds.data.as_raw_fd(), libc::F_GET_SEALS) };
         if seals & libc::F_SEAL_FUTURE_WRITE == 0 {
@@ -492,7 +512,7 @@ mod tests {
     #[test]
     fn attach_checks_seals_size_and_header() {
         let g = Geometry::new(8, 8192).unwrap();
-        let (region, fds) = Region::create("t", g).unwrap();
+        let (region, fds) = Region::create("t", g, false).unwrap();
         let other = Region::attach(&fds.control, &fds.data, g).unwrap();
         region.slot_seq(3).store(9, Ordering::Relaxed);
         assert_eq!(other.slot_seq(3).load(Ordering::Relaxed), 9);
