@@ -1,0 +1,62 @@
+//! What lf-bench and the peer programs (`benchmarks/peers`, which includes this file) count
+//! the same way, so that their figures compare: half round trips from round-trip samples,
+//! the receiver's read of every byte, sizes written as `64K`, and pinning to a core.
+//!
+//! Plain `std` and `libc` only: the peers crate builds it without lava-flow.
+
+/// Percentiles of the half round trip, in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+/// Half round trips in ns from round-trip samples (nearest rank).
+pub fn percentiles(mut rtts: Vec<u64>) -> Percentiles {
+    if rtts.is_empty() {
+        return Percentiles { p50: f64::NAN, p99: f64::NAN, p999: f64::NAN };
+    }
+    rtts.sort_unstable();
+    let at = |q: f64| rtts[((rtts.len() as f64 - 1.0) * q).round() as usize] as f64 / 2.0;
+    Percentiles { p50: at(0.5), p99: at(0.99), p999: at(0.999) }
+}
+
+/// Reads every byte (summing 8-byte words), so that a touched message really moves the data
+/// to the reader's core.
+pub fn read_all(buf: &[u8]) -> u64 {
+    // SAFETY: u64 has no invalid bit patterns; align_to splits at aligned boundaries.
+    let (head, words, tail) = unsafe { buf.align_to::<u64>() };
+    let mut sum = 0u64;
+    for w in words {
+        sum = sum.wrapping_add(*w);
+    }
+    for b in head.iter().chain(tail) {
+        sum = sum.wrapping_add(*b as u64);
+    }
+    std::hint::black_box(sum)
+}
+
+/// `8`, `64K`, `1M`, `1G` (powers of two) as bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K') | Some('k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M') | Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') | Some('g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mult).map_err(|_| format!("bad size {s:?}"))
+}
+
+/// Pins the calling thread (the whole process, before it starts others) to one core.
+pub fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            eprintln!("could not pin to core {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+}
