@@ -24,13 +24,13 @@
 mod pingpong;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::subscriber::Subscriber;
 use iceoryx2::prelude::*;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory;
-use pingpong::{parse_size, percentiles, pin_to, read_all, Percentiles};
+use pingpong::{in_turn, parse_size, ping_pong, pin_to, read_all, Percentiles};
 
 type Error = Box<dyn std::error::Error>;
 type Service = PortFactory<ipc::Service, [u8], ()>;
@@ -148,53 +148,40 @@ impl Ports {
     }
 
     /// Loans a sample, fills it from `private` when touching, sends it.
-    fn send(&self, size: usize, private: Option<&[u8]>) -> Result<(), Error> {
-        let loan = self.publisher.loan_slice_uninit(size)?;
+    fn send(&self, size: usize, private: Option<&[u8]>) {
+        let loan = self.publisher.loan_slice_uninit(size).unwrap_or_else(|e| die(&format!("loan: {e:?}")));
         let sample = match private {
             Some(bytes) => loan.write_from_slice(&bytes[..size]),
             // SAFETY: the payload is shared memory the OS handed out zeroed and earlier
             // samples wrote; plain mode reads none of it (iceoryx2's benchmark does the same).
             None => unsafe { loan.assume_init() },
         };
-        sample.send()?;
-        Ok(())
+        sample.send().unwrap_or_else(|e| die(&format!("send: {e:?}")));
     }
 
     /// Busy-polls for the next sample, reads every byte of it when touching, releases it.
-    fn recv(&self, touch: bool) -> Result<(), Error> {
+    fn recv(&self, touch: bool) {
         loop {
-            if let Some(sample) = self.subscriber.receive()? {
-                if touch {
-                    read_all(sample.payload());
-                } else {
-                    std::hint::black_box(sample.payload().len());
+            match self.subscriber.receive() {
+                Ok(Some(sample)) => {
+                    if touch {
+                        read_all(sample.payload());
+                    } else {
+                        std::hint::black_box(sample.payload().len());
+                    }
+                    return;
                 }
-                return Ok(());
+                Ok(None) => std::hint::spin_loop(),
+                Err(e) => die(&format!("receive: {e:?}")),
             }
-            std::hint::spin_loop();
         }
     }
 }
 
-/// The ping-pong of one size on one side; ping returns the half round trips.
-fn pingpong(ports: &Ports, ping: bool, size: usize, iters: usize, private: Option<&[u8]>) -> Result<Option<Percentiles>, Error> {
+/// The ping-pong of one size on one side; ping gets the half round trips.
+fn pingpong(ports: &Ports, ping: bool, size: usize, iters: usize, private: Option<&[u8]>) -> Option<Percentiles> {
     let touch = private.is_some();
-    let warm = (iters / 10).max(5);
-    let mut rtts = Vec::with_capacity(iters);
-    for i in 0..warm + iters {
-        if ping {
-            let t = Instant::now();
-            ports.send(size, private)?;
-            ports.recv(touch)?;
-            if i >= warm {
-                rtts.push(t.elapsed().as_nanos() as u64);
-            }
-        } else {
-            ports.recv(touch)?;
-            ports.send(size, private)?;
-        }
-    }
-    Ok(ping.then(|| percentiles(rtts)))
+    ping_pong(ping, iters, || in_turn(ping, || ports.send(size, private), || ports.recv(touch)))
 }
 
 fn run(a: &Args, ping: bool, base: &str, barrier: &mut Barrier) -> Result<(), Error> {
@@ -214,7 +201,7 @@ fn run(a: &Args, ping: bool, base: &str, barrier: &mut Barrier) -> Result<(), Er
         // Both processes' ports exist before the first sample is sent.
         barrier.wait();
         let iters = a.iters.unwrap_or_else(|| default_iters(size, a.touch));
-        let result = pingpong(&ports, ping, size, iters, private.as_deref())?;
+        let result = pingpong(&ports, ping, size, iters, private.as_deref());
         // Neither drops its ports while the other may still read from them.
         barrier.wait();
         if let Some(p) = result {
@@ -240,6 +227,10 @@ fn main() {
         die(&format!("fork: {}", std::io::Error::last_os_error()));
     }
     let ping = child > 0;
+    if !ping {
+        // SAFETY: prctl with integer arguments: the child dies with its parent.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    }
     pin_to(if ping { a.cores.0 } else { a.cores.1 });
     let result = run(&a, ping, &base, &mut barrier);
     if let Err(e) = &result {

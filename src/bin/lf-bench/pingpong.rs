@@ -1,8 +1,11 @@
-//! What lf-bench and the peer programs (`benchmarks/peers`, which includes this file) count
-//! the same way, so that their figures compare: half round trips from round-trip samples,
-//! the receiver's read of every byte, sizes written as `64K`, and pinning to a core.
+//! What lf-bench and the peer programs (`benchmarks/peers`, which includes this file) do the
+//! same way, so that their figures compare: the ping-pong loop and its warm-up, half round
+//! trips from round-trip samples, the receiver's read of every byte, sizes written as `64K`,
+//! and pinning to a core.
 //!
 //! Plain `std` and `libc` only: the peers crate builds it without lava-flow.
+
+use std::time::Instant;
 
 /// Percentiles of the half round trip, in ns.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -20,6 +23,34 @@ pub fn percentiles(mut rtts: Vec<u64>) -> Percentiles {
     rtts.sort_unstable();
     let at = |q: f64| rtts[((rtts.len() as f64 - 1.0) * q).round() as usize] as f64 / 2.0;
     Percentiles { p50: at(0.5), p99: at(0.99), p999: at(0.999) }
+}
+
+/// Runs `iters` timed round trips after a tenth as many (at least 5) untimed ones. `step` is
+/// one round trip on the ping side (send, then wait for the answer) and one answer on the pong
+/// side (wait, then send); ping times each and gets the half round trips.
+pub fn ping_pong(ping: bool, iters: usize, mut step: impl FnMut()) -> Option<Percentiles> {
+    let warm = (iters / 10).max(5);
+    let mut rtts = Vec::with_capacity(if ping { iters } else { 0 });
+    for i in 0..warm + iters {
+        let start = ping.then(Instant::now);
+        step();
+        if let Some(t) = start.filter(|_| i >= warm) {
+            rtts.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    ping.then(|| percentiles(rtts))
+}
+
+/// One side's turn in a round trip: ping sends, then receives the answer; pong receives,
+/// then answers.
+pub fn in_turn(ping: bool, send: impl FnOnce(), recv: impl FnOnce()) {
+    if ping {
+        send();
+        recv();
+    } else {
+        recv();
+        send();
+    }
 }
 
 /// Reads every byte (summing 8-byte words), so that a touched message really moves the data
