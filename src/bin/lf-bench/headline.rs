@@ -121,28 +121,21 @@ struct Bracketed {
     after: Percentiles,
 }
 
-/// One probe of `floor` for a case of `size` bytes and `iters` round trips, in both processes.
-fn probe(o: &Options, side: &mut Side, floor: Floor, size: usize, iters: usize) -> Option<Percentiles> {
-    let n = o.probe_iterations(iters);
+/// One probe of `floor` for `case`, in both processes.
+fn probe(o: &Options, side: &mut Side, floor: Floor, case: Case) -> Option<Percentiles> {
+    let n = o.probe_iterations(case.iters);
     match floor {
         Floor::Spin => side.spin.probe(side.ping, n),
-        Floor::Touch => side.touch.probe(side.ping, size, n, &side.private),
+        Floor::Touch => side.touch.probe(side.ping, case.size, n, &side.private),
         Floor::EventFd => side.efd.probe(side.ping, n),
     }
 }
 
-/// Probes `floor`, runs `case`, probes `floor` again.
-fn bracket(
-    o: &Options,
-    side: &mut Side,
-    floor: Floor,
-    size: usize,
-    iters: usize,
-    case: impl FnOnce(&mut Side) -> Option<Result<Percentiles, String>>,
-) -> Option<Bracketed> {
-    let before = probe(o, side, floor, size, iters);
-    let lat = case(side);
-    let after = probe(o, side, floor, size, iters);
+/// Probes `floor`, runs the case (`run`), probes `floor` again.
+fn bracket(o: &Options, side: &mut Side, floor: Floor, case: Case, run: impl FnOnce(&mut Side) -> Option<Result<Percentiles, String>>) -> Option<Bracketed> {
+    let before = probe(o, side, floor, case);
+    let lat = run(side);
+    let after = probe(o, side, floor, case);
     Some(Bracketed { before: before?, lat: lat?, after: after? })
 }
 
@@ -167,17 +160,17 @@ pub fn run(o: &Options, side: &mut Side, peers: &Peers, tag: &str) -> Option<Hea
         let ends = raised.as_ref().unwrap_or(&busy);
         let case = Case { size, touch, iters };
         for how in Send::ALL {
-            let b = bracket(o, side, floor, size, iters, |side| capi::latency(&capi, ends, side.ping, how, case, &side.private).map(Ok));
+            let b = bracket(o, side, floor, case, |side| capi::latency(&capi, ends, side.ping, how, case, &side.private).map(Ok));
             push(b.map(|b| row(Who::LavaFlow(how), "busy-poll", case, floor, b, ends.note())));
         }
         for peer in Peer::ALL.into_iter().filter(|&p| peers.program(p).is_ok()) {
-            let b = bracket(o, side, floor, size, iters, |side| side.efd.pause_pong(side.ping, || peers.run(peer, size, touch, iters)));
+            let b = bracket(o, side, floor, case, |side| side.efd.pause_pong(side.ping, || peers.run(peer, size, touch, iters)));
             push(b.map(|b| row(Who::Peer(peer), "busy-poll", case, floor, b, None)));
         }
     }
     let block = capi.open(ping, LF_WAIT_BLOCK, 0);
     let case = Case { size: 8, touch: false, iters: o.iterations(8, true, false) };
-    let b = bracket(o, side, Floor::EventFd, case.size, case.iters, |side| capi::latency(&capi, &block, side.ping, Send::Loan, case, &side.private).map(Ok));
+    let b = bracket(o, side, Floor::EventFd, case, |side| capi::latency(&capi, &block, side.ping, Send::Loan, case, &side.private).map(Ok));
     push(b.map(|b| row(Who::LavaFlow(Send::Loan), "block", case, Floor::EventFd, b, None)));
     let skipped = Peer::ALL.into_iter().filter_map(|p| peers.program(p).err().map(|why| (p, why.to_owned()))).collect();
     ping.then(|| Headline { rows, default_pool, call_ns: capi.call_cost(), skipped })

@@ -89,7 +89,7 @@ fn current_affinity() -> libc::cpu_set_t {
 impl Peers {
     /// Looks for the peers (call before lf-bench pins itself). None at all with `--no-peers`.
     pub fn find(o: &Options) -> Peers {
-        let off = || Err("not run (--no-peers)".to_owned());
+        let off = || Err("--no-peers was given".to_owned());
         let iceoryx2 = if o.peers { locate(&o.iceoryx2, "LF_BENCH_ICEORYX2", "iceoryx2-pingpong") } else { off() };
         let mpi = if !o.peers {
             off()

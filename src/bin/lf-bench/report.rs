@@ -37,18 +37,24 @@ fn is(row: &Row, who: Who, touch: bool) -> bool {
     row.who == who && row.touch == touch && row.wait == "busy-poll"
 }
 
-/// The p50 of `peer`'s row of the same size and touch as `row`.
-fn peer_p50(h: &Headline, row: &Row, peer: Peer) -> Option<f64> {
-    let other = h.rows.iter().find(|r| is(r, Who::Peer(peer), row.touch) && r.size == row.size)?;
-    other.lat.as_ref().ok().map(|l| l.p50)
-}
-
-/// `row`'s p50 over `peer`'s at the same size and touch (busy-poll rows: the peers poll).
-fn ratio_to_peer(h: &Headline, row: &Row, peer: Peer) -> Option<f64> {
+/// `peer`'s row of the same size and touch as `row`, to compare with (busy-poll rows: the
+/// peers poll).
+fn peer_row<'a>(h: &'a Headline, row: &Row, peer: Peer) -> Option<&'a Row> {
     if row.wait != "busy-poll" || row.who == Who::Peer(peer) {
         return None;
     }
-    Some(row.lat.as_ref().ok()?.p50 / peer_p50(h, row, peer)?)
+    h.rows.iter().find(|r| is(r, Who::Peer(peer), row.touch) && r.size == row.size)
+}
+
+/// `row`'s p50 over `peer`'s at the same size and touch.
+fn ratio_to_peer(h: &Headline, row: &Row, peer: Peer) -> Option<f64> {
+    Some(row.lat.as_ref().ok()?.p50 / peer_row(h, row, peer)?.lat.as_ref().ok()?.p50)
+}
+
+/// `row`'s ratio to its floor over `peer`'s ratio to its own: the comparison with the
+/// machine's moves between the two cases taken out.
+fn ratio_to_peer_normalised(h: &Headline, row: &Row, peer: Peer) -> Option<f64> {
+    Some(row.ratio()? / peer_row(h, row, peer)?.ratio()?)
 }
 
 /// `64 B`, `1 KiB`, `64 MiB`.
@@ -67,15 +73,15 @@ fn size_label(row: &Row) -> String {
 /// A summary target over several rows: met where every judged row is within `bound`;
 /// `value` is the worst.
 fn summary(name: String, bound: f64, judged: Vec<(&Row, f64)>, unjudged: Vec<String>) -> Target {
-    let worst = judged.iter().map(|(_, v)| *v).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    let worst = judged.iter().map(|(_, v)| *v).reduce(f64::max);
     let missed: Vec<String> = judged.iter().filter(|(_, v)| *v > bound).map(|(r, v)| format!("{} ({v:.3}x)", size_label(r))).collect();
-    let mut detail = if judged.is_empty() {
-        "no rows".to_owned()
-    } else if missed.is_empty() {
-        format!("met at all {} sizes", judged.len())
-    } else {
-        format!("met at {} of {}; missed at {}", judged.len() - missed.len(), judged.len(), missed.join(", "))
+    let mut detail = match judged.len() {
+        0 => "no rows".to_owned(),
+        n => format!("met at {} of {n}", n - missed.len()),
     };
+    if !missed.is_empty() {
+        detail.push_str(&format!("; missed at {}", missed.join(", ")));
+    }
     if !unjudged.is_empty() {
         detail.push_str(&format!("; not judged: {}", unjudged.join(", ")));
     }
@@ -95,6 +101,7 @@ fn single(name: String, bound: f64, row: Option<&Row>) -> Target {
 /// The sizes of `rows` as `64..64M`, for a target's name.
 fn span(rows: &[&Row]) -> String {
     match (rows.iter().map(|r| r.size).min(), rows.iter().map(|r| r.size).max()) {
+        (Some(lo), Some(hi)) if lo == hi => human(lo),
         (Some(lo), Some(hi)) => format!("{}..{}", human(lo), human(hi)),
         _ => "no sizes".to_owned(),
     }
@@ -118,6 +125,10 @@ pub fn targets(h: &Headline) -> Vec<Target> {
         let rows = lf(how, true);
         let judged: Vec<(&Row, f64)> = rows.iter().filter_map(|r| Some((*r, ratio_to_peer(h, r, Peer::Iceoryx2)?))).collect();
         let mut target = summary(format!("touch: C API {} {} p50 <= 1.0x iceoryx2", how.name(), span(&rows)), 1.0, judged, vec![]);
+        let normalised = rows.iter().filter_map(|r| Some((*r, ratio_to_peer_normalised(h, r, Peer::Iceoryx2)?)));
+        if let Some((r, v)) = normalised.max_by(|a, b| a.1.total_cmp(&b.1)) {
+            target.detail.push_str(&format!("; floor-normalised (x floor over iceoryx2's x floor) worst {v:.2}x at {}", size_label(r)));
+        }
         if let Some((_, why)) = h.skipped.iter().find(|(p, _)| *p == Peer::Iceoryx2) {
             target.detail = format!("iceoryx2 not run: {why}");
         }
@@ -146,9 +157,7 @@ fn tail_target(h: &Headline, how: Send) -> Target {
             unjudged.push(format!("{} (floor's own {:.1}x)", size_label(r), r.floor_tail()));
         }
     }
-    let mut target = summary(format!("tail: C API {} p99.9 <= 3x p50 where the floor's allows", how.name()), 3.0, judged, unjudged);
-    target.detail = target.detail.replace(" sizes", " rows");
-    target
+    summary(format!("tail: C API {} p99.9 <= 3x p50 where the floor's allows", how.name()), 3.0, judged, unjudged)
 }
 
 fn fmt_ns(v: f64) -> String {
@@ -270,6 +279,8 @@ fn row_json(h: &Headline, r: &Row) -> Value {
         "ratio_to_floor_min": lat.map(|l| l.p50 / r.floor_p50_min()),
         "ratio_to_iceoryx2": ratio_to_peer(h, r, Peer::Iceoryx2),
         "ratio_to_openmpi": ratio_to_peer(h, r, Peer::OpenMpi),
+        "ratio_to_iceoryx2_floor_normalised": ratio_to_peer_normalised(h, r, Peer::Iceoryx2),
+        "ratio_to_openmpi_floor_normalised": ratio_to_peer_normalised(h, r, Peer::OpenMpi),
         "note": r.note,
     })
 }
