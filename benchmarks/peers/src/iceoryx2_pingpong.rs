@@ -17,8 +17,13 @@
 //! loan from a private buffer (`copy_from_slice`), the receiver reads every byte (summing
 //! 8-byte words), as lf-bench's touch rows do.
 //!
+//! Right before and right after each size's timed round trips, the two processes probe the
+//! spinning floor (a counter bounced on one shared cache line, as lf-bench probes it), so that
+//! lf-bench can tell whether the machine's cross-core latency moved while this program ran.
+//!
 //! Output: one JSON object per line and size, half round trips in ns:
-//! `{"peer":"iceoryx2","size":64,"touch":false,"iters":5000,"p50_ns":..,"p99_ns":..,"p999_ns":..}`.
+//! `{"peer":"iceoryx2","size":64,"touch":false,"iters":5000,"p50_ns":..,"p99_ns":..,"p999_ns":..,
+//! "spin_before_p50_ns":..,"spin_after_p50_ns":..}`.
 
 #[path = "../../../src/bin/lf-bench/pingpong.rs"]
 mod pingpong;
@@ -30,7 +35,7 @@ use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::subscriber::Subscriber;
 use iceoryx2::prelude::*;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory;
-use pingpong::{in_turn, parse_size, ping_pong, pin_to, read_all, Percentiles};
+use pingpong::{in_turn, parse_size, ping_pong, pin_to, read_all, shared_map, word_at, Percentiles, SpinLine};
 
 type Error = Box<dyn std::error::Error>;
 type Service = PortFactory<ipc::Service, [u8], ()>;
@@ -90,15 +95,10 @@ struct Barrier {
 }
 
 impl Barrier {
+    /// Call before the fork.
     fn new() -> Barrier {
-        // SAFETY: a fresh shared anonymous page, checked; it stays mapped in both processes
-        // for their lifetime and is used only through the atomic.
-        let word = unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0);
-            assert_ne!(p, libc::MAP_FAILED, "mapping the barrier word");
-            &*(p as *const AtomicU64)
-        };
-        Barrier { word, round: 0 }
+        // SAFETY: offset 0 of a fresh shared page, used only through this atomic.
+        Barrier { word: unsafe { word_at(shared_map(4096, "the barrier word"), 0) }, round: 0 }
     }
 
     fn wait(&mut self) {
@@ -184,7 +184,10 @@ fn pingpong(ports: &Ports, ping: bool, size: usize, iters: usize, private: Optio
     ping_pong(ping, iters, || in_turn(ping, || ports.send(size, private), || ports.recv(touch)))
 }
 
-fn run(a: &Args, ping: bool, base: &str, barrier: &mut Barrier) -> Result<(), Error> {
+/// Round trips of each spinning-floor probe.
+const PROBE_ITERS: usize = 5_000;
+
+fn run(a: &Args, ping: bool, base: &str, barrier: &mut Barrier, spin: &mut SpinLine) -> Result<(), Error> {
     let node = NodeBuilder::new().create::<ipc::Service>()?;
     let max = a.sizes.iter().copied().max().unwrap_or(8);
     let private: Option<Vec<u8>> = a.touch.then(|| (0..max).map(|i| (i * 31 + 7) as u8).collect());
@@ -201,13 +204,15 @@ fn run(a: &Args, ping: bool, base: &str, barrier: &mut Barrier) -> Result<(), Er
         // Both processes' ports exist before the first sample is sent.
         barrier.wait();
         let iters = a.iters.unwrap_or_else(|| default_iters(size, a.touch));
+        let before = spin.probe(ping, PROBE_ITERS);
         let result = pingpong(&ports, ping, size, iters, private.as_deref());
+        let after = spin.probe(ping, PROBE_ITERS);
         // Neither drops its ports while the other may still read from them.
         barrier.wait();
-        if let Some(p) = result {
+        if let (Some(p), Some(before), Some(after)) = (result, before, after) {
             println!(
-                "{{\"peer\":\"iceoryx2\",\"size\":{size},\"touch\":{},\"iters\":{iters},\"p50_ns\":{:.1},\"p99_ns\":{:.1},\"p999_ns\":{:.1}}}",
-                a.touch, p.p50, p.p99, p.p999
+                "{{\"peer\":\"iceoryx2\",\"size\":{size},\"touch\":{},\"iters\":{iters},\"p50_ns\":{:.1},\"p99_ns\":{:.1},\"p999_ns\":{:.1},\"spin_before_p50_ns\":{:.1},\"spin_after_p50_ns\":{:.1}}}",
+                a.touch, p.p50, p.p99, p.p999, before.p50, after.p50
             );
         }
     }
@@ -220,6 +225,7 @@ fn main() {
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let base = format!("lf-bench-peers/{}-{stamp}", std::process::id());
     let mut barrier = Barrier::new();
+    let mut spin = SpinLine::map();
     // Fork before any iceoryx2 node exists: each process makes its own.
     // SAFETY: no threads exist yet; both processes go on with their own copy of this state.
     let child = unsafe { libc::fork() };
@@ -232,7 +238,7 @@ fn main() {
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     }
     pin_to(if ping { a.cores.0 } else { a.cores.1 });
-    let result = run(&a, ping, &base, &mut barrier);
+    let result = run(&a, ping, &base, &mut barrier, &mut spin);
     if let Err(e) = &result {
         eprintln!("iceoryx2-pingpong ({}): {e}", if ping { "ping" } else { "pong" });
     }

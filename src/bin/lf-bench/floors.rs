@@ -3,8 +3,8 @@
 //!
 //! Probes, taken right before and right after each headline case (the cross-core latency of
 //! these VMs moves between levels within seconds, so a floor from another moment says little):
-//! - [`SpinLine`]: two processes bounce a counter on one shared cache line; the least any
-//!   busy-polling transport pays for a small message.
+//! - `SpinLine` (in `pingpong.rs`, which the peers share): two processes bounce a counter on
+//!   one shared cache line; the least any busy-polling transport pays for a small message.
 //! - [`TouchFloor`]: a raw copy-and-read ping-pong of `size` bytes over plain shared memory
 //!   (the sender copies from a private buffer and bumps a counter, the receiver reads every
 //!   byte and answers the same way); the least any transport pays for a touched message.
@@ -22,63 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::oneway::{one_way, Stream};
-use crate::pingpong::{in_turn, ping_pong, read_all, Percentiles};
-
-/// A fresh shared anonymous mapping of `len` bytes (zeroed), populated now so that page
-/// faults are not timed; it lives until the process exits.
-pub fn shared_map(len: usize, what: &str) -> *mut u8 {
-    // SAFETY: mmap of fresh anonymous memory; the result is checked.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mapping {what}: {}", std::io::Error::last_os_error());
-    p.cast()
-}
-
-/// The atomic word at byte `offset` of a mapping from [`shared_map`].
-///
-/// # Safety
-/// `offset` is 8-aligned and 8 bytes lie there inside the mapping, which is used only through
-/// atomics at that place.
-unsafe fn word_at(base: *mut u8, offset: usize) -> &'static AtomicU64 {
-    // SAFETY: as the caller promises; the mapping is never unmapped.
-    unsafe { &*(base.add(offset) as *const AtomicU64) }
-}
-
-fn spin_until(word: &AtomicU64, value: u64) {
-    while word.load(Ordering::Acquire) != value {
-        std::hint::spin_loop();
-    }
-}
-
-/// Two processes bouncing a counter on one cache line.
-pub struct SpinLine {
-    line: &'static AtomicU64,
-    /// The last value this process saw on the line (it starts at 0; each round trip adds 2).
-    last: u64,
-}
-
-impl SpinLine {
-    pub fn map() -> SpinLine {
-        // SAFETY: offset 0 of a fresh page, used only through this atomic.
-        SpinLine { line: unsafe { word_at(shared_map(4096, "the spinning floor's line"), 0) }, last: 0 }
-    }
-
-    /// `iters` round trips on the line: ping stores odd values, pong even ones.
-    pub fn probe(&mut self, ping: bool, iters: usize) -> Option<Percentiles> {
-        let (line, last) = (self.line, &mut self.last);
-        ping_pong(ping, iters, || {
-            if ping {
-                line.store(*last + 1, Ordering::Release);
-                spin_until(line, *last + 2);
-            } else {
-                spin_until(line, *last + 1);
-                line.store(*last + 2, Ordering::Release);
-            }
-            *last += 2;
-        })
-    }
-}
+use crate::pingpong::{in_turn, ping_pong, read_all, shared_map, spin_until, word_at, Percentiles};
 
 /// Two blocking eventfds, one per direction.
 pub struct EventFds {

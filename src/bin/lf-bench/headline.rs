@@ -57,6 +57,20 @@ impl Who {
 /// A floor before and after a case moved when they differ by more than this fraction.
 pub const FLOOR_MOVED: f64 = 0.20;
 
+/// Whether the largest of `p50s` exceeds the smallest by more than [`FLOOR_MOVED`].
+fn moved(p50s: &[f64]) -> bool {
+    let lo = p50s.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = p50s.iter().copied().fold(0.0, f64::max);
+    hi > lo * (1.0 + FLOOR_MOVED)
+}
+
+/// What a case measured: its half round trips and, for a peer, the spinning floor's p50 that
+/// its own two processes probed right before and right after its timed loop.
+pub struct Measured {
+    pub lat: Percentiles,
+    pub own_spin: Option<(f64, f64)>,
+}
+
 /// One headline case (ping's side).
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -71,6 +85,12 @@ pub struct Row {
     pub floor: Floor,
     pub before: Percentiles,
     pub after: Percentiles,
+    /// The spinning floor's p50 right before and right after the case (around the probes of
+    /// `floor`): the machine's level, for every row alike.
+    pub spin: (f64, f64),
+    /// A peer's own probes of the spinning floor around its timed loop (the probes above are
+    /// taken before it starts and after it exits).
+    pub own_spin: Option<(f64, f64)>,
     /// Anything the row must say (a pool raised above the default).
     pub note: Option<String>,
 }
@@ -88,8 +108,14 @@ impl Row {
 
     /// Whether the floor moved by more than [`FLOOR_MOVED`] across the case.
     pub fn floor_moved(&self) -> bool {
-        let (lo, hi) = (self.floor_p50_min(), self.before.p50.max(self.after.p50));
-        hi > lo * (1.0 + FLOOR_MOVED)
+        moved(&[self.before.p50, self.after.p50])
+    }
+
+    /// Whether the spinning level moved by more than [`FLOOR_MOVED`] across the case, as
+    /// lf-bench's probes and a peer's own see it.
+    pub fn level_moved(&self) -> bool {
+        let (own_before, own_after) = self.own_spin.unwrap_or(self.spin);
+        moved(&[self.spin.0, self.spin.1, own_before, own_after])
     }
 
     /// The larger of the two probes' p99.9 / p50: what the floor's own tail allows.
@@ -114,11 +140,12 @@ pub struct Headline {
     pub skipped: Vec<(Peer, String)>,
 }
 
-/// A case and its two probes; ping gets them, pong `None`.
+/// A case and its probes; ping gets them, pong `None`.
 struct Bracketed {
     before: Percentiles,
-    lat: Result<Percentiles, String>,
+    measured: Result<Measured, String>,
     after: Percentiles,
+    spin: (f64, f64),
 }
 
 /// One probe of `floor` for `case`, in both processes.
@@ -131,12 +158,20 @@ fn probe(o: &Options, side: &mut Side, floor: Floor, case: Case) -> Option<Perce
     }
 }
 
-/// Probes `floor`, runs the case (`run`), probes `floor` again.
-fn bracket(o: &Options, side: &mut Side, floor: Floor, case: Case, run: impl FnOnce(&mut Side) -> Option<Result<Percentiles, String>>) -> Option<Bracketed> {
+/// Probes the spinning level and `floor`, runs the case (`run`), probes `floor` and the
+/// spinning level again.
+fn bracket(o: &Options, side: &mut Side, floor: Floor, case: Case, run: impl FnOnce(&mut Side) -> Option<Result<Measured, String>>) -> Option<Bracketed> {
+    let spin_before = probe(o, side, Floor::Spin, case);
     let before = probe(o, side, floor, case);
-    let lat = run(side);
+    let measured = run(side);
     let after = probe(o, side, floor, case);
-    Some(Bracketed { before: before?, lat: lat?, after: after? })
+    let spin_after = probe(o, side, Floor::Spin, case);
+    Some(Bracketed { before: before?, measured: measured?, after: after?, spin: (spin_before?.p50, spin_after?.p50) })
+}
+
+/// A C API case as measured: no probes of its own.
+fn capi_measured(lat: Option<Percentiles>) -> Option<Result<Measured, String>> {
+    lat.map(|lat| Ok(Measured { lat, own_spin: None }))
 }
 
 /// The sizes of the headline in order, with whether they are touched.
@@ -160,7 +195,7 @@ pub fn run(o: &Options, side: &mut Side, peers: &Peers, tag: &str) -> Option<Hea
         let ends = raised.as_ref().unwrap_or(&busy);
         let case = Case { size, touch, iters };
         for how in Send::ALL {
-            let b = bracket(o, side, floor, case, |side| capi::latency(&capi, ends, side.ping, how, case, &side.private).map(Ok));
+            let b = bracket(o, side, floor, case, |side| capi_measured(capi::latency(&capi, ends, side.ping, how, case, &side.private)));
             push(b.map(|b| row(Who::LavaFlow(how), "busy-poll", case, floor, b, ends.note())));
         }
         for peer in Peer::ALL.into_iter().filter(|&p| peers.program(p).is_ok()) {
@@ -170,12 +205,16 @@ pub fn run(o: &Options, side: &mut Side, peers: &Peers, tag: &str) -> Option<Hea
     }
     let block = capi.open(ping, LF_WAIT_BLOCK, 0);
     let case = Case { size: 8, touch: false, iters: o.iterations(8, true, false) };
-    let b = bracket(o, side, Floor::EventFd, case, |side| capi::latency(&capi, &block, side.ping, Send::Loan, case, &side.private).map(Ok));
+    let b = bracket(o, side, Floor::EventFd, case, |side| capi_measured(capi::latency(&capi, &block, side.ping, Send::Loan, case, &side.private)));
     push(b.map(|b| row(Who::LavaFlow(Send::Loan), "block", case, Floor::EventFd, b, None)));
     let skipped = Peer::ALL.into_iter().filter_map(|p| peers.program(p).err().map(|why| (p, why.to_owned()))).collect();
     ping.then(|| Headline { rows, default_pool, call_ns: capi.call_cost(), skipped })
 }
 
 fn row(who: Who, wait: &'static str, case: Case, floor: Floor, b: Bracketed, note: Option<String>) -> Row {
-    Row { who, wait, size: case.size, touch: case.touch, iters: case.iters, lat: b.lat, floor, before: b.before, after: b.after, note }
+    let (lat, own_spin) = match b.measured {
+        Ok(m) => (Ok(m.lat), m.own_spin),
+        Err(e) => (Err(e), None),
+    };
+    Row { who, wait, size: case.size, touch: case.touch, iters: case.iters, lat, floor, before: b.before, after: b.after, spin: b.spin, own_spin, note }
 }

@@ -43,9 +43,10 @@ mod pingpong;
 mod report;
 mod rustapi;
 
-use floors::{CopyFloorMem, EventFds, Rings, SpinLine, TouchFloor};
+use floors::{CopyFloorMem, EventFds, Rings, TouchFloor};
 use options::{die, options, Options};
 use peers::Peers;
+use pingpong::SpinLine;
 
 /// One process's share of the run: which side it is, the floors' shared memory (mapped before
 /// the fork) with this process's own counts, and the application's private bytes that

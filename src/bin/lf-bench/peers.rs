@@ -13,6 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::headline::Measured;
 use crate::options::Options;
 use crate::pingpong::Percentiles;
 
@@ -110,8 +111,9 @@ impl Peers {
         found.as_deref().map_err(String::as_str)
     }
 
-    /// One size of `peer`: its half round trips, or what went wrong.
-    pub fn run(&self, peer: Peer, size: usize, touch: bool, iters: usize) -> Result<Percentiles, String> {
+    /// One size of `peer`: its half round trips and its own spinning-floor probes, or what
+    /// went wrong.
+    pub fn run(&self, peer: Peer, size: usize, touch: bool, iters: usize) -> Result<Measured, String> {
         let program = self.program(peer)?;
         let mut cmd = Command::new("timeout");
         cmd.args(["--kill-after=5", &PEER_TIMEOUT_S.to_string()]);
@@ -153,11 +155,12 @@ impl Peers {
     }
 }
 
-/// The half round trips of `size` (touched or not) from a peer's JSON lines.
-fn parse(stdout: &str, size: usize, touch: bool) -> Option<Percentiles> {
-    stdout.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find_map(|v| {
-        let matches = v["size"].as_u64() == Some(size as u64) && v["touch"].as_bool() == Some(touch);
-        let field = |name: &str| v[name].as_f64();
-        matches.then(|| Some(Percentiles { p50: field("p50_ns")?, p99: field("p99_ns")?, p999: field("p999_ns")? })).flatten()
-    })
+/// The row of `size` (touched or not) from a peer's JSON lines.
+fn parse(stdout: &str, size: usize, touch: bool) -> Option<Measured> {
+    let rows = stdout.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    let v = rows.into_iter().find(|v| v["size"].as_u64() == Some(size as u64) && v["touch"].as_bool() == Some(touch))?;
+    let field = |name: &str| v[name].as_f64();
+    let lat = Percentiles { p50: field("p50_ns")?, p99: field("p99_ns")?, p999: field("p999_ns")? };
+    let own_spin = field("spin_before_p50_ns").zip(field("spin_after_p50_ns"));
+    Some(Measured { lat, own_spin })
 }

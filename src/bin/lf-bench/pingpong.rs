@@ -1,10 +1,11 @@
 //! What lf-bench and the peer programs (`benchmarks/peers`, which includes this file) do the
 //! same way, so that their figures compare: the ping-pong loop and its warm-up, half round
-//! trips from round-trip samples, the receiver's read of every byte, sizes written as `64K`,
-//! and pinning to a core.
+//! trips from round-trip samples, the receiver's read of every byte, the spinning floor, sizes
+//! written as `64K`, and pinning to a core.
 //!
 //! Plain `std` and `libc` only: the peers crate builds it without lava-flow.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Percentiles of the half round trip, in ns.
@@ -66,6 +67,64 @@ pub fn read_all(buf: &[u8]) -> u64 {
         sum = sum.wrapping_add(*b as u64);
     }
     std::hint::black_box(sum)
+}
+
+/// A fresh shared anonymous mapping of `len` bytes (zeroed), populated now so that page
+/// faults are not timed; it lives until the process exits.
+pub fn shared_map(len: usize, what: &str) -> *mut u8 {
+    // SAFETY: mmap of fresh anonymous memory; the result is checked.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mapping {what}: {}", std::io::Error::last_os_error());
+    p.cast()
+}
+
+/// The atomic word at byte `offset` of a mapping from [`shared_map`].
+///
+/// # Safety
+/// `offset` is 8-aligned and 8 bytes lie there inside the mapping, which is used only through
+/// atomics at that place.
+pub unsafe fn word_at(base: *mut u8, offset: usize) -> &'static AtomicU64 {
+    // SAFETY: as the caller promises; the mapping is never unmapped.
+    unsafe { &*(base.add(offset) as *const AtomicU64) }
+}
+
+pub fn spin_until(word: &AtomicU64, value: u64) {
+    while word.load(Ordering::Acquire) != value {
+        std::hint::spin_loop();
+    }
+}
+
+/// The spinning floor: two processes bouncing a counter on one cache line of memory they
+/// share (mapped before they fork); the least any busy-polling transport pays for a small
+/// message.
+pub struct SpinLine {
+    line: &'static AtomicU64,
+    /// The last value this process saw on the line (it starts at 0; each round trip adds 2).
+    last: u64,
+}
+
+impl SpinLine {
+    pub fn map() -> SpinLine {
+        // SAFETY: offset 0 of a fresh page, used only through this atomic.
+        SpinLine { line: unsafe { word_at(shared_map(4096, "the spinning floor's line"), 0) }, last: 0 }
+    }
+
+    /// `iters` round trips on the line: ping stores odd values, pong even ones.
+    pub fn probe(&mut self, ping: bool, iters: usize) -> Option<Percentiles> {
+        let (line, last) = (self.line, &mut self.last);
+        ping_pong(ping, iters, || {
+            if ping {
+                line.store(*last + 1, Ordering::Release);
+                spin_until(line, *last + 2);
+            } else {
+                spin_until(line, *last + 1);
+                line.store(*last + 2, Ordering::Release);
+            }
+            *last += 2;
+        })
+    }
 }
 
 /// `8`, `64K`, `1M`, `1G` (powers of two) as bytes.

@@ -66,6 +66,17 @@ fn bytes(size: usize) -> String {
     }
 }
 
+/// `, floor moved` / `, level moved` where the row's floor or spinning level moved.
+fn moved_mark(row: &Row) -> &'static str {
+    if row.floor_moved() {
+        ", floor moved"
+    } else if row.level_moved() {
+        ", level moved"
+    } else {
+        ""
+    }
+}
+
 fn size_label(row: &Row) -> String {
     format!("{}{}", bytes(row.size), if row.touch { " touched" } else { "" })
 }
@@ -74,7 +85,7 @@ fn size_label(row: &Row) -> String {
 /// `value` is the worst.
 fn summary(name: String, bound: f64, judged: Vec<(&Row, f64)>, unjudged: Vec<String>) -> Target {
     let worst = judged.iter().map(|(_, v)| *v).reduce(f64::max);
-    let missed: Vec<String> = judged.iter().filter(|(_, v)| *v > bound).map(|(r, v)| format!("{} ({v:.3}x)", size_label(r))).collect();
+    let missed: Vec<String> = judged.iter().filter(|(_, v)| *v > bound).map(|(r, v)| format!("{} ({v:.3}x{})", size_label(r), moved_mark(r))).collect();
     let mut detail = match judged.len() {
         0 => "no rows".to_owned(),
         n => format!("met at {} of {n}", n - missed.len()),
@@ -92,7 +103,7 @@ fn summary(name: String, bound: f64, judged: Vec<(&Row, f64)>, unjudged: Vec<Str
 fn single(name: String, bound: f64, row: Option<&Row>) -> Target {
     let value = row.and_then(Row::ratio);
     let detail = row.map_or("not measured".to_owned(), |r| match &r.lat {
-        Ok(l) => format!("{:.0} ns / {} floor {:.0} ns{}", l.p50, r.floor.name(), r.floor_p50(), if r.floor_moved() { " (floor moved)" } else { "" }),
+        Ok(l) => format!("{:.0} ns / {} floor {:.0} ns{}", l.p50, r.floor.name(), r.floor_p50(), moved_mark(r)),
         Err(e) => e.clone(),
     });
     Target { name, value, bound, pass: value.map(|v| v <= bound), detail }
@@ -181,7 +192,11 @@ fn fmt_ratio(v: Option<f64>) -> String {
 
 fn print_row(h: &Headline, r: &Row) {
     let floor = format!("{} / {}", fmt_ns(r.before.p50), fmt_ns(r.after.p50));
-    let moved = if r.floor_moved() { " moved" } else { "" };
+    let moved = match (r.floor_moved(), r.level_moved()) {
+        (true, _) => " moved",
+        (false, true) => " level",
+        _ => "",
+    };
     let vs = |peer| match r.who {
         Who::LavaFlow(_) => fmt_ratio(ratio_to_peer(h, r, peer)),
         Who::Peer(_) => String::new(),
@@ -242,16 +257,39 @@ pub fn print_text(h: &Headline, pinned: bool) {
         print_row(h, r);
         println!();
     }
-    let moved: Vec<String> = h.rows.iter().filter(|r| r.floor_moved()).map(|r| format!("{} {}", r.who.name(), size_label(r))).collect();
-    if !moved.is_empty() {
-        println!("floor moved by more than {:.0} % across: {}", FLOOR_MOVED * 100.0, moved.join(", "));
-        println!();
-    }
+    print_moved(h);
     println!("C API: handle check + panic boundary {:.1} ns per call", h.call_ns);
     println!();
     println!("targets");
     for t in targets(h) {
         println!("  {:<72} {:>7}  target {:>4.2}  {:<6} {}", t.name, fmt_ratio(t.value), t.bound, t.verdict(), t.detail);
+    }
+}
+
+/// The rows whose floor, or spinning level, moved by more than [`FLOOR_MOVED`] across them.
+fn print_moved(h: &Headline) {
+    let floor: Vec<String> = h.rows.iter().filter(|r| r.floor_moved()).map(|r| format!("{} {}", r.who.name(), size_label(r))).collect();
+    if !floor.is_empty() {
+        println!("floor moved by more than {:.0} % across (\"moved\"): {}", FLOOR_MOVED * 100.0, floor.join(", "));
+    }
+    let level: Vec<String> = h
+        .rows
+        .iter()
+        .filter(|r| r.level_moved())
+        .map(|r| {
+            let own = r.own_spin.map_or(String::new(), |(b, a)| format!(", its own {b:.0} / {a:.0}"));
+            format!("{} {} ({:.0} / {:.0}{own})", r.who.name(), size_label(r), r.spin.0, r.spin.1)
+        })
+        .collect();
+    if !level.is_empty() {
+        println!(
+            "spinning level (ns, before / after; a peer's own probes around its timed loop) moved by more than {:.0} % across (\"level\" where the floor did not): {}",
+            FLOOR_MOVED * 100.0,
+            level.join(", ")
+        );
+    }
+    if !floor.is_empty() || !level.is_empty() {
+        println!();
     }
 }
 
@@ -281,6 +319,13 @@ fn row_json(h: &Headline, r: &Row) -> Value {
             "p50_mean_ns": r.floor_p50(),
             "p50_min_ns": r.floor_p50_min(),
             "moved": r.floor_moved(),
+        },
+        "spin_level": {
+            "before_p50_ns": r.spin.0,
+            "after_p50_ns": r.spin.1,
+            "peer_own_before_p50_ns": r.own_spin.map(|s| s.0),
+            "peer_own_after_p50_ns": r.own_spin.map(|s| s.1),
+            "moved": r.level_moved(),
         },
         "ratio_to_floor_mean": r.ratio(),
         "ratio_to_floor_min": lat.map(|l| l.p50 / r.floor_p50_min()),
