@@ -5,8 +5,11 @@
 //! Cases go size by size: first the small sizes untouched (against the spinning floor), then
 //! every size from 64 B touched (against the copy-and-read floor of that size). For each size:
 //! the C API's copy, loan and buffer send, then iceoryx2, then Open MPI, each bracketed by its
-//! own two probes. Last, the blocking 8 B wake-up (a loan, `LF_WAIT_BLOCK`) against the
-//! eventfd floor.
+//! own probes: of its floor right before and after it, and around those, of the spinning
+//! level. A peer's timed loop starts up to a second after lf-bench's probes (the processes
+//! must start), so the peers also probe the spinning level inside their own processes right
+//! around their timed loops; a row whose level moved is flagged. Last, the blocking 8 B
+//! wake-up (a loan, `LF_WAIT_BLOCK`) against the eventfd floor.
 
 use lava_flow::ffi::channel::{LF_WAIT_BLOCK, LF_WAIT_BUSY_POLL};
 

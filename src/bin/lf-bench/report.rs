@@ -2,8 +2,9 @@
 //! MPI, the ratios), the targets with ok / MISSED, and the same as JSON.
 //!
 //! Every ratio to a floor is the case's p50 over the mean of the floor's p50 right before and
-//! right after the case; the JSON also gives it over the smaller of the two. A row whose floor
-//! moved by more than 20 % across it is flagged.
+//! right after the case; the JSON also gives it over the smaller of the two. A row is flagged
+//! where its floor moved by more than 20 % across it ("moved"), or where the spinning level
+//! did (lf-bench's probes around the case, and a peer's own around its timed loop: "level").
 
 use serde_json::{json, Value};
 
@@ -139,6 +140,10 @@ pub fn targets(h: &Headline) -> Vec<Target> {
         let normalised = rows.iter().filter_map(|r| Some((*r, ratio_to_peer_normalised(h, r, Peer::Iceoryx2)?)));
         if let Some((r, v)) = normalised.max_by(|a, b| a.1.total_cmp(&b.1)) {
             target.detail.push_str(&format!("; floor-normalised (x floor over iceoryx2's x floor) worst {v:.2}x at {}", size_label(r)));
+        }
+        let peer_moved: Vec<String> = rows.iter().filter_map(|r| peer_row(h, r, Peer::Iceoryx2)).filter(|p| !moved_mark(p).is_empty()).map(size_label).collect();
+        if !peer_moved.is_empty() {
+            target.detail.push_str(&format!("; iceoryx2's floor or level moved at {}", peer_moved.join(", ")));
         }
         if let Some((_, why)) = h.skipped.iter().find(|(p, _)| *p == Peer::Iceoryx2) {
             target.detail = format!("iceoryx2 not run: {why}");
