@@ -321,7 +321,7 @@ pub(crate) fn main(quick: bool, json: bool) {
         die("fork failed");
     }
     let ping = child > 0;
-    super::pin_to(if ping { 0 } else { 1 });
+    crate::pingpong::pin_to(if ping { 0 } else { 1 });
     let mut config = ContextConfig::default();
     config.gpu = GpuPolicy::Required;
     let context = Context::new(config).unwrap_or_else(|e| die(&format!("no GPU: {e}")));

@@ -41,7 +41,9 @@ use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
 use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
 use lava_flow::mpi::{Communicator, MpiWorld};
 
-use super::{fill, human, parse_size, percentiles, read_all, Percentiles};
+use crate::oneway::{one_way, Stream};
+use crate::options::{human, parse_size};
+use crate::pingpong::{percentiles, read_all, Percentiles};
 
 /// This process's rank, for messages; -1 before the join.
 static RANK: AtomicI32 = AtomicI32::new(-1);
@@ -325,7 +327,7 @@ fn raw_latency(comm: &Comm, bufs: &mut RawBuffers, ping: bool, size: usize, iter
         if ping {
             let t = Instant::now();
             if touch {
-                fill(buf, v);
+                buf.fill(v);
             }
             comm.send(buf, TAG_LATENCY);
             comm.recv(buf, TAG_LATENCY);
@@ -339,7 +341,7 @@ fn raw_latency(comm: &Comm, bufs: &mut RawBuffers, ping: bool, size: usize, iter
             comm.recv(buf, TAG_LATENCY);
             if touch {
                 read_all(buf);
-                fill(buf, v);
+                buf.fill(v);
             }
             comm.send(buf, TAG_LATENCY);
         }
@@ -362,7 +364,7 @@ fn raw_bandwidth(comm: &Comm, bufs: &mut RawBuffers, ping: bool, size: usize, wi
         if ping {
             for (w, chunk) in area.chunks_mut(size).enumerate() {
                 if touch {
-                    fill(chunk, w as u8);
+                    chunk.fill(w as u8);
                 }
                 // SAFETY: each chunk is sent once per window and not written again until the
                 // wait below completes its request.
@@ -426,7 +428,7 @@ fn lf<T>(r: lava_flow::Result<T>, what: &str) -> T {
 fn lf_send(ends: &mut Ends, size: usize, v: u8, touch: bool) {
     let mut loan = lf(ends.tx.loan(size, None), "loan");
     if touch {
-        fill(loan.as_mut_slice(), v);
+        loan.as_mut_slice().fill(v);
     }
     lf(loan.publish(), "publish");
 }
@@ -466,25 +468,33 @@ fn lf_bandwidth(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: 
 
 /// One direction: the ping side sends `window` messages with `send`, the pong side receives
 /// them and answers with a small ack; B/s on the ping side, after one round of warm-up.
-fn windowed(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: usize, touch: bool, mut send: impl FnMut(&mut Ends, usize)) -> Option<f64> {
-    let mut start = Instant::now();
-    for it in 0..iters + 1 {
-        if it == 1 {
-            start = Instant::now();
-        }
-        if ping {
-            for w in 0..window {
-                send(ends, w);
-            }
-            lf_recv(ends, false);
-        } else {
-            for _ in 0..window {
-                lf_recv(ends, touch);
-            }
-            lf(ends.tx.send(&[0u8; 4]), "send of the ack");
-        }
+fn windowed(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: usize, touch: bool, send: impl FnMut(&mut Ends, usize)) -> Option<f64> {
+    one_way(&mut EndsStream { ends, touch, send }, ping, size, window, iters)
+}
+
+/// A stream through `ends` whose messages `send` makes; the ack is a 4-byte send.
+struct EndsStream<'a, F> {
+    ends: &'a mut Ends,
+    touch: bool,
+    send: F,
+}
+
+impl<F: FnMut(&mut Ends, usize)> Stream for EndsStream<'_, F> {
+    fn send(&mut self, w: usize) {
+        (self.send)(self.ends, w);
     }
-    ping.then(|| (iters * window * size) as f64 / start.elapsed().as_secs_f64())
+
+    fn wait_ack(&mut self) {
+        lf_recv(self.ends, false);
+    }
+
+    fn recv(&mut self) {
+        lf_recv(self.ends, self.touch);
+    }
+
+    fn ack(&mut self) {
+        lf(self.ends.tx.send(&[0u8; 4]), "send of the ack");
+    }
 }
 
 /// GPU buffers over the channel (staged through host memory: the consumer gets host bytes and
@@ -511,7 +521,7 @@ fn gpu_row(world: &MpiWorld, comm: &Comm, tag: &str, ping: bool, bufs: &mut RawB
     let mut host = vec![0u8; SIZE];
     let mut d2h = 0f64;
     if ping {
-        fill(&mut host, 3);
+        host.fill(3);
         lf(gpu.write_at(0, &host), "GPU write");
         for _ in 0..3 {
             let t = Instant::now();
@@ -616,7 +626,7 @@ pub(crate) fn main() {
 
     // The lava-flow half: opened once, before any measurement; both ranks agree on whether it
     // runs, so that neither waits for a peer that gave up.
-    let context = super::cpu_context();
+    let context = crate::rustapi::cpu_context();
     let largest = o.sizes.iter().copied().max().unwrap_or(64);
     let in_flight = o.sizes.iter().map(|&s| bandwidth_shape(&o, s).0 * s).max().unwrap_or(0);
     let defaults = ChannelConfig::default();
