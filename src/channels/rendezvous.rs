@@ -27,10 +27,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::os::eventfd::{pidfd_open, poll};
+use crate::os::watcher::{Interest, SharedFd, Watch};
 
 /// Overrides the runtime directory (tests, or several isolated groups of processes).
 pub const RUNTIME_DIR_ENV: &str = "LF_RUNTIME_DIR";
@@ -425,17 +428,76 @@ pub fn holder(pid: u32) -> String {
 }
 
 /// Watches the peer of an established channel: its process (pidfd) and its end of the socket.
+/// Polled by [`is_gone`](Self::is_gone); once [`arm`](Self::arm)ed, also reported by the
+/// process's watcher (`os::watcher`) the moment the peer's end comes, without polling.
 #[derive(Debug)]
 pub struct PeerWatch {
-    sock: UnixStream,
-    pidfd: Option<OwnedFd>,
+    /// Shared with the watcher while it watches them, so that they stay open under it.
+    sock: Arc<UnixStream>,
+    pidfd: Option<Arc<OwnedFd>>,
     pub pid: libc::pid_t,
     gone: bool,
+    alarm: Result<Alarm, String>,
+}
+
+/// The watcher's registration for one peer, and the flag it sets when the peer's end comes.
+#[derive(Debug)]
+struct Alarm {
+    _watch: Watch,
+    rang: Arc<AtomicBool>,
 }
 
 impl PeerWatch {
     pub fn new(sock: UnixStream, pid: libc::pid_t) -> Self {
-        PeerWatch { sock, pidfd: pidfd_open(pid), pid, gone: false }
+        let alarm = Err("not armed".to_owned());
+        PeerWatch { sock: Arc::new(sock), pidfd: pidfd_open(pid).map(Arc::new), pid, gone: false, alarm }
+    }
+
+    /// Asks the process's watcher to report the peer's end as it happens: when the peer's
+    /// process exits or its socket hangs up, the watcher marks this watch
+    /// [`alarmed`](Self::alarmed), then calls `wake`, which must wake whatever this side may be
+    /// sleeping on (it runs on the watcher's thread: short, and owning what it touches).
+    /// Returns [`prompt`](Self::prompt).
+    pub fn arm(&mut self, wake: impl FnOnce() + Send + 'static) -> bool {
+        let mut fds: Vec<(SharedFd, Interest)> = vec![(Arc::clone(&self.sock) as SharedFd, Interest::HangUp)];
+        if let Some(pidfd) = &self.pidfd {
+            fds.push((Arc::clone(pidfd) as SharedFd, Interest::Readable));
+        }
+        let rang = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&rang);
+        self.alarm = Watch::new(fds, move || {
+            // Before the wake-up: a side woken by it must find the flag set.
+            flag.store(true, Ordering::SeqCst);
+            wake();
+        })
+        .map(|watch| Alarm { _watch: watch, rang })
+        .map_err(|e| format!("the process's watcher could not start ({e})"));
+        self.prompt()
+    }
+
+    /// Whether the peer's end is reported without polling: armed, with a pidfd of the peer.
+    /// Where it is not, a waiting side must poll [`is_gone`](Self::is_gone) periodically;
+    /// [`polled_because`](Self::polled_because) says why.
+    pub fn prompt(&self) -> bool {
+        self.alarm.is_ok() && self.pidfd.is_some()
+    }
+
+    /// Why the peer's end is not [`prompt`](Self::prompt)ly reported, if it is not.
+    pub fn polled_because(&self) -> Option<String> {
+        match &self.alarm {
+            Err(why) => Some(why.clone()),
+            Ok(_) if self.pidfd.is_none() => Some(format!(
+                "no pidfd of the peer (pid {}) could be opened: it runs in another PID namespace, or the kernel is older than 5.3",
+                self.pid
+            )),
+            Ok(_) => None,
+        }
+    }
+
+    /// Whether the watcher has reported the peer's end (no syscall).
+    #[inline]
+    pub fn alarmed(&self) -> bool {
+        self.alarm.as_ref().is_ok_and(|a| a.rang.load(Ordering::Acquire))
     }
 
     pub fn socket(&self) -> &UnixStream {
@@ -474,9 +536,14 @@ impl PeerWatch {
         self.gone
     }
 
-    /// Whether the peer has exited or closed its end (one `poll` syscall, none once gone).
+    /// Whether the peer has exited or closed its end (one `poll` syscall; none once gone or
+    /// [`alarmed`](Self::alarmed)).
     pub fn is_gone(&mut self) -> bool {
         if self.gone {
+            return true;
+        }
+        if self.alarmed() {
+            self.gone = true;
             return true;
         }
         let mut fds = [
