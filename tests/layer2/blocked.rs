@@ -20,6 +20,12 @@ const QUIET_WAIT: Duration = Duration::from_secs(1);
 /// millisecond; the bound leaves room for a loaded machine.
 const DEATH_BOUND_MS: f64 = 100.0;
 
+/// Keeps a peer alive until it is killed, or for a minute: a failed orchestrator leaves no
+/// process behind for long.
+fn linger() {
+    std::thread::sleep(Duration::from_secs(60));
+}
+
 /// This thread's voluntary context switches so far.
 fn voluntary_switches() -> u64 {
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
@@ -84,17 +90,13 @@ fn a_blocked_side_sleeps_and_still_sees_its_peer_die() {
                 let mut p = Producer::create(&ctx(), "quiet", &here(), &here(), &cfg(&arg("wait"))).unwrap();
                 p.send(b"hello").unwrap();
                 report("ready", 1);
-                loop {
-                    std::thread::sleep(Duration::from_secs(1));
-                }
+                linger();
             }
             let mut c = Consumer::create(&ctx(), "quiet", &here(), &here(), &cfg(&arg("wait"))).unwrap();
             // Room: nothing received; completion: message 0 received and held for good.
             let _held = if arg("case") == "completion" { Some(c.recv().unwrap()) } else { None };
             report("ready", 1);
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-            }
+            linger();
         }
         Some(_) => {}
         None => {
@@ -196,9 +198,7 @@ fn one_watcher_for_many_channels_and_nothing_left_after_them() {
                 return;
             }
             report("ready", 1);
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-            }
+            linger();
         }
         Some(_) => {}
         None => {
