@@ -812,6 +812,33 @@ mod tests {
         assert!(watch.is_gone());
     }
 
+    /// Armed with a pidfd, the peer's end is reported promptly; without one (pid 0 stands for
+    /// a peer in another PID namespace) it is polled, says why, and a hang-up of its socket is
+    /// still reported.
+    #[test]
+    fn the_watcher_reports_a_hang_up_and_says_when_it_cannot_see_the_process() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut watch = PeerWatch::new(b, std::process::id() as i32);
+        assert!(watch.arm(|| {}), "a pidfd of this process");
+        assert_eq!(watch.polled_because(), None);
+        let (a2, b2) = UnixStream::pair().unwrap();
+        let mut blind = PeerWatch::new(b2, 0);
+        let woken = Arc::new(AtomicBool::new(false));
+        let w = Arc::clone(&woken);
+        assert!(!blind.arm(move || w.store(true, Ordering::SeqCst)));
+        assert!(blind.polled_because().is_some_and(|why| why.contains("PID namespace")), "{:?}", blind.polled_because());
+        assert!(!blind.alarmed() && !blind.is_gone());
+        drop(a2);
+        let start = Instant::now();
+        while !woken.load(Ordering::SeqCst) {
+            assert!(start.elapsed() < Duration::from_secs(10), "the hang-up was not reported");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(blind.alarmed() && blind.is_gone() && blind.known_gone());
+        assert!(!watch.alarmed());
+        drop((a, watch));
+    }
+
     #[test]
     fn an_end_lock_is_exclusive_and_its_file_goes_with_it() {
         let name = format!("lock-test-{}", std::process::id());

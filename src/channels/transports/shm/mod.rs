@@ -40,7 +40,7 @@ pub(crate) mod ring;
 mod session;
 
 use crate::channels::rendezvous::PeerWatch;
-use crate::channels::transport::TransportInfo;
+use crate::channels::transport::{Route, TransportInfo};
 use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
 
 pub use consumer::ShmConsumer;
@@ -64,13 +64,40 @@ fn peer_end(watch: &PeerWatch) -> PeerEnd {
 /// Sets the carrier's reason in `info` to `base` with, where the peer's end is polled, a note
 /// that says so and why.
 fn note_peer_watch(info: &mut TransportInfo, base: &str, watch: &PeerWatch) {
-    let Some(carrier) = info.routes.first_mut() else { return };
-    carrier.reason = match watch.polled_because() {
+    let Some(carrier) = info.routes.first().cloned() else { return };
+    let reason = match watch.polled_because() {
         None => base.to_owned(),
         Some(why) => format!(
             "{base}; blocked waits wake every {} ms to check that the peer lives, since {why}",
             SLEEP_SLICE.as_millis()
         ),
     };
-    *info = TransportInfo::new(std::mem::take(&mut info.routes));
+    info.set_route(Route { reason, ..carrier });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::transport::{PayloadClass, TransportKind};
+    use std::os::unix::net::UnixStream;
+
+    /// The carrier's reason says when the peer's end is polled, and why; the note goes again
+    /// with a producer whose end is reported. The other routes keep their place.
+    #[test]
+    fn the_report_notes_a_polled_peer() {
+        let route = |class, reason: &str| Route { class, kind: TransportKind::Shm, reason: reason.to_owned() };
+        let mut info = TransportInfo::new(vec![route(PayloadClass::Host, "same host"), route(PayloadClass::Gpu, "staged")]);
+        let (_a, b) = UnixStream::pair().unwrap();
+        let mut blind = PeerWatch::new(b, 0);
+        blind.arm(|| {});
+        note_peer_watch(&mut info, "same host", &blind);
+        assert!(info.routes[0].reason.starts_with("same host; blocked waits wake every 15 ms"), "{}", info.reason);
+        assert!(info.reason.contains("PID namespace") && info.routes[1].class == PayloadClass::Gpu);
+        let (_c, d) = UnixStream::pair().unwrap();
+        let mut seen = PeerWatch::new(d, std::process::id() as i32);
+        seen.arm(|| {});
+        note_peer_watch(&mut info, "same host", &seen);
+        assert_eq!(info.routes[0].reason, "same host");
+        assert_eq!(info.kind, TransportKind::Shm);
+    }
 }
