@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::wait::LIVENESS_PERIOD;
 use crate::error::{Error, Result};
 use crate::os::eventfd::{pidfd_open, poll};
 use crate::os::watcher::{Interest, SharedFd, Watch};
@@ -438,6 +439,8 @@ pub struct PeerWatch {
     pub pid: libc::pid_t,
     gone: bool,
     alarm: Result<Alarm, String>,
+    /// When [`check`](Self::check) last polled.
+    last_poll: Instant,
 }
 
 /// The watcher's registration for one peer, and the flag it sets when the peer's end comes.
@@ -450,7 +453,8 @@ struct Alarm {
 impl PeerWatch {
     pub fn new(sock: UnixStream, pid: libc::pid_t) -> Self {
         let alarm = Err("not armed".to_owned());
-        PeerWatch { sock: Arc::new(sock), pidfd: pidfd_open(pid).map(Arc::new), pid, gone: false, alarm }
+        let last_poll = Instant::now();
+        PeerWatch { sock: Arc::new(sock), pidfd: pidfd_open(pid).map(Arc::new), pid, gone: false, alarm, last_poll }
     }
 
     /// Asks the process's watcher to report the peer's end as it happens: when the peer's
@@ -529,6 +533,23 @@ impl PeerWatch {
             }
             None => std::thread::sleep(timeout),
         }
+    }
+
+    /// Whether the peer has gone, as cheaply as this watch allows: where its end is
+    /// [`prompt`](Self::prompt)ly reported, the watcher's report alone (no syscall); elsewhere
+    /// [`is_gone`](Self::is_gone) at most every [`LIVENESS_PERIOD`]. `force`: poll now.
+    pub fn check(&mut self, force: bool) -> bool {
+        if !(force || self.gone || self.alarmed()) {
+            if self.prompt() {
+                return false;
+            }
+            let now = Instant::now();
+            if now.duration_since(self.last_poll) < LIVENESS_PERIOD {
+                return false;
+            }
+            self.last_poll = now;
+        }
+        self.is_gone()
     }
 
     /// Whether an earlier check found the peer gone (no syscall).

@@ -104,10 +104,8 @@ fn a_blocked_side_sleeps_and_still_sees_its_peer_die() {
                 for wait in ["block", "spin"] {
                     let dir = test_dir(&format!("quiet-{case}-{wait}"));
                     let args = [("case", case.to_owned()), ("wait", wait.to_owned())];
-                    let mut blocked = spawn(TEST, "blocked", &dir, &args);
-                    let mut blocked_out = stdout_of(&mut blocked);
-                    let mut peer = spawn(TEST, "peer", &dir, &args);
-                    let mut peer_out = stdout_of(&mut peer);
+                    let (blocked, mut blocked_out) = spawn_reporting(TEST, "blocked", &dir, &args);
+                    let (mut peer, mut peer_out) = spawn_reporting(TEST, "peer", &dir, &args);
                     expect_line(&mut peer_out, "ready");
                     let switches: u64 = expect_line(&mut blocked_out, "switches").parse().unwrap();
                     println!("{case} ({wait}): {switches} voluntary context switches in a {QUIET_WAIT:?} wait");
@@ -116,11 +114,7 @@ fn a_blocked_side_sleeps_and_still_sees_its_peer_die() {
                         "{case} ({wait}): a blocked wait of {QUIET_WAIT:?} made {switches} voluntary context switches"
                     );
                     expect_line(&mut blocked_out, "waiting");
-                    std::thread::sleep(Duration::from_millis(50));
-                    let killed_at = monotonic_ns();
-                    kill9(&mut peer);
-                    let gone_at: u64 = expect_line(&mut blocked_out, "gone_at").parse().unwrap();
-                    let ms = gone_at.saturating_sub(killed_at) as f64 / 1e6;
+                    let ms = ms_until_death_seen(&mut peer, &mut blocked_out);
                     println!("{case} ({wait}): the peer's death seen after {ms:.2} ms");
                     assert!(ms <= DEATH_BOUND_MS, "{case} ({wait}): the peer's death seen after {ms:.1} ms");
                     wait_ok(blocked, "blocked side");
@@ -203,20 +197,14 @@ fn one_watcher_for_many_channels_and_nothing_left_after_them() {
         Some(_) => {}
         None => {
             let dir = test_dir("many");
-            let mut consumers = spawn(TEST, "consumers", &dir, &[]);
-            let mut consumers_out = stdout_of(&mut consumers);
+            let (consumers, mut consumers_out) = spawn_reporting(TEST, "consumers", &dir, &[]);
             let first = spawn(TEST, "producers", &dir, &[("round", "a".to_owned())]);
             wait_ok(first, "the first producers");
             expect_line(&mut consumers_out, "clean");
-            let mut second = spawn(TEST, "producers", &dir, &[("round", "b".to_owned())]);
-            let mut second_out = stdout_of(&mut second);
+            let (mut second, mut second_out) = spawn_reporting(TEST, "producers", &dir, &[("round", "b".to_owned())]);
             expect_line(&mut second_out, "ready");
             expect_line(&mut consumers_out, "waiting");
-            std::thread::sleep(Duration::from_millis(50));
-            let killed_at = monotonic_ns();
-            kill9(&mut second);
-            let gone_at: u64 = expect_line(&mut consumers_out, "gone_at").parse().unwrap();
-            let ms = gone_at.saturating_sub(killed_at) as f64 / 1e6;
+            let ms = ms_until_death_seen(&mut second, &mut consumers_out);
             println!("{CHANNELS} consumers saw their producers' death after {ms:.2} ms");
             assert!(ms <= 500.0, "{CHANNELS} consumers saw their producers' death after {ms:.1} ms");
             wait_ok(consumers, "consumers");

@@ -13,7 +13,7 @@ use super::session::{OwnedSession, Session};
 use super::{note_peer_watch, peer_end};
 use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
-use crate::channels::wait::{sleep_once, wake_all, Waiter, LIVENESS_PERIOD};
+use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::Epoll;
@@ -30,7 +30,6 @@ pub(super) struct Link {
     pub(super) watch: PeerWatch,
     pub(super) eventfd: OwnedFd,
     pub(super) next: u64,
-    pub(super) last_check: Instant,
     pub(super) gone: Option<String>,
     /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
     pub(super) gone_reported: bool,
@@ -113,9 +112,9 @@ impl ShmConsumer {
         })
     }
 
-    /// Checks whether the current producer is gone: its closed word and the watcher's report
-    /// at once, without a syscall; where its end is polled instead, its process and socket
-    /// every LIVENESS_PERIOD. `force`: poll them now.
+    /// Checks whether the current producer is gone: its closed word at once, its process and
+    /// socket as `PeerWatch::check` does (the watcher's report, or a poll every
+    /// LIVENESS_PERIOD). `force`: poll them now.
     fn producer_gone(&mut self, force: bool) -> bool {
         let link = &mut self.link;
         if link.gone.is_some() {
@@ -125,22 +124,12 @@ impl ShmConsumer {
             link.gone = Some(format!("the producer of channel {:?} closed it", self.name));
             return true;
         }
-        let due = force || link.watch.alarmed() || !link.watch.prompt() && {
-            let now = Instant::now();
-            let due = now.duration_since(link.last_check) >= LIVENESS_PERIOD;
-            if due {
-                link.last_check = now;
-            }
-            due
-        };
-        if due {
-            if link.watch.is_gone() {
-                link.gone = Some(format!(
-                    "the producer of channel {:?} (pid {}) has exited or closed its socket",
-                    self.name, link.watch.pid
-                ));
-                return true;
-            }
+        if link.watch.check(force) {
+            link.gone = Some(format!(
+                "the producer of channel {:?} (pid {}) has exited or closed its socket",
+                self.name, link.watch.pid
+            ));
+            return true;
         }
         false
     }

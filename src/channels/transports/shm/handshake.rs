@@ -179,7 +179,6 @@ pub(super) fn accept(
                 watch,
                 eventfd,
                 next: 0,
-                last_check: Instant::now(),
                 gone: None,
                 gone_reported: false,
                 producer_lock: rendezvous::lock_file_id(name, rendezvous::End::Producer),

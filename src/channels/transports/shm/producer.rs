@@ -11,7 +11,7 @@ use super::{note_peer_watch, peer_end};
 use super::ring::{pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED};
 use crate::channels::rendezvous::{self, End, EndLock, PeerWatch, Section};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
-use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter, LIVENESS_PERIOD};
+use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::eventfd_signal;
@@ -58,7 +58,6 @@ pub struct ShmProducer {
     /// Likewise for the consumer's releases: this side's sleeps for room pay a membarrier.
     room_fast_wake: bool,
     sends_since_check: u32,
-    last_check: Instant,
     /// This process's claim on the producer's end of the channel, until the drop.
     lock: Option<EndLock>,
     /// The consumer's lock file when it answered (see `rendezvous::clean_after_peer`).
@@ -134,7 +133,6 @@ impl ShmProducer {
             fast_wake: c.fast_wake,
             room_fast_wake: c.room_fast_wake,
             sends_since_check: 0,
-            last_check: Instant::now(),
             lock: Some(lock),
             consumer_lock,
             arenas: Box::default(),
@@ -146,22 +144,11 @@ impl ShmProducer {
         if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
             return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
         }
-        // Without a syscall where the watcher reports the consumer's end; else polled.
-        let due = force || self.watch.known_gone() || self.watch.alarmed() || !self.watch.prompt() && {
-            let now = Instant::now();
-            let due = now.duration_since(self.last_check) >= LIVENESS_PERIOD;
-            if due {
-                self.last_check = now;
-            }
-            due
-        };
-        if due {
-            if self.watch.is_gone() {
-                return Err(Error::PeerGone(format!(
-                    "the consumer of channel {:?} (pid {}) has exited or closed its socket",
-                    self.name, self.watch.pid
-                )));
-            }
+        if self.watch.check(force) {
+            return Err(Error::PeerGone(format!(
+                "the consumer of channel {:?} (pid {}) has exited or closed its socket",
+                self.name, self.watch.pid
+            )));
         }
         Ok(())
     }
