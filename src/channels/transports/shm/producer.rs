@@ -511,7 +511,10 @@ impl ProducerTransport for ShmProducer {
                 let watch = &self.watch;
                 sleep_once(region.room_futex(), region.room_sleeping(), self.room_fast_wake, peer_end(watch), deadline, || {
                     let t = region.tail().load(Ordering::SeqCst);
-                    t != tail_before || head - t < slot_count && len <= INLINE_MAX || watch.alarmed()
+                    t != tail_before
+                        || head - t < slot_count && len <= INLINE_MAX
+                        || region.consumer_closed().load(Ordering::SeqCst) != 0
+                        || watch.alarmed()
                 });
                 // Check the condition once more before the peer: a consumer may release and
                 // then close.
@@ -654,7 +657,7 @@ impl ProducerTransport for ShmProducer {
             if !waiter.spinning(now) {
                 let (region, watch) = (&self.region, &self.watch);
                 sleep_once(region.room_futex(), region.room_sleeping(), self.room_fast_wake, peer_end(watch), deadline, || {
-                    region.tail().load(Ordering::SeqCst) > seq || watch.alarmed()
+                    region.tail().load(Ordering::SeqCst) > seq || region.consumer_closed().load(Ordering::SeqCst) != 0 || watch.alarmed()
                 });
                 slept = true;
             }
