@@ -19,7 +19,8 @@
 //! producer at its close, a new consumer); likewise a dead producer's lock file.
 //!
 //! After the handshake the socket stays open: it and a pidfd of the peer are how each side
-//! learns that the other has gone, and the carrier may send records of its own over it (the
+//! learns that the other has gone (the process's watcher reports either the moment it comes,
+//! see [`PeerWatch::arm`]), and the carrier may send records of its own over it (the
 //! shared-memory transport passes arena descriptors this way).
 
 use std::io::ErrorKind;
@@ -537,7 +538,7 @@ impl PeerWatch {
 
     /// Whether the peer has gone, as cheaply as this watch allows: where its end is
     /// [`prompt`](Self::prompt)ly reported, the watcher's report alone (no syscall); elsewhere
-    /// [`is_gone`](Self::is_gone) at most every [`LIVENESS_PERIOD`]. `force`: poll now.
+    /// [`is_gone`](Self::is_gone) at most every `LIVENESS_PERIOD`. `force`: poll now.
     pub fn check(&mut self, force: bool) -> bool {
         if !(force || self.gone || self.alarmed()) {
             if self.prompt() {

@@ -181,8 +181,8 @@ pub(crate) fn sleeps_rarely(strategy: WaitStrategy) -> bool {
     !matches!(strategy, WaitStrategy::Block)
 }
 
-/// A generic wait loop: spins while the strategy allows, then sleeps in slices; between
-/// attempts checks `done` (Ok(true) ends the wait), the peer and the deadline.
+/// The state of one wait: spins while the strategy allows, then sleeps ([`sleep_once`]);
+/// between attempts its user checks its condition, the peer and the deadline.
 pub(crate) struct Waiter {
     strategy: WaitStrategy,
     /// When spinning started: read from the clock at the first check, not on entry, so that

@@ -24,7 +24,7 @@
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
 //! process's watcher (`os::watcher`) watch them: when the peer's process exits or its socket
 //! hangs up, the watcher's thread marks the side's `PeerWatch` and wakes the futex that side
-//! sleeps on, through a mapping of the control part of its own ([`ring::WaitWords`]), so a
+//! sleeps on, through a mapping of the control part of its own (`ring::WaitWords`), so a
 //! blocked wait sleeps until a message, its deadline or the peer's end, and never wakes
 //! periodically. Where the peer's end cannot be reported so (no pidfd of the peer: another
 //! PID namespace, a kernel before 5.3), waits poll the socket and process every
