@@ -220,7 +220,7 @@ fn spawn_without_signals(body: impl FnOnce() + Send + 'static) -> std::io::Resul
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         old
     };
-    let spawned = std::thread::Builder::new().name("lava-flow-watch".into()).stack_size(64 << 10).spawn(body);
+    let spawned = std::thread::Builder::new().name("lava-flow-watch".into()).spawn(body);
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     spawned
