@@ -179,6 +179,10 @@ impl Consumer {
     #[inline]
     fn sync_gpu_session(&mut self) -> Result<()> {
         if let Some((session, sections)) = self.transport.take_peer_sections() {
+            // The carrier's account of its route may change with the producer.
+            if let Some(carrier) = self.transport.info().routes.first().cloned() {
+                self.info.set_route(carrier);
+            }
             self.end_gpu_session();
             if let Some(gpu) = self.gpu.as_mut() {
                 let id = gpu.route_id();

@@ -29,9 +29,12 @@
 //! sees as completion ([`Producer::completed`]): then a sent buffer may be reused. A GPU
 //! buffer's message holds a buffer over the producer's memory ([`Message::buffer`]).
 //!
-//! Waiting follows [`WaitStrategy`]. Peer death (even `kill -9`) is noticed within about 20 ms
-//! in every strategy and reported as [`Error::PeerGone`] once the messages already delivered
-//! have been read.
+//! Waiting follows [`WaitStrategy`]. A blocked wait sleeps until it is woken by the peer, its
+//! deadline or the peer's end, never periodically. Peer death (even `kill -9`) is noticed
+//! within milliseconds in every strategy (each process's watcher thread sleeps on a pidfd of
+//! every peer; where it cannot have one, blocked waits check every 15 ms, and the channel's
+//! transport report says so) and reported as [`Error::PeerGone`] once the messages already
+//! delivered have been read.
 
 pub mod consumer;
 pub mod producer;
@@ -70,10 +73,13 @@ pub enum Role {
 pub enum WaitStrategy {
     /// Spin on the shared cache line; lowest latency, one core busy while waiting.
     BusyPoll,
-    /// Spin for this long, then sleep on a futex.
+    /// Spin for this long, then sleep on a futex. The sender publishes without a memory
+    /// fence; a wait that does sleep pays a `membarrier` (it interrupts the cores that run
+    /// lava-flow processes) before it does.
     SpinThenBlock { spin: Duration },
     /// Sleep on a futex at once; no CPU used while waiting, a syscall on the sender's side
-    /// per message that finds the receiver asleep.
+    /// per message that finds the receiver asleep, and a memory fence per message (cheaper
+    /// than a `membarrier` per sleep for a side that sleeps on nearly every wait).
     Block,
 }
 

@@ -125,11 +125,14 @@ impl TransportInfo {
         TransportInfo { kind, reason, routes }
     }
 
-    /// Replaces the route of `route.class` (a new producer may bring another).
+    /// Replaces the route of `route.class` in its place, or adds it last (a new producer may
+    /// bring another).
     pub fn set_route(&mut self, route: Route) {
         let mut routes = std::mem::take(&mut self.routes);
-        routes.retain(|r| r.class != route.class);
-        routes.push(route);
+        match routes.iter_mut().find(|r| r.class == route.class) {
+            Some(old) => *old = route,
+            None => routes.push(route),
+        }
         *self = TransportInfo::new(routes);
     }
 

@@ -4,17 +4,24 @@
 //!
 //! A sleeper announces itself in a `sleeping` word, re-checks its condition, then sleeps on
 //! a `futex` word; a publisher stores its value (a slot's sequence word, a tail) and then
-//! reads the `sleeping` word, waking the futex only when it is set. That store-then-check
-//! against the sleeper's announce-then-check is Dekker's protocol and needs a StoreLoad
-//! fence on both sides. Where both processes could register for global membarriers
-//! (`fast_wake`), the sleeper pays for both with a membarrier and the publisher uses a plain
-//! release store, which leaves the store buffer free to drain in the background instead of
-//! stalling on the cache line the peer is polling. Elsewhere both sides fence.
+//! reads the `sleeping` word, and if it is set, takes it (swaps it back to 0) and wakes the
+//! futex: so a burst of messages that finds one sleeper pays one wake-up, not one each. That
+//! store-then-check against the sleeper's announce-then-check is Dekker's protocol and needs
+//! a StoreLoad fence on both sides. Where both processes could register for global
+//! membarriers and the sleeper expects to spin more often than it sleeps (`fast_wake`), the
+//! sleeper pays for both with a membarrier and the publisher uses a plain release store, which
+//! leaves the store buffer free to drain in the background instead of stalling on the cache
+//! line the peer is polling. Elsewhere both sides fence: a side that sleeps whenever it
+//! waits (the Block strategy) would otherwise pay a membarrier, an interrupt of every core
+//! running a registered process, on every wait, where a fence costs the publisher tens of
+//! nanoseconds. Each direction of a channel chooses for itself, by its sleeper's strategy.
 //!
-//! Blocked waits sleep at most [`SLEEP_SLICE`] at a time so that they check their peer's
-//! liveness (every [`LIVENESS_PERIOD`]) and their deadline. Any transport whose two sides
-//! share memory uses these pieces; the words themselves live wherever that transport puts
-//! them.
+//! A blocked wait sleeps until it is woken or reaches its deadline. Its peer's death wakes it
+//! too where the transport can have it reported ([`PeerEnd::Reported`]: a watcher thread
+//! wakes the futex when the peer's process exits); elsewhere it sleeps at most
+//! [`SLEEP_SLICE`] at a time and polls the peer between ([`PeerEnd::Polled`]). Any transport
+//! whose two sides share memory uses these pieces; the words themselves live wherever that
+//! transport puts them.
 //!
 //! The pieces are generic over the words ([`Word32`], [`Word64`]): shared memory and futexes
 //! in the transports, a model checker's atomics in the tests below, which check with loom
@@ -27,19 +34,35 @@ use super::WaitStrategy;
 use crate::os::futex::{futex_wait, futex_wake};
 use crate::os::membarrier;
 
-/// How often a waiting side checks that its peer is alive.
+/// How often a waiting side whose peer's end is [polled](PeerEnd::Polled) checks that its
+/// peer is alive.
 pub const LIVENESS_PERIOD: Duration = Duration::from_millis(2);
-/// The longest a blocked wait sleeps before checking its peer (and its deadline) again.
+/// The longest a blocked wait sleeps before checking its peer (and its deadline) again, where
+/// the peer's end is [polled](PeerEnd::Polled).
 pub const SLEEP_SLICE: Duration = Duration::from_millis(15);
+
+/// How a sleeping side learns that its peer has gone, which decides how long it may sleep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PeerEnd {
+    /// Something wakes the sleeper's futex when the peer's end comes (a watcher of the peer's
+    /// process): sleep until woken or the deadline.
+    Reported,
+    /// Nothing does: sleep at most [`SLEEP_SLICE`] at a time and check the peer between.
+    Polled,
+}
 /// A 32-bit word of the protocol (a futex word or a sleeping flag), and the futex calls on it.
 pub(crate) trait Word32 {
     fn load(&self, order: Ordering) -> u32;
     fn store(&self, value: u32, order: Ordering);
     fn fetch_add(&self, value: u32, order: Ordering) -> u32;
-    /// Sleeps while the word holds `expected`, until woken or `timeout` (or spuriously).
-    fn futex_wait(&self, expected: u32, timeout: Duration);
+    fn swap(&self, value: u32, order: Ordering) -> u32;
+    /// Sleeps while the word holds `expected`, until woken or `timeout` (`None`: no limit),
+    /// or spuriously.
+    fn futex_wait(&self, expected: u32, timeout: Option<Duration>);
     /// Wakes one sleeper of [`futex_wait`](Self::futex_wait).
     fn futex_wake_one(&self);
+    /// Wakes every sleeper of [`futex_wait`](Self::futex_wait).
+    fn futex_wake_all(&self);
 }
 
 /// A 64-bit word a side publishes (a slot's sequence word, the tail).
@@ -60,11 +83,18 @@ impl Word32 for AtomicU32 {
     fn fetch_add(&self, value: u32, order: Ordering) -> u32 {
         AtomicU32::fetch_add(self, value, order)
     }
-    fn futex_wait(&self, expected: u32, timeout: Duration) {
+    #[inline]
+    fn swap(&self, value: u32, order: Ordering) -> u32 {
+        AtomicU32::swap(self, value, order)
+    }
+    fn futex_wait(&self, expected: u32, timeout: Option<Duration>) {
         futex_wait(self, expected, timeout)
     }
     fn futex_wake_one(&self) {
         futex_wake(self, 1)
+    }
+    fn futex_wake_all(&self) {
+        futex_wake(self, u32::MAX)
     }
 }
 
@@ -76,24 +106,33 @@ impl Word64 for AtomicU64 {
 }
 
 /// Sleeps on `futex` while `ready` stays false, announcing the sleep in `sleeping` so the
-/// other side knows to wake us; returns after one wake-up or [`SLEEP_SLICE`] (or less, to
-/// honour `deadline`). `fast_wake`: the other side publishes without a fence (see
-/// [`publish_then_check`]), so the announcement is followed by a membarrier.
-pub(crate) fn sleep_once<W: Word32 + ?Sized>(futex: &W, sleeping: &W, fast_wake: bool, deadline: Option<Instant>, ready: impl Fn() -> bool) {
+/// other side knows to wake us; returns after one wake-up, at `deadline`, or (where the
+/// peer's end is [`PeerEnd::Polled`]) after [`SLEEP_SLICE`]. `fast_wake`: the other side
+/// publishes without a fence (see [`publish_then_check`]), so the announcement is followed by
+/// a membarrier.
+pub(crate) fn sleep_once<W: Word32 + ?Sized>(
+    futex: &W,
+    sleeping: &W,
+    fast_wake: bool,
+    peer: PeerEnd,
+    deadline: Option<Instant>,
+    ready: impl Fn() -> bool,
+) {
     let seen = futex.load(Ordering::SeqCst);
     sleeping.store(1, Ordering::SeqCst);
-    if fast_wake {
-        membarrier::global_barrier();
-    }
+    // A membarrier that failed (which the kernel does not do for a registered process) may
+    // have left the publisher's store unseen: such a sleep is bounded by a slice.
+    let barrier_failed = fast_wake && !membarrier::global_barrier();
     // The store (and membarrier) above and the other side's publish-then-check make this
     // re-check safe: either we see its message now, or it sees our flag and wakes us.
     if !ready() {
-        let slice = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()).min(SLEEP_SLICE),
-            None => SLEEP_SLICE,
+        let slice = (peer == PeerEnd::Polled || barrier_failed).then_some(SLEEP_SLICE);
+        let timeout = match deadline {
+            Some(d) => Some(d.saturating_duration_since(Instant::now()).min(slice.unwrap_or(Duration::MAX))),
+            None => slice,
         };
-        if !slice.is_zero() {
-            futex.futex_wait(seen, slice);
+        if timeout != Some(Duration::ZERO) {
+            futex.futex_wait(seen, timeout);
         }
     }
     sleeping.store(0, Ordering::Relaxed);
@@ -113,19 +152,37 @@ pub(crate) fn publish_then_check<W: Word64 + ?Sized>(word: &W, value: u64, fast_
 }
 
 /// Wakes the other side if it announced a sleep on `futex`. Call after [`publish_then_check`].
+/// The announcement is taken (swapped back to 0) by the one publisher that then wakes: later
+/// publishes before the sleeper announces again make no system call.
 #[inline]
 pub(crate) fn wake_if_sleeping<W: Word32 + ?Sized>(futex: &W, sleeping: &W, fast_wake: bool) {
     // With fast_wake the order comes from the sleeper's membarrier (a SeqCst load would add
     // a barrier on weakly ordered CPUs); without, SeqCst pairs with the SeqCst store.
     let order = if fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
-    if sleeping.load(order) != 0 {
+    if sleeping.load(order) != 0 && sleeping.swap(0, Ordering::SeqCst) != 0 {
         futex.fetch_add(1, Ordering::SeqCst);
         futex.futex_wake_one();
     }
 }
 
-/// A generic wait loop: spins while the strategy allows, then sleeps in slices; between
-/// attempts checks `done` (Ok(true) ends the wait), the peer and the deadline.
+/// Wakes every sleeper on `futex`, announced or not: for what ends a wait other than the
+/// other side's publish (a close, the peer's death). The word changes first, so that a side
+/// about to sleep on the value it read before does not.
+pub(crate) fn wake_all<W: Word32 + ?Sized>(futex: &W) {
+    futex.fetch_add(1, Ordering::SeqCst);
+    futex.futex_wake_all();
+}
+
+/// Whether a side that waits with `strategy` spins before it sleeps, so that it sleeps rarely
+/// and a membarrier per sleep is worth the publisher's fence per message that it saves (see
+/// the module doc). A side that blocks at once sleeps on nearly every wait: its publisher
+/// fences instead.
+pub(crate) fn sleeps_rarely(strategy: WaitStrategy) -> bool {
+    !matches!(strategy, WaitStrategy::Block)
+}
+
+/// The state of one wait: spins while the strategy allows, then sleeps ([`sleep_once`]);
+/// between attempts its user checks its condition, the peer and the deadline.
 pub(crate) struct Waiter {
     strategy: WaitStrategy,
     /// When spinning started: read from the clock at the first check, not on entry, so that
@@ -164,8 +221,10 @@ impl Waiter {
 /// (the model's futex waits have no timeout), a message's bytes read before they are
 /// published, or a slot rewritten before its release, as a data race on the payload.
 ///
-/// Only the fenced path (`fast_wake` off) is modelled: loom cannot express a membarrier,
-/// which the fast path relies on instead of the publisher's fence.
+/// Only the fenced path (`fast_wake` off, what a Block sleeper's direction uses) is modelled:
+/// loom cannot express a membarrier, which the fast path relies on instead of the publisher's
+/// fence. A peer's death, reported as the transport's watcher reports it (a flag, then
+/// [`wake_all`]), is modelled too.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,8 +270,13 @@ mod tests {
             fence_if_seqcst(order);
             old
         }
+        fn swap(&self, value: u32, order: Ordering) -> u32 {
+            let old = self.word.swap(value, order);
+            fence_if_seqcst(order);
+            old
+        }
         /// As FUTEX_WAIT, checked and queued under the queue's lock, but without a timeout.
-        fn futex_wait(&self, expected: u32, _timeout: Duration) {
+        fn futex_wait(&self, expected: u32, _timeout: Option<Duration>) {
             let queued = self.queue.lock().unwrap();
             if self.word.load(Ordering::SeqCst) == expected {
                 drop(self.woken.wait(queued).unwrap());
@@ -221,6 +285,10 @@ mod tests {
         fn futex_wake_one(&self) {
             let _queue = self.queue.lock().unwrap();
             self.woken.notify_one();
+        }
+        fn futex_wake_all(&self) {
+            let _queue = self.queue.lock().unwrap();
+            self.woken.notify_all();
         }
     }
 
@@ -267,7 +335,7 @@ mod tests {
         /// Waits as a blocked side does: check, then sleep until `ready`.
         fn wait_until(futex: &ModelWord, sleeping: &ModelWord, ready: impl Fn() -> bool) {
             while !ready() {
-                sleep_once(futex, sleeping, false, None, &ready);
+                sleep_once(futex, sleeping, false, PeerEnd::Reported, None, &ready);
             }
         }
 
@@ -322,5 +390,29 @@ mod tests {
     #[test]
     fn room_and_data_waits_wake_each_other() {
         check(2, 2);
+    }
+
+    /// The peer's death as the watcher reports it, a flag and then every sleeper woken, while
+    /// the consumer waits for a message that never comes: the consumer always wakes and sees
+    /// the flag, however the report and its sleep interleave.
+    #[test]
+    fn a_reported_death_always_wakes_the_sleeper() {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let ring = Arc::new(Ring::new());
+            let gone = Arc::new(ModelWord::new());
+            let watcher = {
+                let (ring, gone) = (Arc::clone(&ring), Arc::clone(&gone));
+                loom::thread::spawn(move || {
+                    gone.store(1, Ordering::SeqCst);
+                    wake_all(&ring.data_futex);
+                })
+            };
+            Ring::wait_until(&ring.data_futex, &ring.data_sleeping, || {
+                ring.seq.load(Ordering::SeqCst) != 0 || gone.load(Ordering::SeqCst) != 0
+            });
+            watcher.join().unwrap();
+        });
     }
 }

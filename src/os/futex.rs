@@ -7,26 +7,19 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-/// Sleeps while `*word == expected`, for at most `timeout`. Returns early on a wake-up, a
-/// signal, a spurious wake or when the word already differs; callers re-check their condition
-/// in every case, so the outcome is not reported.
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
+/// Sleeps while `*word == expected`, for at most `timeout` (`None`: until woken). Returns
+/// early on a wake-up, a signal, a spurious wake or when the word already differs; callers
+/// re-check their condition in every case, so the outcome is not reported.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `word` is a live, aligned 32-bit atomic; the kernel only reads it. The timeout
-    // is relative for FUTEX_WAIT and lives across the call.
+    // (relative for FUTEX_WAIT, null for none) lives across the call.
     unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, ts_ptr, std::ptr::null::<u32>(), 0u32);
     }
 }
 
@@ -49,14 +42,14 @@ mod tests {
     fn wait_times_out_and_wake_wakes() {
         let word = Arc::new(AtomicU32::new(0));
         let start = Instant::now();
-        futex_wait(&word, 0, Duration::from_millis(5));
+        futex_wait(&word, 0, Some(Duration::from_millis(5)));
         assert!(start.elapsed() >= Duration::from_millis(4));
         // A differing value returns at once.
-        futex_wait(&word, 1, Duration::from_secs(10));
+        futex_wait(&word, 1, None);
         let w = word.clone();
         let t = std::thread::spawn(move || {
             while w.load(Ordering::Acquire) == 0 {
-                futex_wait(&w, 0, Duration::from_secs(10));
+                futex_wait(&w, 0, None);
             }
         });
         std::thread::sleep(Duration::from_millis(10));

@@ -1,12 +1,14 @@
 //! Asymmetric memory barriers across processes (`membarrier(2)`, global expedited).
 //!
 //! A Dekker-style wake protocol needs a StoreLoad fence on both sides: "I published, is the
-//! peer asleep?" against "I am going to sleep, has the peer published?". The publisher runs
-//! once per message, the sleeper rarely, so the sleeper pays for both: after announcing its
-//! sleep it calls [`global_barrier`], which makes every running thread of every registered
-//! process execute a full memory barrier before it returns. The publisher then needs only a
-//! compiler fence between its store and its load. Both processes must have called
-//! [`register`] before the protocol relies on it.
+//! peer asleep?" against "I am going to sleep, has the peer published?". Where the publisher
+//! runs once per message and the sleeper rarely (it spins first), the sleeper pays for both:
+//! after announcing its sleep it calls [`global_barrier`], which makes every running thread of
+//! every registered process execute a full memory barrier before it returns, by interrupting
+//! the cores they run on. The publisher then needs only a compiler fence between its store
+//! and its load. Both processes must have called [`register`] before the protocol relies on
+//! it. A sleeper that sleeps on nearly every wait leaves the fence to the publisher instead:
+//! an interrupt of other cores per sleep costs more than a fence per message.
 
 use std::sync::OnceLock;
 

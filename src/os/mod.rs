@@ -1,13 +1,16 @@
 //! Thin, safe wrappers over the Linux facilities every layer uses: memfd-backed shared memory,
-//! RAII memory mappings, and file-descriptor passing over Unix sockets. Nothing here knows
+//! RAII memory mappings, file-descriptor passing over Unix sockets, futexes, epoll, and the
+//! process's watcher of descriptors (a thread that reports a peer's exit). Nothing here knows
 //! about lava-flow's own concepts.
 
+pub mod epoll;
 pub mod eventfd;
 pub mod fdpass;
 pub mod futex;
 pub mod mapping;
 pub mod membarrier;
 pub mod memfd;
+pub mod watcher;
 
 pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds};
 pub use mapping::Mapping;

@@ -73,6 +73,23 @@ pub fn stdout_of(child: &mut Child) -> BufReader<ChildStdout> {
     BufReader::new(child.stdout.take().unwrap())
 }
 
+/// [`spawn`], with the child's stdout to read its reports from.
+pub fn spawn_reporting(test: &str, role: &str, dir: &Path, args: &[(&str, String)]) -> (Child, BufReader<ChildStdout>) {
+    let mut child = spawn(test, role, dir, args);
+    let out = stdout_of(&mut child);
+    (child, out)
+}
+
+/// Lets the survivor settle into its wait, kills `victim` with SIGKILL, and returns how many
+/// milliseconds later the survivor saw the death: its report `gone_at` (a [`monotonic_ns`]).
+pub fn ms_until_death_seen(victim: &mut Child, survivor_out: &mut BufReader<ChildStdout>) -> f64 {
+    std::thread::sleep(Duration::from_millis(50));
+    let killed_at = monotonic_ns();
+    kill9(victim);
+    let gone_at: u64 = expect_line(survivor_out, "gone_at").parse().unwrap();
+    gone_at.saturating_sub(killed_at) as f64 / 1e6
+}
+
 /// Waits for a child and asserts that its part passed.
 pub fn wait_ok(mut child: Child, what: &str) {
     let status = wait_timeout(&mut child, Duration::from_secs(120)).unwrap_or_else(|| {

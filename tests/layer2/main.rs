@@ -8,6 +8,7 @@
 mod common;
 
 mod backpressure;
+mod blocked;
 mod buffers;
 mod delivery;
 mod hostile;

@@ -344,6 +344,16 @@ fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
     TransportInfo::new(vec![carrier, gpu])
 }
 
+/// `plan` with the carrier's own account of its route, which may add to the plan's (how it
+/// learns of its peer's end, say).
+fn as_carrier_tells(plan: &Plan, carrier: &TransportInfo) -> Plan {
+    let mut plan = plan.clone();
+    if let (Some(route), Some(reason)) = (carrier.routes.first(), plan.reasons.first_mut()) {
+        reason.clone_from(&route.reason);
+    }
+    plan
+}
+
 /// The endpoint to the peer of an mpi plan.
 #[cfg(feature = "mpi")]
 fn mpi_peer(plan: &Plan) -> Result<crate::mpi::Endpoint> {
@@ -367,13 +377,14 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
             let mut offers = || gpu.as_mut().map_or(Ok(Vec::new()), |g| g.sections());
             #[cfg(not(feature = "vulkan"))]
             let mut offers = || Ok(Vec::new());
-            AnyProducer::Shm(shm::ShmProducer::connect(name, provisional.clone(), config, &mut offers)?)
+            AnyProducer::Shm(shm::ShmProducer::connect(name, provisional, config, &mut offers)?)
         }
         #[cfg(feature = "mpi")]
-        TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional.clone(), config, mpi_peer(plan)?)?),
+        TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional, config, mpi_peer(plan)?)?),
         other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
     };
     let mut carrier = carrier;
+    let plan = &as_carrier_tells(plan, carrier.info());
     let answers = carrier.peer_sections();
     #[cfg(feature = "vulkan")]
     if let Some(offer) = gpu.take() {
@@ -390,7 +401,7 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
         };
     }
     let _ = answers;
-    Ok(ProducerParts { carrier, gpu: None, info: provisional })
+    Ok(ProducerParts { carrier, gpu: None, info: report(plan, None) })
 }
 
 /// Listens for the producer's end: the carrier's rendezvous, answering the GPU route's offer.
@@ -416,6 +427,8 @@ pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, c
         TransportKind::Mpi => AnyConsumer::Mpi(mpi::MpiConsumer::listen(name, info.clone(), config, mpi_peer(plan)?)?),
         other => return Err(Error::Unsupported(format!("transport {other} is not built yet"))),
     };
+    let plan = &as_carrier_tells(plan, carrier.info());
+    let info = report(plan, None);
     #[cfg(feature = "vulkan")]
     if let Some(mut receiver) = gpu {
         // The producer's offer arrived with its hello: the report says what it brings.

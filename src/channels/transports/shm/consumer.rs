@@ -1,7 +1,7 @@
 //! The consumer half of a shared-memory channel.
 
 use std::any::Any;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,13 +10,14 @@ use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
 use super::handshake;
 use super::ring::{check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
 use super::session::{OwnedSession, Session};
+use super::{note_peer_watch, peer_end};
 use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
-use crate::channels::wait::{sleep_once, Waiter, LIVENESS_PERIOD};
+use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
+use crate::os::epoll::Epoll;
 use crate::os::eventfd::{eventfd_drain, eventfd_signal};
-use crate::os::futex::futex_wake;
 use crate::os::try_recv_with_fds;
 
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can
@@ -29,7 +30,6 @@ pub(super) struct Link {
     pub(super) watch: PeerWatch,
     pub(super) eventfd: OwnedFd,
     pub(super) next: u64,
-    pub(super) last_check: Instant,
     pub(super) gone: Option<String>,
     /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
     pub(super) gone_reported: bool,
@@ -48,6 +48,9 @@ pub(super) struct Link {
 /// can attach once the old one has gone.
 pub struct ShmConsumer {
     info: TransportInfo,
+    /// The carrier's reason as the plan gave it, before the note on the current producer's
+    /// watch (see `note_peer_watch`).
+    base_reason: String,
     name: String,
     wait: WaitStrategy,
     listener: Listener,
@@ -55,7 +58,7 @@ pub struct ShmConsumer {
     /// Earlier sessions whose views are still held (for release by value).
     old: Vec<OwnedSession>,
     sessions: u64,
-    epoll: Option<OwnedFd>,
+    epoll: Option<Epoll>,
     armed: bool,
     arenas_received: u64,
     /// This consumer's sections for the other routes, the answer to every producer's hello.
@@ -84,14 +87,18 @@ impl ShmConsumer {
                     }
                     return Err(Error::Timeout(msg));
                 }
-                Some((sock, cred)) => match handshake::accept(sock, cred, name, deadline, 1, &answers) {
+                Some((sock, cred)) => match handshake::accept(sock, cred, name, config.wait, deadline, 1, &answers) {
                     Ok(link) => break link,
                     Err(e) => refused.push(e.to_string()),
                 },
             }
         };
+        let mut info = info;
+        let base_reason = info.routes.first().map(|r| r.reason.clone()).unwrap_or_default();
+        note_peer_watch(&mut info, &base_reason, &link.watch);
         Ok(ShmConsumer {
             info,
+            base_reason,
             name: name.to_owned(),
             wait: config.wait,
             listener,
@@ -105,8 +112,9 @@ impl ShmConsumer {
         })
     }
 
-    /// Checks whether the current producer is gone (closed word at once, process and socket
-    /// every LIVENESS_PERIOD or when `force`).
+    /// Checks whether the current producer is gone: its closed word at once, its process and
+    /// socket as `PeerWatch::check` does (the watcher's report, or a poll every
+    /// LIVENESS_PERIOD). `force`: poll them now.
     fn producer_gone(&mut self, force: bool) -> bool {
         let link = &mut self.link;
         if link.gone.is_some() {
@@ -116,16 +124,12 @@ impl ShmConsumer {
             link.gone = Some(format!("the producer of channel {:?} closed it", self.name));
             return true;
         }
-        let now = Instant::now();
-        if force || now.duration_since(link.last_check) >= LIVENESS_PERIOD {
-            link.last_check = now;
-            if link.watch.is_gone() {
-                link.gone = Some(format!(
-                    "the producer of channel {:?} (pid {}) has exited or closed its socket",
-                    self.name, link.watch.pid
-                ));
-                return true;
-            }
+        if link.watch.check(force) {
+            link.gone = Some(format!(
+                "the producer of channel {:?} (pid {}) has exited or closed its socket",
+                self.name, link.watch.pid
+            ));
+            return true;
         }
         false
     }
@@ -365,15 +369,16 @@ impl ShmConsumer {
         };
         let id = self.sessions + 1;
         let deadline = Some(Instant::now() + Duration::from_secs(2));
-        let link = match handshake::accept(sock, cred, &self.name, deadline, id, &self.answers) {
+        let link = match handshake::accept(sock, cred, &self.name, self.wait, deadline, id, &self.answers) {
             Ok(l) => l,
             Err(_) => return Ok(false),
         };
         self.sessions = id;
+        note_peer_watch(&mut self.info, &self.base_reason, &link.watch);
         let old = std::mem::replace(&mut self.link, link);
         if let Some(epoll) = &self.epoll {
             for fd in [Some(old.eventfd.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten() {
-                epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0);
+                epoll.delete(fd);
             }
             self.register_link_fds()?;
         }
@@ -386,10 +391,12 @@ impl ShmConsumer {
 
     fn register_link_fds(&self) -> Result<()> {
         let epoll = self.epoll.as_ref().expect("epoll created");
-        epoll_add(epoll.as_fd(), self.link.eventfd.as_fd(), libc::EPOLLIN as u32)?;
-        epoll_add(epoll.as_fd(), self.link.watch.socket_fd(), (libc::EPOLLIN | libc::EPOLLRDHUP) as u32)?;
+        let what = "the channel's notification fd";
+        let add = |fd: BorrowedFd<'_>, events: i32| epoll.add(fd, events as u32, fd.as_raw_fd() as u64, what);
+        add(self.link.eventfd.as_fd(), libc::EPOLLIN)?;
+        add(self.link.watch.socket_fd(), libc::EPOLLIN | libc::EPOLLRDHUP)?;
         if let Some(pidfd) = self.link.watch.pidfd() {
-            epoll_add(epoll.as_fd(), pidfd, libc::EPOLLIN as u32)?;
+            add(pidfd, libc::EPOLLIN)?;
         }
         Ok(())
     }
@@ -397,19 +404,6 @@ impl ShmConsumer {
     fn gone_error(&self) -> Error {
         Error::PeerGone(self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)))
     }
-}
-
-fn epoll_ctl(epoll: BorrowedFd<'_>, op: i32, fd: BorrowedFd<'_>, events: u32) -> i32 {
-    let mut ev = libc::epoll_event { events, u64: fd.as_raw_fd() as u64 };
-    // SAFETY: both descriptors are live; ev is a valid epoll_event.
-    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) }
-}
-
-fn epoll_add(epoll: BorrowedFd<'_>, fd: BorrowedFd<'_>, events: u32) -> Result<()> {
-    if epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, events) != 0 {
-        return Err(Error::last_os("epoll_ctl(ADD) for the channel's notification fd"));
-    }
-    Ok(())
 }
 
 impl ShmConsumer {
@@ -472,13 +466,15 @@ impl ConsumerTransport for ShmConsumer {
                 return Err(Error::Timeout(format!("no message arrived on channel {:?} before the deadline", self.name)));
             }
             if !waiter.spinning(now) {
-                let region = &self.link.session.region;
-                let (next, slot_count) = (self.link.next, self.link.session.slot_count);
-                sleep_once(region.data_futex(), region.data_sleeping(), self.link.session.fast_wake, deadline, || {
+                let (session, watch) = (&self.link.session, &self.link.watch);
+                let region = &session.region;
+                let (next, slot_count) = (self.link.next, session.slot_count);
+                sleep_once(region.data_futex(), region.data_sleeping(), session.data_fast_wake, peer_end(watch), deadline, || {
                     region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
                         || region.producer_closed().load(Ordering::SeqCst) != 0
+                        || watch.alarmed()
                 });
-                // Rate-limited like every check: a woken sleep pays no syscall.
+                // Rate-limited like every check where it polls: a woken sleep pays no syscall.
                 if self.producer_gone(false) {
                     return Ok(());
                 }
@@ -540,13 +536,7 @@ impl ConsumerTransport for ShmConsumer {
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.epoll.is_none() {
-            // SAFETY: epoll_create1 takes a flag and returns a new descriptor or -1.
-            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            if fd < 0 {
-                return Err(Error::last_os("epoll_create1"));
-            }
-            // SAFETY: fresh descriptor owned by no one else.
-            self.epoll = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            self.epoll = Some(Epoll::new()?);
             self.register_link_fds()?;
             self.armed = true;
             // Make the fd reflect messages already waiting.
@@ -567,8 +557,7 @@ impl Drop for ShmConsumer {
     fn drop(&mut self) {
         let region = &self.link.session.region;
         region.consumer_closed().store(1, Ordering::SeqCst);
-        region.room_futex().fetch_add(1, Ordering::SeqCst);
-        futex_wake(region.room_futex(), 1);
+        wake_all(region.room_futex());
         let producer_over = self.link.gone.is_some() || region.producer_closed().load(Ordering::SeqCst) != 0;
         // The socket file and this end's claim go first, so that a peer closing at the same
         // time never waits for us while we wait for it.

@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::consumer::Link;
-use super::ring::{Geometry, Region, RegionFds, VERSION};
+use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
 use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
+use crate::channels::wait::{sleeps_rarely, wake_all};
+use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::eventfd;
 use crate::os::{membarrier, recv_with_fds};
@@ -31,37 +33,62 @@ fn encode_section(geometry: &Geometry, fds: RegionFds, eventfd: OwnedFd) -> Sect
     Section { route: ROUTE_ID, bytes, fds: vec![fds.control, fds.data, eventfd] }
 }
 
+/// This side's fast-wake flags: [`WAKE_REGISTERED`] where it could register for global
+/// membarriers, and [`WAKE_SLEEPER_BARRIER`] too where it also spins before it sleeps.
+fn wake_flags(registered: bool, wait: WaitStrategy) -> u32 {
+    match (registered, sleeps_rarely(wait)) {
+        (false, _) => 0,
+        (true, false) => WAKE_REGISTERED,
+        (true, true) => WAKE_REGISTERED | WAKE_SLEEPER_BARRIER,
+    }
+}
+
+/// Which of a side's two directions skip the publisher's fence, from its own flags and its
+/// peer's (see the wait protocol): (what it publishes, what it sleeps for). Both sides
+/// compute the same answer for each direction. A peer that lies about its flags only loses
+/// wake-ups of waits that it could as well leave unanswered (its own sleeps, or its
+/// publishes to us), which the waiting side's deadline still bounds.
+fn fast_wake(own: u32, peer: u32) -> (bool, bool) {
+    let publish = own & WAKE_REGISTERED != 0 && peer & WAKE_SLEEPER_BARRIER != 0;
+    let sleep = own & WAKE_SLEEPER_BARRIER != 0 && peer & WAKE_REGISTERED != 0;
+    (publish, sleep)
+}
+
 /// What the producer has once the consumer accepted it.
 pub(super) struct Connected {
-    pub(super) sock: UnixStream,
-    pub(super) cred: libc::ucred,
+    /// The consumer's process and socket, armed to wake the producer's sleeps on its end.
+    pub(super) watch: PeerWatch,
     pub(super) region: Region,
     pub(super) eventfd: OwnedFd,
-    /// Both processes registered for membarriers (see the wait protocol).
+    /// Messages are published without a fence (the consumer's sleeps pay a membarrier).
     pub(super) fast_wake: bool,
+    /// Releases are published without a fence (the producer's sleeps pay a membarrier).
+    pub(super) room_fast_wake: bool,
     /// The consumer's sections for the other routes.
     pub(super) answers: Vec<Section>,
 }
 
 /// The producer's side: connects to the consumer of `name` (retrying until it listens or
 /// `deadline`), offers a fresh region of `geometry` with `offers()` (the other routes'
-/// sections, made anew for each attempt), and reads the answer.
+/// sections, made anew for each attempt), and reads the answer. The producer's wait strategy
+/// and prefault choice come from `config`.
 pub(super) fn offer(
     name: &str,
     geometry: Geometry,
-    prefault: bool,
+    config: &ChannelConfig,
     deadline: Option<Instant>,
     offers: &mut dyn FnMut() -> Result<Vec<Section>>,
 ) -> Result<Connected> {
     let eventfd = eventfd()?;
-    let can_membarrier = membarrier::register();
+    let flags = wake_flags(membarrier::register(), config.wait);
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
     loop {
         let (sock, cred) = rendezvous::connect(name, deadline)?;
-        let (region, fds) = Region::create(name, geometry, prefault)?;
+        let (region, fds) = Region::create(name, geometry, config.prefault)?;
+        let words = WaitWords::map(&fds.control, &geometry)?;
         // Before the hello: the consumer reads it during the handshake.
-        region.producer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
+        region.producer_fast_wake().store(flags, Ordering::Release);
         let eventfd_copy = eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
         let attempt = (|| {
             let mut sections = vec![encode_section(&geometry, fds, eventfd_copy)];
@@ -76,10 +103,12 @@ pub(super) fn offer(
         })();
         match attempt {
             Ok(answers) => {
-                // The consumer wrote its flag before its answer. A consumer that lies about it
-                // only delays its own wake-ups (to the next sleep slice).
-                let fast_wake = can_membarrier && region.consumer_fast_wake().load(Ordering::Acquire) == 1;
-                return Ok(Connected { sock, cred, region, eventfd, fast_wake, answers });
+                // The consumer wrote its flags before its answer.
+                let (fast_wake, room_fast_wake) = fast_wake(flags, region.consumer_fast_wake().load(Ordering::Acquire));
+                let mut watch = PeerWatch::new(sock, cred.pid);
+                // The consumer's end wakes the producer's sleeps for room and completions.
+                watch.arm(move || wake_all(words.room_futex()));
+                return Ok(Connected { watch, region, eventfd, fast_wake, room_fast_wake, answers });
             }
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
@@ -90,8 +119,17 @@ pub(super) fn offer(
 }
 
 /// The consumer's side: receive the hello and its descriptors, check everything, map the
-/// region, answer with `answers` (the other routes' sections). Session `id` starts.
-pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: Option<Instant>, id: u64, answers: &[Section]) -> Result<Link> {
+/// region, answer with `answers` (the other routes' sections). Session `id` starts. `wait`:
+/// the consumer's wait strategy.
+pub(super) fn accept(
+    sock: UnixStream,
+    cred: libc::ucred,
+    name: &str,
+    wait: WaitStrategy,
+    deadline: Option<Instant>,
+    id: u64,
+    answers: &[Section],
+) -> Result<Link> {
     sock.set_read_timeout(rendezvous::remaining(deadline))
         .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
     let mut buf = vec![0u8; MAX_HELLO_LEN];
@@ -121,25 +159,26 @@ pub(super) fn accept(sock: UnixStream, cred: libc::ucred, name: &str, deadline: 
             ));
         };
         let region = Region::attach(&control, &data, geometry)?;
+        let words = WaitWords::map(&control, &geometry)?;
         check_is_eventfd(&evfd)?;
-        Ok((region, evfd, others))
+        Ok((region, words, evfd, others))
     })();
     match checked {
-        Ok((region, eventfd, peer_sections)) => {
-            // Before the answer: the producer reads it once the answer arrives. A producer
-            // that lies about its own flag only delays its own messages' wake-ups (to the
-            // next sleep slice).
-            let can_membarrier = membarrier::register();
-            region.consumer_fast_wake().store(u32::from(can_membarrier), Ordering::Release);
-            let fast_wake = can_membarrier && region.producer_fast_wake().load(Ordering::Acquire) == 1;
+        Ok((region, words, eventfd, peer_sections)) => {
+            // Before the answer: the producer reads it once the answer arrives.
+            let flags = wake_flags(membarrier::register(), wait);
+            region.consumer_fast_wake().store(flags, Ordering::Release);
+            let (room_fast_wake, data_fast_wake) = fast_wake(flags, region.producer_fast_wake().load(Ordering::Acquire));
             rendezvous::send_ack(&sock, rendezvous::ACK_OK, "", answers)?;
             sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
+            let mut watch = PeerWatch::new(sock, cred.pid);
+            // The producer's end wakes the consumer's sleep for messages.
+            watch.arm(move || wake_all(words.data_futex()));
             Ok(Link {
-                session: OwnedSession(Some(Arc::new(Session::new(id, region, fast_wake)))),
-                watch: PeerWatch::new(sock, cred.pid),
+                session: OwnedSession(Some(Arc::new(Session::new(id, region, data_fast_wake, room_fast_wake)))),
+                watch,
                 eventfd,
                 next: 0,
-                last_check: Instant::now(),
                 gone: None,
                 gone_reported: false,
                 producer_lock: rendezvous::lock_file_id(name, rendezvous::End::Producer),

@@ -21,10 +21,16 @@
 //! checks), [`producer`], [`session`] (what the views of one producer's messages share, and
 //! how releases become the tail the producer reads), [`consumer`], [`arenas`].
 //!
-//! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and polls them
-//! (one `poll` syscall with zero timeout) every `LIVENESS_PERIOD` while it waits; blocked waits
-//! sleep at most `SLEEP_SLICE` at a time for that reason. A closing peer also sets its
-//! `closed` word, which is seen at once.
+//! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
+//! process's watcher (`os::watcher`) watch them: when the peer's process exits or its socket
+//! hangs up, the watcher's thread marks the side's `PeerWatch` and wakes the futex that side
+//! sleeps on, through a mapping of the control part of its own (`ring::WaitWords`), so a
+//! blocked wait sleeps until a message, its deadline or the peer's end, and never wakes
+//! periodically. Where the peer's end cannot be reported so (no pidfd of the peer: another
+//! PID namespace, a kernel before 5.3), waits poll the socket and process every
+//! `LIVENESS_PERIOD` and blocked waits sleep at most `SLEEP_SLICE` at a time; the channel's
+//! transport report says so. A closing peer also sets its `closed` word and wakes the other
+//! side, which is seen at once.
 
 mod arenas;
 mod consumer;
@@ -32,6 +38,10 @@ mod handshake;
 mod producer;
 pub(crate) mod ring;
 mod session;
+
+use crate::channels::rendezvous::PeerWatch;
+use crate::channels::transport::{Route, TransportInfo};
+use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
 
 pub use consumer::ShmConsumer;
 pub use producer::ShmProducer;
@@ -41,3 +51,53 @@ pub(crate) use session::{release_message, Session};
 pub use ring::INLINE_MAX as SHM_INLINE_MAX;
 /// The id of this transport's section in the rendezvous.
 pub(crate) const ROUTE_ID: u32 = 1;
+
+/// How a side's blocked waits learn of the end of the peer that `watch` watches.
+fn peer_end(watch: &PeerWatch) -> PeerEnd {
+    if watch.prompt() {
+        PeerEnd::Reported
+    } else {
+        PeerEnd::Polled
+    }
+}
+
+/// Sets the carrier's reason in `info` to `base` with, where the peer's end is polled, a note
+/// that says so and why.
+fn note_peer_watch(info: &mut TransportInfo, base: &str, watch: &PeerWatch) {
+    let Some(carrier) = info.routes.first().cloned() else { return };
+    let reason = match watch.polled_because() {
+        None => base.to_owned(),
+        Some(why) => format!(
+            "{base}; blocked waits wake every {} ms to check that the peer lives, since {why}",
+            SLEEP_SLICE.as_millis()
+        ),
+    };
+    info.set_route(Route { reason, ..carrier });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::transport::{PayloadClass, TransportKind};
+    use std::os::unix::net::UnixStream;
+
+    /// The carrier's reason says when the peer's end is polled, and why; the note goes again
+    /// with a producer whose end is reported. The other routes keep their place.
+    #[test]
+    fn the_report_notes_a_polled_peer() {
+        let route = |class, reason: &str| Route { class, kind: TransportKind::Shm, reason: reason.to_owned() };
+        let mut info = TransportInfo::new(vec![route(PayloadClass::Host, "same host"), route(PayloadClass::Gpu, "staged")]);
+        let (_a, b) = UnixStream::pair().unwrap();
+        let mut blind = PeerWatch::new(b, 0);
+        blind.arm(|| {});
+        note_peer_watch(&mut info, "same host", &blind);
+        assert!(info.routes[0].reason.starts_with("same host; blocked waits wake every 15 ms"), "{}", info.reason);
+        assert!(info.reason.contains("PID namespace") && info.routes[1].class == PayloadClass::Gpu);
+        let (_c, d) = UnixStream::pair().unwrap();
+        let mut seen = PeerWatch::new(d, std::process::id() as i32);
+        seen.arm(|| {});
+        note_peer_watch(&mut info, "same host", &seen);
+        assert_eq!(info.routes[0].reason, "same host");
+        assert_eq!(info.kind, TransportKind::Shm);
+    }
+}

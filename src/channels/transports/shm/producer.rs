@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use super::arenas::{ControlRecord, SentArenas, MAX_ATTACHMENT_LEN};
 use super::handshake;
+use super::{note_peer_watch, peer_end};
 use super::ring::{pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED};
 use crate::channels::rendezvous::{self, End, EndLock, PeerWatch, Section};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
-use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter, LIVENESS_PERIOD};
+use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::eventfd_signal;
@@ -51,10 +52,12 @@ pub struct ShmProducer {
     /// `pool_head` after each in-flight message's allocation, indexed by slot.
     pool_ends: Vec<u64>,
     loan: Option<PendingLoan>,
-    /// Both processes registered for membarriers: publish without a fence (see the module doc).
+    /// Both processes registered for membarriers and the consumer spins before it sleeps:
+    /// publish without a fence (see the wait protocol).
     fast_wake: bool,
+    /// Likewise for the consumer's releases: this side's sleeps for room pay a membarrier.
+    room_fast_wake: bool,
     sends_since_check: u32,
-    last_check: Instant,
     /// This process's claim on the producer's end of the channel, until the drop.
     lock: Option<EndLock>,
     /// The consumer's lock file when it answered (see `rendezvous::clean_after_peer`).
@@ -103,16 +106,19 @@ impl ShmProducer {
                 )))
             }
         };
-        let c = handshake::offer(name, geometry, config.prefault, deadline, offers)?;
+        let c = handshake::offer(name, geometry, config, deadline, offers)?;
         // The consumer that answered holds its lock file now: remembered, to tell it from a
         // later consumer's when cleaning up after this one.
         let consumer_lock = rendezvous::lock_file_id(name, End::Consumer);
         let slot_count = u64::from(geometry.slot_count);
+        let mut info = info;
+        let base = info.routes.first().map(|r| r.reason.clone()).unwrap_or_default();
+        note_peer_watch(&mut info, &base, &c.watch);
         Ok(ShmProducer {
             info,
             name: name.to_owned(),
             region: c.region,
-            watch: PeerWatch::new(c.sock, c.cred.pid),
+            watch: c.watch,
             eventfd: c.eventfd,
             wait: config.wait,
             mask: slot_count - 1,
@@ -125,8 +131,8 @@ impl ShmProducer {
             pool_ends: vec![0; slot_count as usize],
             loan: None,
             fast_wake: c.fast_wake,
+            room_fast_wake: c.room_fast_wake,
             sends_since_check: 0,
-            last_check: Instant::now(),
             lock: Some(lock),
             consumer_lock,
             arenas: Box::default(),
@@ -138,15 +144,11 @@ impl ShmProducer {
         if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
             return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
         }
-        let now = Instant::now();
-        if force || self.watch.known_gone() || now.duration_since(self.last_check) >= LIVENESS_PERIOD {
-            self.last_check = now;
-            if self.watch.is_gone() {
-                return Err(Error::PeerGone(format!(
-                    "the consumer of channel {:?} (pid {}) has exited or closed its socket",
-                    self.name, self.watch.pid
-                )));
-            }
+        if self.watch.check(force) {
+            return Err(Error::PeerGone(format!(
+                "the consumer of channel {:?} (pid {}) has exited or closed its socket",
+                self.name, self.watch.pid
+            )));
         }
         Ok(())
     }
@@ -490,8 +492,9 @@ impl ProducerTransport for ShmProducer {
                 continue;
             }
             let now = Instant::now();
-            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
-            // sleep always checks, while a woken one pays no syscall.
+            // No syscall where the watcher reports the consumer's end; where it is polled, a
+            // sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out sleep always checks,
+            // while a woken one pays no syscall.
             slept = false;
             self.consumer_gone(false)?;
             if waiter.timed_out(now) {
@@ -505,9 +508,13 @@ impl ProducerTransport for ShmProducer {
                 let region = &self.region;
                 let (head, slot_count) = (self.head, self.slot_count);
                 let tail_before = self.tail;
-                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
+                let watch = &self.watch;
+                sleep_once(region.room_futex(), region.room_sleeping(), self.room_fast_wake, peer_end(watch), deadline, || {
                     let t = region.tail().load(Ordering::SeqCst);
-                    t != tail_before || head - t < slot_count && len <= INLINE_MAX
+                    t != tail_before
+                        || head - t < slot_count && len <= INLINE_MAX
+                        || region.consumer_closed().load(Ordering::SeqCst) != 0
+                        || watch.alarmed()
                 });
                 // Check the condition once more before the peer: a consumer may release and
                 // then close.
@@ -630,8 +637,7 @@ impl ProducerTransport for ShmProducer {
                 continue;
             }
             let now = Instant::now();
-            // Rate-limited: a sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out
-            // sleep always checks, while a woken one pays no syscall.
+            // As in wait_for_room: no syscall where the consumer's end is reported.
             slept = false;
             if let Err(gone) = self.consumer_gone(false) {
                 // A consumer may release and then close between our two looks: the tail it
@@ -649,9 +655,9 @@ impl ProducerTransport for ShmProducer {
                 )));
             }
             if !waiter.spinning(now) {
-                let region = &self.region;
-                sleep_once(region.room_futex(), region.room_sleeping(), self.fast_wake, deadline, || {
-                    region.tail().load(Ordering::SeqCst) > seq
+                let (region, watch) = (&self.region, &self.watch);
+                sleep_once(region.room_futex(), region.room_sleeping(), self.room_fast_wake, peer_end(watch), deadline, || {
+                    region.tail().load(Ordering::SeqCst) > seq || region.consumer_closed().load(Ordering::SeqCst) != 0 || watch.alarmed()
                 });
                 slept = true;
             }

@@ -10,7 +10,7 @@
 //! ```text
 //! 0      header: magic, version, geometry (written once by the producer)
 //! 128    lifecycle line: producer_closed, consumer_closed,         (rarely written)
-//!        producer_fast_wake, consumer_fast_wake
+//!        producer_fast_wake, consumer_fast_wake (WAKE_* flags)
 //! 256    tail line: how many messages the consumer has released  (consumer writes)
 //! 384    data-wait line: futex word, sleeping flag, fd flag      (consumer sets flags)
 //! 512    room-wait line: futex word, sleeping flag               (producer sets flag)
@@ -43,7 +43,17 @@ use crate::os::{memfd_create, Mapping, MemfdFlags};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
 /// 2: buffer sends (arena slots, control records on the socket). 3: routed slots. 4: the
 /// control and data parts in two memfds, the data part sealed against the consumer's writes.
-pub const VERSION: u32 = 4;
+/// 5: the fast-wake words hold [`WAKE_REGISTERED`] and [`WAKE_SLEEPER_BARRIER`], each
+/// direction's wake protocol chosen by its sleeper, and a woken sleeping flag is taken by the
+/// publisher that wakes; the header says whether the producer faulted the data part in.
+pub const VERSION: u32 = 5;
+
+/// A fast-wake word's flag: this side is registered for global membarriers, so a barrier the
+/// other side issues reaches it.
+pub const WAKE_REGISTERED: u32 = 1;
+/// A fast-wake word's flag: this side spins before it sleeps and issues a membarrier when it
+/// does, so that what the other side publishes to it needs no fence (see `channels::wait`).
+pub const WAKE_SLEEPER_BARRIER: u32 = 2;
 pub const SLOT_SIZE: usize = 128;
 /// Offset of the payload (or pool offset) inside a slot.
 pub const SLOT_DATA: usize = 16;
@@ -227,6 +237,39 @@ impl Geometry {
     }
 }
 
+/// The 32-bit word at `offset` of `map`: `offset` is one of this module's constants or a
+/// checked slot offset.
+#[inline]
+fn u32_at(map: &Mapping, offset: usize) -> &AtomicU32 {
+    debug_assert!(offset % 4 == 0 && offset + 4 <= map.len());
+    // SAFETY: offset is one of this module's constants or a checked slot offset: in bounds
+    // and 4-aligned (the mapping is page-aligned). AtomicU32 has u32's layout, and every
+    // access to shared words goes through atomics, so the other process's writes are not
+    // data races.
+    unsafe { &*map.as_ptr().add(offset).cast::<AtomicU32>() }
+}
+
+/// A second mapping of a region's control part, owned by what must wake a side's sleeper
+/// without holding the region: the callback of the peer watcher, which may run while the
+/// channel is being dropped. A futex in shared memory is keyed by its file and offset, so a
+/// wake through this mapping reaches a sleeper on the region's own.
+pub struct WaitWords(Mapping);
+
+impl WaitWords {
+    /// Maps the control part of a region of `geometry` from its memfd.
+    pub fn map(control: &OwnedFd, geometry: &Geometry) -> Result<WaitWords> {
+        Ok(WaitWords(Mapping::shared(control, 0, geometry.slots_offset)?))
+    }
+    /// The futex word the consumer sleeps on for messages.
+    pub fn data_futex(&self) -> &AtomicU32 {
+        u32_at(&self.0, OFF_DATA_FUTEX)
+    }
+    /// The futex word the producer sleeps on for room and completions.
+    pub fn room_futex(&self) -> &AtomicU32 {
+        u32_at(&self.0, OFF_ROOM_FUTEX)
+    }
+}
+
 /// A mapped channel region. All shared words are accessed through atomics.
 #[derive(Debug)]
 pub struct Region {
@@ -319,12 +362,7 @@ impl Region {
     }
     #[inline]
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= self.map.len());
-        // SAFETY: offset is one of this module's constants or a checked slot offset: in bounds
-        // and 4-aligned (the mapping is page-aligned). AtomicU32 has u32's layout, and every
-        // access to shared words goes through atomics, so the other process's writes are not
-        // data races.
-        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU32>() }
+        u32_at(&self.map, offset)
     }
     #[inline]
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
@@ -340,14 +378,15 @@ impl Region {
     pub fn consumer_closed(&self) -> &AtomicU32 {
         self.u32_at(OFF_CONSUMER_CLOSED)
     }
-    /// 1 when the producer is registered for global membarriers (written before the hello):
-    /// together with [`consumer_fast_wake`](Self::consumer_fast_wake), publishers may skip
-    /// the StoreLoad fence and sleepers issue a membarrier instead (see `os::membarrier`).
+    /// The producer's [`WAKE_REGISTERED`] and [`WAKE_SLEEPER_BARRIER`] flags (written before
+    /// the hello): with the consumer's, they decide for each direction whether its publisher
+    /// skips the StoreLoad fence and its sleeper issues a membarrier instead (see
+    /// `os::membarrier`).
     #[inline]
     pub fn producer_fast_wake(&self) -> &AtomicU32 {
         self.u32_at(OFF_PRODUCER_FAST_WAKE)
     }
-    /// 1 when the consumer is registered for global membarriers (written before the ack).
+    /// The consumer's flags, as the producer's (written before the ack).
     #[inline]
     pub fn consumer_fast_wake(&self) -> &AtomicU32 {
         self.u32_at(OFF_CONSUMER_FAST_WAKE)

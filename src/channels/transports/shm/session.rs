@@ -54,8 +54,12 @@ pub(crate) struct Session {
     /// Set under the reclaim lock when the consumer gave the session up while views were still
     /// held: the release of the last one drops the consumer's reference (see [`Session::retire`]).
     orphaned: AtomicBool,
-    /// Both processes registered for membarriers (see the module doc).
-    pub(super) fast_wake: bool,
+    /// The consumer's sleeps for messages pay a membarrier, and the producer publishes them
+    /// without a fence (see the wait protocol).
+    pub(super) data_fast_wake: bool,
+    /// The producer's sleeps for room pay a membarrier, and releases are published without a
+    /// fence.
+    pub(super) room_fast_wake: bool,
     /// Per slot, made at the first buffer send: the arena mapping a held view points into,
     /// so that it stays mapped until the view is released whatever the producer says.
     arena_holds: OnceLock<Box<[ArenaHold]>>,
@@ -67,7 +71,7 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    pub(super) fn new(id: u64, region: Region, fast_wake: bool) -> Self {
+    pub(super) fn new(id: u64, region: Region, data_fast_wake: bool, room_fast_wake: bool) -> Self {
         let slot_count = u64::from(region.geometry.slot_count);
         let n = slot_count as usize;
         Session {
@@ -81,7 +85,8 @@ impl Session {
             reclaiming: AtomicBool::new(false),
             messages_out: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
-            fast_wake,
+            data_fast_wake,
+            room_fast_wake,
             arena_holds: OnceLock::new(),
             kept: Mutex::new(Vec::new()),
             has_kept: AtomicBool::new(false),
@@ -95,7 +100,7 @@ impl Session {
         let flag = self.region.fd_waiting();
         if flag.load(Ordering::SeqCst) == 0 {
             flag.store(1, Ordering::SeqCst);
-            if self.fast_wake {
+            if self.data_fast_wake {
                 membarrier::global_barrier();
             }
         }
@@ -170,8 +175,8 @@ impl Session {
         }
         if tail != start {
             self.reclaimed.store(tail, Ordering::Release);
-            publish_then_check(self.region.tail(), tail, self.fast_wake);
-            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.fast_wake);
+            publish_then_check(self.region.tail(), tail, self.room_fast_wake);
+            wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.room_fast_wake);
         }
         let last = tail == received && self.orphaned.load(Ordering::Relaxed);
         let kept = if tail == received && self.has_kept.load(Ordering::Relaxed) {
