@@ -40,8 +40,11 @@ static double now_ns(void) {
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
-enum kind { COPY, LOAN, BUFFER };
-static const char *names[] = {"lf_send (copy)", "lf_loan + lf_publish", "lf_send_buffer + lf_wait_completed"};
+enum kind { COPY, LOAN, BUFFER, BUFFER_REF };
+static const char *names[] = {"lf_send (copy)", "lf_loan + lf_publish", "lf_send_buffer + lf_wait_completed",
+                              "the same, 4 KiB (by reference)"};
+/* Bytes per message: 8, but 4 KiB for the buffer send that goes by reference (over 112 bytes). */
+static size_t size_of_kind(enum kind k) { return k == BUFFER_REF ? 4096 : 8; }
 
 static double run(lf_channel *tx, lf_channel *rx, enum kind k, size_t size, long iters, int64_t timeout,
                   const char *src, lf_buffer *buf, char *buf_ptr) {
@@ -60,6 +63,7 @@ static double run(lf_channel *tx, lf_channel *rx, enum kind k, size_t size, long
             break;
         }
         case BUFFER:
+        case BUFFER_REF:
             memcpy(buf_ptr, src, size);
             CHECK(lf_send_buffer(tx, buf, 0, size, timeout, &seq));
             break;
@@ -68,14 +72,14 @@ static double run(lf_channel *tx, lf_channel *rx, enum kind k, size_t size, long
         CHECK(lf_recv(rx, timeout, &m));
         if (((const char *)m.data)[size - 1] != src[size - 1]) abort();
         CHECK(lf_release(rx, &m));
-        if (k == BUFFER) CHECK(lf_wait_completed(tx, seq, timeout));
+        if (k >= BUFFER) CHECK(lf_wait_completed(tx, seq, timeout));
     }
     return (now_ns() - t0) / iters;
 }
 
 int main(int argc, char **argv) {
     long iters = argc > 1 ? atol(argv[1]) : 1000000;
-    int only = argc > 2 ? atoi(argv[2]) : -1; /* one case, 0..5, for instruction counts */
+    int only = argc > 2 ? atoi(argv[2]) : -1; /* one case, 0..7, for instruction counts */
     snprintf(name, sizeof name, "mpc%d", (int)getpid());
     CHECK(lf_context_create(NULL, &ctx));
     CHECK(lf_location_detect(&here));
@@ -86,19 +90,19 @@ int main(int argc, char **argv) {
     pthread_create(&t, NULL, open_consumer, &rx);
     CHECK(lf_channel_create(ctx, name, LF_ROLE_PRODUCER, here, here, &cfg, &tx));
     pthread_join(t, NULL);
-    char src[64];
+    static char src[4096];
     memset(src, 7, sizeof src);
     lf_buffer *buf;
-    CHECK(lf_alloc(ctx, 64, LF_MEMORY_CPU_STANDARD, -1, 0, &buf));
+    CHECK(lf_alloc(ctx, sizeof src, LF_MEMORY_CPU_STANDARD, -1, 0, &buf));
     void *buf_ptr;
     CHECK(lf_buffer_ptr(buf, &buf_ptr));
     printf("ns per message (send, receive, release on one thread), 8 B, default config, busy-poll\n");
-    for (int k = COPY; k <= BUFFER; k++) {
+    for (int k = COPY; k <= BUFFER_REF; k++) {
         for (int timed = 0; timed < 2; timed++) {
             if (only >= 0 && only != k * 2 + timed) continue;
             int64_t timeout = timed ? 1000000000 : -1;
-            run(tx, rx, k, 8, iters / 10, timeout, src, buf, buf_ptr);
-            double ns = run(tx, rx, k, 8, iters, timeout, src, buf, buf_ptr);
+            run(tx, rx, k, size_of_kind(k), iters / 10, timeout, src, buf, buf_ptr);
+            double ns = run(tx, rx, k, size_of_kind(k), iters, timeout, src, buf, buf_ptr);
             printf("  %-36s timeout %-8s %7.1f\n", names[k], timed ? "1 s" : "none", ns);
         }
     }

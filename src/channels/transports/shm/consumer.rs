@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
 use super::handshake;
-use super::ring::{check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
+use super::ring::{check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
 use super::session::{OwnedSession, Session};
 use super::{note_peer_watch, peer_end};
 use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
@@ -143,8 +143,9 @@ impl ShmConsumer {
             && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
     }
     /// The next message if one is waiting and it is the common case: an inline, pool or
-    /// routed message that passes every check. Everything else (nothing waiting, every slot held, a
-    /// buffer send, a slot that fails validation) is `None`, for [`try_read`](Self::try_read).
+    /// routed message, or a buffer send into the arena of the one before, that passes every
+    /// check. Everything else (nothing waiting, every slot held, a buffer send into another
+    /// arena, a slot that fails validation) is `None`, for [`try_read`](Self::try_read).
     /// Kept free of `Result` so that the hot path moves no error-sized values.
     #[inline(always)]
     fn read_fast(&mut self) -> Option<RawView> {
@@ -173,9 +174,25 @@ impl ShmConsumer {
                 let ptr = s.region.slot_inline(index) as *const u8;
                 return Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8)));
             }
+            KIND_ARENA => return self.read_arena_fast(index),
             _ => return None,
         };
         Some(self.hand_out(index, ptr, len, 0))
+    }
+
+    /// A buffer send into the arena the last one named, checked as
+    /// [`read_arena_slot`](Self::read_arena_slot) checks it; `None` for anything else.
+    #[inline]
+    fn read_arena_fast(&mut self, index: usize) -> Option<RawView> {
+        let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
+        let (last, mapping) = self.link.arenas.last.as_ref()?;
+        if *last != id || !in_arena(offset, len, mapping.len() as u64) {
+            return None;
+        }
+        // SAFETY: offset + len <= the mapping's length, checked above.
+        let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
+        self.link.session.arena_holds()[index].set(Arc::clone(mapping));
+        Some(self.hand_out(index, ptr, len as usize, RawView::ZERO_COPY))
     }
 
     /// The next message if one is waiting (`Ok(None)` if not), or why the slot is invalid.
@@ -255,7 +272,7 @@ impl ShmConsumer {
         // SAFETY: offset + len <= the mapping's length, checked above.
         let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
         let len = len as usize;
-        *self.link.session.arena_holds()[index].lock() = Some(mapping);
+        self.link.session.arena_holds()[index].set(mapping);
         Ok(Some(self.hand_out(index, ptr, len, RawView::ZERO_COPY)))
     }
 

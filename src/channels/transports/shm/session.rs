@@ -2,7 +2,7 @@
 //! and the in-order reclaim that turns releases into the shared tail the producer reads.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -13,8 +13,44 @@ use crate::channels::wait::{publish_then_check, wake_if_sleeping};
 use crate::error::{Error, Result};
 use crate::os::{membarrier, Mapping};
 
-/// The arena mapping a view of a buffer send points into, while the view is held.
-pub(super) type ArenaHold = Mutex<Option<Arc<Mapping>>>;
+/// The arena mapping a view of a buffer send points into, while the view is held: one
+/// reference, set by the receive and taken by the release of the slot's view. An atomic
+/// pointer, not a lock: a receive is one plain store and a release one swap (a per-slot mutex
+/// cost two locked instructions on each side).
+pub(super) struct ArenaHold(AtomicPtr<Mapping>);
+
+impl ArenaHold {
+    fn new() -> Self {
+        ArenaHold(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    /// Holds `mapping` for the slot's view. The slot's previous view was released before the
+    /// slot could carry a new message, so nothing is held.
+    pub(super) fn set(&self, mapping: Arc<Mapping>) {
+        let old = self.0.swap(Arc::into_raw(mapping).cast_mut(), Ordering::AcqRel);
+        debug_assert!(old.is_null(), "a slot's arena hold set twice");
+        if !old.is_null() {
+            // SAFETY: a non-null pointer here came from `Arc::into_raw` in `set` and was
+            // swapped out, so this is its only owner.
+            drop(unsafe { Arc::from_raw(old) });
+        }
+    }
+
+    /// Lets go of the slot's mapping, if any.
+    fn release(&self) {
+        let held = self.0.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !held.is_null() {
+            // SAFETY: as in `set`: the pointer came from `Arc::into_raw` and was swapped out.
+            drop(unsafe { Arc::from_raw(held) });
+        }
+    }
+}
+
+impl Drop for ArenaHold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
 
 /// Which view holds a slot: `state` is `seq << 1 | 1` while message `seq` is held,
 /// `seq << 1` once released, u64::MAX before first use; `ptr` and `len` check views handed
@@ -107,7 +143,7 @@ impl Session {
     }
 
     pub(super) fn arena_holds(&self) -> &[ArenaHold] {
-        self.arena_holds.get_or_init(|| (0..self.slot_count).map(|_| Mutex::new(None)).collect())
+        self.arena_holds.get_or_init(|| (0..self.slot_count).map(|_| ArenaHold::new()).collect())
     }
 
     /// Whether a view of this session is still held (releases reclaim in order, so all are
@@ -229,7 +265,7 @@ pub(crate) unsafe fn release_message(session: std::ptr::NonNull<Session>, view: 
         // Only buffer sends (zero copy) hold an arena mapping; see `Session::release`.
         if view.is_zero_copy() {
             if let Some(holds) = s.arena_holds.get() {
-                drop(holds[(view.token & s.mask) as usize].lock().take());
+                holds[(view.token & s.mask) as usize].release();
             }
         }
         s.mark_released(view.token)
@@ -263,7 +299,7 @@ impl Release for Session {
         }
         // Before the slot can be reused: a buffer send's arena may be unmapped from now on.
         if let Some(holds) = self.arena_holds.get() {
-            drop(holds[(view.token & self.mask) as usize].lock().take());
+            holds[(view.token & self.mask) as usize].release();
         }
         // The consumer that received it (and releases it now) still holds the session.
         let last = self.mark_released(view.token);
