@@ -114,15 +114,9 @@ impl Producer {
     /// As [`send`](Self::send), but `WouldBlock` at once when the channel is full.
     #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
-        if let Some((memory, offset)) = self.shareable(data) {
-            match self.send_shared(memory, offset, data.len(), Some(Duration::ZERO)) {
-                Err(Error::Unsupported(_)) => {}
-                other => return other,
-            }
-        }
-        let loan = self.loan_raw(data.len(), Some(Duration::ZERO))?;
-        self.fill_and_publish(loan, data)
+        self.send_within(data, Some(Duration::ZERO))
     }
+
     /// [`send`](Self::send) waiting for room up to `timeout` (`None`: forever; zero: not at
     /// all). The clock is read only when there is no room at once, so that a timeout costs
     /// nothing when it is not reached.
@@ -221,7 +215,8 @@ impl Producer {
         self.transport.completed()
     }
 
-    /// Waits until message `seq` has been released by the consumer.
+    /// Waits until message `seq` has been released by the consumer (a short buffer send, copied
+    /// at send, is complete at once).
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
         // Without a look at the consumer's side: complete by the last look, or copied at send.
         if seq < self.transport.completed_hint() || self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] == seq + 1 {

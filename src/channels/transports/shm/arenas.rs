@@ -21,8 +21,9 @@ use crate::os::Mapping;
 /// arena: a known identity always means the same arena.
 #[derive(Default)]
 pub(super) struct SentArenas {
-    /// What keeps the memory of messages in flight alive until the consumer releases them.
-    pub(super) in_flight: VecDeque<(u64, Arc<dyn Any + Send + Sync>)>,
+    /// What keeps the memory of messages in flight alive until the consumer releases them:
+    /// (the last message of a run of sends from one arena, the arena's identity, a reference).
+    pub(super) in_flight: VecDeque<(u64, usize, Arc<dyn Any + Send + Sync>)>,
     pub(super) by_identity: HashMap<usize, (u64, Weak<dyn Any + Send + Sync>)>,
     /// The last arena sent, (identity, id): a stream usually sends from one arena.
     pub(super) last: Option<(usize, u64)>,

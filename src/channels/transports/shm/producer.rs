@@ -166,7 +166,7 @@ impl ShmProducer {
             self.tail = tail;
             let end = self.pool_ends[((tail - 1) & self.mask) as usize];
             self.pool_tail = self.pool_tail.max(end);
-            while self.arenas.in_flight.front().is_some_and(|(seq, _)| *seq < tail) {
+            while self.arenas.in_flight.front().is_some_and(|(seq, _, _)| *seq < tail) {
                 self.arenas.in_flight.pop_front();
             }
         }
@@ -407,9 +407,14 @@ impl ShmProducer {
             pending.kind = KIND_ARENA;
             pending.len = len;
         }
-        let keep = region.keep_alive();
         let seq = self.publish(RawLoan { len, ..loan }, len)?;
-        self.arenas.in_flight.push_back((seq, keep));
+        let identity = region.identity();
+        match self.arenas.in_flight.back_mut() {
+            // A run of sends from one arena shares one reference, kept until its last message
+            // is released: no reference count per message.
+            Some((last, arena, _)) if *arena == identity => *last = seq,
+            _ => self.arenas.in_flight.push_back((seq, identity, region.keep_alive())),
+        }
         Ok(seq)
     }
 }
