@@ -882,6 +882,18 @@ void lf_channel_free(struct lf_channel *channel);
 // or writable.
 lf_status lf_context_create(const struct lf_context_config *config, struct lf_context **out);
 
+// Gives freed GPU memory back to the driver now: every pooled GPU arena that no buffer uses,
+// the one empty spare per memory kind that the context keeps for the next allocations too.
+// `*given_back` (if not NULL) receives how many bytes that was (0 without a GPU). Without this
+// call, a freed buffer that leaves its pooled arena empty gives that arena back unless it is
+// the spare, and a buffer of its own arena (over a quarter of `gpu_arena_size`) gives its
+// memory back when freed. Memory a channel still holds for a message is given back when the
+// message is released.
+//
+// # Safety
+// `context` must be NULL or a pointer from lava-flow; `given_back` NULL or writable.
+lf_status lf_context_trim(const struct lf_context *context, uint64_t *given_back);
+
 // Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
 // pointer that is not a live context. Buffers made from it stay valid until freed.
 //

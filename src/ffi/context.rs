@@ -9,7 +9,7 @@ use std::ffi::CString;
 
 use super::device::gpu_settings_from_c;
 use super::status::lf_status;
-use super::{boundary, boundary_void, free_handle, new_handle, out_ptr, write_out, Failure, FfiResult};
+use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
 use crate::memory::{Context, ContextConfig, HugepagePolicy};
 
 /// Opaque handle on a memory context.
@@ -111,6 +111,28 @@ pub unsafe extern "C" fn lf_context_create(config: *const lf_context_config, out
         let context = Context::new(config)?;
         let gpu_unavailable = context.gpu_unavailable_reason().map(|r| CString::new(r.replace('\0', " ")).unwrap_or_default());
         write_out(out, new_handle(lf_context { context, gpu_unavailable })?);
+        Ok(())
+    })
+}
+
+/// Gives freed GPU memory back to the driver now: every pooled GPU arena that no buffer uses,
+/// the one empty spare per memory kind that the context keeps for the next allocations too.
+/// `*given_back` (if not NULL) receives how many bytes that was (0 without a GPU). Without this
+/// call, a freed buffer that leaves its pooled arena empty gives that arena back unless it is
+/// the spare, and a buffer of its own arena (over a quarter of `gpu_arena_size`) gives its
+/// memory back when freed. Memory a channel still holds for a message is given back when the
+/// message is released.
+///
+/// # Safety
+/// `context` must be NULL or a pointer from lava-flow; `given_back` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_context_trim(context: *const lf_context, given_back: *mut u64) -> lf_status {
+    boundary("lf_context_trim", || {
+        let context = &handle_ref(context, "context")?.context;
+        let bytes = context.trim();
+        if !given_back.is_null() {
+            write_out(given_back, bytes);
+        }
         Ok(())
     })
 }

@@ -214,6 +214,31 @@ impl Context {
         self.inner.imports.len() + gpu
     }
 
+    /// Gives freed GPU memory back to the driver now: every pooled arena no buffer uses, the
+    /// spare the allocator keeps too. Returns how many bytes that was. Without asking, a freed
+    /// buffer that leaves its pooled arena empty gives that arena back unless it is the one
+    /// empty spare of its memory kind ([`SPARE_EMPTY_ARENAS`]); buffers of their own arena
+    /// (over a quarter of the arena size) give theirs back when freed.
+    ///
+    /// [`SPARE_EMPTY_ARENAS`]: crate::memory::gpu::SPARE_EMPTY_ARENAS
+    pub fn trim(&self) -> u64 {
+        #[cfg(feature = "vulkan")]
+        return self.inner.gpu.open.as_ref().map_or(0, |open| open.allocator.trim());
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
+    /// How many pooled GPU arenas this context holds now, of both memory kinds (empty spares
+    /// included): what [`trim`](Self::trim) could give back is the empty ones.
+    pub fn gpu_pooled_arenas(&self) -> usize {
+        #[cfg(feature = "vulkan")]
+        return self.inner.gpu.open.as_ref().map_or(0, |open| {
+            GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.arena_count(kind)).sum()
+        });
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
     /// The Vulkan device this context allocates GPU memory on, if it has one.
     #[cfg(feature = "vulkan")]
     pub fn gpu_device(&self) -> Option<&VulkanDevice> {

@@ -106,6 +106,14 @@ static void each_location(lf_context *context) {
         lf_free(gpu);
     }
     lf_free(cpu);
+    /* Freed GPU memory goes back on request: at least the spare pooled arena, then nothing. */
+    uint64_t given_back = 0;
+    EXPECT(lf_context_trim(NULL, &given_back), LF_ERR_NULL_POINTER);
+    EXPECT(lf_context_trim(context, &given_back), LF_OK);
+    CHECK(given_back > 0);
+    EXPECT(lf_context_trim(context, &given_back), LF_OK);
+    CHECK(given_back == 0);
+    EXPECT(lf_context_trim(context, NULL), LF_OK);
 }
 
 /* The child (re-executed): imports what the parent sends, checks it, writes back, acks. */

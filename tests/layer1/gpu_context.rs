@@ -440,3 +440,37 @@ fn gpu_arenas_beyond_the_largest_heap_are_refused() {
     absurd.gpu_arena_size = 1 << 63;
     assert!(matches!(Context::new(absurd), Err(Error::InvalidArgument(ref m)) if m.contains("gpu_arena_size")));
 }
+
+#[test]
+fn gpu_context_gives_freed_memory_back() {
+    const TEST: &str = "gpu_context_gives_freed_memory_back";
+    let Some(context) = gpu_context(TEST) else { return };
+    let arena = config(GpuPolicy::Required).gpu_arena_size;
+    assert_eq!(context.gpu_pooled_arenas(), 0, "no arena before the first buffer");
+    // Buffers of an eighth of the arena: pooled, several arenas of each kind.
+    let size = (arena / 8) as usize;
+    for location in GPU_LOCATIONS {
+        let buffers: Vec<Buffer> = (0..24).map(|_| context.allocate(size, location).unwrap()).collect();
+        let arenas = context.gpu_pooled_arenas();
+        assert!(arenas >= 3, "24 buffers of an eighth of an arena fill {arenas} arenas");
+        drop(buffers);
+        // Every arena emptied but one spare went back at once.
+        assert_eq!(context.gpu_pooled_arenas(), 1, "{location}: the one empty spare is kept");
+        // A buffer over a quarter of the arena lives in an arena of its own, not in the pool.
+        let large = context.allocate(arena as usize / 2, location).unwrap();
+        assert_eq!(context.gpu_pooled_arenas(), 1);
+        drop(large);
+        // The spare goes too when asked; a buffer still held keeps its arena.
+        let held = context.allocate(size, location).unwrap();
+        assert_eq!(context.trim(), 0, "the arena holding a buffer is not given back");
+        drop(held);
+        assert_eq!(context.trim(), arena, "{location}: the spare's bytes given back");
+        assert_eq!(context.gpu_pooled_arenas(), 0);
+        assert_eq!(context.trim(), 0, "nothing left to give back");
+        // Allocation after a trim makes a new arena.
+        let again = context.allocate(size, location).unwrap();
+        assert_eq!(context.gpu_pooled_arenas(), 1);
+        drop(again);
+        context.trim();
+    }
+}

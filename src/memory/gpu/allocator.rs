@@ -2,7 +2,7 @@
 //! arenas so that one exported file descriptor serves many buffers.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -81,6 +81,14 @@ impl Default for GpuAllocatorConfig {
     }
 }
 
+/// The pooled arenas of one memory kind.
+type Pool = Mutex<Vec<Arc<Arena>>>;
+
+/// How many empty pooled arenas of a kind stay allocated for the next buffers: when a freed
+/// buffer leaves another arena empty, that one goes back to the driver at once.
+/// [`GpuAllocator::trim`] gives back these too.
+pub const SPARE_EMPTY_ARENAS: usize = 1;
+
 /// Hands out [`GpuBuffer`]s on one device. `Send + Sync`.
 pub struct GpuAllocator {
     device: VulkanDevice,
@@ -90,7 +98,7 @@ pub struct GpuAllocator {
     /// own arena.
     pooling: bool,
     memory_types: [Option<u32>; 2],
-    pools: [Mutex<Vec<Arc<Arena>>>; 2],
+    pools: [Arc<Pool>; 2],
 }
 
 impl fmt::Debug for GpuAllocator {
@@ -146,7 +154,7 @@ impl GpuAllocator {
             handle_types,
             pooling,
             memory_types: [device_local, host_visible],
-            pools: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+            pools: [Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new()))],
         })
     }
 
@@ -247,7 +255,8 @@ impl GpuAllocator {
                 }
             }
         };
-        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, vk_offset: 0, size, reserved };
+        let pool = Some(Arc::downgrade(&self.pools[kind.index()]));
+        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, vk_offset: 0, size, reserved, pool };
         buffer.bind()?;
         Ok(buffer)
     }
@@ -296,28 +305,39 @@ impl GpuAllocator {
             },
         ));
         let buffer =
-            GpuBuffer { arena, buffer: new.buffer, owns_buffer: !dedicated, offset: 0, vk_offset: 0, size, reserved: 0 };
+            GpuBuffer { arena, buffer: new.buffer, owns_buffer: !dedicated, offset: 0, vk_offset: 0, size, reserved: 0, pool: None };
         buffer.bind()?;
         Ok(buffer)
     }
 
-    /// Frees pooled arenas that no buffer uses any more; returns how many were freed.
-    pub fn trim(&self) -> usize {
-        let mut freed = 0;
-        for pool in &self.pools {
-            pool.lock().retain(|arena| {
-                let idle = Arc::strong_count(arena) == 1 && arena.free.lock().used() == 0;
-                freed += idle as usize;
-                !idle
-            });
-        }
-        freed
+    /// Gives back every pooled arena that no buffer uses (the spares too): returns how many
+    /// bytes of GPU memory that was. An arena still referenced elsewhere (a channel holding a
+    /// message's memory, an export in flight) is freed when that reference goes.
+    pub fn trim(&self) -> u64 {
+        self.pools.iter().map(|pool| release_empty_arenas(pool, 0)).sum()
     }
 
     /// How many pooled arenas of `kind` exist.
     pub fn arena_count(&self, kind: GpuMemoryKind) -> usize {
         self.pools[kind.index()].lock().len()
     }
+}
+
+/// Drops the pool's reference to its empty arenas beyond the first `keep`; returns their
+/// bytes. Takes the pool's lock, then each arena's (the order the allocation path uses).
+fn release_empty_arenas(pool: &Pool, keep: usize) -> u64 {
+    let (mut kept, mut released) = (0, 0);
+    pool.lock().retain(|arena| {
+        if arena.free.lock().used() != 0 {
+            return true;
+        }
+        kept += 1;
+        if kept > keep {
+            released += arena.size;
+        }
+        kept <= keep
+    });
+    released
 }
 
 /// A range of GPU memory bound to a `VkBuffer`: allocated here from an arena, or imported
@@ -337,6 +357,8 @@ pub struct GpuBuffer {
     pub(crate) size: u64,
     /// The range taken from the arena's free list (0: none).
     pub(crate) reserved: u64,
+    /// The pool of a pooled arena's buffer, told when the buffer leaves its arena empty.
+    pub(crate) pool: Option<Weak<Pool>>,
 }
 
 impl fmt::Debug for GpuBuffer {
@@ -456,7 +478,15 @@ impl Drop for GpuBuffer {
             arena::destroy_buffer(&self.arena.device, self.buffer);
         }
         if self.reserved > 0 {
-            self.arena.free.lock().release(self.offset, self.reserved);
+            let emptied = {
+                let mut free = self.arena.free.lock();
+                free.release(self.offset, self.reserved);
+                free.used() == 0
+            };
+            // The arena's lock is let go first: the pool's comes before it.
+            if let Some(pool) = self.pool.as_ref().and_then(Weak::upgrade).filter(|_| emptied) {
+                release_empty_arenas(&pool, SPARE_EMPTY_ARENAS);
+            }
         }
     }
 }

@@ -121,7 +121,7 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
             reexport_fd: None,
         },
     ));
-    let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: 0, vk_offset: 0, size: len as u64, reserved: 0 };
+    let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: 0, vk_offset: 0, size: len as u64, reserved: 0, pool: None };
     buffer.bind()?;
     Ok(HostMemoryImport { buffer })
 }

@@ -83,6 +83,7 @@ impl GpuImporter {
                 vk_offset: desc.offset,
                 size: desc.size,
                 reserved: 0,
+                pool: None,
             });
         }
         // A buffer at an offset that is not a multiple of the buffer alignment (an export of
@@ -121,6 +122,7 @@ impl GpuImporter {
             vk_offset,
             size: desc.size,
             reserved: 0,
+            pool: None,
         };
         if let Some(problem) = problem {
             return Err(Error::invalid(format!("cannot import {desc}: {problem}")));

@@ -43,7 +43,7 @@ mod import;
 mod semaphore;
 mod transfer;
 
-pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind};
+pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind, SPARE_EMPTY_ARENAS};
 pub use arena::ArenaId;
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
 pub use device::{
