@@ -368,7 +368,8 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
 }
 
 /// Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
-/// (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). `*sequence` (if not NULL) receives the message's number.
+/// (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). `*sequence` (if not NULL)
+/// receives the message's number.
 ///
 /// The bytes are copied into the channel's pool, unless they lie inside one buffer of the
 /// channel's context (CPU memory from `lf_alloc` or `lf_import`, or the host mapping of a GPU

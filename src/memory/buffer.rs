@@ -457,14 +457,14 @@ impl Buffer {
         super::export::export(self)
     }
 
-    /// The memory file this buffer lies in and the buffer's offset in it, for sending the
-    /// buffer by reference (a channel's buffer send). CPU memory allocated or imported by
-    /// lava-flow has one; registered user memory and GPU memory are `Unsupported`, saying why.
     /// Whether the buffer is registered user memory (`lf_register`), which no peer can map.
     pub(crate) fn is_registered(&self) -> bool {
         matches!(self.backing, Backing::Registered)
     }
 
+    /// The memory file this buffer lies in and the buffer's offset in it, for sending the
+    /// buffer by reference (a channel's buffer send). CPU memory allocated or imported by
+    /// lava-flow has one; registered user memory and GPU memory are `Unsupported`, saying why.
     pub fn shared_arena(&self) -> Result<(SharedArena, usize)> {
         if let Some(found) = SharedArena::of(&self.backing) {
             return Ok(found);
