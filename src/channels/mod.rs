@@ -60,6 +60,8 @@ pub const TRANSPORTS_ENV: &str = "LF_TRANSPORTS";
 
 /// The longest channel name in bytes (it becomes a socket file name).
 pub const MAX_CHANNEL_NAME_LEN: usize = 64;
+/// The largest `pool_size` (1 TiB): a bound on what a peer can make the other end map.
+pub const MAX_POOL_SIZE: u64 = 1 << 40;
 
 /// Which end of a channel this process is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,10 +137,9 @@ impl ChannelConfig {
     /// of 0 bytes or more than 1 TiB. (The capacity is the producer's to choose; its
     /// transport checks it.)
     pub fn validate(&self) -> Result<()> {
-        use transports::shm::ring::MAX_POOL;
-        if self.pool_size == 0 || self.pool_size as u64 > MAX_POOL {
+        if self.pool_size == 0 || self.pool_size as u64 > MAX_POOL_SIZE {
             return Err(Error::invalid(format!(
-                "pool_size {} must be from 1 to {MAX_POOL} bytes (1 TiB); it is also the largest message",
+                "pool_size {} must be from 1 to {MAX_POOL_SIZE} bytes (1 TiB); it is also the largest message",
                 self.pool_size
             )));
         }

@@ -62,8 +62,8 @@ pub const INLINE_MAX: usize = SLOT_SIZE - SLOT_DATA;
 /// Pool allocations are aligned to cache lines.
 pub const POOL_ALIGN: u64 = 64;
 pub const MAX_SLOTS: u32 = 1 << 20;
-/// The largest pool (1 TiB): a bound on what a peer can make the consumer map.
-pub const MAX_POOL: u64 = 1 << 40;
+/// The largest pool: a bound on what a peer can make the consumer map.
+pub const MAX_POOL: u64 = crate::channels::MAX_POOL_SIZE;
 
 pub const KIND_INLINE: u32 = 1;
 pub const KIND_POOL: u32 = 2;
