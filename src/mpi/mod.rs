@@ -224,7 +224,7 @@ impl MpiWorld {
             // Said once per job, by rank 0; every process can read it with `topology_report`.
             eprintln!("lava-flow: {topology_report}");
         }
-        Ok(MpiWorld {
+        let world = MpiWorld {
             rank: joined.rank,
             peers,
             thread_level: joined.thread_level,
@@ -232,18 +232,18 @@ impl MpiWorld {
             initialised_by_lava_flow: joined.initialised_by_lava_flow,
             topology_report,
             comm: Arc::new(joined.comm),
-        })
-        .inspect(|world| {
-            let mut worlds = WORLDS.lock();
-            worlds.retain(|w| w.comm.strong_count() > 0);
-            worlds.push(WorldEntry {
-                id,
-                comm: Arc::downgrade(&world.comm),
-                rank: world.rank,
-                tag_upper_bound: world.tag_upper_bound,
-                thread_level: world.thread_level,
-            });
-        })
+        };
+        let mut worlds = WORLDS.lock();
+        worlds.retain(|w| w.comm.strong_count() > 0);
+        worlds.push(WorldEntry {
+            id,
+            comm: Arc::downgrade(&world.comm),
+            rank: world.rank,
+            tag_upper_bound: world.tag_upper_bound,
+            thread_level: world.thread_level,
+        });
+        drop(worlds);
+        Ok(world)
     }
 
     /// Always `Error::Unsupported`: this build has no MPI.
