@@ -54,4 +54,6 @@ pub use export::{GpuExport, GpuExportDesc, HandleType, GPU_EXPORT_DEDICATED, GPU
 pub use host_import::{import_host_memory, HostMemoryImport};
 pub use import::GpuImporter;
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
-pub use transfer::{copy_buffer, copy_buffer_timed, copy_buffer_waiting, CopyTiming, MappedRange};
+pub use transfer::{
+    copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting, CopyMethod, CopyTiming, MappedRange,
+};
