@@ -600,8 +600,10 @@ lf_status lf_buffer_registrations(const struct lf_buffer *buffer, uint32_t *flag
 lf_status lf_buffer_registration_failures(const struct lf_buffer *buffer, const char **out);
 
 // Copies `size` bytes from `data` into the buffer at `offset`: a memcpy for memory the host
-// maps, a staging copy through the GPU for GPU memory it cannot. A range outside the buffer
-// is LF_ERR_INVALID_ARGUMENT, naming both.
+// maps or may write directly (device-local memory behind a resizable BAR), else pinned
+// staging buffers and a GPU copy; large copies on several threads (`LF_COPY_THREADS`). For
+// the bus's full speed, copy from GPU-pinned memory with `lf_buffer_copy`. A range outside
+// the buffer is LF_ERR_INVALID_ARGUMENT, naming both.
 //
 // # Safety
 // `buffer` must be NULL or a pointer obtained from lava-flow; `data` NULL (only with `size`

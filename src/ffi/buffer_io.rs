@@ -26,8 +26,10 @@ fn caller_bytes<'a>(ptr: *const c_void, size: usize, arg: &str) -> FfiResult<&'a
 }
 
 /// Copies `size` bytes from `data` into the buffer at `offset`: a memcpy for memory the host
-/// maps, a staging copy through the GPU for GPU memory it cannot. A range outside the buffer
-/// is LF_ERR_INVALID_ARGUMENT, naming both.
+/// maps or may write directly (device-local memory behind a resizable BAR), else pinned
+/// staging buffers and a GPU copy; large copies on several threads (`LF_COPY_THREADS`). For
+/// the bus's full speed, copy from GPU-pinned memory with `lf_buffer_copy`. A range outside
+/// the buffer is LF_ERR_INVALID_ARGUMENT, naming both.
 ///
 /// # Safety
 /// `buffer` must be NULL or a pointer obtained from lava-flow; `data` NULL (only with `size`

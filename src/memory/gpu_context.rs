@@ -239,6 +239,16 @@ impl Context {
         0
     }
 
+    /// The bytes of GPU memory the pooled arenas of both kinds hold now, used or not.
+    pub fn gpu_pooled_bytes(&self) -> u64 {
+        #[cfg(feature = "vulkan")]
+        return self.inner.gpu.open.as_ref().map_or(0, |open| {
+            GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.pooled_bytes(kind)).sum()
+        });
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
     /// The Vulkan device this context allocates GPU memory on, if it has one.
     #[cfg(feature = "vulkan")]
     pub fn gpu_device(&self) -> Option<&VulkanDevice> {

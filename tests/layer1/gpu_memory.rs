@@ -283,9 +283,30 @@ fn gpu_allocate_each_kind_write_read() {
         assert!(allocator.arena_count(kind) >= 1);
     }
     assert!(matches!(allocator.allocate(0, GpuMemoryKind::DeviceLocal), Err(Error::InvalidArgument(_))));
-    let pooled = allocator.arena_count(GpuMemoryKind::DeviceLocal) + allocator.arena_count(GpuMemoryKind::HostVisible);
-    assert_eq!(allocator.trim(), pooled as u64 * allocator.config().arena_size, "every idle arena is given back");
+    let pooled = GpuMemoryKind::ALL.map(|kind| allocator.pooled_bytes(kind));
+    assert_eq!(pooled[0], allocator.arena_count(GpuMemoryKind::DeviceLocal) as u64 * allocator.config().arena_size);
+    assert!(pooled[1] > 0 && pooled[1] <= allocator.arena_count(GpuMemoryKind::HostVisible) as u64 * allocator.config().arena_size);
+    assert_eq!(allocator.trim(), pooled[0] + pooled[1], "every idle arena is given back");
     assert_eq!(allocator.arena_count(GpuMemoryKind::DeviceLocal), 0);
+}
+
+/// HOST_VISIBLE memory is pinned and cleared by the driver when allocated, so its pooled
+/// arenas start at a 32nd of the arena size and double: the first buffer is quick.
+#[test]
+fn gpu_host_visible_arenas_grow() {
+    let Some(device) = open_device("gpu_host_visible_arenas_grow") else { return };
+    let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
+    let arena = allocator.config().arena_size;
+    let first = allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap();
+    assert_eq!(first.arena_size(), arena / 32);
+    // Filling it makes the next arena twice as large; DEVICE_LOCAL arenas are whole.
+    let fill: Vec<GpuBuffer> = (0..31).map(|_| allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap()).collect();
+    assert!(fill.iter().all(|b| b.arena_id() == first.arena_id()));
+    let second = allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap();
+    assert_ne!(second.arena_id(), first.arena_id());
+    assert_eq!(second.arena_size(), arena / 16);
+    assert_eq!(allocator.pooled_bytes(GpuMemoryKind::HostVisible), arena / 32 + arena / 16);
+    assert_eq!(allocator.allocate(64 << 10, GpuMemoryKind::DeviceLocal).unwrap().arena_size(), arena);
 }
 
 /// Staged transfers go in pieces through a few staging buffers, several pieces in flight: a

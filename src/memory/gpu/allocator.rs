@@ -73,11 +73,49 @@ pub struct GpuAllocatorConfig {
     /// where the driver neither requires nor prefers one (default: only where it does).
     /// Importers learn it from the export (`GPU_EXPORT_DEDICATED`).
     pub dedicated_own_arenas: bool,
+    /// Take DEVICE_LOCAL memory from the memory type the host can also write (a resizable
+    /// BAR) where the device offers one over all its memory (default): [`GpuBuffer::write`]
+    /// then writes straight into it, with no staging. Host reads still go through a GPU copy.
+    pub host_writable_device_local: bool,
 }
 
 impl Default for GpuAllocatorConfig {
     fn default() -> Self {
-        GpuAllocatorConfig { arena_size: 64 << 20, exportable: true, dedicated_own_arenas: false }
+        GpuAllocatorConfig {
+            arena_size: 64 << 20,
+            exportable: true,
+            dedicated_own_arenas: false,
+            host_writable_device_local: true,
+        }
+    }
+}
+
+/// A memory type of the GPU's own memory that the host can also write, in the same heap as
+/// the plain device-local type `plain` (a resizable BAR over all of the GPU's memory; a small
+/// BAR window has a heap of its own and is not taken).
+fn resizable_bar_type(device: &VulkanDevice, allowed_bits: u32, plain: u32) -> Option<u32> {
+    use vk::MemoryPropertyFlags as F;
+    let types = &device.info().memory_types;
+    let heap = types.get(plain as usize)?.heap_index;
+    let want = (F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT).as_raw();
+    (0..types.len() as u32).find(|&i| {
+        let t = &types[i as usize];
+        allowed_bits & (1 << i) != 0 && t.heap_index == heap && t.property_flags & want == want
+    })
+}
+
+/// The size of a new pooled arena of `kind` when the pool already has arenas of `largest`
+/// bytes at most (0: none yet), for a request of `reserved` bytes. HOST_VISIBLE memory is
+/// pinned host memory that the driver clears when it allocates it (about a quarter of a
+/// millisecond per MiB), so its arenas start at 1/32 of the arena size and double up to
+/// it; DEVICE_LOCAL arenas are allocated whole.
+fn new_arena_size(kind: GpuMemoryKind, arena_size: u64, largest: u64, reserved: u64) -> u64 {
+    match kind {
+        GpuMemoryKind::DeviceLocal => arena_size,
+        GpuMemoryKind::HostVisible => {
+            let first = (arena_size / 32).max(1 << 20);
+            largest.saturating_mul(2).max(first).max(reserved.next_power_of_two()).min(arena_size)
+        }
     }
 }
 
@@ -145,7 +183,13 @@ impl GpuAllocator {
         arena::destroy_buffer(device, probe.buffer);
         let bits = probe.requirements.memory_type_bits;
         use vk::MemoryPropertyFlags as F;
-        let device_local = device.find_memory_type(bits, F::DEVICE_LOCAL, &[], F::HOST_VISIBLE);
+        let plain_device_local = device.find_memory_type(bits, F::DEVICE_LOCAL, &[], F::HOST_VISIBLE);
+        let device_local = match plain_device_local {
+            Some(plain) if config.host_writable_device_local => {
+                Some(resizable_bar_type(device, bits, plain).unwrap_or(plain))
+            }
+            other => other,
+        };
         let host_visible =
             device.find_memory_type(bits, F::HOST_VISIBLE | F::HOST_COHERENT, &[F::HOST_CACHED], F::DEVICE_LOCAL);
         Ok(GpuAllocator {
@@ -179,6 +223,7 @@ impl GpuAllocator {
 
     /// A buffer of `size` bytes of `kind`, from a pooled arena (or, above a quarter of the
     /// arena size, an arena of its own).
+    /// HOST_VISIBLE arenas start smaller and grow (see `new_arena_size`).
     pub fn allocate(&self, size: u64, kind: GpuMemoryKind) -> Result<GpuBuffer> {
         self.allocate_inner(size, kind, self.pooling)
     }
@@ -221,9 +266,11 @@ impl GpuAllocator {
             match found {
                 Some(found) => found,
                 None => {
+                    let largest = pool.iter().map(|a| a.size).max().unwrap_or(0);
+                    let arena_size = new_arena_size(kind, self.config.arena_size, largest, reserved);
                     let memory = match arena::allocate_memory(
                         &self.device,
-                        self.config.arena_size,
+                        arena_size,
                         type_index,
                         self.handle_types,
                         None,
@@ -238,7 +285,7 @@ impl GpuAllocator {
                         &self.device,
                         ArenaParts {
                             memory,
-                            size: self.config.arena_size,
+                            size: arena_size,
                             memory_type_index: type_index,
                             kind,
                             id: ArenaId::new_local(),
@@ -320,6 +367,11 @@ impl GpuAllocator {
     /// How many pooled arenas of `kind` exist.
     pub fn arena_count(&self, kind: GpuMemoryKind) -> usize {
         self.pools[kind.index()].lock().len()
+    }
+
+    /// The bytes of GPU memory the pooled arenas of `kind` hold, used or not.
+    pub fn pooled_bytes(&self, kind: GpuMemoryKind) -> u64 {
+        self.pools[kind.index()].lock().iter().map(|a| a.size).sum()
     }
 }
 
@@ -424,7 +476,7 @@ impl GpuBuffer {
 
     /// Whether the host can map it ([`GpuBuffer::map`]) and read/write it without staging.
     pub fn is_host_mappable(&self) -> bool {
-        self.arena.host_coherent()
+        self.arena.host_mappable()
     }
 
     /// Whether it was imported from another process's export.
@@ -495,6 +547,24 @@ impl Drop for GpuBuffer {
 mod tests {
     use super::super::{GpuExport, GpuImporter, HostMemoryImport};
     use super::*;
+
+    #[test]
+    fn host_visible_arenas_start_small_and_double() {
+        const MIB: u64 = 1 << 20;
+        let sizes: Vec<u64> = std::iter::successors(Some(0), |&largest| {
+            Some(new_arena_size(GpuMemoryKind::HostVisible, 64 * MIB, largest, 4096))
+        })
+        .skip(1)
+        .take(7)
+        .collect();
+        assert_eq!(sizes, [2, 4, 8, 16, 32, 64, 64].map(|m| m * MIB));
+        // A request larger than the next size gets an arena that fits it.
+        assert_eq!(new_arena_size(GpuMemoryKind::HostVisible, 64 * MIB, 2 * MIB, 9 * MIB), 16 * MIB);
+        // Small arena sizes: never below 1 MiB, never above the arena size.
+        assert_eq!(new_arena_size(GpuMemoryKind::HostVisible, 4 * MIB, 0, 4096), MIB);
+        assert_eq!(new_arena_size(GpuMemoryKind::HostVisible, 512 << 10, 0, 4096), 512 << 10);
+        assert_eq!(new_arena_size(GpuMemoryKind::DeviceLocal, 64 * MIB, 0, 4096), 64 * MIB);
+    }
 
     fn assert_send_sync<T: Send + Sync>() {}
 

@@ -126,11 +126,20 @@ impl Arena {
         }
     }
 
-    /// Host-visible and coherent: the host may read and write it through a mapping with no
-    /// flush or invalidate.
-    pub(crate) fn host_coherent(&self) -> bool {
+    /// Host-visible and coherent: the host may write it through a mapping with no flush. For
+    /// the GPU's own memory behind a resizable BAR, only writes go at the bus's speed.
+    pub(crate) fn host_writable(&self) -> bool {
         self.property_flags
             .contains(vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT)
+    }
+
+    /// Host-writable, and readable by the host at memory speed: host memory, or device memory
+    /// the host caches (a CPU driver's). Reads of uncached device memory through the BAR
+    /// crawl, so that memory is not offered for mapping.
+    pub(crate) fn host_mappable(&self) -> bool {
+        use vk::MemoryPropertyFlags as F;
+        self.host_writable()
+            && (self.property_flags.contains(F::HOST_CACHED) || !self.property_flags.contains(F::DEVICE_LOCAL))
     }
 
     /// The base of a persistent mapping of the whole arena, made on first use.
@@ -138,7 +147,7 @@ impl Arena {
         if let Some(p) = NonNull::new(self.mapped.load(Ordering::Acquire)) {
             return Ok(p);
         }
-        if !self.host_coherent() {
+        if !self.host_writable() {
             return Err(Error::InvalidState(format!(
                 "arena {} (memory type {} {}) is not host-visible and coherent, so it cannot be mapped; \
                  use write/read, which stage through host-visible memory",

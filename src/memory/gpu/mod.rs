@@ -39,6 +39,7 @@ mod cuda;
 mod device;
 mod export;
 mod host_import;
+mod parallel_copy;
 mod import;
 mod semaphore;
 mod transfer;
@@ -52,6 +53,7 @@ pub use device::{
 };
 pub use export::{GpuExport, GpuExportDesc, HandleType, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
 pub use host_import::{import_host_memory, HostMemoryImport};
+pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use import::GpuImporter;
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
 pub use transfer::{

@@ -16,6 +16,7 @@ use ash::vk;
 use super::allocator::GpuBuffer;
 use super::arena;
 use super::device::{vk_err, VulkanDevice};
+use super::parallel_copy;
 use super::semaphore::TimelineSemaphore;
 use crate::error::{Error, Result};
 
@@ -273,7 +274,7 @@ impl Submitter {
         let s = &self.staging[slot];
         let region = [match direction {
             Direction::ToDevice => {
-                std::ptr::copy_nonoverlapping(host, s.ptr.as_ptr(), len);
+                parallel_copy::copy(host, s.ptr.as_ptr(), len);
                 vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 }
             }
             Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
@@ -321,7 +322,7 @@ impl Submitter {
             }
         }
         if direction == Direction::ToHost {
-            std::ptr::copy_nonoverlapping(s.ptr.as_ptr(), host.add(start), len);
+            parallel_copy::copy(s.ptr.as_ptr(), host.add(start), len);
         }
         Ok(())
     }
@@ -464,17 +465,13 @@ impl GpuBuffer {
         if data.is_empty() {
             return Ok(());
         }
-        if direct && self.arena.host_coherent() {
+        if direct && self.arena.host_writable() {
             let base = self.arena.map()?;
             // SAFETY: the mapping covers the whole arena and self.offset + offset + len lies
             // within this buffer's part of it (checked above); `data` cannot overlap device
             // memory that Rust code borrows.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    base.as_ptr().add((self.offset + offset) as usize),
-                    data.len(),
-                )
+                parallel_copy::copy(data.as_ptr(), base.as_ptr().add((self.offset + offset) as usize), data.len())
             };
             return Ok(());
         }
@@ -503,15 +500,11 @@ impl GpuBuffer {
         if out.is_empty() {
             return Ok(());
         }
-        if direct && self.arena.host_coherent() {
+        if direct && self.arena.host_mappable() {
             let base = self.arena.map()?;
             // SAFETY: as in `write`; `out` is ordinary host memory distinct from the mapping.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    base.as_ptr().add((self.offset + offset) as usize),
-                    out.as_mut_ptr(),
-                    out.len(),
-                )
+                parallel_copy::copy(base.as_ptr().add((self.offset + offset) as usize), out.as_mut_ptr(), out.len())
             };
             return Ok(());
         }
@@ -523,8 +516,19 @@ impl GpuBuffer {
     }
 
     /// The buffer's bytes in this process's address space (a persistent mapping of its
-    /// arena). Only for host-visible coherent memory ([`GpuBuffer::is_host_mappable`]).
+    /// arena). Only for memory the host reads and writes at memory speed
+    /// ([`GpuBuffer::is_host_mappable`]): not for the GPU's own memory behind a resizable
+    /// BAR, which [`GpuBuffer::write`] still writes directly.
     pub fn map(&self) -> Result<MappedRange<'_>> {
+        if !self.arena.host_mappable() {
+            return Err(Error::InvalidState(format!(
+                "a {} buffer of memory type {} ({}) is not mapped for the host: host reads of it crawl; \
+                 use write/read, which move its data at the bus's speed",
+                self.arena.kind,
+                self.arena.memory_type_index,
+                super::device::describe_memory_flags(self.arena.property_flags.as_raw())
+            )));
+        }
         let base = self.arena.map()?;
         // SAFETY: the arena mapping covers offset..offset + size of this buffer.
         let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(self.offset as usize)) };

@@ -1,0 +1,178 @@
+//! Host copies of GPU transfers on several cores: one core's `memcpy` moves 10-15 GB/s, a
+//! PCIe Gen5 link 50. Large pieces are cut into chunks that a small crew of threads (made
+//! on first use, kept for the process) and the calling thread copy together.
+//!
+//! `LF_COPY_THREADS` sets how many threads copy, the caller included (default: 4, at most
+//! the cores this process may use; 1 copies on the calling thread alone).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Condvar, Mutex};
+
+/// The environment variable that sets how many threads copy (the caller included).
+pub const COPY_THREADS_ENV: &str = "LF_COPY_THREADS";
+const DEFAULT_THREADS: usize = 4;
+/// Copies below this go on the calling thread alone: waking the crew costs microseconds.
+const PARALLEL_MIN: usize = 2 << 20;
+/// What one thread takes at a time.
+const CHUNK: usize = 512 << 10;
+
+/// One copy, shared by the threads working on it. Addresses are plain numbers so that a
+/// worker that picks the job up late touches no memory: it finds no chunk left.
+struct Job {
+    src: usize,
+    dst: usize,
+    len: usize,
+    chunks: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Job {
+    /// Copies chunks until none is left.
+    fn run(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.chunks {
+                return;
+            }
+            let start = i * CHUNK;
+            let n = CHUNK.min(self.len - start);
+            // SAFETY: `Crew::copy` hands out each chunk of its valid, non-overlapping ranges
+            // once, and waits for every chunk before it returns, so the ranges are live here.
+            unsafe { std::ptr::copy_nonoverlapping((self.src + start) as *const u8, (self.dst + start) as *mut u8, n) };
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+struct Crew {
+    /// Threads copying, the caller included.
+    threads: usize,
+    /// One copy at a time.
+    busy: Mutex<()>,
+    /// The current job and its number, which the workers wait to change.
+    posted: Mutex<(u64, Option<Arc<Job>>)>,
+    wake: Condvar,
+}
+
+impl Crew {
+    /// A crew of `threads` copiers: the caller and `threads - 1` workers. A worker that
+    /// cannot be started is simply missing: the others copy its chunks.
+    fn new(threads: usize) -> Arc<Crew> {
+        let crew = Arc::new(Crew { threads, busy: Mutex::new(()), posted: Mutex::new((0, None)), wake: Condvar::new() });
+        for n in 1..threads {
+            let worker = crew.clone();
+            let _ = std::thread::Builder::new().name(format!("lf-copy-{n}")).spawn(move || worker.work());
+        }
+        crew
+    }
+
+    fn work(&self) {
+        let mut seen = 0;
+        loop {
+            let job = {
+                let mut posted = self.posted.lock();
+                while posted.0 == seen {
+                    self.wake.wait(&mut posted);
+                }
+                seen = posted.0;
+                posted.1.clone()
+            };
+            if let Some(job) = job {
+                job.run();
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`copy`].
+    unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize) {
+        let _one_at_a_time = self.busy.lock();
+        let job = Arc::new(Job {
+            src: src as usize,
+            dst: dst as usize,
+            len,
+            chunks: len.div_ceil(CHUNK),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+        });
+        {
+            let mut posted = self.posted.lock();
+            posted.0 += 1;
+            posted.1 = Some(job.clone());
+        }
+        self.wake.notify_all();
+        job.run();
+        // The last chunks other threads took: at most one chunk's copy each.
+        while job.done.load(Ordering::Acquire) < job.chunks {
+            std::hint::spin_loop();
+        }
+        self.posted.lock().1 = None;
+    }
+}
+
+fn crew() -> &'static Arc<Crew> {
+    static CREW: OnceLock<Arc<Crew>> = OnceLock::new();
+    CREW.get_or_init(|| Crew::new(copy_threads()))
+}
+
+/// How many threads copy large pieces, the caller included.
+pub fn copy_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::env::var(COPY_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(DEFAULT_THREADS.min(cores))
+}
+
+/// Copies `len` bytes from `src` to `dst`, on several threads when it is large.
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
+/// nothing else writes them (or reads `dst`) during the call.
+pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+    if len < PARALLEL_MIN {
+        std::ptr::copy_nonoverlapping(src, dst, len);
+        return;
+    }
+    let crew = crew();
+    if crew.threads == 1 {
+        std::ptr::copy_nonoverlapping(src, dst, len);
+    } else {
+        crew.copy(src, dst, len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_every_byte_of_odd_sizes_and_offsets() {
+        for len in [0, 1, PARALLEL_MIN - 1, PARALLEL_MIN, PARALLEL_MIN + 4097, 9 * CHUNK + 13] {
+            let src: Vec<u8> = (0..len + 7).map(|i| (i * 31 % 251) as u8).collect();
+            let mut dst = vec![0u8; len + 10];
+            // SAFETY: both ranges lie inside their vectors and do not overlap.
+            unsafe { copy(src.as_ptr().add(7), dst.as_mut_ptr().add(3), len) };
+            assert_eq!(&dst[3..3 + len], &src[7..7 + len], "len {len}");
+            assert!(dst[..3].iter().chain(&dst[3 + len..]).all(|&b| b == 0), "bytes outside the range written, len {len}");
+        }
+    }
+
+    #[test]
+    fn a_crew_of_threads_shares_the_chunks() {
+        let crew = Crew::new(3);
+        let len = 40 * CHUNK + 5;
+        let src: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        let mut dst = vec![0u8; len];
+        for _ in 0..20 {
+            dst.fill(0);
+            // SAFETY: both vectors are `len` long and distinct.
+            unsafe { crew.copy(src.as_ptr(), dst.as_mut_ptr(), len) };
+            assert!(dst == src);
+        }
+    }
+}
