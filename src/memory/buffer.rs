@@ -11,7 +11,7 @@ use super::arena::{Arena, Pool};
 use super::cpu::gpu_pinned::DeviceRegistration;
 use super::export::{ExportHandle, ImportedArena};
 #[cfg(feature = "vulkan")]
-use super::gpu::{GpuBuffer, GpuMemoryKind, TimelineSemaphore};
+use super::gpu::{copy_buffer, GpuBuffer, GpuMemoryKind, TimelineSemaphore};
 use super::gpu_context::Pins;
 use super::location::MemoryLocation;
 use super::registry::{BufferInfo, Registry, SharedMemory};
@@ -326,6 +326,35 @@ impl Buffer {
         }
     }
 
+    /// The GPU memory of a GPU buffer or view (not GPU-pinned host memory) and where this
+    /// buffer starts in it.
+    #[cfg(feature = "vulkan")]
+    fn gpu_memory(&self) -> Option<(&GpuBuffer, u64)> {
+        match &self.backing {
+            Backing::Gpu { buffer } => Some((buffer, 0)),
+            Backing::GpuView { whole, offset, .. } => Some((whole, *offset)),
+            _ => None,
+        }
+    }
+
+    /// For a host transfer of `len` bytes at `addr` to or from `gpu`: the GPU-pinned arena of
+    /// this buffer's context that holds the whole range, imported into `gpu`'s device, and
+    /// where the range starts in it. The GPU then copies by DMA, with no host copy at all.
+    /// Small transfers are left to the host.
+    #[cfg(feature = "vulkan")]
+    fn pinned_range(&self, addr: *const u8, len: usize, gpu: &GpuBuffer) -> Option<(SharedArena, u64)> {
+        const PINNED_MIN: usize = 256 << 10;
+        if len < PINNED_MIN {
+            return None;
+        }
+        let (SharedMemory::File(arena, _), _) = self.registry().find_shareable(addr as usize, len)? else {
+            return None;
+        };
+        let at = (addr as usize).checked_sub(arena.base() as usize)?;
+        let pinned = arena.vulkan_buffer()?;
+        (pinned.device().same_device(gpu.device()) && at + len <= pinned.size() as usize).then_some((arena, at as u64))
+    }
+
     /// The GPU buffer behind a GPU buffer (allocated or imported; not a view, not GPU-pinned
     /// memory): its arena identity, device and exports.
     #[cfg(feature = "vulkan")]
@@ -388,13 +417,13 @@ impl Buffer {
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
         #[cfg(feature = "vulkan")]
-        match &self.backing {
-            Backing::Gpu { buffer } => return buffer.write(offset as u64, data),
-            Backing::GpuView { whole, offset: start, .. } => {
-                self.wait_ready()?;
-                return whole.write(start + offset as u64, data);
-            }
-            _ => {}
+        if let Some((gpu, start)) = self.gpu_memory() {
+            self.wait_ready()?;
+            let at = start + offset as u64;
+            return match self.pinned_range(data.as_ptr(), data.len(), gpu) {
+                Some((pinned, from)) => copy_buffer(pinned.vulkan_buffer().expect("checked"), from, gpu, at, data.len() as u64),
+                None => gpu.write(at, data),
+            };
         }
         let base = self.host_ptr()?;
         // SAFETY: the range was checked to lie inside the live buffer; `data` is a separate
@@ -408,13 +437,13 @@ impl Buffer {
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         #[cfg(feature = "vulkan")]
-        match &self.backing {
-            Backing::Gpu { buffer } => return buffer.read(offset as u64, out),
-            Backing::GpuView { whole, offset: start, .. } => {
-                self.wait_ready()?;
-                return whole.read(start + offset as u64, out);
-            }
-            _ => {}
+        if let Some((gpu, start)) = self.gpu_memory() {
+            self.wait_ready()?;
+            let at = start + offset as u64;
+            return match self.pinned_range(out.as_ptr(), out.len(), gpu) {
+                Some((pinned, to)) => copy_buffer(gpu, at, pinned.vulkan_buffer().expect("checked"), to, out.len() as u64),
+                None => gpu.read(at, out),
+            };
         }
         let base = self.host_ptr()?;
         // SAFETY: as in write_at.
@@ -510,6 +539,16 @@ impl SharedArena {
             _ => return None,
         };
         Some((SharedArena { arena }, offset))
+    }
+
+    /// The Vulkan buffer over the whole arena, for GPU-pinned memory imported into the
+    /// context's device.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn vulkan_buffer(&self) -> Option<&GpuBuffer> {
+        match &self.arena {
+            ArenaRef::Local(a) => a.pins.vulkan_buffer(),
+            ArenaRef::Imported(_) => None,
+        }
     }
 
     /// The memory file, to pass to the peer (`SCM_RIGHTS`).

@@ -366,6 +366,35 @@ fn gpu_context_pinned_memory_reports_its_registrations() {
     assert!(unregistered.registration_failures()[0].contains("disables the GPU"));
 }
 
+/// `write_at`/`read_at` of GPU memory from and into GPU-pinned memory of the context: the GPU
+/// copies straight between them (where Vulkan imported the pinned memory), at any offset of
+/// a pooled or an own arena, and the bytes arrive whole.
+#[test]
+fn gpu_context_host_transfers_from_and_into_pinned_memory() {
+    let Some(context) = gpu_context("gpu_context_host_transfers_from_and_into_pinned_memory") else { return };
+    let _first = context.allocate(64 << 10, MemoryLocation::CpuGpuPinned).unwrap();
+    let pooled = context.allocate(512 << 10, MemoryLocation::CpuGpuPinned).unwrap();
+    let own = context.allocate((4 << 20) + 8192, MemoryLocation::CpuGpuPinned).unwrap();
+    let gpu = context.allocate(5 << 20, MemoryLocation::GpuDeviceLocal).unwrap();
+    for (pinned, len) in [(&pooled, 300_000usize), (&own, (3 << 20) + 5)] {
+        println!("registrations {:?}, missing {:?}", pinned.registrations(), pinned.registration_failures());
+        let data = pattern(len as u32, len);
+        pinned.write_at(1001, &data).unwrap();
+        let base = pinned.host_ptr().unwrap();
+        // SAFETY: the ranges lie inside the live pinned buffer, which nothing else touches.
+        let (from, into) = unsafe {
+            (std::slice::from_raw_parts(base.add(1001), len), std::slice::from_raw_parts_mut(base.add(3), len))
+        };
+        gpu.write_at(77, from).unwrap();
+        let mut check = vec![0u8; len];
+        gpu.read_at(77, &mut check).unwrap();
+        assert!(check == data, "pinned -> GPU, {len} bytes");
+        into.fill(0);
+        gpu.read_at(77, into).unwrap();
+        assert!(into == &data[..], "GPU -> pinned, {len} bytes");
+    }
+}
+
 #[test]
 fn gpu_context_no_fd_leak_over_1000_cycles() {
     const TEST: &str = "gpu_context_no_fd_leak_over_1000_cycles";
