@@ -1,10 +1,14 @@
-//! Moving data without writing Vulkan code: host writes and reads (direct for mappable memory,
-//! staged through a host-visible buffer otherwise), GPU copies between buffers, and mapping.
+//! Moving data without writing Vulkan code: host writes and reads, GPU copies between
+//! buffers, and mapping.
 //!
-//! Every operation is synchronous: it submits its command buffers on the device's transfer
-//! queue and waits for their fences, so the data is in place when the call returns. Staged
-//! transfers go in pieces through a few staging buffers, the host's copy of one piece
-//! overlapping the GPU's copy of another.
+//! - Host writes go straight into memory the host may write (host memory, and the GPU's own
+//!   memory behind a resizable BAR); host reads straight out of memory the host caches.
+//!   Everything else is staged: in pieces through a few pinned staging buffers, the host's
+//!   copy of one piece overlapping the GPU's copy of another.
+//! - Large host copies run on several threads (`LF_COPY_THREADS`).
+//!
+//! Every operation is synchronous: it submits its command buffers on the device's queue and
+//! waits for their fences, so the data is in place when the call returns.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -446,8 +450,8 @@ impl GpuBuffer {
         }
     }
 
-    /// Copies `data` into the buffer at `offset`: a plain memcpy when the memory is mappable,
-    /// else through the device's staging buffer and a GPU copy. Returns when the data is in
+    /// Copies `data` into the buffer at `offset`: a plain memcpy when the host may write the
+    /// memory, else through the device's staging buffers and a GPU copy. Returns when the data is in
     /// place. Concurrent access to the same bytes (from threads, the GPU or other processes)
     /// must be ordered by the caller.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
