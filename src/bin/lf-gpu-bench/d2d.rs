@@ -45,6 +45,16 @@ impl Case {
             Case::InProcess => "in_process_vkcmdcopybuffer",
         }
     }
+
+    fn label(self) -> &'static str {
+        match self {
+            Case::Cuda => "cuMemcpyDtoD",
+            Case::Lf(CopyMethod::Auto) => "lf auto",
+            Case::Lf(CopyMethod::Engine) => "lf engine",
+            Case::Lf(CopyMethod::Shader) => "lf shader",
+            Case::InProcess => "vkCmdCopyBuffer*",
+        }
+    }
 }
 
 /// One case's samples (seconds), or why it has none.
@@ -181,7 +191,7 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                         None => format!("{g:9.2}"),
                     });
                     if let Some(gpu) = gpu {
-                        gpu_cells.push(format!("{} {gpu:.2}", case.key()));
+                        gpu_cells.push(format!("{} {gpu:.2}", case.label()));
                     }
                     let mut v = json!({ "gbps": num(g), "median_wall_s": num(median(&s.wall)) });
                     if let Some(gpu) = gpu {
@@ -196,18 +206,18 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                             Err(e) => json!(e),
                         };
                         if let Err(e) = verified {
-                            notes.push(format!("{} at {}: {e}", case.key(), size_name(size)));
+                            notes.push(format!("{} at {}: {e}", case.label(), size_name(size)));
                         }
                     }
                     if *case == Case::Lf(CopyMethod::Auto) {
-                        summary.auto_ratio.push((size, ratio.ok_or_else(|| cuda_gbps.clone().unwrap_err())));
+                        summary.auto_ratio.push((size, cuda_gbps.as_ref().map(|c| g / c).map_err(Clone::clone)));
                     }
                     v
                 }
                 Err(e) => {
                     let short = if e.starts_with("unsupported") { "unsupported" } else if *case == Case::Cuda { "n/a" } else { "error" };
                     cells.push(short.to_string());
-                    let note = format!("{}: {}", case.key(), brief(e));
+                    let note = format!("{}: {}", case.label(), brief(e));
                     if !notes.contains(&note) {
                         notes.push(note);
                     }

@@ -175,12 +175,13 @@ fn run(o: Options) -> Result<Value, Error> {
     if cpu_device {
         b.say("  note: this is a CPU Vulkan driver (lavapipe): the numbers show code paths, not GPU performance");
     }
+    let mut machine = machine;
+    machine["vulkan_device"] = info.to_json();
+    machine["cuda"] = cuda_json(&b.cuda);
     Ok(json!({
         "tool": "lf-gpu-bench",
         "options": { "quick": b.o.quick, "max_size": max_size, "reps": b.o.reps },
         "machine": machine,
-        "device": info.to_json(),
-        "cuda": cuda_json(&b.cuda),
         "allocation": alloc_json,
         "d2d": d2d_json,
         "host_transfers": host_json,
