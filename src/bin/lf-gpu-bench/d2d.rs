@@ -23,6 +23,8 @@ use crate::Bench;
 /// The Auto method's ratio to `cuMemcpyDtoD` per size (or why there is none): the target.
 pub struct D2dSummary {
     pub auto_ratio: Vec<(u64, Result<f64, String>)>,
+    /// Sizes where the Auto method's copy did not move the data, with what was seen.
+    pub auto_wrong: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -107,7 +109,7 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
     let mut rows = Vec::new();
     let mut gpu_lines = Vec::new();
     let mut notes: Vec<String> = Vec::new();
-    let mut summary = D2dSummary { auto_ratio: Vec::new() };
+    let mut summary = D2dSummary { auto_ratio: Vec::new(), auto_wrong: Vec::new() };
     let mut size = MIB;
     while size <= b.max_size {
         let reps = b.o.reps.unwrap_or(match (b.o.quick, size >= 256 * MIB) {
@@ -207,6 +209,9 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                         };
                         if let Err(e) = verified {
                             notes.push(format!("{} at {}: {e}", case.label(), size_name(size)));
+                            if *case == Case::Lf(CopyMethod::Auto) {
+                                summary.auto_wrong.push(format!("{}: {e}", size_name(size)));
+                            }
                         }
                     }
                     if *case == Case::Lf(CopyMethod::Auto) {

@@ -122,6 +122,7 @@ impl Method {
 }
 
 /// One measured row, for the targets.
+#[derive(Clone)]
 pub struct HostRow {
     pub size: u64,
     pub dir: Dir,
@@ -130,6 +131,8 @@ pub struct HostRow {
     /// From or to pageable memory through the auto path (`write`/`read` of DEVICE_LOCAL).
     pub auto_pageable: bool,
     pub host_visible: bool,
+    /// What the round-trip check saw when the data was wrong.
+    pub wrong: Option<String>,
     pub ratio_pinned: Result<f64, String>,
     pub ratio_memcpy: Option<Result<f64, String>>,
 }
@@ -402,6 +405,10 @@ pub fn run(b: &Bench) -> Result<(Value, HostSummary), Error> {
                 lava_flow: m.is_lava_flow(),
                 auto_pageable: matches!(m, Method::LfAuto(_)),
                 host_visible: matches!(m, Method::LfHostVisible(_)),
+                wrong: match &check {
+                    Some(Err(e)) if e.starts_with("wrong data") => Some(e.clone()),
+                    _ => None,
+                },
                 ratio_pinned: pinned,
                 ratio_memcpy: memcpy,
             });
