@@ -216,7 +216,7 @@ impl Buffers<'_, '_> {
     /// source is stamped with `stamp` first, so that a write that moved nothing shows.
     fn round_trip(&mut self, write: Method, read: Method, stamp: u8) -> Result<(), String> {
         self.src[..8].fill(stamp);
-        if let Ok(p) = &self.pinned {
+        if let (Ok(p), Method::LfPinned(_)) = (&self.pinned, write) {
             p.src.write_at(0, &self.src).map_err(|e| e.to_string())?;
             p.dst.write_at(0, &vec![0u8; p.dst.len()]).map_err(|e| e.to_string())?;
         }
