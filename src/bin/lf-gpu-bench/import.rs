@@ -6,7 +6,8 @@
 //! (duplicates without `FD_CLOEXEC`, their numbers and `GpuExportDesc::to_bytes` in hex on the
 //! command line). The child opens its device (not timed), then times:
 //!
-//! - lava-flow: `GpuImporter::new(&device).import(export)`;
+//! - lava-flow: `GpuImporter::new(&device).import(export)` (an importer made then, as a
+//!   process that imports once would);
 //! - the driver alone: the second fd imported with raw Vulkan calls through the same device
 //!   (`vkCreateBuffer` with `VkExternalMemoryBufferCreateInfo`(OPAQUE_FD),
 //!   `vkGetBufferMemoryRequirements`, `vkAllocateMemory` with `VkImportMemoryFdInfoKHR`, and
@@ -282,7 +283,6 @@ pub fn child_import(args: &[String]) -> Result<(), String> {
         Err(_) => None,
     };
     let device = child_device(args)?;
-    let importer = GpuImporter::new(&device);
     let mut reply = serde_json::Map::new();
     reply.insert("order".into(), json!(order));
     let mut record = |key: &str, result: Result<f64, String>| match result {
@@ -302,7 +302,7 @@ pub fn child_import(args: &[String]) -> Result<(), String> {
         if step == "lava-flow" {
             let export = lf.take().expect("once");
             let start = Instant::now();
-            let imported = importer.import(export);
+            let imported = GpuImporter::new(&device).import(export);
             let t = us(start.elapsed());
             record("lava_flow_import_us", imported.as_ref().map(|_| t).map_err(|e| e.to_string()));
             kept_lf = imported.ok();
