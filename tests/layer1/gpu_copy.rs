@@ -178,31 +178,43 @@ fn gpu_copy_overlap_refused() {
 fn gpu_copy_auto_choice() {
     let Some(device) = open_device("gpu_copy_auto_choice") else { return };
     let forced: Option<CopyMethod> = std::env::var(GPU_COPY_ENV).ok().and_then(|v| v.parse().ok());
-    let big = chosen_copy_method(&device, 1 << 30);
-    let small = chosen_copy_method(&device, 4096);
-    println!("{}: auto copies 4 KiB by {small}, 1 GiB by {big}", device.info().name);
+    let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
+    let len = SHADER_COPY_MIN.max(1 << 20) + 64;
+    let src = allocator.allocate(len, GpuMemoryKind::DeviceLocal).unwrap();
+    let dst = allocator.allocate(len, GpuMemoryKind::DeviceLocal).unwrap();
+    let host = allocator.allocate(len, GpuMemoryKind::HostVisible).unwrap();
+    let big = chosen_copy_method(&src, 0, &dst, 0, len);
+    let small = chosen_copy_method(&src, 0, &dst, 0, 4096);
+    println!("{}: auto copies 4 KiB by {small}, {len} bytes by {big}", device.info().name);
+    let shader = shader_copy_unavailable(&device).is_none();
     match forced {
-        Some(m @ (CopyMethod::Engine | CopyMethod::Shader)) => assert_eq!((small, big), (m, m)),
+        Some(CopyMethod::Engine) => assert_eq!((small, big), (CopyMethod::Engine, CopyMethod::Engine)),
+        Some(CopyMethod::Shader) => assert_eq!((small, big), (CopyMethod::Shader, CopyMethod::Shader)),
         _ if device.info().device_type == DeviceType::Cpu => {
             // lavapipe's copy engine is a memcpy: the shader would only add work.
             assert_eq!((small, big), (CopyMethod::Engine, CopyMethod::Engine));
         }
         _ => {
+            let want = if shader { CopyMethod::Shader } else { CopyMethod::Engine };
             assert_eq!(small, CopyMethod::Engine);
-            assert_eq!(chosen_copy_method(&device, SHADER_COPY_MIN - 1), CopyMethod::Engine);
-            let want = if shader_copy_unavailable(&device).is_some() { CopyMethod::Engine } else { CopyMethod::Shader };
-            assert_eq!(chosen_copy_method(&device, SHADER_COPY_MIN), want);
+            assert_eq!(chosen_copy_method(&src, 0, &dst, 0, SHADER_COPY_MIN - 1), CopyMethod::Engine);
+            assert_eq!(chosen_copy_method(&src, 0, &dst, 0, SHADER_COPY_MIN), want);
             assert_eq!(big, want);
+            // Offsets congruent mod 4 only: still the shader, with words.
+            assert_eq!(chosen_copy_method(&src, 4, &dst, 8, SHADER_COPY_MIN), want);
+            // Host memory (not DEVICE_LOCAL, bit 1) is the engine's.
+            if host.memory_property_flags() & 1 == 0 {
+                assert_eq!(chosen_copy_method(&src, 0, &host, 0, len), CopyMethod::Engine);
+            }
         }
     }
-    // What a copy reports matches the choice.
-    let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
-    let len = SHADER_COPY_MIN.max(1 << 20);
-    let src = allocator.allocate(len, GpuMemoryKind::DeviceLocal).unwrap();
-    let dst = allocator.allocate(len, GpuMemoryKind::DeviceLocal).unwrap();
-    let timing = copy_buffer_timed(&src, 0, &dst, 0, len).unwrap();
-    assert_eq!(timing.method, chosen_copy_method(&device, len));
-    assert_eq!(copy_buffer_timed(&src, 0, &dst, 0, 64).unwrap().method, chosen_copy_method(&device, 64));
+    // Offsets not congruent mod 4 are the engine's, whatever the method.
+    assert_eq!(chosen_copy_method(&src, 1, &dst, 2, len - 64), CopyMethod::Engine);
+    // What copies report matches the choice.
+    for (from, to, n) in [(0, 0, len), (0, 0, 64), (3, 7, len - 64)] {
+        let timing = copy_buffer_timed(&src, from, &dst, to, n).unwrap();
+        assert_eq!(timing.method, chosen_copy_method(&src, from, &dst, to, n), "{n} bytes from {from} to {to}");
+    }
 }
 
 #[test]
@@ -248,11 +260,12 @@ fn gpu_copy_waiting_through_the_shader() {
         return;
     }
     let device = VulkanDevice::open(&GpuConfig::default()).unwrap();
-    assert_eq!(chosen_copy_method(&device, 1), CopyMethod::Shader, "{GPU_COPY_ENV}=shader forces the shader");
     let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
     let len = (1 << 20) + 3;
     let src = allocator.allocate(len + 64, GpuMemoryKind::DeviceLocal).unwrap();
     let dst = allocator.allocate(len + 64, GpuMemoryKind::DeviceLocal).unwrap();
+    let method = chosen_copy_method(&src, 0, &dst, 0, 64);
+    assert_eq!(method, CopyMethod::Shader, "{GPU_COPY_ENV}=shader forces the shader");
     let data = pattern(3, len as usize + 64);
     src.write(0, &data).unwrap();
     dst.write(0, &vec![0u8; len as usize + 64]).unwrap();

@@ -731,28 +731,73 @@ enum Decided {
     Env,
 }
 
-/// How a copy of `len` bytes on `device` with `method` is made, before alignment: `Engine`
-/// or `Shader`, and who decided.
-fn resolve(device: &VulkanDevice, len: u64, method: CopyMethod) -> (CopyMethod, Decided) {
+/// Whether a copy of `len` bytes from `src` to `dst` with `method` is made by the shader (before
+/// alignment, which may leave it to the engine), and who decided.
+fn resolve(src: &GpuBuffer, dst: &GpuBuffer, len: u64, method: CopyMethod) -> (bool, Decided) {
+    let device = src.device();
     match method {
-        CopyMethod::Engine | CopyMethod::Shader => (method, Decided::Caller),
+        CopyMethod::Engine | CopyMethod::Shader => (method == CopyMethod::Shader, Decided::Caller),
         CopyMethod::Auto => match device.shared.copy_method {
-            CopyMethod::Auto if device.info().device_type != DeviceType::Cpu && len >= SHADER_COPY_MIN => {
-                (CopyMethod::Shader, Decided::Auto)
+            // The shader's gain is the GPU memory's bandwidth: host memory (host-visible
+            // arenas, imported host pointers) is the copy engine's, as on CPU devices.
+            CopyMethod::Auto => {
+                let local = |b: &GpuBuffer| b.arena.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
+                let shader = device.info().device_type != DeviceType::Cpu && len >= SHADER_COPY_MIN && local(src) && local(dst);
+                (shader, Decided::Auto)
             }
-            CopyMethod::Auto => (CopyMethod::Engine, Decided::Auto),
-            forced => (forced, Decided::Env),
+            forced => (forced == CopyMethod::Shader, Decided::Env),
         },
     }
 }
 
-/// The method that [`CopyMethod::Auto`] uses for a copy of `len` bytes on `device` (whose
-/// offsets are congruent mod 4; other copies go by the engine): `Engine` or `Shader`. Makes
-/// the shader's pipelines if they are not made yet, to know whether they can be.
-pub fn chosen_copy_method(device: &VulkanDevice, len: u64) -> CopyMethod {
-    match resolve(device, len, CopyMethod::Auto) {
-        (CopyMethod::Shader, Decided::Auto) if device.shared.submitter.lock().shader_copy(device).is_err() => CopyMethod::Engine,
-        (method, _) => method,
+/// The shader's pipelines and the plan of a copy (offsets in the `VkBuffer`s) where the
+/// shader makes it, `None` where the engine makes it alone; an error where the shader was
+/// asked for or forced and the device cannot run it.
+fn shader_plan(
+    submitter: &mut Submitter,
+    (src, from): (&GpuBuffer, u64),
+    (dst, to): (&GpuBuffer, u64),
+    len: u64,
+    method: CopyMethod,
+) -> Result<Option<(ShaderCopy, shader_copy::Plan)>> {
+    let device = src.device();
+    let (shader, decided) = resolve(src, dst, len, method);
+    if !shader {
+        return Ok(None);
+    }
+    let shader = match (submitter.shader_copy(device), decided) {
+        (Ok(shader), _) => shader,
+        (Err(_), Decided::Auto) => return Ok(None),
+        (Err(why), Decided::Caller) => {
+            return Err(Error::Unsupported(format!(
+                "a shader copy was asked for, but Vulkan device {} cannot make them: {why}; copy with \
+                 CopyMethod::Engine or Auto instead",
+                device.info().name
+            )))
+        }
+        (Err(why), Decided::Env) => {
+            return Err(Error::Unsupported(format!(
+                "{GPU_COPY_ENV}=shader forces shader copies, but Vulkan device {} cannot make them: {why}; \
+                 unset {GPU_COPY_ENV} or set it to auto or engine",
+                device.info().name
+            )))
+        }
+    };
+    Ok(shader_copy::plan(from, to, len, &shader.limits).map(|plan| (shader, plan)))
+}
+
+/// How [`copy_buffer`] would make this copy (the arguments are its own): `Engine` or
+/// `Shader` (the shader moving the bulk, the engine perhaps a few bytes at the ends), as
+/// [`CopyTiming::method`] reports it. `Engine` also where [`GPU_COPY_ENV`] forces the
+/// shader on a device that cannot run it (the copy fails then). Makes the shader's pipelines
+/// if they are not made yet, to know whether they can be.
+pub fn chosen_copy_method(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, len: u64) -> CopyMethod {
+    let device = src.device();
+    let mut submitter = device.shared.submitter.lock();
+    let (from, to) = (src.vk_offset + src_offset, dst.vk_offset + dst_offset);
+    match shader_plan(&mut submitter, (src, from), (dst, to), len, CopyMethod::Auto) {
+        Ok(Some(_)) => CopyMethod::Shader,
+        _ => CopyMethod::Engine,
     }
 }
 
@@ -852,32 +897,10 @@ fn copy_inner(
     let whole = [vk::BufferCopy { src_offset: from, dst_offset: to, size: len }];
     let raw_waits: Vec<(vk::Semaphore, u64)> = waits.iter().map(|(s, v)| (s.raw(), *v)).collect();
     let buffers = (src.buffer, dst.buffer);
-    let (method, decided) = resolve(&device, len, method);
     let mut submitter = device.shared.submitter.lock();
-    let shader = match method {
-        CopyMethod::Shader => match (submitter.shader_copy(&device), decided) {
-            (Ok(shader), _) => Some(shader),
-            (Err(_), Decided::Auto) => None,
-            (Err(why), Decided::Caller) => {
-                return Err(Error::Unsupported(format!(
-                    "a shader copy was asked for, but Vulkan device {} cannot make them: {why}; copy with \
-                     CopyMethod::Engine or Auto instead",
-                    device.info().name
-                )))
-            }
-            (Err(why), Decided::Env) => {
-                return Err(Error::Unsupported(format!(
-                    "{GPU_COPY_ENV}=shader forces shader copies, but Vulkan device {} cannot make them: {why}; \
-                     unset {GPU_COPY_ENV} or set it to auto or engine",
-                    device.info().name
-                )))
-            }
-        },
-        _ => None,
-    };
-    let plan = shader.as_ref().and_then(|s| shader_copy::plan(from, to, len, &s.limits));
+    let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
     let start = Instant::now();
-    let Some(plan) = plan else {
+    let Some((shader, plan)) = plan else {
         let gpu = submitter.submit_copy(&device, &raw_waits, buffers, &whole, None, (shader_copy::Width::Vec4, &[], false))?;
         return Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Engine });
     };
@@ -888,7 +911,7 @@ fn copy_inner(
     for (i, dispatches) in plan.dispatches.chunks(SETS_PER_SUBMIT).enumerate() {
         let (regions, waits) = if i == 0 { (&plan.engine[..], &raw_waits[..]) } else { (&[][..], &[][..]) };
         let shaded = (plan.width, dispatches, engine_first);
-        let took = submitter.submit_copy(&device, waits, buffers, regions, shader.as_ref(), shaded)?;
+        let took = submitter.submit_copy(&device, waits, buffers, regions, Some(&shader), shaded)?;
         gpu = gpu.zip(took).map(|(a, b)| a + b);
     }
     Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Shader })
