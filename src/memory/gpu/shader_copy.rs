@@ -1,6 +1,7 @@
 //! The compute-shader copy between GPU buffers (`shaders/copy.comp`): on discrete GPUs every
 //! shader core reads and writes 16-byte vectors, near the memory's bandwidth, where
-//! `vkCmdCopyBuffer` runs on the copy engines (on an NVIDIA H200 about a fifth of it).
+//! `vkCmdCopyBuffer` runs on the copy engines (on an NVIDIA H200 about a fifth of
+//! cudaMemcpy's rate).
 //!
 //! The pipeline is made on a device's first shader copy and lives in its
 //! [`Submitter`](super::transfer::Submitter), behind the device's mutex, until the device

@@ -5,6 +5,18 @@
 //! queue and waits for their fences, so the data is in place when the call returns. Staged
 //! transfers go in pieces through a few staging buffers, the host's copy of one piece
 //! overlapping the GPU's copy of another.
+//!
+//! GPU copies between buffers ([`copy_buffer`] and its variants, and so `Context::copy`,
+//! `lf_buffer_copy` and the GPU channel route) are made one of two ways ([`CopyMethod`]):
+//! by the copy engine (`vkCmdCopyBuffer`), which on an NVIDIA H200 moves large copies at about
+//! a fifth of cudaMemcpy's rate, or by a compute shader in which every shader core
+//! reads and writes 16-byte vectors (4-byte words where the offsets are congruent mod 4 only;
+//! `super::shader_copy`), the engine copying the unaligned bytes at the ends.
+//! [`CopyMethod::Auto`] gives the shader copies of [`SHADER_COPY_MIN`] bytes and more between
+//! `DEVICE_LOCAL` memory on GPUs, and the engine the rest: small copies, host memory, offsets
+//! not congruent mod 4, CPU devices (lavapipe, whose engine is a `memcpy`). [`GPU_COPY_ENV`]
+//! (`LF_GPU_COPY=auto|engine|shader`, read when the device opens) forces one method for every
+//! `Auto` copy; [`copy_buffer_timed_with`] takes one per call.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
