@@ -5,9 +5,10 @@
 //!
 //! The pipeline is made on a device's first shader copy and lives in its
 //! [`Submitter`](super::transfer::Submitter), behind the device's mutex, until the device
-//! goes. A copy is planned here ([`plan`]): the engine copies the unaligned bytes at its ends,
-//! the shader the aligned middle in one dispatch per piece that a storage-buffer descriptor
-//! can cover (`maxStorageBufferRange`), each buffer bound at an offset aligned to
+//! goes. A copy is planned here ([`plan`]): the engine copies the bytes up to the first
+//! destination offset a descriptor can start at and those after the last whole element, the
+//! shader the middle in one dispatch per piece that a storage-buffer descriptor can cover
+//! (`maxStorageBufferRange`), each buffer bound at an offset aligned to
 //! `minStorageBufferOffsetAlignment` at or below where the piece starts, the rest of the way
 //! passed to the shader in push constants.
 
@@ -32,6 +33,8 @@ const UNROLL: u64 = 4;
 /// once), few enough that each invocation has several passes' worth of work on large
 /// copies. Tune on the GPU (`lf-gpu-bench`).
 pub(crate) const MAX_GROUPS: u32 = 132 * 8;
+// The shader's indices stay in 32 bits: grid strides below 2^26 (and counts below 2^30).
+const _: () = assert!(MAX_GROUPS as u64 * LOCAL_SIZE as u64 * UNROLL <= 1 << 26);
 /// Descriptor sets in the pool, one per dispatch: a copy that needs more dispatches than this
 /// (more than this many times `maxStorageBufferRange`) goes in several submissions.
 pub(crate) const SETS_PER_SUBMIT: usize = 16;
