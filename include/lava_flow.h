@@ -625,6 +625,12 @@ lf_status lf_buffer_read(const struct lf_buffer *buffer, size_t offset, void *ou
 // GPU-pinned buffers imported into it), else through the host. Overlapping ranges of one
 // GPU allocation are refused; on the host they are copied as `memmove` does.
 //
+// On a GPU, copies of 1 MiB and more between GPU memory are made by a compute shader (near
+// the memory's bandwidth); smaller ones, those to or from host memory, those whose offsets
+// are not congruent mod 4, and all on CPU devices (lavapipe) by the copy engine
+// (`vkCmdCopyBuffer`). The environment variable `LF_GPU_COPY` (`auto`, `engine` or
+// `shader`, read when the context opens its device) forces one method.
+//
 // # Safety
 // `context`, `dst` and `src` must be NULL or pointers obtained from lava-flow.
 lf_status lf_buffer_copy(const struct lf_context *context,

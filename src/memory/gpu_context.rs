@@ -319,8 +319,9 @@ impl Context {
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`, whatever memory
-    /// each is: on the GPU (`vkCmdCopyBuffer`) when both are memory of this context's device
-    /// (GPU buffers, and GPU-pinned buffers imported into it), else through the host (staged
+    /// each is: on the GPU when both are memory of this context's device (GPU buffers, and
+    /// GPU-pinned buffers imported into it; a compute shader for large copies on GPUs, the
+    /// copy engine otherwise, as `gpu::CopyMethod` says), else through the host (staged
     /// for GPU memory the host cannot map). Returns when the data is in place. Overlapping
     /// ranges are refused on the GPU and copied as `memmove` does on the host.
     pub fn copy(&self, dst: &Buffer, dst_offset: usize, src: &Buffer, src_offset: usize, len: usize) -> Result<()> {

@@ -6,6 +6,8 @@ mod scope_detection;
 #[cfg(feature = "vulkan")]
 mod gpu_context;
 #[cfg(feature = "vulkan")]
+mod gpu_copy;
+#[cfg(feature = "vulkan")]
 mod gpu_memory;
 #[cfg(feature = "vulkan")]
 mod gpu_sharing;

@@ -15,7 +15,7 @@ use ash::vk;
 use parking_lot::Mutex;
 
 use super::arena::{Arena, ArenaId};
-use super::transfer::Submitter;
+use super::transfer::{copy_method_from_env, CopyMethod, Submitter};
 use crate::error::{Error, Result};
 pub use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
 
@@ -295,6 +295,8 @@ pub(crate) struct DeviceShared {
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
     pub(crate) info: DeviceInfo,
     pub(crate) submitter: Mutex<Submitter>,
+    /// How `CopyMethod::Auto` copies are made: what `LF_GPU_COPY` said at opening.
+    pub(crate) copy_method: CopyMethod,
     /// Imported arenas by exporter id, so that one arena is imported once (seed §6.2).
     pub(crate) import_cache: Mutex<HashMap<ArenaId, Weak<Arena>>>,
 }
@@ -409,7 +411,7 @@ impl VulkanDevice {
     /// Errors: `Unsupported` without a loader, a device, Vulkan 1.1 or
     /// `VK_KHR_external_memory_fd` (the message says what to install); `NotFound` for an index
     /// or UUID that matches no device, listing the devices there are; `InvalidArgument` for a
-    /// malformed [`DEVICE_ENV`].
+    /// malformed [`DEVICE_ENV`] or `LF_GPU_COPY` (see [`super::GPU_COPY_ENV`]).
     pub fn open(config: &GpuConfig) -> Result<Self> {
         let selector = match (&config.device, config.use_env) {
             (Some(s), _) => Some(s.clone()),
@@ -424,10 +426,11 @@ impl VulkanDevice {
             },
             (None, false) => None,
         };
+        let copy_method = copy_method_from_env()?;
 
         let (entry, instance, api) = process_instance()?;
         let _lifecycle = LIFECYCLE.lock();
-        Self::open_on(entry, instance, api, selector)
+        Self::open_on(entry, instance, api, selector, copy_method)
     }
 
     fn open_on(
@@ -435,6 +438,7 @@ impl VulkanDevice {
         instance: ash::Instance,
         instance_api: u32,
         selector: Option<DeviceSelector>,
+        copy_method: CopyMethod,
     ) -> Result<Self> {
         // SAFETY: instance is a live instance for all the queries below.
         let physicals = unsafe { instance.enumerate_physical_devices() }
@@ -699,6 +703,7 @@ impl VulkanDevice {
                 memory_properties,
                 info,
                 submitter: Mutex::new(submitter),
+                copy_method,
                 import_cache: Mutex::new(HashMap::new()),
             }),
         })

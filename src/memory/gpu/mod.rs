@@ -15,7 +15,8 @@
 //!   opaque fds where the driver can: [`probe_semaphore_sharing`]); [`import_host_memory`] and [`cuda_host_register`] pin host memory.
 //!
 //! Environment: `LF_VULKAN_DEVICE` = device index or deviceUUID picks the device when the
-//! config does not (see [`GpuConfig`]). The loader's own variables apply too
+//! config does not (see [`GpuConfig`]); `LF_GPU_COPY` = `auto`, `engine` or `shader` says how
+//! copies between GPU buffers are made (see [`CopyMethod`]). The loader's own variables apply too
 //! (`VK_DRIVER_FILES`/`VK_ICD_FILENAMES` to name the driver, `VK_INSTANCE_LAYERS` for
 //! validation).
 //!
@@ -42,6 +43,7 @@ mod host_import;
 mod parallel_copy;
 mod import;
 mod semaphore;
+mod shader_copy;
 mod transfer;
 
 pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind, SPARE_EMPTY_ARENAS};
@@ -57,5 +59,6 @@ pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use import::GpuImporter;
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
 pub use transfer::{
-    copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting, CopyMethod, CopyTiming, MappedRange,
+    chosen_copy_method, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting,
+    shader_copy_unavailable, CopyMethod, CopyTiming, MappedRange, GPU_COPY_ENV, SHADER_COPY_MIN,
 };

@@ -9,6 +9,18 @@
 //!
 //! Every operation is synchronous: it submits its command buffers on the device's queue and
 //! waits for their fences, so the data is in place when the call returns.
+//!
+//! GPU copies between buffers ([`copy_buffer`] and its variants, and so `Context::copy`,
+//! `lf_buffer_copy` and the GPU channel route) are made one of two ways ([`CopyMethod`]):
+//! by the copy engine (`vkCmdCopyBuffer`), which on an NVIDIA H200 moves large copies at about
+//! a fifth of cudaMemcpy's rate, or by a compute shader in which every shader core
+//! reads and writes 16-byte vectors (4-byte words where the offsets are congruent mod 4 only;
+//! `super::shader_copy`), the engine copying the unaligned bytes at the ends.
+//! [`CopyMethod::Auto`] gives the shader copies of [`SHADER_COPY_MIN`] bytes and more between
+//! `DEVICE_LOCAL` memory on GPUs, and the engine the rest: small copies, host memory, offsets
+//! not congruent mod 4, CPU devices (lavapipe, whose engine is a `memcpy`). [`GPU_COPY_ENV`]
+//! (`LF_GPU_COPY=auto|engine|shader`, read when the device opens) forces one method for every
+//! `Auto` copy; [`copy_buffer_timed_with`] takes one per call.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -19,9 +31,10 @@ use ash::vk;
 
 use super::allocator::GpuBuffer;
 use super::arena;
-use super::device::{vk_err, VulkanDevice};
+use super::device::{vk_err, DeviceType, VulkanDevice};
 use super::parallel_copy;
 use super::semaphore::TimelineSemaphore;
+use super::shader_copy::{self, ShaderCopy, SETS_PER_SUBMIT};
 use crate::error::{Error, Result};
 
 /// Staged transfers go through `STAGING_SLOTS` host-visible buffers of up to `STAGING_CHUNK`
@@ -63,6 +76,16 @@ pub(crate) struct Submitter {
     /// Set when a fence wait timed out: the command buffer may still be pending, so it must
     /// not be reused.
     hung: bool,
+    /// The copy shader's pipelines, made on the first shader copy.
+    shader: ShaderState,
+}
+
+/// Whether the copy shader's pipelines have been made.
+enum ShaderState {
+    Untried,
+    Ready(ShaderCopy),
+    /// They could not be made: why.
+    Unavailable(String),
 }
 
 // SAFETY: the only non-Send member is the staging mapping pointer, which is plain memory that
@@ -102,7 +125,7 @@ impl Submitter {
             } else {
                 None
             };
-            Ok(Submitter { queue, pool, cmd, fence, timestamps, staging: Vec::new(), hung: false })
+            Ok(Submitter { queue, pool, cmd, fence, timestamps, staging: Vec::new(), hung: false, shader: ShaderState::Untried })
         }
     }
 
@@ -111,6 +134,10 @@ impl Submitter {
         for s in self.staging.drain(..) {
             Self::destroy_staging(device, s);
         }
+        if let ShaderState::Ready(shader) = &mut self.shader {
+            shader.destroy(device);
+        }
+        self.shader = ShaderState::Untried;
         if let Some(q) = self.timestamps.take() {
             device.destroy_query_pool(q, None);
         }
@@ -331,31 +358,111 @@ impl Submitter {
         Ok(())
     }
 
-    /// Records `record` between barriers, submits, and waits. Returns the GPU time between the
-    /// timestamps around `record` when `timed` and the queue has timestamps.
-    fn submit(
-        &mut self,
-        device: &VulkanDevice,
-        timed: bool,
-        waits: &[(vk::Semaphore, u64)],
-        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
-    ) -> Result<Option<Duration>> {
+    /// The copy shader's pipelines, made on first use; why they cannot be made otherwise.
+    fn shader_copy(&mut self, device: &VulkanDevice) -> std::result::Result<ShaderCopy, String> {
+        if let ShaderState::Untried = self.shader {
+            self.shader = match ShaderCopy::new(device) {
+                Ok(shader) => ShaderState::Ready(shader),
+                Err(why) => ShaderState::Unavailable(why),
+            };
+        }
+        match &self.shader {
+            ShaderState::Ready(shader) => Ok(*shader),
+            ShaderState::Unavailable(why) => Err(why.clone()),
+            ShaderState::Untried => unreachable!("set above"),
+        }
+    }
+
+    /// Fails once a submission has timed out: its command buffer may still be pending.
+    fn check_usable(&self, device: &VulkanDevice) -> Result<()> {
         if self.hung {
             return Err(Error::InvalidState(format!(
                 "an earlier transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}; the device is unusable",
                 device.info().name
             )));
         }
+        Ok(())
+    }
+
+    /// One submission of a copy: the engine's `regions`, and `dispatches` of the copy shader
+    /// (with `width`) from `src` to `dst`, after the regions are done where `engine_first`;
+    /// waits for it.
+    fn submit_copy(
+        &mut self,
+        device: &VulkanDevice,
+        waits: &[(vk::Semaphore, u64)],
+        (src, dst): (vk::Buffer, vk::Buffer),
+        regions: &[vk::BufferCopy],
+        shader: Option<&ShaderCopy>,
+        (width, dispatches, engine_first): (shader_copy::Width, &[shader_copy::Dispatch], bool),
+    ) -> Result<Option<Duration>> {
+        self.check_usable(device)?;
+        let sets = match shader.filter(|_| !dispatches.is_empty()) {
+            // SAFETY: no submission is pending (each is waited for, and `hung` was checked), so
+            // the pool's sets are free; both buffers are live, made with STORAGE_BUFFER usage
+            // (arena::BUFFER_USAGE), and cover the planned ranges.
+            Some(shader) => unsafe { shader.prepare(&device.shared.device, src, dst, dispatches) }
+                .map_err(vk_err("descriptor sets for the copy shader"))?,
+            None => Vec::new(),
+        };
+        self.submit(device, true, waits, !sets.is_empty(), |d, cmd| {
+            // SAFETY: both buffers are live for the submission, which is waited for; the
+            // regions and dispatches lie in them (checked by the caller).
+            unsafe {
+                if !regions.is_empty() {
+                    d.cmd_copy_buffer(cmd, src, dst, regions);
+                }
+                if engine_first && !regions.is_empty() && !sets.is_empty() {
+                    let done = [vk::MemoryBarrier::default()
+                        .src_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)
+                        .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
+                    let (from, to) = (vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::COMPUTE_SHADER);
+                    d.cmd_pipeline_barrier(cmd, from, to, vk::DependencyFlags::empty(), &done, &[], &[]);
+                }
+                if let Some(shader) = shader.filter(|_| !sets.is_empty()) {
+                    shader.record(d, cmd, width, dispatches, &sets);
+                }
+            }
+        })
+    }
+
+    /// Records `record` between barriers, submits, and waits. Returns the GPU time between the
+    /// timestamps around `record` when `timed` and the queue has timestamps. `compute`: `record`
+    /// runs compute shaders as well as transfers (the queue must have compute).
+    fn submit(
+        &mut self,
+        device: &VulkanDevice,
+        timed: bool,
+        waits: &[(vk::Semaphore, u64)],
+        compute: bool,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
+    ) -> Result<Option<Duration>> {
+        self.check_usable(device)?;
         let d = &device.shared.device;
         let timestamps = self.timestamps.filter(|_| timed);
         let cmd = self.cmd;
-        // Host writes and earlier transfers before this copy; this copy before host reads.
+        use vk::AccessFlags as A;
+        use vk::PipelineStageFlags as S;
+        // The stages and accesses of this submission's work: transfers, and shaders with
+        // `compute`.
+        let (stages, reads, writes) = if compute {
+            (S::TRANSFER | S::COMPUTE_SHADER, A::TRANSFER_READ | A::SHADER_READ, A::TRANSFER_WRITE | A::SHADER_WRITE)
+        } else {
+            (S::TRANSFER, A::TRANSFER_READ, A::TRANSFER_WRITE)
+        };
+        // Host writes, earlier transfers and shader copies before this copy.
         let before = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::HOST_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-            .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
-        let after = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
-            .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::HOST_WRITE)];
+            .src_access_mask(A::HOST_WRITE | writes)
+            .dst_access_mask(reads | writes)];
+        // This copy before host reads and writes, and, for shader copies, before later
+        // transfers (staged reads and writes order themselves after transfers only) and
+        // shader copies.
+        let (after_stages, after_access) = if compute {
+            (S::HOST | stages, A::HOST_READ | A::HOST_WRITE | reads | writes)
+        } else {
+            (S::HOST, A::HOST_READ | A::HOST_WRITE)
+        };
+        let after = [vk::MemoryBarrier::default().src_access_mask(writes).dst_access_mask(after_access)];
         // SAFETY: the command buffer is not pending (every submission is waited for below, and
         // `hung` stops reuse after a timeout); all handles are of this device; the queue is
         // used only under the device mutex, which the caller holds (&mut self).
@@ -364,15 +471,7 @@ impl Submitter {
                 .map_err(vk_err("vkResetCommandBuffer"))?;
             d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
                 .map_err(vk_err("vkBeginCommandBuffer"))?;
-            d.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
-                vk::PipelineStageFlags::TRANSFER,
-                vk::DependencyFlags::empty(),
-                &before,
-                &[],
-                &[],
-            );
+            d.cmd_pipeline_barrier(cmd, S::HOST | stages, stages, vk::DependencyFlags::empty(), &before, &[], &[]);
             if let Some(q) = timestamps {
                 d.cmd_reset_query_pool(cmd, q, 0, 2);
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
@@ -381,21 +480,13 @@ impl Submitter {
             if let Some(q) = timestamps {
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);
             }
-            d.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::TRANSFER,
-                vk::PipelineStageFlags::HOST,
-                vk::DependencyFlags::empty(),
-                &after,
-                &[],
-                &[],
-            );
+            d.cmd_pipeline_barrier(cmd, stages, after_stages, vk::DependencyFlags::empty(), &after, &[], &[]);
             d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
             d.reset_fences(&[self.fence]).map_err(vk_err("vkResetFences"))?;
             let cmds = [cmd];
             let wait_semaphores: Vec<vk::Semaphore> = waits.iter().map(|w| w.0).collect();
             let wait_values: Vec<u64> = waits.iter().map(|w| w.1).collect();
-            let wait_stages = vec![vk::PipelineStageFlags::TRANSFER; waits.len()];
+            let wait_stages = vec![stages; waits.len()];
             let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&wait_values);
             let mut submit_info = vk::SubmitInfo::default().command_buffers(&cmds);
             if !waits.is_empty() {
@@ -437,6 +528,8 @@ pub struct CopyTiming {
     pub wall: Duration,
     /// Between GPU timestamps around the copy, where the queue has timestamps.
     pub gpu: Option<Duration>,
+    /// How the copy was made: `Engine`, or `Shader` where the shader moved the bulk of it.
+    pub method: CopyMethod,
 }
 
 impl GpuBuffer {
@@ -578,19 +671,165 @@ impl MappedRange<'_> {
 /// How the GPU makes a copy between two buffers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CopyMethod {
-    /// The faster of the two for the size on this device (see [`CopyMethod::Shader`]).
+    /// The faster of the two for the size on this device: the shader for copies of
+    /// [`SHADER_COPY_MIN`] bytes and more on GPUs, the engine otherwise (and on CPU devices
+    /// such as lavapipe, where the engine is a `memcpy`); [`GPU_COPY_ENV`] can force either.
     #[default]
     Auto,
     /// `vkCmdCopyBuffer`: on NVIDIA GPUs the copy engines, a fraction of the memory's
     /// bandwidth for large copies.
     Engine,
-    /// A compute shader: every shader core reads and writes, near the memory's bandwidth.
+    /// A compute shader: every shader core reads and writes 16-byte vectors (4-byte words
+    /// where the source and destination offsets are congruent mod 4 but not mod 16), near the
+    /// memory's bandwidth. The engine still copies the unaligned bytes at the ends, and whole
+    /// copies whose offsets are not congruent mod 4.
     Shader,
 }
 
+impl CopyMethod {
+    /// `auto`, `engine` or `shader`, as [`GPU_COPY_ENV`] takes them.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyMethod::Auto => "auto",
+            CopyMethod::Engine => "engine",
+            CopyMethod::Shader => "shader",
+        }
+    }
+}
+
+impl std::str::FromStr for CopyMethod {
+    type Err = Error;
+
+    /// `auto`, `engine` or `shader` (any case, spaces around ignored).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(CopyMethod::Auto),
+            "engine" => Ok(CopyMethod::Engine),
+            "shader" => Ok(CopyMethod::Shader),
+            _ => Err(Error::invalid(format!("{s:?} is not a GPU copy method; the methods are auto, engine and shader"))),
+        }
+    }
+}
+
+impl std::fmt::Display for CopyMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The environment variable that says how [`CopyMethod::Auto`] copies (every copy but those
+/// of [`copy_buffer_timed_with`] with another method) are made: `auto` (the default: by size
+/// and device), `engine` or `shader`. Read when a device opens; another value makes opening
+/// fail (`InvalidArgument`).
+pub const GPU_COPY_ENV: &str = "LF_GPU_COPY";
+
+/// The smallest copy that [`CopyMethod::Auto`] gives the shader on a GPU: below it the copy
+/// engine, which needs no descriptor sets or shader launch, is as fast. A first guess, to be
+/// tuned by measuring both methods on the GPU (`lf-gpu-bench` compares them by size).
+pub const SHADER_COPY_MIN: u64 = 1 << 20;
+
+/// The method [`GPU_COPY_ENV`] sets (`Auto` where it is unset or empty).
+pub(crate) fn copy_method_from_env() -> Result<CopyMethod> {
+    match std::env::var(GPU_COPY_ENV) {
+        Ok(v) if !v.trim().is_empty() => v.parse().map_err(|_| {
+            Error::invalid(format!(
+                "{GPU_COPY_ENV}={v:?}: the accepted values are auto, engine and shader; unset it for auto"
+            ))
+        }),
+        _ => Ok(CopyMethod::Auto),
+    }
+}
+
+/// Who decided a copy's method.
+#[derive(Clone, Copy, PartialEq)]
+enum Decided {
+    /// [`CopyMethod::Auto`], by size and device.
+    Auto,
+    /// The caller, asking for `Engine` or `Shader`.
+    Caller,
+    /// [`GPU_COPY_ENV`].
+    Env,
+}
+
+/// Whether a copy of `len` bytes from `src` to `dst` with `method` is made by the shader (before
+/// alignment, which may leave it to the engine), and who decided.
+fn resolve(src: &GpuBuffer, dst: &GpuBuffer, len: u64, method: CopyMethod) -> (bool, Decided) {
+    let device = src.device();
+    match method {
+        CopyMethod::Engine | CopyMethod::Shader => (method == CopyMethod::Shader, Decided::Caller),
+        CopyMethod::Auto => match device.shared.copy_method {
+            // The shader's gain is the GPU memory's bandwidth: host memory (host-visible
+            // arenas, imported host pointers) is the copy engine's, as on CPU devices.
+            CopyMethod::Auto => {
+                let local = |b: &GpuBuffer| b.arena.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
+                let shader = device.info().device_type != DeviceType::Cpu && len >= SHADER_COPY_MIN && local(src) && local(dst);
+                (shader, Decided::Auto)
+            }
+            forced => (forced == CopyMethod::Shader, Decided::Env),
+        },
+    }
+}
+
+/// The shader's pipelines and the plan of a copy (offsets in the `VkBuffer`s) where the
+/// shader makes it, `None` where the engine makes it alone; an error where the shader was
+/// asked for or forced and the device cannot run it.
+fn shader_plan(
+    submitter: &mut Submitter,
+    (src, from): (&GpuBuffer, u64),
+    (dst, to): (&GpuBuffer, u64),
+    len: u64,
+    method: CopyMethod,
+) -> Result<Option<(ShaderCopy, shader_copy::Plan)>> {
+    let device = src.device();
+    let (shader, decided) = resolve(src, dst, len, method);
+    if !shader {
+        return Ok(None);
+    }
+    let shader = match (submitter.shader_copy(device), decided) {
+        (Ok(shader), _) => shader,
+        (Err(_), Decided::Auto) => return Ok(None),
+        (Err(why), Decided::Caller) => {
+            return Err(Error::Unsupported(format!(
+                "a shader copy was asked for, but Vulkan device {} cannot make them: {why}; copy with \
+                 CopyMethod::Engine or Auto instead",
+                device.info().name
+            )))
+        }
+        (Err(why), Decided::Env) => {
+            return Err(Error::Unsupported(format!(
+                "{GPU_COPY_ENV}=shader forces shader copies, but Vulkan device {} cannot make them: {why}; \
+                 unset {GPU_COPY_ENV} or set it to auto or engine",
+                device.info().name
+            )))
+        }
+    };
+    Ok(shader_copy::plan(from, to, len, &shader.limits).map(|plan| (shader, plan)))
+}
+
+/// How [`copy_buffer`] would make this copy (the arguments are its own): `Engine` or
+/// `Shader` (the shader moving the bulk, the engine perhaps a few bytes at the ends), as
+/// [`CopyTiming::method`] reports it. `Engine` also where [`GPU_COPY_ENV`] forces the
+/// shader on a device that cannot run it (the copy fails then). Makes the shader's pipelines
+/// if they are not made yet, to know whether they can be.
+pub fn chosen_copy_method(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, len: u64) -> CopyMethod {
+    let device = src.device();
+    let mut submitter = device.shared.submitter.lock();
+    let (from, to) = (src.vk_offset + src_offset, dst.vk_offset + dst_offset);
+    match shader_plan(&mut submitter, (src, from), (dst, to), len, CopyMethod::Auto) {
+        Ok(Some(_)) => CopyMethod::Shader,
+        _ => CopyMethod::Engine,
+    }
+}
+
+/// Why the device cannot make shader copies (so [`CopyMethod::Auto`] uses the engine), or
+/// `None` where it can. Makes the shader's pipelines if they are not made yet.
+pub fn shader_copy_unavailable(device: &VulkanDevice) -> Option<String> {
+    device.shared.submitter.lock().shader_copy(device).err()
+}
+
 /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` on the GPU,
-/// waiting until done. Both buffers must be on the same device; the
-/// ranges must not overlap.
+/// waiting until done. Both buffers must be on the same device; the ranges must not overlap.
+/// Made as [`CopyMethod::Auto`] says.
 pub fn copy_buffer(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, len: u64) -> Result<()> {
     copy_buffer_waiting(src, src_offset, dst, dst_offset, len, &[])
 }
@@ -608,7 +847,7 @@ pub fn copy_buffer_waiting(
     len: u64,
     waits: &[(&TimelineSemaphore, u64)],
 ) -> Result<()> {
-    copy_inner(src, src_offset, dst, dst_offset, len, waits).map(|_| ())
+    copy_inner(src, src_offset, dst, dst_offset, len, waits, CopyMethod::Auto).map(|_| ())
 }
 
 /// [`copy_buffer`], also reporting how long it took (host wall time and GPU timestamps).
@@ -619,10 +858,12 @@ pub fn copy_buffer_timed(
     dst_offset: u64,
     len: u64,
 ) -> Result<CopyTiming> {
-    copy_inner(src, src_offset, dst, dst_offset, len, &[])
+    copy_inner(src, src_offset, dst, dst_offset, len, &[], CopyMethod::Auto)
 }
 
-/// [`copy_buffer_timed`] made by `method`, e.g. to compare the copy engine with the shader.
+/// [`copy_buffer_timed`] made by `method`, e.g. to compare the copy engine with the shader
+/// (`Engine` and `Shader` here override [`GPU_COPY_ENV`]). `Shader` fails (`Unsupported`,
+/// saying why) where the device cannot run the copy shader.
 pub fn copy_buffer_timed_with(
     src: &GpuBuffer,
     src_offset: u64,
@@ -631,10 +872,7 @@ pub fn copy_buffer_timed_with(
     len: u64,
     method: CopyMethod,
 ) -> Result<CopyTiming> {
-    if method == CopyMethod::Shader {
-        return Err(Error::Unsupported("shader copies are not built yet".into()));
-    }
-    copy_inner(src, src_offset, dst, dst_offset, len, &[])
+    copy_inner(src, src_offset, dst, dst_offset, len, &[], method)
 }
 
 fn copy_inner(
@@ -644,6 +882,7 @@ fn copy_inner(
     dst_offset: u64,
     len: u64,
     waits: &[(&TimelineSemaphore, u64)],
+    method: CopyMethod,
 ) -> Result<CopyTiming> {
     if let Some((semaphore, _)) = waits.iter().find(|(s, _)| !s.device().same_device(src.device())) {
         return Err(Error::invalid(format!(
@@ -674,15 +913,26 @@ fn copy_inner(
         }
     }
     let device = src.device().clone();
-    let region =
-        [vk::BufferCopy { src_offset: src.vk_offset + src_offset, dst_offset: dst.vk_offset + dst_offset, size: len }];
-    let (s, t) = (src.buffer, dst.buffer);
-    let mut submitter = device.shared.submitter.lock();
-    let start = Instant::now();
+    let (from, to) = (src.vk_offset + src_offset, dst.vk_offset + dst_offset);
+    let whole = [vk::BufferCopy { src_offset: from, dst_offset: to, size: len }];
     let raw_waits: Vec<(vk::Semaphore, u64)> = waits.iter().map(|(s, v)| (s.raw(), *v)).collect();
-    let gpu = submitter.submit(&device, true, &raw_waits, |d, cmd| {
-        // SAFETY: both buffers are live for the submission, which is waited for.
-        unsafe { d.cmd_copy_buffer(cmd, s, t, &region) }
-    })?;
-    Ok(CopyTiming { wall: start.elapsed(), gpu })
+    let buffers = (src.buffer, dst.buffer);
+    let mut submitter = device.shared.submitter.lock();
+    let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
+    let start = Instant::now();
+    let Some((shader, plan)) = plan else {
+        let gpu = submitter.submit_copy(&device, &raw_waits, buffers, &whole, None, (shader_copy::Width::Vec4, &[], false))?;
+        return Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Engine });
+    };
+    // One submission per SETS_PER_SUBMIT dispatches, the first with the engine's part and the
+    // waits; the host waits for each before recording the next.
+    let engine_first = plan.engine_first(src.buffer == dst.buffer);
+    let mut gpu = Some(Duration::ZERO);
+    for (i, dispatches) in plan.dispatches.chunks(SETS_PER_SUBMIT).enumerate() {
+        let (regions, waits) = if i == 0 { (&plan.engine[..], &raw_waits[..]) } else { (&[][..], &[][..]) };
+        let shaded = (plan.width, dispatches, engine_first);
+        let took = submitter.submit_copy(&device, waits, buffers, regions, Some(&shader), shaded)?;
+        gpu = gpu.zip(took).map(|(a, b)| a + b);
+    }
+    Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Shader })
 }
