@@ -315,7 +315,7 @@ fn gpu_host_visible_arenas_grow() {
 fn gpu_staging_larger_than_one_chunk() {
     let Some(device) = open_device("gpu_staging_larger_than_one_chunk") else { return };
     let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
-    let size = (64 << 20) + 4096 + 3; // many 8 MiB pieces, more than the staging slots
+    let size = (64 << 20) + 4096 + 3; // many 4 MiB pieces, more than the staging slots
     let buffer = allocator.allocate(size as u64 + 64, GpuMemoryKind::DeviceLocal).unwrap();
     buffer.write_staged(0, &vec![0xEEu8; size + 64]).unwrap();
     let data = pattern(9, size);
@@ -328,7 +328,7 @@ fn gpu_staging_larger_than_one_chunk() {
     buffer.read_staged(31 + size as u64, &mut edges[31..]).unwrap();
     assert!(edges.iter().all(|&b| b == 0xEE), "bytes around the transfer untouched");
     // A transfer of a piece and a bit, at an odd offset of both.
-    let piece = (8 << 20) + 5;
+    let piece = (4 << 20) + 5;
     let data = pattern(10, piece);
     buffer.write_staged(1_000_003, &data).unwrap();
     let mut out = vec![0u8; piece];

@@ -5,7 +5,7 @@
 //! see), and, as extra information, the in-process `vkCmdCopyBuffer` between two plain
 //! DEVICE_LOCAL buffers (the former "ceiling").
 //!
-//! Every case is warmed up, then the cases alternate, rep after rep. Every case is timed the
+//! Every case is warmed up, then the cases take turns in blocks ([`block`]). Every case is timed the
 //! same way: host wall time around the synchronous call (as a user sees it; CUDA's copy is
 //! followed by `cuCtxSynchronize`); lava-flow's GPU timestamps are reported beside it. Before
 //! timing, each lava-flow method's copy is checked: the first and last MiB of the destination
@@ -17,7 +17,7 @@ use lava_flow::memory::gpu::{copy_buffer_timed, copy_buffer_timed_with, CopyMeth
 use lava_flow::Error;
 use serde_json::{json, Value};
 
-use crate::util::{brief, gbps, median, num, size_name, MIB};
+use crate::util::{block, brief, gbps, median, num, size_name, MIB, ROUNDS};
 use crate::Bench;
 
 /// The Auto method's ratio to `cuMemcpyDtoD` per size (or why there is none): the target.
@@ -101,7 +101,7 @@ fn verify(src: &GpuBuffer, dst: &GpuBuffer, size: u64, method: CopyMethod) -> Re
 
 pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
     b.say("\nDevice-to-device copy: median GB/s (bytes copied / s; memory traffic is twice that), host wall time");
-    b.say("around each synchronous call; (x) = ratio to cuMemcpyDtoD of the same size, measured alternately");
+    b.say("around each synchronous call; (x) = ratio to cuMemcpyDtoD of the same size, measured in turns");
     b.say(format!(
         "  {:>8}  {:>12}  {:>16}  {:>16}  {:>16}  {:>16}",
         "size", "cuMemcpyDtoD", "lf auto", "lf engine", "lf shader", "vkCmdCopyBuffer*"
@@ -147,29 +147,32 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
             };
             state.push((case, warm.map(|verified| Samples { wall: Vec::new(), gpu: Vec::new(), verified })));
         }
-        for rep in 0..reps {
+        for round in 0..ROUNDS {
             for (case, samples) in state.iter_mut() {
-                let Ok(s) = samples else { continue };
-                let start = Instant::now();
-                let result = match (*case, &cuda_buffers) {
-                    (Case::Cuda, Ok((c, src, dst))) => c.copy_dtod(dst, src, size as usize).map(|()| None),
-                    (Case::Cuda, Err(e)) => Err(e.clone()),
-                    (Case::Lf(method), _) => copy_buffer_timed_with(&lf_src, 0, &lf_dst, 0, size, method)
-                        .map(|t| t.gpu)
-                        .map_err(|e| e.to_string()),
-                    (Case::InProcess, _) => {
-                        copy_buffer_timed(&base_src, 0, &base_dst, 0, size).map(|t| t.gpu).map_err(|e| e.to_string())
-                    }
-                };
-                let wall = start.elapsed().as_secs_f64();
-                match result {
-                    Ok(gpu) => {
-                        s.wall.push(wall);
-                        if let Some(gpu) = gpu.filter(|g| !g.is_zero()) {
-                            s.gpu.push(gpu.as_secs_f64());
+                for (rep, untimed) in block(reps, round) {
+                    let Ok(s) = samples else { break };
+                    let start = Instant::now();
+                    let result = match (*case, &cuda_buffers) {
+                        (Case::Cuda, Ok((c, src, dst))) => c.copy_dtod(dst, src, size as usize).map(|()| None),
+                        (Case::Cuda, Err(e)) => Err(e.clone()),
+                        (Case::Lf(method), _) => copy_buffer_timed_with(&lf_src, 0, &lf_dst, 0, size, method)
+                            .map(|t| t.gpu)
+                            .map_err(|e| e.to_string()),
+                        (Case::InProcess, _) => {
+                            copy_buffer_timed(&base_src, 0, &base_dst, 0, size).map(|t| t.gpu).map_err(|e| e.to_string())
                         }
+                    };
+                    let wall = start.elapsed().as_secs_f64();
+                    match result {
+                        Ok(_) if untimed => {}
+                        Ok(gpu) => {
+                            s.wall.push(wall);
+                            if let Some(gpu) = gpu.filter(|g| !g.is_zero()) {
+                                s.gpu.push(gpu.as_secs_f64());
+                            }
+                        }
+                        Err(e) => *samples = Err(format!("failed at rep {rep}: {e}")),
                     }
-                    Err(e) => *samples = Err(format!("failed at rep {rep}: {e}")),
                 }
             }
         }

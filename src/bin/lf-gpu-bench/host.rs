@@ -13,15 +13,15 @@
 //!
 //! The application's side is touched as a user's would be: sources are filled once before
 //! timing, destinations are real, pre-faulted buffers. Every case is warmed up, then the cases
-//! alternate, rep after rep; each lava-flow write-read pair is checked once (round trip).
+//! take turns in blocks (`util::block`); each lava-flow write-read pair is checked once (round trip).
 
-use lava_flow::memory::gpu::{GpuBuffer, GpuMemoryKind};
+use lava_flow::memory::gpu::{describe_memory_flags, GpuBuffer, GpuMemoryKind};
 use lava_flow::memory::{Buffer, Context, ContextConfig, DeviceRegistration, DeviceSelector, GpuPolicy, MemoryLocation};
 use lava_flow::Error;
 use serde_json::{json, Value};
 
 use crate::cuda::{Cuda, DeviceMemory, PinnedHost};
-use crate::util::{brief, gbps, median, num_or, size_name, timed, MIB};
+use crate::util::{block, brief, gbps, median, num_or, size_name, timed, MIB, ROUNDS};
 use crate::Bench;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -102,15 +102,17 @@ impl Method {
     }
 
     fn label(self, bufs: &Buffers) -> String {
-        let dl_path = if bufs.dl.is_host_mappable() { "direct: mappable here" } else { "staged" };
+        let flags = describe_memory_flags(bufs.dl.memory_property_flags());
+        let write_path = if bufs.dl.is_host_mappable() || flags.contains("HOST_VISIBLE") { "direct" } else { "staged" };
+        let read_path = if bufs.dl.is_host_mappable() { "direct" } else { "staged" };
         match self {
             Method::Memcpy => "host memcpy, Vec -> Vec".into(),
             Method::CudaPinned(H2D) => "cuMemcpyHtoD from cuMemAllocHost memory (pinned)".into(),
             Method::CudaPinned(_) => "cuMemcpyDtoH into cuMemAllocHost memory (pinned)".into(),
             Method::CudaPageable(H2D) => "cuMemcpyHtoD from a Vec (pageable)".into(),
             Method::CudaPageable(_) => "cuMemcpyDtoH into a Vec (pageable)".into(),
-            Method::LfAuto(H2D) => format!("lf DEVICE_LOCAL write from a Vec (auto: {dl_path})"),
-            Method::LfAuto(_) => format!("lf DEVICE_LOCAL read into a Vec (auto: {dl_path})"),
+            Method::LfAuto(H2D) => format!("lf DEVICE_LOCAL write from a Vec (auto: {write_path}; {flags})"),
+            Method::LfAuto(_) => format!("lf DEVICE_LOCAL read into a Vec (auto: {read_path})"),
             Method::LfStaged(H2D) => "lf DEVICE_LOCAL write_staged from a Vec".into(),
             Method::LfStaged(_) => "lf DEVICE_LOCAL read_staged into a Vec".into(),
             Method::LfHostVisible(H2D) => "lf HOST_VISIBLE write from a Vec".into(),
@@ -316,12 +318,15 @@ pub fn run(b: &Bench) -> Result<(Value, HostSummary), Error> {
                 (m, warm)
             })
             .collect();
-        for rep in 0..reps {
+        for round in 0..ROUNDS {
             for (m, samples) in state.iter_mut() {
-                let Ok(s) = samples else { continue };
-                match timed(|| bufs.run(*m)) {
-                    Ok((secs, ())) => s.push(secs),
-                    Err(e) => *samples = Err(format!("failed at rep {rep}: {e}")),
+                for (rep, untimed) in block(reps, round) {
+                    let Ok(s) = samples else { break };
+                    match timed(|| bufs.run(*m)) {
+                        Ok(_) if untimed => {}
+                        Ok((secs, ())) => s.push(secs),
+                        Err(e) => *samples = Err(format!("failed at rep {rep}: {e}")),
+                    }
                 }
             }
         }

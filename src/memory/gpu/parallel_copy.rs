@@ -2,7 +2,7 @@
 //! PCIe Gen5 link 50. Large pieces are cut into chunks that a small crew of threads (made
 //! on first use, kept for the process) and the calling thread copy together.
 //!
-//! `LF_COPY_THREADS` sets how many threads copy, the caller included (default: 4, at most
+//! `LF_COPY_THREADS` sets how many threads copy, the caller included (default: 8, at most
 //! the cores this process may use; 1 copies on the calling thread alone).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex};
 
 /// The environment variable that sets how many threads copy (the caller included).
 pub const COPY_THREADS_ENV: &str = "LF_COPY_THREADS";
-const DEFAULT_THREADS: usize = 4;
+const DEFAULT_THREADS: usize = 8;
 /// Copies below this go on the calling thread alone: waking the crew costs microseconds.
 const PARALLEL_MIN: usize = 2 << 20;
 /// What one thread takes at a time.

@@ -40,11 +40,33 @@ use crate::error::{Error, Result};
 /// Staged transfers go through `STAGING_SLOTS` host-visible buffers of up to `STAGING_CHUNK`
 /// bytes each, in pieces, so that the host's copy of one piece overlaps the GPU's copy of the
 /// next (and a transfer never needs one staging buffer as large as itself).
-const STAGING_CHUNK: u64 = 8 << 20;
+const STAGING_CHUNK: u64 = 4 << 20;
 const STAGING_MIN: u64 = 1 << 20;
-const STAGING_SLOTS: usize = 3;
+const STAGING_SLOTS: usize = 4;
 /// How long a single transfer may take before the device counts as hung.
 const FENCE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a fence is polled before the host sleeps on it: a sleeping wait wakes tens of
+/// microseconds late, as long as a copy of a few MiB takes on a GPU.
+const FENCE_SPIN: Duration = Duration::from_micros(200);
+
+/// Waits for `fence`: polls it for up to [`FENCE_SPIN`], then sleeps on it for up to
+/// [`FENCE_TIMEOUT`].
+fn wait_fence(d: &ash::Device, fence: vk::Fence) -> std::result::Result<(), vk::Result> {
+    let start = Instant::now();
+    loop {
+        // SAFETY: the fence is a live fence of this device, submitted with work.
+        if unsafe { d.get_fence_status(fence) }? {
+            return Ok(());
+        }
+        if start.elapsed() >= FENCE_SPIN {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    // SAFETY: as above.
+    unsafe { d.wait_for_fences(&[fence], true, FENCE_TIMEOUT.as_nanos() as u64) }
+}
 
 /// One staging buffer with its own command buffer and fence, so that several pieces of a
 /// transfer can be in flight at once.
@@ -339,7 +361,7 @@ impl Submitter {
     unsafe fn finish_piece(&mut self, device: &VulkanDevice, (slot, start, len): (usize, usize, usize), host: *mut u8, direction: Direction) -> Result<()> {
         let d = &device.shared.device;
         let s = &self.staging[slot];
-        match d.wait_for_fences(&[s.fence], true, FENCE_TIMEOUT.as_nanos() as u64) {
+        match wait_fence(d, s.fence) {
             Ok(()) => {}
             Err(r) => {
                 self.hung = true;
@@ -386,10 +408,12 @@ impl Submitter {
 
     /// One submission of a copy: the engine's `regions`, and `dispatches` of the copy shader
     /// (with `width`) from `src` to `dst`, after the regions are done where `engine_first`;
-    /// waits for it.
+    /// waits for it. `timed`: between GPU timestamps.
+    #[allow(clippy::too_many_arguments)]
     fn submit_copy(
         &mut self,
         device: &VulkanDevice,
+        timed: bool,
         waits: &[(vk::Semaphore, u64)],
         (src, dst): (vk::Buffer, vk::Buffer),
         regions: &[vk::BufferCopy],
@@ -405,7 +429,7 @@ impl Submitter {
                 .map_err(vk_err("descriptor sets for the copy shader"))?,
             None => Vec::new(),
         };
-        self.submit(device, true, waits, !sets.is_empty(), |d, cmd| {
+        self.submit(device, timed, waits, !sets.is_empty(), |d, cmd| {
             // SAFETY: both buffers are live for the submission, which is waited for; the
             // regions and dispatches lie in them (checked by the caller).
             unsafe {
@@ -497,7 +521,7 @@ impl Submitter {
             }
             let submit = [submit_info];
             d.queue_submit(self.queue, &submit, self.fence).map_err(vk_err("vkQueueSubmit"))?;
-            match d.wait_for_fences(&[self.fence], true, FENCE_TIMEOUT.as_nanos() as u64) {
+            match wait_fence(d, self.fence) {
                 Ok(()) => {}
                 Err(vk::Result::TIMEOUT) => {
                     self.hung = true;
@@ -847,7 +871,7 @@ pub fn copy_buffer_waiting(
     len: u64,
     waits: &[(&TimelineSemaphore, u64)],
 ) -> Result<()> {
-    copy_inner(src, src_offset, dst, dst_offset, len, waits, CopyMethod::Auto).map(|_| ())
+    copy_inner(src, src_offset, dst, dst_offset, len, waits, CopyMethod::Auto, false).map(|_| ())
 }
 
 /// [`copy_buffer`], also reporting how long it took (host wall time and GPU timestamps).
@@ -858,7 +882,7 @@ pub fn copy_buffer_timed(
     dst_offset: u64,
     len: u64,
 ) -> Result<CopyTiming> {
-    copy_inner(src, src_offset, dst, dst_offset, len, &[], CopyMethod::Auto)
+    copy_inner(src, src_offset, dst, dst_offset, len, &[], CopyMethod::Auto, true)
 }
 
 /// [`copy_buffer_timed`] made by `method`, e.g. to compare the copy engine with the shader
@@ -872,9 +896,11 @@ pub fn copy_buffer_timed_with(
     len: u64,
     method: CopyMethod,
 ) -> Result<CopyTiming> {
-    copy_inner(src, src_offset, dst, dst_offset, len, &[], method)
+    copy_inner(src, src_offset, dst, dst_offset, len, &[], method, true)
 }
 
+/// The copy of every variant above; `timed`: between GPU timestamps as well.
+#[allow(clippy::too_many_arguments)]
 fn copy_inner(
     src: &GpuBuffer,
     src_offset: u64,
@@ -883,6 +909,7 @@ fn copy_inner(
     len: u64,
     waits: &[(&TimelineSemaphore, u64)],
     method: CopyMethod,
+    timed: bool,
 ) -> Result<CopyTiming> {
     if let Some((semaphore, _)) = waits.iter().find(|(s, _)| !s.device().same_device(src.device())) {
         return Err(Error::invalid(format!(
@@ -921,7 +948,7 @@ fn copy_inner(
     let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
     let start = Instant::now();
     let Some((shader, plan)) = plan else {
-        let gpu = submitter.submit_copy(&device, &raw_waits, buffers, &whole, None, (shader_copy::Width::Vec4, &[], false))?;
+        let gpu = submitter.submit_copy(&device, timed, &raw_waits, buffers, &whole, None, (shader_copy::Width::Vec4, &[], false))?;
         return Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Engine });
     };
     // One submission per SETS_PER_SUBMIT dispatches, the first with the engine's part and the
@@ -931,7 +958,7 @@ fn copy_inner(
     for (i, dispatches) in plan.dispatches.chunks(SETS_PER_SUBMIT).enumerate() {
         let (regions, waits) = if i == 0 { (&plan.engine[..], &raw_waits[..]) } else { (&[][..], &[][..]) };
         let shaded = (plan.width, dispatches, engine_first);
-        let took = submitter.submit_copy(&device, waits, buffers, regions, Some(&shader), shaded)?;
+        let took = submitter.submit_copy(&device, timed, waits, buffers, regions, Some(&shader), shaded)?;
         gpu = gpu.zip(took).map(|(a, b)| a + b);
     }
     Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Shader })
