@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use lava_flow::memory::gpu::{copy_buffer_timed, copy_buffer_timed_with, CopyMethod, GpuBuffer, GpuMemoryKind};
+use lava_flow::memory::gpu::{copy_buffer, copy_buffer_timed, copy_buffer_timed_with, CopyMethod, GpuBuffer, GpuMemoryKind};
 use lava_flow::Error;
 use serde_json::{json, Value};
 
@@ -155,6 +155,10 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                     let result = match (*case, &cuda_buffers) {
                         (Case::Cuda, Ok((c, src, dst))) => c.copy_dtod(dst, src, size as usize).map(|()| None),
                         (Case::Cuda, Err(e)) => Err(e.clone()),
+                        // Auto as users copy (`copy_buffer`, `lf_buffer_copy`): no timestamps.
+                        (Case::Lf(CopyMethod::Auto), _) => {
+                            copy_buffer(&lf_src, 0, &lf_dst, 0, size).map(|()| None).map_err(|e| e.to_string())
+                        }
                         (Case::Lf(method), _) => copy_buffer_timed_with(&lf_src, 0, &lf_dst, 0, size, method)
                             .map(|t| t.gpu)
                             .map_err(|e| e.to_string()),

@@ -131,8 +131,8 @@ pub fn evaluate(r: &Results) -> Vec<Target> {
     ));
     let no_16 = "no host transfer of 16 MiB or more was measured (--max-size)";
     t.push(target(
-        "host transfers >= 0.8x pinned cuMemcpy at >= 16 MiB, H2D and D2H (best lava-flow path)",
-        section(&r.host, "host transfer").and_then(|h| host_target(&h.rows, |row| row.lava_flow, no_16)),
+        "host transfers to and from DEVICE_LOCAL >= 0.8x pinned cuMemcpy at >= 16 MiB, H2D and D2H (best lava-flow path)",
+        section(&r.host, "host transfer").and_then(|h| host_target(&h.rows, |row| row.lava_flow && !row.host_visible, no_16)),
     ));
     t.push(target(
         "host transfers >= 0.8x pinned cuMemcpy at >= 16 MiB, H2D and D2H (auto path from pageable memory)",

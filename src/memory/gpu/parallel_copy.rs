@@ -5,8 +5,9 @@
 //! `LF_COPY_THREADS` sets how many threads copy, the caller included (default: 8, at most
 //! the cores this process may use; 1 copies on the calling thread alone).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -15,6 +16,8 @@ pub const COPY_THREADS_ENV: &str = "LF_COPY_THREADS";
 const DEFAULT_THREADS: usize = 8;
 /// Copies below this go on the calling thread alone: waking the crew costs microseconds.
 const PARALLEL_MIN: usize = 2 << 20;
+/// How long an idle worker polls for the next job before it sleeps.
+const WORKER_SPIN: Duration = Duration::from_micros(300);
 /// What one thread takes at a time.
 const CHUNK: usize = 512 << 10;
 
@@ -54,6 +57,8 @@ struct Crew {
     busy: Mutex<()>,
     /// The current job and its number, which the workers wait to change.
     posted: Mutex<(u64, Option<Arc<Job>>)>,
+    /// The number of the current job, for workers to poll without the lock.
+    generation: AtomicU64,
     wake: Condvar,
 }
 
@@ -61,7 +66,13 @@ impl Crew {
     /// A crew of `threads` copiers: the caller and `threads - 1` workers. A worker that
     /// cannot be started is simply missing: the others copy its chunks.
     fn new(threads: usize) -> Arc<Crew> {
-        let crew = Arc::new(Crew { threads, busy: Mutex::new(()), posted: Mutex::new((0, None)), wake: Condvar::new() });
+        let crew = Arc::new(Crew {
+            threads,
+            busy: Mutex::new(()),
+            posted: Mutex::new((0, None)),
+            generation: AtomicU64::new(0),
+            wake: Condvar::new(),
+        });
         for n in 1..threads {
             let worker = crew.clone();
             let _ = std::thread::Builder::new().name(format!("lf-copy-{n}")).spawn(move || worker.work());
@@ -69,9 +80,16 @@ impl Crew {
         crew
     }
 
+    /// Copies each job posted. Between jobs a worker polls for the next one for
+    /// [`WORKER_SPIN`] before it sleeps: a staged transfer posts a piece every hundred
+    /// microseconds or so, and a sleeping thread wakes too late for such a piece.
     fn work(&self) {
         let mut seen = 0;
         loop {
+            let polled = Instant::now();
+            while self.generation.load(Ordering::Acquire) == seen && polled.elapsed() < WORKER_SPIN {
+                std::hint::spin_loop();
+            }
             let job = {
                 let mut posted = self.posted.lock();
                 while posted.0 == seen {
@@ -102,6 +120,7 @@ impl Crew {
             let mut posted = self.posted.lock();
             posted.0 += 1;
             posted.1 = Some(job.clone());
+            self.generation.store(posted.0, Ordering::Release);
         }
         self.wake.notify_all();
         job.run();

@@ -46,11 +46,13 @@ const STAGING_SLOTS: usize = 4;
 /// How long a single transfer may take before the device counts as hung.
 const FENCE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How long a fence is polled before the host sleeps on it: a sleeping wait wakes tens of
-/// microseconds late, as long as a copy of a few MiB takes on a GPU.
+/// How long a fence is polled before the host sleeps on it: a sleeping wait wakes up to a
+/// hundred microseconds late, as long as a copy of hundreds of MiB takes on a GPU. After
+/// [`FENCE_SPIN`] the poll yields the core between looks.
+const FENCE_POLL: Duration = Duration::from_millis(20);
 const FENCE_SPIN: Duration = Duration::from_micros(200);
 
-/// Waits for `fence`: polls it for up to [`FENCE_SPIN`], then sleeps on it for up to
+/// Waits for `fence`: polls it for up to [`FENCE_POLL`], then sleeps on it for up to
 /// [`FENCE_TIMEOUT`].
 fn wait_fence(d: &ash::Device, fence: vk::Fence) -> std::result::Result<(), vk::Result> {
     let start = Instant::now();
@@ -59,10 +61,14 @@ fn wait_fence(d: &ash::Device, fence: vk::Fence) -> std::result::Result<(), vk::
         if unsafe { d.get_fence_status(fence) }? {
             return Ok(());
         }
-        if start.elapsed() >= FENCE_SPIN {
+        let waited = start.elapsed();
+        if waited >= FENCE_POLL {
             break;
+        } else if waited >= FENCE_SPIN {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
-        std::hint::spin_loop();
     }
     // SAFETY: as above.
     unsafe { d.wait_for_fences(&[fence], true, FENCE_TIMEOUT.as_nanos() as u64) }
