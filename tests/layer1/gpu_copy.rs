@@ -13,18 +13,8 @@ use std::time::{Duration, Instant};
 use lava_flow::memory::gpu::*;
 use lava_flow::Error;
 
-use super::gpu_memory::{child_role, expect_child_success, pattern, require_vulkan, spawn_child_in};
+use super::gpu_memory::{child_role, expect_child_success, open_device, pattern, spawn_child_in};
 
-fn open_device(test: &str) -> Option<VulkanDevice> {
-    match VulkanDevice::open(&GpuConfig::default()) {
-        Ok(device) => Some(device),
-        Err(Error::Unsupported(why)) if !require_vulkan() => {
-            eprintln!("SKIP {test}: no usable Vulkan device: {why} (set LF_REQUIRE_VULKAN=1 to fail instead)");
-            None
-        }
-        Err(e) => panic!("{test}: opening the Vulkan device failed: {e}"),
-    }
-}
 
 /// The sizes every method copies at every offset pair.
 const SIZES: [u64; 7] = [1, 15, 16, 17, 4095, (1 << 20) + 3, 64 << 20];

@@ -29,7 +29,7 @@ pub(crate) fn require_vulkan() -> bool {
 
 /// The device the tests use, or `None` (after printing why) when there is none and
 /// `LF_REQUIRE_VULKAN=1` is not set.
-fn open_device(test: &str) -> Option<VulkanDevice> {
+pub(crate) fn open_device(test: &str) -> Option<VulkanDevice> {
     match VulkanDevice::open(&GpuConfig::default()) {
         Ok(device) => Some(device),
         Err(Error::Unsupported(why)) if !require_vulkan() => {
