@@ -2,7 +2,7 @@
 //! same run, on the device `LF_VULKAN_DEVICE` selects (default: the first discrete GPU).
 //!
 //! ```text
-//! lf-gpu-bench [--json] [--quick] [--max-size BYTES] [--reps N]
+//! lf-gpu-bench [--json] [--quick] [--max-size BYTES] [--reps N] [--only SECTIONS]
 //! ```
 //!
 //! - `alloc.rs`: allocation latency, pooled and fresh exportable arenas; the first allocation
@@ -12,6 +12,8 @@
 //!   lava-flow's write/read paths and GPU-pinned memory, and a host memcpy.
 //! - `import.rs`: the first import of an arena in another process, against the driver's raw
 //!   import and `cuIpcOpenMemHandle`.
+//! - `submit.rs`: one synchronous round trip taken apart: the driver's submission and wait
+//!   alone, against lava-flow's and CUDA's smallest copies (for information).
 //! - `targets.rs`: PASS, FAIL or not measured for each target.
 //!
 //! CUDA (`cuda.rs`) is loaded at run time: without it (no NVIDIA driver, or
@@ -25,6 +27,7 @@ mod cuda;
 mod d2d;
 mod host;
 mod import;
+mod submit;
 mod targets;
 mod util;
 
@@ -42,6 +45,7 @@ const USAGE: &str = "usage: lf-gpu-bench [--json] [--quick] [--max-size BYTES (e
   --max-size  largest copy (default 1G on a GPU; 64M with --quick or on a CPU driver)
   --reps      repetitions of each copy case (default 30/15, 7 for host transfers, 5/3 with --quick)
   --json      one JSON object on stdout instead of the tables
+  --only      comma-separated sections to run (default all): alloc,d2d,submit,host,import,trim
 device: LF_VULKAN_DEVICE=<index|deviceUUID> (default: first discrete GPU, else first device)
 CUDA baselines: libcuda.so.1 when present (LF_DISABLE_CUDA=1 skips them)";
 
@@ -50,10 +54,14 @@ pub struct Options {
     pub quick: bool,
     pub max_size: Option<u64>,
     pub reps: Option<usize>,
+    /// The sections to run; empty: all.
+    pub only: Vec<String>,
 }
 
+const SECTIONS: [&str; 6] = ["alloc", "d2d", "submit", "host", "import", "trim"];
+
 fn options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options { json: false, quick: false, max_size: None, reps: None };
+    let mut o = Options { json: false, quick: false, max_size: None, reps: None, only: Vec::new() };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -64,6 +72,14 @@ fn options(args: &[String]) -> Result<Options, String> {
                 let n: usize =
                     args.next().ok_or("--reps needs a value")?.parse().map_err(|e| format!("--reps: {e}"))?;
                 o.reps = Some(n.max(1));
+            }
+            "--only" => {
+                for name in args.next().ok_or("--only needs a list of sections")?.split(',') {
+                    if !SECTIONS.contains(&name) {
+                        return Err(format!("--only: unknown section {name:?} (sections: {})", SECTIONS.join(",")));
+                    }
+                    o.only.push(name.to_string());
+                }
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -116,9 +132,18 @@ fn cuda_json(cuda: &Result<Cuda, String>) -> Value {
     }
 }
 
-/// A section's JSON and summary, or its error (reported, recorded, and the run goes on).
-fn section<T>(b: &Bench, errors: &mut Vec<String>, name: &str, result: Result<(Value, T), Error>) -> (Value, Result<T, String>) {
-    match result {
+/// A section's JSON and summary, or its error (reported, recorded, and the run goes on), or
+/// that `--only` left it out.
+fn section<T>(
+    b: &Bench,
+    errors: &mut Vec<String>,
+    (key, name): (&str, &str),
+    run: impl FnOnce(&Bench) -> Result<(Value, T), Error>,
+) -> (Value, Result<T, String>) {
+    if !b.o.only.is_empty() && !b.o.only.iter().any(|o| o == key) {
+        return (json!({ "skipped": "not among --only" }), Err(targets::SKIPPED.into()));
+    }
+    match run(b) {
         Ok((v, summary)) => (v, Ok(summary)),
         Err(e) => {
             b.say(format!("  the {name} section failed: {e}"));
@@ -161,11 +186,12 @@ fn run(o: Options) -> Result<Value, Error> {
     b.say(format!("largest copy {}{}", size_name(max_size), if b.o.quick { ", --quick" } else { "" }));
 
     let mut errors: Vec<String> = Vec::new();
-    let (alloc_json, alloc) = section(&b, &mut errors, "allocation", alloc::run(&b));
-    let (d2d_json, d2d) = section(&b, &mut errors, "device-to-device", d2d::run(&b));
-    let (host_json, host) = section(&b, &mut errors, "host transfer", host::run(&b));
-    let (import_json, import) = section(&b, &mut errors, "import", import::run(&b));
-    let (trim_json, trim) = section(&b, &mut errors, "memory given back", alloc::memory_given_back(&b));
+    let (alloc_json, alloc) = section(&b, &mut errors, ("alloc", "allocation"), alloc::run);
+    let (d2d_json, d2d) = section(&b, &mut errors, ("d2d", "device-to-device"), d2d::run);
+    let (submit_json, _) = section(&b, &mut errors, ("submit", "round trip"), submit::run);
+    let (host_json, host) = section(&b, &mut errors, ("host", "host transfer"), host::run);
+    let (import_json, import) = section(&b, &mut errors, ("import", "import"), import::run);
+    let (trim_json, trim) = section(&b, &mut errors, ("trim", "memory given back"), alloc::memory_given_back);
 
     let targets = targets::evaluate(&targets::Results { alloc, d2d, host, import, trim });
     b.say("\nTargets:");
@@ -184,6 +210,7 @@ fn run(o: Options) -> Result<Value, Error> {
         "machine": machine,
         "allocation": alloc_json,
         "d2d": d2d_json,
+        "round_trip": submit_json,
         "host_transfers": host_json,
         "import": import_json,
         "memory_given_back": trim_json,

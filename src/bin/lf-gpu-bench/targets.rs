@@ -37,8 +37,14 @@ fn target(name: impl Into<String>, result: Result<(bool, String), String>) -> Ta
     }
 }
 
+/// A section's error when `--only` left it out.
+pub const SKIPPED: &str = "not run (--only)";
+
 fn section<'a, T>(r: &'a Result<T, String>, name: &str) -> Result<&'a T, String> {
-    r.as_ref().map_err(|e| format!("the {name} section failed: {e}"))
+    r.as_ref().map_err(|e| match e.as_str() {
+        SKIPPED => format!("the {name} section was not run (--only)"),
+        e => format!("the {name} section failed: {e}"),
+    })
 }
 
 /// The worst of `(what, ratio)` pairs against `limit`; an error in any pair, or no pair,
