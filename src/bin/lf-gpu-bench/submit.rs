@@ -128,15 +128,19 @@ impl<'a> Raw<'a> {
                     d.reset_fences(&[self.fence]).map_err(vk_err("vkResetFences"))?;
                     Ok(submitted)
                 }
-                Wait::TimelineSpin => {
+                Wait::TimelineSpin | Wait::TimelineChained => {
                     self.value += 1;
                     let values = [self.value];
                     let semaphores = [self.timeline];
+                    let earlier = [self.value - 1];
+                    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
                     let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
-                    let submit = [vk::SubmitInfo::default()
-                        .command_buffers(&cmds)
-                        .signal_semaphores(&semaphores)
-                        .push_next(&mut timeline)];
+                    let mut submit_info = vk::SubmitInfo::default().command_buffers(&cmds).signal_semaphores(&semaphores);
+                    if wait == Wait::TimelineChained {
+                        timeline = timeline.wait_semaphore_values(&earlier);
+                        submit_info = submit_info.wait_semaphores(&semaphores).wait_dst_stage_mask(&stages);
+                    }
+                    let submit = [submit_info.push_next(&mut timeline)];
                     let start = Instant::now();
                     d.queue_submit(self.queue, &submit, vk::Fence::null()).map_err(vk_err("vkQueueSubmit"))?;
                     let submitted = start.elapsed().as_secs_f64() * 1e6;
@@ -169,6 +173,9 @@ enum Wait {
     FenceSpin,
     FenceSleep,
     TimelineSpin,
+    /// Waits on the previous submission's value (a memory dependency between the two, in
+    /// place of a barrier) and signals the next; the host polls.
+    TimelineChained,
 }
 
 /// The barriers around a raw copy: lava-flow's (host writes and earlier copies before it, the
@@ -187,6 +194,8 @@ enum Case {
     Empty(Wait),
     Recorded(Wait),
     RecordEach(Barriers),
+    /// Recorded each time with no barrier, chained to the previous submission by the timeline.
+    RecordChained,
     Lf,
     /// Wall time less the GPU timestamps' time of the same copies.
     LfOverGpu,
@@ -199,14 +208,15 @@ impl Case {
             Case::SubmitCall => "the vkQueueSubmit call alone (empty submission)",
             Case::Empty(Wait::FenceSpin) => "empty vkQueueSubmit, fence polled",
             Case::Empty(Wait::FenceSleep) => "empty vkQueueSubmit, vkWaitForFences",
-            Case::Empty(Wait::TimelineSpin) => "empty vkQueueSubmit, timeline semaphore polled",
+            Case::Empty(Wait::TimelineSpin | Wait::TimelineChained) => "empty vkQueueSubmit, timeline semaphore polled",
             Case::Recorded(Wait::FenceSpin) => "copy recorded once, fence polled",
             Case::Recorded(Wait::FenceSleep) => "copy recorded once, vkWaitForFences",
-            Case::Recorded(Wait::TimelineSpin) => "copy recorded once, timeline semaphore polled",
+            Case::Recorded(Wait::TimelineSpin | Wait::TimelineChained) => "copy recorded once, timeline semaphore polled",
             Case::RecordEach(Barriers::None) => "copy recorded each time, fence polled",
             Case::RecordEach(Barriers::Before) => "  + lava-flow's barrier before",
             Case::RecordEach(Barriers::After) => "  + lava-flow's barrier after",
             Case::RecordEach(Barriers::Both) => "  + both barriers",
+            Case::RecordChained => "  no barrier, chained by a timeline semaphore",
             Case::Lf => "lava-flow copy_buffer",
             Case::LfOverGpu => "lava-flow copy_buffer_timed, wall less GPU time",
             Case::Cuda => "cuMemcpyDtoD + cuCtxSynchronize",
@@ -218,14 +228,15 @@ impl Case {
             Case::SubmitCall => "submit_call",
             Case::Empty(Wait::FenceSpin) => "empty_fence_poll",
             Case::Empty(Wait::FenceSleep) => "empty_fence_wait",
-            Case::Empty(Wait::TimelineSpin) => "empty_timeline_poll",
+            Case::Empty(Wait::TimelineSpin | Wait::TimelineChained) => "empty_timeline_poll",
             Case::Recorded(Wait::FenceSpin) => "recorded_fence_poll",
             Case::Recorded(Wait::FenceSleep) => "recorded_fence_wait",
-            Case::Recorded(Wait::TimelineSpin) => "recorded_timeline_poll",
+            Case::Recorded(Wait::TimelineSpin | Wait::TimelineChained) => "recorded_timeline_poll",
             Case::RecordEach(Barriers::None) => "record_each_fence_poll",
             Case::RecordEach(Barriers::Before) => "record_each_barrier_before",
             Case::RecordEach(Barriers::After) => "record_each_barrier_after",
             Case::RecordEach(Barriers::Both) => "record_each_barriers",
+            Case::RecordChained => "record_each_timeline_chained",
             Case::Lf => "lf_copy_buffer",
             Case::LfOverGpu => "lf_wall_less_gpu",
             Case::Cuda => "cuda_memcpy_dtod",
@@ -233,7 +244,7 @@ impl Case {
     }
 }
 
-const CASES: [Case; 14] = [
+const CASES: [Case; 15] = [
     Case::SubmitCall,
     Case::Empty(Wait::FenceSpin),
     Case::Empty(Wait::FenceSleep),
@@ -245,6 +256,7 @@ const CASES: [Case; 14] = [
     Case::RecordEach(Barriers::Before),
     Case::RecordEach(Barriers::After),
     Case::RecordEach(Barriers::Both),
+    Case::RecordChained,
     Case::Lf,
     Case::LfOverGpu,
     Case::Cuda,
@@ -278,6 +290,13 @@ pub fn run(b: &Bench) -> Result<(Value, ()), Error> {
                             // SAFETY: `fresh` is not pending (every round trip is waited for).
                             unsafe { raw.record(raw.fresh, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, *barriers) }
                                 .and_then(|()| raw.round_trip(Some(raw.fresh), Wait::FenceSpin))
+                                .map(|_| None)
+                                .map_err(|e| e.to_string())
+                        }
+                        Case::RecordChained => {
+                            // SAFETY: as above.
+                            unsafe { raw.record(raw.fresh, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, Barriers::None) }
+                                .and_then(|()| raw.round_trip(Some(raw.fresh), Wait::TimelineChained))
                                 .map(|_| None)
                                 .map_err(|e| e.to_string())
                         }

@@ -126,6 +126,12 @@ impl Arena {
         }
     }
 
+    /// Whether the host may access the memory itself (host-visible memory, or a host pointer
+    /// imported whatever its type's flags): GPU writes to it must be made visible to the host.
+    pub(crate) fn host_accessible(&self) -> bool {
+        self.origin == ArenaOrigin::HostPointer || self.property_flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
+    }
+
     /// Host-visible and coherent: the host may write it through a mapping with no flush. For
     /// the GPU's own memory behind a resizable BAR, only writes go at the bus's speed.
     pub(crate) fn host_writable(&self) -> bool {

@@ -640,7 +640,8 @@ impl VulkanDevice {
             .map_err(vk_err(&format!("vkCreateDevice on device {index} ({name})")))?;
         // SAFETY: the queue family and index were requested at creation.
         let queue = unsafe { device.get_device_queue(family, 0) };
-        let submitter = match Submitter::new(&device, queue, family, timestamp_period_ns.is_some()) {
+        let compute = families[family as usize].queue_flags.contains(vk::QueueFlags::COMPUTE);
+        let submitter = match Submitter::new(&device, queue, family, compute, timestamp_period_ns.is_some()) {
             Ok(s) => s,
             Err(e) => {
                 // SAFETY: nothing else was created on the device.

@@ -95,6 +95,9 @@ enum Direction {
 /// The transfer queue and what submitting on it needs. Lives behind the device's mutex.
 pub(crate) struct Submitter {
     queue: vk::Queue,
+    /// Whether the queue runs compute shaders: then earlier submissions may have written
+    /// with shaders as well as transfers.
+    compute: bool,
     pool: vk::CommandPool,
     cmd: vk::CommandBuffer,
     fence: vk::Fence,
@@ -121,7 +124,7 @@ enum ShaderState {
 unsafe impl Send for Submitter {}
 
 impl Submitter {
-    pub(crate) fn new(device: &ash::Device, queue: vk::Queue, family: u32, timestamps: bool) -> Result<Self> {
+    pub(crate) fn new(device: &ash::Device, queue: vk::Queue, family: u32, compute: bool, timestamps: bool) -> Result<Self> {
         let pool_info = vk::CommandPoolCreateInfo::default()
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER)
             .queue_family_index(family);
@@ -153,7 +156,22 @@ impl Submitter {
             } else {
                 None
             };
-            Ok(Submitter { queue, pool, cmd, fence, timestamps, staging: Vec::new(), hung: false, shader: ShaderState::Untried })
+            Ok(Submitter { queue, compute, pool, cmd, fence, timestamps, staging: Vec::new(), hung: false, shader: ShaderState::Untried })
+        }
+    }
+
+    /// The stages and accesses by which lava-flow's earlier submissions on the queue may have
+    /// written: transfers, and shaders on a compute queue. Every submission begins with a
+    /// barrier from these to its own work: the host waits for each submission before the next,
+    /// but only a barrier makes one's writes visible to the next (host writes before a
+    /// submission are made visible by the submission itself).
+    fn earlier_writes(&self) -> (vk::PipelineStageFlags, vk::AccessFlags) {
+        use vk::AccessFlags as A;
+        use vk::PipelineStageFlags as S;
+        if self.compute {
+            (S::TRANSFER | S::COMPUTE_SHADER, A::TRANSFER_WRITE | A::SHADER_WRITE)
+        } else {
+            (S::TRANSFER, A::TRANSFER_WRITE)
         }
     }
 
@@ -342,12 +360,13 @@ impl Submitter {
         d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()).map_err(vk_err("vkResetCommandBuffer"))?;
         d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
             .map_err(vk_err("vkBeginCommandBuffer"))?;
-        // Earlier transfers and GPU work on the buffer before this copy (host writes to the
-        // staging slot are made visible by the submission itself).
+        // Earlier copies before this one (host writes to the staging slot are made visible
+        // by the submission itself).
+        let (earlier, writes) = self.earlier_writes();
         let before = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .src_access_mask(writes)
             .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
-        d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+        d.cmd_pipeline_barrier(cmd, earlier, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
         match direction {
             Direction::ToDevice => d.cmd_copy_buffer(cmd, s.buffer, buffer, &region),
             Direction::ToHost => {
@@ -414,14 +433,15 @@ impl Submitter {
 
     /// One submission of a copy: the engine's `regions`, and `dispatches` of the copy shader
     /// (with `width`) from `src` to `dst`, after the regions are done where `engine_first`;
-    /// waits for it. `timed`: between GPU timestamps.
+    /// waits for it. `timed`: between GPU timestamps. `dst_host_visible`: the host may access
+    /// the destination.
     #[allow(clippy::too_many_arguments)]
     fn submit_copy(
         &mut self,
         device: &VulkanDevice,
         timed: bool,
         waits: &[(vk::Semaphore, u64)],
-        (src, dst): (vk::Buffer, vk::Buffer),
+        (src, dst, dst_host_visible): (vk::Buffer, vk::Buffer, bool),
         regions: &[vk::BufferCopy],
         shader: Option<&ShaderCopy>,
         (width, dispatches, engine_first): (shader_copy::Width, &[shader_copy::Dispatch], bool),
@@ -435,7 +455,7 @@ impl Submitter {
                 .map_err(vk_err("descriptor sets for the copy shader"))?,
             None => Vec::new(),
         };
-        self.submit(device, timed, waits, !sets.is_empty(), |d, cmd| {
+        self.submit(device, timed, waits, !sets.is_empty(), dst_host_visible, |d, cmd| {
             // SAFETY: both buffers are live for the submission, which is waited for; the
             // regions and dispatches lie in them (checked by the caller).
             unsafe {
@@ -456,15 +476,19 @@ impl Submitter {
         })
     }
 
-    /// Records `record` between barriers, submits, and waits. Returns the GPU time between the
-    /// timestamps around `record` when `timed` and the queue has timestamps. `compute`: `record`
-    /// runs compute shaders as well as transfers (the queue must have compute).
+    /// Records `record` after a barrier from earlier submissions, submits, and waits. Returns
+    /// the GPU time between the timestamps around `record` when `timed` and the queue has
+    /// timestamps. `compute`: `record` runs compute shaders as well as transfers (the queue
+    /// must have compute). `host_access`: the host may access what `record` writes (it writes
+    /// host-visible memory).
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &mut self,
         device: &VulkanDevice,
         timed: bool,
         waits: &[(vk::Semaphore, u64)],
         compute: bool,
+        host_access: bool,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer),
     ) -> Result<Option<Duration>> {
         self.check_usable(device)?;
@@ -480,19 +504,11 @@ impl Submitter {
         } else {
             (S::TRANSFER, A::TRANSFER_READ, A::TRANSFER_WRITE)
         };
-        // Host writes, earlier transfers and shader copies before this copy.
-        let before = [vk::MemoryBarrier::default()
-            .src_access_mask(A::HOST_WRITE | writes)
-            .dst_access_mask(reads | writes)];
-        // This copy before host reads and writes, and, for shader copies, before later
-        // transfers (staged reads and writes order themselves after transfers only) and
-        // shader copies.
-        let (after_stages, after_access) = if compute {
-            (S::HOST | stages, A::HOST_READ | A::HOST_WRITE | reads | writes)
-        } else {
-            (S::HOST, A::HOST_READ | A::HOST_WRITE)
-        };
-        let after = [vk::MemoryBarrier::default().src_access_mask(writes).dst_access_mask(after_access)];
+        let (earlier, earlier_writes) = self.earlier_writes();
+        let before = [vk::MemoryBarrier::default().src_access_mask(earlier_writes).dst_access_mask(reads | writes)];
+        // Where the host may read or write what this copy writes: the copy before host access.
+        // (Later submissions order themselves after it with their own first barrier.)
+        let after = [vk::MemoryBarrier::default().src_access_mask(writes).dst_access_mask(A::HOST_READ | A::HOST_WRITE)];
         // SAFETY: the command buffer is not pending (every submission is waited for below, and
         // `hung` stops reuse after a timeout); all handles are of this device; the queue is
         // used only under the device mutex, which the caller holds (&mut self).
@@ -501,7 +517,7 @@ impl Submitter {
                 .map_err(vk_err("vkResetCommandBuffer"))?;
             d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
                 .map_err(vk_err("vkBeginCommandBuffer"))?;
-            d.cmd_pipeline_barrier(cmd, S::HOST | stages, stages, vk::DependencyFlags::empty(), &before, &[], &[]);
+            d.cmd_pipeline_barrier(cmd, earlier, stages, vk::DependencyFlags::empty(), &before, &[], &[]);
             if let Some(q) = timestamps {
                 d.cmd_reset_query_pool(cmd, q, 0, 2);
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
@@ -510,7 +526,9 @@ impl Submitter {
             if let Some(q) = timestamps {
                 d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);
             }
-            d.cmd_pipeline_barrier(cmd, stages, after_stages, vk::DependencyFlags::empty(), &after, &[], &[]);
+            if host_access {
+                d.cmd_pipeline_barrier(cmd, stages, S::HOST, vk::DependencyFlags::empty(), &after, &[], &[]);
+            }
             d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
             d.reset_fences(&[self.fence]).map_err(vk_err("vkResetFences"))?;
             let cmds = [cmd];
@@ -949,7 +967,7 @@ fn copy_inner(
     let (from, to) = (src.vk_offset + src_offset, dst.vk_offset + dst_offset);
     let whole = [vk::BufferCopy { src_offset: from, dst_offset: to, size: len }];
     let raw_waits: Vec<(vk::Semaphore, u64)> = waits.iter().map(|(s, v)| (s.raw(), *v)).collect();
-    let buffers = (src.buffer, dst.buffer);
+    let buffers = (src.buffer, dst.buffer, dst.arena.host_accessible());
     let mut submitter = device.shared.submitter.lock();
     let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
     let start = Instant::now();
