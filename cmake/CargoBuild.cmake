@@ -1,6 +1,9 @@
 # Runs cargo for the lava_flow library (invoked by the top-level CMakeLists.txt at build time
 # with -DCARGO=... -DSOURCE_DIR=... -DTARGET_DIR=... -DPROFILE=... -DFEATURES=...
-# -DNATIVE_LIBS_FILE=...).
+# -DNATIVE_LIBS_FILE=... -DSONAME=...).
+#
+# Next to the shared library it links SONAME (the name programs linked against it look for)
+# to it, so that in-tree programs find it at run time.
 #
 # It also checks that the system libraries Rust says the static library needs
 # (`--print native-static-libs`) are all listed in cmake/LavaFlowNativeLibs.cmake, which
@@ -21,6 +24,14 @@ execute_process(
 message("${out}${log}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cargo failed to build lava_flow (exit ${rc}); the errors are above")
+endif()
+
+if(SONAME)
+  string(TOLOWER "${PROFILE}" profile_dir)
+  if(profile_dir STREQUAL "dev")
+    set(profile_dir debug)
+  endif()
+  file(CREATE_LINK liblava_flow.so "${TARGET_DIR}/${profile_dir}/${SONAME}" SYMBOLIC)
 endif()
 
 set(stamp "${TARGET_DIR}/native-static-libs.txt")

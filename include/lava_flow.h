@@ -27,6 +27,15 @@
 #include <stddef.h>
 #include <stdbool.h>
 
+/* LAVA_FLOW_FEATURE_VULKAN and LAVA_FLOW_FEATURE_MPI (1 or 0): what this build of the library
+ * has, from lava_flow_features.h, which the CMake package generates and installs beside this
+ * header. Without it (the header alone) they are not defined. */
+#if defined(__has_include)
+#if __has_include("lava_flow_features.h")
+#include "lava_flow_features.h"
+#endif
+#endif
+
 #define LAVA_FLOW_VERSION_MAJOR 0
 #define LAVA_FLOW_VERSION_MINOR 1
 #define LAVA_FLOW_VERSION_PATCH 0

@@ -48,6 +48,20 @@ step "install"
 rm -rf "$prefix"
 cmake --install "$build"
 
+step "versioned shared library: real file, SONAME link, development link"
+version=$(sed -n 's/^version = "\([0-9.]*\)"/\1/p' Cargo.toml | head -1)
+major=${version%%.*}; minor=${version#*.}; minor=${minor%%.*}
+if [[ $major == 0 ]]; then abi=0.$minor; else abi=$major; fi
+libdir=$(dirname "$(find "$prefix" -name "liblava_flow.so.$version" -type f)")
+[[ -d $libdir ]] || { echo "liblava_flow.so.$version was not installed" >&2; exit 1; }
+[[ $(readlink "$libdir/liblava_flow.so.$abi") == "liblava_flow.so.$version" ]] ||
+  { echo "liblava_flow.so.$abi does not link to liblava_flow.so.$version" >&2; exit 1; }
+[[ $(readlink "$libdir/liblava_flow.so") == "liblava_flow.so.$abi" ]] ||
+  { echo "liblava_flow.so does not link to liblava_flow.so.$abi" >&2; exit 1; }
+soname=$(readelf -d "$libdir/liblava_flow.so.$version" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[[ $soname == "liblava_flow.so.$abi" ]] || { echo "SONAME is '$soname', expected liblava_flow.so.$abi" >&2; exit 1; }
+echo "liblava_flow.so -> liblava_flow.so.$abi (SONAME) -> liblava_flow.so.$version"
+
 step "find_package(LavaFlow) from a project outside the tree: shared, then static"
 for mode in OFF ON; do
   cmake -S tests/consumer -B "$build/consumer-$mode" -DCMAKE_PREFIX_PATH="$prefix" -DLINK_STATIC=$mode >/dev/null
@@ -56,6 +70,9 @@ for mode in OFF ON; do
 done
 if ldd "$build/consumer-ON/app" | grep -q liblava_flow; then
   echo "the static consumer is linked to liblava_flow.so" >&2; exit 1
+fi
+if ! readelf -d "$build/consumer-OFF/app" | grep -q "NEEDED.*\[liblava_flow.so.$abi\]"; then
+  echo "the shared consumer does not record liblava_flow.so.$abi (the SONAME)" >&2; exit 1
 fi
 
 step "pkg-config"
