@@ -32,6 +32,14 @@ fi
 step "cargo build --all-features"
 cargo build --all-features --all-targets
 
+step "cargo clippy -D warnings, rust-version"
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --all-features --all-targets -- -D warnings
+else
+  echo "clippy is not installed with this toolchain (rustup component add clippy): lints skipped"
+fi
+python3 scripts/check-msrv.py
+
 step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
 cargo test --all-features
 

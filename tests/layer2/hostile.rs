@@ -104,7 +104,7 @@ fn garbage_in_the_control_region_is_corrupt() {
 /// Whether this kernel offers `F_SEAL_FUTURE_WRITE` (Linux 5.1), probed on a memfd of our own.
 fn kernel_seals_future_writes() -> bool {
     // SAFETY: memfd_create with a static name; the fd is closed below.
-    let fd = unsafe { libc::memfd_create(b"lf-probe\0".as_ptr().cast(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let fd = unsafe { libc::memfd_create(c"lf-probe".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     // SAFETY: fcntl and close on the descriptor just made.
     unsafe {

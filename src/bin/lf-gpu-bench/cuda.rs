@@ -104,7 +104,7 @@ fn load() -> Result<Api, String> {
     }
     // SAFETY: dlopen of the CUDA driver runs its initialisers, which are made to run in any
     // process; the handle is never closed (the driver does not support unloading).
-    let lib = unsafe { libc::dlopen(b"libcuda.so.1\0".as_ptr().cast(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if lib.is_null() {
         return Err(format!("libcuda.so.1 could not be loaded (no NVIDIA driver here?): {}", dl_error()));
     }

@@ -200,6 +200,20 @@ pub fn child_reply(value: &Value) {
     println!("{}", serde_json::to_string(value).expect("JSON values serialise"));
 }
 
+/// How many times each case's block of reps comes round.
+pub const ROUNDS: usize = 2;
+
+/// The reps of one case's block in round `round` (of [`ROUNDS`]), out of `reps` in all, as
+/// (rep number, untimed). Cases take turns in blocks, not rep by rep: CUDA's and Vulkan's
+/// contexts take turns on the GPU, and the first call after a switch pays hundreds of
+/// microseconds for it, so each block starts with an untimed call.
+pub fn block(reps: usize, round: usize) -> impl Iterator<Item = (usize, bool)> {
+    let per_round = reps.div_ceil(ROUNDS);
+    let start = (per_round * round).min(reps);
+    let n = per_round.min(reps - start);
+    std::iter::once((start, true)).chain((start..start + n).map(|rep| (rep, false)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,18 +242,4 @@ mod tests {
         assert!(median(&[]).is_nan());
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.99), 5.0);
     }
-}
-
-/// How many times each case's block of reps comes round.
-pub const ROUNDS: usize = 2;
-
-/// The reps of one case's block in round `round` (of [`ROUNDS`]), out of `reps` in all, as
-/// (rep number, untimed). Cases take turns in blocks, not rep by rep: CUDA's and Vulkan's
-/// contexts take turns on the GPU, and the first call after a switch pays hundreds of
-/// microseconds for it, so each block starts with an untimed call.
-pub fn block(reps: usize, round: usize) -> impl Iterator<Item = (usize, bool)> {
-    let per_round = reps.div_ceil(ROUNDS);
-    let start = (per_round * round).min(reps);
-    let n = per_round.min(reps - start);
-    std::iter::once((start, true)).chain((start..start + n).map(|rep| (rep, false)))
 }

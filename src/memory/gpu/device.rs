@@ -342,7 +342,7 @@ fn create_instance() -> Result<(ash::Entry, ash::Instance, u32)> {
     }
     let api = instance_version.min(vk::API_VERSION_1_3);
     // (No c"" literals: they need Rust 1.77 and the crate supports 1.75.)
-    let name = CStr::from_bytes_with_nul(b"lava-flow\0").expect("NUL-terminated");
+    let name = c"lava-flow";
     let app = vk::ApplicationInfo::default().application_name(name).engine_name(name).api_version(api);
     let create = vk::InstanceCreateInfo::default().application_info(&app);
     // SAFETY: create info and the strings it points to outlive the call.

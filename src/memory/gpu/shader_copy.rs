@@ -282,7 +282,7 @@ impl ShaderCopy {
             let local_size = self.limits.local_size.to_ne_bytes();
             let entries = [vk::SpecializationMapEntry { constant_id: 0, offset: 0, size: 4 }];
             let specialization = vk::SpecializationInfo::default().map_entries(&entries).data(&local_size);
-            let name = std::ffi::CStr::from_bytes_with_nul(b"main\0").expect("NUL-terminated");
+            let name = c"main";
             let infos = modules.map(|module| {
                 vk::ComputePipelineCreateInfo::default().layout(self.pipeline_layout).stage(
                     vk::PipelineShaderStageCreateInfo::default()

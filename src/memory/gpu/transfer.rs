@@ -328,7 +328,7 @@ impl Submitter {
             }
             let start = piece * chunk;
             let n = chunk.min(len - start);
-            if let Err(e) = self.submit_piece(device, slot, buffer, buffer_offset + start as u64, host.add(start), n, direction) {
+            if let Err(e) = self.submit_piece(device, slot, (buffer, buffer_offset + start as u64), host.add(start), n, direction) {
                 result = Err(e);
                 break;
             }
@@ -346,7 +346,7 @@ impl Submitter {
 
     /// Submits one piece's GPU copy on its slot (after copying the host bytes in, to the
     /// device).
-    unsafe fn submit_piece(&mut self, device: &VulkanDevice, slot: usize, buffer: vk::Buffer, offset: u64, host: *mut u8, len: usize, direction: Direction) -> Result<()> {
+    unsafe fn submit_piece(&mut self, device: &VulkanDevice, slot: usize, (buffer, offset): (vk::Buffer, u64), host: *mut u8, len: usize, direction: Direction) -> Result<()> {
         let d = &device.shared.device;
         let s = &self.staging[slot];
         let region = [match direction {

@@ -125,7 +125,7 @@ impl Header {
         out[24..32].copy_from_slice(&self.extra.to_le_bytes());
     }
 
-    fn to_bytes(&self) -> [u8; Header::LEN] {
+    fn to_bytes(self) -> [u8; Header::LEN] {
         let mut out = [0u8; Header::LEN];
         self.encode(&mut out);
         out
