@@ -4,6 +4,8 @@
  *
  *   cc -O2 benchmarks/gpu_memory_given_back.c -Iinclude -Ltarget/release -llava_flow \
  *      -o gpu_memory_given_back && LD_LIBRARY_PATH=target/release ./gpu_memory_given_back
+ *
+ * (With the SONAME link that benchmarks/msg_path_cost.c describes.)
  */
 #include <lava_flow.h>
 #include <stdio.h>

@@ -6,6 +6,10 @@
  *
  *   cc -O2 benchmarks/msg_path_cost.c -Iinclude -Ltarget/release -llava_flow -lpthread \
  *      -o msg_path_cost && LD_LIBRARY_PATH=target/release ./msg_path_cost [iters [case]]
+ *
+ * (The program looks for the library's SONAME, liblava_flow.so.<ABI version>, which cargo does
+ * not make: `ln -sf liblava_flow.so target/release/$(objdump -p target/release/liblava_flow.so
+ * | awk '/SONAME/ {print $2}')` once, or build against an installed prefix.)
  */
 #include <lava_flow.h>
 #include <pthread.h>

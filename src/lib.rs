@@ -11,6 +11,9 @@
 //! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API. It is the
 //!   only module cbindgen reads (the others carry `cbindgen:ignore`).
 
+// An `unsafe fn`'s body is not one unsafe block: each unsafe operation in it says why it holds.
+#![deny(unsafe_op_in_unsafe_fn)]
+
 /// cbindgen:ignore
 pub mod channels;
 /// cbindgen:ignore

@@ -267,15 +267,19 @@ mod tests {
     /// Checks that `buffer` is CPU standard memory and says why, in words containing `why`
     /// that name the remedy-free reason (not the advice to use best-effort, taken already).
     unsafe fn assert_fell_back_with_reason(buffer: *mut lf_buffer, why: &str) {
-        let mut location = 0;
-        assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
-        assert_eq!(location, LF_MEMORY_CPU_STANDARD);
-        let mut reason = ptr::null();
-        assert_eq!(crate::ffi::buffer::lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
-        assert!(!reason.is_null(), "a buffer that is not where it was asked to be says why");
-        let reason = std::ffi::CStr::from_ptr(reason).to_string_lossy();
-        assert!(reason.contains(why) && reason.contains("CPU standard memory"), "{reason}");
-        assert!(!reason.contains("choose the best-effort"), "{reason}");
+        // SAFETY: `buffer` is a live buffer handle of the calling test; the reason lf_buffer_
+        // fallback_reason gives is a NUL-terminated string that lives as long as the buffer.
+        unsafe {
+            let mut location = 0;
+            assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
+            assert_eq!(location, LF_MEMORY_CPU_STANDARD);
+            let mut reason = ptr::null();
+            assert_eq!(crate::ffi::buffer::lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
+            assert!(!reason.is_null(), "a buffer that is not where it was asked to be says why");
+            let reason = std::ffi::CStr::from_ptr(reason).to_string_lossy();
+            assert!(reason.contains(why) && reason.contains("CPU standard memory"), "{reason}");
+            assert!(!reason.contains("choose the best-effort"), "{reason}");
+        }
     }
 
     #[test]

@@ -114,9 +114,13 @@ mod tests {
     use std::ptr;
 
     unsafe fn alloc(context: *const lf_context, size: usize, location: u32) -> *mut lf_buffer {
-        let mut buffer = ptr::null_mut();
-        assert_eq!(lf_alloc(context, size, location, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "{}", last_error());
-        buffer
+        // SAFETY: `context` is a live context handle of the calling test; `buffer` is a valid
+        // out-pointer.
+        unsafe {
+            let mut buffer = ptr::null_mut();
+            assert_eq!(lf_alloc(context, size, location, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "{}", last_error());
+            buffer
+        }
     }
 
     unsafe fn has_gpu(context: *const lf_context) -> bool {

@@ -298,11 +298,14 @@ mod tests {
 
     /// Sends `export`'s bytes with `fd` over a fresh socket pair and receives it back.
     unsafe fn round_trip(export: &lf_export, fd: BorrowedFd<'_>) -> (lf_status, String, lf_export) {
-        let (a, b) = UnixStream::pair().unwrap();
-        send_with_fds(&a, &descriptor_of(export).to_bytes(), &[fd]).unwrap();
-        let mut received = lf_export { fd: -1, ..lf_export::default() };
-        let status = lf_export_recv(b.as_raw_fd(), &mut received);
-        (status, crate::ffi::tests::last_error(), received)
+        // SAFETY: `received` is a valid out-pointer and `b` a live socket that this function owns.
+        unsafe {
+            let (a, b) = UnixStream::pair().unwrap();
+            send_with_fds(&a, &descriptor_of(export).to_bytes(), &[fd]).unwrap();
+            let mut received = lf_export { fd: -1, ..lf_export::default() };
+            let status = lf_export_recv(b.as_raw_fd(), &mut received);
+            (status, crate::ffi::tests::last_error(), received)
+        }
     }
 
     #[test]

@@ -459,7 +459,9 @@ impl Buffer {
     /// # Panics
     /// For GPU memory the host cannot map ([`Buffer::host_ptr`] fails).
     pub unsafe fn as_slice(&self) -> &[u8] {
-        std::slice::from_raw_parts(self.mapped(), self.len)
+        // SAFETY: mapped() is the start of the buffer's host mapping of `len` bytes; the caller
+        // keeps others from writing them while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.mapped(), self.len) }
     }
 
     /// The buffer as a mutable byte slice.
@@ -471,7 +473,8 @@ impl Buffer {
     /// As [`Buffer::as_slice`].
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.mapped(), self.len)
+        // SAFETY: as in `as_slice`; the caller keeps everyone else off the bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.mapped(), self.len) }
     }
 
     fn mapped(&self) -> *mut u8 {

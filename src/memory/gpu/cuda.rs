@@ -220,49 +220,53 @@ impl CudaHostRegistration {
 /// The range must be mapped memory of this process that stays mapped until the registration
 /// is dropped.
 pub unsafe fn cuda_host_register(ptr: *mut u8, len: usize, device_uuid: Option<[u8; 16]>) -> Result<CudaHostRegistration> {
-    let driver = driver()?;
-    if ptr.is_null() || len == 0 {
-        return Err(Error::invalid("cuMemHostRegister needs a non-NULL pointer and a non-zero length"));
-    }
-    let mut count = 0;
-    check(driver, (driver.device_get_count)(&mut count), || "cuDeviceGetCount".into())?;
-    if count == 0 {
-        return Err(Error::Unsupported("the CUDA driver reports no device".into()));
-    }
-    let mut chosen = None;
-    let mut seen = Vec::new();
-    for ordinal in 0..count {
-        let mut device = 0;
-        check(driver, (driver.device_get)(&mut device, ordinal), || format!("cuDeviceGet({ordinal})"))?;
-        let mut uuid = [0u8; 16];
-        check(driver, (driver.device_get_uuid)(&mut uuid, device), || format!("cuDeviceGetUuid({ordinal})"))?;
-        seen.push(super::device::format_uuid(&uuid));
-        if device_uuid.map_or(ordinal == 0, |want| want == uuid) {
-            chosen = Some(device);
-            break;
+    // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+    // the unsafe operations below rely on.
+    unsafe {
+        let driver = driver()?;
+        if ptr.is_null() || len == 0 {
+            return Err(Error::invalid("cuMemHostRegister needs a non-NULL pointer and a non-zero length"));
         }
+        let mut count = 0;
+        check(driver, (driver.device_get_count)(&mut count), || "cuDeviceGetCount".into())?;
+        if count == 0 {
+            return Err(Error::Unsupported("the CUDA driver reports no device".into()));
+        }
+        let mut chosen = None;
+        let mut seen = Vec::new();
+        for ordinal in 0..count {
+            let mut device = 0;
+            check(driver, (driver.device_get)(&mut device, ordinal), || format!("cuDeviceGet({ordinal})"))?;
+            let mut uuid = [0u8; 16];
+            check(driver, (driver.device_get_uuid)(&mut uuid, device), || format!("cuDeviceGetUuid({ordinal})"))?;
+            seen.push(super::device::format_uuid(&uuid));
+            if device_uuid.map_or(ordinal == 0, |want| want == uuid) {
+                chosen = Some(device);
+                break;
+            }
+        }
+        let device = chosen.ok_or_else(|| {
+            Error::NotFound(format!(
+                "no CUDA device has UUID {}; CUDA devices: {}",
+                super::device::format_uuid(&device_uuid.unwrap_or_default()),
+                seen.join(", ")
+            ))
+        })?;
+        let mut context: CuContext = std::ptr::null_mut();
+        check(driver, (driver.primary_ctx_retain)(&mut context, device), || "cuDevicePrimaryCtxRetain".into())?;
+        let pushed = check(driver, (driver.ctx_push)(context), || "cuCtxPushCurrent".into());
+        let registered = pushed.and_then(|()| {
+            let r = (driver.host_register)(ptr.cast(), len, CU_MEMHOSTREGISTER_PORTABLE);
+            let mut popped = std::ptr::null_mut();
+            (driver.ctx_pop)(&mut popped);
+            check(driver, r, || format!("cuMemHostRegister({ptr:p}, {len} bytes)"))
+        });
+        if let Err(e) = registered {
+            (driver.primary_ctx_release)(device);
+            return Err(e);
+        }
+        Ok(CudaHostRegistration { ptr: ptr.cast(), len, device, context })
     }
-    let device = chosen.ok_or_else(|| {
-        Error::NotFound(format!(
-            "no CUDA device has UUID {}; CUDA devices: {}",
-            super::device::format_uuid(&device_uuid.unwrap_or_default()),
-            seen.join(", ")
-        ))
-    })?;
-    let mut context: CuContext = std::ptr::null_mut();
-    check(driver, (driver.primary_ctx_retain)(&mut context, device), || "cuDevicePrimaryCtxRetain".into())?;
-    let pushed = check(driver, (driver.ctx_push)(context), || "cuCtxPushCurrent".into());
-    let registered = pushed.and_then(|()| {
-        let r = (driver.host_register)(ptr.cast(), len, CU_MEMHOSTREGISTER_PORTABLE);
-        let mut popped = std::ptr::null_mut();
-        (driver.ctx_pop)(&mut popped);
-        check(driver, r, || format!("cuMemHostRegister({ptr:p}, {len} bytes)"))
-    });
-    if let Err(e) = registered {
-        (driver.primary_ctx_release)(device);
-        return Err(e);
-    }
-    Ok(CudaHostRegistration { ptr: ptr.cast(), len, device, context })
 }
 
 impl Drop for CudaHostRegistration {

@@ -153,15 +153,19 @@ pub fn copy_threads() -> usize {
 /// `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
 /// nothing else writes them (or reads `dst`) during the call.
 pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
-    if len < PARALLEL_MIN {
-        std::ptr::copy_nonoverlapping(src, dst, len);
-        return;
-    }
-    let crew = crew();
-    if crew.threads == 1 {
-        std::ptr::copy_nonoverlapping(src, dst, len);
-    } else {
-        crew.copy(src, dst, len);
+    // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+    // the unsafe operations below rely on.
+    unsafe {
+        if len < PARALLEL_MIN {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+            return;
+        }
+        let crew = crew();
+        if crew.threads == 1 {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+        } else {
+            crew.copy(src, dst, len);
+        }
     }
 }
 

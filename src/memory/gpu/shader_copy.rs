@@ -241,88 +241,96 @@ impl ShaderCopy {
 
     /// Makes the objects, filling in `self` as it goes.
     unsafe fn make(&mut self, d: &ash::Device) -> Result<(), String> {
-        let err = |what: &'static str| move |r: vk::Result| format!("{what} failed: {r}");
-        let bindings = [0, 1].map(|binding| {
-            vk::DescriptorSetLayoutBinding::default()
-                .binding(binding)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .descriptor_count(1)
-                .stage_flags(vk::ShaderStageFlags::COMPUTE)
-        });
-        self.set_layout = d
-            .create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings), None)
-            .map_err(err("vkCreateDescriptorSetLayout"))?;
-        let set_layouts = [self.set_layout];
-        let push = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(12)];
-        self.pipeline_layout = d
-            .create_pipeline_layout(
-                &vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts).push_constant_ranges(&push),
-                None,
-            )
-            .map_err(err("vkCreatePipelineLayout"))?;
-        let pool_sizes = [vk::DescriptorPoolSize {
-            ty: vk::DescriptorType::STORAGE_BUFFER,
-            descriptor_count: 2 * SETS_PER_SUBMIT as u32,
-        }];
-        self.pool = d
-            .create_descriptor_pool(
-                &vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_SUBMIT as u32).pool_sizes(&pool_sizes),
-                None,
-            )
-            .map_err(err("vkCreateDescriptorPool"))?;
-
-        let mut modules = [vk::ShaderModule::null(); 2];
-        let made = (|| {
-            for (module, spv) in modules.iter_mut().zip([VEC4_SPV, WORD_SPV]) {
-                let code = ash::util::read_spv(&mut Cursor::new(spv)).map_err(|e| format!("reading the embedded SPIR-V: {e}"))?;
-                *module = d
-                    .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&code), None)
-                    .map_err(err("vkCreateShaderModule"))?;
-            }
-            let local_size = self.limits.local_size.to_ne_bytes();
-            let entries = [vk::SpecializationMapEntry { constant_id: 0, offset: 0, size: 4 }];
-            let specialization = vk::SpecializationInfo::default().map_entries(&entries).data(&local_size);
-            let name = c"main";
-            let infos = modules.map(|module| {
-                vk::ComputePipelineCreateInfo::default().layout(self.pipeline_layout).stage(
-                    vk::PipelineShaderStageCreateInfo::default()
-                        .stage(vk::ShaderStageFlags::COMPUTE)
-                        .module(module)
-                        .name(name)
-                        .specialization_info(&specialization),
-                )
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            let err = |what: &'static str| move |r: vk::Result| format!("{what} failed: {r}");
+            let bindings = [0, 1].map(|binding| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(binding)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
             });
-            match d.create_compute_pipelines(vk::PipelineCache::null(), &infos, None) {
-                Ok(p) => {
-                    self.pipelines.copy_from_slice(&p);
-                    Ok(())
+            self.set_layout = d
+                .create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings), None)
+                .map_err(err("vkCreateDescriptorSetLayout"))?;
+            let set_layouts = [self.set_layout];
+            let push = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(12)];
+            self.pipeline_layout = d
+                .create_pipeline_layout(
+                    &vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts).push_constant_ranges(&push),
+                    None,
+                )
+                .map_err(err("vkCreatePipelineLayout"))?;
+            let pool_sizes = [vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: 2 * SETS_PER_SUBMIT as u32,
+            }];
+            self.pool = d
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_SUBMIT as u32).pool_sizes(&pool_sizes),
+                    None,
+                )
+                .map_err(err("vkCreateDescriptorPool"))?;
+
+            let mut modules = [vk::ShaderModule::null(); 2];
+            let made = (|| {
+                for (module, spv) in modules.iter_mut().zip([VEC4_SPV, WORD_SPV]) {
+                    let code = ash::util::read_spv(&mut Cursor::new(spv)).map_err(|e| format!("reading the embedded SPIR-V: {e}"))?;
+                    *module = d
+                        .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&code), None)
+                        .map_err(err("vkCreateShaderModule"))?;
                 }
-                Err((p, r)) => {
-                    for (slot, pipeline) in self.pipelines.iter_mut().zip(p) {
-                        *slot = pipeline;
+                let local_size = self.limits.local_size.to_ne_bytes();
+                let entries = [vk::SpecializationMapEntry { constant_id: 0, offset: 0, size: 4 }];
+                let specialization = vk::SpecializationInfo::default().map_entries(&entries).data(&local_size);
+                let name = c"main";
+                let infos = modules.map(|module| {
+                    vk::ComputePipelineCreateInfo::default().layout(self.pipeline_layout).stage(
+                        vk::PipelineShaderStageCreateInfo::default()
+                            .stage(vk::ShaderStageFlags::COMPUTE)
+                            .module(module)
+                            .name(name)
+                            .specialization_info(&specialization),
+                    )
+                });
+                match d.create_compute_pipelines(vk::PipelineCache::null(), &infos, None) {
+                    Ok(p) => {
+                        self.pipelines.copy_from_slice(&p);
+                        Ok(())
                     }
-                    Err(err("vkCreateComputePipelines")(r))
+                    Err((p, r)) => {
+                        for (slot, pipeline) in self.pipelines.iter_mut().zip(p) {
+                            *slot = pipeline;
+                        }
+                        Err(err("vkCreateComputePipelines")(r))
+                    }
                 }
+            })();
+            for module in modules {
+                d.destroy_shader_module(module, None);
             }
-        })();
-        for module in modules {
-            d.destroy_shader_module(module, None);
+            made
         }
-        made
     }
 
     /// Destroys the objects; none may be in use.
     pub(crate) unsafe fn destroy(&mut self, d: &ash::Device) {
-        for p in self.pipelines {
-            d.destroy_pipeline(p, None);
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            for p in self.pipelines {
+                d.destroy_pipeline(p, None);
+            }
+            d.destroy_descriptor_pool(self.pool, None);
+            d.destroy_pipeline_layout(self.pipeline_layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+            self.pipelines = [vk::Pipeline::null(); 2];
+            self.pool = vk::DescriptorPool::null();
+            self.pipeline_layout = vk::PipelineLayout::null();
+            self.set_layout = vk::DescriptorSetLayout::null();
         }
-        d.destroy_descriptor_pool(self.pool, None);
-        d.destroy_pipeline_layout(self.pipeline_layout, None);
-        d.destroy_descriptor_set_layout(self.set_layout, None);
-        self.pipelines = [vk::Pipeline::null(); 2];
-        self.pool = vk::DescriptorPool::null();
-        self.pipeline_layout = vk::PipelineLayout::null();
-        self.set_layout = vk::DescriptorSetLayout::null();
     }
 
     /// Resets the pool and writes one descriptor set per dispatch (at most
@@ -338,36 +346,40 @@ impl ShaderCopy {
         dst: vk::Buffer,
         dispatches: &[Dispatch],
     ) -> Result<Vec<vk::DescriptorSet>, vk::Result> {
-        debug_assert!(dispatches.len() <= SETS_PER_SUBMIT);
-        d.reset_descriptor_pool(self.pool, vk::DescriptorPoolResetFlags::empty())?;
-        let layouts = vec![self.set_layout; dispatches.len()];
-        let sets = d.allocate_descriptor_sets(
-            &vk::DescriptorSetAllocateInfo::default().descriptor_pool(self.pool).set_layouts(&layouts),
-        )?;
-        let infos: Vec<[vk::DescriptorBufferInfo; 2]> = dispatches
-            .iter()
-            .map(|p| {
-                [
-                    vk::DescriptorBufferInfo { buffer: src, offset: p.src_bind, range: p.src_range },
-                    vk::DescriptorBufferInfo { buffer: dst, offset: p.dst_bind, range: p.dst_range },
-                ]
-            })
-            .collect();
-        let writes: Vec<vk::WriteDescriptorSet> = sets
-            .iter()
-            .zip(&infos)
-            .flat_map(|(&set, info)| {
-                (0..2).map(move |b| {
-                    vk::WriteDescriptorSet::default()
-                        .dst_set(set)
-                        .dst_binding(b as u32)
-                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                        .buffer_info(std::slice::from_ref(&info[b]))
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            debug_assert!(dispatches.len() <= SETS_PER_SUBMIT);
+            d.reset_descriptor_pool(self.pool, vk::DescriptorPoolResetFlags::empty())?;
+            let layouts = vec![self.set_layout; dispatches.len()];
+            let sets = d.allocate_descriptor_sets(
+                &vk::DescriptorSetAllocateInfo::default().descriptor_pool(self.pool).set_layouts(&layouts),
+            )?;
+            let infos: Vec<[vk::DescriptorBufferInfo; 2]> = dispatches
+                .iter()
+                .map(|p| {
+                    [
+                        vk::DescriptorBufferInfo { buffer: src, offset: p.src_bind, range: p.src_range },
+                        vk::DescriptorBufferInfo { buffer: dst, offset: p.dst_bind, range: p.dst_range },
+                    ]
                 })
-            })
-            .collect();
-        d.update_descriptor_sets(&writes, &[]);
-        Ok(sets)
+                .collect();
+            let writes: Vec<vk::WriteDescriptorSet> = sets
+                .iter()
+                .zip(&infos)
+                .flat_map(|(&set, info)| {
+                    (0..2).map(move |b| {
+                        vk::WriteDescriptorSet::default()
+                            .dst_set(set)
+                            .dst_binding(b as u32)
+                            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                            .buffer_info(std::slice::from_ref(&info[b]))
+                    })
+                })
+                .collect();
+            d.update_descriptor_sets(&writes, &[]);
+            Ok(sets)
+        }
     }
 
     /// Records the dispatches, with the sets [`ShaderCopy::prepare`] made for them.
@@ -382,19 +394,23 @@ impl ShaderCopy {
         dispatches: &[Dispatch],
         sets: &[vk::DescriptorSet],
     ) {
-        let pipeline = self.pipelines[match width {
-            Width::Vec4 => 0,
-            Width::Word => 1,
-        }];
-        d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
-        for (p, &set) in dispatches.iter().zip(sets) {
-            d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, self.pipeline_layout, 0, &[set], &[]);
-            let mut push = [0u8; 12];
-            for (bytes, value) in push.chunks_exact_mut(4).zip([p.src_first, p.dst_first, p.count]) {
-                bytes.copy_from_slice(&value.to_ne_bytes());
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            let pipeline = self.pipelines[match width {
+                Width::Vec4 => 0,
+                Width::Word => 1,
+            }];
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            for (p, &set) in dispatches.iter().zip(sets) {
+                d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, self.pipeline_layout, 0, &[set], &[]);
+                let mut push = [0u8; 12];
+                for (bytes, value) in push.chunks_exact_mut(4).zip([p.src_first, p.dst_first, p.count]) {
+                    bytes.copy_from_slice(&value.to_ne_bytes());
+                }
+                d.cmd_push_constants(cmd, self.pipeline_layout, vk::ShaderStageFlags::COMPUTE, 0, &push);
+                d.cmd_dispatch(cmd, p.groups, 1, 1);
             }
-            d.cmd_push_constants(cmd, self.pipeline_layout, vk::ShaderStageFlags::COMPUTE, 0, &push);
-            d.cmd_dispatch(cmd, p.groups, 1, 1);
         }
     }
 }

@@ -177,27 +177,35 @@ impl Submitter {
 
     /// Destroys everything; the device must be idle.
     pub(crate) unsafe fn destroy(&mut self, device: &ash::Device) {
-        for s in self.staging.drain(..) {
-            Self::destroy_staging(device, s);
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            for s in self.staging.drain(..) {
+                Self::destroy_staging(device, s);
+            }
+            if let ShaderState::Ready(shader) = &mut self.shader {
+                shader.destroy(device);
+            }
+            self.shader = ShaderState::Untried;
+            if let Some(q) = self.timestamps.take() {
+                device.destroy_query_pool(q, None);
+            }
+            device.destroy_fence(self.fence, None);
+            device.destroy_command_pool(self.pool, None);
         }
-        if let ShaderState::Ready(shader) = &mut self.shader {
-            shader.destroy(device);
-        }
-        self.shader = ShaderState::Untried;
-        if let Some(q) = self.timestamps.take() {
-            device.destroy_query_pool(q, None);
-        }
-        device.destroy_fence(self.fence, None);
-        device.destroy_command_pool(self.pool, None);
     }
 
     /// Destroys a staging slot whose work has finished.
     unsafe fn destroy_staging(device: &ash::Device, s: Staging) {
-        device.destroy_fence(s.fence, None);
-        device.destroy_buffer(s.buffer, None);
-        device.unmap_memory(s.memory);
-        device.free_memory(s.memory, None);
-        // (The slot's command buffer goes back to the pool with it.)
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            device.destroy_fence(s.fence, None);
+            device.destroy_buffer(s.buffer, None);
+            device.unmap_memory(s.memory);
+            device.free_memory(s.memory, None);
+            // (The slot's command buffer goes back to the pool with it.)
+        }
     }
 
     /// Makes sure there are `STAGING_SLOTS` staging slots of at least `min(want,
@@ -306,103 +314,115 @@ impl Submitter {
     /// distinct from GPU memory; `buffer` is a live buffer of this device with
     /// `buffer_offset + len` in range.
     unsafe fn staged(&mut self, device: &VulkanDevice, buffer: vk::Buffer, buffer_offset: u64, host: *mut u8, len: usize, direction: Direction) -> Result<()> {
-        if self.hung {
-            return Err(Error::InvalidState(format!(
-                "an earlier transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}; the device is unusable",
-                device.info().name
-            )));
-        }
-        let chunk = self.ensure_staging(device, len as u64)? as usize;
-        let pieces = len.div_ceil(chunk);
-        // Pieces submitted and not yet waited for, oldest first: (slot, start, len).
-        let mut in_flight = std::collections::VecDeque::with_capacity(STAGING_SLOTS);
-        let mut result = Ok(());
-        for piece in 0..pieces {
-            let slot = piece % STAGING_SLOTS;
-            if in_flight.len() == STAGING_SLOTS {
-                let oldest = in_flight.pop_front().expect("full");
-                if let Err(e) = self.finish_piece(device, oldest, host, direction) {
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            if self.hung {
+                return Err(Error::InvalidState(format!(
+                    "an earlier transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}; the device is unusable",
+                    device.info().name
+                )));
+            }
+            let chunk = self.ensure_staging(device, len as u64)? as usize;
+            let pieces = len.div_ceil(chunk);
+            // Pieces submitted and not yet waited for, oldest first: (slot, start, len).
+            let mut in_flight = std::collections::VecDeque::with_capacity(STAGING_SLOTS);
+            let mut result = Ok(());
+            for piece in 0..pieces {
+                let slot = piece % STAGING_SLOTS;
+                if in_flight.len() == STAGING_SLOTS {
+                    let oldest = in_flight.pop_front().expect("full");
+                    if let Err(e) = self.finish_piece(device, oldest, host, direction) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                let start = piece * chunk;
+                let n = chunk.min(len - start);
+                if let Err(e) = self.submit_piece(device, slot, (buffer, buffer_offset + start as u64), host.add(start), n, direction) {
                     result = Err(e);
                     break;
                 }
+                in_flight.push_back((slot, start, n));
             }
-            let start = piece * chunk;
-            let n = chunk.min(len - start);
-            if let Err(e) = self.submit_piece(device, slot, (buffer, buffer_offset + start as u64), host.add(start), n, direction) {
-                result = Err(e);
-                break;
+            // Every piece submitted is waited for, even after an error: the slots must be idle.
+            while let Some(piece) = in_flight.pop_front() {
+                let finished = self.finish_piece(device, piece, host, direction);
+                if result.is_ok() {
+                    result = finished;
+                }
             }
-            in_flight.push_back((slot, start, n));
+            result
         }
-        // Every piece submitted is waited for, even after an error: the slots must be idle.
-        while let Some(piece) = in_flight.pop_front() {
-            let finished = self.finish_piece(device, piece, host, direction);
-            if result.is_ok() {
-                result = finished;
-            }
-        }
-        result
     }
 
     /// Submits one piece's GPU copy on its slot (after copying the host bytes in, to the
     /// device).
     unsafe fn submit_piece(&mut self, device: &VulkanDevice, slot: usize, (buffer, offset): (vk::Buffer, u64), host: *mut u8, len: usize, direction: Direction) -> Result<()> {
-        let d = &device.shared.device;
-        let s = &self.staging[slot];
-        let region = [match direction {
-            Direction::ToDevice => {
-                parallel_copy::copy(host, s.ptr.as_ptr(), len);
-                vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 }
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            let d = &device.shared.device;
+            let s = &self.staging[slot];
+            let region = [match direction {
+                Direction::ToDevice => {
+                    parallel_copy::copy(host, s.ptr.as_ptr(), len);
+                    vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 }
+                }
+                Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
+            }];
+            let cmd = s.cmd;
+            d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()).map_err(vk_err("vkResetCommandBuffer"))?;
+            d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
+                .map_err(vk_err("vkBeginCommandBuffer"))?;
+            // Earlier copies before this one (host writes to the staging slot are made visible
+            // by the submission itself).
+            let (earlier, writes) = self.earlier_writes();
+            let before = [vk::MemoryBarrier::default()
+                .src_access_mask(writes)
+                .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+            d.cmd_pipeline_barrier(cmd, earlier, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+            match direction {
+                Direction::ToDevice => d.cmd_copy_buffer(cmd, s.buffer, buffer, &region),
+                Direction::ToHost => {
+                    d.cmd_copy_buffer(cmd, buffer, s.buffer, &region);
+                    let after = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::TRANSFER_WRITE).dst_access_mask(vk::AccessFlags::HOST_READ)];
+                    d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::HOST, vk::DependencyFlags::empty(), &after, &[], &[]);
+                }
             }
-            Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
-        }];
-        let cmd = s.cmd;
-        d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()).map_err(vk_err("vkResetCommandBuffer"))?;
-        d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
-            .map_err(vk_err("vkBeginCommandBuffer"))?;
-        // Earlier copies before this one (host writes to the staging slot are made visible
-        // by the submission itself).
-        let (earlier, writes) = self.earlier_writes();
-        let before = [vk::MemoryBarrier::default()
-            .src_access_mask(writes)
-            .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
-        d.cmd_pipeline_barrier(cmd, earlier, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
-        match direction {
-            Direction::ToDevice => d.cmd_copy_buffer(cmd, s.buffer, buffer, &region),
-            Direction::ToHost => {
-                d.cmd_copy_buffer(cmd, buffer, s.buffer, &region);
-                let after = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::TRANSFER_WRITE).dst_access_mask(vk::AccessFlags::HOST_READ)];
-                d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::HOST, vk::DependencyFlags::empty(), &after, &[], &[]);
-            }
+            d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
+            d.reset_fences(&[s.fence]).map_err(vk_err("vkResetFences"))?;
+            let cmds = [cmd];
+            let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+            d.queue_submit(self.queue, &submit, s.fence).map_err(vk_err("vkQueueSubmit"))
         }
-        d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
-        d.reset_fences(&[s.fence]).map_err(vk_err("vkResetFences"))?;
-        let cmds = [cmd];
-        let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
-        d.queue_submit(self.queue, &submit, s.fence).map_err(vk_err("vkQueueSubmit"))
     }
 
     /// Waits for a submitted piece (and copies its bytes out, to the host).
     unsafe fn finish_piece(&mut self, device: &VulkanDevice, (slot, start, len): (usize, usize, usize), host: *mut u8, direction: Direction) -> Result<()> {
-        let d = &device.shared.device;
-        let s = &self.staging[slot];
-        match wait_fence(d, s.fence) {
-            Ok(()) => {}
-            Err(r) => {
-                self.hung = true;
-                return Err(match r {
-                    vk::Result::TIMEOUT => Error::Timeout(format!(
-                        "a transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}",
-                        device.info().name
-                    )),
-                    r => vk_err("vkWaitForFences")(r),
-                });
+        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
+        // the unsafe operations below rely on.
+        unsafe {
+            let d = &device.shared.device;
+            let s = &self.staging[slot];
+            match wait_fence(d, s.fence) {
+                Ok(()) => {}
+                Err(r) => {
+                    self.hung = true;
+                    return Err(match r {
+                        vk::Result::TIMEOUT => Error::Timeout(format!(
+                            "a transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}",
+                            device.info().name
+                        )),
+                        r => vk_err("vkWaitForFences")(r),
+                    });
+                }
             }
+            if direction == Direction::ToHost {
+                parallel_copy::copy(s.ptr.as_ptr(), host.add(start), len);
+            }
+            Ok(())
         }
-        if direction == Direction::ToHost {
-            parallel_copy::copy(s.ptr.as_ptr(), host.add(start), len);
-        }
-        Ok(())
     }
 
     /// The copy shader's pipelines, made on first use; why they cannot be made otherwise.
@@ -705,14 +725,17 @@ impl MappedRange<'_> {
     /// # Safety
     /// No one (thread, GPU, other process) may write these bytes while the slice lives.
     pub unsafe fn as_slice(&self) -> &[u8] {
-        std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
+        // SAFETY: the mapping covers `len` bytes from `ptr` while `self` lives; the caller keeps
+        // writers off them.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// # Safety
     /// No one else may read or write these bytes while the slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
+        // SAFETY: as in `as_slice`; the caller keeps everyone else off the bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
