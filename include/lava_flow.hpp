@@ -841,7 +841,9 @@ public:
     }
     /// Sends `size` bytes at `offset` of `buffer` by reference: the range must not be rewritten
     /// or freed until the message is complete (`wait_completed` on the returned sequence
-    /// number). GPU buffers go through the channel's GPU route (see `transport`).
+    /// number). GPU buffers go through the channel's GPU route (see `transport`). A CPU range of
+    /// at most 112 bytes is copied instead: its message is complete at once, which says nothing
+    /// of the messages before it.
     Expected<std::uint64_t> send_buffer(nothrow_t, BufferView buffer, std::size_t offset, std::size_t size,
                                         Timeout timeout = forever) noexcept {
         std::uint64_t sequence = 0;
