@@ -30,7 +30,6 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <variant>
 
 #include <unistd.h>
 
@@ -118,56 +117,53 @@ class [[nodiscard]] Expected {
 public:
     using value_type = T;
 
-    Expected(const T& value) : state_(std::in_place_index<0>, value) {}
-    Expected(T&& value) noexcept(std::is_nothrow_move_constructible_v<T>)
-        : state_(std::in_place_index<0>, std::move(value)) {}
-    Expected(Error error) noexcept : state_(std::in_place_index<1>, std::move(error)) {}
+    Expected(const T& value) : value_(value) {}
+    Expected(T&& value) noexcept(std::is_nothrow_move_constructible_v<T>) : value_(std::move(value)) {}
+    Expected(Error error) noexcept : error_(std::move(error)) {}
 
-    bool has_value() const noexcept { return state_.index() == 0; }
+    bool has_value() const noexcept { return value_.has_value(); }
     explicit operator bool() const noexcept { return has_value(); }
-    lf_status status() const noexcept { return has_value() ? LF_OK : std::get_if<1>(&state_)->status(); }
+    lf_status status() const noexcept { return error_ ? error_->status() : LF_OK; }
 
     T& value() & {
-        if (!has_value()) detail::raise(error());
-        return *std::get_if<0>(&state_);
+        if (!value_) detail::raise(error());
+        return *value_;
     }
     const T& value() const& {
-        if (!has_value()) detail::raise(error());
-        return *std::get_if<0>(&state_);
+        if (!value_) detail::raise(error());
+        return *value_;
     }
     T&& value() && {
-        if (!has_value()) detail::raise(error());
-        return std::move(*std::get_if<0>(&state_));
+        if (!value_) detail::raise(error());
+        return std::move(*value_);
     }
     /// The value, or `fallback` on failure.
     template <typename U>
     T value_or(U&& fallback) const& {
-        return has_value() ? *std::get_if<0>(&state_) : static_cast<T>(std::forward<U>(fallback));
+        return value_ ? *value_ : static_cast<T>(std::forward<U>(fallback));
     }
     template <typename U>
     T value_or(U&& fallback) && {
-        return has_value() ? std::move(*std::get_if<0>(&state_)) : static_cast<T>(std::forward<U>(fallback));
+        return value_ ? std::move(*value_) : static_cast<T>(std::forward<U>(fallback));
     }
 
     /// The value; only with one (check first).
-    T& operator*() & noexcept { return *std::get_if<0>(&state_); }
-    const T& operator*() const& noexcept { return *std::get_if<0>(&state_); }
-    T&& operator*() && noexcept { return std::move(*std::get_if<0>(&state_)); }
-    T* operator->() noexcept { return std::get_if<0>(&state_); }
-    const T* operator->() const noexcept { return std::get_if<0>(&state_); }
+    T& operator*() & noexcept { return *value_; }
+    const T& operator*() const& noexcept { return *value_; }
+    T&& operator*() && noexcept { return std::move(*value_); }
+    T* operator->() noexcept { return value_.operator->(); }
+    const T* operator->() const noexcept { return value_.operator->(); }
 
     /// The failure; with a value, an Error of status LF_OK and no message.
     const Error& error() const noexcept {
-        if (const Error* e = std::get_if<1>(&state_)) return *e;
-        return no_error();
-    }
-
-private:
-    static const Error& no_error() noexcept {
+        if (error_) return *error_;
         static const Error none(LF_OK, "");
         return none;
     }
-    std::variant<T, Error> state_;
+
+private:
+    std::optional<T> value_;
+    std::optional<Error> error_;
 };
 
 /// The outcome of an operation that returns nothing: success, or the lf::Error it failed with.
