@@ -1,43 +1,84 @@
 // lava-flow C++17 wrapper: header-only, built on the C API in lava_flow.h alone.
 //
-// - Handles are move-only RAII types; their destructors call the C `_free` functions.
-// - Failures throw lf::Error, which carries the lf_status and lava-flow's message.
+// - Handles are move-only RAII types; their destructors call the C `_free` functions. A
+//   received lf::Message is released, and an unpublished lf::Loan given back, by its destructor.
+// - Every operation comes in two forms:
+//     * with `lf::nothrow` as its first argument, it returns an lf::Expected<T>: the value, or an
+//       lf::Error carrying the lf_status and lava-flow's message. It never throws, and it is all
+//       there is when exceptions are off;
+//     * without, it returns T and throws the lf::Error (a thin layer over the first form).
+//   Objects made by a throwing constructor (Context, Producer, Consumer) are made by
+//   `create(lf::nothrow, ...)` in the non-throwing form.
+// - Without exceptions (-fno-exceptions, or LAVA_FLOW_EXCEPTIONS defined to 0 before the
+//   include) the throwing forms are not declared, so code that relies on them does not compile;
+//   Expected::value() of an error prints the status and message to stderr and aborts. Use one
+//   setting across a program.
+// - A channel end, and the messages and loans it hands out, are used from one thread at a time.
 // - Everything is in namespace `lf`.
 #ifndef LAVA_FLOW_HPP
 #define LAVA_FLOW_HPP
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <unistd.h>
 
 #include "lava_flow.h"
 
+#ifndef LAVA_FLOW_EXCEPTIONS
+#if defined(__cpp_exceptions)
+#define LAVA_FLOW_EXCEPTIONS 1
+#else
+#define LAVA_FLOW_EXCEPTIONS 0
+#endif
+#endif
+
 namespace lf {
 
-/// A failed lava-flow call: `status()` is the class of failure, `what()` the detail.
+/// A failed lava-flow call: `status()` is the class of failure, `what()` (or `message()`) the
+/// detail. Thrown by the throwing forms, held by an Expected in the non-throwing ones.
 class Error : public std::runtime_error {
 public:
     Error(lf_status status, const std::string& message)
         : std::runtime_error(message), status_(status) {}
     lf_status status() const noexcept { return status_; }
+    /// The status's name and meaning, e.g. "LF_ERR_TIMEOUT: timed out".
+    const char* status_name() const noexcept { return lf_status_str(status_); }
+    /// What went wrong and, where possible, how to fix it: the same text as `what()`.
+    std::string message() const { return what(); }
 
 private:
     lf_status status_;
 };
 
+/// The tag that picks an operation's non-throwing form: `lf::Location::detect(lf::nothrow)`.
+/// `std::nothrow` works too.
+using nothrow_t = std::nothrow_t;
+inline constexpr nothrow_t nothrow{};
+
 namespace detail {
 
-/// Throws lf::Error for any status but LF_OK, with the calling thread's last error message.
-inline void check(lf_status status) {
-    if (status != LF_OK) {
-        throw Error(status, lf_last_error_message());
-    }
+/// The calling thread's last lava-flow error, for a call that returned `status`.
+inline Error failure(lf_status status) { return Error(status, lf_last_error_message()); }
+
+/// What the throwing forms do with an error: throw it, or without exceptions print it and abort.
+[[noreturn]] inline void raise(const Error& error) {
+#if LAVA_FLOW_EXCEPTIONS
+    throw error;
+#else
+    std::fprintf(stderr, "lava-flow: %s: %s\n", error.status_name(), error.what());
+    std::abort();
+#endif
 }
 
 /// A unique_ptr whose deleter is a C `_free` function.
@@ -57,7 +98,113 @@ inline std::int64_t id_or_unset(std::optional<std::uint32_t> id) {
     return id ? static_cast<std::int64_t>(*id) : LF_UNSET;
 }
 
+inline std::optional<std::string> optional_string(const char* s) {
+    if (s == nullptr) return std::nullopt;
+    return std::string(s);
+}
+
 }  // namespace detail
+
+/// The value of an operation, or the lf::Error that it failed with. `has_value()` (or the bool
+/// conversion) tells which; `*`/`->` reach the value, `error()` the failure, `status()` is
+/// LF_OK or the failure's status. `value()` is the value or, on failure, the throwing form's
+/// behaviour (throws the error; without exceptions prints it and aborts).
+template <typename T>
+class [[nodiscard]] Expected {
+    static_assert(!std::is_reference_v<T> && !std::is_same_v<std::decay_t<T>, Error>,
+                  "Expected holds a value, or an Error");
+
+public:
+    using value_type = T;
+
+    Expected(const T& value) : value_(value) {}
+    Expected(T&& value) noexcept(std::is_nothrow_move_constructible_v<T>) : value_(std::move(value)) {}
+    Expected(Error error) noexcept : error_(std::move(error)) {}
+
+    bool has_value() const noexcept { return value_.has_value(); }
+    explicit operator bool() const noexcept { return has_value(); }
+    lf_status status() const noexcept { return error_ ? error_->status() : LF_OK; }
+
+    T& value() & {
+        if (!value_) detail::raise(error());
+        return *value_;
+    }
+    const T& value() const& {
+        if (!value_) detail::raise(error());
+        return *value_;
+    }
+    T&& value() && {
+        if (!value_) detail::raise(error());
+        return std::move(*value_);
+    }
+    /// The value, or `fallback` on failure.
+    template <typename U>
+    T value_or(U&& fallback) const& {
+        return value_ ? *value_ : static_cast<T>(std::forward<U>(fallback));
+    }
+    template <typename U>
+    T value_or(U&& fallback) && {
+        return value_ ? std::move(*value_) : static_cast<T>(std::forward<U>(fallback));
+    }
+
+    /// The value; only with one (check first).
+    T& operator*() & noexcept { return *value_; }
+    const T& operator*() const& noexcept { return *value_; }
+    T&& operator*() && noexcept { return std::move(*value_); }
+    T* operator->() noexcept { return value_.operator->(); }
+    const T* operator->() const noexcept { return value_.operator->(); }
+
+    /// The failure; with a value, an Error of status LF_OK and no message.
+    const Error& error() const noexcept {
+        if (error_) return *error_;
+        static const Error none(LF_OK, "");
+        return none;
+    }
+
+private:
+    std::optional<T> value_;
+    std::optional<Error> error_;
+};
+
+/// The outcome of an operation that returns nothing: success, or the lf::Error it failed with.
+template <>
+class [[nodiscard]] Expected<void> {
+public:
+    using value_type = void;
+
+    Expected() noexcept = default;
+    Expected(Error error) noexcept : error_(std::move(error)) {}
+
+    bool has_value() const noexcept { return !error_.has_value(); }
+    explicit operator bool() const noexcept { return has_value(); }
+    lf_status status() const noexcept { return error_ ? error_->status() : LF_OK; }
+    /// Nothing on success; on failure the throwing form's behaviour.
+    void value() const {
+        if (error_) detail::raise(*error_);
+    }
+    const Error& error() const noexcept {
+        if (error_) return *error_;
+        static const Error none(LF_OK, "");
+        return none;
+    }
+
+private:
+    std::optional<Error> error_;
+};
+
+namespace detail {
+
+/// Success, or the failure of a call that returned `status`.
+inline Expected<void> done(lf_status status) {
+    if (status != LF_OK) return failure(status);
+    return {};
+}
+
+}  // namespace detail
+
+/// Result<T> is another name for Expected<T>.
+template <typename T>
+using Result = Expected<T>;
 
 /// The library's runtime version, "MAJOR.MINOR.PATCH".
 inline std::string version() { return lf_version(); }
@@ -72,53 +219,72 @@ inline const char* to_string(Scope scope) noexcept {
 class Location {
 public:
     /// This process's location.
-    static Location detect() {
+    static Expected<Location> detect(nothrow_t) noexcept {
         lf_location* raw = nullptr;
-        detail::check(lf_location_detect(&raw));
+        if (lf_status s = lf_location_detect(&raw); s != LF_OK) return detail::failure(s);
         return Location(raw);
     }
 
     /// A location built by hand.
-    static Location create(const std::string& hostname,
-                           std::optional<std::uint32_t> node_id = std::nullopt,
-                           std::optional<std::uint32_t> device_id = std::nullopt) {
+    static Expected<Location> create(nothrow_t, const std::string& hostname,
+                                     std::optional<std::uint32_t> node_id = std::nullopt,
+                                     std::optional<std::uint32_t> device_id = std::nullopt) noexcept {
         lf_location* raw = nullptr;
-        detail::check(lf_location_new(hostname.c_str(), detail::id_or_unset(node_id),
-                                      detail::id_or_unset(device_id), &raw));
+        if (lf_status s = lf_location_new(hostname.c_str(), detail::id_or_unset(node_id),
+                                          detail::id_or_unset(device_id), &raw);
+            s != LF_OK)
+            return detail::failure(s);
         return Location(raw);
     }
 
     /// The location of process `name` in a JSON config file.
-    static Location from_config(const std::string& path, const std::string& name) {
+    static Expected<Location> from_config(nothrow_t, const std::string& path, const std::string& name) noexcept {
         lf_location* raw = nullptr;
-        detail::check(lf_location_from_config(path.c_str(), name.c_str(), &raw));
+        if (lf_status s = lf_location_from_config(path.c_str(), name.c_str(), &raw); s != LF_OK)
+            return detail::failure(s);
         return Location(raw);
     }
 
-    std::string hostname() const {
+    Expected<std::string> hostname(nothrow_t) const noexcept {
         const char* out = nullptr;
-        detail::check(lf_location_hostname(get(), &out));
-        return out;
+        if (lf_status s = lf_location_hostname(get(), &out); s != LF_OK) return detail::failure(s);
+        return std::string(out);
     }
 
-    std::optional<std::uint32_t> node_id() const {
+    Expected<std::optional<std::uint32_t>> node_id(nothrow_t) const noexcept {
         std::int64_t out = LF_UNSET;
-        detail::check(lf_location_node_id(get(), &out));
+        if (lf_status s = lf_location_node_id(get(), &out); s != LF_OK) return detail::failure(s);
         return detail::optional_id(out);
     }
 
-    std::optional<std::uint32_t> device_id() const {
+    Expected<std::optional<std::uint32_t>> device_id(nothrow_t) const noexcept {
         std::int64_t out = LF_UNSET;
-        detail::check(lf_location_device_id(get(), &out));
+        if (lf_status s = lf_location_device_id(get(), &out); s != LF_OK) return detail::failure(s);
         return detail::optional_id(out);
     }
 
     /// Whether `peer` runs on this location's host.
-    Scope scope_to(const Location& peer) const {
+    Expected<Scope> scope_to(nothrow_t, const Location& peer) const noexcept {
         lf_scope out = LF_SCOPE_LOCAL;
-        detail::check(lf_scope_detect(get(), peer.get(), &out));
+        if (lf_status s = lf_scope_detect(get(), peer.get(), &out); s != LF_OK) return detail::failure(s);
         return static_cast<Scope>(out);
     }
+
+#if LAVA_FLOW_EXCEPTIONS
+    static Location detect() { return detect(nothrow).value(); }
+    static Location create(const std::string& hostname,
+                           std::optional<std::uint32_t> node_id = std::nullopt,
+                           std::optional<std::uint32_t> device_id = std::nullopt) {
+        return create(nothrow, hostname, node_id, device_id).value();
+    }
+    static Location from_config(const std::string& path, const std::string& name) {
+        return from_config(nothrow, path, name).value();
+    }
+    std::string hostname() const { return hostname(nothrow).value(); }
+    std::optional<std::uint32_t> node_id() const { return node_id(nothrow).value(); }
+    std::optional<std::uint32_t> device_id() const { return device_id(nothrow).value(); }
+    Scope scope_to(const Location& peer) const { return scope_to(nothrow, peer).value(); }
+#endif
 
     const lf_location* get() const noexcept { return handle_.get(); }
 
@@ -139,7 +305,7 @@ enum class Memory : std::uint32_t {
 };
 
 /// A buffer on its way to another process: the descriptor and the file descriptor it owns
-/// (closed by the destructor unless `Context::import` or `send` consumed it).
+/// (closed by the destructor unless `Context::import` or `release` took it).
 class Export {
 public:
     explicit Export(const lf_export& raw) : raw_(raw) {}
@@ -157,13 +323,20 @@ public:
     ~Export() { reset(); }
 
     /// Sends the descriptor and its fd over a connected Unix socket (SCM_RIGHTS).
-    void send(int socket) const { detail::check(lf_export_send(socket, &raw_)); }
+    Expected<void> send(nothrow_t, int socket) const noexcept {
+        return detail::done(lf_export_send(socket, &raw_));
+    }
     /// Receives one sent with `send`.
-    static Export receive(int socket) {
+    static Expected<Export> receive(nothrow_t, int socket) noexcept {
         lf_export raw{};
-        detail::check(lf_export_recv(socket, &raw));
+        if (lf_status s = lf_export_recv(socket, &raw); s != LF_OK) return detail::failure(s);
         return Export(raw);
     }
+
+#if LAVA_FLOW_EXCEPTIONS
+    void send(int socket) const { send(nothrow, socket).value(); }
+    static Export receive(int socket) { return receive(nothrow, socket).value(); }
+#endif
 
     const lf_export& raw() const noexcept { return raw_; }
     /// Hands the descriptor (and the fd's ownership) to the caller.
@@ -181,50 +354,90 @@ private:
     lf_export raw_;
 };
 
-/// Memory from a Context: CPU (standard, NUMA, huge pages, pinned) or GPU.
-class Buffer {
+namespace detail {
+
+/// What every buffer answers, owned (Buffer) or lent (BufferView): `Self::get()` gives the handle.
+template <typename Self>
+class BufferAccess {
 public:
-    std::size_t size() const {
+    Expected<std::size_t> size(nothrow_t) const noexcept {
         std::size_t out = 0;
-        detail::check(lf_buffer_size(get(), &out));
+        if (lf_status s = lf_buffer_size(handle(), &out); s != LF_OK) return failure(s);
         return out;
     }
     /// The location really obtained (a GPU request without a device falls back to CPU memory
     /// unless the context is strict: `fallback_reason()` says why).
-    Memory location() const {
+    Expected<Memory> location(nothrow_t) const noexcept {
         std::uint32_t out = 0;
-        detail::check(lf_buffer_location(get(), &out));
+        if (lf_status s = lf_buffer_location(handle(), &out); s != LF_OK) return failure(s);
         return static_cast<Memory>(out);
     }
-    std::size_t page_size() const {
+    Expected<std::size_t> page_size(nothrow_t) const noexcept {
         std::size_t out = 0;
-        detail::check(lf_buffer_page_size(get(), &out));
+        if (lf_status s = lf_buffer_page_size(handle(), &out); s != LF_OK) return failure(s);
         return out;
     }
-    std::optional<std::string> fallback_reason() const {
+    Expected<std::optional<std::string>> fallback_reason(nothrow_t) const noexcept {
         const char* out = nullptr;
-        detail::check(lf_buffer_fallback_reason(get(), &out));
-        if (out == nullptr) return std::nullopt;
-        return std::string(out);
+        if (lf_status s = lf_buffer_fallback_reason(handle(), &out); s != LF_OK) return failure(s);
+        return optional_string(out);
     }
-    /// The host address; throws for GPU memory the host cannot map.
-    void* data() const {
+    /// The host address; LF_ERR_INVALID_STATE for GPU memory the host cannot map.
+    Expected<void*> data(nothrow_t) const noexcept {
         void* out = nullptr;
-        detail::check(lf_buffer_ptr(get(), &out));
+        if (lf_status s = lf_buffer_ptr(handle(), &out); s != LF_OK) return failure(s);
         return out;
     }
     /// Copies in and out of any buffer, staged through the GPU where the host cannot map it.
-    void write(std::size_t offset, const void* data, std::size_t size) const {
-        detail::check(lf_buffer_write(get(), offset, data, size));
+    Expected<void> write(nothrow_t, std::size_t offset, const void* data, std::size_t size) const noexcept {
+        return done(lf_buffer_write(handle(), offset, data, size));
     }
-    void read(std::size_t offset, void* out, std::size_t size) const {
-        detail::check(lf_buffer_read(get(), offset, out, size));
+    Expected<void> read(nothrow_t, std::size_t offset, void* out, std::size_t size) const noexcept {
+        return done(lf_buffer_read(handle(), offset, out, size));
     }
-    Export export_() const {
+    Expected<Export> export_(nothrow_t) const noexcept {
         lf_export raw{};
-        detail::check(lf_buffer_export(get(), &raw));
+        if (lf_status s = lf_buffer_export(handle(), &raw); s != LF_OK) return failure(s);
         return Export(raw);
     }
+
+#if LAVA_FLOW_EXCEPTIONS
+    std::size_t size() const { return size(nothrow).value(); }
+    Memory location() const { return location(nothrow).value(); }
+    std::size_t page_size() const { return page_size(nothrow).value(); }
+    std::optional<std::string> fallback_reason() const { return fallback_reason(nothrow).value(); }
+    void* data() const { return data(nothrow).value(); }
+    void write(std::size_t offset, const void* data, std::size_t size) const {
+        write(nothrow, offset, data, size).value();
+    }
+    void read(std::size_t offset, void* out, std::size_t size) const { read(nothrow, offset, out, size).value(); }
+    Export export_() const { return export_(nothrow).value(); }
+#endif
+
+private:
+    const lf_buffer* handle() const noexcept { return static_cast<const Self*>(this)->get(); }
+};
+
+}  // namespace detail
+
+/// A buffer lava-flow lends without handing over ownership: a received GPU message's
+/// (Message::buffer), or any Buffer's (a Buffer converts to one). Valid while the lender is.
+class BufferView : public detail::BufferAccess<BufferView> {
+public:
+    explicit BufferView(const lf_buffer* raw) noexcept : raw_(raw) {}
+    const lf_buffer* get() const noexcept { return raw_; }
+
+private:
+    const lf_buffer* raw_;
+};
+
+/// Memory from a Context: CPU (standard, NUMA, huge pages, pinned) or GPU.
+class Buffer : public detail::BufferAccess<Buffer> {
+public:
+    /// The same memory as a view, to pass where a lent buffer is taken (Producer::send_buffer,
+    /// Context::copy); valid while this Buffer is.
+    BufferView view() const noexcept { return BufferView(get()); }
+    operator BufferView() const noexcept { return view(); }
 
     const lf_buffer* get() const noexcept { return handle_.get(); }
     lf_buffer* get() noexcept { return handle_.get(); }
@@ -240,49 +453,528 @@ class Context {
 public:
     /// A context with the default settings (GPU if there is one, else CPU with a visible
     /// fallback), or with `config` (start from a zeroed `lf_context_config`).
-    explicit Context(const lf_context_config* config = nullptr) {
+    static Expected<Context> create(nothrow_t, const lf_context_config* config = nullptr) noexcept {
         lf_context* raw = nullptr;
-        detail::check(lf_context_create(config, &raw));
-        handle_.reset(raw);
+        if (lf_status s = lf_context_create(config, &raw); s != LF_OK) return detail::failure(s);
+        return Context(Adopt{}, raw);
     }
 
-    Buffer allocate(std::size_t size, Memory location = Memory::CpuStandard,
-                    std::optional<std::uint32_t> numa_node = std::nullopt) const {
+    Expected<Buffer> allocate(nothrow_t, std::size_t size, Memory location = Memory::CpuStandard,
+                              std::optional<std::uint32_t> numa_node = std::nullopt) const noexcept {
         lf_buffer* raw = nullptr;
-        detail::check(lf_alloc(get(), size, static_cast<std::uint32_t>(location),
-                               detail::id_or_unset(numa_node), 0, &raw));
+        if (lf_status s = lf_alloc(get(), size, static_cast<std::uint32_t>(location),
+                                   detail::id_or_unset(numa_node), 0, &raw);
+            s != LF_OK)
+            return detail::failure(s);
         return Buffer(raw);
     }
     /// The location follows the scope between the two processes (see the README).
-    Buffer allocate_auto(std::size_t size, const Location& mine, const Location& peer) const {
+    Expected<Buffer> allocate_auto(nothrow_t, std::size_t size, const Location& mine,
+                                   const Location& peer) const noexcept {
         lf_buffer* raw = nullptr;
-        detail::check(lf_alloc_auto(get(), size, mine.get(), peer.get(), &raw));
+        if (lf_status s = lf_alloc_auto(get(), size, mine.get(), peer.get(), &raw); s != LF_OK)
+            return detail::failure(s);
         return Buffer(raw);
     }
-    /// Maps (CPU) or imports (GPU) memory another process exported; consumes its fd.
-    Buffer import(Export&& exported) const {
+    /// Maps (CPU) or imports (GPU) memory another process exported; takes its fd, success or not.
+    Expected<Buffer> import(nothrow_t, Export&& exported) const noexcept {
         lf_export raw = exported.release();
         lf_buffer* out = nullptr;
-        detail::check(lf_import(get(), &raw, &out));
+        if (lf_status s = lf_import(get(), &raw, &out); s != LF_OK) return detail::failure(s);
         return Buffer(out);
     }
     /// Copies between two buffers, on the GPU when both are this context's device memory.
-    void copy(Buffer& dst, std::size_t dst_offset, const Buffer& src, std::size_t src_offset,
-              std::size_t size) const {
-        detail::check(lf_buffer_copy(get(), dst.get(), dst_offset, src.get(), src_offset, size));
+    Expected<void> copy(nothrow_t, BufferView dst, std::size_t dst_offset, BufferView src,
+                        std::size_t src_offset, std::size_t size) const noexcept {
+        return detail::done(lf_buffer_copy(get(), dst.get(), dst_offset, src.get(), src_offset, size));
     }
     /// Why there is no GPU, or nullopt when there is one.
-    std::optional<std::string> gpu_unavailable_reason() const {
+    Expected<std::optional<std::string>> gpu_unavailable_reason(nothrow_t) const noexcept {
         const char* out = nullptr;
-        detail::check(lf_context_gpu_unavailable_reason(get(), &out));
-        if (out == nullptr) return std::nullopt;
-        return std::string(out);
+        if (lf_status s = lf_context_gpu_unavailable_reason(get(), &out); s != LF_OK) return detail::failure(s);
+        return detail::optional_string(out);
     }
+
+#if LAVA_FLOW_EXCEPTIONS
+    explicit Context(const lf_context_config* config = nullptr) : Context(create(nothrow, config).value()) {}
+
+    Buffer allocate(std::size_t size, Memory location = Memory::CpuStandard,
+                    std::optional<std::uint32_t> numa_node = std::nullopt) const {
+        return allocate(nothrow, size, location, numa_node).value();
+    }
+    Buffer allocate_auto(std::size_t size, const Location& mine, const Location& peer) const {
+        return allocate_auto(nothrow, size, mine, peer).value();
+    }
+    Buffer import(Export&& exported) const { return import(nothrow, std::move(exported)).value(); }
+    void copy(BufferView dst, std::size_t dst_offset, BufferView src, std::size_t src_offset,
+              std::size_t size) const {
+        copy(nothrow, dst, dst_offset, src, src_offset, size).value();
+    }
+    std::optional<std::string> gpu_unavailable_reason() const { return gpu_unavailable_reason(nothrow).value(); }
+#endif
 
     const lf_context* get() const noexcept { return handle_.get(); }
 
 private:
+    struct Adopt {};
+    Context(Adopt, lf_context* raw) noexcept : handle_(raw) {}
     detail::Owned<lf_context, lf_context_free> handle_;
+};
+
+// --- Channels --------------------------------------------------------------------------------
+
+/// Waits: a duration, or `lf::forever`. Zero fails at once (LF_ERR_WOULD_BLOCK) where a wait
+/// would be needed.
+using Timeout = std::chrono::nanoseconds;
+inline constexpr Timeout forever{-1};
+
+/// How a channel end waits: the `LF_WAIT_*` values.
+enum class WaitStrategy : std::uint32_t {
+    BusyPoll = LF_WAIT_BUSY_POLL,
+    SpinThenBlock = LF_WAIT_SPIN_THEN_BLOCK,
+    Block = LF_WAIT_BLOCK,
+};
+
+/// Channel options: lf_channel_config_default's values (spin-then-block, 256 messages, a 16 MiB
+/// pool, a 10 s rendezvous), to change with the setters, which chain:
+/// `lf::ChannelConfig().capacity(64).pool_size(8 << 20)`.
+class ChannelConfig {
+public:
+    ChannelConfig() noexcept { lf_channel_config_default(&raw_); }
+
+    ChannelConfig& wait_strategy(WaitStrategy strategy) noexcept {
+        raw_.wait_strategy = static_cast<std::uint32_t>(strategy);
+        return *this;
+    }
+    /// Spin time before sleeping, for WaitStrategy::SpinThenBlock.
+    ChannelConfig& spin(Timeout time) noexcept {
+        raw_.spin_ns = time.count() < 0 ? 0 : static_cast<std::uint64_t>(time.count());
+        return *this;
+    }
+    /// Messages in flight at most, a power of two (the producer's value rules).
+    ChannelConfig& capacity(std::uint32_t messages) noexcept {
+        raw_.capacity = messages;
+        return *this;
+    }
+    /// The shared payload pool in bytes, also the largest message (the producer's value rules).
+    ChannelConfig& pool_size(std::uint64_t bytes) noexcept {
+        raw_.pool_size = bytes;
+        return *this;
+    }
+    /// How long creating an end waits for the other; `lf::forever` for ever.
+    ChannelConfig& rendezvous_timeout(Timeout time) noexcept {
+        raw_.rendezvous_timeout_ns = time.count();
+        return *this;
+    }
+    /// Whether `send` of bytes inside a lava-flow buffer sends them by reference (the default).
+    ChannelConfig& auto_zero_copy(bool on) noexcept {
+        raw_.auto_zero_copy = on ? 1 : 0;
+        return *this;
+    }
+    /// Fail creation where GPU buffers could not go by reference with GPU-side synchronisation.
+    ChannelConfig& strict_gpu(bool on) noexcept {
+        raw_.strict_gpu = on ? 1 : 0;
+        return *this;
+    }
+    /// The consumer signals the released semaphore (Producer::released_semaphore).
+    ChannelConfig& released_semaphore(bool on) noexcept {
+        raw_.released_semaphore = on ? 1 : 0;
+        return *this;
+    }
+    /// Fault the shared pool in when the channel is made (the default).
+    ChannelConfig& prefault(bool on) noexcept {
+        raw_.prefault = on ? 1 : 0;
+        return *this;
+    }
+
+    const lf_channel_config& raw() const noexcept { return raw_; }
+    lf_channel_config& raw() noexcept { return raw_; }
+
+private:
+    lf_channel_config raw_{};
+};
+
+/// What a channel end reports on its transports: their name ("shm", "shm+vulkan_ipc") and the
+/// reason for each route.
+struct Transport {
+    std::string name;
+    std::string reason;
+};
+
+/// Room in the channel's shared memory lent by Producer::loan: write up to `size()` bytes at
+/// `data()`, then `publish`. A loan neither published nor cancelled is given back by its
+/// destructor. Move-only; must not outlive its Producer.
+class Loan {
+public:
+    Loan() noexcept = default;
+    Loan(Loan&& other) noexcept : channel_(std::exchange(other.channel_, nullptr)), raw_(std::exchange(other.raw_, {})) {}
+    Loan& operator=(Loan&& other) noexcept {
+        if (this != &other) {
+            give_back();
+            channel_ = std::exchange(other.channel_, nullptr);
+            raw_ = std::exchange(other.raw_, {});
+        }
+        return *this;
+    }
+    Loan(const Loan&) = delete;
+    Loan& operator=(const Loan&) = delete;
+    ~Loan() { give_back(); }
+
+    void* data() const noexcept { return raw_.data; }
+    std::size_t size() const noexcept { return raw_.len; }
+    /// Whether the loan is still outstanding (not published, cancelled or moved from).
+    bool active() const noexcept { return channel_ != nullptr; }
+
+    /// Publishes the first `size` bytes (1 to `size()`) as the next message: its sequence
+    /// number. On failure the loan stays outstanding.
+    Expected<std::uint64_t> publish(nothrow_t, std::size_t size) noexcept {
+        if (channel_ == nullptr) return inactive();
+        std::uint64_t sequence = 0;
+        if (lf_status s = lf_publish(channel_, &raw_, size, &sequence); s != LF_OK) return detail::failure(s);
+        channel_ = nullptr;
+        raw_ = {};
+        return sequence;
+    }
+    /// Publishes the whole loan.
+    Expected<std::uint64_t> publish(nothrow_t) noexcept { return publish(nothrow, raw_.len); }
+    /// Gives the loan back: nothing is sent.
+    Expected<void> cancel(nothrow_t) noexcept {
+        if (channel_ == nullptr) return inactive();
+        lf_status s = lf_loan_cancel(channel_, &raw_);
+        channel_ = nullptr;
+        raw_ = {};
+        return detail::done(s);
+    }
+
+#if LAVA_FLOW_EXCEPTIONS
+    std::uint64_t publish(std::size_t size) { return publish(nothrow, size).value(); }
+    std::uint64_t publish() { return publish(nothrow).value(); }
+    void cancel() { cancel(nothrow).value(); }
+#endif
+
+    const lf_loan_region& raw() const noexcept { return raw_; }
+
+private:
+    friend class Producer;
+    Loan(lf_channel* channel, const lf_loan_region& raw) noexcept : channel_(channel), raw_(raw) {}
+    static Error inactive() {
+        return Error(LF_ERR_INVALID_STATE, "this loan is not outstanding (already published, cancelled or moved from)");
+    }
+    void give_back() noexcept {
+        if (channel_ != nullptr) (void)lf_loan_cancel(channel_, &raw_);
+        channel_ = nullptr;
+    }
+    lf_channel* channel_ = nullptr;
+    lf_loan_region raw_{};
+};
+
+/// A received message: `size()` bytes at `data()`, a view into shared memory (or the producer's
+/// own buffer) readable until the message is released, by `release` or by the destructor.
+/// Move-only; must not outlive its Consumer. Released and moved-from messages are empty.
+class Message {
+public:
+    Message() noexcept = default;
+    Message(Message&& other) noexcept : channel_(std::exchange(other.channel_, nullptr)), raw_(std::exchange(other.raw_, {})) {}
+    Message& operator=(Message&& other) noexcept {
+        if (this != &other) {
+            let_go();
+            channel_ = std::exchange(other.channel_, nullptr);
+            raw_ = std::exchange(other.raw_, {});
+        }
+        return *this;
+    }
+    Message(const Message&) = delete;
+    Message& operator=(const Message&) = delete;
+    ~Message() { let_go(); }
+
+    const void* data() const noexcept { return raw_.data; }
+    std::size_t size() const noexcept { return raw_.len; }
+    const std::byte* begin() const noexcept { return static_cast<const std::byte*>(raw_.data); }
+    const std::byte* end() const noexcept { return begin() + raw_.len; }
+    /// The message's sequence number (0, 1, 2, ... per producer).
+    std::uint64_t sequence() const noexcept { return raw_.sequence; }
+    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
+    std::uint32_t flags() const noexcept { return raw_.flags; }
+    /// The bytes lie in the producer's own buffer: nothing was copied.
+    bool zero_copy() const noexcept { return (raw_.flags & LF_MESSAGE_ZERO_COPY) != 0; }
+    /// The payload is GPU memory of the producer's: `buffer()` lends it.
+    bool gpu() const noexcept { return (raw_.flags & LF_MESSAGE_GPU) != 0; }
+    /// For GPU messages, the ready semaphore's value at which the payload is in place (0: now).
+    std::uint64_t ready_value() const noexcept { return raw_.ready_value; }
+    /// Whether the message is still held (not released or moved from).
+    bool held() const noexcept { return channel_ != nullptr; }
+
+    /// The GPU buffer a GPU message carries, lent until the message is released.
+    Expected<BufferView> buffer(nothrow_t) const noexcept {
+        if (channel_ == nullptr) return not_held();
+        const lf_buffer* out = nullptr;
+        if (lf_status s = lf_message_buffer(channel_, &raw_, &out); s != LF_OK) return detail::failure(s);
+        return BufferView(out);
+    }
+    /// Gives the message's memory back to the producer now, which sees it complete.
+    Expected<void> release(nothrow_t) noexcept {
+        if (channel_ == nullptr) return not_held();
+        lf_status s = lf_release(channel_, &raw_);
+        channel_ = nullptr;
+        raw_ = {};
+        return detail::done(s);
+    }
+
+#if LAVA_FLOW_EXCEPTIONS
+    BufferView buffer() const { return buffer(nothrow).value(); }
+    void release() { release(nothrow).value(); }
+#endif
+
+    const lf_message& raw() const noexcept { return raw_; }
+
+private:
+    friend class Consumer;
+    Message(lf_channel* channel, const lf_message& raw) noexcept : channel_(channel), raw_(raw) {}
+    static Error not_held() {
+        return Error(LF_ERR_INVALID_STATE, "this message is not held (already released, or moved from)");
+    }
+    void let_go() noexcept {
+        if (channel_ != nullptr) (void)lf_release(channel_, &raw_);
+        channel_ = nullptr;
+    }
+    lf_channel* channel_ = nullptr;
+    lf_message raw_{};
+};
+
+namespace detail {
+
+/// What both ends of a channel have: the handle, the transport report, the ready semaphore.
+class ChannelEnd {
+public:
+    Expected<Transport> transport(nothrow_t) const noexcept {
+        const char* name = nullptr;
+        const char* reason = nullptr;
+        if (lf_status s = lf_channel_transport(get(), &name, &reason); s != LF_OK) return failure(s);
+        return Transport{name, reason};
+    }
+    /// A new fd of the channel's ready semaphore (owned by the caller), for GPU work: see
+    /// lf_channel_ready_semaphore. LF_ERR_UNSUPPORTED where the channel has none.
+    Expected<int> ready_semaphore(nothrow_t) noexcept {
+        int fd = -1;
+        if (lf_status s = lf_channel_ready_semaphore(get(), &fd); s != LF_OK) return failure(s);
+        return fd;
+    }
+
+#if LAVA_FLOW_EXCEPTIONS
+    Transport transport() const { return transport(nothrow).value(); }
+    int ready_semaphore() { return ready_semaphore(nothrow).value(); }
+#endif
+
+    lf_channel* get() const noexcept { return handle_.get(); }
+
+protected:
+    ChannelEnd() noexcept = default;
+    explicit ChannelEnd(lf_channel* raw) noexcept : handle_(raw) {}
+    ChannelEnd(ChannelEnd&&) noexcept = default;
+    ChannelEnd& operator=(ChannelEnd&&) noexcept = default;
+    ~ChannelEnd() = default;
+
+    /// Opens one end: between `mine` and `peer`, or (without them) with a peer on this host.
+    static Expected<lf_channel*> open(const lf_context* context, const std::string& name, std::uint32_t role,
+                                      const Location* mine, const Location* peer,
+                                      const ChannelConfig& config) noexcept {
+        std::optional<Location> here;
+        if (mine == nullptr) {
+            auto detected = Location::detect(nothrow);
+            if (!detected) return detected.error();
+            here.emplace(std::move(*detected));
+            mine = peer = &*here;
+        }
+        lf_channel* raw = nullptr;
+        if (lf_status s = lf_channel_create(context, name.c_str(), role, mine->get(), peer->get(), &config.raw(), &raw);
+            s != LF_OK)
+            return failure(s);
+        return raw;
+    }
+
+private:
+    Owned<lf_channel, lf_channel_free> handle_;
+};
+
+}  // namespace detail
+
+/// The sending end of channel `name`. Either end may be created first; creation waits for the
+/// other (up to the config's rendezvous timeout). Move-only; closing it (the destructor) lets
+/// the consumer read what was sent, then see LF_ERR_PEER_GONE.
+class Producer : public detail::ChannelEnd {
+public:
+    /// The end between this process (`mine`) and the consumer's process (`peer`): the scope
+    /// between them picks the transport.
+    static Expected<Producer> create(nothrow_t, const Context& context, const std::string& name,
+                                     const Location& mine, const Location& peer,
+                                     const ChannelConfig& config = ChannelConfig()) noexcept {
+        auto raw = open(context.get(), name, LF_ROLE_PRODUCER, &mine, &peer, config);
+        if (!raw) return raw.error();
+        return Producer(*raw);
+    }
+    /// The end for a consumer on this host.
+    static Expected<Producer> create(nothrow_t, const Context& context, const std::string& name,
+                                     const ChannelConfig& config = ChannelConfig()) noexcept {
+        auto raw = open(context.get(), name, LF_ROLE_PRODUCER, nullptr, nullptr, config);
+        if (!raw) return raw.error();
+        return Producer(*raw);
+    }
+
+    /// Copies `size` bytes at `data` into the channel as the next message (by reference when
+    /// they lie inside a lava-flow buffer of the context, over 112 bytes: then they must not be
+    /// rewritten until the message is complete), waiting for room up to `timeout`. Returns the
+    /// message's sequence number.
+    Expected<std::uint64_t> send(nothrow_t, const void* data, std::size_t size, Timeout timeout = forever) noexcept {
+        std::uint64_t sequence = 0;
+        if (lf_status s = lf_send(get(), data, size, timeout.count(), &sequence); s != LF_OK) return detail::failure(s);
+        return sequence;
+    }
+    /// As `send`, but LF_ERR_WOULD_BLOCK at once when the channel is full.
+    Expected<std::uint64_t> try_send(nothrow_t, const void* data, std::size_t size) noexcept {
+        std::uint64_t sequence = 0;
+        if (lf_status s = lf_try_send(get(), data, size, &sequence); s != LF_OK) return detail::failure(s);
+        return sequence;
+    }
+    /// Sends `size` bytes at `offset` of `buffer` by reference: the range must not be rewritten
+    /// or freed until the message is complete (`wait_completed` on the returned sequence
+    /// number). GPU buffers go through the channel's GPU route (see `transport`). A CPU range of
+    /// at most 112 bytes is copied instead: its message is complete at once, which says nothing
+    /// of the messages before it.
+    Expected<std::uint64_t> send_buffer(nothrow_t, BufferView buffer, std::size_t offset, std::size_t size,
+                                        Timeout timeout = forever) noexcept {
+        std::uint64_t sequence = 0;
+        if (lf_status s = lf_send_buffer(get(), buffer.get(), offset, size, timeout.count(), &sequence); s != LF_OK)
+            return detail::failure(s);
+        return sequence;
+    }
+    /// As `send_buffer`, for a GPU buffer that this process's GPU work is still writing: it is
+    /// in place once the ready semaphore reaches `ready_value` (see lf_send_buffer_after).
+    Expected<std::uint64_t> send_buffer_after(nothrow_t, BufferView buffer, std::size_t offset, std::size_t size,
+                                              std::uint64_t ready_value, Timeout timeout = forever) noexcept {
+        std::uint64_t sequence = 0;
+        if (lf_status s = lf_send_buffer_after(get(), buffer.get(), offset, size, ready_value, timeout.count(), &sequence);
+            s != LF_OK)
+            return detail::failure(s);
+        return sequence;
+    }
+    /// Lends `size` bytes of shared memory to write the next message in place, waiting for
+    /// room up to `timeout`. One loan at a time.
+    Expected<Loan> loan(nothrow_t, std::size_t size, Timeout timeout = forever) noexcept {
+        lf_loan_region raw{};
+        if (lf_status s = lf_loan(get(), size, timeout.count(), &raw); s != LF_OK) return detail::failure(s);
+        return Loan(get(), raw);
+    }
+    /// How many messages the consumer has released: every sequence number below it is complete.
+    Expected<std::uint64_t> completed(nothrow_t) noexcept {
+        std::uint64_t out = 0;
+        if (lf_status s = lf_completed(get(), &out); s != LF_OK) return detail::failure(s);
+        return out;
+    }
+    /// Whether message `sequence` is complete (released by the consumer), without waiting.
+    Expected<bool> is_completed(nothrow_t, std::uint64_t sequence) noexcept {
+        auto done = completed(nothrow);
+        if (!done) return done.error();
+        return sequence < *done;
+    }
+    /// Waits up to `timeout` until the consumer has released message `sequence`
+    /// (LF_ERR_TIMEOUT otherwise).
+    Expected<void> wait_completed(nothrow_t, std::uint64_t sequence, Timeout timeout = forever) noexcept {
+        return detail::done(lf_wait_completed(get(), sequence, timeout.count()));
+    }
+    /// A new fd of the released semaphore (owned by the caller): see
+    /// lf_channel_released_semaphore. Needs ChannelConfig::released_semaphore.
+    Expected<int> released_semaphore(nothrow_t) noexcept {
+        int fd = -1;
+        if (lf_status s = lf_channel_released_semaphore(get(), &fd); s != LF_OK) return detail::failure(s);
+        return fd;
+    }
+
+#if LAVA_FLOW_EXCEPTIONS
+    Producer(const Context& context, const std::string& name, const Location& mine, const Location& peer,
+             const ChannelConfig& config = ChannelConfig())
+        : Producer(create(nothrow, context, name, mine, peer, config).value()) {}
+    Producer(const Context& context, const std::string& name, const ChannelConfig& config = ChannelConfig())
+        : Producer(create(nothrow, context, name, config).value()) {}
+
+    std::uint64_t send(const void* data, std::size_t size, Timeout timeout = forever) {
+        return send(nothrow, data, size, timeout).value();
+    }
+    std::uint64_t try_send(const void* data, std::size_t size) { return try_send(nothrow, data, size).value(); }
+    std::uint64_t send_buffer(BufferView buffer, std::size_t offset, std::size_t size, Timeout timeout = forever) {
+        return send_buffer(nothrow, buffer, offset, size, timeout).value();
+    }
+    std::uint64_t send_buffer_after(BufferView buffer, std::size_t offset, std::size_t size, std::uint64_t ready_value,
+                                    Timeout timeout = forever) {
+        return send_buffer_after(nothrow, buffer, offset, size, ready_value, timeout).value();
+    }
+    Loan loan(std::size_t size, Timeout timeout = forever) { return loan(nothrow, size, timeout).value(); }
+    std::uint64_t completed() { return completed(nothrow).value(); }
+    bool is_completed(std::uint64_t sequence) { return is_completed(nothrow, sequence).value(); }
+    void wait_completed(std::uint64_t sequence, Timeout timeout = forever) {
+        wait_completed(nothrow, sequence, timeout).value();
+    }
+    int released_semaphore() { return released_semaphore(nothrow).value(); }
+#endif
+
+private:
+    explicit Producer(lf_channel* raw) noexcept : ChannelEnd(raw) {}
+};
+
+/// The receiving end of channel `name`. Either end may be created first; creation waits for
+/// the other (up to the config's rendezvous timeout). Move-only.
+class Consumer : public detail::ChannelEnd {
+public:
+    /// The end between this process (`mine`) and the producer's process (`peer`).
+    static Expected<Consumer> create(nothrow_t, const Context& context, const std::string& name,
+                                     const Location& mine, const Location& peer,
+                                     const ChannelConfig& config = ChannelConfig()) noexcept {
+        auto raw = open(context.get(), name, LF_ROLE_CONSUMER, &mine, &peer, config);
+        if (!raw) return raw.error();
+        return Consumer(*raw);
+    }
+    /// The end for a producer on this host.
+    static Expected<Consumer> create(nothrow_t, const Context& context, const std::string& name,
+                                     const ChannelConfig& config = ChannelConfig()) noexcept {
+        auto raw = open(context.get(), name, LF_ROLE_CONSUMER, nullptr, nullptr, config);
+        if (!raw) return raw.error();
+        return Consumer(*raw);
+    }
+
+    /// The next message, waiting up to `timeout` (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the
+    /// producer has gone and its messages are read.
+    Expected<Message> recv(nothrow_t, Timeout timeout = forever) noexcept {
+        lf_message raw{};
+        if (lf_status s = lf_recv(get(), timeout.count(), &raw); s != LF_OK) return detail::failure(s);
+        return Message(get(), raw);
+    }
+    /// As `recv`, but LF_ERR_WOULD_BLOCK at once when no message waits.
+    Expected<Message> try_recv(nothrow_t) noexcept {
+        lf_message raw{};
+        if (lf_status s = lf_try_recv(get(), &raw); s != LF_OK) return detail::failure(s);
+        return Message(get(), raw);
+    }
+    /// A file descriptor for poll/epoll, owned by the channel: readable while a message waits or
+    /// after the producer has gone. After each wake-up, `try_recv` until LF_ERR_WOULD_BLOCK.
+    Expected<int> fd(nothrow_t) noexcept {
+        int out = -1;
+        if (lf_status s = lf_channel_fd(get(), &out); s != LF_OK) return detail::failure(s);
+        return out;
+    }
+
+#if LAVA_FLOW_EXCEPTIONS
+    Consumer(const Context& context, const std::string& name, const Location& mine, const Location& peer,
+             const ChannelConfig& config = ChannelConfig())
+        : Consumer(create(nothrow, context, name, mine, peer, config).value()) {}
+    Consumer(const Context& context, const std::string& name, const ChannelConfig& config = ChannelConfig())
+        : Consumer(create(nothrow, context, name, config).value()) {}
+
+    Message recv(Timeout timeout = forever) { return recv(nothrow, timeout).value(); }
+    Message try_recv() { return try_recv(nothrow).value(); }
+    int fd() { return fd(nothrow).value(); }
+#endif
+
+private:
+    explicit Consumer(lf_channel* raw) noexcept : ChannelEnd(raw) {}
 };
 
 }  // namespace lf

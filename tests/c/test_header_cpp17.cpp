@@ -48,6 +48,18 @@ static int memory_wrapper() {
             return 1;
         }
     }
+    // The same failure as a value; and a copy between two buffers, each passed as a view.
+    auto refused = context.allocate(lf::nothrow, 0);
+    if (refused || refused.status() != LF_ERR_INVALID_ARGUMENT || refused.error().message().empty()) {
+        std::cerr << "size 0 without exceptions: no error with status and message\n";
+        return 1;
+    }
+    auto copy = context.allocate(lf::nothrow, 4096);
+    if (!copy || !context.copy(lf::nothrow, *copy, 8, buffer, 0, 4) || !copy->read(lf::nothrow, 8, seen, 4) ||
+        std::strcmp(seen, "lava") != 0) {
+        std::cerr << "Context::copy between buffers did not copy\n";
+        return 1;
+    }
     std::cout << "C++ memory wrapper ok (fallback: " << *gpu.fallback_reason() << ")\n";
     return 0;
 }
