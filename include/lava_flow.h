@@ -827,6 +827,10 @@ lf_status lf_loan_cancel(struct lf_channel *channel, const struct lf_loan_region
 lf_status lf_completed(struct lf_channel *channel, uint64_t *out);
 
 // Waits up to `timeout_ns` until message `sequence` has been released by the consumer.
+// That message only: a buffer send of at most 112 bytes is copied into its message and
+// complete at once, while earlier messages sent by reference may still be read. Before
+// reusing memory that several messages point into, wait for each of them, or until
+// `lf_completed` passes the last.
 //
 // # Safety
 // `channel` a pointer from lava-flow or NULL.

@@ -610,6 +610,10 @@ pub unsafe extern "C" fn lf_completed(channel: *mut lf_channel, out: *mut u64) -
 }
 
 /// Waits up to `timeout_ns` until message `sequence` has been released by the consumer.
+/// That message only: a buffer send of at most 112 bytes is copied into its message and
+/// complete at once, while earlier messages sent by reference may still be read. Before
+/// reusing memory that several messages point into, wait for each of them, or until
+/// `lf_completed` passes the last.
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL.
