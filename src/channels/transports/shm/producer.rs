@@ -66,6 +66,8 @@ pub struct ShmProducer {
     arenas: Box<SentArenas>,
     /// The consumer's rendezvous sections for the other routes, until taken.
     peer_sections: Vec<Section>,
+    /// Whether the consumer's end was logged (it is, once).
+    gone_logged: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -137,14 +139,30 @@ impl ShmProducer {
             consumer_lock,
             arenas: Box::default(),
             peer_sections: c.answers,
+            gone_logged: false,
         })
     }
 
     fn consumer_gone(&mut self, force: bool) -> Result<()> {
         if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
+            if !std::mem::replace(&mut self.gone_logged, true) {
+                log::info!(
+                    "channel {:?} (producer): the consumer (pid {}) closed its end; sends fail from now on",
+                    self.name,
+                    self.watch.pid
+                );
+            }
             return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
         }
         if self.watch.check(force) {
+            if !std::mem::replace(&mut self.gone_logged, true) {
+                log::warn!(
+                    "channel {:?} (producer): the consumer (pid {}) exited or dropped its connection without closing \
+                     the channel (killed, or crashed?); sends fail from now on",
+                    self.name,
+                    self.watch.pid
+                );
+            }
             return Err(Error::PeerGone(format!(
                 "the consumer of channel {:?} (pid {}) has exited or closed its socket",
                 self.name, self.watch.pid
