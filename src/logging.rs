@@ -23,7 +23,8 @@
 //! the process's, and `log` accepts only one. With `LF_LOG_LEVEL=off`, lava-flow installs no
 //! logger at all until a level is set.
 //!
-//! Nothing is logged on the per-message path, except at `trace` behind a
+//! Nothing is logged per message: events met on the message path (a peer's end, a new
+//! producer) are logged once each, and the one `trace` record there sits behind a
 //! [`log::log_enabled!`] check (one relaxed atomic load when trace is off).
 //!
 //! What is logged where: `info` for every transport choice, the device a context opened or

@@ -185,6 +185,7 @@ impl Consumer {
     #[inline]
     fn sync_gpu_session(&mut self) -> Result<()> {
         if let Some((session, sections)) = self.transport.take_peer_sections() {
+            let before = self.info.reason.clone();
             // The carrier's account of its route may change with the producer.
             if let Some(carrier) = self.transport.info().routes.first().cloned() {
                 self.info.set_route(carrier);
@@ -195,8 +196,10 @@ impl Consumer {
                 gpu.new_session(session, sections.into_iter().find(|s| s.route == id))?;
                 self.info.set_route(gpu.route(self.info.kind));
             }
-            // A new producer: its transport may differ from the last one's.
-            log_created(&self.name, Role::Consumer, &self.info);
+            // A new producer whose transport differs from the last one's.
+            if self.info.reason != before {
+                log_created(&self.name, Role::Consumer, &self.info);
+            }
         }
         Ok(())
     }

@@ -36,6 +36,7 @@ struct seen {
     int level_set;   /* the level in force, to check the filter */
     int fallback_level;
     int transport_level;
+    int transports; /* transport records: one per channel end */
     char transport_target[128];
     char transport_message[1024];
 };
@@ -55,6 +56,7 @@ static void on_record(void *user_data, lf_log_level level, const char *target, c
         return;
     }
     if (strstr(message, "no Vulkan device") != NULL && s->fallback_level == -1) s->fallback_level = (int)level;
+    if (strstr(message, "transport shm") != NULL) s->transports++;
     if (strstr(message, "transport shm") != NULL && s->transport_level == -1) {
         s->transport_level = (int)level;
         snprintf(s->transport_target, sizeof s->transport_target, "%s", target);
@@ -147,6 +149,7 @@ static void run_consumer(const char *name, int go) {
     EXPECT(lf_recv(ch, 30 * SECOND, &m), LF_OK);
     CHECK(m.len == 5 && memcmp(m.data, "hello", 5) == 0);
     EXPECT(lf_release(ch, &m), LF_OK);
+    CHECK(seen.transports == 1);
 
     /* NULL: stderr again. The producer's close, logged at info, is the record to find. */
     EXPECT(lf_set_log_callback(NULL, NULL), LF_OK);
