@@ -203,10 +203,6 @@ impl Producer {
 
     #[inline(never)]
     fn loan_slow(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
-        // The message path: one relaxed load when trace is off.
-        if log::log_enabled!(log::Level::Trace) {
-            log::trace!("channel {:?} (producer): {len} bytes take the slow path (the channel may be full)", self.name);
-        }
         match timeout {
             Some(Duration::ZERO) => self.transport.try_loan(len),
             _ => self.transport.loan(len, deadline_after(timeout)),
