@@ -18,6 +18,11 @@
  * - Threads: each function documents its thread-safety. A handle must not be freed while
  *   another thread is using it.
  * - Version: compare lf_version() with the LAVA_FLOW_VERSION_* macros below.
+ * - Logging: lava-flow reports its choices (each channel's transport, the GPU), every fallback
+ *   it takes and peers it loses, one line per record on stderr
+ *   (`lava-flow[PID] LEVEL TARGET: MESSAGE`), up to the level LF_LOG_LEVEL names (off, error,
+ *   warn, info, debug, trace; warn by default). lf_set_log_level and lf_set_log_callback
+ *   change the level and where records go.
  */
 
 #ifndef LAVA_FLOW_H
@@ -248,6 +253,37 @@ typedef uint32_t lf_scope;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// The level of a log record, and the levels `lf_set_log_level` accepts: each lets through
+// the records of its own level and the more severe ones. `LF_LOG_LEVEL` names them `off`,
+// `error`, `warn` (the default), `info`, `debug` and `trace`.
+enum lf_log_level
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Nothing is logged (a level to set; no record has it).
+  LF_LOG_OFF = 0,
+  // lava-flow failed at something it was not asked for directly (a cleanup, a helper thread).
+  LF_LOG_ERROR = 1,
+  // Something the user should act on: a peer process died without closing its end, a
+  // rendezvous timed out, GPU memory was asked for and CPU memory given, a setting was ignored.
+  LF_LOG_WARN = 2,
+  // What lava-flow chose and every fallback it took: each channel's transport and why, the
+  // GPU a context opened or why it has none, a peer that closed its end.
+  LF_LOG_INFO = 3,
+  // Each channel end's lifecycle (created, closed), and repeats of fallbacks.
+  LF_LOG_DEBUG = 4,
+  // Rare events on the message path (a producer that found the channel full).
+  LF_LOG_TRACE = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_log_level lf_log_level;
+#else
+typedef uint32_t lf_log_level;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // The thread support MPI provides (the values of the MPI standard's constants).
 enum lf_mpi_thread_support
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -446,6 +482,16 @@ typedef struct lf_export {
   // Must be 0.
   uint64_t reserved[2];
 } lf_export;
+
+// A function that receives lava-flow's log records (see `lf_set_log_callback`): the
+// `user_data` given with it, the record's level (never LF_LOG_OFF), its target (the part of
+// lava-flow it comes from, such as `"lava_flow::channels::producer"`) and its message, one
+// line without a trailing newline. Both strings are NUL-terminated UTF-8 and valid only during
+// the call: copy them to keep them.
+typedef void (*lf_log_callback)(void *user_data,
+                                lf_log_level level,
+                                const char *target,
+                                const char *message);
 
 #ifdef __cplusplus
 extern "C" {
@@ -1062,6 +1108,33 @@ const char *lf_scope_str(uint32_t scope);
 // # Safety
 // `location` must not be in use by another thread.
 void lf_location_free(struct lf_location *location);
+
+// Sends lava-flow's log records to `callback` instead of stderr; NULL sends them to stderr
+// again. Records are filtered by level first (`LF_LOG_LEVEL`, `lf_set_log_level`; `warn` by
+// default).
+//
+// The callback may be called from any thread, lava-flow's own included, and from several at
+// once: it must be thread-safe. It must return (not `longjmp` out, nor let a C++ exception
+// escape: lava-flow cannot catch either) and should return quickly: the thread that logs
+// waits for it, and nothing else. It must not call lava-flow functions (this one fails with
+// LF_ERR_INVALID_STATE there); should it make lava-flow log on its own thread, that record
+// goes to stderr. `user_data` is passed to it untouched.
+//
+// When this function returns, no call of the previous callback is in progress (it waits for
+// those to return), so what the previous `user_data` points to may be freed. Thread-safe.
+//
+// A Rust program that installed its own `log` logger before using lava-flow keeps it:
+// lava-flow's records go to that logger, and the callback is not called.
+//
+// # Safety
+// `callback` must be NULL or a function of this signature that stays callable until it is
+// replaced; `user_data` must be valid for it for as long.
+lf_status lf_set_log_callback(lf_log_callback callback, void *user_data);
+
+// Sets which records lava-flow logs: an `lf_log_level`, LF_LOG_OFF to LF_LOG_TRACE (taken as
+// an integer and checked: another value is LF_ERR_INVALID_ARGUMENT). Overrides `LF_LOG_LEVEL`;
+// the last setting wins. Applies to stderr and to the callback alike. Thread-safe.
+lf_status lf_set_log_level(uint32_t level);
 
 // Joins the application's MPI and finds every process of the communicator. Collective: every
 // process of the communicator calls it.

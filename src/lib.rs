@@ -8,6 +8,8 @@
 //!   peers.
 //! - Layer 2, `channels`: ordered producer/consumer channels whose transport follows the
 //!   peers' scope.
+//! - [`logging`]: what lava-flow chose, every fallback it took and peers it lost, through the
+//!   `log` crate (`LF_LOG_LEVEL`; the C API's `lf_set_log_callback`).
 //! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API. It is the
 //!   only module cbindgen reads (the others carry `cbindgen:ignore`).
 
@@ -21,6 +23,8 @@ pub mod config;
 /// cbindgen:ignore
 pub mod error;
 pub mod ffi;
+/// cbindgen:ignore
+pub mod logging;
 /// cbindgen:ignore
 pub mod memory;
 /// cbindgen:ignore

@@ -223,7 +223,16 @@ pub fn detect_host_id() -> Result<Option<String>> {
 /// [`detect_host_id`] with the value of `LF_HOST_ID` given.
 fn host_id_from(override_value: Option<std::ffi::OsString>) -> Result<Option<String>> {
     let Some(value) = override_value.filter(|v| !v.is_empty()) else {
-        return Ok(kernel_host_id());
+        let id = kernel_host_id();
+        if id.is_none() {
+            crate::logging::log_first!(
+                log::Level::Info,
+                "this host's identity cannot be read from /proc (the boot id and /proc/self/ns): processes are taken \
+                 to share a host when their hostnames are equal; set {HOST_ID_ENV} to the same value in processes \
+                 that can share memory"
+            );
+        }
+        return Ok(id);
     };
     let value = value.into_string().map_err(|_| {
         Error::invalid(format!("{HOST_ID_ENV} is not valid UTF-8; set it to a short ASCII name, or unset it"))

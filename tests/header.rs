@@ -70,6 +70,9 @@ fn every_exported_name_is_prefixed() {
             rest.split_whitespace().next()
         } else if let Some(rest) = line.strip_prefix("enum ") {
             rest.split_whitespace().next()
+        } else if let Some(rest) = line.strip_prefix("typedef ").and_then(|r| r.split_once("(*")) {
+            // A function pointer type: `typedef void (*name)(...`.
+            rest.1.split(')').next()
         } else if !line.starts_with(' ') && !line.starts_with('/') && !line.starts_with('#') && line.contains('(') {
             // A function declaration: the identifier before the first parenthesis.
             line.split('(').next().and_then(|s| s.rsplit([' ', '*']).next())

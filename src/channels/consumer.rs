@@ -13,7 +13,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::transport::{ConsumerTransport, Packed, RawView, RouteReceiver, RoutedPayload, TransportInfo};
 use super::transports::{self, AnyConsumer, AnyRouteReceiver, MessageReleaser};
-use super::{plan_routes, validate_channel_name, ChannelConfig};
+use super::{log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role};
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, Context as MemoryContext};
 use crate::os::eventfd::{eventfd, eventfd_signal, poll};
@@ -50,10 +50,16 @@ impl Consumer {
         peer_location: &ProcessLocation,
         config: &ChannelConfig,
     ) -> Result<Consumer> {
+        crate::logging::init();
         validate_channel_name(name)?;
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
-        let parts = transports::listen_consumer(name, &plan, config, context)?;
+        log_creating(name, Role::Consumer, plan.carrier, config.rendezvous_timeout);
+        let parts = transports::listen_consumer(name, &plan, config, context).map_err(|e| {
+            log_failed(name, Role::Consumer, plan.carrier, &e);
+            e
+        })?;
+        log_created(name, Role::Consumer, &parts.info);
         Ok(Consumer {
             transport: parts.carrier,
             gpu_route: parts.gpu.as_ref().map_or(u32::MAX, |g| g.route_id()),
@@ -179,6 +185,7 @@ impl Consumer {
     #[inline]
     fn sync_gpu_session(&mut self) -> Result<()> {
         if let Some((session, sections)) = self.transport.take_peer_sections() {
+            let before = self.info.reason.clone();
             // The carrier's account of its route may change with the producer.
             if let Some(carrier) = self.transport.info().routes.first().cloned() {
                 self.info.set_route(carrier);
@@ -188,6 +195,10 @@ impl Consumer {
                 let id = gpu.route_id();
                 gpu.new_session(session, sections.into_iter().find(|s| s.route == id))?;
                 self.info.set_route(gpu.route(self.info.kind));
+            }
+            // A new producer whose transport differs from the last one's.
+            if self.info.reason != before {
+                log_created(&self.name, Role::Consumer, &self.info);
             }
         }
         Ok(())
@@ -333,6 +344,7 @@ impl Drop for Consumer {
         }
         // Messages still held may point into the GPU route's memory.
         self.end_gpu_session();
+        log_closed(&self.name, Role::Consumer);
     }
 }
 

@@ -221,6 +221,60 @@ impl Channel {
     }
 }
 
+/// Says that `role`'s end of channel `name` is about to meet its peer through `carrier`.
+pub(crate) fn log_creating(name: &str, role: Role, carrier: TransportKind, timeout: Option<Duration>) {
+    let peer = match role {
+        Role::Producer => "consumer",
+        Role::Consumer => "producer",
+    };
+    let wait = match timeout {
+        Some(t) => format!("up to {t:?}"),
+        None => "as long as it takes".to_owned(),
+    };
+    log::debug!("channel {name:?} ({}): creating over {carrier}, waiting {wait} for the {peer}", role_name(role));
+}
+
+/// Says which transports a new end of channel `name` uses, and why.
+pub(crate) fn log_created(name: &str, role: Role, info: &TransportInfo) {
+    log::info!("channel {name:?} ({}): transport {}: {}", role_name(role), info.names(), info.reason);
+}
+
+/// Warns of a rendezvous of channel `name` that timed out (the error is returned as it is).
+pub(crate) fn log_failed(name: &str, role: Role, carrier: TransportKind, error: &Error) {
+    let Error::Timeout(why) = error else {
+        log::debug!("channel {name:?} ({}): not created: {error}", role_name(role));
+        return;
+    };
+    let peer = match role {
+        Role::Producer => "consumer",
+        Role::Consumer => "producer",
+    };
+    let hint = match carrier {
+        TransportKind::Shm => {
+            let dir = rendezvous::runtime_dir().map_or_else(|e| format!("unusable: {e}"), |d| d.display().to_string());
+            format!(
+                ". Start the {peer} with the same channel name, as the same user and with the same runtime dir ({dir}; \
+                 {} sets it), or raise rendezvous_timeout",
+                rendezvous::RUNTIME_DIR_ENV
+            )
+        }
+        _ => String::new(),
+    };
+    log::warn!("channel {name:?} ({}): the rendezvous timed out: {why}{hint}", role_name(role));
+}
+
+/// Says that an end of channel `name` closes.
+pub(crate) fn log_closed(name: &str, role: Role) {
+    log::debug!("channel {name:?} ({}): closed", role_name(role));
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Producer => "producer",
+        Role::Consumer => "consumer",
+    }
+}
+
 /// Checks a channel name: 1 to 64 bytes of ASCII letters, digits, `-`, `_`, `.`, not
 /// starting with `.` (it becomes a file name).
 /// The instant a wait of `timeout` (`None`: forever) ends, read from the clock now. Called

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
 use super::transports::{self, AnyProducer, AnyRouteSender};
-use super::{deadline_after, plan_routes, validate_channel_name, ChannelConfig, AUTO_ZERO_COPY_MIN};
+use super::{
+    deadline_after, log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role,
+    AUTO_ZERO_COPY_MIN,
+};
 use crate::error::{Error, Result};
 use crate::memory::registry::{Registry, SharedMemory};
 use crate::memory::{Buffer, Context};
@@ -53,10 +56,16 @@ impl Producer {
         peer_location: &ProcessLocation,
         config: &ChannelConfig,
     ) -> Result<Producer> {
+        crate::logging::init();
         validate_channel_name(name)?;
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
-        let parts = transports::connect_producer(name, &plan, config, context)?;
+        log_creating(name, Role::Producer, plan.carrier, config.rendezvous_timeout);
+        let parts = transports::connect_producer(name, &plan, config, context).map_err(|e| {
+            log_failed(name, Role::Producer, plan.carrier, &e);
+            e
+        })?;
+        log_created(name, Role::Producer, &parts.info);
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
         Ok(Producer {
             transport: parts.carrier,
@@ -429,6 +438,12 @@ impl Loan<'_> {
     pub fn publish_len(mut self, len: usize) -> Result<u64> {
         let raw = self.raw.take().expect("loan is live until consumed");
         self.producer.publish_raw(raw, len)
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        log_closed(&self.name, Role::Producer);
     }
 }
 

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::wait::LIVENESS_PERIOD;
+use super::wait::{LIVENESS_PERIOD, SLEEP_SLICE};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{pidfd_open, poll};
 use crate::os::watcher::{Interest, SharedFd, Watch};
@@ -48,7 +48,19 @@ pub fn runtime_dir() -> Result<PathBuf> {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => match std::env::var_os("XDG_RUNTIME_DIR") {
             Some(x) if !x.is_empty() && Path::new(&x).is_dir() => Path::new(&x).join("lava-flow"),
-            _ => PathBuf::from(format!("/tmp/lava-flow-{uid}")),
+            xdg => {
+                let dir = PathBuf::from(format!("/tmp/lava-flow-{uid}"));
+                if let Some(x) = xdg.filter(|x| !x.is_empty()) {
+                    crate::logging::log_first!(
+                        log::Level::Info,
+                        "XDG_RUNTIME_DIR={} is not a directory: channel sockets go to {}; set {RUNTIME_DIR_ENV} to \
+                         choose the directory",
+                        Path::new(&x).display(),
+                        dir.display()
+                    );
+                }
+                dir
+            }
         },
     };
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -269,6 +281,13 @@ pub fn clean_after_peer(name: &str, end: End, peer: &PeerWatch, peer_lock: Optio
                     let _ = std::fs::remove_file(&socket);
                 }
                 drop(lock);
+                log::info!(
+                    "channel {name:?}: removed what its {} (pid {}) left in the runtime dir ({}{})",
+                    end.as_str(),
+                    peer.pid,
+                    path.display(),
+                    if end == End::Consumer { format!(", {}", socket.display()) } else { String::new() }
+                );
                 return;
             }
             Ok(Err(_)) if ours && !exited && Instant::now() < deadline => peer.wait_for_exit(Duration::from_millis(2)),
@@ -314,7 +333,10 @@ impl Listener {
         };
         // Holding the consumer's lock: a socket file in the way was left by one that died.
         match std::fs::remove_file(&path) {
-            Ok(()) => {}
+            Ok(()) => log::info!(
+                "channel {name:?}: removed the socket {} that a consumer which had died left behind",
+                path.display()
+            ),
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(Error::os(format!("removing the stale socket {}", path.display()), e)),
         }
@@ -477,6 +499,14 @@ impl PeerWatch {
         })
         .map(|watch| Alarm { _watch: watch, rang })
         .map_err(|e| format!("the process's watcher could not start ({e})"));
+        if let Err(why) = &self.alarm {
+            log::warn!(
+                "{why}: the end of the peer process {} is noticed by polling instead of at once (blocked waits \
+                 wake every {} ms to check it); check the limits on open files and threads",
+                self.pid,
+                SLEEP_SLICE.as_millis()
+            );
+        }
         self.prompt()
     }
 

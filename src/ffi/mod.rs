@@ -20,6 +20,7 @@ pub mod export;
 mod exclusive;
 mod handle;
 pub mod location;
+pub mod logging;
 pub mod mpi;
 pub mod status;
 

@@ -78,10 +78,12 @@ impl Context {
                 let mut buffer = self.allocate_from(Strategy::TransparentHuge, size)?;
                 let why = why.to_string();
                 let why = why.strip_suffix(super::cpu::hugepage::BEST_EFFORT_HINT).unwrap_or(&why);
-                buffer.set_fallback(format!(
+                let reason = format!(
                     "{location} was asked for with the best-effort hugepage policy, but {why}; the buffer is \
                      CPU standard memory (transparent huge pages advised, base pages promised)"
-                ));
+                );
+                crate::logging::log_first!(log::Level::Info, "{size} bytes: {reason}");
+                buffer.set_fallback(reason);
                 Ok(buffer)
             }
             result => result,
@@ -91,6 +93,7 @@ impl Context {
     /// Allocates `size` bytes where [`auto_location`] says suits traffic from `mine` to `peer`.
     pub fn allocate_auto(&self, size: usize, mine: &ProcessLocation, peer: &ProcessLocation) -> Result<Buffer> {
         let (location, policy) = auto_location(mine, peer, self.numa_nodes());
+        log::debug!("{size} bytes for traffic to a peer on {:?}: {location} ({policy:?} hugepage policy)", peer.hostname);
         self.allocate_with(size, location, policy)
     }
 

@@ -112,6 +112,7 @@ impl Context {
     /// listing the devices); under [`GpuPolicy::Required`], any reason Vulkan cannot be
     /// opened (Unsupported or Vulkan, with the loader's or driver's word).
     pub fn new(config: ContextConfig) -> Result<Context> {
+        crate::logging::init();
         let size = config.arena_size;
         if !size.is_power_of_two() || !(ContextConfig::MIN_ARENA_SIZE..=ContextConfig::MAX_ARENA_SIZE).contains(&size) {
             return Err(Error::invalid(format!(
@@ -128,7 +129,16 @@ impl Context {
             )));
         }
         let gpu = ContextGpu::open(&config)?;
+        gpu.log_state(&config);
         let (memory_limit, ram) = host_memory();
+        log::debug!(
+            "context created: hugepage policy {:?}, arenas of {} bytes, GPU policy {:?}, GPU arenas of {} bytes, strict_gpu {}",
+            config.hugepage_policy,
+            config.arena_size,
+            config.gpu,
+            config.gpu_arena_size,
+            config.strict_gpu
+        );
         Ok(Context {
             inner: Arc::new(ContextInner {
                 config,

@@ -22,8 +22,9 @@ use std::ptr::NonNull;
 use super::buffer::{Backing, BufferOrigin, BufferParts};
 #[cfg(feature = "vulkan")]
 use super::gpu::{
-    copy_buffer_waiting, cuda_host_register, import_host_memory, CudaHostRegistration, DeviceInfo, GpuAllocator,
-    GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport, TimelineSemaphore, VulkanDevice,
+    copy_buffer_waiting, cuda_host_register, import_host_memory, shader_copy_unavailable, CopyMethod, CudaHostRegistration,
+    DeviceInfo, DeviceType, GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind,
+    HostMemoryImport, TimelineSemaphore, VulkanDevice, GPU_COPY_ENV, SHADER_COPY_MIN,
 };
 
 const DISABLED: &str = "the context's GPU policy disables the GPU";
@@ -94,6 +95,19 @@ impl ContextGpu {
         self.unavailable.as_deref().unwrap_or("no Vulkan device")
     }
 
+    /// Says why a new context has no GPU (the device it opened is reported as it opens).
+    pub(crate) fn log_state(&self, config: &ContextConfig) {
+        match (&self.unavailable, self.policy) {
+            (None, _) => {}
+            (Some(_), GpuPolicy::Disabled) => log::debug!("the context's GPU policy disables the GPU: no GPU API is touched"),
+            (Some(why), _) => log::info!(
+                "this context has no GPU: {why}; GPU memory asked of it {}. Set the context's GPU policy to disabled \
+                 where no GPU is wanted, or to required to make this an error",
+                if config.strict_gpu { "is refused (strict_gpu)" } else { "is CPU memory, each buffer saying why" }
+            ),
+        }
+    }
+
     #[cfg(feature = "vulkan")]
     fn device(&self) -> Option<&VulkanDevice> {
         self.open.as_ref().map(|open| open.allocator.device())
@@ -145,7 +159,42 @@ impl ContextGpu {
             let _ = mapping;
             pins.failures.push(format!("Vulkan and CUDA: {}", self.reason()));
         }
+        if !pins.failures.is_empty() {
+            crate::logging::log_first!(
+                log::Level::Info,
+                "GPU-pinned memory ({} bytes) is locked in RAM but not registered with every GPU API: {}; GPU \
+                 transfers from it{} go through staging copies",
+                mapping.len(),
+                pins.failures.join("; "),
+                if pins.registrations.is_empty() { "" } else { " by the other APIs" }
+            );
+        }
         pins
+    }
+}
+
+/// Says, once per process, that the device's copies between GPU buffers fell back from the copy
+/// shader to the copy engine. Called after a large copy between DEVICE_LOCAL buffers, whose
+/// automatic method tried the shader already, so that asking costs nothing more.
+#[cfg(feature = "vulkan")]
+fn note_shader_fallback(device: &VulkanDevice) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static CHECKED: AtomicBool = AtomicBool::new(false);
+    if CHECKED.load(Ordering::Relaxed) || !log::log_enabled!(log::Level::Info) {
+        return;
+    }
+    let info = device.info();
+    if info.device_type == DeviceType::Cpu || device.shared.copy_method != CopyMethod::Auto || CHECKED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if let Some(why) = shader_copy_unavailable(device) {
+        log::info!(
+            "Vulkan device {} ({}) cannot run lava-flow's copy shader ({why}): copies between GPU buffers use its copy \
+             engine, which moves large copies more slowly on GPUs. Update the GPU driver, or set {GPU_COPY_ENV}=engine \
+             to choose the copy engine explicitly",
+            info.index,
+            info.name
+        );
     }
 }
 
@@ -277,9 +326,14 @@ impl Context {
             )));
         }
         let mut buffer = self.allocate_with(size, MemoryLocation::CpuStandard, policy)?;
-        buffer.set_fallback(format!(
+        let fallback = format!(
             "{location} was asked for, but this context has no Vulkan device ({reason}); the buffer is CPU standard memory"
-        ));
+        );
+        crate::logging::log_first!(
+            log::Level::Warn,
+            "{size} bytes: {fallback}. Set strict_gpu to make this an error instead"
+        );
+        buffer.set_fallback(fallback);
         Ok(buffer)
     }
 
@@ -336,7 +390,13 @@ impl Context {
                 let (from, to) = (s_base + src_offset as u64, d_base + dst_offset as u64);
                 // The GPU, not the host, waits for the data of views.
                 let waits: Vec<(&TimelineSemaphore, u64)> = src.gpu_wait().into_iter().chain(dst.gpu_wait()).collect();
-                return copy_buffer_waiting(s, from, d, to, len as u64, &waits);
+                let copied = copy_buffer_waiting(s, from, d, to, len as u64, &waits);
+                if copied.is_ok() && len as u64 >= SHADER_COPY_MIN && src.location() == MemoryLocation::GpuDeviceLocal
+                    && dst.location() == MemoryLocation::GpuDeviceLocal
+                {
+                    note_shader_fallback(s.device());
+                }
+                return copied;
             }
         }
         // Through the host: views' data must be ready first.

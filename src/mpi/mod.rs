@@ -202,6 +202,7 @@ impl MpiWorld {
     /// collective.
     #[cfg(feature = "mpi")]
     pub fn join(communicator: Communicator, process_name: Option<&str>) -> Result<MpiWorld> {
+        crate::logging::init();
         let fortran = match communicator {
             Communicator::World => None,
             Communicator::Fortran(handle) => Some(handle),
@@ -222,7 +223,25 @@ impl MpiWorld {
         let topology_report = topology_report(&peers);
         if joined.rank == 0 && !topology_report.is_empty() {
             // Said once per job, by rank 0; every process can read it with `topology_report`.
-            eprintln!("lava-flow: {topology_report}");
+            for note in topology_report.lines() {
+                log::warn!("{note}");
+            }
+        }
+        log::info!(
+            "joined MPI as rank {} of {} ({}), thread level {}; MPI was initialised by {}",
+            joined.rank,
+            joined.size,
+            peers.get(joined.rank as usize).map_or_else(|| "?".to_owned(), |p| p.name.to_string()),
+            joined.thread_level,
+            if joined.initialised_by_lava_flow { "lava-flow, and is finalized when its last handle is freed" } else { "the application" }
+        );
+        if joined.thread_level < ThreadLevel::Serialized {
+            log::info!(
+                "MPI runs at thread level {} here: lava-flow starts no progress thread and MPI channels have no \
+                 descriptor (lf_channel_fd), so large transfers move only while this process calls lava-flow; \
+                 initialise MPI with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE to lift this",
+                joined.thread_level
+            );
         }
         let world = MpiWorld {
             rank: joined.rank,

@@ -417,8 +417,12 @@ impl Progress {
             }
         });
         // Without the thread, progress still happens inside the channels' calls.
-        if let Ok(thread) = spawned {
-            *progress = Some(Progress { stop, thread });
+        match spawned {
+            Ok(thread) => *progress = Some(Progress { stop, thread }),
+            Err(e) => log::warn!(
+                "lava-flow's MPI progress thread could not start ({e}): large transfers over MPI move only while \
+                 this process calls lava-flow; check the limit on threads"
+            ),
         }
         PROGRESS_STARTED.store(true, Ordering::Relaxed);
     }

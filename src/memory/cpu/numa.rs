@@ -27,7 +27,15 @@ impl NumaTopology {
             .or_else(|_| std::fs::read_to_string(format!("{NODE_DIR}/online")));
         match list.ok().and_then(|text| parse_node_list(text.trim())) {
             Some(nodes) if !nodes.is_empty() => NumaTopology { nodes, kernel_numa: true },
-            _ => NumaTopology { nodes: vec![0], kernel_numa: false },
+            _ => {
+                crate::logging::log_first!(
+                    log::Level::Info,
+                    "the kernel reports no NUMA topology ({NODE_DIR}/has_memory and online are missing or unreadable): \
+                     all memory counts as node 0 and NUMA-bound memory is not bound. Mount sysfs in containers to \
+                     bind memory to NUMA nodes"
+                );
+                NumaTopology { nodes: vec![0], kernel_numa: false }
+            }
         }
     }
 
@@ -41,7 +49,22 @@ impl NumaTopology {
     pub fn resolve(&self, node: Option<u32>) -> Result<u32> {
         let node = match node {
             Some(node) => node,
-            None => crate::types::current_numa_node().filter(|n| self.nodes.contains(n)).unwrap_or(self.nodes[0]),
+            None => match crate::types::current_numa_node() {
+                Some(n) if self.nodes.contains(&n) => n,
+                current => {
+                    let first = self.nodes[0];
+                    crate::logging::log_first!(
+                        log::Level::Info,
+                        "NUMA memory for the calling thread's node was asked for, but {}: it is bound to node {first}; \
+                         name the node explicitly to choose another",
+                        match current {
+                            Some(n) => format!("that node ({n}) has no memory"),
+                            None => "the thread's node is unknown".to_owned(),
+                        }
+                    );
+                    first
+                }
+            },
         };
         if self.nodes.contains(&node) {
             Ok(node)
@@ -104,6 +127,11 @@ pub(crate) fn bind(mapping: &Mapping, node: u32, topology: &NumaTopology) -> Res
     if rc != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ENOSYS) && node == 0 {
+            crate::logging::log_first!(
+                log::Level::Info,
+                "mbind is not available here (ENOSYS: a kernel without NUMA support, or a seccomp filter): memory for \
+                 NUMA node 0 is left unbound"
+            );
             return Ok(());
         }
         return Err(Error::os(format!("mbind({} bytes to NUMA node {node})", mapping.len()), err));

@@ -67,7 +67,18 @@ unsafe impl Sync for CudaDriver {}
 
 fn driver() -> Result<&'static CudaDriver> {
     static DRIVER: OnceLock<std::result::Result<CudaDriver, String>> = OnceLock::new();
-    DRIVER.get_or_init(load).as_ref().map_err(|e| Error::Unsupported(e.clone()))
+    DRIVER
+        .get_or_init(|| {
+            let loaded = load();
+            match &loaded {
+                Ok(driver) => log::debug!("CUDA driver loaded (version {})", driver.version),
+                Err(why) if std::env::var(DISABLE_CUDA_ENV).is_ok_and(|v| v == "1") => log::debug!("{why}"),
+                Err(why) => log::info!("CUDA cannot register GPU-pinned memory: {why}"),
+            }
+            loaded
+        })
+        .as_ref()
+        .map_err(|e| Error::Unsupported(e.clone()))
 }
 
 /// The environment variable that, set to 1, keeps lava-flow from loading libcuda.

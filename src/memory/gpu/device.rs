@@ -356,6 +356,34 @@ fn create_instance() -> Result<(ash::Entry, ash::Instance, u32)> {
     Ok((entry, instance, api))
 }
 
+/// Says which device was opened and why, and what it lacks that lava-flow would use.
+fn log_opened(info: &DeviceInfo, chosen_by: &str) {
+    let why = if !chosen_by.is_empty() {
+        format!("chosen by {chosen_by}")
+    } else if info.device_type == DeviceType::DiscreteGpu {
+        format!("the first discrete GPU; set {DEVICE_ENV} to choose another")
+    } else {
+        format!("the first device, as there is no discrete GPU; set {DEVICE_ENV} to choose another")
+    };
+    log::info!(
+        "opened Vulkan device {} ({}, {}, driver {} {}, Vulkan {}): {why}",
+        info.index,
+        info.name,
+        info.device_type.as_str(),
+        info.driver_name,
+        info.driver_info,
+        format_api_version(info.api_version)
+    );
+    if info.min_imported_host_pointer_alignment.is_none() {
+        log::info!(
+            "Vulkan device {} ({}) does not offer VK_EXT_external_memory_host: GPU-pinned memory is not imported into \
+             it, so copies between it and GPU memory are staged through the host; update the driver to copy by DMA",
+            info.index,
+            info.name
+        );
+    }
+}
+
 /// Held while a device is created or destroyed, so that drivers see one at a time.
 static LIFECYCLE: Mutex<()> = Mutex::new(());
 
@@ -413,6 +441,12 @@ impl VulkanDevice {
     /// or UUID that matches no device, listing the devices there are; `InvalidArgument` for a
     /// malformed [`DEVICE_ENV`] or `LF_GPU_COPY` (see [`super::GPU_COPY_ENV`]).
     pub fn open(config: &GpuConfig) -> Result<Self> {
+        crate::logging::init();
+        let chosen_by = match (&config.device, config.use_env) {
+            (Some(_), _) => "the configuration's device selection".to_owned(),
+            (None, true) => std::env::var(DEVICE_ENV).ok().filter(|v| !v.trim().is_empty()).map_or_else(String::new, |v| format!("{DEVICE_ENV}={v}")),
+            (None, false) => String::new(),
+        };
         let selector = match (&config.device, config.use_env) {
             (Some(s), _) => Some(s.clone()),
             (None, true) => match std::env::var(DEVICE_ENV) {
@@ -429,8 +463,12 @@ impl VulkanDevice {
         let copy_method = copy_method_from_env()?;
 
         let (entry, instance, api) = process_instance()?;
-        let _lifecycle = LIFECYCLE.lock();
-        Self::open_on(entry, instance, api, selector, copy_method)
+        let device = {
+            let _lifecycle = LIFECYCLE.lock();
+            Self::open_on(entry, instance, api, selector, copy_method)?
+        };
+        log_opened(device.info(), &chosen_by);
+        Ok(device)
     }
 
     fn open_on(

@@ -134,7 +134,19 @@ impl Crew {
 
 fn crew() -> &'static Arc<Crew> {
     static CREW: OnceLock<Arc<Crew>> = OnceLock::new();
-    CREW.get_or_init(|| Crew::new(copy_threads()))
+    CREW.get_or_init(|| {
+        let threads = copy_threads();
+        if let Ok(value) = std::env::var(COPY_THREADS_ENV) {
+            if !value.trim().parse::<usize>().is_ok_and(|n| n >= 1) {
+                log::warn!(
+                    "{COPY_THREADS_ENV}={value:?} is not a number of threads (1 or more); copying on {threads} threads, \
+                     the default. Set it to a whole number, or unset it"
+                );
+            }
+        }
+        log::debug!("host transfers of GPU memory copy on {threads} thread(s), the caller included");
+        Crew::new(threads)
+    })
 }
 
 /// How many threads copy large pieces, the caller included.

@@ -486,6 +486,12 @@ impl MpiConsumer {
                 }
                 Kind::Close => {
                     self.recycle_landing(buffer);
+                    log::info!(
+                        "channel {:?} (consumer): the producer (MPI rank {}) closed its end; the channel reports that \
+                         it has gone once its messages are read",
+                        self.name,
+                        self.ep.peer
+                    );
                     self.gone = Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
                 }
                 Kind::ReportRequest => {

@@ -213,7 +213,14 @@ impl MpiProducer {
                     }
                     self.completed = self.completed.max(header.seq);
                 }
-                Kind::Closed => self.gone = Some(format!("the consumer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer)),
+                Kind::Closed => {
+                    log::info!(
+                        "channel {:?} (producer): the consumer (MPI rank {}) closed its end; sends fail from now on",
+                        self.name,
+                        self.ep.peer
+                    );
+                    self.gone = Some(format!("the consumer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                }
                 Kind::Ack | Kind::Refuse => {}
                 other => return Err(Error::Corrupt(format!("the consumer of channel {:?} sent {}", self.name, other.describe()))),
             }

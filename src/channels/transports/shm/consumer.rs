@@ -122,6 +122,12 @@ impl ShmConsumer {
         }
         if link.session.region.producer_closed().load(Ordering::Acquire) != 0 {
             link.gone = Some(format!("the producer of channel {:?} closed it", self.name));
+            log::info!(
+                "channel {:?} (consumer): the producer (pid {}) closed its end; its messages are delivered, then \
+                 the channel reports that it has gone, and a new producer may attach",
+                self.name,
+                link.watch.pid
+            );
             return true;
         }
         if link.watch.check(force) {
@@ -129,6 +135,13 @@ impl ShmConsumer {
                 "the producer of channel {:?} (pid {}) has exited or closed its socket",
                 self.name, link.watch.pid
             ));
+            log::warn!(
+                "channel {:?} (consumer): the producer (pid {}) exited or dropped its connection without closing \
+                 the channel (killed, or crashed?); the messages it published are still delivered, then the channel \
+                 reports that it has gone, and a new producer may attach",
+                self.name,
+                link.watch.pid
+            );
             return true;
         }
         false
@@ -391,6 +404,12 @@ impl ShmConsumer {
             Err(_) => return Ok(false),
         };
         self.sessions = id;
+        log::info!(
+            "channel {:?} (consumer): a new producer (pid {}) attached after the last one had gone; its messages \
+             start again at sequence number 0",
+            self.name,
+            link.watch.pid
+        );
         note_peer_watch(&mut self.info, &self.base_reason, &link.watch);
         let old = std::mem::replace(&mut self.link, link);
         if let Some(epoll) = &self.epoll {

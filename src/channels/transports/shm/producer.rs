@@ -66,6 +66,8 @@ pub struct ShmProducer {
     arenas: Box<SentArenas>,
     /// The consumer's rendezvous sections for the other routes, until taken.
     peer_sections: Vec<Section>,
+    /// Whether the consumer's end was logged (it is, once).
+    gone_logged: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -137,20 +139,41 @@ impl ShmProducer {
             consumer_lock,
             arenas: Box::default(),
             peer_sections: c.answers,
+            gone_logged: false,
         })
     }
 
     fn consumer_gone(&mut self, force: bool) -> Result<()> {
         if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
-            return Err(Error::PeerGone(format!("the consumer of channel {:?} closed it", self.name)));
+            return Err(self.consumer_end(true));
         }
         if self.watch.check(force) {
-            return Err(Error::PeerGone(format!(
-                "the consumer of channel {:?} (pid {}) has exited or closed its socket",
-                self.name, self.watch.pid
-            )));
+            return Err(self.consumer_end(false));
         }
         Ok(())
+    }
+
+    /// The error for a consumer that `closed` its end, or died without; the first time, also
+    /// a log record. Out of line, so that the liveness checks of the send path stay small.
+    #[cold]
+    #[inline(never)]
+    fn consumer_end(&mut self, closed: bool) -> Error {
+        let (name, pid) = (&self.name, self.watch.pid);
+        let first = !std::mem::replace(&mut self.gone_logged, true);
+        if closed {
+            if first {
+                log::info!("channel {name:?} (producer): the consumer (pid {pid}) closed its end; sends fail from now on");
+            }
+            Error::PeerGone(format!("the consumer of channel {name:?} closed it"))
+        } else {
+            if first {
+                log::warn!(
+                    "channel {name:?} (producer): the consumer (pid {pid}) exited or dropped its connection without \
+                     closing the channel (killed, or crashed?); sends fail from now on"
+                );
+            }
+            Error::PeerGone(format!("the consumer of channel {name:?} (pid {pid}) has exited or closed its socket"))
+        }
     }
 
     /// Reads the consumer's tail, checks it, and frees the pool space of released messages.
@@ -484,6 +507,14 @@ impl ProducerTransport for ShmProducer {
 
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
         self.check_len(len)?;
+        // Waiting anyway: one relaxed load when trace is off.
+        if log::log_enabled!(log::Level::Trace) {
+            log::trace!(
+                "channel {:?} (producer): no room for {len} bytes ({} messages in flight); waiting for the consumer",
+                self.name,
+                self.head - self.tail
+            );
+        }
         let mut waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
         let mut slept = false;

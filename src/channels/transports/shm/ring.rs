@@ -309,11 +309,33 @@ impl Region {
             return Err(Error::last_os("sealing the channel's control memfd"));
         }
         // After our mapping, which keeps writing; every later writable use is refused.
-        if !add_seals(&data, RESIZE_SEALS | libc::F_SEAL_FUTURE_WRITE) && !add_seals(&data, RESIZE_SEALS) {
-            return Err(Error::last_os("sealing the channel's data memfd"));
+        if !add_seals(&data, RESIZE_SEALS | libc::F_SEAL_FUTURE_WRITE) {
+            if !add_seals(&data, RESIZE_SEALS) {
+                return Err(Error::last_os("sealing the channel's data memfd"));
+            }
+            crate::logging::log_first!(
+                log::Level::Info,
+                "this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1): a channel's consumer maps the data part of its \
+                 shared memory read-only, but could remap it writable"
+            );
         }
         let region = Region { map, geometry };
-        let prefaulted = prefault && prefault_fits(data_len) && region.map.populate(control_len, data_len, true);
+        let prefaulted = prefault && {
+            let fits = prefault_fits(data_len);
+            let populated = fits && region.map.populate(control_len, data_len, true);
+            if !populated {
+                log::info!(
+                    "channel {name:?}: its {data_len} bytes of slots and pool are not prefaulted ({}): first touches \
+                     fault pages in on the message path",
+                    if fits {
+                        "MADV_POPULATE_WRITE failed: it needs Linux 5.14".to_owned()
+                    } else {
+                        "more than a quarter of the available memory; choose a smaller pool_size".to_owned()
+                    }
+                );
+            }
+            populated
+        };
         region.u32_at(OFF_PREFAULTED).store(u32::from(prefaulted), Ordering::Relaxed);
         region.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
         region.u32_at(OFF_SLOT_COUNT).store(geometry.slot_count, Ordering::Relaxed);
