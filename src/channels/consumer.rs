@@ -55,10 +55,8 @@ impl Consumer {
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
         log_creating(name, Role::Consumer, plan.carrier, config.rendezvous_timeout);
-        let parts = transports::listen_consumer(name, &plan, config, context).map_err(|e| {
-            log_failed(name, Role::Consumer, plan.carrier, &e);
-            e
-        })?;
+        let parts = transports::listen_consumer(name, &plan, config, context)
+            .inspect_err(|e| log_failed(name, Role::Consumer, plan.carrier, e))?;
         log_created(name, Role::Consumer, &parts.info);
         Ok(Consumer {
             transport: parts.carrier,

@@ -61,10 +61,8 @@ impl Producer {
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
         log_creating(name, Role::Producer, plan.carrier, config.rendezvous_timeout);
-        let parts = transports::connect_producer(name, &plan, config, context).map_err(|e| {
-            log_failed(name, Role::Producer, plan.carrier, &e);
-            e
-        })?;
+        let parts = transports::connect_producer(name, &plan, config, context)
+            .inspect_err(|e| log_failed(name, Role::Producer, plan.carrier, e))?;
         log_created(name, Role::Producer, &parts.info);
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
         Ok(Producer {

@@ -22,9 +22,8 @@ use std::ptr::NonNull;
 use super::buffer::{Backing, BufferOrigin, BufferParts};
 #[cfg(feature = "vulkan")]
 use super::gpu::{
-    copy_buffer_waiting, cuda_host_register, import_host_memory, shader_copy_unavailable, CopyMethod, CudaHostRegistration,
-    DeviceInfo, DeviceType, GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind,
-    HostMemoryImport, TimelineSemaphore, VulkanDevice, GPU_COPY_ENV, SHADER_COPY_MIN,
+    copy_buffer_waiting, cuda_host_register, import_host_memory, CudaHostRegistration, DeviceInfo, GpuAllocator,
+    GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport, TimelineSemaphore, VulkanDevice,
 };
 
 const DISABLED: &str = "the context's GPU policy disables the GPU";
@@ -170,31 +169,6 @@ impl ContextGpu {
             );
         }
         pins
-    }
-}
-
-/// Says, once per process, that the device's copies between GPU buffers fell back from the copy
-/// shader to the copy engine. Called after a large copy between DEVICE_LOCAL buffers, whose
-/// automatic method tried the shader already, so that asking costs nothing more.
-#[cfg(feature = "vulkan")]
-fn note_shader_fallback(device: &VulkanDevice) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static CHECKED: AtomicBool = AtomicBool::new(false);
-    if CHECKED.load(Ordering::Relaxed) || !log::log_enabled!(log::Level::Info) {
-        return;
-    }
-    let info = device.info();
-    if info.device_type == DeviceType::Cpu || device.shared.copy_method != CopyMethod::Auto || CHECKED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    if let Some(why) = shader_copy_unavailable(device) {
-        log::info!(
-            "Vulkan device {} ({}) cannot run lava-flow's copy shader ({why}): copies between GPU buffers use its copy \
-             engine, which moves large copies more slowly on GPUs. Update the GPU driver, or set {GPU_COPY_ENV}=engine \
-             to choose the copy engine explicitly",
-            info.index,
-            info.name
-        );
     }
 }
 
@@ -390,13 +364,7 @@ impl Context {
                 let (from, to) = (s_base + src_offset as u64, d_base + dst_offset as u64);
                 // The GPU, not the host, waits for the data of views.
                 let waits: Vec<(&TimelineSemaphore, u64)> = src.gpu_wait().into_iter().chain(dst.gpu_wait()).collect();
-                let copied = copy_buffer_waiting(s, from, d, to, len as u64, &waits);
-                if copied.is_ok() && len as u64 >= SHADER_COPY_MIN && src.location() == MemoryLocation::GpuDeviceLocal
-                    && dst.location() == MemoryLocation::GpuDeviceLocal
-                {
-                    note_shader_fallback(s.device());
-                }
-                return copied;
+                return copy_buffer_waiting(s, from, d, to, len as u64, &waits);
             }
         }
         // Through the host: views' data must be ready first.

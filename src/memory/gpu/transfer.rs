@@ -430,7 +430,17 @@ impl Submitter {
         if let ShaderState::Untried = self.shader {
             self.shader = match ShaderCopy::new(device) {
                 Ok(shader) => ShaderState::Ready(shader),
-                Err(why) => ShaderState::Unavailable(why),
+                Err(why) => {
+                    let info = device.info();
+                    log::info!(
+                        "Vulkan device {} ({}) cannot run lava-flow's copy shader ({why}): copies between GPU buffers \
+                         use its copy engine, which moves large copies more slowly on GPUs. Update the GPU driver, or \
+                         set {GPU_COPY_ENV}=engine to choose the copy engine explicitly",
+                        info.index,
+                        info.name
+                    );
+                    ShaderState::Unavailable(why)
+                }
             };
         }
         match &self.shader {
