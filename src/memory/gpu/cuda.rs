@@ -1,5 +1,5 @@
 //! GPU-pinned host memory through CUDA: `cuMemHostRegister` on a range of this process's
-//! memory, with libcuda loaded at run time (`dlopen`), so that lava-flow builds and runs
+//! memory, with libcuda loaded at run time (`libloading`), so that lava-flow builds and runs
 //! without CUDA and reports `Unsupported` where no NVIDIA driver is installed.
 //!
 //! `LF_DISABLE_CUDA=1` keeps lava-flow away from libcuda altogether (for processes where CUDA
@@ -34,16 +34,6 @@ type FnCtxPop = unsafe extern "C" fn(*mut CuContext) -> CuResult;
 type FnHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult;
 type FnHostUnregister = unsafe extern "C" fn(*mut c_void) -> CuResult;
 type FnGetErrorString = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
-
-/// A `&'static CStr` from a literal (c"" literals need Rust 1.77; the crate supports 1.75).
-macro_rules! cstr {
-    ($text:literal) => {
-        match CStr::from_bytes_with_nul(concat!($text, "\0").as_bytes()) {
-            Ok(s) => s,
-            Err(_) => unreachable!(),
-        }
-    };
-}
 
 struct CudaDriver {
     version: c_int,
@@ -88,45 +78,42 @@ fn load() -> std::result::Result<CudaDriver, String> {
     if std::env::var(DISABLE_CUDA_ENV).is_ok_and(|v| v == "1") {
         return Err(format!("CUDA is disabled by {DISABLE_CUDA_ENV}=1"));
     }
-    // SAFETY: dlopen of the CUDA driver library runs its initialisers, which are designed to
-    // run in any process; the handle is never closed (CUDA does not support unloading).
-    let lib = unsafe { libc::dlopen(cstr!("libcuda.so.1").as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if lib.is_null() {
-        return Err("the CUDA driver library libcuda.so.1 is not installed (no NVIDIA driver); \
-                    CUDA pinning is unavailable, use VK_EXT_external_memory_host instead"
-            .into());
-    }
-    let symbol = |names: &[&CStr]| -> std::result::Result<*mut c_void, String> {
-        for name in names {
-            // SAFETY: lib is a live handle; name is NUL-terminated.
-            let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-            if !p.is_null() {
-                return Ok(p);
-            }
+    // SAFETY: loading the CUDA driver library runs its initialisers, which are designed to run
+    // in any process; it is never unloaded (CUDA does not support unloading): leaked below.
+    let lib = match unsafe { libloading::Library::new("libcuda.so.1") } {
+        Ok(lib) => &*Box::leak(Box::new(lib)),
+        Err(e) => {
+            return Err(format!(
+                "the CUDA driver library libcuda.so.1 could not be loaded ({e}): no NVIDIA driver? \
+                 CUDA pinning is unavailable, use VK_EXT_external_memory_host instead"
+            ))
         }
-        Err(format!("libcuda.so.1 lacks {:?}; the NVIDIA driver is too old", names[0]))
     };
     macro_rules! load {
-        ($ty:ty, $($name:expr),+) => {
-            // SAFETY: the symbol is the CUDA driver API function of that name, whose C
-            // signature $ty spells out.
-            unsafe { std::mem::transmute::<*mut c_void, $ty>(symbol(&[$($name),+])?) }
-        };
+        ($ty:ty, $($name:literal),+) => {{
+            let names: &[&str] = &[$($name),+];
+            // SAFETY: each name is the CUDA driver API function whose C signature $ty spells
+            // out; the library stays loaded for the process's life, so the pointer stays valid.
+            names
+                .iter()
+                .find_map(|name| unsafe { lib.get::<$ty>(name.as_bytes()) }.ok().map(|f| *f))
+                .ok_or_else(|| format!("libcuda.so.1 lacks {}; the NVIDIA driver is too old", names[0]))?
+        }};
     }
-    let init = load!(FnInit, cstr!("cuInit"));
-    let driver_version = load!(FnIntOut, cstr!("cuDriverGetVersion"));
+    let init = load!(FnInit, "cuInit");
+    let driver_version = load!(FnIntOut, "cuDriverGetVersion");
     let driver = CudaDriver {
         version: 0,
-        device_get_count: load!(FnIntOut, cstr!("cuDeviceGetCount")),
-        device_get: load!(FnDeviceGet, cstr!("cuDeviceGet")),
-        device_get_uuid: load!(FnDeviceGetUuid, cstr!("cuDeviceGetUuid_v2"), cstr!("cuDeviceGetUuid")),
-        primary_ctx_retain: load!(FnPrimaryCtxRetain, cstr!("cuDevicePrimaryCtxRetain")),
-        primary_ctx_release: load!(FnPrimaryCtxRelease, cstr!("cuDevicePrimaryCtxRelease_v2"), cstr!("cuDevicePrimaryCtxRelease")),
-        ctx_push: load!(FnCtxPush, cstr!("cuCtxPushCurrent_v2"), cstr!("cuCtxPushCurrent")),
-        ctx_pop: load!(FnCtxPop, cstr!("cuCtxPopCurrent_v2"), cstr!("cuCtxPopCurrent")),
-        host_register: load!(FnHostRegister, cstr!("cuMemHostRegister_v2"), cstr!("cuMemHostRegister")),
-        host_unregister: load!(FnHostUnregister, cstr!("cuMemHostUnregister")),
-        get_error_string: load!(FnGetErrorString, cstr!("cuGetErrorString")),
+        device_get_count: load!(FnIntOut, "cuDeviceGetCount"),
+        device_get: load!(FnDeviceGet, "cuDeviceGet"),
+        device_get_uuid: load!(FnDeviceGetUuid, "cuDeviceGetUuid_v2", "cuDeviceGetUuid"),
+        primary_ctx_retain: load!(FnPrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+        primary_ctx_release: load!(FnPrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"),
+        ctx_push: load!(FnCtxPush, "cuCtxPushCurrent_v2", "cuCtxPushCurrent"),
+        ctx_pop: load!(FnCtxPop, "cuCtxPopCurrent_v2", "cuCtxPopCurrent"),
+        host_register: load!(FnHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister"),
+        host_unregister: load!(FnHostUnregister, "cuMemHostUnregister"),
+        get_error_string: load!(FnGetErrorString, "cuGetErrorString"),
     };
     // SAFETY: plain CUDA driver calls with valid out-pointers.
     unsafe {
