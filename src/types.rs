@@ -18,7 +18,7 @@ pub const MAX_HOSTNAME_LABEL_LEN: usize = 63;
 pub const MAX_HOST_ID_LEN: usize = 255;
 
 /// The environment variable that overrides the detected host identity.
-pub const HOST_ID_ENV: &str = "LF_HOST_ID";
+pub const HOST_ID_ENV: &str = crate::env::HOST_ID.name;
 
 /// A validated name for a process (or, later, a channel): 1 to [`MAX_NAME_LEN`] bytes of
 /// ASCII letters, digits, `-`, `_` and `.`, not starting with `.`.

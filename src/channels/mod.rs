@@ -56,7 +56,7 @@ pub use transports::AUTO_ZERO_COPY_MIN;
 
 /// The environment variable that restricts transport choice: a comma-separated list of
 /// transport names (`shm`, `vulkan_ipc`, `mpi`), tried in that order.
-pub const TRANSPORTS_ENV: &str = "LF_TRANSPORTS";
+pub const TRANSPORTS_ENV: &str = crate::env::TRANSPORTS.name;
 
 /// The longest channel name in bytes (it becomes a socket file name).
 pub const MAX_CHANNEL_NAME_LEN: usize = 64;

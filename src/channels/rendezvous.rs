@@ -38,19 +38,26 @@ use crate::os::eventfd::{pidfd_open, poll};
 use crate::os::watcher::{Interest, SharedFd, Watch};
 
 /// Overrides the runtime directory (tests, or several isolated groups of processes).
-pub const RUNTIME_DIR_ENV: &str = "LF_RUNTIME_DIR";
+pub const RUNTIME_DIR_ENV: &str = crate::env::RUNTIME_DIR.name;
 
-/// The per-user directory holding rendezvous sockets, created if missing and checked.
-pub fn runtime_dir() -> Result<PathBuf> {
+/// Where the runtime directory is (see [`runtime_dir`]), without creating or checking it.
+pub fn runtime_dir_path() -> PathBuf {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    let dir = match std::env::var_os(RUNTIME_DIR_ENV) {
+    match std::env::var_os(RUNTIME_DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => match std::env::var_os("XDG_RUNTIME_DIR") {
             Some(x) if !x.is_empty() && Path::new(&x).is_dir() => Path::new(&x).join("lava-flow"),
             _ => PathBuf::from(format!("/tmp/lava-flow-{uid}")),
         },
-    };
+    }
+}
+
+/// The per-user directory holding rendezvous sockets, created if missing and checked.
+pub fn runtime_dir() -> Result<PathBuf> {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = runtime_dir_path();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}

@@ -22,9 +22,10 @@ pub use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
 /// The environment variable that picks the physical device when the config does not: a device
 /// index (`0`, `1`, ...) or a deviceUUID in hex (32 digits, dashes allowed, as `vulkaninfo`
 /// prints it).
-pub const DEVICE_ENV: &str = "LF_VULKAN_DEVICE";
+pub const DEVICE_ENV: &str = crate::env::VULKAN_DEVICE.name;
 
-const FIX_HINT: &str = "install a Vulkan driver: your GPU vendor's driver (it ships the Vulkan \
+/// How to get a Vulkan device, as the errors of a failed opening say it.
+pub const FIX_HINT: &str = "install a Vulkan driver: your GPU vendor's driver (it ships the Vulkan \
     ICD), or mesa-vulkan-drivers for the CPU driver lavapipe; `vulkaninfo --summary` (package \
     vulkan-tools) shows what the loader finds";
 
