@@ -48,6 +48,10 @@ step "install"
 rm -rf "$prefix"
 cmake --install "$build"
 
+step "the installed lf-info"
+"$prefix/bin/lf-info"
+"$prefix/bin/lf-info" -c --json >/dev/null
+
 step "find_package(LavaFlow) from a project outside the tree: shared, then static"
 for mode in OFF ON; do
   cmake -S tests/consumer -B "$build/consumer-$mode" -DCMAKE_PREFIX_PATH="$prefix" -DLINK_STATIC=$mode >/dev/null
