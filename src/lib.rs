@@ -8,7 +8,7 @@
 //!   peers.
 //! - Layer 2, `channels`: ordered producer/consumer channels whose transport follows the
 //!   peers' scope.
-//! - [`env`]: every `LF_*` environment variable lava-flow reads, with its default.
+//! - [`env`](mod@env): every `LF_*` environment variable lava-flow reads, with its default.
 //! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API. It is the
 //!   only module cbindgen reads (the others carry `cbindgen:ignore`).
 

@@ -253,8 +253,10 @@ impl EndState {
 }
 
 /// Whether `end` of channel `name` is held, asked of its lock without taking it for good: the
-/// lock is taken for a moment and given back (a taker that comes meanwhile retries, as
-/// [`EndLock::take`] does), and nothing is created or removed.
+/// lock is taken for a moment and given back, and nothing is created or removed. A channel end
+/// that comes meanwhile retries ([`EndLock::take`]); a survivor cleaning up after its peer
+/// ([`clean_after_peer`]) that finds the lock held then leaves the files to whoever next takes
+/// that end.
 pub fn end_state(name: &str, end: End) -> Result<EndState> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
