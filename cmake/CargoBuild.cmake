@@ -1,15 +1,26 @@
 # Runs cargo for the lava_flow library (invoked by the top-level CMakeLists.txt at build time
 # with -DCARGO=... -DSOURCE_DIR=... -DTARGET_DIR=... -DPROFILE=... -DFEATURES=...
-# -DNATIVE_LIBS_FILE=... -DSONAME=...).
+# -DNATIVE_LIBS_FILE=... -DSONAME=... and, to build the lf-info tool too, -DTOOLS=ON).
 #
 # Next to the shared library it links SONAME (the name programs linked against it look for)
 # to it, so that in-tree programs find it at run time.
+#
+# With TOOLS, the library is built with the cargo feature `cli` as well (the tool's argument
+# parser; the library's code does not change), so that the tool's build reuses the library
+# cargo just built instead of building it again with other features.
 #
 # It also checks that the system libraries Rust says the static library needs
 # (`--print native-static-libs`) are all listed in cmake/LavaFlowNativeLibs.cmake, which
 # is what LavaFlow::lava_flow_static puts in its link interface. rustc prints the list only
 # when it links, so the last list seen is kept in TARGET_DIR/native-static-libs.txt.
 cmake_minimum_required(VERSION 3.22)
+if(TOOLS)
+  if(FEATURES)
+    set(FEATURES "${FEATURES},cli")
+  else()
+    set(FEATURES "cli")
+  endif()
+endif()
 set(features_arg "")
 if(FEATURES)
   set(features_arg --features "${FEATURES}")
@@ -24,6 +35,15 @@ execute_process(
 message("${out}${log}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cargo failed to build lava_flow (exit ${rc}); the errors are above")
+endif()
+if(TOOLS)
+  execute_process(
+    COMMAND "${CARGO}" build --bin lf-info --profile "${PROFILE}" ${features_arg}
+            --manifest-path "${SOURCE_DIR}/Cargo.toml" --target-dir "${TARGET_DIR}"
+    RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "cargo failed to build lf-info (exit ${rc}); the errors are above")
+  endif()
 endif()
 
 if(SONAME)

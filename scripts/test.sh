@@ -70,6 +70,10 @@ soname=$(readelf -d "$libdir/liblava_flow.so.$version" | sed -n 's/.*Library son
 [[ $soname == "liblava_flow.so.$abi" ]] || { echo "SONAME is '$soname', expected liblava_flow.so.$abi" >&2; exit 1; }
 echo "liblava_flow.so -> liblava_flow.so.$abi (SONAME) -> liblava_flow.so.$version"
 
+step "the installed lf-info"
+"$prefix/bin/lf-info"
+"$prefix/bin/lf-info" -c --json >/dev/null
+
 step "find_package(LavaFlow) from a project outside the tree: shared, then static"
 for mode in OFF ON; do
   cmake -S tests/consumer -B "$build/consumer-$mode" -DCMAKE_PREFIX_PATH="$prefix" -DLINK_STATIC=$mode >/dev/null

@@ -10,6 +10,7 @@
 //!   peers' scope.
 //! - [`logging`]: what lava-flow chose, every fallback it took and peers it lost, through the
 //!   `log` crate (`LF_LOG_LEVEL`; the C API's `lf_set_log_callback`).
+//! - [`env`](mod@env): every `LF_*` environment variable lava-flow reads, with its default.
 //! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API. It is the
 //!   only module cbindgen reads (the others carry `cbindgen:ignore`).
 
@@ -20,6 +21,8 @@
 pub mod channels;
 /// cbindgen:ignore
 pub mod config;
+/// cbindgen:ignore
+pub mod env;
 /// cbindgen:ignore
 pub mod error;
 pub mod ffi;

@@ -49,7 +49,7 @@ use crate::error::{Error, Result};
 
 /// The environment variable that sets the level: `off`, `error`, `warn`, `info`, `debug` or
 /// `trace`.
-pub const LOG_LEVEL_ENV: &str = "LF_LOG_LEVEL";
+pub const LOG_LEVEL_ENV: &str = crate::env::LOG_LEVEL.name;
 
 /// The level when `LF_LOG_LEVEL` is unset, empty or unknown.
 pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::Warn;

@@ -18,7 +18,7 @@ pub const MAX_HOSTNAME_LABEL_LEN: usize = 63;
 pub const MAX_HOST_ID_LEN: usize = 255;
 
 /// The environment variable that overrides the detected host identity.
-pub const HOST_ID_ENV: &str = "LF_HOST_ID";
+pub const HOST_ID_ENV: &str = crate::env::HOST_ID.name;
 
 /// A validated name for a process (or, later, a channel): 1 to [`MAX_NAME_LEN`] bytes of
 /// ASCII letters, digits, `-`, `_` and `.`, not starting with `.`.
@@ -147,6 +147,39 @@ impl fmt::Display for ProcessLocation {
             write!(f, " host-id={host_id}")?;
         }
         Ok(())
+    }
+}
+
+impl std::str::FromStr for ProcessLocation {
+    type Err = Error;
+
+    /// Reads a location as [`Display`](fmt::Display) writes it: a hostname, then optional
+    /// `numa-node=N`, `device=N` and `host-id=ID`, separated by spaces or commas
+    /// (`gpu-node-0 host-id=rack1-7`, `gpu-node-0,numa-node=1`). Every part is checked as
+    /// [`ProcessLocation::new`] and [`ProcessLocation::with_host_id`] check it.
+    fn from_str(text: &str) -> Result<Self> {
+        let mut parts = text.split(|c: char| c == ',' || c.is_ascii_whitespace()).filter(|p| !p.is_empty());
+        let hostname = parts.next().ok_or_else(|| Error::invalid("the location is empty; give at least a hostname"))?;
+        if hostname.contains('=') {
+            return Err(Error::invalid(format!("location {text:?} starts with {hostname:?}; it must start with a hostname")));
+        }
+        let mut location = ProcessLocation::new(hostname, None, None)?;
+        for part in parts {
+            let number = |value: &str, what: &str| {
+                value.parse::<u32>().map_err(|_| Error::invalid(format!("{what} {value:?} in location {text:?} is not a non-negative integer")))
+            };
+            match part.split_once('=') {
+                Some(("numa-node", value)) => location.node_id = Some(number(value, "numa-node")?),
+                Some(("device", value)) => location.device_id = Some(number(value, "device")?),
+                Some(("host-id", value)) => location = location.with_host_id(value)?,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{part:?} in location {text:?} is not numa-node=N, device=N or host-id=ID"
+                    )))
+                }
+            }
+        }
+        Ok(location)
     }
 }
 
@@ -414,6 +447,20 @@ mod tests {
             assert!(matches!(err, Error::InvalidArgument(_)) && msg.contains("LF_HOST_ID") && msg.contains("unset it"), "{bad:?}: {msg}");
         }
         assert!(ProcessLocation::new("h", None, None).unwrap().with_host_id("").is_err());
+    }
+
+    #[test]
+    fn locations_read_back_what_display_writes() {
+        let full = ProcessLocation::new("gpu-node-0", Some(1), Some(3)).unwrap().with_host_id("rack1/7").unwrap();
+        assert_eq!(full.to_string().parse::<ProcessLocation>().unwrap(), full);
+        let plain: ProcessLocation = " node7 ".parse().unwrap();
+        assert_eq!(plain, ProcessLocation::new("node7", None, None).unwrap());
+        let commas: ProcessLocation = "node7,host-id=box-a,numa-node=0".parse().unwrap();
+        assert_eq!((commas.host_id.as_deref(), commas.node_id), (Some("box-a"), Some(0)));
+        for bad in ["", "host-id=x", "node7 numa-node=-1", "node7 gpu=1", "node7 device=", "bad/host", "node7 host-id="] {
+            let err = bad.parse::<ProcessLocation>().unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{bad:?}: {err}");
+        }
     }
 
     #[test]

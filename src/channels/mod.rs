@@ -56,7 +56,7 @@ pub use transports::AUTO_ZERO_COPY_MIN;
 
 /// The environment variable that restricts transport choice: a comma-separated list of
 /// transport names (`shm`, `vulkan_ipc`, `mpi`), tried in that order.
-pub const TRANSPORTS_ENV: &str = "LF_TRANSPORTS";
+pub const TRANSPORTS_ENV: &str = crate::env::TRANSPORTS.name;
 
 /// The longest channel name in bytes (it becomes a socket file name).
 pub const MAX_CHANNEL_NAME_LEN: usize = 64;
@@ -333,6 +333,22 @@ pub(crate) fn plan_routes(mine: &ProcessLocation, peer: &ProcessLocation, config
     transports::plan(scope, peer, &scope_text, &allowed, &source, config.strict_gpu, context)
 }
 
+/// The transports a channel between `mine` and `peer` would take with `config` on
+/// `context`, and why, without creating it or meeting the peer: the scope (host identities or
+/// hostnames compared), the carrier of the messages and CPU payloads, and the route of GPU
+/// buffers as far as this side can tell (whether they go by reference is settled with the
+/// peer). Fails as [`Channel::create`] would before its rendezvous: no transport can reach the
+/// peer, `LF_TRANSPORTS` is malformed or rules every candidate out, `strict_gpu` refuses.
+pub fn preview_transports(
+    mine: &ProcessLocation,
+    peer: &ProcessLocation,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<TransportInfo> {
+    let plan = plan_routes(mine, peer, config, context)?;
+    Ok(transports::preview(&plan, context))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +377,20 @@ mod tests {
             let err = plan_routes(&here(), &far, &config, &no_gpu()).unwrap_err();
             assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport can reach the peer") && m.contains("lf_mpi_location")), "{err}");
         }
+    }
+
+    #[test]
+    fn a_preview_says_the_scope_and_each_route() {
+        let config = ChannelConfig { transports: Some(TransportKind::ALL.to_vec()), ..Default::default() };
+        let info = preview_transports(&here(), &here(), &config, &no_gpu()).unwrap();
+        assert_eq!((info.kind, info.routes.len()), (TransportKind::Shm, 2));
+        assert_eq!((info.routes[1].class, info.routes[1].kind), (PayloadClass::Gpu, TransportKind::Shm));
+        assert!(info.reason.contains("same host (host-a): scope local"), "{}", info.reason);
+        assert!(info.routes[1].reason.contains("staged through shm"), "{}", info.routes[1].reason);
+        let far = ProcessLocation::new("host-b", None, None).unwrap();
+        let config = ChannelConfig { transports: Some(vec![TransportKind::Shm]), ..Default::default() };
+        let err = preview_transports(&here(), &far, &config, &no_gpu()).unwrap_err();
+        assert!(matches!(err, Error::Unsupported(ref m) if m.contains("shm needs both processes on one host")), "{err}");
     }
 
     #[test]

@@ -38,13 +38,13 @@ use crate::os::eventfd::{pidfd_open, poll};
 use crate::os::watcher::{Interest, SharedFd, Watch};
 
 /// Overrides the runtime directory (tests, or several isolated groups of processes).
-pub const RUNTIME_DIR_ENV: &str = "LF_RUNTIME_DIR";
+pub const RUNTIME_DIR_ENV: &str = crate::env::RUNTIME_DIR.name;
 
-/// The per-user directory holding rendezvous sockets, created if missing and checked.
-pub fn runtime_dir() -> Result<PathBuf> {
+/// Where the runtime directory is (see [`runtime_dir`]), without creating or checking it.
+pub fn runtime_dir_path() -> PathBuf {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    let dir = match std::env::var_os(RUNTIME_DIR_ENV) {
+    match std::env::var_os(RUNTIME_DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => match std::env::var_os("XDG_RUNTIME_DIR") {
             Some(x) if !x.is_empty() && Path::new(&x).is_dir() => Path::new(&x).join("lava-flow"),
@@ -62,7 +62,14 @@ pub fn runtime_dir() -> Result<PathBuf> {
                 dir
             }
         },
-    };
+    }
+}
+
+/// The per-user directory holding rendezvous sockets, created if missing and checked.
+pub fn runtime_dir() -> Result<PathBuf> {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = runtime_dir_path();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -233,6 +240,139 @@ impl Drop for EndLock {
 /// Where the lock file of `end` of channel `name` lives.
 fn lock_path(name: &str, end: End) -> Result<PathBuf> {
     Ok(runtime_dir()?.join(format!("{name}.{}.lock", end.as_str())))
+}
+
+/// Whether an end of a channel is held by a process now, as its lock says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndState {
+    /// No lock file: the end was never made, or closed and cleaned up.
+    Absent,
+    /// The lock is held: the end lives, in the process whose pid the file names (0 if unknown).
+    Live { pid: u32 },
+    /// A lock file nobody holds: the end's process died (or is dying) and left it.
+    Over,
+}
+
+impl EndState {
+    /// `live (pid N)`, `over`, `absent`.
+    pub fn describe(self) -> String {
+        match self {
+            EndState::Absent => "absent".into(),
+            EndState::Live { pid } => format!("live{}", holder(pid)),
+            EndState::Over => "over".into(),
+        }
+    }
+}
+
+/// Whether `end` of channel `name` is held, asked of its lock without taking it for good: the
+/// lock is taken for a moment and given back, and nothing is created or removed. A channel end
+/// that comes meanwhile retries ([`EndLock::take`]); a survivor cleaning up after its peer
+/// ([`clean_after_peer`]) that finds the lock held then leaves the files to whoever next takes
+/// that end.
+pub fn end_state(name: &str, end: End) -> Result<EndState> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = lock_path(name, end)?;
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
+        Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
+    };
+    // SAFETY: flock on a descriptor this function owns, with integer flags.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        // Given back when `file` closes, at the end of this function.
+        return Ok(EndState::Over);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(Error::os(format!("locking {}", path.display()), err));
+    }
+    let mut text = String::new();
+    let _ = file.read_to_string(&mut text);
+    Ok(EndState::Live { pid: text.trim().parse().unwrap_or(0) })
+}
+
+/// What the runtime directory holds of one channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelFiles {
+    pub name: String,
+    /// Whether `<name>.sock`, the consumer's rendezvous socket, is there.
+    pub socket: bool,
+    pub producer: EndState,
+    pub consumer: EndState,
+}
+
+impl ChannelFiles {
+    /// Whether a process holds either end.
+    pub fn is_live(&self) -> bool {
+        matches!(self.producer, EndState::Live { .. }) || matches!(self.consumer, EndState::Live { .. })
+    }
+}
+
+/// The channels that have files in the runtime directory (sockets, lock files), by name,
+/// each with the state of its ends ([`end_state`]). Looks only: nothing is created or
+/// removed, the directory included (no directory: no channels).
+pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
+    let dir = runtime_dir_path();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::os(format!("reading the runtime dir {}", dir.display()), e)),
+    };
+    let mut names = std::collections::BTreeMap::<String, bool>::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::os(format!("reading the runtime dir {}", dir.display()), e))?;
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let (name, socket) = if let Some(name) = file.strip_suffix(".sock") {
+            (name, true)
+        } else if let Some(name) = file.strip_suffix(".producer.lock").or_else(|| file.strip_suffix(".consumer.lock")) {
+            (name, false)
+        } else {
+            continue;
+        };
+        if super::validate_channel_name(name).is_ok() {
+            *names.entry(name.to_owned()).or_default() |= socket;
+        }
+    }
+    names
+        .into_iter()
+        .map(|(name, socket)| {
+            Ok(ChannelFiles { producer: end_state(&name, End::Producer)?, consumer: end_state(&name, End::Consumer)?, socket, name })
+        })
+        .collect()
+}
+
+/// Removes what the ends of channel `name` that are over left in the runtime directory: the
+/// lock file of each end nobody holds and, when nobody holds the consumer's end, its socket.
+/// The files of a live end are never touched: each end's files are removed while holding its
+/// lock, as a channel cleans up after a peer ([`clean_after_peer`]). Returns the paths removed.
+pub fn remove_leftovers(name: &str) -> Result<Vec<PathBuf>> {
+    super::validate_channel_name(name)?;
+    let socket = socket_path(name)?;
+    let mut removed = Vec::new();
+    for end in [End::Producer, End::Consumer] {
+        let path = lock_path(name, end)?;
+        let existed = std::fs::symlink_metadata(&path).is_ok();
+        let Ok(lock) = EndLock::try_take(name, end)? else { continue };
+        if end == End::Consumer {
+            match std::fs::remove_file(&socket) {
+                Ok(()) => removed.push(socket.clone()),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::os(format!("removing the socket {}", socket.display()), e)),
+            }
+        }
+        // Dropping the lock removes its file.
+        drop(lock);
+        if existed {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
 }
 
 /// The identity of the lock file of `end` of channel `name` as it is now: taken by each side
@@ -906,6 +1046,36 @@ mod tests {
         let again = EndLock::try_take(&name, End::Producer).unwrap().expect("free again");
         assert_ne!(lock_file_id(&name, End::Producer), id, "a new end's lock file is another file");
         drop((again, other_end));
+    }
+
+    /// A held end is live and left alone; an end whose lock nobody holds is over, and its
+    /// files (the consumer's socket with its lock) are what `remove_leftovers` removes.
+    #[test]
+    fn leftovers_are_told_from_live_ends_and_removed() {
+        let name = format!("leftover-test-{}", std::process::id());
+        let find = |name: &str| channels_in_runtime_dir().unwrap().into_iter().find(|c| c.name == name);
+        assert_eq!(find(&name), None);
+        assert_eq!(end_state(&name, End::Consumer).unwrap(), EndState::Absent);
+        let producer = EndLock::try_take(&name, End::Producer).unwrap().expect("free");
+        // A consumer that died: its lock file and socket, held by nobody.
+        let consumer_lock = lock_path(&name, End::Consumer).unwrap();
+        std::fs::write(&consumer_lock, "1").unwrap();
+        let socket = socket_path(&name).unwrap();
+        drop(UnixListener::bind(&socket).unwrap());
+        let found = find(&name).expect("listed");
+        assert_eq!(found.producer, EndState::Live { pid: std::process::id() });
+        assert_eq!((found.consumer, found.socket, found.is_live()), (EndState::Over, true, true));
+        assert_eq!(found.producer.describe(), format!("live (pid {})", std::process::id()));
+        // Looking changed nothing.
+        assert!(consumer_lock.exists() && socket.exists());
+        let removed = remove_leftovers(&name).unwrap();
+        assert_eq!(removed, vec![socket.clone(), consumer_lock.clone()]);
+        assert!(!consumer_lock.exists() && !socket.exists());
+        let found = find(&name).expect("the live producer's lock is still there");
+        assert_eq!((found.consumer, found.socket), (EndState::Absent, false));
+        drop(producer);
+        assert_eq!(find(&name), None);
+        assert!(remove_leftovers("../escape").is_err());
     }
 
     #[test]

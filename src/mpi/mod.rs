@@ -83,7 +83,7 @@ pub(crate) fn endpoint(address: MpiAddress) -> std::result::Result<Endpoint, Str
 }
 
 /// The environment variable that names this process when the join does not.
-pub const PROCESS_NAME_ENV: &str = "LF_PROCESS_NAME";
+pub const PROCESS_NAME_ENV: &str = crate::env::PROCESS_NAME.name;
 
 /// Which of the application's communicators lava-flow duplicates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

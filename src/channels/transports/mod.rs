@@ -344,6 +344,19 @@ fn report(plan: &Plan, gpu: Option<Route>) -> TransportInfo {
     TransportInfo::new(vec![carrier, gpu])
 }
 
+/// The report a channel planned as `plan` would give, as far as this side can tell before
+/// meeting its peer (the GPU route's answer comes from the peer).
+pub(crate) fn preview(plan: &Plan, context: &Context) -> TransportInfo {
+    #[cfg(feature = "vulkan")]
+    if plan.gpu_route == Some(TransportKind::VulkanIpc) {
+        if let Some(route) = vulkan_ipc::preview(context, plan.carrier) {
+            return report(plan, Some(route));
+        }
+    }
+    let _ = context;
+    report(plan, None)
+}
+
 /// `plan` with the carrier's own account of its route, which may add to the plan's (how it
 /// learns of its peer's end, say).
 fn as_carrier_tells(plan: &Plan, carrier: &TransportInfo) -> Plan {

@@ -42,17 +42,19 @@ pub(crate) fn lock(mapping: &Mapping) -> Result<()> {
             let locked = locked_bytes().map_or_else(|| "an unknown number".into(), |b| b.to_string());
             Err(Error::PermissionDenied(format!(
                 "locking {len} bytes for GPU-pinned memory was refused ({err}): RLIMIT_MEMLOCK is \
-                 {limit} bytes and {locked} bytes are locked already; raise the limit (`ulimit -l`, \
-                 `memlock` in /etc/security/limits.conf, `LimitMEMLOCK=` for systemd services) or \
-                 give the process CAP_IPC_LOCK"
+                 {limit} bytes and {locked} bytes are locked already; {MEMLOCK_FIX}"
             )))
         }
         _ => Err(Error::os(format!("mlock({len} bytes of GPU-pinned memory)"), err)),
     }
 }
 
-/// The soft RLIMIT_MEMLOCK in bytes, or `None` when unlimited.
-fn memlock_limit() -> Option<u64> {
+/// How to let a process lock more memory, as the error of a refused lock says it.
+pub const MEMLOCK_FIX: &str = "raise the limit (`ulimit -l`, `memlock` in /etc/security/limits.conf, \
+    `LimitMEMLOCK=` for systemd services) or give the process CAP_IPC_LOCK";
+
+/// The soft RLIMIT_MEMLOCK in bytes (what `ulimit -l` shows, in KiB), or `None` when unlimited.
+pub fn memlock_limit() -> Option<u64> {
     // SAFETY: zeroed rlimit is a valid out-buffer for getrlimit.
     let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: limit is a valid, writable rlimit.
@@ -60,6 +62,18 @@ fn memlock_limit() -> Option<u64> {
         return None;
     }
     (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
+/// Whether this process may lock memory beyond RLIMIT_MEMLOCK (it has CAP_IPC_LOCK, as root
+/// usually has), as `CapEff` in /proc/self/status says.
+pub fn has_ipc_lock() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// `VmLck` of this process, in bytes.

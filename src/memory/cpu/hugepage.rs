@@ -16,6 +16,30 @@ fn read_count(page: HugePageSize, file: &str) -> Option<u64> {
     std::fs::read_to_string(format!("{}/{file}", sysfs_dir(page))).ok()?.trim().parse().ok()
 }
 
+/// The kernel's pool of huge pages of one size, as sysfs tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HugePagePool {
+    /// Pages reserved (`nr_hugepages`).
+    pub total: u64,
+    /// Reserved pages nobody uses yet (`free_hugepages`).
+    pub free: u64,
+}
+
+/// The pool of huge pages of `page` size, or `None` where the kernel or CPU offers no pages of
+/// that size.
+pub fn hugepage_pool(page: HugePageSize) -> Option<HugePagePool> {
+    if !std::path::Path::new(&sysfs_dir(page)).exists() {
+        return None;
+    }
+    Some(HugePagePool { total: read_count(page, "nr_hugepages").unwrap_or(0), free: read_count(page, "free_hugepages").unwrap_or(0) })
+}
+
+/// The shell command that makes the kernel reserve `pages` huge pages of `page` size in all
+/// (to be run as root): `echo 64 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`.
+pub fn reserve_command(page: HugePageSize, pages: u64) -> String {
+    format!("echo {pages} > {}/nr_hugepages", sysfs_dir(page))
+}
+
 /// The end of the strict policy's message when huge pages are short, dropped from the reason a
 /// best-effort fallback gives (which took that advice already).
 pub(crate) const BEST_EFFORT_HINT: &str = ", or choose the best-effort hugepage policy to fall back to ordinary pages";
@@ -36,11 +60,10 @@ pub(crate) fn create(size: usize, page: HugePageSize) -> Result<(OwnedFd, Mappin
             let total = read_count(page, "nr_hugepages").unwrap_or(0);
             let wanted = size.div_ceil(page.bytes());
             let also = if page == HugePageSize::Size2M { " (or /proc/sys/vm/nr_hugepages)" } else { "" };
+            let command = reserve_command(page, total + (wanted as u64).saturating_sub(free));
             Error::OutOfMemory(format!(
                 "{size} bytes of {page} huge pages need {wanted} free page(s), but {free} of the \
-                 {total} reserved are free; reserve more as root with \
-                 `echo N > {}/nr_hugepages`{also}{BEST_EFFORT_HINT}",
-                sysfs_dir(page)
+                 {total} reserved are free; reserve more as root with `{command}`{also}{BEST_EFFORT_HINT}"
             ))
         }
         other => other,
@@ -107,5 +130,17 @@ mod tests {
             Err(Error::OutOfMemory(message)) => assert!(message.contains("nr_hugepages"), "{message}"),
             Err(other) => panic!("unexpected error: {other}"),
         }
+    }
+
+    #[test]
+    fn the_pool_is_read_from_sysfs_and_the_command_names_its_file() {
+        match hugepage_pool(HugePageSize::Size2M) {
+            Some(pool) => assert!(pool.free <= pool.total, "{pool:?}"),
+            None => assert!(!std::path::Path::new(&sysfs_dir(HugePageSize::Size2M)).exists()),
+        }
+        assert_eq!(
+            reserve_command(HugePageSize::Size1G, 2),
+            "echo 2 > /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"
+        );
     }
 }

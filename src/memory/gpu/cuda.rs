@@ -72,7 +72,7 @@ fn driver() -> Result<&'static CudaDriver> {
 }
 
 /// The environment variable that, set to 1, keeps lava-flow from loading libcuda.
-pub const DISABLE_CUDA_ENV: &str = "LF_DISABLE_CUDA";
+pub const DISABLE_CUDA_ENV: &str = crate::env::DISABLE_CUDA.name;
 
 fn load() -> std::result::Result<CudaDriver, String> {
     if std::env::var(DISABLE_CUDA_ENV).is_ok_and(|v| v == "1") {

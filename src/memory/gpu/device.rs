@@ -22,9 +22,10 @@ pub use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
 /// The environment variable that picks the physical device when the config does not: a device
 /// index (`0`, `1`, ...) or a deviceUUID in hex (32 digits, dashes allowed, as `vulkaninfo`
 /// prints it).
-pub const DEVICE_ENV: &str = "LF_VULKAN_DEVICE";
+pub const DEVICE_ENV: &str = crate::env::VULKAN_DEVICE.name;
 
-const FIX_HINT: &str = "install a Vulkan driver: your GPU vendor's driver (it ships the Vulkan \
+/// How to get a Vulkan device, as the errors of a failed opening say it.
+pub const FIX_HINT: &str = "install a Vulkan driver: your GPU vendor's driver (it ships the Vulkan \
     ICD), or mesa-vulkan-drivers for the CPU driver lavapipe; `vulkaninfo --summary` (package \
     vulkan-tools) shows what the loader finds";
 
@@ -107,6 +108,48 @@ pub struct ExternalMemorySupport {
     /// `VkExternalMemoryHandleTypeFlags` that memory exported as this type can also be
     /// exported as (in the same allocation).
     pub compatible_handle_types: u32,
+}
+
+impl fmt::Display for ExternalMemorySupport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match (self.exportable, self.importable) {
+            (true, true) => "exportable and importable",
+            (true, false) => "exportable only",
+            (false, true) => "importable only",
+            (false, false) => return f.write_str("no"),
+        })?;
+        if self.dedicated_only {
+            f.write_str(", dedicated allocations only")?;
+        }
+        write!(f, " (compatible handle types: {})", describe_handle_types(self.compatible_handle_types))
+    }
+}
+
+/// `VkExternalMemoryHandleTypeFlags` bits as `OPAQUE_FD|DMA_BUF|...`.
+pub fn describe_handle_types(flags: u32) -> String {
+    use vk::ExternalMemoryHandleTypeFlags as T;
+    let names = [
+        (T::OPAQUE_FD, "OPAQUE_FD"),
+        (T::OPAQUE_WIN32, "OPAQUE_WIN32"),
+        (T::OPAQUE_WIN32_KMT, "OPAQUE_WIN32_KMT"),
+        (T::D3D11_TEXTURE, "D3D11_TEXTURE"),
+        (T::D3D11_TEXTURE_KMT, "D3D11_TEXTURE_KMT"),
+        (T::D3D12_HEAP, "D3D12_HEAP"),
+        (T::D3D12_RESOURCE, "D3D12_RESOURCE"),
+        (T::DMA_BUF_EXT, "DMA_BUF"),
+        (T::HOST_ALLOCATION_EXT, "HOST_ALLOCATION"),
+        (T::HOST_MAPPED_FOREIGN_MEMORY_EXT, "HOST_MAPPED_FOREIGN_MEMORY"),
+    ];
+    let mut text: Vec<String> = names.iter().filter(|(b, _)| flags & b.as_raw() != 0).map(|(_, n)| (*n).to_owned()).collect();
+    let rest = names.iter().fold(flags, |left, (b, _)| left & !b.as_raw());
+    if rest != 0 {
+        text.push(format!("{rest:#x}"));
+    }
+    if text.is_empty() {
+        "none".into()
+    } else {
+        text.join("|")
+    }
 }
 
 /// What the external-semaphore query said about timeline semaphores as opaque fds
@@ -230,7 +273,8 @@ impl fmt::Display for DeviceInfo {
             writeln!(f, "  type {i}: heap {} {}", t.heap_index, describe_memory_flags(t.property_flags))?;
         }
         writeln!(f, "  extensions: {}", self.enabled_extensions.join(", "))?;
-        writeln!(f, "  opaque fd: {:?}; dma-buf: {:?}", self.opaque_fd, self.dma_buf)?;
+        writeln!(f, "  external memory as opaque fd: {}", self.opaque_fd)?;
+        writeln!(f, "  external memory as dma-buf: {}", self.dma_buf)?;
         writeln!(
             f,
             "  timeline semaphores: {}; as opaque fds: {}",
@@ -433,6 +477,48 @@ pub(crate) fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
     }
 }
 
+/// Every physical device of `instance`, with (index, name, type, deviceUUID) for reports.
+#[allow(clippy::type_complexity)]
+fn enumerate_candidates(instance: &ash::Instance) -> Result<(Vec<Candidate>, Vec<(u32, String, DeviceType, [u8; 16])>)> {
+    // SAFETY: instance is a live instance for all the queries below.
+    let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+    if physicals.is_empty() {
+        return Err(Error::Unsupported(format!("the Vulkan loader found no device; {FIX_HINT}")));
+    }
+    let mut candidates = Vec::with_capacity(physicals.len());
+    for &physical in &physicals {
+        let mut id = vk::PhysicalDeviceIDProperties::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
+        // SAFETY: physical comes from this instance; props2's chain is live.
+        unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+        let properties = props2.properties;
+        candidates.push(Candidate { physical, properties, uuid: id.device_uuid });
+    }
+    let all_devices = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            (
+                i as u32,
+                c.properties.device_name_as_c_str().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                DeviceType::from_vk(c.properties.device_type),
+                c.uuid,
+            )
+        })
+        .collect();
+    Ok((candidates, all_devices))
+}
+
+/// Every device the Vulkan loader enumerates: (index, name, type, deviceUUID), in the order
+/// that device indices (`LF_VULKAN_DEVICE`, [`DeviceSelector::Index`]) count. Opens no device,
+/// so it lists devices that [`VulkanDevice::open`] would refuse too. Errors: `Unsupported`
+/// without a loader, a driver or a device (the message says what to install).
+#[allow(clippy::type_complexity)]
+pub fn list_devices() -> Result<Vec<(u32, String, DeviceType, [u8; 16])>> {
+    let (_entry, instance, _api) = process_instance()?;
+    Ok(enumerate_candidates(&instance)?.1)
+}
+
 impl VulkanDevice {
     /// Opens the device `config` selects (see [`GpuConfig`]), eagerly.
     ///
@@ -461,11 +547,19 @@ impl VulkanDevice {
             (None, false) => None,
         };
         let copy_method = copy_method_from_env()?;
+        let from_env = config.device.is_none() && selector.is_some();
 
         let (entry, instance, api) = process_instance()?;
         let device = {
             let _lifecycle = LIFECYCLE.lock();
-            Self::open_on(entry, instance, api, selector, copy_method)?
+            Self::open_on(entry, instance, api, selector, copy_method).map_err(|e| match e {
+                // Say where the selector came from: the environment outlives the command line.
+                Error::NotFound(m) if from_env => Error::NotFound(format!(
+                    "{DEVICE_ENV}={:?} names no device: {m}; set it to one of them, or unset it",
+                    std::env::var(DEVICE_ENV).unwrap_or_default()
+                )),
+                other => other,
+            })?
         };
         log_opened(device.info(), &chosen_by);
         Ok(device)
@@ -478,33 +572,7 @@ impl VulkanDevice {
         selector: Option<DeviceSelector>,
         copy_method: CopyMethod,
     ) -> Result<Self> {
-        // SAFETY: instance is a live instance for all the queries below.
-        let physicals = unsafe { instance.enumerate_physical_devices() }
-            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
-        if physicals.is_empty() {
-            return Err(Error::Unsupported(format!("the Vulkan loader found no device; {FIX_HINT}")));
-        }
-        let mut candidates = Vec::with_capacity(physicals.len());
-        for &physical in &physicals {
-            let mut id = vk::PhysicalDeviceIDProperties::default();
-            let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
-            // SAFETY: physical comes from this instance; props2's chain is live.
-            unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
-            let properties = props2.properties;
-            candidates.push(Candidate { physical, properties, uuid: id.device_uuid });
-        }
-        let all_devices: Vec<(u32, String, DeviceType, [u8; 16])> = candidates
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                (
-                    i as u32,
-                    c.properties.device_name_as_c_str().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-                    DeviceType::from_vk(c.properties.device_type),
-                    c.uuid,
-                )
-            })
-            .collect();
+        let (candidates, all_devices) = enumerate_candidates(&instance)?;
         let listing = || {
             all_devices
                 .iter()
@@ -836,6 +904,12 @@ mod tests {
     fn memory_flags_read_as_names() {
         assert_eq!(describe_memory_flags(0x7), "DEVICE_LOCAL|HOST_VISIBLE|HOST_COHERENT");
         assert_eq!(describe_memory_flags(0), "none");
+        assert_eq!(describe_handle_types(0x201), "OPAQUE_FD|DMA_BUF");
+        assert_eq!(describe_handle_types(0), "none");
+        assert_eq!(describe_handle_types(1 << 30), "0x40000000");
+        let both = ExternalMemorySupport { exportable: true, importable: true, dedicated_only: false, compatible_handle_types: 1 };
+        assert_eq!(both.to_string(), "exportable and importable (compatible handle types: OPAQUE_FD)");
+        assert_eq!(ExternalMemorySupport::default().to_string(), "no");
     }
 
     fn assert_send_sync<T: Send + Sync>() {}

@@ -50,8 +50,8 @@ pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind, 
 pub use arena::ArenaId;
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
 pub use device::{
-    describe_memory_flags, format_api_version, format_uuid, DeviceInfo, DeviceSelector, DeviceType,
-    ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo, MemoryTypeInfo, VulkanDevice, DEVICE_ENV,
+    describe_handle_types, describe_memory_flags, format_api_version, format_uuid, list_devices, DeviceInfo, DeviceSelector, DeviceType,
+    ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo, MemoryTypeInfo, VulkanDevice, DEVICE_ENV, FIX_HINT,
 };
 pub use export::{GpuExport, GpuExportDesc, HandleType, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
 pub use host_import::{import_host_memory, HostMemoryImport};

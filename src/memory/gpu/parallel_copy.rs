@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 /// The environment variable that sets how many threads copy (the caller included).
-pub const COPY_THREADS_ENV: &str = "LF_COPY_THREADS";
+pub const COPY_THREADS_ENV: &str = crate::env::COPY_THREADS.name;
 const DEFAULT_THREADS: usize = 8;
 /// Copies below this go on the calling thread alone: waking the crew costs microseconds.
 const PARALLEL_MIN: usize = 2 << 20;

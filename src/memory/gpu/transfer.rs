@@ -802,7 +802,7 @@ impl std::fmt::Display for CopyMethod {
 /// of [`copy_buffer_timed_with`] with another method) are made: `auto` (the default: by size
 /// and device), `engine` or `shader`. Read when a device opens; another value makes opening
 /// fail (`InvalidArgument`).
-pub const GPU_COPY_ENV: &str = "LF_GPU_COPY";
+pub const GPU_COPY_ENV: &str = crate::env::GPU_COPY.name;
 
 /// The smallest copy that [`CopyMethod::Auto`] gives the shader on a GPU: below it the copy
 /// engine, which needs no descriptor sets or shader launch, is as fast. A first guess, to be

@@ -28,5 +28,34 @@ mod wire;
 pub(crate) use receiver::Receiver;
 pub(crate) use sender::{Offer, Sender};
 
+use crate::channels::transport::{PayloadClass, Route, TransportKind};
+use crate::memory::gpu::{format_uuid, probe_semaphore_sharing};
+use crate::memory::Context;
+
 /// This route's id in rendezvous sections, attachments and routed messages.
 pub(crate) const ROUTE_ID: u32 = 2;
+
+/// The route GPU buffers would take from `context`'s device, as far as this side can tell
+/// before meeting the peer: by reference where the peer opens the same GPU and driver (else
+/// staged through `carrier`), synchronised on the GPU where this device can share timeline
+/// semaphores (probed as the producer's offer probes it), on the host otherwise. `None`
+/// without a device.
+pub(crate) fn preview(context: &Context, carrier: TransportKind) -> Option<Route> {
+    let device = context.gpu_device()?;
+    let info = device.info();
+    let sync = match probe_semaphore_sharing(device) {
+        Ok(()) => "GPU-side synchronisation through a shared timeline semaphore where the peer's device can import it".to_owned(),
+        Err(why) => format!("host-side synchronisation (buffers are complete when sent), because {why}"),
+    };
+    Some(Route {
+        class: PayloadClass::Gpu,
+        kind: TransportKind::VulkanIpc,
+        reason: format!(
+            "GPU buffers: vulkan_ipc, by reference if the peer opens the same GPU and driver ({}, deviceUUID {}, driverUUID {}), \
+             else staged through {carrier} (copied to host memory); {sync}",
+            info.name,
+            format_uuid(&info.device_uuid),
+            format_uuid(&info.driver_uuid)
+        ),
+    })
+}

@@ -1,0 +1,145 @@
+//! lf-info: what lava-flow can do on this machine, and why not where it cannot (like UCX's
+//! `ucx_info` and iceoryx2's `iox2`).
+//!
+//! ```text
+//! lf-info                 capabilities: each with available / unavailable, why, and how to fix it
+//! lf-info -d              Vulkan devices: UUIDs, memory heaps and types, external memory, semaphores
+//! lf-info -c              every LF_* environment variable: value, where it came from, default
+//! lf-info -p PEER         the route a channel to PEER would take, and why
+//! lf-info --channels      channels in the runtime directory, alive or dead
+//! lf-info --cleanup       removes what dead channels left there
+//! lf-info --json ...      any of the above as one JSON object on stdout
+//! ```
+//!
+//! Every answer comes from the library's own probes (a context opened as an application opens
+//! it, allocations of each kind of memory, a channel between two threads, the semaphore
+//! probe, MPI's join), so what lf-info says is what an application would get.
+
+mod capabilities;
+mod channels;
+mod config;
+mod devices;
+mod peer;
+mod text;
+
+use clap::Parser;
+use serde_json::{json, Map, Value};
+
+/// What lava-flow can do on this machine, and why not where it cannot.
+///
+/// Without a view option, lf-info probes every capability (CPU memory kinds, Vulkan, memory
+/// export and import, semaphore export, CUDA, channels, MPI) and says for each whether it is
+/// available and, where it is not, why and how to fix it.
+#[derive(Parser, Debug)]
+#[command(name = "lf-info", version, max_term_width = 100)]
+struct Args {
+    /// List the Vulkan devices: name, type, deviceUUID, driverUUID, memory heaps and types,
+    /// external memory handle types, semaphore support.
+    #[arg(short = 'd', long)]
+    devices: bool,
+
+    /// List every LF_* environment variable lava-flow reads: its value now, where it came from
+    /// (default or environment) and its default.
+    #[arg(short = 'c', long)]
+    config: bool,
+
+    /// Say which transports a channel to PEER would take, and why. PEER is a location: a
+    /// hostname, optionally with numa-node=N, device=N and host-id=ID (`node7`,
+    /// `node7,host-id=rack1-7`), or FILE:NAME for process NAME of a config file.
+    #[arg(short = 'p', long, value_name = "PEER")]
+    peer: Option<String>,
+
+    /// List the channels whose files are in the runtime directory, each alive or dead.
+    #[arg(long)]
+    channels: bool,
+
+    /// Remove the files that dead channels left in the runtime directory (files of live
+    /// channels are never touched), then list the channels.
+    #[arg(long)]
+    cleanup: bool,
+
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+
+    /// Do not probe MPI (lf-info otherwise joins MPI, initialising it as a singleton when not
+    /// started by mpirun).
+    #[arg(long)]
+    no_mpi: bool,
+}
+
+/// The cargo features this lf-info was built with.
+fn features() -> Vec<&'static str> {
+    let mut features = Vec::new();
+    if cfg!(feature = "vulkan") {
+        features.push("vulkan");
+    }
+    if cfg!(feature = "mpi") {
+        features.push("mpi");
+    }
+    features
+}
+
+/// A failure that ends lf-info: said on stderr (and in the JSON), exit status 1.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let wants_default = !(args.devices || args.config || args.peer.is_some() || args.channels || args.cleanup);
+    let mut out = Map::new();
+    out.insert("lava_flow".into(), json!({ "version": env!("CARGO_PKG_VERSION"), "features": features() }));
+    let mut texts: Vec<String> = Vec::new();
+    let mut failed = false;
+    let mut record = |key: &str, result: Result<(Value, String), Failure>| match result {
+        Ok((value, text)) => {
+            out.insert(key.into(), value);
+            texts.push(text);
+        }
+        Err(Failure(message)) => {
+            failed = true;
+            out.insert(key.into(), json!({ "error": message }));
+            texts.push(format!("lf-info: {message}\n"));
+        }
+    };
+    if wants_default {
+        record("capabilities", Ok(capabilities::view(!args.no_mpi)));
+    }
+    if args.devices {
+        record("devices", Ok(devices::view()));
+    }
+    if args.config {
+        record("config", Ok(config::view()));
+    }
+    if let Some(spec) = &args.peer {
+        record("peer", peer::view(spec));
+    }
+    if args.channels || args.cleanup {
+        record("channels", channels::view(args.cleanup));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&Value::Object(out)).expect("JSON values serialise"));
+        if failed {
+            std::process::exit(1);
+        }
+        return;
+    }
+    let header = format!("lava-flow {} (cargo features: {})\n", env!("CARGO_PKG_VERSION"), features().join(", "));
+    print!("{header}");
+    for text in &texts {
+        if text.starts_with("lf-info: ") {
+            eprint!("\n{text}");
+        } else {
+            print!("\n{text}");
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,340 @@
+//! lf-info as a user runs it: the built binary (`CARGO_BIN_EXE_lf-info`), its text and its
+//! JSON, checked against what the library itself says on this machine. A channel held by a
+//! child process (this test binary, re-executed) is seen alive, then dead once the child is
+//! killed with SIGKILL, then cleaned up.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use lava_flow::channels::{ChannelConfig, Consumer, Producer};
+use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
+use lava_flow::ProcessLocation;
+use serde_json::Value;
+
+const CHILD_ENV: &str = "LF_INFO_TEST_CHILD";
+
+/// lf-info with `args`, in an environment without the LF_* variables a caller may have set
+/// (the test's own `env` on top), its runtime dir `dir` when given.
+fn lf_info(args: &[&str], env: &[(&str, &str)], dir: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lf-info"));
+    cmd.args(args);
+    for var in lava_flow::env::VARS {
+        cmd.env_remove(var.name);
+    }
+    cmd.env("XDG_RUNTIME_DIR", std::env::var_os("XDG_RUNTIME_DIR").unwrap_or_else(|| "/tmp".into()));
+    if let Some(dir) = dir {
+        cmd.env("LF_RUNTIME_DIR", dir);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("running lf-info")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
+}
+
+/// Runs lf-info with `--json` and parses stdout as one JSON object; lf-info must succeed.
+fn json(args: &[&str], env: &[(&str, &str)], dir: Option<&Path>) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = lf_info(&all, env, dir);
+    let text = stdout(&out);
+    assert!(out.status.success(), "lf-info {all:?} failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("lf-info {all:?} printed no JSON object ({e}):\n{text}"));
+    assert!(value.is_object(), "{text}");
+    value
+}
+
+/// The capability row `key` of a `--json` capability view.
+fn row<'a>(view: &'a Value, key: &str) -> &'a Value {
+    view["capabilities"]["rows"]
+        .as_array()
+        .expect("capability rows")
+        .iter()
+        .find(|r| r["key"] == key)
+        .unwrap_or_else(|| panic!("no row {key} in {view:#}"))
+}
+
+/// Whether the library opens a Vulkan device here, and its name or why not.
+fn library_gpu() -> Result<String, String> {
+    let context = Context::new(ContextConfig::default()).map_err(|e| e.to_string())?;
+    if let Some(why) = context.gpu_unavailable_reason() {
+        return Err(why.to_owned());
+    }
+    #[cfg(feature = "vulkan")]
+    return Ok(context.device_info().expect("a device").name.clone());
+    #[cfg(not(feature = "vulkan"))]
+    unreachable!("no device without the vulkan feature")
+}
+
+/// A fresh runtime dir (0700) for one test.
+fn test_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lf-info-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_capability_table_agrees_with_the_library() {
+    let view = json(&["--no-mpi"], &[], None);
+    let rows = view["capabilities"]["rows"].as_array().unwrap();
+    for r in rows {
+        let status = r["status"].as_str().unwrap();
+        assert!(["available", "unavailable", "not probed"].contains(&status), "{r}");
+        assert!(!r["detail"].as_str().unwrap().is_empty(), "every row says what it found: {r}");
+        if status == "unavailable" {
+            assert!(!r["fix"].as_str().unwrap_or("").is_empty(), "an unavailable row says how to fix it: {r}");
+        }
+    }
+    for key in [
+        "cpu.standard",
+        "cpu.numa",
+        "cpu.hugepages_2m",
+        "cpu.gpu_pinned",
+        "gpu.vulkan",
+        "memory.export_cpu",
+        "memory.export_gpu",
+        "gpu.semaphore_export",
+        "gpu.cuda",
+        "channel.shm",
+        "channel.vulkan_ipc",
+    ] {
+        row(&view, key);
+    }
+    assert_eq!(row(&view, "cpu.standard")["status"], "available");
+    assert_eq!(row(&view, "memory.export_cpu")["status"], "available");
+    assert_eq!(row(&view, "channel.shm")["status"], "available", "{}", row(&view, "channel.shm"));
+    assert_eq!(row(&view, "mpi")["status"], "not probed");
+    let numa = row(&view, "cpu.numa")["detail"].as_str().unwrap();
+    assert!(numa.contains("NUMA nodes with memory: 0"), "{numa}");
+
+    let vulkan = row(&view, "gpu.vulkan");
+    match library_gpu() {
+        Ok(name) => {
+            assert_eq!(vulkan["status"], "available", "the library opens {name}: {vulkan}");
+            assert!(vulkan["detail"].as_str().unwrap().contains(&name), "{vulkan}");
+            assert_eq!(row(&view, "memory.export_gpu")["status"], "available");
+            assert_eq!(row(&view, "channel.vulkan_ipc")["status"], "available", "{}", row(&view, "channel.vulkan_ipc"));
+        }
+        Err(why) => {
+            assert!(std::env::var("LF_REQUIRE_VULKAN").map_or(true, |v| v != "1"), "no Vulkan device: {why}");
+            assert_eq!(vulkan["status"], "unavailable");
+            assert!(vulkan["detail"].as_str().unwrap().contains(&why), "{vulkan} vs {why}");
+        }
+    }
+
+    // The same as text: one line per row, the fix under unavailable ones.
+    let out = lf_info(&["--no-mpi"], &[], None);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("CAPABILITY") && text.contains("CPU memory: standard"), "{text}");
+    let unavailable = rows.iter().filter(|r| r["status"] == "unavailable").count();
+    assert_eq!(text.matches("fix: ").count(), unavailable, "{text}");
+    assert!(text.contains(&format!("{} of {} available", rows.len() - unavailable - 1, rows.len())), "{text}");
+}
+
+#[test]
+fn a_device_that_does_not_exist_makes_the_vulkan_row_unavailable_with_a_reason() {
+    let view = json(&["--no-mpi"], &[("LF_VULKAN_DEVICE", "99")], None);
+    let vulkan = row(&view, "gpu.vulkan");
+    assert_eq!(vulkan["status"], "unavailable", "{vulkan}");
+    let detail = vulkan["detail"].as_str().unwrap();
+    if library_gpu().is_ok() {
+        // A device exists, just not number 99: the reason names the variable and the devices.
+        assert!(detail.contains("LF_VULKAN_DEVICE=\"99\" names no device") && detail.contains("0: "), "{detail}");
+        assert!(vulkan["fix"].as_str().unwrap().contains("LF_VULKAN_DEVICE"), "{vulkan}");
+        assert_eq!(row(&view, "channel.vulkan_ipc")["status"], "unavailable");
+    }
+    // The CPU rows do not depend on the GPU.
+    assert_eq!(row(&view, "cpu.standard")["status"], "available");
+    assert_eq!(row(&view, "channel.shm")["status"], "available");
+}
+
+#[test]
+fn config_says_where_each_value_comes_from() {
+    let env = [("LF_TRANSPORTS", "shm"), ("LF_HOST_ID", "lf-info-test-host")];
+    let view = json(&["-c"], &env, None);
+    let vars = view["config"]["variables"].as_array().unwrap();
+    let var = |name: &str| vars.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("{name} missing: {view:#}"));
+    assert_eq!(vars.len(), lava_flow::env::VARS.len());
+    assert_eq!((&var("LF_TRANSPORTS")["value"], &var("LF_TRANSPORTS")["source"]), (&"shm".into(), &"environment".into()));
+    assert_eq!(var("LF_HOST_ID")["resolved"], "lf-info-test-host");
+    assert_eq!((&var("LF_GPU_COPY")["value"], &var("LF_GPU_COPY")["source"]), (&"auto".into(), &"default".into()));
+    assert_eq!((&var("LF_LOG_LEVEL")["value"], &var("LF_LOG_LEVEL")["source"]), (&"warn".into(), &"default".into()));
+    assert!(var("LF_RUNTIME_DIR")["resolved"].as_str().is_some_and(|d| d.starts_with('/')));
+
+    let out = lf_info(&["-c"], &env, None);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    let line = text.lines().find(|l| l.trim_start().starts_with("LF_TRANSPORTS")).expect("an LF_TRANSPORTS line");
+    assert!(line.contains("shm") && line.contains("[environment"), "{line}");
+    let line = text.lines().find(|l| l.trim_start().starts_with("LF_GPU_COPY")).expect("an LF_GPU_COPY line");
+    assert!(line.contains("auto") && line.contains("[default]"), "{line}");
+}
+
+#[test]
+fn every_view_prints_one_json_object() {
+    let dir = test_dir("json");
+    let host = ProcessLocation::from_hostname().unwrap().hostname;
+    let view = json(&["-d", "-c", "-p", &host, "--channels"], &[], Some(&dir));
+    assert_eq!(view["lava_flow"]["version"], env!("CARGO_PKG_VERSION"));
+    for key in ["devices", "config", "peer", "channels"] {
+        assert!(view.get(key).is_some(), "{key} missing: {view:#}");
+    }
+    assert!(view.get("capabilities").is_none(), "the capability table is the view when no other is asked for");
+    match library_gpu() {
+        Ok(name) => {
+            let devices = view["devices"]["devices"].as_array().unwrap();
+            let device = devices.iter().find(|d| d["name"] == name.as_str()).unwrap_or_else(|| panic!("{name}: {view:#}"));
+            assert_eq!(device["default"], true);
+            assert!(device["device_uuid"].as_str().is_some() && device["driver_uuid"].as_str().is_some(), "{device}");
+            assert!(device["memory_types"].as_array().is_some_and(|t| !t.is_empty()), "{device}");
+            assert!(device["external_memory"]["opaque_fd"]["exportable"].is_boolean(), "{device}");
+            assert!(device["semaphore_sharing"]["works"].is_boolean(), "{device}");
+        }
+        Err(_) => assert!(view["devices"]["error"].is_string() || view["devices"]["devices"].as_array().is_some()),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_peer_s_route_says_its_scope_and_why() {
+    let host = ProcessLocation::from_hostname().unwrap().hostname;
+    let view = json(&["-p", &host], &[], None);
+    let peer = &view["peer"];
+    assert_eq!(peer["scope"], "local", "{peer:#}");
+    assert!(peer["scope_reason"].as_str().unwrap().contains(&format!("same host ({host})")), "{peer:#}");
+    assert_eq!(peer["routes"][0]["transport"], "shm", "{peer:#}");
+    assert!(peer["error"].is_null(), "{peer:#}");
+
+    // Another host identity: remote, and no transport to it without MPI discovery.
+    let view = json(&["-p", "elsewhere,host-id=another-box"], &[], None);
+    let peer = &view["peer"];
+    assert_eq!(peer["scope"], "remote", "{peer:#}");
+    assert!(peer["routes"].as_array().unwrap().is_empty());
+    assert!(peer["error"].as_str().unwrap().contains("no remote transport can reach the peer"), "{peer:#}");
+
+    // LF_TRANSPORTS restricts the routes, and the report says so.
+    let view = json(&["-p", &host], &[("LF_TRANSPORTS", "shm")], None);
+    let reason = view["peer"]["routes"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("allowed by LF_TRANSPORTS=shm"), "{reason}");
+    assert_eq!(view["peer"]["routes"][1]["transport"], "shm", "GPU buffers staged: {:#}", view["peer"]);
+
+    // A process of a config file.
+    let dir = test_dir("peer");
+    let config = dir.join("processes.json");
+    std::fs::write(&config, format!(r#"{{ "processes": [ {{ "name": "trainer", "hostname": "{host}" }} ] }}"#)).unwrap();
+    let view = json(&["-p", &format!("{}:trainer", config.display())], &[], None);
+    assert_eq!(view["peer"]["scope"], "local", "{view:#}");
+    assert!(view["peer"]["peer_from"].as_str().unwrap().contains("trainer"));
+
+    // A location that is none: exit status 1, the reason on stderr.
+    for bad in ["bad/host", &format!("{}:nobody", config.display())] {
+        let out = lf_info(&["-p", bad], &[], None);
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("lf-info: peer"), "{bad}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child process killed with SIGKILL when dropped, so that a failing test leaves none behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The channel a child holds: its name, and the state of the channel in `view`.
+fn held<'a>(view: &'a Value, name: &str) -> Option<&'a Value> {
+    view["channels"]["channels"].as_array().unwrap().iter().find(|c| c["name"] == name)
+}
+
+#[test]
+fn channels_are_seen_alive_then_dead_after_sigkill_then_cleaned_up() {
+    const TEST: &str = "channels_are_seen_alive_then_dead_after_sigkill_then_cleaned_up";
+    if std::env::var_os(CHILD_ENV).is_some() {
+        // The child: both ends of channel "held" in two threads, then wait to be killed.
+        let context = Context::new({
+            let mut c = ContextConfig::default();
+            c.gpu = GpuPolicy::Disabled;
+            c
+        })
+        .unwrap();
+        let here = ProcessLocation::from_hostname().unwrap();
+        let config = ChannelConfig { pool_size: 64 << 10, rendezvous_timeout: Some(Duration::from_secs(20)), ..ChannelConfig::default() };
+        let (context2, here2, config2) = (context.clone(), here.clone(), config.clone());
+        let consumer = std::thread::spawn(move || Consumer::create(&context2, "held", &here2, &here2, &config2).unwrap());
+        let mut producer = Producer::create(&context, "held", &here, &here, &config).unwrap();
+        let mut consumer = consumer.join().unwrap();
+        producer.send(b"hello").unwrap();
+        assert_eq!(consumer.recv_timeout(Duration::from_secs(10)).unwrap().as_slice(), b"hello");
+        println!("@@ ready");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let dir = test_dir("held");
+    let mut child = Killed(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, "1")
+            .env("LF_RUNTIME_DIR", &dir)
+            .env_remove("LF_TRANSPORTS")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("re-executing the test binary"),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the child ended before it held the channel").unwrap();
+        if line.contains("@@ ready") {
+            break;
+        }
+    }
+    let pid = child.0.id();
+
+    let view = json(&["--channels"], &[], Some(&dir));
+    assert_eq!(view["channels"]["runtime_dir"], dir.display().to_string());
+    let channel = held(&view, "held").unwrap_or_else(|| panic!("the child's channel is not listed: {view:#}"));
+    assert_eq!(channel["alive"], true, "{channel}");
+    assert_eq!(channel["producer"], format!("live (pid {pid})"));
+    assert_eq!(channel["consumer"], format!("live (pid {pid})"));
+    assert_eq!(channel["socket"], true);
+    // Cleaning up leaves a live channel alone.
+    let view = json(&["--cleanup"], &[], Some(&dir));
+    assert_eq!(view["channels"]["removed"].as_array().unwrap().len(), 0, "{view:#}");
+    assert_eq!(held(&view, "held").unwrap()["alive"], true);
+
+    // SAFETY: kill with the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    child.0.wait().unwrap();
+    let view = json(&["--channels"], &[], Some(&dir));
+    let channel = held(&view, "held").unwrap_or_else(|| panic!("the dead channel's files are gone already: {view:#}"));
+    assert_eq!(channel["alive"], false, "{channel}");
+    assert_eq!((&channel["producer"], &channel["consumer"]), (&"over".into(), &"over".into()), "{channel}");
+    let out = lf_info(&["--channels"], &[], Some(&dir));
+    let text = stdout(&out);
+    let line = text.lines().find(|l| l.trim_start().starts_with("held ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("dead"), "{line}");
+    assert!(text.contains("`lf-info --cleanup` removes their files"), "{text}");
+
+    let view = json(&["--cleanup"], &[], Some(&dir));
+    let removed: Vec<&str> = view["channels"]["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    for file in ["held.sock", "held.producer.lock", "held.consumer.lock"] {
+        assert!(removed.iter().any(|p| p.ends_with(file)), "{file} not removed: {removed:?}");
+    }
+    assert!(held(&view, "held").is_none(), "{view:#}");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left in the runtime dir: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
