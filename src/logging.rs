@@ -132,7 +132,12 @@ pub fn installed_ours() -> bool {
 
 /// The level lava-flow's logger lets through.
 pub fn level() -> LevelFilter {
-    match LEVEL.load(Ordering::Relaxed) {
+    filter_of(LEVEL.load(Ordering::Relaxed))
+}
+
+/// The filter stored as `n` (`LevelFilter as usize`, the order of [`LEVEL_NAMES`]).
+fn filter_of(n: usize) -> LevelFilter {
+    match n {
         0 => LevelFilter::Off,
         1 => LevelFilter::Error,
         2 => LevelFilter::Warn,
@@ -157,14 +162,7 @@ pub fn set_level(level: LevelFilter) {
 /// A level named as `LF_LOG_LEVEL` accepts it (any case, surrounding blanks ignored).
 pub fn parse_level(text: &str) -> Option<LevelFilter> {
     let text = text.trim();
-    LEVEL_NAMES.iter().position(|name| name.eq_ignore_ascii_case(text)).map(|i| match i {
-        0 => LevelFilter::Off,
-        1 => LevelFilter::Error,
-        2 => LevelFilter::Warn,
-        3 => LevelFilter::Info,
-        4 => LevelFilter::Debug,
-        _ => LevelFilter::Trace,
-    })
+    LEVEL_NAMES.iter().position(|name| name.eq_ignore_ascii_case(text)).map(filter_of)
 }
 
 fn level_name(level: LevelFilter) -> &'static str {
