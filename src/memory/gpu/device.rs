@@ -341,7 +341,7 @@ pub(crate) struct DeviceShared {
     pub(crate) submitter: Mutex<Submitter>,
     /// How `CopyMethod::Auto` copies are made: what `LF_GPU_COPY` said at opening.
     pub(crate) copy_method: CopyMethod,
-    /// Imported arenas by exporter id, so that one arena is imported once (seed §6.2).
+    /// Imported arenas by exporter id, so that one arena is imported once.
     pub(crate) import_cache: Mutex<HashMap<ArenaId, Weak<Arena>>>,
 }
 

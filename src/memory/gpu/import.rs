@@ -1,6 +1,6 @@
 //! Importing another process's export on this process's own device.
 //!
-//! Rules, each a lesson from drivers and UCX (seed §6):
+//! Rules, each a lesson from drivers and UCX:
 //! - The metadata is validated in full before Vulkan sees it; a device or driver UUID that
 //!   differs from ours is a clear error, never an attempt (importing opaque memory on another
 //!   GPU or driver is undefined behaviour).
