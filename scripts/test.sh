@@ -32,7 +32,12 @@ fi
 step "cargo build --all-features"
 cargo build --all-features --all-targets
 
-step "cargo clippy -D warnings, rust-version"
+step "cargo fmt --check, cargo clippy -D warnings, rust-version, cargo doc"
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all --check || { echo "the sources are not formatted: run cargo fmt" >&2; exit 1; }
+else
+  echo "rustfmt is not installed with this toolchain (rustup component add rustfmt): format check skipped"
+fi
 if cargo clippy --version >/dev/null 2>&1; then
   cargo clippy --all-features --all-targets -- -D warnings
 else

@@ -31,8 +31,7 @@ pub struct ProcessConfig {
 
 impl ProcessConfig {
     pub fn load(path: &Path) -> Result<Self> {
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Error::config(path, format!("cannot read it: {e}")))?;
+        let meta = std::fs::metadata(path).map_err(|e| Error::config(path, format!("cannot read it: {e}")))?;
         if !meta.is_file() {
             return Err(Error::config(path, "is not a regular file"));
         }
@@ -42,32 +41,22 @@ impl ProcessConfig {
                 format!("is {} bytes; a config file is at most {MAX_CONFIG_BYTES}", meta.len()),
             ));
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::config(path, format!("cannot read it: {e}")))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::config(path, format!("cannot read it: {e}")))?;
         Self::parse(&text).map_err(|problem| Error::config(path, problem))
     }
 
     /// Parses config text; the error is the problem without the file name.
     pub fn parse(text: &str) -> std::result::Result<Self, String> {
-        let root: Value =
-            serde_json::from_str(text).map_err(|e| format!("is not valid JSON: {e}"))?;
-        let root = root
-            .as_object()
-            .ok_or_else(|| format!("top level must be an object, found {}", kind(&root)))?;
+        let root: Value = serde_json::from_str(text).map_err(|e| format!("is not valid JSON: {e}"))?;
+        let root = root.as_object().ok_or_else(|| format!("top level must be an object, found {}", kind(&root)))?;
         reject_unknown(root, &["processes"], "top level")?;
-        let list = root
-            .get("processes")
-            .ok_or("missing field \"processes\" (an array of process descriptions)")?;
-        let list = list
-            .as_array()
-            .ok_or_else(|| format!("\"processes\" must be an array, found {}", kind(list)))?;
+        let list = root.get("processes").ok_or("missing field \"processes\" (an array of process descriptions)")?;
+        let list = list.as_array().ok_or_else(|| format!("\"processes\" must be an array, found {}", kind(list)))?;
 
         let mut processes: Vec<(ProcessName, ProcessLocation)> = Vec::with_capacity(list.len());
         for (i, entry) in list.iter().enumerate() {
             let at = format!("processes[{i}]");
-            let obj = entry
-                .as_object()
-                .ok_or_else(|| format!("{at} must be an object, found {}", kind(entry)))?;
+            let obj = entry.as_object().ok_or_else(|| format!("{at} must be an object, found {}", kind(entry)))?;
             reject_unknown(obj, &["name", "hostname", "node_id", "device_id"], &at)?;
             let name = required_str(obj, "name", &at)?;
             let name = ProcessName::new(name).map_err(|e| format!("{at}.name: {e}"))?;
@@ -89,18 +78,14 @@ impl ProcessConfig {
     }
 
     pub fn location_of(&self, name: &ProcessName) -> Result<ProcessLocation> {
-        self.processes
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, loc)| loc.clone())
-            .ok_or_else(|| {
-                let known: Vec<&str> = self.processes.iter().map(|(n, _)| n.as_str()).collect();
-                Error::NotFound(format!(
-                    "no process named {:?} in the config; it describes: {}",
-                    name.as_str(),
-                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
-                ))
-            })
+        self.processes.iter().find(|(n, _)| n == name).map(|(_, loc)| loc.clone()).ok_or_else(|| {
+            let known: Vec<&str> = self.processes.iter().map(|(n, _)| n.as_str()).collect();
+            Error::NotFound(format!(
+                "no process named {:?} in the config; it describes: {}",
+                name.as_str(),
+                if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+            ))
+        })
     }
 }
 
@@ -117,20 +102,14 @@ fn kind(v: &Value) -> &'static str {
 
 fn reject_unknown(obj: &Map<String, Value>, allowed: &[&str], at: &str) -> std::result::Result<(), String> {
     match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(format!(
-            "{at}: unknown field {k:?}; allowed fields are {}",
-            allowed.join(", ")
-        )),
+        Some(k) => Err(format!("{at}: unknown field {k:?}; allowed fields are {}", allowed.join(", "))),
         None => Ok(()),
     }
 }
 
 fn required_str<'a>(obj: &'a Map<String, Value>, field: &str, at: &str) -> std::result::Result<&'a str, String> {
-    let v = obj
-        .get(field)
-        .ok_or_else(|| format!("{at}: missing field {field:?}"))?;
-    v.as_str()
-        .ok_or_else(|| format!("{at}.{field} must be a string, found {}", kind(v)))
+    let v = obj.get(field).ok_or_else(|| format!("{at}: missing field {field:?}"))?;
+    v.as_str().ok_or_else(|| format!("{at}.{field} must be a string, found {}", kind(v)))
 }
 
 fn optional_u32(obj: &Map<String, Value>, field: &str, at: &str) -> std::result::Result<Option<u32>, String> {
@@ -160,7 +139,10 @@ mod tests {
         )
         .unwrap();
         let a = cfg.location_of(&ProcessName::new("a").unwrap()).unwrap();
-        assert_eq!(a, ProcessLocation { hostname: "h0".into(), node_id: Some(1), device_id: Some(2), host_id: None, mpi: None });
+        assert_eq!(
+            a,
+            ProcessLocation { hostname: "h0".into(), node_id: Some(1), device_id: Some(2), host_id: None, mpi: None }
+        );
         let b = cfg.location_of(&ProcessName::new("b").unwrap()).unwrap();
         assert_eq!((b.node_id, b.device_id), (None, None));
         let err = cfg.location_of(&ProcessName::new("c").unwrap()).unwrap_err();
@@ -182,8 +164,9 @@ mod tests {
             .contains("processes[0].node_id must be an integer"));
         assert!(problem(r#"{"processes":[{"name":"a","hostname":"h","node_id":"0"}]}"#)
             .contains("node_id must be an integer"));
-        assert!(problem(r#"{"processes":[{"name":"a","hostname":"h","node-id":0}]}"#)
-            .contains("unknown field \"node-id\""));
+        assert!(
+            problem(r#"{"processes":[{"name":"a","hostname":"h","node-id":0}]}"#).contains("unknown field \"node-id\"")
+        );
         assert!(problem(r#"{"processes":[{"name":"a b","hostname":"h"}]}"#).contains("processes[0].name"));
         assert!(problem(r#"{"processes":[{"name":"a","hostname":"h"},{"name":"a","hostname":"g"}]}"#)
             .contains("described twice"));

@@ -194,7 +194,8 @@ mod tests {
     /// The names the C header defines (`#define LF_X` and enum values `LF_X = N`): constants
     /// of the C API, not variables, when a source spells one out.
     fn c_api_names() -> BTreeSet<String> {
-        let header = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/lava_flow.h")).unwrap();
+        let header =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/lava_flow.h")).unwrap();
         let mut names = BTreeSet::new();
         for line in header.lines().map(str::trim) {
             let name = line.strip_prefix("#define ").unwrap_or(line);
@@ -204,7 +205,10 @@ mod tests {
                 names.insert(name.to_owned());
             }
         }
-        assert!(names.contains("LF_ERR_TIMEOUT") && names.contains("LF_GPU_DEVICE_UUID"), "the header scan found {names:?}");
+        assert!(
+            names.contains("LF_ERR_TIMEOUT") && names.contains("LF_GPU_DEVICE_UUID"),
+            "the header scan found {names:?}"
+        );
         names
     }
 
@@ -221,7 +225,9 @@ mod tests {
             let text = std::fs::read_to_string(&file).unwrap();
             for (at, _) in text.match_indices("\"LF_") {
                 let rest = &text[at + 1..];
-                let len = rest.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')).unwrap_or(rest.len());
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
                 let name = &rest[..len];
                 if rest[len..].starts_with('"') && name.len() > "LF_".len() && !constants.contains(name) {
                     names.insert(name.to_owned());
@@ -237,8 +243,12 @@ mod tests {
         // The scan works: it finds the test-only name.
         assert!(names.contains("LF_FUZZ_CASES"), "{names:?}");
         let exempt: BTreeSet<&str> = NOT_USER_SETTINGS.iter().map(|(n, _)| *n).collect();
-        let missing: Vec<&String> = names.iter().filter(|n| lookup(n).is_none() && !exempt.contains(n.as_str())).collect();
-        assert!(missing.is_empty(), "add these to lava_flow::env::VARS (src/env.rs) and read them through it: {missing:?}");
+        let missing: Vec<&String> =
+            names.iter().filter(|n| lookup(n).is_none() && !exempt.contains(n.as_str())).collect();
+        assert!(
+            missing.is_empty(),
+            "add these to lava_flow::env::VARS (src/env.rs) and read them through it: {missing:?}"
+        );
         for (name, _) in NOT_USER_SETTINGS {
             assert!(names.contains(*name), "{name} is exempt but no source names it any more: drop it from the list");
         }
@@ -271,7 +281,11 @@ mod tests {
         for var in VARS {
             let covered = read.iter().any(|(_, v)| v.name == var.name)
                 || (cfg!(not(feature = "vulkan")) && var.feature == Some("vulkan"));
-            assert!(covered, "{} is in the table but no module reads it: drop it, or add its module's name here", var.name);
+            assert!(
+                covered,
+                "{} is in the table but no module reads it: drop it, or add its module's name here",
+                var.name
+            );
         }
     }
 

@@ -77,10 +77,7 @@ impl Error {
     }
 
     pub(crate) fn config(path: &Path, problem: impl Into<String>) -> Self {
-        Error::Config {
-            path: path.display().to_string(),
-            problem: problem.into(),
-        }
+        Error::Config { path: path.display().to_string(), problem: problem.into() }
     }
 
     /// Wraps an OS error with what was being attempted; EPERM/EACCES and ENOMEM get their own
@@ -88,9 +85,7 @@ impl Error {
     pub(crate) fn os(context: impl Into<String>, source: io::Error) -> Self {
         let context = context.into();
         match source.raw_os_error() {
-            Some(libc::EPERM) | Some(libc::EACCES) => {
-                Error::PermissionDenied(format!("{context}: {source}"))
-            }
+            Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied(format!("{context}: {source}")),
             Some(libc::ENOMEM) => Error::OutOfMemory(format!("{context}: {source}")),
             _ => Error::Io { context, source },
         }

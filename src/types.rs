@@ -39,10 +39,7 @@ impl ProcessName {
                 name.len()
             )));
         }
-        if let Some(bad) = name
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-        {
+        if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
             return Err(Error::invalid(format!(
                 "process name {name:?} contains {bad:?}; use ASCII letters, digits, '-', '_' and '.'"
             )));
@@ -96,13 +93,7 @@ impl ProcessLocation {
     /// Builds a location by hand, checking the hostname.
     pub fn new(hostname: &str, node_id: Option<u32>, device_id: Option<u32>) -> Result<Self> {
         validate_hostname(hostname)?;
-        Ok(ProcessLocation {
-            hostname: hostname.to_owned(),
-            node_id,
-            device_id,
-            host_id: None,
-            mpi: None,
-        })
+        Ok(ProcessLocation { hostname: hostname.to_owned(), node_id, device_id, host_id: None, mpi: None })
     }
 
     /// The same location with a host identity, checked like `LF_HOST_ID`.
@@ -161,12 +152,16 @@ impl std::str::FromStr for ProcessLocation {
         let mut parts = text.split(|c: char| c == ',' || c.is_ascii_whitespace()).filter(|p| !p.is_empty());
         let hostname = parts.next().ok_or_else(|| Error::invalid("the location is empty; give at least a hostname"))?;
         if hostname.contains('=') {
-            return Err(Error::invalid(format!("location {text:?} starts with {hostname:?}; it must start with a hostname")));
+            return Err(Error::invalid(format!(
+                "location {text:?} starts with {hostname:?}; it must start with a hostname"
+            )));
         }
         let mut location = ProcessLocation::new(hostname, None, None)?;
         for part in parts {
             let number = |value: &str, what: &str| {
-                value.parse::<u32>().map_err(|_| Error::invalid(format!("{what} {value:?} in location {text:?} is not a non-negative integer")))
+                value.parse::<u32>().map_err(|_| {
+                    Error::invalid(format!("{what} {value:?} in location {text:?} is not a non-negative integer"))
+                })
             };
             match part.split_once('=') {
                 Some(("numa-node", value)) => location.node_id = Some(number(value, "numa-node")?),
@@ -305,9 +300,10 @@ fn host_id_problem(host_id: &str) -> Option<String> {
     if host_id.len() > MAX_HOST_ID_LEN {
         return Some(format!("host identity is {} bytes long; the limit is {MAX_HOST_ID_LEN}", host_id.len()));
     }
-    host_id.chars().find(|c| !c.is_ascii_graphic()).map(|bad| {
-        format!("host identity {host_id:?} contains {bad:?}; use printable ASCII without spaces")
-    })
+    host_id
+        .chars()
+        .find(|c| !c.is_ascii_graphic())
+        .map(|bad| format!("host identity {host_id:?} contains {bad:?}; use printable ASCII without spaces"))
 }
 
 /// Checks a hostname against RFC 1123: dot-separated labels of 1 to 63 ASCII letters, digits
@@ -341,7 +337,9 @@ pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
             )));
         }
         if label.starts_with('-') || label.ends_with('-') {
-            return Err(Error::invalid(format!("hostname {hostname:?} has a label {label:?} that starts or ends with '-'")));
+            return Err(Error::invalid(format!(
+                "hostname {hostname:?} has a label {label:?} that starts or ends with '-'"
+            )));
         }
     }
     Ok(())
@@ -408,8 +406,7 @@ mod tests {
         assert_eq!(detect_scope(&me, &me), CommunicationScope::Local);
         // Every Linux machine has node 0 at least; getcpu never reports a node that is absent.
         let node = me.node_id.expect("getcpu reports a NUMA node on Linux");
-        assert!(std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists()
-            || node == 0);
+        assert!(std::path::Path::new(&format!("/sys/devices/system/node/node{node}")).exists() || node == 0);
     }
 
     #[test]
@@ -444,7 +441,10 @@ mod tests {
         for bad in ["a b", "tab\t", "é", &"x".repeat(MAX_HOST_ID_LEN + 1)] {
             let err = host_id_from(Some(bad.into())).unwrap_err();
             let msg = err.to_string();
-            assert!(matches!(err, Error::InvalidArgument(_)) && msg.contains("LF_HOST_ID") && msg.contains("unset it"), "{bad:?}: {msg}");
+            assert!(
+                matches!(err, Error::InvalidArgument(_)) && msg.contains("LF_HOST_ID") && msg.contains("unset it"),
+                "{bad:?}: {msg}"
+            );
         }
         assert!(ProcessLocation::new("h", None, None).unwrap().with_host_id("").is_err());
     }
@@ -457,7 +457,8 @@ mod tests {
         assert_eq!(plain, ProcessLocation::new("node7", None, None).unwrap());
         let commas: ProcessLocation = "node7,host-id=box-a,numa-node=0".parse().unwrap();
         assert_eq!((commas.host_id.as_deref(), commas.node_id), (Some("box-a"), Some(0)));
-        for bad in ["", "host-id=x", "node7 numa-node=-1", "node7 gpu=1", "node7 device=", "bad/host", "node7 host-id="] {
+        for bad in ["", "host-id=x", "node7 numa-node=-1", "node7 gpu=1", "node7 device=", "bad/host", "node7 host-id="]
+        {
             let err = bad.parse::<ProcessLocation>().unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(_)), "{bad:?}: {err}");
         }
@@ -471,7 +472,23 @@ mod tests {
         }
         let long_label = "a".repeat(64);
         let too_long = vec!["b".repeat(63); 4].join(".");
-        for bad in ["", "a b", "a/b", "../x", "a\\b", "é", "a\n", ".a", "a.", "a..b", "-a", "a-", "x.-y", &long_label, &too_long] {
+        for bad in [
+            "",
+            "a b",
+            "a/b",
+            "../x",
+            "a\\b",
+            "é",
+            "a\n",
+            ".a",
+            "a.",
+            "a..b",
+            "-a",
+            "a-",
+            "x.-y",
+            &long_label,
+            &too_long,
+        ] {
             let err = ProcessLocation::new(bad, None, None).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("hostname"), "{bad:?}: {err}");
         }

@@ -45,7 +45,8 @@ fn json(args: &[&str], env: &[(&str, &str)], dir: Option<&Path>) -> Value {
     let out = lf_info(&all, env, dir);
     let text = stdout(&out);
     assert!(out.status.success(), "lf-info {all:?} failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
-    let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("lf-info {all:?} printed no JSON object ({e}):\n{text}"));
+    let value: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("lf-info {all:?} printed no JSON object ({e}):\n{text}"));
     assert!(value.is_object(), "{text}");
     value
 }
@@ -161,9 +162,13 @@ fn config_says_where_each_value_comes_from() {
     let env = [("LF_TRANSPORTS", "shm"), ("LF_HOST_ID", "lf-info-test-host")];
     let view = json(&["-c"], &env, None);
     let vars = view["config"]["variables"].as_array().unwrap();
-    let var = |name: &str| vars.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("{name} missing: {view:#}"));
+    let var =
+        |name: &str| vars.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("{name} missing: {view:#}"));
     assert_eq!(vars.len(), lava_flow::env::VARS.len());
-    assert_eq!((&var("LF_TRANSPORTS")["value"], &var("LF_TRANSPORTS")["source"]), (&"shm".into(), &"environment".into()));
+    assert_eq!(
+        (&var("LF_TRANSPORTS")["value"], &var("LF_TRANSPORTS")["source"]),
+        (&"shm".into(), &"environment".into())
+    );
     assert_eq!(var("LF_HOST_ID")["resolved"], "lf-info-test-host");
     assert_eq!((&var("LF_GPU_COPY")["value"], &var("LF_GPU_COPY")["source"]), (&"auto".into(), &"default".into()));
     assert_eq!((&var("LF_LOG_LEVEL")["value"], &var("LF_LOG_LEVEL")["source"]), (&"warn".into(), &"default".into()));
@@ -191,7 +196,8 @@ fn every_view_prints_one_json_object() {
     match library_gpu() {
         Ok(name) => {
             let devices = view["devices"]["devices"].as_array().unwrap();
-            let device = devices.iter().find(|d| d["name"] == name.as_str()).unwrap_or_else(|| panic!("{name}: {view:#}"));
+            let device =
+                devices.iter().find(|d| d["name"] == name.as_str()).unwrap_or_else(|| panic!("{name}: {view:#}"));
             assert_eq!(device["default"], true);
             assert!(device["device_uuid"].as_str().is_some() && device["driver_uuid"].as_str().is_some(), "{device}");
             assert!(device["memory_types"].as_array().is_some_and(|t| !t.is_empty()), "{device}");
@@ -229,7 +235,8 @@ fn a_peer_s_route_says_its_scope_and_why() {
     // A process of a config file.
     let dir = test_dir("peer");
     let config = dir.join("processes.json");
-    std::fs::write(&config, format!(r#"{{ "processes": [ {{ "name": "trainer", "hostname": "{host}" }} ] }}"#)).unwrap();
+    std::fs::write(&config, format!(r#"{{ "processes": [ {{ "name": "trainer", "hostname": "{host}" }} ] }}"#))
+        .unwrap();
     let view = json(&["-p", &format!("{}:trainer", config.display())], &[], None);
     assert_eq!(view["peer"]["scope"], "local", "{view:#}");
     assert!(view["peer"]["peer_from"].as_str().unwrap().contains("trainer"));
@@ -271,9 +278,14 @@ fn channels_are_seen_alive_then_dead_after_sigkill_then_cleaned_up() {
         })
         .unwrap();
         let here = ProcessLocation::from_hostname().unwrap();
-        let config = ChannelConfig { pool_size: 64 << 10, rendezvous_timeout: Some(Duration::from_secs(20)), ..ChannelConfig::default() };
+        let config = ChannelConfig {
+            pool_size: 64 << 10,
+            rendezvous_timeout: Some(Duration::from_secs(20)),
+            ..ChannelConfig::default()
+        };
         let (context2, here2, config2) = (context.clone(), here.clone(), config.clone());
-        let consumer = std::thread::spawn(move || Consumer::create(&context2, "held", &here2, &here2, &config2).unwrap());
+        let consumer =
+            std::thread::spawn(move || Consumer::create(&context2, "held", &here2, &here2, &config2).unwrap());
         let mut producer = Producer::create(&context, "held", &here, &here, &config).unwrap();
         let mut consumer = consumer.join().unwrap();
         producer.send(b"hello").unwrap();
@@ -329,7 +341,8 @@ fn channels_are_seen_alive_then_dead_after_sigkill_then_cleaned_up() {
     assert!(text.contains("`lf-info --cleanup` removes their files"), "{text}");
 
     let view = json(&["--cleanup"], &[], Some(&dir));
-    let removed: Vec<&str> = view["channels"]["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    let removed: Vec<&str> =
+        view["channels"]["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
     for file in ["held.sock", "held.producer.lock", "held.consumer.lock"] {
         assert!(removed.iter().any(|p| p.ends_with(file)), "{file} not removed: {removed:?}");
     }

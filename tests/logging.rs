@@ -64,7 +64,11 @@ fn run_child(test: &str, role: &str, level: Option<&str>) -> Run {
     let child = cmd.spawn().expect("re-executing the test binary");
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
-    let run = Run { pid, stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() };
+    let run = Run {
+        pid,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
     assert!(out.status.success(), "child {test}:{role} failed ({}):\n{}\n{}", out.status, run.stdout, run.stderr);
     assert!(run.stdout.contains("1 passed"), "child {test}:{role} ran no test:\n{}\n{}", run.stdout, run.stderr);
     let _ = std::fs::remove_dir_all(&dir);
@@ -155,8 +159,16 @@ fn debug_adds_each_channel_ends_lifecycle() {
     let run = run_child("debug_adds_each_channel_ends_lifecycle", "debug", Some("DEBUG"));
     check_format(&run);
     for end in ["producer", "consumer"] {
-        assert!(has(&run, "DEBUG", "lava_flow::channels", &format!("channel \"log-debug\" ({end}): creating over shm")), "{}", run.stderr);
-        assert!(has(&run, "DEBUG", "lava_flow::channels", &format!("channel \"log-debug\" ({end}): closed")), "{}", run.stderr);
+        assert!(
+            has(&run, "DEBUG", "lava_flow::channels", &format!("channel \"log-debug\" ({end}): creating over shm")),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            has(&run, "DEBUG", "lava_flow::channels", &format!("channel \"log-debug\" ({end}): closed")),
+            "{}",
+            run.stderr
+        );
     }
 }
 
@@ -194,7 +206,11 @@ fn an_unknown_level_is_reported_once_and_the_default_applies() {
     check_format(&run);
     let reports: Vec<&str> = run.stderr.lines().filter(|l| l.contains("LF_LOG_LEVEL=\"chatty\"")).collect();
     assert_eq!(reports.len(), 1, "the unknown level is reported once:\n{}", run.stderr);
-    assert!(reports[0].contains("off, error, warn, info, debug, trace"), "the accepted values are named: {}", reports[0]);
+    assert!(
+        reports[0].contains("off, error, warn, info, debug, trace"),
+        "the accepted values are named: {}",
+        reports[0]
+    );
     assert!(has(&run, "WARN", "lava_flow::memory", "no Vulkan device"), "warn still applies:\n{}", run.stderr);
     assert!(!run.stderr.contains(" INFO "), "info records under the default:\n{}", run.stderr);
 }
@@ -222,7 +238,9 @@ fn an_applications_own_logger_is_kept() {
         fallback_and_channel("log-app");
         assert!(!lava_flow::logging::installed_ours());
         let records = APP_LOGGER.0.lock().unwrap();
-        let seen = |level: log::Level, text: &str| records.iter().any(|(l, t, m)| *l == level && t.starts_with("lava_flow::") && m.contains(text));
+        let seen = |level: log::Level, text: &str| {
+            records.iter().any(|(l, t, m)| *l == level && t.starts_with("lava_flow::") && m.contains(text))
+        };
         assert!(seen(log::Level::Warn, "no Vulkan device"), "{records:?}");
         assert!(seen(log::Level::Info, "transport shm"), "{records:?}");
         println!("@@ records {}", records.len());
@@ -238,7 +256,12 @@ fn an_applications_own_logger_is_kept() {
 static RECEIVED: Mutex<Vec<(lf_log_level, String, String, usize)>> = Mutex::new(Vec::new());
 static INSIDE: Mutex<Option<lf_status>> = Mutex::new(None);
 
-unsafe extern "C" fn callback(user_data: *mut c_void, level: lf_log_level, target: *const c_char, message: *const c_char) {
+unsafe extern "C" fn callback(
+    user_data: *mut c_void,
+    level: lf_log_level,
+    target: *const c_char,
+    message: *const c_char,
+) {
     // SAFETY: lava-flow passes NUL-terminated strings valid during the call.
     let (target, message) = unsafe { (CStr::from_ptr(target), CStr::from_ptr(message)) };
     let mut inside = INSIDE.lock().unwrap();
@@ -246,7 +269,12 @@ unsafe extern "C" fn callback(user_data: *mut c_void, level: lf_log_level, targe
         // SAFETY: NULL restores stderr; refused here, inside the callback.
         *inside = Some(unsafe { lf_set_log_callback(None, std::ptr::null_mut()) });
     }
-    RECEIVED.lock().unwrap().push((level, target.to_string_lossy().into_owned(), message.to_string_lossy().into_owned(), user_data as usize));
+    RECEIVED.lock().unwrap().push((
+        level,
+        target.to_string_lossy().into_owned(),
+        message.to_string_lossy().into_owned(),
+        user_data as usize,
+    ));
 }
 
 #[test]
@@ -258,11 +286,16 @@ fn the_c_callback_gets_records_and_null_restores_stderr() {
         fallback_and_channel("log-callback");
         {
             let received = RECEIVED.lock().unwrap();
-            let transport = received.iter().find(|(_, _, m, _)| m.contains("channel \"log-callback\" (producer): transport shm"));
-            let (level, target, _, user_data) = transport.unwrap_or_else(|| panic!("no transport choice: {received:?}"));
+            let transport =
+                received.iter().find(|(_, _, m, _)| m.contains("channel \"log-callback\" (producer): transport shm"));
+            let (level, target, _, user_data) =
+                transport.unwrap_or_else(|| panic!("no transport choice: {received:?}"));
             assert_eq!((*level, *user_data), (lf_log_level::LF_LOG_INFO, 0x5eed));
             assert_eq!(target, "lava_flow::channels");
-            assert!(received.iter().any(|(l, _, m, _)| *l == lf_log_level::LF_LOG_WARN && m.contains("no Vulkan device")), "{received:?}");
+            assert!(
+                received.iter().any(|(l, _, m, _)| *l == lf_log_level::LF_LOG_WARN && m.contains("no Vulkan device")),
+                "{received:?}"
+            );
             assert!(received.iter().all(|(_, _, m, _)| !m.contains('\n')), "{received:?}");
         }
         assert_eq!(*INSIDE.lock().unwrap(), Some(lf_status::LF_ERR_INVALID_STATE), "replaced from inside the callback");
@@ -277,5 +310,9 @@ fn the_c_callback_gets_records_and_null_restores_stderr() {
     let run = run_child("the_c_callback_gets_records_and_null_restores_stderr", "callback", Some("error"));
     check_format(&run);
     assert!(!run.stderr.contains("\"log-callback\""), "records of the callback's time on stderr:\n{}", run.stderr);
-    assert!(has(&run, "INFO", "lava_flow::channels", "channel \"log-stderr-again\" (consumer): transport shm"), "{}", run.stderr);
+    assert!(
+        has(&run, "INFO", "lava_flow::channels", "channel \"log-stderr-again\" (consumer): transport shm"),
+        "{}",
+        run.stderr
+    );
 }

@@ -56,7 +56,11 @@ fn role(world: &MpiWorld) {
         let mut p = Producer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
         let report = p.transport().clone();
         assert_eq!(report.kind, TransportKind::Mpi, "{}", report.reason);
-        assert!(report.reason.contains("mpi carries the messages") && report.reason.contains("staged through mpi"), "{}", report.reason);
+        assert!(
+            report.reason.contains("mpi carries the messages") && report.reason.contains("staged through mpi"),
+            "{}",
+            report.reason
+        );
         let buffer = context.allocate(3 << 20, MemoryLocation::CpuStandard).unwrap();
         for seq in 0..MESSAGES {
             let len = size_of(seq);
@@ -87,7 +91,9 @@ fn role(world: &MpiWorld) {
         p.wait_completed(MESSAGES - 1, Some(Duration::from_secs(60))).unwrap();
         assert!(p.completed().unwrap() >= MESSAGES);
         // Messages too large are refused at once, saying why.
-        assert!(matches!(p.send(&vec![0u8; (16 << 20) + 1]), Err(Error::InvalidArgument(m)) if m.contains("pool_size")));
+        assert!(
+            matches!(p.send(&vec![0u8; (16 << 20) + 1]), Err(Error::InvalidArgument(m)) if m.contains("pool_size"))
+        );
         // A GPU buffer goes staged through MPI (where this process has a GPU).
         if let Ok(gpu) = context.allocate(5 << 20, MemoryLocation::GpuDeviceLocal) {
             if gpu.location().is_gpu() {

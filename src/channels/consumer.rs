@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::ops::Deref;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, AsFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
@@ -13,7 +13,9 @@ use parking_lot::{Condvar, Mutex};
 
 use super::transport::{ConsumerTransport, Packed, RawView, RouteReceiver, RoutedPayload, TransportInfo};
 use super::transports::{self, AnyConsumer, AnyRouteReceiver, MessageReleaser};
-use super::{log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role};
+use super::{
+    log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role,
+};
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, Context as MemoryContext};
 use crate::os::eventfd::{eventfd, eventfd_signal, poll};
@@ -174,7 +176,11 @@ impl Consumer {
     #[inline(never)]
     fn wrap_routed(&mut self, view: RawView) -> Result<Message> {
         let payload = self.resolve(&view)?;
-        Ok(Message { view, releaser: self.transport.message_releaser(), routed: Some(Routed { payload, buffer: OnceLock::new() }) })
+        Ok(Message {
+            view,
+            releaser: self.transport.message_releaser(),
+            routed: Some(Routed { payload, buffer: OnceLock::new() }),
+        })
     }
 
     /// Hands the route the current producer's rendezvous section when a new one attached (a
@@ -260,7 +266,10 @@ impl Consumer {
                 "channel {:?}: message {} names route {route}, which this channel does not use",
                 self.name, view.token
             )),
-            _ => Error::Corrupt(format!("channel {:?}: message {} has a {}-byte route descriptor", self.name, view.token, view.len)),
+            _ => Error::Corrupt(format!(
+                "channel {:?}: message {} has a {}-byte route descriptor",
+                self.name, view.token, view.len
+            )),
         }
     }
 

@@ -327,7 +327,12 @@ fn allowed_transports(config: &ChannelConfig) -> Result<(Vec<TransportKind>, Str
 }
 
 /// Decides which transports serve a channel between `mine` and `peer`, and says why.
-pub(crate) fn plan_routes(mine: &ProcessLocation, peer: &ProcessLocation, config: &ChannelConfig, context: &Context) -> Result<transports::Plan> {
+pub(crate) fn plan_routes(
+    mine: &ProcessLocation,
+    peer: &ProcessLocation,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<transports::Plan> {
     let (scope, scope_text) = explain_scope(mine, peer);
     let (allowed, source) = allowed_transports(config)?;
     transports::plan(scope, peer, &scope_text, &allowed, &source, config.strict_gpu, context)
@@ -358,7 +363,8 @@ mod tests {
     }
 
     fn no_gpu() -> Context {
-        Context::new(crate::memory::ContextConfig { gpu: crate::memory::GpuPolicy::Disabled, ..Default::default() }).unwrap()
+        Context::new(crate::memory::ContextConfig { gpu: crate::memory::GpuPolicy::Disabled, ..Default::default() })
+            .unwrap()
     }
 
     #[test]
@@ -375,7 +381,10 @@ mod tests {
         // The env var is not set by this test binary's callers for this check.
         if std::env::var(TRANSPORTS_ENV).is_err() {
             let err = plan_routes(&here(), &far, &config, &no_gpu()).unwrap_err();
-            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport can reach the peer") && m.contains("lf_mpi_location")), "{err}");
+            assert!(
+                matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport can reach the peer") && m.contains("lf_mpi_location")),
+                "{err}"
+            );
         }
     }
 
@@ -390,7 +399,10 @@ mod tests {
         let far = ProcessLocation::new("host-b", None, None).unwrap();
         let config = ChannelConfig { transports: Some(vec![TransportKind::Shm]), ..Default::default() };
         let err = preview_transports(&here(), &far, &config, &no_gpu()).unwrap_err();
-        assert!(matches!(err, Error::Unsupported(ref m) if m.contains("shm needs both processes on one host")), "{err}");
+        assert!(
+            matches!(err, Error::Unsupported(ref m) if m.contains("shm needs both processes on one host")),
+            "{err}"
+        );
     }
 
     #[test]
@@ -398,7 +410,10 @@ mod tests {
         let config = ChannelConfig { transports: Some(vec![TransportKind::Mpi]), ..Default::default() };
         let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
         // Built with MPI, the peer's location lacks an MPI rank; built without, MPI is missing.
-        assert!(matches!(err, Error::Unsupported(ref m) if m.contains("MPI discovery") || m.contains("mpi is not in this build")), "{err}");
+        assert!(
+            matches!(err, Error::Unsupported(ref m) if m.contains("MPI discovery") || m.contains("mpi is not in this build")),
+            "{err}"
+        );
         let config = ChannelConfig { transports: Some(vec![TransportKind::VulkanIpc]), ..Default::default() };
         let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
 use super::transports::{self, AnyProducer, AnyRouteSender};
 use super::{
-    deadline_after, log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role,
-    AUTO_ZERO_COPY_MIN,
+    deadline_after, log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name,
+    ChannelConfig, Role, AUTO_ZERO_COPY_MIN,
 };
 use crate::error::{Error, Result};
 use crate::memory::registry::{Registry, SharedMemory};
@@ -152,9 +152,17 @@ impl Producer {
     /// carrier, a GPU buffer's mapping through the GPU route (`Unsupported` where the channel
     /// has none: the caller copies instead).
     #[inline(never)]
-    fn send_shared(&mut self, memory: SharedMemory, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+    fn send_shared(
+        &mut self,
+        memory: SharedMemory,
+        offset: usize,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
         match memory {
-            SharedMemory::File(arena, _) if timeout == Some(Duration::ZERO) => self.transport.try_send_region(&arena, offset, len),
+            SharedMemory::File(arena, _) if timeout == Some(Duration::ZERO) => {
+                self.transport.try_send_region(&arena, offset, len)
+            }
             SharedMemory::File(arena, _) => self.transport.send_region(&arena, offset, len, deadline_after(timeout)),
             #[cfg(feature = "vulkan")]
             SharedMemory::Gpu(whole) => {
@@ -226,7 +234,9 @@ impl Producer {
     /// at send, is complete at once).
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
         // Without a look at the consumer's side: complete by the last look, or copied at send.
-        if seq < self.transport.completed_hint() || self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] == seq + 1 {
+        if seq < self.transport.completed_hint()
+            || self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] == seq + 1
+        {
             return Ok(());
         }
         // One look at the consumer's side before the clock is read for a wait.
@@ -256,7 +266,13 @@ impl Producer {
     }
 
     /// As [`send_buffer`](Self::send_buffer), giving up with `Timeout` after `timeout`.
-    pub fn send_buffer_timeout(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Duration) -> Result<u64> {
+    pub fn send_buffer_timeout(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<u64> {
         self.send_buffer_within(buffer, offset, len, 0, Some(timeout))
     }
 
@@ -271,7 +287,14 @@ impl Producer {
     /// `cudaSignalExternalSemaphoresAsync`). The consumer's GPU work on the buffer waits for
     /// it on the GPU. Values must grow from message to message. `Unsupported` where the
     /// channel's GPU route synchronises on the host.
-    pub fn send_buffer_after(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, timeout: Option<Duration>) -> Result<u64> {
+    pub fn send_buffer_after(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
         if ready_value == 0 {
             return Err(Error::invalid("ready value 0 means ready now: use send_buffer"));
         }
@@ -310,7 +333,14 @@ impl Producer {
 
     /// A buffer send waiting for room up to `timeout` (`None`: forever; zero: not at all),
     /// reading the clock only when there is no room at once.
-    pub(crate) fn send_buffer_within(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, timeout: Option<Duration>) -> Result<u64> {
+    pub(crate) fn send_buffer_within(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
         if len == 0 {
             return Err(Error::invalid("a message needs at least one byte"));
         }
@@ -319,7 +349,10 @@ impl Producer {
             return self.send_gpu(buffer, offset, len, ready_value, timeout);
         }
         if ready_value != 0 {
-            return Err(Error::invalid(format!("buffer {} is CPU memory: a ready value is for GPU buffers", buffer.id())));
+            return Err(Error::invalid(format!(
+                "buffer {} is CPU memory: a ready value is for GPU buffers",
+                buffer.id()
+            )));
         }
         if len < AUTO_ZERO_COPY_MIN && !buffer.is_registered() {
             return self.send_small_buffer(buffer, offset, len, timeout);
@@ -337,7 +370,13 @@ impl Producer {
     /// A buffer send of a few bytes: cheaper copied into the message than sent by reference
     /// (no arena to map, no cache line of the buffer to fetch across cores), and complete for
     /// the sender at once: the buffer may be rewritten as soon as this returns.
-    fn send_small_buffer(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+    fn send_small_buffer(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
         // SAFETY: a CPU buffer's memory is mapped in this process for its whole length, and
         // `check_range` showed that `len` bytes at `offset` lie inside it.
         let bytes = unsafe { std::slice::from_raw_parts(buffer.as_ptr().add(offset), len) };
@@ -348,7 +387,14 @@ impl Producer {
     }
 
     /// A GPU buffer: by reference through the GPU route, or staged through the carrier.
-    fn send_gpu(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, timeout: Option<Duration>) -> Result<u64> {
+    fn send_gpu(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
         let Some(gpu) = self.gpu.as_mut() else {
             if ready_value != 0 {
                 return Err(Error::Unsupported(format!(
@@ -362,7 +408,8 @@ impl Producer {
         gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint(), packed)?;
         let descriptor = &packed.descriptor[..packed.descriptor_len];
         // Attachments that did not go out stay in `packed` for the next message.
-        let seq = self.transport.send_routed(self.gpu_route, descriptor, &mut packed.attachments, deadline_after(timeout))?;
+        let seq =
+            self.transport.send_routed(self.gpu_route, descriptor, &mut packed.attachments, deadline_after(timeout))?;
         gpu.sent(seq);
         Ok(seq)
     }
@@ -374,7 +421,13 @@ impl Producer {
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.
-    pub fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+    pub fn send_region(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
         self.transport.send_region(region, offset, len, deadline_after(timeout))
     }
 

@@ -75,8 +75,8 @@ pub fn runtime_dir() -> Result<PathBuf> {
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::os(format!("creating runtime dir {}", dir.display()), e)),
     }
-    let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| Error::os(format!("checking runtime dir {}", dir.display()), e))?;
+    let meta =
+        std::fs::symlink_metadata(&dir).map_err(|e| Error::os(format!("checking runtime dir {}", dir.display()), e))?;
     if !meta.is_dir() {
         return Err(Error::PermissionDenied(format!(
             "runtime dir {} is not a directory (a symlink or file is in the way); remove it",
@@ -273,15 +273,12 @@ pub fn end_state(name: &str, end: End) -> Result<EndState> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let path = lock_path(name, end)?;
-    let mut file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
-        Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
-    };
+    let mut file =
+        match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
+            Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
+        };
     // SAFETY: flock on a descriptor this function owns, with integer flags.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
         // Given back when `file` closes, at the end of this function.
@@ -342,7 +339,12 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
     names
         .into_iter()
         .map(|(name, socket)| {
-            Ok(ChannelFiles { producer: end_state(&name, End::Producer)?, consumer: end_state(&name, End::Consumer)?, socket, name })
+            Ok(ChannelFiles {
+                producer: end_state(&name, End::Producer)?,
+                consumer: end_state(&name, End::Consumer)?,
+                socket,
+                name,
+            })
         })
         .collect()
 }
@@ -483,9 +485,7 @@ impl Listener {
         let listener = UnixListener::bind(&path).map_err(|e| Error::os(format!("bind {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| Error::os(format!("chmod 0600 {}", path.display()), e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::os("making the listening socket non-blocking", e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::os("making the listening socket non-blocking", e))?;
         let id = file_id(&path);
         Ok(Listener { listener, path, id, lock: Some(lock) })
     }
@@ -513,12 +513,16 @@ impl Listener {
     /// Accepts one connection from a process of this user, waiting until `deadline`
     /// (`None`: forever; `Some(now)`: only what is already pending). Connections from other
     /// users are closed and noted in `refused`.
-    pub fn accept(&self, deadline: Option<Instant>, refused: &mut Vec<String>, channel: &str) -> Result<Option<(UnixStream, libc::ucred)>> {
+    pub fn accept(
+        &self,
+        deadline: Option<Instant>,
+        refused: &mut Vec<String>,
+        channel: &str,
+    ) -> Result<Option<(UnixStream, libc::ucred)>> {
         loop {
             match self.listener.accept() {
                 Ok((sock, _)) => {
-                    sock.set_nonblocking(false)
-                        .map_err(|e| Error::os("making the producer socket blocking", e))?;
+                    sock.set_nonblocking(false).map_err(|e| Error::os("making the producer socket blocking", e))?;
                     let cred = peer_credentials(&sock)?;
                     match check_same_user(&cred, channel) {
                         Ok(()) => return Ok(Some((sock, cred))),
@@ -810,7 +814,10 @@ fn put_sections(out: &mut Vec<u8>, sections: &[Section]) {
 fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> Result<Vec<Section>> {
     let bad = |why: &str| Error::Corrupt(format!("rendezvous: the peer's {what} {why}"));
     let u32_at = |i: usize| -> Result<u32> {
-        bytes.get(i..i + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).ok_or_else(|| bad("is cut short"))
+        bytes
+            .get(i..i + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(|| bad("is cut short"))
     };
     let count = u32_at(at)? as usize;
     at += 4;
@@ -860,7 +867,9 @@ pub const MAX_HELLO_LEN: usize = 16 + 64 + 4 + MAX_SECTIONS * (12 + MAX_SECTION_
 pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Section>)> {
     let bad = |what: &str| Error::Corrupt(format!("rendezvous: producer's hello {what}"));
     if bytes.len() < 12 || &bytes[..8] != HELLO_MAGIC {
-        return Err(bad("is not a lava-flow hello of this version (wrong magic or too short); use the same lava-flow on both sides"));
+        return Err(bad(
+            "is not a lava-flow hello of this version (wrong magic or too short); use the same lava-flow on both sides",
+        ));
     }
     let name_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
     let name = bytes.get(12..12 + name_len).ok_or_else(|| bad("has a name longer than itself"))?;
@@ -940,9 +949,9 @@ pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Section>> {
     }
     let status = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
     let text_len = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")) as usize;
-    let text = body.get(16..16 + text_len).ok_or_else(|| {
-        Error::Corrupt(format!("channel {channel:?}: the consumer's answer is cut short"))
-    })?;
+    let text = body
+        .get(16..16 + text_len)
+        .ok_or_else(|| Error::Corrupt(format!("channel {channel:?}: the consumer's answer is cut short")))?;
     if status != ACK_OK {
         return Err(Error::InvalidState(format!(
             "the consumer of channel {channel:?} refused this producer: {}",
@@ -1018,7 +1027,11 @@ mod tests {
         let woken = Arc::new(AtomicBool::new(false));
         let w = Arc::clone(&woken);
         assert!(!blind.arm(move || w.store(true, Ordering::SeqCst)));
-        assert!(blind.polled_because().is_some_and(|why| why.contains("PID namespace")), "{:?}", blind.polled_because());
+        assert!(
+            blind.polled_because().is_some_and(|why| why.contains("PID namespace")),
+            "{:?}",
+            blind.polled_because()
+        );
         assert!(!blind.alarmed() && !blind.is_gone());
         drop(a2);
         let start = Instant::now();

@@ -65,9 +65,9 @@ impl TransportKind {
             "shm" | "sm" | "shared_memory" => Ok(TransportKind::Shm),
             "vulkan_ipc" | "vulkan" | "vk" => Ok(TransportKind::VulkanIpc),
             "mpi" => Ok(TransportKind::Mpi),
-            other => Err(Error::invalid(format!(
-                "unknown transport {other:?}; known transports are shm, vulkan_ipc, mpi"
-            ))),
+            other => {
+                Err(Error::invalid(format!("unknown transport {other:?}; known transports are shm, vulkan_ipc, mpi")))
+            }
         }
     }
 }
@@ -293,7 +293,12 @@ pub trait ProducerTransport: Send {
     /// filled does (staged GPU buffers: the GPU-to-host copy of one piece overlaps the sending
     /// of the last). A failed fill cancels the loan, or, where part was already sent, cuts the
     /// message short, which the consumer sees as `Corrupt`.
-    fn publish_filled(&mut self, loan: RawLoan, len: usize, fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>) -> Result<u64> {
+    fn publish_filled(
+        &mut self,
+        loan: RawLoan,
+        len: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         // SAFETY: the loan is at least `len` writable bytes that nothing else touches until it
         // is published or cancelled.
         let room = unsafe { std::slice::from_raw_parts_mut(loan.ptr, len) };
@@ -320,7 +325,13 @@ pub trait ProducerTransport: Send {
     /// Sends `len` bytes at `offset` of `region` without copying, waiting for room up to
     /// `deadline` (`None`: forever). The region must not be written until the message is
     /// complete.
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+    fn send_region(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         let _ = (region.arena_len(), offset, len, deadline);
         Err(Error::Unsupported(format!(
             "{} transport cannot send lava-flow buffers by reference yet; use send (copy) or loan",
@@ -338,7 +349,13 @@ pub trait ProducerTransport: Send {
     /// only once there is room for the message, so that a send that found none leaves them
     /// for the next). Waits for room up to `deadline` (`Some(now)`: `WouldBlock` at once when
     /// full).
-    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+    fn send_routed(
+        &mut self,
+        route: u32,
+        descriptor: &[u8],
+        attachments: &mut Vec<Section>,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         let _ = (route, descriptor, attachments, deadline);
         Err(Error::Unsupported(format!("the {} transport carries no other route's messages", self.info().kind)))
     }
@@ -442,7 +459,6 @@ pub trait ConsumerTransport: Send {
     }
 }
 
-
 /// A route's descriptor of one payload, with what the consumer must learn before it (an
 /// arena's memory file the first time). The producer keeps one and packs every message into
 /// it: attachments of a message that did not go out (no room, timeout) stay at the front and
@@ -478,7 +494,15 @@ pub trait RouteSender: Send {
     /// the value of the route's ready semaphore at which they will be (the producer's own GPU
     /// work signals it). `completed`: how many messages the consumer is known to have
     /// released, so that the route may let go of memory no message needs.
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()>;
+    fn pack(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        completed: u64,
+        out: &mut Packed,
+    ) -> Result<()>;
 
     /// A new descriptor of the route's released semaphore, which the consumer signals to
     /// `seq + 1` once it let go of message `seq` and every GPU message before it
@@ -538,7 +562,13 @@ impl RoutedPayload {
     /// `memory` stays alive and in place until the payload is dropped: the route keeps it
     /// while message `seq`'s view is held, and the payload is dropped before the view is
     /// released.
-    pub unsafe fn new(memory: &(dyn RoutedMemory + 'static), offset: u64, len: usize, ready_value: u64, seq: u64) -> RoutedPayload {
+    pub unsafe fn new(
+        memory: &(dyn RoutedMemory + 'static),
+        offset: u64,
+        len: usize,
+        ready_value: u64,
+        seq: u64,
+    ) -> RoutedPayload {
         RoutedPayload { memory: NonNull::from(memory), offset, len, ready_value, seq }
     }
 

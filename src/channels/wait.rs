@@ -214,7 +214,6 @@ impl Waiter {
     }
 }
 
-
 /// The model check of the protocol with loom: every interleaving (up to a preemption bound)
 /// of a producer and a consumer that use [`publish_then_check`], [`wake_if_sleeping`] and
 /// [`sleep_once`] as the shared-memory transport does. A lost wake-up shows as a deadlock

@@ -20,7 +20,8 @@ pub const LF_ALLOC_HUGEPAGE_STRICT: u32 = 1;
 pub const LF_ALLOC_HUGEPAGE_BEST_EFFORT: u32 = 2;
 
 // Literals (so cbindgen writes them into the header), checked to agree with the context's.
-const _: () = assert!(LF_ALLOC_HUGEPAGE_STRICT == LF_HUGEPAGE_STRICT && LF_ALLOC_HUGEPAGE_BEST_EFFORT == LF_HUGEPAGE_BEST_EFFORT);
+const _: () =
+    assert!(LF_ALLOC_HUGEPAGE_STRICT == LF_HUGEPAGE_STRICT && LF_ALLOC_HUGEPAGE_BEST_EFFORT == LF_HUGEPAGE_BEST_EFFORT);
 
 fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
@@ -296,11 +297,19 @@ mod tests {
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
             let (mut mine, mut peer) = (ptr::null_mut(), ptr::null_mut());
             let host = |name: &str| std::ffi::CString::new(name).unwrap();
-            assert_eq!(crate::ffi::location::lf_location_new(host("node-a").as_ptr(), 0, LF_UNSET, &mut mine), lf_status::LF_OK);
-            assert_eq!(crate::ffi::location::lf_location_new(host("node-b").as_ptr(), 0, LF_UNSET, &mut peer), lf_status::LF_OK);
+            assert_eq!(
+                crate::ffi::location::lf_location_new(host("node-a").as_ptr(), 0, LF_UNSET, &mut mine),
+                lf_status::LF_OK
+            );
+            assert_eq!(
+                crate::ffi::location::lf_location_new(host("node-b").as_ptr(), 0, LF_UNSET, &mut peer),
+                lf_status::LF_OK
+            );
             let mut buffer = ptr::null_mut();
             match lf_alloc_auto(context, size, mine, peer, &mut buffer) {
-                lf_status::LF_OK => assert_fell_back_with_reason(buffer, "CPU memory on 2 MiB huge pages was asked for"),
+                lf_status::LF_OK => {
+                    assert_fell_back_with_reason(buffer, "CPU memory on 2 MiB huge pages was asked for")
+                }
                 lf_status::LF_ERR_OUT_OF_MEMORY => println!("skipped: {size} bytes are more than this host can give"),
                 other => panic!("{other}: {}", last_error()),
             }
@@ -324,13 +333,25 @@ mod tests {
             let huge = crate::ffi::buffer::LF_MEMORY_CPU_HUGEPAGE_1GB;
             let mut buffer = ptr::null_mut();
             // The context's policy constant, passed as a flag: best-effort, not strict.
-            assert_eq!(lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &mut buffer), lf_status::LF_OK, "{}", last_error());
-            assert_fell_back_with_reason(buffer, "CPU memory on 1 GiB huge pages was asked for with the best-effort hugepage policy");
+            assert_eq!(
+                lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &mut buffer),
+                lf_status::LF_OK,
+                "{}",
+                last_error()
+            );
+            assert_fell_back_with_reason(
+                buffer,
+                "CPU memory on 1 GiB huge pages was asked for with the best-effort hugepage policy",
+            );
             lf_free(buffer);
             assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_STRICT, &mut buffer), lf_status::LF_OK);
             // The message speaks to C users too: no Rust item names.
             assert!(!last_error().contains("::") && !last_error().contains("Policy"), "{}", last_error());
-            assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "0: the context's, strict");
+            assert_ne!(
+                lf_alloc(context, 64, huge, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK,
+                "0: the context's, strict"
+            );
             lf_context_free(context);
 
             // The flag constant, set as the context's policy: best-effort too.

@@ -54,7 +54,12 @@ pub unsafe extern "C" fn lf_buffer_write(
 /// # Safety
 /// `buffer` as `lf_buffer_write`; `out` NULL (only with `size` 0) or `size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn lf_buffer_read(buffer: *const lf_buffer, offset: usize, out: *mut c_void, size: usize) -> lf_status {
+pub unsafe extern "C" fn lf_buffer_read(
+    buffer: *const lf_buffer,
+    offset: usize,
+    out: *mut c_void,
+    size: usize,
+) -> lf_status {
     boundary("lf_buffer_read", || {
         let buffer = &handle_ref(buffer, "buffer")?.buffer;
         let out: &mut [u8] = if size == 0 {
@@ -118,7 +123,12 @@ mod tests {
         // out-pointer.
         unsafe {
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, size, location, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "{}", last_error());
+            assert_eq!(
+                lf_alloc(context, size, location, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK,
+                "{}",
+                last_error()
+            );
             buffer
         }
     }
@@ -152,9 +162,15 @@ mod tests {
                 assert_eq!(std::slice::from_raw_parts(base.cast::<u8>().add(7), data.len()), &data[..]);
 
                 // Wrong sizes and offsets, NULL data, foreign handles.
-                assert_eq!(lf_buffer_write(buffer, 9000, data.as_ptr().cast(), 5000), lf_status::LF_ERR_INVALID_ARGUMENT);
+                assert_eq!(
+                    lf_buffer_write(buffer, 9000, data.as_ptr().cast(), 5000),
+                    lf_status::LF_ERR_INVALID_ARGUMENT
+                );
                 assert!(last_error().contains("outside buffer"), "{}", last_error());
-                assert_eq!(lf_buffer_read(buffer, usize::MAX, out.as_mut_ptr().cast(), 1), lf_status::LF_ERR_INVALID_ARGUMENT);
+                assert_eq!(
+                    lf_buffer_read(buffer, usize::MAX, out.as_mut_ptr().cast(), 1),
+                    lf_status::LF_ERR_INVALID_ARGUMENT
+                );
                 assert_eq!(lf_buffer_write(buffer, 0, ptr::null(), 10), lf_status::LF_ERR_NULL_POINTER);
                 assert_eq!(lf_buffer_write(buffer, 0, ptr::null(), 0), lf_status::LF_OK);
                 assert_eq!(lf_buffer_read(buffer, 0, ptr::null_mut(), 3), lf_status::LF_ERR_NULL_POINTER);
@@ -199,7 +215,10 @@ mod tests {
             assert_eq!(location, LF_MEMORY_CPU_STANDARD);
             assert_eq!(lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
             let reason = CStr::from_ptr(reason).to_str().unwrap();
-            assert!(reason.contains("GPU host-visible memory was asked for") && reason.contains("disables the GPU"), "{reason}");
+            assert!(
+                reason.contains("GPU host-visible memory was asked for") && reason.contains("disables the GPU"),
+                "{reason}"
+            );
             assert_eq!(lf_buffer_ptr(buffer, &mut base), lf_status::LF_OK);
             assert_eq!(lf_buffer_fallback_reason(buffer, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             lf_free(buffer);
@@ -228,8 +247,12 @@ mod tests {
             assert_eq!(lf_buffer_write(buffer, 0, b"hello gpu".as_ptr().cast(), 9), lf_status::LF_OK);
             let mut export = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
-            let uuid = crate::ffi::handle_ref(exporter, "exporter").ok().unwrap().context.device_info().unwrap().device_uuid;
-            assert_eq!((export.location, export.handle_type, export.size, export.device_uuid), (LF_MEMORY_GPU_DEVICE_LOCAL, 1, 3000, uuid));
+            let uuid =
+                crate::ffi::handle_ref(exporter, "exporter").ok().unwrap().context.device_info().unwrap().device_uuid;
+            assert_eq!(
+                (export.location, export.handle_type, export.size, export.device_uuid),
+                (LF_MEMORY_GPU_DEVICE_LOCAL, 1, 3000, uuid)
+            );
             let (a, b) = UnixStream::pair().unwrap();
             assert_eq!(lf_export_send(a.as_raw_fd(), &export), lf_status::LF_OK);
             let mut received = lf_export::default();

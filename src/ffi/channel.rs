@@ -19,11 +19,13 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::buffer::lf_buffer;
-use super::exclusive::{Exclusive, ExclusiveGuard};
 use super::context::lf_context;
+use super::exclusive::{Exclusive, ExclusiveGuard};
 use super::location::lf_location;
 use super::status::lf_status;
-use super::{boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
+use super::{
+    boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
+};
 use crate::channels::transport::{RawLoan, RawView, RoutedPayload};
 use crate::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
 
@@ -195,13 +197,23 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
         LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
         LF_WAIT_SPIN_THEN_BLOCK => WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) },
         LF_WAIT_BLOCK => WaitStrategy::Block,
-        other => return Err(invalid(format!("wait_strategy {other} is not LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"))),
+        other => {
+            return Err(invalid(format!(
+                "wait_strategy {other} is not LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"
+            )))
+        }
     };
-    let pool_size = usize::try_from(c.pool_size).map_err(|_| invalid(format!("pool_size {} is too large", c.pool_size)))?;
+    let pool_size =
+        usize::try_from(c.pool_size).map_err(|_| invalid(format!("pool_size {} is too large", c.pool_size)))?;
     if pool_size == 0 {
         return Err(invalid("pool_size is 0".into()));
     }
-    for (name, value) in [("auto_zero_copy", c.auto_zero_copy), ("strict_gpu", c.strict_gpu), ("released_semaphore", c.released_semaphore), ("prefault", c.prefault)] {
+    for (name, value) in [
+        ("auto_zero_copy", c.auto_zero_copy),
+        ("strict_gpu", c.strict_gpu),
+        ("released_semaphore", c.released_semaphore),
+        ("prefault", c.prefault),
+    ] {
         if value > 1 {
             return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_default")));
         }
@@ -345,7 +357,11 @@ pub unsafe extern "C" fn lf_channel_create(
 /// `channel` must be NULL or a pointer from lava-flow; `name` NULL or writable; `reason` NULL
 /// or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: *mut *const c_char, reason: *mut *const c_char) -> lf_status {
+pub unsafe extern "C" fn lf_channel_transport(
+    channel: *const lf_channel,
+    name: *mut *const c_char,
+    reason: *mut *const c_char,
+) -> lf_status {
     boundary("lf_channel_transport", || {
         let name = out_ptr(name, "name")?;
         let ch = handle_ref(channel, "channel")?;
@@ -382,7 +398,13 @@ pub unsafe extern "C" fn lf_channel_transport(channel: *const lf_channel, name: 
 /// `channel` a pointer from lava-flow or NULL; `data` NULL or `len` readable bytes;
 /// `sequence` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_send(channel: *mut lf_channel, data: *const c_void, len: usize, timeout_ns: i64, sequence: *mut u64) -> lf_status {
+pub unsafe extern "C" fn lf_send(
+    channel: *mut lf_channel,
+    data: *const c_void,
+    len: usize,
+    timeout_ns: i64,
+    sequence: *mut u64,
+) -> lf_status {
     boundary("lf_send", || {
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let bytes = payload(data, len)?;
@@ -398,7 +420,12 @@ pub unsafe extern "C" fn lf_send(channel: *mut lf_channel, data: *const c_void, 
 /// # Safety
 /// As `lf_send`.
 #[no_mangle]
-pub unsafe extern "C" fn lf_try_send(channel: *mut lf_channel, data: *const c_void, len: usize, sequence: *mut u64) -> lf_status {
+pub unsafe extern "C" fn lf_try_send(
+    channel: *mut lf_channel,
+    data: *const c_void,
+    len: usize,
+    sequence: *mut u64,
+) -> lf_status {
     boundary("lf_try_send", || {
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let bytes = payload(data, len)?;
@@ -471,7 +498,15 @@ pub unsafe extern "C" fn lf_send_buffer_after(
     })
 }
 
-fn send_buffer(channel: *mut lf_channel, buffer: *const lf_buffer, offset: usize, len: usize, ready_value: u64, timeout_ns: i64, sequence: *mut u64) -> FfiResult {
+fn send_buffer(
+    channel: *mut lf_channel,
+    buffer: *const lf_buffer,
+    offset: usize,
+    len: usize,
+    ready_value: u64,
+    timeout_ns: i64,
+    sequence: *mut u64,
+) -> FfiResult {
     let ch = handle_ref(channel as *const lf_channel, "channel")?;
     let buffer = &handle_ref(buffer, "buffer")?.buffer;
     let mut guard = lock(ch)?;
@@ -537,7 +572,12 @@ pub unsafe extern "C" fn lf_channel_released_semaphore(channel: *mut lf_channel,
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_loan(channel: *mut lf_channel, len: usize, timeout_ns: i64, out: *mut lf_loan_region) -> lf_status {
+pub unsafe extern "C" fn lf_loan(
+    channel: *mut lf_channel,
+    len: usize,
+    timeout_ns: i64,
+    out: *mut lf_loan_region,
+) -> lf_status {
     boundary("lf_loan", || {
         let out = out_ptr(out, "out")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
@@ -568,7 +608,12 @@ fn raw_loan(loan: *const lf_loan_region) -> FfiResult<RawLoan> {
 /// `channel` a pointer from lava-flow or NULL; `loan` NULL or a loan from `lf_loan`;
 /// `sequence` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_publish(channel: *mut lf_channel, loan: *const lf_loan_region, len: usize, sequence: *mut u64) -> lf_status {
+pub unsafe extern "C" fn lf_publish(
+    channel: *mut lf_channel,
+    loan: *const lf_loan_region,
+    len: usize,
+    sequence: *mut u64,
+) -> lf_status {
     boundary("lf_publish", || {
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let raw = raw_loan(loan)?;
@@ -632,7 +677,15 @@ pub unsafe extern "C" fn lf_wait_completed(channel: *mut lf_channel, sequence: u
 fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
     if view.route().is_none() {
         let flags = if view.is_zero_copy() { LF_MESSAGE_ZERO_COPY } else { 0 };
-        let m = lf_message { data: view.ptr.cast(), len: view.len, sequence: view.token, session: view.session, flags, reserved: 0, ready_value: 0 };
+        let m = lf_message {
+            data: view.ptr.cast(),
+            len: view.len,
+            sequence: view.token,
+            session: view.session,
+            flags,
+            reserved: 0,
+            ready_value: 0,
+        };
         write_out(out, m);
         return Ok(());
     }
@@ -738,7 +791,11 @@ pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf
 /// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message; `out`
 /// NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_message_buffer(channel: *mut lf_channel, message: *const lf_message, out: *mut *const lf_buffer) -> lf_status {
+pub unsafe extern "C" fn lf_message_buffer(
+    channel: *mut lf_channel,
+    message: *const lf_message,
+    out: *mut *const lf_buffer,
+) -> lf_status {
     boundary("lf_message_buffer", || {
         let out = out_ptr(out, "out")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
@@ -808,8 +865,8 @@ mod tests {
     use crate::ffi::buffer::{lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
     use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
     use crate::ffi::device::LF_GPU_DISABLED;
-    use crate::ffi::location::lf_location_free;
     use crate::ffi::location::lf_location_detect;
+    use crate::ffi::location::lf_location_free;
     use crate::ffi::status::lf_last_error_message;
     use std::ffi::CStr;
     use std::ptr;
@@ -843,13 +900,29 @@ mod tests {
             std::thread::scope(|s| {
                 s.spawn(move || {
                     let mut ch = ptr::null_mut();
-                    assert_eq!(lf_channel_create(loc_ref.1, name_ref.as_ptr(), LF_ROLE_PRODUCER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
+                    assert_eq!(
+                        lf_channel_create(
+                            loc_ref.1,
+                            name_ref.as_ptr(),
+                            LF_ROLE_PRODUCER,
+                            loc_ref.0,
+                            loc_ref.0,
+                            config_ref,
+                            &mut ch
+                        ),
+                        lf_status::LF_OK,
+                        "{}",
+                        last_error()
+                    );
                     let mut seq = 99;
                     assert_eq!(lf_send(ch, b"hello".as_ptr().cast(), 5, -1, &mut seq), lf_status::LF_OK);
                     assert_eq!(seq, 0);
                     // Bad input.
                     assert_eq!(lf_send(ch, ptr::null(), 5, -1, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
-                    assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 0, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+                    assert_eq!(
+                        lf_send(ch, b"x".as_ptr().cast(), 0, -1, ptr::null_mut()),
+                        lf_status::LF_ERR_INVALID_ARGUMENT
+                    );
                     let mut m: lf_message = std::mem::zeroed();
                     assert_eq!(lf_try_recv(ch, &mut m), lf_status::LF_ERR_INVALID_STATE);
                     let mut loan: lf_loan_region = std::mem::zeroed();
@@ -862,7 +935,11 @@ mod tests {
                     assert_eq!(lf_publish(ch, &loan, 1001, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
                     assert_eq!(lf_publish(ch, &loan, 1000, &mut seq), lf_status::LF_OK);
                     assert_eq!(seq, 1);
-                    assert_eq!(lf_publish(ch, &loan, 1000, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE, "published twice");
+                    assert_eq!(
+                        lf_publish(ch, &loan, 1000, ptr::null_mut()),
+                        lf_status::LF_ERR_INVALID_STATE,
+                        "published twice"
+                    );
                     assert_eq!(lf_wait_completed(ch, 1, 10_000_000_000), lf_status::LF_OK, "{}", last_error());
                     let mut done = 0;
                     assert_eq!(lf_completed(ch, &mut done), lf_status::LF_OK);
@@ -878,13 +955,25 @@ mod tests {
                     assert_eq!(seq, 2);
                     assert_eq!(lf_send(ch, base.add(200).cast(), 1000, -1, &mut seq), lf_status::LF_OK);
                     assert_eq!(seq, 3);
-                    assert_eq!(lf_send_buffer(ch, buf, 8000, 193, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
+                    assert_eq!(
+                        lf_send_buffer(ch, buf, 8000, 193, -1, ptr::null_mut()),
+                        lf_status::LF_ERR_INVALID_ARGUMENT
+                    );
                     assert_eq!(lf_send_buffer(ch, buf, 0, 0, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_ARGUMENT);
-                    assert_eq!(lf_send_buffer(ch, ptr::null(), 0, 1, -1, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+                    assert_eq!(
+                        lf_send_buffer(ch, ptr::null(), 0, 1, -1, ptr::null_mut()),
+                        lf_status::LF_ERR_NULL_POINTER
+                    );
                     let mut user = vec![0u8; 4096];
                     let mut registered = ptr::null_mut();
-                    assert_eq!(lf_register(loc_ref.1, user.as_mut_ptr().cast(), 4096, &mut registered), lf_status::LF_OK);
-                    assert_eq!(lf_send_buffer(ch, registered, 0, 10, -1, ptr::null_mut()), lf_status::LF_ERR_UNSUPPORTED);
+                    assert_eq!(
+                        lf_register(loc_ref.1, user.as_mut_ptr().cast(), 4096, &mut registered),
+                        lf_status::LF_OK
+                    );
+                    assert_eq!(
+                        lf_send_buffer(ch, registered, 0, 10, -1, ptr::null_mut()),
+                        lf_status::LF_ERR_UNSUPPORTED
+                    );
                     assert!(last_error().contains("registered user memory"), "{}", last_error());
                     lf_free(registered);
                     assert_eq!(lf_wait_completed(ch, 3, 10_000_000_000), lf_status::LF_OK, "{}", last_error());
@@ -898,7 +987,20 @@ mod tests {
                 });
                 s.spawn(move || {
                     let mut ch = ptr::null_mut();
-                    assert_eq!(lf_channel_create(loc_ref.1, name_ref.as_ptr(), LF_ROLE_CONSUMER, loc_ref.0, loc_ref.0, config_ref, &mut ch), lf_status::LF_OK, "{}", last_error());
+                    assert_eq!(
+                        lf_channel_create(
+                            loc_ref.1,
+                            name_ref.as_ptr(),
+                            LF_ROLE_CONSUMER,
+                            loc_ref.0,
+                            loc_ref.0,
+                            config_ref,
+                            &mut ch
+                        ),
+                        lf_status::LF_OK,
+                        "{}",
+                        last_error()
+                    );
                     let mut fd = -1;
                     assert_eq!(lf_channel_fd(ch, &mut fd), lf_status::LF_OK);
                     assert!(fd >= 0);
@@ -920,20 +1022,50 @@ mod tests {
                         let mut view: lf_message = std::mem::zeroed();
                         assert_eq!(lf_recv(ch, 10_000_000_000, &mut view), lf_status::LF_OK, "{}", last_error());
                         assert_eq!((view.len, view.flags), (len, LF_MESSAGE_ZERO_COPY));
-                        assert!(std::slice::from_raw_parts(view.data.cast::<u8>(), view.len).iter().all(|&b| b == byte));
+                        assert!(std::slice::from_raw_parts(view.data.cast::<u8>(), view.len)
+                            .iter()
+                            .all(|&b| b == byte));
                         assert_eq!(lf_release(ch, &view), lf_status::LF_OK);
                     }
-                    assert_eq!(lf_send(ch, b"x".as_ptr().cast(), 1, -1, ptr::null_mut()), lf_status::LF_ERR_INVALID_STATE);
+                    assert_eq!(
+                        lf_send(ch, b"x".as_ptr().cast(), 1, -1, ptr::null_mut()),
+                        lf_status::LF_ERR_INVALID_STATE
+                    );
                     assert_eq!(lf_recv(ch, 10_000_000_000, &mut m), lf_status::LF_ERR_PEER_GONE);
                     lf_channel_free(ch);
                     lf_channel_free(ptr::null_mut());
                 });
             });
             lf_location_free(loc.0);
-            assert_eq!(lf_channel_create(loc.1, ptr::null(), 1, ptr::null(), ptr::null(), ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(
+                lf_channel_create(loc.1, ptr::null(), 1, ptr::null(), ptr::null(), ptr::null(), ptr::null_mut()),
+                lf_status::LF_ERR_NULL_POINTER
+            );
             let mut ch = ptr::null_mut();
-            assert_eq!(lf_channel_create(loc.1, CString::new("x").unwrap().as_ptr(), 7, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_INVALID_ARGUMENT);
-            assert_eq!(lf_channel_create(ptr::null(), CString::new("x").unwrap().as_ptr(), 1, ptr::null(), ptr::null(), ptr::null(), &mut ch), lf_status::LF_ERR_NULL_POINTER);
+            assert_eq!(
+                lf_channel_create(
+                    loc.1,
+                    CString::new("x").unwrap().as_ptr(),
+                    7,
+                    ptr::null(),
+                    ptr::null(),
+                    ptr::null(),
+                    &mut ch
+                ),
+                lf_status::LF_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                lf_channel_create(
+                    ptr::null(),
+                    CString::new("x").unwrap().as_ptr(),
+                    1,
+                    ptr::null(),
+                    ptr::null(),
+                    ptr::null(),
+                    &mut ch
+                ),
+                lf_status::LF_ERR_NULL_POINTER
+            );
             assert!(ch.is_null());
             lf_context_free(loc.1);
         }
@@ -959,7 +1091,12 @@ mod tests {
                     let mut ch = ptr::null_mut();
                     let started = std::time::Instant::now();
                     let status = lf_channel_create(context, name.as_ptr(), role, loc, loc, &config, &mut ch);
-                    assert_eq!(status, lf_status::LF_ERR_INVALID_ARGUMENT, "pool_size {pool_size}, role {role}: {}", last_error());
+                    assert_eq!(
+                        status,
+                        lf_status::LF_ERR_INVALID_ARGUMENT,
+                        "pool_size {pool_size}, role {role}: {}",
+                        last_error()
+                    );
                     assert!(last_error().contains(&format!("pool_size {pool_size}")), "{}", last_error());
                     assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not after a rendezvous");
                     assert!(ch.is_null());

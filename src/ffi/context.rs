@@ -109,7 +109,8 @@ pub unsafe extern "C" fn lf_context_create(config: *const lf_context_config, out
             None => ContextConfig::default(),
         };
         let context = Context::new(config)?;
-        let gpu_unavailable = context.gpu_unavailable_reason().map(|r| CString::new(r.replace('\0', " ")).unwrap_or_default());
+        let gpu_unavailable =
+            context.gpu_unavailable_reason().map(|r| CString::new(r.replace('\0', " ")).unwrap_or_default());
         write_out(out, new_handle(lf_context { context, gpu_unavailable })?);
         Ok(())
     })
@@ -157,23 +158,59 @@ mod tests {
     #[test]
     fn bad_config_gives_status_and_message() {
         let cases: [(lf_context_config, lf_status, &str); 10] = [
-            (lf_context_config { hugepage_policy: 7, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "hugepage_policy 7"),
-            (lf_context_config { arena_size: 3000, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "arena size 3000"),
+            (
+                lf_context_config { hugepage_policy: 7, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "hugepage_policy 7",
+            ),
+            (
+                lf_context_config { arena_size: 3000, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "arena size 3000",
+            ),
             (lf_context_config { reserved0: 1, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "reserved"),
-            (lf_context_config { gpu_policy: 9, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_policy 9"),
-            (lf_context_config { gpu_device_select: 5, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_device_select 5"),
-            (lf_context_config { strict_gpu: 2, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "strict_gpu 2"),
+            (
+                lf_context_config { gpu_policy: 9, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "gpu_policy 9",
+            ),
+            (
+                lf_context_config { gpu_device_select: 5, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "gpu_device_select 5",
+            ),
+            (
+                lf_context_config { strict_gpu: 2, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "strict_gpu 2",
+            ),
             // Absurd GPU arenas are refused here, not by every GPU allocation later.
-            (lf_context_config { gpu_arena_size: 1 << 63, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 9223372036854775808"),
-            (lf_context_config { gpu_arena_size: u64::MAX, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 18446744073709551615"),
+            (
+                lf_context_config { gpu_arena_size: 1 << 63, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "gpu_arena_size 9223372036854775808",
+            ),
+            (
+                lf_context_config { gpu_arena_size: u64::MAX, ..Default::default() },
+                lf_status::LF_ERR_INVALID_ARGUMENT,
+                "gpu_arena_size 18446744073709551615",
+            ),
             // Device selection is checked even where the GPU turns out to be missing.
             (
-                lf_context_config { gpu_device_select: LF_GPU_DEVICE_INDEX, gpu_device_index: 4000, ..Default::default() },
+                lf_context_config {
+                    gpu_device_select: LF_GPU_DEVICE_INDEX,
+                    gpu_device_index: 4000,
+                    ..Default::default()
+                },
                 lf_status::LF_ERR_NOT_FOUND,
                 "Vulkan device index 4000",
             ),
             (
-                lf_context_config { gpu_device_select: LF_GPU_DEVICE_UUID, gpu_device_uuid: [0xee; 16], ..Default::default() },
+                lf_context_config {
+                    gpu_device_select: LF_GPU_DEVICE_UUID,
+                    gpu_device_uuid: [0xee; 16],
+                    ..Default::default()
+                },
                 lf_status::LF_ERR_NOT_FOUND,
                 "eeeeeeee-eeee-eeee-eeee-eeeeeeeeeeee",
             ),

@@ -274,10 +274,7 @@ mod tests {
             assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
             assert_eq!(lf_context_device_info(buffer.cast(), &mut info), lf_status::LF_ERR_BAD_HANDLE);
             assert!(last_error().contains("lf_buffer handle, not an lf_context"), "{}", last_error());
-            assert_eq!(
-                lf_context_gpu_unavailable_reason(buffer.cast(), &mut reason),
-                lf_status::LF_ERR_BAD_HANDLE
-            );
+            assert_eq!(lf_context_gpu_unavailable_reason(buffer.cast(), &mut reason), lf_status::LF_ERR_BAD_HANDLE);
             lf_free(buffer);
             lf_context_free(context);
 
@@ -286,7 +283,11 @@ mod tests {
             assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
             assert!(CStr::from_ptr(reason).to_str().unwrap().contains("disables the GPU"));
             assert_eq!(lf_context_device_info(context, &mut info), lf_status::LF_ERR_UNSUPPORTED);
-            assert!(last_error().contains("no Vulkan device: the context's GPU policy disables the GPU"), "{}", last_error());
+            assert!(
+                last_error().contains("no Vulkan device: the context's GPU policy disables the GPU"),
+                "{}",
+                last_error()
+            );
             lf_context_free(context);
         }
     }

@@ -253,8 +253,8 @@ pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
     use crate::ffi::alloc::{lf_alloc, lf_register};
+    use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
     use crate::ffi::context::{lf_context_create, lf_context_free};
     use crate::ffi::location::LF_UNSET;
     use std::os::fd::AsRawFd;
@@ -320,7 +320,12 @@ mod tests {
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
             let arena = OwnedFd::from_raw_fd(good.fd);
             let event = crate::os::eventfd::eventfd().unwrap();
-            let small = crate::os::memfd_create("small", 4096, crate::os::MemfdFlags { huge_page_size: None, allow_sealing: true }).unwrap();
+            let small = crate::os::memfd_create(
+                "small",
+                4096,
+                crate::os::MemfdFlags { huge_page_size: None, allow_sealing: true },
+            )
+            .unwrap();
             libc::fcntl(small.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
             let unsealed = crate::os::memfd_create("unsealed", good.arena_size, Default::default()).unwrap();
             let (sock, _other) = UnixStream::pair().unwrap();
@@ -334,7 +339,11 @@ mod tests {
                 (lf_export { size: 0, ..good }, arena.as_fd(), "size 0"),
                 (lf_export { offset: u64::MAX - 8, ..good }, arena.as_fd(), "lies outside"),
                 (lf_export { offset: 3, ..good }, arena.as_fd(), "not a multiple"),
-                (lf_export { arena_size: good.arena_size * 2, size: good.arena_size * 2, ..good }, arena.as_fd(), "fewer than the"),
+                (
+                    lf_export { arena_size: good.arena_size * 2, size: good.arena_size * 2, ..good },
+                    arena.as_fd(),
+                    "fewer than the",
+                ),
                 (good, event.as_fd(), "not a memory file"),
                 (good, sock.as_fd(), "a socket"),
                 (good, small.as_fd(), "fewer than the"),

@@ -65,10 +65,8 @@ struct Table {
     alloc: Mutex<(usize, Vec<u32>)>,
 }
 
-static TABLE: Table = Table {
-    chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS],
-    alloc: Mutex::new((0, Vec::new())),
-};
+static TABLE: Table =
+    Table { chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS], alloc: Mutex::new((0, Vec::new())) };
 
 impl Table {
     fn slot(&self, index: usize) -> Option<&'static Slot> {
@@ -134,11 +132,7 @@ fn lookup<T: HandleType>(handle: *const T, arg: &str) -> FfiResult<&'static Slot
         })?;
     match slot.kind.load(Ordering::Relaxed) {
         kind if kind == T::KIND => Ok(slot),
-        kind => Err(bad_handle(format!(
-            "argument `{arg}` is an {} handle, not an {}",
-            kind_name(kind),
-            T::NAME
-        ))),
+        kind => Err(bad_handle(format!("argument `{arg}` is an {} handle, not an {}", kind_name(kind), T::NAME))),
     }
 }
 
@@ -238,7 +232,8 @@ mod tests {
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 std::thread::spawn(move || {
-                    let handles: Vec<_> = (0..3000).map(|i| new_handle(Probe(t * 10_000 + i)).ok().unwrap() as usize).collect();
+                    let handles: Vec<_> =
+                        (0..3000).map(|i| new_handle(Probe(t * 10_000 + i)).ok().unwrap() as usize).collect();
                     for (i, &h) in handles.iter().enumerate() {
                         assert_eq!(handle_ref(h as *const Probe, "h").ok().unwrap().0, t * 10_000 + i as u64);
                     }

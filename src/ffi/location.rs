@@ -7,7 +7,9 @@
 use std::ffi::{c_char, CString};
 
 use super::status::lf_status;
-use super::{boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, FfiResult, Failure};
+use super::{
+    boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
+};
 use crate::types::{detect_scope, CommunicationScope, ProcessLocation, ProcessName};
 
 /// Marks an unset `node_id` or `device_id`.
@@ -104,11 +106,8 @@ pub unsafe extern "C" fn lf_location_new(
     boundary("lf_location_new", || {
         let out = out_ptr(out, "out")?;
         let hostname = c_str(hostname, "hostname")?;
-        let location = ProcessLocation::new(
-            hostname,
-            optional_id(node_id, "node_id")?,
-            optional_id(device_id, "device_id")?,
-        )?;
+        let location =
+            ProcessLocation::new(hostname, optional_id(node_id, "node_id")?, optional_id(device_id, "device_id")?)?;
         write_out(out, lf_location::boxed(location)?);
         Ok(())
     })
@@ -143,10 +142,7 @@ pub unsafe extern "C" fn lf_location_from_config(
 /// # Safety
 /// `location` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn lf_location_hostname(
-    location: *const lf_location,
-    out: *mut *const c_char,
-) -> lf_status {
+pub unsafe extern "C" fn lf_location_hostname(location: *const lf_location, out: *mut *const c_char) -> lf_status {
     boundary("lf_location_hostname", || {
         let out = out_ptr(out, "out")?;
         let location = handle_ref(location, "location")?;
@@ -165,10 +161,7 @@ pub unsafe extern "C" fn lf_location_hostname(
 /// # Safety
 /// As `lf_location_hostname`.
 #[no_mangle]
-pub unsafe extern "C" fn lf_location_host_id(
-    location: *const lf_location,
-    out: *mut *const c_char,
-) -> lf_status {
+pub unsafe extern "C" fn lf_location_host_id(location: *const lf_location, out: *mut *const c_char) -> lf_status {
     boundary("lf_location_host_id", || {
         let out = out_ptr(out, "out")?;
         let location = handle_ref(location, "location")?;

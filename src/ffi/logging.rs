@@ -48,8 +48,9 @@ impl lf_log_level {
 /// line without a trailing newline. Both strings are NUL-terminated UTF-8 and valid only during
 /// the call: copy them to keep them.
 #[allow(non_camel_case_types)]
-pub type lf_log_callback =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, level: lf_log_level, target: *const c_char, message: *const c_char)>;
+pub type lf_log_callback = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, level: lf_log_level, target: *const c_char, message: *const c_char),
+>;
 
 /// Strings for C: interior NULs (which no message should have) would cut them short.
 fn c_text(text: &str) -> CString {
@@ -87,7 +88,14 @@ pub unsafe extern "C" fn lf_set_log_callback(callback: lf_log_callback, user_dat
                 // SAFETY: the caller promised a callable function of this signature for as
                 // long as it is installed, and a `user_data` valid for it; the strings live
                 // until the call returns.
-                unsafe { callback(user_data as *mut c_void, lf_log_level::from_rust(level), target.as_ptr(), message.as_ptr()) }
+                unsafe {
+                    callback(
+                        user_data as *mut c_void,
+                        lf_log_level::from_rust(level),
+                        target.as_ptr(),
+                        message.as_ptr(),
+                    )
+                }
             }) as logging::Sink
         });
         logging::set_sink(sink).map_err(Failure::from)
@@ -129,7 +137,9 @@ mod tests {
         assert_eq!(lf_set_log_level(6), lf_status::LF_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("log level 6 is unknown"), "{}", last_error());
         assert_eq!(lf_set_log_level(u32::MAX), lf_status::LF_ERR_INVALID_ARGUMENT);
-        for (level, rust) in [(lf_log_level::LF_LOG_ERROR, log::Level::Error), (lf_log_level::LF_LOG_TRACE, log::Level::Trace)] {
+        for (level, rust) in
+            [(lf_log_level::LF_LOG_ERROR, log::Level::Error), (lf_log_level::LF_LOG_TRACE, log::Level::Trace)]
+        {
             assert_eq!(lf_log_level::from_rust(rust), level);
         }
     }

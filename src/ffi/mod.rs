@@ -16,8 +16,8 @@ pub mod buffer_io;
 pub mod channel;
 pub mod context;
 pub mod device;
-pub mod export;
 mod exclusive;
+pub mod export;
 mod handle;
 pub mod location;
 pub mod logging;
@@ -39,10 +39,7 @@ pub(crate) struct Failure {
 
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
-        Failure {
-            status: lf_status::from_error(&error),
-            message: error.to_string(),
-        }
+        Failure { status: lf_status::from_error(&error), message: error.to_string() }
     }
 }
 
@@ -50,10 +47,7 @@ pub(crate) type FfiResult<T = ()> = std::result::Result<T, Failure>;
 
 impl Failure {
     pub fn null(arg: &str) -> Self {
-        Failure {
-            status: lf_status::LF_ERR_NULL_POINTER,
-            message: format!("argument `{arg}` is NULL"),
-        }
+        Failure { status: lf_status::LF_ERR_NULL_POINTER, message: format!("argument `{arg}` is NULL") }
     }
 }
 
@@ -72,9 +66,7 @@ pub(crate) fn boundary(function: &'static str, body: impl FnOnce() -> FfiResult)
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".to_owned());
-            set_last_error(format!(
-                "{function}: internal error (a bug in lava-flow, please report it): {what}"
-            ));
+            set_last_error(format!("{function}: internal error (a bug in lava-flow, please report it): {what}"));
             lf_status::LF_ERR_INTERNAL
         }
     }
@@ -149,5 +141,4 @@ pub(crate) mod tests {
         assert!(msg.starts_with("lf_test_fn: internal error"), "{msg}");
         assert!(msg.ends_with("invariant broken"), "{msg}");
     }
-
 }

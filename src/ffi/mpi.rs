@@ -13,7 +13,9 @@ use std::ffi::{c_char, CStr, CString};
 
 use super::location::lf_location;
 use super::status::lf_status;
-use super::{boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
+use super::{
+    boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
+};
 use crate::mpi::{Communicator, MpiWorld, ThreadLevel};
 
 /// `comm` argument of `lf_mpi_join`: MPI_COMM_WORLD. (Outside the range of an `MPI_Fint`, so it
@@ -42,10 +44,8 @@ pub enum lf_mpi_thread_support {
 }
 
 fn no_nul(text: &str, what: &str) -> FfiResult<CString> {
-    CString::new(text).map_err(|_| Failure {
-        status: lf_status::LF_ERR_INTERNAL,
-        message: format!("{what} contains a NUL byte"),
-    })
+    CString::new(text)
+        .map_err(|_| Failure { status: lf_status::LF_ERR_INTERNAL, message: format!("{what} contains a NUL byte") })
 }
 
 /// A rank from C, checked against the world.
@@ -89,11 +89,8 @@ pub unsafe extern "C" fn lf_mpi_join(comm: i64, process_name: *const c_char, out
             .then(|| unsafe { CStr::from_ptr(process_name) }.to_string_lossy());
         let communicator = if comm == LF_MPI_COMM_WORLD { Communicator::World } else { Communicator::Fortran(comm) };
         let world = MpiWorld::join(communicator, process_name.as_deref())?;
-        let names = world
-            .peers()
-            .iter()
-            .map(|p| no_nul(p.name().as_str(), "a process name"))
-            .collect::<FfiResult<Vec<_>>>()?;
+        let names =
+            world.peers().iter().map(|p| no_nul(p.name().as_str(), "a process name")).collect::<FfiResult<Vec<_>>>()?;
         let topology_report = no_nul(world.topology_report(), "the topology report")?;
         write_out(out, new_handle(lf_mpi { world, names, topology_report })?);
         Ok(())
@@ -138,12 +135,15 @@ pub unsafe extern "C" fn lf_mpi_thread_level(mpi: *const lf_mpi, out: *mut lf_mp
     boundary("lf_mpi_thread_level", || {
         let out = out_ptr(out, "out")?;
         let mpi = handle_ref(mpi, "mpi")?;
-        write_out(out, match mpi.world.thread_level() {
-            ThreadLevel::Single => lf_mpi_thread_support::LF_MPI_THREAD_SINGLE,
-            ThreadLevel::Funneled => lf_mpi_thread_support::LF_MPI_THREAD_FUNNELED,
-            ThreadLevel::Serialized => lf_mpi_thread_support::LF_MPI_THREAD_SERIALIZED,
-            ThreadLevel::Multiple => lf_mpi_thread_support::LF_MPI_THREAD_MULTIPLE,
-        });
+        write_out(
+            out,
+            match mpi.world.thread_level() {
+                ThreadLevel::Single => lf_mpi_thread_support::LF_MPI_THREAD_SINGLE,
+                ThreadLevel::Funneled => lf_mpi_thread_support::LF_MPI_THREAD_FUNNELED,
+                ThreadLevel::Serialized => lf_mpi_thread_support::LF_MPI_THREAD_SERIALIZED,
+                ThreadLevel::Multiple => lf_mpi_thread_support::LF_MPI_THREAD_MULTIPLE,
+            },
+        );
         Ok(())
     })
 }

@@ -168,9 +168,7 @@ mod tests {
     #[test]
     fn last_error_is_per_thread() {
         set_last_error("here".into());
-        std::thread::spawn(|| assert_eq!(text(lf_last_error_message()), ""))
-            .join()
-            .unwrap();
+        std::thread::spawn(|| assert_eq!(text(lf_last_error_message()), "")).join().unwrap();
         assert_eq!(text(lf_last_error_message()), "here");
     }
 }

@@ -93,7 +93,10 @@ impl Context {
     /// Allocates `size` bytes where [`auto_location`] says suits traffic from `mine` to `peer`.
     pub fn allocate_auto(&self, size: usize, mine: &ProcessLocation, peer: &ProcessLocation) -> Result<Buffer> {
         let (location, policy) = auto_location(mine, peer, self.numa_nodes());
-        log::debug!("{size} bytes for traffic to a peer on {:?}: {location} ({policy:?} hugepage policy)", peer.hostname);
+        log::debug!(
+            "{size} bytes for traffic to a peer on {:?}: {location} ({policy:?} hugepage policy)",
+            peer.hostname
+        );
         self.allocate_with(size, location, policy)
     }
 

@@ -87,7 +87,12 @@ impl Arena {
     /// Creates an arena of `size` bytes (a multiple of the strategy's page size), applying the
     /// strategy's placement before anything touches the memory. Pinned arenas are registered
     /// with the GPU APIs `gpu` has (a failed registration is recorded, not an error).
-    pub(crate) fn create(strategy: Strategy, size: usize, topology: &numa::NumaTopology, gpu: &ContextGpu) -> Result<Arena> {
+    pub(crate) fn create(
+        strategy: Strategy,
+        size: usize,
+        topology: &numa::NumaTopology,
+        gpu: &ContextGpu,
+    ) -> Result<Arena> {
         let (fd, mapping) = match strategy {
             Strategy::Hugetlb(page) => hugepage::create(size, page)?,
             _ => standard::create_shared_memory(size, None)?,

@@ -76,17 +76,33 @@ fn detached_registry() -> &'static Arc<Registry> {
 /// What keeps a buffer's memory alive, and where it goes back on drop.
 #[derive(Debug)]
 pub(crate) enum Backing {
-    Pooled { pool: Arc<Pool>, arena: Arc<Arena>, offset: usize, order: usize },
-    Dedicated { arena: Arc<Arena> },
-    Imported { arena: Arc<ImportedArena>, offset: usize },
+    Pooled {
+        pool: Arc<Pool>,
+        arena: Arc<Arena>,
+        offset: usize,
+        order: usize,
+    },
+    Dedicated {
+        arena: Arc<Arena>,
+    },
+    Imported {
+        arena: Arc<ImportedArena>,
+        offset: usize,
+    },
     Registered,
     /// Vulkan memory of the context's device: allocated from its pooled arenas, or imported.
     #[cfg(feature = "vulkan")]
-    Gpu { buffer: Arc<GpuBuffer> },
+    Gpu {
+        buffer: Arc<GpuBuffer>,
+    },
     /// Part of a GPU buffer (typically a whole imported arena), from `offset`, whose data is
     /// ready once `wait`'s semaphore reaches its value. Made without any Vulkan call.
     #[cfg(feature = "vulkan")]
-    GpuView { whole: Arc<GpuBuffer>, offset: u64, wait: Option<(Arc<TimelineSemaphore>, u64)> },
+    GpuView {
+        whole: Arc<GpuBuffer>,
+        offset: u64,
+        wait: Option<(Arc<TimelineSemaphore>, u64)>,
+    },
 }
 
 /// Everything a new buffer is made of but its id and registry.
@@ -421,7 +437,9 @@ impl Buffer {
             self.wait_ready()?;
             let at = start + offset as u64;
             return match self.pinned_range(data.as_ptr(), data.len(), gpu) {
-                Some((pinned, from)) => copy_buffer(pinned.vulkan_buffer().expect("checked"), from, gpu, at, data.len() as u64),
+                Some((pinned, from)) => {
+                    copy_buffer(pinned.vulkan_buffer().expect("checked"), from, gpu, at, data.len() as u64)
+                }
                 None => gpu.write(at, data),
             };
         }
@@ -441,7 +459,9 @@ impl Buffer {
             self.wait_ready()?;
             let at = start + offset as u64;
             return match self.pinned_range(out.as_ptr(), out.len(), gpu) {
-                Some((pinned, to)) => copy_buffer(gpu, at, pinned.vulkan_buffer().expect("checked"), to, out.len() as u64),
+                Some((pinned, to)) => {
+                    copy_buffer(gpu, at, pinned.vulkan_buffer().expect("checked"), to, out.len() as u64)
+                }
                 None => gpu.read(at, out),
             };
         }

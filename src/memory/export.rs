@@ -24,8 +24,8 @@ use super::cpu::standard::{ARENA_NAME, ARENA_SEALS};
 use super::location::MemoryLocation;
 use super::registry::Registry;
 use crate::error::{Error, Result};
-use crate::os::mapping::page_size;
 use crate::os::fdpass::recv_exact_with_fd;
+use crate::os::mapping::page_size;
 use crate::os::{send_with_fds, Mapping};
 
 /// The first field of every descriptor: "LFEX".
@@ -234,7 +234,10 @@ const GPU_HANDLE_TYPES: [u32; 2] = [0x1, 0x200];
 pub fn check_received_descriptor(d: &ExportDescriptor) -> Result<MemoryLocation> {
     let location = d.validate_header().map_err(|e| corrupt_export(strip_class(&e)))?;
     if d.size == 0 || d.arena_size == 0 {
-        return Err(corrupt_export(format!("size {} in an arena of {} bytes: both must be positive", d.size, d.arena_size)));
+        return Err(corrupt_export(format!(
+            "size {} in an arena of {} bytes: both must be positive",
+            d.size, d.arena_size
+        )));
     }
     if d.offset.checked_add(d.size).map_or(true, |end| end > d.arena_size) {
         return Err(corrupt_export(format!(

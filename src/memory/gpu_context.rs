@@ -23,7 +23,8 @@ use super::buffer::{Backing, BufferOrigin, BufferParts};
 #[cfg(feature = "vulkan")]
 use super::gpu::{
     copy_buffer_waiting, cuda_host_register, import_host_memory, CudaHostRegistration, DeviceInfo, GpuAllocator,
-    GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport, TimelineSemaphore, VulkanDevice,
+    GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuExport, GpuImporter, GpuMemoryKind, HostMemoryImport,
+    TimelineSemaphore, VulkanDevice,
 };
 
 const DISABLED: &str = "the context's GPU policy disables the GPU";
@@ -98,7 +99,9 @@ impl ContextGpu {
     pub(crate) fn log_state(&self, config: &ContextConfig) {
         match (&self.unavailable, self.policy) {
             (None, _) => {}
-            (Some(_), GpuPolicy::Disabled) => log::debug!("the context's GPU policy disables the GPU: no GPU API is touched"),
+            (Some(_), GpuPolicy::Disabled) => {
+                log::debug!("the context's GPU policy disables the GPU: no GPU API is touched")
+            }
             (Some(why), _) => log::info!(
                 "this context has no GPU: {why}; GPU memory asked of it {}. Set the context's GPU policy to disabled \
                  where no GPU is wanted, or to required to make this an error",
@@ -255,9 +258,12 @@ impl Context {
     /// included): what [`trim`](Self::trim) could give back is the empty ones.
     pub fn gpu_pooled_arenas(&self) -> usize {
         #[cfg(feature = "vulkan")]
-        return self.inner.gpu.open.as_ref().map_or(0, |open| {
-            GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.arena_count(kind)).sum()
-        });
+        return self
+            .inner
+            .gpu
+            .open
+            .as_ref()
+            .map_or(0, |open| GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.arena_count(kind)).sum());
         #[cfg(not(feature = "vulkan"))]
         0
     }
@@ -265,9 +271,12 @@ impl Context {
     /// The bytes of GPU memory the pooled arenas of both kinds hold now, used or not.
     pub fn gpu_pooled_bytes(&self) -> u64 {
         #[cfg(feature = "vulkan")]
-        return self.inner.gpu.open.as_ref().map_or(0, |open| {
-            GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.pooled_bytes(kind)).sum()
-        });
+        return self
+            .inner
+            .gpu
+            .open
+            .as_ref()
+            .map_or(0, |open| GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.pooled_bytes(kind)).sum());
         #[cfg(not(feature = "vulkan"))]
         0
     }

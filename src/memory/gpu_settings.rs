@@ -53,12 +53,7 @@ impl FromStr for DeviceSelector {
                 .map(DeviceSelector::Index)
                 .map_err(|e| Error::invalid(format!("Vulkan device index {text:?}: {e}")));
         }
-        let hex: String = text
-            .strip_prefix("GPU-")
-            .unwrap_or(text)
-            .chars()
-            .filter(|&c| c != '-')
-            .collect();
+        let hex: String = text.strip_prefix("GPU-").unwrap_or(text).chars().filter(|&c| c != '-').collect();
         if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Error::invalid(format!(
                 "Vulkan device selector {text:?} is neither a device index nor a deviceUUID \

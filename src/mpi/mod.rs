@@ -74,12 +74,21 @@ pub(crate) fn endpoint(address: MpiAddress) -> std::result::Result<Endpoint, Str
         return Err(format!("the peer's location names MPI world {}, which this process never joined", address.world));
     };
     let Some(comm) = entry.comm.upgrade() else {
-        return Err(format!("MPI world {} has been freed (lf_mpi_free): keep it while channels are created over it", address.world));
+        return Err(format!(
+            "MPI world {} has been freed (lf_mpi_free): keep it while channels are created over it",
+            address.world
+        ));
     };
     if address.rank == entry.rank {
         return Err(format!("the peer is this process (MPI rank {})", entry.rank));
     }
-    Ok(Endpoint { comm, rank: entry.rank, peer: address.rank, tag_upper_bound: entry.tag_upper_bound, thread_level: entry.thread_level })
+    Ok(Endpoint {
+        comm,
+        rank: entry.rank,
+        peer: address.rank,
+        tag_upper_bound: entry.tag_upper_bound,
+        thread_level: entry.thread_level,
+    })
 }
 
 /// The environment variable that names this process when the join does not.
@@ -233,7 +242,11 @@ impl MpiWorld {
             joined.size,
             peers.get(joined.rank as usize).map_or_else(|| "?".to_owned(), |p| p.name.to_string()),
             joined.thread_level,
-            if joined.initialised_by_lava_flow { "lava-flow, and is finalized when its last handle is freed" } else { "the application" }
+            if joined.initialised_by_lava_flow {
+                "lava-flow, and is finalized when its last handle is freed"
+            } else {
+                "the application"
+            }
         );
         if joined.thread_level < ThreadLevel::Serialized {
             log::info!(
@@ -471,9 +484,7 @@ fn host_gpu_uuids() -> Vec<String> {
         .iter()
         .filter_map(|bus| std::fs::read_to_string(bus.join("information")).ok())
         .filter_map(|info| {
-            info.lines()
-                .find_map(|line| line.strip_prefix("GPU UUID:"))
-                .map(|uuid| uuid.trim().to_owned())
+            info.lines().find_map(|line| line.strip_prefix("GPU UUID:")).map(|uuid| uuid.trim().to_owned())
         })
         .filter(|uuid| record::gpu_uuid_problem(uuid).is_none())
         .take(record::MAX_GPUS)

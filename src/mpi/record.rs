@@ -44,7 +44,8 @@ impl LocationRecord {
         let loc = &self.location;
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(MAGIC);
-        let flags = if loc.node_id.is_some() { HAS_NODE } else { 0 } | if loc.device_id.is_some() { HAS_DEVICE } else { 0 };
+        let flags =
+            if loc.node_id.is_some() { HAS_NODE } else { 0 } | if loc.device_id.is_some() { HAS_DEVICE } else { 0 };
         out.push(flags);
         out.extend_from_slice(&self.shared_memory_group.to_le_bytes());
         out.extend_from_slice(&loc.node_id.unwrap_or(0).to_le_bytes());
@@ -53,7 +54,10 @@ impl LocationRecord {
         put_str(&mut out, &loc.hostname);
         put_str(&mut out, loc.host_id.as_deref().unwrap_or(""));
         if self.gpu_uuids.len() > MAX_GPUS {
-            return Err(Error::invalid(format!("{} GPU UUIDs; at most {MAX_GPUS} are exchanged", self.gpu_uuids.len())));
+            return Err(Error::invalid(format!(
+                "{} GPU UUIDs; at most {MAX_GPUS} are exchanged",
+                self.gpu_uuids.len()
+            )));
         }
         out.push(self.gpu_uuids.len() as u8);
         for uuid in &self.gpu_uuids {
@@ -78,7 +82,8 @@ impl LocationRecord {
         let mut reader = Reader { bytes, at: 0, rank };
         if reader.take(MAGIC.len(), "the format marker")? != MAGIC {
             return Err(corrupt(
-                "does not start with lava-flow's format marker: is every process running the same lava-flow version?".into(),
+                "does not start with lava-flow's format marker: is every process running the same lava-flow version?"
+                    .into(),
             ));
         }
         let flags = reader.u8("the flags")?;
@@ -93,7 +98,9 @@ impl LocationRecord {
         let device = reader.u32("the device")?;
         // An absent field is written as 0: anything else is not what lava-flow sends.
         if (flags & HAS_NODE == 0 && node != 0) || (flags & HAS_DEVICE == 0 && device != 0) {
-            return Err(corrupt(format!("has a NUMA node {node} or device {device} that its flags {flags:#04x} say is absent")));
+            return Err(corrupt(format!(
+                "has a NUMA node {node} or device {device} that its flags {flags:#04x} say is absent"
+            )));
         }
         let name = reader.str("the process name")?;
         let name = ProcessName::new(name).map_err(|e| corrupt(format!("has a bad process name: {e}")))?;

@@ -71,8 +71,11 @@ pub(crate) fn join(fortran_comm: Option<i64>) -> Result<Joined> {
         let rc = unsafe {
             ffi::MPI_Init_thread(ptr::null_mut(), ptr::null_mut(), ffi::RSMPI_THREAD_MULTIPLE, &mut provided)
         };
-        check(rc, "MPI_Init_thread (lava-flow initialises MPI because the application has not)",
-              "launch the program with mpirun/srun, or initialise MPI in the application before joining")?;
+        check(
+            rc,
+            "MPI_Init_thread (lava-flow initialises MPI because the application has not)",
+            "launch the program with mpirun/srun, or initialise MPI in the application before joining",
+        )?;
         lifecycle.initialised_by_lava_flow = true;
     }
     match join_initialised(fortran_comm, lifecycle.initialised_by_lava_flow) {
@@ -139,7 +142,12 @@ fn join_initialised(fortran_comm: Option<i64>, initialised_by_lava_flow: bool) -
     // SAFETY: for MPI_TAG_UB, MPI writes a pointer to an int it owns into `tag_ub` (passed
     // as the address of a pointer, as the standard specifies) and sets `found`.
     let rc = unsafe {
-        ffi::MPI_Comm_get_attr(comm.comm, ffi::MPI_TAG_UB as c_int, (&mut tag_ub as *mut *mut c_int).cast::<c_void>(), &mut found)
+        ffi::MPI_Comm_get_attr(
+            comm.comm,
+            ffi::MPI_TAG_UB as c_int,
+            (&mut tag_ub as *mut *mut c_int).cast::<c_void>(),
+            &mut found,
+        )
     };
     check(rc, "MPI_Comm_get_attr(MPI_TAG_UB)", "")?;
     let tag_upper_bound = if found != 0 && !tag_ub.is_null() {
@@ -166,7 +174,8 @@ impl PrivateComm {
     /// the same number for all processes that MPI says can share memory.
     pub fn shared_memory_group(&self, my_rank: u32) -> Result<u32> {
         // SAFETY: reading extern statics initialised by rsmpi's C shim.
-        let (shared, info_null, mut node) = unsafe { (ffi::RSMPI_COMM_TYPE_SHARED, ffi::RSMPI_INFO_NULL, ffi::RSMPI_COMM_NULL) };
+        let (shared, info_null, mut node) =
+            unsafe { (ffi::RSMPI_COMM_TYPE_SHARED, ffi::RSMPI_INFO_NULL, ffi::RSMPI_COMM_NULL) };
         // SAFETY: live communicator; `node` is valid storage for the new one.
         let rc = unsafe { ffi::MPI_Comm_split_type(self.comm, shared, my_rank as c_int, info_null, &mut node) };
         check(rc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)", "")?;
@@ -175,8 +184,14 @@ impl PrivateComm {
         let mut lowest: c_int = 0;
         // SAFETY: one int in, one int out, on a live communicator; MIN is a predefined op.
         let rc = unsafe {
-            ffi::MPI_Allreduce((&mine as *const c_int).cast(), (&mut lowest as *mut c_int).cast(), 1,
-                               ffi::RSMPI_INT32_T, ffi::RSMPI_MIN, node.comm)
+            ffi::MPI_Allreduce(
+                (&mine as *const c_int).cast(),
+                (&mut lowest as *mut c_int).cast(),
+                1,
+                ffi::RSMPI_INT32_T,
+                ffi::RSMPI_MIN,
+                node.comm,
+            )
         };
         check(rc, "MPI_Allreduce over the shared-memory communicator", "")?;
         u32::try_from(lowest).map_err(|_| Error::Corrupt(format!("MPI_Allreduce(MIN) of ranks gave {lowest}")))
@@ -194,8 +209,15 @@ impl PrivateComm {
         let mut lengths: Vec<c_int> = vec![0; size];
         // SAFETY: one int sent; `lengths` has room for one int from each of the `size` ranks.
         let rc = unsafe {
-            ffi::MPI_Allgather((&my_len as *const c_int).cast(), 1, ffi::RSMPI_INT32_T,
-                               lengths.as_mut_ptr().cast(), 1, ffi::RSMPI_INT32_T, self.comm)
+            ffi::MPI_Allgather(
+                (&my_len as *const c_int).cast(),
+                1,
+                ffi::RSMPI_INT32_T,
+                lengths.as_mut_ptr().cast(),
+                1,
+                ffi::RSMPI_INT32_T,
+                self.comm,
+            )
         };
         check(rc, "MPI_Allgather of the discovery record lengths", "")?;
 
@@ -217,9 +239,11 @@ impl PrivateComm {
         let mut displacements = Vec::with_capacity(size);
         let mut total: usize = 0;
         for &len in &lengths {
-            displacements.push(c_int::try_from(total).map_err(|_| {
-                Error::Unsupported(format!("the discovery records of {size} processes exceed 2 GiB"))
-            })?);
+            displacements.push(
+                c_int::try_from(total).map_err(|_| {
+                    Error::Unsupported(format!("the discovery records of {size} processes exceed 2 GiB"))
+                })?,
+            );
             total += len as usize;
         }
         let mut all = vec![0u8; total];
@@ -227,8 +251,16 @@ impl PrivateComm {
         // SAFETY: `mine` holds `my_len` bytes; `all` holds the sum of `lengths`, and each
         // rank's bytes land at its displacement, inside `all`.
         let rc = unsafe {
-            ffi::MPI_Allgatherv(mine.as_ptr().cast(), my_len, ffi::RSMPI_UINT8_T, all.as_mut_ptr().cast(),
-                                lengths.as_ptr(), displacements.as_ptr(), ffi::RSMPI_UINT8_T, self.comm)
+            ffi::MPI_Allgatherv(
+                mine.as_ptr().cast(),
+                my_len,
+                ffi::RSMPI_UINT8_T,
+                all.as_mut_ptr().cast(),
+                lengths.as_ptr(),
+                displacements.as_ptr(),
+                ffi::RSMPI_UINT8_T,
+                self.comm,
+            )
         };
         check(rc, "MPI_Allgatherv of the discovery records", "")?;
         Ok((0..size)
@@ -327,7 +359,8 @@ fn check(rc: c_int, call: &str, hint: &str) -> Result<()> {
     let mut len: c_int = 0;
     // SAFETY: the buffer holds MPI_MAX_ERROR_STRING bytes and more, as the call requires;
     // MPI_Error_string may be called for any code.
-    let described = unsafe { ffi::MPI_Error_string(rc, text.as_mut_ptr().cast(), &mut len) } == ffi::MPI_SUCCESS as c_int;
+    let described =
+        unsafe { ffi::MPI_Error_string(rc, text.as_mut_ptr().cast(), &mut len) } == ffi::MPI_SUCCESS as c_int;
     let what = if described {
         String::from_utf8_lossy(&text[..(len.max(0) as usize).min(text.len())]).into_owned()
     } else {
@@ -408,7 +441,13 @@ impl Progress {
                     // SAFETY: MPI is initialised and not finalized (the thread stops before the
                     // last world goes); COMM_SELF is predefined; the status is ignored.
                     unsafe {
-                        ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, ffi::RSMPI_ANY_TAG, ffi::RSMPI_COMM_SELF, &mut found, ffi::RSMPI_STATUS_IGNORE);
+                        ffi::MPI_Iprobe(
+                            ffi::RSMPI_ANY_SOURCE,
+                            ffi::RSMPI_ANY_TAG,
+                            ffi::RSMPI_COMM_SELF,
+                            &mut found,
+                            ffi::RSMPI_STATUS_IGNORE,
+                        );
                     }
                     // The probe is a call too: only the channels' calls should move the count.
                     seen = CALL_COUNT.load(Ordering::Relaxed);
@@ -472,11 +511,14 @@ impl PrivateComm {
     /// # Safety
     /// `buf` stays valid for `len` bytes, unwritten, until the request is complete.
     pub(crate) unsafe fn isend(&self, buf: *const u8, len: usize, dest: u32, tag: i32) -> Result<Request> {
-        let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
+        let count =
+            c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
         let _calls = calls();
         // SAFETY: reading an extern static; the caller keeps the buffer valid as required.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        let rc = unsafe { ffi::MPI_Isend(buf.cast(), count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut request) };
+        let rc = unsafe {
+            ffi::MPI_Isend(buf.cast(), count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut request)
+        };
         check(rc, "MPI_Isend", "")?;
         Ok(Request::new(request, len > SMALL))
     }
@@ -505,11 +547,14 @@ impl PrivateComm {
     /// # Safety
     /// As for `irecv`.
     unsafe fn irecv_as(&self, buf: *mut u8, len: usize, source: u32, tag: i32, transfer: bool) -> Result<Request> {
-        let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
+        let count =
+            c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
         let _calls = calls();
         // SAFETY: as for isend.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        let rc = unsafe { ffi::MPI_Irecv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, &mut request) };
+        let rc = unsafe {
+            ffi::MPI_Irecv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, &mut request)
+        };
         check(rc, "MPI_Irecv", "")?;
         Ok(Request::new(request, transfer))
     }
@@ -633,9 +678,20 @@ impl PrivateComm {
     /// # Safety
     /// `buf` is valid for `len` writable bytes.
     pub(crate) unsafe fn recv_probed(&self, buf: *mut u8, len: usize, source: u32, tag: i32) -> Result<()> {
-        let count = c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
+        let count =
+            c_int::try_from(len).map_err(|_| Error::invalid(format!("an MPI message of {len} bytes exceeds 2 GiB")))?;
         let _calls = calls();
-        let rc = unsafe { ffi::MPI_Recv(buf.cast(), count, ffi::RSMPI_UINT8_T, source as c_int, tag, self.comm, ffi::RSMPI_STATUS_IGNORE) };
+        let rc = unsafe {
+            ffi::MPI_Recv(
+                buf.cast(),
+                count,
+                ffi::RSMPI_UINT8_T,
+                source as c_int,
+                tag,
+                self.comm,
+                ffi::RSMPI_STATUS_IGNORE,
+            )
+        };
         check(rc, "MPI_Recv", "")
     }
 }

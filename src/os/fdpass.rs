@@ -118,9 +118,7 @@ fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: libc::c_int) ->
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         // The fds that did arrive are dropped (closed) with `fds`.
-        return Err(Error::Corrupt(format!(
-            "peer sent more than {MAX_FDS} file descriptors in one message"
-        )));
+        return Err(Error::Corrupt(format!("peer sent more than {MAX_FDS} file descriptors in one message")));
     }
     Ok((n, fds))
 }
@@ -146,7 +144,7 @@ pub fn recv_exact_with_fd(sock: &UnixStream, buf: &mut [u8], what: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::{memfd_create, MemfdFlags, Mapping};
+    use crate::os::{memfd_create, Mapping, MemfdFlags};
     use std::os::fd::AsFd;
 
     #[test]

@@ -19,7 +19,15 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     // SAFETY: `word` is a live, aligned 32-bit atomic; the kernel only reads it. The timeout
     // (relative for FUTEX_WAIT, null for none) lives across the call.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, ts_ptr, std::ptr::null::<u32>(), 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            ts_ptr,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
     }
 }
 
@@ -27,7 +35,15 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
 pub fn futex_wake(word: &AtomicU32, count: u32) {
     // SAFETY: as futex_wait; FUTEX_WAKE does not touch the word's contents.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, count.min(i32::MAX as u32), 0usize, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            count.min(i32::MAX as u32),
+            0usize,
+            0usize,
+            0u32,
+        );
     }
 }
 

@@ -47,13 +47,16 @@ impl Mapping {
         let page = page_size();
         let (first_len, second_len) = (first.1, second.1);
         if first_len % page != 0 || second_len % page != 0 {
-            return Err(Error::invalid(format!("mapping parts of {first_len} and {second_len} bytes are not whole pages")));
+            return Err(Error::invalid(format!(
+                "mapping parts of {first_len} and {second_len} bytes are not whole pages"
+            )));
         }
         let total = first_len
             .checked_add(second_len)
             .ok_or_else(|| Error::invalid(format!("mapping parts of {first_len} and {second_len} bytes overflow")))?;
         // A reservation no one can touch, replaced part by part below.
-        let reserved = Self::map(total, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)?;
+        let reserved =
+            Self::map(total, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)?;
         let second_prot = if second_writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         for (fd, at, len, prot) in [
             (first.0.as_raw_fd(), 0, first_len, libc::PROT_READ | libc::PROT_WRITE),
@@ -95,23 +98,11 @@ impl Mapping {
             .map_err(|_| Error::invalid(format!("mapping offset {offset} does not fit in off_t")))?;
         // SAFETY: a NULL hint lets the kernel choose a fresh range, so no existing mapping is
         // replaced; the other arguments are plain values the kernel validates.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                flags,
-                fd,
-                off,
-            )
-        };
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, off) };
         if ptr == libc::MAP_FAILED {
             return Err(Error::last_os(format!("mmap({len} bytes at offset {offset})")));
         }
-        Ok(Mapping {
-            ptr: NonNull::new(ptr.cast()).expect("mmap never returns NULL on success"),
-            len,
-        })
+        Ok(Mapping { ptr: NonNull::new(ptr.cast()).expect("mmap never returns NULL on success"), len })
     }
 
     pub fn as_ptr(&self) -> *mut u8 {

@@ -30,7 +30,8 @@ pub fn register() -> bool {
     *REGISTERED.get_or_init(|| {
         let supported = membarrier(CMD_QUERY);
         let needed = (CMD_GLOBAL_EXPEDITED | CMD_REGISTER_GLOBAL_EXPEDITED) as libc::c_long;
-        let registered = supported >= 0 && supported & needed == needed && membarrier(CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+        let registered =
+            supported >= 0 && supported & needed == needed && membarrier(CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
         if !registered {
             log::info!(
                 "membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) is not available (a kernel before 4.16, or a seccomp \

@@ -1,7 +1,7 @@
 //! Anonymous shared-memory files (`memfd_create`).
 
 use std::ffi::CString;
-use std::os::fd::{FromRawFd, OwnedFd, AsRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::error::{Error, Result};
 
@@ -37,8 +37,8 @@ pub fn memfd_create(name: &str, size: u64, flags: MemfdFlags) -> Result<OwnedFd>
     }
     // SAFETY: fd was just returned by the kernel and is owned by no one else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let size_i64 = i64::try_from(size)
-        .map_err(|_| Error::invalid(format!("memfd size {size} does not fit in off_t")))?;
+    let size_i64 =
+        i64::try_from(size).map_err(|_| Error::invalid(format!("memfd size {size} does not fit in off_t")))?;
     // SAFETY: fd is a valid memfd; ftruncate has no memory-safety preconditions.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), size_i64) } != 0 {
         return Err(Error::last_os(format!("ftruncate(memfd {name:?}, {size} bytes)")));

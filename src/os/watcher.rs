@@ -299,7 +299,11 @@ mod tests {
                             let after = fired.load(Ordering::SeqCst);
                             drop(peer);
                             std::thread::sleep(Duration::from_micros(200));
-                            assert_eq!(fired.load(Ordering::SeqCst), after, "a callback ran after its watch was dropped");
+                            assert_eq!(
+                                fired.load(Ordering::SeqCst),
+                                after,
+                                "a callback ran after its watch was dropped"
+                            );
                         }
                         assert!(fired.load(Ordering::SeqCst) <= 1);
                     }

@@ -181,7 +181,9 @@ fn hugepages_are_really_huge_or_refused_saying_how_to_reserve() {
     if free_huge_pages(HugePageSize::Size1G) == 0 {
         let err = context.allocate(4096, giant).unwrap_err();
         match &err {
-            Error::OutOfMemory(text) => assert!(text.contains("nr_hugepages") && text.contains("best-effort"), "{text}"),
+            Error::OutOfMemory(text) => {
+                assert!(text.contains("nr_hugepages") && text.contains("best-effort"), "{text}")
+            }
             Error::Unsupported(text) => assert!(text.contains("1 GiB"), "{text}"),
             other => panic!("unexpected {other}"),
         }
@@ -373,7 +375,10 @@ fn bad_input_is_an_error_with_a_message() {
         assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
     }
     let err = context.allocate(64, MemoryLocation::GpuDeviceLocal).unwrap_err();
-    assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no Vulkan device") && m.contains("strict_gpu")), "{err}");
+    assert!(
+        matches!(err, Error::Unsupported(ref m) if m.contains("no Vulkan device") && m.contains("strict_gpu")),
+        "{err}"
+    );
     assert!(Context::new({
         let mut c = ContextConfig::default();
         c.arena_size = 12345;

@@ -17,8 +17,8 @@ use lava_flow::memory::{
 use lava_flow::Error;
 
 use super::gpu_memory::{
-    assert_no_fd_leak, child_role, connect_to_parent, expect_child_success, pattern, recv_byte, require_vulkan, send_byte,
-    spawn_child_in,
+    assert_no_fd_leak, child_role, connect_to_parent, expect_child_success, pattern, recv_byte, require_vulkan,
+    send_byte, spawn_child_in,
 };
 
 const GPU_LOCATIONS: [MemoryLocation; 2] = [MemoryLocation::GpuDeviceLocal, MemoryLocation::GpuHostVisible];
@@ -43,7 +43,12 @@ fn gpu_context(test: &str) -> Option<Context> {
     }
 }
 
-fn spawn(test: &str, role: &str, envs: &[(&str, &str)], with_socket: bool) -> (std::process::Child, Option<UnixStream>) {
+fn spawn(
+    test: &str,
+    role: &str,
+    envs: &[(&str, &str)],
+    with_socket: bool,
+) -> (std::process::Child, Option<UnixStream>) {
     spawn_child_in("gpu_context", test, role, envs, with_socket)
 }
 
@@ -222,7 +227,10 @@ fn gpu_context_export_import_across_processes() {
     buffers[0].export().unwrap().send(&stream).unwrap();
     assert_eq!(recv_byte(&mut stream), b'k', "child verified and wrote");
     for (i, buffer) in buffers.iter().enumerate() {
-        assert!(read_all(buffer) == pattern(i as u32 + 101, buffer.len()), "parent sees the child's bytes in buffer {i}");
+        assert!(
+            read_all(buffer) == pattern(i as u32 + 101, buffer.len()),
+            "parent sees the child's bytes in buffer {i}"
+        );
     }
     send_byte(&mut stream, b'q');
     expect_child_success(child, "importer");
@@ -253,7 +261,10 @@ fn gpu_context_import_twice_hits_cache_and_uuid_mismatch_is_refused() {
     };
     let e = tampered(&|h| h.descriptor.device_uuid[0] ^= 0xff);
     println!("{e}");
-    assert!(matches!(e, Error::Unsupported(ref m) if m.contains("another GPU or driver") && m.contains("deviceUUID")), "{e}");
+    assert!(
+        matches!(e, Error::Unsupported(ref m) if m.contains("another GPU or driver") && m.contains("deviceUUID")),
+        "{e}"
+    );
     let e = tampered(&|h| h.descriptor.driver_uuid[15] ^= 1);
     assert!(matches!(e, Error::Unsupported(ref m) if m.contains("driverUUID")), "{e}");
     let e = tampered(&|h| h.descriptor.size = h.descriptor.arena_size + 1);
@@ -319,7 +330,10 @@ fn gpu_context_fallback_is_visible_and_strict_is_an_error() {
     let strict = Context::new(strict).unwrap();
     for location in GPU_LOCATIONS {
         let e = strict.allocate(64, location).unwrap_err();
-        assert!(matches!(e, Error::Unsupported(ref m) if m.contains("strict_gpu") && m.contains("disables the GPU")), "{e}");
+        assert!(
+            matches!(e, Error::Unsupported(ref m) if m.contains("strict_gpu") && m.contains("disables the GPU")),
+            "{e}"
+        );
     }
     let no_driver = [("VK_ICD_FILENAMES", "/nonexistent/lf-icd.json"), ("VK_DRIVER_FILES", "/nonexistent/lf-icd.json")];
     for role in ["auto", "required"] {
@@ -350,7 +364,11 @@ fn gpu_context_pinned_memory_reports_its_registrations() {
     } else if std::env::var("LF_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
         assert!(cuda, "CUDA is present: {:?}", pinned.registration_failures());
     }
-    assert_eq!(pinned.registrations().len() + pinned.registration_failures().len(), 2, "each API registered or explained");
+    assert_eq!(
+        pinned.registrations().len() + pinned.registration_failures().len(),
+        2,
+        "each API registered or explained"
+    );
     // Pinned memory moves to and from the GPU (directly on the GPU where Vulkan imported it).
     let gpu = context.allocate(100_000, MemoryLocation::GpuDeviceLocal).unwrap();
     let data = pattern(77, 100_000);

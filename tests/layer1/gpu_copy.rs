@@ -15,7 +15,6 @@ use lava_flow::Error;
 
 use super::gpu_memory::{child_role, expect_child_success, open_device, pattern, spawn_child_in};
 
-
 /// The sizes every method copies at every offset pair.
 const SIZES: [u64; 7] = [1, 15, 16, 17, 4095, (1 << 20) + 3, 64 << 20];
 /// (source offset, destination offset): congruent mod 16, mod 4 only, not at all.

@@ -102,8 +102,7 @@ pub(crate) fn spawn_child_in(
     envs: &[(&str, &str)],
     with_socket: bool,
 ) -> (Child, Option<UnixStream>) {
-    let socket_path: PathBuf =
-        std::env::temp_dir().join(format!("lf-gpu-{}-{test}-{role}.sock", std::process::id()));
+    let socket_path: PathBuf = std::env::temp_dir().join(format!("lf-gpu-{}-{test}-{role}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket_path);
     let listener = with_socket.then(|| UnixListener::bind(&socket_path).unwrap());
     let mut command = Command::new(std::env::current_exe().unwrap());
@@ -134,9 +133,7 @@ pub(crate) fn spawn_child_in(
                         let mut stderr = String::new();
                         child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
                         child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-                        panic!(
-                            "child {test}:{role} exited ({status}) before connecting:\n{stdout}\n{stderr}"
-                        );
+                        panic!("child {test}:{role} exited ({status}) before connecting:\n{stdout}\n{stderr}");
                     }
                     assert!(Instant::now() < deadline, "child {test}:{role} never connected");
                     std::thread::sleep(Duration::from_millis(10));
@@ -249,7 +246,10 @@ fn gpu_allocate_each_kind_write_read() {
         let Some(type_index) = allocator.memory_type_index(kind) else {
             panic!("device {} has no {kind} memory type", device.info().name);
         };
-        println!("{kind}: memory type {type_index} {}", describe_memory_flags(device.info().memory_types[type_index as usize].property_flags));
+        println!(
+            "{kind}: memory type {type_index} {}",
+            describe_memory_flags(device.info().memory_types[type_index as usize].property_flags)
+        );
         let mut buffers = Vec::new();
         for (i, size) in [1usize, 4095, 65536, (3 << 20) + 7, (5 << 20) + 1].into_iter().enumerate() {
             let buffer = allocator.allocate(size as u64, kind).unwrap();
@@ -285,7 +285,10 @@ fn gpu_allocate_each_kind_write_read() {
     assert!(matches!(allocator.allocate(0, GpuMemoryKind::DeviceLocal), Err(Error::InvalidArgument(_))));
     let pooled = GpuMemoryKind::ALL.map(|kind| allocator.pooled_bytes(kind));
     assert_eq!(pooled[0], allocator.arena_count(GpuMemoryKind::DeviceLocal) as u64 * allocator.config().arena_size);
-    assert!(pooled[1] > 0 && pooled[1] <= allocator.arena_count(GpuMemoryKind::HostVisible) as u64 * allocator.config().arena_size);
+    assert!(
+        pooled[1] > 0
+            && pooled[1] <= allocator.arena_count(GpuMemoryKind::HostVisible) as u64 * allocator.config().arena_size
+    );
     assert_eq!(allocator.trim(), pooled[0] + pooled[1], "every idle arena is given back");
     assert_eq!(allocator.arena_count(GpuMemoryKind::DeviceLocal), 0);
 }
@@ -300,7 +303,8 @@ fn gpu_host_visible_arenas_grow() {
     let first = allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap();
     assert_eq!(first.arena_size(), arena / 32);
     // Filling it makes the next arena twice as large; DEVICE_LOCAL arenas are whole.
-    let fill: Vec<GpuBuffer> = (0..31).map(|_| allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap()).collect();
+    let fill: Vec<GpuBuffer> =
+        (0..31).map(|_| allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap()).collect();
     assert!(fill.iter().all(|b| b.arena_id() == first.arena_id()));
     let second = allocator.allocate(64 << 10, GpuMemoryKind::HostVisible).unwrap();
     assert_ne!(second.arena_id(), first.arena_id());
@@ -386,7 +390,8 @@ fn gpu_copy_buffer_to_buffer() {
     assert!(matches!(copy_buffer(&src, 0, &src, 100, 200), Err(Error::InvalidArgument(_))));
     copy_buffer(&src, 0, &src, 1000, 1000).unwrap();
     let other = VulkanDevice::open(&GpuConfig::default()).unwrap();
-    let other_buffer = GpuAllocator::new(&other, small_arenas()).unwrap().allocate(size, GpuMemoryKind::DeviceLocal).unwrap();
+    let other_buffer =
+        GpuAllocator::new(&other, small_arenas()).unwrap().allocate(size, GpuMemoryKind::DeviceLocal).unwrap();
     assert!(matches!(copy_buffer(&src, 0, &other_buffer, 0, 16), Err(Error::InvalidArgument(_))));
 }
 
@@ -408,7 +413,10 @@ fn gpu_export_import_across_processes() {
             assert_eq!(export.desc.size, size);
             let buffer = importer.import(export).unwrap();
             assert!(buffer.is_imported());
-            assert!(read_all(&buffer) == pattern(i as u32 + 1, size as usize), "child sees the parent's bytes in buffer {i}");
+            assert!(
+                read_all(&buffer) == pattern(i as u32 + 1, size as usize),
+                "child sees the parent's bytes in buffer {i}"
+            );
             buffer.write(0, &pattern(i as u32 + 101, size as usize)).unwrap();
             imported.push(buffer);
         }
@@ -428,7 +436,10 @@ fn gpu_export_import_across_processes() {
         allocator.allocate(SIZES[1], GpuMemoryKind::DeviceLocal).unwrap(),
         allocator.allocate(SIZES[2], GpuMemoryKind::HostVisible).unwrap(),
         allocator.allocate_unpooled(SIZES[3], GpuMemoryKind::DeviceLocal).unwrap(),
-        GpuAllocator::new(&device, dedicated_arenas()).unwrap().allocate_unpooled(SIZES[4], GpuMemoryKind::HostVisible).unwrap(),
+        GpuAllocator::new(&device, dedicated_arenas())
+            .unwrap()
+            .allocate_unpooled(SIZES[4], GpuMemoryKind::HostVisible)
+            .unwrap(),
     ];
     assert!(buffers[4].is_dedicated());
     assert_eq!(buffers[0].arena_id(), buffers[1].arena_id(), "one arena, one fd, many buffers");
@@ -444,7 +455,10 @@ fn gpu_export_import_across_processes() {
     }
     assert_eq!(recv_byte(&mut stream), b'k', "child verified and wrote");
     for (i, buffer) in buffers.iter().enumerate() {
-        assert!(read_all(buffer) == pattern(i as u32 + 101, buffer.size() as usize), "parent sees the child's bytes in buffer {i}");
+        assert!(
+            read_all(buffer) == pattern(i as u32 + 101, buffer.size() as usize),
+            "parent sees the child's bytes in buffer {i}"
+        );
     }
     send_byte(&mut stream, b'q');
     expect_child_success(child, "importer");
@@ -496,7 +510,10 @@ fn gpu_import_twice_hits_cache() {
     assert_eq!(&three, b"big");
 
     // A dedicated arena: every import shares the one buffer the memory is dedicated to.
-    let dedicated = GpuAllocator::new(&device, dedicated_arenas()).unwrap().allocate_unpooled(5000, GpuMemoryKind::DeviceLocal).unwrap();
+    let dedicated = GpuAllocator::new(&device, dedicated_arenas())
+        .unwrap()
+        .allocate_unpooled(5000, GpuMemoryKind::DeviceLocal)
+        .unwrap();
     assert!(dedicated.is_dedicated());
     let export = dedicated.export().unwrap();
     assert_eq!(export.desc.flags & GPU_EXPORT_DEDICATED, GPU_EXPORT_DEDICATED);
@@ -662,7 +679,11 @@ fn gpu_cuda_host_register() {
     // SAFETY: the mapping outlives the registration.
     match unsafe { cuda_host_register(host.as_ptr(), host.len(), uuid) } {
         Ok(registration) => {
-            println!("cuMemHostRegister OK on CUDA device {} (driver {:?})", registration.cuda_device(), cuda_driver_version());
+            println!(
+                "cuMemHostRegister OK on CUDA device {} (driver {:?})",
+                registration.cuda_device(),
+                cuda_driver_version()
+            );
             assert_eq!(registration.len(), 1 << 20);
             // SAFETY: as above. A second registration of the same range is refused.
             let again = unsafe { cuda_host_register(host.as_ptr(), host.len(), uuid) };

@@ -2,7 +2,6 @@
 //! module per concern (the seed's `tests/layer1/` layout).
 
 mod cpu_strategies;
-mod scope_detection;
 #[cfg(feature = "vulkan")]
 mod gpu_context;
 #[cfg(feature = "vulkan")]
@@ -11,3 +10,4 @@ mod gpu_copy;
 mod gpu_memory;
 #[cfg(feature = "vulkan")]
 mod gpu_sharing;
+mod scope_detection;

@@ -132,7 +132,11 @@ fn pool_payloads_reuse_recent_space() {
                 let mut loan = p.loan(len, None).unwrap();
                 let at = loan.as_mut_slice().as_mut_ptr() as usize;
                 if i < LARGE {
-                    assert_eq!(*first.get_or_insert(at), at, "message {i} of 64 KiB after its predecessor was released");
+                    assert_eq!(
+                        *first.get_or_insert(at),
+                        at,
+                        "message {i} of 64 KiB after its predecessor was released"
+                    );
                 } else {
                     (low, high) = (low.min(at), high.max(at + len));
                 }
@@ -142,7 +146,11 @@ fn pool_payloads_reuse_recent_space() {
                     answers.recv_timeout(Duration::from_secs(10)).unwrap();
                 }
             }
-            assert!(high - low <= 1 << 20, "a stream of 1 KiB messages spread over {} KiB of the pool", (high - low) >> 10);
+            assert!(
+                high - low <= 1 << 20,
+                "a stream of 1 KiB messages spread over {} KiB of the pool",
+                (high - low) >> 10
+            );
         }
         Some("consumer") => {
             let config = config(WaitStrategy::BusyPoll);
@@ -206,8 +214,12 @@ fn the_pool_is_faulted_in_at_creation_unless_turned_off() {
     for (name, prefault) in [("warm", true), ("cold", false)] {
         let config = ChannelConfig { prefault, pool_size: POOL, ..config(WaitStrategy::BusyPoll) };
         let (rss, data) = match child_role().as_deref() {
-            Some("producer") => mapped(Producer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests()),
-            Some("consumer") => mapped(Consumer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests()),
+            Some("producer") => {
+                mapped(Producer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests())
+            }
+            Some("consumer") => {
+                mapped(Consumer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests())
+            }
             Some(_) => return,
             None => return run_pair(TEST, "prefault"),
         };

@@ -29,7 +29,8 @@ fn linger() {
 /// This thread's voluntary context switches so far.
 fn voluntary_switches() -> u64 {
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).expect("voluntary_ctxt_switches in status");
+    let line =
+        status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).expect("voluntary_ctxt_switches in status");
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
@@ -153,8 +154,10 @@ fn one_watcher_for_many_channels_and_nothing_left_after_them() {
             let _ = ctx();
             let (fds, threads) = (open_fds(), std::fs::read_dir("/proc/self/task").unwrap().count());
             assert_eq!(threads_named("lava-flow-watch"), 0);
-            let mut consumers: Vec<Consumer> =
-                names("a").iter().map(|n| Consumer::create(&ctx(), n, &here(), &here(), &config(strategy("block"))).unwrap()).collect();
+            let mut consumers: Vec<Consumer> = names("a")
+                .iter()
+                .map(|n| Consumer::create(&ctx(), n, &here(), &here(), &config(strategy("block"))).unwrap())
+                .collect();
             for c in &mut consumers {
                 assert_eq!(&*c.recv().unwrap(), b"hi");
             }
@@ -168,8 +171,10 @@ fn one_watcher_for_many_channels_and_nothing_left_after_them() {
             assert_eq!(open_fds(), fds, "descriptors left behind");
             report("clean", 1);
             // Round two: the producers' process is killed while these wait.
-            let mut consumers: Vec<Consumer> =
-                names("b").iter().map(|n| Consumer::create(&ctx(), n, &here(), &here(), &config(strategy("block"))).unwrap()).collect();
+            let mut consumers: Vec<Consumer> = names("b")
+                .iter()
+                .map(|n| Consumer::create(&ctx(), n, &here(), &here(), &config(strategy("block"))).unwrap())
+                .collect();
             report("waiting", 1);
             let start = Instant::now();
             for c in &mut consumers {
@@ -183,8 +188,10 @@ fn one_watcher_for_many_channels_and_nothing_left_after_them() {
         }
         Some("producers") => {
             let round = arg("round");
-            let mut producers: Vec<Producer> =
-                names(&round).iter().map(|n| Producer::create(&ctx(), n, &here(), &here(), &config(strategy("block"))).unwrap()).collect();
+            let mut producers: Vec<Producer> = names(&round)
+                .iter()
+                .map(|n| Producer::create(&ctx(), n, &here(), &here(), &config(strategy("block"))).unwrap())
+                .collect();
             if round == "a" {
                 for p in &mut producers {
                     p.send(b"hi").unwrap();

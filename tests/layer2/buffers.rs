@@ -42,8 +42,11 @@ fn many_regions_of_several_arenas_arrive_by_reference() {
             // and four small ones sharing one pooled arena: four arenas in all.
             let mut buffers: Vec<Buffer> = (0..3).map(|_| allocate(1 << 20)).collect();
             buffers.extend((0..4).map(|_| allocate(REGION * 2)));
-            let regions: Vec<(usize, usize)> =
-                buffers.iter().enumerate().flat_map(|(b, buf)| (0..buf.len() / REGION).map(move |r| (b, r * REGION))).collect();
+            let regions: Vec<(usize, usize)> = buffers
+                .iter()
+                .enumerate()
+                .flat_map(|(b, buf)| (0..buf.len() / REGION).map(move |r| (b, r * REGION)))
+                .collect();
             for seq in 0..MESSAGES {
                 let (b, offset) = regions[seq as usize % regions.len()];
                 // The region's previous message must be complete before it is rewritten.
@@ -257,7 +260,9 @@ fn hostile_arena_descriptors_are_corrupt() {
         Some("producer") => {
             let buffer = allocate(1 << 16);
             for variant in VARIANTS {
-                let mut p = Producer::create(&ctx(), &format!("hostile-arena-{variant}"), &here(), &here(), &config(wait)).unwrap();
+                let mut p =
+                    Producer::create(&ctx(), &format!("hostile-arena-{variant}"), &here(), &here(), &config(wait))
+                        .unwrap();
                 for i in 0..3u64 {
                     buffer.write_at(i as usize * 8, &i.to_le_bytes()).unwrap();
                     p.send_buffer(&buffer, i as usize * 8, 8).unwrap();
@@ -287,7 +292,9 @@ fn hostile_arena_descriptors_are_corrupt() {
         }
         Some("consumer") => {
             for variant in VARIANTS {
-                let mut c = Consumer::create(&ctx(), &format!("hostile-arena-{variant}"), &here(), &here(), &config(wait)).unwrap();
+                let mut c =
+                    Consumer::create(&ctx(), &format!("hostile-arena-{variant}"), &here(), &here(), &config(wait))
+                        .unwrap();
                 for i in 0..3u64 {
                     let m = c.recv().unwrap();
                     assert_eq!(&*m, &i.to_le_bytes());

@@ -175,7 +175,10 @@ fn pollable_fd_and_async_receive() {
 fn views_released_from_many_threads_in_any_order() {
     const TEST: &str = "delivery::views_released_from_many_threads_in_any_order";
     const N: u64 = 200_000;
-    let cfg = lava_flow::channels::ChannelConfig { capacity: 64, ..config(WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) }) };
+    let cfg = lava_flow::channels::ChannelConfig {
+        capacity: 64,
+        ..config(WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) })
+    };
     match child_role().as_deref() {
         Some("producer") => {
             let mut p = Producer::create(&ctx(), "threads", &here(), &here(), &cfg).unwrap();

@@ -19,7 +19,10 @@ fn gpu_ctx() -> Option<Context> {
     match context.gpu_unavailable_reason() {
         None => Some(context),
         Some(why) => {
-            assert!(std::env::var("LF_REQUIRE_VULKAN").is_err(), "LF_REQUIRE_VULKAN is set but there is no Vulkan device: {why}");
+            assert!(
+                std::env::var("LF_REQUIRE_VULKAN").is_err(),
+                "LF_REQUIRE_VULKAN is set but there is no Vulkan device: {why}"
+            );
             eprintln!("skipped: no Vulkan device ({why})");
             None
         }
@@ -182,7 +185,11 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
             let mut p = Producer::create(&context, &format!("staged-{case}"), &here(), &here(), &config).unwrap();
             let reason = p.transport().reason.clone();
             assert_eq!(p.transport().names(), "shm", "{reason}");
-            let why = if case == "shm-only" { "vulkan_ipc is not allowed" } else { "the consumer serves no GPU route (vulkan_ipc needs a Vulkan device" };
+            let why = if case == "shm-only" {
+                "vulkan_ipc is not allowed"
+            } else {
+                "the consumer serves no GPU route (vulkan_ipc needs a Vulkan device"
+            };
             assert!(reason.contains("GPU buffers: staged through shm") && reason.contains(why), "{reason}");
             let buffer = context.allocate(LEN, MemoryLocation::GpuDeviceLocal).unwrap();
             write_message(&buffer, 0, LEN, 7);
@@ -201,7 +208,9 @@ fn gpu_buffers_are_staged_where_the_route_cannot_serve() {
         }
         Some("consumer") => {
             let case = arg("case");
-            let context = if case == "no-gpu-consumer" { ctx() } else {
+            let context = if case == "no-gpu-consumer" {
+                ctx()
+            } else {
                 let Some(context) = gpu_ctx() else { return };
                 context
             };
@@ -283,7 +292,11 @@ fn kill9_of_either_side_with_gpu_buffers_in_flight() {
             report("gone_after_ms", (monotonic_ns() - started) as f64 / 1e6);
             let imported = context.imported_arenas();
             drop(m);
-            assert_eq!(context.imported_arenas(), imported - 1, "the dead producer's arena is released with its last message");
+            assert_eq!(
+                context.imported_arenas(),
+                imported - 1,
+                "the dead producer's arena is released with its last message"
+            );
         }
         Some(_) => {}
         None => {
@@ -301,7 +314,8 @@ fn kill9_of_either_side_with_gpu_buffers_in_flight() {
                 let mut p_out = stdout_of(&mut p);
                 expect_line(&mut p_out, "sent");
                 expect_line(&mut c_out, "holding");
-                let (mut victim_child, survivor, mut out) = if victim == "producer" { (p, c, c_out) } else { (c, p, p_out) };
+                let (mut victim_child, survivor, mut out) =
+                    if victim == "producer" { (p, c, c_out) } else { (c, p, p_out) };
                 kill9(&mut victim_child);
                 std::fs::write(&flag, b"killed").unwrap();
                 let ms: f64 = expect_line(&mut out, "gone_after_ms").parse().unwrap();
@@ -332,7 +346,9 @@ fn hostile_gpu_descriptors_are_corrupt() {
             let Some(context) = gpu_ctx() else { return };
             let buffer = context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap();
             for variant in HOSTILE {
-                let mut p = Producer::create(&context, &format!("gpu-hostile-{variant}"), &here(), &here(), &gpu_config()).unwrap();
+                let mut p =
+                    Producer::create(&context, &format!("gpu-hostile-{variant}"), &here(), &here(), &gpu_config())
+                        .unwrap();
                 if variant == "ready-without-semaphore" && p.ready_semaphore().is_ok() {
                     // On a driver that shares semaphores, a value going backwards instead.
                     p.send_buffer_after(&buffer, 0, 64, 10, None).unwrap();
@@ -370,7 +386,9 @@ fn hostile_gpu_descriptors_are_corrupt() {
         Some("consumer") => {
             let Some(context) = gpu_ctx() else { return };
             for variant in HOSTILE {
-                let mut c = Consumer::create(&context, &format!("gpu-hostile-{variant}"), &here(), &here(), &gpu_config()).unwrap();
+                let mut c =
+                    Consumer::create(&context, &format!("gpu-hostile-{variant}"), &here(), &here(), &gpu_config())
+                        .unwrap();
                 drop(c.recv_timeout(Duration::from_secs(30)).unwrap());
                 let err = c.recv_timeout(Duration::from_secs(30)).unwrap_err();
                 assert!(matches!(err, Error::Corrupt(_)), "{variant}: {err}");
@@ -399,7 +417,8 @@ fn gpu_channel_cycles_leak_nothing() {
     match child_role().as_deref() {
         Some("producer") => {
             let Some(context) = gpu_ctx() else { return };
-            let buffers: Vec<Buffer> = (0..4).map(|_| context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap()).collect();
+            let buffers: Vec<Buffer> =
+                (0..4).map(|_| context.allocate(4096, MemoryLocation::GpuDeviceLocal).unwrap()).collect();
             let fds = open_fds();
             for i in 0..CYCLES {
                 let mut p = Producer::create(&context, "gpu-cycle", &here(), &here(), &gpu_config()).unwrap();
@@ -637,7 +656,9 @@ fn the_released_semaphore_follows_the_consumer() {
             let mut p = Producer::create(&context, "released", &here(), &here(), &released_config()).unwrap();
             let mut back = Consumer::create(&context, "released-back", &here(), &here(), &released_config()).unwrap();
             let semaphore = match p.released_semaphore() {
-                Ok(fd) => Some(lava_flow::memory::gpu::TimelineSemaphore::import(context.gpu_device().unwrap(), fd).unwrap()),
+                Ok(fd) => {
+                    Some(lava_flow::memory::gpu::TimelineSemaphore::import(context.gpu_device().unwrap(), fd).unwrap())
+                }
                 Err(Error::Unsupported(why)) => {
                     assert!(p.ready_semaphore().is_err(), "a ready semaphore but no released one: {why}");
                     assert!(why.contains("released semaphore"), "{why}");
@@ -667,7 +688,11 @@ fn the_released_semaphore_follows_the_consumer() {
             p.wait_completed(3, Some(Duration::from_secs(30))).unwrap();
             if semaphore.is_none() {
                 drop(p);
-                let strict = ChannelConfig { strict_gpu: true, rendezvous_timeout: Some(Duration::from_secs(5)), ..released_config() };
+                let strict = ChannelConfig {
+                    strict_gpu: true,
+                    rendezvous_timeout: Some(Duration::from_secs(5)),
+                    ..released_config()
+                };
                 let err = Producer::create(&context, "released-strict", &here(), &here(), &strict).unwrap_err();
                 assert!(matches!(err, Error::Unsupported(ref m) if m.contains("strict_gpu")), "{err}");
             }
@@ -722,7 +747,8 @@ fn sends_from_a_gpu_mapping_go_by_reference() {
         Some("producer") => {
             let Some(context) = gpu_ctx() else { return };
             let case = arg("case");
-            let mut p = Producer::create(&context, &format!("mapped-{case}"), &here(), &here(), &config_of(&case)).unwrap();
+            let mut p =
+                Producer::create(&context, &format!("mapped-{case}"), &here(), &here(), &config_of(&case)).unwrap();
             let buffer = context.allocate(3 * LEN, MemoryLocation::GpuHostVisible).unwrap();
             let ptr = buffer.host_ptr().expect("HOST_VISIBLE memory is mapped");
             // SAFETY: 3 * LEN bytes of the live mapping; nothing else uses them.
@@ -734,11 +760,16 @@ fn sends_from_a_gpu_mapping_go_by_reference() {
         Some("consumer") => {
             let Some(context) = gpu_ctx() else { return };
             let case = arg("case");
-            let mut c = Consumer::create(&context, &format!("mapped-{case}"), &here(), &here(), &config_of(&case)).unwrap();
+            let mut c =
+                Consumer::create(&context, &format!("mapped-{case}"), &here(), &here(), &config_of(&case)).unwrap();
             let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
             assert_eq!(m.len(), LEN);
             check(&m, 0);
-            assert_eq!(m.buffer().is_some(), case == "auto", "{case}: by reference only where the GPU route serves and auto_zero_copy is on");
+            assert_eq!(
+                m.buffer().is_some(),
+                case == "auto",
+                "{case}: by reference only where the GPU route serves and auto_zero_copy is on"
+            );
             assert_eq!(m.is_zero_copy(), case == "auto");
             if case == "auto" {
                 check_gpu(&context, &m, 0, true);

@@ -31,7 +31,8 @@ fn garbage_in_the_control_region_is_corrupt() {
     match child_role().as_deref() {
         Some("producer") => {
             for variant in VARIANTS {
-                let mut p = Producer::create(&ctx(), &format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
+                let mut p =
+                    Producer::create(&ctx(), &format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
                 for i in 0..3u64 {
                     p.send(&i.to_le_bytes()).unwrap();
                 }
@@ -81,7 +82,8 @@ fn garbage_in_the_control_region_is_corrupt() {
         }
         Some("consumer") => {
             for variant in VARIANTS {
-                let mut c = Consumer::create(&ctx(), &format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
+                let mut c =
+                    Consumer::create(&ctx(), &format!("hostile-{variant}"), &here(), &here(), &config(wait)).unwrap();
                 for i in 0..3u64 {
                     assert_eq!(&*c.recv().unwrap(), &i.to_le_bytes());
                 }
@@ -121,14 +123,16 @@ fn the_consumer_cannot_make_the_ring_writable() {
     const TEST: &str = "hostile::the_consumer_cannot_make_the_ring_writable";
     match child_role().as_deref() {
         Some("producer") => {
-            let mut p = Producer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let mut p =
+                Producer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             for i in 0..4u64 {
                 p.send(&[i as u8; 300]).unwrap();
             }
             p.wait_completed(3, Some(Duration::from_secs(20))).unwrap();
         }
         Some("consumer") => {
-            let mut c = Consumer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let mut c =
+                Consumer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             let m = c.recv_timeout(Duration::from_secs(20)).unwrap();
             let (base, len) = c.raw_region_for_tests().unwrap();
             // SAFETY: mprotect of the consumer's own mapping of the data part (from the slots

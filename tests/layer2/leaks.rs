@@ -79,7 +79,8 @@ fn thousand_cycles_leave_nothing() {
             wait_ok(p, "producer");
             wait_ok(c, "consumer");
             assert_dir_empty(&dir);
-            let new: Vec<_> = dev_shm_entries().into_iter().filter(|e| !shm_before.contains(e) && e.contains("lava")).collect();
+            let new: Vec<_> =
+                dev_shm_entries().into_iter().filter(|e| !shm_before.contains(e) && e.contains("lava")).collect();
             assert!(new.is_empty(), "left in /dev/shm: {new:?}");
         }
     }

@@ -35,7 +35,11 @@ fn producer_killed_consumer_sees_peer_gone() {
                 std::thread::sleep(Duration::from_millis(2));
             }
             for i in 0..10u64 {
-                assert_eq!(&*c.recv_timeout(Duration::from_secs(5)).unwrap(), &i.to_le_bytes(), "delivered message lost");
+                assert_eq!(
+                    &*c.recv_timeout(Duration::from_secs(5)).unwrap(),
+                    &i.to_le_bytes(),
+                    "delivered message lost"
+                );
             }
             assert!(matches!(c.recv_timeout(Duration::from_secs(5)), Err(Error::PeerGone(_))));
             // Phase 2: a new producer attaches to the same name; it will be killed while the
@@ -159,7 +163,10 @@ fn a_killed_consumer_never_leaves_its_socket() {
                 let (base, _) = c.raw_region_for_tests().unwrap();
                 // SAFETY: the consumer's own mapping of the region; offset 132 is the
                 // consumer_closed word (src/channels/transports/shm/ring.rs), 4-aligned.
-                unsafe { (*base.add(132).cast::<std::sync::atomic::AtomicU32>()).store(1, std::sync::atomic::Ordering::SeqCst) };
+                unsafe {
+                    (*base.add(132).cast::<std::sync::atomic::AtomicU32>())
+                        .store(1, std::sync::atomic::Ordering::SeqCst)
+                };
             }
             report("ready", 1);
             loop {

@@ -67,17 +67,29 @@ fn rendezvous_timeout_and_refusals() {
             // Remote scope with a location that did not come from MPI discovery: a clear message.
             let far = ProcessLocation::new("some-other-host", None, None).unwrap();
             let err = Producer::create(&ctx(), "far", &here(), &far, &cfg).unwrap_err();
-            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport can reach the peer") && m.contains("lf_mpi_location")), "{err}");
+            assert!(
+                matches!(err, Error::Unsupported(ref m) if m.contains("no remote transport can reach the peer") && m.contains("lf_mpi_location")),
+                "{err}"
+            );
 
             // LF_TRANSPORTS names an unavailable transport: creation fails and says why.
             std::env::set_var("LF_TRANSPORTS", "mpi");
             let err = Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg).unwrap_err();
-            assert!(matches!(err, Error::Unsupported(ref m) if m.contains("LF_TRANSPORTS=mpi") && (m.contains("MPI discovery") || m.contains("mpi is not in this build"))), "{err}");
+            assert!(
+                matches!(err, Error::Unsupported(ref m) if m.contains("LF_TRANSPORTS=mpi") && (m.contains("MPI discovery") || m.contains("mpi is not in this build"))),
+                "{err}"
+            );
             std::env::set_var("LF_TRANSPORTS", "bogus");
-            assert!(matches!(Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
+            assert!(matches!(
+                Consumer::create(&ctx(), "restricted", &here(), &here(), &cfg),
+                Err(Error::InvalidArgument(_))
+            ));
             std::env::remove_var("LF_TRANSPORTS");
 
-            assert!(matches!(Producer::create(&ctx(), "bad/name", &here(), &here(), &cfg), Err(Error::InvalidArgument(_))));
+            assert!(matches!(
+                Producer::create(&ctx(), "bad/name", &here(), &here(), &cfg),
+                Err(Error::InvalidArgument(_))
+            ));
         }
         Some("consumer") => {
             let mut c = Consumer::create(&ctx(), "taken", &here(), &here(), &config(WaitStrategy::Block)).unwrap();

@@ -184,7 +184,8 @@ impl Drop for Ends {
 impl Ends {
     /// A note for the row when the pool is not the default one.
     pub fn note(&self) -> Option<String> {
-        self.pool_raised.map(|p| format!("pool_size raised to {} (the default pool is the largest message)", human(p as usize)))
+        self.pool_raised
+            .map(|p| format!("pool_size raised to {} (the default pool is the largest message)", human(p as usize)))
     }
 
     /// Receives the next message, reads every byte of it when `touch`, releases it.
@@ -226,7 +227,9 @@ impl Sender<'_> {
         // is rewritten only after lf_wait_completed of its previous message.
         unsafe {
             match self.how {
-                Send::Copy => check(lf_send(tx, self.private.as_ptr().cast(), size, -1, std::ptr::null_mut()), "lf_send"),
+                Send::Copy => {
+                    check(lf_send(tx, self.private.as_ptr().cast(), size, -1, std::ptr::null_mut()), "lf_send")
+                }
                 Send::Loan => {
                     let mut loan: lf_loan_region = std::mem::zeroed();
                     check(lf_loan(tx, size, -1, &mut loan), "lf_loan");

@@ -100,11 +100,8 @@ impl TouchFloor {
     /// its counter, waits for the other's, and reads every byte of the other's area.
     pub fn probe(&mut self, ping: bool, size: usize, iters: usize, private: &[u8]) -> Option<Percentiles> {
         assert!(size <= self.cap && size <= private.len());
-        let (out, inp, out_area, in_area) = if ping {
-            (self.to_pong, self.to_ping, 0, self.cap)
-        } else {
-            (self.to_ping, self.to_pong, self.cap, 0)
-        };
+        let (out, inp, out_area, in_area) =
+            if ping { (self.to_pong, self.to_ping, 0, self.cap) } else { (self.to_ping, self.to_pong, self.cap, 0) };
         let areas = self.areas;
         // SAFETY: `size` bytes inside this side's own area, which only this process writes;
         // the peer reads it only after `out` is bumped, and it is rewritten only after the
@@ -211,7 +208,16 @@ impl CopyFloorMem {
         let base = shared_map(len + 4096, "the copy floor's memory");
         // SAFETY: two 8-aligned words on lines of their own in the header page, used only
         // through atomics; the buffer follows the header page inside the mapping.
-        unsafe { CopyFloorMem { published: word_at(base, 128), acked: word_at(base, 256), buf: base.add(4096), len, sent: 0, windows: 0 } }
+        unsafe {
+            CopyFloorMem {
+                published: word_at(base, 128),
+                acked: word_at(base, 256),
+                buf: base.add(4096),
+                len,
+                sent: 0,
+                windows: 0,
+            }
+        }
     }
 }
 
@@ -220,7 +226,14 @@ impl CopyFloorMem {
 /// each; the receiver reads every byte of each; then acknowledges the window), over plain
 /// shared memory with two counters and no channel. What the machine allows one core to hand
 /// another.
-pub fn copy_bandwidth(mem: &mut CopyFloorMem, ping: bool, size: usize, window: usize, iters: usize, private: &[u8]) -> Option<f64> {
+pub fn copy_bandwidth(
+    mem: &mut CopyFloorMem,
+    ping: bool,
+    size: usize,
+    window: usize,
+    iters: usize,
+    private: &[u8],
+) -> Option<f64> {
     // Like a channel's pool (the area is as large), the buffers move on through the whole area:
     // reusing the same few would make every write wait for the reader's copies to be
     // invalidated.

@@ -43,7 +43,11 @@ struct Ends {
 
 fn open(context: &Context, tag: &str, ping: bool) -> Ends {
     let here = ProcessLocation::from_hostname().expect("hostname");
-    let cfg = ChannelConfig { wait: WaitStrategy::BusyPoll, rendezvous_timeout: Some(Duration::from_secs(60)), ..ChannelConfig::default() };
+    let cfg = ChannelConfig {
+        wait: WaitStrategy::BusyPoll,
+        rendezvous_timeout: Some(Duration::from_secs(60)),
+        ..ChannelConfig::default()
+    };
     let (out, back) = (format!("{tag}-a2b"), format!("{tag}-b2a"));
     if ping {
         let tx = Producer::create(context, &out, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
@@ -71,7 +75,15 @@ enum Hop {
 }
 
 /// One ping-pong row: half round trips in ns on the ping side.
-fn pingpong(context: &Context, ends: &mut Ends, ping: bool, hop: Hop, size: usize, iters: usize, keep: &mut Vec<Buffer>) -> Option<(f64, f64)> {
+fn pingpong(
+    context: &Context,
+    ends: &mut Ends,
+    ping: bool,
+    hop: Hop,
+    size: usize,
+    iters: usize,
+    keep: &mut Vec<Buffer>,
+) -> Option<(f64, f64)> {
     let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
     let warm = iters / 10 + 10;
     let mut samples = Vec::with_capacity(iters);
@@ -118,7 +130,13 @@ fn pingpong(context: &Context, ends: &mut Ends, ping: bool, hop: Hop, size: usiz
 }
 
 /// GB/s of bytes copied: the pong side copies a received buffer, then its own.
-fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize, keep: &mut Vec<Buffer>) -> Option<(f64, f64)> {
+fn copy_rate(
+    context: &Context,
+    ends: &mut Ends,
+    ping: bool,
+    size: usize,
+    keep: &mut Vec<Buffer>,
+) -> Option<(f64, f64)> {
     const REPS: usize = 10;
     if ping {
         let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
@@ -159,7 +177,11 @@ fn copy_rate(context: &Context, ends: &mut Ends, ping: bool, size: usize, keep: 
 /// messages and for hand-offs of a GPU buffer (best of three rounds, ns per message).
 fn one_thread_cost(context: &Context, tag: &str, iters: usize) -> (f64, f64) {
     let here = ProcessLocation::from_hostname().expect("hostname");
-    let cfg = ChannelConfig { wait: WaitStrategy::BusyPoll, rendezvous_timeout: Some(Duration::from_secs(60)), ..ChannelConfig::default() };
+    let cfg = ChannelConfig {
+        wait: WaitStrategy::BusyPoll,
+        rendezvous_timeout: Some(Duration::from_secs(60)),
+        ..ChannelConfig::default()
+    };
     let name = format!("{tag}-one");
     let (c2, n2, h2, cfg2) = (context.clone(), name.clone(), here.clone(), cfg.clone());
     let consumer = std::thread::spawn(move || Consumer::create(&c2, &n2, &h2, &h2, &cfg2));
@@ -206,7 +228,14 @@ fn fresh_buffer(context: &Context, size: usize, pooled: bool, keep: &mut Vec<Buf
 
 /// The first receive from a fresh arena against a receive from it once imported, in µs, as
 /// the pong side times its successful `try_recv`.
-fn first_import(context: &Context, ends: &mut Ends, ping: bool, size: usize, pooled: bool, keep: &mut Vec<Buffer>) -> Option<(f64, f64)> {
+fn first_import(
+    context: &Context,
+    ends: &mut Ends,
+    ping: bool,
+    size: usize,
+    pooled: bool,
+    keep: &mut Vec<Buffer>,
+) -> Option<(f64, f64)> {
     if ping {
         let fresh = fresh_buffer(context, size, pooled, keep);
         for _ in 0..2 {
@@ -275,7 +304,8 @@ fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64)> {
         for _ in 0..MESSAGES {
             p.send_buffer(&buffer, 0, size).expect("staged send");
         }
-        let mut c = Consumer::create(&context, &format!("{name}-back"), &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+        let mut c = Consumer::create(&context, &format!("{name}-back"), &here, &here, &cfg)
+            .unwrap_or_else(|e| die(&e.to_string()));
         let m = c.recv().expect("the consumer's figures");
         let t: Vec<f64> = m.chunks(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
         println!("cross-GPU: producer read to host {d2h:.1} GB/s, consumer upload {:.1} GB/s (each alone)", t[1]);
@@ -290,7 +320,8 @@ fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64)> {
         buffer.write_at(0, &m).expect("upload");
     }
     let staged = (size * (MESSAGES - 1)) as f64 / started.expect("received").elapsed().as_secs_f64() / 1e9;
-    let mut p = Producer::create(&context, &format!("{name}-back"), &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
+    let mut p =
+        Producer::create(&context, &format!("{name}-back"), &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
     let mut bytes = staged.to_le_bytes().to_vec();
     bytes.extend_from_slice(&h2d.to_le_bytes());
     p.send(&bytes).expect("send figures");

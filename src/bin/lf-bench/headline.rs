@@ -163,7 +163,13 @@ fn probe(o: &Options, side: &mut Side, floor: Floor, case: Case) -> Option<Perce
 
 /// Probes the spinning level and `floor`, runs the case (`run`), probes `floor` and the
 /// spinning level again.
-fn bracket(o: &Options, side: &mut Side, floor: Floor, case: Case, run: impl FnOnce(&mut Side) -> Option<Result<Measured, String>>) -> Option<Bracketed> {
+fn bracket(
+    o: &Options,
+    side: &mut Side,
+    floor: Floor,
+    case: Case,
+    run: impl FnOnce(&mut Side) -> Option<Result<Measured, String>>,
+) -> Option<Bracketed> {
     let spin_before = probe(o, side, Floor::Spin, case);
     let before = probe(o, side, floor, case);
     let measured = run(side);
@@ -198,17 +204,23 @@ pub fn run(o: &Options, side: &mut Side, peers: &Peers, tag: &str) -> Option<Hea
         let ends = raised.as_ref().unwrap_or(&busy);
         let case = Case { size, touch, iters };
         for how in Send::ALL {
-            let b = bracket(o, side, floor, case, |side| capi_measured(capi::latency(&capi, ends, side.ping, how, case, &side.private)));
+            let b = bracket(o, side, floor, case, |side| {
+                capi_measured(capi::latency(&capi, ends, side.ping, how, case, &side.private))
+            });
             push(b.map(|b| row(Who::LavaFlow(how), "busy-poll", case, floor, b, ends.note())));
         }
         for peer in Peer::ALL.into_iter().filter(|&p| peers.program(p).is_ok()) {
-            let b = bracket(o, side, floor, case, |side| side.efd.pause_pong(side.ping, || peers.run(peer, size, touch, iters)));
+            let b = bracket(o, side, floor, case, |side| {
+                side.efd.pause_pong(side.ping, || peers.run(peer, size, touch, iters))
+            });
             push(b.map(|b| row(Who::Peer(peer), "busy-poll", case, floor, b, None)));
         }
     }
     let block = capi.open(ping, LF_WAIT_BLOCK, 0);
     let case = Case { size: 8, touch: false, iters: o.iterations(8, true, false) };
-    let b = bracket(o, side, Floor::EventFd, case, |side| capi_measured(capi::latency(&capi, &block, side.ping, Send::Loan, case, &side.private)));
+    let b = bracket(o, side, Floor::EventFd, case, |side| {
+        capi_measured(capi::latency(&capi, &block, side.ping, Send::Loan, case, &side.private))
+    });
     push(b.map(|b| row(Who::LavaFlow(Send::Loan), "block", case, Floor::EventFd, b, None)));
     let skipped = Peer::ALL.into_iter().filter_map(|p| peers.program(p).err().map(|why| (p, why.to_owned()))).collect();
     ping.then(|| Headline { rows, default_pool, call_ns: capi.call_cost(), skipped })
@@ -219,5 +231,18 @@ fn row(who: Who, wait: &'static str, case: Case, floor: Floor, b: Bracketed, not
         Ok(m) => (Ok(m.lat), m.own_spin),
         Err(e) => (Err(e), None),
     };
-    Row { who, wait, size: case.size, touch: case.touch, iters: case.iters, lat, floor, before: b.before, after: b.after, spin: b.spin, own_spin, note }
+    Row {
+        who,
+        wait,
+        size: case.size,
+        touch: case.touch,
+        iters: case.iters,
+        lat,
+        floor,
+        before: b.before,
+        after: b.after,
+        spin: b.spin,
+        own_spin,
+        note,
+    }
 }

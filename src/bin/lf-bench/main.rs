@@ -111,7 +111,8 @@ fn print(r: &Results, o: &Options) {
     let doc = to_json(r, o);
     let pretty = serde_json::to_string_pretty(&doc).expect("JSON of plain values");
     if let Some(path) = &o.json_out {
-        std::fs::write(path, format!("{pretty}\n")).unwrap_or_else(|e| die(&format!("writing {}: {e}", path.display())));
+        std::fs::write(path, format!("{pretty}\n"))
+            .unwrap_or_else(|e| die(&format!("writing {}: {e}", path.display())));
     }
     if o.json {
         println!("{pretty}");

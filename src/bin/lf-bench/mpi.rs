@@ -99,7 +99,8 @@ fn check(rc: c_int, call: &str) {
     let mut text = vec![0u8; ffi::MPI_MAX_ERROR_STRING as usize + 1];
     let mut len: c_int = 0;
     // SAFETY: the buffer holds at least MPI_MAX_ERROR_STRING bytes; any code may be described.
-    let described = unsafe { ffi::MPI_Error_string(rc, text.as_mut_ptr().cast(), &mut len) } == ffi::MPI_SUCCESS as c_int;
+    let described =
+        unsafe { ffi::MPI_Error_string(rc, text.as_mut_ptr().cast(), &mut len) } == ffi::MPI_SUCCESS as c_int;
     let what = if described {
         String::from_utf8_lossy(&text[..(len.max(0) as usize).min(text.len())]).into_owned()
     } else {
@@ -123,7 +124,16 @@ struct Options {
 
 fn options() -> Options {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options { quick: false, json: false, sizes: vec![], window: WINDOW, rounds: 0, iters: None, touch: true, no_gpu: false };
+    let mut o = Options {
+        quick: false,
+        json: false,
+        sizes: vec![],
+        window: WINDOW,
+        rounds: 0,
+        iters: None,
+        touch: true,
+        no_gpu: false,
+    };
     let mut i = 0;
     let value = |i: &mut usize| -> String {
         *i += 1;
@@ -205,14 +215,24 @@ impl Comm {
 
     fn send(&self, buf: &[u8], tag: c_int) {
         // SAFETY: `buf` holds `buf.len()` bytes (checked to fit an int by the options).
-        let rc = unsafe { ffi::MPI_Send(buf.as_ptr().cast(), buf.len() as c_int, ffi::RSMPI_UINT8_T, self.peer, tag, self.comm) };
+        let rc = unsafe {
+            ffi::MPI_Send(buf.as_ptr().cast(), buf.len() as c_int, ffi::RSMPI_UINT8_T, self.peer, tag, self.comm)
+        };
         check(rc, "MPI_Send");
     }
 
     fn recv(&self, buf: &mut [u8], tag: c_int) {
         // SAFETY: `buf` has room for `buf.len()` bytes; the status is ignored.
         let rc = unsafe {
-            ffi::MPI_Recv(buf.as_mut_ptr().cast(), buf.len() as c_int, ffi::RSMPI_UINT8_T, self.peer, tag, self.comm, ffi::RSMPI_STATUS_IGNORE)
+            ffi::MPI_Recv(
+                buf.as_mut_ptr().cast(),
+                buf.len() as c_int,
+                ffi::RSMPI_UINT8_T,
+                self.peer,
+                tag,
+                self.comm,
+                ffi::RSMPI_STATUS_IGNORE,
+            )
         };
         check(rc, "MPI_Recv");
     }
@@ -221,7 +241,15 @@ impl Comm {
     /// `buf` must stay alive and unwritten until the request completes.
     unsafe fn isend(&self, buf: &[u8], tag: c_int) -> ffi::MPI_Request {
         let mut request = ffi::RSMPI_REQUEST_NULL;
-        let rc = ffi::MPI_Isend(buf.as_ptr().cast(), buf.len() as c_int, ffi::RSMPI_UINT8_T, self.peer, tag, self.comm, &mut request);
+        let rc = ffi::MPI_Isend(
+            buf.as_ptr().cast(),
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            self.peer,
+            tag,
+            self.comm,
+            &mut request,
+        );
         check(rc, "MPI_Isend");
         request
     }
@@ -230,7 +258,15 @@ impl Comm {
     /// `buf` must stay alive and untouched until the request completes.
     unsafe fn irecv(&self, buf: &mut [u8], tag: c_int) -> ffi::MPI_Request {
         let mut request = ffi::RSMPI_REQUEST_NULL;
-        let rc = ffi::MPI_Irecv(buf.as_mut_ptr().cast(), buf.len() as c_int, ffi::RSMPI_UINT8_T, self.peer, tag, self.comm, &mut request);
+        let rc = ffi::MPI_Irecv(
+            buf.as_mut_ptr().cast(),
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            self.peer,
+            tag,
+            self.comm,
+            &mut request,
+        );
         check(rc, "MPI_Irecv");
         request
     }
@@ -242,7 +278,8 @@ impl Comm {
 
     fn wait_all(&self, requests: &mut [ffi::MPI_Request]) {
         // SAFETY: requests from isend/irecv; the statuses are ignored.
-        let rc = unsafe { ffi::MPI_Waitall(requests.len() as c_int, requests.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
+        let rc =
+            unsafe { ffi::MPI_Waitall(requests.len() as c_int, requests.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
         check(rc, "MPI_Waitall");
     }
 
@@ -280,7 +317,15 @@ impl Comm {
         let mut all = vec![0i32; 2];
         // SAFETY: one int sent; room for one int from each of the two ranks.
         let rc = unsafe {
-            ffi::MPI_Allgather((&mine as *const i32).cast(), 1, ffi::RSMPI_INT32_T, all.as_mut_ptr().cast(), 1, ffi::RSMPI_INT32_T, self.comm)
+            ffi::MPI_Allgather(
+                (&mine as *const i32).cast(),
+                1,
+                ffi::RSMPI_INT32_T,
+                all.as_mut_ptr().cast(),
+                1,
+                ffi::RSMPI_INT32_T,
+                self.comm,
+            )
         };
         check(rc, "MPI_Allgather");
         all.into_iter().map(|f| f != 0).collect()
@@ -318,7 +363,14 @@ impl RawBuffers {
     }
 }
 
-fn raw_latency(comm: &Comm, bufs: &mut RawBuffers, ping: bool, size: usize, iters: usize, touch: bool) -> Option<Percentiles> {
+fn raw_latency(
+    comm: &Comm,
+    bufs: &mut RawBuffers,
+    ping: bool,
+    size: usize,
+    iters: usize,
+    touch: bool,
+) -> Option<Percentiles> {
     let buf = bufs.get(size);
     let warm = (iters / 10).max(1);
     let mut rtts = Vec::with_capacity(iters);
@@ -350,7 +402,15 @@ fn raw_latency(comm: &Comm, bufs: &mut RawBuffers, ping: bool, size: usize, iter
 }
 
 /// Bytes per second, one direction: `window` messages in flight per iteration, then an ack.
-fn raw_bandwidth(comm: &Comm, bufs: &mut RawBuffers, ping: bool, size: usize, window: usize, iters: usize, touch: bool) -> Option<f64> {
+fn raw_bandwidth(
+    comm: &Comm,
+    bufs: &mut RawBuffers,
+    ping: bool,
+    size: usize,
+    window: usize,
+    iters: usize,
+    touch: bool,
+) -> Option<f64> {
     let area = bufs.get(size * window);
     // SAFETY: reading an extern static initialised by rsmpi's C shim.
     let mut requests = vec![unsafe { ffi::RSMPI_REQUEST_NULL }; window];
@@ -407,8 +467,10 @@ fn open(context: &Context, world: &MpiWorld, tag: &str, ping: bool, config: &Cha
     let mine = world.me().location().clone();
     let peer = world.peer(other).map_err(|e| e.to_string())?.location().clone();
     let (a2b, b2a) = (format!("{tag}-a2b"), format!("{tag}-b2a"));
-    let producer = |name: &str| Producer::create(context, name, &mine, &peer, config).map_err(|e| format!("producer {name}: {e}"));
-    let consumer = |name: &str| Consumer::create(context, name, &mine, &peer, config).map_err(|e| format!("consumer {name}: {e}"));
+    let producer =
+        |name: &str| Producer::create(context, name, &mine, &peer, config).map_err(|e| format!("producer {name}: {e}"));
+    let consumer =
+        |name: &str| Consumer::create(context, name, &mine, &peer, config).map_err(|e| format!("consumer {name}: {e}"));
     if ping {
         let tx = producer(&a2b)?;
         let rx = consumer(&b2a)?;
@@ -468,7 +530,15 @@ fn lf_bandwidth(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: 
 
 /// One direction: the ping side sends `window` messages with `send`, the pong side receives
 /// them and answers with a small ack; B/s on the ping side, after one round of warm-up.
-fn windowed(ends: &mut Ends, ping: bool, size: usize, window: usize, iters: usize, touch: bool, send: impl FnMut(&mut Ends, usize)) -> Option<f64> {
+fn windowed(
+    ends: &mut Ends,
+    ping: bool,
+    size: usize,
+    window: usize,
+    iters: usize,
+    touch: bool,
+    send: impl FnMut(&mut Ends, usize),
+) -> Option<f64> {
     one_way(&mut EndsStream { ends, touch, send }, ping, size, window, iters)
 }
 
@@ -501,7 +571,14 @@ impl<F: FnMut(&mut Ends, usize)> Stream for EndsStream<'_, F> {
 /// reads them): the one-way rate of 64 MiB messages, window 2, against the slower of its two
 /// halves measured alone in the same job: the producer's GPU-to-host copy, and raw MPI at that
 /// size. Both ranks must agree to run it; `None` where either has no GPU (rates in B/s).
-fn gpu_row(world: &MpiWorld, comm: &Comm, tag: &str, ping: bool, bufs: &mut RawBuffers, o: &Options) -> Option<(f64, f64, f64)> {
+fn gpu_row(
+    world: &MpiWorld,
+    comm: &Comm,
+    tag: &str,
+    ping: bool,
+    bufs: &mut RawBuffers,
+    o: &Options,
+) -> Option<(f64, f64, f64)> {
     const SIZE: usize = 64 << 20;
     const WINDOW: usize = 2;
     let iters = if o.quick { 2 } else { 6 };
@@ -791,7 +868,20 @@ fn print_head(r: &Report, o: &Options, world: &MpiWorld) {
     println!();
     println!(
         "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
-        "size", "iters", "raw p50", "raw p99", "lf p50", "lf p99", "lf-raw", "target", "window", "iters", "raw MB/s", "lf MB/s", "lf/raw", "target"
+        "size",
+        "iters",
+        "raw p50",
+        "raw p99",
+        "lf p50",
+        "lf p99",
+        "lf-raw",
+        "target",
+        "window",
+        "iters",
+        "raw MB/s",
+        "lf MB/s",
+        "lf/raw",
+        "target"
     );
     println!(
         "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
@@ -844,10 +934,14 @@ fn print_tail(r: &Report, o: &Options, complete: bool, elapsed: Duration) {
         human(LARGE_MIN),
         BW_RATIO_TARGET
     );
-    let verdicts: Vec<bool> = r.rows.iter().flat_map(|row| {
-        let (a, b) = row.verdicts();
-        [a, b].into_iter().flatten()
-    }).collect();
+    let verdicts: Vec<bool> = r
+        .rows
+        .iter()
+        .flat_map(|row| {
+            let (a, b) = row.verdicts();
+            [a, b].into_iter().flatten()
+        })
+        .collect();
     if !verdicts.is_empty() {
         println!("  {} of {} met", verdicts.iter().filter(|v| **v).count(), verdicts.len());
     }

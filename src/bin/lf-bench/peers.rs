@@ -125,7 +125,9 @@ impl Peers {
                 cmd.args(["mpirun", "-np", "2", "--bind-to", "core", "--map-by", "core", "--mca", "btl", "self,vader"]);
                 // SAFETY: geteuid has no preconditions.
                 if unsafe { libc::geteuid() } == 0 {
-                    cmd.arg("--allow-run-as-root").env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+                    cmd.arg("--allow-run-as-root")
+                        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
                 }
                 cmd.arg(program);
             }
@@ -150,7 +152,12 @@ impl Peers {
         parse(&stdout, size, touch).ok_or_else(|| {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-            format!("{} exited with {} and no result for {size} B: {}", peer.name(), out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
+            format!(
+                "{} exited with {} and no result for {size} B: {}",
+                peer.name(),
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            )
         })
     }
 }
@@ -158,7 +165,8 @@ impl Peers {
 /// The row of `size` (touched or not) from a peer's JSON lines.
 fn parse(stdout: &str, size: usize, touch: bool) -> Option<Measured> {
     let rows = stdout.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
-    let v = rows.into_iter().find(|v| v["size"].as_u64() == Some(size as u64) && v["touch"].as_bool() == Some(touch))?;
+    let v =
+        rows.into_iter().find(|v| v["size"].as_u64() == Some(size as u64) && v["touch"].as_bool() == Some(touch))?;
     let field = |name: &str| v[name].as_f64();
     let lat = Percentiles { p50: field("p50_ns")?, p99: field("p99_ns")?, p999: field("p999_ns")? };
     let own_spin = field("spin_before_p50_ns").zip(field("spin_after_p50_ns"));

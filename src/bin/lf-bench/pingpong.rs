@@ -74,7 +74,14 @@ pub fn read_all(buf: &[u8]) -> u64 {
 pub fn shared_map(len: usize, what: &str) -> *mut u8 {
     // SAFETY: mmap of fresh anonymous memory; the result is checked.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
     };
     assert_ne!(p, libc::MAP_FAILED, "mapping {what}: {}", std::io::Error::last_os_error());
     p.cast()

@@ -86,7 +86,11 @@ fn size_label(row: &Row) -> String {
 /// `value` is the worst.
 fn summary(name: String, bound: f64, judged: Vec<(&Row, f64)>, unjudged: Vec<String>) -> Target {
     let worst = judged.iter().map(|(_, v)| *v).reduce(f64::max);
-    let missed: Vec<String> = judged.iter().filter(|(_, v)| *v > bound).map(|(r, v)| format!("{} ({v:.3}x{})", size_label(r), moved_mark(r))).collect();
+    let missed: Vec<String> = judged
+        .iter()
+        .filter(|(_, v)| *v > bound)
+        .map(|(r, v)| format!("{} ({v:.3}x{})", size_label(r), moved_mark(r)))
+        .collect();
     let mut detail = match judged.len() {
         0 => "no rows".to_owned(),
         n => format!("met at {} of {n}", n - missed.len()),
@@ -122,26 +126,46 @@ fn span(rows: &[&Row]) -> String {
 /// The requirement's targets, checked on the headline's rows.
 pub fn targets(h: &Headline) -> Vec<Target> {
     let mut t = Vec::new();
-    let lf = |how: Send, touch: bool| -> Vec<&Row> { h.rows.iter().filter(|r| is(r, Who::LavaFlow(how), touch)).collect() };
+    let lf =
+        |how: Send, touch: bool| -> Vec<&Row> { h.rows.iter().filter(|r| is(r, Who::LavaFlow(how), touch)).collect() };
     for how in [Send::Copy, Send::Loan] {
         for row in lf(how, false).into_iter().filter(|r| r.size <= SMALL_MAX) {
-            t.push(single(format!("small: C API {} {} B p50 <= 1.2x spinning floor", how.name(), row.size), 1.2, Some(row)));
+            t.push(single(
+                format!("small: C API {} {} B p50 <= 1.2x spinning floor", how.name(), row.size),
+                1.2,
+                Some(row),
+            ));
         }
     }
     for how in Send::ALL {
         let rows = lf(how, true);
         let judged = rows.iter().filter_map(|r| Some((*r, r.ratio()?))).collect();
-        t.push(summary(format!("touch: C API {} {} p50 <= 1.1x copy-and-read floor", how.name(), span(&rows)), 1.1, judged, vec![]));
+        t.push(summary(
+            format!("touch: C API {} {} p50 <= 1.1x copy-and-read floor", how.name(), span(&rows)),
+            1.1,
+            judged,
+            vec![],
+        ));
     }
     for how in Send::ALL {
         let rows = lf(how, true);
-        let judged: Vec<(&Row, f64)> = rows.iter().filter_map(|r| Some((*r, ratio_to_peer(h, r, Peer::Iceoryx2)?))).collect();
-        let mut target = summary(format!("touch: C API {} {} p50 <= 1.0x iceoryx2", how.name(), span(&rows)), 1.0, judged, vec![]);
+        let judged: Vec<(&Row, f64)> =
+            rows.iter().filter_map(|r| Some((*r, ratio_to_peer(h, r, Peer::Iceoryx2)?))).collect();
+        let mut target =
+            summary(format!("touch: C API {} {} p50 <= 1.0x iceoryx2", how.name(), span(&rows)), 1.0, judged, vec![]);
         let normalised = rows.iter().filter_map(|r| Some((*r, ratio_to_peer_normalised(h, r, Peer::Iceoryx2)?)));
         if let Some((r, v)) = normalised.max_by(|a, b| a.1.total_cmp(&b.1)) {
-            target.detail.push_str(&format!("; floor-normalised (x floor over iceoryx2's x floor) worst {v:.2}x at {}", size_label(r)));
+            target.detail.push_str(&format!(
+                "; floor-normalised (x floor over iceoryx2's x floor) worst {v:.2}x at {}",
+                size_label(r)
+            ));
         }
-        let peer_moved: Vec<String> = rows.iter().filter_map(|r| peer_row(h, r, Peer::Iceoryx2)).filter(|p| !moved_mark(p).is_empty()).map(size_label).collect();
+        let peer_moved: Vec<String> = rows
+            .iter()
+            .filter_map(|r| peer_row(h, r, Peer::Iceoryx2))
+            .filter(|p| !moved_mark(p).is_empty())
+            .map(size_label)
+            .collect();
         if !peer_moved.is_empty() {
             target.detail.push_str(&format!("; iceoryx2's floor or level moved at {}", peer_moved.join(", ")));
         }
@@ -225,7 +249,8 @@ fn print_row(h: &Headline, r: &Row) {
 }
 
 fn print_group(h: &Headline, size: usize, touch: bool) {
-    let rows: Vec<&Row> = h.rows.iter().filter(|r| r.size == size && r.touch == touch && r.wait == "busy-poll").collect();
+    let rows: Vec<&Row> =
+        h.rows.iter().filter(|r| r.size == size && r.touch == touch && r.wait == "busy-poll").collect();
     let Some(first) = rows.first() else { return };
     let what = if touch { "touched (copied from a private buffer, every byte read)" } else { "untouched" };
     println!("{}, {what}; floor: {}", bytes(size), first.floor.name());
@@ -243,8 +268,14 @@ fn print_group(h: &Headline, size: usize, touch: bool) {
 }
 
 pub fn print_text(h: &Headline, pinned: bool) {
-    println!("lf-bench: lava-flow's C API beside iceoryx2 and Open MPI{}", if pinned { ", two processes on cores 0 and 1" } else { "" });
-    println!("channels: lf_channel_config_default (pool {}) with LF_WAIT_BUSY_POLL and a 30 s rendezvous timeout", bytes(h.default_pool));
+    println!(
+        "lf-bench: lava-flow's C API beside iceoryx2 and Open MPI{}",
+        if pinned { ", two processes on cores 0 and 1" } else { "" }
+    );
+    println!(
+        "channels: lf_channel_config_default (pool {}) with LF_WAIT_BUSY_POLL and a 30 s rendezvous timeout",
+        bytes(h.default_pool)
+    );
     println!("half round trips in ns (us where marked); each case between two probes of its floor; x floor = p50 / mean of the probes' p50");
     for (peer, why) in &h.skipped {
         println!("{} skipped: {why}", peer.name());
@@ -267,13 +298,21 @@ pub fn print_text(h: &Headline, pinned: bool) {
     println!();
     println!("targets");
     for t in targets(h) {
-        println!("  {:<72} {:>7}  target {:>4.2}  {:<6} {}", t.name, fmt_ratio(t.value), t.bound, t.verdict(), t.detail);
+        println!(
+            "  {:<72} {:>7}  target {:>4.2}  {:<6} {}",
+            t.name,
+            fmt_ratio(t.value),
+            t.bound,
+            t.verdict(),
+            t.detail
+        );
     }
 }
 
 /// The rows whose floor, or spinning level, moved by more than [`FLOOR_MOVED`] across them.
 fn print_moved(h: &Headline) {
-    let floor: Vec<String> = h.rows.iter().filter(|r| r.floor_moved()).map(|r| format!("{} {}", r.who.name(), size_label(r))).collect();
+    let floor: Vec<String> =
+        h.rows.iter().filter(|r| r.floor_moved()).map(|r| format!("{} {}", r.who.name(), size_label(r))).collect();
     if !floor.is_empty() {
         println!("floor moved by more than {:.0} % across (\"moved\"): {}", FLOOR_MOVED * 100.0, floor.join(", "));
     }
@@ -354,4 +393,3 @@ pub fn to_json(h: &Headline) -> Value {
         })).collect::<Vec<_>>(),
     })
 }
-

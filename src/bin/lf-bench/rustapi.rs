@@ -77,7 +77,10 @@ impl Sources {
         if self.buffers.first().map_or(0, |(b, _)| b.len()) != size || self.buffers.len() < count {
             self.buffers.clear();
             for _ in 0..count {
-                self.buffers.push((context.allocate(size, MemoryLocation::CpuStandard).expect("allocating a benchmark buffer"), None));
+                self.buffers.push((
+                    context.allocate(size, MemoryLocation::CpuStandard).expect("allocating a benchmark buffer"),
+                    None,
+                ));
             }
         }
     }
@@ -131,7 +134,13 @@ struct Pair {
 }
 
 fn config(wait: WaitStrategy, pool: usize) -> ChannelConfig {
-    ChannelConfig { wait, capacity: 256, pool_size: pool, rendezvous_timeout: Some(Duration::from_secs(30)), ..ChannelConfig::default() }
+    ChannelConfig {
+        wait,
+        capacity: 256,
+        pool_size: pool,
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..ChannelConfig::default()
+    }
 }
 
 /// The ping side produces on `<tag>-a2b` and consumes `<tag>-b2a`; pong the reverse. The
@@ -185,13 +194,30 @@ fn lookup_cost() -> (f64, f64, f64) {
     (empty, outside, inside)
 }
 
-fn latency(pair: &mut Pair, ping: bool, size: usize, payload: Payload, iters: usize, private: &[u8]) -> Option<Percentiles> {
+fn latency(
+    pair: &mut Pair,
+    ping: bool,
+    size: usize,
+    payload: Payload,
+    iters: usize,
+    private: &[u8],
+) -> Option<Percentiles> {
     let touch = payload.touches();
     let Pair { tx, rx, sources } = pair;
-    ping_pong(ping, iters, || in_turn(ping, || send_one(tx, sources, 0, size, payload, private), || recv_one(rx, touch)))
+    ping_pong(ping, iters, || {
+        in_turn(ping, || send_one(tx, sources, 0, size, payload, private), || recv_one(rx, touch))
+    })
 }
 
-fn bandwidth(pair: &mut Pair, ping: bool, size: usize, payload: Payload, window: usize, iters: usize, private: &[u8]) -> Option<f64> {
+fn bandwidth(
+    pair: &mut Pair,
+    ping: bool,
+    size: usize,
+    payload: Payload,
+    window: usize,
+    iters: usize,
+    private: &[u8],
+) -> Option<f64> {
     one_way(&mut PairStream { pair, size, payload, private }, ping, size, window, iters)
 }
 
@@ -277,7 +303,10 @@ pub fn run(o: &Options, side: &mut Side, tag: &str) -> Option<Results> {
             _ => (WaitStrategy::Block, true),
         };
         let mut pair = open_pair(&context, &format!("{tag}-{mode}"), ping, wait, pool);
-        for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch, Payload::Copy].into_iter().filter(wanted) {
+        for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch, Payload::Copy]
+            .into_iter()
+            .filter(wanted)
+        {
             for &size in &o.sizes {
                 let iters = o.iterations(size, blocking, payload.touches());
                 pair.sources.ensure(&context, size, 1);
@@ -295,7 +324,9 @@ pub fn run(o: &Options, side: &mut Side, tag: &str) -> Option<Results> {
                 copy_floors.push((size, bps));
             }
         }
-        for payload in [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch].into_iter().filter(wanted) {
+        for payload in
+            [Payload::ZeroCopy, Payload::Touch, Payload::Buffer, Payload::BufferTouch].into_iter().filter(wanted)
+        {
             for &size in &o.bw_sizes {
                 let (window, iters) = bandwidth_shape(o, size, pool);
                 pair.sources.ensure(&context, size, window);
@@ -353,16 +384,31 @@ fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
         }
         if let Some((_, f)) = r.copy_floor.iter().find(|(s, _)| *s == b.size) {
             let ratio = b.bytes_per_s / f;
-            t.push((format!("  (touch bandwidth {} / cross-core copy floor)", human(b.size)), ratio, 0.9, ratio >= 0.9));
+            t.push((
+                format!("  (touch bandwidth {} / cross-core copy floor)", human(b.size)),
+                ratio,
+                0.9,
+                ratio >= 0.9,
+            ));
         }
     }
     for payload in ["zero-copy", "buffer"] {
-        let rows: Vec<&LatencyRow> = r.latency.iter().filter(|l| l.mode == "busy" && l.payload == payload && l.size >= 64).collect();
+        let rows: Vec<&LatencyRow> =
+            r.latency.iter().filter(|l| l.mode == "busy" && l.payload == payload && l.size >= 64).collect();
         if rows.len() >= 2 {
             let min = rows.iter().map(|l| l.lat.p50).fold(f64::MAX, f64::min);
             let max = rows.iter().map(|l| l.lat.p50).fold(0.0, f64::max);
             let spread = max / min - 1.0;
-            t.push((format!("{payload} p50 spread {}..{} (max/min - 1)", human(rows[0].size), human(rows[rows.len() - 1].size)), spread, 0.10, spread <= 0.10));
+            t.push((
+                format!(
+                    "{payload} p50 spread {}..{} (max/min - 1)",
+                    human(rows[0].size),
+                    human(rows[rows.len() - 1].size)
+                ),
+                spread,
+                0.10,
+                spread <= 0.10,
+            ));
         }
     }
     t
@@ -373,7 +419,10 @@ pub fn print_text(r: &Results) {
     println!();
     println!("floors (half round trip)");
     println!("  spinning on one cache line   p50 {:8.0} ns  p99 {:8.0} ns", r.spin_floor.p50, r.spin_floor.p99);
-    println!("  minimal ring (256 slots)     p50 {:8.0} ns  p99 {:8.0} ns  (two rings, no checks or API)", r.ring_floor.p50, r.ring_floor.p99);
+    println!(
+        "  minimal ring (256 slots)     p50 {:8.0} ns  p99 {:8.0} ns  (two rings, no checks or API)",
+        r.ring_floor.p50, r.ring_floor.p99
+    );
     println!("  eventfd ping-pong            p50 {:8.0} ns  p99 {:8.0} ns", r.eventfd_floor.p50, r.eventfd_floor.p99);
     for (s, bw) in &r.memcpy {
         println!("  memcpy {:>6}                {:8.2} GB/s", human(*s), bw / 1e9);
@@ -383,27 +432,49 @@ pub fn print_text(r: &Results) {
     }
     println!();
     println!("latency (half round trip, ns)");
-    println!("  {:<9} {:<9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8}", "mode", "payload", "size", "p50", "p99", "p99.9", "iters", "x floor");
+    println!(
+        "  {:<9} {:<9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "mode", "payload", "size", "p50", "p99", "p99.9", "iters", "x floor"
+    );
     for l in &r.latency {
         let floor = if l.mode == "block" { r.eventfd_floor.p50 } else { r.spin_floor.p50 };
         println!(
             "  {:<9} {:<9} {:>6} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8.2}",
-            l.mode, l.payload, human(l.size), l.lat.p50, l.lat.p99, l.lat.p999, l.iters, l.lat.p50 / floor
+            l.mode,
+            l.payload,
+            human(l.size),
+            l.lat.p50,
+            l.lat.p99,
+            l.lat.p999,
+            l.iters,
+            l.lat.p50 / floor
         );
     }
     if !r.bandwidth.is_empty() {
         println!();
         println!("bandwidth (one direction, busy-poll)");
-        println!("  {:<9} {:>6} {:>7} {:>10} {:>10}   (zero-copy: bytes not touched, so GB/s is size x message rate)", "payload", "size", "window", "GB/s", "x memcpy");
+        println!(
+            "  {:<9} {:>6} {:>7} {:>10} {:>10}   (zero-copy: bytes not touched, so GB/s is size x message rate)",
+            "payload", "size", "window", "GB/s", "x memcpy"
+        );
         for b in &r.bandwidth {
             let m = r.memcpy.iter().find(|(s, _)| *s == b.size).map_or(f64::NAN, |(_, m)| b.bytes_per_s / m);
-            println!("  {:<9} {:>6} {:>7} {:>10.2} {:>10.2}", b.payload, human(b.size), b.window, b.bytes_per_s / 1e9, m);
+            println!(
+                "  {:<9} {:>6} {:>7} {:>10.2} {:>10.2}",
+                b.payload,
+                human(b.size),
+                b.window,
+                b.bytes_per_s / 1e9,
+                m
+            );
         }
     }
     let (empty, outside, inside) = r.lookup;
     println!();
     println!("registry lookup per copy send (is the memory a lava-flow buffer?)");
-    println!("  no shareable buffer {empty:.1} ns, address outside their span {outside:.1} ns, inside it {inside:.1} ns");
+    println!(
+        "  no shareable buffer {empty:.1} ns, address outside their span {outside:.1} ns, inside it {inside:.1} ns"
+    );
     println!();
     println!("targets of the Rust API rows");
     for (name, value, target, pass) in targets(r) {

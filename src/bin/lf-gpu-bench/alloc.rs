@@ -5,7 +5,9 @@
 
 use std::time::Instant;
 
-use lava_flow::memory::gpu::{DeviceSelector, GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuMemoryKind, VulkanDevice};
+use lava_flow::memory::gpu::{
+    DeviceSelector, GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuConfig, GpuMemoryKind, VulkanDevice,
+};
 use lava_flow::Error;
 use serde_json::{json, Value};
 
@@ -86,12 +88,16 @@ pub fn run(b: &Bench) -> Result<(Value, AllocSummary), Error> {
     };
     let first_json = |key: &str| -> Value {
         match field(key) {
-            Ok(v) => json!({ "p50": num(median(&v)), "max": num(v.iter().copied().fold(f64::NAN, f64::max)), "runs": v }),
+            Ok(v) => {
+                json!({ "p50": num(median(&v)), "max": num(v.iter().copied().fold(f64::NAN, f64::max)), "runs": v })
+            }
             Err(e) => json!({ "unavailable": e }),
         }
     };
     let first_hv = field("first_host_visible_us").map(|v| median(&v));
-    b.say(format!("  first allocation in a fresh process (p50 of {runs} processes; device open and allocator not counted):"));
+    b.say(format!(
+        "  first allocation in a fresh process (p50 of {runs} processes; device open and allocator not counted):"
+    ));
     match &first_error {
         Some(e) => b.say(format!("    unavailable: {e}")),
         None => {
@@ -128,7 +134,10 @@ pub fn run(b: &Bench) -> Result<(Value, AllocSummary), Error> {
         },
     });
     let summary = AllocSummary {
-        pooled_p50_us: vec![(GpuMemoryKind::DeviceLocal, median(&pooled)), (GpuMemoryKind::HostVisible, median(&pooled_host))],
+        pooled_p50_us: vec![
+            (GpuMemoryKind::DeviceLocal, median(&pooled)),
+            (GpuMemoryKind::HostVisible, median(&pooled_host)),
+        ],
         fresh_p50_us: median(&fresh),
         first_host_visible_us: first_hv,
     };
@@ -143,7 +152,8 @@ pub fn child_arg<'a>(args: &'a [String], name: &str) -> Result<&'a str, String> 
 
 /// The device the parent uses, by its deviceUUID (`--uuid HEX`).
 pub fn child_device(args: &[String]) -> Result<VulkanDevice, String> {
-    let uuid: [u8; 16] = from_hex(child_arg(args, "--uuid")?)?.try_into().map_err(|_| "--uuid needs 16 bytes".to_string())?;
+    let uuid: [u8; 16] =
+        from_hex(child_arg(args, "--uuid")?)?.try_into().map_err(|_| "--uuid needs 16 bytes".to_string())?;
     VulkanDevice::open(&GpuConfig::with_device(DeviceSelector::Uuid(uuid))).map_err(|e| e.to_string())
 }
 
@@ -158,7 +168,9 @@ pub fn child_first_alloc(args: &[String]) -> Result<(), String> {
     let allocator_new = us(start.elapsed());
     let mut times = Vec::new();
     let mut keep = Vec::new();
-    for kind in [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible, GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible] {
+    for kind in
+        [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible, GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible]
+    {
         let start = Instant::now();
         let buffer = allocator.allocate(ALLOC_SIZE, kind).map_err(|e| format!("{kind} of {ALLOC_SIZE} bytes: {e}"))?;
         times.push(us(start.elapsed()));

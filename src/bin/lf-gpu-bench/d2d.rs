@@ -13,7 +13,9 @@
 
 use std::time::Instant;
 
-use lava_flow::memory::gpu::{copy_buffer, copy_buffer_timed, copy_buffer_timed_with, CopyMethod, GpuBuffer, GpuMemoryKind};
+use lava_flow::memory::gpu::{
+    copy_buffer, copy_buffer_timed, copy_buffer_timed_with, CopyMethod, GpuBuffer, GpuMemoryKind,
+};
 use lava_flow::Error;
 use serde_json::{json, Value};
 
@@ -35,8 +37,13 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 5] =
-        [Case::Cuda, Case::Lf(CopyMethod::Auto), Case::Lf(CopyMethod::Engine), Case::Lf(CopyMethod::Shader), Case::InProcess];
+    const ALL: [Case; 5] = [
+        Case::Cuda,
+        Case::Lf(CopyMethod::Auto),
+        Case::Lf(CopyMethod::Engine),
+        Case::Lf(CopyMethod::Shader),
+        Case::InProcess,
+    ];
 
     fn key(self) -> &'static str {
         match self {
@@ -125,7 +132,10 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
         // same device; a different process imports into its own device the same way).
         let (lf_dst, dst_path) = match b.importer.import(exported_dst.export()?) {
             Ok(imported) => (imported, "exported->imported".to_string()),
-            Err(e) => (b.exportable.allocate(size, GpuMemoryKind::DeviceLocal)?, format!("exported->exported (self-import refused: {e})")),
+            Err(e) => (
+                b.exportable.allocate(size, GpuMemoryKind::DeviceLocal)?,
+                format!("exported->exported (self-import refused: {e})"),
+            ),
         };
         let cuda = b.cuda();
         let cuda_buffers = cuda.and_then(|c| Ok((c, c.alloc(size as usize)?, c.alloc(size as usize)?)));
@@ -143,7 +153,9 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                         Err(e)
                     }
                 }),
-                (Case::InProcess, _) => copy_buffer_timed(&base_src, 0, &base_dst, 0, size).map(|_| None).map_err(|e| e.to_string()),
+                (Case::InProcess, _) => {
+                    copy_buffer_timed(&base_src, 0, &base_dst, 0, size).map(|_| None).map_err(|e| e.to_string())
+                }
             };
             state.push((case, warm.map(|verified| Samples { wall: Vec::new(), gpu: Vec::new(), verified })));
         }
@@ -162,9 +174,9 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                         (Case::Lf(method), _) => copy_buffer_timed_with(&lf_src, 0, &lf_dst, 0, size, method)
                             .map(|t| t.gpu)
                             .map_err(|e| e.to_string()),
-                        (Case::InProcess, _) => {
-                            copy_buffer_timed(&base_src, 0, &base_dst, 0, size).map(|t| t.gpu).map_err(|e| e.to_string())
-                        }
+                        (Case::InProcess, _) => copy_buffer_timed(&base_src, 0, &base_dst, 0, size)
+                            .map(|t| t.gpu)
+                            .map_err(|e| e.to_string()),
                     };
                     let wall = start.elapsed().as_secs_f64();
                     match result {
@@ -227,7 +239,13 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
                     v
                 }
                 Err(e) => {
-                    let short = if e.starts_with("unsupported") { "unsupported" } else if *case == Case::Cuda { "n/a" } else { "error" };
+                    let short = if e.starts_with("unsupported") {
+                        "unsupported"
+                    } else if *case == Case::Cuda {
+                        "n/a"
+                    } else {
+                        "error"
+                    };
                     cells.push(short.to_string());
                     let note = format!("{}: {}", case.label(), brief(e));
                     if !notes.contains(&note) {
@@ -259,7 +277,9 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
         b.plain.trim();
         size *= 4;
     }
-    b.say("  * the in-process vkCmdCopyBuffer between two plain (not exportable) DEVICE_LOCAL buffers, for information");
+    b.say(
+        "  * the in-process vkCmdCopyBuffer between two plain (not exportable) DEVICE_LOCAL buffers, for information",
+    );
     if !gpu_lines.is_empty() {
         b.say("  lava-flow's GPU timestamps of the same copies (GB/s):");
         for line in gpu_lines {

@@ -16,7 +16,9 @@
 //! take turns in blocks (`util::block`); each lava-flow write-read pair is checked once (round trip).
 
 use lava_flow::memory::gpu::{describe_memory_flags, GpuBuffer, GpuMemoryKind};
-use lava_flow::memory::{Buffer, Context, ContextConfig, DeviceRegistration, DeviceSelector, GpuPolicy, MemoryLocation};
+use lava_flow::memory::{
+    Buffer, Context, ContextConfig, DeviceRegistration, DeviceSelector, GpuPolicy, MemoryLocation,
+};
 use lava_flow::Error;
 use serde_json::{json, Value};
 
@@ -173,7 +175,9 @@ impl Buffers<'_, '_> {
             Ok(p) if p.src.registrations().iter().any(|r| matches!(r, DeviceRegistration::Vulkan { .. })) => {
                 "a GPU copy".into()
             }
-            Ok(p) => format!("through the host: not imported into Vulkan: {}", p.src.registration_failures().join("; ")),
+            Ok(p) => {
+                format!("through the host: not imported into Vulkan: {}", p.src.registration_failures().join("; "))
+            }
             Err(_) => "unavailable".into(),
         }
     }
@@ -254,9 +258,7 @@ fn pinned_context(b: &Bench) -> Result<Context, String> {
 
 pub fn run(b: &Bench) -> Result<(Value, HostSummary), Error> {
     let reps = b.o.reps.unwrap_or(if b.o.quick { 3 } else { 7 });
-    b.say(format!(
-        "\nHost transfers: median GB/s of {reps} (host wall time; CUDA copies end with cuCtxSynchronize);"
-    ));
+    b.say(format!("\nHost transfers: median GB/s of {reps} (host wall time; CUDA copies end with cuCtxSynchronize);"));
     b.say("(x) = ratio to CUDA pinned / CUDA pageable / host memcpy of the same size and direction");
     let context = pinned_context(b);
     let mut summary = HostSummary { rows: Vec::new() };
@@ -265,12 +267,21 @@ pub fn run(b: &Bench) -> Result<(Value, HostSummary), Error> {
     for size in sizes {
         let n = size as usize;
         let cuda = b.cuda().and_then(|c| {
-            Ok(CudaBuffers { cuda: c, device: c.alloc(n)?, pinned_src: c.alloc_host(n, 0x5a)?, pinned_dst: c.alloc_host(n, 1)? })
+            Ok(CudaBuffers {
+                cuda: c,
+                device: c.alloc(n)?,
+                pinned_src: c.alloc_host(n, 0x5a)?,
+                pinned_dst: c.alloc_host(n, 1)?,
+            })
         });
         let pinned = context.as_ref().map_err(Clone::clone).and_then(|context| {
-            let alloc = |location| context.allocate(n, location).map_err(|e| format!("{location} of {}: {e}", size_name(size)));
-            let (src, dst, device_local) =
-                (alloc(MemoryLocation::CpuGpuPinned)?, alloc(MemoryLocation::CpuGpuPinned)?, alloc(MemoryLocation::GpuDeviceLocal)?);
+            let alloc =
+                |location| context.allocate(n, location).map_err(|e| format!("{location} of {}: {e}", size_name(size)));
+            let (src, dst, device_local) = (
+                alloc(MemoryLocation::CpuGpuPinned)?,
+                alloc(MemoryLocation::CpuGpuPinned)?,
+                alloc(MemoryLocation::GpuDeviceLocal)?,
+            );
             if let Some(why) = device_local.fallback() {
                 return Err(why.to_string());
             }

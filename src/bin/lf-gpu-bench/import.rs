@@ -66,7 +66,10 @@ pub fn run(b: &Bench) -> Result<(Value, ImportSummary), Error> {
     let uuid = to_hex(&b.device.device_uuid());
     // The largest size once more from a dedicated allocation (for information: whether the
     // driver imports those faster).
-    let dedicated = GpuAllocator::new(&b.device, GpuAllocatorConfig { dedicated_own_arenas: true, ..GpuAllocatorConfig::default() })?;
+    let dedicated = GpuAllocator::new(
+        &b.device,
+        GpuAllocatorConfig { dedicated_own_arenas: true, ..GpuAllocatorConfig::default() },
+    )?;
     let mut cases: Vec<(u64, bool)> = sizes.iter().map(|&s| (s, false)).collect();
     cases.extend(sizes.last().map(|&s| (s, true)));
     for (size, dedicated_case) in cases {
@@ -88,7 +91,8 @@ pub fn run(b: &Bench) -> Result<(Value, ImportSummary), Error> {
         for i in 0..children {
             let order = if i % 2 == 0 { "lava-flow-first" } else { "driver-first" };
             let attempt = (|| -> Result<Value, String> {
-                let (lf, drv) = (buffer.export().map_err(|e| e.to_string())?, buffer.export().map_err(|e| e.to_string())?);
+                let (lf, drv) =
+                    (buffer.export().map_err(|e| e.to_string())?, buffer.export().map_err(|e| e.to_string())?);
                 let (lf_fd, drv_fd) = (inheritable(&lf.fd)?, inheritable(&drv.fd)?);
                 let mut args = vec![
                     "import".to_string(),
@@ -121,11 +125,7 @@ pub fn run(b: &Bench) -> Result<(Value, ImportSummary), Error> {
             }
         }
         let pick = |key: &str, order: Option<&str>| -> Vec<f64> {
-            results
-                .iter()
-                .filter(|v| order.map_or(true, |o| v["order"] == o))
-                .filter_map(|v| v[key].as_f64())
-                .collect()
+            results.iter().filter(|v| order.map_or(true, |o| v["order"] == o)).filter_map(|v| v[key].as_f64()).collect()
         };
         let first = |key: &str, order: &str| -> Result<f64, String> {
             if let Some(e) = &failure {
@@ -170,7 +170,12 @@ pub fn run(b: &Bench) -> Result<(Value, ImportSummary), Error> {
             Ok(ms) => format!("{ms:8.3} ms"),
             Err(e) => format!("unavailable: {}", brief(e)),
         };
-        b.say(format!("  {} (arena {}, dedicated: {}):", size_name(size), size_name(buffer.arena_size()), buffer.is_dedicated()));
+        b.say(format!(
+            "  {} (arena {}, dedicated: {}):",
+            size_name(size),
+            size_name(buffer.arena_size()),
+            buffer.is_dedicated()
+        ));
         b.say(format!("    lava-flow GpuImporter::import, first in the process   {}", show(&lf_ms)));
         b.say(format!("    driver alone (raw Vulkan import), first in the process {}", show(&drv_ms)));
         b.say(format!("    what lava-flow adds                                   {}", show(&adds)));
@@ -211,7 +216,8 @@ pub fn run(b: &Bench) -> Result<(Value, ImportSummary), Error> {
 
 /// An export whose fd this process inherited: `--<name>-fd N --<name>-desc HEX`.
 fn inherited_export(args: &[String], name: &str) -> Result<GpuExport, String> {
-    let desc = GpuExportDesc::from_bytes(&from_hex(child_arg(args, &format!("--{name}-desc"))?)?).map_err(|e| e.to_string())?;
+    let desc = GpuExportDesc::from_bytes(&from_hex(child_arg(args, &format!("--{name}-desc"))?)?)
+        .map_err(|e| e.to_string())?;
     let fd: i32 = child_arg(args, &format!("--{name}-fd"))?.parse().map_err(|e| format!("--{name}-fd: {e}"))?;
     // SAFETY: F_GETFD only reads the descriptor's flags; it fails for a closed number.
     if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
@@ -252,7 +258,11 @@ fn raw_import<'d>(device: &'d VulkanDevice, export: GpuExport) -> Result<RawImpo
     let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle);
     let info = vk::BufferCreateInfo::default()
         .size(size)
-        .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST | vk::BufferUsageFlags::STORAGE_BUFFER)
+        .usage(
+            vk::BufferUsageFlags::TRANSFER_SRC
+                | vk::BufferUsageFlags::TRANSFER_DST
+                | vk::BufferUsageFlags::STORAGE_BUFFER,
+        )
         .sharing_mode(vk::SharingMode::EXCLUSIVE)
         .push_next(&mut external);
     // SAFETY: the create info chain lives through the call.
@@ -274,7 +284,8 @@ fn raw_import<'d>(device: &'d VulkanDevice, export: GpuExport) -> Result<RawImpo
     }
     // SAFETY: the chain lives through the call; the export comes from the same GPU and driver
     // (the parent opened this device by its UUID) and names the exporter's memory type and size.
-    raw.memory = unsafe { d.allocate_memory(&allocate, None) }.map_err(|r| format!("vkAllocateMemory (import): {r}"))?;
+    raw.memory =
+        unsafe { d.allocate_memory(&allocate, None) }.map_err(|r| format!("vkAllocateMemory (import): {r}"))?;
     // Vulkan owns the descriptor now and closes it with the memory.
     let _ = fd.into_raw_fd();
     // SAFETY: both are live; `at` is 0 or the export's offset, which the exporter bound a

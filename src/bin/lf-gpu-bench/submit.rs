@@ -61,7 +61,11 @@ impl<'a> Raw<'a> {
                 fence: vk::Fence::null(),
                 timeline: vk::Semaphore::null(),
                 value: 0,
-                region: vk::BufferCopy { src_offset: src.raw_buffer_offset(), dst_offset: dst.raw_buffer_offset(), size: len },
+                region: vk::BufferCopy {
+                    src_offset: src.raw_buffer_offset(),
+                    dst_offset: dst.raw_buffer_offset(),
+                    size: len,
+                },
                 buffers: (src.raw_buffer(), dst.raw_buffer()),
             };
             let cmds = d
@@ -81,7 +85,12 @@ impl<'a> Raw<'a> {
     }
 
     /// Records the copy into `cmd`, between barriers as `barriers` says.
-    unsafe fn record(&self, cmd: vk::CommandBuffer, flags: vk::CommandBufferUsageFlags, barriers: Barriers) -> Result<(), Error> {
+    unsafe fn record(
+        &self,
+        cmd: vk::CommandBuffer,
+        flags: vk::CommandBufferUsageFlags,
+        barriers: Barriers,
+    ) -> Result<(), Error> {
         use vk::AccessFlags as A;
         use vk::PipelineStageFlags as S;
         let d = self.d;
@@ -92,7 +101,15 @@ impl<'a> Raw<'a> {
             let before = [vk::MemoryBarrier::default()
                 .src_access_mask(A::HOST_WRITE | A::TRANSFER_WRITE)
                 .dst_access_mask(A::TRANSFER_READ | A::TRANSFER_WRITE)];
-            d.cmd_pipeline_barrier(cmd, S::HOST | S::TRANSFER, S::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+            d.cmd_pipeline_barrier(
+                cmd,
+                S::HOST | S::TRANSFER,
+                S::TRANSFER,
+                vk::DependencyFlags::empty(),
+                &before,
+                &[],
+                &[],
+            );
         }
         d.cmd_copy_buffer(cmd, self.buffers.0, self.buffers.1, &[self.region]);
         if matches!(barriers, Barriers::After | Barriers::Both) {
@@ -135,7 +152,8 @@ impl<'a> Raw<'a> {
                     let earlier = [self.value - 1];
                     let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
                     let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
-                    let mut submit_info = vk::SubmitInfo::default().command_buffers(&cmds).signal_semaphores(&semaphores);
+                    let mut submit_info =
+                        vk::SubmitInfo::default().command_buffers(&cmds).signal_semaphores(&semaphores);
                     if wait == Wait::TimelineChained {
                         timeline = timeline.wait_semaphore_values(&earlier);
                         submit_info = submit_info.wait_semaphores(&semaphores).wait_dst_stage_mask(&stages);
@@ -211,7 +229,9 @@ impl Case {
             Case::Empty(Wait::TimelineSpin | Wait::TimelineChained) => "empty vkQueueSubmit, timeline semaphore polled",
             Case::Recorded(Wait::FenceSpin) => "copy recorded once, fence polled",
             Case::Recorded(Wait::FenceSleep) => "copy recorded once, vkWaitForFences",
-            Case::Recorded(Wait::TimelineSpin | Wait::TimelineChained) => "copy recorded once, timeline semaphore polled",
+            Case::Recorded(Wait::TimelineSpin | Wait::TimelineChained) => {
+                "copy recorded once, timeline semaphore polled"
+            }
             Case::RecordEach(Barriers::None) => "copy recorded each time, fence polled",
             Case::RecordEach(Barriers::Before) => "  + lava-flow's barrier before",
             Case::RecordEach(Barriers::After) => "  + lava-flow's barrier after",
@@ -295,14 +315,18 @@ pub fn run(b: &Bench) -> Result<(Value, ()), Error> {
                         }
                         Case::RecordChained => {
                             // SAFETY: as above.
-                            unsafe { raw.record(raw.fresh, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, Barriers::None) }
-                                .and_then(|()| raw.round_trip(Some(raw.fresh), Wait::TimelineChained))
-                                .map(|_| None)
-                                .map_err(|e| e.to_string())
+                            unsafe {
+                                raw.record(raw.fresh, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, Barriers::None)
+                            }
+                            .and_then(|()| raw.round_trip(Some(raw.fresh), Wait::TimelineChained))
+                            .map(|_| None)
+                            .map_err(|e| e.to_string())
                         }
                         Case::Lf => copy_buffer(&src, 0, &dst, 0, len).map(|()| None).map_err(|e| e.to_string()),
                         Case::LfOverGpu => match copy_buffer_timed(&src, 0, &dst, 0, len) {
-                            Ok(CopyTiming { wall, gpu: Some(gpu), .. }) => Ok(Some((wall - gpu.min(wall)).as_secs_f64() * 1e6)),
+                            Ok(CopyTiming { wall, gpu: Some(gpu), .. }) => {
+                                Ok(Some((wall - gpu.min(wall)).as_secs_f64() * 1e6))
+                            }
                             Ok(_) => Err("the queue has no timestamps".into()),
                             Err(e) => Err(e.to_string()),
                         },

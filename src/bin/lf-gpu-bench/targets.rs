@@ -32,7 +32,9 @@ pub struct Results {
 
 fn target(name: impl Into<String>, result: Result<(bool, String), String>) -> Target {
     match result {
-        Ok((pass, measured)) => Target { name: name.into(), verdict: if pass { Verdict::Pass } else { Verdict::Fail }, measured },
+        Ok((pass, measured)) => {
+            Target { name: name.into(), verdict: if pass { Verdict::Pass } else { Verdict::Fail }, measured }
+        }
         Err(why) => Target { name: name.into(), verdict: Verdict::NotMeasured(why), measured: String::new() },
     }
 }
@@ -82,7 +84,10 @@ fn host_target(rows: &[HostRow], pick: impl Fn(&HostRow) -> bool, none: &str) ->
             if !picked.is_empty() && picked.iter().all(|r| r.wrong.is_some()) {
                 let seen: Vec<String> =
                     picked.iter().map(|r| format!("{}: {}", r.key, r.wrong.as_deref().unwrap_or(""))).collect();
-                return Ok((false, format!("wrong data at {} {}: {}", size_name(size), dir_name(dir), seen.join("; "))));
+                return Ok((
+                    false,
+                    format!("wrong data at {} {}: {}", size_name(size), dir_name(dir), seen.join("; ")),
+                ));
             }
         }
     }
@@ -154,7 +159,8 @@ pub fn evaluate(r: &Results) -> Vec<Target> {
             }
             let pairs = large()
                 .map(|row| {
-                    let what = format!("{} {}", size_name(row.size), if row.dir == Dir::H2D { "write" } else { "read" });
+                    let what =
+                        format!("{} {}", size_name(row.size), if row.dir == Dir::H2D { "write" } else { "read" });
                     (what, row.ratio_memcpy.clone().unwrap_or_else(|| Err("no ratio".into())))
                 })
                 .collect();

@@ -111,7 +111,8 @@ impl Probe {
 /// How to get a GPU where `why` says there is none: fix the variable the message names, or
 /// install a driver.
 fn gpu_fix(why: &str) -> String {
-    if let Some(var) = env::VARS.iter().find(|v| why.contains(v.name) && env::setting(v).source == Source::Environment) {
+    if let Some(var) = env::VARS.iter().find(|v| why.contains(v.name) && env::setting(v).source == Source::Environment)
+    {
         return format!("fix or unset {} (`lf-info -c` shows it; `lf-info -d` lists the devices)", var.name);
     }
     #[cfg(feature = "vulkan")]
@@ -172,9 +173,16 @@ fn cpu_hugepages(p: &Probe, page: HugePageSize) -> Capability {
     let Some(pool) = hugepage_pool(page) else {
         let fix = match page {
             HugePageSize::Size2M => "a kernel with hugetlbfs (CONFIG_HUGETLBFS)".to_owned(),
-            HugePageSize::Size1G => "a CPU with 1 GiB pages (pdpe1gb) and the kernel booted with `hugepagesz=1G hugepages=N`".to_owned(),
+            HugePageSize::Size1G => {
+                "a CPU with 1 GiB pages (pdpe1gb) and the kernel booted with `hugepagesz=1G hugepages=N`".to_owned()
+            }
         };
-        return Capability::unavailable(key, title, format!("this kernel or CPU offers no {page} huge pages"), fix + fallback);
+        return Capability::unavailable(
+            key,
+            title,
+            format!("this kernel or CPU offers no {page} huge pages"),
+            fix + fallback,
+        );
     };
     let counts = format!("{} reserved, {} free", pool.total, pool.free);
     let reserve = |more: u64| {
@@ -200,7 +208,9 @@ fn registrations(buffer: &Buffer) -> String {
     let mut parts = Vec::new();
     for r in buffer.registrations() {
         parts.push(match r {
-            DeviceRegistration::Vulkan { .. } => "registered with the Vulkan device (VK_EXT_external_memory_host)".to_owned(),
+            DeviceRegistration::Vulkan { .. } => {
+                "registered with the Vulkan device (VK_EXT_external_memory_host)".to_owned()
+            }
             DeviceRegistration::Cuda { device } => format!("registered with CUDA device {device} (cuMemHostRegister)"),
             _ => format!("registered with {r:?}"),
         });
@@ -218,7 +228,8 @@ fn cpu_gpu_pinned(p: &Probe) -> Capability {
         None => "unlimited".to_owned(),
         Some(bytes) => format!("{} (`ulimit -l` {})", text::bytes(bytes), bytes / 1024),
     };
-    let privilege = if lava_flow::memory::has_ipc_lock() { ", but this process has CAP_IPC_LOCK, so no limit applies" } else { "" };
+    let privilege =
+        if lava_flow::memory::has_ipc_lock() { ", but this process has CAP_IPC_LOCK, so no limit applies" } else { "" };
     let arena = text::bytes(ContextConfig::DEFAULT_ARENA_SIZE as u64);
     match p.context.allocate(4096, MemoryLocation::CpuGpuPinned) {
         Ok(buffer) => Capability::available(
@@ -282,7 +293,11 @@ fn round_trip(context: &Context, buffer: &Buffer) -> Result<(), String> {
 fn export_cpu(p: &Probe) -> Capability {
     const KEY: &str = "memory.export_cpu";
     const TITLE: &str = "CPU memory export/import";
-    let result = p.context.allocate(4096, MemoryLocation::CpuStandard).map_err(|e| e.to_string()).and_then(|b| round_trip(&p.context, &b));
+    let result = p
+        .context
+        .allocate(4096, MemoryLocation::CpuStandard)
+        .map_err(|e| e.to_string())
+        .and_then(|b| round_trip(&p.context, &b));
     match result {
         Ok(()) => Capability::available(KEY, TITLE, "a buffer was exported (memfd) and imported again, and read back"),
         Err(why) => Capability::unavailable(
@@ -300,7 +315,11 @@ fn export_gpu(p: &Probe) -> Capability {
     if let Some(why) = p.gpu_missing() {
         return Capability::unavailable(KEY, TITLE, format!("no Vulkan device: {why}"), gpu_fix(&why));
     }
-    let result = p.context.allocate(4096, MemoryLocation::GpuDeviceLocal).map_err(|e| e.to_string()).and_then(|b| round_trip(&p.context, &b));
+    let result = p
+        .context
+        .allocate(4096, MemoryLocation::GpuDeviceLocal)
+        .map_err(|e| e.to_string())
+        .and_then(|b| round_trip(&p.context, &b));
     let handles = handle_types(p);
     match result {
         Ok(()) => Capability::available(
@@ -389,7 +408,8 @@ fn cuda() -> Capability {
 /// OpenCL, where an OpenCL driver is registered: lava-flow has no OpenCL code of its own.
 fn opencl() -> Option<Capability> {
     let vendors = std::fs::read_dir("/etc/OpenCL/vendors").ok()?;
-    let mut icds: Vec<String> = vendors.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut icds: Vec<String> =
+        vendors.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     if icds.is_empty() {
         return None;
     }
@@ -456,7 +476,8 @@ fn channel_probe(context: &Context) -> Result<(TransportInfo, Option<Result<(), 
             p.send(b"lf-info").map_err(|e| format!("sending: {e}"))?;
             if let Some(buffer) = &gpu {
                 let seq = p.send_buffer(buffer, 0, pattern.len()).map_err(|e| format!("sending a GPU buffer: {e}"))?;
-                p.wait_completed(seq, Some(Duration::from_secs(10))).map_err(|e| format!("waiting for the GPU buffer: {e}"))?;
+                p.wait_completed(seq, Some(Duration::from_secs(10)))
+                    .map_err(|e| format!("waiting for the GPU buffer: {e}"))?;
             }
             Ok(p.transport().clone())
         })();
@@ -473,24 +494,38 @@ fn channel_rows(p: &Probe) -> [Capability; 2] {
     const VK: (&str, &str) = ("channel.vulkan_ipc", "Channels: Vulkan IPC (GPU buffers)");
     let transports = env::setting(&env::TRANSPORTS);
     let restricted = |kind: &str| {
-        transports.env_value.as_deref().filter(|v| !v.split(',').any(|t| TransportKind::parse(t).is_ok_and(|k| k.name() == kind)))
+        transports
+            .env_value
+            .as_deref()
+            .filter(|v| !v.split(',').any(|t| TransportKind::parse(t).is_ok_and(|k| k.name() == kind)))
     };
     let channel_fix = |kind: &str, otherwise: String| match restricted(kind) {
-        Some(value) => format!("{}={value} leaves {kind} out: add it, or unset {}", env::TRANSPORTS.name, env::TRANSPORTS.name),
+        Some(value) => {
+            format!("{}={value} leaves {kind} out: add it, or unset {}", env::TRANSPORTS.name, env::TRANSPORTS.name)
+        }
         None => otherwise,
     };
     if let Err(e) = lava_flow::channels::rendezvous::runtime_dir() {
         let why = format!("the runtime directory is unusable: {e}");
         let fix = format!("set {} to a directory of yours (mode 0700), or fix the one named", env::RUNTIME_DIR.name);
-        return [Capability::unavailable(SHM.0, SHM.1, why.clone(), fix.clone()), Capability::unavailable(VK.0, VK.1, why, fix)];
+        return [
+            Capability::unavailable(SHM.0, SHM.1, why.clone(), fix.clone()),
+            Capability::unavailable(VK.0, VK.1, why, fix),
+        ];
     }
     let (info, gpu) = match channel_probe(&p.context) {
         Ok(result) => result,
         Err(why) => {
             let detail = format!("a channel between two threads of lf-info failed: {why}");
-            let shm_fix = channel_fix("shm", "the error says what failed; `lf-info --channels` shows the runtime directory".into());
+            let shm_fix = channel_fix(
+                "shm",
+                "the error says what failed; `lf-info --channels` shows the runtime directory".into(),
+            );
             let vk_fix = channel_fix("vulkan_ipc", "a channel is needed first (see the shared-memory row)".into());
-            return [Capability::unavailable(SHM.0, SHM.1, detail.clone(), shm_fix), Capability::unavailable(VK.0, VK.1, detail, vk_fix)];
+            return [
+                Capability::unavailable(SHM.0, SHM.1, detail.clone(), shm_fix),
+                Capability::unavailable(VK.0, VK.1, detail, vk_fix),
+            ];
         }
     };
     let shm = Capability::available(
@@ -503,11 +538,14 @@ fn channel_rows(p: &Probe) -> [Capability; 2] {
     );
     let route = info.routes.iter().find(|r| r.class == PayloadClass::Gpu);
     let vk = match (route, gpu) {
-        (Some(route), Some(Ok(()))) if route.kind == TransportKind::VulkanIpc => {
-            Capability::available(VK.0, VK.1, format!("a GPU buffer went by reference and was read back: {}", route.reason))
-        }
+        (Some(route), Some(Ok(()))) if route.kind == TransportKind::VulkanIpc => Capability::available(
+            VK.0,
+            VK.1,
+            format!("a GPU buffer went by reference and was read back: {}", route.reason),
+        ),
         (route, gpu) => {
-            let mut why = route.map_or_else(|| "the channel has no GPU route".to_owned(), |r| r.reason.clone()) + p.without_gpu_note();
+            let mut why = route.map_or_else(|| "the channel has no GPU route".to_owned(), |r| r.reason.clone())
+                + p.without_gpu_note();
             if let Some(Err(e)) = gpu {
                 why = format!("{why}; {e}");
             }
@@ -525,7 +563,13 @@ fn mpi(probe: bool) -> Capability {
     const KEY: &str = "mpi";
     const TITLE: &str = "MPI (other hosts)";
     if !probe {
-        return Capability { key: KEY, title: TITLE, status: Status::NotProbed, detail: "not probed (--no-mpi)".into(), fix: None };
+        return Capability {
+            key: KEY,
+            title: TITLE,
+            status: Status::NotProbed,
+            detail: "not probed (--no-mpi)".into(),
+            fix: None,
+        };
     }
     match MpiWorld::join(Communicator::World, None) {
         Ok(world) => Capability::available(
@@ -589,7 +633,11 @@ pub fn view(probe_mpi: bool) -> (Value, String) {
     });
     let width = text::width();
     let mut out = match &here {
-        Ok(l) => format!("Capabilities on {} (host identity {})\n\n", l.hostname, l.host_id.as_deref().unwrap_or("none: hostnames are compared")),
+        Ok(l) => format!(
+            "Capabilities on {} (host identity {})\n\n",
+            l.hostname,
+            l.host_id.as_deref().unwrap_or("none: hostnames are compared")
+        ),
         Err(e) => format!("Capabilities (this host's location: {e})\n\n"),
     };
     if let Some(why) = failure {

@@ -67,7 +67,11 @@ pub fn view(cleanup: bool) -> Result<(Value, String), Failure> {
         for c in &channels {
             let state = if c.is_live() { "alive" } else { "dead" };
             let socket = if c.socket { "yes" } else { "no" };
-            out.push_str(&text::row(&[&c.name, state, &c.producer.describe(), &c.consumer.describe(), socket], &widths, width));
+            out.push_str(&text::row(
+                &[&c.name, state, &c.producer.describe(), &c.consumer.describe(), socket],
+                &widths,
+                width,
+            ));
         }
         let dead = channels.iter().filter(|c| !c.is_live()).count();
         if dead > 0 && !cleanup {

@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 #[cfg(feature = "vulkan")]
 pub fn view() -> (Value, String) {
     use lava_flow::memory::gpu::{
-        describe_handle_types, format_uuid, list_devices, probe_semaphore_sharing, DeviceSelector, ExternalMemorySupport, GpuConfig,
-        VulkanDevice, FIX_HINT,
+        describe_handle_types, format_uuid, list_devices, probe_semaphore_sharing, DeviceSelector,
+        ExternalMemorySupport, GpuConfig, VulkanDevice, FIX_HINT,
     };
 
     fn external(s: &ExternalMemorySupport) -> Value {
@@ -54,7 +54,8 @@ pub fn view() -> (Value, String) {
                 ));
                 let mut value = info.to_json();
                 value["default"] = json!(chosen);
-                value["external_memory"] = json!({ "opaque_fd": external(&info.opaque_fd), "dma_buf": external(&info.dma_buf) });
+                value["external_memory"] =
+                    json!({ "opaque_fd": external(&info.opaque_fd), "dma_buf": external(&info.dma_buf) });
                 value["semaphore_sharing"] = json!({ "works": semaphores.is_ok(), "why_not": semaphores.err() });
                 list.push(value);
             }

@@ -15,7 +15,8 @@ use crate::{text, Failure};
 fn parse_peer(spec: &str) -> Result<(ProcessLocation, String), Failure> {
     // A hostname has no ':', so one names a config file.
     if let Some((file, name)) = spec.rsplit_once(':') {
-        let name = ProcessName::new(name).map_err(|e| Failure(format!("peer {spec:?}: the process name after ':': {e}")))?;
+        let name =
+            ProcessName::new(name).map_err(|e| Failure(format!("peer {spec:?}: the process name after ':': {e}")))?;
         let location = ProcessLocation::from_config(file, &name).map_err(|e| Failure(format!("peer {spec:?}: {e}")))?;
         return Ok((location, format!("process {name} of {file}")));
     }
@@ -64,7 +65,11 @@ pub fn view(spec: &str) -> Result<(Value, String), Failure> {
                 .collect::<Vec<_>>()
         }
         Err(e) => {
-            out.push_str(&text::row(&["route", &format!("none: a channel to this peer cannot be created: {e}")], &[label_w], width));
+            out.push_str(&text::row(
+                &["route", &format!("none: a channel to this peer cannot be created: {e}")],
+                &[label_w],
+                width,
+            ));
             Vec::new()
         }
     };

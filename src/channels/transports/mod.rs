@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::transport::{
-    ConsumerTransport, Packed, PayloadClass, ProducerTransport, RawLoan, RawView, Release, Route, RouteReceiver, RouteSender,
-    RoutedPayload, Section, SharedRegion, TransportInfo, TransportKind,
+    ConsumerTransport, Packed, PayloadClass, ProducerTransport, RawLoan, RawView, Release, Route, RouteReceiver,
+    RouteSender, RoutedPayload, Section, SharedRegion, TransportInfo, TransportKind,
 };
 use super::ChannelConfig;
 use crate::error::{Error, Result};
@@ -63,7 +63,11 @@ pub(crate) struct Plan {
 }
 
 /// Whether `kind` is built and can carry a channel of `scope` to `peer`, or why not.
-fn carrier_availability(kind: TransportKind, scope: CommunicationScope, peer: &ProcessLocation) -> std::result::Result<(), String> {
+fn carrier_availability(
+    kind: TransportKind,
+    scope: CommunicationScope,
+    peer: &ProcessLocation,
+) -> std::result::Result<(), String> {
     match (kind, scope) {
         (TransportKind::Shm, CommunicationScope::Local) => Ok(()),
         (TransportKind::Shm, CommunicationScope::Remote) => Err("shm needs both processes on one host".into()),
@@ -78,7 +82,9 @@ fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
     {
         match peer.mpi {
             Some(address) => mpi_endpoint(address).map(|_| ()),
-            None => Err("mpi needs the peer's location from MPI discovery (lf_mpi_location), which carries its rank".into()),
+            None => {
+                Err("mpi needs the peer's location from MPI discovery (lf_mpi_location), which carries its rank".into())
+            }
         }
     }
     #[cfg(not(feature = "mpi"))]
@@ -94,7 +100,11 @@ fn mpi_endpoint(address: MpiAddress) -> std::result::Result<crate::mpi::Endpoint
 }
 
 /// Whether `kind` can carry GPU buffers by reference for a channel of `scope`, or why not.
-fn gpu_route_availability(kind: TransportKind, scope: CommunicationScope, context: &Context) -> std::result::Result<(), String> {
+fn gpu_route_availability(
+    kind: TransportKind,
+    scope: CommunicationScope,
+    context: &Context,
+) -> std::result::Result<(), String> {
     match kind {
         TransportKind::VulkanIpc if scope == CommunicationScope::Local => {
             #[cfg(feature = "vulkan")]
@@ -149,8 +159,15 @@ pub(crate) fn plan(
                 refused.join("; ")
             )));
         }
-        let what = if source.is_empty() { "no built transport".to_owned() } else { format!("none of the transports {source} allows") };
-        return Err(Error::Unsupported(format!("{what} can carry this channel ({scope_text}): {}", refused.join("; "))));
+        let what = if source.is_empty() {
+            "no built transport".to_owned()
+        } else {
+            format!("none of the transports {source} allows")
+        };
+        return Err(Error::Unsupported(format!(
+            "{what} can carry this channel ({scope_text}): {}",
+            refused.join("; ")
+        )));
     };
     let mut reasons = vec![format!("{scope_text}; {carrier} carries the messages and CPU payloads")];
     if !source.is_empty() {
@@ -172,7 +189,10 @@ pub(crate) fn plan(
     }
     if gpu_route.is_none() {
         if !allowed.contains(&TransportKind::VulkanIpc) {
-            gpu_refused.push(format!("vulkan_ipc is not allowed{}", if source.is_empty() { String::new() } else { format!(" by {source}") }));
+            gpu_refused.push(format!(
+                "vulkan_ipc is not allowed{}",
+                if source.is_empty() { String::new() } else { format!(" by {source}") }
+            ));
         }
         if strict_gpu {
             return Err(Error::Unsupported(format!(
@@ -180,7 +200,8 @@ pub(crate) fn plan(
                 gpu_refused.join("; ")
             )));
         }
-        reasons.push(format!("GPU buffers: staged through {carrier} (copied to host memory): {}", gpu_refused.join("; ")));
+        reasons
+            .push(format!("GPU buffers: staged through {carrier} (copied to host memory): {}", gpu_refused.join("; ")));
     }
     let gpu_refusal = gpu_route.is_none().then(|| gpu_refused.join("; "));
     Ok(Plan { carrier, gpu_route, reasons, gpu_refusal, peer_mpi: peer.mpi })
@@ -276,7 +297,15 @@ impl RouteSender for AnyRouteSender {
         forward_route!(self, r => r.route())
     }
     #[inline]
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()> {
+    fn pack(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        completed: u64,
+        out: &mut Packed,
+    ) -> Result<()> {
         forward_route!(self, r => r.pack(buffer, offset, len, ready_value, completed, out))
     }
     fn released_semaphore(&self) -> Result<OwnedFd> {
@@ -375,10 +404,17 @@ fn mpi_peer(plan: &Plan) -> Result<crate::mpi::Endpoint> {
 }
 
 /// Connects the producer's end: the carrier's rendezvous, with the GPU route's offer in it.
-pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ProducerParts> {
+pub(crate) fn connect_producer(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<ProducerParts> {
     #[cfg(feature = "vulkan")]
     let mut gpu = match plan.gpu_route {
-        Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Offer::new(context, config.strict_gpu, config.released_semaphore)?),
+        Some(TransportKind::VulkanIpc) => {
+            Some(vulkan_ipc::Offer::new(context, config.strict_gpu, config.released_semaphore)?)
+        }
         _ => None,
     };
     #[cfg(not(feature = "vulkan"))]
@@ -408,7 +444,8 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
             }
             Err(why) => {
                 let mut plan = plan.clone();
-                plan.reasons.push(format!("GPU buffers: staged through {} (copied to host memory): {why}", plan.carrier));
+                plan.reasons
+                    .push(format!("GPU buffers: staged through {} (copied to host memory): {why}", plan.carrier));
                 Ok(ProducerParts { carrier, gpu: None, info: report(&plan, None) })
             }
         };
@@ -418,7 +455,12 @@ pub(crate) fn connect_producer(name: &str, plan: &Plan, config: &ChannelConfig, 
 }
 
 /// Listens for the producer's end: the carrier's rendezvous, answering the GPU route's offer.
-pub(crate) fn listen_consumer(name: &str, plan: &Plan, config: &ChannelConfig, context: &Context) -> Result<ConsumerParts> {
+pub(crate) fn listen_consumer(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<ConsumerParts> {
     #[cfg(feature = "vulkan")]
     let gpu = match plan.gpu_route {
         Some(TransportKind::VulkanIpc) => Some(vulkan_ipc::Receiver::new(context)?),
@@ -488,7 +530,12 @@ impl ProducerTransport for AnyProducer {
     fn cancel(&mut self, loan: RawLoan) {
         forward!(self, t => t.cancel(loan))
     }
-    fn publish_filled(&mut self, loan: RawLoan, len: usize, fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>) -> Result<u64> {
+    fn publish_filled(
+        &mut self,
+        loan: RawLoan,
+        len: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         forward!(self, t => t.publish_filled(loan, len, fill))
     }
     fn completed(&mut self) -> Result<u64> {
@@ -502,13 +549,25 @@ impl ProducerTransport for AnyProducer {
         forward!(self, t => t.wait_completed(seq, deadline))
     }
     #[inline]
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+    fn send_region(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         forward!(self, t => t.send_region(region, offset, len, deadline))
     }
     fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
         forward!(self, t => t.try_send_region(region, offset, len))
     }
-    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+    fn send_routed(
+        &mut self,
+        route: u32,
+        descriptor: &[u8],
+        attachments: &mut Vec<Section>,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         forward!(self, t => t.send_routed(route, descriptor, attachments, deadline))
     }
     fn peer_sections(&mut self) -> Vec<Section> {

@@ -31,7 +31,10 @@ pub fn hugepage_pool(page: HugePageSize) -> Option<HugePagePool> {
     if !std::path::Path::new(&sysfs_dir(page)).exists() {
         return None;
     }
-    Some(HugePagePool { total: read_count(page, "nr_hugepages").unwrap_or(0), free: read_count(page, "free_hugepages").unwrap_or(0) })
+    Some(HugePagePool {
+        total: read_count(page, "nr_hugepages").unwrap_or(0),
+        free: read_count(page, "free_hugepages").unwrap_or(0),
+    })
 }
 
 /// The shell command that makes the kernel reserve `pages` huge pages of `page` size in all

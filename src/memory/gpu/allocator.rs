@@ -176,7 +176,10 @@ impl GpuAllocator {
                 handle_types |= vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
             }
         }
-        let pooling = !(config.exportable && (info.opaque_fd.dedicated_only || info.dma_buf.dedicated_only && handle_types.contains(vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT)));
+        let pooling = !(config.exportable
+            && (info.opaque_fd.dedicated_only
+                || info.dma_buf.dedicated_only
+                    && handle_types.contains(vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT)));
 
         // The memory types a buffer of our usage may live in (the same for every size).
         let probe = arena::create_buffer(device, 4096, handle_types)?;
@@ -268,19 +271,14 @@ impl GpuAllocator {
                 None => {
                     let largest = pool.iter().map(|a| a.size).max().unwrap_or(0);
                     let arena_size = new_arena_size(kind, self.config.arena_size, largest, reserved);
-                    let memory = match arena::allocate_memory(
-                        &self.device,
-                        arena_size,
-                        type_index,
-                        self.handle_types,
-                        None,
-                    ) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            arena::destroy_buffer(&self.device, new.buffer);
-                            return Err(e);
-                        }
-                    };
+                    let memory =
+                        match arena::allocate_memory(&self.device, arena_size, type_index, self.handle_types, None) {
+                            Ok(m) => m,
+                            Err(e) => {
+                                arena::destroy_buffer(&self.device, new.buffer);
+                                return Err(e);
+                            }
+                        };
                     let arena = Arc::new(Arena::new(
                         &self.device,
                         ArenaParts {
@@ -303,12 +301,19 @@ impl GpuAllocator {
             }
         };
         let pool = Some(Arc::downgrade(&self.pools[kind.index()]));
-        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, vk_offset: 0, size, reserved, pool };
+        let buffer =
+            GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, vk_offset: 0, size, reserved, pool };
         buffer.bind()?;
         Ok(buffer)
     }
 
-    fn own_arena(&self, size: u64, kind: GpuMemoryKind, type_index: u32, mut new: arena::NewBuffer) -> Result<GpuBuffer> {
+    fn own_arena(
+        &self,
+        size: u64,
+        kind: GpuMemoryKind,
+        type_index: u32,
+        mut new: arena::NewBuffer,
+    ) -> Result<GpuBuffer> {
         // Only where the driver requires it: a driver's preference for dedicated memory (as
         // NVIDIA's for exportable buffers) makes every import of the arena slower, and an
         // arena of its own is imported by every consumer it is sent to.
@@ -351,8 +356,16 @@ impl GpuAllocator {
                 reexport_fd: None,
             },
         ));
-        let buffer =
-            GpuBuffer { arena, buffer: new.buffer, owns_buffer: !dedicated, offset: 0, vk_offset: 0, size, reserved: 0, pool: None };
+        let buffer = GpuBuffer {
+            arena,
+            buffer: new.buffer,
+            owns_buffer: !dedicated,
+            offset: 0,
+            vk_offset: 0,
+            size,
+            reserved: 0,
+            pool: None,
+        };
         buffer.bind()?;
         Ok(buffer)
     }
@@ -433,7 +446,11 @@ impl GpuBuffer {
         // SAFETY: buffer and memory are live and of this device; offset + size lies inside
         // the arena and is aligned (the free list or the importer's checks made sure).
         unsafe {
-            self.arena.device.shared.device.bind_buffer_memory(self.buffer, self.arena.memory, self.offset - self.vk_offset)
+            self.arena.device.shared.device.bind_buffer_memory(
+                self.buffer,
+                self.arena.memory,
+                self.offset - self.vk_offset,
+            )
         }
         .map_err(vk_err(&format!(
             "vkBindBufferMemory({} bytes at offset {} of arena {})",

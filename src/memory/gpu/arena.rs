@@ -135,8 +135,7 @@ impl Arena {
     /// Host-visible and coherent: the host may write it through a mapping with no flush. For
     /// the GPU's own memory behind a resizable BAR, only writes go at the bus's speed.
     pub(crate) fn host_writable(&self) -> bool {
-        self.property_flags
-            .contains(vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT)
+        self.property_flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT)
     }
 
     /// Host-writable, and readable by the host at memory speed: host memory, or device memory
@@ -169,10 +168,7 @@ impl Arena {
         // SAFETY: the memory is host-visible, not mapped yet (checked under map_lock, which
         // serialises vkMapMemory on this memory object) and lives as long as self.
         let ptr = unsafe {
-            self.device
-                .shared
-                .device
-                .map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+            self.device.shared.device.map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         }
         .map_err(vk_err(&format!("vkMapMemory of arena {} ({} bytes)", self.id, self.size)))?;
         let ptr = NonNull::new(ptr.cast::<u8>())
@@ -243,27 +239,21 @@ pub(crate) fn create_buffer(
 ) -> Result<NewBuffer> {
     let ash_device = &device.shared.device;
     let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle_types);
-    let mut info = vk::BufferCreateInfo::default()
-        .size(size)
-        .usage(BUFFER_USAGE)
-        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    let mut info =
+        vk::BufferCreateInfo::default().size(size).usage(BUFFER_USAGE).sharing_mode(vk::SharingMode::EXCLUSIVE);
     if !handle_types.is_empty() {
         info = info.push_next(&mut external);
     }
     // SAFETY: the create info chain is live for the call.
-    let buffer = unsafe { ash_device.create_buffer(&info, None) }
-        .map_err(vk_err(&format!("vkCreateBuffer({size} bytes)")))?;
+    let buffer =
+        unsafe { ash_device.create_buffer(&info, None) }.map_err(vk_err(&format!("vkCreateBuffer({size} bytes)")))?;
     let mut dedicated = vk::MemoryDedicatedRequirements::default();
     let mut requirements = vk::MemoryRequirements2::default().push_next(&mut dedicated);
     let query = vk::BufferMemoryRequirementsInfo2::default().buffer(buffer);
     // SAFETY: buffer is live; the output chain is live for the call (Vulkan 1.1 core).
     unsafe { ash_device.get_buffer_memory_requirements2(&query, &mut requirements) };
     let requirements = requirements.memory_requirements;
-    Ok(NewBuffer {
-        buffer,
-        requirements,
-        requires_dedicated: dedicated.requires_dedicated_allocation == vk::TRUE,
-    })
+    Ok(NewBuffer { buffer, requirements, requires_dedicated: dedicated.requires_dedicated_allocation == vk::TRUE })
 }
 
 pub(crate) fn destroy_buffer(device: &VulkanDevice, buffer: vk::Buffer) {

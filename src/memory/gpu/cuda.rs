@@ -217,7 +217,11 @@ impl CudaHostRegistration {
 /// # Safety
 /// The range must be mapped memory of this process that stays mapped until the registration
 /// is dropped.
-pub unsafe fn cuda_host_register(ptr: *mut u8, len: usize, device_uuid: Option<[u8; 16]>) -> Result<CudaHostRegistration> {
+pub unsafe fn cuda_host_register(
+    ptr: *mut u8,
+    len: usize,
+    device_uuid: Option<[u8; 16]>,
+) -> Result<CudaHostRegistration> {
     // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
     // the unsafe operations below rely on.
     unsafe {

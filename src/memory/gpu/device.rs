@@ -140,7 +140,8 @@ pub fn describe_handle_types(flags: u32) -> String {
         (T::HOST_ALLOCATION_EXT, "HOST_ALLOCATION"),
         (T::HOST_MAPPED_FOREIGN_MEMORY_EXT, "HOST_MAPPED_FOREIGN_MEMORY"),
     ];
-    let mut text: Vec<String> = names.iter().filter(|(b, _)| flags & b.as_raw() != 0).map(|(_, n)| (*n).to_owned()).collect();
+    let mut text: Vec<String> =
+        names.iter().filter(|(b, _)| flags & b.as_raw() != 0).map(|(_, n)| (*n).to_owned()).collect();
     let rest = names.iter().fold(flags, |left, (b, _)| left & !b.as_raw());
     if rest != 0 {
         text.push(format!("{rest:#x}"));
@@ -372,7 +373,9 @@ fn create_instance() -> Result<(ash::Entry, ash::Instance, u32)> {
     // SAFETY: loading libvulkan runs its initialisers; the loader is designed for that, and
     // the process-wide instance keeps the library loaded for the rest of the process.
     let entry = unsafe { ash::Entry::load() }.map_err(|e| {
-        Error::Unsupported(format!("no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"))
+        Error::Unsupported(format!(
+            "no Vulkan loader (libvulkan.so.1) could be loaded ({e}); install libvulkan1 and {FIX_HINT}"
+        ))
     })?;
     // SAFETY: a plain query on a loaded entry.
     let instance_version = unsafe { entry.try_enumerate_instance_version() }
@@ -479,7 +482,9 @@ pub(crate) fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
 
 /// Every physical device of `instance`, with (index, name, type, deviceUUID) for reports.
 #[allow(clippy::type_complexity)]
-fn enumerate_candidates(instance: &ash::Instance) -> Result<(Vec<Candidate>, Vec<(u32, String, DeviceType, [u8; 16])>)> {
+fn enumerate_candidates(
+    instance: &ash::Instance,
+) -> Result<(Vec<Candidate>, Vec<(u32, String, DeviceType, [u8; 16])>)> {
     // SAFETY: instance is a live instance for all the queries below.
     let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(vk_err("vkEnumeratePhysicalDevices"))?;
     if physicals.is_empty() {
@@ -530,18 +535,19 @@ impl VulkanDevice {
         crate::logging::init();
         let chosen_by = match (&config.device, config.use_env) {
             (Some(_), _) => "the configuration's device selection".to_owned(),
-            (None, true) => std::env::var(DEVICE_ENV).ok().filter(|v| !v.trim().is_empty()).map_or_else(String::new, |v| format!("{DEVICE_ENV}={v}")),
+            (None, true) => std::env::var(DEVICE_ENV)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map_or_else(String::new, |v| format!("{DEVICE_ENV}={v}")),
             (None, false) => String::new(),
         };
         let selector = match (&config.device, config.use_env) {
             (Some(s), _) => Some(s.clone()),
             (None, true) => match std::env::var(DEVICE_ENV) {
-                Ok(v) if !v.trim().is_empty() => Some(
-                    v.parse::<DeviceSelector>().map_err(|e| match e {
-                        Error::InvalidArgument(m) => Error::invalid(format!("{DEVICE_ENV}={v:?}: {m}")),
-                        other => other,
-                    })?,
-                ),
+                Ok(v) if !v.trim().is_empty() => Some(v.parse::<DeviceSelector>().map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::invalid(format!("{DEVICE_ENV}={v:?}: {m}")),
+                    other => other,
+                })?),
                 _ => None,
             },
             (None, false) => None,
@@ -592,7 +598,11 @@ impl VulkanDevice {
                 *i as usize
             }
             Some(DeviceSelector::Uuid(u)) => candidates.iter().position(|c| c.uuid == *u).ok_or_else(|| {
-                Error::NotFound(format!("no Vulkan device has deviceUUID {}; the devices are: {}", format_uuid(u), listing()))
+                Error::NotFound(format!(
+                    "no Vulkan device has deviceUUID {}; the devices are: {}",
+                    format_uuid(u),
+                    listing()
+                ))
             })?,
             None => candidates
                 .iter()
@@ -673,8 +683,8 @@ impl VulkanDevice {
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
         let mut host_props = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
         let mut id = vk::PhysicalDeviceIDProperties::default();
-        let has_driver_props = chosen.properties.api_version >= vk::API_VERSION_1_2
-            || offers(ash::khr::driver_properties::NAME);
+        let has_driver_props =
+            chosen.properties.api_version >= vk::API_VERSION_1_2 || offers(ash::khr::driver_properties::NAME);
         {
             let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut id);
             if has_driver_props {
@@ -703,8 +713,12 @@ impl VulkanDevice {
         // reach the device's full bandwidth; a transfer-only family is the fallback.
         let family = families
             .iter()
-            .position(|f| f.queue_count > 0 && f.queue_flags.intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE))
-            .or_else(|| families.iter().position(|f| f.queue_count > 0 && f.queue_flags.contains(vk::QueueFlags::TRANSFER)))
+            .position(|f| {
+                f.queue_count > 0 && f.queue_flags.intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+            })
+            .or_else(|| {
+                families.iter().position(|f| f.queue_count > 0 && f.queue_flags.contains(vk::QueueFlags::TRANSFER))
+            })
             .ok_or_else(|| Error::Unsupported(format!("Vulkan device {index} ({name}) has no queue that can copy")))?
             as u32;
         let timestamp_period_ns = (families[family as usize].timestamp_valid_bits > 0
@@ -734,10 +748,12 @@ impl VulkanDevice {
         };
 
         let priorities = [1.0f32];
-        let queue_info = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
+        let queue_info =
+            [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
         let names: Vec<*const c_char> = enable.iter().map(|e| e.as_ptr()).collect();
         let mut timeline_feature = vk::PhysicalDeviceTimelineSemaphoreFeatures::default().timeline_semaphore(true);
-        let mut create = vk::DeviceCreateInfo::default().queue_create_infos(&queue_info).enabled_extension_names(&names);
+        let mut create =
+            vk::DeviceCreateInfo::default().queue_create_infos(&queue_info).enabled_extension_names(&names);
         if timeline_semaphores {
             create = create.push_next(&mut timeline_feature);
         }
@@ -757,7 +773,8 @@ impl VulkanDevice {
         };
         let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
         let memory_host = has_host.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
-        let semaphore_fd_api = has_semaphore_fd.then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
+        let semaphore_fd_api =
+            has_semaphore_fd.then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
         let timeline = match (timeline_semaphores, core_12) {
             (false, _) => None,
             (true, true) => Some(TimelineApi::Core),
@@ -780,7 +797,10 @@ impl VulkanDevice {
             memory_heaps: memory_properties
                 .memory_heaps_as_slice()
                 .iter()
-                .map(|h| MemoryHeapInfo { size: h.size, device_local: h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) })
+                .map(|h| MemoryHeapInfo {
+                    size: h.size,
+                    device_local: h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL),
+                })
                 .collect(),
             memory_types: memory_properties
                 .memory_types_as_slice()
@@ -856,11 +876,7 @@ impl VulkanDevice {
     }
 
     pub(crate) fn memory_type_flags(&self, index: u32) -> Option<vk::MemoryPropertyFlags> {
-        self.shared
-            .memory_properties
-            .memory_types_as_slice()
-            .get(index as usize)
-            .map(|t| t.property_flags)
+        self.shared.memory_properties.memory_types_as_slice().get(index as usize).map(|t| t.property_flags)
     }
 
     pub(crate) fn memory_type_count(&self) -> u32 {
@@ -907,7 +923,12 @@ mod tests {
         assert_eq!(describe_handle_types(0x201), "OPAQUE_FD|DMA_BUF");
         assert_eq!(describe_handle_types(0), "none");
         assert_eq!(describe_handle_types(1 << 30), "0x40000000");
-        let both = ExternalMemorySupport { exportable: true, importable: true, dedicated_only: false, compatible_handle_types: 1 };
+        let both = ExternalMemorySupport {
+            exportable: true,
+            importable: true,
+            dedicated_only: false,
+            compatible_handle_types: 1,
+        };
         assert_eq!(both.to_string(), "exportable and importable (compatible handle types: OPAQUE_FD)");
         assert_eq!(ExternalMemorySupport::default().to_string(), "no");
     }

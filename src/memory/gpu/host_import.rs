@@ -88,7 +88,12 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
         let new = arena::create_buffer(device, len as u64, handle)?;
         use vk::MemoryPropertyFlags as F;
         let bits = new.requirements.memory_type_bits & pointer_props.memory_type_bits;
-        let Some(type_index) = device.find_memory_type(bits, F::empty(), &[F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED, F::HOST_VISIBLE | F::HOST_COHERENT], F::empty()) else {
+        let Some(type_index) = device.find_memory_type(
+            bits,
+            F::empty(),
+            &[F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED, F::HOST_VISIBLE | F::HOST_COHERENT],
+            F::empty(),
+        ) else {
             arena::destroy_buffer(device, new.buffer);
             return Err(Error::Unsupported(format!(
                 "no memory type of {} takes both this host pointer ({:#x}) and a buffer ({:#x})",
@@ -124,7 +129,16 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
                 reexport_fd: None,
             },
         ));
-        let buffer = GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset: 0, vk_offset: 0, size: len as u64, reserved: 0, pool: None };
+        let buffer = GpuBuffer {
+            arena,
+            buffer: new.buffer,
+            owns_buffer: true,
+            offset: 0,
+            vk_offset: 0,
+            size: len as u64,
+            reserved: 0,
+            pool: None,
+        };
         buffer.bind()?;
         Ok(HostMemoryImport { buffer })
     }

@@ -40,8 +40,8 @@ mod cuda;
 mod device;
 mod export;
 mod host_import;
-mod parallel_copy;
 mod import;
+mod parallel_copy;
 mod semaphore;
 mod shader_copy;
 mod transfer;
@@ -50,13 +50,14 @@ pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind, 
 pub use arena::ArenaId;
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
 pub use device::{
-    describe_handle_types, describe_memory_flags, format_api_version, format_uuid, list_devices, DeviceInfo, DeviceSelector, DeviceType,
-    ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo, MemoryTypeInfo, VulkanDevice, DEVICE_ENV, FIX_HINT,
+    describe_handle_types, describe_memory_flags, format_api_version, format_uuid, list_devices, DeviceInfo,
+    DeviceSelector, DeviceType, ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo,
+    MemoryTypeInfo, VulkanDevice, DEVICE_ENV, FIX_HINT,
 };
 pub use export::{GpuExport, GpuExportDesc, HandleType, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
 pub use host_import::{import_host_memory, HostMemoryImport};
-pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use import::GpuImporter;
+pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
 pub use transfer::{
     chosen_copy_method, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting,

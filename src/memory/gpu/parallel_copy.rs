@@ -193,7 +193,10 @@ mod tests {
             // SAFETY: both ranges lie inside their vectors and do not overlap.
             unsafe { copy(src.as_ptr().add(7), dst.as_mut_ptr().add(3), len) };
             assert_eq!(&dst[3..3 + len], &src[7..7 + len], "len {len}");
-            assert!(dst[..3].iter().chain(&dst[3 + len..]).all(|&b| b == 0), "bytes outside the range written, len {len}");
+            assert!(
+                dst[..3].iter().chain(&dst[3 + len..]).all(|&b| b == 0),
+                "bytes outside the range written, len {len}"
+            );
         }
     }
 

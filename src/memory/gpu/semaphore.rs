@@ -57,9 +57,8 @@ impl TimelineSemaphore {
         if device.shared.timeline.is_none() {
             return Err(no_timeline(device));
         }
-        let mut kind = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(initial);
+        let mut kind =
+            vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE).initial_value(initial);
         let mut export_info =
             vk::ExportSemaphoreCreateInfo::default().handle_types(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
         let mut info = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
@@ -221,7 +220,11 @@ impl TimelineSemaphore {
     }
 
     fn api(&self) -> &TimelineApi {
-        self.device.shared.timeline.as_ref().expect("a TimelineSemaphore exists only where timeline semaphores are enabled")
+        self.device
+            .shared
+            .timeline
+            .as_ref()
+            .expect("a TimelineSemaphore exists only where timeline semaphores are enabled")
     }
 }
 
@@ -270,9 +273,7 @@ pub fn probe_semaphore_sharing(device: &VulkanDevice) -> std::result::Result<(),
     imported.signal(2).map_err(|e| format!("signalling an imported timeline semaphore on {name} failed: {e}"))?;
     match exported.value() {
         Ok(2) => Ok(()),
-        Ok(v) => Err(format!(
-            "a timeline semaphore exported on {name} reads {v} after its importer signalled 2"
-        )),
+        Ok(v) => Err(format!("a timeline semaphore exported on {name} reads {v} after its importer signalled 2")),
         Err(e) => Err(format!("reading a timeline semaphore on {name} failed: {e}")),
     }
 }

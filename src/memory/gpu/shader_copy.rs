@@ -202,9 +202,7 @@ impl ShaderCopy {
         };
         let family = device.info().queue_family_index as usize;
         if !families.get(family).is_some_and(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE)) {
-            return Err(format!(
-                "the queue lava-flow copies on (family {family}) cannot run compute shaders"
-            ));
+            return Err(format!("the queue lava-flow copies on (family {family}) cannot run compute shaders"));
         }
         let l = &properties.limits;
         let limits = Limits {
@@ -277,7 +275,8 @@ impl ShaderCopy {
             let mut modules = [vk::ShaderModule::null(); 2];
             let made = (|| {
                 for (module, spv) in modules.iter_mut().zip([VEC4_SPV, WORD_SPV]) {
-                    let code = ash::util::read_spv(&mut Cursor::new(spv)).map_err(|e| format!("reading the embedded SPIR-V: {e}"))?;
+                    let code = ash::util::read_spv(&mut Cursor::new(spv))
+                        .map_err(|e| format!("reading the embedded SPIR-V: {e}"))?;
                     *module = d
                         .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&code), None)
                         .map_err(err("vkCreateShaderModule"))?;
@@ -419,7 +418,8 @@ impl ShaderCopy {
 mod tests {
     use super::*;
 
-    const NVIDIA: Limits = Limits { offset_alignment: 16, max_range: u32::MAX as u64, max_groups: MAX_GROUPS, local_size: 256 };
+    const NVIDIA: Limits =
+        Limits { offset_alignment: 16, max_range: u32::MAX as u64, max_groups: MAX_GROUPS, local_size: 256 };
     const SMALL: Limits = Limits { offset_alignment: 256, max_range: 1 << 20, max_groups: 4, local_size: 64 };
 
     /// Every byte of [src, src + len) lands at the same distance in dst, once, by the engine
@@ -427,10 +427,14 @@ mod tests {
     fn check(src: u64, dst: u64, len: u64, limits: &Limits) -> Option<Plan> {
         let plan = plan(src, dst, len, limits)?;
         let e = plan.width.bytes();
-        let mut covered: Vec<(u64, u64)> = plan.engine.iter().map(|r| {
-            assert_eq!(r.dst_offset - dst, r.src_offset - src);
-            (r.src_offset, r.size)
-        }).collect();
+        let mut covered: Vec<(u64, u64)> = plan
+            .engine
+            .iter()
+            .map(|r| {
+                assert_eq!(r.dst_offset - dst, r.src_offset - src);
+                (r.src_offset, r.size)
+            })
+            .collect();
         for p in &plan.dispatches {
             assert_eq!(p.src_bind % limits.offset_alignment.max(e), 0, "{p:?}");
             assert_eq!(p.dst_bind % limits.offset_alignment.max(e), 0, "{p:?}");

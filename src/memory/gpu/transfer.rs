@@ -124,7 +124,13 @@ enum ShaderState {
 unsafe impl Send for Submitter {}
 
 impl Submitter {
-    pub(crate) fn new(device: &ash::Device, queue: vk::Queue, family: u32, compute: bool, timestamps: bool) -> Result<Self> {
+    pub(crate) fn new(
+        device: &ash::Device,
+        queue: vk::Queue,
+        family: u32,
+        compute: bool,
+        timestamps: bool,
+    ) -> Result<Self> {
         let pool_info = vk::CommandPoolCreateInfo::default()
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER)
             .queue_family_index(family);
@@ -156,7 +162,17 @@ impl Submitter {
             } else {
                 None
             };
-            Ok(Submitter { queue, compute, pool, cmd, fence, timestamps, staging: Vec::new(), hung: false, shader: ShaderState::Untried })
+            Ok(Submitter {
+                queue,
+                compute,
+                pool,
+                cmd,
+                fence,
+                timestamps,
+                staging: Vec::new(),
+                hung: false,
+                shader: ShaderState::Untried,
+            })
         }
     }
 
@@ -313,7 +329,15 @@ impl Submitter {
     /// `host` is valid for `len` bytes (readable for `ToDevice`, writable for `ToHost`) and
     /// distinct from GPU memory; `buffer` is a live buffer of this device with
     /// `buffer_offset + len` in range.
-    unsafe fn staged(&mut self, device: &VulkanDevice, buffer: vk::Buffer, buffer_offset: u64, host: *mut u8, len: usize, direction: Direction) -> Result<()> {
+    unsafe fn staged(
+        &mut self,
+        device: &VulkanDevice,
+        buffer: vk::Buffer,
+        buffer_offset: u64,
+        host: *mut u8,
+        len: usize,
+        direction: Direction,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
         // the unsafe operations below rely on.
         unsafe {
@@ -339,7 +363,14 @@ impl Submitter {
                 }
                 let start = piece * chunk;
                 let n = chunk.min(len - start);
-                if let Err(e) = self.submit_piece(device, slot, (buffer, buffer_offset + start as u64), host.add(start), n, direction) {
+                if let Err(e) = self.submit_piece(
+                    device,
+                    slot,
+                    (buffer, buffer_offset + start as u64),
+                    host.add(start),
+                    n,
+                    direction,
+                ) {
                     result = Err(e);
                     break;
                 }
@@ -358,7 +389,15 @@ impl Submitter {
 
     /// Submits one piece's GPU copy on its slot (after copying the host bytes in, to the
     /// device).
-    unsafe fn submit_piece(&mut self, device: &VulkanDevice, slot: usize, (buffer, offset): (vk::Buffer, u64), host: *mut u8, len: usize, direction: Direction) -> Result<()> {
+    unsafe fn submit_piece(
+        &mut self,
+        device: &VulkanDevice,
+        slot: usize,
+        (buffer, offset): (vk::Buffer, u64),
+        host: *mut u8,
+        len: usize,
+        direction: Direction,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
         // the unsafe operations below rely on.
         unsafe {
@@ -372,22 +411,44 @@ impl Submitter {
                 Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
             }];
             let cmd = s.cmd;
-            d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty()).map_err(vk_err("vkResetCommandBuffer"))?;
-            d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
-                .map_err(vk_err("vkBeginCommandBuffer"))?;
+            d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
+                .map_err(vk_err("vkResetCommandBuffer"))?;
+            d.begin_command_buffer(
+                cmd,
+                &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+            )
+            .map_err(vk_err("vkBeginCommandBuffer"))?;
             // Earlier copies before this one (host writes to the staging slot are made visible
             // by the submission itself).
             let (earlier, writes) = self.earlier_writes();
             let before = [vk::MemoryBarrier::default()
                 .src_access_mask(writes)
                 .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
-            d.cmd_pipeline_barrier(cmd, earlier, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+            d.cmd_pipeline_barrier(
+                cmd,
+                earlier,
+                vk::PipelineStageFlags::TRANSFER,
+                vk::DependencyFlags::empty(),
+                &before,
+                &[],
+                &[],
+            );
             match direction {
                 Direction::ToDevice => d.cmd_copy_buffer(cmd, s.buffer, buffer, &region),
                 Direction::ToHost => {
                     d.cmd_copy_buffer(cmd, buffer, s.buffer, &region);
-                    let after = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::TRANSFER_WRITE).dst_access_mask(vk::AccessFlags::HOST_READ)];
-                    d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::TRANSFER, vk::PipelineStageFlags::HOST, vk::DependencyFlags::empty(), &after, &[], &[]);
+                    let after = [vk::MemoryBarrier::default()
+                        .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                        .dst_access_mask(vk::AccessFlags::HOST_READ)];
+                    d.cmd_pipeline_barrier(
+                        cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::HOST,
+                        vk::DependencyFlags::empty(),
+                        &after,
+                        &[],
+                        &[],
+                    );
                 }
             }
             d.end_command_buffer(cmd).map_err(vk_err("vkEndCommandBuffer"))?;
@@ -399,7 +460,13 @@ impl Submitter {
     }
 
     /// Waits for a submitted piece (and copies its bytes out, to the host).
-    unsafe fn finish_piece(&mut self, device: &VulkanDevice, (slot, start, len): (usize, usize, usize), host: *mut u8, direction: Direction) -> Result<()> {
+    unsafe fn finish_piece(
+        &mut self,
+        device: &VulkanDevice,
+        (slot, start, len): (usize, usize, usize),
+        host: *mut u8,
+        direction: Direction,
+    ) -> Result<()> {
         // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
         // the unsafe operations below rely on.
         unsafe {
@@ -538,15 +605,19 @@ impl Submitter {
         let before = [vk::MemoryBarrier::default().src_access_mask(earlier_writes).dst_access_mask(reads | writes)];
         // Where the host may read or write what this copy writes: the copy before host access.
         // (Later submissions order themselves after it with their own first barrier.)
-        let after = [vk::MemoryBarrier::default().src_access_mask(writes).dst_access_mask(A::HOST_READ | A::HOST_WRITE)];
+        let after =
+            [vk::MemoryBarrier::default().src_access_mask(writes).dst_access_mask(A::HOST_READ | A::HOST_WRITE)];
         // SAFETY: the command buffer is not pending (every submission is waited for below, and
         // `hung` stops reuse after a timeout); all handles are of this device; the queue is
         // used only under the device mutex, which the caller holds (&mut self).
         unsafe {
             d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
                 .map_err(vk_err("vkResetCommandBuffer"))?;
-            d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
-                .map_err(vk_err("vkBeginCommandBuffer"))?;
+            d.begin_command_buffer(
+                cmd,
+                &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+            )
+            .map_err(vk_err("vkBeginCommandBuffer"))?;
             d.cmd_pipeline_barrier(cmd, earlier, stages, vk::DependencyFlags::empty(), &before, &[], &[]);
             if let Some(q) = timestamps {
                 d.cmd_reset_query_pool(cmd, q, 0, 2);
@@ -655,7 +726,14 @@ impl GpuBuffer {
         // SAFETY: `data` is readable for its length and is not GPU memory Rust borrows; the
         // range lies in the buffer (checked above), which lives through the call.
         unsafe {
-            submitter.staged(&device, self.buffer, self.vk_offset + offset, data.as_ptr().cast_mut(), data.len(), Direction::ToDevice)
+            submitter.staged(
+                &device,
+                self.buffer,
+                self.vk_offset + offset,
+                data.as_ptr().cast_mut(),
+                data.len(),
+                Direction::ToDevice,
+            )
         }
     }
 
@@ -687,7 +765,16 @@ impl GpuBuffer {
         let mut submitter = device.shared.submitter.lock();
         // SAFETY: `out` is writable for its length and is not GPU memory; the range lies in
         // the buffer (checked above), which lives through the call.
-        unsafe { submitter.staged(&device, self.buffer, self.vk_offset + offset, out.as_mut_ptr(), out.len(), Direction::ToHost) }
+        unsafe {
+            submitter.staged(
+                &device,
+                self.buffer,
+                self.vk_offset + offset,
+                out.as_mut_ptr(),
+                out.len(),
+                Direction::ToHost,
+            )
+        }
     }
 
     /// The buffer's bytes in this process's address space (a persistent mapping of its
@@ -787,7 +874,9 @@ impl std::str::FromStr for CopyMethod {
             "auto" => Ok(CopyMethod::Auto),
             "engine" => Ok(CopyMethod::Engine),
             "shader" => Ok(CopyMethod::Shader),
-            _ => Err(Error::invalid(format!("{s:?} is not a GPU copy method; the methods are auto, engine and shader"))),
+            _ => {
+                Err(Error::invalid(format!("{s:?} is not a GPU copy method; the methods are auto, engine and shader")))
+            }
         }
     }
 }
@@ -843,7 +932,8 @@ fn resolve(src: &GpuBuffer, dst: &GpuBuffer, len: u64, method: CopyMethod) -> (b
             // arenas, imported host pointers) is the copy engine's, as on CPU devices.
             CopyMethod::Auto => {
                 let local = |b: &GpuBuffer| b.arena.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
-                let shader = device.info().device_type != DeviceType::Cpu && len >= SHADER_COPY_MIN && local(src) && local(dst);
+                let shader =
+                    device.info().device_type != DeviceType::Cpu && len >= SHADER_COPY_MIN && local(src) && local(dst);
                 (shader, Decided::Auto)
             }
             forced => (forced == CopyMethod::Shader, Decided::Env),
@@ -1005,7 +1095,15 @@ fn copy_inner(
     let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
     let start = Instant::now();
     let Some((shader, plan)) = plan else {
-        let gpu = submitter.submit_copy(&device, timed, &raw_waits, buffers, &whole, None, (shader_copy::Width::Vec4, &[], false))?;
+        let gpu = submitter.submit_copy(
+            &device,
+            timed,
+            &raw_waits,
+            buffers,
+            &whole,
+            None,
+            (shader_copy::Width::Vec4, &[], false),
+        )?;
         return Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Engine });
     };
     // One submission per SETS_PER_SUBMIT dispatches, the first with the engine's part and the

@@ -105,7 +105,9 @@ impl Release for Shared {
         let matches = view.session == SESSION
             && state.held[slot].as_ref().is_some_and(|h| {
                 let start = h.buffer.as_ptr() as usize;
-                h.seq == view.token && view.ptr as usize >= start && view.ptr as usize + view.len <= start + h.buffer.len()
+                h.seq == view.token
+                    && view.ptr as usize >= start
+                    && view.ptr as usize + view.len <= start + h.buffer.len()
             });
         if !matches {
             return Err(Error::InvalidState(format!(
@@ -192,7 +194,10 @@ impl MpiConsumer {
                     let body = &bytes[Header::LEN..];
                     let name_len = header.len as usize;
                     if body.len() != name_len + 8 {
-                        return Err(Error::Corrupt(format!("the producer's hello for channel {name:?} has {} bytes of body", body.len())));
+                        return Err(Error::Corrupt(format!(
+                            "the producer's hello for channel {name:?} has {} bytes of body",
+                            body.len()
+                        )));
                     }
                     let theirs = String::from_utf8_lossy(&body[..name_len]).into_owned();
                     if theirs != name {
@@ -457,7 +462,10 @@ impl MpiConsumer {
                     }
                     let payload = header.len as usize;
                     if payload == 0 || payload > self.max_len {
-                        return Err(self.corrupt(format!("sent a message of {payload} bytes; the channel's are 1 to {}", self.max_len)));
+                        return Err(self.corrupt(format!(
+                            "sent a message of {payload} bytes; the channel's are 1 to {}",
+                            self.max_len
+                        )));
                     }
                     if header.flags & FLAG_SPLIT != 0 {
                         if len != Header::LEN {
@@ -492,7 +500,8 @@ impl MpiConsumer {
                         self.name,
                         self.ep.peer
                     );
-                    self.gone = Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                    self.gone =
+                        Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
                 }
                 Kind::ReportRequest => {
                     self.recycle_landing(buffer);
@@ -508,7 +517,13 @@ impl MpiConsumer {
 
 /// Holds a received message (its payload at `start` in `buffer`) until it is released, and
 /// hands out its view; what is wrong when the producer sent more than the capacity allows.
-fn hold(state: &mut State, next: &mut u64, header: Header, buffer: Vec<u8>, start: usize) -> std::result::Result<RawView, String> {
+fn hold(
+    state: &mut State,
+    next: &mut u64,
+    header: Header,
+    buffer: Vec<u8>,
+    start: usize,
+) -> std::result::Result<RawView, String> {
     let len = header.len as usize;
     let slot = state.slot(header.seq);
     if state.held[slot].is_some() {
@@ -576,7 +591,12 @@ impl ConsumerTransport for MpiConsumer {
     }
 
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
-        if deadline.is_none() && self.busy && self.ep.thread_level == ThreadLevel::Multiple && self.partial.is_none() && self.gone.is_none() {
+        if deadline.is_none()
+            && self.busy
+            && self.ep.thread_level == ThreadLevel::Multiple
+            && self.partial.is_none()
+            && self.gone.is_none()
+        {
             // A busy wait without end: inside MPI, as a blocking receive waits. Whatever the
             // producer sends next (a message, its close, a request) lands in the oldest
             // receive posted ahead.

@@ -10,7 +10,6 @@ use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{Endpoint, Request};
 
-
 /// What an MPI send reads from, kept until the send is complete.
 enum Keep {
     /// A loan's buffer (header and payload), returned to the pool afterwards.
@@ -47,7 +46,12 @@ pub(crate) struct MpiProducer {
 impl MpiProducer {
     /// Connects to the consumer of `name` at `ep`: hello, then its acknowledgement, waiting up
     /// to the config's rendezvous timeout.
-    pub(crate) fn connect(name: &str, info: TransportInfo, config: &ChannelConfig, ep: Endpoint) -> Result<MpiProducer> {
+    pub(crate) fn connect(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        ep: Endpoint,
+    ) -> Result<MpiProducer> {
         let tags = tags_for(name, ep.tag_upper_bound)?;
         if config.capacity < 2 || !config.capacity.is_power_of_two() {
             return Err(Error::invalid(format!("capacity {} is not a power of two >= 2", config.capacity)));
@@ -95,7 +99,11 @@ impl MpiProducer {
                     }
                     // An answer to an earlier producer of this name that gave up: not ours.
                     Kind::Ack | Kind::Refuse | Kind::Credit | Kind::Closed => {}
-                    other => return Err(Error::Corrupt(format!("the consumer of channel {name:?} sent {other:?} before answering")))
+                    other => {
+                        return Err(Error::Corrupt(format!(
+                            "the consumer of channel {name:?} sent {other:?} before answering"
+                        )))
+                    }
                 }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -190,11 +198,15 @@ impl MpiProducer {
             return Ok(None);
         };
         if len > Header::LEN + 4096 {
-            return Err(Error::Corrupt(format!("the consumer of channel {:?} sent an answer of {len} bytes", self.name)));
+            return Err(Error::Corrupt(format!(
+                "the consumer of channel {:?} sent an answer of {len} bytes",
+                self.name
+            )));
         }
         let mut bytes = vec![0u8; len];
         // SAFETY: `bytes` has the `len` bytes the probe reported.
-        unsafe { self.ep.comm.recv_probed(bytes.as_mut_ptr(), len, self.ep.peer, self.tags.answers) }.map_err(|e| self.failed(e))?;
+        unsafe { self.ep.comm.recv_probed(bytes.as_mut_ptr(), len, self.ep.peer, self.tags.answers) }
+            .map_err(|e| self.failed(e))?;
         let header = Header::decode(&bytes, "consumer")?;
         Ok(Some((len, header, bytes.split_off(Header::LEN))))
     }
@@ -219,10 +231,17 @@ impl MpiProducer {
                         self.name,
                         self.ep.peer
                     );
-                    self.gone = Some(format!("the consumer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                    self.gone =
+                        Some(format!("the consumer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
                 }
                 Kind::Ack | Kind::Refuse => {}
-                other => return Err(Error::Corrupt(format!("the consumer of channel {:?} sent {}", self.name, other.describe()))),
+                other => {
+                    return Err(Error::Corrupt(format!(
+                        "the consumer of channel {:?} sent {}",
+                        self.name,
+                        other.describe()
+                    )))
+                }
             }
         }
         Ok(())
@@ -288,7 +307,10 @@ impl ProducerTransport for MpiProducer {
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
         self.check_len(len)?;
         if self.loan.is_some() {
-            return Err(Error::InvalidState(format!("channel {:?} already lends room for a message; publish or cancel it first", self.name)));
+            return Err(Error::InvalidState(format!(
+                "channel {:?} already lends room for a message; publish or cancel it first",
+                self.name
+            )));
         }
         let want = Header::LEN + len;
         // The consumer's answers and finished sends are looked at when they matter (half the
@@ -299,7 +321,11 @@ impl ProducerTransport for MpiProducer {
         }
         self.check_gone()?;
         if !self.has_room() {
-            return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.completed)));
+            return Err(Error::WouldBlock(format!(
+                "channel {:?} is full ({} messages in flight)",
+                self.name,
+                self.head - self.completed
+            )));
         }
         let mut buffer = self.pool.take(want);
         let ptr = buffer[Header::LEN..].as_mut_ptr();
@@ -334,7 +360,12 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
-    fn publish_filled(&mut self, loan: RawLoan, len: usize, fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>) -> Result<u64> {
+    fn publish_filled(
+        &mut self,
+        loan: RawLoan,
+        len: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         let Some(mut buffer) = self.loan.take().filter(|_| loan.token == self.head) else {
             return Err(Error::InvalidState(format!("that loan is not channel {:?}'s current one", self.name)));
         };
@@ -370,8 +401,11 @@ impl ProducerTransport for MpiProducer {
                     let close = Box::new(Header::new(Kind::Close, seq, 0).to_bytes());
                     let ptr = close.as_ptr();
                     // SAFETY: the box's heap memory is kept by the entry.
-                    let _ = unsafe { self.post_with(self.tags.chunks, ptr, Header::LEN, Keep::Hold(Box::new((close, buffer)))) };
-                    self.gone = Some(format!("channel {:?} was cut short: filling message {seq} failed: {e}", self.name));
+                    let _ = unsafe {
+                        self.post_with(self.tags.chunks, ptr, Header::LEN, Keep::Hold(Box::new((close, buffer))))
+                    };
+                    self.gone =
+                        Some(format!("channel {:?} was cut short: filling message {seq} failed: {e}", self.name));
                     return Err(e);
                 }
             }
@@ -418,13 +452,26 @@ impl ProducerTransport for MpiProducer {
             self.post_header(Header::new(Kind::ReportRequest, seq, 0))?;
             self.report_asked = seq + 1;
         }
-        self.wait_until(deadline, |p| p.completed > seq, &format!("message {seq} was not released by the consumer in time"))
+        self.wait_until(
+            deadline,
+            |p| p.completed > seq,
+            &format!("message {seq} was not released by the consumer in time"),
+        )
     }
 
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+    fn send_region(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         self.check_len(len)?;
         if offset.checked_add(len).map_or(true, |end| end > region.arena_len()) {
-            return Err(Error::invalid(format!("{len} bytes at offset {offset} overrun a region of {} bytes", region.arena_len())));
+            return Err(Error::invalid(format!(
+                "{len} bytes at offset {offset} overrun a region of {} bytes",
+                region.arena_len()
+            )));
         }
         self.wait_until(deadline, |p| p.has_room(), "no room: the consumer has not released enough messages")?;
         let header = self.next_header(len, FLAG_SPLIT | FLAG_ZERO_COPY | FLAG_REPORT);
@@ -465,7 +512,11 @@ impl ProducerTransport for MpiProducer {
         self.poll()?;
         self.check_gone()?;
         if !self.has_room() {
-            return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.completed)));
+            return Err(Error::WouldBlock(format!(
+                "channel {:?} is full ({} messages in flight)",
+                self.name,
+                self.head - self.completed
+            )));
         }
         self.send_region(region, offset, len, None)
     }

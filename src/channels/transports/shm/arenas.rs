@@ -31,7 +31,6 @@ pub(super) struct SentArenas {
     pub(super) sent: u64,
 }
 
-
 /// The arenas a consumer has mapped for one producer, by the id it gave them, and the last
 /// one used.
 #[derive(Default)]
@@ -39,7 +38,6 @@ pub(super) struct ReceivedArenas {
     pub(super) by_id: HashMap<u64, Arc<Mapping>>,
     pub(super) last: Option<(u64, Arc<Mapping>)>,
 }
-
 
 /// Maps an arena passed by a producer, read-only, after checking that it is a memory file
 /// sealed against shrinking (so that reading it can never fault) and holds at least `len`
@@ -95,7 +93,9 @@ impl ControlRecord {
         match self {
             ControlRecord::Arena { id, len } => format!("the record of arena {id} ({len} bytes)"),
             ControlRecord::Forget { id } => format!("the record forgetting arena {id}"),
-            ControlRecord::Attachment { route, bytes } => format!("an attachment of {} bytes for route {route}", bytes.len()),
+            ControlRecord::Attachment { route, bytes } => {
+                format!("an attachment of {} bytes for route {route}", bytes.len())
+            }
         }
     }
 

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
 use super::handshake;
-use super::ring::{check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED, MAX_ARENAS, POOL_ALIGN};
+use super::ring::{
+    check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
+    MAX_ARENAS, POOL_ALIGN,
+};
 use super::session::{OwnedSession, Session};
 use super::{note_peer_watch, peer_end};
 use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
@@ -42,7 +45,6 @@ pub(super) struct Link {
     /// The other routes' attachments read from the socket, until taken.
     pub(super) attachments: Vec<Section>,
 }
-
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
 /// can attach once the old one has gone.
@@ -81,7 +83,8 @@ impl ShmConsumer {
         let link = loop {
             match listener.accept(deadline, &mut refused, name)? {
                 None => {
-                    let mut msg = format!("no producer of channel {name:?} connected to {} in time", listener.path().display());
+                    let mut msg =
+                        format!("no producer of channel {name:?} connected to {} in time", listener.path().display());
                     if !refused.is_empty() {
                         msg.push_str(&format!("; refused: {}", refused.join("; ")));
                     }
@@ -240,7 +243,9 @@ impl ShmConsumer {
                 (ptr as *const u8, len, 0)
             }
             Ok(Slot::Arena) => return self.read_arena_slot(index, next),
-            Ok(Slot::Routed { route, len }) => (s.region.slot_inline(index) as *const u8, len, RawView::routed_flags(route)),
+            Ok(Slot::Routed { route, len }) => {
+                (s.region.slot_inline(index) as *const u8, len, RawView::routed_flags(route))
+            }
         };
         Ok(Some(self.hand_out(index, ptr, len, flags)))
     }
@@ -270,7 +275,9 @@ impl ShmConsumer {
                     self.receive_records(Some(id))?;
                 }
                 let Some(mapping) = self.link.arenas.by_id.get(&id).cloned() else {
-                    return Err(self.corrupt(format!("message {next} points into arena {id}, which the producer never passed")));
+                    return Err(
+                        self.corrupt(format!("message {next} points into arena {id}, which the producer never passed"))
+                    );
                 };
                 self.link.arenas.last = Some((id, Arc::clone(&mapping)));
                 mapping
@@ -327,7 +334,9 @@ impl ShmConsumer {
                 }
                 (ControlRecord::Attachment { route, bytes }, _) => {
                     if self.link.attachments.len() >= MAX_PENDING_ATTACHMENTS {
-                        return Err(self.corrupt(format!("more than {MAX_PENDING_ATTACHMENTS} attachments wait unread")));
+                        return Err(
+                            self.corrupt(format!("more than {MAX_PENDING_ATTACHMENTS} attachments wait unread"))
+                        );
                     }
                     self.link.attachments.push(Section { route, bytes, fds });
                 }
@@ -413,7 +422,8 @@ impl ShmConsumer {
         note_peer_watch(&mut self.info, &self.base_reason, &link.watch);
         let old = std::mem::replace(&mut self.link, link);
         if let Some(epoll) = &self.epoll {
-            for fd in [Some(old.eventfd.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten() {
+            for fd in [Some(old.eventfd.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten()
+            {
                 epoll.delete(fd);
             }
             self.register_link_fds()?;
@@ -438,7 +448,9 @@ impl ShmConsumer {
     }
 
     fn gone_error(&self) -> Error {
-        Error::PeerGone(self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)))
+        Error::PeerGone(
+            self.link.gone.clone().unwrap_or_else(|| format!("the producer of channel {:?} has gone", self.name)),
+        )
     }
 }
 
@@ -499,17 +511,28 @@ impl ConsumerTransport for ShmConsumer {
                 return Ok(());
             }
             if waiter.timed_out(now) {
-                return Err(Error::Timeout(format!("no message arrived on channel {:?} before the deadline", self.name)));
+                return Err(Error::Timeout(format!(
+                    "no message arrived on channel {:?} before the deadline",
+                    self.name
+                )));
             }
             if !waiter.spinning(now) {
                 let (session, watch) = (&self.link.session, &self.link.watch);
                 let region = &session.region;
                 let (next, slot_count) = (self.link.next, session.slot_count);
-                sleep_once(region.data_futex(), region.data_sleeping(), session.data_fast_wake, peer_end(watch), deadline, || {
-                    region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst) != expected_empty(next, slot_count)
-                        || region.producer_closed().load(Ordering::SeqCst) != 0
-                        || watch.alarmed()
-                });
+                sleep_once(
+                    region.data_futex(),
+                    region.data_sleeping(),
+                    session.data_fast_wake,
+                    peer_end(watch),
+                    deadline,
+                    || {
+                        region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst)
+                            != expected_empty(next, slot_count)
+                            || region.producer_closed().load(Ordering::SeqCst) != 0
+                            || watch.alarmed()
+                    },
+                );
                 // Rate-limited like every check where it polls: a woken sleep pays no syscall.
                 if self.producer_gone(false) {
                     return Ok(());
@@ -604,4 +627,3 @@ impl Drop for ShmConsumer {
         }
     }
 }
-

@@ -89,7 +89,8 @@ pub(super) fn offer(
         let words = WaitWords::map(&fds.control, &geometry)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(flags, Ordering::Release);
-        let eventfd_copy = eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
+        let eventfd_copy =
+            eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
         let attempt = (|| {
             let mut sections = vec![encode_section(&geometry, fds, eventfd_copy)];
             sections.extend(offers()?);
@@ -168,7 +169,8 @@ pub(super) fn accept(
             // Before the answer: the producer reads it once the answer arrives.
             let flags = wake_flags(membarrier::register(), wait);
             region.consumer_fast_wake().store(flags, Ordering::Release);
-            let (room_fast_wake, data_fast_wake) = fast_wake(flags, region.producer_fast_wake().load(Ordering::Acquire));
+            let (room_fast_wake, data_fast_wake) =
+                fast_wake(flags, region.producer_fast_wake().load(Ordering::Acquire));
             rendezvous::send_ack(&sock, rendezvous::ACK_OK, "", answers)?;
             sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
             let mut watch = PeerWatch::new(sock, cred.pid);
@@ -199,7 +201,10 @@ pub(super) fn accept(
 /// it can be fuzzed.
 pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
     if b.len() != SECTION_LEN {
-        return Err(Error::Corrupt(format!("the producer's shared-memory section has {} bytes, not {SECTION_LEN}", b.len())));
+        return Err(Error::Corrupt(format!(
+            "the producer's shared-memory section has {} bytes, not {SECTION_LEN}",
+            b.len()
+        )));
     }
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));

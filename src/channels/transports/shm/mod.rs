@@ -86,7 +86,8 @@ mod tests {
     #[test]
     fn the_report_notes_a_polled_peer() {
         let route = |class, reason: &str| Route { class, kind: TransportKind::Shm, reason: reason.to_owned() };
-        let mut info = TransportInfo::new(vec![route(PayloadClass::Host, "same host"), route(PayloadClass::Gpu, "staged")]);
+        let mut info =
+            TransportInfo::new(vec![route(PayloadClass::Host, "same host"), route(PayloadClass::Gpu, "staged")]);
         let (_a, b) = UnixStream::pair().unwrap();
         let mut blind = PeerWatch::new(b, 0);
         blind.arm(|| {});

@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use super::arenas::{ControlRecord, SentArenas, MAX_ATTACHMENT_LEN};
 use super::handshake;
+use super::ring::{
+    pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
+};
 use super::{note_peer_watch, peer_end};
-use super::ring::{pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED};
 use crate::channels::rendezvous::{self, End, EndLock, PeerWatch, Section};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
@@ -86,14 +88,23 @@ unsafe impl Send for ShmProducer {}
 
 impl std::fmt::Debug for ShmProducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmProducer").field("name", &self.name).field("head", &self.head).field("tail", &self.tail).finish()
+        f.debug_struct("ShmProducer")
+            .field("name", &self.name)
+            .field("head", &self.head)
+            .field("tail", &self.tail)
+            .finish()
     }
 }
 
 impl ShmProducer {
     /// Connects to the consumer of `name` and hands it a fresh region, with the other
     /// routes' sections that `offers` makes (anew for each attempt).
-    pub fn connect(name: &str, info: TransportInfo, config: &ChannelConfig, offers: &mut dyn FnMut() -> Result<Vec<Section>>) -> Result<Self> {
+    pub fn connect(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        offers: &mut dyn FnMut() -> Result<Vec<Section>>,
+    ) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
         // One producer at a time: a second one is refused here, not left waiting for a
@@ -162,7 +173,9 @@ impl ShmProducer {
         let first = !std::mem::replace(&mut self.gone_logged, true);
         if closed {
             if first {
-                log::info!("channel {name:?} (producer): the consumer (pid {pid}) closed its end; sends fail from now on");
+                log::info!(
+                    "channel {name:?} (producer): the consumer (pid {pid}) closed its end; sends fail from now on"
+                );
             }
             Error::PeerGone(format!("the consumer of channel {name:?} closed it"))
         } else {
@@ -269,7 +282,14 @@ impl ShmProducer {
         }
         let index = (self.head & self.mask) as usize;
         let pending = if len <= INLINE_MAX {
-            PendingLoan { token: self.head, ptr: self.region.slot_inline(index), len, kind: KIND_INLINE, pool_offset: 0, pool_end: self.pool_head }
+            PendingLoan {
+                token: self.head,
+                ptr: self.region.slot_inline(index),
+                len,
+                kind: KIND_INLINE,
+                pool_offset: 0,
+                pool_end: self.pool_head,
+            }
         } else {
             if len as u64 > self.region.geometry.pool_size || self.pool_refresh_due(len) {
                 return None;
@@ -351,7 +371,9 @@ impl ShmProducer {
     #[inline(never)]
     fn publish_error(&self, len: usize) -> Error {
         match self.loan {
-            Some(p) if len == 0 || len > p.len => Error::invalid(format!("publishing {len} bytes of a {}-byte loan", p.len)),
+            Some(p) if len == 0 || len > p.len => {
+                Error::invalid(format!("publishing {len} bytes of a {}-byte loan", p.len))
+            }
             _ => Error::InvalidState(format!(
                 "this loan is not the outstanding loan of channel {:?} (already published or cancelled?)",
                 self.name
@@ -446,7 +468,13 @@ impl ShmProducer {
 impl ShmProducer {
     /// Passes `attachments` over the socket, then publishes the slot lent by `loan` as route
     /// `route`'s `descriptor`, inline.
-    fn publish_routed(&mut self, loan: RawLoan, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>) -> Result<u64> {
+    fn publish_routed(
+        &mut self,
+        loan: RawLoan,
+        route: u32,
+        descriptor: &[u8],
+        attachments: &mut Vec<Section>,
+    ) -> Result<u64> {
         if !attachments.is_empty() {
             for attachment in attachments.drain(..) {
                 let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
@@ -545,13 +573,20 @@ impl ProducerTransport for ShmProducer {
                 let (head, slot_count) = (self.head, self.slot_count);
                 let tail_before = self.tail;
                 let watch = &self.watch;
-                sleep_once(region.room_futex(), region.room_sleeping(), self.room_fast_wake, peer_end(watch), deadline, || {
-                    let t = region.tail().load(Ordering::SeqCst);
-                    t != tail_before
-                        || head - t < slot_count && len <= INLINE_MAX
-                        || region.consumer_closed().load(Ordering::SeqCst) != 0
-                        || watch.alarmed()
-                });
+                sleep_once(
+                    region.room_futex(),
+                    region.room_sleeping(),
+                    self.room_fast_wake,
+                    peer_end(watch),
+                    deadline,
+                    || {
+                        let t = region.tail().load(Ordering::SeqCst);
+                        t != tail_before
+                            || head - t < slot_count && len <= INLINE_MAX
+                            || region.consumer_closed().load(Ordering::SeqCst) != 0
+                            || watch.alarmed()
+                    },
+                );
                 // Check the condition once more before the peer: a consumer may release and
                 // then close.
                 slept = true;
@@ -604,7 +639,13 @@ impl ProducerTransport for ShmProducer {
         self.tail
     }
 
-    fn send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize, deadline: Option<Instant>) -> Result<u64> {
+    fn send_region(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         self.check_region(region, offset, len)?;
         loop {
             // A buffer send needs a slot and no pool: a one-byte loan asks for exactly that.
@@ -625,7 +666,13 @@ impl ProducerTransport for ShmProducer {
         self.arenas.sent
     }
 
-    fn send_routed(&mut self, route: u32, descriptor: &[u8], attachments: &mut Vec<Section>, deadline: Option<Instant>) -> Result<u64> {
+    fn send_routed(
+        &mut self,
+        route: u32,
+        descriptor: &[u8],
+        attachments: &mut Vec<Section>,
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         if descriptor.is_empty() || descriptor.len() > INLINE_MAX || route > 0xff {
             return Err(Error::invalid(format!(
                 "a route descriptor of {} bytes for route {route}: it must have 1 to {INLINE_MAX} bytes and a route below 256",
@@ -633,7 +680,10 @@ impl ProducerTransport for ShmProducer {
             )));
         }
         if let Some(a) = attachments.iter().find(|a| a.bytes.len() > MAX_ATTACHMENT_LEN) {
-            return Err(Error::invalid(format!("an attachment of {} bytes exceeds {MAX_ATTACHMENT_LEN}", a.bytes.len())));
+            return Err(Error::invalid(format!(
+                "an attachment of {} bytes exceeds {MAX_ATTACHMENT_LEN}",
+                a.bytes.len()
+            )));
         }
         loop {
             // The descriptor goes inline: a loan of its length asks for a slot and no pool.
@@ -645,7 +695,11 @@ impl ProducerTransport for ShmProducer {
                 return self.publish_routed(loan, route, descriptor, attachments);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::WouldBlock(format!("channel {:?} is full ({} messages in flight)", self.name, self.head - self.tail)));
+                return Err(Error::WouldBlock(format!(
+                    "channel {:?} is full ({} messages in flight)",
+                    self.name,
+                    self.head - self.tail
+                )));
             }
             self.wait_for_room(descriptor.len(), deadline)?;
         }
@@ -692,9 +746,18 @@ impl ProducerTransport for ShmProducer {
             }
             if !waiter.spinning(now) {
                 let (region, watch) = (&self.region, &self.watch);
-                sleep_once(region.room_futex(), region.room_sleeping(), self.room_fast_wake, peer_end(watch), deadline, || {
-                    region.tail().load(Ordering::SeqCst) > seq || region.consumer_closed().load(Ordering::SeqCst) != 0 || watch.alarmed()
-                });
+                sleep_once(
+                    region.room_futex(),
+                    region.room_sleeping(),
+                    self.room_fast_wake,
+                    peer_end(watch),
+                    deadline,
+                    || {
+                        region.tail().load(Ordering::SeqCst) > seq
+                            || region.consumer_closed().load(Ordering::SeqCst) != 0
+                            || watch.alarmed()
+                    },
+                );
                 slept = true;
             }
         }
@@ -718,4 +781,3 @@ impl Drop for ShmProducer {
         }
     }
 }
-

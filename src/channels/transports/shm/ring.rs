@@ -97,7 +97,11 @@ pub enum Slot {
 /// the previous lap's message number + 1, or 0 on the first lap.
 #[inline]
 pub fn expected_empty(next: u64, slot_count: u64) -> u64 {
-    if next >= slot_count { next + 1 - slot_count } else { 0 }
+    if next >= slot_count {
+        next + 1 - slot_count
+    } else {
+        0
+    }
 }
 
 /// Whether `len` bytes at `offset` lie inside a pool of `pool_size` bytes.
@@ -110,7 +114,13 @@ pub fn in_pool(offset: u64, len: u64, pool_size: u64) -> bool {
 /// and the pool offset word) against the region's geometry: everything a consumer reads from
 /// a slot before it hands out a view. A pure function, so that it can be fuzzed. `Err` says
 /// what is wrong.
-pub fn check_slot(next: u64, geometry: &Geometry, seq: u64, len_kind: u64, pool_offset: u64) -> std::result::Result<Slot, String> {
+pub fn check_slot(
+    next: u64,
+    geometry: &Geometry,
+    seq: u64,
+    len_kind: u64,
+    pool_offset: u64,
+) -> std::result::Result<Slot, String> {
     let slot_count = u64::from(geometry.slot_count);
     let empty = expected_empty(next, slot_count);
     if seq == empty {
@@ -148,7 +158,8 @@ pub fn check_slot(next: u64, geometry: &Geometry, seq: u64, len_kind: u64, pool_
 /// small machine is faulted in as it is used instead.
 pub fn prefault_fits(len: usize) -> bool {
     let available_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:")?.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
     });
     available_kib.is_some_and(|kib| (len as u64) <= kib.saturating_mul(1024) / 4)
 }
@@ -224,7 +235,8 @@ impl Geometry {
             )));
         }
         let page = crate::os::mapping::page_size() as u64;
-        let too_large = || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
+        let too_large =
+            || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
         let pool_size = round_up(pool_size.max(page), page).ok_or_else(too_large)?;
         let slots_offset = round_up(HEADER_END as u64, page).ok_or_else(too_large)?;
         let slots_end = u64::from(slot_count).checked_mul(SLOT_SIZE as u64).and_then(|s| s.checked_add(slots_offset));
@@ -537,7 +549,9 @@ mod tests {
         assert_eq!((rc, errno()), (-1, Some(libc::EACCES)), "mprotect to writable is refused");
         let writable_map = |fd: i32| {
             // SAFETY: a fresh mapping at a kernel-chosen address; unmapped if it succeeds.
-            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            };
             if p != libc::MAP_FAILED {
                 // SAFETY: the mapping just made.
                 unsafe { libc::munmap(p, len) };

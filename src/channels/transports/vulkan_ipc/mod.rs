@@ -44,7 +44,8 @@ pub(crate) fn preview(context: &Context, carrier: TransportKind) -> Option<Route
     let device = context.gpu_device()?;
     let info = device.info();
     let sync = match probe_semaphore_sharing(device) {
-        Ok(()) => "GPU-side synchronisation through a shared timeline semaphore where the peer's device can import it".to_owned(),
+        Ok(()) => "GPU-side synchronisation through a shared timeline semaphore where the peer's device can import it"
+            .to_owned(),
         Err(why) => format!("host-side synchronisation (buffers are complete when sent), because {why}"),
     };
     Some(Route {

@@ -7,9 +7,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE};
+use super::wire::{
+    Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
+};
 use super::ROUTE_ID;
-use crate::channels::transport::{PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, Section, TransportKind};
+use crate::channels::transport::{
+    PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, Section, TransportKind,
+};
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
 use crate::memory::{Buffer, BufferOrigin, Context};
@@ -155,12 +159,19 @@ impl Receiver {
         if self.imports_semaphores {
             flags |= ANSWER_SEMAPHORE;
         }
-        Section::new(ROUTE_ID, Identity { flags, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid, declined: String::new() }.encode())
+        Section::new(
+            ROUTE_ID,
+            Identity { flags, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid, declined: String::new() }
+                .encode(),
+        )
     }
 
     /// The answer of a consumer that serves no GPU route, saying why (the producer stages).
     pub(crate) fn decline(why: &str) -> Section {
-        Section::new(ROUTE_ID, Identity { flags: 0, device_uuid: [0; 16], driver_uuid: [0; 16], declined: why.to_owned() }.encode())
+        Section::new(
+            ROUTE_ID,
+            Identity { flags: 0, device_uuid: [0; 16], driver_uuid: [0; 16], declined: why.to_owned() }.encode(),
+        )
     }
 
     /// Why this process's device cannot take the producer's semaphore.
@@ -199,30 +210,34 @@ impl RouteReceiver for Receiver {
         self.semaphore_fd = None;
         self.released = None;
         self.last_ready = 0;
-        self.staged = Some("the producer offers no GPU route (it has no Vulkan device, or vulkan_ipc is not allowed there)".into());
+        self.staged = Some(
+            "the producer offers no GPU route (it has no Vulkan device, or vulkan_ipc is not allowed there)".into(),
+        );
         let Some(offer) = offer else { return Ok(()) };
         let identity = Identity::decode(&offer.bytes, "producer")?;
         let mine = self.device.info();
         if identity.device_uuid != mine.device_uuid || identity.driver_uuid != mine.driver_uuid {
             // The producer stages: nothing of its device is imported here.
-            self.staged = Some(format!("it uses another GPU or driver (deviceUUID {})", format_uuid(&identity.device_uuid)));
+            self.staged =
+                Some(format!("it uses another GPU or driver (deviceUUID {})", format_uuid(&identity.device_uuid)));
             return Ok(());
         }
         self.staged = None;
         let wants_released = identity.flags & OFFER_RELEASED != 0;
         let mut fds = offer.fds.into_iter();
-        let (fd, released_fd) = match (identity.flags & OFFER_SEMAPHORE != 0, wants_released, fds.next(), fds.next(), fds.next()) {
-            (true, false, Some(fd), None, None) => (fd, None),
-            (true, true, Some(fd), Some(released), None) => (fd, Some(released)),
-            (false, false, None, None, None) => {
-                self.no_semaphore = match self.imports_semaphores {
-                    false => self.own_semaphore_gap(),
-                    true => "the producer's driver cannot share timeline semaphores".into(),
-                };
-                return Ok(());
-            }
-            _ => return Err(self.corrupt("offer's semaphore flag and descriptors disagree".into())),
-        };
+        let (fd, released_fd) =
+            match (identity.flags & OFFER_SEMAPHORE != 0, wants_released, fds.next(), fds.next(), fds.next()) {
+                (true, false, Some(fd), None, None) => (fd, None),
+                (true, true, Some(fd), Some(released), None) => (fd, Some(released)),
+                (false, false, None, None, None) => {
+                    self.no_semaphore = match self.imports_semaphores {
+                        false => self.own_semaphore_gap(),
+                        true => "the producer's driver cannot share timeline semaphores".into(),
+                    };
+                    return Ok(());
+                }
+                _ => return Err(self.corrupt("offer's semaphore flag and descriptors disagree".into())),
+            };
         if !self.imports_semaphores {
             self.no_semaphore = self.own_semaphore_gap();
             return Ok(());
@@ -248,7 +263,9 @@ impl RouteReceiver for Receiver {
         }
         let sync = match &self.semaphore {
             Some(_) => "GPU-side synchronisation through the producer's timeline semaphore".to_owned(),
-            None => format!("host-side synchronisation (buffers are complete when sent), because {}", self.no_semaphore),
+            None => {
+                format!("host-side synchronisation (buffers are complete when sent), because {}", self.no_semaphore)
+            }
         };
         Route {
             class: PayloadClass::Gpu,
@@ -325,17 +342,24 @@ impl RouteReceiver for Receiver {
         if d.slot >= MAX_SLOTS {
             return Err(self.corrupt(format!("names slot {}, beyond the {MAX_SLOTS} a channel uses", d.slot)));
         }
-        let Some(arena) = self.arenas.get(d.slot as usize).and_then(Option::as_ref).filter(|a| a.generation == d.generation) else {
+        let Some(arena) =
+            self.arenas.get(d.slot as usize).and_then(Option::as_ref).filter(|a| a.generation == d.generation)
+        else {
             // Its arena's attachment has not been read yet (the caller reads and retries).
             return Ok(None);
         };
         let size = arena.arena.size;
         if d.len == 0 || d.offset.checked_add(d.len).map_or(true, |end| end > size) {
-            return Err(self.corrupt(format!("names {} bytes at offset {} of an arena of {size} bytes", d.len, d.offset)));
+            return Err(
+                self.corrupt(format!("names {} bytes at offset {} of an arena of {size} bytes", d.len, d.offset))
+            );
         }
         if d.ready_value != 0 {
             if arena.arena.semaphore.is_none() {
-                return Err(self.corrupt(format!("names ready value {} but shares no semaphore ({})", d.ready_value, self.no_semaphore)));
+                return Err(self.corrupt(format!(
+                    "names ready value {} but shares no semaphore ({})",
+                    d.ready_value, self.no_semaphore
+                )));
             }
             if d.ready_value < self.last_ready {
                 return Err(self.corrupt(format!(
@@ -360,7 +384,10 @@ impl RouteReceiver for Receiver {
     fn ready_semaphore(&self) -> Result<OwnedFd> {
         match &self.semaphore_fd {
             Some(fd) => fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e)),
-            None => Err(Error::Unsupported(format!("the channel shares no semaphore with its producer: {}", self.no_semaphore))),
+            None => Err(Error::Unsupported(format!(
+                "the channel shares no semaphore with its producer: {}",
+                self.no_semaphore
+            ))),
         }
     }
 }

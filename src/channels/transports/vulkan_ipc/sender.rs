@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::wire::{Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE};
+use super::wire::{
+    Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
+};
 use super::ROUTE_ID;
 use crate::channels::transport::{Packed, PayloadClass, Route, RouteSender, Section, TransportKind};
 use crate::error::{Error, Result};
@@ -58,7 +60,12 @@ impl Offer {
     /// This route's section of the hello (a new semaphore descriptor each time).
     pub(crate) fn sections(&mut self) -> Result<Vec<Section>> {
         let info = self.device.info();
-        let mut identity = Identity { flags: 0, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid, declined: String::new() };
+        let mut identity = Identity {
+            flags: 0,
+            device_uuid: info.device_uuid,
+            driver_uuid: info.driver_uuid,
+            declined: String::new(),
+        };
         let mut fds = Vec::new();
         if let Some(semaphore) = &self.semaphore {
             identity.flags |= OFFER_SEMAPHORE;
@@ -76,7 +83,10 @@ impl Offer {
     pub(crate) fn accept(self, channel: &str, answers: Vec<Section>) -> Result<std::result::Result<Sender, String>> {
         let mine = self.device.info();
         let why = match answers.into_iter().find(|s| s.route == ROUTE_ID) {
-            None => Some("the consumer offers no GPU route (vulkan_ipc is not allowed there, or it runs an older lava-flow)".to_owned()),
+            None => Some(
+                "the consumer offers no GPU route (vulkan_ipc is not allowed there, or it runs an older lava-flow)"
+                    .to_owned(),
+            ),
             Some(section) => {
                 let peer = Identity::decode(&section.bytes, "consumer")?;
                 if peer.flags & ANSWER_GPU == 0 {
@@ -200,7 +210,10 @@ impl Sender {
             .collect();
         for id in done {
             let gone = self.arenas.remove(&id).expect("listed above");
-            attachments.push(Section::new(ROUTE_ID, Attachment::Forget { slot: gone.slot, generation: gone.generation }.encode()));
+            attachments.push(Section::new(
+                ROUTE_ID,
+                Attachment::Forget { slot: gone.slot, generation: gone.generation }.encode(),
+            ));
             self.free_slots.push(gone.slot);
             if self.last.is_some_and(|(last, _, _)| last == id) {
                 self.last = None;
@@ -259,7 +272,15 @@ impl RouteSender for Sender {
         &self.route
     }
 
-    fn pack(&mut self, buffer: &Buffer, offset: usize, len: usize, ready_value: u64, completed: u64, out: &mut Packed) -> Result<()> {
+    fn pack(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        completed: u64,
+        out: &mut Packed,
+    ) -> Result<()> {
         // Allocated here (a view of such a buffer too): a received buffer is the producer's.
         let Some((gpu, start)) = buffer.gpu_region().filter(|_| buffer.origin() == BufferOrigin::Allocated) else {
             return Err(Error::Unsupported(format!(
@@ -276,7 +297,10 @@ impl RouteSender for Sender {
         }
         if ready_value != 0 {
             if self.semaphore.is_none() {
-                return Err(Error::Unsupported(format!("this channel cannot wait for a ready value: {}", self.route.reason)));
+                return Err(Error::Unsupported(format!(
+                    "this channel cannot wait for a ready value: {}",
+                    self.route.reason
+                )));
             }
             if ready_value < self.last_ready {
                 return Err(Error::invalid(format!(
@@ -291,7 +315,8 @@ impl RouteSender for Sender {
             self.sweep(completed, &mut out.attachments);
         }
         let (slot, generation) = self.slot_of(gpu, completed, &mut out.attachments)?;
-        let descriptor = Descriptor { slot, generation, offset: gpu.offset() + start + offset as u64, len: len as u64, ready_value };
+        let descriptor =
+            Descriptor { slot, generation, offset: gpu.offset() + start + offset as u64, len: len as u64, ready_value };
         out.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
         out.descriptor_len = Descriptor::LEN;
         Ok(())
@@ -306,7 +331,10 @@ impl RouteSender for Sender {
     fn ready_semaphore(&self) -> Result<OwnedFd> {
         match &self.semaphore {
             Some(s) => s.export_fd(),
-            None => Err(Error::Unsupported(format!("the channel shares no semaphore with its consumer: {}", self.route.reason))),
+            None => Err(Error::Unsupported(format!(
+                "the channel shares no semaphore with its consumer: {}",
+                self.route.reason
+            ))),
         }
     }
 

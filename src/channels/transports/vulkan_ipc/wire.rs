@@ -108,7 +108,8 @@ impl Attachment {
         }
         match (kind, bytes.len() - 12, fds) {
             (ATTACH_ANNOUNCE, GpuExportDesc::SIZE, 1) => {
-                let desc = GpuExportDesc::from_bytes(&bytes[12..]).map_err(|e| bad(format!("describes no valid export: {e}")))?;
+                let desc = GpuExportDesc::from_bytes(&bytes[12..])
+                    .map_err(|e| bad(format!("describes no valid export: {e}")))?;
                 Ok(Attachment::Announce { slot, generation, desc })
             }
             (ATTACH_FORGET, 0, 0) => Ok(Attachment::Forget { slot, generation }),
@@ -142,11 +143,21 @@ impl Descriptor {
 
     pub(super) fn decode(bytes: &[u8]) -> Result<Descriptor> {
         if bytes.len() != Self::LEN {
-            return Err(Error::Corrupt(format!("a GPU buffer descriptor has {} bytes, not {}", bytes.len(), Self::LEN)));
+            return Err(Error::Corrupt(format!(
+                "a GPU buffer descriptor has {} bytes, not {}",
+                bytes.len(),
+                Self::LEN
+            )));
         }
         let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        Ok(Descriptor { slot: u32_at(0), generation: u32_at(4), offset: u64_at(8), len: u64_at(16), ready_value: u64_at(24) })
+        Ok(Descriptor {
+            slot: u32_at(0),
+            generation: u32_at(4),
+            offset: u64_at(8),
+            len: u64_at(16),
+            ready_value: u64_at(24),
+        })
     }
 }
 
