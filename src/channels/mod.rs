@@ -15,7 +15,7 @@
 //! payloads the carrier cannot hold (GPU memory) with descriptors the carrier carries in
 //! order. [`transports`] is the one module that names the implementations and chooses among
 //! them; a transport added there (MPI: a carrier with its own rendezvous) needs no change here.
-//! [`wait`] is the wait protocol any same-host transport uses.
+//! `wait` is the wait protocol any same-host transport uses.
 //!
 //! `LF_TRANSPORTS` (like `UCX_TLS`) restricts the choice, e.g. `LF_TRANSPORTS=shm`; when none
 //! of the listed transports can carry the channel, creation fails and says why for each.
@@ -23,7 +23,7 @@
 //! Messages are FIFO and delivered exactly once. The producer copies into the channel's
 //! shared pool ([`Producer::send`]), writes in place ([`Producer::loan`]), or sends a region
 //! of a lava-flow buffer by reference ([`Producer::send_buffer`]; `send` does so by itself
-//! for bytes inside a buffer of the channel's [`Context`](crate::memory::Context)): the
+//! for bytes inside a buffer of the channel's [`Context`]): the
 //! consumer maps the buffer's arena once per channel and reads the bytes where they lie. The
 //! consumer reads a zero-copy [`Message`] view and releases it (on drop), which the producer
 //! sees as completion ([`Producer::completed`]): then a sent buffer may be reused. A GPU

@@ -400,7 +400,7 @@ const CLEANUP_WAIT: Duration = Duration::from_secs(2);
 ///   its lock file is removed all the same).
 /// - Another lock file is in its place: a new end's, left alone.
 /// - The peer's lock file is held: the peer is still dying (a killed process lets go of its
-///   locks only after its memory is unmapped), so this waits up to [`CLEANUP_WAIT`] for its
+///   locks only after its memory is unmapped), so this waits up to `CLEANUP_WAIT` for its
 ///   pidfd; held after the exit, it is a child's the peer forked, left alone.
 pub fn clean_after_peer(name: &str, end: End, peer: &PeerWatch, peer_lock: Option<FileId>) {
     let (Ok(path), Ok(socket)) = (lock_path(name, end), socket_path(name)) else { return };

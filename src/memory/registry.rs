@@ -8,7 +8,7 @@
 //!
 //! Buffers that lie in a memory file (allocated and imported CPU memory) also keep their
 //! arena here, so that a channel can send bytes found in them by reference
-//! ([`Registry::find_shareable`]). That lookup runs on every copy send, so it starts with two
+//! (`Registry::find_shareable`). That lookup runs on every copy send, so it starts with two
 //! lock-free checks: no shareable buffer at all, or an address outside the span they cover.
 
 use std::collections::{BTreeMap, HashMap};

@@ -11,8 +11,8 @@
 //!
 //! Adding a transport: a module here that implements the carrier traits
 //! ([`ProducerTransport`], [`ConsumerTransport`]) or the route traits
-//! ([`RouteSender`](super::transport::RouteSender), [`RouteReceiver`](super::transport::RouteReceiver)),
-//! a variant in the enums below, and its case in [`plan`] and the connect
+//! ([`RouteSender`], [`RouteReceiver`]),
+//! a variant in the enums below, and its case in `plan` and the connect
 //! functions. Nothing in the channel core changes. A remote carrier brings its own
 //! rendezvous (the peer's address comes from its location) and has no descriptors to pass:
 //! GPU buffers to a remote peer are staged through host memory by the core, as to a local peer

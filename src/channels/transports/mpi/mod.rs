@@ -4,14 +4,14 @@
 //! - **Addressing.** The peer's location comes from MPI discovery and carries its world and
 //!   rank. A channel uses three tags derived from its name (checked against `MPI_TAG_UB`): one
 //!   for the producer's messages, one for the consumer's answers, one for the chunks of large
-//!   messages ([`Tags`]).
+//!   messages (`Tags`).
 //! - **Rendezvous.** The producer sends a hello (channel name, capacity, largest message,
 //!   a nonce); the consumer checks the name and answers with an acknowledgement (or a refusal
 //!   saying why). Either may start first: MPI holds the hello until the consumer looks.
-//! - **Messages.** Every message starts with a [`Header`] (sequence number, length, flags).
-//!   Up to [`CHUNK`] bytes go in one MPI message with their header; longer ones, and buffer
+//! - **Messages.** Every message starts with a `Header` (sequence number, length, flags).
+//!   Up to `CHUNK` bytes go in one MPI message with their header; longer ones, and buffer
 //!   sends (sent from the buffer itself, not copied), go as the header alone followed by
-//!   chunks of [`CHUNK`] bytes on a tag of their own, all posted at once, so that several are
+//!   chunks of `CHUNK` bytes on a tag of their own, all posted at once, so that several are
 //!   in flight. The consumer keeps a few receives posted ahead for the next headers, so that
 //!   MPI puts messages straight where they are read. MPI keeps
 //!   messages of one source and tag in order; the consumer checks every header (magic, kind,

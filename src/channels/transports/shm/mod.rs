@@ -2,7 +2,7 @@
 //! of one host.
 //!
 //! Two memfds hold a ring of message slots and a payload pool, the part only the producer
-//! writes sealed against the consumer ([`ring`] has the layout).
+//! writes sealed against the consumer (`ring` has the layout).
 //! Sending a message writes its slot (and, for a large one, its pool bytes) and then the
 //! slot's `seq` word; that store is the only synchronisation on the fast path. Afterwards the
 //! producer reads the consumer's "sleeping" flags, a cache line the consumer writes only when
@@ -11,15 +11,15 @@
 //!
 //! What a slot carries:
 //! - bytes inline (up to 112) or in the pool: copies and loans;
-//! - (arena, offset, len) of a lava-flow CPU buffer: buffer sends by reference ([`arenas`]
+//! - (arena, offset, len) of a lava-flow CPU buffer: buffer sends by reference (`arenas`
 //!   has the protocol: each arena's fd goes once per channel over the rendezvous socket);
 //! - another route's descriptor, inline and unread (a GPU buffer's, say), with the route's
 //!   records passed over the socket before it: so every message of a channel, whatever route
 //!   carries its payload, takes one place in one order.
 //!
-//! The files: [`handshake`] (the rendezvous section this transport offers and the consumer's
-//! checks), [`producer`], [`session`] (what the views of one producer's messages share, and
-//! how releases become the tail the producer reads), [`consumer`], [`arenas`].
+//! The files: `handshake` (the rendezvous section this transport offers and the consumer's
+//! checks), `producer`, `session` (what the views of one producer's messages share, and
+//! how releases become the tail the producer reads), `consumer`, `arenas`.
 //!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
 //! process's watcher (`os::watcher`) watch them: when the peer's process exits or its socket
