@@ -1,32 +1,24 @@
-# Runs cargo for the lava_flow library (invoked by the top-level CMakeLists.txt at build time
+# Runs cargo for the lava_flow library, the package lava-flow-c in crates/c-api/artifact (invoked by the top-level CMakeLists.txt at build time
 # with -DCARGO=... -DSOURCE_DIR=... -DTARGET_DIR=... -DPROFILE=... -DFEATURES=...
 # -DNATIVE_LIBS_FILE=... -DSONAME=... and, to build the lf-info tool too, -DTOOLS=ON).
 #
 # Next to the shared library it links SONAME (the name programs linked against it look for)
 # to it, so that in-tree programs find it at run time.
 #
-# With TOOLS, the library is built with the cargo feature `cli` as well (the tool's argument
-# parser; the library's code does not change), so that the tool's build reuses the library
-# cargo just built instead of building it again with other features.
+# With TOOLS, lf-info (crates/tools) is built with the same features, so that it reuses the
+# core cargo just built.
 #
 # It also checks that the system libraries Rust says the static library needs
 # (`--print native-static-libs`) are all listed in cmake/LavaFlowNativeLibs.cmake, which
 # is what LavaFlow::lava_flow_static puts in its link interface. rustc prints the list only
 # when it links, so the last list seen is kept in TARGET_DIR/native-static-libs.txt.
 cmake_minimum_required(VERSION 3.22)
-if(TOOLS)
-  if(FEATURES)
-    set(FEATURES "${FEATURES},cli")
-  else()
-    set(FEATURES "cli")
-  endif()
-endif()
 set(features_arg "")
 if(FEATURES)
   set(features_arg --features "${FEATURES}")
 endif()
 execute_process(
-  COMMAND "${CARGO}" rustc --lib --profile "${PROFILE}" ${features_arg}
+  COMMAND "${CARGO}" rustc -p lava-flow-c --lib --profile "${PROFILE}" ${features_arg}
           --manifest-path "${SOURCE_DIR}/Cargo.toml" --target-dir "${TARGET_DIR}"
           -- --print=native-static-libs
   RESULT_VARIABLE rc
@@ -38,7 +30,7 @@ if(NOT rc EQUAL 0)
 endif()
 if(TOOLS)
   execute_process(
-    COMMAND "${CARGO}" build --bin lf-info --profile "${PROFILE}" ${features_arg}
+    COMMAND "${CARGO}" build -p lava-flow-tools --bin lf-info --profile "${PROFILE}" ${features_arg}
             --manifest-path "${SOURCE_DIR}/Cargo.toml" --target-dir "${TARGET_DIR}"
     RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)

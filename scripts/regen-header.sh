@@ -2,5 +2,5 @@
 # Regenerates include/lava_flow.h from the Rust sources (cbindgen.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LF_BLESS_HEADER=1 cargo test --quiet --test header header_is_up_to_date
+LF_BLESS_HEADER=1 cargo test --quiet -p lava-flow-c-api --test header header_is_up_to_date
 echo "include/lava_flow.h regenerated"

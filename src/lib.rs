@@ -11,8 +11,9 @@
 //! - [`logging`]: what lava-flow chose, every fallback it took and peers it lost, through the
 //!   `log` crate (`LF_LOG_LEVEL`; the C API's `lf_set_log_callback`).
 //! - [`env`](mod@env): every `LF_*` environment variable lava-flow reads, with its default.
-//! - [`ffi`]: the C API (`include/lava_flow.h`), a thin layer over the Rust API. It is the
-//!   only module cbindgen reads (`tests/header.rs` generates the header from `src/ffi/`).
+//!
+//! The C API (`include/lava_flow.h`, `liblava_flow.so`) is a thin layer over this crate, in
+//! crates/c-api; the tools (`lf-info`, the benchmarks) are in crates/tools.
 
 // An `unsafe fn`'s body is not one unsafe block: each unsafe operation in it says why it holds.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -21,7 +22,6 @@ pub mod channels;
 pub mod config;
 pub mod env;
 pub mod error;
-pub mod ffi;
 pub mod logging;
 pub mod memory;
 pub mod mpi;

@@ -59,7 +59,9 @@ pub const LEVEL_NAMES: [&str; 6] = ["off", "error", "warn", "info", "debug", "tr
 
 /// What a callback gets for each record: its level, its target (the module, such as
 /// `lava_flow::channels::producer`) and its message, on one line.
-pub(crate) type Sink = Box<dyn Fn(Level, &str, &str) + Send + Sync>;
+/// Where records go instead of stderr: the C API's callback.
+#[doc(hidden)]
+pub type Sink = Box<dyn Fn(Level, &str, &str) + Send + Sync>;
 
 /// lava-flow's logger: stderr, or the sink.
 struct Logger;
@@ -172,7 +174,8 @@ fn level_name(level: LevelFilter) -> &'static str {
 /// Sends every record to `sink` instead of stderr (`None`: stderr again). Returns once no call
 /// of the previous sink is in progress, so that what it uses may be freed. Refused from inside
 /// the sink itself, which would wait for itself.
-pub(crate) fn set_sink(sink: Option<Sink>) -> Result<()> {
+#[doc(hidden)]
+pub fn set_sink(sink: Option<Sink>) -> Result<()> {
     init();
     if IN_SINK.try_with(Cell::get).unwrap_or(false) {
         return Err(Error::InvalidState(

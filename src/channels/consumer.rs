@@ -211,7 +211,10 @@ impl Consumer {
     /// The payload a routed view names, reading the attachments that came before it. A view
     /// that cannot be resolved is released before the error is returned.
     #[inline]
-    pub(crate) fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
         let result = self.try_resolve(view);
         if result.is_err() {
             let _ = self.transport.release(view);
@@ -300,14 +303,20 @@ impl Consumer {
     /// [`recv_raw`](Self::recv_raw) waiting up to `timeout` (`None`: forever), reading the
     /// clock only when no message is waiting.
     #[inline]
-    pub(crate) fn recv_raw_within(&mut self, timeout: Option<Duration>) -> Result<RawView> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn recv_raw_within(&mut self, timeout: Option<Duration>) -> Result<RawView> {
         match self.transport.recv_fast() {
             Some(view) => Ok(view),
             None => self.recv_raw(super::deadline_after(timeout)),
         }
     }
 
-    pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn try_recv_raw(&mut self) -> Result<RawView> {
         let view = self.transport.try_recv().map_err(|e| self.gone(e))?;
         self.after_receive(view)
     }
@@ -324,7 +333,10 @@ impl Consumer {
     }
 
     /// Releases a view received with `recv_raw` (the C API's path: views are plain values).
-    pub(crate) fn release_raw(&mut self, view: &RawView) -> Result<()> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn release_raw(&mut self, view: &RawView) -> Result<()> {
         self.transport.release(view)
     }
 

@@ -128,7 +128,10 @@ impl Producer {
     /// all). The clock is read only when there is no room at once, so that a timeout costs
     /// nothing when it is not reached.
     #[inline]
-    pub(crate) fn send_within(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn send_within(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
         if let Some((memory, offset)) = self.shareable(data) {
             match self.send_shared(memory, offset, data.len(), timeout) {
                 Err(Error::Unsupported(_)) => {}
@@ -200,7 +203,10 @@ impl Producer {
 
     /// A loan: the transport's inlined fast path first, then the full one.
     #[inline]
-    pub(crate) fn loan_raw(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn loan_raw(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
         match self.transport.loan_fast(len) {
             Some(raw) => Ok(raw),
             None => self.loan_slow(len, timeout),
@@ -216,11 +222,17 @@ impl Producer {
     }
 
     #[inline]
-    pub(crate) fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         self.transport.publish(loan, len)
     }
 
-    pub(crate) fn cancel_raw(&mut self, loan: RawLoan) {
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn cancel_raw(&mut self, loan: RawLoan) {
         self.transport.cancel(loan)
     }
 
@@ -333,7 +345,10 @@ impl Producer {
 
     /// A buffer send waiting for room up to `timeout` (`None`: forever; zero: not at all),
     /// reading the clock only when there is no room at once.
-    pub(crate) fn send_buffer_within(
+    /// For language bindings (the C API), which hold messages and loans without lifetimes;
+    /// Rust code uses the typed methods.
+    #[doc(hidden)]
+    pub fn send_buffer_within(
         &mut self,
         buffer: &Buffer,
         offset: usize,

@@ -213,6 +213,11 @@ impl Context {
         Buffer::new(parts, &self.inner.registry, true)
     }
 
+    /// Whether `buffer` is user memory registered with this context.
+    pub fn holds_registered(&self, buffer: &Buffer) -> bool {
+        buffer.origin() == BufferOrigin::Registered && Arc::ptr_eq(buffer.registry(), &self.inner.registry)
+    }
+
     /// Forgets a registered buffer (the same as dropping it), checking that it is registered
     /// user memory of this context.
     pub fn deregister(&self, buffer: Buffer) -> Result<()> {

@@ -58,7 +58,8 @@ pub enum MemoryLocation {
 }
 
 /// Wire and C codes of the locations (`LF_MEMORY_*`). Stable: they travel in export handles.
-pub(crate) mod code {
+#[doc(hidden)]
+pub mod code {
     pub const CPU_STANDARD: u32 = 1;
     pub const CPU_NUMA: u32 = 2;
     pub const CPU_HUGEPAGE_2MB: u32 = 3;

@@ -25,7 +25,7 @@
 //! `{"peer":"iceoryx2","size":64,"touch":false,"iters":5000,"p50_ns":..,"p99_ns":..,"p999_ns":..,
 //! "spin_before_p50_ns":..,"spin_after_p50_ns":..}`.
 
-#[path = "../../../src/bin/lf-bench/pingpong.rs"]
+#[path = "../../../crates/tools/src/bin/lf-bench/pingpong.rs"]
 mod pingpong;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -192,7 +192,7 @@ pub(crate) fn free_handle<T: HandleType>(handle: *mut T, arg: &str) -> FfiResult
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::location::lf_location;
+    use crate::location::lf_location;
 
     struct Probe(u64);
     impl HandleType for Probe {

@@ -20,13 +20,13 @@
 
 use std::ffi::{CStr, CString};
 
-use lava_flow::ffi::alloc::lf_alloc;
-use lava_flow::ffi::buffer::{lf_buffer, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
-use lava_flow::ffi::channel::*;
-use lava_flow::ffi::context::{lf_context, lf_context_config, lf_context_create, lf_context_free};
-use lava_flow::ffi::device::LF_GPU_DISABLED;
-use lava_flow::ffi::location::{lf_location, lf_location_detect, lf_location_free, lf_location_node_id, LF_UNSET};
-use lava_flow::ffi::status::{lf_last_error_message, lf_status};
+use lava_flow_c_api::alloc::lf_alloc;
+use lava_flow_c_api::buffer::{lf_buffer, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
+use lava_flow_c_api::channel::*;
+use lava_flow_c_api::context::{lf_context, lf_context_config, lf_context_create, lf_context_free};
+use lava_flow_c_api::device::LF_GPU_DISABLED;
+use lava_flow_c_api::location::{lf_location, lf_location_detect, lf_location_free, lf_location_node_id, LF_UNSET};
+use lava_flow_c_api::status::{lf_last_error_message, lf_status};
 
 use crate::options::human;
 use crate::pingpong::{in_turn, ping_pong, read_all, Percentiles};

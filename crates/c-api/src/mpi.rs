@@ -1,5 +1,5 @@
 //! `lf_mpi`: lava-flow's membership in the application's MPI job, and every process of it by
-//! rank and by name (the Rust API is `crate::mpi::MpiWorld`).
+//! rank and by name (the Rust API is `lava_flow::mpi::MpiWorld`).
 //!
 //! Ownership: an `lf_mpi` is owned by the caller that joined and released with `lf_mpi_free`,
 //! which finalizes MPI when lava-flow initialised it and this was its last `lf_mpi`. The
@@ -16,7 +16,7 @@ use super::status::lf_status;
 use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
 };
-use crate::mpi::{Communicator, MpiWorld, ThreadLevel};
+use lava_flow::mpi::{Communicator, MpiWorld, ThreadLevel};
 
 /// `comm` argument of `lf_mpi_join`: MPI_COMM_WORLD. (Outside the range of an `MPI_Fint`, so it
 /// can never be mistaken for a communicator.)
@@ -261,7 +261,7 @@ pub unsafe extern "C" fn lf_mpi_free(mpi: *mut lf_mpi) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::tests::last_error;
+    use crate::tests::last_error;
     use std::ptr;
 
     #[test]

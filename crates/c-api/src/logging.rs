@@ -1,11 +1,11 @@
 //! Logging for C: the level (`lf_set_log_level`) and a callback that takes the records instead
-//! of stderr (`lf_set_log_callback`). The Rust side is `crate::logging`.
+//! of stderr (`lf_set_log_callback`). The Rust side is `lava_flow::logging`.
 
 use std::ffi::{c_char, c_void, CString};
 
 use super::status::lf_status;
 use super::{boundary, Failure};
-use crate::logging;
+use lava_flow::logging;
 
 /// The level of a log record, and the levels `lf_set_log_level` accepts: each lets through
 /// the records of its own level and the more severe ones. `LF_LOG_LEVEL` names them `off`,
@@ -130,7 +130,7 @@ pub extern "C" fn lf_set_log_level(level: u32) -> lf_status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::tests::last_error;
+    use crate::tests::last_error;
 
     #[test]
     fn levels_are_checked() {

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
-use crate::error::Error;
+use lava_flow::error::Error;
 
 /// The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a
 /// class of failure, and `lf_last_error_message()` says what exactly went wrong.
@@ -65,6 +65,8 @@ impl lf_status {
             Error::PeerGone(_) => LF_ERR_PEER_GONE,
             Error::Corrupt(_) => LF_ERR_CORRUPT,
             Error::InvalidState(_) => LF_ERR_INVALID_STATE,
+            // (Error is non_exhaustive: a new kind is internal until it gets a status of its own.)
+            _ => LF_ERR_INTERNAL,
         }
     }
 

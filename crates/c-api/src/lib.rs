@@ -27,8 +27,8 @@ pub mod status;
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::error::Error;
 pub(crate) use handle::{free_handle, handle_ref, new_handle};
+use lava_flow::error::Error;
 use status::{lf_status, set_last_error};
 
 /// Why an exported function failed: the status to return and the message to keep.
@@ -129,7 +129,7 @@ pub(crate) mod tests {
         // SAFETY: lf_last_error_message returns a valid thread-local C string.
         unsafe { CStr::from_ptr(status::lf_last_error_message()) }.to_string_lossy().into_owned()
     }
-    use crate::ffi::status::lf_last_error_message;
+    use crate::status::lf_last_error_message;
     use std::ffi::CStr;
 
     #[test]

@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 use super::location::LF_UNSET;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
-use crate::memory::location::code;
-use crate::memory::{Buffer, BufferId, BufferOrigin, DeviceRegistration};
+use lava_flow::memory::location::code;
+use lava_flow::memory::{Buffer, BufferId, BufferOrigin, DeviceRegistration};
 
 /// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
 pub const LF_MEMORY_CPU_STANDARD: u32 = 1;
@@ -289,8 +289,8 @@ pub unsafe extern "C" fn lf_buffer_registration_failures(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::alloc::{lf_alloc, lf_deregister, lf_register};
-    use crate::ffi::context::{lf_context_create, lf_context_free};
+    use crate::alloc::{lf_alloc, lf_deregister, lf_register};
+    use crate::context::{lf_context_create, lf_context_free};
     use std::ptr;
 
     #[test]
@@ -307,7 +307,7 @@ mod tests {
             assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
             assert_eq!(
                 (size, page, origin, node),
-                (100, crate::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET)
+                (100, lava_flow::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET)
             );
             // Allocated memory is not deregistered: refused, and the buffer stays usable.
             assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);

@@ -16,8 +16,8 @@ use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
-use crate::memory::{ExportDescriptor, ExportHandle};
-use crate::os::send_with_fds;
+use lava_flow::memory::{ExportDescriptor, ExportHandle};
+use lava_flow::os::send_with_fds;
 
 /// The size of `lf_export`, in bytes.
 pub const LF_EXPORT_SIZE: u32 = 128;
@@ -79,9 +79,9 @@ pub struct lf_export {
 pub const LF_EXPORT_MAGIC: u32 = 0x4c46_4558;
 
 const _: () = assert!(
-    LF_EXPORT_MAGIC == crate::memory::EXPORT_MAGIC
-        && LF_EXPORT_VERSION == crate::memory::EXPORT_VERSION
-        && LF_EXPORT_GPU_DEDICATED == crate::memory::export::EXPORT_GPU_DEDICATED
+    LF_EXPORT_MAGIC == lava_flow::memory::EXPORT_MAGIC
+        && LF_EXPORT_VERSION == lava_flow::memory::EXPORT_VERSION
+        && LF_EXPORT_GPU_DEDICATED == lava_flow::memory::export::EXPORT_GPU_DEDICATED
         && LF_EXPORT_SIZE as usize == ExportDescriptor::SIZE
 );
 
@@ -253,10 +253,10 @@ pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::alloc::{lf_alloc, lf_register};
-    use crate::ffi::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
-    use crate::ffi::context::{lf_context_create, lf_context_free};
-    use crate::ffi::location::LF_UNSET;
+    use crate::alloc::{lf_alloc, lf_register};
+    use crate::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
+    use crate::context::{lf_context_create, lf_context_free};
+    use crate::location::LF_UNSET;
     use std::os::fd::AsRawFd;
     use std::ptr;
 
@@ -304,7 +304,7 @@ mod tests {
             send_with_fds(&a, &descriptor_of(export).to_bytes(), &[fd]).unwrap();
             let mut received = lf_export { fd: -1, ..lf_export::default() };
             let status = lf_export_recv(b.as_raw_fd(), &mut received);
-            (status, crate::ffi::tests::last_error(), received)
+            (status, crate::tests::last_error(), received)
         }
     }
 
@@ -319,15 +319,15 @@ mod tests {
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
             let arena = OwnedFd::from_raw_fd(good.fd);
-            let event = crate::os::eventfd::eventfd().unwrap();
-            let small = crate::os::memfd_create(
+            let event = lava_flow::os::eventfd::eventfd().unwrap();
+            let small = lava_flow::os::memfd_create(
                 "small",
                 4096,
-                crate::os::MemfdFlags { huge_page_size: None, allow_sealing: true },
+                lava_flow::os::MemfdFlags { huge_page_size: None, allow_sealing: true },
             )
             .unwrap();
             libc::fcntl(small.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
-            let unsealed = crate::os::memfd_create("unsealed", good.arena_size, Default::default()).unwrap();
+            let unsealed = lava_flow::os::memfd_create("unsealed", good.arena_size, Default::default()).unwrap();
             let (sock, _other) = UnixStream::pair().unwrap();
             let cases: Vec<(lf_export, BorrowedFd<'_>, &str)> = vec![
                 (lf_export::default(), arena.as_fd(), "magic 0x00000000"),
@@ -375,10 +375,10 @@ mod tests {
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
             let low = good.fd;
-            good.fd = crate::ffi::tests::dup_high(low);
+            good.fd = crate::tests::dup_high(low);
             libc::close(low);
             let foreign_fd =
-                crate::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
+                lava_flow::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
             let broken: [(lf_export, &str); 6] = [
                 (lf_export { magic: 1, ..good }, "not a lava-flow export handle"),
                 (lf_export { location: 99, ..good }, "unknown memory location value 99"),
@@ -388,11 +388,11 @@ mod tests {
                 (lf_export { fd: foreign_fd, ..good }, "not a lava-flow memory file"),
             ];
             for (export, text) in broken {
-                let fd = crate::ffi::tests::dup_high(export.fd);
+                let fd = crate::tests::dup_high(export.fd);
                 let export = lf_export { fd, ..export };
                 let mut imported = ptr::null_mut();
                 assert_ne!(lf_import(context, &export, &mut imported), lf_status::LF_OK, "{text}");
-                let message = std::ffi::CStr::from_ptr(crate::ffi::status::lf_last_error_message()).to_string_lossy();
+                let message = std::ffi::CStr::from_ptr(crate::status::lf_last_error_message()).to_string_lossy();
                 assert!(message.contains(text), "{message}");
                 assert!(imported.is_null());
                 assert!(!is_open(fd), "fd closed on error ({text})");

@@ -26,8 +26,8 @@ use super::status::lf_status;
 use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
 };
-use crate::channels::transport::{RawLoan, RawView, RoutedPayload};
-use crate::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
+use lava_flow::channels::transport::{RawLoan, RawView, RoutedPayload};
+use lava_flow::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
 
 /// The producing end.
 pub const LF_ROLE_PRODUCER: u32 = 1;
@@ -182,7 +182,7 @@ impl From<ChannelConfig> for lf_channel_config {
     }
 }
 
-fn report_strings(info: &crate::channels::TransportInfo) -> (CString, CString) {
+fn report_strings(info: &lava_flow::channels::TransportInfo) -> (CString, CString) {
     let name = CString::new(info.names()).expect("no NUL in transport names");
     let reason = CString::new(info.reason.replace('\0', "")).expect("NULs removed");
     (name, reason)
@@ -861,13 +861,13 @@ pub unsafe extern "C" fn lf_channel_free(channel: *mut lf_channel) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::alloc::{lf_alloc, lf_register};
-    use crate::ffi::buffer::{lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
-    use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::ffi::device::LF_GPU_DISABLED;
-    use crate::ffi::location::lf_location_detect;
-    use crate::ffi::location::lf_location_free;
-    use crate::ffi::status::lf_last_error_message;
+    use crate::alloc::{lf_alloc, lf_register};
+    use crate::buffer::{lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::context::{lf_context_config, lf_context_create, lf_context_free};
+    use crate::device::LF_GPU_DISABLED;
+    use crate::location::lf_location_detect;
+    use crate::location::lf_location_free;
+    use crate::status::lf_last_error_message;
     use std::ffi::CStr;
     use std::ptr;
 

@@ -5,14 +5,13 @@
 //! up through one context at once. The buffers they return are the caller's (`lf_free`).
 
 use std::ffi::c_void;
-use std::sync::Arc;
 
 use super::buffer::{lf_buffer, release};
 use super::context::{lf_context, LF_HUGEPAGE_BEST_EFFORT, LF_HUGEPAGE_STRICT};
 use super::location::{lf_location, LF_UNSET};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
-use crate::memory::{BufferOrigin, HugepagePolicy, MemoryLocation};
+use lava_flow::memory::{HugepagePolicy, MemoryLocation};
 
 /// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
 /// They equal LF_HUGEPAGE_STRICT and LF_HUGEPAGE_BEST_EFFORT, so either name means the same.
@@ -152,8 +151,7 @@ pub unsafe extern "C" fn lf_deregister(context: *const lf_context, buffer: *mut 
     boundary("lf_deregister", || {
         let context = &handle_ref(context, "context")?.context;
         let live = &handle_ref(buffer, "buffer")?.buffer;
-        let ours = Arc::ptr_eq(live.registry(), &context.inner.registry);
-        if live.origin() != BufferOrigin::Registered || !ours {
+        if !context.holds_registered(live) {
             return Err(Failure {
                 status: lf_status::LF_ERR_INVALID_ARGUMENT,
                 message: format!(
@@ -202,9 +200,9 @@ pub unsafe extern "C" fn lf_buffer_find(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::buffer::{lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
-    use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::ffi::tests::last_error;
+    use crate::buffer::{lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
+    use crate::context::{lf_context_config, lf_context_create, lf_context_free};
+    use crate::tests::last_error;
     use std::ptr;
 
     #[test]
@@ -275,7 +273,7 @@ mod tests {
             assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
             assert_eq!(location, LF_MEMORY_CPU_STANDARD);
             let mut reason = ptr::null();
-            assert_eq!(crate::ffi::buffer::lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
+            assert_eq!(crate::buffer::lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
             assert!(!reason.is_null(), "a buffer that is not where it was asked to be says why");
             let reason = std::ffi::CStr::from_ptr(reason).to_string_lossy();
             assert!(reason.contains(why) && reason.contains("CPU standard memory"), "{reason}");
@@ -292,17 +290,17 @@ mod tests {
             .unwrap_or(0);
         let size = (free + 1) * (2 << 20);
         unsafe {
-            let config = lf_context_config { gpu_policy: crate::ffi::device::LF_GPU_DISABLED, ..Default::default() };
+            let config = lf_context_config { gpu_policy: crate::device::LF_GPU_DISABLED, ..Default::default() };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
             let (mut mine, mut peer) = (ptr::null_mut(), ptr::null_mut());
             let host = |name: &str| std::ffi::CString::new(name).unwrap();
             assert_eq!(
-                crate::ffi::location::lf_location_new(host("node-a").as_ptr(), 0, LF_UNSET, &mut mine),
+                crate::location::lf_location_new(host("node-a").as_ptr(), 0, LF_UNSET, &mut mine),
                 lf_status::LF_OK
             );
             assert_eq!(
-                crate::ffi::location::lf_location_new(host("node-b").as_ptr(), 0, LF_UNSET, &mut peer),
+                crate::location::lf_location_new(host("node-b").as_ptr(), 0, LF_UNSET, &mut peer),
                 lf_status::LF_OK
             );
             let mut buffer = ptr::null_mut();
@@ -314,8 +312,8 @@ mod tests {
                 other => panic!("{other}: {}", last_error()),
             }
             lf_free(buffer);
-            crate::ffi::location::lf_location_free(mine);
-            crate::ffi::location::lf_location_free(peer);
+            crate::location::lf_location_free(mine);
+            crate::location::lf_location_free(peer);
             lf_context_free(context);
         }
     }
@@ -328,9 +326,9 @@ mod tests {
         }
         unsafe {
             let mut context = ptr::null_mut();
-            let config = lf_context_config { gpu_policy: crate::ffi::device::LF_GPU_DISABLED, ..Default::default() };
+            let config = lf_context_config { gpu_policy: crate::device::LF_GPU_DISABLED, ..Default::default() };
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
-            let huge = crate::ffi::buffer::LF_MEMORY_CPU_HUGEPAGE_1GB;
+            let huge = crate::buffer::LF_MEMORY_CPU_HUGEPAGE_1GB;
             let mut buffer = ptr::null_mut();
             // The context's policy constant, passed as a flag: best-effort, not strict.
             assert_eq!(
@@ -370,11 +368,8 @@ mod tests {
         unsafe {
             let mut context = ptr::null_mut();
             // Strict, without a GPU: GPU locations are refused, saying why.
-            let strict = lf_context_config {
-                gpu_policy: crate::ffi::device::LF_GPU_DISABLED,
-                strict_gpu: 1,
-                ..Default::default()
-            };
+            let strict =
+                lf_context_config { gpu_policy: crate::device::LF_GPU_DISABLED, strict_gpu: 1, ..Default::default() };
             assert_eq!(lf_context_create(&strict, &mut context), lf_status::LF_OK);
 
             let mut buffer = ptr::null_mut();
@@ -393,7 +388,7 @@ mod tests {
                 (64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 8, lf_status::LF_ERR_INVALID_ARGUMENT, "flags 0x8"),
                 (
                     64,
-                    crate::ffi::buffer::LF_MEMORY_GPU_DEVICE_LOCAL,
+                    crate::buffer::LF_MEMORY_GPU_DEVICE_LOCAL,
                     LF_UNSET,
                     0,
                     lf_status::LF_ERR_UNSUPPORTED,

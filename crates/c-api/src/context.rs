@@ -10,7 +10,7 @@ use std::ffi::CString;
 use super::device::gpu_settings_from_c;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
-use crate::memory::{Context, ContextConfig, HugepagePolicy};
+use lava_flow::memory::{Context, ContextConfig, HugepagePolicy};
 
 /// Opaque handle on a memory context.
 #[allow(non_camel_case_types)]
@@ -78,7 +78,8 @@ fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
     if c.reserved0 != 0 || c.reserved.iter().any(|&r| r != 0) {
         return Err(invalid("the reserved fields of lf_context_config must be 0".into()));
     }
-    let mut config = ContextConfig { hugepage_policy: policy(c.hugepage_policy)?, ..ContextConfig::default() };
+    let mut config = ContextConfig::default();
+    config.hugepage_policy = policy(c.hugepage_policy)?;
     if c.arena_size != 0 {
         config.arena_size = usize::try_from(c.arena_size)
             .map_err(|_| invalid(format!("arena_size {} does not fit in size_t", c.arena_size)))?;
@@ -151,8 +152,8 @@ pub unsafe extern "C" fn lf_context_free(context: *mut lf_context) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::device::{LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID, LF_GPU_DISABLED};
-    use crate::ffi::tests::last_error;
+    use crate::device::{LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID, LF_GPU_DISABLED};
+    use crate::tests::last_error;
     use std::ptr;
 
     #[test]
@@ -215,7 +216,8 @@ mod tests {
                 "eeeeeeee-eeee-eeee-eeee-eeeeeeeeeeee",
             ),
         ];
-        let vulkan = crate::memory::Context::new(ContextConfig::default()).unwrap().gpu_unavailable_reason().is_none();
+        let vulkan =
+            lava_flow::memory::Context::new(ContextConfig::default()).unwrap().gpu_unavailable_reason().is_none();
         for (config, status, text) in cases {
             let mut context = ptr::null_mut();
             // SAFETY: the config is readable; out is writable.

@@ -12,10 +12,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
-use lava_flow::ffi::logging::{lf_log_level, lf_set_log_callback, lf_set_log_level};
-use lava_flow::ffi::status::lf_status;
 use lava_flow::memory::{Context, ContextConfig, GpuPolicy, MemoryLocation};
 use lava_flow::ProcessLocation;
+use lava_flow_c_api::logging::{lf_log_level, lf_set_log_callback, lf_set_log_level};
+use lava_flow_c_api::status::lf_status;
 
 const CHILD_ENV: &str = "LF_TEST_LOG_CHILD";
 

@@ -9,7 +9,7 @@ use std::ffi::{c_char, CStr};
 use super::context::{lf_context, lf_context_config};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
-use crate::memory::{ContextConfig, DeviceSelector, GpuPolicy};
+use lava_flow::memory::{ContextConfig, DeviceSelector, GpuPolicy};
 
 /// `gpu_policy`: open Vulkan at `lf_context_create`; without a loader or device go on
 /// without a GPU (GPU allocations fall back to CPU memory, visibly) and record why.
@@ -129,8 +129,8 @@ fn put_str(field: &mut [c_char], text: &str) {
 }
 
 #[cfg(feature = "vulkan")]
-fn info_to_c(info: &crate::memory::gpu::DeviceInfo) -> lf_device_info {
-    use crate::memory::gpu::DeviceType;
+fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
+    use lava_flow::memory::gpu::DeviceType;
     let mut out = lf_device_info {
         index: info.index,
         device_type: match info.device_type {
@@ -231,11 +231,11 @@ pub unsafe extern "C" fn lf_context_gpu_unavailable_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::alloc::lf_alloc;
-    use crate::ffi::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
-    use crate::ffi::context::{lf_context_create, lf_context_free};
-    use crate::ffi::location::LF_UNSET;
-    use crate::ffi::tests::last_error;
+    use crate::alloc::lf_alloc;
+    use crate::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::context::{lf_context_create, lf_context_free};
+    use crate::location::LF_UNSET;
+    use crate::tests::last_error;
     use std::ptr;
 
     fn c_text(field: &[c_char]) -> String {
@@ -257,7 +257,7 @@ mod tests {
                 assert_eq!(status, lf_status::LF_OK);
                 #[cfg(feature = "vulkan")]
                 {
-                    let rust = crate::ffi::handle_ref(context, "context").ok().unwrap().context.device_info().unwrap();
+                    let rust = crate::handle_ref(context, "context").ok().unwrap().context.device_info().unwrap();
                     assert_eq!(c_text(&info.name), rust.name);
                     assert_eq!((info.device_uuid, info.driver_uuid), (rust.device_uuid, rust.driver_uuid));
                 }

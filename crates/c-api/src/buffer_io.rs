@@ -109,12 +109,12 @@ pub unsafe extern "C" fn lf_buffer_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::alloc::lf_alloc;
-    use crate::ffi::buffer::*;
-    use crate::ffi::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::ffi::device::LF_GPU_DISABLED;
-    use crate::ffi::location::LF_UNSET;
-    use crate::ffi::tests::last_error;
+    use crate::alloc::lf_alloc;
+    use crate::buffer::*;
+    use crate::context::{lf_context_config, lf_context_create, lf_context_free};
+    use crate::device::LF_GPU_DISABLED;
+    use crate::location::LF_UNSET;
+    use crate::tests::last_error;
     use std::ffi::CStr;
     use std::ptr;
 
@@ -134,7 +134,7 @@ mod tests {
     }
 
     unsafe fn has_gpu(context: *const lf_context) -> bool {
-        crate::ffi::handle_ref(context, "context").ok().unwrap().context.gpu_unavailable_reason().is_none()
+        crate::handle_ref(context, "context").ok().unwrap().context.gpu_unavailable_reason().is_none()
     }
 
     #[test]
@@ -187,7 +187,7 @@ mod tests {
             let (mut flags, mut failures) = (99u32, ptr::null());
             assert_eq!(lf_buffer_registrations(pinned, &mut flags), lf_status::LF_OK);
             assert_eq!(lf_buffer_registration_failures(pinned, &mut failures), lf_status::LF_OK);
-            let rust = &crate::ffi::handle_ref(pinned, "pinned").ok().unwrap().buffer;
+            let rust = &crate::handle_ref(pinned, "pinned").ok().unwrap().buffer;
             assert_eq!(flags, rust.registrations().iter().fold(0, |bits, r| bits | r.flag()));
             assert_eq!(failures.is_null(), rust.registration_failures().is_empty());
             if flags & LF_REGISTRATION_CUDA == 0 {
@@ -229,7 +229,7 @@ mod tests {
     #[test]
     #[cfg(feature = "vulkan")]
     fn gpu_exports_travel_and_import_on_another_device() {
-        use crate::ffi::export::{lf_buffer_export, lf_export, lf_export_recv, lf_export_send, lf_import};
+        use crate::export::{lf_buffer_export, lf_export, lf_export_recv, lf_export_send, lf_import};
         use std::os::fd::AsRawFd;
         use std::os::unix::net::UnixStream;
         // SAFETY (whole test): out-pointers are writable; fds are the test's own.
@@ -247,8 +247,7 @@ mod tests {
             assert_eq!(lf_buffer_write(buffer, 0, b"hello gpu".as_ptr().cast(), 9), lf_status::LF_OK);
             let mut export = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
-            let uuid =
-                crate::ffi::handle_ref(exporter, "exporter").ok().unwrap().context.device_info().unwrap().device_uuid;
+            let uuid = crate::handle_ref(exporter, "exporter").ok().unwrap().context.device_info().unwrap().device_uuid;
             assert_eq!(
                 (export.location, export.handle_type, export.size, export.device_uuid),
                 (LF_MEMORY_GPU_DEVICE_LOCAL, 1, 3000, uuid)
@@ -268,12 +267,12 @@ mod tests {
             assert_eq!(&word, b"HELLO gpu");
 
             // Another GPU's (or driver's) memory is refused before Vulkan sees it; the fd closes.
-            let mut foreign = lf_export { fd: crate::ffi::tests::dup_high(export.fd), ..export };
+            let mut foreign = lf_export { fd: crate::tests::dup_high(export.fd), ..export };
             foreign.device_uuid[0] ^= 1;
             assert_eq!(lf_import(importer, &foreign, &mut imported), lf_status::LF_ERR_UNSUPPORTED);
             assert!(last_error().contains("another GPU or driver"), "{}", last_error());
             assert!(libc::fcntl(foreign.fd, libc::F_GETFD) < 0, "the fd was closed");
-            let outside = lf_export { fd: crate::ffi::tests::dup_high(export.fd), offset: export.arena_size, ..export };
+            let outside = lf_export { fd: crate::tests::dup_high(export.fd), offset: export.arena_size, ..export };
             assert_eq!(lf_import(importer, &outside, &mut imported), lf_status::LF_ERR_INVALID_ARGUMENT);
             libc::close(export.fd);
             lf_free(imported);

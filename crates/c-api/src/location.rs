@@ -10,7 +10,7 @@ use super::status::lf_status;
 use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
 };
-use crate::types::{detect_scope, CommunicationScope, ProcessLocation, ProcessName};
+use lava_flow::types::{detect_scope, CommunicationScope, ProcessLocation, ProcessName};
 
 /// Marks an unset `node_id` or `device_id`.
 pub const LF_UNSET: i64 = -1;
@@ -247,7 +247,7 @@ pub unsafe extern "C" fn lf_location_free(location: *mut lf_location) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::tests::last_error;
+    use crate::tests::last_error;
     use std::ffi::CStr;
     use std::ptr;
 
