@@ -25,7 +25,7 @@ pub mod error;
 pub mod logging;
 pub mod memory;
 pub mod mpi;
-pub mod os;
+pub(crate) mod os;
 pub mod types;
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! of one arena maps (imports) it once.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock, Weak};
@@ -195,11 +195,20 @@ pub struct ExportHandle {
     pub descriptor: ExportDescriptor,
 }
 
+impl ExportDescriptor {
+    /// Sends the descriptor over a Unix stream socket with `fd`, the memory it describes,
+    /// attached (`SCM_RIGHTS`), as [`ExportHandle::send`] does; for bindings that keep the
+    /// descriptor and the fd apart (the C API's `lf_export`). The fd stays open here.
+    pub fn send_with(&self, socket: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
+        send_with_fds(socket, &self.to_bytes(), &[fd])
+    }
+}
+
 impl ExportHandle {
     /// Sends the handle over a Unix stream socket: the descriptor's bytes with the fd attached.
     /// The fd stays open here too.
     pub fn send(&self, socket: &UnixStream) -> Result<()> {
-        send_with_fds(socket, &self.descriptor.to_bytes(), &[self.fd.as_fd()])
+        self.descriptor.send_with(socket, self.fd.as_fd())
     }
 
     /// Receives one handle sent with [`ExportHandle::send`]. A message that is not exactly one

@@ -31,6 +31,7 @@ impl Mapping {
     }
 
     /// Maps `len` bytes of fresh, private, zeroed memory.
+    #[cfg(test)]
     pub fn anonymous(len: usize) -> Result<Self> {
         Self::map(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     }
@@ -113,11 +114,8 @@ impl Mapping {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Whether `[addr, addr + len)` lies inside this mapping.
+    #[cfg(test)]
     pub fn contains(&self, addr: usize, len: usize) -> bool {
         let base = self.ptr.as_ptr() as usize;
         addr >= base && addr.checked_add(len).is_some_and(|end| end <= base + self.len)

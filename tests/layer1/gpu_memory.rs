@@ -14,7 +14,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lava_flow::memory::gpu::*;
-use lava_flow::os::Mapping;
 use lava_flow::Error;
 
 const CHILD_ENV: &str = "LF_GPU_TEST_CHILD";
@@ -647,7 +646,7 @@ fn gpu_host_import_of_page_aligned_mmap() {
         return;
     };
     let len = (1usize << 20).next_multiple_of(align as usize);
-    let host = Mapping::anonymous(len).unwrap();
+    let host = Anonymous::new(len).unwrap();
     // SAFETY: the mapping outlives the import (dropped at the end of the test, after it).
     let pinned = unsafe { import_host_memory(&device, host.as_ptr(), len) }.unwrap();
     assert_eq!(pinned.len(), len as u64);
@@ -674,7 +673,7 @@ fn gpu_host_import_of_page_aligned_mmap() {
 
 #[test]
 fn gpu_cuda_host_register() {
-    let host = Mapping::anonymous(1 << 20).unwrap();
+    let host = Anonymous::new(1 << 20).unwrap();
     let uuid = VulkanDevice::open(&GpuConfig::default()).ok().map(|d| d.device_uuid());
     // SAFETY: the mapping outlives the registration.
     match unsafe { cuda_host_register(host.as_ptr(), host.len(), uuid) } {
@@ -695,5 +694,46 @@ fn gpu_cuda_host_register() {
             eprintln!("SKIP cuMemHostRegister: {why}");
         }
         Err(e) => panic!("cuMemHostRegister: {e}"),
+    }
+}
+
+/// Fresh, private, page-aligned memory of this process (mmap), unmapped on drop.
+struct Anonymous {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Anonymous {
+    fn new(len: usize) -> std::io::Result<Self> {
+        // SAFETY: a new private anonymous mapping; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Anonymous { ptr: ptr.cast(), len })
+    }
+
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Anonymous {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }

@@ -307,7 +307,7 @@ mod tests {
             assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
             assert_eq!(
                 (size, page, origin, node),
-                (100, lava_flow::os::mapping::page_size(), LF_ORIGIN_ALLOCATED, LF_UNSET)
+                (100, libc::sysconf(libc::_SC_PAGESIZE) as usize, LF_ORIGIN_ALLOCATED, LF_UNSET)
             );
             // Allocated memory is not deregistered: refused, and the buffer stays usable.
             assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);

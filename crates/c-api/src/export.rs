@@ -17,7 +17,6 @@ use super::context::lf_context;
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
 use lava_flow::memory::{ExportDescriptor, ExportHandle};
-use lava_flow::os::send_with_fds;
 
 /// The size of `lf_export`, in bytes.
 pub const LF_EXPORT_SIZE: u32 = 128;
@@ -224,7 +223,7 @@ pub unsafe extern "C" fn lf_export_send(socket: i32, export: *const lf_export) -
         // SAFETY: the fd was just checked to be open, and the caller keeps it open during the
         // call; it is only borrowed for the send.
         let fd = unsafe { BorrowedFd::borrow_raw(export.fd) };
-        send_with_fds(&socket, &descriptor_of(export).to_bytes(), &[fd])?;
+        descriptor_of(export).send_with(&socket, fd)?;
         Ok(())
     })
 }
@@ -301,7 +300,7 @@ mod tests {
         // SAFETY: `received` is a valid out-pointer and `b` a live socket that this function owns.
         unsafe {
             let (a, b) = UnixStream::pair().unwrap();
-            send_with_fds(&a, &descriptor_of(export).to_bytes(), &[fd]).unwrap();
+            descriptor_of(export).send_with(&a, fd).unwrap();
             let mut received = lf_export { fd: -1, ..lf_export::default() };
             let status = lf_export_recv(b.as_raw_fd(), &mut received);
             (status, crate::tests::last_error(), received)
@@ -319,15 +318,10 @@ mod tests {
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
             let arena = OwnedFd::from_raw_fd(good.fd);
-            let event = lava_flow::os::eventfd::eventfd().unwrap();
-            let small = lava_flow::os::memfd_create(
-                "small",
-                4096,
-                lava_flow::os::MemfdFlags { huge_page_size: None, allow_sealing: true },
-            )
-            .unwrap();
+            let event = crate::tests::eventfd();
+            let small = crate::tests::memfd("small", 4096, true);
             libc::fcntl(small.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
-            let unsealed = lava_flow::os::memfd_create("unsealed", good.arena_size, Default::default()).unwrap();
+            let unsealed = crate::tests::memfd("unsealed", good.arena_size, false);
             let (sock, _other) = UnixStream::pair().unwrap();
             let cases: Vec<(lf_export, BorrowedFd<'_>, &str)> = vec![
                 (lf_export::default(), arena.as_fd(), "magic 0x00000000"),
@@ -377,8 +371,7 @@ mod tests {
             let low = good.fd;
             good.fd = crate::tests::dup_high(low);
             libc::close(low);
-            let foreign_fd =
-                lava_flow::os::memfd_create("not-lava-flow", 1 << 21, Default::default()).unwrap().into_raw_fd();
+            let foreign_fd = crate::tests::memfd("not-lava-flow", 1 << 21, false).into_raw_fd();
             let broken: [(lf_export, &str); 6] = [
                 (lf_export { magic: 1, ..good }, "not a lava-flow export handle"),
                 (lf_export { location: 99, ..good }, "unknown memory location value 99"),

@@ -125,6 +125,31 @@ pub(crate) mod tests {
     }
 
     /// The calling thread's last error message.
+    /// A memfd of `size` bytes (sealable where `sealing`), as a peer might send one.
+    pub(crate) fn memfd(name: &str, size: u64, sealing: bool) -> std::os::fd::OwnedFd {
+        use std::os::fd::FromRawFd;
+        let name = std::ffi::CString::new(name).unwrap();
+        let flags = libc::MFD_CLOEXEC | if sealing { libc::MFD_ALLOW_SEALING } else { 0 };
+        // SAFETY: a NUL-terminated name; the result is checked before it is owned.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate of the memfd just made.
+        assert_eq!(unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), size as libc::off_t) }, 0);
+        fd
+    }
+
+    /// An eventfd: an fd that is not memory.
+    pub(crate) fn eventfd() -> std::os::fd::OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain eventfd creation; the result is checked before it is owned.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor that nothing else owns.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+    }
+
     pub(crate) fn last_error() -> String {
         // SAFETY: lf_last_error_message returns a valid thread-local C string.
         unsafe { CStr::from_ptr(status::lf_last_error_message()) }.to_string_lossy().into_owned()
