@@ -2,7 +2,7 @@
 //!
 //! A channel has a name, a [`Producer`] and a [`Consumer`]. Both ends call
 //! [`Channel::create`] with the same name, in either order; they meet through a Unix socket
-//! in a per-user directory (see [`rendezvous`]) and agree on transports chosen from the
+//! in a per-user directory (see `rendezvous`) and agree on transports chosen from the
 //! scope between their [`ProcessLocation`]s, per class of payload:
 //!
 //! | scope  | every message, CPU payloads        | GPU buffers                              |
@@ -38,7 +38,13 @@
 
 pub mod consumer;
 pub mod producer;
-pub mod rendezvous;
+pub(crate) mod rendezvous;
+// What tools need to see channels from outside (lf-info --channels): the runtime directory, the
+// channels in it, whether each end is alive, and the removal of what dead ones left.
+pub use rendezvous::{
+    channels_in_runtime_dir, end_state, remove_leftovers, runtime_dir, runtime_dir_path, ChannelFiles, End, EndState,
+    RUNTIME_DIR_ENV,
+};
 pub mod transport;
 pub mod transports;
 pub(crate) mod wait;

@@ -266,7 +266,7 @@ impl EndState {
 
 /// Whether `end` of channel `name` is held, asked of its lock without taking it for good: the
 /// lock is taken for a moment and given back, and nothing is created or removed. A channel end
-/// that comes meanwhile retries ([`EndLock::take`]); a survivor cleaning up after its peer
+/// that comes meanwhile retries (`EndLock::take`); a survivor cleaning up after its peer
 /// ([`clean_after_peer`]) that finds the lock held then leaves the files to whoever next takes
 /// that end.
 pub fn end_state(name: &str, end: End) -> Result<EndState> {
@@ -504,10 +504,6 @@ impl Listener {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.listener.as_fd()
     }
 
     /// Accepts one connection from a process of this user, waiting until `deadline`
@@ -964,11 +960,6 @@ pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Section>> {
 /// Remaining time to `deadline` for a socket timeout (at least 1 ms; `None` = forever).
 pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))
-}
-
-/// The raw fd of a borrowed descriptor, for poll sets.
-pub fn raw(fd: BorrowedFd<'_>) -> i32 {
-    fd.as_raw_fd()
 }
 
 #[cfg(test)]

@@ -505,7 +505,7 @@ fn channel_rows(p: &Probe) -> [Capability; 2] {
         }
         None => otherwise,
     };
-    if let Err(e) = lava_flow::channels::rendezvous::runtime_dir() {
+    if let Err(e) = lava_flow::channels::runtime_dir() {
         let why = format!("the runtime directory is unusable: {e}");
         let fix = format!("set {} to a directory of yours (mode 0700), or fix the one named", env::RUNTIME_DIR.name);
         return [

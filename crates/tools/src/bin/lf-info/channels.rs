@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use lava_flow::channels::rendezvous::{channels_in_runtime_dir, remove_leftovers, runtime_dir_path, ChannelFiles};
+use lava_flow::channels::{channels_in_runtime_dir, remove_leftovers, runtime_dir_path, ChannelFiles};
 use lava_flow::env;
 use serde_json::{json, Value};
 

@@ -11,7 +11,7 @@ use crate::text;
 fn resolved(setting: &Setting) -> Option<String> {
     let var = setting.var;
     if var.name == env::RUNTIME_DIR.name {
-        return Some(lava_flow::channels::rendezvous::runtime_dir_path().display().to_string());
+        return Some(lava_flow::channels::runtime_dir_path().display().to_string());
     }
     if var.name == env::HOST_ID.name {
         return Some(match lava_flow::types::detect_host_id() {
