@@ -267,7 +267,7 @@ impl EndState {
 /// Whether `end` of channel `name` is held, asked of its lock without taking it for good: the
 /// lock is taken for a moment and given back, and nothing is created or removed. A channel end
 /// that comes meanwhile retries (`EndLock::take`); a survivor cleaning up after its peer
-/// ([`clean_after_peer`]) that finds the lock held then leaves the files to whoever next takes
+/// (`clean_after_peer`) that finds the lock held then leaves the files to whoever next takes
 /// that end.
 pub fn end_state(name: &str, end: End) -> Result<EndState> {
     use std::io::Read;
@@ -352,7 +352,7 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
 /// Removes what the ends of channel `name` that are over left in the runtime directory: the
 /// lock file of each end nobody holds and, when nobody holds the consumer's end, its socket.
 /// The files of a live end are never touched: each end's files are removed while holding its
-/// lock, as a channel cleans up after a peer ([`clean_after_peer`]). Returns the paths removed.
+/// lock, as a channel cleans up after a peer (`clean_after_peer`). Returns the paths removed.
 pub fn remove_leftovers(name: &str) -> Result<Vec<PathBuf>> {
     super::validate_channel_name(name)?;
     let socket = socket_path(name)?;
