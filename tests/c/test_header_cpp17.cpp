@@ -7,7 +7,10 @@
 
 #include <cstring>
 #include <iostream>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 static_assert(!std::is_copy_constructible_v<lf::Location>, "handles are move-only");
 static_assert(std::is_nothrow_move_constructible_v<lf::Location>, "handles move without throwing");
@@ -64,6 +67,38 @@ static int memory_wrapper() {
     return 0;
 }
 
+// Logging: a callback sees the context's creation at debug level; a level outside the set is
+// refused; an empty callback gives the records back to stderr.
+static int logging_wrapper() {
+    std::vector<std::pair<lf::LogLevel, std::string>> seen;
+    lf::set_log_level(lf::LogLevel::Debug);
+    lf::set_log_callback([&seen](lf::LogLevel level, std::string_view target, std::string_view message) {
+        seen.emplace_back(level, std::string(target) + ": " + std::string(message));
+    });
+    {
+        lf_context_config config{};
+        config.gpu_policy = LF_GPU_DISABLED;
+        const lf::Context context(&config);
+    }
+    lf::set_log_callback(nullptr);
+    lf::set_log_level(lf::LogLevel::Warn);
+    bool created = false;
+    for (const auto& [level, text] : seen) {
+        created |= level == lf::LogLevel::Debug && text.find("context created") != std::string::npos;
+    }
+    if (!created) {
+        std::cerr << "the log callback did not see the context's creation (" << seen.size() << " records)\n";
+        return 1;
+    }
+    const auto refused = lf::set_log_level(lf::nothrow, static_cast<lf::LogLevel>(99));
+    if (refused.status() != LF_ERR_INVALID_ARGUMENT) {
+        std::cerr << "log level 99 was not refused\n";
+        return 1;
+    }
+    std::cout << "C++ logging ok (" << seen.size() << " records)\n";
+    return 0;
+}
+
 int main() {
     auto a = lf::Location::create("node-a", 0, std::nullopt);
     auto b = lf::Location::create("NODE-A");
@@ -84,6 +119,7 @@ int main() {
         std::cout << "caught: " << e.what() << "\n";
     }
     if (memory_wrapper() != 0) return 1;
+    if (logging_wrapper() != 0) return 1;
     std::cout << "C++ wrapper ok, lava-flow " << lf::version() << "\n";
     return 0;
 }
