@@ -9,7 +9,7 @@ root=$PWD
 build=$root/build/demo
 prefix=$build/prefix
 
-scripts/install-deps.sh
+scripts/install-deps.sh demo
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== building and installing lava-flow into $prefix"

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Installs the system packages lava-flow needs to build and test (Debian 12 / Ubuntu), only
-# those missing. Idempotent; works as root or through sudo. Rust (cargo) must already be there.
+# Installs the system packages lava-flow needs (Debian 12 / Ubuntu), only those missing.
+# Idempotent; works as root or through sudo. Rust (cargo) must already be there.
+#
+#   scripts/install-deps.sh demo   what the demo uses: a C/C++ toolchain, CMake, pkg-config, and
+#                                  the Vulkan loader with Mesa's drivers (lavapipe: Vulkan on the CPU)
+#   scripts/install-deps.sh        (or `test`) what the test suite uses besides: Open MPI and
+#                                  libclang (the mpi feature and its tests), valgrind
 set -euo pipefail
 
-packages=(build-essential pkg-config cmake libclang-dev libvulkan-dev mesa-vulkan-drivers
-          vulkan-tools libopenmpi-dev openmpi-bin libnuma-dev numactl iproute2 valgrind)
+packages=(build-essential pkg-config cmake libvulkan1 mesa-vulkan-drivers)
+case ${1:-test} in
+  demo) ;;
+  test) packages+=(libclang-dev libopenmpi-dev openmpi-bin valgrind) ;;
+  *) echo "install-deps: unknown set '$1' (demo or test)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
