@@ -49,6 +49,17 @@ RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps --quiet
 step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
 cargo test --all-features
 
+step "the Rust example (examples/channel.rs): a producer and a consumer process"
+cargo build --all-features --example channel
+mkdir -p "$build"
+target/debug/examples/channel consumer > "$build/rust-example.out" &
+consumer=$!
+target/debug/examples/channel producer
+wait $consumer
+cat "$build/rust-example.out"
+[[ $(grep -c '^received "message [0-2]"$' "$build/rust-example.out") == 3 ]] ||
+  { echo "the Rust example's consumer did not receive its three messages" >&2; exit 1; }
+
 step "CMake build"
 # With MPI, so that ctest runs the lf_mpi tests under mpirun (LF_CMAKE_FEATURES= builds without).
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" \
