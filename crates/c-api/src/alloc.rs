@@ -7,34 +7,26 @@
 use std::ffi::c_void;
 
 use super::buffer::{lf_buffer, release};
-use super::context::{lf_context, LF_HUGEPAGE_BEST_EFFORT, LF_HUGEPAGE_STRICT};
+use super::abi::{raw, CEnum};
+use super::buffer::lf_memory_kind;
+use super::context::{hugepage_policy_from_c, lf_context};
 use super::location::{lf_location, LF_UNSET};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
-use lava_flow::memory::{HugepagePolicy, MemoryLocation};
-
-/// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
-/// They equal LF_HUGEPAGE_STRICT and LF_HUGEPAGE_BEST_EFFORT, so either name means the same.
-pub const LF_ALLOC_HUGEPAGE_STRICT: u32 = 1;
-pub const LF_ALLOC_HUGEPAGE_BEST_EFFORT: u32 = 2;
-
-// Literals (so cbindgen writes them into the header), checked to agree with the context's.
-const _: () =
-    assert!(LF_ALLOC_HUGEPAGE_STRICT == LF_HUGEPAGE_STRICT && LF_ALLOC_HUGEPAGE_BEST_EFFORT == LF_HUGEPAGE_BEST_EFFORT);
+use lava_flow::memory::MemoryLocation;
 
 fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
-/// Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
+/// Allocates `size` bytes of shareable memory of kind `location`.
 /// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-/// must be LF_UNSET otherwise. `flags`: 0 (the context's hugepage policy),
-/// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT (also named LF_ALLOC_HUGEPAGE_STRICT and
-/// LF_ALLOC_HUGEPAGE_BEST_EFFORT: the same values). On success `*out` receives a buffer to
+/// must be LF_UNSET otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy),
+/// or LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out` receives a buffer to
 /// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
 /// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
 ///
-/// Errors: LF_ERR_INVALID_ARGUMENT (size 0, unknown location value or flag, a node that does
+/// Errors: LF_ERR_INVALID_ARGUMENT (size 0, an unknown kind or policy, a node that does
 /// not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
 /// host has; no huge pages reserved under the strict policy — the message says how to
 /// reserve them), LF_ERR_PERMISSION_DENIED (RLIMIT_MEMLOCK too small for GPU-pinned memory),
@@ -53,9 +45,9 @@ fn invalid(message: String) -> Failure {
 pub unsafe extern "C" fn lf_alloc(
     context: *const lf_context,
     size: usize,
-    location: u32,
+    location: raw::lf_memory_kind,
     numa_node: i64,
-    flags: u32,
+    hugepage_policy: raw::lf_hugepage_policy,
     out: *mut *mut lf_buffer,
 ) -> lf_status {
     boundary("lf_alloc", || {
@@ -68,18 +60,10 @@ pub unsafe extern "C" fn lf_alloc(
                     .map_err(|_| invalid(format!("numa_node {n} is not a node number or LF_UNSET (-1)")))?,
             ),
         };
-        let location = MemoryLocation::from_code(location, node)?;
-        let policy = match flags {
-            0 => context.config().hugepage_policy,
-            LF_ALLOC_HUGEPAGE_STRICT => HugepagePolicy::Strict,
-            LF_ALLOC_HUGEPAGE_BEST_EFFORT => HugepagePolicy::BestEffort,
-            other => {
-                return Err(invalid(format!(
-                    "flags {other:#x} are unknown; use 0 (the context's hugepage policy), LF_HUGEPAGE_STRICT (1) \
-                     or LF_HUGEPAGE_BEST_EFFORT (2)"
-                )))
-            }
-        };
+        let kind = lf_memory_kind::from_c(location, "location")?;
+        let location = MemoryLocation::from_code(kind.to_c(), node)?;
+        let policy = hugepage_policy_from_c(hugepage_policy, "hugepage_policy")?
+            .unwrap_or_else(|| context.config().hugepage_policy);
         let buffer = context.allocate_with(size, location, policy)?;
         write_out(out, lf_buffer::into_handle(buffer)?);
         Ok(())

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::abi::{c_enum, raw, read_struct, write_struct, CEnum, GrowableStruct};
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::exclusive::{Exclusive, ExclusiveGuard};
@@ -29,38 +30,54 @@ use super::{
 use lava_flow::channels::transport::{RawLoan, RawView, RoutedPayload};
 use lava_flow::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
 
-/// The producing end.
-pub const LF_ROLE_PRODUCER: u32 = 1;
-/// The consuming end.
-pub const LF_ROLE_CONSUMER: u32 = 2;
+/// Which end of a channel a process creates (`lf_channel_create`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_role {
+    /// The producing end.
+    LF_ROLE_PRODUCER = 1,
+    /// The consuming end.
+    LF_ROLE_CONSUMER = 2,
+}
+c_enum!(lf_role: LF_ROLE_PRODUCER, LF_ROLE_CONSUMER);
 
-/// Spin on shared memory while waiting (lowest latency, a busy core).
-pub const LF_WAIT_BUSY_POLL: u32 = 1;
-/// Spin for `spin_ns`, then sleep.
-pub const LF_WAIT_SPIN_THEN_BLOCK: u32 = 2;
-/// Sleep at once (no CPU while waiting).
-pub const LF_WAIT_BLOCK: u32 = 3;
+/// How a channel end waits for its peer (`lf_channel_config.wait_strategy`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_wait_strategy {
+    /// Spin on shared memory while waiting (lowest latency, a busy core).
+    LF_WAIT_BUSY_POLL = 1,
+    /// Spin for `spin_ns`, then sleep. The default.
+    LF_WAIT_SPIN_THEN_BLOCK = 2,
+    /// Sleep at once (no CPU while waiting).
+    LF_WAIT_BLOCK = 3,
+}
+c_enum!(lf_wait_strategy: LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK, LF_WAIT_BLOCK);
 
-/// Channel options; fill with `lf_channel_config_default` and change what you need.
+/// Channel options. Fill with `lf_channel_config_init` and change what you need.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct lf_channel_config {
-    /// LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK or LF_WAIT_BLOCK.
-    pub wait_strategy: u32,
-    /// Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
-    pub capacity: u32,
+    /// `sizeof(lf_channel_config)`, set by `lf_channel_config_init`. See "Growable structs" at
+    /// the top of this header.
+    pub struct_size: u32,
+    pub wait_strategy: raw::lf_wait_strategy,
     /// Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
     pub spin_ns: u64,
+    /// Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
+    pub capacity: u32,
+    /// 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
+    /// and they must not be rewritten until the message completes (`lf_wait_completed`).
+    /// 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
+    pub auto_zero_copy: u32,
     /// Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
     /// both ends at `lf_channel_create`. Producer's value rules.
     pub pool_size: u64,
     /// How long lf_channel_create waits for the peer; negative: forever.
     pub rendezvous_timeout_ns: i64,
-    /// 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
-    /// and they must not be rewritten until the message completes (`lf_wait_completed`).
-    /// 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
-    pub auto_zero_copy: u32,
     /// 1: GPU buffers must go by reference with GPU-side synchronisation; where they would be
     /// staged through host memory (the consumer on another GPU, or without one) or
     /// synchronised on the host (the driver cannot share semaphores), `lf_channel_create`
@@ -78,6 +95,14 @@ pub struct lf_channel_config {
     /// so that first touches do not fault in the message path. 0: pages fault in as used.
     /// Producer's value rules.
     pub prefault: u32,
+    /// Must be 0 (it keeps the struct free of padding).
+    pub reserved: u32,
+}
+
+// SAFETY: repr(C), starts with the u32 size, integers only.
+unsafe impl GrowableStruct for lf_channel_config {
+    const NAME: &'static str = "lf_channel_config";
+    const SIZES: &'static [usize] = &[56];
 }
 
 /// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
@@ -164,12 +189,13 @@ unsafe impl Send for HeldGpu {}
 impl From<ChannelConfig> for lf_channel_config {
     fn from(c: ChannelConfig) -> Self {
         let (wait_strategy, spin_ns) = match c.wait {
-            WaitStrategy::BusyPoll => (LF_WAIT_BUSY_POLL, 0),
-            WaitStrategy::SpinThenBlock { spin } => (LF_WAIT_SPIN_THEN_BLOCK, spin.as_nanos() as u64),
-            WaitStrategy::Block => (LF_WAIT_BLOCK, 0),
+            WaitStrategy::BusyPoll => (lf_wait_strategy::LF_WAIT_BUSY_POLL, 0),
+            WaitStrategy::SpinThenBlock { spin } => (lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK, spin.as_nanos() as u64),
+            WaitStrategy::Block => (lf_wait_strategy::LF_WAIT_BLOCK, 0),
         };
         lf_channel_config {
-            wait_strategy,
+            struct_size: std::mem::size_of::<lf_channel_config>() as u32,
+            wait_strategy: wait_strategy.to_c(),
             capacity: c.capacity,
             spin_ns,
             pool_size: c.pool_size as u64,
@@ -178,6 +204,7 @@ impl From<ChannelConfig> for lf_channel_config {
             strict_gpu: u32::from(c.strict_gpu),
             released_semaphore: u32::from(c.released_semaphore),
             prefault: u32::from(c.prefault),
+            reserved: 0,
         }
     }
 }
@@ -193,16 +220,14 @@ fn invalid(message: String) -> Failure {
 }
 
 fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
-    let wait = match c.wait_strategy {
-        LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
-        LF_WAIT_SPIN_THEN_BLOCK => WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) },
-        LF_WAIT_BLOCK => WaitStrategy::Block,
-        other => {
-            return Err(invalid(format!(
-                "wait_strategy {other} is not LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"
-            )))
-        }
+    let wait = match lf_wait_strategy::from_c(c.wait_strategy, "wait_strategy")? {
+        lf_wait_strategy::LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
+        lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK => WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) },
+        lf_wait_strategy::LF_WAIT_BLOCK => WaitStrategy::Block,
     };
+    if c.reserved != 0 {
+        return Err(invalid(format!("lf_channel_config.reserved is {}; it must be 0", c.reserved)));
+    }
     let pool_size =
         usize::try_from(c.pool_size).map_err(|_| invalid(format!("pool_size {} is too large", c.pool_size)))?;
     if pool_size == 0 {
@@ -215,7 +240,7 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
         ("prefault", c.prefault),
     ] {
         if value > 1 {
-            return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_default")));
+            return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_init")));
         }
     }
     Ok(ChannelConfig {
@@ -281,25 +306,29 @@ fn write_sequence(out: *mut u64, seq: u64) {
     }
 }
 
-/// Fills `*out` with the defaults: spin-then-block (50 us), 256 messages, a 16 MiB pool,
-/// a 10 s rendezvous timeout.
+/// Fills `*config` with the defaults (spin-then-block for 50 us, 256 messages, a 16 MiB pool,
+/// a 10 s rendezvous timeout, `auto_zero_copy` and `prefault` on) and sets its `struct_size`
+/// to `struct_size`, which is `sizeof(lf_channel_config)` as the caller's header has it:
+/// `lf_channel_config_init(&config, sizeof config)`. Fields this library does not know (a
+/// newer header's) are set to 0. LF_ERR_INVALID_ARGUMENT for a size that is not one of the
+/// struct's.
 ///
 /// # Safety
-/// `out` must be NULL (rejected) or point to writable storage for an `lf_channel_config`.
+/// `config` must be NULL (rejected) or writable for `struct_size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) -> lf_status {
-    boundary("lf_channel_config_default", || {
-        let out = out_ptr(out, "out")?;
-        write_out(out, ChannelConfig::default().into());
-        Ok(())
+pub unsafe extern "C" fn lf_channel_config_init(config: *mut lf_channel_config, struct_size: usize) -> lf_status {
+    boundary("lf_channel_config_init", || {
+        let config = out_ptr(config, "config")?;
+        // SAFETY: the caller promises `struct_size` writable bytes.
+        unsafe { write_struct(config, struct_size, ChannelConfig::default().into()) }
     })
 }
 
 /// Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
 /// waits for the other end; either may start first. `context` is this process's memory
 /// context: `lf_send` of bytes inside one of its buffers goes by reference. The channel
-/// keeps what it needs of the context, which may be freed before the channel. `role` is
-/// LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
+/// keeps what it needs of the context, which may be freed before the channel. `role` says
+/// which end this is. The transport follows the scope between
 /// `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 /// which and why. `config` may be NULL for the defaults.
 ///
@@ -309,13 +338,13 @@ pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) 
 ///
 /// # Safety
 /// `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
-/// locations NULL or live lf_location handles; `config` NULL or a valid config; `out` NULL or
-/// writable.
+/// locations NULL or live lf_location handles; `config` NULL or readable for its `struct_size`
+/// bytes; `out` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn lf_channel_create(
     context: *const lf_context,
     name: *const c_char,
-    role: u32,
+    role: raw::lf_role,
     my_location: *const lf_location,
     peer_location: *const lf_location,
     config: *const lf_channel_config,
@@ -325,18 +354,17 @@ pub unsafe extern "C" fn lf_channel_create(
         let out = out_ptr(out, "out")?;
         let context = handle_ref(context, "context")?.context.clone();
         let name = c_str(name, "name")?;
-        let role = match role {
-            LF_ROLE_PRODUCER => Role::Producer,
-            LF_ROLE_CONSUMER => Role::Consumer,
-            other => return Err(invalid(format!("role {other} is not LF_ROLE_PRODUCER (1) or LF_ROLE_CONSUMER (2)"))),
+        let role = match lf_role::from_c(role, "role")? {
+            lf_role::LF_ROLE_PRODUCER => Role::Producer,
+            lf_role::LF_ROLE_CONSUMER => Role::Consumer,
         };
         let mine = handle_ref(my_location, "my_location")?.location().clone();
         let peer = handle_ref(peer_location, "peer_location")?.location().clone();
         let config = if config.is_null() {
             ChannelConfig::default()
         } else {
-            // SAFETY: non-NULL; the caller promises a valid, readable config.
-            to_config(unsafe { &*config })?
+            // SAFETY: non-NULL; the caller promises a config readable for its struct_size bytes.
+            to_config(&unsafe { read_struct(config, false) }?)?
         };
         let channel = Channel::create(&context, name, role, &mine, &peer, &config)?;
         let info = channel.transport().clone();

@@ -12,6 +12,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+use super::abi::raw;
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::status::lf_status;
@@ -44,8 +45,8 @@ pub struct lf_export {
     pub magic: u32,
     /// The layout version (LF_EXPORT_VERSION).
     pub version: u32,
-    /// The `LF_MEMORY_*` value of the memory.
-    pub location: u32,
+    /// The kind of memory.
+    pub location: raw::lf_memory_kind,
     /// The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
     pub numa_node: i32,
     /// Where the buffer starts in its arena (the memory `fd` refers to).
