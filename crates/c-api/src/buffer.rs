@@ -334,7 +334,10 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 100, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 100, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             let (mut size, mut page, mut origin, mut node) = (0usize, 0usize, 0u32, 0i64);
             assert_eq!(lf_buffer_size(buffer, &mut size), lf_status::LF_OK);
             assert_eq!(lf_buffer_page_size(buffer, &mut page), lf_status::LF_OK);
@@ -342,7 +345,7 @@ mod tests {
             assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
             assert_eq!(
                 (size, page, origin, node),
-                (100, libc::sysconf(libc::_SC_PAGESIZE) as usize, LF_ORIGIN_ALLOCATED, LF_UNSET)
+                (100, libc::sysconf(libc::_SC_PAGESIZE) as usize, lf_origin::LF_ORIGIN_ALLOCATED as u32, LF_UNSET)
             );
             // Allocated memory is not deregistered: refused, and the buffer stays usable.
             assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);
@@ -359,7 +362,7 @@ mod tests {
             let mut registered = ptr::null_mut();
             assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 256, &mut registered), lf_status::LF_OK);
             assert_eq!(lf_buffer_origin(registered, &mut origin), lf_status::LF_OK);
-            assert_eq!(origin, LF_ORIGIN_REGISTERED);
+            assert_eq!(origin, lf_origin::LF_ORIGIN_REGISTERED as u32);
             assert_eq!(lf_deregister(ptr::null(), registered), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_OK);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_ERR_BAD_HANDLE);

@@ -59,7 +59,7 @@ c_enum!(lf_wait_strategy: LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK, LF_WAIT_BL
 /// Channel options. Fill with `lf_channel_config_init` and change what you need.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct lf_channel_config {
     /// `sizeof(lf_channel_config)`, set by `lf_channel_config_init`. See "Growable structs" at
     /// the top of this header.
@@ -97,6 +97,13 @@ pub struct lf_channel_config {
     pub prefault: u32,
     /// Must be 0 (it keeps the struct free of padding).
     pub reserved: u32,
+}
+
+/// The defaults, with `struct_size` set (what `lf_channel_config_init` gives).
+impl Default for lf_channel_config {
+    fn default() -> Self {
+        ChannelConfig::default().into()
+    }
 }
 
 // SAFETY: repr(C), starts with the u32 size, integers only.
@@ -222,7 +229,9 @@ fn invalid(message: String) -> Failure {
 fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
     let wait = match lf_wait_strategy::from_c(c.wait_strategy, "wait_strategy")? {
         lf_wait_strategy::LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
-        lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK => WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) },
+        lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK => {
+            WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) }
+        }
         lf_wait_strategy::LF_WAIT_BLOCK => WaitStrategy::Block,
     };
     if c.reserved != 0 {
@@ -320,7 +329,7 @@ pub unsafe extern "C" fn lf_channel_config_init(config: *mut lf_channel_config, 
     boundary("lf_channel_config_init", || {
         let config = out_ptr(config, "config")?;
         // SAFETY: the caller promises `struct_size` writable bytes.
-        unsafe { write_struct(config, struct_size, ChannelConfig::default().into()) }
+        unsafe { write_struct(config, struct_size, lf_channel_config::default()) }
     })
 }
 
@@ -890,9 +899,9 @@ pub unsafe extern "C" fn lf_channel_free(channel: *mut lf_channel) {
 mod tests {
     use super::*;
     use crate::alloc::{lf_alloc, lf_register};
-    use crate::buffer::{lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::buffer::{lf_buffer_ptr, lf_free, lf_memory_kind};
     use crate::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::device::LF_GPU_DISABLED;
+    use crate::device::lf_gpu_policy;
     use crate::location::lf_location_detect;
     use crate::location::lf_location_free;
     use crate::status::lf_last_error_message;
@@ -915,14 +924,15 @@ mod tests {
         unsafe {
             let mut loc = ptr::null_mut();
             assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
-            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let context_config =
+                lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
             let loc = Loc(loc, context);
             let name = CString::new(format!("ffi-unit-{}", std::process::id())).unwrap();
             let mut config: lf_channel_config = std::mem::zeroed();
-            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
-            config.wait_strategy = LF_WAIT_BLOCK;
+            assert_eq!(lf_channel_config_init(&mut config, std::mem::size_of_val(&config)), lf_status::LF_OK);
+            config.wait_strategy = lf_wait_strategy::LF_WAIT_BLOCK as u32;
             config.capacity = 8;
             let (loc_ref, name_ref, config_ref) = (&loc, &name, &config);
             std::thread::scope(|s| {
@@ -932,7 +942,7 @@ mod tests {
                         lf_channel_create(
                             loc_ref.1,
                             name_ref.as_ptr(),
-                            LF_ROLE_PRODUCER,
+                            lf_role::LF_ROLE_PRODUCER as u32,
                             loc_ref.0,
                             loc_ref.0,
                             config_ref,
@@ -974,7 +984,10 @@ mod tests {
                     assert_eq!(done, 2);
                     // Buffer sends: explicit, and by itself for bytes inside a buffer.
                     let mut buf = ptr::null_mut();
-                    assert_eq!(lf_alloc(loc_ref.1, 8192, LF_MEMORY_CPU_STANDARD, -1, 0, &mut buf), lf_status::LF_OK);
+                    assert_eq!(
+                        lf_alloc(loc_ref.1, 8192, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, -1, 0, &mut buf),
+                        lf_status::LF_OK
+                    );
                     let mut base: *mut c_void = ptr::null_mut();
                     assert_eq!(lf_buffer_ptr(buf, &mut base), lf_status::LF_OK);
                     let base = base.cast::<u8>();
@@ -1019,7 +1032,7 @@ mod tests {
                         lf_channel_create(
                             loc_ref.1,
                             name_ref.as_ptr(),
-                            LF_ROLE_CONSUMER,
+                            lf_role::LF_ROLE_CONSUMER as u32,
                             loc_ref.0,
                             loc_ref.0,
                             config_ref,
@@ -1106,15 +1119,16 @@ mod tests {
         unsafe {
             let mut loc = ptr::null_mut();
             assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
-            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let context_config =
+                lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
             let name = CString::new(format!("ffi-absurd-{}", std::process::id())).unwrap();
             let mut config: lf_channel_config = std::mem::zeroed();
-            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
+            assert_eq!(lf_channel_config_init(&mut config, std::mem::size_of_val(&config)), lf_status::LF_OK);
             config.rendezvous_timeout_ns = 5_000_000_000;
             for pool_size in [u64::MAX, u64::MAX - 4095, 1 << 62, (1 << 40) + 1] {
-                for role in [LF_ROLE_PRODUCER, LF_ROLE_CONSUMER] {
+                for role in [lf_role::LF_ROLE_PRODUCER as u32, lf_role::LF_ROLE_CONSUMER as u32] {
                     let config = lf_channel_config { pool_size, ..config };
                     let mut ch = ptr::null_mut();
                     let started = std::time::Instant::now();
@@ -1150,6 +1164,6 @@ mod tests {
         assert!(to_config(&c).is_err());
         c.strict_gpu = 0;
         c.wait_strategy = 9;
-        assert!(to_config(&c).err().unwrap().message.contains("wait_strategy 9"));
+        assert!(to_config(&c).err().unwrap().message.contains("wait_strategy is 9, not an lf_wait_strategy: use LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"));
     }
 }

@@ -43,7 +43,7 @@ c_enum!(lf_hugepage_policy: LF_HUGEPAGE_DEFAULT, LF_HUGEPAGE_STRICT, LF_HUGEPAGE
 /// there is one (CPU fallback otherwise), the default device, 64 MiB GPU arenas.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct lf_context_config {
     /// `sizeof(lf_context_config)`, set by `lf_context_config_init`; 0 only in a struct of
     /// zeros. See "Growable structs" at the top of this header.
@@ -68,6 +68,23 @@ pub struct lf_context_config {
     pub gpu_arena_size: u64,
 }
 
+/// The defaults, with `struct_size` set.
+impl Default for lf_context_config {
+    fn default() -> Self {
+        lf_context_config {
+            struct_size: std::mem::size_of::<Self>() as u32,
+            hugepage_policy: 0,
+            arena_size: 0,
+            gpu_policy: 0,
+            gpu_device_select: 0,
+            gpu_device_index: 0,
+            strict_gpu: 0,
+            gpu_device_uuid: [0; 16],
+            gpu_arena_size: 0,
+        }
+    }
+}
+
 // SAFETY: repr(C), starts with the u32 size, integers only.
 unsafe impl GrowableStruct for lf_context_config {
     const NAME: &'static str = "lf_context_config";
@@ -89,7 +106,8 @@ pub(crate) fn hugepage_policy_from_c(value: raw::lf_hugepage_policy, what: &str)
 
 fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
     let mut config = ContextConfig::default();
-    config.hugepage_policy = hugepage_policy_from_c(c.hugepage_policy, "hugepage_policy")?.unwrap_or(HugepagePolicy::Strict);
+    config.hugepage_policy =
+        hugepage_policy_from_c(c.hugepage_policy, "hugepage_policy")?.unwrap_or(HugepagePolicy::Strict);
     if c.arena_size != 0 {
         config.arena_size = usize::try_from(c.arena_size)
             .map_err(|_| invalid(format!("arena_size {} does not fit in size_t", c.arena_size)))?;
@@ -179,33 +197,32 @@ pub unsafe extern "C" fn lf_context_free(context: *mut lf_context) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID, LF_GPU_DISABLED};
+    use crate::device::{lf_gpu_device_select, lf_gpu_policy};
     use crate::tests::last_error;
     use std::ptr;
 
     #[test]
     fn bad_config_gives_status_and_message() {
-        let cases: [(lf_context_config, lf_status, &str); 10] = [
+        let cases: [(lf_context_config, lf_status, &str); 9] = [
             (
                 lf_context_config { hugepage_policy: 7, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
-                "hugepage_policy 7",
+                "hugepage_policy is 7, not an lf_hugepage_policy: use LF_HUGEPAGE_DEFAULT (0), LF_HUGEPAGE_STRICT (1) or LF_HUGEPAGE_BEST_EFFORT (2)",
             ),
             (
                 lf_context_config { arena_size: 3000, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
                 "arena size 3000",
             ),
-            (lf_context_config { reserved0: 1, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "reserved"),
             (
                 lf_context_config { gpu_policy: 9, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
-                "gpu_policy 9",
+                "gpu_policy is 9, not an lf_gpu_policy",
             ),
             (
                 lf_context_config { gpu_device_select: 5, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
-                "gpu_device_select 5",
+                "gpu_device_select is 5, not an lf_gpu_device_select",
             ),
             (
                 lf_context_config { strict_gpu: 2, ..Default::default() },
@@ -226,7 +243,7 @@ mod tests {
             // Device selection is checked even where the GPU turns out to be missing.
             (
                 lf_context_config {
-                    gpu_device_select: LF_GPU_DEVICE_INDEX,
+                    gpu_device_select: lf_gpu_device_select::LF_GPU_DEVICE_INDEX as u32,
                     gpu_device_index: 4000,
                     ..Default::default()
                 },
@@ -235,7 +252,7 @@ mod tests {
             ),
             (
                 lf_context_config {
-                    gpu_device_select: LF_GPU_DEVICE_UUID,
+                    gpu_device_select: lf_gpu_device_select::LF_GPU_DEVICE_UUID as u32,
                     gpu_device_uuid: [0xee; 16],
                     ..Default::default()
                 },
@@ -258,7 +275,7 @@ mod tests {
             assert!(last_error().starts_with("lf_context_create: ") && last_error().contains(text), "{}", last_error());
             assert!(context.is_null(), "out is untouched on failure");
         }
-        let disabled = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+        let disabled = lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
         // SAFETY: as above.
         unsafe {
             assert_eq!(lf_context_create(ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);

@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, CStr};
 
-use super::abi::{c_enum, raw, output_struct_size, write_struct, CEnum, GrowableStruct};
+use super::abi::{c_enum, output_struct_size, raw, write_struct, CEnum, GrowableStruct};
 use super::context::{lf_context, lf_context_config};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
@@ -107,7 +107,7 @@ pub struct lf_device_info {
 impl Default for lf_device_info {
     fn default() -> Self {
         lf_device_info {
-            struct_size: 0,
+            struct_size: std::mem::size_of::<Self>() as u32,
             index: 0,
             device_type: 0,
             vendor_id: 0,
@@ -271,7 +271,7 @@ pub unsafe extern "C" fn lf_context_gpu_unavailable_reason(
 mod tests {
     use super::*;
     use crate::alloc::lf_alloc;
-    use crate::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::buffer::{lf_free, lf_memory_kind};
     use crate::context::{lf_context_create, lf_context_free};
     use crate::location::LF_UNSET;
     use crate::tests::last_error;
@@ -290,7 +290,7 @@ mod tests {
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut reason = ptr::null();
             assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
-            let mut info: lf_device_info = std::mem::zeroed();
+            let mut info = lf_device_info::default();
             let status = lf_context_device_info(context, &mut info);
             if reason.is_null() {
                 assert_eq!(status, lf_status::LF_OK);
@@ -310,14 +310,18 @@ mod tests {
             assert_eq!(lf_context_device_info(context, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_context_device_info(ptr::null(), &mut info), lf_status::LF_ERR_NULL_POINTER);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 64, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             assert_eq!(lf_context_device_info(buffer.cast(), &mut info), lf_status::LF_ERR_BAD_HANDLE);
             assert!(last_error().contains("lf_buffer handle, not an lf_context"), "{}", last_error());
             assert_eq!(lf_context_gpu_unavailable_reason(buffer.cast(), &mut reason), lf_status::LF_ERR_BAD_HANDLE);
             lf_free(buffer);
             lf_context_free(context);
 
-            let disabled = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let disabled =
+                lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             assert_eq!(lf_context_create(&disabled, &mut context), lf_status::LF_OK);
             assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
             assert!(CStr::from_ptr(reason).to_str().unwrap().contains("disables the GPU"));

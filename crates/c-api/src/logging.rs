@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn levels_are_checked() {
         assert_eq!(lf_set_log_level(6), lf_status::LF_ERR_INVALID_ARGUMENT);
-        assert!(last_error().contains("log level 6 is unknown"), "{}", last_error());
+        assert!(last_error().contains("level is 6, not an lf_log_level: use LF_LOG_OFF (0),"), "{}", last_error());
         assert_eq!(lf_set_log_level(u32::MAX), lf_status::LF_ERR_INVALID_ARGUMENT);
         for (level, rust) in
             [(lf_log_level::LF_LOG_ERROR, log::Level::Error), (lf_log_level::LF_LOG_TRACE, log::Level::Trace)]

@@ -198,14 +198,25 @@ fn sections_are_in_concept_order_and_cover_every_file() {
     let order: Vec<&str> = SECTIONS.iter().map(|(t, _, _)| *t).collect();
     assert_eq!(
         order,
-        ["Status and errors", "Handles", "Logging", "Context", "Memory", "Export and import", "Channels", "Location and scope", "MPI"]
+        [
+            "Status and errors",
+            "Handles",
+            "Logging",
+            "Context",
+            "Memory",
+            "Export and import",
+            "Channels",
+            "Location and scope",
+            "MPI"
+        ]
     );
     let listed: Vec<&str> = SECTIONS.iter().flat_map(|(_, _, files)| files.iter().copied()).collect();
     for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        let declares_c = text.lines().map(str::trim_start).any(|l| l.starts_with("#[no_mangle]") || l.starts_with("#[repr("));
+        let declares_c =
+            text.lines().map(str::trim_start).any(|l| l.starts_with("#[no_mangle]") || l.starts_with("#[repr("));
         if declares_c {
             assert!(listed.contains(&name.as_str()), "{name} declares C items but is in no section of the header");
         }
