@@ -103,7 +103,7 @@ int main(void) {
     EXPECT(lf_context_create(&context_config, &context), LF_OK, NULL);
     EXPECT(lf_location_new("localhost", LF_UNSET, LF_UNSET, &loc), LF_OK, NULL);
     lf_channel_config channel_config;
-    EXPECT(lf_channel_config_default(&channel_config), LF_OK, NULL);
+    EXPECT(lf_channel_config_init(&channel_config, sizeof channel_config), LF_OK, NULL);
     channel_config.pool_size = UINT64_MAX;
     lf_channel *channel = NULL;
     EXPECT(lf_channel_create(context, "absurd-pool", LF_ROLE_PRODUCER, loc, loc, &channel_config, &channel),

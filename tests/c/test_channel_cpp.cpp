@@ -192,6 +192,7 @@ static lf::ChannelConfig config() {
 
 static lf::Expected<lf::Context> make_context() {
     lf_context_config c{};
+    lf_context_config_init(&c, sizeof c);
     c.gpu_policy = LF_GPU_DISABLED;
     return lf::Context::create(lf::nothrow, &c);
 }
