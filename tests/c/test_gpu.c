@@ -64,6 +64,17 @@ static void report_device(lf_context *context) {
                info.heap_flags[i] & 1 ? " DEVICE_LOCAL" : "");
     CHECK(info.name[0] != '\0' && info.heap_count >= 1 && info.heap_sizes[0] > 0);
     CHECK((info.features & LF_DEVICE_EXPORT_OPAQUE_FD) != 0);
+    /* A newer header's larger struct: filled as far as this library knows, zeros after that up
+     * to its struct_size, nothing beyond. */
+    struct {
+        lf_device_info info;
+        uint64_t newer[2];
+    } wide;
+    memset(&wide, 0xab, sizeof wide);
+    wide.info.struct_size = sizeof wide.info + 8;
+    EXPECT(lf_context_device_info(context, &wide.info), LF_OK);
+    CHECK(wide.info.struct_size == sizeof wide.info + 8 && strcmp(wide.info.name, info.name) == 0);
+    CHECK(wide.newer[0] == 0 && wide.newer[1] == 0xababababababababull);
 }
 
 static void each_location(lf_context *context) {
@@ -262,7 +273,7 @@ static void bad_input(lf_context *context, int have_gpu) {
     lf_context *bad = NULL;
     config.gpu_policy = 7;
     EXPECT(lf_context_create(&config, &bad), LF_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("gpu_policy 7");
+    EXPECT_MESSAGE("gpu_policy is 7, not an lf_gpu_policy: use LF_GPU_AUTO (0), LF_GPU_REQUIRED (1) or LF_GPU_DISABLED (2)");
     config.gpu_policy = LF_GPU_AUTO;
     config.strict_gpu = 3;
     EXPECT(lf_context_create(&config, &bad), LF_ERR_INVALID_ARGUMENT);
