@@ -24,7 +24,7 @@
  *   writes only that many bytes, so programs built against an older header keep working with
  *   a newer library. Fill option structs with their `_init` function, which sets the size:
  *   `lf_channel_config c; lf_channel_config_init(&c, sizeof c);`; set the size of a report
- *   before asking for it: `lf_device_info info = {sizeof info};`. A size that is not one of the
+ *   before asking for it: `lf_device_info info = {.struct_size = sizeof info};`. A size that is not one of the
  *   struct's (smaller than its first layout, or between two layouts) gives
  *   LF_ERR_INVALID_ARGUMENT. A larger one (a header newer than the library) is taken when the
  *   bytes the library does not know are 0, else LF_ERR_UNSUPPORTED: the program uses a setting
@@ -386,8 +386,8 @@ typedef struct lf_context_config {
 } lf_context_config;
 
 // What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
-// Set `struct_size` before asking for it (`lf_device_info info = {sizeof info};`); the
-// library fills that many bytes, zeros where it has nothing.
+// Set `struct_size` before asking for it (`lf_device_info info = {.struct_size = sizeof info};`);
+// the library fills that many bytes, zeros where it has nothing.
 typedef struct lf_device_info {
   // `sizeof(lf_device_info)`, set by the caller. See "Growable structs" at the top of this
   // header.

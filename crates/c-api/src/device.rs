@@ -68,8 +68,8 @@ pub const LF_DEVICE_MAX_HEAPS: u32 = 16;
 pub const LF_DEVICE_MAX_MEMORY_TYPES: u32 = 32;
 
 /// What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
-/// Set `struct_size` before asking for it (`lf_device_info info = {sizeof info};`); the
-/// library fills that many bytes, zeros where it has nothing.
+/// Set `struct_size` before asking for it (`lf_device_info info = {.struct_size = sizeof info};`);
+/// the library fills that many bytes, zeros where it has nothing.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
