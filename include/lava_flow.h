@@ -22,14 +22,15 @@
  *   `lf_channel_config`) and the reports it asks for (`lf_device_info`) start with
  *   `uint32_t struct_size`, the struct's `sizeof` in the caller's header. The library reads and
  *   writes only that many bytes, so programs built against an older header keep working with
- *   a newer library. Fill option structs with their `_init` function, which sets the size:
- *   `lf_channel_config c; lf_channel_config_init(&c, sizeof c);`; set the size of a report
- *   before asking for it: `lf_device_info info = {.struct_size = sizeof info};`. A size that is not one of the
- *   struct's (smaller than its first layout, or between two layouts) gives
- *   LF_ERR_INVALID_ARGUMENT. A larger one (a header newer than the library) is taken when the
- *   bytes the library does not know are 0, else LF_ERR_UNSUPPORTED: the program uses a setting
- *   this older library lacks. Fields added later mean "as before" when 0. An
- *   `lf_context_config` of zeros (`lf_context_config c = {0};`) means the defaults.
+ *   a newer library. Fill an option struct with its `_init` function, which sets the size:
+ *   `lf_channel_config c; lf_channel_config_init(&c, sizeof c);`. Set the size of a report
+ *   before asking for it: `lf_device_info info = {.struct_size = sizeof info};`; the library
+ *   zeroes what it does not know of it. A size that is not one of the struct's (smaller than
+ *   its first layout, or between two layouts) gives LF_ERR_INVALID_ARGUMENT. A larger one (a
+ *   header newer than the library) is taken when the option bytes the library does not know
+ *   are 0, else LF_ERR_UNSUPPORTED: the program uses a setting this older library lacks.
+ *   Fields added later mean "as before" when 0. An `lf_context_config` of zeros
+ *   (`lf_context_config c = {0};`) means the defaults.
  * - Threads: each function documents its thread-safety. A handle must not be freed while
  *   another thread is using it.
  * - Version: compare lf_version() with the LAVA_FLOW_VERSION_* macros below.
