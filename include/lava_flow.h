@@ -387,8 +387,9 @@ typedef struct lf_context_config {
 } lf_context_config;
 
 // What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
-// Set `struct_size` before asking for it (`lf_device_info info = {.struct_size = sizeof info};`);
-// the library fills that many bytes, zeros where it has nothing.
+// Set `struct_size` before asking for it
+// (`lf_device_info info = {.struct_size = sizeof info};`); the library fills that many
+// bytes, zeros where it has nothing.
 typedef struct lf_device_info {
   // `sizeof(lf_device_info)`, set by the caller. See "Growable structs" at the top of this
   // header.
@@ -467,15 +468,15 @@ lf_status lf_context_trim(const struct lf_context *context, uint64_t *given_back
 void lf_context_free(struct lf_context *context);
 
 // What the context's GPU is: `*out` receives the report of the Vulkan device
-// `lf_context_create` opened, as far as its `struct_size` (set by the caller) says. LF_ERR_UNSUPPORTED when the context has none (no loader,
-// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
-// `lf_context_gpu_unavailable_reason` does. Thread-safe.
+// `lf_context_create` opened, as far as its `struct_size` (set by the caller) says; a size
+// that is not one of the struct's is LF_ERR_INVALID_ARGUMENT. LF_ERR_UNSUPPORTED when the
+// context has none (no loader, driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the
+// message says why, as `lf_context_gpu_unavailable_reason` does. Thread-safe.
 //
 // # Safety
 // `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable for its
 // `struct_size` bytes.
-lf_status lf_context_device_info(const struct lf_context *context,
-                                 struct lf_device_info *out);
+lf_status lf_context_device_info(const struct lf_context *context, struct lf_device_info *out);
 
 // Why the context has no Vulkan device: `*out` receives NULL when it has one, else the
 // reason (the Vulkan loader's or driver's word, or the policy that disabled the GPU), a
@@ -570,12 +571,13 @@ typedef uint32_t lf_registration;
 extern "C" {
 #endif // __cplusplus
 
-// Allocates `size` bytes of shareable memory of kind `location`.
-// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-// must be LF_UNSET otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy),
-// or LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out` receives a buffer to
-// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
-// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
+// Allocates `size` bytes of shareable memory of kind `location`. `numa_node` picks the node
+// for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and must be LF_UNSET
+// otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy), or
+// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out`
+// receives a buffer to release with `lf_free`; ask it what it really got
+// (`lf_buffer_location`, `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it
+// differs).
 //
 // Errors: LF_ERR_INVALID_ARGUMENT (size 0, an unknown kind or policy, a node that does
 // not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the

@@ -147,8 +147,8 @@ unsafe fn checked_size<T: GrowableStruct>(ptr: *const T, size: usize, input: boo
 }
 
 /// Reads the struct C passed at `ptr` (non-NULL), as far as its `struct_size` says; fields past
-/// it keep their defaults. `zero_means_default`: a `struct_size` of 0 is allowed when the struct is all
-/// zeros (`T c = {0};`), and gives `T::default()`.
+/// it keep their defaults. `zero_means_default`: a `struct_size` of 0 is allowed when the
+/// struct is all zeros (`T c = {0};`), and gives `T::default()`.
 ///
 /// # Safety
 /// `ptr` must be readable for its `struct_size` bytes (for `T`'s oldest size when that is 0).

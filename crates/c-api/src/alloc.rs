@@ -19,12 +19,13 @@ fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
-/// Allocates `size` bytes of shareable memory of kind `location`.
-/// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-/// must be LF_UNSET otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy),
-/// or LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out` receives a buffer to
-/// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
-/// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
+/// Allocates `size` bytes of shareable memory of kind `location`. `numa_node` picks the node
+/// for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and must be LF_UNSET
+/// otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy), or
+/// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out`
+/// receives a buffer to release with `lf_free`; ask it what it really got
+/// (`lf_buffer_location`, `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it
+/// differs).
 ///
 /// Errors: LF_ERR_INVALID_ARGUMENT (size 0, an unknown kind or policy, a node that does
 /// not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the

@@ -68,8 +68,9 @@ pub const LF_DEVICE_MAX_HEAPS: u32 = 16;
 pub const LF_DEVICE_MAX_MEMORY_TYPES: u32 = 32;
 
 /// What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
-/// Set `struct_size` before asking for it (`lf_device_info info = {.struct_size = sizeof info};`);
-/// the library fills that many bytes, zeros where it has nothing.
+/// Set `struct_size` before asking for it
+/// (`lf_device_info info = {.struct_size = sizeof info};`); the library fills that many
+/// bytes, zeros where it has nothing.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -218,9 +219,10 @@ fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
 }
 
 /// What the context's GPU is: `*out` receives the report of the Vulkan device
-/// `lf_context_create` opened, as far as its `struct_size` (set by the caller) says. LF_ERR_UNSUPPORTED when the context has none (no loader,
-/// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
-/// `lf_context_gpu_unavailable_reason` does. Thread-safe.
+/// `lf_context_create` opened, as far as its `struct_size` (set by the caller) says; a size
+/// that is not one of the struct's is LF_ERR_INVALID_ARGUMENT. LF_ERR_UNSUPPORTED when the
+/// context has none (no loader, driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the
+/// message says why, as `lf_context_gpu_unavailable_reason` does. Thread-safe.
 ///
 /// # Safety
 /// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable for its
