@@ -192,7 +192,7 @@ static void check_reason(const lf_buffer *buffer, uint32_t asked) {
     }
 }
 
-/* Best-effort huge pages, through each way of asking: lf_alloc's flag, the context's policy,
+/* Best-effort huge pages, through each way of asking: lf_alloc's hugepage_policy, the context's policy,
  * and lf_alloc_auto's staging memory for a peer on another host (more 2 MiB pages than are
  * reserved, so that it falls back where hugepages are reserved too). */
 static void best_effort_fallbacks_say_why(void) {
