@@ -699,14 +699,13 @@ lf_status lf_buffer_origin(const struct lf_buffer *buffer, lf_origin *out);
 // Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
 // reason, a string owned by the buffer and valid until `lf_free`: a GPU location asked of a
 // context without a Vulkan device (and why it has none), or huge pages under the best-effort
-// policy (`lf_alloc`'s `hugepage_policy`, the context's policy, or `lf_alloc_auto`'s staging memory for a
-// remote peer) that the kernel could not give (and why). Every buffer whose
+// policy (`lf_alloc`'s `hugepage_policy`, the context's policy, or `lf_alloc_auto`'s staging
+// memory for a remote peer) that the kernel could not give (and why). Every buffer whose
 // `lf_buffer_location` differs from what was asked has a reason.
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_fallback_reason(const struct lf_buffer *buffer,
-                                    const char **out);
+lf_status lf_buffer_fallback_reason(const struct lf_buffer *buffer, const char **out);
 
 // The GPU APIs the buffer's memory is registered with: `*flags` receives the `lf_registration`
 // bits LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory

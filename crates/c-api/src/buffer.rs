@@ -269,8 +269,8 @@ pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut ra
 /// Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
 /// reason, a string owned by the buffer and valid until `lf_free`: a GPU location asked of a
 /// context without a Vulkan device (and why it has none), or huge pages under the best-effort
-/// policy (`lf_alloc`'s `hugepage_policy`, the context's policy, or `lf_alloc_auto`'s staging memory for a
-/// remote peer) that the kernel could not give (and why). Every buffer whose
+/// policy (`lf_alloc`'s `hugepage_policy`, the context's policy, or `lf_alloc_auto`'s staging
+/// memory for a remote peer) that the kernel could not give (and why). Every buffer whose
 /// `lf_buffer_location` differs from what was asked has a reason.
 ///
 /// # Safety
