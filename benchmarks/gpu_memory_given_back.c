@@ -38,7 +38,7 @@ static void alloc_write(lf_context *ctx, lf_buffer **out, int n, size_t size) {
     void *bytes = malloc(size);
     memset(bytes, 7, size);
     for (int i = 0; i < n; i++) {
-        CHECK(lf_alloc(ctx, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &out[i]));
+        CHECK(lf_alloc(ctx, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &out[i]));
         CHECK(lf_buffer_write(out[i], 0, bytes, size));
     }
     free(bytes);

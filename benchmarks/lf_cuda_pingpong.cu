@@ -220,13 +220,15 @@ static Gpu gpu_setup(int device) {
 // without any CPU fallback.
 static lf_context *context_setup(const Gpu &g) {
     lf_context_config config{};
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_REQUIRED;
     config.strict_gpu = 1;
     config.gpu_device_select = LF_GPU_DEVICE_UUID;
     std::memcpy(config.gpu_device_uuid, g.prop.uuid.bytes, sizeof config.gpu_device_uuid);
     lf_context *context = nullptr;
     LF_CHECK(lf_context_create(&config, &context));
-    lf_device_info info;
+    lf_device_info info{};
+    info.struct_size = sizeof info;
     LF_CHECK(lf_context_device_info(context, &info));
     if (std::memcmp(info.device_uuid, g.prop.uuid.bytes, 16) != 0)
         fail("lava-flow opened Vulkan device %u (%s), not CUDA device %d's", info.index, info.name, g.device);
@@ -263,7 +265,7 @@ static Ends open_ends(lf_context *context, const char *tag, bool is_a) {
     LF_CHECK(lf_location_detect(&me));
     LF_CHECK(lf_location_detect(&peer));  // the peer runs on this host too
     lf_channel_config config;
-    LF_CHECK(lf_channel_config_default(&config));
+    LF_CHECK(lf_channel_config_init(&config, sizeof config));
     config.wait_strategy = LF_WAIT_BUSY_POLL;
     config.strict_gpu = 1;
     config.rendezvous_timeout_ns = kTimeoutNs;
@@ -357,8 +359,8 @@ struct OwnBuffer {
 
 static OwnBuffer own_buffer(lf_context *context, size_t size, const void *device_uuid) {
     OwnBuffer b;
-    LF_CHECK(lf_alloc(context, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &b.buffer));
-    uint32_t location = 0;
+    LF_CHECK(lf_alloc(context, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &b.buffer));
+    lf_memory_kind location{};
     LF_CHECK(lf_buffer_location(b.buffer, &location));
     if (location != LF_MEMORY_GPU_DEVICE_LOCAL) fail("a %zu-byte GPU buffer got location %u", size, location);
     lf_export exported;
@@ -695,7 +697,8 @@ static int side_a(const Options &o, const char *tag) {
     progress();
     SideA a{o, gpu_setup(o.device), nullptr, Ends{}};
     a.context = context_setup(a.g);
-    lf_device_info info;
+    lf_device_info info{};
+    info.struct_size = sizeof info;
     LF_CHECK(lf_context_device_info(a.context, &info));
     int driver = 0, runtime = 0;
     CUDA_CHECK(cudaDriverGetVersion(&driver));

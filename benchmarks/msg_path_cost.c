@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "mpc%d", (int)getpid());
     CHECK(lf_context_create(NULL, &ctx));
     CHECK(lf_location_detect(&here));
-    CHECK(lf_channel_config_default(&cfg));
+    CHECK(lf_channel_config_init(&cfg, sizeof cfg));
     cfg.wait_strategy = LF_WAIT_BUSY_POLL;
     lf_channel *tx, *rx;
     pthread_t t;
@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
     static char src[4096];
     memset(src, 7, sizeof src);
     lf_buffer *buf;
-    CHECK(lf_alloc(ctx, sizeof src, LF_MEMORY_CPU_STANDARD, -1, 0, &buf));
+    CHECK(lf_alloc(ctx, sizeof src, LF_MEMORY_CPU_STANDARD, -1, LF_HUGEPAGE_DEFAULT, &buf));
     void *buf_ptr;
     CHECK(lf_buffer_ptr(buf, &buf_ptr));
     printf("ns per message (send, receive, release on one thread), 8 B, default config, busy-poll\n");

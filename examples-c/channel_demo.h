@@ -67,12 +67,12 @@ static inline int demo_fail(const char *who, const char *call, lf_status status)
 }
 
 /* Opens one end of a channel between this process and a peer on the same host. */
-static inline lf_status demo_open(lf_context *context, const char *name, uint32_t role, lf_channel **out) {
+static inline lf_status demo_open(lf_context *context, const char *name, lf_role role, lf_channel **out) {
     lf_location *me = NULL;
     lf_status st = lf_location_detect(&me);
     if (st != LF_OK) return st;
     lf_channel_config config;
-    lf_channel_config_default(&config);
+    lf_channel_config_init(&config, sizeof config);
     config.rendezvous_timeout_ns = DEMO_TIMEOUT_NS;
     config.pool_size = 8u << 20; /* room for several 1 MiB messages in flight */
     st = lf_channel_create(context, name, role, me, me, &config, out);

@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     lf_buffer *buffer = NULL;
     void *base = NULL;
     uint64_t sent[DEMO_REGIONS];
-    CHECK(lf_alloc(context, (size_t)DEMO_REGIONS * DEMO_BULK_SIZE, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer));
+    CHECK(lf_alloc(context, (size_t)DEMO_REGIONS * DEMO_BULK_SIZE, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer));
     CHECK(lf_buffer_ptr(buffer, &base));
     for (uint64_t i = 0; i < DEMO_BULK; i++) {
         size_t region = (size_t)(i % DEMO_REGIONS);
@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         uint8_t *pattern = malloc(DEMO_BULK_SIZE);
         if (!pattern) return 1;
         for (int b = 0; b < DEMO_REGIONS; b++)
-            CHECK(lf_alloc(context, DEMO_BULK_SIZE, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &gpu[b]));
+            CHECK(lf_alloc(context, DEMO_BULK_SIZE, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &gpu[b]));
         for (uint64_t i = 0; i < DEMO_GPU_BUFFERS; i++) {
             size_t b = (size_t)(i % DEMO_REGIONS);
             /* By reference, the consumer may still be reading this buffer's previous message. */

@@ -76,14 +76,14 @@ static cl_device_id find_device(const uint8_t uuid[16], cl_platform_id *platform
 
 int main(void) {
     lf_context_config config;
-    memset(&config, 0, sizeof config);
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_REQUIRED;
     lf_context *context = NULL;
     LF_CHECK(lf_context_create(&config, &context));
 
     const size_t size = (1u << 20) + 7;
     lf_buffer *buffer = NULL;
-    LF_CHECK(lf_alloc(context, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer));
+    LF_CHECK(lf_alloc(context, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer));
     unsigned char *bytes = malloc(size);
     if (!bytes) return 1;
     for (size_t i = 0; i < size; i++) bytes[i] = pattern(i, 1);

@@ -67,6 +67,7 @@ __global__ void sum_bytes(const unsigned char *data, size_t size, unsigned long 
 // runs do not meet.
 static int producer(const char *name) {
     lf_context_config config{};
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_REQUIRED;
     lf_context *context = nullptr;
     LF_CHECK(lf_context_create(&config, &context));
@@ -81,8 +82,8 @@ static int producer(const char *name) {
 
     lf_buffer *buffers[kBuffers] = {};
     for (int b = 0; b < kBuffers; b++) {
-        LF_CHECK(lf_alloc(context, kSize, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffers[b]));
-        uint32_t location = 0;
+        LF_CHECK(lf_alloc(context, kSize, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffers[b]));
+        lf_memory_kind location{};
         LF_CHECK(lf_buffer_location(buffers[b], &location));
         if (location != LF_MEMORY_GPU_DEVICE_LOCAL) {
             std::fprintf(stderr, "FAIL: buffer %d is not device-local memory (location %u)\n", b, location);
@@ -124,10 +125,12 @@ using ArenaKey = std::tuple<uint32_t, uint64_t, uint64_t>;  // exporter pid, tok
 
 static int consumer(const char *name) {
     lf_context_config config{};
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_REQUIRED;
     lf_context *context = nullptr;
     LF_CHECK(lf_context_create(&config, &context));
-    lf_device_info info;
+    lf_device_info info{};
+    info.struct_size = sizeof info;
     LF_CHECK(lf_context_device_info(context, &info));
 
     // The CUDA device that is this context's Vulkan device: the semaphore and the imported

@@ -52,19 +52,21 @@ static bool holds(const std::vector<unsigned char> &bytes, unsigned seed) {
 
 int main() {
     lf_context_config config{};
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_REQUIRED;  // no CPU fallback: this example is about the GPU
     lf_context *context = nullptr;
     LF_CHECK(lf_context_create(&config, &context));
-    lf_device_info info;
+    lf_device_info info{};
+    info.struct_size = sizeof info;
     LF_CHECK(lf_context_device_info(context, &info));
     std::printf("Vulkan device %u: %s (driver %s %s)\n", info.index, info.name, info.driver_name, info.driver_info);
 
     // A small buffer first, so that the one CUDA imports sits at a non-zero offset of its arena.
     const size_t size = (1u << 20) + 7;
     lf_buffer *pad = nullptr, *buffer = nullptr;
-    LF_CHECK(lf_alloc(context, 4096, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &pad));
-    LF_CHECK(lf_alloc(context, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer));
-    uint32_t location = 0;
+    LF_CHECK(lf_alloc(context, 4096, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &pad));
+    LF_CHECK(lf_alloc(context, size, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer));
+    lf_memory_kind location{};
     LF_CHECK(lf_buffer_location(buffer, &location));
     if (location != LF_MEMORY_GPU_DEVICE_LOCAL) {
         std::fprintf(stderr, "FAIL: the buffer is not device-local memory (location %u)\n", location);

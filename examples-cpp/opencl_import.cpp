@@ -98,6 +98,7 @@ static cl_device_id find_device(const std::uint8_t (&uuid)[16], cl_platform_id* 
 int main() {
     try {
         lf_context_config config{};
+        lf_context_config_init(&config, sizeof config);
         config.gpu_policy = LF_GPU_REQUIRED;
         const lf::Context context(&config);
 

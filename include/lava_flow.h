@@ -13,8 +13,24 @@
  * - Handles: opaque pointers created by lava-flow and released by their `lf_<object>_free`
  *   function, which accepts NULL. Every handle is checked on use: NULL gives
  *   LF_ERR_NULL_POINTER; a freed, foreign or wrong-type handle gives LF_ERR_BAD_HANDLE.
- * - Enums passed in from C are taken as integers and checked: unknown values give
- *   LF_ERR_INVALID_ARGUMENT.
+ * - Enums: each set of values is a C enum (`lf_memory_kind`, `lf_wait_strategy`, ...), fixed to
+ *   `uint32_t` in C++ and C23 and a `uint32_t` typedef before C23, so the ABI is the same in
+ *   both. Values passed in from C are checked: one that is not in the enum gives
+ *   LF_ERR_INVALID_ARGUMENT, naming the valid ones. Bit flags (`LF_MESSAGE_*`, `LF_DEVICE_*`,
+ *   `lf_registration`) are `uint32_t` masks.
+ * - Growable structs: the option structs the caller fills (`lf_context_config`,
+ *   `lf_channel_config`) and the reports it asks for (`lf_device_info`) start with
+ *   `uint32_t struct_size`, the struct's `sizeof` in the caller's header. The library reads and
+ *   writes only that many bytes, so programs built against an older header keep working with
+ *   a newer library. Fill an option struct with its `_init` function, which sets the size:
+ *   `lf_channel_config c; lf_channel_config_init(&c, sizeof c);`. Set the size of a report
+ *   before asking for it: `lf_device_info info = {.struct_size = sizeof info};`; the library
+ *   zeroes what it does not know of it. A size that is not one of the struct's (smaller than
+ *   its first layout, or between two layouts) gives LF_ERR_INVALID_ARGUMENT. A larger one (a
+ *   header newer than the library) is taken when the option bytes the library does not know
+ *   are 0, else LF_ERR_UNSUPPORTED: the program uses a setting this older library lacks.
+ *   Fields added later mean "as before" when 0. An `lf_context_config` of zeros
+ *   (`lf_context_config c = {0};`) means the defaults.
  * - Threads: each function documents its thread-safety. A handle must not be freed while
  *   another thread is using it.
  * - Version: compare lf_version() with the LAVA_FLOW_VERSION_* macros below.
@@ -45,143 +61,11 @@
 #define LAVA_FLOW_VERSION_MINOR 1
 #define LAVA_FLOW_VERSION_PATCH 0
 
-// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
-// They equal LF_HUGEPAGE_STRICT and LF_HUGEPAGE_BEST_EFFORT, so either name means the same.
-#define LF_ALLOC_HUGEPAGE_STRICT 1
-
-#define LF_ALLOC_HUGEPAGE_BEST_EFFORT 2
-
-// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
-#define LF_MEMORY_CPU_STANDARD 1
-
-#define LF_MEMORY_CPU_NUMA 2
-
-#define LF_MEMORY_CPU_HUGEPAGE_2MB 3
-
-#define LF_MEMORY_CPU_HUGEPAGE_1GB 4
-
-#define LF_MEMORY_CPU_GPU_PINNED 5
-
-#define LF_MEMORY_GPU_DEVICE_LOCAL 6
-
-#define LF_MEMORY_GPU_HOST_VISIBLE 7
-
-// `lf_buffer_origin`: allocated here (exportable).
-#define LF_ORIGIN_ALLOCATED 1
-
-// `lf_buffer_origin`: the caller's memory, entered with `lf_register`.
-#define LF_ORIGIN_REGISTERED 2
-
-// `lf_buffer_origin`: imported from an export (`lf_import`): the exporter's memory.
-#define LF_ORIGIN_IMPORTED 3
-
-// `lf_buffer_registrations` bits: the GPU APIs GPU-pinned memory is registered with.
-// Imported into the context's Vulkan device (`VK_EXT_external_memory_host`).
-#define LF_REGISTRATION_VULKAN 1
-
-// Registered with CUDA (`cuMemHostRegister`, portable).
-#define LF_REGISTRATION_CUDA 2
-
-// The producing end.
-#define LF_ROLE_PRODUCER 1
-
-// The consuming end.
-#define LF_ROLE_CONSUMER 2
-
-// Spin on shared memory while waiting (lowest latency, a busy core).
-#define LF_WAIT_BUSY_POLL 1
-
-// Spin for `spin_ns`, then sleep.
-#define LF_WAIT_SPIN_THEN_BLOCK 2
-
-// Sleep at once (no CPU while waiting).
-#define LF_WAIT_BLOCK 3
-
-// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
-// or `lf_send` of bytes inside a buffer): nothing was copied.
-#define LF_MESSAGE_ZERO_COPY 1
-
-// `lf_message.flags`: the payload is GPU memory of the sender's, shared with this process's
-// GPU: `lf_message_buffer` gives it as an `lf_buffer`; `data` is its host address where the
-// host can map it, else NULL.
-#define LF_MESSAGE_GPU 2
-
-// Hugepage policies, for `lf_context_config.hugepage_policy` and for `lf_alloc`'s `flags`
-// (the same values in both places; 0 means the default there: strict for a context, the
-// context's policy for one allocation).
-// Fail when no huge pages are reserved, saying how to reserve them.
-#define LF_HUGEPAGE_STRICT 1
-
-// Fall back to ordinary memory (the buffer reports what it got, and why).
-#define LF_HUGEPAGE_BEST_EFFORT 2
-
-// `gpu_policy`: open Vulkan at `lf_context_create`; without a loader or device go on
-// without a GPU (GPU allocations fall back to CPU memory, visibly) and record why.
-#define LF_GPU_AUTO 0
-
-// `gpu_policy`: `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
-#define LF_GPU_REQUIRED 1
-
-// `gpu_policy`: touch no GPU API (no Vulkan device, no CUDA registration).
-#define LF_GPU_DISABLED 2
-
-// `gpu_device_select`: the device `LF_VULKAN_DEVICE` names, else the first discrete GPU,
-// else the first device.
-#define LF_GPU_DEVICE_DEFAULT 0
-
-// `gpu_device_select`: the device at `gpu_device_index` in the loader's order.
-#define LF_GPU_DEVICE_INDEX 1
-
-// `gpu_device_select`: the device whose deviceUUID is `gpu_device_uuid`.
-#define LF_GPU_DEVICE_UUID 2
-
-// `lf_device_info.device_type`: the values of `VkPhysicalDeviceType`.
-#define LF_DEVICE_TYPE_OTHER 0
-
-#define LF_DEVICE_TYPE_INTEGRATED_GPU 1
-
-#define LF_DEVICE_TYPE_DISCRETE_GPU 2
-
-#define LF_DEVICE_TYPE_VIRTUAL_GPU 3
-
-#define LF_DEVICE_TYPE_CPU 4
-
-// `lf_device_info.features` bits.
-#define LF_DEVICE_EXPORT_OPAQUE_FD 1
-
-#define LF_DEVICE_IMPORT_OPAQUE_FD 2
-
-#define LF_DEVICE_EXPORT_DMA_BUF 4
-
-// `VK_EXT_external_memory_host`: GPU-pinned buffers are imported into the device.
-#define LF_DEVICE_HOST_POINTER_IMPORT 8
-
-// The lengths of `lf_device_info`'s arrays (Vulkan's own maxima for heaps and types).
-#define LF_DEVICE_STRING_SIZE 256
-
-#define LF_DEVICE_MAX_HEAPS 16
-
-#define LF_DEVICE_MAX_MEMORY_TYPES 32
-
-// The size of `lf_export`, in bytes.
-#define LF_EXPORT_SIZE 128
-
-// The layout version of `lf_export` this library writes and reads.
-#define LF_EXPORT_VERSION 2
-
-// `lf_export.gpu_flags`: the GPU arena is a dedicated allocation; import it as dedicated
-// (`cudaExternalMemoryDedicated`, `VkMemoryDedicatedAllocateInfo`).
-#define LF_EXPORT_GPU_DEDICATED 1
-
-// The magic number every export starts with ("LFEX").
-#define LF_EXPORT_MAGIC 1279673688
-
-// Marks an unset `node_id` or `device_id`.
-#define LF_UNSET -1
-
-// `comm` argument of `lf_mpi_join`: MPI_COMM_WORLD. (Outside the range of an `MPI_Fint`, so it
-// can never be mistaken for a communicator.)
-#define LF_MPI_COMM_WORLD -4294967296
+// ============================================================================================
+// Status and errors
+//
+// Every fallible function's result, and the message that says why it failed.
+// ============================================================================================
 
 // The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a
 // class of failure, and `lf_last_error_message()` says what exactly went wrong.
@@ -234,24 +118,58 @@ typedef uint32_t lf_status;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// The scope between two processes.
-enum lf_scope
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  // Same host: memory can be shared directly.
-  LF_SCOPE_LOCAL = 1,
-  // Different hosts: data goes through the network (MPI).
-  LF_SCOPE_REMOTE = 2,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum lf_scope lf_scope;
-#else
-typedef uint32_t lf_scope;
-#endif // __STDC_VERSION__ >= 202311L
+#ifdef __cplusplus
+extern "C" {
 #endif // __cplusplus
+
+// A static, NUL-terminated description of a status value, such as
+// `"LF_ERR_TIMEOUT: timed out"`. Never NULL; unknown values give `"unknown lf_status value"`.
+//
+// Any value is safe to pass, one from a newer library too. Thread-safe.
+const char *lf_status_str(lf_status status);
+
+// The message of the most recent failed lava-flow call on the calling thread: what went wrong
+// and, where possible, how to fix it. Empty if no call has failed on this thread. Successful
+// calls leave it unchanged.
+//
+// Never NULL. The string belongs to lava-flow and stays valid until the next failing call on
+// the same thread; copy it to keep it.
+const char *lf_last_error_message(void);
+
+// The library's version, `"MAJOR.MINOR.PATCH"`: compare with the header's
+// `LAVA_FLOW_VERSION_*` macros to detect a header/library mismatch. Never NULL, static.
+const char *lf_version(void);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+// ============================================================================================
+// Handles
+//
+// The objects of the API, opaque: created and freed by lava-flow's functions.
+// ============================================================================================
+
+// Opaque handle on a memory context.
+typedef struct lf_context lf_context;
+
+// Opaque handle on a buffer.
+typedef struct lf_buffer lf_buffer;
+
+// Opaque handle on one end of a channel.
+typedef struct lf_channel lf_channel;
+
+// Opaque handle on a process location.
+typedef struct lf_location lf_location;
+
+// Opaque handle on lava-flow's MPI world.
+typedef struct lf_mpi lf_mpi;
+
+// ============================================================================================
+// Logging
+//
+// Where lava-flow's log records go, and which it lets through.
+// ============================================================================================
 
 // The level of a log record, and the levels `lf_set_log_level` accepts: each lets through
 // the records of its own level and the more severe ones. `LF_LOG_LEVEL` names them `off`,
@@ -284,140 +202,208 @@ typedef uint32_t lf_log_level;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// The thread support MPI provides (the values of the MPI standard's constants).
-enum lf_mpi_thread_support
+// A function that receives lava-flow's log records (see `lf_set_log_callback`): the
+// `user_data` given with it, the record's level (never LF_LOG_OFF), its target (the part of
+// lava-flow it comes from, such as `"lava_flow::channels::producer"`) and its message, one
+// line without a trailing newline. Both strings are NUL-terminated UTF-8 and valid only during
+// the call: copy them to keep them.
+typedef void (*lf_log_callback)(void *user_data,
+                                lf_log_level level,
+                                const char *target,
+                                const char *message);
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// Sends lava-flow's log records to `callback` instead of stderr; NULL sends them to stderr
+// again. Records are filtered by level first (`LF_LOG_LEVEL`, `lf_set_log_level`; `warn` by
+// default).
+//
+// The callback may be called from any thread, lava-flow's own included, and from several at
+// once: it must be thread-safe. It must return (not `longjmp` out, nor let a C++ exception
+// escape: lava-flow cannot catch either) and should return quickly: the thread that logs
+// waits for it, and nothing else. It must not call lava-flow functions (this one fails with
+// LF_ERR_INVALID_STATE there); should it make lava-flow log on its own thread, that record
+// goes to stderr. `user_data` is passed to it untouched.
+//
+// When this function returns, no call of the previous callback is in progress (it waits for
+// those to return), so what the previous `user_data` points to may be freed. Thread-safe.
+//
+// A Rust program that installed its own `log` logger before using lava-flow keeps it:
+// lava-flow's records go to that logger, and the callback is not called.
+//
+// # Safety
+// `callback` must be NULL or a function of this signature that stays callable until it is
+// replaced; `user_data` must be valid for it for as long.
+lf_status lf_set_log_callback(lf_log_callback callback, void *user_data);
+
+// Sets which records lava-flow logs: an `lf_log_level`, LF_LOG_OFF to LF_LOG_TRACE (taken as
+// an integer and checked: another value is LF_ERR_INVALID_ARGUMENT). Overrides `LF_LOG_LEVEL`;
+// the last setting wins. Applies to stderr and to the callback alike. Thread-safe.
+lf_status lf_set_log_level(lf_log_level level);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+// ============================================================================================
+// Context
+//
+// The per-process memory context, its settings, and the GPU device it opens.
+// ============================================================================================
+
+// `lf_device_info.features` bits.
+#define LF_DEVICE_EXPORT_OPAQUE_FD 1
+
+#define LF_DEVICE_IMPORT_OPAQUE_FD 2
+
+#define LF_DEVICE_EXPORT_DMA_BUF 4
+
+// `VK_EXT_external_memory_host`: GPU-pinned buffers are imported into the device.
+#define LF_DEVICE_HOST_POINTER_IMPORT 8
+
+// The lengths of `lf_device_info`'s arrays (Vulkan's own maxima for heaps and types).
+#define LF_DEVICE_STRING_SIZE 256
+
+#define LF_DEVICE_MAX_HEAPS 16
+
+#define LF_DEVICE_MAX_MEMORY_TYPES 32
+
+// What to do when huge pages are asked for and the kernel has none to give:
+// `lf_context_config.hugepage_policy` for a context, and `lf_alloc`'s `hugepage_policy`
+// for one allocation.
+enum lf_hugepage_policy
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : uint32_t
 #endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
  {
-  LF_MPI_THREAD_SINGLE = 0,
-  LF_MPI_THREAD_FUNNELED = 1,
-  LF_MPI_THREAD_SERIALIZED = 2,
-  LF_MPI_THREAD_MULTIPLE = 3,
+  // The default: strict for a context; the context's policy for one allocation.
+  LF_HUGEPAGE_DEFAULT = 0,
+  // Fail when no huge pages are reserved, saying how to reserve them.
+  LF_HUGEPAGE_STRICT = 1,
+  // Fall back to ordinary memory (the buffer reports what it got, and why).
+  LF_HUGEPAGE_BEST_EFFORT = 2,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
-typedef enum lf_mpi_thread_support lf_mpi_thread_support;
+typedef enum lf_hugepage_policy lf_hugepage_policy;
 #else
-typedef uint32_t lf_mpi_thread_support;
+typedef uint32_t lf_hugepage_policy;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Opaque handle on a buffer.
-typedef struct lf_buffer lf_buffer;
+// Whether `lf_context_create` opens a GPU (`lf_context_config.gpu_policy`).
+enum lf_gpu_policy
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Open Vulkan at `lf_context_create`; without a loader or device go on without a GPU
+  // (GPU allocations fall back to CPU memory, visibly) and record why. The default.
+  LF_GPU_AUTO = 0,
+  // `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
+  LF_GPU_REQUIRED = 1,
+  // Touch no GPU API (no Vulkan device, no CUDA registration).
+  LF_GPU_DISABLED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_gpu_policy lf_gpu_policy;
+#else
+typedef uint32_t lf_gpu_policy;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
-// Opaque handle on one end of a channel.
-typedef struct lf_channel lf_channel;
+// Which Vulkan device a context opens (`lf_context_config.gpu_device_select`).
+enum lf_gpu_device_select
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // The device `LF_VULKAN_DEVICE` names, else the first discrete GPU, else the first
+  // device. The default.
+  LF_GPU_DEVICE_DEFAULT = 0,
+  // The device at `gpu_device_index` in the loader's order.
+  LF_GPU_DEVICE_INDEX = 1,
+  // The device whose deviceUUID is `gpu_device_uuid`.
+  LF_GPU_DEVICE_UUID = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_gpu_device_select lf_gpu_device_select;
+#else
+typedef uint32_t lf_gpu_device_select;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
-// Opaque handle on a memory context.
-typedef struct lf_context lf_context;
+// What kind of device a GPU is (`lf_device_info.device_type`): the values of
+// `VkPhysicalDeviceType`.
+enum lf_device_type
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  LF_DEVICE_TYPE_OTHER = 0,
+  LF_DEVICE_TYPE_INTEGRATED_GPU = 1,
+  LF_DEVICE_TYPE_DISCRETE_GPU = 2,
+  LF_DEVICE_TYPE_VIRTUAL_GPU = 3,
+  LF_DEVICE_TYPE_CPU = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_device_type lf_device_type;
+#else
+typedef uint32_t lf_device_type;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
-// Opaque handle on a process location.
-typedef struct lf_location lf_location;
-
-// Opaque handle on lava-flow's MPI world.
-typedef struct lf_mpi lf_mpi;
-
-// Channel options; fill with `lf_channel_config_default` and change what you need.
-typedef struct lf_channel_config {
-  // LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK or LF_WAIT_BLOCK.
-  uint32_t wait_strategy;
-  // Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
-  uint32_t capacity;
-  // Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
-  uint64_t spin_ns;
-  // Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
-  // both ends at `lf_channel_create`. Producer's value rules.
-  uint64_t pool_size;
-  // How long lf_channel_create waits for the peer; negative: forever.
-  int64_t rendezvous_timeout_ns;
-  // 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
-  // and they must not be rewritten until the message completes (`lf_wait_completed`).
-  // 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
-  uint32_t auto_zero_copy;
-  // 1: GPU buffers must go by reference with GPU-side synchronisation; where they would be
-  // staged through host memory (the consumer on another GPU, or without one) or
-  // synchronised on the host (the driver cannot share semaphores), `lf_channel_create`
-  // fails instead, saying why. 0 (the default): those fallbacks are taken and reported by
-  // `lf_channel_transport`.
-  uint32_t strict_gpu;
-  // 1: the consumer signals the producer's released semaphore
-  // (`lf_channel_released_semaphore`) as it lets go of GPU messages, so that the
-  // producer's GPU work can wait for a buffer's release on the GPU. 0 (the default): no
-  // semaphore signal per GPU message; `lf_wait_completed` waits on the host. Producer's
-  // value rules.
-  uint32_t released_semaphore;
-  // 1 (the default): the producer faults the shared pool in when the channel is made (and
-  // the consumer maps it in whole), where it is at most a quarter of the available memory,
-  // so that first touches do not fault in the message path. 0: pages fault in as used.
-  // Producer's value rules.
-  uint32_t prefault;
-} lf_channel_config;
-
-// Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
-typedef struct lf_loan_region {
-  void *data;
-  size_t len;
-  // Internal: identifies the loan. Do not change.
-  uint64_t token;
-} lf_loan_region;
-
-// A received message: `len` bytes at `data`, readable until `lf_release`.
-typedef struct lf_message {
-  const void *data;
-  size_t len;
-  // The message's sequence number (0, 1, 2, ... per producer).
-  uint64_t sequence;
-  // Internal: which producer session the message came from. Do not change.
-  uint64_t session;
-  // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
-  uint32_t flags;
-  uint32_t reserved;
-  // For LF_MESSAGE_GPU: the value of the channel's ready semaphore
-  // (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
-  // lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
-  uint64_t ready_value;
-} lf_message;
-
-// Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
-// defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
-// fallback otherwise), the default device, 64 MiB GPU arenas.
+// Context settings. Start from `lf_context_config_init` (or a struct of zeros,
+// `lf_context_config c = {0};`: the same defaults) and change what you need: 0 in a field
+// means its default. The defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if
+// there is one (CPU fallback otherwise), the default device, 64 MiB GPU arenas.
 typedef struct lf_context_config {
-  // LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT; 0 for strict.
-  uint32_t hugepage_policy;
-  // LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
-  uint32_t gpu_policy;
+  // `sizeof(lf_context_config)`, set by `lf_context_config_init`; 0 only in a struct of
+  // zeros. See "Growable structs" at the top of this header.
+  uint32_t struct_size;
+  // LF_HUGEPAGE_DEFAULT (strict), LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
+  lf_hugepage_policy hugepage_policy;
   // Pooled arena size in bytes, a power of two from 64 KiB to 1 GiB; 0 for 2 MiB.
   uint64_t arena_size;
+  // Whether to open the GPU; LF_GPU_AUTO by default.
+  lf_gpu_policy gpu_policy;
   // Which Vulkan device: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX (`gpu_device_index`)
   // or LF_GPU_DEVICE_UUID (`gpu_device_uuid`). A device that does not exist makes
   // `lf_context_create` fail with LF_ERR_NOT_FOUND, listing the devices there are.
-  uint32_t gpu_device_select;
+  lf_gpu_device_select gpu_device_select;
   uint32_t gpu_device_index;
-  uint8_t gpu_device_uuid[16];
   // 1: a GPU location asked of a context without a device is LF_ERR_UNSUPPORTED instead
   // of CPU memory that reports the fallback (`lf_buffer_fallback_reason`). 0 or 1.
   uint32_t strict_gpu;
-  // Must be 0.
-  uint32_t reserved0;
+  uint8_t gpu_device_uuid[16];
   // Size of the pooled GPU arenas in bytes; 0 for 64 MiB. At most 2^40 (1 TiB) and the
   // device's largest memory heap: larger is LF_ERR_INVALID_ARGUMENT at `lf_context_create`.
   uint64_t gpu_arena_size;
-  // Room for later settings; must be 0.
-  uint64_t reserved[2];
 } lf_context_config;
 
 // What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
+// Set `struct_size` before asking for it
+// (`lf_device_info info = {.struct_size = sizeof info};`); the library fills that many
+// bytes, zeros where it has nothing.
 typedef struct lf_device_info {
+  // `sizeof(lf_device_info)`, set by the caller. See "Growable structs" at the top of this
+  // header.
+  uint32_t struct_size;
   // Position in the loader's enumeration (`vulkaninfo --summary`).
   uint32_t index;
-  // An `LF_DEVICE_TYPE_*` value.
-  uint32_t device_type;
+  lf_device_type device_type;
   uint32_t vendor_id;
   uint32_t device_id;
   // Packed Vulkan versions (`VK_API_VERSION_MAJOR(v)` ...).
   uint32_t api_version;
   uint32_t driver_version;
+  // `LF_DEVICE_*` feature bits.
+  uint32_t features;
   // deviceUUID: equal to CUDA's device UUID on NVIDIA, and what exports carry.
   uint8_t device_uuid[16];
   uint8_t driver_uuid[16];
@@ -433,79 +419,167 @@ typedef struct lf_device_info {
   // Each memory type's `VkMemoryPropertyFlags` and heap index.
   uint32_t memory_type_flags[32];
   uint32_t memory_type_heaps[32];
-  // `LF_DEVICE_*` feature bits.
-  uint32_t features;
-  uint32_t reserved;
 } lf_device_info;
-
-// An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
-// format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
-// the fd carries everything. All fields are validated on import.
-//
-// For GPU memory (`location` LF_MEMORY_GPU_*), `fd` is the Vulkan allocation exported as
-// `handle_type` (1: OPAQUE_FD) and the GPU fields say how to import it; CUDA takes it with
-// `cudaImportExternalMemory` (type OpaqueFd, size `arena_size`, flag
-// `cudaExternalMemoryDedicated` when `gpu_flags & LF_EXPORT_GPU_DEDICATED`) and
-// `cudaExternalMemoryGetMappedBuffer` at `offset`, `size`, on the CUDA device whose UUID
-// equals `device_uuid`. For CPU memory the GPU fields are 0.
-typedef struct lf_export {
-  // LF_EXPORT_MAGIC, to recognise a lava-flow export.
-  uint32_t magic;
-  // The layout version (LF_EXPORT_VERSION).
-  uint32_t version;
-  // The `LF_MEMORY_*` value of the memory.
-  uint32_t location;
-  // The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
-  int32_t numa_node;
-  // Where the buffer starts in its arena (the memory `fd` refers to).
-  uint64_t offset;
-  uint64_t size;
-  uint64_t arena_id;
-  // The size of the whole memory `fd` refers to.
-  uint64_t arena_size;
-  // The process that created the memory, and its random per-run token.
-  uint32_t exporter_pid;
-  // The arena's memory: a sealed memfd (CPU), an exported Vulkan allocation (GPU).
-  int32_t fd;
-  uint64_t exporter_token;
-  // GPU: the `VkExternalMemoryHandleTypeFlagBits` value of `fd` (1: OPAQUE_FD).
-  uint32_t handle_type;
-  // GPU: the exporter's Vulkan memory type index and its `VkMemoryPropertyFlags`.
-  uint32_t memory_type_index;
-  uint32_t memory_property_flags;
-  // GPU: LF_EXPORT_GPU_DEDICATED or 0.
-  uint32_t gpu_flags;
-  // GPU: the exporting device's deviceUUID (equal to CUDA's device UUID on NVIDIA).
-  uint8_t device_uuid[16];
-  // GPU: the exporting driver's driverUUID.
-  uint8_t driver_uuid[16];
-  // Must be 0.
-  uint64_t reserved[2];
-} lf_export;
-
-// A function that receives lava-flow's log records (see `lf_set_log_callback`): the
-// `user_data` given with it, the record's level (never LF_LOG_OFF), its target (the part of
-// lava-flow it comes from, such as `"lava_flow::channels::producer"`) and its message, one
-// line without a trailing newline. Both strings are NUL-terminated UTF-8 and valid only during
-// the call: copy them to keep them.
-typedef void (*lf_log_callback)(void *user_data,
-                                lf_log_level level,
-                                const char *target,
-                                const char *message);
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
-// Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
-// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-// must be LF_UNSET otherwise. `flags`: 0 (the context's hugepage policy),
-// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT (also named LF_ALLOC_HUGEPAGE_STRICT and
-// LF_ALLOC_HUGEPAGE_BEST_EFFORT: the same values). On success `*out` receives a buffer to
-// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
-// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
+// Fills `*config` with the defaults (zeros: each field's default) and sets its `struct_size`
+// to `struct_size`, which is `sizeof(lf_context_config)` as the caller's header has it:
+// `lf_context_config_init(&config, sizeof config)`. Sizes as for `struct_size`
+// (LF_ERR_INVALID_ARGUMENT for one that is not a size of the struct).
 //
-// Errors: LF_ERR_INVALID_ARGUMENT (size 0, unknown location value or flag, a node that does
+// # Safety
+// `config` must be NULL (rejected) or writable for `struct_size` bytes.
+lf_status lf_context_config_init(struct lf_context_config *config, size_t struct_size);
+
+// Creates a memory context. `config` may be NULL for the defaults. Create one per process
+// and share it between threads. On success `*out` receives the context, to release with
+// `lf_context_free`.
+//
+// The GPU is opened here, eagerly (`gpu_policy`): `lf_context_device_info` reports it, or
+// `lf_context_gpu_unavailable_reason` says why there is none. Errors: LF_ERR_INVALID_ARGUMENT
+// for unknown values; LF_ERR_NOT_FOUND for a device index or UUID that matches no device;
+// under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
+//
+// # Safety
+// `config` must be NULL or point to a readable `lf_context_config` of its `struct_size`
+// bytes; `out` NULL (rejected) or writable.
+lf_status lf_context_create(const struct lf_context_config *config, struct lf_context **out);
+
+// Gives freed GPU memory back to the driver now: every pooled GPU arena that no buffer uses,
+// the one empty spare per memory kind that the context keeps for the next allocations too.
+// `*given_back` (if not NULL) receives how many bytes that was (0 without a GPU). Without this
+// call, a freed buffer that leaves its pooled arena empty gives that arena back unless it is
+// the spare, and a buffer of its own arena (over a quarter of `gpu_arena_size`) gives its
+// memory back when freed. Memory a channel still holds for a message is given back when the
+// message is released.
+//
+// # Safety
+// `context` must be NULL or a pointer from lava-flow; `given_back` NULL or writable.
+lf_status lf_context_trim(const struct lf_context *context, uint64_t *given_back);
+
+// Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
+// pointer that is not a live context. Buffers made from it stay valid until freed.
+//
+// # Safety
+// `context` must not be in use by another thread.
+void lf_context_free(struct lf_context *context);
+
+// What the context's GPU is: `*out` receives the report of the Vulkan device
+// `lf_context_create` opened, as far as its `struct_size` (set by the caller) says; a size
+// that is not one of the struct's is LF_ERR_INVALID_ARGUMENT. LF_ERR_UNSUPPORTED when the
+// context has none (no loader, driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the
+// message says why, as `lf_context_gpu_unavailable_reason` does. Thread-safe.
+//
+// # Safety
+// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable for its
+// `struct_size` bytes.
+lf_status lf_context_device_info(const struct lf_context *context, struct lf_device_info *out);
+
+// Why the context has no Vulkan device: `*out` receives NULL when it has one, else the
+// reason (the Vulkan loader's or driver's word, or the policy that disabled the GPU), a
+// string owned by the context and valid until `lf_context_free`. Thread-safe.
+//
+// # Safety
+// As `lf_context_device_info`.
+lf_status lf_context_gpu_unavailable_reason(const struct lf_context *context, const char **out);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+// ============================================================================================
+// Memory
+//
+// Kinds of memory, allocation, registration of user memory, buffers and their data.
+// ============================================================================================
+
+// Where memory lives: what `lf_alloc` is asked for, and what a buffer really is
+// (`lf_buffer_location`, `lf_export.location`).
+enum lf_memory_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Ordinary pageable memory.
+  LF_MEMORY_CPU_STANDARD = 1,
+  // Memory bound to one NUMA node (`lf_alloc`'s `numa_node`).
+  LF_MEMORY_CPU_NUMA = 2,
+  // Memory backed by 2 MiB huge pages.
+  LF_MEMORY_CPU_HUGEPAGE_2MB = 3,
+  // Memory backed by 1 GiB huge pages.
+  LF_MEMORY_CPU_HUGEPAGE_1GB = 4,
+  // Locked host memory registered with the GPU APIs present (`lf_buffer_registrations`).
+  LF_MEMORY_CPU_GPU_PINNED = 5,
+  // GPU memory of the context's Vulkan device, fastest for the GPU.
+  LF_MEMORY_GPU_DEVICE_LOCAL = 6,
+  // GPU memory the host can map.
+  LF_MEMORY_GPU_HOST_VISIBLE = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_memory_kind lf_memory_kind;
+#else
+typedef uint32_t lf_memory_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// How a buffer came to be (`lf_buffer_origin`).
+enum lf_origin
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Allocated here (exportable).
+  LF_ORIGIN_ALLOCATED = 1,
+  // The caller's memory, entered with `lf_register`.
+  LF_ORIGIN_REGISTERED = 2,
+  // Imported from an export (`lf_import`): the exporter's memory.
+  LF_ORIGIN_IMPORTED = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_origin lf_origin;
+#else
+typedef uint32_t lf_origin;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// The GPU APIs GPU-pinned memory is registered with: bits of `lf_buffer_registrations`'s
+// `flags`, which may hold several.
+enum lf_registration
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Imported into the context's Vulkan device (`VK_EXT_external_memory_host`).
+  LF_REGISTRATION_VULKAN = 1,
+  // Registered with CUDA (`cuMemHostRegister`, portable).
+  LF_REGISTRATION_CUDA = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_registration lf_registration;
+#else
+typedef uint32_t lf_registration;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// Allocates `size` bytes of shareable memory of kind `location`. `numa_node` picks the node
+// for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and must be LF_UNSET
+// otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy), or
+// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out`
+// receives a buffer to release with `lf_free`; ask it what it really got
+// (`lf_buffer_location`, `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it
+// differs).
+//
+// Errors: LF_ERR_INVALID_ARGUMENT (size 0, an unknown kind or policy, a node that does
 // not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
 // host has; no huge pages reserved under the strict policy — the message says how to
 // reserve them), LF_ERR_PERMISSION_DENIED (RLIMIT_MEMLOCK too small for GPU-pinned memory),
@@ -520,11 +594,11 @@ extern "C" {
 //
 // # Safety
 // `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_alloc(const struct lf_context *context,
+lf_status lf_alloc(const lf_context *context,
                    size_t size,
-                   uint32_t location,
+                   lf_memory_kind location,
                    int64_t numa_node,
-                   uint32_t flags,
+                   lf_hugepage_policy hugepage_policy,
                    struct lf_buffer **out);
 
 // Allocates `size` bytes where lava-flow's policy puts buffers from `mine` to `peer`:
@@ -534,10 +608,10 @@ lf_status lf_alloc(const struct lf_context *context,
 // # Safety
 // `context`, `mine` and `peer` must be NULL or pointers obtained from lava-flow; `out`
 // NULL or writable.
-lf_status lf_alloc_auto(const struct lf_context *context,
+lf_status lf_alloc_auto(const lf_context *context,
                         size_t size,
-                        const struct lf_location *mine,
-                        const struct lf_location *peer,
+                        const lf_location *mine,
+                        const lf_location *peer,
                         struct lf_buffer **out);
 
 // Registers `size` bytes of the caller's memory at `ptr`, so that `lf_buffer_find` knows
@@ -548,10 +622,7 @@ lf_status lf_alloc_auto(const struct lf_context *context,
 //
 // # Safety
 // `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
-lf_status lf_register(const struct lf_context *context,
-                      void *ptr,
-                      size_t size,
-                      struct lf_buffer **out);
+lf_status lf_register(const lf_context *context, void *ptr, size_t size, struct lf_buffer **out);
 
 // Ends the registration of user memory made by `lf_register` with `context` and releases
 // the handle; the memory itself is untouched. A buffer that is not registered memory of
@@ -560,7 +631,7 @@ lf_status lf_register(const struct lf_context *context,
 // # Safety
 // `context` and `buffer` must be NULL or pointers obtained from lava-flow; `buffer` must
 // not be in use by another thread.
-lf_status lf_deregister(const struct lf_context *context, struct lf_buffer *buffer);
+lf_status lf_deregister(const lf_context *context, struct lf_buffer *buffer);
 
 // Finds the buffer of `context` that holds the address `ptr`: `*out` receives its handle
 // (borrowed: the same handle `lf_alloc`/`lf_import`/`lf_register` gave, not a new one) and,
@@ -569,7 +640,7 @@ lf_status lf_deregister(const struct lf_context *context, struct lf_buffer *buff
 //
 // # Safety
 // `context` as `lf_alloc`; `out` NULL or writable; `offset` NULL or writable.
-lf_status lf_buffer_find(const struct lf_context *context,
+lf_status lf_buffer_find(const lf_context *context,
                          const void *ptr,
                          struct lf_buffer **out,
                          size_t *offset);
@@ -597,13 +668,13 @@ lf_status lf_buffer_ptr(const struct lf_buffer *buffer, void **out);
 // As `lf_buffer_ptr`.
 lf_status lf_buffer_size(const struct lf_buffer *buffer, size_t *out);
 
-// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
+// The kind of memory really obtained: a best-effort hugepage request that
 // fell back, and a GPU request of a context without a GPU, give LF_MEMORY_CPU_STANDARD.
 // Imported buffers carry the exporter's.
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_location(const struct lf_buffer *buffer, uint32_t *out);
+lf_status lf_buffer_location(const struct lf_buffer *buffer, lf_memory_kind *out);
 
 // The NUMA node of LF_MEMORY_CPU_NUMA memory, LF_UNSET for other locations.
 //
@@ -623,21 +694,21 @@ lf_status lf_buffer_page_size(const struct lf_buffer *buffer, size_t *out);
 //
 // # Safety
 // As `lf_buffer_ptr`.
-lf_status lf_buffer_origin(const struct lf_buffer *buffer, uint32_t *out);
+lf_status lf_buffer_origin(const struct lf_buffer *buffer, lf_origin *out);
 
 // Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
 // reason, a string owned by the buffer and valid until `lf_free`: a GPU location asked of a
 // context without a Vulkan device (and why it has none), or huge pages under the best-effort
-// policy (`lf_alloc`'s flag, the context's policy, or `lf_alloc_auto`'s staging memory for a
-// remote peer) that the kernel could not give (and why). Every buffer whose
+// policy (`lf_alloc`'s `hugepage_policy`, the context's policy, or `lf_alloc_auto`'s staging
+// memory for a remote peer) that the kernel could not give (and why). Every buffer whose
 // `lf_buffer_location` differs from what was asked has a reason.
 //
 // # Safety
 // As `lf_buffer_ptr`.
 lf_status lf_buffer_fallback_reason(const struct lf_buffer *buffer, const char **out);
 
-// The GPU APIs the buffer's memory is registered with: `*flags` receives
-// LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory
+// The GPU APIs the buffer's memory is registered with: `*flags` receives the `lf_registration`
+// bits LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory
 // (where each API is present), 0 otherwise. `lf_buffer_registration_failures` says why a
 // registration is missing.
 //
@@ -688,25 +759,269 @@ lf_status lf_buffer_read(const struct lf_buffer *buffer, size_t offset, void *ou
 //
 // # Safety
 // `context`, `dst` and `src` must be NULL or pointers obtained from lava-flow.
-lf_status lf_buffer_copy(const struct lf_context *context,
+lf_status lf_buffer_copy(const lf_context *context,
                          const struct lf_buffer *dst,
                          size_t dst_offset,
                          const struct lf_buffer *src,
                          size_t src_offset,
                          size_t size);
 
-// Fills `*out` with the defaults: spin-then-block (50 us), 256 messages, a 16 MiB pool,
-// a 10 s rendezvous timeout.
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+// ============================================================================================
+// Export and import
+//
+// A buffer handed to another process on this host, and taken in there.
+// ============================================================================================
+
+// The size of `lf_export`, in bytes.
+#define LF_EXPORT_SIZE 128
+
+// The layout version of `lf_export` this library writes and reads.
+#define LF_EXPORT_VERSION 2
+
+// `lf_export.gpu_flags`: the GPU arena is a dedicated allocation; import it as dedicated
+// (`cudaExternalMemoryDedicated`, `VkMemoryDedicatedAllocateInfo`).
+#define LF_EXPORT_GPU_DEDICATED 1
+
+// The magic number every export starts with ("LFEX").
+#define LF_EXPORT_MAGIC 1279673688
+
+// An exported buffer. The layout equals lava-flow's wire format (`fd` sits where the wire
+// format has a reserved word, and is ignored there): sending `sizeof(lf_export)` bytes plus
+// the fd carries everything. All fields are validated on import.
+//
+// For GPU memory (`location` LF_MEMORY_GPU_*), `fd` is the Vulkan allocation exported as
+// `handle_type` (1: OPAQUE_FD) and the GPU fields say how to import it; CUDA takes it with
+// `cudaImportExternalMemory` (type OpaqueFd, size `arena_size`, flag
+// `cudaExternalMemoryDedicated` when `gpu_flags & LF_EXPORT_GPU_DEDICATED`) and
+// `cudaExternalMemoryGetMappedBuffer` at `offset`, `size`, on the CUDA device whose UUID
+// equals `device_uuid`. For CPU memory the GPU fields are 0.
+typedef struct lf_export {
+  // LF_EXPORT_MAGIC, to recognise a lava-flow export.
+  uint32_t magic;
+  // The layout version (LF_EXPORT_VERSION).
+  uint32_t version;
+  // The kind of memory.
+  lf_memory_kind location;
+  // The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
+  int32_t numa_node;
+  // Where the buffer starts in its arena (the memory `fd` refers to).
+  uint64_t offset;
+  uint64_t size;
+  uint64_t arena_id;
+  // The size of the whole memory `fd` refers to.
+  uint64_t arena_size;
+  // The process that created the memory, and its random per-run token.
+  uint32_t exporter_pid;
+  // The arena's memory: a sealed memfd (CPU), an exported Vulkan allocation (GPU).
+  int32_t fd;
+  uint64_t exporter_token;
+  // GPU: the `VkExternalMemoryHandleTypeFlagBits` value of `fd` (1: OPAQUE_FD).
+  uint32_t handle_type;
+  // GPU: the exporter's Vulkan memory type index and its `VkMemoryPropertyFlags`.
+  uint32_t memory_type_index;
+  uint32_t memory_property_flags;
+  // GPU: LF_EXPORT_GPU_DEDICATED or 0.
+  uint32_t gpu_flags;
+  // GPU: the exporting device's deviceUUID (equal to CUDA's device UUID on NVIDIA).
+  uint8_t device_uuid[16];
+  // GPU: the exporting driver's driverUUID.
+  uint8_t driver_uuid[16];
+  // Must be 0.
+  uint64_t reserved[2];
+} lf_export;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// Exports a buffer for another process on this host. `*out` receives the export; its `fd`
+// is a new descriptor owned by the caller (close it once sent). Registered user memory
+// cannot be exported (LF_ERR_UNSUPPORTED). Thread-safe.
 //
 // # Safety
-// `out` must be NULL (rejected) or point to writable storage for an `lf_channel_config`.
-lf_status lf_channel_config_default(struct lf_channel_config *out);
+// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_buffer_export(const lf_buffer *buffer, struct lf_export *out);
+
+// Imports an export into `context`: `*out` receives a buffer mapping the very same memory
+// (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
+// one arena maps it once. Everything is validated: a foreign or damaged export gives
+// LF_ERR_INVALID_ARGUMENT (or LF_ERR_UNSUPPORTED for another version) with the reason.
+//
+// `export->fd` is taken in every case, success or error, once `export` is readable.
+//
+// # Safety
+// `context` must be NULL or a pointer obtained from lava-flow; `export` NULL or readable;
+// `out` NULL or writable.
+lf_status lf_import(const lf_context *context, const struct lf_export *export_, lf_buffer **out);
+
+// Sends an export over a connected Unix stream socket (`SCM_RIGHTS`). `export->fd` stays
+// open and the caller's. Blocks as the socket does.
+//
+// # Safety
+// `export` must be NULL or readable.
+lf_status lf_export_send(int32_t socket, const struct lf_export *export_);
+
+// Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
+// caller (hand it to `lf_import`). Anything else arriving on the socket is refused
+// (LF_ERR_CORRUPT, the message naming what is wrong) and any fds that came with it are
+// closed: a message that is not one 128-byte record with one fd; a record with another magic
+// or version, non-zero reserved fields, an unknown location, handle type or flag, GPU fields
+// on CPU memory, or an empty range or one outside its arena; an fd that is not memory (for
+// CPU memory a memfd sealed against shrinking) of at least the arena's size.
+// LF_ERR_PEER_GONE when the socket closed first.
+//
+// # Safety
+// `out` must be NULL or writable.
+lf_status lf_export_recv(int32_t socket, struct lf_export *out);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+// ============================================================================================
+// Channels
+//
+// Messages from one producer to one consumer: copies, loans, buffers by reference.
+// ============================================================================================
+
+// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
+// or `lf_send` of bytes inside a buffer): nothing was copied.
+#define LF_MESSAGE_ZERO_COPY 1
+
+// `lf_message.flags`: the payload is GPU memory of the sender's, shared with this process's
+// GPU: `lf_message_buffer` gives it as an `lf_buffer`; `data` is its host address where the
+// host can map it, else NULL.
+#define LF_MESSAGE_GPU 2
+
+// How a channel end waits for its peer (`lf_channel_config.wait_strategy`).
+enum lf_wait_strategy
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Spin on shared memory while waiting (lowest latency, a busy core).
+  LF_WAIT_BUSY_POLL = 1,
+  // Spin for `spin_ns`, then sleep. The default.
+  LF_WAIT_SPIN_THEN_BLOCK = 2,
+  // Sleep at once (no CPU while waiting).
+  LF_WAIT_BLOCK = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_wait_strategy lf_wait_strategy;
+#else
+typedef uint32_t lf_wait_strategy;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// Which end of a channel a process creates (`lf_channel_create`).
+enum lf_role
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // The producing end.
+  LF_ROLE_PRODUCER = 1,
+  // The consuming end.
+  LF_ROLE_CONSUMER = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_role lf_role;
+#else
+typedef uint32_t lf_role;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// Channel options. Fill with `lf_channel_config_init` and change what you need.
+typedef struct lf_channel_config {
+  // `sizeof(lf_channel_config)`, set by `lf_channel_config_init`. See "Growable structs" at
+  // the top of this header.
+  uint32_t struct_size;
+  lf_wait_strategy wait_strategy;
+  // Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
+  uint64_t spin_ns;
+  // Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
+  uint32_t capacity;
+  // 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
+  // and they must not be rewritten until the message completes (`lf_wait_completed`).
+  // 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
+  uint32_t auto_zero_copy;
+  // Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
+  // both ends at `lf_channel_create`. Producer's value rules.
+  uint64_t pool_size;
+  // How long lf_channel_create waits for the peer; negative: forever.
+  int64_t rendezvous_timeout_ns;
+  // 1: GPU buffers must go by reference with GPU-side synchronisation; where they would be
+  // staged through host memory (the consumer on another GPU, or without one) or
+  // synchronised on the host (the driver cannot share semaphores), `lf_channel_create`
+  // fails instead, saying why. 0 (the default): those fallbacks are taken and reported by
+  // `lf_channel_transport`.
+  uint32_t strict_gpu;
+  // 1: the consumer signals the producer's released semaphore
+  // (`lf_channel_released_semaphore`) as it lets go of GPU messages, so that the
+  // producer's GPU work can wait for a buffer's release on the GPU. 0 (the default): no
+  // semaphore signal per GPU message; `lf_wait_completed` waits on the host. Producer's
+  // value rules.
+  uint32_t released_semaphore;
+  // 1 (the default): the producer faults the shared pool in when the channel is made (and
+  // the consumer maps it in whole), where it is at most a quarter of the available memory,
+  // so that first touches do not fault in the message path. 0: pages fault in as used.
+  // Producer's value rules.
+  uint32_t prefault;
+  // Must be 0 (it keeps the struct free of padding).
+  uint32_t reserved;
+} lf_channel_config;
+
+// Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
+typedef struct lf_loan_region {
+  void *data;
+  size_t len;
+  // Internal: identifies the loan. Do not change.
+  uint64_t token;
+} lf_loan_region;
+
+// A received message: `len` bytes at `data`, readable until `lf_release`.
+typedef struct lf_message {
+  const void *data;
+  size_t len;
+  // The message's sequence number (0, 1, 2, ... per producer).
+  uint64_t sequence;
+  // Internal: which producer session the message came from. Do not change.
+  uint64_t session;
+  // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
+  uint32_t flags;
+  uint32_t reserved;
+  // For LF_MESSAGE_GPU: the value of the channel's ready semaphore
+  // (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
+  // lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
+  uint64_t ready_value;
+} lf_message;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// Fills `*config` with the defaults (spin-then-block for 50 us, 256 messages, a 16 MiB pool,
+// a 10 s rendezvous timeout, `auto_zero_copy` and `prefault` on) and sets its `struct_size`
+// to `struct_size`, which is `sizeof(lf_channel_config)` as the caller's header has it:
+// `lf_channel_config_init(&config, sizeof config)`. Fields this library does not know (a
+// newer header's) are set to 0. LF_ERR_INVALID_ARGUMENT for a size that is not one of the
+// struct's.
+//
+// # Safety
+// `config` must be NULL (rejected) or writable for `struct_size` bytes.
+lf_status lf_channel_config_init(struct lf_channel_config *config, size_t struct_size);
 
 // Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
 // waits for the other end; either may start first. `context` is this process's memory
 // context: `lf_send` of bytes inside one of its buffers goes by reference. The channel
-// keeps what it needs of the context, which may be freed before the channel. `role` is
-// LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
+// keeps what it needs of the context, which may be freed before the channel. `role` says
+// which end this is. The transport follows the scope between
 // `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 // which and why. `config` may be NULL for the defaults.
 //
@@ -716,13 +1031,13 @@ lf_status lf_channel_config_default(struct lf_channel_config *out);
 //
 // # Safety
 // `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
-// locations NULL or live lf_location handles; `config` NULL or a valid config; `out` NULL or
-// writable.
-lf_status lf_channel_create(const struct lf_context *context,
+// locations NULL or live lf_location handles; `config` NULL or readable for its `struct_size`
+// bytes; `out` NULL or writable.
+lf_status lf_channel_create(const lf_context *context,
                             const char *name,
-                            uint32_t role,
-                            const struct lf_location *my_location,
-                            const struct lf_location *peer_location,
+                            lf_role role,
+                            const lf_location *my_location,
+                            const lf_location *peer_location,
                             const struct lf_channel_config *config,
                             struct lf_channel **out);
 
@@ -788,7 +1103,7 @@ lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, 
 // # Safety
 // `channel` and `buffer` NULL or pointers from lava-flow; `sequence` NULL or writable.
 lf_status lf_send_buffer(struct lf_channel *channel,
-                         const struct lf_buffer *buffer,
+                         const lf_buffer *buffer,
                          size_t offset,
                          size_t len,
                          int64_t timeout_ns,
@@ -805,7 +1120,7 @@ lf_status lf_send_buffer(struct lf_channel *channel,
 // # Safety
 // As `lf_send_buffer`.
 lf_status lf_send_buffer_after(struct lf_channel *channel,
-                               const struct lf_buffer *buffer,
+                               const lf_buffer *buffer,
                                size_t offset,
                                size_t len,
                                uint64_t ready_value,
@@ -918,7 +1233,7 @@ lf_status lf_release(struct lf_channel *channel, const struct lf_message *messag
 // NULL or writable.
 lf_status lf_message_buffer(struct lf_channel *channel,
                             const struct lf_message *message,
-                            const struct lf_buffer **out);
+                            const lf_buffer **out);
 
 // A file descriptor for poll/epoll: readable while a message waits or after the producer
 // has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
@@ -936,97 +1251,41 @@ lf_status lf_channel_fd(struct lf_channel *channel, int *out);
 // `channel` must not be in use by another thread.
 void lf_channel_free(struct lf_channel *channel);
 
-// Creates a memory context. `config` may be NULL for the defaults. Create one per process
-// and share it between threads. On success `*out` receives the context, to release with
-// `lf_context_free`.
-//
-// The GPU is opened here, eagerly (`gpu_policy`): `lf_context_device_info` reports it, or
-// `lf_context_gpu_unavailable_reason` says why there is none. Errors: LF_ERR_INVALID_ARGUMENT
-// for unknown values; LF_ERR_NOT_FOUND for a device index or UUID that matches no device;
-// under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
-//
-// # Safety
-// `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
-// or writable.
-lf_status lf_context_create(const struct lf_context_config *config, struct lf_context **out);
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
 
-// Gives freed GPU memory back to the driver now: every pooled GPU arena that no buffer uses,
-// the one empty spare per memory kind that the context keeps for the next allocations too.
-// `*given_back` (if not NULL) receives how many bytes that was (0 without a GPU). Without this
-// call, a freed buffer that leaves its pooled arena empty gives that arena back unless it is
-// the spare, and a buffer of its own arena (over a quarter of `gpu_arena_size`) gives its
-// memory back when freed. Memory a channel still holds for a message is given back when the
-// message is released.
+// ============================================================================================
+// Location and scope
 //
-// # Safety
-// `context` must be NULL or a pointer from lava-flow; `given_back` NULL or writable.
-lf_status lf_context_trim(const struct lf_context *context, uint64_t *given_back);
+// Where a process runs, and whether two processes share a host.
+// ============================================================================================
 
-// Releases a context. NULL is ignored, as is (with a note in `lf_last_error_message()`) a
-// pointer that is not a live context. Buffers made from it stay valid until freed.
-//
-// # Safety
-// `context` must not be in use by another thread.
-void lf_context_free(struct lf_context *context);
+// Marks an unset `node_id` or `device_id`.
+#define LF_UNSET -1
 
-// What the context's GPU is: `*out` receives the report of the Vulkan device
-// `lf_context_create` opened. LF_ERR_UNSUPPORTED when the context has none (no loader,
-// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
-// `lf_context_gpu_unavailable_reason` does. Thread-safe.
-//
-// # Safety
-// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_context_device_info(const struct lf_context *context, struct lf_device_info *out);
+// The scope between two processes.
+enum lf_scope
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Same host: memory can be shared directly.
+  LF_SCOPE_LOCAL = 1,
+  // Different hosts: data goes through the network (MPI).
+  LF_SCOPE_REMOTE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_scope lf_scope;
+#else
+typedef uint32_t lf_scope;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
-// Why the context has no Vulkan device: `*out` receives NULL when it has one, else the
-// reason (the Vulkan loader's or driver's word, or the policy that disabled the GPU), a
-// string owned by the context and valid until `lf_context_free`. Thread-safe.
-//
-// # Safety
-// As `lf_context_device_info`.
-lf_status lf_context_gpu_unavailable_reason(const struct lf_context *context, const char **out);
-
-// Exports a buffer for another process on this host. `*out` receives the export; its `fd`
-// is a new descriptor owned by the caller (close it once sent). Registered user memory
-// cannot be exported (LF_ERR_UNSUPPORTED). Thread-safe.
-//
-// # Safety
-// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-lf_status lf_buffer_export(const struct lf_buffer *buffer, struct lf_export *out);
-
-// Imports an export into `context`: `*out` receives a buffer mapping the very same memory
-// (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
-// one arena maps it once. Everything is validated: a foreign or damaged export gives
-// LF_ERR_INVALID_ARGUMENT (or LF_ERR_UNSUPPORTED for another version) with the reason.
-//
-// `export->fd` is taken in every case, success or error, once `export` is readable.
-//
-// # Safety
-// `context` must be NULL or a pointer obtained from lava-flow; `export` NULL or readable;
-// `out` NULL or writable.
-lf_status lf_import(const struct lf_context *context,
-                    const struct lf_export *export_,
-                    struct lf_buffer **out);
-
-// Sends an export over a connected Unix stream socket (`SCM_RIGHTS`). `export->fd` stays
-// open and the caller's. Blocks as the socket does.
-//
-// # Safety
-// `export` must be NULL or readable.
-lf_status lf_export_send(int32_t socket, const struct lf_export *export_);
-
-// Receives one export sent with `lf_export_send`: `*out` receives it, its `fd` owned by the
-// caller (hand it to `lf_import`). Anything else arriving on the socket is refused
-// (LF_ERR_CORRUPT, the message naming what is wrong) and any fds that came with it are
-// closed: a message that is not one 128-byte record with one fd; a record with another magic
-// or version, non-zero reserved fields, an unknown location, handle type or flag, GPU fields
-// on CPU memory, or an empty range or one outside its arena; an fd that is not memory (for
-// CPU memory a memfd sealed against shrinking) of at least the arena's size.
-// LF_ERR_PEER_GONE when the socket closed first.
-//
-// # Safety
-// `out` must be NULL or writable.
-lf_status lf_export_recv(int32_t socket, struct lf_export *out);
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
 
 // Detects the calling process's location: this host's name, its host identity
 // (`LF_HOST_ID` if set; see `lf_location_host_id`) and the NUMA node of the CPU the calling
@@ -1098,9 +1357,9 @@ lf_status lf_scope_detect(const struct lf_location *mine,
                           const struct lf_location *peer,
                           lf_scope *out);
 
-// `"local"`, `"remote"` or `"unknown"` for an `lf_scope` value (taken as an integer so that
-// any value is safe). Static, never NULL.
-const char *lf_scope_str(uint32_t scope);
+// `"local"`, `"remote"` or `"unknown"` for an `lf_scope` value (any value is safe: one that
+// is not an `lf_scope` gives `"unknown"`). Static, never NULL.
+const char *lf_scope_str(lf_scope scope);
 
 // Releases a location. NULL is accepted and ignored; a pointer that is not a live location
 // is ignored too, with a note in `lf_last_error_message()`.
@@ -1109,32 +1368,42 @@ const char *lf_scope_str(uint32_t scope);
 // `location` must not be in use by another thread.
 void lf_location_free(struct lf_location *location);
 
-// Sends lava-flow's log records to `callback` instead of stderr; NULL sends them to stderr
-// again. Records are filtered by level first (`LF_LOG_LEVEL`, `lf_set_log_level`; `warn` by
-// default).
-//
-// The callback may be called from any thread, lava-flow's own included, and from several at
-// once: it must be thread-safe. It must return (not `longjmp` out, nor let a C++ exception
-// escape: lava-flow cannot catch either) and should return quickly: the thread that logs
-// waits for it, and nothing else. It must not call lava-flow functions (this one fails with
-// LF_ERR_INVALID_STATE there); should it make lava-flow log on its own thread, that record
-// goes to stderr. `user_data` is passed to it untouched.
-//
-// When this function returns, no call of the previous callback is in progress (it waits for
-// those to return), so what the previous `user_data` points to may be freed. Thread-safe.
-//
-// A Rust program that installed its own `log` logger before using lava-flow keeps it:
-// lava-flow's records go to that logger, and the callback is not called.
-//
-// # Safety
-// `callback` must be NULL or a function of this signature that stays callable until it is
-// replaced; `user_data` must be valid for it for as long.
-lf_status lf_set_log_callback(lf_log_callback callback, void *user_data);
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
 
-// Sets which records lava-flow logs: an `lf_log_level`, LF_LOG_OFF to LF_LOG_TRACE (taken as
-// an integer and checked: another value is LF_ERR_INVALID_ARGUMENT). Overrides `LF_LOG_LEVEL`;
-// the last setting wins. Applies to stderr and to the callback alike. Thread-safe.
-lf_status lf_set_log_level(uint32_t level);
+// ============================================================================================
+// MPI
+//
+// Processes on several hosts, found and named through the application's MPI.
+// ============================================================================================
+
+// `comm` argument of `lf_mpi_join`: MPI_COMM_WORLD. (Outside the range of an `MPI_Fint`, so it
+// can never be mistaken for a communicator.)
+#define LF_MPI_COMM_WORLD -4294967296
+
+// The thread support MPI provides (the values of the MPI standard's constants).
+enum lf_mpi_thread_support
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  LF_MPI_THREAD_SINGLE = 0,
+  LF_MPI_THREAD_FUNNELED = 1,
+  LF_MPI_THREAD_SERIALIZED = 2,
+  LF_MPI_THREAD_MULTIPLE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_mpi_thread_support lf_mpi_thread_support;
+#else
+typedef uint32_t lf_mpi_thread_support;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
 
 // Joins the application's MPI and finds every process of the communicator. Collective: every
 // process of the communicator calls it.
@@ -1197,7 +1466,7 @@ lf_status lf_mpi_initialized_mpi(const struct lf_mpi *mpi, bool *out);
 //
 // # Safety
 // As `lf_mpi_size`.
-lf_status lf_mpi_location(const struct lf_mpi *mpi, int32_t rank, struct lf_location **out);
+lf_status lf_mpi_location(const struct lf_mpi *mpi, int32_t rank, lf_location **out);
 
 // Lends the name of the process of rank `rank`: `*out` points to a NUL-terminated string
 // owned by `mpi`, valid until it is freed. A rank outside 0..size-1 is
@@ -1232,25 +1501,6 @@ lf_status lf_mpi_topology_report(const struct lf_mpi *mpi, const char **out);
 // # Safety
 // `mpi` must not be in use by another thread.
 void lf_mpi_free(struct lf_mpi *mpi);
-
-// A static, NUL-terminated description of a status value, such as
-// `"LF_ERR_TIMEOUT: timed out"`. Never NULL; unknown values give `"unknown lf_status value"`.
-//
-// `status` is an `lf_status`; it is taken as an integer so that any value is safe to pass.
-// Thread-safe.
-const char *lf_status_str(uint32_t status);
-
-// The message of the most recent failed lava-flow call on the calling thread: what went wrong
-// and, where possible, how to fix it. Empty if no call has failed on this thread. Successful
-// calls leave it unchanged.
-//
-// Never NULL. The string belongs to lava-flow and stays valid until the next failing call on
-// the same thread; copy it to keep it.
-const char *lf_last_error_message(void);
-
-// The library's version, `"MAJOR.MINOR.PATCH"`: compare with the header's
-// `LAVA_FLOW_VERSION_*` macros to detect a header/library mismatch. Never NULL, static.
-const char *lf_version(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -256,7 +256,7 @@ inline void log_trampoline(void* user_data, lf_log_level level, const char* targ
 
 /// Sets which records lava-flow logs, to stderr or the callback (overrides LF_LOG_LEVEL).
 inline Expected<void> set_log_level(nothrow_t, LogLevel level) noexcept {
-    return detail::done(lf_set_log_level(static_cast<std::uint32_t>(level)));
+    return detail::done(lf_set_log_level(static_cast<lf_log_level>(level)));
 }
 
 /// Sends lava-flow's log records to `callback` instead of stderr; an empty callback restores
@@ -282,7 +282,7 @@ inline void set_log_callback(LogCallback callback) { set_log_callback(nothrow, s
 enum class Scope : std::uint32_t { Local = LF_SCOPE_LOCAL, Remote = LF_SCOPE_REMOTE };
 
 inline const char* to_string(Scope scope) noexcept {
-    return lf_scope_str(static_cast<std::uint32_t>(scope));
+    return lf_scope_str(static_cast<lf_scope>(scope));
 }
 
 /// Where a process runs: hostname, NUMA node and GPU index.
@@ -438,7 +438,7 @@ public:
     /// The location really obtained (a GPU request without a device falls back to CPU memory
     /// unless the context is strict: `fallback_reason()` says why).
     Expected<Memory> location(nothrow_t) const noexcept {
-        std::uint32_t out = 0;
+        lf_memory_kind out{};
         if (lf_status s = lf_buffer_location(handle(), &out); s != LF_OK) return failure(s);
         return static_cast<Memory>(out);
     }
@@ -522,7 +522,7 @@ private:
 class Context {
 public:
     /// A context with the default settings (GPU if there is one, else CPU with a visible
-    /// fallback), or with `config` (start from a zeroed `lf_context_config`).
+    /// fallback), or with `config` (start from `lf_context_config_init`).
     static Expected<Context> create(nothrow_t, const lf_context_config* config = nullptr) noexcept {
         lf_context* raw = nullptr;
         if (lf_status s = lf_context_create(config, &raw); s != LF_OK) return detail::failure(s);
@@ -532,8 +532,8 @@ public:
     Expected<Buffer> allocate(nothrow_t, std::size_t size, Memory location = Memory::CpuStandard,
                               std::optional<std::uint32_t> numa_node = std::nullopt) const noexcept {
         lf_buffer* raw = nullptr;
-        if (lf_status s = lf_alloc(get(), size, static_cast<std::uint32_t>(location),
-                                   detail::id_or_unset(numa_node), 0, &raw);
+        if (lf_status s = lf_alloc(get(), size, static_cast<lf_memory_kind>(location),
+                                   detail::id_or_unset(numa_node), LF_HUGEPAGE_DEFAULT, &raw);
             s != LF_OK)
             return detail::failure(s);
         return Buffer(raw);
@@ -605,15 +605,15 @@ enum class WaitStrategy : std::uint32_t {
     Block = LF_WAIT_BLOCK,
 };
 
-/// Channel options: lf_channel_config_default's values (spin-then-block, 256 messages, a 16 MiB
+/// Channel options: lf_channel_config_init's values (spin-then-block, 256 messages, a 16 MiB
 /// pool, a 10 s rendezvous), to change with the setters, which chain:
 /// `lf::ChannelConfig().capacity(64).pool_size(8 << 20)`.
 class ChannelConfig {
 public:
-    ChannelConfig() noexcept { lf_channel_config_default(&raw_); }
+    ChannelConfig() noexcept { lf_channel_config_init(&raw_, sizeof raw_); }
 
     ChannelConfig& wait_strategy(WaitStrategy strategy) noexcept {
-        raw_.wait_strategy = static_cast<std::uint32_t>(strategy);
+        raw_.wait_strategy = static_cast<lf_wait_strategy>(strategy);
         return *this;
     }
     /// Spin time before sleeping, for WaitStrategy::SpinThenBlock.
@@ -845,7 +845,7 @@ protected:
     ~ChannelEnd() = default;
 
     /// Opens one end: between `mine` and `peer`, or (without them) with a peer on this host.
-    static Expected<lf_channel*> open(const lf_context* context, const std::string& name, std::uint32_t role,
+    static Expected<lf_channel*> open(const lf_context* context, const std::string& name, lf_role role,
                                       const Location* mine, const Location* peer,
                                       const ChannelConfig& config) noexcept {
         std::optional<Location> here;

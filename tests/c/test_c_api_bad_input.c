@@ -1,5 +1,6 @@
 /* Feeds the C API NULLs, bad paths, bad values and bad handles, and checks that each call
  * returns the right status with a message that names the problem, and never crashes. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +96,8 @@ int main(void) {
      * GPU, a channel pool whose rounding would wrap around (on either end, without waiting
      * for a peer). */
     lf_context *context = NULL;
-    lf_context_config context_config = {0};
+    lf_context_config context_config;
+    EXPECT(lf_context_config_init(&context_config, sizeof context_config), LF_OK, NULL);
     context_config.gpu_policy = LF_GPU_DISABLED;
     context_config.gpu_arena_size = 1ull << 63;
     EXPECT(lf_context_create(&context_config, &context), LF_ERR_INVALID_ARGUMENT, "gpu_arena_size 9223372036854775808");
@@ -103,7 +105,7 @@ int main(void) {
     EXPECT(lf_context_create(&context_config, &context), LF_OK, NULL);
     EXPECT(lf_location_new("localhost", LF_UNSET, LF_UNSET, &loc), LF_OK, NULL);
     lf_channel_config channel_config;
-    EXPECT(lf_channel_config_default(&channel_config), LF_OK, NULL);
+    EXPECT(lf_channel_config_init(&channel_config, sizeof channel_config), LF_OK, NULL);
     channel_config.pool_size = UINT64_MAX;
     lf_channel *channel = NULL;
     EXPECT(lf_channel_create(context, "absurd-pool", LF_ROLE_PRODUCER, loc, loc, &channel_config, &channel),
@@ -113,6 +115,62 @@ int main(void) {
     if (channel != NULL) { fprintf(stderr, "FAIL: a channel was made with an absurd pool\n"); failures++; }
     lf_location_free(loc);
     lf_context_free(context);
+    context = NULL;
+
+    /* Growable structs: `struct_size` says how much of the struct the caller's header has. */
+    lf_context_config forgot = {0};
+    forgot.gpu_policy = LF_GPU_DISABLED;
+    EXPECT(lf_context_create(&forgot, &context), LF_ERR_INVALID_ARGUMENT, "struct_size is 0 but other fields are set");
+    lf_context_config sized;
+    EXPECT(lf_context_config_init(&sized, sizeof sized), LF_OK, NULL);
+    if (sized.struct_size != sizeof sized || sized.gpu_policy != LF_GPU_AUTO) {
+        fprintf(stderr, "FAIL: lf_context_config_init did not give the defaults and the size\n");
+        failures++;
+    }
+    sized.struct_size = 12;
+    EXPECT(lf_context_create(&sized, &context), LF_ERR_INVALID_ARGUMENT,
+           "lf_context_config.struct_size is 12, not a size of lf_context_config: set it to sizeof(lf_context_config)");
+    EXPECT(lf_context_config_init(&sized, 4), LF_ERR_INVALID_ARGUMENT, "struct_size is 4");
+    /* A newer header's struct: this library's, then a setting it does not know. */
+    struct {
+        lf_context_config config;
+        uint64_t newer_setting;
+    } newer;
+    memset(&newer, 0xff, sizeof newer);
+    EXPECT(lf_context_config_init(&newer.config, sizeof newer), LF_OK, NULL);
+    if (newer.newer_setting != 0 || newer.config.struct_size != sizeof newer) {
+        fprintf(stderr, "FAIL: lf_context_config_init left a newer header's field unset\n");
+        failures++;
+    }
+    newer.config.gpu_policy = LF_GPU_DISABLED;
+    EXPECT(lf_context_create(&newer.config, &context), LF_OK, NULL); /* the new setting is 0 */
+    lf_context *refused = NULL;
+    newer.newer_setting = 1;
+    EXPECT(lf_context_create(&newer.config, &refused), LF_ERR_UNSUPPORTED, "the header is newer than the library");
+    lf_channel_config small;
+    EXPECT(lf_channel_config_init(&small, 8), LF_ERR_INVALID_ARGUMENT, "lf_channel_config.struct_size is 8");
+    struct {
+        lf_channel_config config;
+        uint64_t newer_setting;
+    } newer_channel;
+    memset(&newer_channel, 0xff, sizeof newer_channel);
+    EXPECT(lf_channel_config_init(&newer_channel.config, sizeof newer_channel), LF_OK, NULL);
+    if (newer_channel.newer_setting != 0 || newer_channel.config.capacity != 256 ||
+        newer_channel.config.wait_strategy != LF_WAIT_SPIN_THEN_BLOCK) {
+        fprintf(stderr, "FAIL: lf_channel_config_init did not fill a newer header's struct\n");
+        failures++;
+    }
+    /* An output struct of a size that is not one of its sizes is refused, and left untouched. */
+    lf_device_info info = {.struct_size = 100, .index = 9};
+    EXPECT(lf_context_device_info(context, &info), LF_ERR_INVALID_ARGUMENT, "lf_device_info.struct_size is 100");
+    if (info.index != 9) { fprintf(stderr, "FAIL: lf_device_info written on failure\n"); failures++; }
+    info.struct_size = sizeof info;
+    EXPECT(lf_context_device_info(context, &info), LF_ERR_UNSUPPORTED, "no Vulkan device");
+    lf_context_free(context);
+
+    /* Enums from C are checked, the message naming the valid values. */
+    EXPECT(lf_set_log_level((lf_log_level)17), LF_ERR_INVALID_ARGUMENT,
+           "level is 17, not an lf_log_level: use LF_LOG_OFF (0), LF_LOG_ERROR (1)");
 
     /* Unknown enum values are safe to describe. */
     if (strcmp(lf_status_str(12345), "unknown lf_status value") != 0 || strcmp(lf_scope_str(99), "unknown") != 0) {

@@ -70,17 +70,17 @@ static size_t region_len(uint64_t seq) { return 113 + (size_t)(seq * 977 % (REGI
 
 static lf_context *context = NULL;
 
-static lf_channel *open_channel(const char *name, uint32_t role) {
+static lf_channel *open_channel(const char *name, lf_role role) {
     lf_location *here = NULL;
     lf_channel *channel = NULL;
     lf_channel_config config;
-    EXPECT(lf_channel_config_default(&config), LF_OK);
+    EXPECT(lf_channel_config_init(&config, sizeof config), LF_OK);
     config.wait_strategy = LF_WAIT_SPIN_THEN_BLOCK;
     config.spin_ns = 20000;
     config.capacity = 64;
     config.rendezvous_timeout_ns = 30 * SECOND;
     lf_context_config context_config;
-    memset(&context_config, 0, sizeof context_config);
+    lf_context_config_init(&context_config, sizeof context_config);
     context_config.gpu_policy = LF_GPU_DISABLED;
     EXPECT(lf_context_create(&context_config, &context), LF_OK);
     EXPECT(lf_location_detect(&here), LF_OK);
@@ -99,7 +99,7 @@ static void send_buffers(lf_channel *ch, unsigned char *heap) {
     uint64_t seq = 0;
     /* The regions, then room for the lf_send below: bytes of a message in flight are not
      * rewritten. */
-    EXPECT(lf_alloc(context, (BUFFER_MESSAGES + 1) * REGION, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, (BUFFER_MESSAGES + 1) * REGION, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     EXPECT(lf_buffer_ptr(buffer, &ptr), LF_OK);
     base = ptr;
     if (base == NULL) return;

@@ -192,6 +192,7 @@ static lf::ChannelConfig config() {
 
 static lf::Expected<lf::Context> make_context() {
     lf_context_config c{};
+    lf_context_config_init(&c, sizeof c);
     c.gpu_policy = LF_GPU_DISABLED;
     return lf::Context::create(lf::nothrow, &c);
 }
@@ -217,9 +218,9 @@ static void bad_creation(const lf::Context& context, const lf::Location& here) {
     EXPECT_ERROR(lf::Producer::create(lf::nothrow, context, "fine", config().pool_size(0)), LF_ERR_INVALID_ARGUMENT,
                  "pool_size is 0");
     lf::ChannelConfig wrong = config();
-    wrong.raw().wait_strategy = 9;
+    wrong.raw().wait_strategy = static_cast<lf_wait_strategy>(9);  // as a C caller may pass
     EXPECT_ERROR(lf::Consumer::create(lf::nothrow, context, "fine", here, here, wrong), LF_ERR_INVALID_ARGUMENT,
-                 "wait_strategy 9");
+                 "wait_strategy is 9, not an lf_wait_strategy: use LF_WAIT_BUSY_POLL (1)");
 }
 
 // --- Producer ---------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ static void print_uuid(const char *label, const uint8_t uuid[16]) {
 }
 
 static void report_device(lf_context *context) {
-    lf_device_info info;
+    lf_device_info info = {.struct_size = sizeof info};
     EXPECT(lf_context_device_info(context, &info), LF_OK);
     printf("device %u: %s (type %u, vendor 0x%04x), driver %s %s\n", info.index, info.name, info.device_type,
            info.vendor_id, info.driver_name, info.driver_info);
@@ -64,18 +64,29 @@ static void report_device(lf_context *context) {
                info.heap_flags[i] & 1 ? " DEVICE_LOCAL" : "");
     CHECK(info.name[0] != '\0' && info.heap_count >= 1 && info.heap_sizes[0] > 0);
     CHECK((info.features & LF_DEVICE_EXPORT_OPAQUE_FD) != 0);
+    /* A newer header's larger struct: filled as far as this library knows, zeros after that up
+     * to its struct_size, nothing beyond. */
+    struct {
+        lf_device_info info;
+        uint64_t newer[2];
+    } wide;
+    memset(&wide, 0xab, sizeof wide);
+    wide.info.struct_size = sizeof wide.info + 8;
+    EXPECT(lf_context_device_info(context, &wide.info), LF_OK);
+    CHECK(wide.info.struct_size == sizeof wide.info + 8 && strcmp(wide.info.name, info.name) == 0);
+    CHECK(wide.newer[0] == 0 && wide.newer[1] == 0xababababababababull);
 }
 
 static void each_location(lf_context *context) {
-    const uint32_t locations[] = {LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE};
+    const lf_memory_kind locations[] = {LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE};
     lf_buffer *cpu = NULL;
-    EXPECT(lf_alloc(context, BIG, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &cpu), LF_OK);
+    EXPECT(lf_alloc(context, BIG, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &cpu), LF_OK);
     for (size_t i = 0; i < 2; i++) {
         lf_buffer *gpu = NULL, *other = NULL;
-        uint32_t location = 0;
+        lf_memory_kind location = 0;
         const char *reason = "unset";
-        EXPECT(lf_alloc(context, BIG, locations[i], LF_UNSET, 0, &gpu), LF_OK);
-        EXPECT(lf_alloc(context, BIG, locations[1 - i], LF_UNSET, 0, &other), LF_OK);
+        EXPECT(lf_alloc(context, BIG, locations[i], LF_UNSET, LF_HUGEPAGE_DEFAULT, &gpu), LF_OK);
+        EXPECT(lf_alloc(context, BIG, locations[1 - i], LF_UNSET, LF_HUGEPAGE_DEFAULT, &other), LF_OK);
         if (gpu == NULL || other == NULL) continue;
         EXPECT(lf_buffer_location(gpu, &location), LF_OK);
         EXPECT(lf_buffer_fallback_reason(gpu, &reason), LF_OK);
@@ -119,7 +130,7 @@ static void each_location(lf_context *context) {
 /* The child (re-executed): imports what the parent sends, checks it, writes back, acks. */
 static int importer(int socket) {
     lf_context *context = NULL;
-    lf_device_info info;
+    lf_device_info info = {.struct_size = sizeof info};
     lf_export exports[2];
     lf_buffer *imported[2] = {NULL, NULL};
     const size_t sizes[2] = {BIG, SMALL};
@@ -131,7 +142,8 @@ static int importer(int socket) {
             fprintf(stderr, "child: lf_import: %s\n", lf_last_error_message());
             return 13;
         }
-        uint32_t origin = 0, location = 0;
+        lf_origin origin = 0;
+        lf_memory_kind location = 0;
         if (lf_buffer_origin(imported[i], &origin) != LF_OK || origin != LF_ORIGIN_IMPORTED) return 14;
         if (lf_buffer_location(imported[i], &location) != LF_OK || location != exports[i].location) return 15;
         if (!holds(imported[i], sizes[i], 1 + (unsigned)i)) return 16;
@@ -159,12 +171,12 @@ static void export_to_another_process(lf_context *context, const char *self) {
         _exit(99);
     }
     close(pair[1]);
-    const uint32_t locations[2] = {LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE};
+    const lf_memory_kind locations[2] = {LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE};
     const size_t sizes[2] = {BIG, SMALL};
     lf_buffer *buffers[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
         lf_export export;
-        EXPECT(lf_alloc(context, sizes[i], locations[i], LF_UNSET, 0, &buffers[i]), LF_OK);
+        EXPECT(lf_alloc(context, sizes[i], locations[i], LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffers[i]), LF_OK);
         if (buffers[i] == NULL) break;
         fill(buffers[i], sizes[i], 1 + (unsigned)i);
         EXPECT(lf_buffer_export(buffers[i], &export), LF_OK);
@@ -193,8 +205,8 @@ static void no_leaks_over_many_cycles(lf_context *exporter) {
         if (i == 10) before = open_fd_count();
         lf_buffer *buffer = NULL, *imported = NULL;
         lf_export export;
-        uint32_t location = i % 2 ? LF_MEMORY_GPU_HOST_VISIBLE : LF_MEMORY_GPU_DEVICE_LOCAL;
-        if (lf_alloc(exporter, 64 + (size_t)i * 13, location, LF_UNSET, 0, &buffer) != LF_OK ||
+        lf_memory_kind location = i % 2 ? LF_MEMORY_GPU_HOST_VISIBLE : LF_MEMORY_GPU_DEVICE_LOCAL;
+        if (lf_alloc(exporter, 64 + (size_t)i * 13, location, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer) != LF_OK ||
             lf_buffer_export(buffer, &export) != LF_OK) {
             CHECK(!"alloc and export");
             break;
@@ -216,7 +228,7 @@ static void pinned_registrations(lf_context *context) {
     lf_buffer *pinned = NULL;
     uint32_t flags = 0;
     const char *missing = NULL;
-    EXPECT(lf_alloc(context, 4096, LF_MEMORY_CPU_GPU_PINNED, LF_UNSET, 0, &pinned), LF_OK);
+    EXPECT(lf_alloc(context, 4096, LF_MEMORY_CPU_GPU_PINNED, LF_UNSET, LF_HUGEPAGE_DEFAULT, &pinned), LF_OK);
     EXPECT(lf_buffer_registrations(pinned, &flags), LF_OK);
     EXPECT(lf_buffer_registration_failures(pinned, &missing), LF_OK);
     printf("GPU-pinned: vulkan %s, cuda %s; missing: %s\n", flags & LF_REGISTRATION_VULKAN ? "yes" : "no",
@@ -228,27 +240,27 @@ static void pinned_registrations(lf_context *context) {
 
 static void fallback_and_strict(void) {
     lf_context_config config;
-    memset(&config, 0, sizeof config);
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_DISABLED;
     lf_context *context = NULL, *strict = NULL;
     lf_buffer *buffer = NULL;
-    uint32_t location = 0;
+    lf_memory_kind location = 0;
     const char *reason = NULL;
     EXPECT(lf_context_create(&config, &context), LF_OK);
-    EXPECT(lf_alloc(context, 1000, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 1000, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     EXPECT(lf_buffer_location(buffer, &location), LF_OK);
     EXPECT(lf_buffer_fallback_reason(buffer, &reason), LF_OK);
     CHECK(location == LF_MEMORY_CPU_STANDARD && reason != NULL && strstr(reason, "disables the GPU") != NULL);
     fill(buffer, 1000, 5);
     CHECK(holds(buffer, 1000, 5));
-    lf_device_info info;
+    lf_device_info info = {.struct_size = sizeof info};
     EXPECT(lf_context_device_info(context, &info), LF_ERR_UNSUPPORTED);
     lf_free(buffer);
 
     config.strict_gpu = 1;
     EXPECT(lf_context_create(&config, &strict), LF_OK);
     buffer = NULL;
-    EXPECT(lf_alloc(strict, 1000, LF_MEMORY_GPU_HOST_VISIBLE, LF_UNSET, 0, &buffer), LF_ERR_UNSUPPORTED);
+    EXPECT(lf_alloc(strict, 1000, LF_MEMORY_GPU_HOST_VISIBLE, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("strict_gpu");
     CHECK(buffer == NULL);
     lf_context_free(strict);
@@ -257,11 +269,11 @@ static void fallback_and_strict(void) {
 
 static void bad_input(lf_context *context, int have_gpu) {
     lf_context_config config;
-    memset(&config, 0, sizeof config);
+    lf_context_config_init(&config, sizeof config);
     lf_context *bad = NULL;
     config.gpu_policy = 7;
     EXPECT(lf_context_create(&config, &bad), LF_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("gpu_policy 7");
+    EXPECT_MESSAGE("gpu_policy is 7, not an lf_gpu_policy: use LF_GPU_AUTO (0), LF_GPU_REQUIRED (1) or LF_GPU_DISABLED (2)");
     config.gpu_policy = LF_GPU_AUTO;
     config.strict_gpu = 3;
     EXPECT(lf_context_create(&config, &bad), LF_ERR_INVALID_ARGUMENT);
@@ -280,9 +292,9 @@ static void bad_input(lf_context *context, int have_gpu) {
 
     lf_buffer *buffer = NULL;
     unsigned char byte = 0;
-    lf_device_info info;
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer), LF_OK);
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_GPU_DEVICE_LOCAL, 0, 0, &buffer), LF_ERR_INVALID_ARGUMENT);
+    lf_device_info info = {.struct_size = sizeof info};
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_GPU_DEVICE_LOCAL, 0, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_INVALID_ARGUMENT);
     EXPECT(lf_buffer_write((const lf_buffer *)context, 0, &byte, 1), LF_ERR_BAD_HANDLE);
     EXPECT(lf_context_device_info((const lf_context *)buffer, &info), LF_ERR_BAD_HANDLE);
     EXPECT(lf_buffer_copy(context, buffer, 0, NULL, 0, 1), LF_ERR_NULL_POINTER);

@@ -54,7 +54,7 @@ static const char *kind_name(enum kind k) {
     return names[k];
 }
 
-static uint32_t location_of(enum kind k) {
+static lf_memory_kind location_of(enum kind k) {
     return k == DEVICE_LOCAL ? LF_MEMORY_GPU_DEVICE_LOCAL : k == HOST_VISIBLE ? LF_MEMORY_GPU_HOST_VISIBLE : LF_MEMORY_CPU_STANDARD;
 }
 
@@ -113,11 +113,11 @@ static lf_context *gpu_context(const char *who) {
     return NULL;
 }
 
-static lf_channel *open_channel(const char *name, uint32_t role) {
+static lf_channel *open_channel(const char *name, lf_role role) {
     lf_location *here = NULL;
     lf_channel *channel = NULL;
     lf_channel_config config;
-    EXPECT(lf_channel_config_default(&config), LF_OK);
+    EXPECT(lf_channel_config_init(&config, sizeof config), LF_OK);
     CHECK(config.strict_gpu == 0);
     config.wait_strategy = LF_WAIT_SPIN_THEN_BLOCK;
     config.spin_ns = 20000;
@@ -213,9 +213,9 @@ static int run_producer(const char *name) {
     if (shared) CHECK(strstr(reason, "GPU-side synchronisation through a shared timeline semaphore") != NULL);
 
     for (enum kind k = DEVICE_LOCAL; k <= CPU_BUFFER; k++) {
-        uint32_t location = 0;
+        lf_memory_kind location = 0;
         const char *fallback = "unset";
-        EXPECT(lf_alloc(context, ROUNDS * REGION, location_of(k), LF_UNSET, 0, &buffers[k]), LF_OK);
+        EXPECT(lf_alloc(context, ROUNDS * REGION, location_of(k), LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffers[k]), LF_OK);
         if (buffers[k] == NULL) return 1;
         EXPECT(lf_buffer_location(buffers[k], &location), LF_OK);
         EXPECT(lf_buffer_fallback_reason(buffers[k], &fallback), LF_OK);
@@ -268,7 +268,8 @@ static void check_gpu_message(lf_channel *ch, const lf_message *m, lf_buffer *ow
     enum kind k = kind_of(m->sequence);
     const lf_buffer *buf = NULL, *again = NULL;
     size_t size = 0;
-    uint32_t location = 0, origin = 0;
+    lf_memory_kind location = 0;
+    lf_origin origin = 0;
     lf_export ex;
 
     CHECK(m->flags == (LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU));
@@ -348,7 +349,7 @@ static int run_consumer(const char *name) {
         free(bytes);
         return failures ? 1 : SKIPPED;
     }
-    EXPECT(lf_alloc(context, REGION, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &own), LF_OK);
+    EXPECT(lf_alloc(context, REGION, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &own), LF_OK);
     if (own == NULL) return 1;
     fds = open_fd_count();
     lf_channel *ch = open_channel(name, LF_ROLE_CONSUMER);

@@ -21,6 +21,7 @@ static_assert(!std::is_copy_constructible_v<lf::Buffer> && !std::is_copy_constru
 // same memory again, and see a GPU request fall back visibly (the GPU is disabled here).
 static int memory_wrapper() {
     lf_context_config config{};
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_DISABLED;
     const lf::Context context(&config);
     if (!context.gpu_unavailable_reason()) {
@@ -77,6 +78,7 @@ static int logging_wrapper() {
     });
     {
         lf_context_config config{};
+        lf_context_config_init(&config, sizeof config);
         config.gpu_policy = LF_GPU_DISABLED;
         const lf::Context context(&config);
     }

@@ -64,11 +64,11 @@ static void on_record(void *user_data, lf_log_level level, const char *target, c
     }
 }
 
-static lf_channel *open_channel(lf_context *context, const char *name, uint32_t role) {
+static lf_channel *open_channel(lf_context *context, const char *name, lf_role role) {
     lf_location *here = NULL;
     lf_channel *channel = NULL;
     lf_channel_config config;
-    EXPECT(lf_channel_config_default(&config), LF_OK);
+    EXPECT(lf_channel_config_init(&config, sizeof config), LF_OK);
     config.capacity = 4;
     config.pool_size = 1 << 16;
     config.rendezvous_timeout_ns = 30 * SECOND;
@@ -81,7 +81,7 @@ static lf_channel *open_channel(lf_context *context, const char *name, uint32_t 
 static lf_context *context_without_gpu(void) {
     lf_context *context = NULL;
     lf_context_config config;
-    memset(&config, 0, sizeof config);
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_DISABLED;
     EXPECT(lf_context_create(&config, &context), LF_OK);
     return context;
@@ -126,7 +126,7 @@ static void run_consumer(const char *name, int go) {
 
     /* Bad levels are refused; LF_LOG_OFF to LF_LOG_TRACE are not. */
     EXPECT(lf_set_log_level(6), LF_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("log level 6 is unknown");
+    EXPECT_MESSAGE("level is 6, not an lf_log_level: use LF_LOG_OFF (0)");
     EXPECT(lf_set_log_level(LF_LOG_TRACE), LF_OK);
 
     /* Warnings only: the fallback comes, nothing more verbose does. */
@@ -134,7 +134,7 @@ static void run_consumer(const char *name, int go) {
     EXPECT(lf_set_log_level(LF_LOG_WARN), LF_OK);
     EXPECT(lf_set_log_callback(on_record, &seen), LF_OK);
     context = context_without_gpu();
-    EXPECT(lf_alloc(context, 4096, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 4096, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     lf_free(buffer);
     CHECK(seen.fallback_level == LF_LOG_WARN);
 

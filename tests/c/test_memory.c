@@ -24,7 +24,7 @@ static int failures = 0;
 /* A CPU-only context: no Vulkan, and GPU locations refused rather than falling back. */
 static lf_context_config cpu_only(void) {
     lf_context_config config;
-    memset(&config, 0, sizeof config);
+    lf_context_config_init(&config, sizeof config);
     config.gpu_policy = LF_GPU_DISABLED;
     config.strict_gpu = 1;
     return config;
@@ -50,12 +50,13 @@ static int holds(const lf_buffer *buffer, size_t seed) {
 }
 
 static void each_strategy(lf_context *context) {
-    const uint32_t locations[] = {LF_MEMORY_CPU_STANDARD, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_GPU_PINNED};
+    const lf_memory_kind locations[] = {LF_MEMORY_CPU_STANDARD, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_GPU_PINNED};
     for (size_t i = 0; i < sizeof locations / sizeof locations[0]; i++) {
         lf_buffer *buffer = NULL;
-        EXPECT(lf_alloc(context, 5000, locations[i], LF_UNSET, 0, &buffer), LF_OK);
+        EXPECT(lf_alloc(context, 5000, locations[i], LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
         if (buffer == NULL) continue;
-        uint32_t location = 0, origin = 0;
+        lf_memory_kind location = 0;
+        lf_origin origin = 0;
         size_t page = 0;
         EXPECT(lf_buffer_location(buffer, &location), LF_OK);
         EXPECT(lf_buffer_origin(buffer, &origin), LF_OK);
@@ -69,9 +70,9 @@ static void each_strategy(lf_context *context) {
     }
     /* Hugepages, best-effort: either really huge, or visibly standard. */
     lf_buffer *huge = NULL;
-    EXPECT(lf_alloc(context, 100, LF_MEMORY_CPU_HUGEPAGE_2MB, LF_UNSET, LF_ALLOC_HUGEPAGE_BEST_EFFORT, &huge), LF_OK);
+    EXPECT(lf_alloc(context, 100, LF_MEMORY_CPU_HUGEPAGE_2MB, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &huge), LF_OK);
     if (huge != NULL) {
-        uint32_t location = 0;
+        lf_memory_kind location = 0;
         size_t page = 0;
         EXPECT(lf_buffer_location(huge, &location), LF_OK);
         EXPECT(lf_buffer_page_size(huge, &page), LF_OK);
@@ -87,7 +88,7 @@ static void find_and_register(lf_context *context) {
     lf_buffer *buffer = NULL, *found = NULL;
     void *ptr = NULL;
     size_t offset = 0;
-    EXPECT(lf_alloc(context, 1000, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 1000, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     EXPECT(lf_buffer_ptr(buffer, &ptr), LF_OK);
     EXPECT(lf_buffer_find(context, (char *)ptr + 500, &found, &offset), LF_OK);
     CHECK(found == buffer && offset == 500);
@@ -112,7 +113,7 @@ static int importer_child(int socket) {
     lf_context *context = NULL;
     lf_export export;
     lf_buffer *imported = NULL;
-    uint32_t origin = 0;
+    lf_origin origin = 0;
     lf_context_config config = cpu_only();
     if (lf_context_create(&config, &context) != LF_OK) return 10;
     if (lf_export_recv(socket, &export) != LF_OK) return 11;
@@ -132,7 +133,7 @@ static void export_to_another_process(lf_context *context) {
     int pair[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
     lf_buffer *buffer = NULL;
-    EXPECT(lf_alloc(context, 100000, LF_MEMORY_CPU_NUMA, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 100000, LF_MEMORY_CPU_NUMA, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     fill(buffer, 1);
     fflush(NULL);
     pid_t child = fork();
@@ -164,7 +165,7 @@ static void no_leaks_over_many_cycles(lf_context *context) {
         lf_buffer *buffer = NULL, *imported = NULL;
         lf_export export;
         size_t size = i % 10 == 0 ? (1u << 20) : 64u + (size_t)i % 4000u;
-        if (lf_alloc(context, size, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer) != LF_OK ||
+        if (lf_alloc(context, size, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer) != LF_OK ||
             lf_buffer_export(buffer, &export) != LF_OK) {
             CHECK(!"alloc and export");
             break;
@@ -178,7 +179,7 @@ static void no_leaks_over_many_cycles(lf_context *context) {
 
 /* A buffer that is not where it was asked to be says why; one that is, says nothing. */
 static void check_reason(const lf_buffer *buffer, uint32_t asked) {
-    uint32_t location = 0;
+    lf_memory_kind location = 0;
     const char *why = NULL;
     EXPECT(lf_buffer_location(buffer, &location), LF_OK);
     EXPECT(lf_buffer_fallback_reason(buffer, &why), LF_OK);
@@ -191,7 +192,7 @@ static void check_reason(const lf_buffer *buffer, uint32_t asked) {
     }
 }
 
-/* Best-effort huge pages, through each way of asking: lf_alloc's flag, the context's policy,
+/* Best-effort huge pages, through each way of asking: lf_alloc's hugepage_policy, the context's policy,
  * and lf_alloc_auto's staging memory for a peer on another host (more 2 MiB pages than are
  * reserved, so that it falls back where hugepages are reserved too). */
 static void best_effort_fallbacks_say_why(void) {
@@ -205,7 +206,7 @@ static void best_effort_fallbacks_say_why(void) {
     if (buffer) check_reason(buffer, LF_MEMORY_CPU_HUGEPAGE_1GB);
     lf_free(buffer);
     buffer = NULL;
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     if (buffer) check_reason(buffer, LF_MEMORY_CPU_HUGEPAGE_1GB);
     lf_free(buffer);
     buffer = NULL;
@@ -230,28 +231,26 @@ static void best_effort_fallbacks_say_why(void) {
 
 static void bad_input(lf_context *context) {
     lf_buffer *buffer = NULL;
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, NULL), LF_ERR_NULL_POINTER);
-    EXPECT(lf_alloc(NULL, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_ERR_NULL_POINTER);
-    EXPECT(lf_alloc(context, 0, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, NULL), LF_ERR_NULL_POINTER);
+    EXPECT(lf_alloc(NULL, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_NULL_POINTER);
+    EXPECT(lf_alloc(context, 0, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("size 0");
-    EXPECT(lf_alloc(context, SIZE_MAX, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_ERR_OUT_OF_MEMORY);
-    EXPECT(lf_alloc(context, 64, 999, LF_UNSET, 0, &buffer), LF_ERR_INVALID_ARGUMENT);
-    EXPECT_MESSAGE("unknown memory location value 999");
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_NUMA, 4000, 0, &buffer), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_alloc(context, SIZE_MAX, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_OUT_OF_MEMORY);
+    EXPECT(lf_alloc(context, 64, 999, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("location is 999, not an lf_memory_kind: use LF_MEMORY_CPU_STANDARD (1)");
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_NUMA, 4000, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_INVALID_ARGUMENT);
     EXPECT_MESSAGE("NUMA node 4000 does not exist");
     EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0x80, &buffer), LF_ERR_INVALID_ARGUMENT);
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, 0, &buffer), LF_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("hugepage_policy is 128, not an lf_hugepage_policy: use LF_HUGEPAGE_DEFAULT (0)");
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_GPU_DEVICE_LOCAL, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("strict_gpu");
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_ALLOC_HUGEPAGE_BEST_EFFORT, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &buffer), LF_OK);
     lf_free(buffer);
     EXPECT(lf_register(context, NULL, 10, &buffer), LF_ERR_NULL_POINTER);
     EXPECT_MESSAGE("`ptr` is NULL");
-    /* The context's policy constants and lf_alloc's flags are the same values. */
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_HUGEPAGE_1GB, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &buffer), LF_OK);
-    lf_free(buffer);
 
     /* A freed handle is refused; a double free is ignored. */
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     lf_free(buffer);
     size_t size = 0;
     EXPECT(lf_buffer_size(buffer, &size), LF_ERR_BAD_HANDLE);
@@ -262,7 +261,7 @@ static void bad_input(lf_context *context) {
     /* Foreign and damaged exports: refused, and their fds closed. */
     lf_buffer *good = NULL, *imported = NULL;
     lf_export export;
-    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &good), LF_OK);
+    EXPECT(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, LF_HUGEPAGE_DEFAULT, &good), LF_OK);
     EXPECT(lf_buffer_export(good, &export), LF_OK);
     lf_export bad = export;
     bad.fd = memfd_create("not-lava-flow", MFD_CLOEXEC);

@@ -48,13 +48,13 @@ static int check_message(const lf_message *m, uint64_t seq) {
     return 1;
 }
 
-static lf_channel *open_channel(lf_context *ctx, lf_mpi *mpi, const char *name, uint32_t role, int32_t peer) {
+static lf_channel *open_channel(lf_context *ctx, lf_mpi *mpi, const char *name, lf_role role, int32_t peer) {
     lf_location *mine = NULL, *theirs = NULL;
     lf_channel *ch = NULL;
     EXPECT(lf_mpi_location(mpi, world_rank, &mine), LF_OK);
     EXPECT(lf_mpi_location(mpi, peer, &theirs), LF_OK);
     lf_channel_config cfg;
-    EXPECT(lf_channel_config_default(&cfg), LF_OK);
+    EXPECT(lf_channel_config_init(&cfg, sizeof cfg), LF_OK);
     cfg.rendezvous_timeout_ns = 60 * SECOND;
     cfg.capacity = 32;
     EXPECT(lf_channel_create(ctx, name, role, mine, theirs, &cfg, &ch), LF_OK);
@@ -73,7 +73,7 @@ static const char *transport_of(lf_channel *ch) {
 static void produce(lf_context *ctx, lf_channel *ch, uint64_t count) {
     lf_buffer *buffer = NULL;
     void *base = NULL;
-    EXPECT(lf_alloc(ctx, 2u << 20, LF_MEMORY_CPU_STANDARD, -1, 0, &buffer), LF_OK);
+    EXPECT(lf_alloc(ctx, 2u << 20, LF_MEMORY_CPU_STANDARD, -1, LF_HUGEPAGE_DEFAULT, &buffer), LF_OK);
     EXPECT(lf_buffer_ptr(buffer, &base), LF_OK);
     unsigned char *scratch = malloc(2u << 20);
     for (uint64_t seq = 0; seq < count && failures == 0; seq++) {
@@ -158,7 +158,7 @@ static int run_pair(void) {
         EXPECT(lf_location_detect(&mine), LF_OK);
         EXPECT(lf_location_new("elsewhere", LF_UNSET, LF_UNSET, &far), LF_OK);
         lf_channel_config cfg;
-        EXPECT(lf_channel_config_default(&cfg), LF_OK);
+        EXPECT(lf_channel_config_init(&cfg, sizeof cfg), LF_OK);
         EXPECT(lf_channel_create(ctx, "nowhere", LF_ROLE_PRODUCER, mine, far, &cfg, &none), LF_ERR_UNSUPPORTED);
         EXPECT_MESSAGE("MPI discovery");
         lf_location_free(mine);

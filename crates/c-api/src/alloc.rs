@@ -6,35 +6,28 @@
 
 use std::ffi::c_void;
 
+use super::abi::{raw, CEnum};
+use super::buffer::lf_memory_kind;
 use super::buffer::{lf_buffer, release};
-use super::context::{lf_context, LF_HUGEPAGE_BEST_EFFORT, LF_HUGEPAGE_STRICT};
+use super::context::{hugepage_policy_from_c, lf_context};
 use super::location::{lf_location, LF_UNSET};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
-use lava_flow::memory::{HugepagePolicy, MemoryLocation};
-
-/// `lf_alloc` flags: 0 uses the context's hugepage policy; these override it for one call.
-/// They equal LF_HUGEPAGE_STRICT and LF_HUGEPAGE_BEST_EFFORT, so either name means the same.
-pub const LF_ALLOC_HUGEPAGE_STRICT: u32 = 1;
-pub const LF_ALLOC_HUGEPAGE_BEST_EFFORT: u32 = 2;
-
-// Literals (so cbindgen writes them into the header), checked to agree with the context's.
-const _: () =
-    assert!(LF_ALLOC_HUGEPAGE_STRICT == LF_HUGEPAGE_STRICT && LF_ALLOC_HUGEPAGE_BEST_EFFORT == LF_HUGEPAGE_BEST_EFFORT);
+use lava_flow::memory::MemoryLocation;
 
 fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
-/// Allocates `size` bytes of shareable memory at `location` (an `LF_MEMORY_*` value).
-/// `numa_node` picks the node for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and
-/// must be LF_UNSET otherwise. `flags`: 0 (the context's hugepage policy),
-/// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT (also named LF_ALLOC_HUGEPAGE_STRICT and
-/// LF_ALLOC_HUGEPAGE_BEST_EFFORT: the same values). On success `*out` receives a buffer to
-/// release with `lf_free`; ask it what it really got (`lf_buffer_location`,
-/// `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it differs).
+/// Allocates `size` bytes of shareable memory of kind `location`. `numa_node` picks the node
+/// for LF_MEMORY_CPU_NUMA (LF_UNSET: the calling thread's node) and must be LF_UNSET
+/// otherwise. `hugepage_policy`: LF_HUGEPAGE_DEFAULT (the context's policy), or
+/// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT for this allocation. On success `*out`
+/// receives a buffer to release with `lf_free`; ask it what it really got
+/// (`lf_buffer_location`, `lf_buffer_page_size`, and `lf_buffer_fallback_reason` for why it
+/// differs).
 ///
-/// Errors: LF_ERR_INVALID_ARGUMENT (size 0, unknown location value or flag, a node that does
+/// Errors: LF_ERR_INVALID_ARGUMENT (size 0, an unknown kind or policy, a node that does
 /// not exist — the message names the nodes there are), LF_ERR_OUT_OF_MEMORY (beyond what the
 /// host has; no huge pages reserved under the strict policy — the message says how to
 /// reserve them), LF_ERR_PERMISSION_DENIED (RLIMIT_MEMLOCK too small for GPU-pinned memory),
@@ -53,9 +46,9 @@ fn invalid(message: String) -> Failure {
 pub unsafe extern "C" fn lf_alloc(
     context: *const lf_context,
     size: usize,
-    location: u32,
+    location: raw::lf_memory_kind,
     numa_node: i64,
-    flags: u32,
+    hugepage_policy: raw::lf_hugepage_policy,
     out: *mut *mut lf_buffer,
 ) -> lf_status {
     boundary("lf_alloc", || {
@@ -68,18 +61,10 @@ pub unsafe extern "C" fn lf_alloc(
                     .map_err(|_| invalid(format!("numa_node {n} is not a node number or LF_UNSET (-1)")))?,
             ),
         };
-        let location = MemoryLocation::from_code(location, node)?;
-        let policy = match flags {
-            0 => context.config().hugepage_policy,
-            LF_ALLOC_HUGEPAGE_STRICT => HugepagePolicy::Strict,
-            LF_ALLOC_HUGEPAGE_BEST_EFFORT => HugepagePolicy::BestEffort,
-            other => {
-                return Err(invalid(format!(
-                    "flags {other:#x} are unknown; use 0 (the context's hugepage policy), LF_HUGEPAGE_STRICT (1) \
-                     or LF_HUGEPAGE_BEST_EFFORT (2)"
-                )))
-            }
-        };
+        let kind = lf_memory_kind::from_c(location, "location")?;
+        let location = MemoryLocation::from_code(kind.to_c(), node)?;
+        let policy = hugepage_policy_from_c(hugepage_policy, "hugepage_policy")?
+            .unwrap_or_else(|| context.config().hugepage_policy);
         let buffer = context.allocate_with(size, location, policy)?;
         write_out(out, lf_buffer::into_handle(buffer)?);
         Ok(())
@@ -200,8 +185,8 @@ pub unsafe extern "C" fn lf_buffer_find(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::{lf_buffer_location, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_NUMA, LF_MEMORY_CPU_STANDARD};
-    use crate::context::{lf_context_config, lf_context_create, lf_context_free};
+    use crate::buffer::{lf_buffer_location, lf_buffer_ptr, lf_free, lf_memory_kind};
+    use crate::context::{lf_context_config, lf_context_create, lf_context_free, lf_hugepage_policy};
     use crate::tests::last_error;
     use std::ptr;
 
@@ -211,10 +196,13 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 1000, LF_MEMORY_CPU_NUMA, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 1000, lf_memory_kind::LF_MEMORY_CPU_NUMA as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             let mut location = 0;
             assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
-            assert_eq!(location, LF_MEMORY_CPU_NUMA);
+            assert_eq!(location, lf_memory_kind::LF_MEMORY_CPU_NUMA as u32);
             let mut base = ptr::null_mut();
             assert_eq!(lf_buffer_ptr(buffer, &mut base), lf_status::LF_OK);
             let (mut found, mut offset) = (ptr::null_mut(), 0usize);
@@ -271,7 +259,7 @@ mod tests {
         unsafe {
             let mut location = 0;
             assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
-            assert_eq!(location, LF_MEMORY_CPU_STANDARD);
+            assert_eq!(location, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32);
             let mut reason = ptr::null();
             assert_eq!(crate::buffer::lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
             assert!(!reason.is_null(), "a buffer that is not where it was asked to be says why");
@@ -290,7 +278,10 @@ mod tests {
             .unwrap_or(0);
         let size = (free + 1) * (2 << 20);
         unsafe {
-            let config = lf_context_config { gpu_policy: crate::device::LF_GPU_DISABLED, ..Default::default() };
+            let config = lf_context_config {
+                gpu_policy: crate::device::lf_gpu_policy::LF_GPU_DISABLED as u32,
+                ..Default::default()
+            };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
             let (mut mine, mut peer) = (ptr::null_mut(), ptr::null_mut());
@@ -326,13 +317,16 @@ mod tests {
         }
         unsafe {
             let mut context = ptr::null_mut();
-            let config = lf_context_config { gpu_policy: crate::device::LF_GPU_DISABLED, ..Default::default() };
+            let config = lf_context_config {
+                gpu_policy: crate::device::lf_gpu_policy::LF_GPU_DISABLED as u32,
+                ..Default::default()
+            };
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
-            let huge = crate::buffer::LF_MEMORY_CPU_HUGEPAGE_1GB;
+            let huge = crate::buffer::lf_memory_kind::LF_MEMORY_CPU_HUGEPAGE_1GB as u32;
             let mut buffer = ptr::null_mut();
             // The context's policy constant, passed as a flag: best-effort, not strict.
             assert_eq!(
-                lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_BEST_EFFORT, &mut buffer),
+                lf_alloc(context, 64, huge, LF_UNSET, lf_hugepage_policy::LF_HUGEPAGE_BEST_EFFORT as u32, &mut buffer),
                 lf_status::LF_OK,
                 "{}",
                 last_error()
@@ -342,7 +336,10 @@ mod tests {
                 "CPU memory on 1 GiB huge pages was asked for with the best-effort hugepage policy",
             );
             lf_free(buffer);
-            assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, LF_HUGEPAGE_STRICT, &mut buffer), lf_status::LF_OK);
+            assert_ne!(
+                lf_alloc(context, 64, huge, LF_UNSET, lf_hugepage_policy::LF_HUGEPAGE_STRICT as u32, &mut buffer),
+                lf_status::LF_OK
+            );
             // The message speaks to C users too: no Rust item names.
             assert!(!last_error().contains("::") && !last_error().contains("Policy"), "{}", last_error());
             assert_ne!(
@@ -353,12 +350,16 @@ mod tests {
             lf_context_free(context);
 
             // The flag constant, set as the context's policy: best-effort too.
-            let config = lf_context_config { hugepage_policy: LF_ALLOC_HUGEPAGE_BEST_EFFORT, ..config };
+            let config =
+                lf_context_config { hugepage_policy: lf_hugepage_policy::LF_HUGEPAGE_BEST_EFFORT as u32, ..config };
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK, "{}", last_error());
             assert_eq!(lf_alloc(context, 64, huge, LF_UNSET, 0, &mut buffer), lf_status::LF_OK, "{}", last_error());
             assert_fell_back_with_reason(buffer, "best-effort hugepage policy");
             lf_free(buffer);
-            assert_ne!(lf_alloc(context, 64, huge, LF_UNSET, LF_ALLOC_HUGEPAGE_STRICT, &mut buffer), lf_status::LF_OK);
+            assert_ne!(
+                lf_alloc(context, 64, huge, LF_UNSET, lf_hugepage_policy::LF_HUGEPAGE_STRICT as u32, &mut buffer),
+                lf_status::LF_OK
+            );
             lf_context_free(context);
         }
     }
@@ -368,27 +369,58 @@ mod tests {
         unsafe {
             let mut context = ptr::null_mut();
             // Strict, without a GPU: GPU locations are refused, saying why.
-            let strict =
-                lf_context_config { gpu_policy: crate::device::LF_GPU_DISABLED, strict_gpu: 1, ..Default::default() };
+            let strict = lf_context_config {
+                gpu_policy: crate::device::lf_gpu_policy::LF_GPU_DISABLED as u32,
+                strict_gpu: 1,
+                ..Default::default()
+            };
             assert_eq!(lf_context_create(&strict, &mut context), lf_status::LF_OK);
 
             let mut buffer = ptr::null_mut();
             let cases: [(usize, u32, i64, u32, lf_status, &str); 6] = [
-                (0, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "size 0"),
+                (
+                    0,
+                    lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32,
+                    LF_UNSET,
+                    0,
+                    lf_status::LF_ERR_INVALID_ARGUMENT,
+                    "size 0",
+                ),
                 (
                     usize::MAX,
-                    LF_MEMORY_CPU_STANDARD,
+                    lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32,
                     LF_UNSET,
                     0,
                     lf_status::LF_ERR_OUT_OF_MEMORY,
                     "more than this host",
                 ),
-                (64, 4242, LF_UNSET, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "unknown memory location value 4242"),
-                (64, LF_MEMORY_CPU_NUMA, 999, 0, lf_status::LF_ERR_INVALID_ARGUMENT, "NUMA node 999 does not exist"),
-                (64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 8, lf_status::LF_ERR_INVALID_ARGUMENT, "flags 0x8"),
                 (
                     64,
-                    crate::buffer::LF_MEMORY_GPU_DEVICE_LOCAL,
+                    4242,
+                    LF_UNSET,
+                    0,
+                    lf_status::LF_ERR_INVALID_ARGUMENT,
+                    "location is 4242, not an lf_memory_kind: use LF_MEMORY_CPU_STANDARD (1), LF_MEMORY_CPU_NUMA (2)",
+                ),
+                (
+                    64,
+                    lf_memory_kind::LF_MEMORY_CPU_NUMA as u32,
+                    999,
+                    0,
+                    lf_status::LF_ERR_INVALID_ARGUMENT,
+                    "NUMA node 999 does not exist",
+                ),
+                (
+                    64,
+                    lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32,
+                    LF_UNSET,
+                    8,
+                    lf_status::LF_ERR_INVALID_ARGUMENT,
+                    "hugepage_policy is 8, not an lf_hugepage_policy",
+                ),
+                (
+                    64,
+                    crate::buffer::lf_memory_kind::LF_MEMORY_GPU_DEVICE_LOCAL as u32,
                     LF_UNSET,
                     0,
                     lf_status::LF_ERR_UNSUPPORTED,
@@ -403,7 +435,7 @@ mod tests {
             let freed = context;
             lf_context_free(context);
             assert_eq!(
-                lf_alloc(freed, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer),
+                lf_alloc(freed, 64, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
                 lf_status::LF_ERR_BAD_HANDLE
             );
             lf_context_free(ptr::null_mut());

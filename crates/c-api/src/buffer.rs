@@ -14,44 +14,79 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
+use super::abi::{c_enum, raw};
 use super::location::LF_UNSET;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
 use lava_flow::memory::location::code;
 use lava_flow::memory::{Buffer, BufferId, BufferOrigin, DeviceRegistration};
 
-/// `LF_MEMORY_*`: where memory lives. Taken from C as integers and checked.
-pub const LF_MEMORY_CPU_STANDARD: u32 = 1;
-pub const LF_MEMORY_CPU_NUMA: u32 = 2;
-pub const LF_MEMORY_CPU_HUGEPAGE_2MB: u32 = 3;
-pub const LF_MEMORY_CPU_HUGEPAGE_1GB: u32 = 4;
-pub const LF_MEMORY_CPU_GPU_PINNED: u32 = 5;
-pub const LF_MEMORY_GPU_DEVICE_LOCAL: u32 = 6;
-pub const LF_MEMORY_GPU_HOST_VISIBLE: u32 = 7;
-
-// Literals (so cbindgen writes them into the header), checked against the Rust codes.
-const _: () = assert!(
-    LF_MEMORY_CPU_STANDARD == code::CPU_STANDARD
-        && LF_MEMORY_CPU_NUMA == code::CPU_NUMA
-        && LF_MEMORY_CPU_HUGEPAGE_2MB == code::CPU_HUGEPAGE_2MB
-        && LF_MEMORY_CPU_HUGEPAGE_1GB == code::CPU_HUGEPAGE_1GB
-        && LF_MEMORY_CPU_GPU_PINNED == code::CPU_GPU_PINNED
-        && LF_MEMORY_GPU_DEVICE_LOCAL == code::GPU_DEVICE_LOCAL
-        && LF_MEMORY_GPU_HOST_VISIBLE == code::GPU_HOST_VISIBLE
+/// Where memory lives: what `lf_alloc` is asked for, and what a buffer really is
+/// (`lf_buffer_location`, `lf_export.location`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_memory_kind {
+    /// Ordinary pageable memory.
+    LF_MEMORY_CPU_STANDARD = 1,
+    /// Memory bound to one NUMA node (`lf_alloc`'s `numa_node`).
+    LF_MEMORY_CPU_NUMA = 2,
+    /// Memory backed by 2 MiB huge pages.
+    LF_MEMORY_CPU_HUGEPAGE_2MB = 3,
+    /// Memory backed by 1 GiB huge pages.
+    LF_MEMORY_CPU_HUGEPAGE_1GB = 4,
+    /// Locked host memory registered with the GPU APIs present (`lf_buffer_registrations`).
+    LF_MEMORY_CPU_GPU_PINNED = 5,
+    /// GPU memory of the context's Vulkan device, fastest for the GPU.
+    LF_MEMORY_GPU_DEVICE_LOCAL = 6,
+    /// GPU memory the host can map.
+    LF_MEMORY_GPU_HOST_VISIBLE = 7,
+}
+c_enum!(
+    lf_memory_kind: LF_MEMORY_CPU_STANDARD,
+    LF_MEMORY_CPU_NUMA,
+    LF_MEMORY_CPU_HUGEPAGE_2MB,
+    LF_MEMORY_CPU_HUGEPAGE_1GB,
+    LF_MEMORY_CPU_GPU_PINNED,
+    LF_MEMORY_GPU_DEVICE_LOCAL,
+    LF_MEMORY_GPU_HOST_VISIBLE,
 );
 
-/// `lf_buffer_origin`: allocated here (exportable).
-pub const LF_ORIGIN_ALLOCATED: u32 = 1;
-/// `lf_buffer_origin`: the caller's memory, entered with `lf_register`.
-pub const LF_ORIGIN_REGISTERED: u32 = 2;
-/// `lf_buffer_origin`: imported from an export (`lf_import`): the exporter's memory.
-pub const LF_ORIGIN_IMPORTED: u32 = 3;
+// The C values are the Rust core's codes.
+const _: () = assert!(
+    lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32 == code::CPU_STANDARD
+        && lf_memory_kind::LF_MEMORY_CPU_NUMA as u32 == code::CPU_NUMA
+        && lf_memory_kind::LF_MEMORY_CPU_HUGEPAGE_2MB as u32 == code::CPU_HUGEPAGE_2MB
+        && lf_memory_kind::LF_MEMORY_CPU_HUGEPAGE_1GB as u32 == code::CPU_HUGEPAGE_1GB
+        && lf_memory_kind::LF_MEMORY_CPU_GPU_PINNED as u32 == code::CPU_GPU_PINNED
+        && lf_memory_kind::LF_MEMORY_GPU_DEVICE_LOCAL as u32 == code::GPU_DEVICE_LOCAL
+        && lf_memory_kind::LF_MEMORY_GPU_HOST_VISIBLE as u32 == code::GPU_HOST_VISIBLE
+);
 
-/// `lf_buffer_registrations` bits: the GPU APIs GPU-pinned memory is registered with.
-/// Imported into the context's Vulkan device (`VK_EXT_external_memory_host`).
-pub const LF_REGISTRATION_VULKAN: u32 = 1;
-/// Registered with CUDA (`cuMemHostRegister`, portable).
-pub const LF_REGISTRATION_CUDA: u32 = 2;
+/// How a buffer came to be (`lf_buffer_origin`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_origin {
+    /// Allocated here (exportable).
+    LF_ORIGIN_ALLOCATED = 1,
+    /// The caller's memory, entered with `lf_register`.
+    LF_ORIGIN_REGISTERED = 2,
+    /// Imported from an export (`lf_import`): the exporter's memory.
+    LF_ORIGIN_IMPORTED = 3,
+}
+
+/// The GPU APIs GPU-pinned memory is registered with: bits of `lf_buffer_registrations`'s
+/// `flags`, which may hold several.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_registration {
+    /// Imported into the context's Vulkan device (`VK_EXT_external_memory_host`).
+    LF_REGISTRATION_VULKAN = 1,
+    /// Registered with CUDA (`cuMemHostRegister`, portable).
+    LF_REGISTRATION_CUDA = 2,
+}
 
 /// Opaque handle on a buffer.
 #[allow(non_camel_case_types)]
@@ -65,8 +100,8 @@ pub struct lf_buffer {
 }
 
 const _: () = assert!(
-    DeviceRegistration::Vulkan { device_uuid: [0; 16] }.flag() == LF_REGISTRATION_VULKAN
-        && DeviceRegistration::Cuda { device: 0 }.flag() == LF_REGISTRATION_CUDA
+    DeviceRegistration::Vulkan { device_uuid: [0; 16] }.flag() == lf_registration::LF_REGISTRATION_VULKAN as u32
+        && DeviceRegistration::Cuda { device: 0 }.flag() == lf_registration::LF_REGISTRATION_CUDA as u32
 );
 
 fn c_string(text: &str) -> CString {
@@ -169,14 +204,14 @@ pub unsafe extern "C" fn lf_buffer_size(buffer: *const lf_buffer, out: *mut usiz
     })
 }
 
-/// The location really obtained, an `LF_MEMORY_*` value: a best-effort hugepage request that
+/// The kind of memory really obtained: a best-effort hugepage request that
 /// fell back, and a GPU request of a context without a GPU, give LF_MEMORY_CPU_STANDARD.
 /// Imported buffers carry the exporter's.
 ///
 /// # Safety
 /// As `lf_buffer_ptr`.
 #[no_mangle]
-pub unsafe extern "C" fn lf_buffer_location(buffer: *const lf_buffer, out: *mut u32) -> lf_status {
+pub unsafe extern "C" fn lf_buffer_location(buffer: *const lf_buffer, out: *mut raw::lf_memory_kind) -> lf_status {
     boundary("lf_buffer_location", || {
         let out = out_ptr(out, "out")?;
         write_out(out, handle_ref(buffer, "buffer")?.buffer.location().code());
@@ -218,15 +253,15 @@ pub unsafe extern "C" fn lf_buffer_page_size(buffer: *const lf_buffer, out: *mut
 /// # Safety
 /// As `lf_buffer_ptr`.
 #[no_mangle]
-pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut u32) -> lf_status {
+pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut raw::lf_origin) -> lf_status {
     boundary("lf_buffer_origin", || {
         let out = out_ptr(out, "out")?;
         let origin = match handle_ref(buffer, "buffer")?.buffer.origin() {
-            BufferOrigin::Allocated => LF_ORIGIN_ALLOCATED,
-            BufferOrigin::Registered => LF_ORIGIN_REGISTERED,
-            BufferOrigin::Imported { .. } => LF_ORIGIN_IMPORTED,
+            BufferOrigin::Allocated => lf_origin::LF_ORIGIN_ALLOCATED,
+            BufferOrigin::Registered => lf_origin::LF_ORIGIN_REGISTERED,
+            BufferOrigin::Imported { .. } => lf_origin::LF_ORIGIN_IMPORTED,
         };
-        write_out(out, origin);
+        write_out(out, origin as u32);
         Ok(())
     })
 }
@@ -234,8 +269,8 @@ pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut u3
 /// Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
 /// reason, a string owned by the buffer and valid until `lf_free`: a GPU location asked of a
 /// context without a Vulkan device (and why it has none), or huge pages under the best-effort
-/// policy (`lf_alloc`'s flag, the context's policy, or `lf_alloc_auto`'s staging memory for a
-/// remote peer) that the kernel could not give (and why). Every buffer whose
+/// policy (`lf_alloc`'s `hugepage_policy`, the context's policy, or `lf_alloc_auto`'s staging
+/// memory for a remote peer) that the kernel could not give (and why). Every buffer whose
 /// `lf_buffer_location` differs from what was asked has a reason.
 ///
 /// # Safety
@@ -249,8 +284,8 @@ pub unsafe extern "C" fn lf_buffer_fallback_reason(buffer: *const lf_buffer, out
     })
 }
 
-/// The GPU APIs the buffer's memory is registered with: `*flags` receives
-/// LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory
+/// The GPU APIs the buffer's memory is registered with: `*flags` receives the `lf_registration`
+/// bits LF_REGISTRATION_VULKAN and/or LF_REGISTRATION_CUDA for LF_MEMORY_CPU_GPU_PINNED memory
 /// (where each API is present), 0 otherwise. `lf_buffer_registration_failures` says why a
 /// registration is missing.
 ///
@@ -299,7 +334,10 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 100, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 100, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             let (mut size, mut page, mut origin, mut node) = (0usize, 0usize, 0u32, 0i64);
             assert_eq!(lf_buffer_size(buffer, &mut size), lf_status::LF_OK);
             assert_eq!(lf_buffer_page_size(buffer, &mut page), lf_status::LF_OK);
@@ -307,7 +345,7 @@ mod tests {
             assert_eq!(lf_buffer_numa_node(buffer, &mut node), lf_status::LF_OK);
             assert_eq!(
                 (size, page, origin, node),
-                (100, libc::sysconf(libc::_SC_PAGESIZE) as usize, LF_ORIGIN_ALLOCATED, LF_UNSET)
+                (100, libc::sysconf(libc::_SC_PAGESIZE) as usize, lf_origin::LF_ORIGIN_ALLOCATED as u32, LF_UNSET)
             );
             // Allocated memory is not deregistered: refused, and the buffer stays usable.
             assert_eq!(lf_deregister(context, buffer), lf_status::LF_ERR_INVALID_ARGUMENT);
@@ -324,7 +362,7 @@ mod tests {
             let mut registered = ptr::null_mut();
             assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 256, &mut registered), lf_status::LF_OK);
             assert_eq!(lf_buffer_origin(registered, &mut origin), lf_status::LF_OK);
-            assert_eq!(origin, LF_ORIGIN_REGISTERED);
+            assert_eq!(origin, lf_origin::LF_ORIGIN_REGISTERED as u32);
             assert_eq!(lf_deregister(ptr::null(), registered), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_OK);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_ERR_BAD_HANDLE);

@@ -112,7 +112,7 @@ mod tests {
     use crate::alloc::lf_alloc;
     use crate::buffer::*;
     use crate::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::device::LF_GPU_DISABLED;
+    use crate::device::lf_gpu_policy;
     use crate::location::LF_UNSET;
     use crate::tests::last_error;
     use std::ffi::CStr;
@@ -144,9 +144,11 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let gpu = has_gpu(context);
-            let cpu = alloc(context, 20000, LF_MEMORY_CPU_STANDARD);
+            let cpu = alloc(context, 20000, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32);
             let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
-            for location in [LF_MEMORY_GPU_DEVICE_LOCAL, LF_MEMORY_GPU_HOST_VISIBLE] {
+            for location in
+                [lf_memory_kind::LF_MEMORY_GPU_DEVICE_LOCAL as u32, lf_memory_kind::LF_MEMORY_GPU_HOST_VISIBLE as u32]
+            {
                 let buffer = alloc(context, 10000, location);
                 let (mut got, mut reason) = (0, ptr::null());
                 assert_eq!(lf_buffer_location(buffer, &mut got), lf_status::LF_OK);
@@ -183,14 +185,14 @@ mod tests {
                 lf_free(buffer);
             }
             // GPU-pinned memory: registered with what is there, and says why not with the rest.
-            let pinned = alloc(context, 4096, LF_MEMORY_CPU_GPU_PINNED);
+            let pinned = alloc(context, 4096, lf_memory_kind::LF_MEMORY_CPU_GPU_PINNED as u32);
             let (mut flags, mut failures) = (99u32, ptr::null());
             assert_eq!(lf_buffer_registrations(pinned, &mut flags), lf_status::LF_OK);
             assert_eq!(lf_buffer_registration_failures(pinned, &mut failures), lf_status::LF_OK);
             let rust = &crate::handle_ref(pinned, "pinned").ok().unwrap().buffer;
             assert_eq!(flags, rust.registrations().iter().fold(0, |bits, r| bits | r.flag()));
             assert_eq!(failures.is_null(), rust.registration_failures().is_empty());
-            if flags & LF_REGISTRATION_CUDA == 0 {
+            if flags & lf_registration::LF_REGISTRATION_CUDA as u32 == 0 {
                 assert!(CStr::from_ptr(failures).to_str().unwrap().contains("CUDA"));
             }
             assert_eq!(lf_buffer_registrations(pinned, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
@@ -206,13 +208,13 @@ mod tests {
     fn fallback_is_visible() {
         // SAFETY (whole test): out-pointers are writable.
         unsafe {
-            let config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let config = lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
-            let buffer = alloc(context, 100, LF_MEMORY_GPU_HOST_VISIBLE);
+            let buffer = alloc(context, 100, lf_memory_kind::LF_MEMORY_GPU_HOST_VISIBLE as u32);
             let (mut location, mut reason, mut base) = (0, ptr::null(), ptr::null_mut());
             assert_eq!(lf_buffer_location(buffer, &mut location), lf_status::LF_OK);
-            assert_eq!(location, LF_MEMORY_CPU_STANDARD);
+            assert_eq!(location, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32);
             assert_eq!(lf_buffer_fallback_reason(buffer, &mut reason), lf_status::LF_OK);
             let reason = CStr::from_ptr(reason).to_str().unwrap();
             assert!(
@@ -243,14 +245,14 @@ mod tests {
                 lf_context_free(importer);
                 return;
             }
-            let buffer = alloc(exporter, 3000, LF_MEMORY_GPU_DEVICE_LOCAL);
+            let buffer = alloc(exporter, 3000, lf_memory_kind::LF_MEMORY_GPU_DEVICE_LOCAL as u32);
             assert_eq!(lf_buffer_write(buffer, 0, b"hello gpu".as_ptr().cast(), 9), lf_status::LF_OK);
             let mut export = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
             let uuid = crate::handle_ref(exporter, "exporter").ok().unwrap().context.device_info().unwrap().device_uuid;
             assert_eq!(
                 (export.location, export.handle_type, export.size, export.device_uuid),
-                (LF_MEMORY_GPU_DEVICE_LOCAL, 1, 3000, uuid)
+                (lf_memory_kind::LF_MEMORY_GPU_DEVICE_LOCAL as u32, 1, 3000, uuid)
             );
             let (a, b) = UnixStream::pair().unwrap();
             assert_eq!(lf_export_send(a.as_raw_fd(), &export), lf_status::LF_OK);

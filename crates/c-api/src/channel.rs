@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::abi::{c_enum, raw, read_struct, write_struct, CEnum, GrowableStruct};
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::exclusive::{Exclusive, ExclusiveGuard};
@@ -29,38 +30,54 @@ use super::{
 use lava_flow::channels::transport::{RawLoan, RawView, RoutedPayload};
 use lava_flow::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
 
-/// The producing end.
-pub const LF_ROLE_PRODUCER: u32 = 1;
-/// The consuming end.
-pub const LF_ROLE_CONSUMER: u32 = 2;
+/// Which end of a channel a process creates (`lf_channel_create`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_role {
+    /// The producing end.
+    LF_ROLE_PRODUCER = 1,
+    /// The consuming end.
+    LF_ROLE_CONSUMER = 2,
+}
+c_enum!(lf_role: LF_ROLE_PRODUCER, LF_ROLE_CONSUMER);
 
-/// Spin on shared memory while waiting (lowest latency, a busy core).
-pub const LF_WAIT_BUSY_POLL: u32 = 1;
-/// Spin for `spin_ns`, then sleep.
-pub const LF_WAIT_SPIN_THEN_BLOCK: u32 = 2;
-/// Sleep at once (no CPU while waiting).
-pub const LF_WAIT_BLOCK: u32 = 3;
+/// How a channel end waits for its peer (`lf_channel_config.wait_strategy`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_wait_strategy {
+    /// Spin on shared memory while waiting (lowest latency, a busy core).
+    LF_WAIT_BUSY_POLL = 1,
+    /// Spin for `spin_ns`, then sleep. The default.
+    LF_WAIT_SPIN_THEN_BLOCK = 2,
+    /// Sleep at once (no CPU while waiting).
+    LF_WAIT_BLOCK = 3,
+}
+c_enum!(lf_wait_strategy: LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK, LF_WAIT_BLOCK);
 
-/// Channel options; fill with `lf_channel_config_default` and change what you need.
+/// Channel options. Fill with `lf_channel_config_init` and change what you need.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct lf_channel_config {
-    /// LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK or LF_WAIT_BLOCK.
-    pub wait_strategy: u32,
-    /// Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
-    pub capacity: u32,
+    /// `sizeof(lf_channel_config)`, set by `lf_channel_config_init`. See "Growable structs" at
+    /// the top of this header.
+    pub struct_size: u32,
+    pub wait_strategy: raw::lf_wait_strategy,
     /// Spin time before sleeping, for LF_WAIT_SPIN_THEN_BLOCK.
     pub spin_ns: u64,
+    /// Messages in flight at most: a power of two from 2 to 2^20. Producer's value rules.
+    pub capacity: u32,
+    /// 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
+    /// and they must not be rewritten until the message completes (`lf_wait_completed`).
+    /// 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
+    pub auto_zero_copy: u32,
     /// Shared payload pool in bytes, also the largest message: 1 to 2^40 (1 TiB), checked on
     /// both ends at `lf_channel_create`. Producer's value rules.
     pub pool_size: u64,
     /// How long lf_channel_create waits for the peer; negative: forever.
     pub rendezvous_timeout_ns: i64,
-    /// 1 (the default): `lf_send` of bytes inside a lava-flow buffer sends them by reference,
-    /// and they must not be rewritten until the message completes (`lf_wait_completed`).
-    /// 0: `lf_send` always copies, and the bytes may be reused as soon as it returns.
-    pub auto_zero_copy: u32,
     /// 1: GPU buffers must go by reference with GPU-side synchronisation; where they would be
     /// staged through host memory (the consumer on another GPU, or without one) or
     /// synchronised on the host (the driver cannot share semaphores), `lf_channel_create`
@@ -78,6 +95,21 @@ pub struct lf_channel_config {
     /// so that first touches do not fault in the message path. 0: pages fault in as used.
     /// Producer's value rules.
     pub prefault: u32,
+    /// Must be 0 (it keeps the struct free of padding).
+    pub reserved: u32,
+}
+
+/// The defaults, with `struct_size` set (what `lf_channel_config_init` gives).
+impl Default for lf_channel_config {
+    fn default() -> Self {
+        ChannelConfig::default().into()
+    }
+}
+
+// SAFETY: repr(C), starts with the u32 size, integers only.
+unsafe impl GrowableStruct for lf_channel_config {
+    const NAME: &'static str = "lf_channel_config";
+    const SIZES: &'static [usize] = &[56];
 }
 
 /// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
@@ -164,12 +196,13 @@ unsafe impl Send for HeldGpu {}
 impl From<ChannelConfig> for lf_channel_config {
     fn from(c: ChannelConfig) -> Self {
         let (wait_strategy, spin_ns) = match c.wait {
-            WaitStrategy::BusyPoll => (LF_WAIT_BUSY_POLL, 0),
-            WaitStrategy::SpinThenBlock { spin } => (LF_WAIT_SPIN_THEN_BLOCK, spin.as_nanos() as u64),
-            WaitStrategy::Block => (LF_WAIT_BLOCK, 0),
+            WaitStrategy::BusyPoll => (lf_wait_strategy::LF_WAIT_BUSY_POLL, 0),
+            WaitStrategy::SpinThenBlock { spin } => (lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK, spin.as_nanos() as u64),
+            WaitStrategy::Block => (lf_wait_strategy::LF_WAIT_BLOCK, 0),
         };
         lf_channel_config {
-            wait_strategy,
+            struct_size: std::mem::size_of::<lf_channel_config>() as u32,
+            wait_strategy: wait_strategy.to_c(),
             capacity: c.capacity,
             spin_ns,
             pool_size: c.pool_size as u64,
@@ -178,6 +211,7 @@ impl From<ChannelConfig> for lf_channel_config {
             strict_gpu: u32::from(c.strict_gpu),
             released_semaphore: u32::from(c.released_semaphore),
             prefault: u32::from(c.prefault),
+            reserved: 0,
         }
     }
 }
@@ -193,16 +227,16 @@ fn invalid(message: String) -> Failure {
 }
 
 fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
-    let wait = match c.wait_strategy {
-        LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
-        LF_WAIT_SPIN_THEN_BLOCK => WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) },
-        LF_WAIT_BLOCK => WaitStrategy::Block,
-        other => {
-            return Err(invalid(format!(
-                "wait_strategy {other} is not LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"
-            )))
+    let wait = match lf_wait_strategy::from_c(c.wait_strategy, "wait_strategy")? {
+        lf_wait_strategy::LF_WAIT_BUSY_POLL => WaitStrategy::BusyPoll,
+        lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK => {
+            WaitStrategy::SpinThenBlock { spin: Duration::from_nanos(c.spin_ns) }
         }
+        lf_wait_strategy::LF_WAIT_BLOCK => WaitStrategy::Block,
     };
+    if c.reserved != 0 {
+        return Err(invalid(format!("lf_channel_config.reserved is {}; it must be 0", c.reserved)));
+    }
     let pool_size =
         usize::try_from(c.pool_size).map_err(|_| invalid(format!("pool_size {} is too large", c.pool_size)))?;
     if pool_size == 0 {
@@ -215,7 +249,7 @@ fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
         ("prefault", c.prefault),
     ] {
         if value > 1 {
-            return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_default")));
+            return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_init")));
         }
     }
     Ok(ChannelConfig {
@@ -281,25 +315,29 @@ fn write_sequence(out: *mut u64, seq: u64) {
     }
 }
 
-/// Fills `*out` with the defaults: spin-then-block (50 us), 256 messages, a 16 MiB pool,
-/// a 10 s rendezvous timeout.
+/// Fills `*config` with the defaults (spin-then-block for 50 us, 256 messages, a 16 MiB pool,
+/// a 10 s rendezvous timeout, `auto_zero_copy` and `prefault` on) and sets its `struct_size`
+/// to `struct_size`, which is `sizeof(lf_channel_config)` as the caller's header has it:
+/// `lf_channel_config_init(&config, sizeof config)`. Fields this library does not know (a
+/// newer header's) are set to 0. LF_ERR_INVALID_ARGUMENT for a size that is not one of the
+/// struct's.
 ///
 /// # Safety
-/// `out` must be NULL (rejected) or point to writable storage for an `lf_channel_config`.
+/// `config` must be NULL (rejected) or writable for `struct_size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) -> lf_status {
-    boundary("lf_channel_config_default", || {
-        let out = out_ptr(out, "out")?;
-        write_out(out, ChannelConfig::default().into());
-        Ok(())
+pub unsafe extern "C" fn lf_channel_config_init(config: *mut lf_channel_config, struct_size: usize) -> lf_status {
+    boundary("lf_channel_config_init", || {
+        let config = out_ptr(config, "config")?;
+        // SAFETY: the caller promises `struct_size` writable bytes.
+        unsafe { write_struct(config, struct_size, lf_channel_config::default()) }
     })
 }
 
 /// Creates this process's end of channel `name` (1-64 bytes of letters, digits, `-_.`) and
 /// waits for the other end; either may start first. `context` is this process's memory
 /// context: `lf_send` of bytes inside one of its buffers goes by reference. The channel
-/// keeps what it needs of the context, which may be freed before the channel. `role` is
-/// LF_ROLE_PRODUCER or LF_ROLE_CONSUMER. The transport follows the scope between
+/// keeps what it needs of the context, which may be freed before the channel. `role` says
+/// which end this is. The transport follows the scope between
 /// `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 /// which and why. `config` may be NULL for the defaults.
 ///
@@ -309,13 +347,13 @@ pub unsafe extern "C" fn lf_channel_config_default(out: *mut lf_channel_config) 
 ///
 /// # Safety
 /// `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
-/// locations NULL or live lf_location handles; `config` NULL or a valid config; `out` NULL or
-/// writable.
+/// locations NULL or live lf_location handles; `config` NULL or readable for its `struct_size`
+/// bytes; `out` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn lf_channel_create(
     context: *const lf_context,
     name: *const c_char,
-    role: u32,
+    role: raw::lf_role,
     my_location: *const lf_location,
     peer_location: *const lf_location,
     config: *const lf_channel_config,
@@ -325,18 +363,17 @@ pub unsafe extern "C" fn lf_channel_create(
         let out = out_ptr(out, "out")?;
         let context = handle_ref(context, "context")?.context.clone();
         let name = c_str(name, "name")?;
-        let role = match role {
-            LF_ROLE_PRODUCER => Role::Producer,
-            LF_ROLE_CONSUMER => Role::Consumer,
-            other => return Err(invalid(format!("role {other} is not LF_ROLE_PRODUCER (1) or LF_ROLE_CONSUMER (2)"))),
+        let role = match lf_role::from_c(role, "role")? {
+            lf_role::LF_ROLE_PRODUCER => Role::Producer,
+            lf_role::LF_ROLE_CONSUMER => Role::Consumer,
         };
         let mine = handle_ref(my_location, "my_location")?.location().clone();
         let peer = handle_ref(peer_location, "peer_location")?.location().clone();
         let config = if config.is_null() {
             ChannelConfig::default()
         } else {
-            // SAFETY: non-NULL; the caller promises a valid, readable config.
-            to_config(unsafe { &*config })?
+            // SAFETY: non-NULL; the caller promises a config readable for its struct_size bytes.
+            to_config(&unsafe { read_struct(config, false) }?)?
         };
         let channel = Channel::create(&context, name, role, &mine, &peer, &config)?;
         let info = channel.transport().clone();
@@ -862,9 +899,9 @@ pub unsafe extern "C" fn lf_channel_free(channel: *mut lf_channel) {
 mod tests {
     use super::*;
     use crate::alloc::{lf_alloc, lf_register};
-    use crate::buffer::{lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::buffer::{lf_buffer_ptr, lf_free, lf_memory_kind};
     use crate::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::device::LF_GPU_DISABLED;
+    use crate::device::lf_gpu_policy;
     use crate::location::lf_location_detect;
     use crate::location::lf_location_free;
     use crate::status::lf_last_error_message;
@@ -887,14 +924,15 @@ mod tests {
         unsafe {
             let mut loc = ptr::null_mut();
             assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
-            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let context_config =
+                lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
             let loc = Loc(loc, context);
             let name = CString::new(format!("ffi-unit-{}", std::process::id())).unwrap();
             let mut config: lf_channel_config = std::mem::zeroed();
-            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
-            config.wait_strategy = LF_WAIT_BLOCK;
+            assert_eq!(lf_channel_config_init(&mut config, std::mem::size_of_val(&config)), lf_status::LF_OK);
+            config.wait_strategy = lf_wait_strategy::LF_WAIT_BLOCK as u32;
             config.capacity = 8;
             let (loc_ref, name_ref, config_ref) = (&loc, &name, &config);
             std::thread::scope(|s| {
@@ -904,7 +942,7 @@ mod tests {
                         lf_channel_create(
                             loc_ref.1,
                             name_ref.as_ptr(),
-                            LF_ROLE_PRODUCER,
+                            lf_role::LF_ROLE_PRODUCER as u32,
                             loc_ref.0,
                             loc_ref.0,
                             config_ref,
@@ -946,7 +984,10 @@ mod tests {
                     assert_eq!(done, 2);
                     // Buffer sends: explicit, and by itself for bytes inside a buffer.
                     let mut buf = ptr::null_mut();
-                    assert_eq!(lf_alloc(loc_ref.1, 8192, LF_MEMORY_CPU_STANDARD, -1, 0, &mut buf), lf_status::LF_OK);
+                    assert_eq!(
+                        lf_alloc(loc_ref.1, 8192, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, -1, 0, &mut buf),
+                        lf_status::LF_OK
+                    );
                     let mut base: *mut c_void = ptr::null_mut();
                     assert_eq!(lf_buffer_ptr(buf, &mut base), lf_status::LF_OK);
                     let base = base.cast::<u8>();
@@ -991,7 +1032,7 @@ mod tests {
                         lf_channel_create(
                             loc_ref.1,
                             name_ref.as_ptr(),
-                            LF_ROLE_CONSUMER,
+                            lf_role::LF_ROLE_CONSUMER as u32,
                             loc_ref.0,
                             loc_ref.0,
                             config_ref,
@@ -1078,15 +1119,16 @@ mod tests {
         unsafe {
             let mut loc = ptr::null_mut();
             assert_eq!(lf_location_detect(&mut loc), lf_status::LF_OK);
-            let context_config = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let context_config =
+                lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(&context_config, &mut context), lf_status::LF_OK);
             let name = CString::new(format!("ffi-absurd-{}", std::process::id())).unwrap();
             let mut config: lf_channel_config = std::mem::zeroed();
-            assert_eq!(lf_channel_config_default(&mut config), lf_status::LF_OK);
+            assert_eq!(lf_channel_config_init(&mut config, std::mem::size_of_val(&config)), lf_status::LF_OK);
             config.rendezvous_timeout_ns = 5_000_000_000;
             for pool_size in [u64::MAX, u64::MAX - 4095, 1 << 62, (1 << 40) + 1] {
-                for role in [LF_ROLE_PRODUCER, LF_ROLE_CONSUMER] {
+                for role in [lf_role::LF_ROLE_PRODUCER as u32, lf_role::LF_ROLE_CONSUMER as u32] {
                     let config = lf_channel_config { pool_size, ..config };
                     let mut ch = ptr::null_mut();
                     let started = std::time::Instant::now();
@@ -1122,6 +1164,6 @@ mod tests {
         assert!(to_config(&c).is_err());
         c.strict_gpu = 0;
         c.wait_strategy = 9;
-        assert!(to_config(&c).err().unwrap().message.contains("wait_strategy 9"));
+        assert!(to_config(&c).err().unwrap().message.contains("wait_strategy is 9, not an lf_wait_strategy: use LF_WAIT_BUSY_POLL (1), LF_WAIT_SPIN_THEN_BLOCK (2) or LF_WAIT_BLOCK (3)"));
     }
 }

@@ -7,6 +7,7 @@
 
 use std::ffi::CString;
 
+use super::abi::{c_enum, raw, read_struct, write_struct, CEnum, GrowableStruct};
 use super::device::gpu_settings_from_c;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
@@ -20,72 +21,115 @@ pub struct lf_context {
     pub(crate) gpu_unavailable: Option<CString>,
 }
 
-/// Hugepage policies, for `lf_context_config.hugepage_policy` and for `lf_alloc`'s `flags`
-/// (the same values in both places; 0 means the default there: strict for a context, the
-/// context's policy for one allocation).
-/// Fail when no huge pages are reserved, saying how to reserve them.
-pub const LF_HUGEPAGE_STRICT: u32 = 1;
-/// Fall back to ordinary memory (the buffer reports what it got, and why).
-pub const LF_HUGEPAGE_BEST_EFFORT: u32 = 2;
+/// What to do when huge pages are asked for and the kernel has none to give:
+/// `lf_context_config.hugepage_policy` for a context, and `lf_alloc`'s `hugepage_policy`
+/// for one allocation.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_hugepage_policy {
+    /// The default: strict for a context; the context's policy for one allocation.
+    LF_HUGEPAGE_DEFAULT = 0,
+    /// Fail when no huge pages are reserved, saying how to reserve them.
+    LF_HUGEPAGE_STRICT = 1,
+    /// Fall back to ordinary memory (the buffer reports what it got, and why).
+    LF_HUGEPAGE_BEST_EFFORT = 2,
+}
+c_enum!(lf_hugepage_policy: LF_HUGEPAGE_DEFAULT, LF_HUGEPAGE_STRICT, LF_HUGEPAGE_BEST_EFFORT);
 
-/// Context settings. A zero-initialised struct (`lf_context_config c = {0};`) means the
-/// defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if there is one (CPU
-/// fallback otherwise), the default device, 64 MiB GPU arenas.
+/// Context settings. Start from `lf_context_config_init` (or a struct of zeros,
+/// `lf_context_config c = {0};`: the same defaults) and change what you need: 0 in a field
+/// means its default. The defaults: strict hugepage policy, 2 MiB arenas, the GPU opened if
+/// there is one (CPU fallback otherwise), the default device, 64 MiB GPU arenas.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct lf_context_config {
-    /// LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT; 0 for strict.
-    pub hugepage_policy: u32,
-    /// LF_GPU_AUTO, LF_GPU_REQUIRED or LF_GPU_DISABLED.
-    pub gpu_policy: u32,
+    /// `sizeof(lf_context_config)`, set by `lf_context_config_init`; 0 only in a struct of
+    /// zeros. See "Growable structs" at the top of this header.
+    pub struct_size: u32,
+    /// LF_HUGEPAGE_DEFAULT (strict), LF_HUGEPAGE_STRICT or LF_HUGEPAGE_BEST_EFFORT.
+    pub hugepage_policy: raw::lf_hugepage_policy,
     /// Pooled arena size in bytes, a power of two from 64 KiB to 1 GiB; 0 for 2 MiB.
     pub arena_size: u64,
+    /// Whether to open the GPU; LF_GPU_AUTO by default.
+    pub gpu_policy: raw::lf_gpu_policy,
     /// Which Vulkan device: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX (`gpu_device_index`)
     /// or LF_GPU_DEVICE_UUID (`gpu_device_uuid`). A device that does not exist makes
     /// `lf_context_create` fail with LF_ERR_NOT_FOUND, listing the devices there are.
-    pub gpu_device_select: u32,
+    pub gpu_device_select: raw::lf_gpu_device_select,
     pub gpu_device_index: u32,
-    pub gpu_device_uuid: [u8; 16],
     /// 1: a GPU location asked of a context without a device is LF_ERR_UNSUPPORTED instead
     /// of CPU memory that reports the fallback (`lf_buffer_fallback_reason`). 0 or 1.
     pub strict_gpu: u32,
-    /// Must be 0.
-    pub reserved0: u32,
+    pub gpu_device_uuid: [u8; 16],
     /// Size of the pooled GPU arenas in bytes; 0 for 64 MiB. At most 2^40 (1 TiB) and the
     /// device's largest memory heap: larger is LF_ERR_INVALID_ARGUMENT at `lf_context_create`.
     pub gpu_arena_size: u64,
-    /// Room for later settings; must be 0.
-    pub reserved: [u64; 2],
+}
+
+/// The defaults, with `struct_size` set.
+impl Default for lf_context_config {
+    fn default() -> Self {
+        lf_context_config {
+            struct_size: std::mem::size_of::<Self>() as u32,
+            hugepage_policy: 0,
+            arena_size: 0,
+            gpu_policy: 0,
+            gpu_device_select: 0,
+            gpu_device_index: 0,
+            strict_gpu: 0,
+            gpu_device_uuid: [0; 16],
+            gpu_arena_size: 0,
+        }
+    }
+}
+
+// SAFETY: repr(C), starts with the u32 size, integers only.
+unsafe impl GrowableStruct for lf_context_config {
+    const NAME: &'static str = "lf_context_config";
+    const SIZES: &'static [usize] = &[56];
 }
 
 fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
-fn policy(value: u32) -> FfiResult<HugepagePolicy> {
-    match value {
-        0 | LF_HUGEPAGE_STRICT => Ok(HugepagePolicy::Strict),
-        LF_HUGEPAGE_BEST_EFFORT => Ok(HugepagePolicy::BestEffort),
-        other => Err(invalid(format!(
-            "hugepage_policy {other} is unknown; use 0 (the default, strict), LF_HUGEPAGE_STRICT (1) or \
-             LF_HUGEPAGE_BEST_EFFORT (2)"
-        ))),
-    }
+/// The policy `value` names, `None` for LF_HUGEPAGE_DEFAULT. `what` names the argument.
+pub(crate) fn hugepage_policy_from_c(value: raw::lf_hugepage_policy, what: &str) -> FfiResult<Option<HugepagePolicy>> {
+    Ok(match lf_hugepage_policy::from_c(value, what)? {
+        lf_hugepage_policy::LF_HUGEPAGE_DEFAULT => None,
+        lf_hugepage_policy::LF_HUGEPAGE_STRICT => Some(HugepagePolicy::Strict),
+        lf_hugepage_policy::LF_HUGEPAGE_BEST_EFFORT => Some(HugepagePolicy::BestEffort),
+    })
 }
 
 fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
-    if c.reserved0 != 0 || c.reserved.iter().any(|&r| r != 0) {
-        return Err(invalid("the reserved fields of lf_context_config must be 0".into()));
-    }
     let mut config = ContextConfig::default();
-    config.hugepage_policy = policy(c.hugepage_policy)?;
+    config.hugepage_policy =
+        hugepage_policy_from_c(c.hugepage_policy, "hugepage_policy")?.unwrap_or(HugepagePolicy::Strict);
     if c.arena_size != 0 {
         config.arena_size = usize::try_from(c.arena_size)
             .map_err(|_| invalid(format!("arena_size {} does not fit in size_t", c.arena_size)))?;
     }
     gpu_settings_from_c(c, &mut config)?;
     Ok(config)
+}
+
+/// Fills `*config` with the defaults (zeros: each field's default) and sets its `struct_size`
+/// to `struct_size`, which is `sizeof(lf_context_config)` as the caller's header has it:
+/// `lf_context_config_init(&config, sizeof config)`. Sizes as for `struct_size`
+/// (LF_ERR_INVALID_ARGUMENT for one that is not a size of the struct).
+///
+/// # Safety
+/// `config` must be NULL (rejected) or writable for `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lf_context_config_init(config: *mut lf_context_config, struct_size: usize) -> lf_status {
+    boundary("lf_context_config_init", || {
+        let config = out_ptr(config, "config")?;
+        // SAFETY: the caller promises `struct_size` writable bytes.
+        unsafe { write_struct(config, struct_size, lf_context_config::default()) }
+    })
 }
 
 /// Creates a memory context. `config` may be NULL for the defaults. Create one per process
@@ -98,16 +142,17 @@ fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
 /// under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
 ///
 /// # Safety
-/// `config` must be NULL or point to a readable `lf_context_config`; `out` NULL (rejected)
-/// or writable.
+/// `config` must be NULL or point to a readable `lf_context_config` of its `struct_size`
+/// bytes; `out` NULL (rejected) or writable.
 #[no_mangle]
 pub unsafe extern "C" fn lf_context_create(config: *const lf_context_config, out: *mut *mut lf_context) -> lf_status {
     boundary("lf_context_create", || {
         let out = out_ptr(out, "out")?;
-        // SAFETY: the caller promises config is NULL or readable.
-        let config = match unsafe { config.as_ref() } {
-            Some(c) => config_from_c(c)?,
-            None => ContextConfig::default(),
+        let config = if config.is_null() {
+            ContextConfig::default()
+        } else {
+            // SAFETY: the caller promises a readable struct of its struct_size bytes.
+            config_from_c(&unsafe { read_struct(config, true) }?)?
         };
         let context = Context::new(config)?;
         let gpu_unavailable =
@@ -152,33 +197,32 @@ pub unsafe extern "C" fn lf_context_free(context: *mut lf_context) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID, LF_GPU_DISABLED};
+    use crate::device::{lf_gpu_device_select, lf_gpu_policy};
     use crate::tests::last_error;
     use std::ptr;
 
     #[test]
     fn bad_config_gives_status_and_message() {
-        let cases: [(lf_context_config, lf_status, &str); 10] = [
+        let cases: [(lf_context_config, lf_status, &str); 9] = [
             (
                 lf_context_config { hugepage_policy: 7, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
-                "hugepage_policy 7",
+                "hugepage_policy is 7, not an lf_hugepage_policy: use LF_HUGEPAGE_DEFAULT (0), LF_HUGEPAGE_STRICT (1) or LF_HUGEPAGE_BEST_EFFORT (2)",
             ),
             (
                 lf_context_config { arena_size: 3000, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
                 "arena size 3000",
             ),
-            (lf_context_config { reserved0: 1, ..Default::default() }, lf_status::LF_ERR_INVALID_ARGUMENT, "reserved"),
             (
                 lf_context_config { gpu_policy: 9, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
-                "gpu_policy 9",
+                "gpu_policy is 9, not an lf_gpu_policy",
             ),
             (
                 lf_context_config { gpu_device_select: 5, ..Default::default() },
                 lf_status::LF_ERR_INVALID_ARGUMENT,
-                "gpu_device_select 5",
+                "gpu_device_select is 5, not an lf_gpu_device_select",
             ),
             (
                 lf_context_config { strict_gpu: 2, ..Default::default() },
@@ -199,7 +243,7 @@ mod tests {
             // Device selection is checked even where the GPU turns out to be missing.
             (
                 lf_context_config {
-                    gpu_device_select: LF_GPU_DEVICE_INDEX,
+                    gpu_device_select: lf_gpu_device_select::LF_GPU_DEVICE_INDEX as u32,
                     gpu_device_index: 4000,
                     ..Default::default()
                 },
@@ -208,7 +252,7 @@ mod tests {
             ),
             (
                 lf_context_config {
-                    gpu_device_select: LF_GPU_DEVICE_UUID,
+                    gpu_device_select: lf_gpu_device_select::LF_GPU_DEVICE_UUID as u32,
                     gpu_device_uuid: [0xee; 16],
                     ..Default::default()
                 },
@@ -231,7 +275,7 @@ mod tests {
             assert!(last_error().starts_with("lf_context_create: ") && last_error().contains(text), "{}", last_error());
             assert!(context.is_null(), "out is untouched on failure");
         }
-        let disabled = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+        let disabled = lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
         // SAFETY: as above.
         unsafe {
             assert_eq!(lf_context_create(ptr::null(), ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);

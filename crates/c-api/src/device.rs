@@ -6,33 +6,54 @@
 
 use std::ffi::{c_char, CStr};
 
+use super::abi::{c_enum, output_struct_size, raw, write_struct, CEnum, GrowableStruct};
 use super::context::{lf_context, lf_context_config};
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
 use lava_flow::memory::{ContextConfig, DeviceSelector, GpuPolicy};
 
-/// `gpu_policy`: open Vulkan at `lf_context_create`; without a loader or device go on
-/// without a GPU (GPU allocations fall back to CPU memory, visibly) and record why.
-pub const LF_GPU_AUTO: u32 = 0;
-/// `gpu_policy`: `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
-pub const LF_GPU_REQUIRED: u32 = 1;
-/// `gpu_policy`: touch no GPU API (no Vulkan device, no CUDA registration).
-pub const LF_GPU_DISABLED: u32 = 2;
+/// Whether `lf_context_create` opens a GPU (`lf_context_config.gpu_policy`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_gpu_policy {
+    /// Open Vulkan at `lf_context_create`; without a loader or device go on without a GPU
+    /// (GPU allocations fall back to CPU memory, visibly) and record why. The default.
+    LF_GPU_AUTO = 0,
+    /// `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
+    LF_GPU_REQUIRED = 1,
+    /// Touch no GPU API (no Vulkan device, no CUDA registration).
+    LF_GPU_DISABLED = 2,
+}
+c_enum!(lf_gpu_policy: LF_GPU_AUTO, LF_GPU_REQUIRED, LF_GPU_DISABLED);
 
-/// `gpu_device_select`: the device `LF_VULKAN_DEVICE` names, else the first discrete GPU,
-/// else the first device.
-pub const LF_GPU_DEVICE_DEFAULT: u32 = 0;
-/// `gpu_device_select`: the device at `gpu_device_index` in the loader's order.
-pub const LF_GPU_DEVICE_INDEX: u32 = 1;
-/// `gpu_device_select`: the device whose deviceUUID is `gpu_device_uuid`.
-pub const LF_GPU_DEVICE_UUID: u32 = 2;
+/// Which Vulkan device a context opens (`lf_context_config.gpu_device_select`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_gpu_device_select {
+    /// The device `LF_VULKAN_DEVICE` names, else the first discrete GPU, else the first
+    /// device. The default.
+    LF_GPU_DEVICE_DEFAULT = 0,
+    /// The device at `gpu_device_index` in the loader's order.
+    LF_GPU_DEVICE_INDEX = 1,
+    /// The device whose deviceUUID is `gpu_device_uuid`.
+    LF_GPU_DEVICE_UUID = 2,
+}
+c_enum!(lf_gpu_device_select: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID);
 
-/// `lf_device_info.device_type`: the values of `VkPhysicalDeviceType`.
-pub const LF_DEVICE_TYPE_OTHER: u32 = 0;
-pub const LF_DEVICE_TYPE_INTEGRATED_GPU: u32 = 1;
-pub const LF_DEVICE_TYPE_DISCRETE_GPU: u32 = 2;
-pub const LF_DEVICE_TYPE_VIRTUAL_GPU: u32 = 3;
-pub const LF_DEVICE_TYPE_CPU: u32 = 4;
+/// What kind of device a GPU is (`lf_device_info.device_type`): the values of
+/// `VkPhysicalDeviceType`.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_device_type {
+    LF_DEVICE_TYPE_OTHER = 0,
+    LF_DEVICE_TYPE_INTEGRATED_GPU = 1,
+    LF_DEVICE_TYPE_DISCRETE_GPU = 2,
+    LF_DEVICE_TYPE_VIRTUAL_GPU = 3,
+    LF_DEVICE_TYPE_CPU = 4,
+}
 
 /// `lf_device_info.features` bits.
 pub const LF_DEVICE_EXPORT_OPAQUE_FD: u32 = 1;
@@ -47,19 +68,26 @@ pub const LF_DEVICE_MAX_HEAPS: u32 = 16;
 pub const LF_DEVICE_MAX_MEMORY_TYPES: u32 = 32;
 
 /// What `lf_context_create` opened: plain data, strings NUL-terminated (truncated to fit).
+/// Set `struct_size` before asking for it
+/// (`lf_device_info info = {.struct_size = sizeof info};`); the library fills that many
+/// bytes, zeros where it has nothing.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct lf_device_info {
+    /// `sizeof(lf_device_info)`, set by the caller. See "Growable structs" at the top of this
+    /// header.
+    pub struct_size: u32,
     /// Position in the loader's enumeration (`vulkaninfo --summary`).
     pub index: u32,
-    /// An `LF_DEVICE_TYPE_*` value.
-    pub device_type: u32,
+    pub device_type: raw::lf_device_type,
     pub vendor_id: u32,
     pub device_id: u32,
     /// Packed Vulkan versions (`VK_API_VERSION_MAJOR(v)` ...).
     pub api_version: u32,
     pub driver_version: u32,
+    /// `LF_DEVICE_*` feature bits.
+    pub features: u32,
     /// deviceUUID: equal to CUDA's device UUID on NVIDIA, and what exports carry.
     pub device_uuid: [u8; 16],
     pub driver_uuid: [u8; 16],
@@ -75,9 +103,38 @@ pub struct lf_device_info {
     /// Each memory type's `VkMemoryPropertyFlags` and heap index.
     pub memory_type_flags: [u32; 32],
     pub memory_type_heaps: [u32; 32],
-    /// `LF_DEVICE_*` feature bits.
-    pub features: u32,
-    pub reserved: u32,
+}
+
+impl Default for lf_device_info {
+    fn default() -> Self {
+        lf_device_info {
+            struct_size: std::mem::size_of::<Self>() as u32,
+            index: 0,
+            device_type: 0,
+            vendor_id: 0,
+            device_id: 0,
+            api_version: 0,
+            driver_version: 0,
+            features: 0,
+            device_uuid: [0; 16],
+            driver_uuid: [0; 16],
+            name: [0; 256],
+            driver_name: [0; 256],
+            driver_info: [0; 256],
+            heap_count: 0,
+            memory_type_count: 0,
+            heap_sizes: [0; 16],
+            heap_flags: [0; 16],
+            memory_type_flags: [0; 32],
+            memory_type_heaps: [0; 32],
+        }
+    }
+}
+
+// SAFETY: repr(C), starts with the u32 size, integers and arrays of them only.
+unsafe impl GrowableStruct for lf_device_info {
+    const NAME: &'static str = "lf_device_info";
+    const SIZES: &'static [usize] = &[1288];
 }
 
 fn invalid(message: String) -> Failure {
@@ -86,26 +143,15 @@ fn invalid(message: String) -> Failure {
 
 /// Applies the GPU fields of a C config to `config`, checking each.
 pub(crate) fn gpu_settings_from_c(c: &lf_context_config, config: &mut ContextConfig) -> FfiResult<()> {
-    config.gpu = match c.gpu_policy {
-        LF_GPU_AUTO => GpuPolicy::Auto,
-        LF_GPU_REQUIRED => GpuPolicy::Required,
-        LF_GPU_DISABLED => GpuPolicy::Disabled,
-        other => {
-            return Err(invalid(format!(
-                "gpu_policy {other} is unknown; use LF_GPU_AUTO (0), LF_GPU_REQUIRED (1) or LF_GPU_DISABLED (2)"
-            )))
-        }
+    config.gpu = match lf_gpu_policy::from_c(c.gpu_policy, "gpu_policy")? {
+        lf_gpu_policy::LF_GPU_AUTO => GpuPolicy::Auto,
+        lf_gpu_policy::LF_GPU_REQUIRED => GpuPolicy::Required,
+        lf_gpu_policy::LF_GPU_DISABLED => GpuPolicy::Disabled,
     };
-    config.gpu_device = match c.gpu_device_select {
-        LF_GPU_DEVICE_DEFAULT => None,
-        LF_GPU_DEVICE_INDEX => Some(DeviceSelector::Index(c.gpu_device_index)),
-        LF_GPU_DEVICE_UUID => Some(DeviceSelector::Uuid(c.gpu_device_uuid)),
-        other => {
-            return Err(invalid(format!(
-                "gpu_device_select {other} is unknown; use LF_GPU_DEVICE_DEFAULT (0), LF_GPU_DEVICE_INDEX (1) \
-                 or LF_GPU_DEVICE_UUID (2)"
-            )))
-        }
+    config.gpu_device = match lf_gpu_device_select::from_c(c.gpu_device_select, "gpu_device_select")? {
+        lf_gpu_device_select::LF_GPU_DEVICE_DEFAULT => None,
+        lf_gpu_device_select::LF_GPU_DEVICE_INDEX => Some(DeviceSelector::Index(c.gpu_device_index)),
+        lf_gpu_device_select::LF_GPU_DEVICE_UUID => Some(DeviceSelector::Uuid(c.gpu_device_uuid)),
     };
     config.strict_gpu = match c.strict_gpu {
         0 => false,
@@ -131,32 +177,23 @@ fn put_str(field: &mut [c_char], text: &str) {
 #[cfg(feature = "vulkan")]
 fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
     use lava_flow::memory::gpu::DeviceType;
+    let device_type = match info.device_type {
+        DeviceType::IntegratedGpu => lf_device_type::LF_DEVICE_TYPE_INTEGRATED_GPU,
+        DeviceType::DiscreteGpu => lf_device_type::LF_DEVICE_TYPE_DISCRETE_GPU,
+        DeviceType::VirtualGpu => lf_device_type::LF_DEVICE_TYPE_VIRTUAL_GPU,
+        DeviceType::Cpu => lf_device_type::LF_DEVICE_TYPE_CPU,
+        DeviceType::Other => lf_device_type::LF_DEVICE_TYPE_OTHER,
+    };
     let mut out = lf_device_info {
         index: info.index,
-        device_type: match info.device_type {
-            DeviceType::IntegratedGpu => LF_DEVICE_TYPE_INTEGRATED_GPU,
-            DeviceType::DiscreteGpu => LF_DEVICE_TYPE_DISCRETE_GPU,
-            DeviceType::VirtualGpu => LF_DEVICE_TYPE_VIRTUAL_GPU,
-            DeviceType::Cpu => LF_DEVICE_TYPE_CPU,
-            DeviceType::Other => LF_DEVICE_TYPE_OTHER,
-        },
+        device_type: device_type as u32,
         vendor_id: info.vendor_id,
         device_id: info.device_id,
         api_version: info.api_version,
         driver_version: info.driver_version,
         device_uuid: info.device_uuid,
         driver_uuid: info.driver_uuid,
-        name: [0; 256],
-        driver_name: [0; 256],
-        driver_info: [0; 256],
-        heap_count: 0,
-        memory_type_count: 0,
-        heap_sizes: [0; 16],
-        heap_flags: [0; 16],
-        memory_type_flags: [0; 32],
-        memory_type_heaps: [0; 32],
-        features: 0,
-        reserved: 0,
+        ..lf_device_info::default()
     };
     put_str(&mut out.name, &info.name);
     put_str(&mut out.driver_name, &info.driver_name);
@@ -182,23 +219,27 @@ fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
 }
 
 /// What the context's GPU is: `*out` receives the report of the Vulkan device
-/// `lf_context_create` opened. LF_ERR_UNSUPPORTED when the context has none (no loader,
-/// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
-/// `lf_context_gpu_unavailable_reason` does. Thread-safe.
+/// `lf_context_create` opened, as far as its `struct_size` (set by the caller) says; a size
+/// that is not one of the struct's is LF_ERR_INVALID_ARGUMENT. LF_ERR_UNSUPPORTED when the
+/// context has none (no loader, driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the
+/// message says why, as `lf_context_gpu_unavailable_reason` does. Thread-safe.
 ///
 /// # Safety
-/// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+/// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable for its
+/// `struct_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn lf_context_device_info(context: *const lf_context, out: *mut lf_device_info) -> lf_status {
     boundary("lf_context_device_info", || {
         let out = out_ptr(out, "out")?;
         let context = &handle_ref(context, "context")?.context;
+        // SAFETY: the caller promises a writable struct with its size set.
+        let size = unsafe { output_struct_size(out) }?;
         #[cfg(feature = "vulkan")]
         if let Some(info) = context.device_info() {
-            write_out(out, info_to_c(info));
-            return Ok(());
+            // SAFETY: the caller promises `struct_size` writable bytes at `out`.
+            return unsafe { write_struct(out, size, info_to_c(info)) };
         }
-        let _ = out;
+        let _ = (out, size);
         Err(Failure {
             status: lf_status::LF_ERR_UNSUPPORTED,
             message: format!(
@@ -232,7 +273,7 @@ pub unsafe extern "C" fn lf_context_gpu_unavailable_reason(
 mod tests {
     use super::*;
     use crate::alloc::lf_alloc;
-    use crate::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
+    use crate::buffer::{lf_free, lf_memory_kind};
     use crate::context::{lf_context_create, lf_context_free};
     use crate::location::LF_UNSET;
     use crate::tests::last_error;
@@ -251,7 +292,7 @@ mod tests {
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut reason = ptr::null();
             assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
-            let mut info: lf_device_info = std::mem::zeroed();
+            let mut info = lf_device_info::default();
             let status = lf_context_device_info(context, &mut info);
             if reason.is_null() {
                 assert_eq!(status, lf_status::LF_OK);
@@ -271,14 +312,18 @@ mod tests {
             assert_eq!(lf_context_device_info(context, ptr::null_mut()), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_context_device_info(ptr::null(), &mut info), lf_status::LF_ERR_NULL_POINTER);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 64, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             assert_eq!(lf_context_device_info(buffer.cast(), &mut info), lf_status::LF_ERR_BAD_HANDLE);
             assert!(last_error().contains("lf_buffer handle, not an lf_context"), "{}", last_error());
             assert_eq!(lf_context_gpu_unavailable_reason(buffer.cast(), &mut reason), lf_status::LF_ERR_BAD_HANDLE);
             lf_free(buffer);
             lf_context_free(context);
 
-            let disabled = lf_context_config { gpu_policy: LF_GPU_DISABLED, ..Default::default() };
+            let disabled =
+                lf_context_config { gpu_policy: lf_gpu_policy::LF_GPU_DISABLED as u32, ..Default::default() };
             assert_eq!(lf_context_create(&disabled, &mut context), lf_status::LF_OK);
             assert_eq!(lf_context_gpu_unavailable_reason(context, &mut reason), lf_status::LF_OK);
             assert!(CStr::from_ptr(reason).to_str().unwrap().contains("disables the GPU"));

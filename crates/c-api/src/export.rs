@@ -12,6 +12,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+use super::abi::raw;
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::status::lf_status;
@@ -44,8 +45,8 @@ pub struct lf_export {
     pub magic: u32,
     /// The layout version (LF_EXPORT_VERSION).
     pub version: u32,
-    /// The `LF_MEMORY_*` value of the memory.
-    pub location: u32,
+    /// The kind of memory.
+    pub location: raw::lf_memory_kind,
     /// The NUMA node of LF_MEMORY_CPU_NUMA memory, else -1.
     pub numa_node: i32,
     /// Where the buffer starts in its arena (the memory `fd` refers to).
@@ -253,7 +254,7 @@ pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_
 mod tests {
     use super::*;
     use crate::alloc::{lf_alloc, lf_register};
-    use crate::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD, LF_ORIGIN_IMPORTED};
+    use crate::buffer::{lf_buffer_origin, lf_buffer_ptr, lf_free, lf_memory_kind, lf_origin};
     use crate::context::{lf_context_create, lf_context_free};
     use crate::location::LF_UNSET;
     use std::os::fd::AsRawFd;
@@ -270,7 +271,10 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 300, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 300, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             let mut export = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut export), lf_status::LF_OK);
             let (a, b) = UnixStream::pair().unwrap();
@@ -282,7 +286,7 @@ mod tests {
             assert_eq!(lf_import(context, &received, &mut imported), lf_status::LF_OK);
             let mut origin = 0;
             assert_eq!(lf_buffer_origin(imported, &mut origin), lf_status::LF_OK);
-            assert_eq!(origin, LF_ORIGIN_IMPORTED);
+            assert_eq!(origin, lf_origin::LF_ORIGIN_IMPORTED as u32);
             let (mut here, mut there) = (ptr::null_mut(), ptr::null_mut());
             lf_buffer_ptr(buffer, &mut here);
             lf_buffer_ptr(imported, &mut there);
@@ -314,7 +318,10 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 64, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
             let arena = OwnedFd::from_raw_fd(good.fd);
@@ -365,7 +372,10 @@ mod tests {
             let mut context = ptr::null_mut();
             assert_eq!(lf_context_create(ptr::null(), &mut context), lf_status::LF_OK);
             let mut buffer = ptr::null_mut();
-            assert_eq!(lf_alloc(context, 64, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), lf_status::LF_OK);
+            assert_eq!(
+                lf_alloc(context, 64, lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32, LF_UNSET, 0, &mut buffer),
+                lf_status::LF_OK
+            );
             let mut good = lf_export::default();
             assert_eq!(lf_buffer_export(buffer, &mut good), lf_status::LF_OK);
             let low = good.fd;

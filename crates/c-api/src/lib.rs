@@ -10,6 +10,7 @@
 //! - No panic crosses the boundary: it becomes `LF_ERR_INTERNAL`.
 //! - Values that come from C as enums are taken as integers and checked.
 
+mod abi;
 pub mod alloc;
 pub mod buffer;
 pub mod buffer_io;

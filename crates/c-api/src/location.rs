@@ -6,6 +6,7 @@
 
 use std::ffi::{c_char, CString};
 
+use super::abi::raw;
 use super::status::lf_status;
 use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
@@ -222,10 +223,10 @@ pub unsafe extern "C" fn lf_scope_detect(
     })
 }
 
-/// `"local"`, `"remote"` or `"unknown"` for an `lf_scope` value (taken as an integer so that
-/// any value is safe). Static, never NULL.
+/// `"local"`, `"remote"` or `"unknown"` for an `lf_scope` value (any value is safe: one that
+/// is not an `lf_scope` gives `"unknown"`). Static, never NULL.
 #[no_mangle]
-pub extern "C" fn lf_scope_str(scope: u32) -> *const c_char {
+pub extern "C" fn lf_scope_str(scope: raw::lf_scope) -> *const c_char {
     let s: &'static str = match scope {
         1 => "local\0",
         2 => "remote\0",

@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, c_void, CString};
 
+use super::abi::{c_enum, raw, CEnum};
 use super::status::lf_status;
 use super::{boundary, Failure};
 use lava_flow::logging;
@@ -29,6 +30,7 @@ pub enum lf_log_level {
     /// Rare events on the message path (a producer that found the channel full).
     LF_LOG_TRACE = 5,
 }
+c_enum!(lf_log_level: LF_LOG_OFF, LF_LOG_ERROR, LF_LOG_WARN, LF_LOG_INFO, LF_LOG_DEBUG, LF_LOG_TRACE);
 
 impl lf_log_level {
     fn from_rust(level: log::Level) -> Self {
@@ -106,21 +108,15 @@ pub unsafe extern "C" fn lf_set_log_callback(callback: lf_log_callback, user_dat
 /// an integer and checked: another value is LF_ERR_INVALID_ARGUMENT). Overrides `LF_LOG_LEVEL`;
 /// the last setting wins. Applies to stderr and to the callback alike. Thread-safe.
 #[no_mangle]
-pub extern "C" fn lf_set_log_level(level: u32) -> lf_status {
+pub extern "C" fn lf_set_log_level(level: raw::lf_log_level) -> lf_status {
     boundary("lf_set_log_level", || {
-        let filter = match level {
-            0 => log::LevelFilter::Off,
-            1 => log::LevelFilter::Error,
-            2 => log::LevelFilter::Warn,
-            3 => log::LevelFilter::Info,
-            4 => log::LevelFilter::Debug,
-            5 => log::LevelFilter::Trace,
-            other => {
-                return Err(Failure {
-                    status: lf_status::LF_ERR_INVALID_ARGUMENT,
-                    message: format!("log level {other} is unknown; use LF_LOG_OFF (0) to LF_LOG_TRACE (5)"),
-                })
-            }
+        let filter = match lf_log_level::from_c(level, "level")? {
+            lf_log_level::LF_LOG_OFF => log::LevelFilter::Off,
+            lf_log_level::LF_LOG_ERROR => log::LevelFilter::Error,
+            lf_log_level::LF_LOG_WARN => log::LevelFilter::Warn,
+            lf_log_level::LF_LOG_INFO => log::LevelFilter::Info,
+            lf_log_level::LF_LOG_DEBUG => log::LevelFilter::Debug,
+            lf_log_level::LF_LOG_TRACE => log::LevelFilter::Trace,
         };
         logging::set_level(filter);
         Ok(())
@@ -135,7 +131,7 @@ mod tests {
     #[test]
     fn levels_are_checked() {
         assert_eq!(lf_set_log_level(6), lf_status::LF_ERR_INVALID_ARGUMENT);
-        assert!(last_error().contains("log level 6 is unknown"), "{}", last_error());
+        assert!(last_error().contains("level is 6, not an lf_log_level: use LF_LOG_OFF (0),"), "{}", last_error());
         assert_eq!(lf_set_log_level(u32::MAX), lf_status::LF_ERR_INVALID_ARGUMENT);
         for (level, rust) in
             [(lf_log_level::LF_LOG_ERROR, log::Level::Error), (lf_log_level::LF_LOG_TRACE, log::Level::Trace)]

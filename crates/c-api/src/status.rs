@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
+use super::abi::raw;
 use lava_flow::error::Error;
 
 /// The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a
@@ -115,10 +116,9 @@ pub(crate) fn set_last_error(message: String) {
 /// A static, NUL-terminated description of a status value, such as
 /// `"LF_ERR_TIMEOUT: timed out"`. Never NULL; unknown values give `"unknown lf_status value"`.
 ///
-/// `status` is an `lf_status`; it is taken as an integer so that any value is safe to pass.
-/// Thread-safe.
+/// Any value is safe to pass, one from a newer library too. Thread-safe.
 #[no_mangle]
-pub extern "C" fn lf_status_str(status: u32) -> *const c_char {
+pub extern "C" fn lf_status_str(status: raw::lf_status) -> *const c_char {
     lf_status::describe(status).as_ptr().cast()
 }
 

@@ -1,6 +1,6 @@
 //! The headline rows: lava-flow through its C API (`lf_*`, called from Rust as a C program
 //! calls them), with the channel configuration a C program gets from
-//! `lf_channel_config_default`, changing only what a C user sets: the wait strategy and the
+//! `lf_channel_config_init`, changing only what a C user sets: the wait strategy and the
 //! rendezvous timeout. Where a message is larger than the default pool (16 MiB, also the
 //! largest message a channel carries), the pool is raised to the message's size, and the row
 //! says so.
@@ -21,10 +21,12 @@
 use std::ffi::{CStr, CString};
 
 use lava_flow_c_api::alloc::lf_alloc;
-use lava_flow_c_api::buffer::{lf_buffer, lf_buffer_ptr, lf_free, LF_MEMORY_CPU_STANDARD};
+use lava_flow_c_api::buffer::{lf_buffer, lf_buffer_ptr, lf_free, lf_memory_kind};
 use lava_flow_c_api::channel::*;
-use lava_flow_c_api::context::{lf_context, lf_context_config, lf_context_create, lf_context_free};
-use lava_flow_c_api::device::LF_GPU_DISABLED;
+use lava_flow_c_api::context::{
+    lf_context, lf_context_config, lf_context_config_init, lf_context_create, lf_context_free, lf_hugepage_policy,
+};
+use lava_flow_c_api::device::lf_gpu_policy;
 use lava_flow_c_api::location::{lf_location, lf_location_detect, lf_location_free, lf_location_node_id, LF_UNSET};
 use lava_flow_c_api::status::{lf_last_error_message, lf_status};
 
@@ -66,7 +68,7 @@ pub fn default_pool() -> usize {
     // SAFETY: a writable config for the call to fill.
     unsafe {
         let mut cfg: lf_channel_config = std::mem::zeroed();
-        check(lf_channel_config_default(&mut cfg), "lf_channel_config_default");
+        check(lf_channel_config_init(&mut cfg, std::mem::size_of_val(&cfg)), "lf_channel_config_init");
         cfg.pool_size as usize
     }
 }
@@ -83,11 +85,12 @@ pub struct CApi {
 impl CApi {
     pub fn new(tag: &str) -> CApi {
         let (mut context, mut here) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: a zeroed context config is the documented default; both out pointers are
-        // writable; the handles are freed in Drop.
+        // SAFETY: a zeroed context config, then filled by its init function; both out pointers
+        // are writable; the handles are freed in Drop.
         unsafe {
             let mut config: lf_context_config = std::mem::zeroed();
-            config.gpu_policy = LF_GPU_DISABLED;
+            check(lf_context_config_init(&mut config, std::mem::size_of_val(&config)), "lf_context_config_init");
+            config.gpu_policy = lf_gpu_policy::LF_GPU_DISABLED as u32;
             check(lf_context_create(&config, &mut context), "lf_context_create");
             check(lf_location_detect(&mut here), "lf_location_detect");
         }
@@ -98,7 +101,7 @@ impl CApi {
     /// (so both must call this at the same point): ping produces on `<tag>-cN-a2b` and
     /// consumes `<tag>-cN-b2a`, pong the reverse. The default configuration with `wait` and a
     /// 30 s rendezvous timeout, and a pool of `largest` bytes where the default one is smaller.
-    pub fn open(&mut self, ping: bool, wait: u32, largest: usize) -> Ends {
+    pub fn open(&mut self, ping: bool, wait: lf_wait_strategy, largest: usize) -> Ends {
         self.opened += 1;
         let name = |dir: &str| CString::new(format!("{}-c{}-{dir}", self.tag, self.opened)).expect("no NUL in names");
         let (a2b, b2a) = (name("a2b"), name("b2a"));
@@ -107,21 +110,21 @@ impl CApi {
         // writable out pointers; every status is checked. The channels are freed in Ends' Drop.
         unsafe {
             let mut cfg: lf_channel_config = std::mem::zeroed();
-            check(lf_channel_config_default(&mut cfg), "lf_channel_config_default");
-            cfg.wait_strategy = wait;
+            check(lf_channel_config_init(&mut cfg, std::mem::size_of_val(&cfg)), "lf_channel_config_init");
+            cfg.wait_strategy = wait as u32;
             cfg.rendezvous_timeout_ns = 30_000_000_000;
             let pool_raised = (largest as u64 > cfg.pool_size).then_some(largest as u64);
             cfg.pool_size = pool_raised.unwrap_or(cfg.pool_size);
             let (here, ctx) = (self.here, self.context);
-            let create = |name: &CString, role: u32, out: &mut *mut lf_channel| {
-                check(lf_channel_create(ctx, name.as_ptr(), role, here, here, &cfg, out), "lf_channel_create");
+            let create = |name: &CString, role: lf_role, out: &mut *mut lf_channel| {
+                check(lf_channel_create(ctx, name.as_ptr(), role as u32, here, here, &cfg, out), "lf_channel_create");
             };
             if ping {
-                create(&a2b, LF_ROLE_PRODUCER, &mut tx);
-                create(&b2a, LF_ROLE_CONSUMER, &mut rx);
+                create(&a2b, lf_role::LF_ROLE_PRODUCER, &mut tx);
+                create(&b2a, lf_role::LF_ROLE_CONSUMER, &mut rx);
             } else {
-                create(&a2b, LF_ROLE_CONSUMER, &mut rx);
-                create(&b2a, LF_ROLE_PRODUCER, &mut tx);
+                create(&a2b, lf_role::LF_ROLE_CONSUMER, &mut rx);
+                create(&b2a, lf_role::LF_ROLE_PRODUCER, &mut tx);
             }
             Ends { tx, rx, pool_raised }
         }
@@ -132,7 +135,17 @@ impl CApi {
         let (mut buffer, mut ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: a live context and writable out pointers; checked.
         unsafe {
-            check(lf_alloc(self.context, size, LF_MEMORY_CPU_STANDARD, LF_UNSET, 0, &mut buffer), "lf_alloc");
+            check(
+                lf_alloc(
+                    self.context,
+                    size,
+                    lf_memory_kind::LF_MEMORY_CPU_STANDARD as u32,
+                    LF_UNSET,
+                    lf_hugepage_policy::LF_HUGEPAGE_DEFAULT as u32,
+                    &mut buffer,
+                ),
+                "lf_alloc",
+            );
             check(lf_buffer_ptr(buffer, &mut ptr), "lf_buffer_ptr");
         }
         (buffer, ptr.cast())

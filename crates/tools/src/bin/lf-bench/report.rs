@@ -273,7 +273,7 @@ pub fn print_text(h: &Headline, pinned: bool) {
         if pinned { ", two processes on cores 0 and 1" } else { "" }
     );
     println!(
-        "channels: lf_channel_config_default (pool {}) with LF_WAIT_BUSY_POLL and a 30 s rendezvous timeout",
+        "channels: lf_channel_config_init (pool {}) with LF_WAIT_BUSY_POLL and a 30 s rendezvous timeout",
         bytes(h.default_pool)
     );
     println!("half round trips in ns (us where marked); each case between two probes of its floor; x floor = p50 / mean of the probes' p50");
