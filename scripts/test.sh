@@ -44,6 +44,7 @@ else
   echo "clippy is not installed with this toolchain (rustup component add clippy): lints skipped"
 fi
 python3 scripts/check-msrv.py
+python3 scripts/check-readme.py
 RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps --quiet
 
 step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
