@@ -298,8 +298,13 @@ impl Channel {
         }
         let cname = cstring("channel name", name)?;
         let ctx = context.ptr();
-        let mine = Ptr(my_location.map_or(std::ptr::null_mut(), |l| l.ptr().0));
-        let peer = Ptr(peer_location.map_or(std::ptr::null_mut(), |l| l.ptr().0));
+        // Without locations: this process's, and a peer on the same host.
+        let here = match my_location {
+            Some(_) => None,
+            None => Some(Location::detect(py)?),
+        };
+        let mine = my_location.or(here.as_ref()).expect("one of them").ptr();
+        let peer = peer_location.map_or(mine, |l| l.ptr());
         // SAFETY: live handles (held by the caller's arguments), a valid config, local out.
         let ptr = crate::native::out_handle(py, |out| unsafe {
             lib().lf_channel_create(ctx.get(), cname.as_ptr(), role, mine.get(), peer.get(), &c, out)

@@ -60,7 +60,7 @@ impl Location {
 
     /// This process's location (hostname, host identity, the NUMA node it runs on).
     #[staticmethod]
-    fn detect(py: Python<'_>) -> PyResult<Location> {
+    pub fn detect(py: Python<'_>) -> PyResult<Location> {
         // SAFETY: local out-parameter.
         out_handle(py, |out| unsafe { lib().lf_location_detect(out) }).map(Location::from_out)
     }
