@@ -51,25 +51,97 @@ __all__ = [
 __version__ = version()
 
 
-def _enum(name, prefix, base=enum.IntEnum, doc=""):
-    members = {k[len(prefix):]: getattr(_native, k) for k in dir(_native) if k.startswith(prefix)}
-    cls = base(name, members, module=__name__)
-    cls.__doc__ = doc
-    return cls
+class Memory(enum.IntEnum):
+    """Memory kinds (LF_MEMORY_*): Context.alloc's `memory`."""
+
+    CPU_STANDARD = _native.LF_MEMORY_CPU_STANDARD
+    CPU_NUMA = _native.LF_MEMORY_CPU_NUMA
+    CPU_HUGEPAGE_2MB = _native.LF_MEMORY_CPU_HUGEPAGE_2MB
+    CPU_HUGEPAGE_1GB = _native.LF_MEMORY_CPU_HUGEPAGE_1GB
+    CPU_GPU_PINNED = _native.LF_MEMORY_CPU_GPU_PINNED
+    GPU_DEVICE_LOCAL = _native.LF_MEMORY_GPU_DEVICE_LOCAL
+    GPU_HOST_VISIBLE = _native.LF_MEMORY_GPU_HOST_VISIBLE
 
 
-Memory = _enum("Memory", "LF_MEMORY_", doc="Memory kinds (LF_MEMORY_*): Context.alloc's `memory`.")
-Origin = _enum("Origin", "LF_ORIGIN_", doc="How a buffer came to be (Buffer.origin).")
-Registration = _enum("Registration", "LF_REGISTRATION_", enum.IntFlag,
-                     "GPU APIs GPU-pinned memory is registered with (Buffer.registrations).")
-Role = _enum("Role", "LF_ROLE_", doc="The end of a channel.")
-Wait = _enum("Wait", "LF_WAIT_", doc="How a channel end waits (Channel's `wait`).")
-MessageFlags = _enum("MessageFlags", "LF_MESSAGE_", enum.IntFlag, "Message.flags bits.")
-DeviceType = _enum("DeviceType", "LF_DEVICE_TYPE_", doc="device_info()['device_type'].")
-LogLevel = _enum("LogLevel", "LF_LOG_", doc="Levels of lava-flow's log records (set_log_level).")
-Status = enum.IntEnum("Status", {k[3:]: getattr(_native, k) for k in dir(_native)
-                                 if k == "LF_OK" or k.startswith("LF_ERR_")}, module=__name__)
-Status.__doc__ = "lf_status values (LavaFlowError.status)."
+class Origin(enum.IntEnum):
+    """How a buffer came to be (Buffer.origin)."""
+
+    ALLOCATED = _native.LF_ORIGIN_ALLOCATED
+    REGISTERED = _native.LF_ORIGIN_REGISTERED
+    IMPORTED = _native.LF_ORIGIN_IMPORTED
+
+
+class Registration(enum.IntFlag):
+    """GPU APIs GPU-pinned memory is registered with (Buffer.registrations)."""
+
+    VULKAN = _native.LF_REGISTRATION_VULKAN
+    CUDA = _native.LF_REGISTRATION_CUDA
+
+
+class Role(enum.IntEnum):
+    """The end of a channel."""
+
+    PRODUCER = _native.LF_ROLE_PRODUCER
+    CONSUMER = _native.LF_ROLE_CONSUMER
+
+
+class Wait(enum.IntEnum):
+    """How a channel end waits (Channel's `wait`)."""
+
+    BUSY_POLL = _native.LF_WAIT_BUSY_POLL
+    SPIN_THEN_BLOCK = _native.LF_WAIT_SPIN_THEN_BLOCK
+    BLOCK = _native.LF_WAIT_BLOCK
+
+
+class MessageFlags(enum.IntFlag):
+    """Message.flags bits."""
+
+    ZERO_COPY = _native.LF_MESSAGE_ZERO_COPY
+    GPU = _native.LF_MESSAGE_GPU
+
+
+class DeviceType(enum.IntEnum):
+    """Context.device_info()['device_type']."""
+
+    OTHER = _native.LF_DEVICE_TYPE_OTHER
+    INTEGRATED_GPU = _native.LF_DEVICE_TYPE_INTEGRATED_GPU
+    DISCRETE_GPU = _native.LF_DEVICE_TYPE_DISCRETE_GPU
+    VIRTUAL_GPU = _native.LF_DEVICE_TYPE_VIRTUAL_GPU
+    CPU = _native.LF_DEVICE_TYPE_CPU
+
+
+class LogLevel(enum.IntEnum):
+    """Levels of lava-flow's log records (set_log_level)."""
+
+    OFF = _native.LF_LOG_OFF
+    ERROR = _native.LF_LOG_ERROR
+    WARN = _native.LF_LOG_WARN
+    INFO = _native.LF_LOG_INFO
+    DEBUG = _native.LF_LOG_DEBUG
+    TRACE = _native.LF_LOG_TRACE
+
+
+class Status(enum.IntEnum):
+    """lf_status values (LavaFlowError.status)."""
+
+    OK = _native.LF_OK
+    ERR_INVALID_ARGUMENT = _native.LF_ERR_INVALID_ARGUMENT
+    ERR_NULL_POINTER = _native.LF_ERR_NULL_POINTER
+    ERR_BAD_HANDLE = _native.LF_ERR_BAD_HANDLE
+    ERR_CONFIG = _native.LF_ERR_CONFIG
+    ERR_NOT_FOUND = _native.LF_ERR_NOT_FOUND
+    ERR_OUT_OF_MEMORY = _native.LF_ERR_OUT_OF_MEMORY
+    ERR_UNSUPPORTED = _native.LF_ERR_UNSUPPORTED
+    ERR_PERMISSION_DENIED = _native.LF_ERR_PERMISSION_DENIED
+    ERR_IO = _native.LF_ERR_IO
+    ERR_VULKAN = _native.LF_ERR_VULKAN
+    ERR_WOULD_BLOCK = _native.LF_ERR_WOULD_BLOCK
+    ERR_TIMEOUT = _native.LF_ERR_TIMEOUT
+    ERR_PEER_GONE = _native.LF_ERR_PEER_GONE
+    ERR_CORRUPT = _native.LF_ERR_CORRUPT
+    ERR_INVALID_STATE = _native.LF_ERR_INVALID_STATE
+    ERR_INTERNAL = _native.LF_ERR_INTERNAL
+
 
 _HERE = Path(__file__).resolve().parent
 
@@ -102,8 +174,13 @@ class Channel(_native.Channel):
             msg = self.try_recv()
             if msg is not None:
                 return msg
-            ready = loop.create_future()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            ready: asyncio.Future[None] = loop.create_future()
+
+            def wake(ready: asyncio.Future[None] = ready) -> None:
+                if not ready.done():
+                    ready.set_result(None)
+
+            loop.add_reader(fd, wake)
             try:
                 if deadline is None:
                     await ready
@@ -111,7 +188,7 @@ class Channel(_native.Channel):
                     await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
                 err = TimeoutError(f"recv_async on channel {self.name!r} timed out after {timeout} s")
-                err.status, err.status_name, err.message = Status.ERR_TIMEOUT, "LF_ERR_TIMEOUT", err.args[0]
+                err.status, err.status_name, err.message = _native.LF_ERR_TIMEOUT, "LF_ERR_TIMEOUT", err.args[0]
                 raise err from None
             finally:
                 loop.remove_reader(fd)
