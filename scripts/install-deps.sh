@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential pkg-config cmake libclang-dev libvulkan-dev mesa-vulkan-drivers
-          vulkan-tools libopenmpi-dev openmpi-bin libnuma-dev numactl iproute2 valgrind)
+          vulkan-tools libopenmpi-dev openmpi-bin libnuma-dev numactl iproute2 valgrind
+          python3 python3-venv python3-pip)
 
 missing=()
 for p in "${packages[@]}"; do
