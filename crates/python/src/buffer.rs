@@ -39,6 +39,8 @@ pub struct Buffer {
     size: usize,
     location: u32,
     host: Option<Ptr<u8>>,
+    /// The buffer mapped into CUDA, made at the first DLPack of GPU memory.
+    cuda: std::sync::Mutex<Option<crate::cuda::Mapping>>,
 }
 
 impl Buffer {
@@ -68,7 +70,14 @@ impl Buffer {
             }
         }
         let host = (!host.is_null()).then_some(Ptr(host.cast::<u8>()));
-        Ok(Buffer { handle: Shared::new(ptr), owner: std::sync::Mutex::new(Some(owner)), size, location, host })
+        Ok(Buffer {
+            handle: Shared::new(ptr),
+            owner: std::sync::Mutex::new(Some(owner)),
+            size,
+            location,
+            host,
+            cuda: std::sync::Mutex::new(None),
+        })
     }
 
     /// Runs `f` on the live handle, counted as a use.
@@ -92,6 +101,8 @@ impl Buffer {
 
     /// Releases the handle, as its owner says (the last use of a closed buffer calls this).
     fn dispose(&self, p: Ptr<ffi::lf_buffer>) {
+        // CUDA's work on the memory ends, and its mapping goes, before the memory does.
+        drop(self.cuda.lock().unwrap_or_else(|e| e.into_inner()).take());
         let owner = self.owner.lock().unwrap_or_else(|e| e.into_inner()).take();
         match owner {
             Some(Owner::Allocated) => {
@@ -106,6 +117,21 @@ impl Buffer {
             Some(Owner::Lent { message }) => message.get().end_export(),
             None => {}
         }
+    }
+
+    /// Runs `f` on the buffer's CUDA mapping, made at the first call.
+    pub fn with_cuda<R>(&self, f: impl FnOnce(&mut crate::cuda::Mapping) -> PyResult<R>) -> PyResult<R> {
+        let mut slot = self.cuda.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let e = self.with(|h| {
+                let mut e = ffi::lf_export::default();
+                // SAFETY: live handle, local out-parameter; the fd goes to the import.
+                check(unsafe { lib().lf_buffer_export(h.0, &mut e) })?;
+                Ok(e)
+            })?;
+            *slot = Some(crate::cuda::Mapping::import(&e)?);
+        }
+        f(slot.as_mut().expect("made above"))
     }
 
     pub fn host(&self) -> Option<Ptr<u8>> {
@@ -238,6 +264,12 @@ impl Buffer {
     #[getter]
     fn registration_failures(&self) -> PyResult<Option<String>> {
         self.query_str(lib().lf_buffer_registration_failures)
+    }
+
+    /// The buffer's device address in CUDA (GPU memory; imported into CUDA at first use).
+    #[getter]
+    fn cuda_address(&self) -> PyResult<u64> {
+        self.with_cuda(|m| Ok(m.address))
     }
 
     /// The `lf_buffer *` handle as an int, for C and C++ extensions in this process.

@@ -208,6 +208,16 @@ impl Channel {
         })
     }
 
+    /// A new fd of the channel's ready semaphore (for CUDA's waits on GPU messages).
+    pub fn ready_semaphore_fd(&self, py: Python<'_>) -> PyResult<c_int> {
+        self.quick(py, |ch| {
+            let mut fd: c_int = -1;
+            // SAFETY: live channel, local out-parameter.
+            check(unsafe { lib().lf_channel_ready_semaphore(ch.0, &mut fd) })?;
+            Ok(fd)
+        })
+    }
+
     fn finish_loan(&self, py: Python<'_>, f: impl FnOnce(Ptr<ffi::lf_channel>) -> ffi::lf_status) -> PyResult<()> {
         let mut core = self.lock(py);
         let status = if core.ptr.0.is_null() { ffi::LF_OK } else { f(core.ptr) };
@@ -492,12 +502,7 @@ impl Channel {
     /// A new fd of the channel's ready semaphore (a Vulkan timeline semaphore, for CUDA's
     /// `cudaImportExternalSemaphore`); the caller owns it.
     fn ready_semaphore(&self, py: Python<'_>) -> PyResult<i32> {
-        self.quick(py, |ch| {
-            let mut fd: c_int = -1;
-            // SAFETY: live channel, local out-parameter.
-            check(unsafe { lib().lf_channel_ready_semaphore(ch.0, &mut fd) })?;
-            Ok(fd)
-        })
+        self.ready_semaphore_fd(py)
     }
 
     /// A new fd of the producer's released semaphore (with `released_semaphore=True`).
@@ -620,7 +625,7 @@ impl Message {
     }
 
     /// The GPU buffer the message carries (lent: valid while the message is held).
-    pub fn gpu_buffer(slf: &Bound<'_, Self>) -> PyResult<Buffer> {
+    pub fn gpu_buffer<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Buffer>> {
         let this = slf.get();
         if !this.is_gpu() {
             return Err(invalid_state("this message carries no GPU buffer (its flags lack LF_MESSAGE_GPU)"));
@@ -630,7 +635,7 @@ impl Message {
             let mut b: *const ffi::lf_buffer = std::ptr::null();
             // SAFETY: live channel, a held message, local out-parameter.
             check(unsafe { lib().lf_message_buffer(ch.0, &this.msg.0, &mut b) })?;
-            Buffer::lent(b.cast_mut(), slf.clone().unbind())
+            Bound::new(slf.py(), Buffer::lent(b.cast_mut(), slf.clone().unbind())?)
         });
         if r.is_err() {
             this.end_export();
@@ -693,7 +698,7 @@ impl Message {
 
     /// The GPU buffer of a GPU message (a lava-flow Buffer lent while the message is held).
     #[getter]
-    fn buffer(slf: &Bound<'_, Self>) -> PyResult<Buffer> {
+    fn buffer<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Buffer>> {
         Message::gpu_buffer(slf)
     }
 

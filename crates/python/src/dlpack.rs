@@ -232,17 +232,38 @@ fn check_request(
 }
 
 const CPU: DLDevice = DLDevice { device_type: KDL_CPU, device_id: 0 };
+const KDL_CUDA: i32 = 2;
 
-fn gpu_unsupported() -> PyErr {
-    PyBufferError::new_err(
-        "DLPack of GPU memory needs it imported into CUDA, which this build of lava_flow does not do yet; \
-         read it with Buffer.read() or copy it to host memory with Context.copy()",
-    )
+/// Where DLPack finds a buffer: GPU memory through CUDA (its host mapping where CUDA is
+/// missing, as on lavapipe), host memory on the CPU.
+fn buffer_place(b: &Buffer) -> PyResult<(DLDevice, *const u8)> {
+    if b.is_gpu() {
+        match b.with_cuda(|m| Ok((m.device, m.address))) {
+            Ok((device, address)) => {
+                return Ok((DLDevice { device_type: KDL_CUDA, device_id: device }, address as usize as *const u8))
+            }
+            Err(e) if b.host().is_none() => return Err(e),
+            Err(_) => {}
+        }
+    }
+    match b.host() {
+        Some(h) => Ok((CPU, h.0.cast_const())),
+        None => Err(PyBufferError::new_err("this buffer has no host address and is not GPU memory")),
+    }
+}
+
+fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<isize>> {
+    match stream {
+        Some(s) if !s.is_none() => Ok(Some(s.extract()?)),
+        _ => Ok(None),
+    }
 }
 
 pub fn message_device(slf: &Bound<'_, Message>) -> PyResult<(i32, i32)> {
     if slf.get().is_gpu() {
-        return Err(gpu_unsupported());
+        let lent = Message::gpu_buffer(slf)?;
+        let (d, _) = buffer_place(lent.get())?;
+        return Ok((d.device_type, d.device_id));
     }
     Ok((CPU.device_type, CPU.device_id))
 }
@@ -256,7 +277,22 @@ pub fn message_capsule(
 ) -> PyResult<PyObject> {
     let m = slf.get();
     if m.is_gpu() {
-        return Err(gpu_unsupported());
+        // The GPU buffer the message carries (lent while the message is held), in CUDA; the
+        // consumer's stream waits for the payload on the channel's ready semaphore.
+        let lent = Message::gpu_buffer(slf)?;
+        let b = lent.get();
+        let (device, data) = buffer_place(b)?;
+        let ready = m.ready_value();
+        if device.device_type == KDL_CUDA && ready > 0 {
+            if let Some(s) = crate::cuda::stream(stream_arg(stream)?) {
+                let fd = m.channel().get().ready_semaphore_fd(slf.py())?;
+                b.with_cuda(|map| map.wait_on_stream(fd, ready, s))?;
+            }
+        }
+        check_request(device, if device.device_type == KDL_CUDA { None } else { stream }, dl_device, copy)?;
+        b.begin_use()?;
+        let len = b.len();
+        return capsule(slf.py(), Holder::Buffer(lent.unbind()), data, len, device, true, max_version);
     }
     check_request(CPU, stream, dl_device, copy)?;
     m.begin_export()?;
@@ -265,10 +301,8 @@ pub fn message_capsule(
 }
 
 pub fn buffer_device(b: &Buffer) -> PyResult<(i32, i32)> {
-    if b.host().is_none() || b.is_gpu() {
-        return Err(gpu_unsupported());
-    }
-    Ok((CPU.device_type, CPU.device_id))
+    let (d, _) = buffer_place(b)?;
+    Ok((d.device_type, d.device_id))
 }
 
 pub fn buffer_capsule(
@@ -279,9 +313,9 @@ pub fn buffer_capsule(
     copy: Option<bool>,
 ) -> PyResult<PyObject> {
     let b = slf.get();
-    buffer_device(b)?;
-    check_request(CPU, stream, dl_device, copy)?;
+    let (device, data) = buffer_place(b)?;
+    // lava-flow's own writes and copies are complete when they return: no stream to order.
+    check_request(device, if device.device_type == KDL_CUDA { None } else { stream }, dl_device, copy)?;
     b.begin_use()?;
-    let host = b.host().map_or(std::ptr::null(), |h| h.0.cast_const());
-    capsule(slf.py(), Holder::Buffer(slf.clone().unbind()), host, b.len(), CPU, false, max_version)
+    capsule(slf.py(), Holder::Buffer(slf.clone().unbind()), data, b.len(), device, false, max_version)
 }

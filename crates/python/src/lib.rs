@@ -12,6 +12,7 @@
 mod buffer;
 mod channel;
 mod context;
+mod cuda;
 mod dlpack;
 mod error;
 mod location;

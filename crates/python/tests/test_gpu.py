@@ -29,6 +29,10 @@ def test_gpu_buffer(gpu_ctx):
     host = gpu_ctx.alloc(1 << 20, lf.Memory.CPU_GPU_PINNED)
     gpu_ctx.copy(host, b)
     assert bytes(memoryview(host)) == data
+    # DLPack: CUDA where the driver is (below), else the host mapping lavapipe gives.
+    dev = b.__dlpack_device__()
+    if dev[0] == 1:
+        assert np.from_dlpack(b).ctypes.data == b.address
     e = b.export()
     assert e.location == lf.Memory.GPU_DEVICE_LOCAL and e.device_uuid == info["device_uuid"]
     e.close()
@@ -56,6 +60,8 @@ def test_gpu_buffer_between_processes(gpu_ctx, name, peer):
             assert buf.is_gpu and buf.size == 1 << 16
             assert buf.read() == b"\x77" * (1 << 16)
             del buf
+            if m.__dlpack_device__()[0] == 1:  # no CUDA: the host mapping (lavapipe)
+                assert (np.from_dlpack(m) == 0x77).all()
         else:
             # Staged through host memory (the transport report says why).
             assert bytes(m) == b"\x77" * (1 << 16), ch.transport_reason
