@@ -138,6 +138,9 @@ class Buffer:
     @property
     def registration_failures(self) -> str | None: ...
     @property
+    def cuda_address(self) -> int:
+        """The device address in CUDA (GPU memory, imported at first use)."""
+    @property
     def handle(self) -> int: ...
     @property
     def freed(self) -> bool: ...
