@@ -154,3 +154,40 @@ def test_module_reuses_a_library_loaded_first(tmp_path):
         "lf.Context(gpu='disabled').alloc(64)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+CXX_EXTENSION = r"""
+#include <lava_flow.hpp>
+#include <cstdint>
+// A C++ extension built with find_package(LavaFlow) from lava_flow.get_cmake_dir().
+extern "C" std::uint32_t cxx_buffer_location(std::uintptr_t buffer, std::uint32_t *out) {
+    return lf_buffer_location(reinterpret_cast<const lf_buffer *>(buffer), out);
+}
+"""
+
+CMAKE_LISTS = """
+cmake_minimum_required(VERSION 3.16)
+project(ext CXX)
+find_package(LavaFlow CONFIG REQUIRED)
+add_library(cxx_ext SHARED ext.cpp)
+set_target_properties(cxx_ext PROPERTIES CXX_STANDARD 17 SKIP_BUILD_RPATH ON)
+target_link_libraries(cxx_ext PRIVATE LavaFlow::lava_flow)
+"""
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None,
+                    reason="no cmake or C++ compiler")
+def test_cxx_extension_from_the_cmake_package(tmp_path):
+    (tmp_path / "ext.cpp").write_text(CXX_EXTENSION)
+    (tmp_path / "CMakeLists.txt").write_text(CMAKE_LISTS)
+    build = tmp_path / "build"
+    subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(build), f"-DLavaFlow_DIR={lf.get_cmake_dir()}"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(build / "libcxx_ext.so"))
+    lib.cxx_buffer_location.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32)]
+    buf = lf.Context(gpu="disabled").alloc(64, lf.Memory.CPU_NUMA)
+    loc = ctypes.c_uint32()
+    assert lib.cxx_buffer_location(buf.handle, ctypes.byref(loc)) == lf.Status.OK
+    assert loc.value == buf.location
+    assert mapped_libraries() == {os.path.realpath(lf.get_library())}
