@@ -2,6 +2,7 @@
 import ctypes
 import gc
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,3 +141,23 @@ def test_export_import_between_processes(ctx, name, peer):
     assert buf.read(5) == b"hello"
     a.send(b"x")
     assert p.wait(timeout=60) == 0
+
+
+class FakeComm:
+    """Stands for an mpi4py communicator: lava_flow takes its Fortran handle (py2f)."""
+
+    def __init__(self):
+        self.asked = False
+
+    def py2f(self):
+        self.asked = True
+        return 0
+
+
+def test_mpi_without_the_mpi_feature():
+    if "LAVA_FLOW_FEATURE_MPI 1" in (Path(lf.get_include()) / "lava_flow_features.h").read_text():
+        pytest.skip("this library has MPI: the MPI tests run under mpirun")
+    comm = FakeComm()
+    with pytest.raises(lf.LavaFlowError) as e:
+        lf.Mpi(comm, "rank0")
+    assert comm.asked and e.value.status == lf.Status.ERR_UNSUPPORTED
