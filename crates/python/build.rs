@@ -7,6 +7,14 @@ fn main() {
     let header = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../include/lava_flow.h");
     println!("cargo:rerun-if-changed={}", header.display());
     println!("cargo:rerun-if-changed=build.rs");
+    // Headers whose option structs are growable (a `struct_size` first field, filled by
+    // `lf_*_config_init`) get `lf_struct_size`; older ones fill configs with
+    // `lf_channel_config_default`. The binding goes through whichever the header has.
+    println!("cargo:rustc-check-cfg=cfg(lf_struct_size)");
+    let text = std::fs::read_to_string(&header).expect("include/lava_flow.h is readable");
+    if text.contains("lf_channel_config_init(") {
+        println!("cargo:rustc-cfg=lf_struct_size");
+    }
     let bindings = bindgen::Builder::default()
         .header(header.to_str().expect("the repository path is UTF-8"))
         .clang_args(["-x", "c++", "-std=c++17"])

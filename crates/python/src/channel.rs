@@ -70,7 +70,10 @@ pub struct Channel {
 /// `lf_channel_config` with lava-flow's defaults (every config starts from the library's).
 fn default_config() -> PyResult<ffi::lf_channel_config> {
     let mut c = ffi::lf_channel_config::default();
-    // SAFETY: writable local.
+    // SAFETY: writable local (of the size given).
+    #[cfg(lf_struct_size)]
+    check(unsafe { lib().lf_channel_config_init(&mut c, std::mem::size_of_val(&c)) })?;
+    #[cfg(not(lf_struct_size))]
     check(unsafe { lib().lf_channel_config_default(&mut c) })?;
     Ok(c)
 }

@@ -12,10 +12,15 @@ use crate::location::Location;
 use crate::native::{lib, out_handle, string, Ptr};
 use crate::pybuf::Borrowed;
 
-/// The context settings with every field at its default. (Every config struct starts here, so
-/// that a field the library adds gets its default.)
-fn default_config() -> ffi::lf_context_config {
-    ffi::lf_context_config::default()
+/// The context settings with every field at its default, from the library (so that a field
+/// it adds gets its default).
+fn default_config() -> PyResult<ffi::lf_context_config> {
+    #[allow(unused_mut)]
+    let mut c = ffi::lf_context_config::default();
+    #[cfg(lf_struct_size)]
+    // SAFETY: writable local of the size given.
+    check(unsafe { lib().lf_context_config_init(&mut c, std::mem::size_of_val(&c)) })?;
+    Ok(c)
 }
 
 fn policy(what: &str, value: &str, names: &[(&str, u32)]) -> PyResult<u32> {
@@ -62,7 +67,7 @@ impl Context {
         strict_gpu: bool,
         gpu_arena_size: u64,
     ) -> PyResult<Context> {
-        let mut c = default_config();
+        let mut c = default_config()?;
         c.gpu_policy = policy(
             "gpu",
             gpu,
@@ -196,6 +201,10 @@ impl Context {
     /// LavaFlowError (LF_ERR_UNSUPPORTED) when it has none.
     fn device_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut d = ffi::lf_device_info::default();
+        #[cfg(lf_struct_size)]
+        {
+            d.struct_size = std::mem::size_of_val(&d) as u32;
+        }
         // SAFETY: live context, local out-parameter.
         check(unsafe { lib().lf_context_device_info(self.ptr.0, &mut d) })?;
         let text = |chars: &[std::ffi::c_char]| -> String {
