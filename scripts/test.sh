@@ -110,8 +110,9 @@ for ex in examples-c examples-cpp; do
 done
 
 step "Python package: pip install into a fresh venv, then pytest (two processes, a C producer, examples-python)"
-# The wheel is built as a user builds it (pip, maturin through the package's build backend);
-# cargo reuses the release build of liblava_flow.so from the CMake step where it can.
+# The wheel is built as a user builds it (pip, maturin through the package's build backend),
+# in the CMake step's cargo directory and with its features, so that cargo reuses its release
+# build of the library.
 python=${LF_PYTHON:-python3}
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "$python is older than 3.11, which the lava_flow package needs (set LF_PYTHON)" >&2; exit 1
@@ -119,7 +120,8 @@ fi
 rm -rf "$build/venv"
 "$python" -m venv "$build/venv"
 "$build/venv/bin/pip" install -q --upgrade pip
-"$build/venv/bin/pip" install -q "./crates/python[test]"
+CARGO_TARGET_DIR="$build/cargo" LAVA_FLOW_FEATURES="${LF_CMAKE_FEATURES-mpi}" \
+  "$build/venv/bin/pip" install -q "./crates/python[test]"
 (cd "$build" && "$build/venv/bin/python" -m pytest -q "$root/crates/python/tests")
 
 step "all tests passed"
