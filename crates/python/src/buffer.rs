@@ -119,17 +119,21 @@ impl Buffer {
         }
     }
 
+    /// The buffer's export; its fd is the caller's.
+    pub fn export_record(&self) -> PyResult<ffi::lf_export> {
+        self.with(|h| {
+            let mut e = ffi::lf_export::default();
+            // SAFETY: live handle, local out-parameter.
+            check(unsafe { lib().lf_buffer_export(h.0, &mut e) })?;
+            Ok(e)
+        })
+    }
+
     /// Runs `f` on the buffer's CUDA mapping, made at the first call.
     pub fn with_cuda<R>(&self, f: impl FnOnce(&mut crate::cuda::Mapping) -> PyResult<R>) -> PyResult<R> {
         let mut slot = self.cuda.lock().unwrap_or_else(|e| e.into_inner());
         if slot.is_none() {
-            let e = self.with(|h| {
-                let mut e = ffi::lf_export::default();
-                // SAFETY: live handle, local out-parameter; the fd goes to the import.
-                check(unsafe { lib().lf_buffer_export(h.0, &mut e) })?;
-                Ok(e)
-            })?;
-            *slot = Some(crate::cuda::Mapping::import(&e)?);
+            *slot = Some(crate::cuda::Mapping::import(&self.export_record()?)?);
         }
         f(slot.as_mut().expect("made above"))
     }
@@ -318,12 +322,7 @@ impl Buffer {
 
     /// Exports the buffer for another process on this host (`Export.send` carries it).
     fn export(&self) -> PyResult<Export> {
-        self.with(|h| {
-            let mut e = ffi::lf_export::default();
-            // SAFETY: live handle, local out-parameter; the fd is now ours.
-            check(unsafe { lib().lf_buffer_export(h.0, &mut e) })?;
-            Ok(Export::new(e))
-        })
+        self.export_record().map(Export::new)
     }
 
     /// Releases the buffer now, or once the last view of it is gone.

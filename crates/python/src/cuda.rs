@@ -191,6 +191,11 @@ impl Api {
     }
 }
 
+/// The CUDA device ordinal of the GPU whose (Vulkan) device UUID is `uuid`.
+pub fn device_of(uuid: &[u8; 16]) -> PyResult<i32> {
+    api()?.device(uuid)
+}
+
 /// A GPU buffer mapped into CUDA: its device address, and the semaphores imported for waits
 /// on it. Dropping it waits for the device's work, then unmaps.
 pub struct Mapping {

@@ -261,9 +261,17 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<isize>> {
 
 pub fn message_device(slf: &Bound<'_, Message>) -> PyResult<(i32, i32)> {
     if slf.get().is_gpu() {
+        // The device alone (from the buffer's export), without mapping it into CUDA here.
         let lent = Message::gpu_buffer(slf)?;
-        let (d, _) = buffer_place(lent.get())?;
-        return Ok((d.device_type, d.device_id));
+        let b = lent.get();
+        let e = b.export_record()?;
+        // SAFETY: the export's fd is ours, and only its device UUID is needed.
+        unsafe { libc::close(e.fd) };
+        return match crate::cuda::device_of(&e.device_uuid) {
+            Ok(device) => Ok((KDL_CUDA, device)),
+            Err(_) if b.host().is_some() => Ok((CPU.device_type, CPU.device_id)),
+            Err(err) => Err(err),
+        };
     }
     Ok((CPU.device_type, CPU.device_id))
 }

@@ -136,3 +136,43 @@ def test_closed_channel_and_bad_arguments(name):
     assert e.value.status == lf.Status.ERR_INVALID_ARGUMENT
     with pytest.raises(lf.TimeoutError):
         lf.consumer(ctx, name, rendezvous_timeout=0.05)
+
+
+def test_full_channel_and_completion(name):
+    # Both ends in this process (the consumer made on a thread: creation waits for the peer).
+    import threading
+    ctx = lf.Context(gpu="disabled")
+    ends = {}
+    t = threading.Thread(target=lambda: ends.setdefault("rx", lf.consumer(ctx, name)))
+    t.start()
+    tx = lf.producer(ctx, name, capacity=2)
+    t.join()
+    rx = ends["rx"]
+    assert tx.try_send(b"a") == 0 and tx.try_send(b"b") == 1
+    assert tx.try_send(b"c") is None
+    with pytest.raises(lf.WouldBlockError):
+        tx.send(b"c", timeout=0)
+    with pytest.raises(lf.TimeoutError):
+        tx.send(b"c", timeout=0.01)
+    assert tx.completed == 0
+    with pytest.raises(lf.TimeoutError):
+        tx.wait_completed(0, timeout=0.01)
+    m = rx.recv(timeout=5)
+    m.release()
+    tx.wait_completed(0, timeout=5)
+    assert tx.completed == 1 and tx.try_send(b"c") == 2
+    with rx.recv(timeout=5) as m:
+        assert bytes(m) == b"b"
+    # A loan given back unpublished leaves no message.
+    loan = tx.loan(16, timeout=5)
+    loan.cancel()
+    with pytest.raises(lf.InvalidStateError):
+        memoryview(loan)
+    with rx.recv(timeout=5) as m:
+        assert bytes(m) == b"c"
+    assert rx.try_recv() is None
+    tx.close()
+    with pytest.raises(lf.InvalidStateError):
+        tx.send(b"x")
+    with pytest.raises(lf.PeerGoneError):
+        rx.recv(timeout=5)
