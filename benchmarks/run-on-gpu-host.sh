@@ -11,6 +11,8 @@
 #   .device/lf-bench-mpi (optional)                    lf-bench with the mpi feature (needs the host's libmpi)
 #   .device/prefix          cmake --install of a Release build (-DBUILD_TESTING=OFF)
 #   .gl/*.deb               the Vulkan loader packages (libvulkan1 etc.), when the host lacks one
+#   .device/lava_flow-*.whl (optional)                 python3 -m pip wheel --no-deps -w .device ./crates/python
+#   .device/py/*.whl        with it: pytest and its needs (python3 -m pip download -d .device/py pytest)
 # SKIP_BENCH=1 runs only the tests and the examples.
 set -u
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
@@ -25,6 +27,12 @@ TAIL=3 run layer1-tests env LF_REQUIRE_VULKAN=1 LF_REQUIRE_CUDA=1 timeout 300 .d
 TAIL=3 run lib-tests env LF_REQUIRE_VULKAN=1 timeout 120 .device/libtests --test-threads=1
 TAIL=3 run layer2-tests env LF_REQUIRE_VULKAN=1 timeout 300 .device/layer2 --test-threads=2
 grep -E "^test gpu::|staged|vulkan_ipc" $res/layer2-tests.txt | head -20
+if ls .device/lava_flow-*.whl > /dev/null 2>&1; then
+  # The Python package: its whole suite, with DLPack into torch and cupy and the GPU messages'
+  # stream waits (tests/test_gpu.py), on the host's python3 (the one that holds PyTorch).
+  python3 -m pip install -q --no-index --no-deps --target /tmp/lfpy .device/lava_flow-*.whl .device/py/*.whl
+  TAIL=8 run python-tests env PYTHONPATH=/tmp/lfpy timeout 300 python3 -m pytest -v -rs crates/python/tests
+fi
 echo "== CUDA examples against the installed prefix"
 (cmake -S examples-cpp -B /tmp/bc -DCMAKE_PREFIX_PATH=$PWD/.device/prefix && cmake --build /tmp/bc -j16 && LD_LIBRARY_PATH=$PWD/.device/prefix/lib ctest --test-dir /tmp/bc --output-on-failure -V) > $res/cuda-examples.txt 2>&1
 grep -E "PASS|FAIL|Passed|Failed|cuda imports|semaphore|transport" $res/cuda-examples.txt | head -20

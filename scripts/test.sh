@@ -2,7 +2,8 @@
 # The whole test suite: the README's test command, and what CI runs (.ci/run).
 # Installs missing system packages, then: cargo build + test with all features (the header
 # check is one of the tests), the CMake build, ctest, the install, and the package as a user
-# sees it (find_package shared and static, pkg-config, the examples built out of tree).
+# sees it (find_package shared and static, pkg-config, the examples built out of tree), and the
+# Python package (pip install into a venv, pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -119,5 +120,20 @@ for ex in examples-c examples-cpp; do
   cmake --build "$build/installed-$ex" -j"$jobs"
   ctest --test-dir "$build/installed-$ex" --output-on-failure
 done
+
+step "Python package: pip install into a fresh venv, then pytest (two processes, a C producer, examples-python)"
+# The wheel is built as a user builds it (pip, maturin through the package's build backend),
+# in the CMake step's cargo directory and with its features, so that cargo reuses its release
+# build of the library.
+python=${LF_PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "$python is older than 3.11, which the lava_flow package needs (set LF_PYTHON)" >&2; exit 1
+fi
+rm -rf "$build/venv"
+"$python" -m venv "$build/venv"
+"$build/venv/bin/pip" install -q --upgrade pip
+CARGO_TARGET_DIR="$build/cargo" LAVA_FLOW_FEATURES="${LF_CMAKE_FEATURES-mpi}" \
+  "$build/venv/bin/pip" install -q "./crates/python[test]"
+(cd "$build" && "$build/venv/bin/python" -m pytest -q "$root/crates/python/tests")
 
 step "all tests passed"

@@ -1,0 +1,222 @@
+"""lava-flow: zero-copy data movement between processes, from Python.
+
+Channels carry messages between processes through shared memory; a received message is a
+read-only view of the bytes where the producer put them (buffer protocol and DLPack), so
+``numpy.frombuffer(msg, dtype)`` or ``numpy.from_dlpack(msg)`` copy nothing. Buffers are
+lava-flow memory of every kind (CPU, huge pages, NUMA, GPU-pinned, GPU) that can be sent by
+reference or exported to another process.
+
+The package ships liblava_flow.so and calls its C API; C and C++ extensions built against the
+same library (``get_include()``, ``get_cmake_dir()``) share its handles with Python
+(``.handle`` of Context, Buffer, Channel, Location).
+
+    import lava_flow as lf
+    ctx = lf.Context()
+    with lf.producer(ctx, "frames") as ch:        # another process: lf.consumer(ctx, "frames")
+        ch.send(numpy_array)
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+from pathlib import Path
+
+from . import _native
+from ._native import (
+    Buffer,
+    Context,
+    Export,
+    InvalidStateError,
+    LavaFlowError,
+    Loan,
+    Location,
+    Message,
+    Mpi,
+    PeerGoneError,
+    TimeoutError,
+    WouldBlockError,
+    library_path,
+    set_log_level,
+    version,
+)
+
+__all__ = [
+    "Buffer", "Channel", "Context", "DeviceType", "Export", "InvalidStateError", "LavaFlowError",
+    "Loan", "Location", "LogLevel", "Memory", "Message", "MessageFlags", "Mpi", "Origin",
+    "PeerGoneError", "Registration", "Role", "Status", "TimeoutError", "Wait", "WouldBlockError",
+    "consumer", "get_cmake_dir", "get_include", "get_library", "library_path", "producer",
+    "set_log_level", "version", "__version__",
+]
+
+__version__ = version()
+
+
+class Memory(enum.IntEnum):
+    """Memory kinds (LF_MEMORY_*): Context.alloc's `memory`."""
+
+    CPU_STANDARD = _native.LF_MEMORY_CPU_STANDARD
+    CPU_NUMA = _native.LF_MEMORY_CPU_NUMA
+    CPU_HUGEPAGE_2MB = _native.LF_MEMORY_CPU_HUGEPAGE_2MB
+    CPU_HUGEPAGE_1GB = _native.LF_MEMORY_CPU_HUGEPAGE_1GB
+    CPU_GPU_PINNED = _native.LF_MEMORY_CPU_GPU_PINNED
+    GPU_DEVICE_LOCAL = _native.LF_MEMORY_GPU_DEVICE_LOCAL
+    GPU_HOST_VISIBLE = _native.LF_MEMORY_GPU_HOST_VISIBLE
+
+
+class Origin(enum.IntEnum):
+    """How a buffer came to be (Buffer.origin)."""
+
+    ALLOCATED = _native.LF_ORIGIN_ALLOCATED
+    REGISTERED = _native.LF_ORIGIN_REGISTERED
+    IMPORTED = _native.LF_ORIGIN_IMPORTED
+
+
+class Registration(enum.IntFlag):
+    """GPU APIs GPU-pinned memory is registered with (Buffer.registrations)."""
+
+    VULKAN = _native.LF_REGISTRATION_VULKAN
+    CUDA = _native.LF_REGISTRATION_CUDA
+
+
+class Role(enum.IntEnum):
+    """The end of a channel."""
+
+    PRODUCER = _native.LF_ROLE_PRODUCER
+    CONSUMER = _native.LF_ROLE_CONSUMER
+
+
+class Wait(enum.IntEnum):
+    """How a channel end waits (Channel's `wait`)."""
+
+    BUSY_POLL = _native.LF_WAIT_BUSY_POLL
+    SPIN_THEN_BLOCK = _native.LF_WAIT_SPIN_THEN_BLOCK
+    BLOCK = _native.LF_WAIT_BLOCK
+
+
+class MessageFlags(enum.IntFlag):
+    """Message.flags bits."""
+
+    ZERO_COPY = _native.LF_MESSAGE_ZERO_COPY
+    GPU = _native.LF_MESSAGE_GPU
+
+
+class DeviceType(enum.IntEnum):
+    """Context.device_info()['device_type']."""
+
+    OTHER = _native.LF_DEVICE_TYPE_OTHER
+    INTEGRATED_GPU = _native.LF_DEVICE_TYPE_INTEGRATED_GPU
+    DISCRETE_GPU = _native.LF_DEVICE_TYPE_DISCRETE_GPU
+    VIRTUAL_GPU = _native.LF_DEVICE_TYPE_VIRTUAL_GPU
+    CPU = _native.LF_DEVICE_TYPE_CPU
+
+
+class LogLevel(enum.IntEnum):
+    """Levels of lava-flow's log records (set_log_level)."""
+
+    OFF = _native.LF_LOG_OFF
+    ERROR = _native.LF_LOG_ERROR
+    WARN = _native.LF_LOG_WARN
+    INFO = _native.LF_LOG_INFO
+    DEBUG = _native.LF_LOG_DEBUG
+    TRACE = _native.LF_LOG_TRACE
+
+
+class Status(enum.IntEnum):
+    """lf_status values (LavaFlowError.status)."""
+
+    OK = _native.LF_OK
+    ERR_INVALID_ARGUMENT = _native.LF_ERR_INVALID_ARGUMENT
+    ERR_NULL_POINTER = _native.LF_ERR_NULL_POINTER
+    ERR_BAD_HANDLE = _native.LF_ERR_BAD_HANDLE
+    ERR_CONFIG = _native.LF_ERR_CONFIG
+    ERR_NOT_FOUND = _native.LF_ERR_NOT_FOUND
+    ERR_OUT_OF_MEMORY = _native.LF_ERR_OUT_OF_MEMORY
+    ERR_UNSUPPORTED = _native.LF_ERR_UNSUPPORTED
+    ERR_PERMISSION_DENIED = _native.LF_ERR_PERMISSION_DENIED
+    ERR_IO = _native.LF_ERR_IO
+    ERR_VULKAN = _native.LF_ERR_VULKAN
+    ERR_WOULD_BLOCK = _native.LF_ERR_WOULD_BLOCK
+    ERR_TIMEOUT = _native.LF_ERR_TIMEOUT
+    ERR_PEER_GONE = _native.LF_ERR_PEER_GONE
+    ERR_CORRUPT = _native.LF_ERR_CORRUPT
+    ERR_INVALID_STATE = _native.LF_ERR_INVALID_STATE
+    ERR_INTERNAL = _native.LF_ERR_INTERNAL
+
+
+_HERE = Path(__file__).resolve().parent
+
+
+def get_include() -> str:
+    """The directory of lava_flow.h and lava_flow.hpp, for C and C++ extensions."""
+    return str(_HERE / "include")
+
+
+def get_cmake_dir() -> str:
+    """The directory of LavaFlowConfig.cmake (``-DLavaFlow_DIR=...``; target LavaFlow::lava_flow)."""
+    return str(_HERE / "cmake")
+
+
+def get_library() -> str:
+    """The path of the liblava_flow.so this package ships (link C extensions against it)."""
+    return str(_HERE / "lib" / _native.SONAME)
+
+
+class Channel(_native.Channel):
+    __doc__ = _native.Channel.__doc__
+
+    async def recv_async(self, timeout: float | None = None) -> Message:
+        """Receives the next message without blocking the event loop (consumers): waits on
+        ``fileno()`` with ``loop.add_reader``. Raises TimeoutError after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        fd = self.fileno()
+        while True:
+            msg = self.try_recv()
+            if msg is not None:
+                return msg
+            ready: asyncio.Future[None] = loop.create_future()
+
+            def wake(ready: asyncio.Future[None] = ready) -> None:
+                if not ready.done():
+                    ready.set_result(None)
+
+            loop.add_reader(fd, wake)
+            try:
+                if deadline is None:
+                    await ready
+                else:
+                    await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                err = TimeoutError(f"recv_async on channel {self.name!r} timed out after {timeout} s")
+                err.status, err.status_name, err.message = _native.LF_ERR_TIMEOUT, "LF_ERR_TIMEOUT", err.args[0]
+                raise err from None
+            finally:
+                loop.remove_reader(fd)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Message:
+        """``async for msg in channel``: each message until the producer has gone."""
+        try:
+            return await self.recv_async()
+        except PeerGoneError:
+            raise StopAsyncIteration from None
+
+    def __iter__(self):
+        """``for msg in channel``: each message until the producer has gone."""
+        while True:
+            try:
+                yield self.recv()
+            except PeerGoneError:
+                return
+
+
+def producer(context: Context, name: str, **config) -> Channel:
+    """The producer end of channel `name` (waits for the consumer; see Channel)."""
+    return Channel(context, name, "producer", **config)
+
+
+def consumer(context: Context, name: str, **config) -> Channel:
+    """The consumer end of channel `name` (waits for the producer; see Channel)."""
+    return Channel(context, name, "consumer", **config)

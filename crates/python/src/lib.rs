@@ -1,0 +1,40 @@
+//! `lava_flow._native`: the Python binding of lava-flow, a PyO3 module over the C ABI.
+//!
+//! The module does not contain lava-flow: it opens `liblava_flow.so` at import (the copy the
+//! wheel ships beside it, or the one the process has loaded already, found by its SONAME) and
+//! calls the C functions through pointers generated from `include/lava_flow.h`. So a process
+//! that imports `lava_flow` and loads a C or C++ extension linked against `liblava_flow.so`
+//! has one library, one handle table: handles pass between them (`.handle`).
+#![deny(unsafe_op_in_unsafe_fn)]
+// PyO3 0.22's #[pymethods] expansion converts each PyErr into itself.
+#![allow(clippy::useless_conversion)]
+
+mod buffer;
+mod channel;
+mod context;
+mod cuda;
+mod dlpack;
+mod error;
+mod location;
+mod native;
+mod pybuf;
+mod shared;
+
+#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unsafe_op_in_unsafe_fn, clippy::all)]
+mod ffi {
+    include!(concat!(env!("OUT_DIR"), "/lava_flow.rs"));
+}
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    native::load(m.py())?;
+    error::register(m)?;
+    native::register(m)?;
+    context::register(m)?;
+    buffer::register(m)?;
+    location::register(m)?;
+    channel::register(m)?;
+    Ok(())
+}
