@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: lf-bench [--quick] [--json] [--json-out FILE] [--sizes LIST] [--bw-sizes LIST] [--iters N]
-                [--modes capi,busy,block] [--payloads zero-copy,touch,buffer,buf-touch,copy]
+pub const USAGE: &str = "usage: lf-bench [--quick] [--json] [--json-out FILE] [--plot DIR] [--sizes LIST] [--bw-sizes LIST]
+                [--iters N] [--modes capi,busy,block] [--payloads zero-copy,touch,buffer,buf-touch,copy]
                 [--window W] [--no-pin] [--no-peers] [--iceoryx2 PATH] [--mpi-pingpong PATH]
+       lf-bench --plot DIR --from-json FILE   (charts of a saved --json / --json-out result; measures nothing)
        lf-bench --gpu [--quick] [--json]
        mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [...] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [...]   (see lf-bench --mpi --help)";
 
@@ -15,6 +16,10 @@ pub struct Options {
     pub json: bool,
     /// Also write the JSON to this file (the text still goes to stdout).
     pub json_out: Option<PathBuf>,
+    /// Write the charts (SVG and PNG) into this directory.
+    pub plot: Option<PathBuf>,
+    /// Chart this saved JSON result instead of measuring.
+    pub from_json: Option<PathBuf>,
     /// Latency sizes: the headline's untouched rows take those up to [`SMALL_MAX`], its touched
     /// rows those from [`TOUCH_MIN`]; the Rust API rows take them all.
     pub sizes: Vec<usize>,
@@ -56,6 +61,15 @@ pub fn human(size: usize) -> String {
     }
 }
 
+/// `64 B`, `1 KiB`, `64 MiB`.
+pub fn bytes(size: usize) -> String {
+    let h = human(size);
+    match h.strip_suffix('K').or_else(|| h.strip_suffix('M')) {
+        Some(n) => format!("{n} {}iB", &h[h.len() - 1..]),
+        None => format!("{h} B"),
+    }
+}
+
 fn default_sizes(quick: bool) -> Vec<usize> {
     if quick {
         vec![8, 64, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
@@ -80,6 +94,8 @@ pub fn options() -> Options {
         quick: false,
         json: false,
         json_out: None,
+        plot: None,
+        from_json: None,
         sizes: vec![],
         bw_sizes: vec![],
         iters: None,
@@ -102,6 +118,8 @@ pub fn options() -> Options {
             "--quick" => o.quick = true,
             "--json" => o.json = true,
             "--json-out" => o.json_out = Some(value(&mut i).into()),
+            "--plot" => o.plot = Some(value(&mut i).into()),
+            "--from-json" => o.from_json = Some(value(&mut i).into()),
             "--no-pin" => o.pin = false,
             "--no-peers" => o.peers = false,
             "--iceoryx2" => o.iceoryx2 = Some(value(&mut i).into()),
@@ -119,6 +137,9 @@ pub fn options() -> Options {
             other => die(&format!("unknown option {other}")),
         }
         i += 1;
+    }
+    if o.from_json.is_some() && o.plot.is_none() {
+        die("--from-json FILE charts a saved result: give --plot DIR too");
     }
     if o.sizes.is_empty() {
         o.sizes = default_sizes(o.quick);
@@ -179,5 +200,30 @@ impl Options {
     pub fn probe_iterations(&self, case_iters: usize) -> usize {
         let n = if self.quick { 5_000 } else { 10_000 };
         n.min(case_iters.max(10))
+    }
+
+    /// How many round trips each kind of case gets, for the report's configuration.
+    pub fn iterations_text(&self) -> Vec<String> {
+        let warm = "plus a tenth as many untimed first (at least 5)";
+        let mut lines = Vec::new();
+        match self.iters {
+            Some(n) => lines.push(format!("Iterations: {n} timed round trips per latency case (--iters), {warm}")),
+            None => {
+                let (base, budget) = if self.quick { (5_000, "256 MiB") } else { (50_000, "2 GiB") };
+                lines.push(format!(
+                    "Iterations: {base} timed round trips per latency case ({} blocking), touched sizes at most {budget} moved per case (at least 10); {warm}",
+                    base / 5
+                ));
+            }
+        }
+        let probe = if self.quick { 5_000 } else { 10_000 };
+        lines.push(format!("Floor probes (C API headline): {probe} round trips, no more than the case has, before and after every case"));
+        let (floors, budget) = if self.quick { (20_000, "512 MiB") } else { (200_000, "4 GiB") };
+        lines.push(format!(
+            "Rust API: floors {floors} round trips (eventfd {}), once; bandwidth windows of {} messages (fewer where the pool holds fewer), {budget} per row (3 to 2000 windows)",
+            floors / 10,
+            self.window
+        ));
+        lines
     }
 }
