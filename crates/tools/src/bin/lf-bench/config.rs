@@ -71,7 +71,10 @@ impl Config {
                 l.push(format!("Peer {name}: skipped: {}", p["why"].as_str().unwrap_or_default()));
             }
         }
-        l.push("Latency: half round trips of a ping-pong, percentiles by nearest rank; MB/s = 10^6 bytes per second".to_owned());
+        l.push(
+            "Latency: half round trips of a ping-pong, percentiles by nearest rank; MB/s = 10^6 bytes per second"
+                .to_owned(),
+        );
         l
     }
 

@@ -462,9 +462,15 @@ struct GpuSetup {
 
 impl GpuSetup {
     fn lines(&self) -> Vec<String> {
-        let mut l = vec!["lf-bench --gpu: GPU buffers through lava-flow channels between two processes on one GPU".to_owned()];
+        let mut l =
+            vec!["lf-bench --gpu: GPU buffers through lava-flow channels between two processes on one GPU".to_owned()];
         l.extend(self.machine.lines());
-        l.push(format!("GPU: {} ({} device{} seen)", self.device, self.devices, if self.devices == 1 { "" } else { "s" }));
+        l.push(format!(
+            "GPU: {} ({} device{} seen)",
+            self.device,
+            self.devices,
+            if self.devices == 1 { "" } else { "s" }
+        ));
         l.push(format!("Route: {}", self.reason));
         l.push("Pinning: ping on core 0, pong on core 1".to_owned());
         l.push("Channels: ChannelConfig::default() with busy-poll and a 60 s rendezvous timeout".to_owned());
@@ -497,7 +503,15 @@ fn print_text(setup: &GpuSetup, rows: &[GpuRow]) {
     for r in ["bytes-64", "handoff", "gpu-work"].into_iter().flat_map(of) {
         let x = r.a / bytes64;
         let target = if r.name == "handoff" { verdict(x <= 1.2) } else { String::new() };
-        t.row(vec![r.size.to_string(), r.name.to_owned(), us(Some(r.a)), us(Some(r.b)), us(r.p999), ratio(Some(x)), target]);
+        t.row(vec![
+            r.size.to_string(),
+            r.name.to_owned(),
+            us(Some(r.a)),
+            us(Some(r.b)),
+            us(r.p999),
+            ratio(Some(x)),
+            target,
+        ]);
     }
     t.print();
     comment("");
@@ -522,7 +536,10 @@ fn print_text(setup: &GpuSetup, rows: &[GpuRow]) {
         t.row(vec![r.size.to_string(), r.name.to_owned(), format!("{:.1}", r.a), format!("{:.1}", r.b), target]);
     }
     t.print();
-    comment(&format!("Arenas imported by the ping side for all its messages: {} (each arena once per channel)", setup.imports));
+    comment(&format!(
+        "Arenas imported by the ping side for all its messages: {} (each arena once per channel)",
+        setup.imports
+    ));
     for r in of("cross-gpu") {
         comment("");
         comment("Another GPU: 16 GPU buffers staged through host memory to a consumer on the second GPU, each uploaded there, against the slower of the two halves measured alone");

@@ -99,9 +99,7 @@ impl Machine {
             os: os_name(),
             memory_gib: memory_gib(),
             load_average: read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-            unix_time_s: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            unix_time_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         }
     }
 

@@ -801,7 +801,14 @@ pub(crate) fn main() {
         let slower = d2h.min(raw);
         comment("");
         comment("GPU buffers, 64 MiB, staged through host memory, against the slower of its halves measured alone; target >= 0.9x");
-        let mut t = crate::table::Table::new(&["Size", "Staged (MB/s)", "GPU-to-host (MB/s)", "Raw MPI (MB/s)", "x slower", "<Target"]);
+        let mut t = crate::table::Table::new(&[
+            "Size",
+            "Staged (MB/s)",
+            "GPU-to-host (MB/s)",
+            "Raw MPI (MB/s)",
+            "x slower",
+            "<Target",
+        ]);
         t.row(vec![
             (64usize << 20).to_string(), // gpu_row's size
             mb_s(Some(rate)),

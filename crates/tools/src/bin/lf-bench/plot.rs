@@ -27,8 +27,13 @@ const HEIGHT: u32 = 700;
 const FONT: &[u8] = include_bytes!("../../../fonts/DejaVuSans.ttf");
 
 /// lava-flow's series, the peers', the floors'.
-const LAVA_FLOW: [RGBColor; 5] =
-    [RGBColor(31, 119, 180), RGBColor(44, 160, 44), RGBColor(148, 103, 189), RGBColor(23, 190, 207), RGBColor(140, 86, 75)];
+const LAVA_FLOW: [RGBColor; 5] = [
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+];
 const PEERS: [RGBColor; 2] = [RGBColor(255, 127, 14), RGBColor(214, 39, 40)];
 const FLOORS: [RGBColor; 3] = [RGBColor(0, 0, 0), RGBColor(127, 127, 127), RGBColor(188, 189, 34)];
 
@@ -199,7 +204,8 @@ fn rust_api_charts(r: &Value) -> Vec<Chart> {
     }
     let sizes: Vec<f64> = lat.iter().filter_map(|l| f(&l["size"])).collect();
     let (lo, hi) = (sizes.iter().copied().fold(f64::MAX, f64::min), sizes.iter().copied().fold(0.0, f64::max));
-    let mut floors = vec![("spin_cache_line", "floor: spinning on one cache line"), ("minimal_ring", "floor: minimal ring")];
+    let mut floors =
+        vec![("spin_cache_line", "floor: spinning on one cache line"), ("minimal_ring", "floor: minimal ring")];
     if groups.iter().any(|(m, _)| m == "block") {
         floors.push(("eventfd", "floor: eventfd ping-pong"));
     }
@@ -301,7 +307,11 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart, subtitle: &
                 .label(s.name.as_str())
                 .legend(legend);
         } else {
-            chart.draw_series(LineSeries::new(s.points.iter().copied(), style)).map_err(e)?.label(s.name.as_str()).legend(legend);
+            chart
+                .draw_series(LineSeries::new(s.points.iter().copied(), style))
+                .map_err(e)?
+                .label(s.name.as_str())
+                .legend(legend);
             let marker = if s.kind == Kind::Peer { 4 } else { 3 };
             chart.draw_series(s.points.iter().map(|&p| Circle::new(p, marker, color.filled()))).map_err(e)?;
         }

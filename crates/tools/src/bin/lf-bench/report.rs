@@ -59,7 +59,6 @@ fn ratio_to_peer_normalised(h: &Headline, row: &Row, peer: Peer) -> Option<f64> 
     Some(row.ratio()? / peer_row(h, row, peer)?.ratio()?)
 }
 
-
 /// `, floor moved` / `, level moved` where the row's floor or spinning level moved.
 fn moved_mark(row: &Row) -> &'static str {
     if row.floor_moved() {
@@ -302,7 +301,13 @@ pub fn print_text(h: &Headline) {
     comment("Targets of the C API headline");
     let mut t = Table::new(&["Target", "Value", "Bound", "<Verdict", "<Detail"]);
     for target in targets(h) {
-        t.row(vec![target.name.clone(), ratio(target.value), format!("{:.2}", target.bound), target.verdict().to_owned(), target.detail]);
+        t.row(vec![
+            target.name.clone(),
+            ratio(target.value),
+            format!("{:.2}", target.bound),
+            target.verdict().to_owned(),
+            target.detail,
+        ]);
     }
     t.print();
 }

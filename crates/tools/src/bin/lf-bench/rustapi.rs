@@ -421,7 +421,9 @@ fn describe(payload: &str) -> &'static str {
         "zero-copy" => "loan and publish, untouched",
         "touch" => "loan, the sender copies the payload in, the receiver reads every byte",
         "buffer" => "a lava-flow buffer sent by reference, untouched",
-        "buf-touch" => "completion wait, copy into a lava-flow buffer, send by reference, the receiver reads every byte",
+        "buf-touch" => {
+            "completion wait, copy into a lava-flow buffer, send by reference, the receiver reads every byte"
+        }
         "copy" => "send of heap memory: registry lookup, copy into the pool, the receiver reads every byte",
         _ => "",
     }
@@ -501,7 +503,11 @@ pub fn print_text(r: &Results) {
         comment(&format!(
             "Bandwidth, one direction, busy-poll, {payload} ({}){}",
             describe(payload),
-            if payload == "zero-copy" || payload == "buffer" { ": bytes not touched, so MB/s is size x message rate" } else { "" }
+            if payload == "zero-copy" || payload == "buffer" {
+                ": bytes not touched, so MB/s is size x message rate"
+            } else {
+                ""
+            }
         ));
         let mut t = Table::new(&["Size", "Bandwidth (MB/s)", "x memcpy", "x cross-core copy", "Window"]);
         for b in r.bandwidth.iter().filter(|b| b.payload == payload) {
