@@ -48,6 +48,10 @@ struct Series {
     name: String,
     kind: Kind,
     color: RGBColor,
+    /// A floor's dashes: (dash, gap) in pixels, one pattern per floor of a chart.
+    dash: (i32, i32),
+    /// Line width in pixels.
+    width: u32,
     /// (size in bytes, value), sorted by size.
     points: Vec<(f64, f64)>,
 }
@@ -117,7 +121,9 @@ fn add(series: &mut Vec<Series>, name: String, kind: Kind, mut points: Vec<(f64,
         Kind::Peer => PEERS[same % PEERS.len()],
         Kind::Floor => FLOORS[same % FLOORS.len()],
     };
-    series.push(Series { name, kind, color, points });
+    let dash = [(10, 5), (3, 4), (16, 6)][same % 3];
+    let width = if kind == Kind::LavaFlow { 3 } else { 2 };
+    series.push(Series { name, kind, color, dash, width, points });
 }
 
 /// The headline's two charts (latency and bandwidth of the touched rows; the untouched ones
@@ -201,6 +207,12 @@ fn rust_api_charts(r: &Value) -> Vec<Chart> {
             .collect();
         let wait = if mode == "block" { "blocking" } else { "busy-poll" };
         add(&mut latency, format!("lava-flow {payload}, {wait}"), Kind::LavaFlow, points);
+        // One colour per payload (the index of its first group); the blocking rows thin.
+        if let Some(s) = latency.last_mut().filter(|s| s.name.ends_with(wait)) {
+            let index = groups.iter().position(|(_, p)| p == payload).unwrap_or(0);
+            s.color = LAVA_FLOW[index % LAVA_FLOW.len()];
+            s.width = if mode == "block" { 1 } else { 3 };
+        }
     }
     let sizes: Vec<f64> = lat.iter().filter_map(|l| f(&l["size"])).collect();
     let (lo, hi) = (sizes.iter().copied().fold(f64::MAX, f64::min), sizes.iter().copied().fold(0.0, f64::max));
@@ -229,7 +241,8 @@ fn rust_api_charts(r: &Value) -> Vec<Chart> {
             .filter(|b| b["payload"] == p.as_str())
             .filter_map(|b| Some((f(&b["size"])?, f(&b["bytes_per_s"])? / 1e6)))
             .collect();
-        add(&mut bandwidth, format!("lava-flow {p}"), Kind::LavaFlow, points);
+        let untouched = if p == "zero-copy" || p == "buffer" { " (untouched: size x message rate)" } else { "" };
+        add(&mut bandwidth, format!("lava-flow {p}{untouched}"), Kind::LavaFlow, points);
     }
     for (key, name) in [("memcpy", "floor: memcpy, one thread"), ("cross_core_copy", "floor: cross-core copy")] {
         let points = r["floors"][key]
@@ -280,7 +293,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart, subtitle: &
     let mut chart = ChartBuilder::on(&plot)
         .margin(14)
         .x_label_area_size(48)
-        .y_label_area_size(78)
+        .y_label_area_size(40 + 9 * value_label(y_hi).len() as u32)
         .build_cartesian_2d(x, y)
         .map_err(e)?;
     chart
@@ -296,13 +309,12 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart, subtitle: &
         .draw()
         .map_err(e)?;
     for s in &c.series {
-        let color = s.color;
-        let width = if s.kind == Kind::LavaFlow { 3 } else { 2 };
+        let (color, width) = (s.color, s.width);
         let style = color.stroke_width(width);
         let legend = move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(width));
         if s.kind == Kind::Floor {
             chart
-                .draw_series(DashedLineSeries::new(s.points.iter().copied(), 8, 5, style))
+                .draw_series(DashedLineSeries::new(s.points.iter().copied(), s.dash.0, s.dash.1, style))
                 .map_err(e)?
                 .label(s.name.as_str())
                 .legend(legend);
@@ -312,7 +324,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart, subtitle: &
                 .map_err(e)?
                 .label(s.name.as_str())
                 .legend(legend);
-            let marker = if s.kind == Kind::Peer { 4 } else { 3 };
+            let marker = if s.kind == Kind::Peer { 4 } else { width.min(3) };
             chart.draw_series(s.points.iter().map(|&p| Circle::new(p, marker, color.filled()))).map_err(e)?;
         }
     }

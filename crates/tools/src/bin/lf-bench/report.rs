@@ -1,5 +1,8 @@
-//! The headline's report: a table per size (floor, lava-flow's C API rows, iceoryx2, Open
-//! MPI, the ratios), the targets with ok / MISSED, and the same as JSON.
+//! The headline's report: OSU-style tables (`# Size`, the sender, latency p50 / p99 / p99.9,
+//! the ping-pong's bandwidth, the floor, the ratios to it and to the peers; the rows of a size
+//! together, lava-flow's C API rows beside iceoryx2 and Open MPI), one for untouched and one
+//! for touched messages, the blocking wake-up, the targets with ok / MISSED, and the same as
+//! JSON.
 //!
 //! Every ratio to a floor is the case's p50 over the mean of the floor's p50 right before and
 //! right after the case; the JSON also gives it over the smaller of the two. A row is flagged
