@@ -55,6 +55,7 @@ pub fn parse_size(s: &str) -> usize {
 
 pub fn human(size: usize) -> String {
     match size {
+        s if s >= 1 << 30 && s % (1 << 30) == 0 => format!("{}G", s >> 30),
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{}K", s >> 10),
         s => format!("{s}"),
@@ -64,7 +65,7 @@ pub fn human(size: usize) -> String {
 /// `64 B`, `1 KiB`, `64 MiB`.
 pub fn bytes(size: usize) -> String {
     let h = human(size);
-    match h.strip_suffix('K').or_else(|| h.strip_suffix('M')) {
+    match h.strip_suffix('K').or_else(|| h.strip_suffix('M')).or_else(|| h.strip_suffix('G')) {
         Some(n) => format!("{n} {}iB", &h[h.len() - 1..]),
         None => format!("{h} B"),
     }
@@ -202,27 +203,30 @@ impl Options {
         n.min(case_iters.max(10))
     }
 
-    /// How many round trips each kind of case gets, for the report's configuration.
+    /// How many round trips each kind of case gets, for the report's configuration (read from
+    /// the functions that decide it).
     pub fn iterations_text(&self) -> Vec<String> {
         let warm = "plus a tenth as many untimed first (at least 5)";
         let mut lines = Vec::new();
         match self.iters {
             Some(n) => lines.push(format!("Iterations: {n} timed round trips per latency case (--iters), {warm}")),
-            None => {
-                let (base, budget) = if self.quick { (5_000, "256 MiB") } else { (50_000, "2 GiB") };
-                lines.push(format!(
-                    "Iterations: {base} timed round trips per latency case ({} blocking), touched sizes at most {budget} moved per case (at least 10); {warm}",
-                    base / 5
-                ));
-            }
+            None => lines.push(format!(
+                "Iterations: {} timed round trips per latency case ({} blocking), touched sizes at most {} moved per case (at least 10); {warm}",
+                self.iterations(8, false, false),
+                self.iterations(8, true, false),
+                bytes(self.iterations(1 << 20, false, true) << 20),
+            )),
         }
-        let probe = if self.quick { 5_000 } else { 10_000 };
-        lines.push(format!("Floor probes (C API headline): {probe} round trips, no more than the case has, before and after every case"));
-        let (floors, budget) = if self.quick { (20_000, "512 MiB") } else { (200_000, "4 GiB") };
         lines.push(format!(
-            "Rust API: floors {floors} round trips (eventfd {}), once; bandwidth windows of {} messages (fewer where the pool holds fewer), {budget} per row (3 to 2000 windows)",
+            "Floor probes (C API headline): {} round trips, no more than the case has, before and after every case",
+            self.probe_iterations(usize::MAX)
+        ));
+        let floors = crate::rustapi::floor_iterations(self);
+        lines.push(format!(
+            "Rust API: floors {floors} round trips (eventfd {}), once; bandwidth windows of {} messages (fewer where the pool holds fewer), {} per row (3 to 2000 windows)",
             floors / 10,
-            self.window
+            self.window,
+            bytes(crate::rustapi::bandwidth_budget(self)),
         ));
         lines
     }

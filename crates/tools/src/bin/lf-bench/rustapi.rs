@@ -279,9 +279,18 @@ pub struct Results {
     bandwidth: Vec<BandwidthRow>,
 }
 
+/// Round trips of the spinning and minimal-ring floors (eventfd: a tenth).
+pub fn floor_iterations(o: &Options) -> usize {
+    if o.quick {
+        20_000
+    } else {
+        200_000
+    }
+}
+
 /// The once-measured floors of this section: spinning, minimal ring, eventfd.
 fn floors(o: &Options, side: &mut Side) -> Option<(Percentiles, Percentiles, Percentiles)> {
-    let iters = if o.quick { 20_000 } else { 200_000 };
+    let iters = floor_iterations(o);
     let spin = side.spin.probe(side.ping, iters);
     let ring = ring_floor(&side.rings, side.ping, iters);
     let eventfd = side.efd.probe(side.ping, iters / 10);
@@ -354,8 +363,16 @@ pub fn run(o: &Options, side: &mut Side, tag: &str) -> Option<Results> {
 /// The window and iteration count of a bandwidth row of `size` bytes.
 fn bandwidth_shape(o: &Options, size: usize, pool: usize) -> (usize, usize) {
     let window = o.window.min(pool / size / 2).max(1);
-    let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };
-    (window, (budget / (size * window)).clamp(3, 2000))
+    (window, (bandwidth_budget(o) / (size * window)).clamp(3, 2000))
+}
+
+/// The bytes a bandwidth row moves (3 to 2000 windows).
+pub fn bandwidth_budget(o: &Options) -> usize {
+    if o.quick {
+        512 << 20
+    } else {
+        4 << 30
+    }
 }
 
 /// The pool every Rust API channel gets: room for a window of the largest message.
