@@ -22,7 +22,7 @@ const SMALL: [&str; 12] = [
     "--sizes",
     "8,64,4K",
     "--bw-sizes",
-    "64K",
+    "4K",
     "--iters",
     "200",
     "--no-peers",

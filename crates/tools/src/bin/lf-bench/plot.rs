@@ -356,8 +356,11 @@ fn subtitle(doc: &Value) -> String {
     if let Some(cpu) = m["cpu"].as_str() {
         parts.push(format!("{cpu}, {} CPUs", m["cpus_online"]));
     }
-    if let Some(date) = m["date_utc"].as_str() {
-        parts.push(date.to_owned());
+    match (m["date_utc"].as_str(), doc["unix_time_s"].as_u64()) {
+        (Some(date), _) => parts.push(date.to_owned()),
+        // A result from before the configuration was recorded: its time stamp.
+        (None, Some(t)) => parts.push(crate::machine::utc(t)),
+        (None, None) => {}
     }
     if doc["config"]["pinned"] == true {
         parts.push("pinned to cores 0 and 1".to_owned());
