@@ -217,17 +217,21 @@ impl Options {
                 bytes(self.iterations(1 << 20, false, true) << 20),
             )),
         }
-        lines.push(format!(
-            "Floor probes (C API headline): {} round trips, no more than the case has, before and after every case",
-            self.probe_iterations(usize::MAX)
-        ));
-        let floors = crate::rustapi::floor_iterations(self);
-        lines.push(format!(
-            "Rust API: floors {floors} round trips (eventfd {}), once; bandwidth windows of {} messages (fewer where the pool holds fewer), {} per row (3 to 2000 windows)",
-            floors / 10,
-            self.window,
-            bytes(crate::rustapi::bandwidth_budget(self)),
-        ));
+        if self.has_mode("capi") {
+            lines.push(format!(
+                "Floor probes (C API headline): {} round trips, no more than the case has, before and after every case",
+                self.probe_iterations(usize::MAX)
+            ));
+        }
+        if self.has_mode("busy") || self.has_mode("block") {
+            let floors = crate::rustapi::floor_iterations(self);
+            lines.push(format!(
+                "Rust API: floors {floors} round trips (eventfd {}), once; bandwidth windows of {} messages (fewer where the pool holds fewer), {} per row (3 to 2000 windows)",
+                floors / 10,
+                self.window,
+                bytes(crate::rustapi::bandwidth_budget(self)),
+            ));
+        }
         lines
     }
 }
