@@ -2,8 +2,10 @@
 # lava-flow beside its peers, in one run: builds what is missing here and runs lf-bench's full
 # comparison (the C API headline with floors probed around every case, iceoryx2 and Open MPI on
 # the same two cores, the targets; then the Rust API rows), writing into OUTDIR:
-#   lf-bench.txt     the report (text)
-#   lf-bench.json    every row, floors before and after, peers, targets
+#   lf-bench.txt     the report (text): the configuration, then OSU-style tables, the targets
+#   lf-bench.json    the same as JSON: the configuration, every row, floors before and after,
+#                    peers, targets
+#   charts/          latency-vs-size and bandwidth-vs-size charts, SVG and PNG (lf-bench --plot)
 #   machine.txt      the date, the command, the machine, the versions
 #
 #   benchmarks/run-peers.sh OUTDIR [lf-bench options, e.g. --quick]
@@ -37,7 +39,7 @@ if [[ -z ${LF_BENCH_MPI_PINGPONG:-} ]]; then
   fi
 fi
 
-command=("$lf_bench" --json-out "$out/lf-bench.json" "$@")
+command=("$lf_bench" --json-out "$out/lf-bench.json" --plot "$out/charts" "$@")
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
   echo "command: benchmarks/run-peers.sh $out $*"

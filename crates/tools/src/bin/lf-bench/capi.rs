@@ -63,14 +63,19 @@ fn check(status: lf_status, call: &str) {
     }
 }
 
-/// The largest message of a channel with the default configuration (its pool size).
-pub fn default_pool() -> usize {
+/// The default channel configuration, as `lf_channel_config_init` gives it.
+pub fn default_config() -> lf_channel_config {
     // SAFETY: a writable config for the call to fill.
     unsafe {
         let mut cfg: lf_channel_config = std::mem::zeroed();
         check(lf_channel_config_init(&mut cfg, std::mem::size_of_val(&cfg)), "lf_channel_config_init");
-        cfg.pool_size as usize
+        cfg
     }
+}
+
+/// The largest message of a channel with the default configuration (its pool size).
+pub fn default_pool() -> usize {
+    default_config().pool_size as usize
 }
 
 /// This process's C API state: its memory context (GPU off: the rows are about channels) and

@@ -60,10 +60,11 @@ fn open(context: &Context, tag: &str, ping: bool) -> Ends {
     }
 }
 
-fn p50_p99(mut samples: Vec<f64>) -> (f64, f64) {
+/// p50, p99 and p99.9 of the samples (nearest rank).
+fn percentiles(mut samples: Vec<f64>) -> (f64, f64, f64) {
     samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    (at(0.5), at(0.99))
+    (at(0.5), at(0.99), at(0.999))
 }
 
 /// What one hop of a ping-pong carries.
@@ -83,7 +84,7 @@ fn pingpong(
     size: usize,
     iters: usize,
     keep: &mut Vec<Buffer>,
-) -> Option<(f64, f64)> {
+) -> Option<(f64, f64, f64)> {
     let mine = context.allocate(size, MemoryLocation::GpuDeviceLocal).expect("GPU buffer");
     let warm = iters / 10 + 10;
     let mut samples = Vec::with_capacity(iters);
@@ -126,7 +127,7 @@ fn pingpong(
         ends.tx.wait_completed(seq, None).expect("completion");
     }
     keep.push(mine);
-    ping.then(|| p50_p99(samples))
+    ping.then(|| percentiles(samples))
 }
 
 /// GB/s of bytes copied: the pong side copies a received buffer, then its own.
@@ -268,9 +269,9 @@ fn first_import(
 /// GPU buffers to a consumer on another GPU (staged through host memory by the channel): GB/s
 /// from the consumer's first receive to its last, each message uploaded into the consumer's
 /// own GPU memory; beside it, in the same run, the producer's own read of the buffer to the
-/// host and the consumer's own upload, the two halves of any staged path. `None` on a host
-/// with one GPU.
-fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64)> {
+/// host and the consumer's own upload, the two halves of any staged path (GB/s: staged,
+/// GPU-to-host, host-to-GPU). `None` on the consumer's side.
+fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64, f64)> {
     const MESSAGES: usize = 16;
     let mut config = ContextConfig::default();
     config.gpu = GpuPolicy::Required;
@@ -308,8 +309,7 @@ fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64)> {
             .unwrap_or_else(|e| die(&e.to_string()));
         let m = c.recv().expect("the consumer's figures");
         let t: Vec<f64> = m.chunks(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
-        println!("cross-GPU: producer read to host {d2h:.1} GB/s, consumer upload {:.1} GB/s (each alone)", t[1]);
-        return Some((t[0], d2h.min(t[1])));
+        return Some((t[0], d2h, t[1]));
     }
     let h2d = rate(&mut || buffer.write_at(0, &host).expect("write"));
     let mut c = Consumer::create(&context, &name, &here, &here, &cfg).unwrap_or_else(|e| die(&e.to_string()));
@@ -329,16 +329,18 @@ fn cross_gpu(tag: &str, ping: bool, size: usize) -> Option<(f64, f64)> {
     None
 }
 
-fn human(size: usize) -> String {
-    match size {
-        s if s >= 1 << 30 => format!("{} GiB", s >> 30),
-        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
-        s if s >= 1 << 10 => format!("{} KiB", s >> 10),
-        s => format!("{s} B"),
-    }
+/// One row of the report: `a` and `b` in `unit` (ping-pong rows: p50 and p99, with `p999`).
+struct GpuRow {
+    name: &'static str,
+    size: usize,
+    a: f64,
+    b: f64,
+    p999: Option<f64>,
+    unit: &'static str,
 }
 
 pub(crate) fn main(quick: bool, json: bool) {
+    let machine = crate::machine::Machine::probe();
     let tag = format!("lfg{}", std::process::id());
     if std::env::var_os("LF_RUNTIME_DIR").is_none() {
         let dir = std::env::temp_dir().join(format!("{tag}-rt"));
@@ -359,24 +361,30 @@ pub(crate) fn main(quick: bool, json: bool) {
     let mut ends = open(&context, &tag, ping);
     let iters = if quick { 2_000 } else { 20_000 };
     let sizes = [4usize << 10, 1 << 20, 64 << 20];
-    let mut rows = Vec::new();
-    let mut row = |name: &str, size: usize, values: Option<(f64, f64)>, unit: &str| {
+    let mut rows: Vec<GpuRow> = Vec::new();
+    let mut row = |name: &'static str, size: usize, values: Option<(f64, f64)>, unit: &'static str| {
         if let Some((a, b)) = values {
-            rows.push((name.to_owned(), size, a, b, unit.to_owned()));
+            rows.push(GpuRow { name, size, a, b, p999: None, unit });
+        }
+    };
+    let mut tails = Vec::new();
+    let mut pingpong_row = |name: &'static str, size: usize, r: Option<(f64, f64, f64)>| {
+        if let Some((p50, p99, p999)) = r {
+            tails.push(GpuRow { name, size, a: p50, b: p99, p999: Some(p999), unit: "ns p50/p99" });
         }
     };
     // Every buffer sent stays alive to the end: an arena that dies is dropped by the consumer
     // at the next new arena, and that free would be timed with the next import.
     let mut keep = Vec::new();
     let base = pingpong(&context, &mut ends, ping, Hop::Bytes64, 64, iters, &mut keep);
-    row("bytes-64", 64, base, "ns p50/p99");
+    pingpong_row("bytes-64", 64, base);
     for &size in &sizes {
         let r = pingpong(&context, &mut ends, ping, Hop::Handoff, size, iters, &mut keep);
-        row("handoff", size, r, "ns p50/p99");
+        pingpong_row("handoff", size, r);
     }
     for &size in &sizes[..2] {
         let r = pingpong(&context, &mut ends, ping, Hop::GpuWork, size, iters / 10, &mut keep);
-        row("gpu-work", size, r, "ns p50/p99");
+        pingpong_row("gpu-work", size, r);
     }
     // Arenas of their own, then a new pooled arena (64 MiB, the default) of 1 MiB buffers.
     let import_sizes: &[usize] = if quick { &[20 << 20, 64 << 20] } else { &[20 << 20, 64 << 20, 256 << 20, 1 << 30] };
@@ -391,9 +399,11 @@ pub(crate) fn main(quick: bool, json: bool) {
         row("copy", size, r, "GB/s imported/in-process");
     }
     let devices = context.device_info().map_or(0, |d| d.all_devices.len());
+    let mut halves = None;
     if devices >= 2 {
         let r = cross_gpu(&tag, ping, 64 << 20);
-        row("cross-gpu", 64 << 20, r, "GB/s staged/slower half");
+        halves = r.map(|(_, d2h, h2d)| (d2h, h2d));
+        row("cross-gpu", 64 << 20, r.map(|(staged, d2h, h2d)| (staged, d2h.min(h2d))), "GB/s staged/slower half");
     }
     let imports = context.imported_arenas();
     let reason = ends.tx.transport().reason.clone();
@@ -412,30 +422,143 @@ pub(crate) fn main(quick: bool, json: bool) {
             let _ = std::fs::remove_dir(&dir);
         }
     }
+    tails.append(&mut rows);
+    let rows = tails;
     let device = context.device_info().map(|d| d.name.clone()).unwrap_or_default();
-    let bytes64 = rows.iter().find(|r| r.0 == "bytes-64").map_or(f64::NAN, |r| r.2);
+    let setup = GpuSetup { machine, device, devices, reason, quick, iters, imports, halves };
     if json {
         let out: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(name, size, a, b, unit)| serde_json::json!({"case": name, "size": size, "a": a, "b": b, "unit": unit}))
+            .map(|r| serde_json::json!({"case": r.name, "size": r.size, "a": r.a, "b": r.b, "p999": r.p999, "unit": r.unit}))
             .collect();
-        println!("{}", serde_json::json!({"device": device, "route": reason, "rows": out, "child_status": status}));
-        return;
+        println!(
+            "{}",
+            serde_json::json!({
+                "config": {"machine": setup.machine.to_json(), "text": setup.lines(), "quick": quick, "iters": iters},
+                "device": setup.device, "route": setup.reason, "rows": out, "arenas_imported": imports,
+                "child_status": status,
+            })
+        );
+    } else {
+        print_text(&setup, &rows);
     }
-    println!("lf-bench --gpu on {device}\nroute: {reason}\n");
-    println!("{:<10} {:>8} {:>12} {:>12}  unit / ratio", "case", "size", "a", "b");
-    for (name, size, a, b, unit) in &rows {
-        let ratio = match name.as_str() {
-            "handoff" => format!("  p50 = {:.2}x the 64 B message (target <= 1.2x)", a / bytes64),
-            "copy" => format!("  imported/in-process = {:.3} (target >= 0.95)", a / b),
-            "one-thread" => format!("  a hand-off's software costs {:.0} ns more than a 64 B message", b - a),
-            "cross-gpu" => format!("  staged / slower of (GPU-to-host, host-to-GPU) = {:.2}", a / b),
-            _ => String::new(),
-        };
-        println!("{name:<10} {:>8} {a:>12.1} {b:>12.1}  {unit}{ratio}", human(*size));
-    }
-    println!("\narenas imported by the ping side for all its messages: {imports} (each arena once per channel)");
     if status != 0 {
         die("the pong side failed");
+    }
+}
+
+/// What the report's configuration says.
+struct GpuSetup {
+    machine: crate::machine::Machine,
+    device: String,
+    devices: usize,
+    reason: String,
+    quick: bool,
+    iters: usize,
+    imports: usize,
+    /// GPU-to-host and host-to-GPU GB/s, each alone, of the cross-GPU row.
+    halves: Option<(f64, f64)>,
+}
+
+impl GpuSetup {
+    fn lines(&self) -> Vec<String> {
+        let mut l =
+            vec!["lf-bench --gpu: GPU buffers through lava-flow channels between two processes on one GPU".to_owned()];
+        l.extend(self.machine.lines());
+        l.push(format!(
+            "GPU: {} ({} device{} seen)",
+            self.device,
+            self.devices,
+            if self.devices == 1 { "" } else { "s" }
+        ));
+        l.push(format!("Route: {}", self.reason));
+        l.push("Pinning: ping on core 0, pong on core 1".to_owned());
+        l.push("Channels: ChannelConfig::default() with busy-poll and a 60 s rendezvous timeout".to_owned());
+        l.push(format!(
+            "Iterations: {} timed round trips per ping-pong row ({} with GPU work), a tenth more untimed first; copies 10 per round, best of 5 rounds{}",
+            self.iters,
+            self.iters / 10,
+            if self.quick { " (--quick)" } else { "" }
+        ));
+        l.push("Latency: half round trips, percentiles by nearest rank; MB/s = 10^6 bytes per second".to_owned());
+        l
+    }
+}
+
+fn verdict(pass: bool) -> String {
+    if pass { "ok" } else { "MISSED" }.to_owned()
+}
+
+fn print_text(setup: &GpuSetup, rows: &[GpuRow]) {
+    use crate::table::{comment, ratio, us, Table};
+    for line in setup.lines() {
+        comment(&line);
+    }
+    let of = |name: &'static str| rows.iter().filter(move |r| r.name == name);
+    let bytes64 = of("bytes-64").next().map_or(f64::NAN, |r| r.a);
+    comment("");
+    comment("Ping-pong: bytes-64 a 64 B message; handoff a ready GPU buffer by reference; gpu-work the same, each side copying the received buffer on the GPU");
+    comment("x 64 B = p50 / the 64 B message's p50 on the same channels; target: a hand-off <= 1.2x");
+    let mut t = Table::new(&["Size", "<Case", "Latency p50 (us)", "p99 (us)", "p99.9 (us)", "x 64 B", "<Target"]);
+    for r in ["bytes-64", "handoff", "gpu-work"].into_iter().flat_map(of) {
+        let x = r.a / bytes64;
+        let target = if r.name == "handoff" { verdict(x <= 1.2) } else { String::new() };
+        t.row(vec![
+            r.size.to_string(),
+            r.name.to_owned(),
+            us(Some(r.a)),
+            us(Some(r.b)),
+            us(r.p999),
+            ratio(Some(x)),
+            target,
+        ]);
+    }
+    t.print();
+    comment("");
+    comment("Copy of a received buffer into the receiver's own GPU memory, against the same copy between two of its own buffers; target >= 0.95x");
+    let mut t = Table::new(&["Size", "Imported (MB/s)", "In-process (MB/s)", "Ratio", "<Target"]);
+    for r in of("copy") {
+        let x = r.a / r.b;
+        t.row(vec![
+            r.size.to_string(),
+            format!("{:.2}", r.a * 1e3),
+            format!("{:.2}", r.b * 1e3),
+            format!("{x:.3}"),
+            verdict(x >= 0.95),
+        ]);
+    }
+    t.print();
+    comment("");
+    comment("First receive from a fresh arena (imported then), against a receive once it is imported; import: a buffer with an arena of its own; import-pool: the first buffer of a new pooled arena (its size shown); target <= 1 ms up to 64 MiB");
+    let mut t = Table::new(&["Size", "<Case", "First (us)", "Imported (us)", "<Target"]);
+    for r in ["import", "import-pool"].into_iter().flat_map(of) {
+        let target = if r.size <= 64 << 20 { verdict(r.a <= 1000.0) } else { String::new() };
+        t.row(vec![r.size.to_string(), r.name.to_owned(), format!("{:.1}", r.a), format!("{:.1}", r.b), target]);
+    }
+    t.print();
+    comment(&format!(
+        "Arenas imported by the ping side for all its messages: {} (each arena once per channel)",
+        setup.imports
+    ));
+    for r in of("cross-gpu") {
+        comment("");
+        comment("Another GPU: 16 GPU buffers staged through host memory to a consumer on the second GPU, each uploaded there, against the slower of the two halves measured alone");
+        let mut t = Table::new(&["Size", "Staged (MB/s)", "GPU-to-host (MB/s)", "Host-to-GPU (MB/s)", "x slower half"]);
+        let (d2h, h2d) = setup.halves.unwrap_or((f64::NAN, f64::NAN));
+        t.row(vec![
+            r.size.to_string(),
+            format!("{:.2}", r.a * 1e3),
+            format!("{:.2}", d2h * 1e3),
+            format!("{:.2}", h2d * 1e3),
+            ratio(Some(r.a / r.b)),
+        ]);
+        t.print();
+    }
+    for r in of("one-thread") {
+        comment("");
+        comment("One thread: both ends of one channel in one process, each message sent, received and released there (best of 3 rounds)");
+        let mut t = Table::new(&["Size", "64 B message (ns)", "Hand-off (ns)", "Hand-off extra (ns)"]);
+        t.row(vec![r.size.to_string(), format!("{:.1}", r.a), format!("{:.1}", r.b), format!("{:.1}", r.b - r.a)]);
+        t.print();
     }
 }

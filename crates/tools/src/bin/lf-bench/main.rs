@@ -2,11 +2,21 @@
 //! peers a user would compare them with (iceoryx2, Open MPI), all measured in one run.
 //!
 //! ```text
-//! lf-bench [--quick] [--json] [--json-out FILE] [--sizes 8,64,1K,64M] [--iters N]
+//! lf-bench [--quick] [--json] [--json-out FILE] [--plot DIR] [--sizes 8,64,1K,64M] [--iters N]
 //!          [--modes capi,busy,block] [--no-peers] [--iceoryx2 PATH] [--mpi-pingpong PATH]
 //!          [--bw-sizes 1M,16M] [--window W] [--payloads zero-copy,touch,buffer,buf-touch,copy]
 //!          [--no-pin]
+//! lf-bench --plot DIR --from-json FILE
 //! ```
+//!
+//! The report reads as OSU's micro-benchmarks do (`table.rs`): the configuration first (the
+//! machine, the build, the pinning, the channels' configuration, sizes, iterations, the peers
+//! found and their versions; `config.rs`), each line starting with `# `, then per case a
+//! table with a `# Size` column and the latency percentiles, the bandwidth, the floor and the
+//! ratios, and the targets with ok / MISSED. `--json` prints the same as one JSON object
+//! (`config` included), `--json-out FILE` writes it beside the text, and `--plot DIR` writes
+//! latency-vs-size and bandwidth-vs-size charts as SVG and PNG (`plot.rs`); with
+//! `--from-json FILE` it charts a saved result without measuring.
 //!
 //! - `capi`, the headline (`headline.rs`, `capi.rs`, `peers.rs`, `report.rs`): ping-pong
 //!   through the C API with the default channel configuration (busy-poll): copy sends, loans
@@ -30,19 +40,24 @@
 //! between the same ranks (built with the cargo feature `mpi`): see `mpi.rs`.
 
 mod capi;
+mod config;
 mod floors;
 #[cfg(feature = "vulkan")]
 mod gpu;
 mod headline;
+mod machine;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod oneway;
 mod options;
 mod peers;
 mod pingpong;
+mod plot;
 mod report;
 mod rustapi;
+mod table;
 
+use config::Config;
 use floors::{CopyFloorMem, EventFds, Rings, TouchFloor};
 use options::{die, options, Options};
 use peers::Peers;
@@ -96,19 +111,20 @@ fn run(o: &Options, side: &mut Side, peers: &Peers, tag: &str) -> Option<Results
     side.ping.then_some(Results { headline, rust })
 }
 
-fn to_json(r: &Results, o: &Options) -> serde_json::Value {
+fn to_json(r: &Results, o: &Options, config: &Config) -> serde_json::Value {
     serde_json::json!({
+        "config": config.to_json(o),
         "pinned": o.pin,
         "quick": o.quick,
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "unix_time_s": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        "command": machine::command(),
+        "unix_time_s": config.machine.unix_time_s,
         "headline": r.headline.as_ref().map(report::to_json),
         "rust_api": r.rust.as_ref().map(rustapi::to_json),
     })
 }
 
-fn print(r: &Results, o: &Options) {
-    let doc = to_json(r, o);
+fn print(r: &Results, o: &Options, config: &Config) {
+    let doc = to_json(r, o, config);
     let pretty = serde_json::to_string_pretty(&doc).expect("JSON of plain values");
     if let Some(path) = &o.json_out {
         std::fs::write(path, format!("{pretty}\n"))
@@ -116,14 +132,32 @@ fn print(r: &Results, o: &Options) {
     }
     if o.json {
         println!("{pretty}");
-        return;
+    } else {
+        config.print(o);
+        if let Some(h) = &r.headline {
+            report::print_text(h);
+            println!();
+        }
+        if let Some(rust) = &r.rust {
+            rustapi::print_text(rust);
+            println!();
+        }
     }
-    if let Some(h) = &r.headline {
-        report::print_text(h, o.pin);
-        println!();
+    if let Some(dir) = &o.plot {
+        plot_into(dir, plot::write(&doc, dir), o.json);
     }
-    if let Some(rust) = &r.rust {
-        rustapi::print_text(rust);
+}
+
+/// Reports the charts written (on stderr under `--json`, which keeps stdout one JSON object),
+/// or dies saying why there are none.
+fn plot_into(dir: &std::path::Path, written: Result<Vec<std::path::PathBuf>, String>, json: bool) {
+    let files = written.unwrap_or_else(|e| die(&format!("--plot {}: {e}", dir.display())));
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let line = format!("# Charts: {}", names.join(" "));
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
     }
 }
 
@@ -165,9 +199,14 @@ fn runtime_dir(tag: &str) -> Option<std::path::PathBuf> {
 fn main() {
     other_benchmarks();
     let o = options();
+    if let (Some(file), Some(dir)) = (&o.from_json, &o.plot) {
+        plot_into(dir, plot::from_json(file, dir), false);
+        return;
+    }
     let tag = format!("lfb{}", std::process::id());
     let made_dir = runtime_dir(&tag);
     let peers = Peers::find(&o);
+    let config = Config::probe(&o, &peers);
     let mut side = Side::map(&o);
     // SAFETY: no other threads exist yet; the child only runs this function's code.
     let child = unsafe { libc::fork() };
@@ -179,8 +218,7 @@ fn main() {
         // SAFETY: prctl with integer arguments: the child dies with its parent.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     }
-    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if o.pin && online >= 2 {
+    if config.pinned {
         pingpong::pin_to(if side.ping { 0 } else { 1 });
     }
     side.make_private(&o);
@@ -194,5 +232,5 @@ fn main() {
     if let Some(dir) = made_dir {
         let _ = std::fs::remove_dir(&dir);
     }
-    print(&results.expect("ping side has results"), &o);
+    print(&results.expect("ping side has results"), &o, &config);
 }

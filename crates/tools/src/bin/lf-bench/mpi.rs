@@ -44,6 +44,7 @@ use lava_flow::mpi::{Communicator, MpiWorld};
 use crate::oneway::{one_way, Stream};
 use crate::options::{human, parse_size};
 use crate::pingpong::{percentiles, read_all, Percentiles};
+use crate::table::{comment, mb_s, us};
 
 /// This process's rank, for messages; -1 before the join.
 static RANK: AtomicI32 = AtomicI32::new(-1);
@@ -675,6 +676,7 @@ impl LavaFlowStatus {
 }
 
 struct Report {
+    machine: crate::machine::Machine,
     library: String,
     thread_level: String,
     locations: Vec<String>,
@@ -684,6 +686,7 @@ struct Report {
 
 pub(crate) fn main() {
     let o = options();
+    let machine = crate::machine::Machine::probe();
     let world = MpiWorld::join(Communicator::World, None).unwrap_or_else(|e| die(&format!("joining MPI failed: {e}")));
     RANK.store(world.rank() as i32, Ordering::Relaxed);
     if world.size() != 2 {
@@ -749,6 +752,7 @@ pub(crate) fn main() {
     }
 
     let report_head = Report {
+        machine,
         library: mpi_library_version(),
         thread_level: world.thread_level().to_string(),
         locations: world.peers().iter().map(|p| format!("rank {}: {}", p.rank(), p.location())).collect(),
@@ -795,21 +799,33 @@ pub(crate) fn main() {
     let gpu = if ends.is_some() && !o.no_gpu { gpu_row(&world, &comm, &tag, ping, &mut bufs, &o) } else { None };
     if let (true, false, Some((rate, d2h, raw))) = (ping, o.json, gpu) {
         let slower = d2h.min(raw);
-        println!(
-            "\nGPU buffers, 64 MiB, staged through host memory: {:.1} MB/s; alone: GPU-to-host {:.1} MB/s, raw MPI {:.1} MB/s; \
-             {:.2}x the slower (target >= 0.9)",
-            rate / 1e6,
-            d2h / 1e6,
-            raw / 1e6,
-            rate / slower
-        );
+        comment("");
+        comment("GPU buffers, 64 MiB, staged through host memory, against the slower of its halves measured alone; target >= 0.9x");
+        let mut t = crate::table::Table::new(&[
+            "Size",
+            "Staged (MB/s)",
+            "GPU-to-host (MB/s)",
+            "Raw MPI (MB/s)",
+            "x slower",
+            "<Target",
+        ]);
+        t.row(vec![
+            (64usize << 20).to_string(), // gpu_row's size
+            mb_s(Some(rate)),
+            mb_s(Some(d2h)),
+            mb_s(Some(raw)),
+            format!("{:.2}", rate / slower),
+            verdict(Some(rate / slower >= 0.9)).to_owned(),
+        ]);
+        t.print();
     }
     // Neither rank closes its channels while the other still uses them.
     comm.barrier();
     let complete = ends.is_some() && report.rows.iter().all(|r| r.lf_skipped.is_none());
     if ping {
         if o.json {
-            print_json(&report, &o, complete, started.elapsed());
+            let head = head_lines(&report, &o, &world);
+            print_json(&report, &o, complete, started.elapsed(), head);
         } else {
             print_tail(&report, &o, complete, started.elapsed());
         }
@@ -839,54 +855,100 @@ fn not_mpi_warning(names: &str) -> String {
     )
 }
 
-fn print_head(r: &Report, o: &Options, world: &MpiWorld) {
-    println!("lf-bench --mpi: lava-flow channels against raw MPI between two ranks");
-    println!("  MPI: {} ({})", r.library, r.thread_level);
-    for l in &r.locations {
-        println!("  {l}");
-    }
+/// The configuration lines (without `# `).
+fn head_lines(r: &Report, o: &Options, world: &MpiWorld) -> Vec<String> {
+    let mut l = vec!["lf-bench --mpi: lava-flow channels against raw MPI between two ranks".to_owned()];
+    l.extend(r.machine.lines());
+    l.push(format!("MPI: {} ({})", r.library, r.thread_level));
+    l.extend(r.locations.iter().cloned());
     if !world.topology_report().is_empty() {
-        println!("  discovery: {}", world.topology_report().replace('\n', "\n  discovery: "));
+        l.extend(world.topology_report().lines().map(|d| format!("discovery: {d}")));
     }
     match (&r.lava_flow.transport, &r.lava_flow.error) {
         (Some((names, reason)), _) => {
-            println!("  lava-flow transport: {names} ({reason})");
+            l.push(format!("lava-flow transport: {names} ({reason})"));
             if !r.lava_flow.is_mpi() {
-                println!("  {}", not_mpi_warning(names));
+                l.push(not_mpi_warning(names));
             }
         }
         (None, Some(error)) => {
-            println!("  lava-flow channels: NOT CREATED:");
-            for line in error.lines() {
-                println!("    {line}");
-            }
-            println!("  (only the raw MPI rows are measured)");
+            l.push("lava-flow channels: NOT CREATED:".to_owned());
+            l.extend(error.lines().map(|e| format!("  {e}")));
+            l.push("(only the raw MPI rows are measured)".to_owned());
         }
         (None, None) => {}
     }
-    println!("  {}; best of {} rounds, raw and lava-flow alternated", what_is_measured(o), o.rounds);
-    println!();
-    println!(
-        "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
-        "size",
-        "iters",
-        "raw p50",
-        "raw p99",
-        "lf p50",
-        "lf p99",
-        "lf-raw",
-        "target",
-        "window",
-        "iters",
-        "raw MB/s",
-        "lf MB/s",
-        "lf/raw",
-        "target"
-    );
-    println!(
-        "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
-        "", "", "us", "us", "us", "us", "us", "+0.5us", "", "", "", "", "", ">=0.95"
-    );
+    l.push("lava-flow channels: ChannelConfig::default() with busy-poll, a 30 s rendezvous timeout and a pool for the largest window".to_owned());
+    l.push(format!(
+        "Sizes: {}; {}; best of {} rounds, raw and lava-flow alternated",
+        o.sizes.iter().map(|&s| human(s)).collect::<Vec<_>>().join(","),
+        what_is_measured(o),
+        o.rounds
+    ));
+    l.push(format!(
+        "Bandwidth: windows of {} messages (at most {} in flight), then a 4-byte ack; MB/s = 10^6 bytes per second",
+        o.window,
+        human(WINDOW_BYTES)
+    ));
+    l.push(format!(
+        "Targets: sizes <= {} lava-flow p50 <= raw p50 + {:.1} us; sizes >= {} lava-flow bandwidth >= {:.2}x raw",
+        human(SMALL_MAX),
+        SMALL_DIFF_TARGET_NS / 1e3,
+        human(LARGE_MIN),
+        BW_RATIO_TARGET
+    ));
+    l
+}
+
+/// The table's columns: (name, width); every row is printed with the same widths as it is
+/// measured.
+const COLUMNS: [(&str, usize); 15] = [
+    ("Size", 10),
+    ("Iters", 6),
+    ("Raw p50 (us)", 12),
+    ("Raw p99 (us)", 12),
+    ("Raw p99.9 (us)", 14),
+    ("lava-flow p50 (us)", 18),
+    ("lava-flow p99 (us)", 18),
+    ("lava-flow p99.9 (us)", 20),
+    ("Diff p50 (us)", 13),
+    ("Target", 6),
+    ("Window", 6),
+    ("BW iters", 8),
+    ("Raw (MB/s)", 12),
+    ("lava-flow (MB/s)", 16),
+    ("Ratio", 6),
+];
+/// The last column, after [`COLUMNS`]: the bandwidth target's verdict.
+const LAST: &str = "Target";
+
+fn line(cells: &[String]) -> String {
+    let mut out = String::new();
+    for (i, (cell, (_, width))) in cells.iter().zip(COLUMNS.iter()).enumerate() {
+        if i == 0 {
+            out.push_str(&format!("{cell:<width$}"));
+        } else if i == 9 {
+            out.push_str(&format!("  {cell:<width$}"));
+        } else {
+            out.push_str(&format!("  {cell:>width$}"));
+        }
+    }
+    if let Some(last) = cells.get(COLUMNS.len()) {
+        out.push_str(&format!("  {last}"));
+    }
+    out.trim_end().to_owned()
+}
+
+fn print_head(r: &Report, o: &Options, world: &MpiWorld) {
+    for l in head_lines(r, o, world) {
+        comment(&l);
+    }
+    comment("");
+    comment("Latency: half round trips, best round's percentiles; Diff = lava-flow p50 - raw p50. Bandwidth: best round; Ratio = lava-flow / raw");
+    let mut names: Vec<String> = COLUMNS.iter().map(|(n, _)| (*n).to_owned()).collect();
+    names[0] = "# Size".to_owned();
+    names.push(LAST.to_owned());
+    println!("{}", line(&names));
 }
 
 fn verdict(v: Option<bool>) -> &'static str {
@@ -898,42 +960,37 @@ fn verdict(v: Option<bool>) -> &'static str {
 }
 
 fn print_row(row: &Row) {
-    let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.2}", v / 1e3));
-    let mb = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.1}", v / 1e6));
     let raw = best_latency(&row.raw_lat);
     let lfl = best_latency(&row.lf_lat);
     let (lat_ok, bw_ok) = row.verdicts();
     println!(
-        "  {:>6} | {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} | {:>6} {:>6} {:>10} {:>10} {:>7} {:>6}",
-        human(row.size),
-        row.lat_iters,
-        us(raw.map(|p| p.p50)),
-        us(raw.map(|p| p.p99)),
-        us(lfl.map(|p| p.p50)),
-        us(lfl.map(|p| p.p99)),
-        row.diff_ns().map_or("-".to_owned(), |d| format!("{:+.2}", d / 1e3)),
-        verdict(lat_ok),
-        row.window,
-        row.bw_iters,
-        mb(best_bandwidth(&row.raw_bw)),
-        mb(best_bandwidth(&row.lf_bw)),
-        row.bw_ratio().map_or("-".to_owned(), |r| format!("{r:.3}")),
-        verdict(bw_ok),
+        "{}",
+        line(&[
+            row.size.to_string(),
+            row.lat_iters.to_string(),
+            us(raw.map(|p| p.p50)),
+            us(raw.map(|p| p.p99)),
+            us(raw.map(|p| p.p999)),
+            us(lfl.map(|p| p.p50)),
+            us(lfl.map(|p| p.p99)),
+            us(lfl.map(|p| p.p999)),
+            row.diff_ns().map_or("-".to_owned(), |d| format!("{:+.3}", d / 1e3)),
+            verdict(lat_ok).to_owned(),
+            row.window.to_string(),
+            row.bw_iters.to_string(),
+            mb_s(best_bandwidth(&row.raw_bw)),
+            mb_s(best_bandwidth(&row.lf_bw)),
+            row.bw_ratio().map_or("-".to_owned(), |r| format!("{r:.3}")),
+            verdict(bw_ok).to_owned(),
+        ])
     );
     if let Some(why) = &row.lf_skipped {
-        println!("  {:>6}   lava-flow skipped: {why}", "");
+        comment(&format!("{}: lava-flow skipped: {why}", human(row.size)));
     }
 }
 
 fn print_tail(r: &Report, o: &Options, complete: bool, elapsed: Duration) {
-    println!();
-    println!(
-        "targets: sizes <= {} lava-flow p50 <= raw p50 + {:.1} us; sizes >= {} lava-flow bandwidth >= {:.2}x raw",
-        human(SMALL_MAX),
-        SMALL_DIFF_TARGET_NS / 1e3,
-        human(LARGE_MIN),
-        BW_RATIO_TARGET
-    );
+    comment("");
     let verdicts: Vec<bool> = r
         .rows
         .iter()
@@ -943,29 +1000,29 @@ fn print_tail(r: &Report, o: &Options, complete: bool, elapsed: Duration) {
         })
         .collect();
     if !verdicts.is_empty() {
-        println!("  {} of {} met", verdicts.iter().filter(|v| **v).count(), verdicts.len());
+        comment(&format!("Targets: {} of {} met", verdicts.iter().filter(|v| **v).count(), verdicts.len()));
     }
     if let Some((names, _)) = &r.lava_flow.transport {
         if !r.lava_flow.is_mpi() {
-            println!("{}", not_mpi_warning(names));
+            comment(&not_mpi_warning(names));
         }
     }
     if r.lava_flow.error.is_some() {
-        println!("lava-flow half not run: the channels were not created (see above)");
+        comment("lava-flow half not run: the channels were not created (see above)");
     }
-    println!(
+    comment(&format!(
         "{} in {:.1} s{}",
         if complete { "complete" } else { "INCOMPLETE" },
         elapsed.as_secs_f64(),
         if o.quick { " (--quick)" } else { "" }
-    );
+    ));
 }
 
-fn print_json(r: &Report, o: &Options, complete: bool, elapsed: Duration) {
+fn print_json(r: &Report, o: &Options, complete: bool, elapsed: Duration, head: Vec<String>) {
     use serde_json::json;
     let lat = |rounds: &[Percentiles]| match best_latency(rounds) {
         Some(best) => json!({
-            "p50_ns": best.p50, "p99_ns": best.p99,
+            "p50_ns": best.p50, "p99_ns": best.p99, "p999_ns": best.p999,
             "rounds": rounds.iter().map(|p| json!({"p50_ns": p.p50, "p99_ns": p.p99})).collect::<Vec<_>>(),
         }),
         None => serde_json::Value::Null,
@@ -975,6 +1032,7 @@ fn print_json(r: &Report, o: &Options, complete: bool, elapsed: Duration) {
         None => serde_json::Value::Null,
     };
     let doc = json!({
+        "config": {"machine": r.machine.to_json(), "text": head},
         "mode": "mpi",
         "mpi_library": r.library,
         "thread_level": r.thread_level,

@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: lf-bench [--quick] [--json] [--json-out FILE] [--sizes LIST] [--bw-sizes LIST] [--iters N]
-                [--modes capi,busy,block] [--payloads zero-copy,touch,buffer,buf-touch,copy]
+pub const USAGE: &str = "usage: lf-bench [--quick] [--json] [--json-out FILE] [--plot DIR] [--sizes LIST] [--bw-sizes LIST]
+                [--iters N] [--modes capi,busy,block] [--payloads zero-copy,touch,buffer,buf-touch,copy]
                 [--window W] [--no-pin] [--no-peers] [--iceoryx2 PATH] [--mpi-pingpong PATH]
+       lf-bench --plot DIR --from-json FILE   (charts of a saved --json / --json-out result; measures nothing)
        lf-bench --gpu [--quick] [--json]
        mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [...] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [...]   (see lf-bench --mpi --help)";
 
@@ -15,6 +16,10 @@ pub struct Options {
     pub json: bool,
     /// Also write the JSON to this file (the text still goes to stdout).
     pub json_out: Option<PathBuf>,
+    /// Write the charts (SVG and PNG) into this directory.
+    pub plot: Option<PathBuf>,
+    /// Chart this saved JSON result instead of measuring.
+    pub from_json: Option<PathBuf>,
     /// Latency sizes: the headline's untouched rows take those up to [`SMALL_MAX`], its touched
     /// rows those from [`TOUCH_MIN`]; the Rust API rows take them all.
     pub sizes: Vec<usize>,
@@ -50,9 +55,19 @@ pub fn parse_size(s: &str) -> usize {
 
 pub fn human(size: usize) -> String {
     match size {
+        s if s >= 1 << 30 && s % (1 << 30) == 0 => format!("{}G", s >> 30),
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{}M", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{}K", s >> 10),
         s => format!("{s}"),
+    }
+}
+
+/// `64 B`, `1 KiB`, `64 MiB`.
+pub fn bytes(size: usize) -> String {
+    let h = human(size);
+    match h.strip_suffix('K').or_else(|| h.strip_suffix('M')).or_else(|| h.strip_suffix('G')) {
+        Some(n) => format!("{n} {}iB", &h[h.len() - 1..]),
+        None => format!("{h} B"),
     }
 }
 
@@ -80,6 +95,8 @@ pub fn options() -> Options {
         quick: false,
         json: false,
         json_out: None,
+        plot: None,
+        from_json: None,
         sizes: vec![],
         bw_sizes: vec![],
         iters: None,
@@ -102,6 +119,8 @@ pub fn options() -> Options {
             "--quick" => o.quick = true,
             "--json" => o.json = true,
             "--json-out" => o.json_out = Some(value(&mut i).into()),
+            "--plot" => o.plot = Some(value(&mut i).into()),
+            "--from-json" => o.from_json = Some(value(&mut i).into()),
             "--no-pin" => o.pin = false,
             "--no-peers" => o.peers = false,
             "--iceoryx2" => o.iceoryx2 = Some(value(&mut i).into()),
@@ -119,6 +138,9 @@ pub fn options() -> Options {
             other => die(&format!("unknown option {other}")),
         }
         i += 1;
+    }
+    if o.from_json.is_some() && o.plot.is_none() {
+        die("--from-json FILE charts a saved result: give --plot DIR too");
     }
     if o.sizes.is_empty() {
         o.sizes = default_sizes(o.quick);
@@ -179,5 +201,37 @@ impl Options {
     pub fn probe_iterations(&self, case_iters: usize) -> usize {
         let n = if self.quick { 5_000 } else { 10_000 };
         n.min(case_iters.max(10))
+    }
+
+    /// How many round trips each kind of case gets, for the report's configuration (read from
+    /// the functions that decide it).
+    pub fn iterations_text(&self) -> Vec<String> {
+        let warm = "plus a tenth as many untimed first (at least 5)";
+        let mut lines = Vec::new();
+        match self.iters {
+            Some(n) => lines.push(format!("Iterations: {n} timed round trips per latency case (--iters), {warm}")),
+            None => lines.push(format!(
+                "Iterations: {} timed round trips per latency case ({} blocking), touched sizes at most {} moved per case (at least 10); {warm}",
+                self.iterations(8, false, false),
+                self.iterations(8, true, false),
+                bytes(self.iterations(1 << 20, false, true) << 20),
+            )),
+        }
+        if self.has_mode("capi") {
+            lines.push(format!(
+                "Floor probes (C API headline): {} round trips, no more than the case has, before and after every case",
+                self.probe_iterations(usize::MAX)
+            ));
+        }
+        if self.has_mode("busy") || self.has_mode("block") {
+            let floors = crate::rustapi::floor_iterations(self);
+            lines.push(format!(
+                "Rust API: floors {floors} round trips (eventfd {}), once; bandwidth windows of {} messages (fewer where the pool holds fewer), {} per row (3 to 2000 windows)",
+                floors / 10,
+                self.window,
+                bytes(crate::rustapi::bandwidth_budget(self)),
+            ));
+        }
+        lines
     }
 }

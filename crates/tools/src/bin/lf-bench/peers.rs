@@ -13,6 +13,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::{json, Value};
+
 use crate::headline::Measured;
 use crate::options::Options;
 use crate::pingpong::Percentiles;
@@ -111,6 +113,14 @@ impl Peers {
         found.as_deref().map_err(String::as_str)
     }
 
+    /// What the report says about `peer`: its program and version, or why it is skipped.
+    pub fn describe(&self, peer: Peer) -> Value {
+        match self.program(peer) {
+            Ok(path) => json!({"peer": peer.name(), "found": true, "path": path, "version": version(peer, path)}),
+            Err(why) => json!({"peer": peer.name(), "found": false, "why": why}),
+        }
+    }
+
     /// One size of `peer`: its half round trips and its own spinning-floor probes, or what
     /// went wrong.
     pub fn run(&self, peer: Peer, size: usize, touch: bool, iters: usize) -> Result<Measured, String> {
@@ -159,6 +169,24 @@ impl Peers {
                 tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
             )
         })
+    }
+}
+
+/// The version of a peer: Open MPI's own words (`mpirun --version`); for iceoryx2, the one in
+/// the `Cargo.lock` of the crate the program was built in (`<crate>/target/release/<program>`).
+fn version(peer: Peer, program: &Path) -> Option<String> {
+    match peer {
+        Peer::OpenMpi => {
+            let out = Command::new("mpirun").arg("--version").output().ok()?;
+            String::from_utf8_lossy(&out.stdout).lines().next().map(str::to_owned)
+        }
+        Peer::Iceoryx2 => {
+            let lock = std::fs::read_to_string(program.parent()?.parent()?.parent()?.join("Cargo.lock")).ok()?;
+            let mut lines = lock.lines();
+            lines.find(|l| *l == "name = \"iceoryx2\"")?;
+            let v = lines.next()?.strip_prefix("version = ")?.trim_matches('"');
+            Some(format!("iceoryx2 {v}"))
+        }
     }
 }
 

@@ -1,5 +1,8 @@
-//! The headline's report: a table per size (floor, lava-flow's C API rows, iceoryx2, Open
-//! MPI, the ratios), the targets with ok / MISSED, and the same as JSON.
+//! The headline's report: OSU-style tables (`# Size`, the sender, latency p50 / p99 / p99.9,
+//! the ping-pong's bandwidth, the floor, the ratios to it and to the peers; the rows of a size
+//! together, lava-flow's C API rows beside iceoryx2 and Open MPI), one for untouched and one
+//! for touched messages, the blocking wake-up, the targets with ok / MISSED, and the same as
+//! JSON.
 //!
 //! Every ratio to a floor is the case's p50 over the mean of the floor's p50 right before and
 //! right after the case; the JSON also gives it over the smaller of the two. A row is flagged
@@ -10,9 +13,10 @@ use serde_json::{json, Value};
 
 use crate::capi::Send;
 use crate::headline::{Headline, Row, Who, FLOOR_MOVED};
-use crate::options::{human, SMALL_MAX};
+use crate::options::{bytes, human, SMALL_MAX};
 use crate::peers::Peer;
 use crate::pingpong::Percentiles;
+use crate::table::{comment, mb_s, pingpong_bytes_per_s, ratio, us, Table};
 
 /// One target: its value (None: not measured), the bound, and whether it is met (None: not
 /// judged), with what the reader needs to check it.
@@ -56,15 +60,6 @@ fn ratio_to_peer(h: &Headline, row: &Row, peer: Peer) -> Option<f64> {
 /// machine's moves between the two cases taken out.
 fn ratio_to_peer_normalised(h: &Headline, row: &Row, peer: Peer) -> Option<f64> {
     Some(row.ratio()? / peer_row(h, row, peer)?.ratio()?)
-}
-
-/// `64 B`, `1 KiB`, `64 MiB`.
-fn bytes(size: usize) -> String {
-    let h = human(size);
-    match h.strip_suffix('K').or_else(|| h.strip_suffix('M')) {
-        Some(n) => format!("{n} {}iB", &h[h.len() - 1..]),
-        None => format!("{h} B"),
-    }
 }
 
 /// `, floor moved` / `, level moved` where the row's floor or spinning level moved.
@@ -206,107 +201,118 @@ fn tail_target(h: &Headline, how: Send) -> Target {
     summary(format!("tail: C API {} p99.9 <= 3x p50 where the floor's allows", how.name()), 3.0, judged, unjudged)
 }
 
-fn fmt_ns(v: f64) -> String {
-    match v {
-        v if v.is_nan() => "-".to_owned(),
-        v if v >= 100_000.0 => format!("{:.0}us", v / 1000.0),
-        v if v >= 10_000.0 => format!("{:.1}us", v / 1000.0),
-        v => format!("{v:.0}"),
-    }
-}
-
-fn fmt_ratio(v: Option<f64>) -> String {
-    v.map_or("-".to_owned(), |v| format!("{v:.2}"))
-}
-
-fn print_row(h: &Headline, r: &Row) {
-    let floor = format!("{} / {}", fmt_ns(r.before.p50), fmt_ns(r.after.p50));
-    let moved = match (r.floor_moved(), r.level_moved()) {
-        (true, _) => " moved",
-        (false, true) => " level",
-        _ => "",
-    };
-    let vs = |peer| match r.who {
-        Who::LavaFlow(_) => fmt_ratio(ratio_to_peer(h, r, peer)),
-        Who::Peer(_) => String::new(),
-    };
-    match &r.lat {
-        Ok(l) => println!(
-            "  {:<19} {:>8} {:>8} {:>8} {:>17}{:<6} {:>7} {:>9} {:>9} {:>7}",
+/// The table of the rows of `rows`: per row its percentiles, the ping-pong's bandwidth, the
+/// floor, the ratios to the floor and to the peers of the same size.
+fn table(h: &Headline, rows: &[&Row]) -> Table {
+    let mut t = Table::new(&[
+        "Size",
+        "<Sender",
+        "Latency p50 (us)",
+        "p99 (us)",
+        "p99.9 (us)",
+        "Bandwidth (MB/s)",
+        "Floor p50 (us)",
+        "x floor",
+        "x iceoryx2",
+        "x Open MPI",
+        "Iters",
+        "<Note",
+    ]);
+    for r in rows {
+        let vs = |peer| match r.who {
+            Who::LavaFlow(_) => ratio(ratio_to_peer(h, r, peer)),
+            Who::Peer(_) => String::new(),
+        };
+        let note = if r.floor_moved() {
+            format!("floor moved: {} before, {} after", us(Some(r.before.p50)), us(Some(r.after.p50)))
+        } else if r.level_moved() {
+            let own = r.own_spin.map_or(String::new(), |(b, a)| format!(", its own {} / {}", us(Some(b)), us(Some(a))));
+            format!("spinning level moved: {} / {}{own}", us(Some(r.spin.0)), us(Some(r.spin.1)))
+        } else {
+            String::new()
+        };
+        let lat = r.lat.as_ref().ok();
+        t.row(vec![
+            r.size.to_string(),
             r.who.name(),
-            fmt_ns(l.p50),
-            fmt_ns(l.p99),
-            fmt_ns(l.p999),
-            floor,
-            moved,
-            fmt_ratio(r.ratio()),
+            us(lat.map(|l| l.p50)),
+            us(lat.map(|l| l.p99)),
+            us(lat.map(|l| l.p999)),
+            mb_s(lat.map(|l| pingpong_bytes_per_s(r.size, l.p50))),
+            us(Some(r.floor_p50())),
+            ratio(r.ratio()),
             vs(Peer::Iceoryx2),
             vs(Peer::OpenMpi),
-            r.iters
-        ),
-        Err(e) => println!("  {:<19} failed: {e}", r.who.name()),
+            r.iters.to_string(),
+            match &r.lat {
+                Err(e) => format!("failed: {e}"),
+                Ok(_) => note,
+            },
+        ]);
     }
+    t
 }
 
-fn print_group(h: &Headline, size: usize, touch: bool) {
-    let rows: Vec<&Row> =
-        h.rows.iter().filter(|r| r.size == size && r.touch == touch && r.wait == "busy-poll").collect();
-    let Some(first) = rows.first() else { return };
-    let what = if touch { "touched (copied from a private buffer, every byte read)" } else { "untouched" };
-    println!("{}, {what}; floor: {}", bytes(size), first.floor.name());
-    println!(
-        "  {:<19} {:>8} {:>8} {:>8} {:>17}{:<6} {:>7} {:>9} {:>9} {:>7}",
-        "", "p50", "p99", "p99.9", "floor before/after", "", "x floor", "x iceoryx2", "x Open MPI", "iters"
-    );
-    for r in &rows {
-        print_row(h, r);
-    }
-    for note in rows.iter().filter_map(|r| r.note.as_ref().map(|n| (r.who.name(), n))) {
-        println!("  ({}: {})", note.0, note.1);
-    }
-    println!();
-}
-
-pub fn print_text(h: &Headline, pinned: bool) {
-    println!(
-        "lf-bench: lava-flow's C API beside iceoryx2 and Open MPI{}",
-        if pinned { ", two processes on cores 0 and 1" } else { "" }
-    );
-    println!(
-        "channels: lf_channel_config_init (pool {}) with LF_WAIT_BUSY_POLL and a 30 s rendezvous timeout",
-        bytes(h.default_pool)
-    );
-    println!("half round trips in ns (us where marked); each case between two probes of its floor; x floor = p50 / mean of the probes' p50");
-    for (peer, why) in &h.skipped {
-        println!("{} skipped: {why}", peer.name());
-    }
-    println!();
-    let mut seen = Vec::new();
-    for r in h.rows.iter().filter(|r| r.wait == "busy-poll") {
-        if !seen.contains(&(r.size, r.touch)) {
-            seen.push((r.size, r.touch));
-            print_group(h, r.size, r.touch);
+/// The notes of `rows` (a pool raised above the default) as comment lines.
+fn notes(rows: &[&Row]) {
+    for r in rows {
+        if let Some(n) = &r.note {
+            comment(&format!("{} at {}: {n}", r.who.name(), bytes(r.size)));
         }
     }
-    for r in h.rows.iter().filter(|r| r.wait == "block") {
-        println!("blocking wake-up, 8 B (C API loan, LF_WAIT_BLOCK); floor: eventfd");
-        print_row(h, r);
-        println!();
+}
+
+pub fn print_text(h: &Headline) {
+    comment("C API headline: ping-pong between the two processes through lava-flow's C API, busy-poll, beside iceoryx2 and Open MPI doing the same");
+    comment("Each case runs between two probes of its floor (right before and right after it): Floor p50 is their mean, x floor = p50 / Floor p50;");
+    comment("x iceoryx2, x Open MPI = p50 / the peer's p50 at the same size; Bandwidth = size / p50 (one message each way per round trip).");
+    for (peer, why) in &h.skipped {
+        comment(&format!("{} skipped: {why}", peer.name()));
     }
+    for touch in [false, true] {
+        let rows: Vec<&Row> = h.rows.iter().filter(|r| r.wait == "busy-poll" && r.touch == touch).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        comment("");
+        if touch {
+            comment("Touched messages (the sender copies the payload from a private buffer, the receiver reads every byte); floor: a raw copy-and-read ping-pong of the same size over plain shared memory");
+        } else {
+            comment("Untouched messages (the receiver looks only at the length); floor: two processes spinning on one cache line");
+        }
+        // A blank line between sizes: each size's rows compare at a glance.
+        let lines = table(h, &rows).lines();
+        println!("{}", lines[0]);
+        for (i, line) in lines[1..].iter().enumerate() {
+            if i > 0 && rows[i].size != rows[i - 1].size {
+                println!();
+            }
+            println!("{line}");
+        }
+        notes(&rows);
+    }
+    let block: Vec<&Row> = h.rows.iter().filter(|r| r.wait == "block").collect();
+    if !block.is_empty() {
+        comment("");
+        comment("Blocking wake-up (C API loan, LF_WAIT_BLOCK, untouched); floor: an eventfd ping-pong");
+        table(h, &block).print();
+    }
+    comment("");
     print_moved(h);
-    println!("C API: handle check + panic boundary {:.1} ns per call", h.call_ns);
-    println!();
-    println!("targets");
-    for t in targets(h) {
-        println!(
-            "  {:<72} {:>7}  target {:>4.2}  {:<6} {}",
-            t.name,
-            fmt_ratio(t.value),
-            t.bound,
-            t.verdict(),
-            t.detail
-        );
+    comment(&format!("C API: handle check + panic boundary {:.1} ns per call", h.call_ns));
+    comment("");
+    comment("Targets of the C API headline");
+    let mut t = Table::new(&["Target", "Value", "Bound", "<Verdict", "<Detail"]);
+    for target in targets(h) {
+        t.row(vec![
+            target.name.clone(),
+            ratio(target.value),
+            format!("{:.2}", target.bound),
+            target.verdict().to_owned(),
+            target.detail,
+        ]);
     }
+    t.print();
 }
 
 /// The rows whose floor, or spinning level, moved by more than [`FLOOR_MOVED`] across them.
@@ -314,26 +320,16 @@ fn print_moved(h: &Headline) {
     let floor: Vec<String> =
         h.rows.iter().filter(|r| r.floor_moved()).map(|r| format!("{} {}", r.who.name(), size_label(r))).collect();
     if !floor.is_empty() {
-        println!("floor moved by more than {:.0} % across (\"moved\"): {}", FLOOR_MOVED * 100.0, floor.join(", "));
+        comment(&format!("Floor moved by more than {:.0} % across: {}", FLOOR_MOVED * 100.0, floor.join(", ")));
     }
-    let level: Vec<String> = h
-        .rows
-        .iter()
-        .filter(|r| r.level_moved())
-        .map(|r| {
-            let own = r.own_spin.map_or(String::new(), |(b, a)| format!(", its own {b:.0} / {a:.0}"));
-            format!("{} {} ({:.0} / {:.0}{own})", r.who.name(), size_label(r), r.spin.0, r.spin.1)
-        })
-        .collect();
+    let level: Vec<String> =
+        h.rows.iter().filter(|r| r.level_moved()).map(|r| format!("{} {}", r.who.name(), size_label(r))).collect();
     if !level.is_empty() {
-        println!(
-            "spinning level (ns, before / after; a peer's own probes around its timed loop) moved by more than {:.0} % across (\"level\" where the floor did not): {}",
+        comment(&format!(
+            "Spinning level (probes around the case; a peer's own around its timed loop) moved by more than {:.0} % across: {}",
             FLOOR_MOVED * 100.0,
             level.join(", ")
-        );
-    }
-    if !floor.is_empty() || !level.is_empty() {
-        println!();
+        ));
     }
 }
 

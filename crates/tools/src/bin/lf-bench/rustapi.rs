@@ -25,6 +25,7 @@ use crate::floors::{copy_bandwidth, memcpy_bandwidth, ring_floor};
 use crate::oneway::{one_way, Stream};
 use crate::options::{human, Options};
 use crate::pingpong::{in_turn, ping_pong, read_all, Percentiles};
+use crate::table::{comment, mb_s, pingpong_bytes_per_s, ratio, us, Table};
 use crate::Side;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,9 +279,18 @@ pub struct Results {
     bandwidth: Vec<BandwidthRow>,
 }
 
+/// Round trips of the spinning and minimal-ring floors (eventfd: a tenth).
+pub fn floor_iterations(o: &Options) -> usize {
+    if o.quick {
+        20_000
+    } else {
+        200_000
+    }
+}
+
 /// The once-measured floors of this section: spinning, minimal ring, eventfd.
 fn floors(o: &Options, side: &mut Side) -> Option<(Percentiles, Percentiles, Percentiles)> {
-    let iters = if o.quick { 20_000 } else { 200_000 };
+    let iters = floor_iterations(o);
     let spin = side.spin.probe(side.ping, iters);
     let ring = ring_floor(&side.rings, side.ping, iters);
     let eventfd = side.efd.probe(side.ping, iters / 10);
@@ -353,8 +363,16 @@ pub fn run(o: &Options, side: &mut Side, tag: &str) -> Option<Results> {
 /// The window and iteration count of a bandwidth row of `size` bytes.
 fn bandwidth_shape(o: &Options, size: usize, pool: usize) -> (usize, usize) {
     let window = o.window.min(pool / size / 2).max(1);
-    let budget: usize = if o.quick { 512 << 20 } else { 4 << 30 };
-    (window, (budget / (size * window)).clamp(3, 2000))
+    (window, (bandwidth_budget(o) / (size * window)).clamp(3, 2000))
+}
+
+/// The bytes a bandwidth row moves (3 to 2000 windows).
+pub fn bandwidth_budget(o: &Options) -> usize {
+    if o.quick {
+        512 << 20
+    } else {
+        4 << 30
+    }
 }
 
 /// The pool every Rust API channel gets: room for a window of the largest message.
@@ -414,72 +432,129 @@ fn targets(r: &Results) -> Vec<(String, f64, f64, bool)> {
     t
 }
 
+/// What each payload does, for the tables' titles.
+fn describe(payload: &str) -> &'static str {
+    match payload {
+        "zero-copy" => "loan and publish, untouched",
+        "touch" => "loan, the sender copies the payload in, the receiver reads every byte",
+        "buffer" => "a lava-flow buffer sent by reference, untouched",
+        "buf-touch" => {
+            "completion wait, copy into a lava-flow buffer, send by reference, the receiver reads every byte"
+        }
+        "copy" => "send of heap memory: registry lookup, copy into the pool, the receiver reads every byte",
+        _ => "",
+    }
+}
+
 pub fn print_text(r: &Results) {
-    println!("Rust API rows (secondary; floors measured once, at the start of this section)");
-    println!();
-    println!("floors (half round trip)");
-    println!("  spinning on one cache line   p50 {:8.0} ns  p99 {:8.0} ns", r.spin_floor.p50, r.spin_floor.p99);
-    println!(
-        "  minimal ring (256 slots)     p50 {:8.0} ns  p99 {:8.0} ns  (two rings, no checks or API)",
-        r.ring_floor.p50, r.ring_floor.p99
-    );
-    println!("  eventfd ping-pong            p50 {:8.0} ns  p99 {:8.0} ns", r.eventfd_floor.p50, r.eventfd_floor.p99);
-    for (s, bw) in &r.memcpy {
-        println!("  memcpy {:>6}                {:8.2} GB/s", human(*s), bw / 1e9);
+    comment("Rust API rows (secondary): lava-flow's Rust API between the same two processes; floors measured once, at the start of this section");
+    comment("");
+    comment("Floors (half round trip)");
+    let mut t = Table::new(&["Floor", "p50 (us)", "p99 (us)", "p99.9 (us)"]);
+    for (name, p) in [
+        ("spinning on one cache line", &r.spin_floor),
+        ("minimal ring (256 slots, two rings, no checks or API)", &r.ring_floor),
+        ("eventfd ping-pong", &r.eventfd_floor),
+    ] {
+        t.row(vec![name.to_owned(), us(Some(p.p50)), us(Some(p.p99)), us(Some(p.p999))]);
     }
-    for (s, bw) in &r.copy_floor {
-        println!("  cross-core copy {:>6}       {:8.2} GB/s  (one core copies from a private buffer, the other reads, no channel)", human(*s), bw / 1e9);
-    }
-    println!();
-    println!("latency (half round trip, ns)");
-    println!(
-        "  {:<9} {:<9} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8}",
-        "mode", "payload", "size", "p50", "p99", "p99.9", "iters", "x floor"
-    );
+    t.print();
+    let mut groups: Vec<(&str, &str)> = Vec::new();
     for l in &r.latency {
-        let floor = if l.mode == "block" { r.eventfd_floor.p50 } else { r.spin_floor.p50 };
-        println!(
-            "  {:<9} {:<9} {:>6} {:>9.0} {:>9.0} {:>9.0} {:>8} {:>8.2}",
-            l.mode,
-            l.payload,
-            human(l.size),
-            l.lat.p50,
-            l.lat.p99,
-            l.lat.p999,
-            l.iters,
-            l.lat.p50 / floor
-        );
-    }
-    if !r.bandwidth.is_empty() {
-        println!();
-        println!("bandwidth (one direction, busy-poll)");
-        println!(
-            "  {:<9} {:>6} {:>7} {:>10} {:>10}   (zero-copy: bytes not touched, so GB/s is size x message rate)",
-            "payload", "size", "window", "GB/s", "x memcpy"
-        );
-        for b in &r.bandwidth {
-            let m = r.memcpy.iter().find(|(s, _)| *s == b.size).map_or(f64::NAN, |(_, m)| b.bytes_per_s / m);
-            println!(
-                "  {:<9} {:>6} {:>7} {:>10.2} {:>10.2}",
-                b.payload,
-                human(b.size),
-                b.window,
-                b.bytes_per_s / 1e9,
-                m
-            );
+        if !groups.contains(&(l.mode.as_str(), l.payload)) {
+            groups.push((l.mode.as_str(), l.payload));
         }
     }
-    let (empty, outside, inside) = r.lookup;
-    println!();
-    println!("registry lookup per copy send (is the memory a lava-flow buffer?)");
-    println!(
-        "  no shareable buffer {empty:.1} ns, address outside their span {outside:.1} ns, inside it {inside:.1} ns"
-    );
-    println!();
-    println!("targets of the Rust API rows");
-    for (name, value, target, pass) in targets(r) {
-        println!("  {:<48} {:>7.2}  target {:>5.2}  {}", name, value, target, if pass { "ok" } else { "MISSED" });
+    for (mode, payload) in groups {
+        let (floor_name, floor) =
+            if mode == "block" { ("eventfd", r.eventfd_floor.p50) } else { ("spinning", r.spin_floor.p50) };
+        comment("");
+        comment(&format!(
+            "Latency, {}, {payload} ({}); floor: {floor_name}; Bandwidth = size / p50",
+            if mode == "block" { "blocking" } else { "busy-poll" },
+            describe(payload)
+        ));
+        let mut t = Table::new(&[
+            "Size",
+            "Latency p50 (us)",
+            "p99 (us)",
+            "p99.9 (us)",
+            "Bandwidth (MB/s)",
+            "Floor p50 (us)",
+            "x floor",
+            "Iters",
+        ]);
+        for l in r.latency.iter().filter(|l| l.mode == mode && l.payload == payload) {
+            t.row(vec![
+                l.size.to_string(),
+                us(Some(l.lat.p50)),
+                us(Some(l.lat.p99)),
+                us(Some(l.lat.p999)),
+                mb_s(Some(pingpong_bytes_per_s(l.size, l.lat.p50))),
+                us(Some(floor)),
+                ratio(Some(l.lat.p50 / floor)),
+                l.iters.to_string(),
+            ]);
+        }
+        t.print();
     }
+    let memcpy = |size| r.memcpy.iter().find(|(s, _)| *s == size).map(|(_, b)| *b);
+    let copy_floor = |size| r.copy_floor.iter().find(|(s, _)| *s == size).map(|(_, b)| *b);
+    if !r.memcpy.is_empty() {
+        comment("");
+        comment("Bandwidth floors: single-thread memcpy; cross-core copy (one core copies from a private buffer, the other reads every byte, no channel)");
+        let mut t = Table::new(&["Size", "memcpy (MB/s)", "Cross-core copy (MB/s)"]);
+        for (size, bw) in &r.memcpy {
+            t.row(vec![size.to_string(), mb_s(Some(*bw)), mb_s(copy_floor(*size))]);
+        }
+        t.print();
+    }
+    let mut payloads: Vec<&str> = Vec::new();
+    for b in &r.bandwidth {
+        if !payloads.contains(&b.payload) {
+            payloads.push(b.payload);
+        }
+    }
+    for payload in payloads {
+        comment("");
+        comment(&format!(
+            "Bandwidth, one direction, busy-poll, {payload} ({}){}",
+            describe(payload),
+            if payload == "zero-copy" || payload == "buffer" {
+                ": bytes not touched, so MB/s is size x message rate"
+            } else {
+                ""
+            }
+        ));
+        let mut t = Table::new(&["Size", "Bandwidth (MB/s)", "x memcpy", "x cross-core copy", "Window"]);
+        for b in r.bandwidth.iter().filter(|b| b.payload == payload) {
+            t.row(vec![
+                b.size.to_string(),
+                mb_s(Some(b.bytes_per_s)),
+                ratio(memcpy(b.size).map(|m| b.bytes_per_s / m)),
+                ratio(copy_floor(b.size).map(|f| b.bytes_per_s / f)),
+                b.window.to_string(),
+            ]);
+        }
+        t.print();
+    }
+    let (empty, outside, inside) = r.lookup;
+    comment("");
+    comment(&format!(
+        "Registry lookup per copy send (is the memory a lava-flow buffer?): no shareable buffer {empty:.1} ns, address outside their span {outside:.1} ns, inside it {inside:.1} ns"
+    ));
+    comment("");
+    comment("Targets of the Rust API rows (names in parentheses are context, not targets)");
+    let mut t = Table::new(&["Target", "Value", "Bound", "<Verdict"]);
+    for (name, value, target, pass) in targets(r) {
+        t.row(vec![
+            name.trim().to_owned(),
+            format!("{value:.2}"),
+            format!("{target:.2}"),
+            if pass { "ok" } else { "MISSED" }.to_owned(),
+        ]);
+    }
+    t.print();
 }
 
 pub fn to_json(r: &Results) -> serde_json::Value {
