@@ -18,7 +18,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, Context as MemoryContext};
-use crate::os::eventfd::{eventfd, eventfd_signal, poll};
+use crate::os::eventfd::{eventfd, eventfd_signal, poll, PollFd, PollFlags};
 use crate::types::ProcessLocation;
 
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
@@ -534,11 +534,10 @@ impl WakerThread {
                         return;
                     }
                 }
-                let mut fds = [
-                    libc::pollfd { fd: notify_fd, events: libc::POLLIN, revents: 0 },
-                    libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-                ];
-                if poll(&mut fds, None).is_err() || fds[1].revents != 0 {
+                // SAFETY: the consumer stops this thread before its notification fd closes.
+                let notify = unsafe { BorrowedFd::borrow_raw(notify_fd) };
+                let mut fds = [PollFd::new(&notify, PollFlags::IN), PollFd::new(&*stop, PollFlags::IN)];
+                if poll(&mut fds, None).is_err() || !fds[1].revents().is_empty() {
                     return;
                 }
                 let waker = s.0.lock().waker.take();

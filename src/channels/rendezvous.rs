@@ -34,8 +34,10 @@ use std::time::{Duration, Instant};
 
 use super::wait::{LIVENESS_PERIOD, SLEEP_SLICE};
 use crate::error::{Error, Result};
-use crate::os::eventfd::{pidfd_open, poll};
+use crate::os::eventfd::{pidfd_open, poll, PollFd, PollFlags};
 use crate::os::watcher::{Interest, SharedFd, Watch};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
 
 /// Overrides the runtime directory (tests, or several isolated groups of processes).
 pub const RUNTIME_DIR_ENV: &str = crate::env::RUNTIME_DIR.name;
@@ -542,7 +544,7 @@ impl Listener {
                     Some(d - now)
                 }
             };
-            let mut fds = [libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
             poll(&mut fds, wait.map(|w| w.max(Duration::from_millis(1))))?;
         }
     }
@@ -691,7 +693,7 @@ impl PeerWatch {
     /// no pidfd, or while the process lives.
     pub fn has_exited(&self) -> bool {
         let Some(pidfd) = &self.pidfd else { return false };
-        let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
         matches!(poll(&mut fds, Some(Duration::ZERO)), Ok(n) if n > 0)
     }
 
@@ -699,7 +701,7 @@ impl PeerWatch {
     pub fn wait_for_exit(&self, timeout: Duration) {
         match &self.pidfd {
             Some(pidfd) => {
-                let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+                let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
                 let _ = poll(&mut fds, Some(timeout));
             }
             None => std::thread::sleep(timeout),
@@ -738,29 +740,33 @@ impl PeerWatch {
             self.gone = true;
             return true;
         }
-        let mut fds = [
-            libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 },
-            libc::pollfd { fd: self.pidfd.as_ref().map_or(-1, |f| f.as_raw_fd()), events: libc::POLLIN, revents: 0 },
-        ];
-        let Ok(n) = poll(&mut fds, Some(Duration::ZERO)) else {
+        let sock = PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP);
+        let (mut both, mut one);
+        let fds: &mut [PollFd<'_>] = match &self.pidfd {
+            Some(pidfd) => {
+                both = [sock, PollFd::new(pidfd, PollFlags::IN)];
+                &mut both
+            }
+            None => {
+                one = [sock];
+                &mut one
+            }
+        };
+        let Ok(n) = poll(fds, Some(Duration::ZERO)) else {
             self.gone = true;
             return true;
         };
         if n == 0 {
             return false;
         }
-        let hung_up = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL;
-        if fds[1].revents != 0 || fds[0].revents & hung_up != 0 {
+        let hung_up = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
+        if fds.get(1).is_some_and(|pidfd| !pidfd.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
             self.gone = true;
-        } else if fds[0].revents & libc::POLLIN != 0 {
+        } else if fds[0].revents().contains(PollFlags::IN) {
             // Readable without a hang-up: control records (arena fds) may be waiting after the
             // handshake, so peek to tell end-of-file from data.
-            let mut byte = 0u8;
-            // SAFETY: peeks at most one byte into a live local.
-            let n = unsafe {
-                libc::recv(self.sock.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-            };
-            if n == 0 {
+            let peeked = rustix::net::recv(&self.sock, &mut [0u8; 1], RecvFlags::PEEK | RecvFlags::DONTWAIT);
+            if matches!(peeked, Ok((0, _))) {
                 self.gone = true;
             }
         }
@@ -890,18 +896,11 @@ pub fn send_ack(sock: &UnixStream, status: u32, text: &str, sections: &[Section]
     while sent < body.len() {
         // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
         // kill a C host process that keeps the default signal action.
-        // SAFETY: sends from a live buffer of the given length.
-        let n = unsafe {
-            libc::send(sock.as_raw_fd(), body[sent..].as_ptr().cast(), body.len() - sent, libc::MSG_NOSIGNAL)
-        };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(Error::os("sending the rendezvous answer", err));
+        match rustix::net::send(sock, &body[sent..], SendFlags::NOSIGNAL) {
+            Ok(n) => sent += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(Error::os("sending the rendezvous answer", e.into())),
         }
-        sent += n as usize;
     }
     Ok(())
 }

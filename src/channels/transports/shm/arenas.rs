@@ -9,11 +9,14 @@
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
+
+use rustix::fs::{FileType, SealFlags};
 
 use super::ring::MAX_ARENA_LEN;
 use crate::error::{Error, Result};
+use crate::os::memfd::seals;
 use crate::os::Mapping;
 
 /// The arenas a producer has passed to its consumer, by [`SharedRegion::identity`]. Each
@@ -46,15 +49,11 @@ pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
     if len == 0 || len > MAX_ARENA_LEN {
         return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
     }
-    // SAFETY: zeroed stat is a valid out-buffer; fstat on a descriptor we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(Error::Corrupt("its fd is not a memory file".into()));
-    }
-    // SAFETY: F_GET_SEALS only reads the file's seals.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+    let st = match rustix::fs::fstat(fd) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+        _ => return Err(Error::Corrupt("its fd is not a memory file".into())),
+    };
+    if !seals(fd).is_some_and(|s| s.contains(SealFlags::SHRINK)) {
         return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
     }
     if (st.st_size as u64) < len {

@@ -19,7 +19,7 @@ use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportI
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::epoll::Epoll;
+use crate::os::epoll::{Epoll, EventFlags};
 use crate::os::eventfd::{eventfd_drain, eventfd_signal};
 use crate::os::try_recv_with_fds;
 
@@ -438,11 +438,11 @@ impl ShmConsumer {
     fn register_link_fds(&self) -> Result<()> {
         let epoll = self.epoll.as_ref().expect("epoll created");
         let what = "the channel's notification fd";
-        let add = |fd: BorrowedFd<'_>, events: i32| epoll.add(fd, events as u32, fd.as_raw_fd() as u64, what);
-        add(self.link.eventfd.as_fd(), libc::EPOLLIN)?;
-        add(self.link.watch.socket_fd(), libc::EPOLLIN | libc::EPOLLRDHUP)?;
+        let add = |fd: BorrowedFd<'_>, events: EventFlags| epoll.add(fd, events, fd.as_raw_fd() as u64, what);
+        add(self.link.eventfd.as_fd(), EventFlags::IN)?;
+        add(self.link.watch.socket_fd(), EventFlags::IN | EventFlags::RDHUP)?;
         if let Some(pidfd) = self.link.watch.pidfd() {
-            add(pidfd, libc::EPOLLIN)?;
+            add(pidfd, EventFlags::IN)?;
         }
         Ok(())
     }

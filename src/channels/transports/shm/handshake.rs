@@ -229,12 +229,10 @@ fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
     if link.to_string_lossy() != "anon_inode:[eventfd]" {
         return Err(Error::Corrupt(format!("producer's second fd is {}, not an eventfd", link.display())));
     }
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-    }
-    Ok(())
+    let flags =
+        rustix::fs::fcntl_getfl(fd).map_err(|e| Error::os("fcntl(F_GETFL) on the producer's eventfd", e.into()))?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
+        .map_err(|e| Error::os("fcntl(F_SETFL, O_NONBLOCK) on the producer's eventfd", e.into()))
 }
 
 #[cfg(test)]

@@ -33,11 +33,13 @@
 //! so a consumer cannot corrupt it; the only value the producer reads back is the consumer's
 //! tail, which it checks. The consumer checks every `seq`, `len`, `kind` and offset it reads.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use rustix::fs::SealFlags;
+
 use crate::error::{Error, Result};
-use crate::os::memfd::fd_size;
+use crate::os::memfd::{add_seals, fd_size, seals, RESIZE_SEALS};
 use crate::os::{memfd_create, Mapping, MemfdFlags};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
@@ -289,15 +291,6 @@ pub struct Region {
     pub geometry: Geometry,
 }
 
-/// The seals of both parts: neither can be resized (so the consumer can never be made to
-/// touch pages beyond an end), nor sealed further by the peer.
-const RESIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-
-fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> bool {
-    // SAFETY: fcntl on a descriptor we own, with integer arguments.
-    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
-}
-
 /// The descriptors of a region, to pass to the consumer.
 pub struct RegionFds {
     pub control: OwnedFd,
@@ -317,14 +310,12 @@ impl Region {
         let control = memfd_create(&format!("lava-flow:{name}"), control_len as u64, flags)?;
         let data = memfd_create(&format!("lava-flow:{name}:data"), data_len as u64, flags)?;
         let map = Mapping::shared_pair((&control, control_len), (&data, data_len), true)?;
-        if !add_seals(&control, RESIZE_SEALS) {
-            return Err(Error::last_os("sealing the channel's control memfd"));
-        }
+        // Neither part can be resized (so the consumer can never be made to touch pages beyond
+        // an end), nor sealed further by the peer.
+        add_seals(&control, RESIZE_SEALS, "the channel's control memfd")?;
         // After our mapping, which keeps writing; every later writable use is refused.
-        if !add_seals(&data, RESIZE_SEALS | libc::F_SEAL_FUTURE_WRITE) {
-            if !add_seals(&data, RESIZE_SEALS) {
-                return Err(Error::last_os("sealing the channel's data memfd"));
-            }
+        if add_seals(&data, RESIZE_SEALS | SealFlags::FUTURE_WRITE, "the channel's data memfd").is_err() {
+            add_seals(&data, RESIZE_SEALS, "the channel's data memfd")?;
             crate::logging::log_first!(
                 log::Level::Info,
                 "this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1): a channel's consumer maps the data part of its \
@@ -364,10 +355,8 @@ impl Region {
         let control_len = geometry.slots_offset;
         let data_len = geometry.total_len - control_len;
         for (fd, part, len) in [(control, "control", control_len), (data, "data", data_len)] {
-            // SAFETY: fcntl on a descriptor we own.
-            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-            let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-            if seals < 0 || seals & needed != needed {
+            let needed = SealFlags::SHRINK | SealFlags::SEAL;
+            if !seals(fd).is_some_and(|s| s.contains(needed)) {
                 return Err(Error::Corrupt(format!(
                     "the producer's {part} memfd is not sealed against shrinking; refusing to map it"
                 )));
@@ -511,6 +500,7 @@ impl Region {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn geometry_is_checked() {
@@ -535,9 +525,7 @@ mod tests {
     fn the_consumer_cannot_write_the_data_part() {
         let g = Geometry::new(8, 8192).unwrap();
         let (producer, fds) = Region::create("sealed", g, true).unwrap();
-        // SAFETY: F_GET_SEALS only reads the seals.
-        let seals = unsafe { libc::fcntl(fds.data.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals & libc::F_SEAL_FUTURE_WRITE == 0 {
+        if !seals(&fds.data).unwrap().contains(SealFlags::FUTURE_WRITE) {
             println!("skipped: this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1), so the data part is not sealed");
             return;
         }
