@@ -131,7 +131,12 @@ impl Drop for Mapping {
 
 /// The system's base page size.
 pub fn page_size() -> usize {
-    rustix::param::page_size()
+    // libc, not rustix::param::page_size: rustix reads the auxiliary vector through
+    // PR_GET_AUXV and checks the vDSO it names, which a process under valgrind does not map
+    // (it crashes there).
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 #[cfg(test)]
