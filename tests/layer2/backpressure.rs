@@ -56,7 +56,8 @@ fn full_channel_would_block_and_times_out() {
         Some(_) => {}
         None => {
             let dir = test_dir("full");
-            let flag = format!("/tmp/lf-l2-{}-full.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("full.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let c = spawn(TEST, "consumer", &dir, &args);
@@ -97,7 +98,8 @@ fn receive_times_out_when_nothing_arrives() {
         Some(_) => {}
         None => {
             let dir = test_dir("quiet");
-            let flag = format!("/tmp/lf-l2-{}-quiet.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("quiet.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let c = spawn(TEST, "consumer", &dir, &args);

@@ -193,7 +193,8 @@ fn views_of_arena_memory_survive_the_producers_kill_9() {
         Some(_) => {}
         None => {
             let dir = test_dir("arena-kill");
-            let flag = format!("/tmp/lf-l2-{}-arena-kill.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("arena-kill.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let mut c = spawn(TEST, "survivor", &dir, &args);

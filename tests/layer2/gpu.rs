@@ -305,7 +305,8 @@ fn kill9_of_either_side_with_gpu_buffers_in_flight() {
             }
             for victim in ["producer", "consumer"] {
                 let dir = test_dir(&format!("gpu-kill-{victim}"));
-                let flag = format!("/tmp/lf-l2-{}-gpu-kill-{victim}.flag", std::process::id());
+                let scratch = scratch_dir();
+                let flag = scratch.path().join(format!("gpu-kill-{victim}.flag")).display().to_string();
                 let _ = std::fs::remove_file(&flag);
                 let args = [("victim", victim.to_owned()), ("flag", flag.clone())];
                 let mut c = spawn(TEST, "consumer", &dir, &args);
@@ -569,7 +570,8 @@ fn a_full_channel_loses_no_arena_announcement() {
                 return;
             }
             let dir = test_dir("gpu-full");
-            let flag = format!("/tmp/lf-l2-{}-gpu-full.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("gpu-full.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let c = spawn(TEST, "consumer", &dir, &args);

@@ -67,7 +67,8 @@ fn producer_killed_consumer_sees_peer_gone() {
         None => {
             for wait in STRATEGIES {
                 let dir = test_dir(&format!("pkill-{wait}"));
-                let flag = format!("/tmp/lf-l2-{}-pkill-{wait}.flag", std::process::id());
+                let scratch = scratch_dir();
+                let flag = scratch.path().join(format!("pkill-{wait}.flag")).display().to_string();
                 let _ = std::fs::remove_file(&flag);
                 let args = [("wait", wait.to_owned()), ("flag", flag.clone())];
                 let mut c = spawn(TEST, "survivor", &dir, &args);
