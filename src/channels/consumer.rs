@@ -348,12 +348,6 @@ impl Consumer {
         self.transport.release(view)
     }
 
-    /// The shared control region's address and length, for tests that play a hostile peer.
-    #[doc(hidden)]
-    pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
-        self.transport.raw_region()
-    }
-
     /// The notification fd in async-io's reactor, registered on first use.
     #[cfg(feature = "async-io")]
     fn notify_async(&mut self) -> Result<&async_io::Async<OwnedFd>> {

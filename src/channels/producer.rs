@@ -452,12 +452,6 @@ impl Producer {
         self.transport.arenas_sent()
     }
 
-    /// The shared control region's address and length, for tests that play a hostile peer.
-    #[doc(hidden)]
-    pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
-        self.transport.raw_region()
-    }
-
     /// Sends a malformed message (over MPI), for tests that play a hostile peer: 0, a chunked
     /// message cut short; 1, a sequence number out of order; 2, more bytes than the header
     /// says.

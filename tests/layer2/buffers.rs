@@ -268,7 +268,7 @@ fn hostile_arena_descriptors_are_corrupt() {
                     buffer.write_at(i as usize * 8, &i.to_le_bytes()).unwrap();
                     p.send_buffer(&buffer, i as usize * 8, 8).unwrap();
                 }
-                let (base, _) = p.raw_region_for_tests().unwrap();
+                let (base, _) = region_of(&format!("hostile-arena-{variant}"));
                 let slot = SLOTS + 3 * SLOT;
                 let (id, offset, len) = match variant {
                     "unknown-id" => (0xdead_beef, 0, 8),

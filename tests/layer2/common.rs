@@ -35,6 +35,31 @@ pub fn test_dir(test: &str) -> PathBuf {
         .keep()
 }
 
+/// This process's mapping of shared-memory channel `name`'s region (its control part and, right
+/// after it, its data part), as /proc/self/maps shows it: its address and length. For tests
+/// that play a hostile peer, writing where the peer would.
+pub fn region_of(name: &str) -> (*mut u8, usize) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    // "start-end perms offset dev inode path": the ranges of each memfd of the channel.
+    let ranges = |file: &str| -> Vec<(usize, usize)> {
+        maps.lines()
+            .filter(|line| line.ends_with(&format!("/memfd:{file} (deleted)")))
+            .map(|line| {
+                let (start, end) = line.split_whitespace().next().unwrap().split_once('-').unwrap();
+                (usize::from_str_radix(start, 16).unwrap(), usize::from_str_radix(end, 16).unwrap())
+            })
+            .collect()
+    };
+    let data = ranges(&format!("lava-flow:{name}:data"));
+    // The region maps its control part directly before its data part (a second mapping of
+    // the control part, for waking sleepers, lies elsewhere).
+    let (start, end) = ranges(&format!("lava-flow:{name}"))
+        .into_iter()
+        .find_map(|(start, end)| data.iter().find(|d| d.0 == end).map(|d| (start, d.1)))
+        .unwrap_or_else(|| panic!("no region of channel {name:?} is mapped here:\n{maps}"));
+    (start as *mut u8, end - start)
+}
+
 /// A scratch dir for files the test's processes share (flags), removed when dropped.
 pub fn scratch_dir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("lf-l2-scratch-").tempdir().unwrap()

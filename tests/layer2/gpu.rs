@@ -357,7 +357,7 @@ fn hostile_gpu_descriptors_are_corrupt() {
                     p.send_buffer(&buffer, 0, 64).unwrap();
                 }
                 p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
-                let (base, _) = p.raw_region_for_tests().unwrap();
+                let (base, _) = region_of(&format!("gpu-hostile-{variant}"));
                 let slot = SLOTS + SLOT;
                 let (slot_id, generation, offset, len, ready): (u32, u32, u64, u64, u64) = match variant {
                     "slot" => (9999, 1, 0, 64, 0),

@@ -541,10 +541,6 @@ impl ConsumerTransport for ShmConsumer {
         }
     }
 
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        Some(self.link.session.region.raw())
-    }
-
     fn releaser(&self) -> Arc<dyn Release> {
         Arc::clone(&self.link.session) as Arc<dyn Release>
     }

@@ -504,10 +504,6 @@ impl ProducerTransport for ShmProducer {
         self.region.geometry.pool_size as usize
     }
 
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        Some(self.region.raw())
-    }
-
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
         match self.poll_loan(len)? {
             Some(loan) => Ok(loan),

@@ -528,11 +528,6 @@ impl Region {
         Some(unsafe { self.map.as_ptr().add(self.geometry.pool_offset + offset as usize) })
     }
 
-    /// The whole mapping, for tests that play a hostile peer.
-    pub fn raw(&self) -> (*mut u8, usize) {
-        (self.map.as_ptr(), self.map.len())
-    }
-
     /// The data part (slots and pool) of the mapping: read-only at the consumer.
     #[cfg(test)]
     pub fn data_part(&self) -> (*mut u8, usize) {
