@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use rustix::event::epoll::{self, CreateFlags, EventData};
 pub use rustix::event::epoll::{Event, EventFlags};
-use rustix::event::Timespec;
 use rustix::io::Errno;
 
 use crate::error::{Error, Result};
@@ -40,8 +39,7 @@ impl Epoll {
     /// Waits up to `timeout` (`None`: forever) for events, retrying on EINTR with the same
     /// timeout; returns how many of `events` were filled.
     pub fn wait(&self, events: &mut [Event], timeout: Option<Duration>) -> Result<usize> {
-        let timeout = timeout
-            .map(|t| Timespec { tv_sec: t.as_secs().min(i64::MAX as u64) as i64, tv_nsec: t.subsec_nanos().into() });
+        let timeout = timeout.map(super::timespec);
         loop {
             match epoll::wait(&self.0, &mut *events, timeout.as_ref()) {
                 Ok(n) => return Ok(n),

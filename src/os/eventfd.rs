@@ -4,7 +4,7 @@
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
-use rustix::event::{EventfdFlags, Timespec};
+use rustix::event::EventfdFlags;
 pub use rustix::event::{PollFd, PollFlags};
 
 use crate::error::{Error, Result};
@@ -37,8 +37,7 @@ pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
 /// `poll(2)` over `fds`, retried on EINTR with the same timeout (`None` waits forever).
 /// Returns how many entries have events.
 pub fn poll(fds: &mut [PollFd<'_>], timeout: Option<Duration>) -> Result<usize> {
-    let timeout =
-        timeout.map(|t| Timespec { tv_sec: t.as_secs().min(i64::MAX as u64) as i64, tv_nsec: t.subsec_nanos().into() });
+    let timeout = timeout.map(super::timespec);
     loop {
         match rustix::event::poll(fds, timeout.as_ref()) {
             Ok(n) => return Ok(n),

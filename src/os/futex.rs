@@ -7,14 +7,13 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-use rustix::thread::futex::{self, Flags, Timespec};
+use rustix::thread::futex::{self, Flags};
 
 /// Sleeps while `*word == expected`, for at most `timeout` (`None`: until woken). Returns
 /// early on a wake-up, a signal, a spurious wake or when the word already differs; callers
 /// re-check their condition in every case, so the outcome is not reported.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts =
-        timeout.map(|t| Timespec { tv_sec: t.as_secs().min(i64::MAX as u64) as i64, tv_nsec: t.subsec_nanos().into() });
+    let ts = timeout.map(super::timespec);
     let _ = futex::wait(word, Flags::empty(), expected, ts.as_ref());
 }
 
