@@ -1,15 +1,18 @@
 //! The receiving end of a channel: blocking, non-blocking, pollable-fd and async receives of
 //! zero-copy [`Message`] views.
 
+#[cfg(feature = "async-io")]
 use std::future::Future;
 use std::ops::Deref;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
+#[cfg(feature = "async-io")]
+use std::os::fd::OwnedFd;
+#[cfg(feature = "async-io")]
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Waker};
+use std::sync::OnceLock;
+#[cfg(feature = "async-io")]
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-
-use parking_lot::{Condvar, Mutex};
 
 use super::transport::{ConsumerTransport, Packed, RawView, RouteReceiver, RoutedPayload, TransportInfo};
 use super::transports::{self, AnyConsumer, AnyRouteReceiver, MessageReleaser};
@@ -18,7 +21,6 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, Context as MemoryContext};
-use crate::os::eventfd::{eventfd, eventfd_signal, poll};
 use crate::types::ProcessLocation;
 
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
@@ -30,7 +32,10 @@ pub struct Consumer {
     info: TransportInfo,
     name: String,
     context: MemoryContext,
-    waker_thread: Option<WakerThread>,
+    /// The notification fd (a duplicate of the transport's), registered with async-io's
+    /// reactor by the first [`recv_async`](Self::recv_async) that has to wait.
+    #[cfg(feature = "async-io")]
+    notify_async: Option<async_io::Async<OwnedFd>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -67,7 +72,8 @@ impl Consumer {
             info: parts.info,
             name: name.to_owned(),
             context: context.clone(),
-            waker_thread: None,
+            #[cfg(feature = "async-io")]
+            notify_async: None,
         })
     }
 
@@ -276,8 +282,10 @@ impl Consumer {
         }
     }
 
-    /// Receives asynchronously, without a runtime: the future registers its waker with a
-    /// helper thread (started on first use) that sleeps on [`notify_fd`](Self::notify_fd).
+    /// Receives asynchronously, under any executor: the future waits for
+    /// [`notify_fd`](Self::notify_fd) to become readable through async-io's reactor (no thread
+    /// of lava-flow's). Needs the `async-io` feature (on by default).
+    #[cfg(feature = "async-io")]
     pub fn recv_async(&mut self) -> RecvFuture<'_> {
         RecvFuture { consumer: self }
     }
@@ -340,27 +348,26 @@ impl Consumer {
         self.transport.release(view)
     }
 
-    /// The shared control region's address and length, for tests that play a hostile peer.
-    #[doc(hidden)]
-    pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
-        self.transport.raw_region()
-    }
-
-    fn waker_thread(&mut self) -> Result<&WakerThread> {
-        if self.waker_thread.is_none() {
-            let fd = self.transport.notify_fd()?.as_raw_fd();
-            self.waker_thread = Some(WakerThread::start(fd)?);
+    /// The notification fd in async-io's reactor, registered on first use.
+    #[cfg(feature = "async-io")]
+    fn notify_async(&mut self) -> Result<&async_io::Async<OwnedFd>> {
+        if self.notify_async.is_none() {
+            let fd = self
+                .transport
+                .notify_fd()?
+                .try_clone_to_owned()
+                .map_err(|e| Error::os("duplicating the channel's notification fd for recv_async", e))?;
+            // The fd is non-blocking already (an epoll or a non-blocking eventfd).
+            let registered = async_io::Async::new_nonblocking(fd)
+                .map_err(|e| Error::os("registering the channel's notification fd with async-io's reactor", e))?;
+            self.notify_async = Some(registered);
         }
-        Ok(self.waker_thread.as_ref().expect("started above"))
+        Ok(self.notify_async.as_ref().expect("registered above"))
     }
 }
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        // The helper thread polls the transport's fd: stop it before the fd closes.
-        if let Some(mut t) = self.waker_thread.take() {
-            t.stop();
-        }
         // Messages still held may point into the GPU route's memory.
         self.end_gpu_session();
         log_closed(&self.name, Role::Consumer);
@@ -481,86 +488,35 @@ impl Drop for Message {
 }
 
 /// The future of [`Consumer::recv_async`].
+#[cfg(feature = "async-io")]
 pub struct RecvFuture<'a> {
     consumer: &'a mut Consumer,
 }
 
+#[cfg(feature = "async-io")]
 impl Future for RecvFuture<'_> {
     type Output = Result<Message>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let consumer = &mut *self.consumer;
-        match consumer.try_recv() {
-            Err(Error::WouldBlock(_)) => {}
-            other => return Poll::Ready(other),
-        }
-        match consumer.waker_thread() {
-            Ok(thread) => thread.register(cx.waker().clone()),
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-        // A message that arrived before the registration has made the fd readable, so the
-        // helper thread wakes us at once; no lost wake-up.
-        Poll::Pending
-    }
-}
-
-/// A thread that waits on a consumer's notification fd and wakes the registered waker.
-struct WakerThread {
-    shared: Arc<(Mutex<WakerState>, Condvar)>,
-    stop_fd: Arc<OwnedFd>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-#[derive(Default)]
-struct WakerState {
-    waker: Option<Waker>,
-    stop: bool,
-}
-
-impl WakerThread {
-    fn start(notify_fd: i32) -> Result<Self> {
-        let shared = Arc::new((Mutex::new(WakerState::default()), Condvar::new()));
-        let stop_fd = Arc::new(eventfd()?);
-        let (s, stop) = (shared.clone(), stop_fd.clone());
-        let handle = std::thread::Builder::new()
-            .name("lava-flow-waker".into())
-            .spawn(move || loop {
-                {
-                    let mut state = s.0.lock();
-                    while state.waker.is_none() && !state.stop {
-                        s.1.wait(&mut state);
-                    }
-                    if state.stop {
-                        return;
-                    }
+        loop {
+            match consumer.try_recv() {
+                Err(Error::WouldBlock(_)) => {}
+                other => return Poll::Ready(other),
+            }
+            let notify = match consumer.notify_async() {
+                Ok(notify) => notify,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            // A message that arrived after the try_recv has made the fd readable, so the
+            // reactor reports it; no lost wake-up. Readable: receive again.
+            match notify.poll_readable(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err(Error::os("waiting on the channel's notification fd", e)))
                 }
-                let mut fds = [
-                    libc::pollfd { fd: notify_fd, events: libc::POLLIN, revents: 0 },
-                    libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-                ];
-                if poll(&mut fds, None).is_err() || fds[1].revents != 0 {
-                    return;
-                }
-                let waker = s.0.lock().waker.take();
-                if let Some(w) = waker {
-                    w.wake();
-                }
-            })
-            .map_err(|e| Error::os("spawning the async waker thread", e))?;
-        Ok(WakerThread { shared, stop_fd, handle: Some(handle) })
-    }
-
-    fn register(&self, waker: Waker) {
-        self.shared.0.lock().waker = Some(waker);
-        self.shared.1.notify_one();
-    }
-
-    fn stop(&mut self) {
-        self.shared.0.lock().stop = true;
-        self.shared.1.notify_one();
-        eventfd_signal(self.stop_fd.as_fd());
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 }

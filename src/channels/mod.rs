@@ -55,7 +55,9 @@ use crate::error::{Error, Result};
 use crate::memory::Context;
 use crate::types::{explain_scope, ProcessLocation};
 
-pub use consumer::{Consumer, Message, RecvFuture};
+#[cfg(feature = "async-io")]
+pub use consumer::RecvFuture;
+pub use consumer::{Consumer, Message};
 pub use producer::{Loan, Producer};
 pub use transport::{PayloadClass, Route, SharedRegion, TransportInfo, TransportKind};
 pub use transports::AUTO_ZERO_COPY_MIN;

@@ -452,15 +452,10 @@ impl Producer {
         self.transport.arenas_sent()
     }
 
-    /// The shared control region's address and length, for tests that play a hostile peer.
-    #[doc(hidden)]
-    pub fn raw_region_for_tests(&self) -> Option<(*mut u8, usize)> {
-        self.transport.raw_region()
-    }
-
     /// Sends a malformed message (over MPI), for tests that play a hostile peer: 0, a chunked
     /// message cut short; 1, a sequence number out of order; 2, more bytes than the header
-    /// says.
+    /// says. Only with the `test-hooks` feature, which the tests turn on.
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn send_malformed_for_tests(&mut self, how: u32) -> Result<()> {
         self.transport.send_malformed(how)

@@ -34,8 +34,12 @@ use std::time::{Duration, Instant};
 
 use super::wait::{LIVENESS_PERIOD, SLEEP_SLICE};
 use crate::error::{Error, Result};
-use crate::os::eventfd::{pidfd_open, poll};
+use crate::os::eventfd::{pidfd_open, poll, PollFd, PollFlags};
 use crate::os::watcher::{Interest, SharedFd, Watch};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// Overrides the runtime directory (tests, or several isolated groups of processes).
 pub const RUNTIME_DIR_ENV: &str = crate::env::RUNTIME_DIR.name;
@@ -542,7 +546,7 @@ impl Listener {
                     Some(d - now)
                 }
             };
-            let mut fds = [libc::pollfd { fd: self.listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
             poll(&mut fds, wait.map(|w| w.max(Duration::from_millis(1))))?;
         }
     }
@@ -691,7 +695,7 @@ impl PeerWatch {
     /// no pidfd, or while the process lives.
     pub fn has_exited(&self) -> bool {
         let Some(pidfd) = &self.pidfd else { return false };
-        let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
         matches!(poll(&mut fds, Some(Duration::ZERO)), Ok(n) if n > 0)
     }
 
@@ -699,7 +703,7 @@ impl PeerWatch {
     pub fn wait_for_exit(&self, timeout: Duration) {
         match &self.pidfd {
             Some(pidfd) => {
-                let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+                let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
                 let _ = poll(&mut fds, Some(timeout));
             }
             None => std::thread::sleep(timeout),
@@ -738,29 +742,33 @@ impl PeerWatch {
             self.gone = true;
             return true;
         }
-        let mut fds = [
-            libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 },
-            libc::pollfd { fd: self.pidfd.as_ref().map_or(-1, |f| f.as_raw_fd()), events: libc::POLLIN, revents: 0 },
-        ];
-        let Ok(n) = poll(&mut fds, Some(Duration::ZERO)) else {
+        let sock = PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP);
+        let (mut both, mut one);
+        let fds: &mut [PollFd<'_>] = match &self.pidfd {
+            Some(pidfd) => {
+                both = [sock, PollFd::new(pidfd, PollFlags::IN)];
+                &mut both
+            }
+            None => {
+                one = [sock];
+                &mut one
+            }
+        };
+        let Ok(n) = poll(fds, Some(Duration::ZERO)) else {
             self.gone = true;
             return true;
         };
         if n == 0 {
             return false;
         }
-        let hung_up = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL;
-        if fds[1].revents != 0 || fds[0].revents & hung_up != 0 {
+        let hung_up = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
+        if fds.get(1).is_some_and(|pidfd| !pidfd.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
             self.gone = true;
-        } else if fds[0].revents & libc::POLLIN != 0 {
+        } else if fds[0].revents().contains(PollFlags::IN) {
             // Readable without a hang-up: control records (arena fds) may be waiting after the
             // handshake, so peek to tell end-of-file from data.
-            let mut byte = 0u8;
-            // SAFETY: peeks at most one byte into a live local.
-            let n = unsafe {
-                libc::recv(self.sock.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-            };
-            if n == 0 {
+            let peeked = rustix::net::recv(&self.sock, &mut [0u8; 1], RecvFlags::PEEK | RecvFlags::DONTWAIT);
+            if matches!(peeked, Ok((0, _))) {
                 self.gone = true;
             }
         }
@@ -796,12 +804,40 @@ const ACK_MAGIC: &[u8; 8] = b"LFACK002";
 pub const ACK_OK: u32 = 0;
 pub const ACK_REFUSED: u32 = 1;
 
+/// The start of a hello: the magic, then the channel name's length (the name follows, then
+/// the section count and the sections).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct HelloHead {
+    magic: [u8; 8],
+    name_len: U32,
+}
+
+/// The start of an answer's body: the magic, the status and the text's length (the text
+/// follows, then the section count and the sections).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct AckHead {
+    magic: [u8; 8],
+    status: U32,
+    text_len: U32,
+}
+
+/// The start of a section, followed by its bytes.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct SectionHead {
+    route: U32,
+    fds: U32,
+    len: U32,
+}
+
 fn put_sections(out: &mut Vec<u8>, sections: &[Section]) {
-    out.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+    out.extend_from_slice(U32::new(sections.len() as u32).as_bytes());
     for s in sections {
-        out.extend_from_slice(&s.route.to_le_bytes());
-        out.extend_from_slice(&(s.fds.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(s.bytes.len() as u32).to_le_bytes());
+        let head =
+            SectionHead { route: s.route.into(), fds: (s.fds.len() as u32).into(), len: (s.bytes.len() as u32).into() };
+        out.extend_from_slice(head.as_bytes());
         out.extend_from_slice(&s.bytes);
     }
 }
@@ -809,13 +845,9 @@ fn put_sections(out: &mut Vec<u8>, sections: &[Section]) {
 /// Reads the sections at `bytes[at..]`, handing out `fds` in order; everything is checked.
 fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> Result<Vec<Section>> {
     let bad = |why: &str| Error::Corrupt(format!("rendezvous: the peer's {what} {why}"));
-    let u32_at = |i: usize| -> Result<u32> {
-        bytes
-            .get(i..i + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .ok_or_else(|| bad("is cut short"))
-    };
-    let count = u32_at(at)? as usize;
+    let rest = |at: usize| bytes.get(at..).unwrap_or_default();
+    let (count, _) = U32::read_from_prefix(rest(at)).map_err(|_| bad("is cut short"))?;
+    let count = count.get() as usize;
     at += 4;
     if count > MAX_SECTIONS {
         return Err(bad(&format!("has {count} sections, more than {MAX_SECTIONS}")));
@@ -824,8 +856,9 @@ fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> 
     let mut sections = Vec::with_capacity(count);
     let mut fds_claimed = 0usize;
     for _ in 0..count {
-        let (route, fd_count, len) = (u32_at(at)?, u32_at(at + 4)? as usize, u32_at(at + 8)? as usize);
-        at += 12;
+        let (head, _) = SectionHead::read_from_prefix(rest(at)).map_err(|_| bad("is cut short"))?;
+        let (route, fd_count, len) = (head.route.get(), head.fds.get() as usize, head.len.get() as usize);
+        at += std::mem::size_of::<SectionHead>();
         if len > MAX_SECTION_LEN || fd_count > MAX_HELLO_FDS {
             return Err(bad(&format!("has a section of {len} bytes and {fd_count} descriptors")));
         }
@@ -848,8 +881,7 @@ fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> 
 /// attached in section order.
 pub fn send_hello(sock: &UnixStream, name: &str, sections: &[Section]) -> Result<()> {
     let mut out = Vec::with_capacity(64 + name.len());
-    out.extend_from_slice(HELLO_MAGIC);
-    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(HelloHead { magic: *HELLO_MAGIC, name_len: (name.len() as u32).into() }.as_bytes());
     out.extend_from_slice(name.as_bytes());
     put_sections(&mut out, sections);
     let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.fds.iter().map(|f| f.as_fd())).collect();
@@ -862,15 +894,17 @@ pub const MAX_HELLO_LEN: usize = 16 + 64 + 4 + MAX_SECTIONS * (12 + MAX_SECTION_
 /// Parses a hello received with its descriptors: (channel name, sections).
 pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Section>)> {
     let bad = |what: &str| Error::Corrupt(format!("rendezvous: producer's hello {what}"));
-    if bytes.len() < 12 || &bytes[..8] != HELLO_MAGIC {
-        return Err(bad(
+    let head = match HelloHead::ref_from_prefix(bytes) {
+        Ok((head, _)) if &head.magic == HELLO_MAGIC => head,
+        _ => return Err(bad(
             "is not a lava-flow hello of this version (wrong magic or too short); use the same lava-flow on both sides",
-        ));
-    }
-    let name_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
-    let name = bytes.get(12..12 + name_len).ok_or_else(|| bad("has a name longer than itself"))?;
+        )),
+    };
+    let start = std::mem::size_of::<HelloHead>();
+    let name_len = head.name_len.get() as usize;
+    let name = bytes.get(start..start + name_len).ok_or_else(|| bad("has a name longer than itself"))?;
     let name = std::str::from_utf8(name).map_err(|_| bad("has a name that is not UTF-8"))?.to_owned();
-    Ok((name, take_sections(bytes, 12 + name_len, fds, "hello")?))
+    Ok((name, take_sections(bytes, start + name_len, fds, "hello")?))
 }
 
 /// Sends the consumer's answer to a hello: `ACK_OK` with its routes' sections (no
@@ -878,30 +912,22 @@ pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Sect
 pub fn send_ack(sock: &UnixStream, status: u32, text: &str, sections: &[Section]) -> Result<()> {
     let text = &text.as_bytes()[..text.len().min(1000)];
     let mut out = Vec::with_capacity(16 + text.len());
-    out.extend_from_slice(ACK_MAGIC);
-    out.extend_from_slice(&status.to_le_bytes());
-    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    let head = AckHead { magic: *ACK_MAGIC, status: status.into(), text_len: (text.len() as u32).into() };
+    out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(text);
     put_sections(&mut out, sections);
     let mut body = Vec::with_capacity(4 + out.len());
-    body.extend_from_slice(&(out.len() as u32).to_le_bytes());
+    body.extend_from_slice(U32::new(out.len() as u32).as_bytes());
     body.extend_from_slice(&out);
     let mut sent = 0;
     while sent < body.len() {
         // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
         // kill a C host process that keeps the default signal action.
-        // SAFETY: sends from a live buffer of the given length.
-        let n = unsafe {
-            libc::send(sock.as_raw_fd(), body[sent..].as_ptr().cast(), body.len() - sent, libc::MSG_NOSIGNAL)
-        };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(Error::os("sending the rendezvous answer", err));
+        match rustix::net::send(sock, &body[sent..], SendFlags::NOSIGNAL) {
+            Ok(n) => sent += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(Error::os("sending the rendezvous answer", e.into())),
         }
-        sent += n as usize;
     }
     Ok(())
 }
@@ -920,9 +946,9 @@ pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Section>> {
             _ => Error::os("reading the rendezvous answer", e),
         })
     };
-    let mut len = [0u8; 4];
-    read(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
+    let mut len = U32::ZERO;
+    read(len.as_mut_bytes())?;
+    let len = len.get() as usize;
     if !(16..=MAX_ACK_LEN).contains(&len) {
         return Err(Error::Corrupt(format!("channel {channel:?}: the consumer's answer claims {len} bytes")));
     }
@@ -938,15 +964,18 @@ pub const MAX_ACK_LEN: usize = MAX_HELLO_LEN + 1000;
 /// acceptance, the refusal as an error, anything malformed as `Corrupt`. Pure, so that it can
 /// be fuzzed.
 pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Section>> {
-    if body.len() < 16 || &body[..8] != ACK_MAGIC {
-        return Err(Error::Corrupt(format!(
-            "channel {channel:?}: the consumer's answer has the wrong magic (another lava-flow version?)"
-        )));
-    }
-    let status = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
-    let text_len = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")) as usize;
+    let head = match AckHead::ref_from_prefix(body) {
+        Ok((head, _)) if &head.magic == ACK_MAGIC => head,
+        _ => {
+            return Err(Error::Corrupt(format!(
+                "channel {channel:?}: the consumer's answer has the wrong magic (another lava-flow version?)"
+            )))
+        }
+    };
+    let start = std::mem::size_of::<AckHead>();
+    let (status, text_len) = (head.status.get(), head.text_len.get() as usize);
     let text = body
-        .get(16..16 + text_len)
+        .get(start..start + text_len)
         .ok_or_else(|| Error::Corrupt(format!("channel {channel:?}: the consumer's answer is cut short")))?;
     if status != ACK_OK {
         return Err(Error::InvalidState(format!(
@@ -954,7 +983,7 @@ pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Section>> {
             String::from_utf8_lossy(text)
         )));
     }
-    take_sections(body, 16 + text_len, Vec::new(), "answer")
+    take_sections(body, start + text_len, Vec::new(), "answer")
 }
 
 /// Remaining time to `deadline` for a socket timeout (at least 1 ms; `None` = forever).

@@ -370,12 +370,6 @@ pub trait ProducerTransport: Send {
         0
     }
 
-    /// The shared region, for tests that play a hostile peer.
-    #[doc(hidden)]
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        None
-    }
-
     /// Sends a malformed message, for tests that play a hostile peer over a carrier that has
     /// no shared region: 0, a chunked message cut short; 1, a sequence number out of order;
     /// 2, more bytes than the header says.
@@ -451,12 +445,6 @@ pub trait ConsumerTransport: Send {
     /// from the first call on, the producer signals it (a syscall per message only while the
     /// consumer sleeps on it).
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
-
-    /// The shared region, for tests that play a hostile peer.
-    #[doc(hidden)]
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        None
-    }
 }
 
 /// A route's descriptor of one payload, with what the consumer must learn before it (an

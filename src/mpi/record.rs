@@ -13,6 +13,9 @@
 //! | name str | hostname str | host identity str (empty: none) | gpu count u8 | gpu uuid str...
 //! ```
 
+use zerocopy::little_endian::{U16, U32};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
 use crate::error::{Error, Result};
 use crate::types::{validate_host_id, validate_hostname, ProcessLocation, ProcessName};
 
@@ -26,6 +29,17 @@ pub(crate) const MAX_GPU_UUID_LEN: usize = 64;
 const MAGIC: &[u8; 4] = b"LFD1";
 const HAS_NODE: u8 = 1;
 const HAS_DEVICE: u8 = 2;
+
+/// The fixed start of a record; the strings and the GPU list follow.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RecordHead {
+    magic: [u8; 4],
+    flags: u8,
+    shared_memory_group: U32,
+    node: U32,
+    device: U32,
+}
 
 /// One process as discovery sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,13 +57,16 @@ impl LocationRecord {
     pub fn encode(&self) -> Result<Vec<u8>> {
         let loc = &self.location;
         let mut out = Vec::with_capacity(256);
-        out.extend_from_slice(MAGIC);
         let flags =
             if loc.node_id.is_some() { HAS_NODE } else { 0 } | if loc.device_id.is_some() { HAS_DEVICE } else { 0 };
-        out.push(flags);
-        out.extend_from_slice(&self.shared_memory_group.to_le_bytes());
-        out.extend_from_slice(&loc.node_id.unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&loc.device_id.unwrap_or(0).to_le_bytes());
+        let head = RecordHead {
+            magic: *MAGIC,
+            flags,
+            shared_memory_group: self.shared_memory_group.into(),
+            node: loc.node_id.unwrap_or(0).into(),
+            device: loc.device_id.unwrap_or(0).into(),
+        };
+        out.extend_from_slice(head.as_bytes());
         put_str(&mut out, self.name.as_str());
         put_str(&mut out, &loc.hostname);
         put_str(&mut out, loc.host_id.as_deref().unwrap_or(""));
@@ -80,22 +97,23 @@ impl LocationRecord {
             return Err(corrupt(format!("is {} bytes; the limit is {MAX_RECORD_LEN}", bytes.len())));
         }
         let mut reader = Reader { bytes, at: 0, rank };
-        if reader.take(MAGIC.len(), "the format marker")? != MAGIC {
+        let head = RecordHead::ref_from_bytes(reader.take(std::mem::size_of::<RecordHead>(), "the fixed fields")?)
+            .expect("the length was taken");
+        if &head.magic != MAGIC {
             return Err(corrupt(
                 "does not start with lava-flow's format marker: is every process running the same lava-flow version?"
                     .into(),
             ));
         }
-        let flags = reader.u8("the flags")?;
+        let flags = head.flags;
         if flags & !(HAS_NODE | HAS_DEVICE) != 0 {
             return Err(corrupt(format!("has unknown flags {flags:#04x}")));
         }
-        let shared_memory_group = reader.u32("the shared-memory group")?;
+        let shared_memory_group = head.shared_memory_group.get();
         if shared_memory_group as usize >= size {
             return Err(corrupt(format!("names shared-memory group {shared_memory_group}, not a rank of the {size}")));
         }
-        let node = reader.u32("the NUMA node")?;
-        let device = reader.u32("the device")?;
+        let (node, device) = (head.node.get(), head.device.get());
         // An absent field is written as 0: anything else is not what lava-flow sends.
         if (flags & HAS_NODE == 0 && node != 0) || (flags & HAS_DEVICE == 0 && device != 0) {
             return Err(corrupt(format!(
@@ -155,7 +173,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     // Every string written is validated to at most 255 bytes (names 64, hostnames and host
     // identities 255, GPU UUIDs 64), so the length always fits.
     debug_assert!(s.len() <= u16::MAX as usize);
-    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    out.extend_from_slice(U16::new(s.len() as u16).as_bytes());
     out.extend_from_slice(s.as_bytes());
 }
 
@@ -183,14 +201,8 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, what)?[0])
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
     fn str(&mut self, what: &str) -> Result<&'a str> {
-        let b = self.take(2, what)?;
-        let len = u16::from_le_bytes([b[0], b[1]]) as usize;
+        let len = U16::read_from_bytes(self.take(2, what)?).expect("2 bytes").get() as usize;
         let bytes = self.take(len, what)?;
         std::str::from_utf8(bytes).map_err(|e| {
             Error::Corrupt(format!("the discovery record from MPI rank {}: {what} is not UTF-8 ({e})", self.rank))

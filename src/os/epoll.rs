@@ -1,8 +1,12 @@
 //! An owned epoll instance: the set of descriptors a thread sleeps on when it waits for
 //! whichever of them reports first.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
+
+use rustix::event::epoll::{self, CreateFlags, EventData};
+pub use rustix::event::epoll::{Event, EventFlags};
+use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 
@@ -12,49 +16,35 @@ pub struct Epoll(OwnedFd);
 
 impl Epoll {
     pub fn new() -> Result<Epoll> {
-        // SAFETY: epoll_create1 takes a flag and returns a new descriptor or -1.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::last_os("epoll_create1"));
-        }
-        // SAFETY: fresh descriptor owned by no one else.
-        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+        epoll::create(CreateFlags::CLOEXEC).map(Epoll).map_err(|e| Error::os("epoll_create1", e.into()))
     }
 
-    /// Adds `fd` for `events` (`EPOLLIN`, `EPOLLRDHUP`, `EPOLLONESHOT`...), reported with
-    /// `token`. `what` names the descriptor in the error.
-    pub fn add(&self, fd: BorrowedFd<'_>, events: u32, token: u64, what: &str) -> Result<()> {
-        if self.ctl(libc::EPOLL_CTL_ADD, fd, events, token) != 0 {
-            return Err(Error::last_os(format!("epoll_ctl(ADD) for {what}")));
-        }
-        Ok(())
+    /// Adds `fd` for `events` (`IN`, `RDHUP`, `ONESHOT`...), reported with `token`. `what`
+    /// names the descriptor in the error.
+    pub fn add(&self, fd: BorrowedFd<'_>, events: EventFlags, token: u64, what: &str) -> Result<()> {
+        epoll::add(&self.0, fd, EventData::new_u64(token), events)
+            .map_err(|e| Error::os(format!("epoll_ctl(ADD) for {what}"), e.into()))
     }
 
     /// Removes `fd`. Removing one that is not in the set does nothing.
     pub fn delete(&self, fd: BorrowedFd<'_>) {
-        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
+        let _ = epoll::delete(&self.0, fd);
     }
 
-    fn ctl(&self, op: i32, fd: BorrowedFd<'_>, events: u32, token: u64) -> i32 {
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: both descriptors are live; ev is a valid epoll_event the kernel only reads.
-        unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) }
+    /// A buffer of `N` events for [`wait`](Self::wait).
+    pub fn events<const N: usize>() -> [Event; N] {
+        [Event { flags: EventFlags::empty(), data: EventData::new_u64(0) }; N]
     }
 
     /// Waits up to `timeout` (`None`: forever) for events, retrying on EINTR with the same
     /// timeout; returns how many of `events` were filled.
-    pub fn wait(&self, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> Result<usize> {
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        let max = events.len().min(i32::MAX as usize) as i32;
+    pub fn wait(&self, events: &mut [Event], timeout: Option<Duration>) -> Result<usize> {
+        let timeout = timeout.map(super::timespec);
         loop {
-            // SAFETY: `events` is a live, writable array of at least `max` entries.
-            let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), max, ms) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::os("epoll_wait", err));
+            match epoll::wait(&self.0, &mut *events, timeout.as_ref()) {
+                Ok(n) => return Ok(n),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(Error::os("epoll_wait", e.into())),
             }
         }
     }
@@ -75,12 +65,12 @@ mod tests {
     fn reports_the_token_of_a_ready_descriptor_once_with_oneshot() {
         let epoll = Epoll::new().unwrap();
         let fd = eventfd().unwrap();
-        epoll.add(fd.as_fd(), (libc::EPOLLIN | libc::EPOLLONESHOT) as u32, 42, "a test eventfd").unwrap();
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        epoll.add(fd.as_fd(), EventFlags::IN | EventFlags::ONESHOT, 42, "a test eventfd").unwrap();
+        let mut events = Epoll::events::<4>();
         assert_eq!(epoll.wait(&mut events, Some(Duration::ZERO)).unwrap(), 0);
         eventfd_signal(fd.as_fd());
         assert_eq!(epoll.wait(&mut events, Some(Duration::from_secs(5))).unwrap(), 1);
-        assert_eq!({ events[0].u64 }, 42);
+        assert_eq!(events[0].data.u64(), 42);
         // One-shot: still readable, but disabled until re-armed.
         assert_eq!(epoll.wait(&mut events, Some(Duration::ZERO)).unwrap(), 0);
         epoll.delete(fd.as_fd());

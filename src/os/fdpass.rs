@@ -1,13 +1,23 @@
 //! Sending file descriptors with a small payload over a Unix stream socket (`SCM_RIGHTS`).
 
-use std::io::IoSlice;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+
+use rustix::io::Errno;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
+};
 
 use crate::error::{Error, Result};
 
 /// The most descriptors one message carries; more are a protocol error.
 pub(crate) const MAX_FDS: usize = 16;
+
+/// The control-message space of [`MAX_FDS`] descriptors.
+const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
 
 /// Sends `payload` (non-empty) with `fds` attached, in one `sendmsg`. The descriptors stay
 /// open here; the receiver gets its own copies.
@@ -18,44 +28,24 @@ pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) 
     if fds.len() > MAX_FDS {
         return Err(Error::invalid(format!("{} fds in one message; the limit is {MAX_FDS}", fds.len())));
     }
-    let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
-    let fd_bytes = std::mem::size_of_val(raw.as_slice());
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    let mut control = vec![0u8; if raw.is_empty() { 0 } else { space }];
-    let iov = [IoSlice::new(payload)];
-    // SAFETY: msghdr is plain data; zeroed is a valid "no name, no control" header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = 1;
-    if !raw.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = control.len() as _;
-        // SAFETY: the control buffer is CMSG_SPACE(fd_bytes) long, so the first header and
-        // its data (CMSG_LEN(fd_bytes) <= space) fit inside it.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
-            std::ptr::copy_nonoverlapping(raw.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), fd_bytes);
-        }
+    let mut space = [MaybeUninit::uninit(); FD_SPACE];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        let pushed = control.push(SendAncillaryMessage::ScmRights(fds));
+        debug_assert!(pushed, "the control buffer has room for MAX_FDS descriptors");
     }
+    let iov = [IoSlice::new(payload)];
     loop {
-        // SAFETY: msg points to live buffers (iov, control) for the duration of the call.
-        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            if n as usize != payload.len() {
+        match rustix::net::sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) if n == payload.len() => return Ok(()),
+            Ok(_) => {
                 return Err(Error::Io {
                     context: "sendmsg with fds".into(),
                     source: std::io::Error::new(std::io::ErrorKind::WriteZero, "short write"),
-                });
+                })
             }
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::os("sendmsg with fds", err));
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(Error::os("sendmsg with fds", e.into())),
         }
     }
 }
@@ -64,63 +54,42 @@ pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) 
 /// Returns the payload length (0 means the peer closed the socket) and the descriptors, each
 /// owned (closed on drop) so that none leaks whatever the caller does next.
 pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
-    recv_with_fds_flags(sock, buf, 0)
+    recv_with_fds_flags(sock, buf, RecvFlags::empty())
 }
 
 /// As [`recv_with_fds`], without waiting: `None` when nothing is pending.
 pub fn try_recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<Option<(usize, Vec<OwnedFd>)>> {
-    match recv_with_fds_flags(sock, buf, libc::MSG_DONTWAIT) {
+    match recv_with_fds_flags(sock, buf, RecvFlags::DONTWAIT) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
         other => other.map(Some),
     }
 }
 
-fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: libc::c_int) -> Result<(usize, Vec<OwnedFd>)> {
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: zeroed msghdr is valid; the pointers set below stay live during recvmsg.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = control.len() as _;
-    let n = loop {
-        // SAFETY: msg describes writable buffers that outlive the call. MSG_CMSG_CLOEXEC keeps
-        // received fds from leaking into exec'd children.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::os("recvmsg with fds", err));
+fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: RecvFlags) -> Result<(usize, Vec<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); FD_SPACE];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = loop {
+        // MSG_CMSG_CLOEXEC keeps received fds from leaking into exec'd children.
+        match rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC | flags) {
+            Ok(msg) => break msg,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(Error::os("recvmsg with fds", e.into())),
         }
     };
+    // Each received fd is new in this process and owned by the returned value (or closed with
+    // the control buffer, whatever is not taken here).
     let mut fds = Vec::new();
-    // SAFETY: the kernel filled msg_control with well-formed cmsg headers up to
-    // msg_controllen; CMSG_FIRSTHDR/NXTHDR stay inside it.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data_len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let count = data_len / std::mem::size_of::<RawFd>();
-                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                for i in 0..count {
-                    // Each received fd is new in this process and owned by no one else.
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if msg.flags.contains(ReturnFlags::CTRUNC) {
         // The fds that did arrive are dropped (closed) with `fds`.
         return Err(Error::Corrupt(format!("peer sent more than {MAX_FDS} file descriptors in one message")));
     }
-    Ok((n, fds))
+    Ok((msg.bytes, fds))
 }
 
 /// Receives one message that must be exactly `buf.len()` bytes with exactly one descriptor

@@ -7,44 +7,19 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+use rustix::thread::futex::{self, Flags};
+
 /// Sleeps while `*word == expected`, for at most `timeout` (`None`: until woken). Returns
 /// early on a wake-up, a signal, a spurious wake or when the word already differs; callers
 /// re-check their condition in every case, so the outcome is not reported.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a live, aligned 32-bit atomic; the kernel only reads it. The timeout
-    // (relative for FUTEX_WAIT, null for none) lives across the call.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            ts_ptr,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    let ts = timeout.map(super::timespec);
+    let _ = futex::wait(word, Flags::empty(), expected, ts.as_ref());
 }
 
 /// Wakes up to `count` processes sleeping on `word`.
 pub fn futex_wake(word: &AtomicU32, count: u32) {
-    // SAFETY: as futex_wait; FUTEX_WAKE does not touch the word's contents.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            count.min(i32::MAX as u32),
-            0usize,
-            0usize,
-            0u32,
-        );
-    }
+    let _ = futex::wake(word, Flags::empty(), count.min(i32::MAX as u32));
 }
 
 #[cfg(test)]

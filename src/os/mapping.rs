@@ -1,7 +1,9 @@
 //! An owned memory mapping, unmapped on drop.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
+
+use rustix::mm::{Advice, MapFlags, ProtFlags};
 
 use crate::error::{Error, Result};
 
@@ -21,30 +23,26 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of `fd` from `offset` (a multiple of the page size), read-write and
     /// shared, so that every process mapping the same file sees the same bytes.
-    pub fn shared(fd: &impl AsRawFd, offset: u64, len: usize) -> Result<Self> {
-        Self::map(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+    pub fn shared(fd: &impl AsFd, offset: u64, len: usize) -> Result<Self> {
+        Self::map(len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, Some(fd.as_fd()), offset)
     }
 
     /// As [`Mapping::shared`], readable only: for memory this process must never write.
-    pub fn shared_read_only(fd: &impl AsRawFd, offset: u64, len: usize) -> Result<Self> {
-        Self::map(len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+    pub fn shared_read_only(fd: &impl AsFd, offset: u64, len: usize) -> Result<Self> {
+        Self::map(len, ProtFlags::READ, MapFlags::SHARED, Some(fd.as_fd()), offset)
     }
 
     /// Maps `len` bytes of fresh, private, zeroed memory.
     #[cfg(test)]
     pub fn anonymous(len: usize) -> Result<Self> {
-        Self::map(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        Self::map(len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE, None, 0)
     }
 
     /// Maps two files back to back in one range, shared: the first `first.1` bytes of
     /// `first.0` read-write, then the first `second.1` bytes of `second.0`, read-write only if
     /// `second_writable`. Both lengths must be multiples of the page size. One value owns (and
     /// unmaps) the whole range.
-    pub fn shared_pair(
-        first: (&impl AsRawFd, usize),
-        second: (&impl AsRawFd, usize),
-        second_writable: bool,
-    ) -> Result<Self> {
+    pub fn shared_pair(first: (&impl AsFd, usize), second: (&impl AsFd, usize), second_writable: bool) -> Result<Self> {
         let page = page_size();
         let (first_len, second_len) = (first.1, second.1);
         if first_len % page != 0 || second_len % page != 0 {
@@ -56,24 +54,21 @@ impl Mapping {
             .checked_add(second_len)
             .ok_or_else(|| Error::invalid(format!("mapping parts of {first_len} and {second_len} bytes overflow")))?;
         // A reservation no one can touch, replaced part by part below.
-        let reserved =
-            Self::map(total, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)?;
-        let second_prot = if second_writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        let reserved = Self::map(total, ProtFlags::empty(), MapFlags::PRIVATE | MapFlags::NORESERVE, None, 0)?;
+        let second_prot = if second_writable { ProtFlags::READ | ProtFlags::WRITE } else { ProtFlags::READ };
         for (fd, at, len, prot) in [
-            (first.0.as_raw_fd(), 0, first_len, libc::PROT_READ | libc::PROT_WRITE),
-            (second.0.as_raw_fd(), first_len, second_len, second_prot),
+            (first.0.as_fd(), 0, first_len, ProtFlags::READ | ProtFlags::WRITE),
+            (second.0.as_fd(), first_len, second_len, second_prot),
         ] {
             if len == 0 {
                 continue;
             }
             // SAFETY: MAP_FIXED replaces pages of `reserved`, a range this function mapped
             // itself and owns; `at + len <= total`, so nothing outside it is touched.
-            let ptr = unsafe {
-                libc::mmap(reserved.as_ptr().add(at).cast(), len, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0)
-            };
-            if ptr == libc::MAP_FAILED {
-                return Err(Error::last_os(format!("mmap({len} bytes of a shared file at offset {at} of a pair)")));
+            unsafe {
+                rustix::mm::mmap(reserved.as_ptr().add(at).cast(), len, prot, MapFlags::SHARED | MapFlags::FIXED, fd, 0)
             }
+            .map_err(|e| Error::os(format!("mmap({len} bytes of a shared file at offset {at} of a pair)"), e.into()))?;
         }
         Ok(reserved)
     }
@@ -85,24 +80,29 @@ impl Mapping {
         if offset.checked_add(len).map_or(true, |end| end > self.len) || len == 0 {
             return false;
         }
-        let advice = if write { libc::MADV_POPULATE_WRITE } else { libc::MADV_POPULATE_READ };
+        let advice = if write { Advice::LinuxPopulateWrite } else { Advice::LinuxPopulateRead };
         // SAFETY: the range lies inside this mapping (checked above); the advice only faults
         // pages in, as touching them would.
-        unsafe { libc::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) == 0 }
+        unsafe { rustix::mm::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) }.is_ok()
     }
 
-    fn map(len: usize, prot: libc::c_int, flags: libc::c_int, fd: libc::c_int, offset: u64) -> Result<Self> {
+    /// Maps `len` bytes of `fd` from `offset`, or anonymous memory for `None`.
+    fn map(len: usize, prot: ProtFlags, flags: MapFlags, fd: Option<BorrowedFd<'_>>, offset: u64) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("cannot map 0 bytes"));
         }
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| Error::invalid(format!("mapping offset {offset} does not fit in off_t")))?;
+        if i64::try_from(offset).is_err() {
+            return Err(Error::invalid(format!("mapping offset {offset} does not fit in off_t")));
+        }
         // SAFETY: a NULL hint lets the kernel choose a fresh range, so no existing mapping is
         // replaced; the other arguments are plain values the kernel validates.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, off) };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::last_os(format!("mmap({len} bytes at offset {offset})")));
+        let ptr = unsafe {
+            match fd {
+                Some(fd) => rustix::mm::mmap(std::ptr::null_mut(), len, prot, flags, fd, offset),
+                None => rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, prot, flags),
+            }
         }
+        .map_err(|e| Error::os(format!("mmap({len} bytes at offset {offset})"), e.into()))?;
         Ok(Mapping { ptr: NonNull::new(ptr.cast()).expect("mmap never returns NULL on success"), len })
     }
 
@@ -125,12 +125,15 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: ptr/len describe exactly the range this value mapped and still owns.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
 /// The system's base page size.
 pub fn page_size() -> usize {
+    // libc, not rustix::param::page_size: rustix reads the auxiliary vector through
+    // PR_GET_AUXV and checks the vDSO it names, which a process under valgrind does not map
+    // (it crashes there).
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)

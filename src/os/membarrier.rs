@@ -12,15 +12,7 @@
 
 use std::sync::OnceLock;
 
-// From <linux/membarrier.h>; the libc crate does not export them on every target.
-const CMD_QUERY: libc::c_int = 0;
-const CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
-const CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
-
-fn membarrier(cmd: libc::c_int) -> libc::c_long {
-    // SAFETY: membarrier takes plain integers (cmd, flags, cpu_id) and touches no memory.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_uint, 0 as libc::c_int) }
-}
+use rustix::thread::{membarrier, membarrier_query, MembarrierCommand};
 
 /// Registers this process as a target of global expedited barriers, once per process.
 /// Returns whether it worked and [`global_barrier`] is available; false on kernels before
@@ -28,10 +20,10 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
 pub fn register() -> bool {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     *REGISTERED.get_or_init(|| {
-        let supported = membarrier(CMD_QUERY);
-        let needed = (CMD_GLOBAL_EXPEDITED | CMD_REGISTER_GLOBAL_EXPEDITED) as libc::c_long;
-        let registered =
-            supported >= 0 && supported & needed == needed && membarrier(CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+        let supported = membarrier_query();
+        let registered = supported.contains_command(MembarrierCommand::GlobalExpedited)
+            && supported.contains_command(MembarrierCommand::RegisterGlobalExpedited)
+            && membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok();
         if !registered {
             log::info!(
                 "membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) is not available (a kernel before 4.16, or a seccomp \
@@ -48,7 +40,7 @@ pub fn register() -> bool {
 /// kernel does not produce for a supported command) is reported as false so the caller can
 /// still sleep safely in bounded slices.
 pub fn global_barrier() -> bool {
-    membarrier(CMD_GLOBAL_EXPEDITED) == 0
+    membarrier(MembarrierCommand::GlobalExpedited).is_ok()
 }
 
 #[cfg(test)]

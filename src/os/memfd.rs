@@ -1,7 +1,8 @@
-//! Anonymous shared-memory files (`memfd_create`).
+//! Anonymous shared-memory files (`memfd_create`) and their seals.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
+
+use rustix::fs::{MemfdFlags as RawMemfdFlags, SealFlags};
 
 use crate::error::{Error, Result};
 
@@ -18,43 +19,42 @@ pub struct MemfdFlags {
 /// Creates an anonymous memory file of `size` bytes, close-on-exec. `name` shows up in
 /// `/proc/PID/fd` and `/proc/PID/maps` for debugging only.
 pub fn memfd_create(name: &str, size: u64, flags: MemfdFlags) -> Result<OwnedFd> {
-    let cname = CString::new(name.replace('\0', "")).expect("NULs were removed");
-    let mut raw_flags = libc::MFD_CLOEXEC;
+    let mut raw_flags = RawMemfdFlags::CLOEXEC;
     if flags.allow_sealing {
-        raw_flags |= libc::MFD_ALLOW_SEALING;
+        raw_flags |= RawMemfdFlags::ALLOW_SEALING;
     }
     if let Some(page) = flags.huge_page_size {
         if !page.is_power_of_two() {
             return Err(Error::invalid(format!("huge page size {page} is not a power of two")));
         }
         // The page size goes into bits 26..31 as its log2 (MFD_HUGE_SHIFT).
-        raw_flags |= libc::MFD_HUGETLB | (page.trailing_zeros() << libc::MFD_HUGE_SHIFT);
+        raw_flags |= RawMemfdFlags::HUGETLB | RawMemfdFlags::from_bits_retain(page.trailing_zeros() << 26);
     }
-    // SAFETY: cname is a valid NUL-terminated string; flags are plain integers.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), raw_flags) };
-    if fd < 0 {
-        return Err(Error::last_os(format!("memfd_create({name:?})")));
-    }
-    // SAFETY: fd was just returned by the kernel and is owned by no one else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let size_i64 =
-        i64::try_from(size).map_err(|_| Error::invalid(format!("memfd size {size} does not fit in off_t")))?;
-    // SAFETY: fd is a valid memfd; ftruncate has no memory-safety preconditions.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), size_i64) } != 0 {
-        return Err(Error::last_os(format!("ftruncate(memfd {name:?}, {size} bytes)")));
-    }
+    let fd = rustix::fs::memfd_create(name.replace('\0', ""), raw_flags)
+        .map_err(|e| Error::os(format!("memfd_create({name:?})"), e.into()))?;
+    rustix::fs::ftruncate(&fd, size)
+        .map_err(|e| Error::os(format!("ftruncate(memfd {name:?}, {size} bytes)"), e.into()))?;
     Ok(fd)
 }
 
 /// The size of the file behind `fd`, from `fstat`.
-pub fn fd_size(fd: &impl AsRawFd) -> Result<u64> {
-    // SAFETY: zeroed stat is a valid out-buffer; fstat fills it or fails.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: st is a valid, writable stat struct.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(Error::last_os("fstat"));
-    }
+pub fn fd_size(fd: &impl AsFd) -> Result<u64> {
+    let st = rustix::fs::fstat(fd).map_err(|e| Error::os("fstat", e.into()))?;
     Ok(st.st_size as u64)
+}
+
+/// The seals that forbid resizing a memfd, and adding or removing seals.
+pub const RESIZE_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+
+/// Adds `seals` to the memfd behind `fd` (`F_ADD_SEALS`; `what` names the file in the error).
+/// The kernel refuses seals it does not know, such as `F_SEAL_FUTURE_WRITE` before Linux 5.1.
+pub fn add_seals(fd: &impl AsFd, seals: SealFlags, what: &str) -> Result<()> {
+    rustix::fs::fcntl_add_seals(fd, seals).map_err(|e| Error::os(format!("sealing {what}"), e.into()))
+}
+
+/// The seals on the file behind `fd` (`F_GET_SEALS`); `None` for a file without seal support.
+pub fn seals(fd: &impl AsFd) -> Option<SealFlags> {
+    rustix::fs::fcntl_get_seals(fd).ok()
 }
 
 #[cfg(test)]
@@ -71,5 +71,16 @@ mod tests {
     fn rejects_bad_huge_page_size() {
         let flags = MemfdFlags { huge_page_size: Some(3 << 20), allow_sealing: false };
         assert!(matches!(memfd_create("x", 1 << 21, flags), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn seals_stick_and_forbid_resizing() {
+        let flags = MemfdFlags { huge_page_size: None, allow_sealing: true };
+        let fd = memfd_create("lf-seal", 4096, flags).unwrap();
+        add_seals(&fd, RESIZE_SEALS, "a test memfd").unwrap();
+        assert!(seals(&fd).unwrap().contains(RESIZE_SEALS));
+        assert!(rustix::fs::ftruncate(&fd, 8192).is_err());
+        let unsealable = memfd_create("lf-noseal", 4096, MemfdFlags::default()).unwrap();
+        assert!(add_seals(&unsealable, SealFlags::SHRINK, "a memfd without sealing").is_err());
     }
 }

@@ -13,5 +13,10 @@ pub mod memfd;
 pub mod watcher;
 
 pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds};
+
+/// A timeout as the kernel takes it; one beyond `i64::MAX` seconds waits as long.
+pub(crate) fn timespec(timeout: std::time::Duration) -> rustix::event::Timespec {
+    rustix::event::Timespec::try_from(timeout).unwrap_or(rustix::event::Timespec { tv_sec: i64::MAX, tv_nsec: 0 })
+}
 pub use mapping::Mapping;
 pub use memfd::{memfd_create, MemfdFlags};

@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::epoll::Epoll;
+use super::epoll::{Epoll, EventFlags};
 use super::eventfd::{eventfd, eventfd_signal};
 use crate::error::{Error, Result};
 
@@ -122,10 +122,10 @@ impl Watch {
         let set = Arc::clone(&state.running.as_ref().expect("started above").set);
         for (i, (fd, interest)) in fds.iter().enumerate() {
             let events = match interest {
-                Interest::Readable => libc::EPOLLIN,
-                Interest::HangUp => libc::EPOLLRDHUP,
-            } | libc::EPOLLONESHOT;
-            if let Err(e) = set.epoll.add(fd.as_fd(), events as u32, id, "a watched descriptor") {
+                Interest::Readable => EventFlags::IN,
+                Interest::HangUp => EventFlags::RDHUP,
+            } | EventFlags::ONESHOT;
+            if let Err(e) = set.epoll.add(fd.as_fd(), events, id, "a watched descriptor") {
                 for (added, _) in &fds[..i] {
                     set.epoll.delete(added.as_fd());
                 }
@@ -165,7 +165,7 @@ impl Drop for Watch {
 impl Running {
     fn start() -> Result<Running> {
         let set = Arc::new(WatchSet { epoll: Epoll::new()?, stop: eventfd()? });
-        set.epoll.add(set.stop.as_fd(), libc::EPOLLIN as u32, STOP_TOKEN, "the watcher's stop eventfd")?;
+        set.epoll.add(set.stop.as_fd(), EventFlags::IN, STOP_TOKEN, "the watcher's stop eventfd")?;
         let for_thread = Arc::clone(&set);
         let thread = spawn_without_signals(move || watch_loop(&for_thread))
             .map_err(|e| Error::os("spawning the lava-flow watcher thread", e))?;
@@ -184,13 +184,13 @@ impl Running {
 
 /// The watcher's thread: waits for events and runs each fired watch's callback.
 fn watch_loop(set: &WatchSet) {
-    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 32];
+    let mut events = Epoll::events::<32>();
     loop {
         let n = set.epoll.wait(&mut events, None).expect("epoll_wait on the watcher's own set cannot fail");
         let mut fired = Vec::new();
         let mut state = STATE.lock();
         for event in &events[..n] {
-            let id = event.u64;
+            let id = event.data.u64();
             if id == STOP_TOKEN {
                 return;
             }

@@ -2,14 +2,13 @@
 //! real second process; leaks over many cycles; bad input.
 //!
 //! Tests that need a process of their own (another process to import into, a clean process to
-//! count fds and mappings in, a lowered RLIMIT_MEMLOCK) re-run this test binary with
-//! `--exact cpu_strategies::child_role` and `LF_CHILD_ROLE` naming the role.
+//! count fds and mappings in, a lowered RLIMIT_MEMLOCK) run `cpu_strategies::child_role` in a
+//! child (the harness of `tests/common/child.rs`) in a role.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
+
+use crate::child::{expect_success, parent_socket, role_in, Spawn};
 
 use lava_flow::memory::{
     kernel_page_size_of, locked_bytes, node_of_address, Buffer, BufferOrigin, Context, ContextConfig, ExportHandle,
@@ -17,10 +16,7 @@ use lava_flow::memory::{
 };
 use lava_flow::{Error, ProcessLocation};
 
-const ROLE_VAR: &str = "LF_CHILD_ROLE";
-const SOCKET_VAR: &str = "LF_CHILD_SOCKET";
-/// The fd number the child finds its socket at.
-const CHILD_SOCKET_FD: i32 = 100;
+const CHILD_TEST: &str = "cpu_strategies::child_role";
 
 /// A CPU-only context: these tests are about CPU memory (gpu_context.rs covers the GPU), so
 /// no Vulkan device is opened and GPU locations are refused rather than falling back.
@@ -69,55 +65,18 @@ fn available_locations() -> Vec<MemoryLocation> {
     locations
 }
 
-/// Runs this binary's `child_role` test in a new process with `role`, handing it `socket`.
-fn run_child(role: &str, socket: Option<UnixStream>, envs: &[(&str, String)]) -> std::process::Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["--exact", "cpu_strategies::child_role", "--nocapture", "--test-threads=1"])
-        .env(ROLE_VAR, role)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    for (key, value) in envs {
-        command.env(key, value);
-    }
-    if let Some(socket) = socket {
-        let raw = socket.as_raw_fd();
-        command.env(SOCKET_VAR, CHILD_SOCKET_FD.to_string());
-        // SAFETY: dup2 is async-signal-safe; the new fd (without CLOEXEC) survives exec.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::dup2(raw, CHILD_SOCKET_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = command.spawn().unwrap();
-        drop(socket);
-        return child;
-    }
-    command.spawn().unwrap()
-}
-
-fn wait_ok(child: std::process::Child, role: &str) -> String {
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "child {role} failed: {}\n{stdout}\n{stderr}", output.status);
-    assert!(stdout.contains("1 passed"), "child {role} did not run its role:\n{stdout}");
-    stdout
+/// Runs this binary's `child_role` test in a new process with `role`, with a socket to it
+/// when `with_socket`.
+fn run_child(role: &str, with_socket: bool, envs: &[(&str, String)]) -> (std::process::Child, Option<UnixStream>) {
+    Spawn { test: CHILD_TEST, role, envs, socket: with_socket, capture_stderr: true }.start()
 }
 
 /// The entry point of child processes; does nothing in a normal test run.
 #[test]
 fn child_role() {
-    let Ok(role) = std::env::var(ROLE_VAR) else { return };
-    let socket = std::env::var(SOCKET_VAR).ok().map(|fd| {
-        // SAFETY: the parent put the socket at this fd for this process to own.
-        unsafe { UnixStream::from_raw_fd(fd.parse().unwrap()) }
-    });
+    let Some(role) = role_in(CHILD_TEST) else { return };
     match role.as_str() {
-        "importer" => importer_role(socket.expect("importer needs a socket")),
+        "importer" => importer_role(parent_socket()),
         "leak-check" => leak_check_role(),
         "memlock-limit" => memlock_limit_role(),
         other => panic!("unknown child role {other}"),
@@ -212,7 +171,7 @@ fn pinned_memory_is_locked() {
 
 #[test]
 fn a_small_memlock_limit_gives_a_clear_error() {
-    wait_ok(run_child("memlock-limit", None, &[]), "memlock-limit");
+    expect_success(run_child("memlock-limit", false, &[]).0, "memlock-limit");
 }
 
 fn memlock_limit_role() {
@@ -262,8 +221,8 @@ fn export_in_one_process_import_in_another_writes_seen_both_ways() {
             })
         })
         .collect();
-    let (mut parent, child_end) = UnixStream::pair().unwrap();
-    let child = run_child("importer", Some(child_end), &[]);
+    let (child, parent) = run_child("importer", true, &[]);
+    let mut parent = parent.expect("a socket");
     parent.write_all(&(buffers.len() as u32).to_ne_bytes()).unwrap();
     for (n, buffer) in buffers.iter().enumerate() {
         let seed = (n / 3) * 10 + buffer.len();
@@ -274,7 +233,7 @@ fn export_in_one_process_import_in_another_writes_seen_both_ways() {
         assert_eq!(ack[0], 1, "the child saw buffer {n} ({})", buffer.location());
         assert!(check(buffer, seed + 1), "the child's writes are seen here ({})", buffer.location());
     }
-    let stdout = wait_ok(child, "importer");
+    let stdout = expect_success(child, "importer");
     assert!(stdout.contains(&format!("imported {} buffers", buffers.len())), "{stdout}");
 }
 
@@ -306,7 +265,7 @@ fn importer_role(mut socket: UnixStream) {
 
 #[test]
 fn ten_thousand_cycles_leak_no_fds_and_no_mappings() {
-    let stdout = wait_ok(run_child("leak-check", None, &[]), "leak-check");
+    let stdout = expect_success(run_child("leak-check", false, &[]).0, "leak-check");
     assert!(stdout.contains("no leaks"), "{stdout}");
 }
 

@@ -4,20 +4,15 @@
 //!
 //! Tests that need a Vulkan device skip (printing why) where there is none, and fail instead
 //! when `LF_REQUIRE_VULKAN=1`. `LF_VULKAN_DEVICE` picks the device (index or deviceUUID).
-//! Two-process tests re-execute this test binary with `--exact <test>` and a role in
-//! `LF_GPU_TEST_CHILD`; the child talks to the parent over a Unix socket.
+//! Two-process tests run themselves in a child in a role (the harness of
+//! `tests/common/child.rs`); the child talks to the parent over a Unix socket.
 
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::os::unix::net::UnixStream;
+use std::process::Child;
 
 use lava_flow::memory::gpu::*;
 use lava_flow::Error;
-
-const CHILD_ENV: &str = "LF_GPU_TEST_CHILD";
-const SOCKET_ENV: &str = "LF_GPU_TEST_SOCKET";
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -82,9 +77,7 @@ pub(crate) fn assert_no_fd_leak(cycle: impl Fn(usize)) {
 
 /// `Some(role)` when this process is the child of `test`.
 pub(crate) fn child_role(test: &str) -> Option<String> {
-    let value = std::env::var(CHILD_ENV).ok()?;
-    let (name, role) = value.split_once(':')?;
-    (name == test).then(|| role.to_string())
+    crate::child::role_in(test)
 }
 
 /// Starts this test binary again, running only `test` in role `role`, with a socket to talk
@@ -101,67 +94,20 @@ pub(crate) fn spawn_child_in(
     envs: &[(&str, &str)],
     with_socket: bool,
 ) -> (Child, Option<UnixStream>) {
-    let socket_path: PathBuf = std::env::temp_dir().join(format!("lf-gpu-{}-{test}-{role}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&socket_path);
-    let listener = with_socket.then(|| UnixListener::bind(&socket_path).unwrap());
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([&format!("{module}::{test}"), "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{test}:{role}"))
-        .env(SOCKET_ENV, &socket_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in envs {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().unwrap();
-    let stream = listener.map(|listener| {
-        let child = &mut child;
-        listener.set_nonblocking(true).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    stream.set_nonblocking(false).unwrap();
-                    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-                    break stream;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if let Some(status) = child.try_wait().unwrap() {
-                        let mut stdout = String::new();
-                        let mut stderr = String::new();
-                        child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-                        child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-                        panic!("child {test}:{role} exited ({status}) before connecting:\n{stdout}\n{stderr}");
-                    }
-                    assert!(Instant::now() < deadline, "child {test}:{role} never connected");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => panic!("accept: {e}"),
-            }
-        }
-    });
-    let _ = std::fs::remove_file(&socket_path);
-    (child, stream)
+    let envs: Vec<(&str, String)> = envs.iter().map(|&(k, v)| (k, v.to_owned())).collect();
+    let test = format!("{module}::{test}");
+    crate::child::Spawn { test: &test, role, envs: &envs, socket: with_socket, capture_stderr: true }.start()
 }
 
 pub(crate) fn connect_to_parent() -> UnixStream {
-    let path = std::env::var(SOCKET_ENV).expect("child started without a socket");
-    let stream = UnixStream::connect(path).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    stream
+    crate::child::parent_socket()
 }
 
 /// Waits for the child and fails the test, with its output, unless it succeeded.
 pub(crate) fn expect_child_success(child: Child, what: &str) {
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child {what} failed ({}):\n{stdout}\n{stderr}", out.status);
+    let stdout = crate::child::expect_success(child, what);
     // Under VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation, API misuse in the child fails too.
     assert!(!stdout.contains("Validation Error"), "child {what} misused Vulkan:\n{stdout}");
-    // A child whose filter matched nothing "succeeds" with 0 tests: make sure it ran one.
-    assert!(stdout.contains("1 passed"), "child {what} ran no test:\n{stdout}\n{stderr}");
     for line in stdout.lines().filter_map(|l| l.find("child:").map(|at| &l[at..])) {
         println!("{line}");
     }

@@ -1,6 +1,8 @@
 //! Layer 0 and Layer 1 integration tests: scope detection and memory. One test binary, one
 //! module per concern (the seed's `tests/layer1/` layout).
 
+#[path = "../common/child.rs"]
+mod child;
 mod cpu_strategies;
 #[cfg(feature = "vulkan")]
 mod gpu_context;

@@ -2,26 +2,11 @@ use std::io::Write;
 
 use lava_flow::{detect_scope, CommunicationScope, Error, ProcessLocation, ProcessName};
 
-fn config_file(text: &str) -> tempfile_path::TempPath {
-    tempfile_path::write(text)
-}
-
-/// A tiny temp-file helper, so the tests need no extra crate.
-mod tempfile_path {
-    use super::*;
-    pub struct TempPath(pub std::path::PathBuf);
-    impl Drop for TempPath {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    pub fn write(text: &str) -> TempPath {
-        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("lf-scope-{}-{n}.json", std::process::id()));
-        std::fs::File::create(&path).unwrap().write_all(text.as_bytes()).unwrap();
-        TempPath(path)
-    }
+/// A temporary file holding `text`, removed when dropped.
+fn config_file(text: &str) -> tempfile::TempPath {
+    let mut file = tempfile::Builder::new().prefix("lf-scope-").suffix(".json").tempfile().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    file.into_temp_path()
 }
 
 #[test]
@@ -35,8 +20,8 @@ fn config_peers_are_local_or_remote_to_this_process() {
         me.hostname.to_uppercase(),
         me.hostname
     ));
-    let twin = ProcessLocation::from_config(&cfg.0, &ProcessName::new("twin").unwrap()).unwrap();
-    let far = ProcessLocation::from_config(&cfg.0, &ProcessName::new("far").unwrap()).unwrap();
+    let twin = ProcessLocation::from_config(&cfg, &ProcessName::new("twin").unwrap()).unwrap();
+    let far = ProcessLocation::from_config(&cfg, &ProcessName::new("far").unwrap()).unwrap();
     assert_eq!(detect_scope(&me, &twin), CommunicationScope::Local);
     assert_eq!(detect_scope(&me, &far), CommunicationScope::Remote);
     assert_eq!(far.device_id, Some(1));
@@ -53,11 +38,11 @@ fn bad_config_files_name_the_file_and_the_problem() {
     ];
     for (text, expected) in cases {
         let cfg = config_file(text);
-        let err = ProcessLocation::from_config(&cfg.0, &name).unwrap_err();
+        let err = ProcessLocation::from_config(&cfg, &name).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains(expected), "{text}: {msg}");
         if !matches!(err, Error::NotFound(_)) {
-            assert!(msg.contains(&cfg.0.display().to_string()), "names the file: {msg}");
+            assert!(msg.contains(&cfg.display().to_string()), "names the file: {msg}");
         }
     }
     let missing = ProcessLocation::from_config("/no/such/lf.json", &name).unwrap_err();

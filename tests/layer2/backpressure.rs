@@ -56,7 +56,8 @@ fn full_channel_would_block_and_times_out() {
         Some(_) => {}
         None => {
             let dir = test_dir("full");
-            let flag = format!("/tmp/lf-l2-{}-full.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("full.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let c = spawn(TEST, "consumer", &dir, &args);
@@ -97,7 +98,8 @@ fn receive_times_out_when_nothing_arrives() {
         Some(_) => {}
         None => {
             let dir = test_dir("quiet");
-            let flag = format!("/tmp/lf-l2-{}-quiet.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("quiet.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let c = spawn(TEST, "consumer", &dir, &args);
@@ -207,18 +209,20 @@ fn the_pool_is_faulted_in_at_creation_unless_turned_off() {
     const POOL: usize = 8 << 20;
     // The data part (slots and pool) follows the region's first page; how much of it this
     // process has mapped in, in KiB, right after the channel is made.
-    let mapped = |region: Option<(*mut u8, usize)>| {
-        let (ptr, len) = region.expect("a shared-memory channel");
+    let mapped = |name: &str| {
+        let (ptr, len) = region_of(name);
         (rss_kib_of_mapping_at(ptr as usize + 4096), (len as u64 - 4096) / 1024)
     };
     for (name, prefault) in [("warm", true), ("cold", false)] {
         let config = ChannelConfig { prefault, pool_size: POOL, ..config(WaitStrategy::BusyPoll) };
         let (rss, data) = match child_role().as_deref() {
             Some("producer") => {
-                mapped(Producer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests())
+                let _p = Producer::create(&ctx(), name, &here(), &here(), &config).unwrap();
+                mapped(name)
             }
             Some("consumer") => {
-                mapped(Consumer::create(&ctx(), name, &here(), &here(), &config).unwrap().raw_region_for_tests())
+                let _c = Consumer::create(&ctx(), name, &here(), &here(), &config).unwrap();
+                mapped(name)
             }
             Some(_) => return,
             None => return run_pair(TEST, "prefault"),

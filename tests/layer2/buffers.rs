@@ -193,7 +193,8 @@ fn views_of_arena_memory_survive_the_producers_kill_9() {
         Some(_) => {}
         None => {
             let dir = test_dir("arena-kill");
-            let flag = format!("/tmp/lf-l2-{}-arena-kill.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("arena-kill.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let mut c = spawn(TEST, "survivor", &dir, &args);
@@ -267,7 +268,7 @@ fn hostile_arena_descriptors_are_corrupt() {
                     buffer.write_at(i as usize * 8, &i.to_le_bytes()).unwrap();
                     p.send_buffer(&buffer, i as usize * 8, 8).unwrap();
                 }
-                let (base, _) = p.raw_region_for_tests().unwrap();
+                let (base, _) = region_of(&format!("hostile-arena-{variant}"));
                 let slot = SLOTS + 3 * SLOT;
                 let (id, offset, len) = match variant {
                     "unknown-id" => (0xdead_beef, 0, 8),

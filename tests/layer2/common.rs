@@ -4,18 +4,19 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout};
 use std::time::Duration;
+
+use crate::child::Spawn;
+pub use crate::child::{kill9, wait_timeout};
 
 use lava_flow::channels::{ChannelConfig, WaitStrategy};
 use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
 use lava_flow::ProcessLocation;
 
-pub const CHILD_ENV: &str = "LF_TEST_CHILD";
-
 /// The role this process plays, when it is a child.
 pub fn child_role() -> Option<String> {
-    std::env::var(CHILD_ENV).ok()
+    crate::child::role()
 }
 
 /// A test argument passed by the orchestrator.
@@ -23,28 +24,53 @@ pub fn arg(name: &str) -> String {
     std::env::var(format!("LF_TEST_ARG_{name}")).unwrap_or_else(|_| panic!("missing test argument {name}"))
 }
 
-/// A fresh, empty runtime dir for one test (0700).
+/// A fresh, empty runtime dir for one test (0700), which [`assert_dir_empty`] removes.
 pub fn test_dir(test: &str) -> PathBuf {
-    use std::os::unix::fs::DirBuilderExt;
-    let dir = PathBuf::from(format!("/tmp/lf-l2-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
-    dir
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(&format!("lf-l2-{test}-"))
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .unwrap()
+        .keep()
+}
+
+/// This process's mapping of shared-memory channel `name`'s region (its control part and, right
+/// after it, its data part), as /proc/self/maps shows it: its address and length. For tests
+/// that play a hostile peer, writing where the peer would.
+pub fn region_of(name: &str) -> (*mut u8, usize) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    // "start-end perms offset dev inode path": the ranges of each memfd of the channel.
+    let ranges = |file: &str| -> Vec<(usize, usize)> {
+        maps.lines()
+            .filter(|line| line.ends_with(&format!("/memfd:{file} (deleted)")))
+            .map(|line| {
+                let (start, end) = line.split_whitespace().next().unwrap().split_once('-').unwrap();
+                (usize::from_str_radix(start, 16).unwrap(), usize::from_str_radix(end, 16).unwrap())
+            })
+            .collect()
+    };
+    let data = ranges(&format!("lava-flow:{name}:data"));
+    // The region maps its control part directly before its data part (a second mapping of
+    // the control part, for waking sleepers, lies elsewhere).
+    let (start, end) = ranges(&format!("lava-flow:{name}"))
+        .into_iter()
+        .find_map(|(start, end)| data.iter().find(|d| d.0 == end).map(|d| (start, d.1)))
+        .unwrap_or_else(|| panic!("no region of channel {name:?} is mapped here:\n{maps}"));
+    (start as *mut u8, end - start)
+}
+
+/// A scratch dir for files the test's processes share (flags), removed when dropped.
+pub fn scratch_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("lf-l2-scratch-").tempdir().unwrap()
 }
 
 /// Starts `test` in a child process as `role`, with arguments as `LF_TEST_ARG_*`.
 pub fn spawn(test: &str, role: &str, dir: &Path, args: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, role)
-        .env("LF_RUNTIME_DIR", dir)
-        .env_remove("LF_TRANSPORTS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (k, v) in args {
-        cmd.env(format!("LF_TEST_ARG_{k}"), v);
-    }
-    cmd.spawn().expect("re-executing the test binary")
+    let mut envs: Vec<(&str, String)> = vec![("LF_RUNTIME_DIR", dir.display().to_string())];
+    let named: Vec<(String, String)> = args.iter().map(|(k, v)| (format!("LF_TEST_ARG_{k}"), v.clone())).collect();
+    envs.extend(named.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    Spawn { test, role, envs: &envs, socket: false, capture_stderr: false }.start().0
 }
 
 /// Reads the child's stdout until a line `@@ <key> <value>` and returns the value.
@@ -97,25 +123,6 @@ pub fn wait_ok(mut child: Child, what: &str) {
         panic!("{what} did not finish in 120 s")
     });
     assert!(status.success(), "{what} failed: {status}");
-}
-
-pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-pub fn kill9(child: &mut Child) {
-    // SAFETY: kill with a pid we spawned and have not reaped yet.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-    let _ = child.wait();
 }
 
 /// CLOCK_MONOTONIC in ns: comparable between processes on one host.

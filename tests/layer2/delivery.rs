@@ -98,28 +98,21 @@ fn completion_follows_release_in_order() {
     }
 }
 
-/// A minimal executor: polls a future on this thread, parking between wake-ups.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    use std::sync::Arc;
-    use std::task::{Context, Poll, Wake};
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Arc::new(Unpark(std::thread::current())).into();
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
+/// The names of this process's threads that are lava-flow's.
+#[cfg(feature = "async-io")]
+fn lava_flow_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| name.starts_with("lava-flow"))
+        .collect();
+    names.sort();
+    names
 }
 
 #[test]
+#[cfg(feature = "async-io")]
 fn pollable_fd_and_async_receive() {
     const TEST: &str = "delivery::pollable_fd_and_async_receive";
     const N: u64 = 2000;
@@ -159,12 +152,16 @@ fn pollable_fd_and_async_receive() {
                     }
                 }
             }
+            // The wait is async-io's reactor's (driven by its block_on on this thread): lava-flow
+            // starts no thread of its own to receive asynchronously.
+            let threads = lava_flow_threads();
             while seq < 2 * N {
-                let m = block_on(c.recv_async()).unwrap();
+                let m = async_io::block_on(c.recv_async()).unwrap();
                 check(&m, seq);
                 seq += 1;
+                assert_eq!(lava_flow_threads(), threads, "lava-flow started a thread to receive asynchronously");
             }
-            assert!(matches!(block_on(c.recv_async()), Err(Error::PeerGone(_))));
+            assert!(matches!(async_io::block_on(c.recv_async()), Err(Error::PeerGone(_))));
         }
         Some(_) => {}
         None => run_pair(TEST, "pollable"),

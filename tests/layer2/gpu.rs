@@ -305,7 +305,8 @@ fn kill9_of_either_side_with_gpu_buffers_in_flight() {
             }
             for victim in ["producer", "consumer"] {
                 let dir = test_dir(&format!("gpu-kill-{victim}"));
-                let flag = format!("/tmp/lf-l2-{}-gpu-kill-{victim}.flag", std::process::id());
+                let scratch = scratch_dir();
+                let flag = scratch.path().join(format!("gpu-kill-{victim}.flag")).display().to_string();
                 let _ = std::fs::remove_file(&flag);
                 let args = [("victim", victim.to_owned()), ("flag", flag.clone())];
                 let mut c = spawn(TEST, "consumer", &dir, &args);
@@ -356,7 +357,7 @@ fn hostile_gpu_descriptors_are_corrupt() {
                     p.send_buffer(&buffer, 0, 64).unwrap();
                 }
                 p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
-                let (base, _) = p.raw_region_for_tests().unwrap();
+                let (base, _) = region_of(&format!("gpu-hostile-{variant}"));
                 let slot = SLOTS + SLOT;
                 let (slot_id, generation, offset, len, ready): (u32, u32, u64, u64, u64) = match variant {
                     "slot" => (9999, 1, 0, 64, 0),
@@ -569,7 +570,8 @@ fn a_full_channel_loses_no_arena_announcement() {
                 return;
             }
             let dir = test_dir("gpu-full");
-            let flag = format!("/tmp/lf-l2-{}-gpu-full.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("gpu-full.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let c = spawn(TEST, "consumer", &dir, &args);

@@ -36,7 +36,7 @@ fn garbage_in_the_control_region_is_corrupt() {
                 for i in 0..3u64 {
                     p.send(&i.to_le_bytes()).unwrap();
                 }
-                let (base, _) = p.raw_region_for_tests().unwrap();
+                let (base, _) = region_of(&format!("hostile-{variant}"));
                 let slot = SLOTS + 3 * SLOT;
                 // SAFETY: the test owns the mapping and writes inside slot 3.
                 unsafe {
@@ -93,7 +93,7 @@ fn garbage_in_the_control_region_is_corrupt() {
             }
             let mut c = Consumer::create(&ctx(), "hostile-tail", &here(), &here(), &config(wait)).unwrap();
             drop(c.recv().unwrap());
-            let (base, _) = c.raw_region_for_tests().unwrap();
+            let (base, _) = region_of("hostile-tail");
             // SAFETY: the test owns the mapping; the tail word lies in the header page.
             unsafe { u64_at(base, TAIL).store(1 << 40, Ordering::SeqCst) };
             let _ = c.recv_timeout(Duration::from_secs(10));
@@ -134,7 +134,7 @@ fn the_consumer_cannot_make_the_ring_writable() {
             let mut c =
                 Consumer::create(&ctx(), "sealed-ring", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
             let m = c.recv_timeout(Duration::from_secs(20)).unwrap();
-            let (base, len) = c.raw_region_for_tests().unwrap();
+            let (base, len) = region_of("sealed-ring");
             // SAFETY: mprotect of the consumer's own mapping of the data part (from the slots
             // on); refused, it leaves the mapping as it was.
             let rc = unsafe { libc::mprotect(base.add(SLOTS).cast(), len - SLOTS, libc::PROT_READ | libc::PROT_WRITE) };

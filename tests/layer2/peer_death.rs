@@ -67,7 +67,8 @@ fn producer_killed_consumer_sees_peer_gone() {
         None => {
             for wait in STRATEGIES {
                 let dir = test_dir(&format!("pkill-{wait}"));
-                let flag = format!("/tmp/lf-l2-{}-pkill-{wait}.flag", std::process::id());
+                let scratch = scratch_dir();
+                let flag = scratch.path().join(format!("pkill-{wait}.flag")).display().to_string();
                 let _ = std::fs::remove_file(&flag);
                 let args = [("wait", wait.to_owned()), ("flag", flag.clone())];
                 let mut c = spawn(TEST, "survivor", &dir, &args);
@@ -158,9 +159,9 @@ fn a_killed_consumer_never_leaves_its_socket() {
     const ROUNDS: usize = 30;
     match child_role().as_deref() {
         Some("victim") => {
-            let c = Consumer::create(&ctx(), "stale", &here(), &here(), &config(strategy("block"))).unwrap();
+            let _c = Consumer::create(&ctx(), "stale", &here(), &here(), &config(strategy("block"))).unwrap();
             if arg("hostile") == "1" {
-                let (base, _) = c.raw_region_for_tests().unwrap();
+                let (base, _) = region_of("stale");
                 // SAFETY: the consumer's own mapping of the region; offset 132 is the
                 // consumer_closed word (src/channels/transports/shm/ring.rs), 4-aligned.
                 unsafe {

@@ -116,7 +116,8 @@ fn rendezvous_timeout_and_refusals() {
             assert_dir_empty(&dir);
 
             let dir = test_dir("taken");
-            let flag = format!("/tmp/lf-l2-{}-taken.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("taken.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = [("flag", flag.clone())];
             let mut c = spawn(TEST, "consumer", &dir, &args);
@@ -247,7 +248,8 @@ fn a_second_producer_is_refused_at_once() {
         Some(_) => {}
         None => {
             let dir = test_dir("one-producer");
-            let flag = format!("/tmp/lf-l2-{}-one-producer.flag", std::process::id());
+            let scratch = scratch_dir();
+            let flag = scratch.path().join("one-producer.flag").display().to_string();
             let _ = std::fs::remove_file(&flag);
             let args = |what: &str| [("flag", flag.clone()), ("what", what.to_owned())];
             let mut c = spawn(TEST, "consumer", &dir, &args(""));

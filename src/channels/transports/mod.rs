@@ -576,9 +576,6 @@ impl ProducerTransport for AnyProducer {
     fn arenas_sent(&self) -> u64 {
         forward!(self, t => t.arenas_sent())
     }
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        forward!(self, t => t.raw_region())
-    }
     fn send_malformed(&mut self, how: u32) -> Result<()> {
         forward!(self, t => t.send_malformed(how))
     }
@@ -638,8 +635,5 @@ impl ConsumerTransport for AnyConsumer {
     }
     fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>) {
         forward!(self, t => t.keep_while_held(session, keep))
-    }
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        forward!(self, t => t.raw_region())
     }
 }

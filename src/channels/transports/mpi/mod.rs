@@ -45,6 +45,9 @@ mod producer;
 pub(crate) use consumer::MpiConsumer;
 pub(crate) use producer::MpiProducer;
 
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
 use crate::error::{Error, Result};
 
 /// The longest message that goes as one MPI message with its header, and the size of the
@@ -109,20 +112,35 @@ struct Header {
     extra: u64,
 }
 
+/// A [`Header`] on the wire.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct HeaderWire {
+    magic: U32,
+    kind: U16,
+    flags: U16,
+    seq: U64,
+    len: U64,
+    extra: U64,
+}
+
 impl Header {
-    const LEN: usize = 32;
+    const LEN: usize = std::mem::size_of::<HeaderWire>();
 
     fn new(kind: Kind, seq: u64, len: u64) -> Header {
         Header { kind, flags: 0, seq, len, extra: 0 }
     }
 
     fn encode(&self, out: &mut [u8]) {
-        out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        out[4..6].copy_from_slice(&(self.kind as u16).to_le_bytes());
-        out[6..8].copy_from_slice(&(self.flags as u16).to_le_bytes());
-        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        out[16..24].copy_from_slice(&self.len.to_le_bytes());
-        out[24..32].copy_from_slice(&self.extra.to_le_bytes());
+        let wire = HeaderWire {
+            magic: MAGIC.into(),
+            kind: (self.kind as u16).into(),
+            flags: (self.flags as u16).into(),
+            seq: self.seq.into(),
+            len: self.len.into(),
+            extra: self.extra.into(),
+        };
+        out[..Header::LEN].copy_from_slice(wire.as_bytes());
     }
 
     fn to_bytes(self) -> [u8; Header::LEN] {
@@ -134,18 +152,16 @@ impl Header {
     /// Parses a header that `whose` sent; anything else is `Corrupt`.
     fn decode(bytes: &[u8], whose: &str) -> Result<Header> {
         let bad = |what: String| Error::Corrupt(format!("a message from the {whose} over MPI {what}"));
-        if bytes.len() < Header::LEN {
+        let Ok((wire, _)) = HeaderWire::read_from_prefix(bytes) else {
             return Err(bad(format!("has {} bytes, fewer than a header's {}", bytes.len(), Header::LEN)));
-        }
-        let u16_at = |i: usize| u16::from_le_bytes(bytes[i..i + 2].try_into().expect("2 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        };
+        let magic = wire.magic.get();
         if magic != MAGIC {
             return Err(bad(format!(
                 "starts with {magic:#x}, not lava-flow's {MAGIC:#x}: is another program using lava-flow's communicator, or another lava-flow version?"
             )));
         }
-        let kind = match u16_at(4) {
+        let kind = match wire.kind.get() {
             1 => Kind::Hello,
             2 => Kind::Data,
             3 => Kind::Close,
@@ -156,11 +172,11 @@ impl Header {
             8 => Kind::Closed,
             other => return Err(bad(format!("has kind {other}, which lava-flow does not send"))),
         };
-        let flags = u32::from(u16_at(6));
+        let flags = u32::from(wire.flags.get());
         if flags & !(FLAG_REPORT | FLAG_SPLIT | FLAG_ZERO_COPY) != 0 {
             return Err(bad(format!("has unknown flags {flags:#x}")));
         }
-        Ok(Header { kind, flags, seq: u64_at(8), len: u64_at(16), extra: u64_at(24) })
+        Ok(Header { kind, flags, seq: wire.seq.get(), len: wire.len.get(), extra: wire.extra.get() })
     }
 }
 

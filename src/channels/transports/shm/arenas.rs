@@ -9,11 +9,16 @@
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
+
+use rustix::fs::{FileType, SealFlags};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::ring::MAX_ARENA_LEN;
 use crate::error::{Error, Result};
+use crate::os::memfd::seals;
 use crate::os::Mapping;
 
 /// The arenas a producer has passed to its consumer, by [`SharedRegion::identity`]. Each
@@ -46,15 +51,11 @@ pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
     if len == 0 || len > MAX_ARENA_LEN {
         return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
     }
-    // SAFETY: zeroed stat is a valid out-buffer; fstat on a descriptor we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(Error::Corrupt("its fd is not a memory file".into()));
-    }
-    // SAFETY: F_GET_SEALS only reads the file's seals.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+    let st = match rustix::fs::fstat(fd) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+        _ => return Err(Error::Corrupt("its fd is not a memory file".into())),
+    };
+    if !seals(fd).is_some_and(|s| s.contains(SealFlags::SHRINK)) {
         return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
     }
     if (st.st_size as u64) < len {
@@ -84,6 +85,18 @@ const RECORD_ATTACHMENT: u32 = 3;
 /// The most bytes an attachment carries.
 pub(crate) const MAX_ATTACHMENT_LEN: usize = ControlRecord::LEN - 24;
 
+/// A [`ControlRecord`] on the wire: its kind and two words (arena id and length, or route
+/// and attachment length), then the attachment's bytes, zero past them.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RecordWire {
+    magic: [u8; 4],
+    kind: U32,
+    a: U64,
+    b: U64,
+    attachment: [u8; MAX_ATTACHMENT_LEN],
+}
+
 impl ControlRecord {
     /// Every record has this size, so that records are read whole from the stream socket.
     pub(super) const LEN: usize = 256;
@@ -100,39 +113,35 @@ impl ControlRecord {
     }
 
     pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[..4].copy_from_slice(RECORD_MAGIC);
+        let mut attachment = [0u8; MAX_ATTACHMENT_LEN];
         let (kind, a, b) = match self {
             ControlRecord::Arena { id, len } => (RECORD_ARENA, *id, *len),
             ControlRecord::Forget { id } => (RECORD_FORGET, *id, 0),
             ControlRecord::Attachment { route, bytes } => {
-                out[24..24 + bytes.len()].copy_from_slice(bytes);
+                attachment[..bytes.len()].copy_from_slice(bytes);
                 (RECORD_ATTACHMENT, u64::from(*route), bytes.len() as u64)
             }
         };
-        out[4..8].copy_from_slice(&kind.to_le_bytes());
-        out[8..16].copy_from_slice(&a.to_le_bytes());
-        out[16..24].copy_from_slice(&b.to_le_bytes());
-        out
+        let wire = RecordWire { magic: *RECORD_MAGIC, kind: kind.into(), a: a.into(), b: b.into(), attachment };
+        zerocopy::transmute!(wire)
     }
 
     pub(super) fn decode(bytes: &[u8]) -> Result<ControlRecord> {
         let bad = |what: String| Error::Corrupt(format!("the producer sent a control record that {what}"));
-        if bytes.len() != Self::LEN || &bytes[..4] != RECORD_MAGIC {
-            return Err(bad(format!("is not one (wrong magic or {} bytes, not {})", bytes.len(), Self::LEN)));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let unused_zero = |from: usize| bytes[from..].iter().all(|&b| b == 0);
-        match (u32_at(4), u64_at(8), u64_at(16)) {
-            (RECORD_ARENA, id, len) if unused_zero(24) => Ok(ControlRecord::Arena { id, len }),
-            (RECORD_FORGET, id, 0) if unused_zero(24) => Ok(ControlRecord::Forget { id }),
+        let wire = match RecordWire::ref_from_bytes(bytes) {
+            Ok(wire) if &wire.magic == RECORD_MAGIC => wire,
+            _ => return Err(bad(format!("is not one (wrong magic or {} bytes, not {})", bytes.len(), Self::LEN))),
+        };
+        let unused_zero = |from: usize| wire.attachment[from..].iter().all(|&b| b == 0);
+        match (wire.kind.get(), wire.a.get(), wire.b.get()) {
+            (RECORD_ARENA, id, len) if unused_zero(0) => Ok(ControlRecord::Arena { id, len }),
+            (RECORD_FORGET, id, 0) if unused_zero(0) => Ok(ControlRecord::Forget { id }),
             (RECORD_ATTACHMENT, route, len) if route <= u64::from(u32::MAX) && len as usize <= MAX_ATTACHMENT_LEN => {
                 let len = len as usize;
-                if !unused_zero(24 + len) {
+                if !unused_zero(len) {
                     return Err(bad("has non-zero bytes past its attachment".into()));
                 }
-                Ok(ControlRecord::Attachment { route: route as u32, bytes: bytes[24..24 + len].to_vec() })
+                Ok(ControlRecord::Attachment { route: route as u32, bytes: wire.attachment[..len].to_vec() })
             }
             (kind, _, _) => Err(bad(format!("has unknown kind {kind} or malformed fields"))),
         }

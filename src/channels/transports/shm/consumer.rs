@@ -19,7 +19,7 @@ use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportI
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::epoll::Epoll;
+use crate::os::epoll::{Epoll, EventFlags};
 use crate::os::eventfd::{eventfd_drain, eventfd_signal};
 use crate::os::try_recv_with_fds;
 
@@ -155,7 +155,7 @@ impl ShmConsumer {
     fn ready(&self) -> bool {
         let s = &self.link.session;
         let next = self.link.next;
-        s.region.slot_seq((next & s.mask) as usize).load(Ordering::Acquire) != expected_empty(next, s.slot_count)
+        s.region.slot((next & s.mask) as usize).seq.load(Ordering::Acquire) != expected_empty(next, s.slot_count)
             && next - s.reclaimed.load(Ordering::Relaxed) < s.slot_count
     }
     /// The next message if one is waiting and it is the common case: an inline, pool or
@@ -170,24 +170,24 @@ impl ShmConsumer {
         let index = (next & s.mask) as usize;
         // The second test: every slot is held by a view, so a legitimate producer cannot have
         // published more.
-        if s.region.slot_seq(index).load(Ordering::Acquire) != next + 1
+        if s.region.slot(index).seq.load(Ordering::Acquire) != next + 1
             || next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count
         {
             return None;
         }
-        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
+        let len_kind = s.region.slot(index).len_kind.load(Ordering::Relaxed);
         let len = len_kind as u32 as usize;
         let ptr = match (len_kind >> 32) as u32 {
-            KIND_INLINE if len.wrapping_sub(1) < INLINE_MAX => s.region.slot_inline(index) as *const u8,
+            KIND_INLINE if len.wrapping_sub(1) < INLINE_MAX => s.region.slot(index).inline() as *const u8,
             KIND_POOL => {
-                let offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+                let offset = s.region.slot(index).pool_offset().load(Ordering::Relaxed);
                 match s.region.pool_range(offset, len as u64) {
                     Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
                     _ => return None,
                 }
             }
             kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 && len.wrapping_sub(1) < INLINE_MAX => {
-                let ptr = s.region.slot_inline(index) as *const u8;
+                let ptr = s.region.slot(index).inline() as *const u8;
                 return Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8)));
             }
             KIND_ARENA => return self.read_arena_fast(index),
@@ -200,7 +200,7 @@ impl ShmConsumer {
     /// [`read_arena_slot`](Self::read_arena_slot) checks it; `None` for anything else.
     #[inline]
     fn read_arena_fast(&mut self, index: usize) -> Option<RawView> {
-        let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
+        let [id, offset, len] = self.link.session.region.slot(index).arena().map(|word| word.load(Ordering::Relaxed));
         let (last, mapping) = self.link.arenas.last.as_ref()?;
         if *last != id || !in_arena(offset, len, mapping.len() as u64) {
             return None;
@@ -231,20 +231,20 @@ impl ShmConsumer {
         if next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count {
             return Ok(None);
         }
-        let seq = s.region.slot_seq(index).load(Ordering::Acquire);
-        let len_kind = s.region.slot_len_kind(index).load(Ordering::Relaxed);
-        let pool_offset = s.region.slot_pool_offset(index).load(Ordering::Relaxed);
+        let seq = s.region.slot(index).seq.load(Ordering::Acquire);
+        let len_kind = s.region.slot(index).len_kind.load(Ordering::Relaxed);
+        let pool_offset = s.region.slot(index).pool_offset().load(Ordering::Relaxed);
         let (ptr, len, flags) = match check_slot(next, &s.region.geometry, seq, len_kind, pool_offset) {
             Err(what) => return Err(self.corrupt(what)),
             Ok(Slot::Empty) => return Ok(None),
-            Ok(Slot::Inline { len }) => (s.region.slot_inline(index) as *const u8, len, 0),
+            Ok(Slot::Inline { len }) => (s.region.slot(index).inline() as *const u8, len, 0),
             Ok(Slot::Pool { offset, len }) => {
                 let ptr = s.region.pool_range(offset, len as u64).expect("check_slot checked the range");
                 (ptr as *const u8, len, 0)
             }
             Ok(Slot::Arena) => return self.read_arena_slot(index, next),
             Ok(Slot::Routed { route, len }) => {
-                (s.region.slot_inline(index) as *const u8, len, RawView::routed_flags(route))
+                (s.region.slot(index).inline() as *const u8, len, RawView::routed_flags(route))
             }
         };
         Ok(Some(self.hand_out(index, ptr, len, flags)))
@@ -267,7 +267,7 @@ impl ShmConsumer {
     /// Reads a buffer send: (arena id, offset, len), each checked against the arenas mapped
     /// here, reading the arena's fd from the socket first if it is new.
     fn read_arena_slot(&mut self, index: usize, next: u64) -> Result<Option<RawView>> {
-        let [id, offset, len] = self.link.session.region.slot_arena(index).map(|word| word.load(Ordering::Relaxed));
+        let [id, offset, len] = self.link.session.region.slot(index).arena().map(|word| word.load(Ordering::Relaxed));
         let mapping = match &self.link.arenas.last {
             Some((last, mapping)) if *last == id => Arc::clone(mapping),
             _ => {
@@ -438,11 +438,11 @@ impl ShmConsumer {
     fn register_link_fds(&self) -> Result<()> {
         let epoll = self.epoll.as_ref().expect("epoll created");
         let what = "the channel's notification fd";
-        let add = |fd: BorrowedFd<'_>, events: i32| epoll.add(fd, events as u32, fd.as_raw_fd() as u64, what);
-        add(self.link.eventfd.as_fd(), libc::EPOLLIN)?;
-        add(self.link.watch.socket_fd(), libc::EPOLLIN | libc::EPOLLRDHUP)?;
+        let add = |fd: BorrowedFd<'_>, events: EventFlags| epoll.add(fd, events, fd.as_raw_fd() as u64, what);
+        add(self.link.eventfd.as_fd(), EventFlags::IN)?;
+        add(self.link.watch.socket_fd(), EventFlags::IN | EventFlags::RDHUP)?;
         if let Some(pidfd) = self.link.watch.pidfd() {
-            add(pidfd, libc::EPOLLIN)?;
+            add(pidfd, EventFlags::IN)?;
         }
         Ok(())
     }
@@ -527,7 +527,7 @@ impl ConsumerTransport for ShmConsumer {
                     peer_end(watch),
                     deadline,
                     || {
-                        region.slot_seq((next & (slot_count - 1)) as usize).load(Ordering::SeqCst)
+                        region.slot((next & (slot_count - 1)) as usize).seq.load(Ordering::SeqCst)
                             != expected_empty(next, slot_count)
                             || region.producer_closed().load(Ordering::SeqCst) != 0
                             || watch.alarmed()
@@ -539,10 +539,6 @@ impl ConsumerTransport for ShmConsumer {
                 }
             }
         }
-    }
-
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        Some(self.link.session.region.raw())
     }
 
     fn releaser(&self) -> Arc<dyn Release> {

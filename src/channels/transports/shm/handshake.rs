@@ -19,18 +19,29 @@ use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::eventfd;
 use crate::os::{membarrier, recv_with_fds};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// This transport's section: the region's geometry (its two memfds and the producer's
 /// eventfd go as the section's descriptors).
-const SECTION_LEN: usize = 24;
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct SectionWire {
+    version: U32,
+    slot_count: U32,
+    pool_size: U64,
+    total_len: U64,
+}
+const SECTION_LEN: usize = std::mem::size_of::<SectionWire>();
 
 fn encode_section(geometry: &Geometry, fds: RegionFds, eventfd: OwnedFd) -> Section {
-    let mut bytes = Vec::with_capacity(SECTION_LEN);
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
-    bytes.extend_from_slice(&geometry.slot_count.to_le_bytes());
-    bytes.extend_from_slice(&geometry.pool_size.to_le_bytes());
-    bytes.extend_from_slice(&(geometry.total_len as u64).to_le_bytes());
-    Section { route: ROUTE_ID, bytes, fds: vec![fds.control, fds.data, eventfd] }
+    let wire = SectionWire {
+        version: VERSION.into(),
+        slot_count: geometry.slot_count.into(),
+        pool_size: geometry.pool_size.into(),
+        total_len: (geometry.total_len as u64).into(),
+    };
+    Section { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), fds: vec![fds.control, fds.data, eventfd] }
 }
 
 /// This side's fast-wake flags: [`WAKE_REGISTERED`] where it could register for global
@@ -200,21 +211,19 @@ pub(super) fn accept(
 /// `Geometry::new` accepts and that agrees with the sizes the producer states. Pure, so that
 /// it can be fuzzed.
 pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
-    if b.len() != SECTION_LEN {
+    let Ok(wire) = SectionWire::read_from_bytes(b) else {
         return Err(Error::Corrupt(format!(
             "the producer's shared-memory section has {} bytes, not {SECTION_LEN}",
             b.len()
         )));
-    }
-    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    if u32_at(0) != VERSION {
+    };
+    if wire.version.get() != VERSION {
         return Err(Error::Unsupported(format!(
             "the producer's shared-memory layout is version {}, this consumer's {VERSION}; use the same lava-flow on both sides",
-            u32_at(0)
+            wire.version.get()
         )));
     }
-    let (slot_count, pool_size, total_len) = (u32_at(4), u64_at(8), u64_at(16));
+    let (slot_count, pool_size, total_len) = (wire.slot_count.get(), wire.pool_size.get(), wire.total_len.get());
     let geometry = Geometry::new(slot_count, pool_size)
         .map_err(|e| Error::Corrupt(format!("the producer's shared-memory section describes no valid ring: {e}")))?;
     if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
@@ -229,12 +238,10 @@ fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
     if link.to_string_lossy() != "anon_inode:[eventfd]" {
         return Err(Error::Corrupt(format!("producer's second fd is {}, not an eventfd", link.display())));
     }
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-    }
-    Ok(())
+    let flags =
+        rustix::fs::fcntl_getfl(fd).map_err(|e| Error::os("fcntl(F_GETFL) on the producer's eventfd", e.into()))?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
+        .map_err(|e| Error::os("fcntl(F_SETFL, O_NONBLOCK) on the producer's eventfd", e.into()))
 }
 
 #[cfg(test)]

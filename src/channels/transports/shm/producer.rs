@@ -284,7 +284,7 @@ impl ShmProducer {
         let pending = if len <= INLINE_MAX {
             PendingLoan {
                 token: self.head,
-                ptr: self.region.slot_inline(index),
+                ptr: self.region.slot(index).inline(),
                 len,
                 kind: KIND_INLINE,
                 pool_offset: 0,
@@ -330,7 +330,7 @@ impl ShmProducer {
         let pending = if len <= INLINE_MAX {
             PendingLoan {
                 token: self.head,
-                ptr: self.region.slot_inline(index),
+                ptr: self.region.slot(index).inline(),
                 len,
                 kind: KIND_INLINE,
                 pool_offset: 0,
@@ -444,7 +444,7 @@ impl ShmProducer {
             }
         };
         let index = (self.head & self.mask) as usize;
-        let [slot_id, slot_offset, slot_len] = self.region.slot_arena(index);
+        let [slot_id, slot_offset, slot_len] = self.region.slot(index).arena();
         slot_id.store(id, Ordering::Relaxed);
         slot_offset.store(offset as u64, Ordering::Relaxed);
         slot_len.store(len as u64, Ordering::Relaxed);
@@ -502,10 +502,6 @@ impl ProducerTransport for ShmProducer {
 
     fn max_message_len(&self) -> usize {
         self.region.geometry.pool_size as usize
-    }
-
-    fn raw_region(&self) -> Option<(*mut u8, usize)> {
-        Some(self.region.raw())
     }
 
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
@@ -603,16 +599,16 @@ impl ProducerTransport for ShmProducer {
         self.loan = None;
         let index = (self.head & self.mask) as usize;
         let region = &self.region;
-        region.slot_len_kind(index).store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
+        region.slot(index).len_kind.store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
         if pending.kind == KIND_POOL {
-            region.slot_pool_offset(index).store(pending.pool_offset, Ordering::Relaxed);
+            region.slot(index).pool_offset().store(pending.pool_offset, Ordering::Relaxed);
         }
         self.pool_ends[index] = pending.pool_end;
         self.pool_head = pending.pool_end;
         if pending.kind == KIND_POOL {
             self.pool_pos = pending.pool_offset + pool_need(pending.len);
         }
-        publish_then_check(region.slot_seq(index), self.head + 1, self.fast_wake);
+        publish_then_check(&region.slot(index).seq, self.head + 1, self.fast_wake);
         let seq = self.head;
         self.head += 1;
         wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);

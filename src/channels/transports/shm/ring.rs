@@ -33,11 +33,14 @@
 //! so a consumer cannot corrupt it; the only value the producer reads back is the consumer's
 //! tail, which it checks. The consumer checks every `seq`, `len`, `kind` and offset it reads.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use rustix::fs::SealFlags;
+use zerocopy::{FromBytes, IntoBytes, KnownLayout};
+
 use crate::error::{Error, Result};
-use crate::os::memfd::fd_size;
+use crate::os::memfd::{add_seals, fd_size, seals, RESIZE_SEALS};
 use crate::os::{memfd_create, Mapping, MemfdFlags};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
@@ -185,25 +188,111 @@ pub fn pack_len_kind(len: u32, kind: u32) -> u64 {
     u64::from(len) | u64::from(kind) << 32
 }
 
+/// The region's header, its first page: written once by the producer (magic to prefaulted),
+/// then only the words the two sides share, each on its own cache line by group. Every bit
+/// pattern is a valid header (`FromBytes`): a peer can write anything into it, and the
+/// consumer checks what it reads.
+#[derive(FromBytes, IntoBytes, KnownLayout)]
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    slot_count: AtomicU32,
+    pool_size: AtomicU64,
+    total_len: AtomicU64,
+    /// 1 when the producer faulted the data part in at creation: the consumer then maps it in
+    /// whole too (reading pages that exist costs no memory).
+    prefaulted: AtomicU32,
+    _reserved0: [u8; 92],
+    producer_closed: AtomicU32,
+    consumer_closed: AtomicU32,
+    producer_fast_wake: AtomicU32,
+    consumer_fast_wake: AtomicU32,
+    _reserved1: [u8; 112],
+    tail: AtomicU64,
+    _reserved2: [u8; 120],
+    data_futex: AtomicU32,
+    data_sleeping: AtomicU32,
+    fd_waiting: AtomicU32,
+    _reserved3: [u8; 116],
+    room_futex: AtomicU32,
+    room_sleeping: AtomicU32,
+    _reserved4: [u8; HEADER_END - 520],
+}
+
 const HEADER_END: usize = 4096;
-const OFF_MAGIC: usize = 0;
-const OFF_VERSION: usize = 8;
-const OFF_SLOT_COUNT: usize = 12;
-const OFF_POOL_SIZE: usize = 16;
-const OFF_TOTAL_LEN: usize = 24;
-/// 1 when the producer faulted the data part in at creation: the consumer then maps it in
-/// whole too (reading pages that exist costs no memory).
-const OFF_PREFAULTED: usize = 32;
-const OFF_PRODUCER_CLOSED: usize = 128;
-const OFF_CONSUMER_CLOSED: usize = 132;
-const OFF_PRODUCER_FAST_WAKE: usize = 136;
-const OFF_CONSUMER_FAST_WAKE: usize = 140;
-const OFF_TAIL: usize = 256;
-const OFF_DATA_FUTEX: usize = 384;
-const OFF_DATA_SLEEPING: usize = 388;
-const OFF_FD_WAITING: usize = 392;
-const OFF_ROOM_FUTEX: usize = 512;
-const OFF_ROOM_SLEEPING: usize = 516;
+
+// The wire format: these offsets are what version 5 of the region says.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(Header, magic) == 0 && offset_of!(Header, version) == 8);
+    assert!(offset_of!(Header, slot_count) == 12 && offset_of!(Header, pool_size) == 16);
+    assert!(offset_of!(Header, total_len) == 24 && offset_of!(Header, prefaulted) == 32);
+    assert!(offset_of!(Header, producer_closed) == 128 && offset_of!(Header, consumer_closed) == 132);
+    assert!(offset_of!(Header, producer_fast_wake) == 136 && offset_of!(Header, consumer_fast_wake) == 140);
+    assert!(offset_of!(Header, tail) == 256);
+    assert!(offset_of!(Header, data_futex) == 384 && offset_of!(Header, data_sleeping) == 388);
+    assert!(offset_of!(Header, fd_waiting) == 392);
+    assert!(offset_of!(Header, room_futex) == 512 && offset_of!(Header, room_sleeping) == 516);
+    assert!(size_of::<Header>() == HEADER_END);
+    assert!(size_of::<SlotWords>() == SLOT_SIZE && offset_of!(SlotWords, data) == SLOT_DATA);
+};
+
+/// One slot of the ring: the sequence word, the length and kind (one word, see
+/// [`pack_len_kind`]), then [`INLINE_MAX`] bytes of inline payload, or a pool message's
+/// offset, or a buffer send's arena id, offset and length, in the first data words.
+#[derive(FromBytes, IntoBytes, KnownLayout)]
+#[repr(C)]
+pub struct SlotWords {
+    pub seq: AtomicU64,
+    /// `len` (low half, byte 8) and `kind` (high half, byte 12) as one word, so that each side
+    /// moves them with one access (little-endian targets, all lava-flow supports).
+    pub len_kind: AtomicU64,
+    data: [AtomicU64; INLINE_MAX / 8],
+}
+
+impl SlotWords {
+    /// The pool offset of a pool message (shares the inline bytes' place).
+    #[inline]
+    pub fn pool_offset(&self) -> &AtomicU64 {
+        &self.data[0]
+    }
+    /// A buffer send's arena id, offset and length (in place of the inline bytes).
+    #[inline]
+    pub fn arena(&self) -> [&AtomicU64; 3] {
+        [&self.data[0], &self.data[1], &self.data[2]]
+    }
+    /// Where the inline payload starts ([`INLINE_MAX`] bytes, to the slot's end). The bytes
+    /// are written and read through this pointer (the atomics' cells allow it), not as words.
+    #[inline]
+    pub fn inline(&self) -> *mut u8 {
+        self.data.as_ptr().cast_mut().cast()
+    }
+}
+
+/// The `T` at `offset` of `map`.
+///
+/// # Safety
+/// `offset` must be a multiple of `T`'s alignment (the mapping is page-aligned) and
+/// `offset + size_of::<T>() <= map.len()`.
+#[inline]
+unsafe fn shared_at<T: FromBytes + KnownLayout>(map: &Mapping, offset: usize) -> &T {
+    debug_assert!(offset % std::mem::align_of::<T>() == 0 && offset + std::mem::size_of::<T>() <= map.len());
+    // SAFETY: in bounds and aligned (the caller's promise); every bit pattern is a valid `T`
+    // (`FromBytes`), so whatever the other process wrote there is one; and every word of
+    // the shared types is an atomic (or a cell of bytes only reached through raw pointers),
+    // so the other process's writes are not data races.
+    unsafe { &*map.as_ptr().add(offset).cast::<T>() }
+}
+
+/// The header of a mapping of a region's control part (or of the whole region): every such
+/// mapping is at least `slots_offset >= HEADER_END` bytes long (see [`Geometry::new`]).
+#[inline]
+fn header(map: &Mapping) -> &Header {
+    // SAFETY: offset 0, and the mappings of regions and of their control parts hold the
+    // whole header (see above).
+    unsafe { shared_at(map, 0) }
+}
 
 /// `value` rounded up to a multiple of `to`, or `None` where that does not fit in a u64.
 fn round_up(value: u64, to: u64) -> Option<u64> {
@@ -249,18 +338,6 @@ impl Geometry {
     }
 }
 
-/// The 32-bit word at `offset` of `map`: `offset` is one of this module's constants or a
-/// checked slot offset.
-#[inline]
-fn u32_at(map: &Mapping, offset: usize) -> &AtomicU32 {
-    debug_assert!(offset % 4 == 0 && offset + 4 <= map.len());
-    // SAFETY: offset is one of this module's constants or a checked slot offset: in bounds
-    // and 4-aligned (the mapping is page-aligned). AtomicU32 has u32's layout, and every
-    // access to shared words goes through atomics, so the other process's writes are not
-    // data races.
-    unsafe { &*map.as_ptr().add(offset).cast::<AtomicU32>() }
-}
-
 /// A second mapping of a region's control part, owned by what must wake a side's sleeper
 /// without holding the region: the callback of the peer watcher, which may run while the
 /// channel is being dropped. A futex in shared memory is keyed by its file and offset, so a
@@ -274,11 +351,11 @@ impl WaitWords {
     }
     /// The futex word the consumer sleeps on for messages.
     pub fn data_futex(&self) -> &AtomicU32 {
-        u32_at(&self.0, OFF_DATA_FUTEX)
+        &header(&self.0).data_futex
     }
     /// The futex word the producer sleeps on for room and completions.
     pub fn room_futex(&self) -> &AtomicU32 {
-        u32_at(&self.0, OFF_ROOM_FUTEX)
+        &header(&self.0).room_futex
     }
 }
 
@@ -287,15 +364,6 @@ impl WaitWords {
 pub struct Region {
     map: Mapping,
     pub geometry: Geometry,
-}
-
-/// The seals of both parts: neither can be resized (so the consumer can never be made to
-/// touch pages beyond an end), nor sealed further by the peer.
-const RESIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-
-fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> bool {
-    // SAFETY: fcntl on a descriptor we own, with integer arguments.
-    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
 }
 
 /// The descriptors of a region, to pass to the consumer.
@@ -317,14 +385,12 @@ impl Region {
         let control = memfd_create(&format!("lava-flow:{name}"), control_len as u64, flags)?;
         let data = memfd_create(&format!("lava-flow:{name}:data"), data_len as u64, flags)?;
         let map = Mapping::shared_pair((&control, control_len), (&data, data_len), true)?;
-        if !add_seals(&control, RESIZE_SEALS) {
-            return Err(Error::last_os("sealing the channel's control memfd"));
-        }
+        // Neither part can be resized (so the consumer can never be made to touch pages beyond
+        // an end), nor sealed further by the peer.
+        add_seals(&control, RESIZE_SEALS, "the channel's control memfd")?;
         // After our mapping, which keeps writing; every later writable use is refused.
-        if !add_seals(&data, RESIZE_SEALS | libc::F_SEAL_FUTURE_WRITE) {
-            if !add_seals(&data, RESIZE_SEALS) {
-                return Err(Error::last_os("sealing the channel's data memfd"));
-            }
+        if add_seals(&data, RESIZE_SEALS | SealFlags::FUTURE_WRITE, "the channel's data memfd").is_err() {
+            add_seals(&data, RESIZE_SEALS, "the channel's data memfd")?;
             crate::logging::log_first!(
                 log::Level::Info,
                 "this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1): a channel's consumer maps the data part of its \
@@ -348,12 +414,13 @@ impl Region {
             }
             populated
         };
-        region.u32_at(OFF_PREFAULTED).store(u32::from(prefaulted), Ordering::Relaxed);
-        region.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
-        region.u32_at(OFF_SLOT_COUNT).store(geometry.slot_count, Ordering::Relaxed);
-        region.u64_at(OFF_POOL_SIZE).store(geometry.pool_size, Ordering::Relaxed);
-        region.u64_at(OFF_TOTAL_LEN).store(geometry.total_len as u64, Ordering::Relaxed);
-        region.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        let header = region.header();
+        header.prefaulted.store(u32::from(prefaulted), Ordering::Relaxed);
+        header.version.store(VERSION, Ordering::Relaxed);
+        header.slot_count.store(geometry.slot_count, Ordering::Relaxed);
+        header.pool_size.store(geometry.pool_size, Ordering::Relaxed);
+        header.total_len.store(geometry.total_len as u64, Ordering::Relaxed);
+        header.magic.store(MAGIC, Ordering::Release);
         Ok((region, RegionFds { control, data }))
     }
 
@@ -364,10 +431,8 @@ impl Region {
         let control_len = geometry.slots_offset;
         let data_len = geometry.total_len - control_len;
         for (fd, part, len) in [(control, "control", control_len), (data, "data", data_len)] {
-            // SAFETY: fcntl on a descriptor we own.
-            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-            let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-            if seals < 0 || seals & needed != needed {
+            let needed = SealFlags::SHRINK | SealFlags::SEAL;
+            if !seals(fd).is_some_and(|s| s.contains(needed)) {
                 return Err(Error::Corrupt(format!(
                     "the producer's {part} memfd is not sealed against shrinking; refusing to map it"
                 )));
@@ -381,36 +446,31 @@ impl Region {
         }
         let map = Mapping::shared_pair((control, control_len), (data, data_len), false)?;
         let region = Region { map, geometry };
-        let header_ok = region.u64_at(OFF_MAGIC).load(Ordering::Acquire) == MAGIC
-            && region.u32_at(OFF_VERSION).load(Ordering::Relaxed) == VERSION
-            && region.u32_at(OFF_SLOT_COUNT).load(Ordering::Relaxed) == geometry.slot_count
-            && region.u64_at(OFF_POOL_SIZE).load(Ordering::Relaxed) == geometry.pool_size
-            && region.u64_at(OFF_TOTAL_LEN).load(Ordering::Relaxed) == geometry.total_len as u64;
+        let header = region.header();
+        let header_ok = header.magic.load(Ordering::Acquire) == MAGIC
+            && header.version.load(Ordering::Relaxed) == VERSION
+            && header.slot_count.load(Ordering::Relaxed) == geometry.slot_count
+            && header.pool_size.load(Ordering::Relaxed) == geometry.pool_size
+            && header.total_len.load(Ordering::Relaxed) == geometry.total_len as u64;
         if !header_ok {
             return Err(Error::Corrupt("the shared region's header does not match the producer's hello".into()));
         }
-        if region.u32_at(OFF_PREFAULTED).load(Ordering::Relaxed) == 1 {
+        if header.prefaulted.load(Ordering::Relaxed) == 1 {
             region.map.populate(control_len, data_len, false);
         }
         Ok(region)
     }
     #[inline]
-    fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        u32_at(&self.map, offset)
-    }
-    #[inline]
-    fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.map.len());
-        // SAFETY: as u32_at, 8-aligned.
-        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU64>() }
+    fn header(&self) -> &Header {
+        header(&self.map)
     }
     #[inline]
     pub fn producer_closed(&self) -> &AtomicU32 {
-        self.u32_at(OFF_PRODUCER_CLOSED)
+        &self.header().producer_closed
     }
     #[inline]
     pub fn consumer_closed(&self) -> &AtomicU32 {
-        self.u32_at(OFF_CONSUMER_CLOSED)
+        &self.header().consumer_closed
     }
     /// The producer's [`WAKE_REGISTERED`] and [`WAKE_SLEEPER_BARRIER`] flags (written before
     /// the hello): with the consumer's, they decide for each direction whether its publisher
@@ -418,69 +478,44 @@ impl Region {
     /// `os::membarrier`).
     #[inline]
     pub fn producer_fast_wake(&self) -> &AtomicU32 {
-        self.u32_at(OFF_PRODUCER_FAST_WAKE)
+        &self.header().producer_fast_wake
     }
     /// The consumer's flags, as the producer's (written before the ack).
     #[inline]
     pub fn consumer_fast_wake(&self) -> &AtomicU32 {
-        self.u32_at(OFF_CONSUMER_FAST_WAKE)
+        &self.header().consumer_fast_wake
     }
     #[inline]
     pub fn tail(&self) -> &AtomicU64 {
-        self.u64_at(OFF_TAIL)
+        &self.header().tail
     }
     #[inline]
     pub fn data_futex(&self) -> &AtomicU32 {
-        self.u32_at(OFF_DATA_FUTEX)
+        &self.header().data_futex
     }
     #[inline]
     pub fn data_sleeping(&self) -> &AtomicU32 {
-        self.u32_at(OFF_DATA_SLEEPING)
+        &self.header().data_sleeping
     }
     #[inline]
     pub fn fd_waiting(&self) -> &AtomicU32 {
-        self.u32_at(OFF_FD_WAITING)
+        &self.header().fd_waiting
     }
     #[inline]
     pub fn room_futex(&self) -> &AtomicU32 {
-        self.u32_at(OFF_ROOM_FUTEX)
+        &self.header().room_futex
     }
     #[inline]
     pub fn room_sleeping(&self) -> &AtomicU32 {
-        self.u32_at(OFF_ROOM_SLEEPING)
+        &self.header().room_sleeping
     }
+    /// Slot `index` (below the slot count, or this panics).
     #[inline]
-    fn slot_offset(&self, index: usize) -> usize {
+    pub fn slot(&self, index: usize) -> &SlotWords {
         assert!(index < self.geometry.slot_count as usize, "slot index {index} out of range");
-        self.geometry.slots_offset + index * SLOT_SIZE
-    }
-    #[inline]
-    pub fn slot_seq(&self, index: usize) -> &AtomicU64 {
-        self.u64_at(self.slot_offset(index))
-    }
-    /// A slot's `len` (low half, byte 8) and `kind` (high half, byte 12) as one word, so
-    /// that each side moves them with one access (little-endian targets, all lava-flow
-    /// supports).
-    #[inline]
-    pub fn slot_len_kind(&self, index: usize) -> &AtomicU64 {
-        self.u64_at(self.slot_offset(index) + 8)
-    }
-    /// The pool offset of a pool message (shares the inline bytes' place).
-    #[inline]
-    pub fn slot_pool_offset(&self, index: usize) -> &AtomicU64 {
-        self.u64_at(self.slot_offset(index) + SLOT_DATA)
-    }
-    /// A buffer send's arena id, offset and length (in place of the inline bytes).
-    #[inline]
-    pub fn slot_arena(&self, index: usize) -> [&AtomicU64; 3] {
-        let at = self.slot_offset(index) + SLOT_DATA;
-        [self.u64_at(at), self.u64_at(at + 8), self.u64_at(at + 16)]
-    }
-    /// Where a slot's inline payload starts ([`INLINE_MAX`] bytes).
-    #[inline]
-    pub fn slot_inline(&self, index: usize) -> *mut u8 {
-        // SAFETY: slot_offset checked the index; the inline area ends with the slot.
-        unsafe { self.map.as_ptr().add(self.slot_offset(index) + SLOT_DATA) }
+        // SAFETY: the slots lie from slots_offset (page-aligned) to slot_count slots on, inside
+        // the mapping (the geometry says so and the mapping has its total length).
+        unsafe { shared_at(&self.map, self.geometry.slots_offset + index * SLOT_SIZE) }
     }
 
     /// `len` bytes of pool at `offset`, after checking that they lie inside the pool.
@@ -491,11 +526,6 @@ impl Region {
         }
         // SAFETY: offset + len <= pool_size, so the range lies inside the mapping.
         Some(unsafe { self.map.as_ptr().add(self.geometry.pool_offset + offset as usize) })
-    }
-
-    /// The whole mapping, for tests that play a hostile peer.
-    pub fn raw(&self) -> (*mut u8, usize) {
-        (self.map.as_ptr(), self.map.len())
     }
 
     /// The data part (slots and pool) of the mapping: read-only at the consumer.
@@ -511,6 +541,7 @@ impl Region {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn geometry_is_checked() {
@@ -535,9 +566,7 @@ mod tests {
     fn the_consumer_cannot_write_the_data_part() {
         let g = Geometry::new(8, 8192).unwrap();
         let (producer, fds) = Region::create("sealed", g, true).unwrap();
-        // SAFETY: F_GET_SEALS only reads the seals.
-        let seals = unsafe { libc::fcntl(fds.data.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals & libc::F_SEAL_FUTURE_WRITE == 0 {
+        if !seals(&fds.data).unwrap().contains(SealFlags::FUTURE_WRITE) {
             println!("skipped: this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1), so the data part is not sealed");
             return;
         }
@@ -576,8 +605,8 @@ mod tests {
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{map_file}: {e}"),
         }
         // The producer's own mapping, made before the seal, still writes, and the consumer sees it.
-        producer.slot_seq(2).store(77, Ordering::Release);
-        assert_eq!(consumer.slot_seq(2).load(Ordering::Acquire), 77);
+        producer.slot(2).seq.store(77, Ordering::Release);
+        assert_eq!(consumer.slot(2).seq.load(Ordering::Acquire), 77);
         // SAFETY: the producer's pool lies inside its writable mapping.
         unsafe { producer.pool_range(0, 8).unwrap().write_bytes(0x5a, 8) };
         // SAFETY: the consumer's view of the same bytes, readable.
@@ -589,8 +618,8 @@ mod tests {
         let g = Geometry::new(8, 8192).unwrap();
         let (region, fds) = Region::create("t", g, false).unwrap();
         let other = Region::attach(&fds.control, &fds.data, g).unwrap();
-        region.slot_seq(3).store(9, Ordering::Relaxed);
-        assert_eq!(other.slot_seq(3).load(Ordering::Relaxed), 9);
+        region.slot(3).seq.store(9, Ordering::Relaxed);
+        assert_eq!(other.slot(3).seq.load(Ordering::Relaxed), 9);
         other.tail().store(5, Ordering::Relaxed);
         assert_eq!(region.tail().load(Ordering::Relaxed), 5, "the control part is shared both ways");
         let wrong = Geometry::new(16, 8192).unwrap();

@@ -1,6 +1,9 @@
 //! What the Vulkan IPC route sends: its rendezvous sections, attachments and descriptors,
 //! each with a parser that checks everything a peer could get wrong.
 
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
 use crate::error::{Error, Result};
 use crate::memory::gpu::GpuExportDesc;
 
@@ -28,15 +31,28 @@ pub(super) struct Identity {
 /// The longest reason a section carries.
 const MAX_REASON: usize = 512;
 
+/// An [`Identity`] on the wire: these 40 bytes, then the reason's UTF-8 bytes.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct IdentityWire {
+    version: U32,
+    flags: U32,
+    device_uuid: [u8; 16],
+    driver_uuid: [u8; 16],
+}
+
 impl Identity {
-    const LEN: usize = 40;
+    const LEN: usize = std::mem::size_of::<IdentityWire>();
 
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(Self::LEN + self.declined.len());
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&self.flags.to_le_bytes());
-        out.extend_from_slice(&self.device_uuid);
-        out.extend_from_slice(&self.driver_uuid);
+        let wire = IdentityWire {
+            version: VERSION.into(),
+            flags: self.flags.into(),
+            device_uuid: self.device_uuid,
+            driver_uuid: self.driver_uuid,
+        };
+        out.extend_from_slice(wire.as_bytes());
         let mut end = self.declined.len().min(MAX_REASON);
         while !self.declined.is_char_boundary(end) {
             end -= 1;
@@ -49,17 +65,18 @@ impl Identity {
         if !(Self::LEN..=Self::LEN + MAX_REASON).contains(&bytes.len()) {
             return Err(Error::Corrupt(format!("the {whose}'s GPU route section has {} bytes", bytes.len())));
         }
-        let version = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        let (wire, reason) = IdentityWire::read_from_prefix(bytes).expect("the length was checked");
+        let version = wire.version.get();
         if version != VERSION {
             return Err(Error::Unsupported(format!(
                 "the {whose}'s GPU route speaks version {version}, this process version {VERSION}; use the same lava-flow on both sides"
             )));
         }
         Ok(Identity {
-            flags: u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
-            device_uuid: bytes[8..24].try_into().expect("16 bytes"),
-            driver_uuid: bytes[24..40].try_into().expect("16 bytes"),
-            declined: String::from_utf8_lossy(&bytes[40..]).into_owned(),
+            flags: wire.flags.get(),
+            device_uuid: wire.device_uuid,
+            driver_uuid: wire.driver_uuid,
+            declined: String::from_utf8_lossy(reason).into_owned(),
         })
     }
 }
@@ -70,6 +87,16 @@ pub(super) const MAX_SLOTS: u32 = 4096;
 
 const ATTACH_ANNOUNCE: u32 = 1;
 const ATTACH_FORGET: u32 = 2;
+
+/// The head of an attachment on the wire, followed by the export's description (announce).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct AttachmentHead {
+    kind: U32,
+    slot: U32,
+    generation: U32,
+}
+const ATTACHMENT_HEAD: usize = std::mem::size_of::<AttachmentHead>();
 
 /// An attachment: an arena's export (its fd attached) for a slot, or the end of a slot's
 /// arena.
@@ -85,10 +112,10 @@ impl Attachment {
             Attachment::Announce { slot, generation, .. } => (ATTACH_ANNOUNCE, *slot, *generation),
             Attachment::Forget { slot, generation } => (ATTACH_FORGET, *slot, *generation),
         };
-        let mut out = Vec::with_capacity(12 + GpuExportDesc::SIZE);
-        out.extend_from_slice(&kind.to_le_bytes());
-        out.extend_from_slice(&slot.to_le_bytes());
-        out.extend_from_slice(&generation.to_le_bytes());
+        let mut out = Vec::with_capacity(ATTACHMENT_HEAD + GpuExportDesc::SIZE);
+        out.extend_from_slice(
+            AttachmentHead { kind: kind.into(), slot: slot.into(), generation: generation.into() }.as_bytes(),
+        );
         if let Attachment::Announce { desc, .. } = self {
             out.extend_from_slice(&desc.to_bytes());
         }
@@ -98,18 +125,17 @@ impl Attachment {
     /// Parses an attachment that came with `fds` descriptors.
     pub(super) fn decode(bytes: &[u8], fds: usize) -> Result<Attachment> {
         let bad = |what: String| Error::Corrupt(format!("the producer's GPU route attachment {what}"));
-        if bytes.len() < 12 {
+        let Ok((head, body)) = AttachmentHead::read_from_prefix(bytes) else {
             return Err(bad(format!("has {} bytes", bytes.len())));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let (kind, slot, generation) = (u32_at(0), u32_at(4), u32_at(8));
+        };
+        let (kind, slot, generation) = (head.kind.get(), head.slot.get(), head.generation.get());
         if slot >= MAX_SLOTS {
             return Err(bad(format!("names slot {slot}, beyond the {MAX_SLOTS} a channel uses")));
         }
-        match (kind, bytes.len() - 12, fds) {
+        match (kind, body.len(), fds) {
             (ATTACH_ANNOUNCE, GpuExportDesc::SIZE, 1) => {
-                let desc = GpuExportDesc::from_bytes(&bytes[12..])
-                    .map_err(|e| bad(format!("describes no valid export: {e}")))?;
+                let desc =
+                    GpuExportDesc::from_bytes(body).map_err(|e| bad(format!("describes no valid export: {e}")))?;
                 Ok(Attachment::Announce { slot, generation, desc })
             }
             (ATTACH_FORGET, 0, 0) => Ok(Attachment::Forget { slot, generation }),
@@ -128,17 +154,29 @@ pub(super) struct Descriptor {
     pub(super) ready_value: u64,
 }
 
+/// A [`Descriptor`] on the wire.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct DescriptorWire {
+    slot: U32,
+    generation: U32,
+    offset: U64,
+    len: U64,
+    ready_value: U64,
+}
+
 impl Descriptor {
-    pub(super) const LEN: usize = 32;
+    pub(super) const LEN: usize = std::mem::size_of::<DescriptorWire>();
 
     pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[0..4].copy_from_slice(&self.slot.to_le_bytes());
-        out[4..8].copy_from_slice(&self.generation.to_le_bytes());
-        out[8..16].copy_from_slice(&self.offset.to_le_bytes());
-        out[16..24].copy_from_slice(&self.len.to_le_bytes());
-        out[24..32].copy_from_slice(&self.ready_value.to_le_bytes());
-        out
+        let wire = DescriptorWire {
+            slot: self.slot.into(),
+            generation: self.generation.into(),
+            offset: self.offset.into(),
+            len: self.len.into(),
+            ready_value: self.ready_value.into(),
+        };
+        zerocopy::transmute!(wire)
     }
 
     pub(super) fn decode(bytes: &[u8]) -> Result<Descriptor> {
@@ -149,14 +187,13 @@ impl Descriptor {
                 Self::LEN
             )));
         }
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let wire = DescriptorWire::read_from_bytes(bytes).expect("the length was checked");
         Ok(Descriptor {
-            slot: u32_at(0),
-            generation: u32_at(4),
-            offset: u64_at(8),
-            len: u64_at(16),
-            ready_value: u64_at(24),
+            slot: wire.slot.get(),
+            generation: wire.generation.get(),
+            offset: wire.offset.get(),
+            len: wire.len.get(),
+            ready_value: wire.ready_value.get(),
         })
     }
 }
@@ -168,6 +205,7 @@ mod tests {
 
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
+        assert_eq!((Identity::LEN, ATTACHMENT_HEAD, Descriptor::LEN), (40, 12, 32));
         let id = Identity { flags: ANSWER_GPU, device_uuid: [1; 16], driver_uuid: [2; 16], declined: "none é".into() };
         assert_eq!(Identity::decode(&id.encode(), "peer").unwrap(), id);
         assert!(matches!(Identity::decode(&[0; 3], "peer"), Err(Error::Corrupt(_))));
@@ -178,9 +216,12 @@ mod tests {
 
         let d = Descriptor { slot: 3, generation: 1, offset: 4096, len: 100, ready_value: 7 };
         assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
+        let fields = [&3u32.to_le_bytes()[..], &1u32.to_le_bytes(), &4096u64.to_le_bytes(), &100u64.to_le_bytes()];
+        assert_eq!(d.encode()[..], [&fields.concat()[..], &7u64.to_le_bytes()].concat()[..], "little-endian, packed");
         assert!(Descriptor::decode(&d.encode()[..31]).is_err());
 
         let forget = Attachment::Forget { slot: 1, generation: 2 };
+        assert_eq!(forget.encode(), [2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]);
         assert_eq!(Attachment::decode(&forget.encode(), 0).unwrap(), forget);
         assert!(Attachment::decode(&forget.encode(), 1).is_err(), "a descriptor it should not carry");
         let far = Attachment::Forget { slot: MAX_SLOTS, generation: 0 };
