@@ -9,14 +9,18 @@
 //! to the arena size), naturally aligned and coalesced on release: simple, thread-safe under
 //! the pool's lock, at the price of up to 2x internal fragmentation.
 
-use std::collections::BTreeSet;
-use std::os::fd::OwnedFd;
+use std::any::Any;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use super::cpu::{gpu_pinned, hugepage, numa, standard};
+#[cfg(feature = "vulkan")]
+use super::gpu::GpuBuffer;
 use super::gpu_context::{ContextGpu, Pins};
 use super::location::{HugePageSize, MemoryLocation};
 use crate::error::Result;
@@ -264,6 +268,158 @@ impl Pool {
     #[cfg(test)]
     fn arena_count(&self) -> usize {
         self.state.lock().arenas.len()
+    }
+}
+
+/// An arena imported from an export handle, mapped here once however many buffers use it.
+#[derive(Debug)]
+pub(crate) struct ImportedArena {
+    key: (u64, u64),
+    pub(crate) fd: OwnedFd,
+    pub(crate) mapping: Mapping,
+    pub(crate) arena_id: u64,
+    pub(crate) exporter_pid: u32,
+    pub(crate) exporter_token: u64,
+    cache: Arc<ImportCache>,
+}
+
+impl Drop for ImportedArena {
+    fn drop(&mut self) {
+        let mut map = self.cache.map.lock();
+        // A fresh import of the same file may already have replaced this entry.
+        if map.get(&self.key).is_some_and(|weak| weak.strong_count() == 0) {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The arenas a context has imported, keyed by the memory file's identity (device, inode):
+/// what the fd really is, not what the handle claims.
+#[derive(Debug, Default)]
+pub(crate) struct ImportCache {
+    map: Mutex<HashMap<(u64, u64), Weak<ImportedArena>>>,
+}
+
+impl ImportCache {
+    /// How many imported arenas are mapped now.
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().values().filter(|arena| arena.strong_count() > 0).count()
+    }
+
+    /// The imported arena of the memory file whose identity is `key`: the one mapped already
+    /// (`fd` is closed then), or `fd` mapped now, all `size` bytes of it, for the arena
+    /// `arena_id` of `exporter` (pid, token).
+    pub(crate) fn get_or_map(
+        self: &Arc<Self>,
+        key: (u64, u64),
+        fd: OwnedFd,
+        size: usize,
+        arena_id: u64,
+        (exporter_pid, exporter_token): (u32, u64),
+    ) -> Result<Arc<ImportedArena>> {
+        let mut map = self.map.lock();
+        if let Some(arena) = map.get(&key).and_then(Weak::upgrade) {
+            return Ok(arena);
+        }
+        let mapping = Mapping::shared(&fd, 0, size)?;
+        let arena = Arc::new(ImportedArena {
+            key,
+            fd,
+            mapping,
+            arena_id,
+            exporter_pid,
+            exporter_token,
+            cache: Arc::clone(self),
+        });
+        map.insert(key, Arc::downgrade(&arena));
+        Ok(arena)
+    }
+}
+
+/// The memory file (arena) a CPU buffer lies in: what a peer maps to read the buffer where it
+/// lies. Cloning it keeps the arena's memory alive (in this process) as long as the clone.
+#[derive(Clone)]
+pub struct SharedArena {
+    arena: ArenaRef,
+}
+
+#[derive(Clone)]
+enum ArenaRef {
+    Local(Arc<Arena>),
+    Imported(Arc<ImportedArena>),
+}
+
+impl SharedArena {
+    /// The memory file of an arena of this process.
+    pub(crate) fn local(arena: &Arc<Arena>) -> SharedArena {
+        SharedArena { arena: ArenaRef::Local(Arc::clone(arena)) }
+    }
+
+    /// The memory file of an imported arena.
+    pub(crate) fn imported(arena: &Arc<ImportedArena>) -> SharedArena {
+        SharedArena { arena: ArenaRef::Imported(Arc::clone(arena)) }
+    }
+
+    /// The Vulkan buffer over the whole arena, for GPU-pinned memory imported into the
+    /// context's device.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn vulkan_buffer(&self) -> Option<&GpuBuffer> {
+        match &self.arena {
+            ArenaRef::Local(a) => a.pins.vulkan_buffer(),
+            ArenaRef::Imported(_) => None,
+        }
+    }
+
+    /// The memory file, to pass to the peer (`SCM_RIGHTS`).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        match &self.arena {
+            ArenaRef::Local(a) => a.fd.as_fd(),
+            ArenaRef::Imported(a) => a.fd.as_fd(),
+        }
+    }
+
+    /// The size of the memory file (all of it is mapped, here and by the peer).
+    pub fn len(&self) -> usize {
+        match &self.arena {
+            ArenaRef::Local(a) => a.mapping.len(),
+            ArenaRef::Imported(a) => a.mapping.len(),
+        }
+    }
+
+    /// Always false: arenas are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the arena is mapped in this process.
+    pub fn base(&self) -> *const u8 {
+        match &self.arena {
+            ArenaRef::Local(a) => a.mapping.as_ptr(),
+            ArenaRef::Imported(a) => a.mapping.as_ptr(),
+        }
+    }
+
+    /// A reference that keeps the arena's memory mapped (and its file open) while held.
+    pub fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        match &self.arena {
+            ArenaRef::Local(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
+            ArenaRef::Imported(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
+        }
+    }
+
+    /// Identifies the arena in this process while anything (a clone, a `Weak` of
+    /// [`keep_alive`](Self::keep_alive)) still refers to it: the address of its shared state.
+    pub fn identity(&self) -> usize {
+        match &self.arena {
+            ArenaRef::Local(a) => Arc::as_ptr(a) as *const () as usize,
+            ArenaRef::Imported(a) => Arc::as_ptr(a) as *const () as usize,
+        }
+    }
+}
+
+impl fmt::Debug for SharedArena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedArena").field("base", &self.base()).field("len", &self.len()).finish()
     }
 }
 

@@ -10,23 +10,21 @@
 //! everything before mapping, since the sender may be buggy or hostile; importing two buffers
 //! of one arena maps (imports) it once.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
-
-use super::arena::MIN_BLOCK;
-use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
+use super::arena::{ImportCache, MIN_BLOCK};
+use super::buffer::{Backing, Buffer, BufferParts};
 use super::cpu::standard::{ARENA_NAME, ARENA_SEALS};
 use super::location::MemoryLocation;
-use super::registry::Registry;
+use super::registry::{BufferOrigin, Registry};
+pub use super::token::process_token;
 use crate::error::{Error, Result};
 use crate::os::fdpass::recv_exact_with_fd;
 use crate::os::mapping::page_size;
-use crate::os::{send_with_fds, Mapping};
+use crate::os::send_with_fds;
 
 /// The first field of every descriptor: "LFEX".
 pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
@@ -369,24 +367,6 @@ fn describe_fd(target: &str, kind: libc::mode_t) -> String {
     }
 }
 
-/// This process's random token, drawn once: with the pid it names the exporter uniquely even
-/// when pids are reused.
-pub fn process_token() -> u64 {
-    static TOKEN: OnceLock<u64> = OnceLock::new();
-    *TOKEN.get_or_init(|| {
-        let mut token = 0u64;
-        // SAFETY: getrandom writes at most 8 bytes into the u64.
-        let n = unsafe { libc::getrandom((&mut token as *mut u64).cast(), 8, 0) };
-        if n != 8 {
-            // No entropy source: the time and pid still make the token unlikely to repeat.
-            let nanos =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-            token = nanos ^ (u64::from(std::process::id()) << 32);
-        }
-        token
-    })
-}
-
 /// The GPU section of the wire format <-> the Vulkan module's own description.
 #[cfg(feature = "vulkan")]
 mod gpu_wire {
@@ -457,7 +437,14 @@ mod gpu_wire {
     }
 }
 
-pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
+impl Buffer {
+    /// Exports the buffer for another process on this host: see [`ExportHandle`].
+    pub fn export(&self) -> Result<ExportHandle> {
+        export(self)
+    }
+}
+
+fn export(buffer: &Buffer) -> Result<ExportHandle> {
     let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
         #[cfg(feature = "vulkan")]
         Backing::Gpu { buffer } => return buffer.export().map(ExportHandle::from),
@@ -504,42 +491,6 @@ pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
             ..ExportDescriptor::default()
         },
     })
-}
-
-/// An arena imported from an export handle, mapped here once however many buffers use it.
-#[derive(Debug)]
-pub(crate) struct ImportedArena {
-    key: (u64, u64),
-    pub(crate) fd: OwnedFd,
-    pub(crate) mapping: Mapping,
-    pub(crate) arena_id: u64,
-    pub(crate) exporter_pid: u32,
-    pub(crate) exporter_token: u64,
-    cache: Arc<ImportCache>,
-}
-
-impl Drop for ImportedArena {
-    fn drop(&mut self) {
-        let mut map = self.cache.map.lock();
-        // A fresh import of the same file may already have replaced this entry.
-        if map.get(&self.key).is_some_and(|weak| weak.strong_count() == 0) {
-            map.remove(&self.key);
-        }
-    }
-}
-
-/// The arenas a context has imported, keyed by the memory file's identity (device, inode):
-/// what the fd really is, not what the handle claims.
-#[derive(Debug, Default)]
-pub(crate) struct ImportCache {
-    map: Mutex<HashMap<(u64, u64), Weak<ImportedArena>>>,
-}
-
-impl ImportCache {
-    /// How many imported arenas are mapped now.
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().values().filter(|arena| arena.strong_count() > 0).count()
-    }
 }
 
 fn invalid_fd(fd: &OwnedFd, problem: impl std::fmt::Display) -> Error {
@@ -615,26 +566,7 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
     let ExportHandle { fd, descriptor: d } = handle;
     let location = validate_descriptor(&d)?;
     let (key, file_page) = validate_fd(&fd, &d, location)?;
-    let arena = {
-        let mut map = cache.map.lock();
-        match map.get(&key).and_then(Weak::upgrade) {
-            Some(arena) => arena,
-            None => {
-                let mapping = Mapping::shared(&fd, 0, d.arena_size as usize)?;
-                let arena = Arc::new(ImportedArena {
-                    key,
-                    fd,
-                    mapping,
-                    arena_id: d.arena_id,
-                    exporter_pid: d.exporter_pid,
-                    exporter_token: d.exporter_token,
-                    cache: Arc::clone(cache),
-                });
-                map.insert(key, Arc::downgrade(&arena));
-                arena
-            }
-        }
-    };
+    let arena = cache.get_or_map(key, fd, d.arena_size as usize, d.arena_id, (d.exporter_pid, d.exporter_token))?;
     let offset = d.offset as usize;
     // SAFETY: offset + size <= arena_size == the mapping's length (validated above).
     let ptr = unsafe { NonNull::new_unchecked(arena.mapping.as_ptr().add(offset)) };

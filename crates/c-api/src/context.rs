@@ -1,13 +1,16 @@
 //! `lf_context`: the per-process memory context and its settings (`lf_context_config`). The
-//! functions that make buffers from it are in `alloc.rs`; its GPU report is in `device.rs`.
+//! functions that make buffers from it are in `alloc.rs`; its GPU settings and the report
+//! type `lf_device_info` are in `device.rs`.
 //!
 //! Ownership: an `lf_context` is owned by its creator and released with `lf_context_free`.
 //! It is thread-safe: any number of threads may allocate, register, import and look up
 //! through one context at once. Buffers hold what they need, so they may outlive the context.
 
-use std::ffi::CString;
+use std::ffi::{c_char, CStr, CString};
 
-use super::device::gpu_settings_from_c;
+#[cfg(feature = "vulkan")]
+use super::device::info_to_c;
+use super::device::{gpu_settings_from_c, lf_device_info, GpuFields};
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
 use lava_flow::memory::{Context, ContextConfig, HugepagePolicy};
@@ -84,7 +87,15 @@ fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
         config.arena_size = usize::try_from(c.arena_size)
             .map_err(|_| invalid(format!("arena_size {} does not fit in size_t", c.arena_size)))?;
     }
-    gpu_settings_from_c(c, &mut config)?;
+    let gpu = GpuFields {
+        gpu_policy: c.gpu_policy,
+        gpu_device_select: c.gpu_device_select,
+        gpu_device_index: c.gpu_device_index,
+        gpu_device_uuid: c.gpu_device_uuid,
+        strict_gpu: c.strict_gpu,
+        gpu_arena_size: c.gpu_arena_size,
+    };
+    gpu_settings_from_c(&gpu, &mut config)?;
     Ok(config)
 }
 
@@ -147,6 +158,53 @@ pub unsafe extern "C" fn lf_context_trim(context: *const lf_context, given_back:
 #[no_mangle]
 pub unsafe extern "C" fn lf_context_free(context: *mut lf_context) {
     boundary_void("lf_context_free", || free_handle(context, "context"));
+}
+
+/// What the context's GPU is: `*out` receives the report of the Vulkan device
+/// `lf_context_create` opened. LF_ERR_UNSUPPORTED when the context has none (no loader,
+/// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
+/// `lf_context_gpu_unavailable_reason` does. Thread-safe.
+///
+/// # Safety
+/// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_context_device_info(context: *const lf_context, out: *mut lf_device_info) -> lf_status {
+    boundary("lf_context_device_info", || {
+        let out = out_ptr(out, "out")?;
+        let context = &handle_ref(context, "context")?.context;
+        #[cfg(feature = "vulkan")]
+        if let Some(info) = context.device_info() {
+            write_out(out, info_to_c(info));
+            return Ok(());
+        }
+        let _ = out;
+        Err(Failure {
+            status: lf_status::LF_ERR_UNSUPPORTED,
+            message: format!(
+                "this context has no Vulkan device: {}",
+                context.gpu_unavailable_reason().unwrap_or("unknown reason")
+            ),
+        })
+    })
+}
+
+/// Why the context has no Vulkan device: `*out` receives NULL when it has one, else the
+/// reason (the Vulkan loader's or driver's word, or the policy that disabled the GPU), a
+/// string owned by the context and valid until `lf_context_free`. Thread-safe.
+///
+/// # Safety
+/// As `lf_context_device_info`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_context_gpu_unavailable_reason(
+    context: *const lf_context,
+    out: *mut *const c_char,
+) -> lf_status {
+    boundary("lf_context_gpu_unavailable_reason", || {
+        let out = out_ptr(out, "out")?;
+        let context = handle_ref(context, "context")?;
+        write_out(out, context.gpu_unavailable.as_deref().map_or(std::ptr::null(), CStr::as_ptr));
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -1,14 +1,14 @@
 //! The GPU of an `lf_context`: the settings that choose it (`lf_context_config`'s GPU fields)
-//! and `lf_device_info`, the report of what `lf_context_create` opened, or why nothing.
+//! and `lf_device_info`, the report of what `lf_context_create` opened
+//! (`lf_context_device_info`, with `lf_context_gpu_unavailable_reason` in `context.rs`).
 //!
 //! The device is opened eagerly by `lf_context_create` and lives as long as the context.
 //! Reading its report is thread-safe.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 
-use super::context::{lf_context, lf_context_config};
 use super::status::lf_status;
-use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
+use super::{Failure, FfiResult};
 use lava_flow::memory::{ContextConfig, DeviceSelector, GpuPolicy};
 
 /// `gpu_policy`: open Vulkan at `lf_context_create`; without a loader or device go on
@@ -84,8 +84,18 @@ fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
+/// The GPU fields of an `lf_context_config`, as `lf_context_create` received them.
+pub(crate) struct GpuFields {
+    pub gpu_policy: u32,
+    pub gpu_device_select: u32,
+    pub gpu_device_index: u32,
+    pub gpu_device_uuid: [u8; 16],
+    pub strict_gpu: u32,
+    pub gpu_arena_size: u64,
+}
+
 /// Applies the GPU fields of a C config to `config`, checking each.
-pub(crate) fn gpu_settings_from_c(c: &lf_context_config, config: &mut ContextConfig) -> FfiResult<()> {
+pub(crate) fn gpu_settings_from_c(c: &GpuFields, config: &mut ContextConfig) -> FfiResult<()> {
     config.gpu = match c.gpu_policy {
         LF_GPU_AUTO => GpuPolicy::Auto,
         LF_GPU_REQUIRED => GpuPolicy::Required,
@@ -129,7 +139,7 @@ fn put_str(field: &mut [c_char], text: &str) {
 }
 
 #[cfg(feature = "vulkan")]
-fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
+pub(crate) fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
     use lava_flow::memory::gpu::DeviceType;
     let mut out = lf_device_info {
         index: info.index,
@@ -181,61 +191,18 @@ fn info_to_c(info: &lava_flow::memory::gpu::DeviceInfo) -> lf_device_info {
     out
 }
 
-/// What the context's GPU is: `*out` receives the report of the Vulkan device
-/// `lf_context_create` opened. LF_ERR_UNSUPPORTED when the context has none (no loader,
-/// driver or device under LF_GPU_AUTO, or LF_GPU_DISABLED): the message says why, as
-/// `lf_context_gpu_unavailable_reason` does. Thread-safe.
-///
-/// # Safety
-/// `context` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn lf_context_device_info(context: *const lf_context, out: *mut lf_device_info) -> lf_status {
-    boundary("lf_context_device_info", || {
-        let out = out_ptr(out, "out")?;
-        let context = &handle_ref(context, "context")?.context;
-        #[cfg(feature = "vulkan")]
-        if let Some(info) = context.device_info() {
-            write_out(out, info_to_c(info));
-            return Ok(());
-        }
-        let _ = out;
-        Err(Failure {
-            status: lf_status::LF_ERR_UNSUPPORTED,
-            message: format!(
-                "this context has no Vulkan device: {}",
-                context.gpu_unavailable_reason().unwrap_or("unknown reason")
-            ),
-        })
-    })
-}
-
-/// Why the context has no Vulkan device: `*out` receives NULL when it has one, else the
-/// reason (the Vulkan loader's or driver's word, or the policy that disabled the GPU), a
-/// string owned by the context and valid until `lf_context_free`. Thread-safe.
-///
-/// # Safety
-/// As `lf_context_device_info`.
-#[no_mangle]
-pub unsafe extern "C" fn lf_context_gpu_unavailable_reason(
-    context: *const lf_context,
-    out: *mut *const c_char,
-) -> lf_status {
-    boundary("lf_context_gpu_unavailable_reason", || {
-        let out = out_ptr(out, "out")?;
-        let context = handle_ref(context, "context")?;
-        write_out(out, context.gpu_unavailable.as_deref().map_or(std::ptr::null(), CStr::as_ptr));
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::alloc::lf_alloc;
     use crate::buffer::{lf_free, LF_MEMORY_CPU_STANDARD};
-    use crate::context::{lf_context_create, lf_context_free};
+    use crate::context::{
+        lf_context_config, lf_context_create, lf_context_device_info, lf_context_free,
+        lf_context_gpu_unavailable_reason,
+    };
     use crate::location::LF_UNSET;
     use crate::tests::last_error;
+    use std::ffi::CStr;
     use std::ptr;
 
     fn c_text(field: &[c_char]) -> String {

@@ -7,57 +7,9 @@ use std::sync::{Arc, Weak};
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts};
+use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, GpuMemoryKind};
 use super::device::{describe_memory_flags, vk_err, VulkanDevice};
 use crate::error::{Error, Result};
-
-/// The two kinds of GPU memory lava-flow hands out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GpuMemoryKind {
-    /// The GPU's own memory (HBM/VRAM): fastest for the GPU, reached from the host by
-    /// staging copies (or directly where the driver maps it, as on resizable-BAR or CPU
-    /// drivers).
-    DeviceLocal,
-    /// Host memory the GPU reaches over the bus, mapped into the host: for staging and for
-    /// data the CPU produces or consumes.
-    HostVisible,
-}
-
-impl GpuMemoryKind {
-    pub const ALL: [GpuMemoryKind; 2] = [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible];
-
-    pub(crate) fn index(self) -> usize {
-        match self {
-            GpuMemoryKind::DeviceLocal => 0,
-            GpuMemoryKind::HostVisible => 1,
-        }
-    }
-
-    pub(crate) fn to_raw(self) -> u32 {
-        self.index() as u32
-    }
-
-    pub(crate) fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            0 => Some(GpuMemoryKind::DeviceLocal),
-            1 => Some(GpuMemoryKind::HostVisible),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GpuMemoryKind::DeviceLocal => "DEVICE_LOCAL",
-            GpuMemoryKind::HostVisible => "HOST_VISIBLE",
-        }
-    }
-}
-
-impl fmt::Display for GpuMemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// How a [`GpuAllocator`] pools memory.
 #[derive(Clone, Debug)]

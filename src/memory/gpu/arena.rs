@@ -13,18 +13,118 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::allocator::GpuMemoryKind;
-use super::device::{vk_err, VulkanDevice};
+use super::device::{vk_err, VulkanDevice, BUFFER_USAGE};
 use crate::error::{Error, Result};
-use crate::memory::export::process_token;
+use crate::memory::token::process_token;
 
-/// The usage of every buffer lava-flow creates. Exporter and importer must agree on it: the
-/// memory requirements (type bits, alignment) of a buffer depend on its usage.
-pub(crate) const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
-    vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
-        | vk::BufferUsageFlags::STORAGE_BUFFER.as_raw(),
-);
+/// The two kinds of GPU memory lava-flow hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GpuMemoryKind {
+    /// The GPU's own memory (HBM/VRAM): fastest for the GPU, reached from the host by
+    /// staging copies (or directly where the driver maps it, as on resizable-BAR or CPU
+    /// drivers).
+    DeviceLocal,
+    /// Host memory the GPU reaches over the bus, mapped into the host: for staging and for
+    /// data the CPU produces or consumes.
+    HostVisible,
+}
+
+impl GpuMemoryKind {
+    pub const ALL: [GpuMemoryKind; 2] = [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible];
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            GpuMemoryKind::DeviceLocal => 0,
+            GpuMemoryKind::HostVisible => 1,
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> u32 {
+        self.index() as u32
+    }
+
+    pub(crate) fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            0 => Some(GpuMemoryKind::DeviceLocal),
+            1 => Some(GpuMemoryKind::HostVisible),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMemoryKind::DeviceLocal => "DEVICE_LOCAL",
+            GpuMemoryKind::HostVisible => "HOST_VISIBLE",
+        }
+    }
+}
+
+impl fmt::Display for GpuMemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kind of OS handle an export carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandleType {
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: for Vulkan and CUDA on the same GPU
+    /// and driver.
+    OpaqueFd,
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT`: a Linux dma-buf, for other devices
+    /// (NICs, other drivers). Only where the device offers `VK_EXT_external_memory_dma_buf`.
+    DmaBuf,
+}
+
+impl HandleType {
+    pub(crate) fn to_vk(self) -> vk::ExternalMemoryHandleTypeFlags {
+        match self {
+            HandleType::OpaqueFd => vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD,
+            HandleType::DmaBuf => vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT,
+        }
+    }
+
+    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`].
+    pub fn to_raw(self) -> u32 {
+        self.to_vk().as_raw()
+    }
+
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
+    }
+
+    /// `OPAQUE_FD` or `DMA_BUF`, as Vulkan names the handle types.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandleType::OpaqueFd => "OPAQUE_FD",
+            HandleType::DmaBuf => "DMA_BUF",
+        }
+    }
+}
+
+impl fmt::Display for HandleType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The handle types in `flags` by name (`OPAQUE_FD|DMA_BUF`), for messages.
+pub(crate) fn describe_handle_types(flags: vk::ExternalMemoryHandleTypeFlags) -> String {
+    let mut names: Vec<String> = [HandleType::OpaqueFd, HandleType::DmaBuf]
+        .into_iter()
+        .filter(|h| flags.contains(h.to_vk()))
+        .map(|h| h.as_str().to_string())
+        .collect();
+    let rest = flags.as_raw() & !(HandleType::OpaqueFd.to_raw() | HandleType::DmaBuf.to_raw());
+    if rest != 0 {
+        names.push(format!("unknown handle types {rest:#x}"));
+    }
+    if names.is_empty() {
+        "no handle type".into()
+    } else {
+        names.join("|")
+    }
+}
 
 /// The identity of an arena, unique across the processes of a host: the exporting process's
 /// pid, a random token drawn once per process (pids are reused), and a per-process counter.
@@ -219,7 +319,7 @@ pub(crate) fn allocate_memory(
     // device's (chosen from its memory properties).
     unsafe { device.shared.device.allocate_memory(&info, None) }.map_err(vk_err(&format!(
         "vkAllocateMemory({size} bytes, memory type {type_index}, export as {})",
-        super::export::describe_handle_types(handle_types)
+        describe_handle_types(handle_types)
     )))
 }
 

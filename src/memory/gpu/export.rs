@@ -15,8 +15,8 @@ use std::os::unix::net::UnixStream;
 
 use ash::vk;
 
-use super::allocator::{GpuBuffer, GpuMemoryKind};
-use super::arena::ArenaId;
+use super::allocator::GpuBuffer;
+use super::arena::{describe_handle_types, ArenaId, GpuMemoryKind, HandleType};
 use super::device::{format_uuid, vk_err};
 use crate::error::{Error, Result};
 use crate::os::fdpass::recv_exact_with_fd;
@@ -29,67 +29,6 @@ pub const GPU_EXPORT_VERSION: u32 = 1;
 /// `flags` bit: the arena is a dedicated allocation (one buffer, bound at offset 0); importers
 /// must import it as dedicated (`VkMemoryDedicatedAllocateInfo`, `cudaExternalMemoryDedicated`).
 pub const GPU_EXPORT_DEDICATED: u32 = 1;
-
-/// The kind of OS handle an export carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HandleType {
-    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: for Vulkan and CUDA on the same GPU
-    /// and driver.
-    OpaqueFd,
-    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT`: a Linux dma-buf, for other devices
-    /// (NICs, other drivers). Only where the device offers `VK_EXT_external_memory_dma_buf`.
-    DmaBuf,
-}
-
-impl HandleType {
-    pub(crate) fn to_vk(self) -> vk::ExternalMemoryHandleTypeFlags {
-        match self {
-            HandleType::OpaqueFd => vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD,
-            HandleType::DmaBuf => vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT,
-        }
-    }
-
-    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`].
-    pub fn to_raw(self) -> u32 {
-        self.to_vk().as_raw()
-    }
-
-    pub fn from_raw(raw: u32) -> Option<Self> {
-        [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
-    }
-
-    /// `OPAQUE_FD` or `DMA_BUF`, as Vulkan names the handle types.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HandleType::OpaqueFd => "OPAQUE_FD",
-            HandleType::DmaBuf => "DMA_BUF",
-        }
-    }
-}
-
-impl fmt::Display for HandleType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The handle types in `flags` by name (`OPAQUE_FD|DMA_BUF`), for messages.
-pub(crate) fn describe_handle_types(flags: vk::ExternalMemoryHandleTypeFlags) -> String {
-    let mut names: Vec<String> = [HandleType::OpaqueFd, HandleType::DmaBuf]
-        .into_iter()
-        .filter(|h| flags.contains(h.to_vk()))
-        .map(|h| h.as_str().to_string())
-        .collect();
-    let rest = flags.as_raw() & !(HandleType::OpaqueFd.to_raw() | HandleType::DmaBuf.to_raw());
-    if rest != 0 {
-        names.push(format!("unknown handle types {rest:#x}"));
-    }
-    if names.is_empty() {
-        "no handle type".into()
-    } else {
-        names.join("|")
-    }
-}
 
 /// The metadata of an export, in a fixed C layout (104 bytes, native byte order: exporter and
 /// importer share a host).

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use super::allocator::{GpuBuffer, GpuMemoryKind};
-use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts};
+use super::allocator::GpuBuffer;
+use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, GpuMemoryKind};
 use super::device::{vk_err, VulkanDevice};
 use crate::error::{Error, Result};
 
