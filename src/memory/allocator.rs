@@ -136,7 +136,7 @@ impl Context {
             (
                 arena,
                 block.offset,
-                Backing::Pooled { pool, arena: block.arena, offset: block.offset, order: block.order },
+                Backing::Pooled { pool, arena: block.arena, offset: block.offset, range: block.range },
             )
         } else {
             let page = strategy.page_size();

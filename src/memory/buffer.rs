@@ -12,6 +12,7 @@ use super::gpu_context::Pins;
 use super::location::MemoryLocation;
 pub use super::registry::{BufferId, BufferOrigin};
 use super::registry::{BufferInfo, Registry, SharedMemory};
+use super::suballocator::Allocation;
 use crate::error::{Error, Result};
 
 /// How long reading or writing a GPU view waits on the host for its semaphore value.
@@ -32,7 +33,8 @@ pub(crate) enum Backing {
         pool: Arc<Pool>,
         arena: Arc<Arena>,
         offset: usize,
-        order: usize,
+        /// The range of the arena reserved for it (the size rounded up to a cache line).
+        range: Allocation,
     },
     Dedicated {
         arena: Arc<Arena>,
@@ -528,8 +530,8 @@ impl Drop for Buffer {
         if let Some(registry) = &self.registry {
             registry.remove(self.info.id);
         }
-        if let Backing::Pooled { pool, arena, offset, order } = &self.backing {
-            pool.release(arena, *offset, *order);
+        if let Backing::Pooled { pool, arena, range, .. } = &self.backing {
+            pool.release(arena, *range);
         }
         // Dedicated and imported arenas are released with their last Arc.
     }

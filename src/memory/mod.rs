@@ -37,13 +37,14 @@
 //!     |
 //! registry      which buffer holds an address; BufferId, BufferOrigin, BufferInfo
 //!     |
-//! arena         CPU arenas: pools, imported arenas, SharedArena
+//! arena         CPU arenas: pools (suballocated), imported arenas, SharedArena
 //!     |
 //! gpu_context   the context's GPU: device, GPU allocator and importer, pinning of CPU arenas
 //!     |
 //! config        ContextConfig, HugepagePolicy
 //!     |
-//! gpu, cpu, gpu_settings, location, token   (leaves; gpu uses gpu_settings and token)
+//! gpu, cpu, gpu_settings, location, suballocator, token
+//!               (leaves; gpu uses gpu_settings, suballocator and token)
 //! ```
 //!
 //! Inside `gpu`, the device knows none of the modules that use it:
@@ -71,6 +72,7 @@ mod gpu_context;
 pub mod gpu_settings;
 pub mod location;
 pub mod registry;
+mod suballocator;
 mod token;
 
 pub use allocator::auto_location;

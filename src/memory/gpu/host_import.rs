@@ -136,7 +136,7 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
             offset: 0,
             vk_offset: 0,
             size: len as u64,
-            reserved: 0,
+            range: None,
             pool: None,
         };
         buffer.bind()?;

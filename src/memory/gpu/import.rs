@@ -100,7 +100,7 @@ impl GpuImporter {
                 offset: desc.offset,
                 vk_offset: desc.offset,
                 size: desc.size,
-                reserved: 0,
+                range: None,
                 pool: None,
             });
         }
@@ -139,7 +139,7 @@ impl GpuImporter {
             offset: desc.offset,
             vk_offset,
             size: desc.size,
-            reserved: 0,
+            range: None,
             pool: None,
         };
         if let Some(problem) = problem {
