@@ -15,6 +15,8 @@ use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
 use super::arena::{ImportCache, MIN_BLOCK};
 use super::buffer::{Backing, Buffer, BufferParts};
 use super::cpu::standard::{ARENA_NAME, ARENA_SEALS};
@@ -39,8 +41,12 @@ pub const EXPORT_GPU_DEDICATED: u32 = 1;
 /// For GPU memory (`location` is a GPU location) `arena_id` and `exporter_token` are the
 /// GPU arena's counter and its exporter's token, and the GPU section is filled in; for CPU
 /// memory the GPU section is zero.
+///
+/// The record is its own wire form: `#[repr(C)]` with every field naturally aligned and no
+/// padding, read and written as bytes through `zerocopy` (native byte order: both ends share
+/// a host). The C API's `lf_export` has the very same layout.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 pub struct ExportDescriptor {
     pub magic: u32,
     pub version: u32,
@@ -78,64 +84,17 @@ impl ExportDescriptor {
     /// The size of the wire form (and of the struct: all fields are naturally aligned).
     pub const SIZE: usize = 128;
 
-    /// The wire form: the fields in declaration order, native byte order (both ends share a
-    /// host).
+    /// The wire form: the record's bytes (the fields in declaration order, native byte order:
+    /// both ends share a host).
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
-        let mut out = [0u8; Self::SIZE];
-        let mut at = 0;
-        let mut put = |bytes: &[u8]| {
-            out[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
-        for value in [self.magic, self.version, self.location, self.numa_node as u32] {
-            put(&value.to_ne_bytes());
-        }
-        for value in [self.offset, self.size, self.arena_id, self.arena_size] {
-            put(&value.to_ne_bytes());
-        }
-        put(&self.exporter_pid.to_ne_bytes());
-        put(&self.reserved.to_ne_bytes());
-        put(&self.exporter_token.to_ne_bytes());
-        for value in [self.handle_type, self.memory_type_index, self.memory_property_flags, self.gpu_flags] {
-            put(&value.to_ne_bytes());
-        }
-        put(&self.device_uuid);
-        put(&self.driver_uuid);
-        for value in self.reserved2 {
-            put(&value.to_ne_bytes());
-        }
-        out
+        zerocopy::transmute!(*self)
     }
 
     /// Parses the wire form. Only the length is checked here; [`Context::import`](super::Context::import)
     /// validates the contents.
     pub fn from_bytes(bytes: &[u8]) -> Result<ExportDescriptor> {
-        if bytes.len() != Self::SIZE {
-            return Err(Error::invalid(format!("an export descriptor is {} bytes, not {}", Self::SIZE, bytes.len())));
-        }
-        let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let uuid_at = |i: usize| -> [u8; 16] { bytes[i..i + 16].try_into().expect("16 bytes") };
-        Ok(ExportDescriptor {
-            magic: u32_at(0),
-            version: u32_at(4),
-            location: u32_at(8),
-            numa_node: u32_at(12) as i32,
-            offset: u64_at(16),
-            size: u64_at(24),
-            arena_id: u64_at(32),
-            arena_size: u64_at(40),
-            exporter_pid: u32_at(48),
-            reserved: u32_at(52),
-            exporter_token: u64_at(56),
-            handle_type: u32_at(64),
-            memory_type_index: u32_at(68),
-            memory_property_flags: u32_at(72),
-            gpu_flags: u32_at(76),
-            device_uuid: uuid_at(80),
-            driver_uuid: uuid_at(96),
-            reserved2: [u64_at(112), u64_at(120)],
-        })
+        ExportDescriptor::read_from_bytes(bytes)
+            .map_err(|_| Error::invalid(format!("an export descriptor is {} bytes, not {}", Self::SIZE, bytes.len())))
     }
 
     /// The location the descriptor names, checked.
@@ -605,6 +564,49 @@ mod tests {
         };
         assert_eq!(ExportDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
         assert!(ExportDescriptor::from_bytes(&[0u8; 10]).is_err());
+        assert!(ExportDescriptor::from_bytes(&[0u8; 129]).is_err());
+    }
+
+    /// The wire format, byte by byte (the C header's `lf_export` and exporters of earlier
+    /// versions use it): each field at its fixed offset, native byte order.
+    #[test]
+    fn wire_format_is_fixed() {
+        let d = ExportDescriptor {
+            magic: EXPORT_MAGIC,
+            version: EXPORT_VERSION,
+            location: 3,
+            numa_node: -1,
+            offset: 0x1010,
+            size: 0x1018,
+            arena_id: 0x1020,
+            arena_size: 0x1028,
+            exporter_pid: 0x30,
+            reserved: 0x34,
+            exporter_token: 0x1038,
+            handle_type: 0x40,
+            memory_type_index: 0x44,
+            memory_property_flags: 0x48,
+            gpu_flags: 0x4c,
+            device_uuid: [0x50; 16],
+            driver_uuid: [0x60; 16],
+            reserved2: [0x1070, 0x1078],
+        };
+        let mut expected = [0u8; 128];
+        let mut put = |at: usize, bytes: &[u8]| expected[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0, &EXPORT_MAGIC.to_ne_bytes());
+        put(4, &EXPORT_VERSION.to_ne_bytes());
+        put(8, &3u32.to_ne_bytes());
+        put(12, &(-1i32).to_ne_bytes());
+        for at in [16, 24, 32, 40, 56, 112, 120] {
+            put(at, &(0x1000 + at as u64).to_ne_bytes());
+        }
+        for at in [48, 52, 64, 68, 72, 76] {
+            put(at, &(at as u32).to_ne_bytes());
+        }
+        put(80, &[0x50; 16]);
+        put(96, &[0x60; 16]);
+        assert_eq!(d.to_bytes(), expected);
+        assert_eq!(ExportDescriptor::from_bytes(&expected).unwrap(), d);
         assert_ne!(process_token(), 0);
     }
 
