@@ -127,8 +127,9 @@ def blank_cfg_test(code: str) -> str:
 
 
 def expand_use(tree: str) -> list[tuple[str, str | None]]:
-    """`a::{b, c::{d, e as f}, self}` -> [("a::b", "b"), ("a::c::d", "d"), ("a::c::e", "f"),
-    ("a", "a")]: each imported path with the name it is bound to (None for globs)."""
+    """`a::{b, c::{d, e}, self}` -> [("a::b", "b"), ("a::c::d", "d"), ("a::c::e", "e"),
+    ("a", "a")]: each imported path with the name it is bound to (None for globs). Aliases
+    (`e as f`) are parse_use_tree's."""
     tree = re.sub(r"\s+", "", tree)
 
     def split_top(s: str) -> list[str]:

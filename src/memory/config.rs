@@ -13,7 +13,7 @@ pub enum HugepagePolicy {
     BestEffort,
 }
 
-/// How a [`Context`] behaves. Start from `ContextConfig::default()` and set fields.
+/// How a [`Context`](super::Context) behaves. Start from `ContextConfig::default()` and set fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ContextConfig {

@@ -58,7 +58,7 @@ impl Context {
     /// Creates a context, opening the GPU as `config.gpu` says: eagerly, so that a missing
     /// driver or a wrong device index shows up here. Errors: a bad arena size
     /// (InvalidArgument); a device index or deviceUUID that matches no device (NotFound,
-    /// listing the devices); under [`GpuPolicy::Required`], any reason Vulkan cannot be
+    /// listing the devices); under [`GpuPolicy::Required`](super::GpuPolicy::Required), any reason Vulkan cannot be
     /// opened (Unsupported or Vulkan, with the loader's or driver's word).
     pub fn new(config: ContextConfig) -> Result<Context> {
         crate::logging::init();

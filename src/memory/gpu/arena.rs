@@ -85,7 +85,7 @@ impl HandleType {
         }
     }
 
-    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`].
+    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`](super::GpuExportDesc::handle_type).
     pub fn to_raw(self) -> u32 {
         self.to_vk().as_raw()
     }
