@@ -33,7 +33,7 @@ fi
 step "cargo build --all-features"
 cargo build --all-features --all-targets
 
-step "cargo fmt --check, cargo clippy -D warnings, rust-version, cargo doc"
+step "cargo fmt --check, cargo clippy -D warnings, rust-version, layering, cargo doc"
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all --check || { echo "the sources are not formatted: run cargo fmt" >&2; exit 1; }
 else
@@ -46,6 +46,7 @@ else
 fi
 python3 scripts/check-msrv.py
 python3 scripts/check-readme.py
+python3 scripts/check-layers.py
 RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps --quiet
 
 step "cargo test --all-features (Rust unit, integration, header-up-to-date)"

@@ -29,6 +29,14 @@ pub struct ProcessConfig {
     pub processes: Vec<(ProcessName, ProcessLocation)>,
 }
 
+impl ProcessLocation {
+    /// Reads the location of the process called `name` from a JSON config file; see
+    /// [`crate::config`] for the format.
+    pub fn from_config(path: impl AsRef<Path>, name: &ProcessName) -> Result<Self> {
+        ProcessConfig::load(path.as_ref())?.location_of(name)
+    }
+}
+
 impl ProcessConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let meta = std::fs::metadata(path).map_err(|e| Error::config(path, format!("cannot read it: {e}")))?;

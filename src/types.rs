@@ -117,12 +117,6 @@ impl ProcessLocation {
             mpi: None,
         })
     }
-
-    /// Reads the location of the process called `name` from a JSON config file; see
-    /// [`crate::config`] for the format.
-    pub fn from_config(path: impl AsRef<std::path::Path>, name: &ProcessName) -> Result<Self> {
-        crate::config::ProcessConfig::load(path.as_ref())?.location_of(name)
-    }
 }
 
 impl fmt::Display for ProcessLocation {

@@ -4,9 +4,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::arena::{Arena, Pool, Strategy};
-use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
-use super::context::{Context, HugepagePolicy};
+use super::buffer::{Backing, Buffer, BufferParts};
+use super::config::HugepagePolicy;
+use super::context::Context;
 use super::location::{HugePageSize, MemoryLocation};
+use super::registry::BufferOrigin;
 use crate::error::{Error, Result};
 use crate::types::{detect_scope, CommunicationScope, ProcessLocation};
 
@@ -134,7 +136,7 @@ impl Context {
             (
                 arena,
                 block.offset,
-                Backing::Pooled { pool, arena: block.arena, offset: block.offset, order: block.order },
+                Backing::Pooled { pool, arena: block.arena, offset: block.offset, range: block.range },
             )
         } else {
             let page = strategy.page_size();
@@ -156,6 +158,33 @@ impl Context {
             backing,
         };
         Buffer::new(parts, &self.inner.registry, false)
+    }
+
+    /// A GPU location: from the device's pooled exportable arenas, or, without a device,
+    /// CPU standard memory that says it fell back (an error under `strict_gpu`).
+    fn allocate_gpu(&self, size: usize, location: MemoryLocation, policy: HugepagePolicy) -> Result<Buffer> {
+        #[cfg(feature = "vulkan")]
+        if let Some(open) = &self.inner.gpu.open {
+            let gpu = open.allocate(size, location)?;
+            return self.gpu_buffer(gpu, BufferOrigin::Allocated);
+        }
+        let reason = self.inner.gpu.reason();
+        if self.inner.config.strict_gpu {
+            return Err(Error::Unsupported(format!(
+                "{location} of {size} bytes: this context has no Vulkan device and strict_gpu forbids \
+                 the CPU fallback: {reason}"
+            )));
+        }
+        let mut buffer = self.allocate_with(size, MemoryLocation::CpuStandard, policy)?;
+        let fallback = format!(
+            "{location} was asked for, but this context has no Vulkan device ({reason}); the buffer is CPU standard memory"
+        );
+        crate::logging::log_first!(
+            log::Level::Warn,
+            "{size} bytes: {fallback}. Set strict_gpu to make this an error instead"
+        );
+        buffer.set_fallback(fallback);
+        Ok(buffer)
     }
 }
 

@@ -5,27 +5,30 @@
 //! hands out the arena's fd plus an offset. Buffers too large to pool get an arena of their
 //! own, rounded up to the page size.
 //!
-//! Inside a pooled arena a binary buddy allocator hands out power-of-two blocks (64 bytes up
-//! to the arena size), naturally aligned and coalesced on release: simple, thread-safe under
-//! the pool's lock, at the price of up to 2x internal fragmentation.
+//! Inside a pooled arena the [`Suballocator`] (the one GPU arenas use too) hands out ranges
+//! of whole cache lines, under the pool's lock.
 
-use std::collections::BTreeSet;
-use std::os::fd::OwnedFd;
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use super::cpu::{gpu_pinned, hugepage, numa, standard};
+#[cfg(feature = "vulkan")]
+use super::gpu::GpuBuffer;
 use super::gpu_context::{ContextGpu, Pins};
 use super::location::{HugePageSize, MemoryLocation};
+use super::suballocator::{Allocation, Suballocator};
 use crate::error::Result;
 use crate::os::mapping::page_size;
 use crate::os::Mapping;
 
-/// The smallest block, and so the alignment of every pooled buffer: a cache line.
+/// The unit of pooled buffers, and so the alignment of every one: a cache line.
 pub(crate) const MIN_BLOCK: usize = 64;
-const MIN_BLOCK_LOG2: u32 = MIN_BLOCK.trailing_zeros();
 
 /// How an arena's memory is obtained: one pool per strategy (and node or page size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -115,63 +118,12 @@ impl Arena {
     }
 }
 
-/// A buddy allocator over `[0, 64 << max_order)`.
-#[derive(Debug)]
-struct Buddy {
-    /// Free block offsets per order (block size `64 << order`).
-    free: Vec<BTreeSet<usize>>,
-    used: usize,
-}
-
-impl Buddy {
-    fn new(size: usize) -> Buddy {
-        debug_assert!(size.is_power_of_two() && size >= MIN_BLOCK);
-        let max_order = (size.trailing_zeros() - MIN_BLOCK_LOG2) as usize;
-        let mut free = vec![BTreeSet::new(); max_order + 1];
-        free[max_order].insert(0);
-        Buddy { free, used: 0 }
-    }
-
-    fn order_for(size: usize) -> usize {
-        let block = size.max(MIN_BLOCK).next_power_of_two();
-        (block.trailing_zeros() - MIN_BLOCK_LOG2) as usize
-    }
-
-    fn allocate(&mut self, size: usize) -> Option<(usize, usize)> {
-        let order = Self::order_for(size);
-        let found = (order..self.free.len()).find(|&k| !self.free[k].is_empty())?;
-        let offset = self.free[found].pop_first()?;
-        for k in (order..found).rev() {
-            // Keep the lower half, free the upper one.
-            self.free[k].insert(offset + (MIN_BLOCK << k));
-        }
-        self.used += MIN_BLOCK << order;
-        Some((offset, order))
-    }
-
-    fn release(&mut self, mut offset: usize, mut order: usize) {
-        self.used -= MIN_BLOCK << order;
-        while order + 1 < self.free.len() {
-            let buddy = offset ^ (MIN_BLOCK << order);
-            if !self.free[order].remove(&buddy) {
-                break;
-            }
-            offset = offset.min(buddy);
-            order += 1;
-        }
-        self.free[order].insert(offset);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.used == 0
-    }
-}
-
 /// A block handed out by a pool: where it is, and what to give back.
 pub(crate) struct Block {
     pub(crate) arena: Arc<Arena>,
     pub(crate) offset: usize,
-    pub(crate) order: usize,
+    /// Its range of the arena (its size rounded up to [`MIN_BLOCK`]), to give back.
+    pub(crate) range: Allocation,
 }
 
 /// The arenas of one strategy.
@@ -184,7 +136,7 @@ pub(crate) struct Pool {
 
 #[derive(Debug, Default)]
 struct PoolState {
-    arenas: Vec<(Arc<Arena>, Buddy)>,
+    arenas: Vec<(Arc<Arena>, Suballocator)>,
     /// The arena that served last: tried first.
     current: usize,
     /// Arenas with nothing allocated. One is kept for the next allocation; more are released.
@@ -192,15 +144,16 @@ struct PoolState {
 }
 
 impl PoolState {
-    fn allocate_from(&mut self, index: usize, size: usize) -> Option<Block> {
-        let (arena, buddy) = &mut self.arenas[index];
-        let was_empty = buddy.is_empty();
-        let (offset, order) = buddy.allocate(size)?;
+    /// `reserved` bytes (a multiple of [`MIN_BLOCK`]) of the arena at `index`, if it has them.
+    fn allocate_from(&mut self, index: usize, reserved: usize) -> Option<Block> {
+        let (arena, ranges) = &mut self.arenas[index];
+        let was_empty = ranges.is_empty();
+        let range = ranges.allocate(reserved as u64, MIN_BLOCK as u64)?;
         if was_empty {
             self.empty -= 1;
         }
         self.current = index;
-        Some(Block { arena: Arc::clone(arena), offset, order })
+        Some(Block { arena: Arc::clone(arena), offset: range.offset as usize, range })
     }
 }
 
@@ -214,13 +167,15 @@ impl Pool {
         size <= self.arena_size / 4
     }
 
+    /// A block of at least `size` bytes (one this pool [`serves`](Self::serves)).
     pub(crate) fn allocate(&self, size: usize, topology: &numa::NumaTopology, gpu: &ContextGpu) -> Result<Block> {
+        let reserved = size.max(1).next_multiple_of(MIN_BLOCK);
         {
             let mut state = self.state.lock();
             let count = state.arenas.len();
             let start = state.current.min(count.saturating_sub(1));
             for index in (start..count).chain(0..start) {
-                if let Some(block) = state.allocate_from(index, size) {
+                if let Some(block) = state.allocate_from(index, reserved) {
                     return Ok(block);
                 }
             }
@@ -229,22 +184,23 @@ impl Pool {
         // pinned or huge-page memory), then carve from it.
         let arena = Arc::new(Arena::create(self.strategy, self.arena_size, topology, gpu)?);
         let mut state = self.state.lock();
-        state.arenas.push((arena, Buddy::new(self.arena_size)));
+        state.arenas.push((arena, Suballocator::new(self.arena_size as u64)));
         state.empty += 1;
         let index = state.arenas.len() - 1;
-        Ok(state.allocate_from(index, size).expect("a fresh arena serves any pooled size"))
+        Ok(state.allocate_from(index, reserved).expect("a fresh arena serves any pooled size"))
     }
 
-    pub(crate) fn release(&self, arena: &Arc<Arena>, offset: usize, order: usize) {
+    /// Gives back a block: its arena and range.
+    pub(crate) fn release(&self, arena: &Arc<Arena>, range: Allocation) {
         let released = {
             let mut state = self.state.lock();
             let Some(index) = state.arenas.iter().position(|(a, _)| Arc::ptr_eq(a, arena)) else {
                 debug_assert!(false, "block released to a pool that does not hold its arena");
                 return;
             };
-            let buddy = &mut state.arenas[index].1;
-            buddy.release(offset, order);
-            if !buddy.is_empty() {
+            let ranges = &mut state.arenas[index].1;
+            ranges.release(range);
+            if !ranges.is_empty() {
                 return;
             }
             if state.empty == 0 {
@@ -267,25 +223,183 @@ impl Pool {
     }
 }
 
+/// An arena imported from an export handle, mapped here once however many buffers use it.
+#[derive(Debug)]
+pub(crate) struct ImportedArena {
+    key: (u64, u64),
+    pub(crate) fd: OwnedFd,
+    pub(crate) mapping: Mapping,
+    pub(crate) arena_id: u64,
+    pub(crate) exporter_pid: u32,
+    pub(crate) exporter_token: u64,
+    cache: Arc<ImportCache>,
+}
+
+impl Drop for ImportedArena {
+    fn drop(&mut self) {
+        let mut map = self.cache.map.lock();
+        // A fresh import of the same file may already have replaced this entry.
+        if map.get(&self.key).is_some_and(|weak| weak.strong_count() == 0) {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The arenas a context has imported, keyed by the memory file's identity (device, inode):
+/// what the fd really is, not what the handle claims.
+#[derive(Debug, Default)]
+pub(crate) struct ImportCache {
+    map: Mutex<HashMap<(u64, u64), Weak<ImportedArena>>>,
+}
+
+impl ImportCache {
+    /// How many imported arenas are mapped now.
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().values().filter(|arena| arena.strong_count() > 0).count()
+    }
+
+    /// The imported arena of the memory file whose identity is `key`: the one mapped already
+    /// (`fd` is closed then), or `fd` mapped now, all `size` bytes of it, for the arena
+    /// `arena_id` of `exporter` (pid, token).
+    pub(crate) fn get_or_map(
+        self: &Arc<Self>,
+        key: (u64, u64),
+        fd: OwnedFd,
+        size: usize,
+        arena_id: u64,
+        (exporter_pid, exporter_token): (u32, u64),
+    ) -> Result<Arc<ImportedArena>> {
+        let mut map = self.map.lock();
+        if let Some(arena) = map.get(&key).and_then(Weak::upgrade) {
+            return Ok(arena);
+        }
+        let mapping = Mapping::shared(&fd, 0, size)?;
+        let arena = Arc::new(ImportedArena {
+            key,
+            fd,
+            mapping,
+            arena_id,
+            exporter_pid,
+            exporter_token,
+            cache: Arc::clone(self),
+        });
+        map.insert(key, Arc::downgrade(&arena));
+        Ok(arena)
+    }
+}
+
+/// The memory file (arena) a CPU buffer lies in: what a peer maps to read the buffer where it
+/// lies. Cloning it keeps the arena's memory alive (in this process) as long as the clone.
+#[derive(Clone)]
+pub struct SharedArena {
+    arena: ArenaRef,
+}
+
+#[derive(Clone)]
+enum ArenaRef {
+    Local(Arc<Arena>),
+    Imported(Arc<ImportedArena>),
+}
+
+impl SharedArena {
+    /// The memory file of an arena of this process.
+    pub(crate) fn local(arena: &Arc<Arena>) -> SharedArena {
+        SharedArena { arena: ArenaRef::Local(Arc::clone(arena)) }
+    }
+
+    /// The memory file of an imported arena.
+    pub(crate) fn imported(arena: &Arc<ImportedArena>) -> SharedArena {
+        SharedArena { arena: ArenaRef::Imported(Arc::clone(arena)) }
+    }
+
+    /// The Vulkan buffer over the whole arena, for GPU-pinned memory imported into the
+    /// context's device.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn vulkan_buffer(&self) -> Option<&GpuBuffer> {
+        match &self.arena {
+            ArenaRef::Local(a) => a.pins.vulkan_buffer(),
+            ArenaRef::Imported(_) => None,
+        }
+    }
+
+    /// The memory file, to pass to the peer (`SCM_RIGHTS`).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        match &self.arena {
+            ArenaRef::Local(a) => a.fd.as_fd(),
+            ArenaRef::Imported(a) => a.fd.as_fd(),
+        }
+    }
+
+    /// The size of the memory file (all of it is mapped, here and by the peer).
+    pub fn len(&self) -> usize {
+        match &self.arena {
+            ArenaRef::Local(a) => a.mapping.len(),
+            ArenaRef::Imported(a) => a.mapping.len(),
+        }
+    }
+
+    /// Always false: arenas are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the arena is mapped in this process.
+    pub fn base(&self) -> *const u8 {
+        match &self.arena {
+            ArenaRef::Local(a) => a.mapping.as_ptr(),
+            ArenaRef::Imported(a) => a.mapping.as_ptr(),
+        }
+    }
+
+    /// A reference that keeps the arena's memory mapped (and its file open) while held.
+    pub fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        match &self.arena {
+            ArenaRef::Local(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
+            ArenaRef::Imported(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
+        }
+    }
+
+    /// Identifies the arena in this process while anything (a clone, a `Weak` of
+    /// [`keep_alive`](Self::keep_alive)) still refers to it: the address of its shared state.
+    pub fn identity(&self) -> usize {
+        match &self.arena {
+            ArenaRef::Local(a) => Arc::as_ptr(a) as *const () as usize,
+            ArenaRef::Imported(a) => Arc::as_ptr(a) as *const () as usize,
+        }
+    }
+}
+
+impl fmt::Debug for SharedArena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedArena").field("base", &self.base()).field("len", &self.len()).finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn buddy_splits_aligns_and_coalesces() {
-        let mut buddy = Buddy::new(4096);
-        let a = buddy.allocate(1).unwrap();
-        let b = buddy.allocate(100).unwrap();
-        let c = buddy.allocate(1024).unwrap();
-        assert_eq!(a, (0, 0));
-        assert_eq!(b.0 % 128, 0);
-        assert_eq!(c.0 % 1024, 0);
-        assert!(buddy.allocate(4096).is_none());
-        for (offset, order) in [b, a, c] {
-            buddy.release(offset, order);
+    fn pooled_blocks_are_whole_cache_lines() {
+        let topology = numa::NumaTopology::detect();
+        let gpu = ContextGpu::disabled();
+        let pool = Pool::new(Strategy::Standard, 1 << 16);
+        let blocks: Vec<Block> =
+            [1, 64, 65, 1000].iter().map(|&n| pool.allocate(n, &topology, &gpu).unwrap()).collect();
+        assert!(blocks.iter().all(|b| b.offset % MIN_BLOCK == 0));
+        let mut offsets: Vec<usize> = blocks.iter().map(|b| b.offset).collect();
+        offsets.sort();
+        // 1 and 64 bytes take a cache line each, 65 bytes two, 1000 bytes sixteen.
+        let reserved: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+        let mut expected = [64, 64, 128];
+        let mut got = reserved.clone();
+        got.sort();
+        expected.sort();
+        assert_eq!(got, expected, "blocks at {offsets:?}");
+        for block in blocks {
+            pool.release(&block.arena, block.range);
         }
-        assert!(buddy.is_empty());
-        assert_eq!(buddy.allocate(4096), Some((0, 6)), "everything coalesced back");
+        assert_eq!(pool.arena_count(), 1);
     }
 
     #[test]
@@ -299,11 +413,11 @@ mod tests {
         }
         assert_eq!(pool.arena_count(), 3);
         for block in blocks.drain(..) {
-            pool.release(&block.arena, block.offset, block.order);
+            pool.release(&block.arena, block.range);
         }
         assert_eq!(pool.arena_count(), 1);
         let again = pool.allocate(64, &topology, &gpu).unwrap();
         assert_eq!(pool.arena_count(), 1);
-        pool.release(&again.arena, again.offset, again.order);
+        pool.release(&again.arena, again.range);
     }
 }

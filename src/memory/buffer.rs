@@ -1,66 +1,19 @@
 //! [`Buffer`]: a range of memory lava-flow hands out, and what it really is.
 
-use std::any::Any;
 use std::fmt;
-use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::arena::{Arena, Pool};
+use super::arena::{Arena, ImportedArena, Pool, SharedArena};
 use super::cpu::gpu_pinned::DeviceRegistration;
-use super::export::{ExportHandle, ImportedArena};
 #[cfg(feature = "vulkan")]
 use super::gpu::{copy_buffer, GpuBuffer, GpuMemoryKind, TimelineSemaphore};
 use super::gpu_context::Pins;
 use super::location::MemoryLocation;
+pub use super::registry::{BufferId, BufferOrigin};
 use super::registry::{BufferInfo, Registry, SharedMemory};
+use super::suballocator::Allocation;
 use crate::error::{Error, Result};
-
-/// Identifies a buffer within this process (unique across contexts, never reused).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BufferId(pub(crate) u64);
-
-impl BufferId {
-    pub(crate) fn next() -> BufferId {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        BufferId(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for BufferId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
-
-/// How a buffer came to be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BufferOrigin {
-    /// Allocated by this process from its arenas: exportable.
-    Allocated,
-    /// User memory entered with [`Context::register`](super::Context::register): not
-    /// exportable, and its memory is the user's to free after the buffer is dropped.
-    Registered,
-    /// Another process's (or this process's) export, mapped here: the very same memory.
-    Imported { exporter_pid: u32 },
-}
-
-impl fmt::Display for BufferOrigin {
-    /// In words, for messages: "allocated", "registered user memory", "imported from
-    /// process 42".
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BufferOrigin::Allocated => f.write_str("allocated"),
-            BufferOrigin::Registered => f.write_str("registered user memory"),
-            BufferOrigin::Imported { exporter_pid } => write!(f, "imported from process {exporter_pid}"),
-        }
-    }
-}
 
 /// How long reading or writing a GPU view waits on the host for its semaphore value.
 #[cfg(feature = "vulkan")]
@@ -80,7 +33,8 @@ pub(crate) enum Backing {
         pool: Arc<Pool>,
         arena: Arc<Arena>,
         offset: usize,
-        order: usize,
+        /// The range of the arena reserved for it (the size rounded up to a cache line).
+        range: Allocation,
     },
     Dedicated {
         arena: Arc<Arena>,
@@ -103,6 +57,30 @@ pub(crate) enum Backing {
         offset: u64,
         wait: Option<(Arc<TimelineSemaphore>, u64)>,
     },
+}
+
+impl Backing {
+    /// The memory file the backing's memory lies in, and where it starts in it: for memory
+    /// of lava-flow's CPU arenas (not registered user memory, not GPU memory).
+    pub(crate) fn shared_arena(&self) -> Option<(SharedArena, usize)> {
+        match self {
+            Backing::Pooled { arena, offset, .. } => Some((SharedArena::local(arena), *offset)),
+            Backing::Dedicated { arena } => Some((SharedArena::local(arena), 0)),
+            Backing::Imported { arena, offset } => Some((SharedArena::imported(arena), *offset)),
+            _ => None,
+        }
+    }
+
+    /// The memory a peer can reach by itself in which a new buffer of this backing lies, if
+    /// there is any (see [`SharedMemory`]).
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+    fn shared_memory(&self, origin: BufferOrigin) -> Option<SharedMemory> {
+        match self {
+            #[cfg(feature = "vulkan")]
+            Backing::Gpu { buffer } if origin == BufferOrigin::Allocated => Some(SharedMemory::Gpu(Arc::clone(buffer))),
+            _ => self.shared_arena().map(|(arena, offset)| SharedMemory::File(arena, offset)),
+        }
+    }
 }
 
 /// Everything a new buffer is made of but its id and registry.
@@ -157,7 +135,7 @@ impl Buffer {
         let base = ptr.map_or(0, |p| p.as_ptr() as usize);
         let info = BufferInfo { id: BufferId::next(), base, len, location, page_size, origin };
         if ptr.is_some() {
-            registry.insert(info, exclusive, SharedMemory::of(&backing, origin))?;
+            registry.insert(info, exclusive, backing.shared_memory(origin))?;
         }
         Ok(Buffer { ptr, len, info, backing, registry: Some(Arc::clone(registry)), fallback: None })
     }
@@ -504,11 +482,6 @@ impl Buffer {
         }
     }
 
-    /// Exports the buffer for another process on this host: see [`ExportHandle`].
-    pub fn export(&self) -> Result<ExportHandle> {
-        super::export::export(self)
-    }
-
     /// Whether the buffer is registered user memory (`lf_register`), which no peer can map.
     pub(crate) fn is_registered(&self) -> bool {
         matches!(self.backing, Backing::Registered)
@@ -518,7 +491,7 @@ impl Buffer {
     /// buffer by reference (a channel's buffer send). CPU memory allocated or imported by
     /// lava-flow has one; registered user memory and GPU memory are `Unsupported`, saying why.
     pub fn shared_arena(&self) -> Result<(SharedArena, usize)> {
-        if let Some(found) = SharedArena::of(&self.backing) {
+        if let Some(found) = self.backing.shared_arena() {
             return Ok(found);
         }
         Err(Error::Unsupported(match &self.backing {
@@ -535,95 +508,6 @@ impl Buffer {
                 self.info.id, self.info.location
             ),
         }))
-    }
-}
-
-/// The memory file (arena) a CPU buffer lies in: what a peer maps to read the buffer where it
-/// lies. Cloning it keeps the arena's memory alive (in this process) as long as the clone.
-#[derive(Clone)]
-pub struct SharedArena {
-    arena: ArenaRef,
-}
-
-#[derive(Clone)]
-enum ArenaRef {
-    Local(Arc<Arena>),
-    Imported(Arc<ImportedArena>),
-}
-
-impl SharedArena {
-    /// The arena behind a backing and the offset of the backing's memory in it, for memory
-    /// that lies in a memory file (not registered user memory, not GPU memory).
-    pub(crate) fn of(backing: &Backing) -> Option<(SharedArena, usize)> {
-        let (arena, offset) = match backing {
-            Backing::Pooled { arena, offset, .. } => (ArenaRef::Local(Arc::clone(arena)), *offset),
-            Backing::Dedicated { arena } => (ArenaRef::Local(Arc::clone(arena)), 0),
-            Backing::Imported { arena, offset } => (ArenaRef::Imported(Arc::clone(arena)), *offset),
-            _ => return None,
-        };
-        Some((SharedArena { arena }, offset))
-    }
-
-    /// The Vulkan buffer over the whole arena, for GPU-pinned memory imported into the
-    /// context's device.
-    #[cfg(feature = "vulkan")]
-    pub(crate) fn vulkan_buffer(&self) -> Option<&GpuBuffer> {
-        match &self.arena {
-            ArenaRef::Local(a) => a.pins.vulkan_buffer(),
-            ArenaRef::Imported(_) => None,
-        }
-    }
-
-    /// The memory file, to pass to the peer (`SCM_RIGHTS`).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        match &self.arena {
-            ArenaRef::Local(a) => a.fd.as_fd(),
-            ArenaRef::Imported(a) => a.fd.as_fd(),
-        }
-    }
-
-    /// The size of the memory file (all of it is mapped, here and by the peer).
-    pub fn len(&self) -> usize {
-        match &self.arena {
-            ArenaRef::Local(a) => a.mapping.len(),
-            ArenaRef::Imported(a) => a.mapping.len(),
-        }
-    }
-
-    /// Always false: arenas are never empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Where the arena is mapped in this process.
-    pub fn base(&self) -> *const u8 {
-        match &self.arena {
-            ArenaRef::Local(a) => a.mapping.as_ptr(),
-            ArenaRef::Imported(a) => a.mapping.as_ptr(),
-        }
-    }
-
-    /// A reference that keeps the arena's memory mapped (and its file open) while held.
-    pub fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
-        match &self.arena {
-            ArenaRef::Local(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
-            ArenaRef::Imported(a) => Arc::clone(a) as Arc<dyn Any + Send + Sync>,
-        }
-    }
-
-    /// Identifies the arena in this process while anything (a clone, a `Weak` of
-    /// [`keep_alive`](Self::keep_alive)) still refers to it: the address of its shared state.
-    pub fn identity(&self) -> usize {
-        match &self.arena {
-            ArenaRef::Local(a) => Arc::as_ptr(a) as *const () as usize,
-            ArenaRef::Imported(a) => Arc::as_ptr(a) as *const () as usize,
-        }
-    }
-}
-
-impl fmt::Debug for SharedArena {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedArena").field("base", &self.base()).field("len", &self.len()).finish()
     }
 }
 
@@ -646,8 +530,8 @@ impl Drop for Buffer {
         if let Some(registry) = &self.registry {
             registry.remove(self.info.id);
         }
-        if let Backing::Pooled { pool, arena, offset, order } = &self.backing {
-            pool.release(arena, *offset, *order);
+        if let Backing::Pooled { pool, arena, range, .. } = &self.backing {
+            pool.release(arena, *range);
         }
         // Dedicated and imported arenas are released with their last Arc.
     }

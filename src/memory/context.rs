@@ -8,71 +8,20 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::arena::{Pool, Strategy};
-use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts, SharedArena};
+use super::arena::{ImportCache, Pool, SharedArena, Strategy};
+use super::buffer::{Backing, Buffer, BufferParts};
+pub use super::config::{ContextConfig, HugepagePolicy};
 use super::cpu::numa::NumaTopology;
-use super::export::{ExportHandle, ImportCache};
+use super::export::ExportHandle;
+#[cfg(feature = "vulkan")]
+use super::gpu::{
+    copy_buffer_waiting, DeviceInfo, GpuBuffer, GpuExport, GpuMemoryKind, TimelineSemaphore, VulkanDevice,
+};
 use super::gpu_context::ContextGpu;
-use super::gpu_settings::{DeviceSelector, GpuPolicy};
 use super::location::MemoryLocation;
-use super::registry::{FoundBuffer, Registry, SharedMemory};
+use super::registry::{BufferOrigin, FoundBuffer, Registry, SharedMemory};
 use crate::error::{Error, Result};
 use crate::os::mapping::page_size;
-
-/// What to do when huge pages are asked for and the kernel has none to give.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HugepagePolicy {
-    /// Fail, with a message saying how to reserve huge pages.
-    #[default]
-    Strict,
-    /// Fall back to ordinary shared memory advised for transparent huge pages; the buffer
-    /// then reports `CpuStandard` and the base page size, so the fallback is never silent.
-    BestEffort,
-}
-
-/// How a [`Context`] behaves. Start from `ContextConfig::default()` and set fields.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ContextConfig {
-    pub hugepage_policy: HugepagePolicy,
-    /// The size of pooled arenas: a power of two from 64 KiB to 1 GiB. Buffers up to a
-    /// quarter of it share arenas; larger ones get their own.
-    pub arena_size: usize,
-    /// Whether `Context::new` opens Vulkan (eagerly), and what happens when it cannot.
-    pub gpu: GpuPolicy,
-    /// The Vulkan device to open. `None`: the one `LF_VULKAN_DEVICE` names (an index or a
-    /// deviceUUID), else the first discrete GPU, else the first device.
-    pub gpu_device: Option<DeviceSelector>,
-    /// A GPU location asked of a context without a device is an error (`Unsupported`, saying
-    /// why there is no device) instead of CPU memory that reports the fallback.
-    pub strict_gpu: bool,
-    /// The size of pooled GPU arenas (one exportable `VkDeviceMemory` each), in bytes.
-    /// Buffers larger than a quarter of it get an allocation of their own.
-    pub gpu_arena_size: u64,
-}
-
-impl ContextConfig {
-    pub const DEFAULT_ARENA_SIZE: usize = 2 << 20;
-    pub const MIN_ARENA_SIZE: usize = 64 << 10;
-    pub const MAX_ARENA_SIZE: usize = 1 << 30;
-    pub const DEFAULT_GPU_ARENA_SIZE: u64 = 64 << 20;
-    /// The largest GPU arena (1 TiB): beyond any GPU's memory, and far from overflowing the
-    /// allocator's arithmetic. The device's largest heap bounds it further once it is open.
-    pub const MAX_GPU_ARENA_SIZE: u64 = 1 << 40;
-}
-
-impl Default for ContextConfig {
-    fn default() -> Self {
-        ContextConfig {
-            hugepage_policy: HugepagePolicy::Strict,
-            arena_size: Self::DEFAULT_ARENA_SIZE,
-            gpu: GpuPolicy::Auto,
-            gpu_device: None,
-            strict_gpu: false,
-            gpu_arena_size: Self::DEFAULT_GPU_ARENA_SIZE,
-        }
-    }
-}
 
 /// The per-process memory context. Clones share the same state.
 #[derive(Clone, Debug)]
@@ -109,7 +58,7 @@ impl Context {
     /// Creates a context, opening the GPU as `config.gpu` says: eagerly, so that a missing
     /// driver or a wrong device index shows up here. Errors: a bad arena size
     /// (InvalidArgument); a device index or deviceUUID that matches no device (NotFound,
-    /// listing the devices); under [`GpuPolicy::Required`], any reason Vulkan cannot be
+    /// listing the devices); under [`GpuPolicy::Required`](super::GpuPolicy::Required), any reason Vulkan cannot be
     /// opened (Unsupported or Vulkan, with the loader's or driver's word).
     pub fn new(config: ContextConfig) -> Result<Context> {
         crate::logging::init();
@@ -272,4 +221,165 @@ fn check_mapped(addr: usize, len: usize) -> Result<()> {
         at += chunk;
     }
     Ok(())
+}
+
+/// The GPU side of the context: its device, GPU buffers, imports of GPU exports, copies.
+impl Context {
+    /// Whether `Context::new` opened a Vulkan device; `None` when it did, else why not (the
+    /// text of the Vulkan error, or the policy that disabled the GPU).
+    pub fn gpu_unavailable_reason(&self) -> Option<&str> {
+        self.inner.gpu.unavailable.as_deref()
+    }
+
+    /// How many arenas of other exporters this context holds imported now (mapped CPU
+    /// arenas, and GPU arenas imported on its device): importing a second buffer of an
+    /// arena, or the same buffer again, reuses the import and adds none.
+    pub fn imported_arenas(&self) -> usize {
+        #[cfg(feature = "vulkan")]
+        let gpu = self.inner.gpu.open.as_ref().map_or(0, |open| open.importer.cached_arenas());
+        #[cfg(not(feature = "vulkan"))]
+        let gpu = 0;
+        self.inner.imports.len() + gpu
+    }
+
+    /// Gives freed GPU memory back to the driver now: every pooled arena no buffer uses, the
+    /// spare the allocator keeps too. Returns how many bytes that was. Without asking, a freed
+    /// buffer that leaves its pooled arena empty gives that arena back unless it is the one
+    /// empty spare of its memory kind ([`SPARE_EMPTY_ARENAS`]); buffers of their own arena
+    /// (over a quarter of the arena size) give theirs back when freed.
+    ///
+    /// [`SPARE_EMPTY_ARENAS`]: crate::memory::gpu::SPARE_EMPTY_ARENAS
+    pub fn trim(&self) -> u64 {
+        #[cfg(feature = "vulkan")]
+        return self.inner.gpu.open.as_ref().map_or(0, |open| open.allocator.trim());
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
+    /// How many pooled GPU arenas this context holds now, of both memory kinds (empty spares
+    /// included): what [`trim`](Self::trim) could give back is the empty ones.
+    pub fn gpu_pooled_arenas(&self) -> usize {
+        #[cfg(feature = "vulkan")]
+        return self
+            .inner
+            .gpu
+            .open
+            .as_ref()
+            .map_or(0, |open| GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.arena_count(kind)).sum());
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
+    /// The bytes of GPU memory the pooled arenas of both kinds hold now, used or not.
+    pub fn gpu_pooled_bytes(&self) -> u64 {
+        #[cfg(feature = "vulkan")]
+        return self
+            .inner
+            .gpu
+            .open
+            .as_ref()
+            .map_or(0, |open| GpuMemoryKind::ALL.iter().map(|&kind| open.allocator.pooled_bytes(kind)).sum());
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
+    /// The Vulkan device this context allocates GPU memory on, if it has one.
+    #[cfg(feature = "vulkan")]
+    pub fn gpu_device(&self) -> Option<&VulkanDevice> {
+        self.inner.gpu.device()
+    }
+
+    /// What was found: name, UUIDs, driver, memory heaps and types, extensions.
+    #[cfg(feature = "vulkan")]
+    pub fn device_info(&self) -> Option<&DeviceInfo> {
+        self.gpu_device().map(VulkanDevice::info)
+    }
+
+    /// A buffer over GPU memory: with a host address where the memory is mappable.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn gpu_buffer(&self, gpu: GpuBuffer, origin: BufferOrigin) -> Result<Buffer> {
+        let location = match gpu.kind() {
+            GpuMemoryKind::DeviceLocal => MemoryLocation::GpuDeviceLocal,
+            GpuMemoryKind::HostVisible => MemoryLocation::GpuHostVisible,
+        };
+        let ptr = if gpu.is_host_mappable() { NonNull::new(gpu.map()?.as_ptr()) } else { None };
+        let parts = BufferParts {
+            ptr,
+            len: gpu.size() as usize,
+            location,
+            page_size: crate::os::mapping::page_size(),
+            origin,
+            backing: Backing::Gpu { buffer: Arc::new(gpu) },
+        };
+        Buffer::new(parts, &self.inner.registry, false)
+    }
+
+    /// Imports a GPU export on this context's device. The fd is consumed on every path.
+    fn import_gpu(&self, handle: ExportHandle, location: MemoryLocation) -> Result<Buffer> {
+        #[cfg(feature = "vulkan")]
+        if let Some(open) = &self.inner.gpu.open {
+            let desc = handle.descriptor.to_gpu()?;
+            let origin = BufferOrigin::Imported { exporter_pid: desc.exporter_pid };
+            let gpu = open.importer.import(GpuExport { desc, fd: handle.fd })?;
+            return self.gpu_buffer(gpu, origin);
+        }
+        drop(handle);
+        Err(Error::Unsupported(format!(
+            "cannot import {location}: this context has no Vulkan device ({})",
+            self.inner.gpu.reason()
+        )))
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`, whatever memory
+    /// each is: on the GPU when both are memory of this context's device (GPU buffers, and
+    /// GPU-pinned buffers imported into it; a compute shader for large copies on GPUs, the
+    /// copy engine otherwise, as `gpu::CopyMethod` says), else through the host (staged
+    /// for GPU memory the host cannot map). Returns when the data is in place. Overlapping
+    /// ranges are refused on the GPU and copied as `memmove` does on the host.
+    pub fn copy(&self, dst: &Buffer, dst_offset: usize, src: &Buffer, src_offset: usize, len: usize) -> Result<()> {
+        src.check_range(src_offset, len)?;
+        dst.check_range(dst_offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        #[cfg(feature = "vulkan")]
+        if let (Some((s, s_base)), Some((d, d_base))) = (src.gpu_region(), dst.gpu_region()) {
+            if s.device().same_device(d.device()) {
+                let (from, to) = (s_base + src_offset as u64, d_base + dst_offset as u64);
+                // The GPU, not the host, waits for the data of views.
+                let waits: Vec<(&TimelineSemaphore, u64)> = src.gpu_wait().into_iter().chain(dst.gpu_wait()).collect();
+                return copy_buffer_waiting(s, from, d, to, len as u64, &waits);
+            }
+        }
+        // Through the host: views' data must be ready first.
+        src.wait_ready()?;
+        dst.wait_ready()?;
+        match (src.host_ptr(), dst.host_ptr()) {
+            (Ok(from), Ok(to)) => {
+                // SAFETY: both ranges were checked to lie inside live buffers; `copy` allows
+                // them to overlap.
+                unsafe { std::ptr::copy(from.add(src_offset), to.add(dst_offset), len) };
+                Ok(())
+            }
+            (Ok(from), Err(_)) => {
+                // SAFETY: the range lies inside the live source buffer; it cannot overlap the
+                // destination, which has no host address.
+                dst.write_at(dst_offset, unsafe { std::slice::from_raw_parts(from.add(src_offset), len) })
+            }
+            (Err(_), Ok(to)) => {
+                // SAFETY: as above, with the roles swapped.
+                src.read_at(src_offset, unsafe { std::slice::from_raw_parts_mut(to.add(dst_offset), len) })
+            }
+            (Err(_), Err(_)) => {
+                const CHUNK: usize = 16 << 20;
+                let mut bounce = vec![0u8; len.min(CHUNK)];
+                for at in (0..len).step_by(CHUNK) {
+                    let piece = &mut bounce[..(len - at).min(CHUNK)];
+                    src.read_at(src_offset + at, piece)?;
+                    dst.write_at(dst_offset + at, piece)?;
+                }
+                Ok(())
+            }
+        }
+    }
 }

@@ -10,23 +10,23 @@
 //! everything before mapping, since the sender may be buggy or hostile; importing two buffers
 //! of one arena maps (imports) it once.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::arena::MIN_BLOCK;
-use super::buffer::{Backing, Buffer, BufferOrigin, BufferParts};
+use super::arena::{ImportCache, MIN_BLOCK};
+use super::buffer::{Backing, Buffer, BufferParts};
 use super::cpu::standard::{ARENA_NAME, ARENA_SEALS};
 use super::location::MemoryLocation;
-use super::registry::Registry;
+use super::registry::{BufferOrigin, Registry};
+pub use super::token::process_token;
 use crate::error::{Error, Result};
 use crate::os::fdpass::recv_exact_with_fd;
 use crate::os::mapping::page_size;
-use crate::os::{send_with_fds, Mapping};
+use crate::os::send_with_fds;
 
 /// The first field of every descriptor: "LFEX".
 pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
@@ -41,8 +41,12 @@ pub const EXPORT_GPU_DEDICATED: u32 = 1;
 /// For GPU memory (`location` is a GPU location) `arena_id` and `exporter_token` are the
 /// GPU arena's counter and its exporter's token, and the GPU section is filled in; for CPU
 /// memory the GPU section is zero.
+///
+/// The record is its own wire form: `#[repr(C)]` with every field naturally aligned and no
+/// padding, read and written as bytes through `zerocopy` (native byte order: both ends share
+/// a host). The C API's `lf_export` has the very same layout.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 pub struct ExportDescriptor {
     pub magic: u32,
     pub version: u32,
@@ -80,64 +84,17 @@ impl ExportDescriptor {
     /// The size of the wire form (and of the struct: all fields are naturally aligned).
     pub const SIZE: usize = 128;
 
-    /// The wire form: the fields in declaration order, native byte order (both ends share a
-    /// host).
+    /// The wire form: the record's bytes (the fields in declaration order, native byte order:
+    /// both ends share a host).
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
-        let mut out = [0u8; Self::SIZE];
-        let mut at = 0;
-        let mut put = |bytes: &[u8]| {
-            out[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
-        for value in [self.magic, self.version, self.location, self.numa_node as u32] {
-            put(&value.to_ne_bytes());
-        }
-        for value in [self.offset, self.size, self.arena_id, self.arena_size] {
-            put(&value.to_ne_bytes());
-        }
-        put(&self.exporter_pid.to_ne_bytes());
-        put(&self.reserved.to_ne_bytes());
-        put(&self.exporter_token.to_ne_bytes());
-        for value in [self.handle_type, self.memory_type_index, self.memory_property_flags, self.gpu_flags] {
-            put(&value.to_ne_bytes());
-        }
-        put(&self.device_uuid);
-        put(&self.driver_uuid);
-        for value in self.reserved2 {
-            put(&value.to_ne_bytes());
-        }
-        out
+        zerocopy::transmute!(*self)
     }
 
     /// Parses the wire form. Only the length is checked here; [`Context::import`](super::Context::import)
     /// validates the contents.
     pub fn from_bytes(bytes: &[u8]) -> Result<ExportDescriptor> {
-        if bytes.len() != Self::SIZE {
-            return Err(Error::invalid(format!("an export descriptor is {} bytes, not {}", Self::SIZE, bytes.len())));
-        }
-        let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let uuid_at = |i: usize| -> [u8; 16] { bytes[i..i + 16].try_into().expect("16 bytes") };
-        Ok(ExportDescriptor {
-            magic: u32_at(0),
-            version: u32_at(4),
-            location: u32_at(8),
-            numa_node: u32_at(12) as i32,
-            offset: u64_at(16),
-            size: u64_at(24),
-            arena_id: u64_at(32),
-            arena_size: u64_at(40),
-            exporter_pid: u32_at(48),
-            reserved: u32_at(52),
-            exporter_token: u64_at(56),
-            handle_type: u32_at(64),
-            memory_type_index: u32_at(68),
-            memory_property_flags: u32_at(72),
-            gpu_flags: u32_at(76),
-            device_uuid: uuid_at(80),
-            driver_uuid: uuid_at(96),
-            reserved2: [u64_at(112), u64_at(120)],
-        })
+        ExportDescriptor::read_from_bytes(bytes)
+            .map_err(|_| Error::invalid(format!("an export descriptor is {} bytes, not {}", Self::SIZE, bytes.len())))
     }
 
     /// The location the descriptor names, checked.
@@ -369,24 +326,6 @@ fn describe_fd(target: &str, kind: libc::mode_t) -> String {
     }
 }
 
-/// This process's random token, drawn once: with the pid it names the exporter uniquely even
-/// when pids are reused.
-pub fn process_token() -> u64 {
-    static TOKEN: OnceLock<u64> = OnceLock::new();
-    *TOKEN.get_or_init(|| {
-        let mut token = 0u64;
-        // SAFETY: getrandom writes at most 8 bytes into the u64.
-        let n = unsafe { libc::getrandom((&mut token as *mut u64).cast(), 8, 0) };
-        if n != 8 {
-            // No entropy source: the time and pid still make the token unlikely to repeat.
-            let nanos =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-            token = nanos ^ (u64::from(std::process::id()) << 32);
-        }
-        token
-    })
-}
-
 /// The GPU section of the wire format <-> the Vulkan module's own description.
 #[cfg(feature = "vulkan")]
 mod gpu_wire {
@@ -457,7 +396,14 @@ mod gpu_wire {
     }
 }
 
-pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
+impl Buffer {
+    /// Exports the buffer for another process on this host: see [`ExportHandle`].
+    pub fn export(&self) -> Result<ExportHandle> {
+        export(self)
+    }
+}
+
+fn export(buffer: &Buffer) -> Result<ExportHandle> {
     let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
         #[cfg(feature = "vulkan")]
         Backing::Gpu { buffer } => return buffer.export().map(ExportHandle::from),
@@ -504,42 +450,6 @@ pub(crate) fn export(buffer: &Buffer) -> Result<ExportHandle> {
             ..ExportDescriptor::default()
         },
     })
-}
-
-/// An arena imported from an export handle, mapped here once however many buffers use it.
-#[derive(Debug)]
-pub(crate) struct ImportedArena {
-    key: (u64, u64),
-    pub(crate) fd: OwnedFd,
-    pub(crate) mapping: Mapping,
-    pub(crate) arena_id: u64,
-    pub(crate) exporter_pid: u32,
-    pub(crate) exporter_token: u64,
-    cache: Arc<ImportCache>,
-}
-
-impl Drop for ImportedArena {
-    fn drop(&mut self) {
-        let mut map = self.cache.map.lock();
-        // A fresh import of the same file may already have replaced this entry.
-        if map.get(&self.key).is_some_and(|weak| weak.strong_count() == 0) {
-            map.remove(&self.key);
-        }
-    }
-}
-
-/// The arenas a context has imported, keyed by the memory file's identity (device, inode):
-/// what the fd really is, not what the handle claims.
-#[derive(Debug, Default)]
-pub(crate) struct ImportCache {
-    map: Mutex<HashMap<(u64, u64), Weak<ImportedArena>>>,
-}
-
-impl ImportCache {
-    /// How many imported arenas are mapped now.
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().values().filter(|arena| arena.strong_count() > 0).count()
-    }
 }
 
 fn invalid_fd(fd: &OwnedFd, problem: impl std::fmt::Display) -> Error {
@@ -615,26 +525,7 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
     let ExportHandle { fd, descriptor: d } = handle;
     let location = validate_descriptor(&d)?;
     let (key, file_page) = validate_fd(&fd, &d, location)?;
-    let arena = {
-        let mut map = cache.map.lock();
-        match map.get(&key).and_then(Weak::upgrade) {
-            Some(arena) => arena,
-            None => {
-                let mapping = Mapping::shared(&fd, 0, d.arena_size as usize)?;
-                let arena = Arc::new(ImportedArena {
-                    key,
-                    fd,
-                    mapping,
-                    arena_id: d.arena_id,
-                    exporter_pid: d.exporter_pid,
-                    exporter_token: d.exporter_token,
-                    cache: Arc::clone(cache),
-                });
-                map.insert(key, Arc::downgrade(&arena));
-                arena
-            }
-        }
-    };
+    let arena = cache.get_or_map(key, fd, d.arena_size as usize, d.arena_id, (d.exporter_pid, d.exporter_token))?;
     let offset = d.offset as usize;
     // SAFETY: offset + size <= arena_size == the mapping's length (validated above).
     let ptr = unsafe { NonNull::new_unchecked(arena.mapping.as_ptr().add(offset)) };
@@ -673,6 +564,49 @@ mod tests {
         };
         assert_eq!(ExportDescriptor::from_bytes(&d.to_bytes()).unwrap(), d);
         assert!(ExportDescriptor::from_bytes(&[0u8; 10]).is_err());
+        assert!(ExportDescriptor::from_bytes(&[0u8; 129]).is_err());
+    }
+
+    /// The wire format, byte by byte (the C header's `lf_export` and exporters of earlier
+    /// versions use it): each field at its fixed offset, native byte order.
+    #[test]
+    fn wire_format_is_fixed() {
+        let d = ExportDescriptor {
+            magic: EXPORT_MAGIC,
+            version: EXPORT_VERSION,
+            location: 3,
+            numa_node: -1,
+            offset: 0x1010,
+            size: 0x1018,
+            arena_id: 0x1020,
+            arena_size: 0x1028,
+            exporter_pid: 0x30,
+            reserved: 0x34,
+            exporter_token: 0x1038,
+            handle_type: 0x40,
+            memory_type_index: 0x44,
+            memory_property_flags: 0x48,
+            gpu_flags: 0x4c,
+            device_uuid: [0x50; 16],
+            driver_uuid: [0x60; 16],
+            reserved2: [0x1070, 0x1078],
+        };
+        let mut expected = [0u8; 128];
+        let mut put = |at: usize, bytes: &[u8]| expected[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0, &EXPORT_MAGIC.to_ne_bytes());
+        put(4, &EXPORT_VERSION.to_ne_bytes());
+        put(8, &3u32.to_ne_bytes());
+        put(12, &(-1i32).to_ne_bytes());
+        for at in [16, 24, 32, 40, 56, 112, 120] {
+            put(at, &(0x1000 + at as u64).to_ne_bytes());
+        }
+        for at in [48, 52, 64, 68, 72, 76] {
+            put(at, &(at as u32).to_ne_bytes());
+        }
+        put(80, &[0x50; 16]);
+        put(96, &[0x60; 16]);
+        assert_eq!(d.to_bytes(), expected);
+        assert_eq!(ExportDescriptor::from_bytes(&expected).unwrap(), d);
         assert_ne!(process_token(), 0);
     }
 

@@ -20,10 +20,49 @@
 //! assert_eq!(&bytes, b"hello");
 //! # Ok::<(), lava_flow::Error>(())
 //! ```
+//!
+//! # Layering
+//!
+//! Each module uses only those below it (`scripts/check-layers.py` checks that no two sibling
+//! modules reach each other):
+//!
+//! ```text
+//! allocator     Context::allocate*: CPU pools, GPU memory with its CPU fallback
+//!     |
+//! context       Context: registry, pools, imports, the GPU; find, register, import, copy
+//!     |
+//! export        ExportHandle: a buffer's export record and fd; the import of CPU memory
+//!     |
+//! buffer        Buffer and what backs it
+//!     |
+//! registry      which buffer holds an address; BufferId, BufferOrigin, BufferInfo
+//!     |
+//! arena         CPU arenas: pools (suballocated), imported arenas, SharedArena
+//!     |
+//! gpu_context   the context's GPU: device, GPU allocator and importer, pinning of CPU arenas
+//!     |
+//! config        ContextConfig, HugepagePolicy
+//!     |
+//! gpu, cpu, gpu_settings, location, suballocator, token
+//!               (leaves; gpu uses gpu_settings, suballocator and token)
+//! ```
+//!
+//! Inside `gpu`, the device knows none of the modules that use it:
+//!
+//! ```text
+//! transfer -> shader_copy, semaphore, parallel_copy, allocator, arena, copy_method, device
+//! import -> export -> allocator -> arena -> device -> copy_method
+//! host_import -> allocator, arena, device
+//! semaphore, shader_copy -> device
+//! ```
+//!
+//! The device keeps per-device state for the modules above (the transfer queue, the import
+//! cache) through the `DeviceState` trait it defines and they implement.
 
 pub mod allocator;
 mod arena;
 pub mod buffer;
+mod config;
 pub mod context;
 pub mod cpu;
 pub mod export;
@@ -33,14 +72,19 @@ mod gpu_context;
 pub mod gpu_settings;
 pub mod location;
 pub mod registry;
+mod suballocator;
+mod token;
 
 pub use allocator::auto_location;
-pub use buffer::{Buffer, BufferId, BufferOrigin, SharedArena};
-pub use context::{Context, ContextConfig, HugepagePolicy};
+pub use arena::SharedArena;
+pub use buffer::Buffer;
+pub use config::{ContextConfig, HugepagePolicy};
+pub use context::Context;
 pub use cpu::gpu_pinned::{has_ipc_lock, locked_bytes, memlock_limit, DeviceRegistration, MEMLOCK_FIX};
 pub use cpu::hugepage::{hugepage_pool, kernel_page_size_of, reserve_command, HugePagePool};
 pub use cpu::numa::{node_of_address, NumaTopology};
-pub use export::{process_token, ExportDescriptor, ExportHandle, EXPORT_MAGIC, EXPORT_VERSION};
+pub use export::{ExportDescriptor, ExportHandle, EXPORT_MAGIC, EXPORT_VERSION};
 pub use gpu_settings::{format_uuid, DeviceSelector, GpuPolicy};
 pub use location::{HugePageSize, MemoryLocation};
-pub use registry::{BufferInfo, FoundBuffer};
+pub use registry::{BufferId, BufferInfo, BufferOrigin, FoundBuffer};
+pub use token::process_token;

@@ -12,17 +12,63 @@
 //! lock-free checks: no shareable buffer at all, or an address outside the span they cover.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(feature = "vulkan")]
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::buffer::{Backing, BufferId, BufferOrigin, SharedArena};
+use super::arena::SharedArena;
 #[cfg(feature = "vulkan")]
 use super::gpu::GpuBuffer;
 use super::location::MemoryLocation;
 use crate::error::{Error, Result};
+
+/// Identifies a buffer within this process (unique across contexts, never reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub(crate) u64);
+
+impl BufferId {
+    pub(crate) fn next() -> BufferId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        BufferId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for BufferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// How a buffer came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferOrigin {
+    /// Allocated by this process from its arenas: exportable.
+    Allocated,
+    /// User memory entered with [`Context::register`](super::Context::register): not
+    /// exportable, and its memory is the user's to free after the buffer is dropped.
+    Registered,
+    /// Another process's (or this process's) export, mapped here: the very same memory.
+    Imported { exporter_pid: u32 },
+}
+
+impl fmt::Display for BufferOrigin {
+    /// In words, for messages: "allocated", "registered user memory", "imported from
+    /// process 42".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BufferOrigin::Allocated => f.write_str("allocated"),
+            BufferOrigin::Registered => f.write_str("registered user memory"),
+            BufferOrigin::Imported { exporter_pid } => write!(f, "imported from process {exporter_pid}"),
+        }
+    }
+}
 
 /// What the registry knows of a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,18 +99,6 @@ pub(crate) enum SharedMemory {
     /// DEVICE_LOCAL where the host maps it).
     #[cfg(feature = "vulkan")]
     Gpu(Arc<GpuBuffer>),
-}
-
-impl SharedMemory {
-    /// The shared memory of a new buffer's backing, if it has any.
-    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
-    pub(crate) fn of(backing: &Backing, origin: BufferOrigin) -> Option<SharedMemory> {
-        match backing {
-            #[cfg(feature = "vulkan")]
-            Backing::Gpu { buffer } if origin == BufferOrigin::Allocated => Some(SharedMemory::Gpu(Arc::clone(buffer))),
-            _ => SharedArena::of(backing).map(|(arena, offset)| SharedMemory::File(arena, offset)),
-        }
-    }
 }
 
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //!
 //! Enums: the header declares each as a C enum (fixed to `uint32_t` where C allows it, else a
 //! `uint32_t` typedef), and the functions and fields that take one from C are declared with
-//! the [`raw`] alias of the same name, a `u32`: C may pass any value, and a Rust enum must
+//! the `raw` alias of the same name (the `raw` module), a `u32`: C may pass any value, and a Rust enum must
 //! never hold one it does not list. [`CEnum::from_c`] checks the value and names the valid ones.
 //!
 //! Growable structs: the structs a caller fills (`lf_context_config`, `lf_channel_config`) or
@@ -16,24 +16,6 @@ use std::mem::size_of;
 
 use super::status::lf_status;
 use super::{Failure, FfiResult};
-
-/// The C enums as the integers C passes. The header names each function parameter and struct
-/// field of these types by the enum's name (cbindgen sees the name, not the alias); Rust reads
-/// them as `u32` and checks them with [`CEnum::from_c`].
-#[allow(non_camel_case_types)]
-pub mod raw {
-    pub type lf_status = u32;
-    pub type lf_log_level = u32;
-    pub type lf_hugepage_policy = u32;
-    pub type lf_gpu_policy = u32;
-    pub type lf_gpu_device_select = u32;
-    pub type lf_device_type = u32;
-    pub type lf_memory_kind = u32;
-    pub type lf_origin = u32;
-    pub type lf_role = u32;
-    pub type lf_wait_strategy = u32;
-    pub type lf_scope = u32;
-}
 
 /// A C enum: its values, to check an integer from C against.
 pub(crate) trait CEnum: Copy + std::fmt::Debug + 'static {
@@ -214,8 +196,9 @@ pub(crate) unsafe fn output_struct_size<T: GrowableStruct>(ptr: *const T) -> Ffi
 mod tests {
     use super::*;
     use crate::channel::{lf_channel_config, lf_channel_config_init, lf_wait_strategy};
+    use crate::context::lf_gpu_policy;
     use crate::context::{lf_context_config, lf_context_config_init, lf_context_create, lf_context_free};
-    use crate::device::{lf_context_device_info, lf_device_info, lf_gpu_policy};
+    use crate::device::{lf_context_device_info, lf_device_info};
     use crate::tests::last_error;
     use std::mem::{offset_of, size_of};
     use std::ptr;

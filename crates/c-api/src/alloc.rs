@@ -6,11 +6,12 @@
 
 use std::ffi::c_void;
 
-use super::abi::{raw, CEnum};
+use super::abi::CEnum;
 use super::buffer::lf_memory_kind;
 use super::buffer::{lf_buffer, release};
 use super::context::{hugepage_policy_from_c, lf_context};
 use super::location::{lf_location, LF_UNSET};
+use super::raw;
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
 use lava_flow::memory::MemoryLocation;
@@ -279,7 +280,7 @@ mod tests {
         let size = (free + 1) * (2 << 20);
         unsafe {
             let config = lf_context_config {
-                gpu_policy: crate::device::lf_gpu_policy::LF_GPU_DISABLED as u32,
+                gpu_policy: crate::context::lf_gpu_policy::LF_GPU_DISABLED as u32,
                 ..Default::default()
             };
             let mut context = ptr::null_mut();
@@ -318,7 +319,7 @@ mod tests {
         unsafe {
             let mut context = ptr::null_mut();
             let config = lf_context_config {
-                gpu_policy: crate::device::lf_gpu_policy::LF_GPU_DISABLED as u32,
+                gpu_policy: crate::context::lf_gpu_policy::LF_GPU_DISABLED as u32,
                 ..Default::default()
             };
             assert_eq!(lf_context_create(&config, &mut context), lf_status::LF_OK);
@@ -370,7 +371,7 @@ mod tests {
             let mut context = ptr::null_mut();
             // Strict, without a GPU: GPU locations are refused, saying why.
             let strict = lf_context_config {
-                gpu_policy: crate::device::lf_gpu_policy::LF_GPU_DISABLED as u32,
+                gpu_policy: crate::context::lf_gpu_policy::LF_GPU_DISABLED as u32,
                 strict_gpu: 1,
                 ..Default::default()
             };

@@ -14,8 +14,9 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::abi::{c_enum, raw};
+use super::abi::c_enum;
 use super::location::LF_UNSET;
+use super::raw;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
 use lava_flow::memory::location::code;

@@ -111,8 +111,8 @@ mod tests {
     use super::*;
     use crate::alloc::lf_alloc;
     use crate::buffer::*;
+    use crate::context::lf_gpu_policy;
     use crate::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::device::lf_gpu_policy;
     use crate::location::LF_UNSET;
     use crate::tests::last_error;
     use std::ffi::CStr;

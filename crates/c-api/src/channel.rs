@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::abi::{c_enum, raw, read_struct, write_struct, CEnum, GrowableStruct};
+use super::abi::{c_enum, read_struct, write_struct, CEnum, GrowableStruct};
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::exclusive::{Exclusive, ExclusiveGuard};
 use super::location::lf_location;
+use super::raw;
 use super::status::lf_status;
 use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
@@ -900,8 +901,8 @@ mod tests {
     use super::*;
     use crate::alloc::{lf_alloc, lf_register};
     use crate::buffer::{lf_buffer_ptr, lf_free, lf_memory_kind};
+    use crate::context::lf_gpu_policy;
     use crate::context::{lf_context_config, lf_context_create, lf_context_free};
-    use crate::device::lf_gpu_policy;
     use crate::location::lf_location_detect;
     use crate::location::lf_location_free;
     use crate::status::lf_last_error_message;

@@ -7,11 +7,11 @@
 
 use std::ffi::CString;
 
-use super::abi::{c_enum, raw, read_struct, write_struct, CEnum, GrowableStruct};
-use super::device::gpu_settings_from_c;
+use super::abi::{c_enum, read_struct, write_struct, CEnum, GrowableStruct};
+use super::raw;
 use super::status::lf_status;
 use super::{boundary, boundary_void, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult};
-use lava_flow::memory::{Context, ContextConfig, HugepagePolicy};
+use lava_flow::memory::{Context, ContextConfig, DeviceSelector, GpuPolicy, HugepagePolicy};
 
 /// Opaque handle on a memory context.
 #[allow(non_camel_case_types)]
@@ -36,6 +36,36 @@ pub enum lf_hugepage_policy {
     LF_HUGEPAGE_BEST_EFFORT = 2,
 }
 c_enum!(lf_hugepage_policy: LF_HUGEPAGE_DEFAULT, LF_HUGEPAGE_STRICT, LF_HUGEPAGE_BEST_EFFORT);
+
+/// Whether `lf_context_create` opens a GPU (`lf_context_config.gpu_policy`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_gpu_policy {
+    /// Open Vulkan at `lf_context_create`; without a loader or device go on without a GPU
+    /// (GPU allocations fall back to CPU memory, visibly) and record why. The default.
+    LF_GPU_AUTO = 0,
+    /// `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
+    LF_GPU_REQUIRED = 1,
+    /// Touch no GPU API (no Vulkan device, no CUDA registration).
+    LF_GPU_DISABLED = 2,
+}
+c_enum!(lf_gpu_policy: LF_GPU_AUTO, LF_GPU_REQUIRED, LF_GPU_DISABLED);
+
+/// Which Vulkan device a context opens (`lf_context_config.gpu_device_select`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_gpu_device_select {
+    /// The device `LF_VULKAN_DEVICE` names, else the first discrete GPU, else the first
+    /// device. The default.
+    LF_GPU_DEVICE_DEFAULT = 0,
+    /// The device at `gpu_device_index` in the loader's order.
+    LF_GPU_DEVICE_INDEX = 1,
+    /// The device whose deviceUUID is `gpu_device_uuid`.
+    LF_GPU_DEVICE_UUID = 2,
+}
+c_enum!(lf_gpu_device_select: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID);
 
 /// Context settings. Start from `lf_context_config_init` (or a struct of zeros,
 /// `lf_context_config c = {0};`: the same defaults) and change what you need: 0 in a field
@@ -102,6 +132,29 @@ pub(crate) fn hugepage_policy_from_c(value: raw::lf_hugepage_policy, what: &str)
         lf_hugepage_policy::LF_HUGEPAGE_STRICT => Some(HugepagePolicy::Strict),
         lf_hugepage_policy::LF_HUGEPAGE_BEST_EFFORT => Some(HugepagePolicy::BestEffort),
     })
+}
+
+/// Applies the GPU fields of a C config to `config`, checking each.
+pub(crate) fn gpu_settings_from_c(c: &lf_context_config, config: &mut ContextConfig) -> FfiResult<()> {
+    config.gpu = match lf_gpu_policy::from_c(c.gpu_policy, "gpu_policy")? {
+        lf_gpu_policy::LF_GPU_AUTO => GpuPolicy::Auto,
+        lf_gpu_policy::LF_GPU_REQUIRED => GpuPolicy::Required,
+        lf_gpu_policy::LF_GPU_DISABLED => GpuPolicy::Disabled,
+    };
+    config.gpu_device = match lf_gpu_device_select::from_c(c.gpu_device_select, "gpu_device_select")? {
+        lf_gpu_device_select::LF_GPU_DEVICE_DEFAULT => None,
+        lf_gpu_device_select::LF_GPU_DEVICE_INDEX => Some(DeviceSelector::Index(c.gpu_device_index)),
+        lf_gpu_device_select::LF_GPU_DEVICE_UUID => Some(DeviceSelector::Uuid(c.gpu_device_uuid)),
+    };
+    config.strict_gpu = match c.strict_gpu {
+        0 => false,
+        1 => true,
+        other => return Err(invalid(format!("strict_gpu {other} must be 0 or 1"))),
+    };
+    if c.gpu_arena_size != 0 {
+        config.gpu_arena_size = c.gpu_arena_size;
+    }
+    Ok(())
 }
 
 fn config_from_c(c: &lf_context_config) -> FfiResult<ContextConfig> {
@@ -197,7 +250,7 @@ pub unsafe extern "C" fn lf_context_free(context: *mut lf_context) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{lf_gpu_device_select, lf_gpu_policy};
+    use super::{lf_gpu_device_select, lf_gpu_policy};
     use crate::tests::last_error;
     use std::ptr;
 

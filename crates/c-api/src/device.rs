@@ -1,46 +1,17 @@
-//! The GPU of an `lf_context`: the settings that choose it (`lf_context_config`'s GPU fields)
-//! and `lf_device_info`, the report of what `lf_context_create` opened, or why nothing.
+//! The GPU of an `lf_context`: `lf_device_info`, the report of what `lf_context_create`
+//! opened, or why nothing. (The settings that choose it are `lf_context_config`'s GPU fields,
+//! in the context's module.)
 //!
 //! The device is opened eagerly by `lf_context_create` and lives as long as the context.
 //! Reading its report is thread-safe.
 
 use std::ffi::{c_char, CStr};
 
-use super::abi::{c_enum, output_struct_size, raw, write_struct, CEnum, GrowableStruct};
-use super::context::{lf_context, lf_context_config};
+use super::abi::{output_struct_size, write_struct, GrowableStruct};
+use super::context::lf_context;
+use super::raw;
 use super::status::lf_status;
-use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
-use lava_flow::memory::{ContextConfig, DeviceSelector, GpuPolicy};
-
-/// Whether `lf_context_create` opens a GPU (`lf_context_config.gpu_policy`).
-#[allow(non_camel_case_types)]
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum lf_gpu_policy {
-    /// Open Vulkan at `lf_context_create`; without a loader or device go on without a GPU
-    /// (GPU allocations fall back to CPU memory, visibly) and record why. The default.
-    LF_GPU_AUTO = 0,
-    /// `lf_context_create` fails with the Vulkan error when it cannot open the GPU.
-    LF_GPU_REQUIRED = 1,
-    /// Touch no GPU API (no Vulkan device, no CUDA registration).
-    LF_GPU_DISABLED = 2,
-}
-c_enum!(lf_gpu_policy: LF_GPU_AUTO, LF_GPU_REQUIRED, LF_GPU_DISABLED);
-
-/// Which Vulkan device a context opens (`lf_context_config.gpu_device_select`).
-#[allow(non_camel_case_types)]
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum lf_gpu_device_select {
-    /// The device `LF_VULKAN_DEVICE` names, else the first discrete GPU, else the first
-    /// device. The default.
-    LF_GPU_DEVICE_DEFAULT = 0,
-    /// The device at `gpu_device_index` in the loader's order.
-    LF_GPU_DEVICE_INDEX = 1,
-    /// The device whose deviceUUID is `gpu_device_uuid`.
-    LF_GPU_DEVICE_UUID = 2,
-}
-c_enum!(lf_gpu_device_select: LF_GPU_DEVICE_DEFAULT, LF_GPU_DEVICE_INDEX, LF_GPU_DEVICE_UUID);
+use super::{boundary, handle_ref, out_ptr, write_out, Failure};
 
 /// What kind of device a GPU is (`lf_device_info.device_type`): the values of
 /// `VkPhysicalDeviceType`.
@@ -135,33 +106,6 @@ impl Default for lf_device_info {
 unsafe impl GrowableStruct for lf_device_info {
     const NAME: &'static str = "lf_device_info";
     const SIZES: &'static [usize] = &[1288];
-}
-
-fn invalid(message: String) -> Failure {
-    Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
-}
-
-/// Applies the GPU fields of a C config to `config`, checking each.
-pub(crate) fn gpu_settings_from_c(c: &lf_context_config, config: &mut ContextConfig) -> FfiResult<()> {
-    config.gpu = match lf_gpu_policy::from_c(c.gpu_policy, "gpu_policy")? {
-        lf_gpu_policy::LF_GPU_AUTO => GpuPolicy::Auto,
-        lf_gpu_policy::LF_GPU_REQUIRED => GpuPolicy::Required,
-        lf_gpu_policy::LF_GPU_DISABLED => GpuPolicy::Disabled,
-    };
-    config.gpu_device = match lf_gpu_device_select::from_c(c.gpu_device_select, "gpu_device_select")? {
-        lf_gpu_device_select::LF_GPU_DEVICE_DEFAULT => None,
-        lf_gpu_device_select::LF_GPU_DEVICE_INDEX => Some(DeviceSelector::Index(c.gpu_device_index)),
-        lf_gpu_device_select::LF_GPU_DEVICE_UUID => Some(DeviceSelector::Uuid(c.gpu_device_uuid)),
-    };
-    config.strict_gpu = match c.strict_gpu {
-        0 => false,
-        1 => true,
-        other => return Err(invalid(format!("strict_gpu {other} must be 0 or 1"))),
-    };
-    if c.gpu_arena_size != 0 {
-        config.gpu_arena_size = c.gpu_arena_size;
-    }
-    Ok(())
 }
 
 /// Copies `text` into a fixed C string field, truncated to leave room for the NUL.
@@ -274,7 +218,7 @@ mod tests {
     use super::*;
     use crate::alloc::lf_alloc;
     use crate::buffer::{lf_free, lf_memory_kind};
-    use crate::context::{lf_context_create, lf_context_free};
+    use crate::context::{lf_context_config, lf_context_create, lf_context_free, lf_gpu_policy};
     use crate::location::LF_UNSET;
     use crate::tests::last_error;
     use std::ptr;

@@ -12,7 +12,9 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use super::abi::raw;
+use super::raw;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::status::lf_status;
@@ -39,7 +41,7 @@ pub const LF_EXPORT_GPU_DEDICATED: u32 = 1;
 /// equals `device_uuid`. For CPU memory the GPU fields are 0.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 pub struct lf_export {
     /// LF_EXPORT_MAGIC, to recognise a lava-flow export.
     pub magic: u32,
@@ -87,51 +89,48 @@ const _: () = assert!(
 
 const _: () = assert!(std::mem::size_of::<lf_export>() == LF_EXPORT_SIZE as usize);
 
+/// Every field of `lf_export` sits where the core's record has it (`fd` in its `reserved`
+/// word, `reserved` in its `reserved2`), so the two convert as plain bytes.
+macro_rules! same_layout {
+    ($($c:ident = $core:ident),* $(,)?) => {
+        const _: () = assert!(
+            $(std::mem::offset_of!(lf_export, $c) == std::mem::offset_of!(ExportDescriptor, $core))&&*
+        );
+    };
+}
+same_layout!(
+    magic = magic,
+    version = version,
+    location = location,
+    numa_node = numa_node,
+    offset = offset,
+    size = size,
+    arena_id = arena_id,
+    arena_size = arena_size,
+    exporter_pid = exporter_pid,
+    fd = reserved,
+    exporter_token = exporter_token,
+    handle_type = handle_type,
+    memory_type_index = memory_type_index,
+    memory_property_flags = memory_property_flags,
+    gpu_flags = gpu_flags,
+    device_uuid = device_uuid,
+    driver_uuid = driver_uuid,
+    reserved = reserved2,
+);
+
 fn to_c(handle: ExportHandle) -> lf_export {
-    let d = handle.descriptor;
-    lf_export {
-        magic: d.magic,
-        version: d.version,
-        location: d.location,
-        numa_node: d.numa_node,
-        offset: d.offset,
-        size: d.size,
-        arena_id: d.arena_id,
-        arena_size: d.arena_size,
-        exporter_pid: d.exporter_pid,
-        fd: handle.fd.into_raw_fd(),
-        exporter_token: d.exporter_token,
-        handle_type: d.handle_type,
-        memory_type_index: d.memory_type_index,
-        memory_property_flags: d.memory_property_flags,
-        gpu_flags: d.gpu_flags,
-        device_uuid: d.device_uuid,
-        driver_uuid: d.driver_uuid,
-        reserved: d.reserved2,
-    }
+    let mut export: lf_export = zerocopy::transmute!(handle.descriptor);
+    export.fd = handle.fd.into_raw_fd();
+    export
 }
 
+/// The core's record of an `lf_export`: its bytes, with the `fd` word zeroed (the wire
+/// format's reserved word).
 fn descriptor_of(e: &lf_export) -> ExportDescriptor {
-    ExportDescriptor {
-        magic: e.magic,
-        version: e.version,
-        location: e.location,
-        numa_node: e.numa_node,
-        offset: e.offset,
-        size: e.size,
-        arena_id: e.arena_id,
-        arena_size: e.arena_size,
-        exporter_pid: e.exporter_pid,
-        reserved: 0,
-        exporter_token: e.exporter_token,
-        handle_type: e.handle_type,
-        memory_type_index: e.memory_type_index,
-        memory_property_flags: e.memory_property_flags,
-        gpu_flags: e.gpu_flags,
-        device_uuid: e.device_uuid,
-        driver_uuid: e.driver_uuid,
-        reserved2: e.reserved,
-    }
+    let mut descriptor: ExportDescriptor = zerocopy::transmute!(*e);
+    descriptor.reserved = 0;
+    descriptor
 }
 
 fn invalid(message: String) -> Failure {

@@ -15,23 +15,26 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 use super::status::lf_status;
-use super::{Failure, FfiResult};
+use super::{kind_name, Failure, FfiResult};
 
 /// A Rust type that C holds through a handle. `KIND` tells handle types apart; every
-/// implementation is in [`handle_types!`] below, so the kinds are visibly distinct.
+/// implementation is in the crate root's [`handle_types!`] list, so the kinds are visibly
+/// distinct (this module names none of the handle types).
 pub(crate) trait HandleType: Send + Sync + 'static {
     const KIND: u32;
     const NAME: &'static str;
 }
 
+/// Implements [`HandleType`] for each listed type and defines `kind_name`, the C name of a
+/// kind, for messages about wrong-type handles.
 macro_rules! handle_types {
     ($($ty:path => $kind:literal, $name:literal;)*) => {
-        $(impl HandleType for $ty {
+        $(impl $crate::handle::HandleType for $ty {
             const KIND: u32 = $kind;
             const NAME: &'static str = $name;
         })*
         /// The C name of a kind, for messages about wrong-type handles.
-        fn kind_name(kind: u32) -> &'static str {
+        pub(crate) fn kind_name(kind: u32) -> &'static str {
             match kind {
                 $($kind => $name,)*
                 _ => "unknown",
@@ -39,14 +42,7 @@ macro_rules! handle_types {
         }
     };
 }
-
-handle_types! {
-    super::location::lf_location => 1, "lf_location";
-    super::context::lf_context => 2, "lf_context";
-    super::buffer::lf_buffer => 3, "lf_buffer";
-    super::channel::lf_channel => 4, "lf_channel";
-    super::mpi::lf_mpi => 32, "lf_mpi";
-}
+pub(crate) use handle_types;
 
 const CHUNK_BITS: u32 = 10;
 const CHUNK_LEN: usize = 1 << CHUNK_BITS;

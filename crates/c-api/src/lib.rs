@@ -23,6 +23,7 @@ mod handle;
 pub mod location;
 pub mod logging;
 pub mod mpi;
+mod raw;
 pub mod status;
 
 use std::ffi::{c_char, CStr};
@@ -31,6 +32,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub(crate) use handle::{free_handle, handle_ref, new_handle};
 use lava_flow::error::Error;
 use status::{lf_status, set_last_error};
+
+// Every type C holds through a handle, with its kind: the one list, so that the kinds are
+// visibly distinct.
+handle::handle_types! {
+    location::lf_location => 1, "lf_location";
+    context::lf_context => 2, "lf_context";
+    buffer::lf_buffer => 3, "lf_buffer";
+    channel::lf_channel => 4, "lf_channel";
+    mpi::lf_mpi => 32, "lf_mpi";
+}
 
 /// Why an exported function failed: the status to return and the message to keep.
 pub(crate) struct Failure {

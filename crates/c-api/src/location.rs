@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, CString};
 
-use super::abi::raw;
+use super::raw;
 use super::status::lf_status;
 use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,

@@ -3,7 +3,8 @@
 
 use std::ffi::{c_char, c_void, CString};
 
-use super::abi::{c_enum, raw, CEnum};
+use super::abi::{c_enum, CEnum};
+use super::raw;
 use super::status::lf_status;
 use super::{boundary, Failure};
 use lava_flow::logging;

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
-use super::abi::raw;
+use super::raw;
 use lava_flow::error::Error;
 
 /// The result of every fallible lava-flow function. `LF_OK` is 0; every other value is a

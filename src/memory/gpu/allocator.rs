@@ -7,57 +7,10 @@ use std::sync::{Arc, Weak};
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts};
+use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, GpuMemoryKind};
 use super::device::{describe_memory_flags, vk_err, VulkanDevice};
 use crate::error::{Error, Result};
-
-/// The two kinds of GPU memory lava-flow hands out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GpuMemoryKind {
-    /// The GPU's own memory (HBM/VRAM): fastest for the GPU, reached from the host by
-    /// staging copies (or directly where the driver maps it, as on resizable-BAR or CPU
-    /// drivers).
-    DeviceLocal,
-    /// Host memory the GPU reaches over the bus, mapped into the host: for staging and for
-    /// data the CPU produces or consumes.
-    HostVisible,
-}
-
-impl GpuMemoryKind {
-    pub const ALL: [GpuMemoryKind; 2] = [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible];
-
-    pub(crate) fn index(self) -> usize {
-        match self {
-            GpuMemoryKind::DeviceLocal => 0,
-            GpuMemoryKind::HostVisible => 1,
-        }
-    }
-
-    pub(crate) fn to_raw(self) -> u32 {
-        self.index() as u32
-    }
-
-    pub(crate) fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            0 => Some(GpuMemoryKind::DeviceLocal),
-            1 => Some(GpuMemoryKind::HostVisible),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GpuMemoryKind::DeviceLocal => "DEVICE_LOCAL",
-            GpuMemoryKind::HostVisible => "HOST_VISIBLE",
-        }
-    }
-}
-
-impl fmt::Display for GpuMemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::memory::suballocator::Allocation;
 
 /// How a [`GpuAllocator`] pools memory.
 #[derive(Clone, Debug)]
@@ -263,9 +216,9 @@ impl GpuAllocator {
 
         let align = new.requirements.alignment.max(1).next_power_of_two();
         let reserved = new.requirements.size;
-        let (arena, offset) = {
+        let (arena, range) = {
             let mut pool = self.pools[kind.index()].lock();
-            let found = pool.iter().find_map(|a| a.free.lock().allocate(reserved, align).map(|o| (a.clone(), o)));
+            let found = pool.iter().find_map(|a| a.free.lock().allocate(reserved, align).map(|r| (a.clone(), r)));
             match found {
                 Some(found) => found,
                 None => {
@@ -294,15 +247,23 @@ impl GpuAllocator {
                             reexport_fd: None,
                         },
                     ));
-                    let offset = arena.free.lock().allocate(reserved, align).expect("a fresh arena fits the request");
+                    let range = arena.free.lock().allocate(reserved, align).expect("a fresh arena fits the request");
                     pool.push(arena.clone());
-                    (arena, offset)
+                    (arena, range)
                 }
             }
         };
         let pool = Some(Arc::downgrade(&self.pools[kind.index()]));
-        let buffer =
-            GpuBuffer { arena, buffer: new.buffer, owns_buffer: true, offset, vk_offset: 0, size, reserved, pool };
+        let buffer = GpuBuffer {
+            arena,
+            buffer: new.buffer,
+            owns_buffer: true,
+            offset: range.offset,
+            vk_offset: 0,
+            size,
+            range: Some(range),
+            pool,
+        };
         buffer.bind()?;
         Ok(buffer)
     }
@@ -363,7 +324,7 @@ impl GpuAllocator {
             offset: 0,
             vk_offset: 0,
             size,
-            reserved: 0,
+            range: None,
             pool: None,
         };
         buffer.bind()?;
@@ -420,8 +381,9 @@ pub struct GpuBuffer {
     /// `offset - vk_offset`.
     pub(crate) vk_offset: u64,
     pub(crate) size: u64,
-    /// The range taken from the arena's free list (0: none).
-    pub(crate) reserved: u64,
+    /// The range taken from a pooled arena (`None`: the buffer has its arena to itself, or
+    /// is imported).
+    pub(crate) range: Option<Allocation>,
     /// The pool of a pooled arena's buffer, told when the buffer leaves its arena empty.
     pub(crate) pool: Option<Weak<Pool>>,
 }
@@ -444,7 +406,7 @@ impl GpuBuffer {
     /// Binds the buffer at its offset; on failure, dropping `self` undoes the allocation.
     pub(crate) fn bind(&self) -> Result<()> {
         // SAFETY: buffer and memory are live and of this device; offset + size lies inside
-        // the arena and is aligned (the free list or the importer's checks made sure).
+        // the arena and is aligned (the suballocator or the importer's checks made sure).
         unsafe {
             self.arena.device.shared.device.bind_buffer_memory(
                 self.buffer,
@@ -546,11 +508,11 @@ impl Drop for GpuBuffer {
         if self.owns_buffer {
             arena::destroy_buffer(&self.arena.device, self.buffer);
         }
-        if self.reserved > 0 {
+        if let Some(range) = self.range {
             let emptied = {
                 let mut free = self.arena.free.lock();
-                free.release(self.offset, self.reserved);
-                free.used() == 0
+                free.release(range);
+                free.is_empty()
             };
             // The arena's lock is let go first: the pool's comes before it.
             if let Some(pool) = self.pool.as_ref().and_then(Weak::upgrade).filter(|_| emptied) {

@@ -2,8 +2,8 @@
 //!
 //! An arena is the unit of export and import: one file descriptor covers every buffer carved
 //! out of it, and the importing process imports the arena once (its import cache is keyed by
-//! [`ArenaId`]) and binds each buffer at its offset. A [`FreeList`] hands out the ranges of
-//! pooled arenas.
+//! [`ArenaId`]) and binds each buffer at its offset. The [`Suballocator`] (the one CPU arenas
+//! use too) hands out the ranges of pooled arenas.
 
 use std::fmt;
 use std::os::fd::OwnedFd;
@@ -13,18 +13,119 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::allocator::GpuMemoryKind;
-use super::device::{vk_err, VulkanDevice};
+use super::device::{vk_err, VulkanDevice, BUFFER_USAGE};
 use crate::error::{Error, Result};
-use crate::memory::export::process_token;
+use crate::memory::suballocator::Suballocator;
+use crate::memory::token::process_token;
 
-/// The usage of every buffer lava-flow creates. Exporter and importer must agree on it: the
-/// memory requirements (type bits, alignment) of a buffer depend on its usage.
-pub(crate) const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
-    vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
-        | vk::BufferUsageFlags::STORAGE_BUFFER.as_raw(),
-);
+/// The two kinds of GPU memory lava-flow hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GpuMemoryKind {
+    /// The GPU's own memory (HBM/VRAM): fastest for the GPU, reached from the host by
+    /// staging copies (or directly where the driver maps it, as on resizable-BAR or CPU
+    /// drivers).
+    DeviceLocal,
+    /// Host memory the GPU reaches over the bus, mapped into the host: for staging and for
+    /// data the CPU produces or consumes.
+    HostVisible,
+}
+
+impl GpuMemoryKind {
+    pub const ALL: [GpuMemoryKind; 2] = [GpuMemoryKind::DeviceLocal, GpuMemoryKind::HostVisible];
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            GpuMemoryKind::DeviceLocal => 0,
+            GpuMemoryKind::HostVisible => 1,
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> u32 {
+        self.index() as u32
+    }
+
+    pub(crate) fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            0 => Some(GpuMemoryKind::DeviceLocal),
+            1 => Some(GpuMemoryKind::HostVisible),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMemoryKind::DeviceLocal => "DEVICE_LOCAL",
+            GpuMemoryKind::HostVisible => "HOST_VISIBLE",
+        }
+    }
+}
+
+impl fmt::Display for GpuMemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kind of OS handle an export carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandleType {
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: for Vulkan and CUDA on the same GPU
+    /// and driver.
+    OpaqueFd,
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT`: a Linux dma-buf, for other devices
+    /// (NICs, other drivers). Only where the device offers `VK_EXT_external_memory_dma_buf`.
+    DmaBuf,
+}
+
+impl HandleType {
+    pub(crate) fn to_vk(self) -> vk::ExternalMemoryHandleTypeFlags {
+        match self {
+            HandleType::OpaqueFd => vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD,
+            HandleType::DmaBuf => vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT,
+        }
+    }
+
+    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`](super::GpuExportDesc::handle_type).
+    pub fn to_raw(self) -> u32 {
+        self.to_vk().as_raw()
+    }
+
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
+    }
+
+    /// `OPAQUE_FD` or `DMA_BUF`, as Vulkan names the handle types.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandleType::OpaqueFd => "OPAQUE_FD",
+            HandleType::DmaBuf => "DMA_BUF",
+        }
+    }
+}
+
+impl fmt::Display for HandleType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The handle types in `flags` by name (`OPAQUE_FD|DMA_BUF`), for messages.
+pub(crate) fn describe_handle_types(flags: vk::ExternalMemoryHandleTypeFlags) -> String {
+    let mut names: Vec<String> = [HandleType::OpaqueFd, HandleType::DmaBuf]
+        .into_iter()
+        .filter(|h| flags.contains(h.to_vk()))
+        .map(|h| h.as_str().to_string())
+        .collect();
+    let rest = flags.as_raw() & !(HandleType::OpaqueFd.to_raw() | HandleType::DmaBuf.to_raw());
+    if rest != 0 {
+        names.push(format!("unknown handle types {rest:#x}"));
+    }
+    if names.is_empty() {
+        "no handle type".into()
+    } else {
+        names.join("|")
+    }
+}
 
 /// The identity of an arena, unique across the processes of a host: the exporting process's
 /// pid, a random token drawn once per process (pids are reused), and a per-process counter.
@@ -85,7 +186,7 @@ pub(crate) struct Arena {
     /// Base of the persistent mapping of the whole arena; null until first mapped.
     mapped: AtomicPtr<u8>,
     map_lock: Mutex<()>,
-    pub(crate) free: Mutex<FreeList>,
+    pub(crate) free: Mutex<Suballocator>,
 }
 
 pub(crate) struct ArenaParts {
@@ -107,7 +208,7 @@ impl Arena {
     /// Takes ownership of the memory (and dedicated buffer) in `parts`.
     pub(crate) fn new(device: &VulkanDevice, parts: ArenaParts) -> Self {
         let property_flags = device.memory_type_flags(parts.memory_type_index).unwrap_or_default();
-        let free = if parts.origin == ArenaOrigin::Pooled { FreeList::new(parts.size) } else { FreeList::new(0) };
+        let free = Suballocator::new(if parts.origin == ArenaOrigin::Pooled { parts.size } else { 0 });
         Arena {
             device: device.clone(),
             memory: parts.memory,
@@ -219,7 +320,7 @@ pub(crate) fn allocate_memory(
     // device's (chosen from its memory properties).
     unsafe { device.shared.device.allocate_memory(&info, None) }.map_err(vk_err(&format!(
         "vkAllocateMemory({size} bytes, memory type {type_index}, export as {})",
-        super::export::describe_handle_types(handle_types)
+        describe_handle_types(handle_types)
     )))
 }
 
@@ -261,85 +362,9 @@ pub(crate) fn destroy_buffer(device: &VulkanDevice, buffer: vk::Buffer) {
     unsafe { device.shared.device.destroy_buffer(buffer, None) };
 }
 
-/// First-fit free list of the byte ranges of a pooled arena, kept sorted and coalesced.
-#[derive(Debug)]
-pub(crate) struct FreeList {
-    free: Vec<(u64, u64)>,
-    size: u64,
-    used: u64,
-}
-
-impl FreeList {
-    pub(crate) fn new(size: u64) -> Self {
-        FreeList { free: if size > 0 { vec![(0, size)] } else { Vec::new() }, size, used: 0 }
-    }
-
-    /// The offset of `size` bytes aligned to `align` (a power of two), if they fit.
-    pub(crate) fn allocate(&mut self, size: u64, align: u64) -> Option<u64> {
-        debug_assert!(align.is_power_of_two() && size > 0);
-        let (index, start) = self.free.iter().enumerate().find_map(|(i, &(offset, len))| {
-            let start = offset.checked_add(align - 1)? & !(align - 1);
-            let end = start.checked_add(size)?;
-            (end <= offset + len).then_some((i, start))
-        })?;
-        let (offset, len) = self.free[index];
-        let mut pieces = Vec::with_capacity(2);
-        if start > offset {
-            pieces.push((offset, start - offset));
-        }
-        if start + size < offset + len {
-            pieces.push((start + size, offset + len - start - size));
-        }
-        self.free.splice(index..=index, pieces);
-        self.used += size;
-        Some(start)
-    }
-
-    /// Returns a range that `allocate` gave out.
-    pub(crate) fn release(&mut self, offset: u64, size: u64) {
-        debug_assert!(offset + size <= self.size);
-        let index = self.free.partition_point(|&(o, _)| o < offset);
-        self.free.insert(index, (offset, size));
-        // Merge with the next, then with the previous range.
-        if index + 1 < self.free.len() && offset + size == self.free[index + 1].0 {
-            self.free[index].1 += self.free[index + 1].1;
-            self.free.remove(index + 1);
-        }
-        if index > 0 && self.free[index - 1].0 + self.free[index - 1].1 == offset {
-            self.free[index - 1].1 += self.free[index].1;
-            self.free.remove(index);
-        }
-        self.used -= size;
-    }
-
-    pub(crate) fn used(&self) -> u64 {
-        self.used
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn free_list_aligns_splits_and_coalesces() {
-        let mut list = FreeList::new(1024);
-        let a = list.allocate(100, 64).unwrap();
-        let b = list.allocate(100, 64).unwrap();
-        let c = list.allocate(300, 256).unwrap();
-        assert_eq!((a, b, c), (0, 128, 256));
-        assert_eq!(list.allocate(600, 1), None);
-        let d = list.allocate(20, 1).unwrap();
-        assert_eq!(d, 100, "the alignment gap before b is used first");
-        list.release(b, 100);
-        list.release(a, 100);
-        list.release(d, 20);
-        list.release(c, 300);
-        assert_eq!(list.free, vec![(0, 1024)]);
-        assert_eq!(list.used(), 0);
-        assert_eq!(list.allocate(1024, 4096), Some(0));
-        assert_eq!(list.allocate(1, 1), None);
-    }
 
     #[test]
     fn arena_ids_are_unique_and_carry_the_pid() {

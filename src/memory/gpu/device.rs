@@ -4,18 +4,18 @@
 //!
 //! Opening is eager (the seed's lesson 6.1): every configuration problem (no loader, no
 //! device, wrong index, missing extension) shows up in [`VulkanDevice::open`], never in the
-//! middle of a transfer.
+//! middle of a transfer. (The transfer queue's command pool and buffers are Vulkan objects,
+//! not configuration: they are made at the device's first transfer.)
 
-use std::collections::HashMap;
+use std::any::Any;
 use std::ffi::{c_char, CStr};
 use std::fmt;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::arena::{Arena, ArenaId};
-use super::transfer::{copy_method_from_env, CopyMethod, Submitter};
+use super::copy_method::{copy_method_from_env, CopyMethod};
 use crate::error::{Error, Result};
 pub use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
 
@@ -315,6 +315,14 @@ const EXT_MEMORY_HOST: &CStr = ash::ext::external_memory_host::NAME;
 const EXT_SEMAPHORE_FD: &CStr = ash::khr::external_semaphore_fd::NAME;
 const EXT_TIMELINE: &CStr = ash::khr::timeline_semaphore::NAME;
 
+/// The usage of every buffer lava-flow creates. Exporter and importer must agree on it: the
+/// memory requirements (type bits, alignment) of a buffer depend on its usage.
+pub(crate) const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw()
+        | vk::BufferUsageFlags::STORAGE_BUFFER.as_raw(),
+);
+
 /// How timeline semaphores are reached on a device.
 pub(crate) enum TimelineApi {
     /// Vulkan 1.2 core entry points (`ash::Device`).
@@ -339,11 +347,30 @@ pub(crate) struct DeviceShared {
     pub(crate) timeline: Option<TimelineApi>,
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
     pub(crate) info: DeviceInfo,
-    pub(crate) submitter: Mutex<Submitter>,
+    /// The one queue, of family `info.queue_family_index`: submissions ([`VulkanDevice::queue_submit`])
+    /// and [`VulkanDevice::wait_idle`] hold its lock.
+    queue: Mutex<vk::Queue>,
+    /// Whether the queue runs compute shaders.
+    pub(crate) queue_compute: bool,
     /// How `CopyMethod::Auto` copies are made: what `LF_GPU_COPY` said at opening.
     pub(crate) copy_method: CopyMethod,
-    /// Imported arenas by exporter id, so that one arena is imported once.
-    pub(crate) import_cache: Mutex<HashMap<ArenaId, Weak<Arena>>>,
+    /// The state the modules above keep on this device, one of each type ([`VulkanDevice::state`]).
+    states: Mutex<Vec<Arc<dyn DeviceState>>>,
+}
+
+/// State that a module above the device keeps per device (the transfer queue's command
+/// buffers and staging, the import cache): made on first use by [`VulkanDevice::state`] and
+/// destroyed before the device. The device knows its states only through this trait.
+pub(crate) trait DeviceState: Any + Send + Sync {
+    /// Destroys the Vulkan objects the state made on `device`.
+    ///
+    /// # Safety
+    /// Called once, as the device is destroyed: the device is idle and nothing uses the
+    /// state again.
+    unsafe fn destroy(&self, _device: &ash::Device) {}
+
+    /// The state as `Any`, to find it again by its type.
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
 /// The Vulkan loader and one instance, made once per process and never destroyed: all of a
@@ -442,7 +469,9 @@ impl Drop for DeviceShared {
         // uses the objects destroyed here.
         unsafe {
             let _ = self.device.device_wait_idle();
-            self.submitter.get_mut().destroy(&self.device);
+            for state in self.states.get_mut().drain(..) {
+                state.destroy(&self.device);
+            }
             self.device.destroy_device(None);
             // The instance is the process's (see `process_instance`).
         }
@@ -726,9 +755,7 @@ impl VulkanDevice {
             .then_some(chosen.properties.limits.timestamp_period);
 
         let external = |handle_type: vk::ExternalMemoryHandleTypeFlags| {
-            let query = vk::PhysicalDeviceExternalBufferInfo::default()
-                .usage(super::arena::BUFFER_USAGE)
-                .handle_type(handle_type);
+            let query = vk::PhysicalDeviceExternalBufferInfo::default().usage(BUFFER_USAGE).handle_type(handle_type);
             let mut out = vk::ExternalBufferProperties::default();
             // SAFETY: plain query; Vulkan 1.1 core.
             unsafe { instance.get_physical_device_external_buffer_properties(physical, &query, &mut out) };
@@ -763,14 +790,6 @@ impl VulkanDevice {
         // SAFETY: the queue family and index were requested at creation.
         let queue = unsafe { device.get_device_queue(family, 0) };
         let compute = families[family as usize].queue_flags.contains(vk::QueueFlags::COMPUTE);
-        let submitter = match Submitter::new(&device, queue, family, compute, timestamp_period_ns.is_some()) {
-            Ok(s) => s,
-            Err(e) => {
-                // SAFETY: nothing else was created on the device.
-                unsafe { device.destroy_device(None) };
-                return Err(e);
-            }
-        };
         let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
         let memory_host = has_host.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
         let semaphore_fd_api =
@@ -829,11 +848,24 @@ impl VulkanDevice {
                 timeline,
                 memory_properties,
                 info,
-                submitter: Mutex::new(submitter),
+                queue: Mutex::new(queue),
+                queue_compute: compute,
                 copy_method,
-                import_cache: Mutex::new(HashMap::new()),
+                states: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// The state of type `T` that a module above keeps on this device: the one made by the
+    /// first call, by `make` (an error of `make` is returned, and the next call tries again).
+    pub(crate) fn state<T: DeviceState>(&self, make: impl FnOnce(&VulkanDevice) -> Result<T>) -> Result<Arc<T>> {
+        let mut states = self.shared.states.lock();
+        if let Some(found) = states.iter().find_map(|state| Arc::clone(state).into_any().downcast::<T>().ok()) {
+            return Ok(found);
+        }
+        let state = Arc::new(make(self)?);
+        states.push(Arc::clone(&state) as Arc<dyn DeviceState>);
+        Ok(state)
     }
 
     /// What was found and enabled.
@@ -870,9 +902,21 @@ impl VulkanDevice {
 
     /// Waits until the device has finished all submitted work.
     pub fn wait_idle(&self) -> Result<()> {
-        let _queue = self.shared.submitter.lock();
+        let _queue = self.shared.queue.lock();
         // SAFETY: the queue mutex is held, so no submission races with the wait.
         unsafe { self.shared.device.device_wait_idle() }.map_err(vk_err("vkDeviceWaitIdle"))
+    }
+
+    /// Submits `submits` to the device's queue, signalling `fence`.
+    ///
+    /// # Safety
+    /// As `vkQueueSubmit`: the command buffers, semaphores and fence are valid objects of this
+    /// device, in the states the specification requires.
+    pub(crate) unsafe fn queue_submit(&self, submits: &[vk::SubmitInfo<'_>], fence: vk::Fence) -> Result<()> {
+        let queue = self.shared.queue.lock();
+        // SAFETY: the queue's lock is held (its external synchronisation); the caller vouches
+        // for the rest.
+        unsafe { self.shared.device.queue_submit(*queue, submits, fence) }.map_err(vk_err("vkQueueSubmit"))
     }
 
     pub(crate) fn memory_type_flags(&self, index: u32) -> Option<vk::MemoryPropertyFlags> {

@@ -14,9 +14,10 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use ash::vk;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::allocator::{GpuBuffer, GpuMemoryKind};
-use super::arena::ArenaId;
+use super::allocator::GpuBuffer;
+use super::arena::{describe_handle_types, ArenaId, GpuMemoryKind, HandleType};
 use super::device::{format_uuid, vk_err};
 use crate::error::{Error, Result};
 use crate::os::fdpass::recv_exact_with_fd;
@@ -30,71 +31,10 @@ pub const GPU_EXPORT_VERSION: u32 = 1;
 /// must import it as dedicated (`VkMemoryDedicatedAllocateInfo`, `cudaExternalMemoryDedicated`).
 pub const GPU_EXPORT_DEDICATED: u32 = 1;
 
-/// The kind of OS handle an export carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HandleType {
-    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: for Vulkan and CUDA on the same GPU
-    /// and driver.
-    OpaqueFd,
-    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT`: a Linux dma-buf, for other devices
-    /// (NICs, other drivers). Only where the device offers `VK_EXT_external_memory_dma_buf`.
-    DmaBuf,
-}
-
-impl HandleType {
-    pub(crate) fn to_vk(self) -> vk::ExternalMemoryHandleTypeFlags {
-        match self {
-            HandleType::OpaqueFd => vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD,
-            HandleType::DmaBuf => vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT,
-        }
-    }
-
-    /// The Vulkan bit value, as stored in [`GpuExportDesc::handle_type`].
-    pub fn to_raw(self) -> u32 {
-        self.to_vk().as_raw()
-    }
-
-    pub fn from_raw(raw: u32) -> Option<Self> {
-        [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
-    }
-
-    /// `OPAQUE_FD` or `DMA_BUF`, as Vulkan names the handle types.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HandleType::OpaqueFd => "OPAQUE_FD",
-            HandleType::DmaBuf => "DMA_BUF",
-        }
-    }
-}
-
-impl fmt::Display for HandleType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The handle types in `flags` by name (`OPAQUE_FD|DMA_BUF`), for messages.
-pub(crate) fn describe_handle_types(flags: vk::ExternalMemoryHandleTypeFlags) -> String {
-    let mut names: Vec<String> = [HandleType::OpaqueFd, HandleType::DmaBuf]
-        .into_iter()
-        .filter(|h| flags.contains(h.to_vk()))
-        .map(|h| h.as_str().to_string())
-        .collect();
-    let rest = flags.as_raw() & !(HandleType::OpaqueFd.to_raw() | HandleType::DmaBuf.to_raw());
-    if rest != 0 {
-        names.push(format!("unknown handle types {rest:#x}"));
-    }
-    if names.is_empty() {
-        "no handle type".into()
-    } else {
-        names.join("|")
-    }
-}
-
 /// The metadata of an export, in a fixed C layout (104 bytes, native byte order: exporter and
 /// importer share a host).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 pub struct GpuExportDesc {
     /// [`GPU_EXPORT_MAGIC`].
     pub magic: u32,
@@ -147,62 +87,16 @@ impl GpuExportDesc {
         self.flags & GPU_EXPORT_DEDICATED != 0
     }
 
-    /// The bytes to send to another process.
+    /// The wire form: the record's bytes (fields in declaration order, native byte order).
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
-        let mut out = [0u8; Self::SIZE];
-        let mut at = 0;
-        let mut put = |bytes: &[u8]| {
-            out[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
-        for v in [
-            self.magic,
-            self.version,
-            self.handle_type,
-            self.memory_type_index,
-            self.memory_property_flags,
-            self.flags,
-            self.kind,
-            self.exporter_pid,
-        ] {
-            put(&v.to_ne_bytes());
-        }
-        for v in [self.arena_token, self.arena_counter, self.arena_size, self.offset, self.size] {
-            put(&v.to_ne_bytes());
-        }
-        put(&self.device_uuid);
-        put(&self.driver_uuid);
-        out
+        zerocopy::transmute!(*self)
     }
 
     /// Parses and validates bytes from another process.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() != Self::SIZE {
-            return Err(Error::invalid(format!(
-                "a GPU export description is {} bytes, got {}",
-                Self::SIZE,
-                bytes.len()
-            )));
-        }
-        let u32_at = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let desc = GpuExportDesc {
-            magic: u32_at(0),
-            version: u32_at(4),
-            handle_type: u32_at(8),
-            memory_type_index: u32_at(12),
-            memory_property_flags: u32_at(16),
-            flags: u32_at(20),
-            kind: u32_at(24),
-            exporter_pid: u32_at(28),
-            arena_token: u64_at(32),
-            arena_counter: u64_at(40),
-            arena_size: u64_at(48),
-            offset: u64_at(56),
-            size: u64_at(64),
-            device_uuid: bytes[72..88].try_into().expect("16 bytes"),
-            driver_uuid: bytes[88..104].try_into().expect("16 bytes"),
-        };
+        let desc = GpuExportDesc::read_from_bytes(bytes).map_err(|_| {
+            Error::invalid(format!("a GPU export description is {} bytes, got {}", Self::SIZE, bytes.len()))
+        })?;
         desc.validate()?;
         Ok(desc)
     }
@@ -436,6 +330,27 @@ mod tests {
         let d = sample();
         assert_eq!(GpuExportDesc::from_bytes(&d.to_bytes()).unwrap(), d);
         assert_eq!(d.arena_id().to_string(), format!("42-{:016x}-7", 0xdead_beefu64));
+    }
+
+    /// The wire format byte by byte (the GPU route of channels sends it; peers of earlier
+    /// versions read it): each field at its fixed offset, native byte order.
+    #[test]
+    fn wire_format_is_fixed() {
+        let d = sample();
+        let mut expected = [0u8; GpuExportDesc::SIZE];
+        let mut put = |at: usize, bytes: &[u8]| expected[at..at + bytes.len()].copy_from_slice(bytes);
+        let words = [GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION, HandleType::OpaqueFd.to_raw(), 2, 0x7, 0, 1, 42];
+        for (i, word) in words.into_iter().enumerate() {
+            put(4 * i, &word.to_ne_bytes());
+        }
+        for (i, value) in [0xdead_beef, 7, 1 << 20, 4096, 100u64].into_iter().enumerate() {
+            put(32 + 8 * i, &value.to_ne_bytes());
+        }
+        put(72, &[1; 16]);
+        put(88, &[2; 16]);
+        assert_eq!(d.to_bytes(), expected);
+        assert_eq!(GpuExportDesc::from_bytes(&expected).unwrap(), d);
+        assert!(GpuExportDesc::from_bytes(&expected[1..]).is_err());
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use super::allocator::{GpuBuffer, GpuMemoryKind};
-use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts};
+use super::allocator::GpuBuffer;
+use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, GpuMemoryKind};
 use super::device::{vk_err, VulkanDevice};
 use crate::error::{Error, Result};
 
@@ -136,7 +136,7 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
             offset: 0,
             vk_offset: 0,
             size: len as u64,
-            reserved: 0,
+            range: None,
             pool: None,
         };
         buffer.bind()?;

@@ -11,26 +11,44 @@
 //!   the fd stays an `OwnedFd` here and is closed when it drops.
 //! - Imported buffers hold the arena; its memory is freed when the last one goes.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use ash::vk;
+use parking_lot::Mutex;
 
 use super::allocator::GpuBuffer;
-use super::arena::{self, Arena, ArenaOrigin, ArenaParts};
-use super::device::{describe_memory_flags, format_uuid, vk_err, VulkanDevice};
-use super::export::{GpuExport, GpuExportDesc, HandleType};
+use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, HandleType};
+use super::device::{describe_memory_flags, format_uuid, vk_err, DeviceState, VulkanDevice};
+use super::export::{GpuExport, GpuExportDesc};
 use crate::error::{Error, Result};
 
 /// Imports exports on one device. Importers of the same device share one cache.
 #[derive(Clone, Debug)]
 pub struct GpuImporter {
     device: VulkanDevice,
+    cache: Arc<ImportCache>,
+}
+
+/// The arenas imported on a device, by exporter id, so that one arena is imported once: one
+/// cache per device, kept on it.
+#[derive(Debug, Default)]
+struct ImportCache(Mutex<HashMap<ArenaId, Weak<Arena>>>);
+
+impl DeviceState for ImportCache {
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
 }
 
 impl GpuImporter {
     pub fn new(device: &VulkanDevice) -> Self {
-        GpuImporter { device: device.clone() }
+        let cache = match device.state(|_| Ok(ImportCache::default())) {
+            Ok(cache) => cache,
+            Err(e) => unreachable!("making an empty import cache cannot fail: {e}"),
+        };
+        GpuImporter { device: device.clone(), cache }
     }
 
     pub fn device(&self) -> &VulkanDevice {
@@ -46,7 +64,7 @@ impl GpuImporter {
         let id = desc.arena_id();
 
         let arena = {
-            let mut cache = self.device.shared.import_cache.lock();
+            let mut cache = self.cache.0.lock();
             cache.retain(|_, arena| arena.strong_count() > 0);
             match cache.get(&id).and_then(|weak| weak.upgrade()) {
                 Some(arena) => {
@@ -82,7 +100,7 @@ impl GpuImporter {
                 offset: desc.offset,
                 vk_offset: desc.offset,
                 size: desc.size,
-                reserved: 0,
+                range: None,
                 pool: None,
             });
         }
@@ -121,7 +139,7 @@ impl GpuImporter {
             offset: desc.offset,
             vk_offset,
             size: desc.size,
-            reserved: 0,
+            range: None,
             pool: None,
         };
         if let Some(problem) = problem {
@@ -133,7 +151,7 @@ impl GpuImporter {
 
     /// How many imported arenas are alive on this device.
     pub fn cached_arenas(&self) -> usize {
-        self.device.shared.import_cache.lock().values().filter(|a| a.strong_count() > 0).count()
+        self.cache.0.lock().values().filter(|a| a.strong_count() > 0).count()
     }
 
     /// Everything that must hold before Vulkan sees the export.

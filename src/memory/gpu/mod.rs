@@ -36,6 +36,7 @@
 
 mod allocator;
 mod arena;
+mod copy_method;
 mod cuda;
 mod device;
 mod export;
@@ -46,20 +47,21 @@ mod semaphore;
 mod shader_copy;
 mod transfer;
 
-pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, GpuMemoryKind, SPARE_EMPTY_ARENAS};
-pub use arena::ArenaId;
+pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, SPARE_EMPTY_ARENAS};
+pub use arena::{ArenaId, GpuMemoryKind, HandleType};
+pub use copy_method::{CopyMethod, GPU_COPY_ENV};
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
 pub use device::{
     describe_handle_types, describe_memory_flags, format_api_version, format_uuid, list_devices, DeviceInfo,
     DeviceSelector, DeviceType, ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo,
     MemoryTypeInfo, VulkanDevice, DEVICE_ENV, FIX_HINT,
 };
-pub use export::{GpuExport, GpuExportDesc, HandleType, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
+pub use export::{GpuExport, GpuExportDesc, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
 pub use host_import::{import_host_memory, HostMemoryImport};
 pub use import::GpuImporter;
 pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
 pub use transfer::{
     chosen_copy_method, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting,
-    shader_copy_unavailable, CopyMethod, CopyTiming, MappedRange, GPU_COPY_ENV, SHADER_COPY_MIN,
+    shader_copy_unavailable, CopyTiming, MappedRange, SHADER_COPY_MIN,
 };

@@ -28,10 +28,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ash::vk;
+use parking_lot::Mutex;
 
 use super::allocator::GpuBuffer;
 use super::arena;
-use super::device::{vk_err, DeviceType, VulkanDevice};
+use super::copy_method::{CopyMethod, GPU_COPY_ENV};
+use super::device::{vk_err, DeviceState, DeviceType, VulkanDevice};
 use super::parallel_copy;
 use super::semaphore::TimelineSemaphore;
 use super::shader_copy::{self, ShaderCopy, SETS_PER_SUBMIT};
@@ -92,9 +94,9 @@ enum Direction {
     ToHost,
 }
 
-/// The transfer queue and what submitting on it needs. Lives behind the device's mutex.
+/// What submitting transfers on the device's queue needs. Lives behind its
+/// [`TransferQueue`]'s mutex.
 pub(crate) struct Submitter {
-    queue: vk::Queue,
     /// Whether the queue runs compute shaders: then earlier submissions may have written
     /// with shaders as well as transfers.
     compute: bool,
@@ -120,17 +122,40 @@ enum ShaderState {
 }
 
 // SAFETY: the only non-Send member is the staging mapping pointer, which is plain memory that
-// the Submitter owns; the Submitter is only used under the device's mutex.
+// the Submitter owns; the Submitter is only used under its `TransferQueue`'s mutex.
 unsafe impl Send for Submitter {}
 
+/// The device's transfer state: its submitter, made at the device's first transfer.
+struct TransferQueue(Mutex<Submitter>);
+
+impl DeviceState for TransferQueue {
+    unsafe fn destroy(&self, device: &ash::Device) {
+        // SAFETY: the device is idle and nothing uses the submitter again (the trait's contract).
+        unsafe { self.0.lock().destroy(device) }
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+/// The device's transfer queue (made on the first transfer): lock its submitter to record and
+/// submit commands.
+fn transfer_queue(device: &VulkanDevice) -> Result<Arc<TransferQueue>> {
+    device.state(|device| {
+        let info = device.info();
+        let submitter = Submitter::new(
+            &device.shared.device,
+            info.queue_family_index,
+            device.shared.queue_compute,
+            info.timestamp_period_ns.is_some(),
+        )?;
+        Ok(TransferQueue(Mutex::new(submitter)))
+    })
+}
+
 impl Submitter {
-    pub(crate) fn new(
-        device: &ash::Device,
-        queue: vk::Queue,
-        family: u32,
-        compute: bool,
-        timestamps: bool,
-    ) -> Result<Self> {
+    pub(crate) fn new(device: &ash::Device, family: u32, compute: bool, timestamps: bool) -> Result<Self> {
         let pool_info = vk::CommandPoolCreateInfo::default()
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER)
             .queue_family_index(family);
@@ -163,7 +188,6 @@ impl Submitter {
                 None
             };
             Ok(Submitter {
-                queue,
                 compute,
                 pool,
                 cmd,
@@ -455,7 +479,7 @@ impl Submitter {
             d.reset_fences(&[s.fence]).map_err(vk_err("vkResetFences"))?;
             let cmds = [cmd];
             let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
-            d.queue_submit(self.queue, &submit, s.fence).map_err(vk_err("vkQueueSubmit"))
+            device.queue_submit(&submit, s.fence)
         }
     }
 
@@ -547,7 +571,7 @@ impl Submitter {
         let sets = match shader.filter(|_| !dispatches.is_empty()) {
             // SAFETY: no submission is pending (each is waited for, and `hung` was checked), so
             // the pool's sets are free; both buffers are live, made with STORAGE_BUFFER usage
-            // (arena::BUFFER_USAGE), and cover the planned ranges.
+            // (BUFFER_USAGE, see the device), and cover the planned ranges.
             Some(shader) => unsafe { shader.prepare(&device.shared.device, src, dst, dispatches) }
                 .map_err(vk_err("descriptor sets for the copy shader"))?,
             None => Vec::new(),
@@ -609,7 +633,8 @@ impl Submitter {
             [vk::MemoryBarrier::default().src_access_mask(writes).dst_access_mask(A::HOST_READ | A::HOST_WRITE)];
         // SAFETY: the command buffer is not pending (every submission is waited for below, and
         // `hung` stops reuse after a timeout); all handles are of this device; the queue is
-        // used only under the device mutex, which the caller holds (&mut self).
+        // submitted to under its lock (`queue_submit`); the command pool is used only under
+        // the transfer queue's mutex, which the caller holds (&mut self).
         unsafe {
             d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
                 .map_err(vk_err("vkResetCommandBuffer"))?;
@@ -645,7 +670,7 @@ impl Submitter {
                     .push_next(&mut timeline);
             }
             let submit = [submit_info];
-            d.queue_submit(self.queue, &submit, self.fence).map_err(vk_err("vkQueueSubmit"))?;
+            device.queue_submit(&submit, self.fence)?;
             match wait_fence(d, self.fence) {
                 Ok(()) => {}
                 Err(vk::Result::TIMEOUT) => {
@@ -722,7 +747,8 @@ impl GpuBuffer {
             return Ok(());
         }
         let device = self.device().clone();
-        let mut submitter = device.shared.submitter.lock();
+        let queue = transfer_queue(&device)?;
+        let mut submitter = queue.0.lock();
         // SAFETY: `data` is readable for its length and is not GPU memory Rust borrows; the
         // range lies in the buffer (checked above), which lives through the call.
         unsafe {
@@ -762,7 +788,8 @@ impl GpuBuffer {
             return Ok(());
         }
         let device = self.device().clone();
-        let mut submitter = device.shared.submitter.lock();
+        let queue = transfer_queue(&device)?;
+        let mut submitter = queue.0.lock();
         // SAFETY: `out` is writable for its length and is not GPU memory; the range lies in
         // the buffer (checked above), which lives through the call.
         unsafe {
@@ -836,79 +863,10 @@ impl MappedRange<'_> {
     }
 }
 
-/// How the GPU makes a copy between two buffers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CopyMethod {
-    /// The faster of the two for the size on this device: the shader for copies of
-    /// [`SHADER_COPY_MIN`] bytes and more on GPUs, the engine otherwise (and on CPU devices
-    /// such as lavapipe, where the engine is a `memcpy`); [`GPU_COPY_ENV`] can force either.
-    #[default]
-    Auto,
-    /// `vkCmdCopyBuffer`: on NVIDIA GPUs the copy engines, a fraction of the memory's
-    /// bandwidth for large copies.
-    Engine,
-    /// A compute shader: every shader core reads and writes 16-byte vectors (4-byte words
-    /// where the source and destination offsets are congruent mod 4 but not mod 16), near the
-    /// memory's bandwidth. The engine still copies the unaligned bytes at the ends, and whole
-    /// copies whose offsets are not congruent mod 4.
-    Shader,
-}
-
-impl CopyMethod {
-    /// `auto`, `engine` or `shader`, as [`GPU_COPY_ENV`] takes them.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CopyMethod::Auto => "auto",
-            CopyMethod::Engine => "engine",
-            CopyMethod::Shader => "shader",
-        }
-    }
-}
-
-impl std::str::FromStr for CopyMethod {
-    type Err = Error;
-
-    /// `auto`, `engine` or `shader` (any case, spaces around ignored).
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(CopyMethod::Auto),
-            "engine" => Ok(CopyMethod::Engine),
-            "shader" => Ok(CopyMethod::Shader),
-            _ => {
-                Err(Error::invalid(format!("{s:?} is not a GPU copy method; the methods are auto, engine and shader")))
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for CopyMethod {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The environment variable that says how [`CopyMethod::Auto`] copies (every copy but those
-/// of [`copy_buffer_timed_with`] with another method) are made: `auto` (the default: by size
-/// and device), `engine` or `shader`. Read when a device opens; another value makes opening
-/// fail (`InvalidArgument`).
-pub const GPU_COPY_ENV: &str = crate::env::GPU_COPY.name;
-
 /// The smallest copy that [`CopyMethod::Auto`] gives the shader on a GPU: below it the copy
 /// engine, which needs no descriptor sets or shader launch, is as fast. A first guess, to be
 /// tuned by measuring both methods on the GPU (`lf-gpu-bench` compares them by size).
 pub const SHADER_COPY_MIN: u64 = 1 << 20;
-
-/// The method [`GPU_COPY_ENV`] sets (`Auto` where it is unset or empty).
-pub(crate) fn copy_method_from_env() -> Result<CopyMethod> {
-    match std::env::var(GPU_COPY_ENV) {
-        Ok(v) if !v.trim().is_empty() => v.parse().map_err(|_| {
-            Error::invalid(format!(
-                "{GPU_COPY_ENV}={v:?}: the accepted values are auto, engine and shader; unset it for auto"
-            ))
-        }),
-        _ => Ok(CopyMethod::Auto),
-    }
-}
 
 /// Who decided a copy's method.
 #[derive(Clone, Copy, PartialEq)]
@@ -983,8 +941,8 @@ fn shader_plan(
 /// shader on a device that cannot run it (the copy fails then). Makes the shader's pipelines
 /// if they are not made yet, to know whether they can be.
 pub fn chosen_copy_method(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, len: u64) -> CopyMethod {
-    let device = src.device();
-    let mut submitter = device.shared.submitter.lock();
+    let Ok(queue) = transfer_queue(src.device()) else { return CopyMethod::Engine };
+    let mut submitter = queue.0.lock();
     let (from, to) = (src.vk_offset + src_offset, dst.vk_offset + dst_offset);
     match shader_plan(&mut submitter, (src, from), (dst, to), len, CopyMethod::Auto) {
         Ok(Some(_)) => CopyMethod::Shader,
@@ -995,7 +953,7 @@ pub fn chosen_copy_method(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst
 /// Why the device cannot make shader copies (so [`CopyMethod::Auto`] uses the engine), or
 /// `None` where it can. Makes the shader's pipelines if they are not made yet.
 pub fn shader_copy_unavailable(device: &VulkanDevice) -> Option<String> {
-    device.shared.submitter.lock().shader_copy(device).err()
+    transfer_queue(device).map_err(|e| e.to_string()).and_then(|queue| queue.0.lock().shader_copy(device)).err()
 }
 
 /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` on the GPU,
@@ -1091,7 +1049,8 @@ fn copy_inner(
     let whole = [vk::BufferCopy { src_offset: from, dst_offset: to, size: len }];
     let raw_waits: Vec<(vk::Semaphore, u64)> = waits.iter().map(|(s, v)| (s.raw(), *v)).collect();
     let buffers = (src.buffer, dst.buffer, dst.arena.host_accessible());
-    let mut submitter = device.shared.submitter.lock();
+    let queue = transfer_queue(&device)?;
+    let mut submitter = queue.0.lock();
     let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
     let start = Instant::now();
     let Some((shader, plan)) = plan else {

@@ -1,20 +1,20 @@
 //! The consumer half of a shared-memory channel.
 
 use std::any::Any;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::arenas::{map_arena, ControlRecord, ReceivedArenas};
-use super::handshake;
+use super::arenas::{map_arena, ControlRecord};
+use super::handshake::{self, Link};
 use super::ring::{
     check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
     MAX_ARENAS, POOL_ALIGN,
 };
 use super::session::{OwnedSession, Session};
 use super::{note_peer_watch, peer_end};
-use crate::channels::rendezvous::{self, End, Listener, PeerWatch, Section};
+use crate::channels::rendezvous::{self, End, Listener, Section};
 use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -26,25 +26,6 @@ use crate::os::try_recv_with_fds;
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can
 /// make the consumer hold.
 const MAX_PENDING_ATTACHMENTS: usize = 4096;
-
-/// The consumer's connection to its current producer.
-pub(super) struct Link {
-    pub(super) session: OwnedSession,
-    pub(super) watch: PeerWatch,
-    pub(super) eventfd: OwnedFd,
-    pub(super) next: u64,
-    pub(super) gone: Option<String>,
-    /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
-    pub(super) gone_reported: bool,
-    /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
-    pub(super) producer_lock: Option<rendezvous::FileId>,
-    /// The producer's arenas mapped here (boxed: cold).
-    pub(super) arenas: Box<ReceivedArenas>,
-    /// The producer's rendezvous sections for the other routes, until taken.
-    pub(super) peer_sections: Option<Vec<Section>>,
-    /// The other routes' attachments read from the socket, until taken.
-    pub(super) attachments: Vec<Section>,
-}
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
 /// can attach once the old one has gone.

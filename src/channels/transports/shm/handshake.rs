@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::consumer::Link;
+use super::arenas::ReceivedArenas;
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
@@ -21,6 +21,25 @@ use crate::os::eventfd::eventfd;
 use crate::os::{membarrier, recv_with_fds};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// The consumer's connection to its current producer.
+pub(super) struct Link {
+    pub(super) session: OwnedSession,
+    pub(super) watch: PeerWatch,
+    pub(super) eventfd: OwnedFd,
+    pub(super) next: u64,
+    pub(super) gone: Option<String>,
+    /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
+    pub(super) gone_reported: bool,
+    /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
+    pub(super) producer_lock: Option<rendezvous::FileId>,
+    /// The producer's arenas mapped here (boxed: cold).
+    pub(super) arenas: Box<ReceivedArenas>,
+    /// The producer's rendezvous sections for the other routes, until taken.
+    pub(super) peer_sections: Option<Vec<Section>>,
+    /// The other routes' attachments read from the socket, until taken.
+    pub(super) attachments: Vec<Section>,
+}
 
 /// This transport's section: the region's geometry (its two memfds and the producer's
 /// eventfd go as the section's descriptors).
