@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     lf_channel_config cfg;
     CHECK(lf_context_create(NULL, &ctx));
     CHECK(lf_location_detect(&here));
-    CHECK(lf_channel_config_default(&cfg));
+    CHECK(lf_channel_config_init(&cfg, sizeof cfg));
     cfg.capacity = 8;
     CHECK(lf_channel_create(ctx, argv[1], LF_ROLE_PRODUCER, here, here, &cfg, &ch));
     for (int i = 0; i < 100; i++) {
@@ -161,7 +161,10 @@ CXX_EXTENSION = r"""
 #include <cstdint>
 // A C++ extension built with find_package(LavaFlow) from lava_flow.get_cmake_dir().
 extern "C" std::uint32_t cxx_buffer_location(std::uintptr_t buffer, std::uint32_t *out) {
-    return lf_buffer_location(reinterpret_cast<const lf_buffer *>(buffer), out);
+    lf_memory_kind kind = LF_MEMORY_CPU_STANDARD;
+    const lf_status status = lf_buffer_location(reinterpret_cast<const lf_buffer *>(buffer), &kind);
+    *out = static_cast<std::uint32_t>(kind);
+    return static_cast<std::uint32_t>(status);
 }
 """
 
