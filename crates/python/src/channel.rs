@@ -44,6 +44,26 @@ unsafe impl Send for LoanRegion {}
 // SAFETY: as Msg.
 unsafe impl Sync for LoanRegion {}
 
+/// What a finalizer could not do because another thread held the channel: done by the next call.
+enum Deferred {
+    /// A garbage-collected message, to release.
+    Release(Msg),
+    /// A garbage-collected loan, neither published nor cancelled, to give back.
+    CancelLoan(LoanRegion),
+}
+
+impl Deferred {
+    /// Does it on the live channel `ch`.
+    fn run(self, ch: Ptr<ffi::lf_channel>) {
+        match self {
+            // SAFETY: a message received on this live channel, released once.
+            Deferred::Release(m) => unsafe { lib().lf_release(ch.0, &m.0) },
+            // SAFETY: the outstanding loan of this live channel, given back once.
+            Deferred::CancelLoan(r) => unsafe { lib().lf_loan_cancel(ch.0, &r.0) },
+        };
+    }
+}
+
 struct Core {
     ptr: Ptr<ffi::lf_channel>,
     closed: bool,
@@ -60,8 +80,9 @@ pub struct Channel {
     core: Mutex<Core>,
     /// Messages and loans not yet released: the channel is freed once this is 0 after close().
     outstanding: AtomicUsize,
-    /// Messages garbage-collected while another thread held the channel, released next time.
-    pending: Mutex<Vec<Msg>>,
+    /// Messages and loans garbage-collected while another thread held the channel, released
+    /// (cancelled) by the next call; each still counts in `outstanding` until then.
+    pending: Mutex<Vec<Deferred>>,
     has_pending: AtomicBool,
     role: u32,
     name: String,
@@ -101,10 +122,11 @@ impl Channel {
 
     fn drain_pending(&self, core: &mut Core) {
         if self.has_pending.swap(false, Ordering::AcqRel) {
-            let msgs = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-            for m in msgs {
-                // SAFETY: a message received on this live channel, released once.
-                unsafe { lib().lf_release(core.ptr.0, &m.0) };
+            let deferred = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+            for d in deferred {
+                if !core.ptr.0.is_null() {
+                    d.run(core.ptr);
+                }
                 self.outstanding.fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -182,21 +204,19 @@ impl Channel {
         check(status)
     }
 
-    /// Releases a message being garbage-collected: now if the channel is free, else by the
-    /// next call on it (a finalizer must not wait for another thread).
-    fn release_or_defer(&self, m: Msg) {
+    /// Releases a message or cancels a loan being garbage-collected: now if the channel is
+    /// free, else by the next call on it (a finalizer must not wait for another thread).
+    fn run_or_defer(&self, d: Deferred) {
         match self.core.try_lock() {
             Ok(mut core) => {
                 if !core.ptr.0.is_null() {
-                    // SAFETY: as release_message.
-                    unsafe { lib().lf_release(core.ptr.0, &m.0) };
+                    d.run(core.ptr);
                 }
                 self.outstanding.fetch_sub(1, Ordering::AcqRel);
                 self.drain_pending(&mut core);
-                self.free_if_done(&mut core);
             }
             Err(_) => {
-                self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(m);
+                self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(d);
                 self.has_pending.store(true, Ordering::Release);
             }
         }
@@ -234,9 +254,8 @@ impl Drop for Channel {
         let core = self.core.get_mut().unwrap_or_else(|e| e.into_inner());
         core.closed = true;
         if !core.ptr.0.is_null() {
-            for m in std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner())) {
-                // SAFETY: messages of this live channel, released once.
-                unsafe { lib().lf_release(core.ptr.0, &m.0) };
+            for d in std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner())) {
+                d.run(core.ptr);
             }
             // SAFETY: no message or loan refers to the channel any more (they hold it alive).
             unsafe { lib().lf_channel_free(core.ptr.0) };
@@ -652,7 +671,7 @@ impl Drop for Message {
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         if !s.done {
             s.done = true;
-            self.channel.get().release_or_defer(self.msg);
+            self.channel.get().run_or_defer(Deferred::Release(self.msg));
         }
     }
 }
@@ -867,18 +886,14 @@ impl Drop for Loan {
         s.finished = true;
         s.counted = false;
         let ch = self.channel.get();
-        let region = self.region;
-        if let Ok(mut core) = ch.core.try_lock() {
-            if !finished && !core.ptr.0.is_null() {
-                // SAFETY: the outstanding loan of this live channel, given back once.
-                unsafe { lib().lf_loan_cancel(core.ptr.0, &region.0) };
-            }
-            if counted {
-                ch.outstanding.fetch_sub(1, Ordering::AcqRel);
-            }
-            ch.free_if_done(&mut core);
+        if !finished {
+            // Counted while not finished: the count goes when the loan is given back.
+            ch.run_or_defer(Deferred::CancelLoan(self.region));
         } else if counted {
             ch.outstanding.fetch_sub(1, Ordering::AcqRel);
+            if let Ok(mut core) = ch.core.try_lock() {
+                ch.free_if_done(&mut core);
+            }
         }
     }
 }

@@ -176,3 +176,44 @@ def test_full_channel_and_completion(name):
         tx.send(b"x")
     with pytest.raises(lf.PeerGoneError):
         rx.recv(timeout=5)
+
+
+def test_loan_collected_while_another_thread_holds_the_channel(name):
+    # A loan dropped unpublished while another thread waits in the channel cannot be given back
+    # at once (a finalizer must not wait): the next call gives it back, and the next loan works.
+    import threading
+    import time
+    ctx = lf.Context(gpu="disabled")
+    ends = {}
+    t = threading.Thread(target=lambda: ends.setdefault("rx", lf.consumer(ctx, name)))
+    t.start()
+    tx = lf.producer(ctx, name, capacity=2)
+    t.join()
+    rx = ends["rx"]
+    assert tx.send(b"a", timeout=5) == 0
+    loan = tx.loan(16, timeout=5)
+    outcome = []
+
+    def blocked_wait():
+        try:
+            tx.wait_completed(0, timeout=0.6)  # the consumer does not read: waits, holding the channel
+            outcome.append("completed")
+        except lf.TimeoutError:
+            outcome.append("timeout")
+
+    waiter = threading.Thread(target=blocked_wait)
+    waiter.start()
+    time.sleep(0.2)
+    del loan  # collected while the waiter holds the channel
+    gc.collect()
+    waiter.join()
+    assert outcome == ["timeout"]
+    tx.completed  # any call on the producer gives the collected loan back first
+    with rx.recv(timeout=5) as m:
+        assert bytes(m) == b"a"
+    with tx.loan(16, timeout=5) as loan:  # a new loan: the collected one was given back
+        np.frombuffer(loan, dtype=np.uint8)[:] = 7
+        loan.publish()
+    with rx.recv(timeout=5) as m:
+        assert bytes(m) == bytes([7] * 16)
+    assert rx.try_recv() is None
