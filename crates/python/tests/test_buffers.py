@@ -156,7 +156,7 @@ class FakeComm:
 
 def test_mpi_without_the_mpi_feature():
     if "LAVA_FLOW_FEATURE_MPI 1" in (Path(lf.get_include()) / "lava_flow_features.h").read_text():
-        pytest.skip("this library has MPI: the MPI tests run under mpirun")
+        pytest.skip("this library has MPI: test_mpi.py runs it under mpirun")
     comm = FakeComm()
     with pytest.raises(lf.LavaFlowError) as e:
         lf.Mpi(comm, "rank0")
