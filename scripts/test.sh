@@ -41,6 +41,7 @@ else
 fi
 if cargo clippy --version >/dev/null 2>&1; then
   cargo clippy --all-features --all-targets -- -D warnings
+  cargo clippy --no-default-features --all-targets -- -D warnings   # the build without Vulkan
 else
   echo "clippy is not installed with this toolchain (rustup component add clippy): lints skipped"
 fi

@@ -256,6 +256,7 @@ mod tests {
     /// some module's (or says where it is read).
     #[test]
     fn every_table_entry_is_read_by_a_module() {
+        #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
         let mut read: Vec<(&str, &EnvVar)> = vec![
             (crate::channels::TRANSPORTS_ENV, &TRANSPORTS),
             (crate::channels::rendezvous::RUNTIME_DIR_ENV, &RUNTIME_DIR),

@@ -166,6 +166,7 @@ impl Suballocator {
     }
 
     /// The bytes handed out now.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     pub(crate) fn used(&self) -> u64 {
         self.used
     }

@@ -13,6 +13,7 @@ mod backpressure;
 mod blocked;
 mod buffers;
 mod delivery;
+#[cfg(feature = "vulkan")]
 mod gpu;
 mod hostile;
 mod leaks;

@@ -7,7 +7,9 @@
 
 use std::ffi::{c_char, CStr};
 
-use super::abi::{output_struct_size, write_struct, GrowableStruct};
+#[cfg(feature = "vulkan")]
+use super::abi::write_struct;
+use super::abi::{output_struct_size, GrowableStruct};
 use super::context::lf_context;
 use super::raw;
 use super::status::lf_status;
