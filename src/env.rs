@@ -38,8 +38,9 @@ pub const VULKAN_DEVICE: EnvVar = EnvVar {
 pub const GPU_COPY: EnvVar = EnvVar {
     name: "LF_GPU_COPY",
     default: "auto",
-    meaning: "how copies between GPU buffers are made: auto (a compute shader for large copies on GPUs, the \
-              copy engine otherwise), engine or shader; read when a device opens",
+    meaning: "how copies between GPU buffers are made: auto (CUDA where the process uses CUDA on the GPU, else \
+              a compute shader for large copies on GPUs and the copy engine otherwise), engine, shader or cuda; \
+              read when a device opens",
     feature: Some("vulkan"),
 };
 

@@ -1,8 +1,10 @@
-//! GPU-to-GPU copies: the copy engine and the copy shader, forced in turn, on sizes from one
-//! byte to 256 MiB, at offsets congruent mod 16, mod 4 only and not at all, with the bytes
-//! around the destination checked untouched; overlap refused; what `CopyMethod::Auto`
+//! GPU-to-GPU copies: the copy engine, the copy shader and CUDA, forced in turn, on sizes
+//! from one byte to 256 MiB, at offsets congruent mod 16, mod 4 only and not at all, with the
+//! bytes around the destination checked untouched; overlap refused; what `CopyMethod::Auto`
 //! chooses; `LF_GPU_COPY` (a child process with the variable set), and a shader copy that
-//! waits for a timeline semaphore.
+//! waits for a timeline semaphore. Where CUDA cannot take the buffers (no NVIDIA driver, as on
+//! lavapipe), a copy by CUDA is refused with the reason; `LF_REQUIRE_CUDA=1` makes that a
+//! failure.
 //!
 //! On lavapipe (a CPU device) `maxStorageBufferRange` is 128 MiB, so the 256 MiB shader copy
 //! takes several dispatches.
@@ -28,8 +30,12 @@ fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
 }
 
 /// What a copy made by `method` from `src_offset` to `dst_offset` (buffers at offset 0 of
-/// their `VkBuffer`s) reports as its method.
-fn expected_method(method: CopyMethod, src_offset: u64, dst_offset: u64, len: u64) -> CopyMethod {
+/// their `VkBuffer`s; `dst_local`: the destination is DEVICE_LOCAL) reports as its method.
+fn expected_method(method: CopyMethod, src_offset: u64, dst_offset: u64, len: u64, dst_local: bool) -> CopyMethod {
+    if method == CopyMethod::Cuda {
+        // Host memory is the engine's.
+        return if dst_local { CopyMethod::Cuda } else { CopyMethod::Engine };
+    }
     if method != CopyMethod::Shader {
         return CopyMethod::Engine;
     }
@@ -64,7 +70,8 @@ fn check_copy(
         println!("{method} copy of {len} bytes from {src_offset} to {dst_offset}: {timing:?}");
     }
     let what = format!("{method} copy of {len} bytes from {src_offset} to {dst_offset}");
-    assert_eq!(timing.method, expected_method(method, src_offset, dst_offset, len), "{what}: made by");
+    let dst_local = dst.memory_property_flags() & 1 != 0;
+    assert_eq!(timing.method, expected_method(method, src_offset, dst_offset, len, dst_local), "{what}: made by");
     let mut out = vec![0u8; (hi - lo) as usize];
     dst.read(lo, &mut out).unwrap();
     let (before, rest) = out.split_at((dst_offset - lo) as usize);
@@ -87,6 +94,18 @@ fn every_size_and_offset(test: &str, method: CopyMethod) {
         }
     }
     let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
+    if method == CopyMethod::Cuda {
+        let (a, b) = (
+            allocator.allocate(64, GpuMemoryKind::DeviceLocal).unwrap(),
+            allocator.allocate(64, GpuMemoryKind::DeviceLocal).unwrap(),
+        );
+        if let Err(e) = copy_buffer_timed_with(&a, 0, &b, 0, 64, CopyMethod::Cuda) {
+            assert!(matches!(e, Error::Unsupported(ref m) if m.contains("CUDA cannot take these buffers")), "{e}");
+            assert!(std::env::var("LF_REQUIRE_CUDA").map_or(true, |v| v != "1"), "CUDA required but: {e}");
+            eprintln!("SKIP {test}: copies by CUDA are refused here, as they should be: {e}");
+            return;
+        }
+    }
     let size = (64 << 20) + 64;
     let src_bytes = pattern(3, size as usize);
     let dst_bytes = pattern(9, size as usize);
@@ -134,11 +153,16 @@ fn gpu_copy_shader_every_size_and_offset() {
 }
 
 #[test]
+fn gpu_copy_cuda_every_size_and_offset() {
+    every_size_and_offset("gpu_copy_cuda_every_size_and_offset", CopyMethod::Cuda);
+}
+
+#[test]
 fn gpu_copy_overlap_refused() {
     let Some(device) = open_device("gpu_copy_overlap_refused") else { return };
     let allocator = GpuAllocator::new(&device, GpuAllocatorConfig::default()).unwrap();
     let buffer = allocator.allocate(4 << 20, GpuMemoryKind::DeviceLocal).unwrap();
-    for method in [CopyMethod::Auto, CopyMethod::Engine, CopyMethod::Shader] {
+    for method in [CopyMethod::Auto, CopyMethod::Engine, CopyMethod::Shader, CopyMethod::Cuda] {
         for (from, to, len) in [(0, 100, 200), (100, 0, 200), (0, 1 << 20, (2 << 20) + 16), (16, 16, 1 << 20)] {
             let e = copy_buffer_timed_with(&buffer, from, &buffer, to, len, method).unwrap_err();
             assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("overlap")), "{method}: {e}");
@@ -176,6 +200,12 @@ fn gpu_copy_auto_choice() {
     let small = chosen_copy_method(&src, 0, &dst, 0, 4096);
     println!("{}: auto copies 4 KiB by {small}, {len} bytes by {big}", device.info().name);
     let shader = shader_copy_unavailable(&device).is_none();
+    // Where the process uses CUDA on the device (another test here may have made it so), Auto
+    // copies between DEVICE_LOCAL buffers go through CUDA instead, for the rest of the
+    // process: `got` is `want`, or CUDA's and CUDA is in use.
+    let vulkan_or_cuda = |got: CopyMethod, want: CopyMethod, what: &str| {
+        assert!(got == want || got == CopyMethod::Cuda && copies_by_cuda(&device), "{what}: {got}, expected {want}");
+    };
     match forced {
         Some(CopyMethod::Engine) => assert_eq!((small, big), (CopyMethod::Engine, CopyMethod::Engine)),
         Some(CopyMethod::Shader) => assert_eq!((small, big), (CopyMethod::Shader, CopyMethod::Shader)),
@@ -185,24 +215,26 @@ fn gpu_copy_auto_choice() {
         }
         _ => {
             let want = if shader { CopyMethod::Shader } else { CopyMethod::Engine };
-            assert_eq!(small, CopyMethod::Engine);
-            assert_eq!(chosen_copy_method(&src, 0, &dst, 0, SHADER_COPY_MIN - 1), CopyMethod::Engine);
-            assert_eq!(chosen_copy_method(&src, 0, &dst, 0, SHADER_COPY_MIN), want);
-            assert_eq!(big, want);
+            vulkan_or_cuda(small, CopyMethod::Engine, "4 KiB");
+            vulkan_or_cuda(chosen_copy_method(&src, 0, &dst, 0, SHADER_COPY_MIN - 1), CopyMethod::Engine, "below");
+            vulkan_or_cuda(chosen_copy_method(&src, 0, &dst, 0, SHADER_COPY_MIN), want, "at the shader's minimum");
+            vulkan_or_cuda(big, want, "large");
             // Offsets congruent mod 4 only: still the shader, with words.
-            assert_eq!(chosen_copy_method(&src, 4, &dst, 8, SHADER_COPY_MIN), want);
-            // Host memory (not DEVICE_LOCAL, bit 1) is the engine's.
+            vulkan_or_cuda(chosen_copy_method(&src, 4, &dst, 8, SHADER_COPY_MIN), want, "mod 4");
+            // Host memory (not DEVICE_LOCAL, bit 1) is the engine's, even where CUDA is used.
             if host.memory_property_flags() & 1 == 0 {
                 assert_eq!(chosen_copy_method(&src, 0, &host, 0, len), CopyMethod::Engine);
             }
         }
     }
-    // Offsets not congruent mod 4 are the engine's, whatever the method.
-    assert_eq!(chosen_copy_method(&src, 1, &dst, 2, len - 64), CopyMethod::Engine);
+    // Offsets not congruent mod 4 are the engine's, whatever the Vulkan method.
+    vulkan_or_cuda(chosen_copy_method(&src, 1, &dst, 2, len - 64), CopyMethod::Engine, "unaligned");
     // What copies report matches the choice.
     for (from, to, n) in [(0, 0, len), (0, 0, 64), (3, 7, len - 64)] {
         let timing = copy_buffer_timed(&src, from, &dst, to, n).unwrap();
-        assert_eq!(timing.method, chosen_copy_method(&src, from, &dst, to, n), "{n} bytes from {from} to {to}");
+        let chosen = chosen_copy_method(&src, from, &dst, to, n);
+        // (CUDA may have come into use between the two.)
+        assert!(timing.method == chosen || chosen == CopyMethod::Cuda, "{n} bytes from {from} to {to}: {timing:?}");
     }
 }
 
@@ -212,7 +244,7 @@ fn gpu_copy_env_value_checked() {
     if child_role(TEST).is_some() {
         let e = VulkanDevice::open(&GpuConfig::default()).unwrap_err();
         assert!(
-            matches!(e, Error::InvalidArgument(ref m) if m.contains(GPU_COPY_ENV) && m.contains("auto, engine and shader")),
+            matches!(e, Error::InvalidArgument(ref m) if m.contains(GPU_COPY_ENV) && m.contains("auto, engine, shader and cuda")),
             "{e}"
         );
         println!("child: {GPU_COPY_ENV}={:?} refused: {e}", std::env::var(GPU_COPY_ENV).unwrap());
@@ -223,6 +255,7 @@ fn gpu_copy_env_value_checked() {
     }
     assert_eq!("Shader".parse::<CopyMethod>().unwrap(), CopyMethod::Shader);
     assert_eq!(" engine ".parse::<CopyMethod>().unwrap(), CopyMethod::Engine);
+    assert_eq!("CUDA".parse::<CopyMethod>().unwrap(), CopyMethod::Cuda);
     assert!(matches!("fast".parse::<CopyMethod>(), Err(Error::InvalidArgument(_))));
     let (child, _) =
         spawn_child_in("gpu_copy", TEST, "bad", &[(GPU_COPY_ENV, "fastest"), ("LF_REQUIRE_VULKAN", "1")], false);

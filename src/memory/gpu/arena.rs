@@ -6,13 +6,15 @@
 //! use too) hands out the ranges of pooled arenas.
 
 use std::fmt;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use ash::vk;
 use parking_lot::Mutex;
 
+use super::cuda::CudaArena;
 use super::device::{vk_err, VulkanDevice, BUFFER_USAGE};
 use crate::error::{Error, Result};
 use crate::memory::suballocator::Suballocator;
@@ -187,6 +189,8 @@ pub(crate) struct Arena {
     mapped: AtomicPtr<u8>,
     map_lock: Mutex<()>,
     pub(crate) free: Mutex<Suballocator>,
+    /// The memory imported into CUDA, for copies by CUDA; made at the first such copy.
+    cuda: OnceLock<std::result::Result<CudaArena, String>>,
 }
 
 pub(crate) struct ArenaParts {
@@ -224,7 +228,71 @@ impl Arena {
             mapped: AtomicPtr::new(parts.host_pointer.map_or(std::ptr::null_mut(), |p| p.as_ptr())),
             map_lock: Mutex::new(()),
             free: Mutex::new(free),
+            cuda: OnceLock::new(),
         }
+    }
+
+    /// A new fd of the arena's memory as `handle`: the memory's own export where it was
+    /// allocated exportable as that type, a copy of the fd it was imported from for memory
+    /// imported from an opaque fd. Errors say why the arena cannot be exported so.
+    pub(crate) fn export_fd(&self, handle: HandleType) -> Result<OwnedFd> {
+        let fd = if self.handle_types.contains(handle.to_vk()) {
+            let info = vk::MemoryGetFdInfoKHR::default().memory(self.memory).handle_type(handle.to_vk());
+            // SAFETY: the memory is live and was allocated exportable as this handle type.
+            let raw = unsafe { self.device.shared.memory_fd.get_memory_fd(&info) }
+                .map_err(vk_err(&format!("vkGetMemoryFdKHR({handle}) of arena {}", self.id)))?;
+            if raw < 0 {
+                return Err(Error::Vulkan(format!("vkGetMemoryFdKHR returned fd {raw}")));
+            }
+            // SAFETY: vkGetMemoryFdKHR returns a new descriptor that the caller owns.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        } else if let (Some(kept), HandleType::OpaqueFd) = (&self.reexport_fd, handle) {
+            // SAFETY: `kept` is a live descriptor the arena owns; F_DUPFD_CLOEXEC makes a new
+            // one (or fails) and touches nothing else.
+            let raw = unsafe { libc::fcntl(kept.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+            if raw < 0 {
+                return Err(Error::os(
+                    format!("duplicating the fd of imported arena {} to export it again", self.id),
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            // SAFETY: fcntl returned a new descriptor that nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        } else if self.handle_types.is_empty() && self.reexport_fd.is_none() {
+            return Err(Error::InvalidState(format!(
+                "buffer in arena {} is not exportable: it was allocated without export, imported \
+                 from a dma-buf, or is host memory imported into the GPU",
+                self.id
+            )));
+        } else {
+            let offered = if self.reexport_fd.is_some() {
+                "OPAQUE_FD (memory imported from an opaque fd)".to_string()
+            } else {
+                describe_handle_types(self.handle_types)
+            };
+            return Err(Error::Unsupported(format!(
+                "arena {} is exportable as {offered}, not as {handle} (the device does not offer it)",
+                self.id
+            )));
+        };
+        Ok(fd)
+    }
+
+    /// The arena imported into CUDA, made at the first call (see [`CudaArena`]); a failure is
+    /// kept, and said again by every later call.
+    pub(crate) fn cuda(&self) -> std::result::Result<&CudaArena, &str> {
+        self.cuda
+            .get_or_init(|| {
+                let why = |e: Error| match e {
+                    Error::Unsupported(why) => why,
+                    e => e.to_string(),
+                };
+                let fd = self.export_fd(HandleType::OpaqueFd).map_err(why)?;
+                let uuid = self.device.info().device_uuid;
+                CudaArena::import(fd, self.size, self.dedicated_buffer.is_some(), uuid).map_err(why)
+            })
+            .as_ref()
+            .map_err(String::as_str)
     }
 
     /// Whether the host may access the memory itself (host-visible memory, or a host pointer
@@ -365,6 +433,13 @@ pub(crate) fn destroy_buffer(device: &VulkanDevice, buffer: vk::Buffer) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handle_type_sets_print_by_their_vulkan_names() {
+        let both = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD | vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
+        assert_eq!(describe_handle_types(both), "OPAQUE_FD|DMA_BUF");
+        assert_eq!(describe_handle_types(vk::ExternalMemoryHandleTypeFlags::empty()), "no handle type");
+    }
 
     #[test]
     fn arena_ids_are_unique_and_carry_the_pid() {

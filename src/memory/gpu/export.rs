@@ -10,15 +10,14 @@
 //! UUID equals `device_uuid`.
 
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use ash::vk;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::allocator::GpuBuffer;
-use super::arena::{describe_handle_types, ArenaId, GpuMemoryKind, HandleType};
-use super::device::{format_uuid, vk_err};
+use super::arena::{ArenaId, GpuMemoryKind, HandleType};
+use super::device::format_uuid;
 use crate::error::{Error, Result};
 use crate::os::fdpass::recv_exact_with_fd;
 use crate::os::send_with_fds;
@@ -226,45 +225,7 @@ impl GpuBuffer {
     /// exporter's arena identity (so that caches keyed by arena identity still match).
     pub fn export_as(&self, handle: HandleType) -> Result<GpuExport> {
         let arena = &self.arena;
-        let fd = if arena.handle_types.contains(handle.to_vk()) {
-            let info = vk::MemoryGetFdInfoKHR::default().memory(arena.memory).handle_type(handle.to_vk());
-            // SAFETY: the memory is live and was allocated exportable as this handle type.
-            let raw = unsafe { arena.device.shared.memory_fd.get_memory_fd(&info) }
-                .map_err(vk_err(&format!("vkGetMemoryFdKHR({handle}) of arena {}", arena.id)))?;
-            if raw < 0 {
-                return Err(Error::Vulkan(format!("vkGetMemoryFdKHR returned fd {raw}")));
-            }
-            // SAFETY: vkGetMemoryFdKHR returns a new descriptor that the caller owns.
-            unsafe { OwnedFd::from_raw_fd(raw) }
-        } else if let (Some(kept), HandleType::OpaqueFd) = (&arena.reexport_fd, handle) {
-            // SAFETY: `kept` is a live descriptor the arena owns; F_DUPFD_CLOEXEC makes a new
-            // one (or fails) and touches nothing else.
-            let raw = unsafe { libc::fcntl(kept.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-            if raw < 0 {
-                return Err(Error::os(
-                    format!("duplicating the fd of imported arena {} to export it again", arena.id),
-                    std::io::Error::last_os_error(),
-                ));
-            }
-            // SAFETY: fcntl returned a new descriptor that nothing else owns.
-            unsafe { OwnedFd::from_raw_fd(raw) }
-        } else if arena.handle_types.is_empty() && arena.reexport_fd.is_none() {
-            return Err(Error::InvalidState(format!(
-                "buffer in arena {} is not exportable: it was allocated without export, imported \
-                 from a dma-buf, or is host memory imported into the GPU",
-                arena.id
-            )));
-        } else {
-            let offered = if arena.reexport_fd.is_some() {
-                "OPAQUE_FD (memory imported from an opaque fd)".to_string()
-            } else {
-                describe_handle_types(arena.handle_types)
-            };
-            return Err(Error::Unsupported(format!(
-                "arena {} is exportable as {offered}, not as {handle} (the device does not offer it)",
-                arena.id
-            )));
-        };
+        let fd = arena.export_fd(handle)?;
         let info = arena.device.info();
         let desc = GpuExportDesc {
             magic: GPU_EXPORT_MAGIC,
@@ -320,9 +281,6 @@ mod tests {
         unknown.handle_type = 0x40;
         assert!(unknown.to_string().contains("unknown handle type 0x40"), "{unknown}");
         assert_eq!(HandleType::DmaBuf.to_string(), "DMA_BUF");
-        let both = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD | vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
-        assert_eq!(describe_handle_types(both), "OPAQUE_FD|DMA_BUF");
-        assert_eq!(describe_handle_types(vk::ExternalMemoryHandleTypeFlags::empty()), "no handle type");
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!   opaque fds where the driver can: [`probe_semaphore_sharing`]); [`import_host_memory`] and [`cuda_host_register`] pin host memory.
 //!
 //! Environment: `LF_VULKAN_DEVICE` = device index or deviceUUID picks the device when the
-//! config does not (see [`GpuConfig`]); `LF_GPU_COPY` = `auto`, `engine` or `shader` says how
+//! config does not (see [`GpuConfig`]); `LF_GPU_COPY` = `auto`, `engine`, `shader` or `cuda` says how
 //! copies between GPU buffers are made (see [`CopyMethod`]). The loader's own variables apply too
 //! (`VK_DRIVER_FILES`/`VK_ICD_FILENAMES` to name the driver, `VK_INSTANCE_LAYERS` for
 //! validation).
@@ -62,6 +62,6 @@ pub use import::GpuImporter;
 pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
 pub use transfer::{
-    chosen_copy_method, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting,
+    chosen_copy_method, copies_by_cuda, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting,
     shader_copy_unavailable, CopyTiming, MappedRange, SHADER_COPY_MIN,
 };

@@ -11,16 +11,18 @@
 //! waits for their fences, so the data is in place when the call returns.
 //!
 //! GPU copies between buffers ([`copy_buffer`] and its variants, and so `Context::copy`,
-//! `lf_buffer_copy` and the GPU channel route) are made one of two ways ([`CopyMethod`]):
+//! `lf_buffer_copy` and the GPU channel route) are made one of three ways ([`CopyMethod`]):
 //! by the copy engine (`vkCmdCopyBuffer`), which on an NVIDIA H200 moves large copies at about
 //! a fifth of cudaMemcpy's rate, or by a compute shader in which every shader core
 //! reads and writes 16-byte vectors (4-byte words where the offsets are congruent mod 4 only;
 //! `super::shader_copy`), the engine copying the unaligned bytes at the ends.
 //! [`CopyMethod::Auto`] gives the shader copies of [`SHADER_COPY_MIN`] bytes and more between
 //! `DEVICE_LOCAL` memory on GPUs, and the engine the rest: small copies, host memory, offsets
-//! not congruent mod 4, CPU devices (lavapipe, whose engine is a `memcpy`). [`GPU_COPY_ENV`]
-//! (`LF_GPU_COPY=auto|engine|shader`, read when the device opens) forces one method for every
-//! `Auto` copy; [`copy_buffer_timed_with`] takes one per call.
+//! not congruent mod 4, CPU devices (lavapipe, whose engine is a `memcpy`). Or, where the
+//! process already uses CUDA on the device ([`copies_by_cuda`]), by CUDA (`super::cuda`) for
+//! every copy between `DEVICE_LOCAL` memory that waits on no semaphore. [`GPU_COPY_ENV`]
+//! (`LF_GPU_COPY=auto|engine|shader|cuda`, read when the device opens) forces one method for
+//! every `Auto` copy; [`copy_buffer_timed_with`] takes one per call.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -33,6 +35,7 @@ use parking_lot::Mutex;
 use super::allocator::GpuBuffer;
 use super::arena;
 use super::copy_method::{CopyMethod, GPU_COPY_ENV};
+use super::cuda::{cuda_copy, cuda_in_use, CudaArena};
 use super::device::{vk_err, DeviceState, DeviceType, VulkanDevice};
 use super::parallel_copy;
 use super::semaphore::TimelineSemaphore;
@@ -871,32 +874,47 @@ pub const SHADER_COPY_MIN: u64 = 1 << 20;
 /// Who decided a copy's method.
 #[derive(Clone, Copy, PartialEq)]
 enum Decided {
-    /// [`CopyMethod::Auto`], by size and device.
+    /// [`CopyMethod::Auto`], by size, device and whether the process uses CUDA.
     Auto,
-    /// The caller, asking for `Engine` or `Shader`.
+    /// The caller, asking for `Engine`, `Shader` or `Cuda`.
     Caller,
     /// [`GPU_COPY_ENV`].
     Env,
 }
 
-/// Whether a copy of `len` bytes from `src` to `dst` with `method` is made by the shader (before
-/// alignment, which may leave it to the engine), and who decided.
-fn resolve(src: &GpuBuffer, dst: &GpuBuffer, len: u64, method: CopyMethod) -> (bool, Decided) {
+/// The method a copy of `len` bytes from `src` to `dst` asked to be made by `method` is made
+/// by (`Shader` before alignment, which may leave it to the engine), and who decided.
+/// `vulkan_only`: the copy waits on semaphores, which CUDA's copy cannot, or CUDA cannot take
+/// the buffers. Such copies, and copies that involve host memory, are Vulkan's whatever was
+/// asked, by the choice `Auto` makes.
+fn resolve(src: &GpuBuffer, dst: &GpuBuffer, len: u64, method: CopyMethod, vulkan_only: bool) -> (CopyMethod, Decided) {
     let device = src.device();
+    let (method, decided) = match (method, device.shared.copy_method) {
+        (CopyMethod::Auto, CopyMethod::Auto) => (CopyMethod::Auto, Decided::Auto),
+        (CopyMethod::Auto, forced) => (forced, Decided::Env),
+        (asked, _) => (asked, Decided::Caller),
+    };
+    // The gains of the shader and of CUDA are the GPU memory's bandwidth and latency: host
+    // memory (host-visible arenas, imported host pointers) is the copy engine's.
+    let local = |b: &GpuBuffer| b.arena.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
+    let both_local = local(src) && local(dst);
+    // On CPU devices (lavapipe) the engine is a memcpy, which the shader would only slow.
+    let gpu = device.info().device_type != DeviceType::Cpu;
+    let vulkan = if gpu && both_local && len >= SHADER_COPY_MIN { CopyMethod::Shader } else { CopyMethod::Engine };
+    let cuda_may = !vulkan_only && both_local;
     match method {
-        CopyMethod::Engine | CopyMethod::Shader => (method == CopyMethod::Shader, Decided::Caller),
-        CopyMethod::Auto => match device.shared.copy_method {
-            // The shader's gain is the GPU memory's bandwidth: host memory (host-visible
-            // arenas, imported host pointers) is the copy engine's, as on CPU devices.
-            CopyMethod::Auto => {
-                let local = |b: &GpuBuffer| b.arena.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
-                let shader =
-                    device.info().device_type != DeviceType::Cpu && len >= SHADER_COPY_MIN && local(src) && local(dst);
-                (shader, Decided::Auto)
-            }
-            forced => (forced == CopyMethod::Shader, Decided::Env),
-        },
+        CopyMethod::Auto if cuda_may && gpu && copies_by_cuda(device) => (CopyMethod::Cuda, Decided::Auto),
+        CopyMethod::Auto => (vulkan, Decided::Auto),
+        CopyMethod::Cuda if !cuda_may => (vulkan, Decided::Auto),
+        chosen => (chosen, decided),
     }
+}
+
+/// Whether [`CopyMethod::Auto`] copies between `DEVICE_LOCAL` buffers of `device` go through
+/// CUDA now: the process uses CUDA on the device (libcuda is loaded and the device's primary
+/// context is active). Once true, true for the rest of the process.
+pub fn copies_by_cuda(device: &VulkanDevice) -> bool {
+    cuda_in_use(device.info().device_uuid)
 }
 
 /// The shader's pipelines and the plan of a copy (offsets in the `VkBuffer`s) where the
@@ -904,14 +922,11 @@ fn resolve(src: &GpuBuffer, dst: &GpuBuffer, len: u64, method: CopyMethod) -> (b
 /// asked for or forced and the device cannot run it.
 fn shader_plan(
     submitter: &mut Submitter,
-    (src, from): (&GpuBuffer, u64),
-    (dst, to): (&GpuBuffer, u64),
-    len: u64,
-    method: CopyMethod,
+    device: &VulkanDevice,
+    (from, to, len): (u64, u64, u64),
+    (method, decided): (CopyMethod, Decided),
 ) -> Result<Option<(ShaderCopy, shader_copy::Plan)>> {
-    let device = src.device();
-    let (shader, decided) = resolve(src, dst, len, method);
-    if !shader {
+    if method != CopyMethod::Shader {
         return Ok(None);
     }
     let shader = match (submitter.shader_copy(device), decided) {
@@ -935,19 +950,35 @@ fn shader_plan(
     Ok(shader_copy::plan(from, to, len, &shader.limits).map(|plan| (shader, plan)))
 }
 
-/// How [`copy_buffer`] would make this copy (the arguments are its own): `Engine` or
+/// How [`copy_buffer`] would make this copy (the arguments are its own): `Cuda`, `Engine` or
 /// `Shader` (the shader moving the bulk, the engine perhaps a few bytes at the ends), as
-/// [`CopyTiming::method`] reports it. `Engine` also where [`GPU_COPY_ENV`] forces the
-/// shader on a device that cannot run it (the copy fails then). Makes the shader's pipelines
-/// if they are not made yet, to know whether they can be.
+/// [`CopyTiming::method`] reports it. `Engine` also where [`GPU_COPY_ENV`] forces a method
+/// the device cannot make (the copy fails then). Makes the shader's pipelines, or imports the
+/// buffers' arenas into CUDA, if not done yet, to know whether they can be.
 pub fn chosen_copy_method(src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, len: u64) -> CopyMethod {
     let Ok(queue) = transfer_queue(src.device()) else { return CopyMethod::Engine };
     let mut submitter = queue.0.lock();
+    let mut resolved = resolve(src, dst, len, CopyMethod::Auto, false);
+    if resolved.0 == CopyMethod::Cuda {
+        match cuda_arenas(src, dst) {
+            Ok(_) => return CopyMethod::Cuda,
+            Err(_) if resolved.1 == Decided::Auto => resolved = resolve(src, dst, len, CopyMethod::Auto, true),
+            Err(_) => return CopyMethod::Engine,
+        }
+    }
     let (from, to) = (src.vk_offset + src_offset, dst.vk_offset + dst_offset);
-    match shader_plan(&mut submitter, (src, from), (dst, to), len, CopyMethod::Auto) {
+    match shader_plan(&mut submitter, src.device(), (from, to, len), resolved) {
         Ok(Some(_)) => CopyMethod::Shader,
         _ => CopyMethod::Engine,
     }
+}
+
+/// The two buffers' arenas imported into CUDA, or why they cannot be.
+fn cuda_arenas<'a>(
+    src: &'a GpuBuffer,
+    dst: &'a GpuBuffer,
+) -> std::result::Result<(&'a CudaArena, &'a CudaArena), String> {
+    src.arena.cuda().and_then(|s| dst.arena.cuda().map(|d| (s, d))).map_err(str::to_owned)
 }
 
 /// Why the device cannot make shader copies (so [`CopyMethod::Auto`] uses the engine), or
@@ -1050,9 +1081,39 @@ fn copy_inner(
     let raw_waits: Vec<(vk::Semaphore, u64)> = waits.iter().map(|(s, v)| (s.raw(), *v)).collect();
     let buffers = (src.buffer, dst.buffer, dst.arena.host_accessible());
     let queue = transfer_queue(&device)?;
+    // Held through a copy by CUDA too: no Vulkan transfer of lava-flow's runs meanwhile.
     let mut submitter = queue.0.lock();
-    let plan = shader_plan(&mut submitter, (src, from), (dst, to), len, method)?;
     let start = Instant::now();
+    let mut resolved = resolve(src, dst, len, method, !waits.is_empty());
+    if resolved.0 == CopyMethod::Cuda {
+        match (cuda_arenas(src, dst), resolved.1) {
+            (Ok((s, d)), _) => {
+                cuda_copy(s, src.offset + src_offset, d, dst.offset + dst_offset, len)?;
+                return Ok(CopyTiming { wall: start.elapsed(), gpu: None, method: CopyMethod::Cuda });
+            }
+            (Err(why), Decided::Auto) => {
+                crate::logging::log_first!(
+                    log::Level::Info,
+                    "GPU copies on {} are Vulkan's, not CUDA's, although the process uses CUDA: {why}",
+                    device.info().name
+                );
+                resolved = resolve(src, dst, len, method, true);
+            }
+            (Err(why), Decided::Caller) => {
+                return Err(Error::Unsupported(format!(
+                    "a copy by CUDA was asked for, but CUDA cannot take these buffers: {why}; copy with \
+                     CopyMethod::Auto, Engine or Shader instead"
+                )))
+            }
+            (Err(why), Decided::Env) => {
+                return Err(Error::Unsupported(format!(
+                    "{GPU_COPY_ENV}=cuda forces copies by CUDA, but CUDA cannot take these buffers: {why}; unset \
+                     {GPU_COPY_ENV} or set it to auto, engine or shader"
+                )))
+            }
+        }
+    }
+    let plan = shader_plan(&mut submitter, &device, (from, to, len), resolved)?;
     let Some((shader, plan)) = plan else {
         let gpu = submitter.submit_copy(
             &device,

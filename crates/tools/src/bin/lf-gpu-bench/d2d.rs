@@ -1,11 +1,13 @@
 //! Device-to-device copies, 1 MiB up to `--max-size` in steps of 4: CUDA's `cuMemcpyDtoD`
 //! between two `cuMemAlloc` buffers (the hardware baseline) against lava-flow's
-//! `copy_buffer_timed_with` by each [`CopyMethod`], from an exportable pooled DEVICE_LOCAL
+//! `copy_buffer_timed_with` by each [`CopyMethod`] (Auto, as users copy, takes CUDA's path here,
+//! since the bench uses CUDA on the device), from an exportable pooled DEVICE_LOCAL
 //! buffer into one exported and imported again (zero copy: the memory another process would
 //! see), and, as extra information, the in-process `vkCmdCopyBuffer` between two plain
 //! DEVICE_LOCAL buffers (the former "ceiling").
 //!
-//! Every case is warmed up, then the cases take turns in blocks ([`block`]). Every case is timed the
+//! Every source holds random bytes (no memory compression shrinks them). Every case is warmed
+//! up, then the cases take turns in blocks ([`block`]). Every case is timed the
 //! same way: host wall time around the synchronous call (as a user sees it; CUDA's copy is
 //! followed by `cuCtxSynchronize`); lava-flow's GPU timestamps are reported beside it. Before
 //! timing, each lava-flow method's copy is checked: the first and last MiB of the destination
@@ -14,7 +16,7 @@
 use std::time::Instant;
 
 use lava_flow::memory::gpu::{
-    copy_buffer, copy_buffer_timed, copy_buffer_timed_with, CopyMethod, GpuBuffer, GpuMemoryKind,
+    chosen_copy_method, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, CopyMethod, GpuBuffer, GpuMemoryKind,
 };
 use lava_flow::Error;
 use serde_json::{json, Value};
@@ -37,11 +39,12 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 5] = [
+    const ALL: [Case; 6] = [
         Case::Cuda,
         Case::Lf(CopyMethod::Auto),
         Case::Lf(CopyMethod::Engine),
         Case::Lf(CopyMethod::Shader),
+        Case::Lf(CopyMethod::Cuda),
         Case::InProcess,
     ];
 
@@ -51,6 +54,7 @@ impl Case {
             Case::Lf(CopyMethod::Auto) => "auto",
             Case::Lf(CopyMethod::Engine) => "engine",
             Case::Lf(CopyMethod::Shader) => "shader",
+            Case::Lf(CopyMethod::Cuda) => "cuda",
             Case::InProcess => "in_process_vkcmdcopybuffer",
         }
     }
@@ -61,6 +65,7 @@ impl Case {
             Case::Lf(CopyMethod::Auto) => "lf auto",
             Case::Lf(CopyMethod::Engine) => "lf engine",
             Case::Lf(CopyMethod::Shader) => "lf shader",
+            Case::Lf(CopyMethod::Cuda) => "lf cuda",
             Case::InProcess => "vkCmdCopyBuffer*",
         }
     }
@@ -76,6 +81,23 @@ struct Samples {
 /// The bytes the check writes at the start and end of the source.
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Random bytes (xorshift), which no memory compression shrinks: the sources are filled with
+/// them, so that a copy moves as many bytes through memory as it says (fresh memory holds
+/// zeros, which the GPU's memory compression may move for less, and not equally for every
+/// kind of allocation).
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }
 
 /// Whether one copy by `method` moves the checked regions (first and last MiB).
@@ -110,13 +132,15 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
     b.say("\nDevice-to-device copy: median GB/s (bytes copied / s; memory traffic is twice that), host wall time");
     b.say("around each synchronous call; (x) = ratio to cuMemcpyDtoD of the same size, measured in turns");
     b.say(format!(
-        "  {:>8}  {:>12}  {:>16}  {:>16}  {:>16}  {:>16}",
-        "size", "cuMemcpyDtoD", "lf auto", "lf engine", "lf shader", "vkCmdCopyBuffer*"
+        "  {:>8}  {:>12}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}",
+        "size", "cuMemcpyDtoD", "lf auto", "lf engine", "lf shader", "lf cuda", "vkCmdCopyBuffer*"
     ));
     let mut rows = Vec::new();
     let mut gpu_lines = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     let mut summary = D2dSummary { auto_ratio: Vec::new(), auto_wrong: Vec::new() };
+    let mut auto_methods = Vec::new();
+    let random = noise(b.max_size as usize);
     let mut size = MIB;
     while size <= b.max_size {
         let reps = b.o.reps.unwrap_or(match (b.o.quick, size >= 256 * MIB) {
@@ -139,6 +163,12 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
         };
         let cuda = b.cuda();
         let cuda_buffers = cuda.and_then(|c| Ok((c, c.alloc(size as usize)?, c.alloc(size as usize)?)));
+        let bytes = &random[..size as usize];
+        lf_src.write(0, bytes)?;
+        base_src.write(0, bytes)?;
+        if let Ok((c, src, _)) = &cuda_buffers {
+            c.copy_htod(src, bytes).map_err(Error::Unsupported)?;
+        }
 
         // Each case once: the warm-up, and for lava-flow's methods the check of the copy.
         let mut state: Vec<(Case, Result<Samples, String>)> = Vec::new();
@@ -200,6 +230,11 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
         row.insert("size".into(), json!(size));
         row.insert("reps".into(), json!(reps));
         row.insert("destination".into(), json!(dst_path));
+        let auto_method = chosen_copy_method(&lf_src, 0, &lf_dst, 0, size);
+        row.insert("auto_method".into(), json!(auto_method.as_str()));
+        if !auto_methods.contains(&auto_method) {
+            auto_methods.push(auto_method);
+        }
         let mut gpu_cells = Vec::new();
         for (case, samples) in &state {
             let value = match samples {
@@ -260,13 +295,14 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
             row.insert(case.key().into(), value);
         }
         b.say(format!(
-            "  {:>8}  {:>12}  {:>16}  {:>16}  {:>16}  {:>16}",
+            "  {:>8}  {:>12}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}",
             size_name(size),
             cells[0],
             cells[1],
             cells[2],
             cells[3],
-            cells[4]
+            cells[4],
+            cells[5]
         ));
         if !gpu_cells.is_empty() {
             gpu_lines.push(format!("  {:>8}  {}", size_name(size), gpu_cells.join(", ")));
@@ -280,6 +316,11 @@ pub fn run(b: &Bench) -> Result<(Value, D2dSummary), Error> {
     b.say(
         "  * the in-process vkCmdCopyBuffer between two plain (not exportable) DEVICE_LOCAL buffers, for information",
     );
+    let names: Vec<&str> = auto_methods.iter().map(|m| m.as_str()).collect();
+    b.say(format!(
+        "  lf auto copied by: {} (CUDA where the process uses CUDA on the device, as this bench does)",
+        names.join(", ")
+    ));
     if !gpu_lines.is_empty() {
         b.say("  lava-flow's GPU timestamps of the same copies (GB/s):");
         for line in gpu_lines {

@@ -293,6 +293,12 @@ pub fn run(b: &Bench) -> Result<(Value, ()), Error> {
         let dst = b.exportable.allocate(len.max(MIB), GpuMemoryKind::DeviceLocal)?;
         let mut raw = Raw::new(b, &src, &dst, len)?;
         let cuda = b.cuda().and_then(|c| Ok((c, c.alloc(len as usize)?, c.alloc(len as usize)?)));
+        // Random bytes in every source (see `d2d::noise`).
+        let bytes = crate::d2d::noise(len.max(MIB) as usize);
+        src.write(0, &bytes)?;
+        if let Ok((c, from, _)) = &cuda {
+            c.copy_htod(from, &bytes[..len as usize]).map_err(Error::Unsupported)?;
+        }
         let mut samples: Vec<Result<Vec<f64>, String>> = vec![Ok(Vec::new()); CASES.len()];
         for round in 0..ROUNDS {
             for (case, s) in CASES.iter().zip(samples.iter_mut()) {
