@@ -4,6 +4,10 @@
 //!
 //! `LF_COPY_THREADS` sets how many threads copy, the caller included (default: 8, at most
 //! the cores this process may use; 1 copies on the calling thread alone).
+//!
+//! A copy into memory that the CPU will not read next (a staging buffer the GPU reads) can
+//! write with streaming stores ([`Stores::Streaming`]), which skip the cache: an ordinary
+//! store first reads the line it writes, a third of a copy's memory traffic.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -18,8 +22,20 @@ const DEFAULT_THREADS: usize = 8;
 const PARALLEL_MIN: usize = 2 << 20;
 /// How long an idle worker polls for the next job before it sleeps.
 const WORKER_SPIN: Duration = Duration::from_micros(300);
-/// What one thread takes at a time.
+/// The most one thread takes at a time; a copy of less than this per thread is shared out
+/// evenly, in pieces of at least [`CHUNK_MIN`].
 const CHUNK: usize = 512 << 10;
+const CHUNK_MIN: usize = 64 << 10;
+
+/// How a copy writes its destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stores {
+    /// Ordinary stores: the destination ends up in the cache.
+    Cached,
+    /// Streaming (non-temporal) stores, which bypass the cache and do not read the lines
+    /// they write: for destinations the CPU does not read next.
+    Streaming,
+}
 
 /// One copy, shared by the threads working on it. Addresses are plain numbers so that a
 /// worker that picks the job up late touches no memory: it finds no chunk left.
@@ -27,6 +43,8 @@ struct Job {
     src: usize,
     dst: usize,
     len: usize,
+    stores: Stores,
+    chunk: usize,
     chunks: usize,
     next: AtomicUsize,
     done: AtomicUsize,
@@ -40,11 +58,11 @@ impl Job {
             if i >= self.chunks {
                 return;
             }
-            let start = i * CHUNK;
-            let n = CHUNK.min(self.len - start);
+            let start = i * self.chunk;
+            let n = self.chunk.min(self.len - start);
             // SAFETY: `Crew::copy` hands out each chunk of its valid, non-overlapping ranges
             // once, and waits for every chunk before it returns, so the ranges are live here.
-            unsafe { std::ptr::copy_nonoverlapping((self.src + start) as *const u8, (self.dst + start) as *mut u8, n) };
+            unsafe { copy_one((self.src + start) as *const u8, (self.dst + start) as *mut u8, n, self.stores) };
             self.done.fetch_add(1, Ordering::Release);
         }
     }
@@ -106,13 +124,16 @@ impl Crew {
 
     /// # Safety
     /// As [`copy`].
-    unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize) {
+    unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize, stores: Stores) {
         let _one_at_a_time = self.busy.lock();
+        let chunk = len.div_ceil(self.threads).next_multiple_of(CHUNK_MIN).clamp(CHUNK_MIN, CHUNK);
         let job = Arc::new(Job {
             src: src as usize,
             dst: dst as usize,
             len,
-            chunks: len.div_ceil(CHUNK),
+            stores,
+            chunk,
+            chunks: len.div_ceil(chunk),
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
         });
@@ -165,20 +186,93 @@ pub fn copy_threads() -> usize {
 /// `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
 /// nothing else writes them (or reads `dst`) during the call.
 pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: as this function's contract.
+    unsafe { copy_with(src, dst, len, Stores::Cached, PARALLEL_MIN) }
+}
+
+/// [`copy`] with a choice of stores, on several threads from `parallel_min` bytes.
+///
+/// # Safety
+/// As [`copy`].
+pub(crate) unsafe fn copy_with(src: *const u8, dst: *mut u8, len: usize, stores: Stores, parallel_min: usize) {
     // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
     // the unsafe operations below rely on.
     unsafe {
-        if len < PARALLEL_MIN {
-            std::ptr::copy_nonoverlapping(src, dst, len);
+        if len < parallel_min.max(2 * CHUNK_MIN) {
+            copy_one(src, dst, len, stores);
             return;
         }
         let crew = crew();
         if crew.threads == 1 {
-            std::ptr::copy_nonoverlapping(src, dst, len);
+            copy_one(src, dst, len, stores);
         } else {
-            crew.copy(src, dst, len);
+            crew.copy(src, dst, len, stores);
         }
     }
+}
+
+/// Copies on this thread.
+///
+/// # Safety
+/// As [`copy`].
+unsafe fn copy_one(src: *const u8, dst: *mut u8, len: usize, stores: Stores) {
+    // SAFETY: as this function's contract.
+    unsafe {
+        match stores {
+            Stores::Cached => std::ptr::copy_nonoverlapping(src, dst, len),
+            Stores::Streaming => copy_streaming(src, dst, len),
+        }
+    }
+}
+
+/// Copies with streaming stores: ordinary ones up to the destination's first 16-byte
+/// boundary and after its last whole 64 bytes, then a store fence, so that the bytes are
+/// visible to whoever this thread next tells (the GPU, through a submission) before it tells.
+///
+/// # Safety
+/// As [`copy`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let head = (dst as usize).wrapping_neg() & 15;
+    // SAFETY: every load and store below lies within `src..src + len` and `dst..dst + len`
+    // (the caller's ranges): the head and tail by their lengths, the body in whole 64-byte
+    // blocks below `len - head`; the streaming stores' addresses are 16-byte aligned (the head
+    // brings `d` to a boundary and it moves in 64-byte steps); SSE2 is part of x86_64.
+    unsafe {
+        if len < head + 64 {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+            return;
+        }
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let body = (len - head) & !63;
+        let (mut s, mut d) = (src.add(head), dst.add(head));
+        let end = d.add(body);
+        while d < end {
+            let a = _mm_loadu_si128(s.cast::<__m128i>());
+            let b = _mm_loadu_si128(s.add(16).cast::<__m128i>());
+            let c = _mm_loadu_si128(s.add(32).cast::<__m128i>());
+            let e = _mm_loadu_si128(s.add(48).cast::<__m128i>());
+            _mm_stream_si128(d.cast::<__m128i>(), a);
+            _mm_stream_si128(d.add(16).cast::<__m128i>(), b);
+            _mm_stream_si128(d.add(32).cast::<__m128i>(), c);
+            _mm_stream_si128(d.add(48).cast::<__m128i>(), e);
+            s = s.add(64);
+            d = d.add(64);
+        }
+        std::ptr::copy_nonoverlapping(s, d, len - head - body);
+        _mm_sfence();
+    }
+}
+
+/// Elsewhere, an ordinary copy.
+///
+/// # Safety
+/// As [`copy`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: as this function's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
 #[cfg(test)]
@@ -187,16 +281,22 @@ mod tests {
 
     #[test]
     fn copies_every_byte_of_odd_sizes_and_offsets() {
-        for len in [0, 1, PARALLEL_MIN - 1, PARALLEL_MIN, PARALLEL_MIN + 4097, 9 * CHUNK + 13] {
-            let src: Vec<u8> = (0..len + 7).map(|i| (i * 31 % 251) as u8).collect();
-            let mut dst = vec![0u8; len + 10];
-            // SAFETY: both ranges lie inside their vectors and do not overlap.
-            unsafe { copy(src.as_ptr().add(7), dst.as_mut_ptr().add(3), len) };
-            assert_eq!(&dst[3..3 + len], &src[7..7 + len], "len {len}");
-            assert!(
-                dst[..3].iter().chain(&dst[3 + len..]).all(|&b| b == 0),
-                "bytes outside the range written, len {len}"
-            );
+        let lens = [0, 1, 15, 63, 64, 65, 127, 200, CHUNK_MIN + 3, PARALLEL_MIN - 1, PARALLEL_MIN, PARALLEL_MIN + 4097];
+        for stores in [Stores::Cached, Stores::Streaming] {
+            for len in lens.into_iter().chain([9 * CHUNK + 13]) {
+                for (from, to) in [(7, 3), (0, 0), (16, 5), (3, 16)] {
+                    let src: Vec<u8> = (0..len + from).map(|i| (i * 31 % 251) as u8).collect();
+                    let mut dst = vec![0u8; len + to + 70];
+                    // SAFETY: both ranges lie inside their vectors and do not overlap.
+                    unsafe { copy_with(src.as_ptr().add(from), dst.as_mut_ptr().add(to), len, stores, 0) };
+                    let what = format!("{stores:?}, len {len}, offsets {from} -> {to}");
+                    assert!(dst[to..to + len] == src[from..from + len], "{what}");
+                    assert!(
+                        dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0),
+                        "bytes outside the range written, {what}"
+                    );
+                }
+            }
         }
     }
 
@@ -209,7 +309,7 @@ mod tests {
         for _ in 0..20 {
             dst.fill(0);
             // SAFETY: both vectors are `len` long and distinct.
-            unsafe { crew.copy(src.as_ptr(), dst.as_mut_ptr(), len) };
+            unsafe { crew.copy(src.as_ptr(), dst.as_mut_ptr(), len, Stores::Streaming) };
             assert!(dst == src);
         }
     }

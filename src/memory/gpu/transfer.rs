@@ -37,17 +37,39 @@ use super::arena;
 use super::copy_method::{CopyMethod, GPU_COPY_ENV};
 use super::cuda::{cuda_copy, cuda_in_use, CudaArena};
 use super::device::{vk_err, DeviceState, DeviceType, VulkanDevice};
-use super::parallel_copy;
+use super::parallel_copy::{self, Stores};
 use super::semaphore::TimelineSemaphore;
 use super::shader_copy::{self, ShaderCopy, SETS_PER_SUBMIT};
 use crate::error::{Error, Result};
 
 /// Staged transfers go through `STAGING_SLOTS` host-visible buffers of up to `STAGING_CHUNK`
 /// bytes each, in pieces, so that the host's copy of one piece overlaps the GPU's copy of the
-/// next (and a transfer never needs one staging buffer as large as itself).
-const STAGING_CHUNK: u64 = 4 << 20;
+/// next (and a transfer never needs one staging buffer as large as itself). On the H200 host,
+/// 8 MiB slots and the pieces of [`piece_len`] moved 256 MiB from pageable memory at 0.80-0.85x
+/// of pinned cudaMemcpy, 4 MiB slots in pieces of 4 MiB at 0.47-0.68x.
+const STAGING_CHUNK: u64 = 8 << 20;
 const STAGING_MIN: u64 = 1 << 20;
 const STAGING_SLOTS: usize = 4;
+/// The smallest piece of a staged transfer (but its last), and the copy size from which a
+/// piece's host copy is shared out among the copy threads.
+const PIECE_MIN: usize = 1 << 20;
+const PIECE_PARALLEL_MIN: usize = 512 << 10;
+
+/// The length of a staged transfer's next piece: `PIECE_MIN` first, doubling up to `chunk`,
+/// and no more than half of what remains, so that the two sides' copies overlap from the first
+/// piece to the last (the GPU's copy of the first piece waits for the host's, to the device, and
+/// the host's copy of the last waits for the GPU's, to the host).
+fn piece_len(index: usize, remaining: usize, chunk: usize) -> usize {
+    let rising = PIECE_MIN << index.min(16);
+    let falling = (remaining / 2).next_multiple_of(64 << 10);
+    let n = chunk.min(rising).min(falling).max(PIECE_MIN).min(chunk);
+    if remaining <= chunk && remaining < n + PIECE_MIN / 2 {
+        remaining
+    } else {
+        n.min(remaining)
+    }
+}
+
 /// How long a single transfer may take before the device counts as hung.
 const FENCE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -375,11 +397,12 @@ impl Submitter {
                 )));
             }
             let chunk = self.ensure_staging(device, len as u64)? as usize;
-            let pieces = len.div_ceil(chunk);
             // Pieces submitted and not yet waited for, oldest first: (slot, start, len).
             let mut in_flight = std::collections::VecDeque::with_capacity(STAGING_SLOTS);
             let mut result = Ok(());
-            for piece in 0..pieces {
+            let mut start = 0;
+            let mut piece = 0;
+            while start < len {
                 let slot = piece % STAGING_SLOTS;
                 if in_flight.len() == STAGING_SLOTS {
                     let oldest = in_flight.pop_front().expect("full");
@@ -388,8 +411,7 @@ impl Submitter {
                         break;
                     }
                 }
-                let start = piece * chunk;
-                let n = chunk.min(len - start);
+                let n = piece_len(piece, len - start, chunk);
                 if let Err(e) = self.submit_piece(
                     device,
                     slot,
@@ -402,6 +424,8 @@ impl Submitter {
                     break;
                 }
                 in_flight.push_back((slot, start, n));
+                start += n;
+                piece += 1;
             }
             // Every piece submitted is waited for, even after an error: the slots must be idle.
             while let Some(piece) = in_flight.pop_front() {
@@ -432,7 +456,10 @@ impl Submitter {
             let s = &self.staging[slot];
             let region = [match direction {
                 Direction::ToDevice => {
-                    parallel_copy::copy(host, s.ptr.as_ptr(), len);
+                    // Ordinary stores: the GPU then reads the piece from the host's cache
+                    // (streaming stores, which send it to memory first, made 256 MiB
+                    // transfers slower on the H200 host: 0.57-0.62x pinned, against 0.80-0.81x).
+                    parallel_copy::copy_with(host, s.ptr.as_ptr(), len, Stores::Cached, PIECE_PARALLEL_MIN);
                     vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 }
                 }
                 Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
@@ -513,7 +540,10 @@ impl Submitter {
                 }
             }
             if direction == Direction::ToHost {
-                parallel_copy::copy(s.ptr.as_ptr(), host.add(start), len);
+                // Streaming stores, as the GPU's own writes to host memory: they do not read
+                // each line of the destination first (256 MiB on the H200 host: 0.84-0.85x
+                // pinned, against 0.70-0.74x with ordinary stores).
+                parallel_copy::copy_with(s.ptr.as_ptr(), host.add(start), len, Stores::Streaming, PIECE_PARALLEL_MIN);
             }
             Ok(())
         }
@@ -1137,4 +1167,36 @@ fn copy_inner(
         gpu = gpu.zip(took).map(|(a, b)| a + b);
     }
     Ok(CopyTiming { wall: start.elapsed(), gpu, method: CopyMethod::Shader })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pieces cover a transfer exactly, none empty or larger than a staging slot; they rise
+    /// from `PIECE_MIN` and fall again towards the end.
+    #[test]
+    fn pieces_cover_the_transfer_within_the_slots() {
+        let mib: usize = 1 << 20;
+        for chunk in [mib, 2 * mib, 8 * mib] {
+            for len in [1, 4095, mib, mib + 1, 3 * mib / 2, 2 * mib, 16 * mib + 7, 256 * mib, 1000 * mib + 3] {
+                // Slots are at least the transfer's length (rounded up to MiB) or `chunk`.
+                let chunk = chunk.max(len.min(8 * mib).next_multiple_of(mib)).min(8 * mib);
+                let mut pieces = Vec::new();
+                let mut start = 0;
+                while start < len {
+                    let n = piece_len(pieces.len(), len - start, chunk);
+                    assert!(n > 0 && n <= chunk, "len {len} chunk {chunk}: piece {n}");
+                    pieces.push(n);
+                    start += n;
+                }
+                assert_eq!(start, len, "len {len} chunk {chunk}: {pieces:?}");
+                if len >= 16 * mib {
+                    assert_eq!(pieces[0], PIECE_MIN, "len {len}: {pieces:?}");
+                    assert!(*pieces.last().unwrap() <= 2 * PIECE_MIN, "len {len}: {pieces:?}");
+                    assert!(len < 64 * mib || pieces.contains(&chunk), "len {len} chunk {chunk}: {pieces:?}");
+                }
+            }
+        }
+    }
 }
