@@ -65,6 +65,7 @@ static TABLE: Table =
     Table { chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS], alloc: Mutex::new((0, Vec::new())) };
 
 impl Table {
+    #[inline(always)]
     fn slot(&self, index: usize) -> Option<&'static Slot> {
         let chunk = self.chunks.get(index >> CHUNK_BITS)?.load(Ordering::Acquire);
         if chunk.is_null() {
@@ -109,26 +110,50 @@ fn bad_handle(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_BAD_HANDLE, message }
 }
 
-/// Finds the live slot a handle names, checking that it holds a T.
-fn lookup<T: HandleType>(handle: *const T, arg: &str) -> FfiResult<&'static Slot> {
-    if handle.is_null() {
-        return Err(Failure::null(arg));
+/// The live slot a handle names when it holds a value of `kind`; `None` for anything else
+/// (NULL, freed, forged, wrong type: [`handle_failure`] says which). The path of every call.
+#[inline(always)]
+fn live_slot(handle: usize, kind: u32) -> Option<&'static Slot> {
+    let raw = handle as u64;
+    let (index, generation) = ((raw & 0xFFFF_FFFF) as usize, (raw >> 32) as u32);
+    // An even generation is never live; NULL has generation 0.
+    if generation & 1 == 0 {
+        return None;
     }
-    let raw = handle as usize as u64;
+    let slot = TABLE.slot(index)?;
+    if slot.generation.load(Ordering::Acquire) != generation || slot.kind.load(Ordering::Relaxed) != kind {
+        return None;
+    }
+    Some(slot)
+}
+
+/// Why `handle` is not a live handle of kind `kind` (`name`): the failure of a call given one.
+#[cold]
+#[inline(never)]
+fn handle_failure(handle: usize, kind: u32, name: &str, arg: &str) -> Failure {
+    if handle == 0 {
+        return Failure::null(arg);
+    }
+    let raw = handle as u64;
     let (index, generation) = ((raw & 0xFFFF_FFFF) as usize, (raw >> 32) as u32);
     let live = generation & 1 == 1;
-    let slot = TABLE
-        .slot(index)
-        .filter(|slot| live && slot.generation.load(Ordering::Acquire) == generation)
-        .ok_or_else(|| {
-            bad_handle(format!(
-                "argument `{arg}` is not a live {} handle (already freed, or never created by lava-flow)",
-                T::NAME
-            ))
-        })?;
-    match slot.kind.load(Ordering::Relaxed) {
-        kind if kind == T::KIND => Ok(slot),
-        kind => Err(bad_handle(format!("argument `{arg}` is an {} handle, not an {}", kind_name(kind), T::NAME))),
+    match TABLE.slot(index).filter(|slot| live && slot.generation.load(Ordering::Acquire) == generation) {
+        Some(slot) if slot.kind.load(Ordering::Relaxed) != kind => bad_handle(format!(
+            "argument `{arg}` is an {} handle, not an {name}",
+            kind_name(slot.kind.load(Ordering::Relaxed))
+        )),
+        _ => bad_handle(format!(
+            "argument `{arg}` is not a live {name} handle (already freed, or never created by lava-flow)"
+        )),
+    }
+}
+
+/// Finds the live slot a handle names, checking that it holds a T.
+#[inline(always)]
+fn lookup<T: HandleType>(handle: *const T, arg: &str) -> FfiResult<&'static Slot> {
+    match live_slot(handle as usize, T::KIND) {
+        Some(slot) => Ok(slot),
+        None => Err(handle_failure(handle as usize, T::KIND, T::NAME, arg)),
     }
 }
 
@@ -156,6 +181,7 @@ pub(crate) fn new_handle<T: HandleType>(value: T) -> FfiResult<*mut T> {
 }
 
 /// Borrows the value behind a handle after checking that it is live and holds a T.
+#[inline]
 pub(crate) fn handle_ref<'a, T: HandleType>(handle: *const T, arg: &str) -> FfiResult<&'a T> {
     let slot = lookup(handle, arg)?;
     // SAFETY: the slot is live with kind T::KIND, so `value` is the Box<T> pointer stored by
