@@ -65,23 +65,36 @@ impl Failure {
 
 /// Runs the body of an exported function: converts its error (or panic) into a status and
 /// records the message, prefixed with the function's name, for `lf_last_error_message()`.
+/// Inlined into each function, with the failures out of line: the success path of a message
+/// call is the body and a test.
+#[inline(always)]
 pub(crate) fn boundary(function: &'static str, body: impl FnOnce() -> FfiResult) -> lf_status {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => lf_status::LF_OK,
-        Ok(Err(failure)) => {
-            set_last_error(format!("{function}: {}", failure.message));
-            failure.status
-        }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            set_last_error(format!("{function}: internal error (a bug in lava-flow, please report it): {what}"));
-            lf_status::LF_ERR_INTERNAL
-        }
+        Ok(Err(failure)) => failed(function, failure),
+        Err(panic) => panicked(function, panic),
     }
+}
+
+/// Records a failure's message for `lf_last_error_message()` and returns its status.
+#[cold]
+#[inline(never)]
+fn failed(function: &'static str, failure: Failure) -> lf_status {
+    set_last_error(format!("{function}: {}", failure.message));
+    failure.status
+}
+
+/// Records a caught panic as an internal error.
+#[cold]
+#[inline(never)]
+fn panicked(function: &'static str, panic: Box<dyn std::any::Any + Send>) -> lf_status {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    set_last_error(format!("{function}: internal error (a bug in lava-flow, please report it): {what}"));
+    lf_status::LF_ERR_INTERNAL
 }
 
 /// Like [`boundary`] for functions that cannot report a status (the `_free` functions): a
