@@ -344,6 +344,7 @@ impl Consumer {
     /// For language bindings (the C API), which hold messages and loans without lifetimes;
     /// Rust code uses the typed methods.
     #[doc(hidden)]
+    #[inline]
     pub fn release_raw(&mut self, view: &RawView) -> Result<()> {
         self.transport.release(view)
     }

@@ -55,6 +55,22 @@ impl std::fmt::Debug for ShmConsumer {
 }
 
 impl ShmConsumer {
+    /// Releases a view of a session that a producer before the current one began.
+    #[inline(never)]
+    fn release_old(&mut self, view: &RawView) -> Result<()> {
+        match self.old.iter().find(|s| s.id == view.session) {
+            Some(s) => {
+                let r = s.release(view);
+                self.old.retain(|s| s.holds_views());
+                r
+            }
+            None => Err(Error::InvalidState(format!(
+                "message {} is not held by this consumer (already released, or from another channel)",
+                view.token
+            ))),
+        }
+    }
+
     /// Listens on `name` and waits for a producer, answering its hello with `answers` (the
     /// other routes' sections).
     pub fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, answers: Vec<Section>) -> Result<Self> {
@@ -553,21 +569,13 @@ impl ConsumerTransport for ShmConsumer {
         }
     }
 
+    #[inline]
     fn release(&mut self, view: &RawView) -> Result<()> {
-        if view.session == self.link.session.id {
-            return self.link.session.release(view);
+        let session = &self.link.session;
+        if view.session == session.id {
+            return session.release(view);
         }
-        match self.old.iter().find(|s| s.id == view.session) {
-            Some(s) => {
-                let r = s.release(view);
-                self.old.retain(|s| s.holds_views());
-                r
-            }
-            None => Err(Error::InvalidState(format!(
-                "message {} is not held by this consumer (already released, or from another channel)",
-                view.token
-            ))),
-        }
+        self.release_old(view)
     }
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {

@@ -214,20 +214,29 @@ impl Session {
             publish_then_check(self.region.tail(), tail, self.room_fast_wake);
             wake_if_sleeping(self.region.room_futex(), self.region.room_sleeping(), self.room_fast_wake);
         }
-        let last = tail == received && self.orphaned.load(Ordering::Relaxed);
-        let kept = if tail == received && self.has_kept.load(Ordering::Relaxed) {
-            self.has_kept.store(false, Ordering::Relaxed);
-            std::mem::take(&mut *self.kept.lock())
+        let (last, kept) = if tail == received {
+            let kept = if self.has_kept.load(Ordering::Relaxed) { Some(self.take_kept()) } else { None };
+            (self.orphaned.load(Ordering::Relaxed), kept)
         } else {
-            Vec::new()
+            (false, None)
         };
         if locked {
             self.reclaiming.store(false, Ordering::Release);
         }
         // The last view is gone: what it pointed into goes too (outside the lock; the
         // session is not touched again).
-        drop(kept);
+        if let Some(kept) = kept {
+            drop_kept(kept);
+        }
         last
+    }
+
+    /// What the last view pointed into, taken (under the reclaim lock) to be dropped.
+    #[cold]
+    #[inline(never)]
+    fn take_kept(&self) -> Vec<Box<dyn Any + Send + Sync>> {
+        self.has_kept.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *self.kept.lock())
     }
 
     /// Gives up the consumer's reference to a session. A Rust [`Message`] points at its
@@ -246,6 +255,22 @@ impl Session {
             std::mem::forget(session);
         }
     }
+}
+
+/// The failure of a release of a view that is not held.
+#[cold]
+#[inline(never)]
+fn not_held(token: u64) -> Error {
+    Error::InvalidState(format!(
+        "message {token} is not held by this consumer (already released, or not received from this channel)"
+    ))
+}
+
+/// Drops what [`Session::take_kept`] took, out of the release's line.
+#[cold]
+#[inline(never)]
+fn drop_kept(kept: Vec<Box<dyn Any + Send + Sync>>) {
+    drop(kept);
 }
 
 /// Releases a Rust message's view.
@@ -278,13 +303,9 @@ pub(crate) unsafe fn release_message(session: std::ptr::NonNull<Session>, view: 
 }
 
 impl Release for Session {
+    #[inline]
     fn release(&self, view: &RawView) -> Result<()> {
-        let not_held = || {
-            Error::InvalidState(format!(
-                "message {} is not held by this consumer (already released, or not received from this channel)",
-                view.token
-            ))
-        };
+        let not_held = || not_held(view.token);
         if view.session != self.id || view.token >= self.received.load(Ordering::Acquire) {
             return Err(not_held());
         }
