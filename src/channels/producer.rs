@@ -138,7 +138,11 @@ impl Producer {
                 other => return other,
             }
         }
-        let loan = self.loan_raw(data.len(), timeout)?;
+        if let Some(seq) = self.transport.send_fast(data) {
+            return Ok(seq);
+        }
+        // (The fast loan would fail as the fast send did.)
+        let loan = self.loan_slow(data.len(), timeout)?;
         self.fill_and_publish(loan, data)
     }
 

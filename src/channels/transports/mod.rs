@@ -515,6 +515,10 @@ impl ProducerTransport for AnyProducer {
     fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
         forward!(self, t => t.loan_fast(len))
     }
+    #[inline(always)]
+    fn send_fast(&mut self, data: &[u8]) -> Option<u64> {
+        forward!(self, t => t.send_fast(data))
+    }
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         forward!(self, t => t.loan(len, deadline))
     }

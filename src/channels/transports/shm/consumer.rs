@@ -165,26 +165,26 @@ impl ShmConsumer {
         let s = &*self.link.session;
         let next = self.link.next;
         let index = (next & s.mask) as usize;
+        // One bounds check for the message's words.
+        let slot = s.region.slot(index);
         // The second test: every slot is held by a view, so a legitimate producer cannot have
         // published more.
-        if s.region.slot(index).seq.load(Ordering::Acquire) != next + 1
-            || next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count
-        {
+        if slot.seq.load(Ordering::Acquire) != next + 1 || next - s.reclaimed.load(Ordering::Relaxed) >= s.slot_count {
             return None;
         }
-        let len_kind = s.region.slot(index).len_kind.load(Ordering::Relaxed);
+        let len_kind = slot.len_kind.load(Ordering::Relaxed);
         let len = len_kind as u32 as usize;
         let ptr = match (len_kind >> 32) as u32 {
-            KIND_INLINE if len.wrapping_sub(1) < INLINE_MAX => s.region.slot(index).inline() as *const u8,
+            KIND_INLINE if len.wrapping_sub(1) < INLINE_MAX => slot.inline() as *const u8,
             KIND_POOL => {
-                let offset = s.region.slot(index).pool_offset().load(Ordering::Relaxed);
+                let offset = slot.pool_offset().load(Ordering::Relaxed);
                 match s.region.pool_range(offset, len as u64) {
                     Some(p) if offset % POOL_ALIGN == 0 => p as *const u8,
                     _ => return None,
                 }
             }
             kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 && len.wrapping_sub(1) < INLINE_MAX => {
-                let ptr = s.region.slot(index).inline() as *const u8;
+                let ptr = slot.inline() as *const u8;
                 return Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8)));
             }
             KIND_ARENA => return self.read_arena_fast(index),

@@ -270,6 +270,14 @@ impl ShmProducer {
     /// `None` says nothing: ask [`poll_loan`](Self::poll_loan).
     #[inline(always)]
     fn loan_fast(&mut self, len: usize) -> Option<RawLoan> {
+        let pending = self.pending_fast(len)?;
+        self.loan = Some(pending);
+        Some(RawLoan { ptr: pending.ptr, len, token: pending.token })
+    }
+
+    /// The room of [`loan_fast`](Self::loan_fast), not yet recorded as the loan outstanding.
+    #[inline(always)]
+    fn pending_fast(&mut self, len: usize) -> Option<PendingLoan> {
         let due = self.sends_since_check.wrapping_add(1) % 64 == 0;
         if self.loan.is_some()
             || len == 0
@@ -299,8 +307,35 @@ impl ShmProducer {
             PendingLoan { token: self.head, ptr, len, kind: KIND_POOL, pool_offset: offset, pool_end: end }
         };
         self.sends_since_check = self.sends_since_check.wrapping_add(1);
-        self.loan = Some(pending);
-        Some(RawLoan { ptr: pending.ptr, len, token: pending.token })
+        Some(pending)
+    }
+
+    /// Publishes the first `len` bytes of `pending` (checked by the caller: 1 to its length),
+    /// the room of the next message, as that message.
+    #[inline(always)]
+    fn publish_pending(&mut self, pending: PendingLoan, len: usize) -> u64 {
+        let index = (self.head & self.mask) as usize;
+        let region = &self.region;
+        // One bounds check for the message's words.
+        let slot = region.slot(index);
+        slot.len_kind.store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
+        if pending.kind == KIND_POOL {
+            slot.pool_offset().store(pending.pool_offset, Ordering::Relaxed);
+        }
+        self.pool_ends[index] = pending.pool_end;
+        self.pool_head = pending.pool_end;
+        if pending.kind == KIND_POOL {
+            self.pool_pos = pending.pool_offset + pool_need(pending.len);
+        }
+        publish_then_check(&slot.seq, self.head + 1, self.fast_wake);
+        let seq = self.head;
+        self.head += 1;
+        wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
+        let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
+        if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
+            eventfd_signal(self.eventfd.as_fd());
+        }
+        seq
     }
 
     /// A loan if there is room now, `None` if not (no allocation: the blocking path calls
@@ -520,6 +555,16 @@ impl ProducerTransport for ShmProducer {
         ShmProducer::loan_fast(self, len)
     }
 
+    #[inline(always)]
+    fn send_fast(&mut self, data: &[u8]) -> Option<u64> {
+        let pending = self.pending_fast(data.len())?;
+        // SAFETY: the pending room is `data.len()` writable bytes of the channel's region (an
+        // inline slot or a pool range checked by `pool_range`) that nothing else writes until
+        // it is published; `data` is a separate Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pending.ptr, data.len()) };
+        Some(self.publish_pending(pending, data.len()))
+    }
+
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan> {
         loop {
             if let Some(loan) = self.poll_loan(len)? {
@@ -597,26 +642,7 @@ impl ProducerTransport for ShmProducer {
             _ => return Err(self.publish_error(len)),
         };
         self.loan = None;
-        let index = (self.head & self.mask) as usize;
-        let region = &self.region;
-        region.slot(index).len_kind.store(pack_len_kind(len as u32, pending.kind), Ordering::Relaxed);
-        if pending.kind == KIND_POOL {
-            region.slot(index).pool_offset().store(pending.pool_offset, Ordering::Relaxed);
-        }
-        self.pool_ends[index] = pending.pool_end;
-        self.pool_head = pending.pool_end;
-        if pending.kind == KIND_POOL {
-            self.pool_pos = pending.pool_offset + pool_need(pending.len);
-        }
-        publish_then_check(&region.slot(index).seq, self.head + 1, self.fast_wake);
-        let seq = self.head;
-        self.head += 1;
-        wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
-        let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
-        if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
-            eventfd_signal(self.eventfd.as_fd());
-        }
-        Ok(seq)
+        Ok(self.publish_pending(pending, len))
     }
 
     fn cancel(&mut self, loan: RawLoan) {
