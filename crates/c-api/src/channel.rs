@@ -712,6 +712,7 @@ pub unsafe extern "C" fn lf_wait_completed(channel: *mut lf_channel, sequence: u
 
 /// Hands a received view to C: CPU bytes as they are; a routed view resolved into its GPU
 /// payload, which the channel holds until `lf_release`.
+#[inline]
 fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
     if view.route().is_none() {
         let flags = if view.is_zero_copy() { LF_MESSAGE_ZERO_COPY } else { 0 };
@@ -727,6 +728,12 @@ fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf
         write_out(out, m);
         return Ok(());
     }
+    deliver_gpu(ch, consumer, view, out)
+}
+
+/// [`deliver`] of a routed view: its GPU payload, held by the channel until `lf_release`.
+#[inline(never)]
+fn deliver_gpu(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
     let payload = consumer.resolve(&view)?;
     // NULL where the host cannot map the memory.
     let data = payload.as_ptr().cast();
