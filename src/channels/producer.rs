@@ -132,6 +132,18 @@ impl Producer {
     /// Rust code uses the typed methods.
     #[doc(hidden)]
     pub fn send_within(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
+        // Too short to go by reference: copied into the room there is now, if there is.
+        if data.len() < AUTO_ZERO_COPY_MIN {
+            if let Some(seq) = self.transport.send_fast(data) {
+                return Ok(seq);
+            }
+        }
+        self.send_within_slow(data, timeout)
+    }
+
+    /// [`send_within`](Self::send_within) of anything but a short message that fits now.
+    #[inline(never)]
+    fn send_within_slow(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
         if let Some((memory, offset)) = self.shareable(data) {
             match self.send_shared(memory, offset, data.len(), timeout) {
                 Err(Error::Unsupported(_)) => {}
