@@ -569,7 +569,7 @@ impl ConsumerTransport for ShmConsumer {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn release(&mut self, view: &RawView) -> Result<()> {
         let session = &self.link.session;
         if view.session == session.id {

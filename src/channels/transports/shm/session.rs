@@ -303,7 +303,7 @@ pub(crate) unsafe fn release_message(session: std::ptr::NonNull<Session>, view: 
 }
 
 impl Release for Session {
-    #[inline]
+    #[inline(always)]
     fn release(&self, view: &RawView) -> Result<()> {
         let not_held = || not_held(view.token);
         if view.session != self.id || view.token >= self.received.load(Ordering::Acquire) {
