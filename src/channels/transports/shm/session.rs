@@ -196,7 +196,7 @@ impl Session {
     /// own release, so no release is left unreclaimed (a "someone else will do it" hand-off
     /// would need a StoreLoad fence). Returns whether this was the last view of an orphaned
     /// session, which the caller must then drop. The unlock is this call's last access.
-    #[inline]
+    #[inline(always)]
     fn mark_released(&self, token: u64) -> bool {
         let locked = self.messages_out.load(Ordering::Relaxed);
         if locked {
