@@ -185,12 +185,12 @@ impl ShmConsumer {
             }
             kind if kind & 0xff == KIND_ROUTED && kind >> 16 == 0 && len.wrapping_sub(1) < INLINE_MAX => {
                 let ptr = slot.inline() as *const u8;
-                return Some(self.hand_out(index, ptr, len, RawView::routed_flags(kind >> 8)));
+                return Some(self.hand_out(ptr, len, RawView::routed_flags(kind >> 8)));
             }
             KIND_ARENA => return self.read_arena_fast(index),
             _ => return None,
         };
-        Some(self.hand_out(index, ptr, len, 0))
+        Some(self.hand_out(ptr, len, 0))
     }
 
     /// A buffer send into the arena the last one named, checked as
@@ -205,7 +205,7 @@ impl ShmConsumer {
         // SAFETY: offset + len <= the mapping's length, checked above.
         let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
         self.link.session.arena_holds()[index].set(Arc::clone(mapping));
-        Some(self.hand_out(index, ptr, len as usize, RawView::ZERO_COPY))
+        Some(self.hand_out(ptr, len as usize, RawView::ZERO_COPY))
     }
 
     /// The next message if one is waiting (`Ok(None)` if not), or why the slot is invalid.
@@ -244,15 +244,15 @@ impl ShmConsumer {
                 (s.region.slot(index).inline() as *const u8, len, RawView::routed_flags(route))
             }
         };
-        Ok(Some(self.hand_out(index, ptr, len, flags)))
+        Ok(Some(self.hand_out(ptr, len, flags)))
     }
 
     /// Records that message `next` is held by a view of `len` bytes at `ptr`, and hands it out.
     #[inline(always)]
-    fn hand_out(&mut self, index: usize, ptr: *const u8, len: usize, flags: u64) -> RawView {
+    fn hand_out(&mut self, ptr: *const u8, len: usize, flags: u64) -> RawView {
         let s = &*self.link.session;
         let next = self.link.next;
-        let record = &s.views[index];
+        let record = s.view(next);
         record.ptr.store(ptr as usize, Ordering::Relaxed);
         record.len.store(len, Ordering::Relaxed);
         record.state.store(next << 1 | 1, Ordering::Release);
@@ -290,7 +290,7 @@ impl ShmConsumer {
         let ptr = unsafe { mapping.as_ptr().add(offset as usize) } as *const u8;
         let len = len as usize;
         self.link.session.arena_holds()[index].set(mapping);
-        Ok(Some(self.hand_out(index, ptr, len, RawView::ZERO_COPY)))
+        Ok(Some(self.hand_out(ptr, len, RawView::ZERO_COPY)))
     }
 
     /// Reads the producer's control records waiting on the socket, without blocking: until

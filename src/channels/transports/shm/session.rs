@@ -74,8 +74,9 @@ pub(crate) struct Session {
     pub(super) region: Region,
     pub(super) mask: u64,
     pub(super) slot_count: u64,
-    /// Per slot: the view that holds it, in one cache line per slot's record.
-    pub(super) views: Box<[ViewRecord]>,
+    /// Per slot: the view that holds it, in one cache line per slot's record. A power-of-two
+    /// number of them (see [`Session::view`]), set once by `new`.
+    views: Box<[ViewRecord]>,
     /// Messages received (next sequence number to read).
     pub(super) received: AtomicU64,
     /// Messages released in order (mirrors the shared tail, which only we write).
@@ -109,6 +110,8 @@ pub(crate) struct Session {
 impl Session {
     pub(super) fn new(id: u64, region: Region, data_fast_wake: bool, room_fast_wake: bool) -> Self {
         let slot_count = u64::from(region.geometry.slot_count);
+        // (A region's geometry is checked when made; `view` relies on it.)
+        assert!(slot_count.is_power_of_two(), "a channel's slot count is a power of two, not {slot_count}");
         let n = slot_count as usize;
         Session {
             id,
@@ -127,6 +130,15 @@ impl Session {
             kept: Mutex::new(Vec::new()),
             has_kept: AtomicBool::new(false),
         }
+    }
+
+    /// The record of the slot of message `seq` (`seq` modulo the slot count).
+    #[inline(always)]
+    pub(super) fn view(&self, seq: u64) -> &ViewRecord {
+        let index = seq as usize & (self.views.len() - 1);
+        // SAFETY: `views` has a power-of-two length (asserted in `new`, and the private field
+        // is never replaced), so masking with length - 1 gives an index below the length.
+        unsafe { self.views.get_unchecked(index) }
     }
 
     /// Asks the producer to signal the eventfd at its next message. Call before re-checking
@@ -202,11 +214,11 @@ impl Session {
         if locked {
             self.lock();
         }
-        self.views[(token & self.mask) as usize].state.store(token << 1, Ordering::Release);
+        self.view(token).state.store(token << 1, Ordering::Release);
         let start = self.reclaimed.load(Ordering::Relaxed);
         let received = self.received.load(Ordering::Acquire);
         let mut tail = start;
-        while tail < received && self.views[(tail & self.mask) as usize].state.load(Ordering::Acquire) == tail << 1 {
+        while tail < received && self.view(tail).state.load(Ordering::Acquire) == tail << 1 {
             tail += 1;
         }
         if tail != start {
@@ -309,7 +321,7 @@ impl Release for Session {
         if view.session != self.id || view.token >= self.received.load(Ordering::Acquire) {
             return Err(not_held());
         }
-        let record = &self.views[(view.token & self.mask) as usize];
+        let record = self.view(view.token);
         // A plain check-then-store is enough: each slot has one view, a Rust Message releases
         // once, and C releases are serialised by the channel's lock.
         if record.state.load(Ordering::Acquire) != view.token << 1 | 1
