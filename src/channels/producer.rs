@@ -411,8 +411,14 @@ impl Producer {
         // SAFETY: a CPU buffer's memory is mapped in this process for its whole length, and
         // `check_range` showed that `len` bytes at `offset` lie inside it.
         let bytes = unsafe { std::slice::from_raw_parts(buffer.as_ptr().add(offset), len) };
-        let loan = self.loan_raw(len, timeout)?;
-        let seq = self.fill_and_publish(loan, bytes)?;
+        let seq = match self.transport.send_fast(bytes) {
+            Some(seq) => seq,
+            // (The fast loan would fail as the fast send did.)
+            None => {
+                let loan = self.loan_slow(len, timeout)?;
+                self.fill_and_publish(loan, bytes)?
+            }
+        };
         self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] = seq + 1;
         Ok(seq)
     }
