@@ -536,6 +536,7 @@ pub unsafe extern "C" fn lf_send_buffer_after(
     })
 }
 
+#[inline(always)]
 fn send_buffer(
     channel: *mut lf_channel,
     buffer: *const lf_buffer,
