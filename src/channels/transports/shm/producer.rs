@@ -680,7 +680,11 @@ impl ProducerTransport for ShmProducer {
 
     fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
         self.check_region(region, offset, len)?;
-        let loan = self.try_loan(1)?;
+        // A buffer send needs a slot and no pool: a one-byte loan asks for exactly that.
+        let loan = match self.loan_fast(1) {
+            Some(loan) => loan,
+            None => self.try_loan(1)?,
+        };
         self.publish_region(loan, region, offset, len)
     }
 
