@@ -260,6 +260,7 @@ impl Producer {
 
     /// Waits until message `seq` has been released by the consumer (a short buffer send, copied
     /// at send, is complete at once).
+    #[inline]
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
         // Without a look at the consumer's side: complete by the last look, or copied at send.
         if seq < self.transport.completed_hint()
@@ -267,6 +268,12 @@ impl Producer {
         {
             return Ok(());
         }
+        self.wait_completed_slow(seq, timeout)
+    }
+
+    /// [`wait_completed`](Self::wait_completed) of a message not known to be complete.
+    #[inline(never)]
+    fn wait_completed_slow(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
         // One look at the consumer's side before the clock is read for a wait.
         if matches!(self.transport.completed(), Ok(done) if seq < done) {
             return Ok(());
