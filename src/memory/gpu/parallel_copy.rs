@@ -122,10 +122,12 @@ impl Crew {
         }
     }
 
+    /// Posts a copy to the workers and returns at once; dropping the [`Started`] joins it.
+    ///
     /// # Safety
-    /// As [`copy`].
-    unsafe fn copy(&self, src: *const u8, dst: *mut u8, len: usize, stores: Stores) {
-        let _one_at_a_time = self.busy.lock();
+    /// As [`copy`], until the copy is finished.
+    unsafe fn start(&'static self, src: *const u8, dst: *mut u8, len: usize, stores: Stores) -> Started {
+        let one_at_a_time = self.busy.lock();
         let chunk = len.div_ceil(self.threads).next_multiple_of(CHUNK_MIN).clamp(CHUNK_MIN, CHUNK);
         let job = Arc::new(Job {
             src: src as usize,
@@ -144,16 +146,31 @@ impl Crew {
             self.generation.store(posted.0, Ordering::Release);
         }
         self.wake.notify_all();
-        job.run();
-        // The last chunks other threads took: at most one chunk's copy each.
-        while job.done.load(Ordering::Acquire) < job.chunks {
-            std::hint::spin_loop();
-        }
-        self.posted.lock().1 = None;
+        Started { crew: self, job, _one_at_a_time: one_at_a_time }
     }
 }
 
-fn crew() -> &'static Arc<Crew> {
+/// A copy posted to the crew: the workers copy its chunks until it is dropped, when the
+/// caller copies what is left and waits for the rest. It must be dropped while both ranges
+/// are live (forgetting it breaks [`start_with`]'s contract).
+pub(crate) struct Started {
+    crew: &'static Crew,
+    job: Arc<Job>,
+    _one_at_a_time: parking_lot::MutexGuard<'static, ()>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.job.run();
+        // The last chunks other threads took: at most one chunk's copy each.
+        while self.job.done.load(Ordering::Acquire) < self.job.chunks {
+            std::hint::spin_loop();
+        }
+        self.crew.posted.lock().1 = None;
+    }
+}
+
+fn crew() -> &'static Crew {
     static CREW: OnceLock<Arc<Crew>> = OnceLock::new();
     CREW.get_or_init(|| {
         let threads = copy_threads();
@@ -195,18 +212,33 @@ pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
 /// # Safety
 /// As [`copy`].
 pub(crate) unsafe fn copy_with(src: *const u8, dst: *mut u8, len: usize, stores: Stores, parallel_min: usize) {
+    // SAFETY: as this function's contract; the copy is finished when the result drops, here.
+    drop(unsafe { start_with(src, dst, len, stores, parallel_min) });
+}
+
+/// [`copy_with`], but a copy shared out among the crew is only started: the workers copy
+/// while the caller goes on, and dropping the [`Started`] has the caller copy what is left and
+/// wait for the rest. A copy too small to share is made at once (`None`).
+///
+/// # Safety
+/// As [`copy`], until the copy is finished.
+pub(crate) unsafe fn start_with(
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    stores: Stores,
+    parallel_min: usize,
+) -> Option<Started> {
     // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
     // the unsafe operations below rely on.
     unsafe {
-        if len < parallel_min.max(2 * CHUNK_MIN) {
-            copy_one(src, dst, len, stores);
-            return;
-        }
-        let crew = crew();
-        if crew.threads == 1 {
-            copy_one(src, dst, len, stores);
-        } else {
-            crew.copy(src, dst, len, stores);
+        let crew = if len < parallel_min.max(2 * CHUNK_MIN) { None } else { Some(crew()) };
+        match crew {
+            Some(crew) if crew.threads > 1 => Some(crew.start(src, dst, len, stores)),
+            _ => {
+                copy_one(src, dst, len, stores);
+                None
+            }
         }
     }
 }
@@ -302,14 +334,14 @@ mod tests {
 
     #[test]
     fn a_crew_of_threads_shares_the_chunks() {
-        let crew = Crew::new(3);
+        let crew: &'static Crew = Box::leak(Box::new(Crew::new(3)));
         let len = 40 * CHUNK + 5;
         let src: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
         let mut dst = vec![0u8; len];
         for _ in 0..20 {
             dst.fill(0);
             // SAFETY: both vectors are `len` long and distinct.
-            unsafe { crew.copy(src.as_ptr(), dst.as_mut_ptr(), len, Stores::Streaming) };
+            drop(unsafe { crew.start(src.as_ptr(), dst.as_mut_ptr(), len, Stores::Streaming) });
             assert!(dst == src);
         }
     }

@@ -371,9 +371,10 @@ impl Submitter {
     }
 
     /// Moves `len` bytes between host memory at `host` and `buffer` from `buffer_offset`,
-    /// through the staging slots in pieces: while the GPU copies one piece, the host copies
-    /// the next (to the device) or the previous one (to the host). Returns once every piece
-    /// is in place.
+    /// through the staging slots in pieces ([`piece_len`]): while the GPU copies one piece,
+    /// the copy threads copy the next one in (to the device) or the one before out (to the
+    /// host), and this thread submits the GPU's next copy meanwhile. Returns once every piece
+    /// is in place; after an error, once every piece submitted has finished.
     ///
     /// # Safety
     /// `host` is valid for `len` bytes (readable for `ToDevice`, writable for `ToHost`) and
@@ -388,65 +389,119 @@ impl Submitter {
         len: usize,
         direction: Direction,
     ) -> Result<()> {
-        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
-        // the unsafe operations below rely on.
-        unsafe {
-            if self.hung {
-                return Err(Error::InvalidState(format!(
-                    "an earlier transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}; the device is unusable",
-                    device.info().name
-                )));
-            }
-            let chunk = self.ensure_staging(device, len as u64)? as usize;
-            // Pieces submitted and not yet waited for, oldest first: (slot, start, len).
-            let mut in_flight = std::collections::VecDeque::with_capacity(STAGING_SLOTS);
-            let mut result = Ok(());
-            let mut start = 0;
-            let mut piece = 0;
-            while start < len {
-                let slot = piece % STAGING_SLOTS;
-                if in_flight.len() == STAGING_SLOTS {
-                    let oldest = in_flight.pop_front().expect("full");
-                    if let Err(e) = self.finish_piece(device, oldest, host, direction) {
-                        result = Err(e);
-                        break;
+        if self.hung {
+            return Err(Error::InvalidState(format!(
+                "an earlier transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}; the device is unusable",
+                device.info().name
+            )));
+        }
+        let size = self.ensure_staging(device, len as u64)? as usize;
+        let slot_ptrs: Vec<*mut u8> = self.staging.iter().map(|s| s.ptr.as_ptr()).collect();
+        let slots = slot_ptrs.len();
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < len {
+            let n = piece_len(pieces.len(), len - at, size);
+            pieces.push((at, n));
+            at += n;
+        }
+        let count = pieces.len();
+        // Piece k's host copy, started on the copy threads: into its slot, or out of it.
+        let host_copy = |k: usize| {
+            let (at, n) = pieces[k];
+            let slot = slot_ptrs[k % slots];
+            // SAFETY: the piece lies in the host range (the caller's contract) and fits its
+            // slot, which no GPU copy uses (the pipeline below waits for the slot's last one
+            // first); the copy is joined before the slot is submitted or the call returns.
+            unsafe {
+                match direction {
+                    // Ordinary stores: the GPU then reads the piece from the host's cache
+                    // (streaming stores, which send it to memory first, made 256 MiB transfers
+                    // slower on the H200 host: 0.57-0.62x pinned, against 0.80-0.81x).
+                    Direction::ToDevice => {
+                        parallel_copy::start_with(host.add(at), slot, n, Stores::Cached, PIECE_PARALLEL_MIN)
+                    }
+                    // Streaming stores, as the GPU's own writes to host memory: they do not read
+                    // each line of the destination first (256 MiB on the H200 host: 0.84-0.85x
+                    // pinned, against 0.70-0.74x with ordinary stores).
+                    Direction::ToHost => {
+                        parallel_copy::start_with(slot, host.add(at), n, Stores::Streaming, PIECE_PARALLEL_MIN)
                     }
                 }
-                let n = piece_len(piece, len - start, chunk);
-                if let Err(e) = self.submit_piece(
-                    device,
-                    slot,
-                    (buffer, buffer_offset + start as u64),
-                    host.add(start),
-                    n,
-                    direction,
-                ) {
-                    result = Err(e);
-                    break;
-                }
-                in_flight.push_back((slot, start, n));
-                start += n;
-                piece += 1;
             }
-            // Every piece submitted is waited for, even after an error: the slots must be idle.
-            while let Some(piece) = in_flight.pop_front() {
-                let finished = self.finish_piece(device, piece, host, direction);
-                if result.is_ok() {
-                    result = finished;
+        };
+        let submit = |this: &mut Self, k: usize| {
+            let (at, n) = pieces[k];
+            // SAFETY: the piece lies in the buffer's range (the caller's contract) and its slot
+            // is idle (the pipeline's order).
+            unsafe { this.submit_piece(device, k % slots, (buffer, buffer_offset + at as u64), n, direction) }
+        };
+        let (mut submitted, mut waited) = (0, 0);
+        let mut result = Ok(());
+        match direction {
+            Direction::ToDevice => {
+                drop(host_copy(0));
+                for k in 0..count {
+                    let next = k + 1;
+                    // The next piece's slot is free once the piece before it there is done.
+                    while next < count && waited + slots <= next && result.is_ok() {
+                        result = self.finish_piece(device, waited % slots);
+                        waited += 1;
+                    }
+                    if result.is_err() {
+                        break;
+                    }
+                    let copying = if next < count { host_copy(next) } else { None };
+                    result = submit(self, k);
+                    drop(copying);
+                    if result.is_err() {
+                        break;
+                    }
+                    submitted += 1;
                 }
             }
-            result
+            Direction::ToHost => {
+                while submitted < slots.min(count) && result.is_ok() {
+                    result = submit(self, submitted);
+                    submitted += usize::from(result.is_ok());
+                }
+                for k in 0..count {
+                    if result.is_err() {
+                        break;
+                    }
+                    result = self.finish_piece(device, k % slots);
+                    waited += 1;
+                    if result.is_err() {
+                        break;
+                    }
+                    let copying = host_copy(k);
+                    // The slot of piece k - 1, copied out already, takes its next piece meanwhile.
+                    if k >= 1 && submitted == k - 1 + slots && submitted < count {
+                        result = submit(self, submitted);
+                        submitted += usize::from(result.is_ok());
+                    }
+                    drop(copying);
+                }
+            }
         }
+        // Every piece submitted is waited for, even after an error: the slots must be idle.
+        while waited < submitted {
+            let finished = self.finish_piece(device, waited % slots);
+            if result.is_ok() {
+                result = finished;
+            }
+            waited += 1;
+        }
+        result
     }
 
-    /// Submits one piece's GPU copy on its slot (after copying the host bytes in, to the
-    /// device).
+    /// Submits one piece's GPU copy on its slot, which is idle and (to the device) holds the
+    /// piece's bytes.
     unsafe fn submit_piece(
         &mut self,
         device: &VulkanDevice,
         slot: usize,
         (buffer, offset): (vk::Buffer, u64),
-        host: *mut u8,
         len: usize,
         direction: Direction,
     ) -> Result<()> {
@@ -456,13 +511,7 @@ impl Submitter {
             let d = &device.shared.device;
             let s = &self.staging[slot];
             let region = [match direction {
-                Direction::ToDevice => {
-                    // Ordinary stores: the GPU then reads the piece from the host's cache
-                    // (streaming stores, which send it to memory first, made 256 MiB
-                    // transfers slower on the H200 host: 0.57-0.62x pinned, against 0.80-0.81x).
-                    parallel_copy::copy_with(host, s.ptr.as_ptr(), len, Stores::Cached, PIECE_PARALLEL_MIN);
-                    vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 }
-                }
+                Direction::ToDevice => vk::BufferCopy { src_offset: 0, dst_offset: offset, size: len as u64 },
                 Direction::ToHost => vk::BufferCopy { src_offset: offset, dst_offset: 0, size: len as u64 },
             }];
             let cmd = s.cmd;
@@ -514,40 +563,18 @@ impl Submitter {
         }
     }
 
-    /// Waits for a submitted piece (and copies its bytes out, to the host).
-    unsafe fn finish_piece(
-        &mut self,
-        device: &VulkanDevice,
-        (slot, start, len): (usize, usize, usize),
-        host: *mut u8,
-        direction: Direction,
-    ) -> Result<()> {
-        // SAFETY: the caller keeps this function's contract (its doc comment), which is all that
-        // the unsafe operations below rely on.
-        unsafe {
-            let d = &device.shared.device;
-            let s = &self.staging[slot];
-            match wait_fence(d, s.fence) {
-                Ok(()) => {}
-                Err(r) => {
-                    self.hung = true;
-                    return Err(match r {
-                        vk::Result::TIMEOUT => Error::Timeout(format!(
-                            "a transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}",
-                            device.info().name
-                        )),
-                        r => vk_err("vkWaitForFences")(r),
-                    });
-                }
+    /// Waits for the piece last submitted on `slot`.
+    fn finish_piece(&mut self, device: &VulkanDevice, slot: usize) -> Result<()> {
+        wait_fence(&device.shared.device, self.staging[slot].fence).map_err(|r| {
+            self.hung = true;
+            match r {
+                vk::Result::TIMEOUT => Error::Timeout(format!(
+                    "a transfer on Vulkan device {} did not finish within {FENCE_TIMEOUT:?}",
+                    device.info().name
+                )),
+                r => vk_err("vkWaitForFences")(r),
             }
-            if direction == Direction::ToHost {
-                // Streaming stores, as the GPU's own writes to host memory: they do not read
-                // each line of the destination first (256 MiB on the H200 host: 0.84-0.85x
-                // pinned, against 0.70-0.74x with ordinary stores).
-                parallel_copy::copy_with(s.ptr.as_ptr(), host.add(start), len, Stores::Streaming, PIECE_PARALLEL_MIN);
-            }
-            Ok(())
-        }
+        })
     }
 
     /// The copy shader's pipelines, made on first use; why they cannot be made otherwise.
