@@ -52,6 +52,8 @@ use crate::error::{Error, Result};
 const STAGING_CHUNK: u64 = 8 << 20;
 const STAGING_MIN: u64 = 1 << 20;
 const STAGING_SLOTS: usize = 4;
+// The pipeline copies one piece into a slot while the GPU copies another out of the one before.
+const _: () = assert!(STAGING_SLOTS >= 2);
 /// The smallest piece of a staged transfer (but its last), and the copy size from which a
 /// piece's host copy is shared out among the copy threads.
 const PIECE_MIN: usize = 1 << 20;
