@@ -44,13 +44,14 @@ pub const GPU_COPY: EnvVar = EnvVar {
     feature: Some("vulkan"),
 };
 
-/// `LF_COPY_THREADS`: how many threads make large host copies of GPU transfers.
+/// `LF_COPY_THREADS`: how many threads make large host copies.
 pub const COPY_THREADS: EnvVar = EnvVar {
     name: "LF_COPY_THREADS",
     default: "8, at most the cores this process may use",
-    meaning: "how many threads make the host copies of large GPU transfers, the calling thread included (1: \
-              the calling thread alone)",
-    feature: Some("vulkan"),
+    meaning: "how many threads make large host copies, the calling thread included (1: the calling thread \
+              alone): those of GPU transfers, and the copy a send makes of a message of 2 MiB or more into a \
+              shared-memory channel (where the process may run on 4 cores or more, or wherever this is set)",
+    feature: None,
 };
 
 /// `LF_DISABLE_CUDA`: keeps lava-flow from loading the CUDA driver.
@@ -264,6 +265,7 @@ mod tests {
             (crate::types::HOST_ID_ENV, &HOST_ID),
             (crate::mpi::PROCESS_NAME_ENV, &PROCESS_NAME),
             (crate::logging::LOG_LEVEL_ENV, &LOG_LEVEL),
+            (crate::memory::COPY_THREADS_ENV, &COPY_THREADS),
         ];
         #[cfg(feature = "vulkan")]
         {
@@ -271,7 +273,6 @@ mod tests {
             read.extend([
                 (gpu::DEVICE_ENV, &VULKAN_DEVICE),
                 (gpu::GPU_COPY_ENV, &GPU_COPY),
-                (gpu::COPY_THREADS_ENV, &COPY_THREADS),
                 (gpu::DISABLE_CUDA_ENV, &DISABLE_CUDA),
             ]);
         }

@@ -196,8 +196,8 @@ impl Producer {
     #[inline]
     fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {
         // SAFETY: the loan is `data.len()` writable bytes of the channel's region that nothing
-        // else writes until it is published; `data` is a separate Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), loan.ptr, data.len()) };
+        // else writes (or reads) until it is published; `data` is a separate Rust slice.
+        unsafe { crate::os::parallel_copy::copy_message(data.as_ptr(), loan.ptr, data.len()) };
         self.transport.publish(loan, data.len())
     }
 

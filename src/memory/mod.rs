@@ -50,7 +50,8 @@
 //! Inside `gpu`, the device knows none of the modules that use it:
 //!
 //! ```text
-//! transfer -> shader_copy, semaphore, parallel_copy, allocator, arena, copy_method, device
+//! transfer -> shader_copy, semaphore, allocator, arena, copy_method, device (and the OS layer's
+//! parallel copy)
 //! import -> export -> allocator -> arena -> device -> copy_method
 //! host_import -> allocator, arena, device
 //! semaphore, shader_copy -> device
@@ -75,6 +76,7 @@ pub mod registry;
 mod suballocator;
 mod token;
 
+pub use crate::os::parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use allocator::auto_location;
 pub use arena::SharedArena;
 pub use buffer::Buffer;

@@ -10,6 +10,7 @@ pub mod futex;
 pub mod mapping;
 pub mod membarrier;
 pub mod memfd;
+pub(crate) mod parallel_copy;
 pub mod watcher;
 
 pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds};

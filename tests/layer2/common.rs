@@ -67,9 +67,15 @@ pub fn scratch_dir() -> tempfile::TempDir {
 
 /// Starts `test` in a child process as `role`, with arguments as `LF_TEST_ARG_*`.
 pub fn spawn(test: &str, role: &str, dir: &Path, args: &[(&str, String)]) -> Child {
+    spawn_with_env(test, role, dir, args, &[])
+}
+
+/// [`spawn`], with `env` set in the child's environment as well.
+fn spawn_with_env(test: &str, role: &str, dir: &Path, args: &[(&str, String)], env: &[(&str, &str)]) -> Child {
     let mut envs: Vec<(&str, String)> = vec![("LF_RUNTIME_DIR", dir.display().to_string())];
     let named: Vec<(String, String)> = args.iter().map(|(k, v)| (format!("LF_TEST_ARG_{k}"), v.clone())).collect();
     envs.extend(named.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    envs.extend(env.iter().map(|&(k, v)| (k, v.to_string())));
     Spawn { test, role, envs: &envs, socket: false, capture_stderr: false }.start().0
 }
 
@@ -221,9 +227,14 @@ pub fn run_pair(test: &str, dir_name: &str) {
 /// Runs `test`'s consumer and producer roles with `args`, in a fresh runtime dir that must be
 /// left empty.
 pub fn run_pair_with(test: &str, dir_name: &str, args: &[(&str, String)]) {
+    run_pair_producer_env(test, dir_name, args, &[]);
+}
+
+/// [`run_pair_with`], with `producer_env` set in the producer's environment.
+pub fn run_pair_producer_env(test: &str, dir_name: &str, args: &[(&str, String)], producer_env: &[(&str, &str)]) {
     let dir = test_dir(dir_name);
     let c = spawn(test, "consumer", &dir, args);
-    let p = spawn(test, "producer", &dir, args);
+    let p = spawn_with_env(test, "producer", &dir, args, producer_env);
     wait_ok(p, "producer");
     wait_ok(c, "consumer");
     assert_dir_empty(&dir);

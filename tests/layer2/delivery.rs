@@ -225,3 +225,36 @@ fn views_released_from_many_threads_in_any_order() {
         None => run_pair(TEST, "threads"),
     }
 }
+
+/// Copied messages of 2 MiB and more go into the pool through the copy crew (forced here by
+/// `LF_COPY_THREADS`, whatever the machine's cores): every byte arrives, in order, at sizes
+/// that do not divide into the crew's chunks, between small messages.
+#[test]
+fn large_copied_messages_arrive_whole() {
+    const TEST: &str = "delivery::large_copied_messages_arrive_whole";
+    const SIZES: [usize; 6] = [2 << 20, (2 << 20) + 17, (5 << 20) + 4093, 64, (12 << 20) - 1, 3 << 20];
+    const COUNT: u64 = 30;
+    let wait = WaitStrategy::BusyPoll;
+    let size = |seq: u64| SIZES[seq as usize % SIZES.len()];
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "large", &here(), &here(), &config(wait)).unwrap();
+            let mut scratch = vec![0u8; 12 << 20];
+            for seq in 0..COUNT {
+                message_into(&mut scratch[..size(seq)], seq);
+                assert_eq!(p.send(&scratch[..size(seq)]).unwrap(), seq);
+            }
+            p.wait_completed(COUNT - 1, Some(Duration::from_secs(60))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "large", &here(), &here(), &config(wait)).unwrap();
+            for seq in 0..COUNT {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                assert_eq!(m.len(), size(seq));
+                check(&m, seq);
+            }
+        }
+        Some(_) => {}
+        None => run_pair_producer_env(TEST, "large", &[], &[("LF_COPY_THREADS", "3")]),
+    }
+}

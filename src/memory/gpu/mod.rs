@@ -42,7 +42,6 @@ mod device;
 mod export;
 mod host_import;
 mod import;
-mod parallel_copy;
 mod semaphore;
 mod shader_copy;
 mod transfer;
@@ -59,7 +58,6 @@ pub use device::{
 pub use export::{GpuExport, GpuExportDesc, GPU_EXPORT_DEDICATED, GPU_EXPORT_MAGIC, GPU_EXPORT_VERSION};
 pub use host_import::{import_host_memory, HostMemoryImport};
 pub use import::GpuImporter;
-pub use parallel_copy::{copy_threads, COPY_THREADS_ENV};
 pub use semaphore::{probe_semaphore_sharing, TimelineSemaphore};
 pub use transfer::{
     chosen_copy_method, copies_by_cuda, copy_buffer, copy_buffer_timed, copy_buffer_timed_with, copy_buffer_waiting,

@@ -37,10 +37,10 @@ use super::arena;
 use super::copy_method::{CopyMethod, GPU_COPY_ENV};
 use super::cuda::{cuda_copy, cuda_in_use, CudaArena};
 use super::device::{vk_err, DeviceState, DeviceType, VulkanDevice};
-use super::parallel_copy::{self, Stores};
 use super::semaphore::TimelineSemaphore;
 use super::shader_copy::{self, ShaderCopy, SETS_PER_SUBMIT};
 use crate::error::{Error, Result};
+use crate::os::parallel_copy::{self, Stores};
 
 /// Staged transfers go through `STAGING_SLOTS` host-visible buffers of up to `STAGING_CHUNK`
 /// bytes each, in pieces, so that the host's copy of one piece overlaps the GPU's copy of the

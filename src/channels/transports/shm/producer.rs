@@ -559,9 +559,9 @@ impl ProducerTransport for ShmProducer {
     fn send_fast(&mut self, data: &[u8]) -> Option<u64> {
         let pending = self.pending_fast(data.len())?;
         // SAFETY: the pending room is `data.len()` writable bytes of the channel's region (an
-        // inline slot or a pool range checked by `pool_range`) that nothing else writes until
-        // it is published; `data` is a separate Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pending.ptr, data.len()) };
+        // inline slot or a pool range checked by `pool_range`) that nothing else writes (or
+        // reads) until it is published; `data` is a separate Rust slice.
+        unsafe { crate::os::parallel_copy::copy_message(data.as_ptr(), pending.ptr, data.len()) };
         Some(self.publish_pending(pending, data.len()))
     }
 

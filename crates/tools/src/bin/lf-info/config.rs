@@ -20,9 +20,8 @@ fn resolved(setting: &Setting) -> Option<String> {
             Err(e) => format!("error: {e}"),
         });
     }
-    #[cfg(feature = "vulkan")]
     if var.name == env::COPY_THREADS.name {
-        return Some(lava_flow::memory::gpu::copy_threads().to_string());
+        return Some(lava_flow::memory::copy_threads().to_string());
     }
     None
 }

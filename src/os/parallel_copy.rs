@@ -1,9 +1,12 @@
-//! Host copies of GPU transfers on several cores: one core's `memcpy` moves 10-15 GB/s, a
-//! PCIe Gen5 link 50. Large pieces are cut into chunks that a small crew of threads (made
-//! on first use, kept for the process) and the calling thread copy together.
+//! Large host copies on several cores: one core's `memcpy` moves 10-15 GB/s, a PCIe Gen5 link
+//! 50 and a server's memory several times that. Large copies are cut into chunks that a small
+//! crew of threads (made on first use, kept for the process) and the calling thread copy
+//! together: the host side of GPU transfers, and what a send copies into a shared-memory
+//! channel ([`copy_message`]).
 //!
 //! `LF_COPY_THREADS` sets how many threads copy, the caller included (default: 8, at most
-//! the cores this process may use; 1 copies on the calling thread alone).
+//! the cores this process may use; 1 copies on the calling thread alone). One copy at a time
+//! has the crew: a copy that finds it busy is made on its own thread.
 //!
 //! A copy into memory that the CPU will not read next (a staging buffer the GPU reads) can
 //! write with streaming stores ([`Stores::Streaming`]), which skip the cache: an ordinary
@@ -20,6 +23,10 @@ pub const COPY_THREADS_ENV: &str = crate::env::COPY_THREADS.name;
 const DEFAULT_THREADS: usize = 8;
 /// Copies below this go on the calling thread alone: waking the crew costs microseconds.
 const PARALLEL_MIN: usize = 2 << 20;
+/// The fewest cores on which a channel's message is copied by the crew unless
+/// `LF_COPY_THREADS` asks for it: on fewer, the crew would take the core of the process that
+/// receives it.
+const MESSAGE_PARALLEL_CORES: usize = 4;
 /// How long an idle worker polls for the next job before it sleeps.
 const WORKER_SPIN: Duration = Duration::from_micros(300);
 /// The most one thread takes at a time; a copy of less than this per thread is shared out
@@ -32,6 +39,8 @@ const CHUNK_MIN: usize = 64 << 10;
 pub(crate) enum Stores {
     /// Ordinary stores: the destination ends up in the cache.
     Cached,
+    // (Only GPU transfers write with streaming stores.)
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     /// Streaming (non-temporal) stores, which bypass the cache and do not read the lines
     /// they write: for destinations the CPU does not read next.
     Streaming,
@@ -123,11 +132,12 @@ impl Crew {
     }
 
     /// Posts a copy to the workers and returns at once; dropping the [`Started`] joins it.
+    /// `None` when another copy has the crew.
     ///
     /// # Safety
     /// As [`copy`], until the copy is finished.
-    unsafe fn start(&'static self, src: *const u8, dst: *mut u8, len: usize, stores: Stores) -> Started {
-        let one_at_a_time = self.busy.lock();
+    unsafe fn start(&'static self, src: *const u8, dst: *mut u8, len: usize, stores: Stores) -> Option<Started> {
+        let one_at_a_time = self.busy.try_lock()?;
         let chunk = len.div_ceil(self.threads).next_multiple_of(CHUNK_MIN).clamp(CHUNK_MIN, CHUNK);
         let job = Arc::new(Job {
             src: src as usize,
@@ -146,7 +156,7 @@ impl Crew {
             self.generation.store(posted.0, Ordering::Release);
         }
         self.wake.notify_all();
-        Started { crew: self, job, _one_at_a_time: one_at_a_time }
+        Some(Started { crew: self, job, _one_at_a_time: one_at_a_time })
     }
 }
 
@@ -182,7 +192,7 @@ fn crew() -> &'static Crew {
                 );
             }
         }
-        log::debug!("host transfers of GPU memory copy on {threads} thread(s), the caller included");
+        log::debug!("large host copies are made on {threads} thread(s), the caller included");
         Crew::new(threads)
     })
 }
@@ -202,6 +212,7 @@ pub fn copy_threads() -> usize {
 /// # Safety
 /// `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
 /// nothing else writes them (or reads `dst`) during the call.
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: as this function's contract.
     unsafe { copy_with(src, dst, len, Stores::Cached, PARALLEL_MIN) }
@@ -233,12 +244,44 @@ pub(crate) unsafe fn start_with(
     // the unsafe operations below rely on.
     unsafe {
         let crew = if len < parallel_min.max(2 * CHUNK_MIN) { None } else { Some(crew()) };
-        match crew {
-            Some(crew) if crew.threads > 1 => Some(crew.start(src, dst, len, stores)),
-            _ => {
-                copy_one(src, dst, len, stores);
-                None
-            }
+        let started = match crew {
+            Some(crew) if crew.threads > 1 => crew.start(src, dst, len, stores),
+            _ => None,
+        };
+        if started.is_none() {
+            copy_one(src, dst, len, stores);
+        }
+        started
+    }
+}
+
+/// Copies a message of `len` bytes from `src` into a channel's shared memory at `dst`: with the
+/// crew from [`PARALLEL_MIN`] bytes where this process may run on [`MESSAGE_PARALLEL_CORES`]
+/// cores or more or `LF_COPY_THREADS` is set, else on this thread. The receiver reads the
+/// message next, so the stores are cached ones.
+///
+/// # Safety
+/// As [`copy`].
+#[inline(always)]
+pub(crate) unsafe fn copy_message(src: *const u8, dst: *mut u8, len: usize) {
+    #[cold]
+    #[inline(never)]
+    unsafe fn large(src: *const u8, dst: *mut u8, len: usize) {
+        static SHARED: OnceLock<bool> = OnceLock::new();
+        let shared = *SHARED.get_or_init(|| {
+            std::env::var_os(COPY_THREADS_ENV).is_some()
+                || std::thread::available_parallelism().is_ok_and(|n| n.get() >= MESSAGE_PARALLEL_CORES)
+        });
+        let min = if shared { PARALLEL_MIN } else { usize::MAX };
+        // SAFETY: as this function's contract.
+        unsafe { copy_with(src, dst, len, Stores::Cached, min) }
+    }
+    // SAFETY: as this function's contract.
+    unsafe {
+        if len >= PARALLEL_MIN {
+            large(src, dst, len)
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, len)
         }
     }
 }
@@ -341,8 +384,38 @@ mod tests {
         for _ in 0..20 {
             dst.fill(0);
             // SAFETY: both vectors are `len` long and distinct.
-            drop(unsafe { crew.start(src.as_ptr(), dst.as_mut_ptr(), len, Stores::Streaming) });
+            let started = unsafe { crew.start(src.as_ptr(), dst.as_mut_ptr(), len, Stores::Streaming) };
+            assert!(started.is_some(), "the crew is idle");
+            drop(started);
             assert!(dst == src);
+        }
+    }
+
+    #[test]
+    fn a_busy_crew_turns_a_second_copy_away() {
+        let crew: &'static Crew = Box::leak(Box::new(Crew::new(2)));
+        let (src, mut dst) = (vec![1u8; 4 * CHUNK], vec![0u8; 4 * CHUNK]);
+        let (other_src, mut other_dst) = (vec![2u8; 4 * CHUNK], vec![0u8; 4 * CHUNK]);
+        // SAFETY: each pair of vectors is distinct and as long as the copy.
+        let first = unsafe { crew.start(src.as_ptr(), dst.as_mut_ptr(), src.len(), Stores::Cached) };
+        assert!(first.is_some());
+        // SAFETY: as above.
+        let second = unsafe { crew.start(other_src.as_ptr(), other_dst.as_mut_ptr(), src.len(), Stores::Cached) };
+        assert!(second.is_none(), "a second copy must not wait for the crew");
+        drop(first);
+        assert!(dst == src);
+        other_dst.copy_from_slice(&other_src);
+    }
+
+    #[test]
+    fn messages_are_copied_whole_on_either_side_of_the_crew_threshold() {
+        for len in [0, 1, 4095, PARALLEL_MIN - 1, PARALLEL_MIN, PARALLEL_MIN + 12345, 3 * PARALLEL_MIN] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 % 249) as u8).collect();
+            let mut dst = vec![0u8; len + 64];
+            // SAFETY: both vectors hold the range and are distinct.
+            unsafe { copy_message(src.as_ptr(), dst.as_mut_ptr(), len) };
+            assert!(dst[..len] == src[..], "len {len}");
+            assert!(dst[len..].iter().all(|&b| b == 0), "len {len}: bytes past the message written");
         }
     }
 }
