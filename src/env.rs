@@ -49,7 +49,7 @@ pub const COPY_THREADS: EnvVar = EnvVar {
     name: "LF_COPY_THREADS",
     default: "8, at most the cores this process may use",
     meaning: "how many threads make large host copies, the calling thread included (1: the calling thread \
-              alone): those of GPU transfers, and the copy a send makes of a message of 2 MiB or more into a \
+              alone): those of GPU transfers, and the copy a send makes of a message of 512 KiB or more into a \
               shared-memory channel (where the process may run on 4 cores or more, or wherever this is set)",
     feature: None,
 };

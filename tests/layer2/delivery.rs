@@ -226,13 +226,13 @@ fn views_released_from_many_threads_in_any_order() {
     }
 }
 
-/// Copied messages of 2 MiB and more go into the pool through the copy crew (forced here by
+/// Copied messages of 512 KiB and more go into the pool through the copy crew (forced here by
 /// `LF_COPY_THREADS`, whatever the machine's cores): every byte arrives, in order, at sizes
 /// that do not divide into the crew's chunks, between small messages.
 #[test]
 fn large_copied_messages_arrive_whole() {
     const TEST: &str = "delivery::large_copied_messages_arrive_whole";
-    const SIZES: [usize; 6] = [2 << 20, (2 << 20) + 17, (5 << 20) + 4093, 64, (12 << 20) - 1, 3 << 20];
+    const SIZES: [usize; 7] = [2 << 20, (2 << 20) + 17, (5 << 20) + 4093, 64, (12 << 20) - 1, (512 << 10) + 3, 3 << 20];
     const COUNT: u64 = 30;
     let wait = WaitStrategy::BusyPoll;
     let size = |seq: u64| SIZES[seq as usize % SIZES.len()];

@@ -425,7 +425,7 @@ pub unsafe extern "C" fn lf_channel_transport(
 /// (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). `*sequence` (if not NULL)
 /// receives the message's number.
 ///
-/// The bytes are copied into the channel's pool (from 2 MiB on several threads where the
+/// The bytes are copied into the channel's pool (from 512 KiB on several threads where the
 /// process may run on 4 cores or more, or `LF_COPY_THREADS` is set), unless they lie inside
 /// one buffer of the channel's context (CPU memory from `lf_alloc` or `lf_import`, or the host
 /// mapping of a GPU buffer from `lf_alloc`, where the channel sends GPU buffers by reference)
