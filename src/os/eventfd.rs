@@ -22,6 +22,7 @@ pub fn eventfd_signal(fd: BorrowedFd<'_>) {
 }
 
 /// Resets an eventfd's counter to 0 (not readable any more). Non-blocking.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn eventfd_drain(fd: BorrowedFd<'_>) {
     // EAGAIN when already 0 is fine.
     let _ = rustix::io::read(fd, &mut [0u8; 8]);

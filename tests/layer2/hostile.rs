@@ -1,6 +1,7 @@
 //! A peer scribbling on the shared control region gets `Corrupt`, never an out-of-bounds
 //! access.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -152,5 +153,130 @@ fn the_consumer_cannot_make_the_ring_writable() {
         }
         Some(_) => {}
         None => run_pair_with(TEST, "sealed-ring", &[]),
+    }
+}
+
+/// The eventfds and pipes among the targets of the consumer's notification set (its epoll fd):
+/// what the channel waits on for the producer's signals. A peer that holds a descriptor of one
+/// of them shares its open file description: it can clear `O_NONBLOCK` on it, fill an
+/// eventfd's counter, or read a pipe empty.
+fn notification_fds(epoll: RawFd) -> Vec<(RawFd, bool)> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{epoll}")).unwrap();
+    info.lines()
+        .filter_map(|line| line.strip_prefix("tfd:")?.split_whitespace().next()?.parse::<RawFd>().ok())
+        .filter_map(|fd| {
+            let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+            let link = link.to_string_lossy();
+            let eventfd = link == "anon_inode:[eventfd]";
+            (eventfd || link.starts_with("pipe:")).then_some((fd, eventfd))
+        })
+        .collect()
+}
+
+/// Does to `fd` what a hostile peer holding the same open file description can: makes it
+/// blocking, and where it is an eventfd, fills its counter, so that the next write of a signal
+/// would block.
+fn make_blocking_and_full(fd: RawFd, eventfd: bool) {
+    // SAFETY: fcntl and write on a descriptor this process holds; failures are harmless here.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFL, 0);
+        if eventfd {
+            let max = 0xffff_ffff_ffff_fffeu64;
+            libc::write(fd, (&max as *const u64).cast(), 8);
+        }
+    }
+}
+
+/// Runs `work` on a thread and panics with `what` if it has not returned within 10 s.
+fn within_10s<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(work()));
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(value) => value,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what} blocked for 10 s"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} failed (see its panic above)"),
+    }
+}
+
+/// A hostile consumer makes the notification descriptors it shares with the producer blocking
+/// and full, then asks for a signal: the producer's send (and close) still return at once.
+#[test]
+fn a_hostile_consumer_cannot_block_the_producer_on_a_signal() {
+    const TEST: &str = "hostile::a_hostile_consumer_cannot_block_the_producer_on_a_signal";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p =
+                Producer::create(&ctx(), "blocked-signal", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            p.send(b"zero").unwrap();
+            // Released once the consumer has tampered with its descriptors and asked for a signal.
+            p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
+            let p = within_10s("a send that signals the consumer", move || {
+                p.send(b"one").unwrap();
+                p
+            });
+            within_10s("the producer's close", move || {
+                let mut p = p;
+                let _ = p.wait_completed(1, Some(Duration::from_secs(5)));
+                drop(p);
+            });
+        }
+        Some("consumer") => {
+            let mut c =
+                Consumer::create(&ctx(), "blocked-signal", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let zero = c.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert_eq!(&*zero, b"zero");
+            // Arming the notification set asks the producer to signal the next message.
+            let epoll = c.notify_fd().unwrap().as_raw_fd();
+            let fds = notification_fds(epoll);
+            assert!(!fds.is_empty(), "no eventfd or pipe in the notification set");
+            for (fd, eventfd) in fds {
+                make_blocking_and_full(fd, eventfd);
+            }
+            drop(zero);
+            assert_eq!(&*c.recv_timeout(Duration::from_secs(20)).unwrap(), b"one");
+        }
+        Some(_) => {}
+        None => run_pair(TEST, "blocked-signal"),
+    }
+}
+
+/// The descriptions a hostile producer shares with the consumer made blocking (as a producer
+/// that kept a copy of them can): the consumer's non-blocking receive and its reset of the
+/// notification still return at once.
+#[test]
+fn a_hostile_producer_cannot_block_the_consumers_try_recv() {
+    const TEST: &str = "hostile::a_hostile_producer_cannot_block_the_consumers_try_recv";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p =
+                Producer::create(&ctx(), "blocked-drain", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            p.send(b"zero").unwrap();
+            p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
+            p.send(b"one").unwrap();
+            p.wait_completed(1, Some(Duration::from_secs(20))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c =
+                Consumer::create(&ctx(), "blocked-drain", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            // Held, so that the producer sends nothing more until the receives below are done.
+            let zero = c.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert_eq!(&*zero, b"zero");
+            let epoll = c.notify_fd().unwrap().as_raw_fd();
+            // Only made blocking: an empty descriptor that blocks is what would hang a reset.
+            for (fd, _) in notification_fds(epoll) {
+                // SAFETY: fcntl on a descriptor this process holds.
+                unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
+            }
+            let mut c = within_10s("try_recv on an empty channel", move || {
+                for _ in 0..3 {
+                    assert!(matches!(c.try_recv(), Err(Error::WouldBlock(_))));
+                }
+                c
+            });
+            drop(zero);
+            assert_eq!(&*c.recv_timeout(Duration::from_secs(20)).unwrap(), b"one");
+        }
+        Some(_) => {}
+        None => run_pair(TEST, "blocked-drain"),
     }
 }

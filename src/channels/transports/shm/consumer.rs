@@ -1,7 +1,7 @@
 //! The consumer half of a shared-memory channel.
 
 use std::any::Any;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::{Epoll, EventFlags};
-use crate::os::eventfd::{eventfd_drain, eventfd_signal};
+use crate::os::pipe::{pipe, pipe_drain, pipe_signal};
 use crate::os::try_recv_with_fds;
 
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can
@@ -41,11 +41,27 @@ pub struct ShmConsumer {
     /// Earlier sessions whose views are still held (for release by value).
     old: Vec<OwnedSession>,
     sessions: u64,
-    epoll: Option<Epoll>,
-    armed: bool,
+    /// Set up by the first `notify_fd`: from then on, the channel keeps it readable while a
+    /// message may wait.
+    notify: Option<Notify>,
     arenas_received: u64,
     /// This consumer's sections for the other routes, the answer to every producer's hello.
     answers: Vec<Section>,
+}
+
+/// What an event loop waits on: an epoll set over the producer's signal pipe, its socket and
+/// process, and the consumer's own signal pipe, which keeps the set readable for what the
+/// consumer found itself (a message waiting when the set was made, the producer's end).
+struct Notify {
+    epoll: Epoll,
+    own_signals: OwnedFd,
+    own_signal: OwnedFd,
+}
+
+impl Notify {
+    fn signal(&self) {
+        pipe_signal(self.own_signal.as_fd());
+    }
 }
 
 impl std::fmt::Debug for ShmConsumer {
@@ -105,8 +121,7 @@ impl ShmConsumer {
             link,
             old: Vec::new(),
             sessions: 1,
-            epoll: None,
-            armed: false,
+            notify: None,
             arenas_received: 0,
             answers,
         })
@@ -352,10 +367,11 @@ impl ShmConsumer {
             if let Some(view) = self.try_read()? {
                 return Ok(Some(view));
             }
-            if self.armed && from_try {
+            if let Some(notify) = self.notify.as_ref().filter(|_| from_try) {
                 // Level-triggered notification: the fd is reset only when the ring is seen
                 // empty, after asking the producer to signal the next message.
-                eventfd_drain(self.link.eventfd.as_fd());
+                pipe_drain(self.link.signals.as_fd());
+                pipe_drain(notify.own_signals.as_fd());
                 self.link.session.ask_for_signal();
                 if let Some(view) = self.try_read()? {
                     return Ok(Some(view));
@@ -381,9 +397,9 @@ impl ShmConsumer {
                 continue;
             }
             self.link.gone_reported = true;
-            if self.armed {
+            if let Some(notify) = &self.notify {
                 // Keep the fd readable so an event loop learns about the end.
-                eventfd_signal(self.link.eventfd.as_fd());
+                notify.signal();
             }
             return Err(self.gone_error());
         }
@@ -418,10 +434,10 @@ impl ShmConsumer {
         );
         note_peer_watch(&mut self.info, &self.base_reason, &link.watch);
         let old = std::mem::replace(&mut self.link, link);
-        if let Some(epoll) = &self.epoll {
-            for fd in [Some(old.eventfd.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten()
+        if let Some(notify) = &self.notify {
+            for fd in [Some(old.signals.as_fd()), Some(old.watch.socket_fd()), old.watch.pidfd()].into_iter().flatten()
             {
-                epoll.delete(fd);
+                notify.epoll.delete(fd);
             }
             self.register_link_fds()?;
         }
@@ -433,10 +449,10 @@ impl ShmConsumer {
     }
 
     fn register_link_fds(&self) -> Result<()> {
-        let epoll = self.epoll.as_ref().expect("epoll created");
+        let epoll = &self.notify.as_ref().expect("notification set up").epoll;
         let what = "the channel's notification fd";
         let add = |fd: BorrowedFd<'_>, events: EventFlags| epoll.add(fd, events, fd.as_raw_fd() as u64, what);
-        add(self.link.eventfd.as_fd(), EventFlags::IN)?;
+        add(self.link.signals.as_fd(), EventFlags::IN)?;
         add(self.link.watch.socket_fd(), EventFlags::IN | EventFlags::RDHUP)?;
         if let Some(pidfd) = self.link.watch.pidfd() {
             add(pidfd, EventFlags::IN)?;
@@ -579,21 +595,27 @@ impl ConsumerTransport for ShmConsumer {
     }
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if self.epoll.is_none() {
-            self.epoll = Some(Epoll::new()?);
+        if self.notify.is_none() {
+            let epoll = Epoll::new()?;
+            let (own_signals, own_signal) = pipe()?;
+            epoll.add(
+                own_signals.as_fd(),
+                EventFlags::IN,
+                own_signals.as_raw_fd() as u64,
+                "the channel's own signal pipe",
+            )?;
+            self.notify = Some(Notify { epoll, own_signals, own_signal });
             self.register_link_fds()?;
-            self.armed = true;
             // Make the fd reflect messages already waiting.
-            if self.ready() {
-                eventfd_signal(self.link.eventfd.as_fd());
-            } else {
+            let waiting = self.ready() || {
                 self.link.session.ask_for_signal();
-                if self.ready() {
-                    eventfd_signal(self.link.eventfd.as_fd());
-                }
+                self.ready()
+            };
+            if waiting {
+                self.notify.as_ref().expect("set up above").signal();
             }
         }
-        Ok(self.epoll.as_ref().expect("created above").as_fd())
+        Ok(self.notify.as_ref().expect("set up above").epoll.as_fd())
     }
 }
 

@@ -1,9 +1,9 @@
 //! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
-//! (two sealed memfds: the control part and the data part) and its eventfd in this transport's [`Section`] of the hello, next to the
-//! other routes' sections; the consumer checks and maps them and answers with its own routes'
-//! sections, or refuses.
+//! (two sealed memfds: the control part and the data part) and the read end of its signal pipe
+//! in this transport's [`Section`] of the hello, next to the other routes' sections; the
+//! consumer checks and maps them and answers with its own routes' sections, or refuses.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::eventfd::eventfd;
+use crate::os::pipe::{check_read_end, pipe};
 use crate::os::{membarrier, recv_with_fds};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -26,7 +26,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 pub(super) struct Link {
     pub(super) session: OwnedSession,
     pub(super) watch: PeerWatch,
-    pub(super) eventfd: OwnedFd,
+    /// The read end of the producer's signal pipe: readable once it signalled a message (or
+    /// its close) that the consumer asked for (`fd_waiting`).
+    pub(super) signals: OwnedFd,
     pub(super) next: u64,
     pub(super) gone: Option<String>,
     /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
@@ -41,8 +43,8 @@ pub(super) struct Link {
     pub(super) attachments: Vec<Section>,
 }
 
-/// This transport's section: the region's geometry (its two memfds and the producer's
-/// eventfd go as the section's descriptors).
+/// This transport's section: the region's geometry (its two memfds and the read end of the
+/// producer's signal pipe go as the section's descriptors).
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct SectionWire {
@@ -53,14 +55,14 @@ struct SectionWire {
 }
 const SECTION_LEN: usize = std::mem::size_of::<SectionWire>();
 
-fn encode_section(geometry: &Geometry, fds: RegionFds, eventfd: OwnedFd) -> Section {
+fn encode_section(geometry: &Geometry, fds: RegionFds, signals: OwnedFd) -> Section {
     let wire = SectionWire {
         version: VERSION.into(),
         slot_count: geometry.slot_count.into(),
         pool_size: geometry.pool_size.into(),
         total_len: (geometry.total_len as u64).into(),
     };
-    Section { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), fds: vec![fds.control, fds.data, eventfd] }
+    Section { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), fds: vec![fds.control, fds.data, signals] }
 }
 
 /// This side's fast-wake flags: [`WAKE_REGISTERED`] where it could register for global
@@ -89,7 +91,8 @@ pub(super) struct Connected {
     /// The consumer's process and socket, armed to wake the producer's sleeps on its end.
     pub(super) watch: PeerWatch,
     pub(super) region: Region,
-    pub(super) eventfd: OwnedFd,
+    /// The write end of the signal pipe, never shared: a consumer cannot make its writes block.
+    pub(super) signal: OwnedFd,
     /// Messages are published without a fence (the consumer's sleeps pay a membarrier).
     pub(super) fast_wake: bool,
     /// Releases are published without a fence (the producer's sleeps pay a membarrier).
@@ -109,7 +112,6 @@ pub(super) fn offer(
     deadline: Option<Instant>,
     offers: &mut dyn FnMut() -> Result<Vec<Section>>,
 ) -> Result<Connected> {
-    let eventfd = eventfd()?;
     let flags = wake_flags(membarrier::register(), config.wait);
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
@@ -119,10 +121,9 @@ pub(super) fn offer(
         let words = WaitWords::map(&fds.control, &geometry)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(flags, Ordering::Release);
-        let eventfd_copy =
-            eventfd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of the channel eventfd", e))?;
+        let (signals, signal) = pipe()?;
         let attempt = (|| {
-            let mut sections = vec![encode_section(&geometry, fds, eventfd_copy)];
+            let mut sections = vec![encode_section(&geometry, fds, signals)];
             sections.extend(offers()?);
             rendezvous::send_hello(&sock, name, &sections)?;
             drop(sections);
@@ -139,7 +140,7 @@ pub(super) fn offer(
                 let mut watch = PeerWatch::new(sock, cred.pid);
                 // The consumer's end wakes the producer's sleeps for room and completions.
                 watch.arm(move || wake_all(words.room_futex()));
-                return Ok(Connected { watch, region, eventfd, fast_wake, room_fast_wake, answers });
+                return Ok(Connected { watch, region, signal, fast_wake, room_fast_wake, answers });
             }
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
@@ -184,18 +185,20 @@ pub(super) fn accept(
         };
         let geometry = decode_section(&section.bytes)?;
         let mut fds = section.fds.into_iter();
-        let (Some(control), Some(data), Some(evfd), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
+        let (Some(control), Some(data), Some(signals), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
             return Err(Error::Corrupt(
-                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, eventfd)".into(),
+                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, the read \
+                 end of its signal pipe)"
+                    .into(),
             ));
         };
         let region = Region::attach(&control, &data, geometry)?;
         let words = WaitWords::map(&control, &geometry)?;
-        check_is_eventfd(&evfd)?;
-        Ok((region, words, evfd, others))
+        check_read_end(&signals, "the producer's third fd")?;
+        Ok((region, words, signals, others))
     })();
     match checked {
-        Ok((region, words, eventfd, peer_sections)) => {
+        Ok((region, words, signals, peer_sections)) => {
             // Before the answer: the producer reads it once the answer arrives.
             let flags = wake_flags(membarrier::register(), wait);
             region.consumer_fast_wake().store(flags, Ordering::Release);
@@ -209,7 +212,7 @@ pub(super) fn accept(
             Ok(Link {
                 session: OwnedSession(Some(Arc::new(Session::new(id, region, data_fast_wake, room_fast_wake)))),
                 watch,
-                eventfd,
+                signals,
                 next: 0,
                 gone: None,
                 gone_reported: false,
@@ -249,18 +252,6 @@ pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
         return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
     }
     Ok(geometry)
-}
-
-/// Refuses a descriptor that is not an eventfd (writing to an arbitrary fd could block).
-fn check_is_eventfd(fd: &OwnedFd) -> Result<()> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default();
-    if link.to_string_lossy() != "anon_inode:[eventfd]" {
-        return Err(Error::Corrupt(format!("producer's second fd is {}, not an eventfd", link.display())));
-    }
-    let flags =
-        rustix::fs::fcntl_getfl(fd).map_err(|e| Error::os("fcntl(F_GETFL) on the producer's eventfd", e.into()))?;
-    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
-        .map_err(|e| Error::os("fcntl(F_SETFL, O_NONBLOCK) on the producer's eventfd", e.into()))
 }
 
 #[cfg(test)]

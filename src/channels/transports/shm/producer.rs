@@ -16,8 +16,8 @@ use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, Trans
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::eventfd::eventfd_signal;
 use crate::os::futex::futex_wake;
+use crate::os::pipe::pipe_signal;
 use crate::os::send_with_fds;
 
 // ---------------------------------------------------------------------------------------------
@@ -38,7 +38,8 @@ pub struct ShmProducer {
     name: String,
     region: Region,
     watch: PeerWatch,
-    eventfd: OwnedFd,
+    /// The write end of the signal pipe whose read end the consumer's event loop waits on.
+    signal: OwnedFd,
     wait: WaitStrategy,
     mask: u64,
     slot_count: u64,
@@ -132,7 +133,7 @@ impl ShmProducer {
             name: name.to_owned(),
             region: c.region,
             watch: c.watch,
-            eventfd: c.eventfd,
+            signal: c.signal,
             wait: config.wait,
             mask: slot_count - 1,
             slot_count,
@@ -333,7 +334,7 @@ impl ShmProducer {
         wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
         let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
         if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
-            eventfd_signal(self.eventfd.as_fd());
+            pipe_signal(self.signal.as_fd());
         }
         seq
     }
@@ -797,7 +798,7 @@ impl Drop for ShmProducer {
         // Wake a sleeping consumer so it sees the close now rather than at its next check.
         region.data_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.data_futex(), 1);
-        eventfd_signal(self.eventfd.as_fd());
+        pipe_signal(self.signal.as_fd());
         // Another producer may attach from now on.
         drop(self.lock.take());
         // A consumer whose end is over (closed, or dead) may have left its socket and lock
