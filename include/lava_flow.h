@@ -1098,7 +1098,9 @@ lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, 
 // memory; `lf_channel_transport` says which. The bytes must be in place when this is called
 // (lava-flow's own writes and copies are); for GPU work still running, see
 // `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
-// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer.
+// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer. LF_ERR_WOULD_BLOCK
+// also where the consumer has not yet read the arenas passed to it before (it reads them as
+// it receives); try again later.
 //
 // A CPU range of at most 112 bytes is copied into the message instead, which costs less
 // than a reference: the message is complete at once (`lf_wait_completed` returns without

@@ -22,6 +22,17 @@ const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
 /// Sends `payload` (non-empty) with `fds` attached, in one `sendmsg`. The descriptors stay
 /// open here; the receiver gets its own copies.
 pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    send_with_fds_flags(sock, payload, fds, SendFlags::NOSIGNAL)
+}
+
+/// As [`send_with_fds`], but `WouldBlock` instead of waiting when the socket's buffer is full
+/// (the peer has not read what was sent before). A payload far smaller than the socket's
+/// buffer goes whole or not at all.
+pub fn try_send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    send_with_fds_flags(sock, payload, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+}
+
+fn send_with_fds_flags(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>], flags: SendFlags) -> Result<()> {
     if payload.is_empty() {
         return Err(Error::invalid("an fd message needs at least one payload byte"));
     }
@@ -36,7 +47,7 @@ pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) 
     }
     let iov = [IoSlice::new(payload)];
     loop {
-        match rustix::net::sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL) {
+        match rustix::net::sendmsg(sock, &iov, &mut control, flags) {
             Ok(n) if n == payload.len() => return Ok(()),
             Ok(_) => {
                 return Err(Error::Io {
@@ -45,6 +56,7 @@ pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) 
                 })
             }
             Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => return Err(Error::WouldBlock("the socket's buffer is full".into())),
             Err(e) => return Err(Error::os("sendmsg with fds", e.into())),
         }
     }

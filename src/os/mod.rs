@@ -14,7 +14,7 @@ pub(crate) mod parallel_copy;
 pub mod pipe;
 pub mod watcher;
 
-pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds};
+pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds, try_send_with_fds};
 
 /// A timeout as the kernel takes it; one beyond `i64::MAX` seconds waits as long.
 pub(crate) fn timespec(timeout: std::time::Duration) -> rustix::event::Timespec {

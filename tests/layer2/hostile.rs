@@ -5,7 +5,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use lava_flow::channels::{Consumer, Producer, WaitStrategy};
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, WaitStrategy};
+use lava_flow::memory::MemoryLocation;
 use lava_flow::Error;
 
 use crate::common::*;
@@ -14,6 +15,7 @@ use crate::common::*;
 const SLOTS: usize = 4096;
 const SLOT: usize = 128;
 const TAIL: usize = 256;
+const PRODUCER_CLOSED: usize = 128;
 
 /// What the hostile producer writes into the slot of message 3.
 const VARIANTS: [&str; 5] = ["seq", "inline-len", "pool-range", "kind", "zero-len"];
@@ -187,13 +189,13 @@ fn make_blocking_and_full(fd: RawFd, eventfd: bool) {
     }
 }
 
-/// Runs `work` on a thread and panics with `what` if it has not returned within 10 s.
-fn within_10s<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+/// Runs `work` on a thread and panics with `what` if it has not returned within `limit`.
+fn within<T: Send + 'static>(limit: Duration, what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || tx.send(work()));
-    match rx.recv_timeout(Duration::from_secs(10)) {
+    match rx.recv_timeout(limit) {
         Ok(value) => value,
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what} blocked for 10 s"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what} blocked for {limit:?}"),
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} failed (see its panic above)"),
     }
 }
@@ -210,11 +212,11 @@ fn a_hostile_consumer_cannot_block_the_producer_on_a_signal() {
             p.send(b"zero").unwrap();
             // Released once the consumer has tampered with its descriptors and asked for a signal.
             p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
-            let p = within_10s("a send that signals the consumer", move || {
+            let p = within(Duration::from_secs(10), "a send that signals the consumer", move || {
                 p.send(b"one").unwrap();
                 p
             });
-            within_10s("the producer's close", move || {
+            within(Duration::from_secs(10), "the producer's close", move || {
                 let mut p = p;
                 let _ = p.wait_completed(1, Some(Duration::from_secs(5)));
                 drop(p);
@@ -267,7 +269,7 @@ fn a_hostile_producer_cannot_block_the_consumers_try_recv() {
                 // SAFETY: fcntl on a descriptor this process holds.
                 unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
             }
-            let mut c = within_10s("try_recv on an empty channel", move || {
+            let mut c = within(Duration::from_secs(10), "try_recv on an empty channel", move || {
                 for _ in 0..3 {
                     assert!(matches!(c.try_recv(), Err(Error::WouldBlock(_))));
                 }
@@ -278,5 +280,58 @@ fn a_hostile_producer_cannot_block_the_consumers_try_recv() {
         }
         Some(_) => {}
         None => run_pair(TEST, "blocked-drain"),
+    }
+}
+
+/// A hostile consumer that releases messages (it writes the released count itself) but never
+/// reads its socket, over which the producer passes each new arena of a buffer send: once the
+/// socket is full, the producer's buffer sends fail with `WouldBlock` and never block.
+#[test]
+fn a_consumer_that_never_reads_its_socket_cannot_block_buffer_sends() {
+    const TEST: &str = "hostile::a_consumer_that_never_reads_its_socket_cannot_block_buffer_sends";
+    const CAPACITY: u64 = 64;
+    // The producer spins for room: the hostile consumer releases without waking it.
+    let config = |wait| ChannelConfig { capacity: CAPACITY as u32, ..config(wait) };
+    match child_role().as_deref() {
+        Some("producer") => {
+            let p =
+                Producer::create(&ctx(), "unread-socket", &here(), &here(), &config(WaitStrategy::BusyPoll)).unwrap();
+            let (sent, err) = within(Duration::from_secs(60), "the buffer sends", move || {
+                let mut p = p;
+                for sent in 0..100_000u64 {
+                    // Over a quarter of the arena size: each buffer is an arena of its own, and
+                    // the one before dies once released, so every send passes two records.
+                    let buffer = ctx().allocate(1 << 20, MemoryLocation::CpuStandard).unwrap();
+                    if let Err(e) = p.send_buffer_timeout(&buffer, 0, 4096, Duration::from_secs(10)) {
+                        return (sent, e);
+                    }
+                }
+                panic!("100000 buffer sends went through a socket nobody reads");
+            });
+            assert!(matches!(err, Error::WouldBlock(ref m) if m.contains("socket")), "after {sent} sends: {err}");
+            eprintln!("WouldBlock after {sent} buffer sends: {err}");
+        }
+        Some("consumer") => {
+            let _c = Consumer::create(&ctx(), "unread-socket", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let (base, _) = region_of("unread-socket");
+            // SAFETY: the test owns the mapping; the slots, the tail and the producer's closed
+            // word lie inside it.
+            let (tail, producer_closed) = unsafe { (u64_at(base, TAIL), u32_at(base, PRODUCER_CLOSED)) };
+            // SAFETY: as above, slot n % CAPACITY.
+            let published =
+                |n: u64| unsafe { u64_at(base, SLOTS + (n % CAPACITY) as usize * SLOT) }.load(Ordering::Acquire);
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            let mut n = 0;
+            while producer_closed.load(Ordering::Acquire) == 0 && std::time::Instant::now() < deadline {
+                if published(n) == n + 1 {
+                    n += 1;
+                    tail.store(n, Ordering::Release);
+                } else {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+        Some(_) => {}
+        None => run_pair(TEST, "unread-socket"),
     }
 }

@@ -18,7 +18,7 @@ use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::futex::futex_wake;
 use crate::os::pipe::pipe_signal;
-use crate::os::send_with_fds;
+use crate::os::try_send_with_fds;
 
 // ---------------------------------------------------------------------------------------------
 // Producer
@@ -448,25 +448,37 @@ impl ShmProducer {
         }
         let dead: Vec<usize> =
             self.arenas.by_identity.iter().filter(|(_, (_, weak))| weak.strong_count() == 0).map(|(k, _)| *k).collect();
+        // Each record's state is committed once it went out: a full socket (`WouldBlock`) leaves
+        // the rest for the next send.
         for key in dead {
-            let (id, _) = self.arenas.by_identity.remove(&key).expect("listed above");
+            let id = self.arenas.by_identity[&key].0;
             self.send_record(ControlRecord::Forget { id }, &[])?;
+            self.arenas.by_identity.remove(&key);
         }
-        self.arenas.next_id += 1;
-        let id = self.arenas.next_id;
+        let id = self.arenas.next_id + 1;
         self.send_record(ControlRecord::Arena { id, len: region.arena_len() as u64 }, &[region.fd()])?;
+        self.arenas.next_id = id;
         self.arenas.by_identity.insert(identity, (id, Arc::downgrade(&region.keep_alive())));
         self.arenas.last = Some((identity, id));
         self.arenas.sent += 1;
         Ok(id)
     }
 
+    /// Passes `record` (and `fds`) over the socket, never waiting: a consumer that has not read
+    /// what was passed before (a full socket) gets the message refused with `WouldBlock`.
     fn send_record(&mut self, record: ControlRecord, fds: &[BorrowedFd<'_>]) -> Result<()> {
-        if let Err(e) = send_with_fds(self.watch.socket(), &record.encode(), fds) {
-            self.consumer_gone(true)?;
-            return Err(e);
+        match try_send_with_fds(self.watch.socket(), &record.encode(), fds) {
+            Ok(()) => Ok(()),
+            Err(Error::WouldBlock(_)) => Err(Error::WouldBlock(format!(
+                "channel {:?}: the consumer has not read the descriptors passed to it before (its socket is full); \
+                 try again once it has received more messages",
+                self.name
+            ))),
+            Err(e) => {
+                self.consumer_gone(true)?;
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// Publishes the slot lent by `loan` as a buffer send of `len` bytes at `offset` of
@@ -511,15 +523,16 @@ impl ShmProducer {
         descriptor: &[u8],
         attachments: &mut Vec<Section>,
     ) -> Result<u64> {
-        if !attachments.is_empty() {
-            for attachment in attachments.drain(..) {
-                let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
-                let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
-                if let Err(e) = self.send_record(record, &fds) {
-                    self.cancel(loan);
-                    return Err(e);
-                }
+        // Each attachment leaves `attachments` once it went out: after a full socket
+        // (`WouldBlock`) the rest go with the next message.
+        while let Some(attachment) = attachments.first() {
+            let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
+            let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
+            if let Err(e) = self.send_record(record, &fds) {
+                self.cancel(loan);
+                return Err(e);
             }
+            attachments.remove(0);
         }
         // SAFETY: the loan is `descriptor.len()` (<= INLINE_MAX) writable bytes of the slot,
         // which nothing else writes until it is published.
