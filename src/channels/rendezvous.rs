@@ -2,7 +2,7 @@
 //! `<runtime dir>/<name>.sock`, the producer connects (retrying until the consumer is there, so
 //! either may start first), each checks the other's uid with `SO_PEERCRED`, and the producer
 //! sends a hello: the channel's name and one [`Section`] per route it offers (the carrier's:
-//! shared memory and its signal pipe; a GPU route's: device identity and semaphore), descriptors
+//! shared memory and its notification socket; a GPU route's: device identity and semaphore), descriptors
 //! attached with `SCM_RIGHTS`. The consumer answers with its own sections or a refusal.
 //!
 //! The runtime dir is `$LF_RUNTIME_DIR` if set, else `$XDG_RUNTIME_DIR/lava-flow`, else

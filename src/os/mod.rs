@@ -1,6 +1,6 @@
 //! Thin, safe wrappers over the Linux facilities every layer uses: memfd-backed shared memory,
-//! RAII memory mappings, file-descriptor passing over Unix sockets, futexes, epoll, signal
-//! pipes, and the process's watcher of descriptors (a thread that reports a peer's exit).
+//! RAII memory mappings, file-descriptor passing over Unix sockets, futexes, epoll, notification
+//! sockets, and the process's watcher of descriptors (a thread that reports a peer's exit).
 //! Nothing here knows about lava-flow's own concepts.
 
 pub mod epoll;
@@ -10,8 +10,8 @@ pub mod futex;
 pub mod mapping;
 pub mod membarrier;
 pub mod memfd;
+pub mod notify;
 pub(crate) mod parallel_copy;
-pub mod pipe;
 pub mod watcher;
 
 pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds, try_send_with_fds};

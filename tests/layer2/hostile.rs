@@ -158,10 +158,10 @@ fn the_consumer_cannot_make_the_ring_writable() {
     }
 }
 
-/// The eventfds and pipes among the targets of the consumer's notification set (its epoll fd):
-/// what the channel waits on for the producer's signals. A peer that holds a descriptor of one
-/// of them shares its open file description: it can clear `O_NONBLOCK` on it, fill an
-/// eventfd's counter, or read a pipe empty.
+/// The eventfds, pipes and sockets among the targets of the consumer's notification set (its
+/// epoll fd): what the channel waits on for the producer. A peer that holds a descriptor of
+/// one of them shares its open file description: it can clear `O_NONBLOCK` on it, fill an
+/// eventfd's counter, or read it empty.
 fn notification_fds(epoll: RawFd) -> Vec<(RawFd, bool)> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{epoll}")).unwrap();
     info.lines()
@@ -170,7 +170,7 @@ fn notification_fds(epoll: RawFd) -> Vec<(RawFd, bool)> {
             let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
             let link = link.to_string_lossy();
             let eventfd = link == "anon_inode:[eventfd]";
-            (eventfd || link.starts_with("pipe:")).then_some((fd, eventfd))
+            (eventfd || link.starts_with("pipe:") || link.starts_with("socket:")).then_some((fd, eventfd))
         })
         .collect()
 }
@@ -230,7 +230,7 @@ fn a_hostile_consumer_cannot_block_the_producer_on_a_signal() {
             // Arming the notification set asks the producer to signal the next message.
             let epoll = c.notify_fd().unwrap().as_raw_fd();
             let fds = notification_fds(epoll);
-            assert!(!fds.is_empty(), "no eventfd or pipe in the notification set");
+            assert!(!fds.is_empty(), "no eventfd, pipe or socket in the notification set");
             for (fd, eventfd) in fds {
                 make_blocking_and_full(fd, eventfd);
             }
@@ -333,5 +333,40 @@ fn a_consumer_that_never_reads_its_socket_cannot_block_buffer_sends() {
         }
         Some(_) => {}
         None => run_pair(TEST, "unread-socket"),
+    }
+}
+
+/// A producer with `SIGPIPE`'s default action (as a C program has it) whose consumer armed its
+/// notification and then closed: the producer's send and close, which notify the consumer's
+/// end, get no signal and the process lives.
+#[test]
+fn a_gone_consumer_raises_no_sigpipe_in_the_producer() {
+    const TEST: &str = "hostile::a_gone_consumer_raises_no_sigpipe_in_the_producer";
+    match child_role().as_deref() {
+        Some("producer") => {
+            // SAFETY: sets this child process's SIGPIPE action to the default, which kills it.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            let mut p = Producer::create(&ctx(), "no-sigpipe", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            p.send(b"zero").unwrap();
+            // Complete once the consumer has armed its notification and received it.
+            p.wait_completed(0, Some(Duration::from_secs(20))).unwrap();
+            // The consumer closes after the release: wait for its end.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while p.send(b"more").is_ok() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // The consumer's process exits after its close: then its end is closed too.
+            std::thread::sleep(Duration::from_millis(300));
+            drop(p);
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "no-sigpipe", &here(), &here(), &config(WaitStrategy::Block)).unwrap();
+            let zero = c.recv_timeout(Duration::from_secs(20)).unwrap();
+            // Armed with the ring empty after this message: the next send notifies.
+            c.notify_fd().unwrap();
+            drop(zero);
+        }
+        Some(_) => {}
+        None => run_pair(TEST, "no-sigpipe"),
     }
 }

@@ -20,7 +20,7 @@ use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::{Epoll, EventFlags};
-use crate::os::pipe::{pipe, pipe_drain, pipe_signal};
+use crate::os::notify::{drain, notify, notify_pair};
 use crate::os::try_recv_with_fds;
 
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can
@@ -49,8 +49,9 @@ pub struct ShmConsumer {
     answers: Vec<Section>,
 }
 
-/// What an event loop waits on: an epoll set over the producer's signal pipe, its socket and
-/// process, and the consumer's own signal pipe, which keeps the set readable for what the
+/// What an event loop waits on: an epoll set over the producer's notification socket, its
+/// rendezvous socket and process, and the consumer's own notification pair, which keeps the
+/// set readable for what the
 /// consumer found itself (a message waiting when the set was made, the producer's end).
 struct Notify {
     epoll: Epoll,
@@ -60,7 +61,7 @@ struct Notify {
 
 impl Notify {
     fn signal(&self) {
-        pipe_signal(self.own_signal.as_fd());
+        notify(self.own_signal.as_fd());
     }
 }
 
@@ -370,8 +371,8 @@ impl ShmConsumer {
             if let Some(notify) = self.notify.as_ref().filter(|_| from_try) {
                 // Level-triggered notification: the fd is reset only when the ring is seen
                 // empty, after asking the producer to signal the next message.
-                pipe_drain(self.link.signals.as_fd());
-                pipe_drain(notify.own_signals.as_fd());
+                drain(self.link.signals.as_fd());
+                drain(notify.own_signals.as_fd());
                 self.link.session.ask_for_signal();
                 if let Some(view) = self.try_read()? {
                     return Ok(Some(view));
@@ -597,12 +598,12 @@ impl ConsumerTransport for ShmConsumer {
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
             let epoll = Epoll::new()?;
-            let (own_signals, own_signal) = pipe()?;
+            let (own_signals, own_signal) = notify_pair()?;
             epoll.add(
                 own_signals.as_fd(),
                 EventFlags::IN,
                 own_signals.as_raw_fd() as u64,
-                "the channel's own signal pipe",
+                "the channel's own notification socket",
             )?;
             self.notify = Some(Notify { epoll, own_signals, own_signal });
             self.register_link_fds()?;

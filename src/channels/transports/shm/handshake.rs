@@ -1,6 +1,6 @@
 //! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
-//! (two sealed memfds: the control part and the data part) and the read end of its signal pipe
-//! in this transport's [`Section`] of the hello, next to the other routes' sections; the
+//! (two sealed memfds: the control part and the data part) and its end of a notification
+//! socket pair in this transport's [`Section`] of the hello, next to the other routes' sections; the
 //! consumer checks and maps them and answers with its own routes' sections, or refuses.
 
 use std::os::fd::OwnedFd;
@@ -17,7 +17,7 @@ use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::pipe::{check_read_end, pipe};
+use crate::os::notify::{check_end, notify_pair};
 use crate::os::{membarrier, recv_with_fds};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -26,8 +26,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 pub(super) struct Link {
     pub(super) session: OwnedSession,
     pub(super) watch: PeerWatch,
-    /// The read end of the producer's signal pipe: readable once it signalled a message (or
-    /// its close) that the consumer asked for (`fd_waiting`).
+    /// The consumer's end of the producer's notification pair: readable once the producer
+    /// signalled a message (or its close) that the consumer asked for (`fd_waiting`).
     pub(super) signals: OwnedFd,
     pub(super) next: u64,
     pub(super) gone: Option<String>,
@@ -43,8 +43,8 @@ pub(super) struct Link {
     pub(super) attachments: Vec<Section>,
 }
 
-/// This transport's section: the region's geometry (its two memfds and the read end of the
-/// producer's signal pipe go as the section's descriptors).
+/// This transport's section: the region's geometry (its two memfds and the consumer's end of
+/// the producer's notification pair go as the section's descriptors).
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct SectionWire {
@@ -91,7 +91,8 @@ pub(super) struct Connected {
     /// The consumer's process and socket, armed to wake the producer's sleeps on its end.
     pub(super) watch: PeerWatch,
     pub(super) region: Region,
-    /// The write end of the signal pipe, never shared: a consumer cannot make its writes block.
+    /// The producer's end of the notification pair, never shared: a consumer cannot make its
+    /// notifications block.
     pub(super) signal: OwnedFd,
     /// Messages are published without a fence (the consumer's sleeps pay a membarrier).
     pub(super) fast_wake: bool,
@@ -121,7 +122,7 @@ pub(super) fn offer(
         let words = WaitWords::map(&fds.control, &geometry)?;
         // Before the hello: the consumer reads it during the handshake.
         region.producer_fast_wake().store(flags, Ordering::Release);
-        let (signals, signal) = pipe()?;
+        let (signals, signal) = notify_pair()?;
         let attempt = (|| {
             let mut sections = vec![encode_section(&geometry, fds, signals)];
             sections.extend(offers()?);
@@ -187,14 +188,14 @@ pub(super) fn accept(
         let mut fds = section.fds.into_iter();
         let (Some(control), Some(data), Some(signals), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
             return Err(Error::Corrupt(
-                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, the read \
-                 end of its signal pipe)"
+                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, the \
+                 consumer's end of a notification socket pair)"
                     .into(),
             ));
         };
         let region = Region::attach(&control, &data, geometry)?;
         let words = WaitWords::map(&control, &geometry)?;
-        check_read_end(&signals, "the producer's third fd")?;
+        check_end(&signals, "the producer's third fd")?;
         Ok((region, words, signals, others))
     })();
     match checked {

@@ -6,7 +6,7 @@
 //! Sending a message writes its slot (and, for a large one, its pool bytes) and then the
 //! slot's `seq` word; that store is the only synchronisation on the fast path. Afterwards the
 //! producer reads the consumer's "sleeping" flags, a cache line the consumer writes only when
-//! it goes to sleep, and makes a syscall (futex wake, signal pipe write) only if one is set: the
+//! it goes to sleep, and makes a syscall (futex wake, notification send) only if one is set: the
 //! channel's wait protocol (`channels::wait`).
 //!
 //! What a slot carries:

@@ -17,7 +17,7 @@ use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Wa
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::futex::futex_wake;
-use crate::os::pipe::pipe_signal;
+use crate::os::notify::notify;
 use crate::os::try_send_with_fds;
 
 // ---------------------------------------------------------------------------------------------
@@ -38,7 +38,8 @@ pub struct ShmProducer {
     name: String,
     region: Region,
     watch: PeerWatch,
-    /// The write end of the signal pipe whose read end the consumer's event loop waits on.
+    /// The producer's end of the notification pair whose other end the consumer's event loop
+    /// waits on.
     signal: OwnedFd,
     wait: WaitStrategy,
     mask: u64,
@@ -334,7 +335,7 @@ impl ShmProducer {
         wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
         let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
         if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
-            pipe_signal(self.signal.as_fd());
+            notify(self.signal.as_fd());
         }
         seq
     }
@@ -811,7 +812,7 @@ impl Drop for ShmProducer {
         // Wake a sleeping consumer so it sees the close now rather than at its next check.
         region.data_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.data_futex(), 1);
-        pipe_signal(self.signal.as_fd());
+        notify(self.signal.as_fd());
         // Another producer may attach from now on.
         drop(self.lock.take());
         // A consumer whose end is over (closed, or dead) may have left its socket and lock

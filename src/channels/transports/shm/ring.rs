@@ -49,7 +49,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
 /// 5: the fast-wake words hold [`WAKE_REGISTERED`] and [`WAKE_SLEEPER_BARRIER`], each
 /// direction's wake protocol chosen by its sleeper, and a woken sleeping flag is taken by the
 /// publisher that wakes; the header says whether the producer faulted the data part in.
-/// 6: the producer signals an event loop through a pipe whose write end it keeps, not an eventfd.
+/// 6: the producer signals an event loop through a socket pair whose end it keeps, not an eventfd.
 pub const VERSION: u32 = 6;
 
 /// A fast-wake word's flag: this side is registered for global membarriers, so a barrier the

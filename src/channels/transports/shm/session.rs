@@ -141,7 +141,7 @@ impl Session {
         unsafe { self.views.get_unchecked(index) }
     }
 
-    /// Asks the producer to signal its pipe at its next message. Call before re-checking
+    /// Asks the producer to notify at its next message. Call before re-checking
     /// the ring. While the flag is still set the producer has not yet taken it, so it will
     /// signal after this call: only setting it needs the barrier.
     pub(super) fn ask_for_signal(&self) {
