@@ -112,10 +112,10 @@ fn receive_times_out_when_nothing_arrives() {
     }
 }
 
-/// Payload space is reused while it is still in cache: with the default 16 MiB pool, a
-/// large message sent after the last one was released (as the producer learns from an
-/// answer, not from a completion wait) lies where the last one did, and a steady stream of
-/// small pool messages stays within the first MiB.
+/// Payload space is reused while it is still in cache: with the default 16 MiB pool, 64 KiB
+/// messages each sent after the last one was released (as the producer learns from an answer,
+/// not from a completion wait) stay within the pool's first 512 KiB and one message, and a
+/// steady stream of small pool messages within the first MiB.
 #[test]
 fn pool_payloads_reuse_recent_space() {
     const TEST: &str = "backpressure::pool_payloads_reuse_recent_space";
@@ -127,32 +127,23 @@ fn pool_payloads_reuse_recent_space() {
             let config = config(WaitStrategy::BusyPoll);
             let mut p = Producer::create(&ctx(), "hot", &here(), &here(), &config).unwrap();
             let mut answers = Consumer::create(&ctx(), "hot-answers", &here(), &here(), &config).unwrap();
-            let mut first = None;
-            let (mut low, mut high) = (usize::MAX, 0);
+            // (low, high) of the large messages, then of the small ones.
+            let mut spans = [(usize::MAX, 0); 2];
             for i in 0..LARGE + SMALL {
                 let len = if i < LARGE { 64 << 10 } else { 1 << 10 };
                 let mut loan = p.loan(len, None).unwrap();
                 let at = loan.as_mut_slice().as_mut_ptr() as usize;
-                if i < LARGE {
-                    assert_eq!(
-                        *first.get_or_insert(at),
-                        at,
-                        "message {i} of 64 KiB after its predecessor was released"
-                    );
-                } else {
-                    (low, high) = (low.min(at), high.max(at + len));
-                }
+                let (low, high) = &mut spans[usize::from(i >= LARGE)];
+                (*low, *high) = ((*low).min(at), (*high).max(at + len));
                 loan.as_mut_slice().fill(i as u8);
                 loan.publish().unwrap();
                 if answered(i) {
                     answers.recv_timeout(Duration::from_secs(10)).unwrap();
                 }
             }
-            assert!(
-                high - low <= 1 << 20,
-                "a stream of 1 KiB messages spread over {} KiB of the pool",
-                (high - low) >> 10
-            );
+            let [large, small] = spans.map(|(low, high)| (high - low) >> 10);
+            assert!(large <= 512 + 64, "64 KiB messages spread over {large} KiB of the pool");
+            assert!(small <= 1024, "a stream of 1 KiB messages spread over {small} KiB of the pool");
         }
         Some("consumer") => {
             let config = config(WaitStrategy::BusyPoll);

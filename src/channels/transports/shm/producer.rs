@@ -25,12 +25,12 @@ use crate::os::try_send_with_fds;
 // ---------------------------------------------------------------------------------------------
 
 /// A stream of pool payloads goes back to the start of the pool once past this many bytes
-/// (when the start is free): its bytes stay in the caches, whatever the pool's size.
+/// (when the start is free): its bytes stay in the caches, whatever the pool's size. Loans
+/// inside this window do not read the consumer's tail to start again where the last message
+/// was: that cross-core read cost more than it saved at every size measured below the window
+/// (16-256 KiB, see the benchmarks' README); a message that does not fit in what is left of
+/// the window reads it.
 const POOL_HOT: u64 = 512 << 10;
-/// Pool loans from this size on read the consumer's tail first when the pool may have
-/// emptied, so that they start again where the last messages were (a cross-core read is
-/// small beside copying this many bytes).
-const POOL_REFRESH_MIN: usize = 16 << 10;
 
 /// The producer half of a shared-memory channel.
 pub struct ShmProducer {
@@ -236,11 +236,11 @@ impl ShmProducer {
 
     /// Whether the consumer's tail is worth reading before a pool loan of `len` (one read of
     /// a line the consumer writes): when the pool may have emptied since the tail was last
-    /// read and the message is large enough for its bytes' place in cache to matter, or when
-    /// the stream has gone past [`POOL_HOT`] and may go back to the start.
+    /// read and the message would take the stream past [`POOL_HOT`], so that it may go back to
+    /// the start.
     #[inline]
     fn pool_refresh_due(&self, len: usize) -> bool {
-        self.pool_head != self.pool_tail && (len >= POOL_REFRESH_MIN || self.pool_pos + pool_need(len) > POOL_HOT)
+        self.pool_head != self.pool_tail && self.pool_pos + pool_need(len) > POOL_HOT
     }
 
     /// Whether a loan of `len` could be granted now.
