@@ -29,7 +29,7 @@ use crate::os::try_send_with_fds;
 /// inside this window do not read the consumer's tail to start again where the last message
 /// was: that cross-core read, and writing lines the consumer has just read, cost more than
 /// they saved at every size measured below the window (16-256 KiB). A window of 2 MiB moved
-/// 16-256 KiB messages 3-12% faster than one of 512 KiB on both machines measured (see the
+/// 16-256 KiB messages 3-17% faster than one of 512 KiB on both machines measured (see the
 /// benchmarks' README); a message that does not fit in what is left of the window reads the
 /// tail.
 const POOL_HOT: u64 = 2 << 20;
