@@ -9,8 +9,12 @@
  *   ring+read     the same, the sender loading the next slot's word right after it publishes
  *                 (so that the line it writes next is in its cache, as the floor's always is)
  *   ring+prefetchw the same with a prefetch for writing instead of a load
- *   ring/4, ring/16  rings of 4 and 16 slots (fewer lines in turn)
+ *   ring/1, ring/4, ring/16  rings of 1, 4 and 16 slots (fewer lines in turn; with one slot each
+ *                 direction has a line of its own, the least two one-way channels can use)
  *   ring/64B      slots 64 bytes apart
+ *   ring+completion  the ring, each sender waiting before it sends for the other side's tail
+ *                 to show its previous message released (what a buffer send waits for with
+ *                 lf_wait_completed before the buffer is rewritten)
  * Each case runs between two probes of the floor; "x" is its p50 (and its mean) over theirs, and
  * the last line is each case's median ratio over the rounds.
  *
@@ -35,7 +39,7 @@
 #define RING_BYTES (1 << 20)
 #define MAX_ROUNDS 32
 
-enum mode { SPIN, RING, RING_READ, RING_PREFETCHW, NMODES };
+enum mode { SPIN, RING, RING_READ, RING_PREFETCHW, RING_COMPLETION, NMODES };
 struct kase {
     const char *name;
     enum mode mode;
@@ -43,7 +47,8 @@ struct kase {
 };
 static const struct kase cases[] = {
     {"ring", RING, 256, 128},          {"ring+read", RING_READ, 256, 128}, {"ring+prefetchw", RING_PREFETCHW, 256, 128},
-    {"ring/4", RING, 4, 128},          {"ring/16", RING, 16, 128},         {"ring/64B", RING, 256, 64},
+    {"ring/1", RING, 1, 128},          {"ring/4", RING, 4, 128},          {"ring/16", RING, 16, 128},         {"ring/64B", RING, 256, 64},
+    {"ring+completion", RING_COMPLETION, 256, 128},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
@@ -93,6 +98,7 @@ static struct result run(char *mem, enum mode mode, int slots, int stride) {
     pin(ping ? core_a : core_b);
     char *out_ring = mem + (ping ? 0 : RING_BYTES), *in_ring = mem + (ping ? RING_BYTES : 0);
     _Atomic uint64_t *tail = (_Atomic uint64_t *)(mem + 2 * RING_BYTES + (ping ? 0 : 256));
+    _Atomic uint64_t *peer_tail = (_Atomic uint64_t *)(mem + 2 * RING_BYTES + (ping ? 256 : 0));
     _Atomic uint64_t *line = (_Atomic uint64_t *)(mem + 2 * RING_BYTES + 4096);
     uint64_t start = now_ns(), last = start;
     for (uint64_t k = 0; k < ITERS; k++) {
@@ -110,6 +116,8 @@ static struct result run(char *mem, enum mode mode, int slots, int stride) {
             _Atomic uint64_t *in = (_Atomic uint64_t *)(in_ring + (k % slots) * stride);
             for (int turn = 0; turn < 2; turn++) {
                 if ((turn == 0) == (ping != 0)) { /* send */
+                    if (mode == RING_COMPLETION) /* message k - 1 released by the other side */
+                        while (atomic_load_explicit(peer_tail, memory_order_acquire) < k) __builtin_ia32_pause();
                     atomic_store_explicit(&out[1], 64, memory_order_relaxed);
                     atomic_store_explicit(&out[0], k + 1, memory_order_release);
                     if (mode == RING_READ) (void)atomic_load_explicit(next, memory_order_relaxed);
