@@ -60,8 +60,9 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   TAIL=14 run lf-bench-quick timeout 150 .device/lf-bench --quick --modes busy,block
-  # Whether a plain ring costs more than the spinning floor on this host, and whether reading
-  # or prefetching the next slot before writing it closes the gap (benchmarks/ring_layout.c).
+  # What two one-way channels cost beside the spinning floor on this host with nothing of
+  # lava-flow in them: a ring in several layouts, two fixed lines, a ring whose sender waits for
+  # the release, and each case's tail (benchmarks/ring_layout.c).
   cc -O2 -o /tmp/ring_layout benchmarks/ring_layout.c && TAIL=2 run ring-layout timeout 120 /tmp/ring_layout 0 1 7
   # Channels over MPI between two ranks that lava-flow sees on two hosts, beside raw MPI
   # (.device/lf-bench-mpi: lf-bench built with the mpi feature, when carried).
