@@ -263,8 +263,9 @@ impl Producer {
     #[inline]
     pub fn wait_completed(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
         // Without a look at the consumer's side: complete by the last look, or copied at send.
+        // (`seq` u64::MAX was never sent: its `seq + 1` would wrap to the table's empty 0.)
         if seq < self.transport.completed_hint()
-            || self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] == seq + 1
+            || self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] == seq.wrapping_add(1) && seq != u64::MAX
         {
             return Ok(());
         }

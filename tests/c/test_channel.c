@@ -123,6 +123,10 @@ static void send_buffers(lf_channel *ch, unsigned char *heap) {
     EXPECT(lf_deregister(context, registered), LF_OK);
     /* The buffer may be freed once every message pointing into it is complete. */
     EXPECT(lf_wait_completed(ch, seq, 30 * SECOND), LF_OK);
+    /* Messages never sent are refused, the last sequence number a 64-bit counter holds too. */
+    EXPECT(lf_wait_completed(ch, seq + 1, 0), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_wait_completed(ch, UINT64_MAX - 1, 0), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_wait_completed(ch, UINT64_MAX, 0), LF_ERR_INVALID_ARGUMENT);
     lf_free(buffer);
 }
 

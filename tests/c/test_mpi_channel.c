@@ -101,6 +101,9 @@ static void produce(lf_context *ctx, lf_channel *ch, uint64_t count) {
         CHECK(sent == seq);
     }
     EXPECT(lf_wait_completed(ch, count - 1, 60 * SECOND), LF_OK);
+    /* Messages never sent are refused, the last sequence number a 64-bit counter holds too. */
+    EXPECT(lf_wait_completed(ch, count, 0), LF_ERR_INVALID_ARGUMENT);
+    EXPECT(lf_wait_completed(ch, UINT64_MAX, 0), LF_ERR_INVALID_ARGUMENT);
     /* Too large for the channel: refused, saying why. */
     EXPECT(lf_send(ch, scratch, (size_t)64 << 20, SECOND, NULL), LF_ERR_INVALID_ARGUMENT);
     free(scratch);

@@ -34,6 +34,11 @@ fn full_channel_would_block_and_times_out() {
             p.send(b"C").unwrap();
             p.send_timeout(&[0xB; 40 << 10], Duration::from_secs(10)).unwrap();
             p.wait_completed(6, Some(Duration::from_secs(10))).unwrap();
+            // Messages never sent are refused at once, the last number a u64 holds too.
+            for never in [7, u64::MAX - 1, u64::MAX] {
+                let refused = p.wait_completed(never, Some(Duration::ZERO));
+                assert!(matches!(refused, Err(Error::InvalidArgument(_))), "message {never}: {refused:?}");
+            }
         }
         Some("consumer") => {
             let mut c = Consumer::create(&ctx(), "full", &here(), &here(), &small_config()).unwrap();
