@@ -14,7 +14,8 @@ use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::transport::{ConsumerTransport, Packed, RawView, RouteReceiver, RoutedPayload, TransportInfo};
+use super::routes::ReceiverTable;
+use super::transport::{ConsumerTransport, Packed, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo};
 use super::transports::{self, AnyConsumer, AnyRouteReceiver, MessageReleaser};
 use super::{
     log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role,
@@ -26,9 +27,9 @@ use crate::types::ProcessLocation;
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
 pub struct Consumer {
     transport: AnyConsumer,
-    /// The route of GPU buffers by reference, if the channel has one, and its id.
-    gpu: Option<AnyRouteReceiver>,
-    gpu_route: u32,
+    /// The routes of payloads the carrier cannot hold (GPU memory), found by the id each
+    /// routed message names.
+    routes: ReceiverTable<AnyRouteReceiver>,
     info: TransportInfo,
     name: String,
     context: MemoryContext,
@@ -61,20 +62,31 @@ impl Consumer {
         validate_channel_name(name)?;
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
-        log_creating(name, Role::Consumer, plan.carrier, config.rendezvous_timeout);
-        let parts = transports::listen_consumer(name, &plan, config, context)
-            .inspect_err(|e| log_failed(name, Role::Consumer, plan.carrier, e))?;
+        log_creating(name, Role::Consumer, plan.carrier.id(), config.rendezvous_timeout);
+        let parts = transports::listen_consumer(name, &plan, config, context).inspect_err(|e| {
+            log_failed(name, Role::Consumer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
+        })?;
         log_created(name, Role::Consumer, &parts.info);
-        Ok(Consumer {
-            transport: parts.carrier,
-            gpu_route: parts.gpu.as_ref().map_or(u32::MAX, |g| g.route_id()),
-            gpu: parts.gpu,
-            info: parts.info,
+        Ok(Consumer::from_parts(name, context, parts.carrier, parts.routes, parts.info))
+    }
+
+    /// A consumer over `carrier` and `routes`, connected already.
+    pub(crate) fn from_parts(
+        name: &str,
+        context: &MemoryContext,
+        carrier: AnyConsumer,
+        routes: Vec<AnyRouteReceiver>,
+        info: TransportInfo,
+    ) -> Consumer {
+        Consumer {
+            transport: carrier,
+            routes: ReceiverTable::new(routes),
+            info,
             name: name.to_owned(),
             context: context.clone(),
             #[cfg(feature = "async-io")]
             notify_async: None,
-        })
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -102,14 +114,22 @@ impl Consumer {
     /// [`Message::ready_value`]; `Unsupported` where GPU buffers are synchronised on the host
     /// or staged.
     pub fn ready_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
-        self.sync_gpu_session()?;
-        match &self.gpu {
-            Some(gpu) => gpu.ready_semaphore(),
-            None => Err(Error::Unsupported(format!(
+        self.sync_routes()?;
+        // The semaphore of the route of lava-flow's own GPU memory, which this build's
+        // Vulkan routes share.
+        let mut why = None;
+        for route in self.routes.iter() {
+            match route.ready_semaphore() {
+                Ok(fd) => return Ok(fd),
+                Err(e) => why = Some(e),
+            }
+        }
+        Err(why.unwrap_or_else(|| {
+            Error::Unsupported(format!(
                 "channel {:?} has no GPU route with a shared semaphore: {}",
                 self.name, self.info.reason
-            ))),
-        }
+            ))
+        }))
     }
 
     /// The next message, waiting as long as needed. `PeerGone` once the producer has gone and
@@ -152,20 +172,20 @@ impl Consumer {
         self.wrap_fast(view)
     }
 
-    /// Ends the GPU route's session when the producer has gone.
+    /// Ends the routes' sessions when the producer has gone.
     #[cold]
     fn gone(&mut self, error: Error) -> Error {
         if matches!(error, Error::PeerGone(_)) {
-            self.end_gpu_session();
+            self.end_route_sessions();
         }
         error
     }
 
-    /// Ends the GPU route's session: what its messages may still use stays with the carrier's
+    /// Ends the routes' sessions: what their messages may still use stays with the carrier's
     /// session while they are held.
-    fn end_gpu_session(&mut self) {
-        if let Some(gpu) = self.gpu.as_mut() {
-            let (session, kept) = gpu.end_session();
+    fn end_route_sessions(&mut self) {
+        for route in self.routes.iter_mut() {
+            let (session, kept) = route.end_session();
             self.transport.keep_while_held(session, kept);
         }
     }
@@ -181,7 +201,9 @@ impl Consumer {
 
     #[inline(never)]
     fn wrap_routed(&mut self, view: RawView) -> Result<Message> {
-        let payload = self.resolve(&view)?;
+        // SAFETY: the view was just received; the Message drops the payload before it releases
+        // the view.
+        let payload = unsafe { self.resolve(&view)? };
         Ok(Message {
             view,
             releaser: self.transport.message_releaser(),
@@ -189,23 +211,29 @@ impl Consumer {
         })
     }
 
-    /// Hands the route the current producer's rendezvous section when a new one attached (a
+    /// Hands each route the current producer's rendezvous section when a new one attached (a
     /// producer attaches on the receive path that found the old one gone), and refreshes the
     /// report.
     #[inline]
-    fn sync_gpu_session(&mut self) -> Result<()> {
-        if let Some((session, sections)) = self.transport.take_peer_sections() {
+    fn sync_routes(&mut self) -> Result<()> {
+        if let Some((session, mut sections)) = self.transport.take_peer_sections() {
             let before = self.info.reason.clone();
+            self.end_route_sessions();
             // The carrier's account of its route may change with the producer.
-            if let Some(carrier) = self.transport.info().routes.first().cloned() {
-                self.info.set_route(carrier);
+            let carrier = self.transport.info().routes.first().cloned();
+            let carrier_kind = self.info.kind;
+            let mut routes: Vec<Route> = carrier.into_iter().collect();
+            for route in self.routes.iter_mut() {
+                let id = route.route_id();
+                let offer = sections.iter().position(|s| s.route == id).map(|at| sections.remove(at));
+                route.new_session(session, offer)?;
+                routes.push(route.route(carrier_kind));
             }
-            self.end_gpu_session();
-            if let Some(gpu) = self.gpu.as_mut() {
-                let id = gpu.route_id();
-                gpu.new_session(session, sections.into_iter().find(|s| s.route == id))?;
-                self.info.set_route(gpu.route(self.info.kind));
+            // Routes the report had besides the carrier and the receivers (staged GPU buffers).
+            if self.routes.is_empty() {
+                routes.extend(self.info.routes.iter().skip(1).cloned());
             }
+            self.info = TransportInfo::new(routes);
             // A new producer whose transport differs from the last one's.
             if self.info.reason != before {
                 log_created(&self.name, Role::Consumer, &self.info);
@@ -216,40 +244,41 @@ impl Consumer {
 
     /// The payload a routed view names, reading the attachments that came before it. A view
     /// that cannot be resolved is released before the error is returned.
+    ///
+    /// # Safety
+    /// `view` was received from this consumer and is not released yet; the payload is dropped
+    /// before the view is released.
     #[inline]
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
+    pub(crate) unsafe fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
         let result = self.try_resolve(view);
         if result.is_err() {
-            let _ = self.transport.release(view);
+            // SAFETY: the view is held and nothing was resolved from it (this function's contract).
+            let _ = unsafe { self.transport.release(view) };
         }
         result
     }
 
     #[inline]
     fn try_resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
-        self.sync_gpu_session()?;
-        if view.route() != Some(self.gpu_route) || view.len > Packed::MAX_DESCRIPTOR {
+        self.sync_routes()?;
+        let Some(id) = view.route().filter(|_| view.len <= Packed::MAX_DESCRIPTOR) else {
             return Err(self.unroutable(view));
-        }
-        let Some(gpu) = self.gpu.as_mut() else { return Err(self.unroutable(view)) };
+        };
+        let Some(route) = self.routes.by_id(id) else { return Err(self.unroutable(view)) };
         // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
         // which stays mapped while the view is held. The producer can still write them: the
         // route reads each field once and checks what it read.
         let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) };
-        match gpu.resolve(view.token, descriptor)? {
+        match route.resolve(view.token, descriptor)? {
             Some(payload) => Ok(payload),
-            None => self.resolve_after_attachments(view, descriptor),
+            None => self.resolve_after_attachments(id, view, descriptor),
         }
     }
 
-    /// A routed view whose memory the route does not know yet: the attachments that came
+    /// A routed view whose memory its route does not know yet: the attachments that came
     /// before it say what it is.
     #[cold]
-    fn resolve_after_attachments(&mut self, view: &RawView, descriptor: &[u8]) -> Result<RoutedPayload> {
-        let gpu = self.gpu.as_mut().expect("checked by try_resolve");
+    fn resolve_after_attachments(&mut self, id: u32, view: &RawView, descriptor: &[u8]) -> Result<RoutedPayload> {
         loop {
             let attachments = self.transport.take_attachments()?;
             if attachments.is_empty() {
@@ -259,10 +288,18 @@ impl Consumer {
                 )));
             }
             let released_below = self.transport.released_below();
-            for attachment in attachments.into_iter().filter(|a| a.route == self.gpu_route) {
-                gpu.attach(attachment, released_below)?;
+            for attachment in attachments {
+                // An attachment for a route this channel does not have is the producer's error.
+                let Some(route) = self.routes.by_id(attachment.route) else {
+                    return Err(Error::Corrupt(format!(
+                        "channel {:?}: the producer passed an attachment for route {}, which this channel does not use",
+                        self.name, attachment.route
+                    )));
+                };
+                route.attach(attachment, released_below)?;
             }
-            if let Some(payload) = gpu.resolve(view.token, descriptor)? {
+            let route = self.routes.by_id(id).expect("found by try_resolve");
+            if let Some(payload) = route.resolve(view.token, descriptor)? {
                 return Ok(payload);
             }
         }
@@ -311,20 +348,14 @@ impl Consumer {
     /// [`recv_raw`](Self::recv_raw) waiting up to `timeout` (`None`: forever), reading the
     /// clock only when no message is waiting.
     #[inline]
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn recv_raw_within(&mut self, timeout: Option<Duration>) -> Result<RawView> {
+    pub(crate) fn recv_raw_within(&mut self, timeout: Option<Duration>) -> Result<RawView> {
         match self.transport.recv_fast() {
             Some(view) => Ok(view),
             None => self.recv_raw(super::deadline_after(timeout)),
         }
     }
 
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn try_recv_raw(&mut self) -> Result<RawView> {
+    pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
         let view = self.transport.try_recv().map_err(|e| self.gone(e))?;
         self.after_receive(view)
     }
@@ -333,20 +364,23 @@ impl Consumer {
     /// first (the view is released if that fails).
     #[inline]
     fn after_receive(&mut self, view: RawView) -> Result<RawView> {
-        if let Err(e) = self.sync_gpu_session() {
-            let _ = self.transport.release(&view);
+        if let Err(e) = self.sync_routes() {
+            // SAFETY: the view was just received and nothing was made of it.
+            let _ = unsafe { self.transport.release(&view) };
             return Err(e);
         }
         Ok(view)
     }
 
-    /// Releases a view received with `recv_raw` (the C API's path: views are plain values).
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
+    /// Releases a view received with `recv_raw` (views are plain values there).
+    ///
+    /// # Safety
+    /// `view` was received from this consumer, is not released yet, and nothing uses it (or a
+    /// payload resolved from it) any more.
     #[inline]
-    pub fn release_raw(&mut self, view: &RawView) -> Result<()> {
-        self.transport.release(view)
+    pub(crate) unsafe fn release_raw(&mut self, view: &RawView) -> Result<()> {
+        // SAFETY: this function's contract.
+        unsafe { self.transport.release(view) }
     }
 
     /// The notification fd in async-io's reactor, registered on first use.
@@ -369,8 +403,8 @@ impl Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        // Messages still held may point into the GPU route's memory.
-        self.end_gpu_session();
+        // Messages still held may point into the routes' memory.
+        self.end_route_sessions();
         log_closed(&self.name, Role::Consumer);
     }
 }

@@ -4,14 +4,17 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::transport::{Packed, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo};
+use super::routes::SenderTable;
+use super::transport::{
+    MemoryKind, Packed, Payload, PayloadMemory, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo,
+};
 use super::transports::{self, AnyProducer, AnyRouteSender};
 use super::{
     deadline_after, log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name,
     ChannelConfig, Role, AUTO_ZERO_COPY_MIN,
 };
 use crate::error::{Error, Result};
-use crate::memory::registry::{Registry, SharedMemory};
+use crate::memory::registry::{Registry, SharedBytes, SharedMemory};
 use crate::memory::{Buffer, Context};
 use crate::types::ProcessLocation;
 
@@ -19,10 +22,10 @@ use crate::types::ProcessLocation;
 /// it may move to another thread.
 pub struct Producer {
     transport: AnyProducer,
-    /// The route of GPU buffers by reference; `None`: they are staged through the carrier.
-    gpu: Option<AnyRouteSender>,
-    /// The GPU route's id, and every GPU message packed here (see [`Packed`]).
-    gpu_route: u32,
+    /// The routes of payloads the carrier cannot hold (GPU memory), chosen per message by the
+    /// kind of its memory; a kind no route serves is staged through the carrier.
+    routes: SenderTable<AnyRouteSender>,
+    /// Every routed message is packed here (see [`Packed`]).
     packed: Packed,
     info: TransportInfo,
     name: String,
@@ -60,22 +63,34 @@ impl Producer {
         validate_channel_name(name)?;
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
-        log_creating(name, Role::Producer, plan.carrier, config.rendezvous_timeout);
-        let parts = transports::connect_producer(name, &plan, config, context)
-            .inspect_err(|e| log_failed(name, Role::Producer, plan.carrier, e))?;
+        log_creating(name, Role::Producer, plan.carrier.id(), config.rendezvous_timeout);
+        let parts = transports::connect_producer(name, &plan, config, context).inspect_err(|e| {
+            log_failed(name, Role::Producer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
+        })?;
         log_created(name, Role::Producer, &parts.info);
+        Ok(Producer::from_parts(name, context, config, parts.carrier, parts.routes, parts.info))
+    }
+
+    /// A producer over `carrier` and `routes`, connected already.
+    pub(crate) fn from_parts(
+        name: &str,
+        context: &Context,
+        config: &ChannelConfig,
+        carrier: AnyProducer,
+        routes: Vec<AnyRouteSender>,
+        info: TransportInfo,
+    ) -> Producer {
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
-        Ok(Producer {
-            transport: parts.carrier,
-            gpu_route: parts.gpu.as_ref().map_or(0, |g| g.route_id()),
-            gpu: parts.gpu,
+        Producer {
+            transport: carrier,
+            routes: SenderTable::new(routes),
             packed: Packed::default(),
-            info: parts.info,
+            info,
             name: name.to_owned(),
             context: context.clone(),
             registry,
             copied_at_send: [0; COPIED_AT_SEND],
-        })
+        }
     }
 
     /// The memory context the channel was created with.
@@ -128,10 +143,7 @@ impl Producer {
     /// all). The clock is read only when there is no room at once, so that a timeout costs
     /// nothing when it is not reached.
     #[inline]
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn send_within(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
+    pub(crate) fn send_within(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<u64> {
         // Too short to go by reference: copied into the room there is now, if there is.
         if data.len() < AUTO_ZERO_COPY_MIN {
             if let Some(seq) = self.transport.send_fast(data) {
@@ -168,8 +180,8 @@ impl Producer {
     }
 
     /// Sends `len` bytes at `offset` of `memory` by reference: a memory file through the
-    /// carrier, a GPU buffer's mapping through the GPU route (`Unsupported` where the channel
-    /// has none: the caller copies instead).
+    /// carrier, a GPU buffer's mapping through the route for its memory (`Unsupported` where
+    /// the channel has none: the caller copies instead).
     #[inline(never)]
     fn send_shared(
         &mut self,
@@ -178,17 +190,15 @@ impl Producer {
         len: usize,
         timeout: Option<Duration>,
     ) -> Result<u64> {
-        match memory {
-            SharedMemory::File(arena, _) if timeout == Some(Duration::ZERO) => {
+        match memory.bytes(offset, len)? {
+            SharedBytes::File(arena, offset) if timeout == Some(Duration::ZERO) => {
                 self.transport.try_send_region(&arena, offset, len)
             }
-            SharedMemory::File(arena, _) => self.transport.send_region(&arena, offset, len, deadline_after(timeout)),
-            #[cfg(feature = "vulkan")]
-            SharedMemory::Gpu(whole) => {
-                if self.gpu.is_none() {
+            SharedBytes::File(arena, offset) => self.transport.send_region(&arena, offset, len, deadline_after(timeout)),
+            SharedBytes::Gpu(view) => {
+                if self.routes.get(MemoryKind::Vulkan).is_none() {
                     return Err(Error::Unsupported("GPU buffers are staged on this channel".into()));
                 }
-                let view = Buffer::gpu_view(whole, offset as u64, len, None, crate::memory::BufferOrigin::Allocated)?;
                 self.send_gpu(&view, 0, len, 0, timeout)
             }
         }
@@ -198,7 +208,8 @@ impl Producer {
         // SAFETY: the loan is `data.len()` writable bytes of the channel's region that nothing
         // else writes (or reads) until it is published; `data` is a separate Rust slice.
         unsafe { crate::os::parallel_copy::copy_message(data.as_ptr(), loan.ptr, data.len()) };
-        self.transport.publish(loan, data.len())
+        // SAFETY: the loan is the carrier's outstanding one, lent by loan_raw or loan_slow.
+        unsafe { self.transport.publish(loan, data.len()) }
     }
 
     /// Lends `len` bytes of the channel's shared memory to write a message in place, waiting
@@ -219,10 +230,7 @@ impl Producer {
 
     /// A loan: the transport's inlined fast path first, then the full one.
     #[inline]
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn loan_raw(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
+    pub(crate) fn loan_raw(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
         match self.transport.loan_fast(len) {
             Some(raw) => Ok(raw),
             None => self.loan_slow(len, timeout),
@@ -237,19 +245,24 @@ impl Producer {
         }
     }
 
+    /// Publishes `len` bytes of `loan` as the next message.
+    ///
+    /// # Safety
+    /// `loan` is this producer's outstanding loan ([`loan_raw`](Self::loan_raw)), not
+    /// published or cancelled yet.
     #[inline]
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
-        self.transport.publish(loan, len)
+    pub(crate) unsafe fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+        // SAFETY: this function's contract.
+        unsafe { self.transport.publish(loan, len) }
     }
 
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn cancel_raw(&mut self, loan: RawLoan) {
-        self.transport.cancel(loan)
+    /// Gives `loan` back unpublished.
+    ///
+    /// # Safety
+    /// As [`publish_raw`](Self::publish_raw).
+    pub(crate) unsafe fn cancel_raw(&mut self, loan: RawLoan) {
+        // SAFETY: this function's contract.
+        unsafe { self.transport.cancel(loan) }
     }
 
     /// How many messages the consumer has released: every sequence number below the result
@@ -341,7 +354,7 @@ impl Producer {
     /// as an opaque fd), for the producer's GPU work to signal; `Unsupported` where GPU
     /// buffers are synchronised on the host or staged.
     pub fn ready_semaphore(&self) -> Result<OwnedFd> {
-        match &self.gpu {
+        match self.routes.get(MemoryKind::Vulkan) {
             Some(gpu) => gpu.ready_semaphore(),
             None => Err(Error::Unsupported(format!(
                 "channel {:?} has no GPU route with a shared semaphore: {}",
@@ -358,7 +371,7 @@ impl Producer {
     /// [`ChannelConfig::released_semaphore`]; `Unsupported`, saying why, where the channel has
     /// none.
     pub fn released_semaphore(&self) -> Result<OwnedFd> {
-        match &self.gpu {
+        match self.routes.get(MemoryKind::Vulkan) {
             Some(gpu) => gpu.released_semaphore(),
             None => Err(Error::Unsupported(format!(
                 "channel {:?} has no GPU route with shared semaphores: {}",
@@ -369,10 +382,7 @@ impl Producer {
 
     /// A buffer send waiting for room up to `timeout` (`None`: forever; zero: not at all),
     /// reading the clock only when there is no room at once.
-    /// For language bindings (the C API), which hold messages and loans without lifetimes;
-    /// Rust code uses the typed methods.
-    #[doc(hidden)]
-    pub fn send_buffer_within(
+    pub(crate) fn send_buffer_within(
         &mut self,
         buffer: &Buffer,
         offset: usize,
@@ -431,7 +441,8 @@ impl Producer {
         Ok(seq)
     }
 
-    /// A GPU buffer: by reference through the GPU route, or staged through the carrier.
+    /// A GPU buffer of lava-flow's: by reference through the route for its memory, or staged
+    /// through the carrier.
     fn send_gpu(
         &mut self,
         buffer: &Buffer,
@@ -440,29 +451,52 @@ impl Producer {
         ready_value: u64,
         timeout: Option<Duration>,
     ) -> Result<u64> {
-        let Some(gpu) = self.gpu.as_mut() else {
-            if ready_value != 0 {
-                return Err(Error::Unsupported(format!(
-                    "channel {:?} stages GPU buffers through host memory, so it cannot wait for a ready value: {}",
-                    self.name, self.info.reason
-                )));
-            }
-            return self.send_staged(buffer, offset, len, timeout);
+        let payload =
+            Payload { memory: PayloadMemory::Buffer(buffer), kind: MemoryKind::Vulkan, offset, len, ready_value };
+        self.send_payload(&payload, timeout)
+    }
+
+    /// Sends `payload` through the route its memory's kind calls for, or, where no route serves
+    /// it, staged through the carrier (bytes of a lava-flow buffer only: other memory needs
+    /// its route).
+    pub(crate) fn send_payload(&mut self, payload: &Payload<'_>, timeout: Option<Duration>) -> Result<u64> {
+        let Some(route) = self.routes.for_kind(payload.kind) else {
+            return self.send_staged(payload, timeout);
         };
         let packed = &mut self.packed;
-        gpu.pack(buffer, offset, len, ready_value, self.transport.completed_hint(), packed)?;
+        route.pack(payload, self.transport.completed_hint(), packed)?;
         let descriptor = &packed.descriptor[..packed.descriptor_len];
         // Attachments that did not go out stay in `packed` for the next message.
-        let seq =
-            self.transport.send_routed(self.gpu_route, descriptor, &mut packed.attachments, deadline_after(timeout))?;
-        gpu.sent(seq);
+        let seq = self.transport.send_routed(
+            route.route_id(),
+            descriptor,
+            &mut packed.attachments,
+            deadline_after(timeout),
+        )?;
+        route.sent(seq);
         Ok(seq)
     }
 
-    /// Copies a GPU buffer's bytes into the channel (the consumer gets host memory).
-    fn send_staged(&mut self, buffer: &Buffer, offset: usize, len: usize, timeout: Option<Duration>) -> Result<u64> {
+    /// Copies a payload's bytes into the channel (the consumer gets host memory).
+    fn send_staged(&mut self, payload: &Payload<'_>, timeout: Option<Duration>) -> Result<u64> {
+        let PayloadMemory::Buffer(buffer) = payload.memory else {
+            return Err(Error::Unsupported(format!(
+                "channel {:?} has no route for {}, and only lava-flow buffers can be staged: {}",
+                self.name, payload.kind, self.info.reason
+            )));
+        };
+        if payload.ready_value != 0 {
+            return Err(Error::Unsupported(format!(
+                "channel {:?} stages GPU buffers through host memory, so it cannot wait for a ready value: {}",
+                self.name, self.info.reason
+            )));
+        }
+        let (offset, len) = (payload.offset, payload.len);
         let loan = self.loan_raw(len, timeout)?;
-        self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece))
+        // SAFETY: the loan was just lent by loan_raw and is outstanding.
+        unsafe {
+            self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece))
+        }
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.
@@ -486,7 +520,6 @@ impl Producer {
     /// message cut short; 1, a sequence number out of order; 2, more bytes than the header
     /// says. Only with the `test-hooks` feature, which the tests turn on.
     #[cfg(feature = "test-hooks")]
-    #[doc(hidden)]
     pub fn send_malformed_for_tests(&mut self, how: u32) -> Result<()> {
         self.transport.send_malformed(how)
     }
@@ -528,7 +561,9 @@ impl Loan<'_> {
     #[inline]
     pub fn publish_len(mut self, len: usize) -> Result<u64> {
         let raw = self.raw.take().expect("loan is live until consumed");
-        self.producer.publish_raw(raw, len)
+        // SAFETY: `raw` is the producer's outstanding loan: lent to this Loan and taken out
+        // of it here, once.
+        unsafe { self.producer.publish_raw(raw, len) }
     }
 }
 
@@ -542,7 +577,8 @@ impl Drop for Loan<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
-            self.producer.cancel_raw(raw);
+            // SAFETY: as in publish_len: the loan is outstanding and taken out of the Loan once.
+            unsafe { self.producer.cancel_raw(raw) };
         }
     }
 }

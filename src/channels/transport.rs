@@ -9,12 +9,14 @@
 //!   the carrier carries in the same order as every other message
 //!   ([`ProducerTransport::send_routed`]), and the receiving half turns the descriptor back
 //!   into a buffer. What a route must tell its peer once (a memory file, a semaphore) goes
-//!   as a [`Section`]: in the rendezvous, or as an attachment the carrier passes before the
+//!   as an [`Attachment`]: in the rendezvous, or as an attachment the carrier passes before the
 //!   message that needs it.
 //!
-//! Which transports serve a channel is decided per payload class ([`PayloadClass`]) from the
-//! scope between the two processes, by `channels::transports`, the one module that names the
-//! implementations; the channel core sees only these traits. A new transport plugs in there.
+//! Which transports serve a channel is decided from the scope between the two processes by
+//! `channels::transports`, the one module that names the implementations; the channel core
+//! sees only these traits. A channel may have several routes, even for one class of payload:
+//! each message takes the one its memory's kind ([`MemoryKind`]) calls for (the core's route
+//! table). A new transport plugs in there.
 //!
 //! Zero copy is expressed by *loans* and *views*: the producer asks its transport for room
 //! ([`RawLoan`]), writes the payload there and publishes it; the consumer gets a [`RawView`] of
@@ -31,50 +33,38 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::memory::{Buffer, SharedArena};
+use crate::memory::Buffer;
 
-pub use super::rendezvous::Section;
+/// What a route tells its peer once, outside the messages (a memory file, a semaphore): its
+/// route's id, bytes, and OS handles, passed in order before the message that needs it. A
+/// carrier that cannot pass handles (one between hosts) serves no route that needs them.
+pub use super::rendezvous::Section as Attachment;
 
-/// The transports lava-flow knows, built or not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TransportKind {
-    /// CPU shared memory on one host (memfd + SPSC ring + payload pool).
-    Shm,
-    /// GPU memory shared through Vulkan external memory on one host.
-    VulkanIpc,
-    /// MPI between hosts.
-    Mpi,
-}
+/// A transport's name, as reports and `LF_TRANSPORTS` spell it. Each transport declares its
+/// own; this interface knows none of them (`channels::transports` lists those built).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportId(&'static str);
 
-impl TransportKind {
-    pub const ALL: [TransportKind; 3] = [TransportKind::Shm, TransportKind::VulkanIpc, TransportKind::Mpi];
+impl TransportId {
+    pub const fn new(name: &'static str) -> TransportId {
+        TransportId(name)
+    }
 
     /// The name used in `LF_TRANSPORTS` and reports.
     pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::Shm => "shm",
-            TransportKind::VulkanIpc => "vulkan_ipc",
-            TransportKind::Mpi => "mpi",
-        }
-    }
-
-    /// Parses a name from `LF_TRANSPORTS` (`shm`, `vulkan_ipc` or `vulkan`, `mpi`).
-    pub fn parse(name: &str) -> Result<Self> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "shm" | "sm" | "shared_memory" => Ok(TransportKind::Shm),
-            "vulkan_ipc" | "vulkan" | "vk" => Ok(TransportKind::VulkanIpc),
-            "mpi" => Ok(TransportKind::Mpi),
-            other => {
-                Err(Error::invalid(format!("unknown transport {other:?}; known transports are shm, vulkan_ipc, mpi")))
-            }
-        }
+        self.0
     }
 }
 
-impl fmt::Display for TransportKind {
+impl fmt::Debug for TransportId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.0)
+    }
+}
+
+impl fmt::Display for TransportId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
     }
 }
 
@@ -101,7 +91,7 @@ impl fmt::Display for PayloadClass {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
     pub class: PayloadClass,
-    pub kind: TransportKind,
+    pub kind: TransportId,
     /// One sentence: why this transport, and how it synchronises where that matters.
     pub reason: String,
 }
@@ -110,7 +100,7 @@ pub struct Route {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransportInfo {
     /// The carrier: the transport every message goes through, in order.
-    pub kind: TransportKind,
+    pub kind: TransportId,
     /// Human-readable sentences: the scope, each route, the candidates and what restricted them.
     pub reason: String,
     /// Every route the channel uses, the carrier's first.
@@ -120,7 +110,7 @@ pub struct TransportInfo {
 impl TransportInfo {
     /// A report of `routes`, the carrier's first; the reason is theirs, sentence by sentence.
     pub fn new(routes: Vec<Route>) -> TransportInfo {
-        let kind = routes.first().map_or(TransportKind::Shm, |r| r.kind);
+        let kind = routes.first().map_or(TransportId::new("none"), |r| r.kind);
         let reason = routes.iter().map(|r| r.reason.as_str()).collect::<Vec<_>>().join(". ");
         TransportInfo { kind, reason, routes }
     }
@@ -136,7 +126,7 @@ impl TransportInfo {
         *self = TransportInfo::new(routes);
     }
 
-    /// `shm`, or `shm+vulkan_ipc` when GPU buffers take another route.
+    /// The carrier's name, with those of the routes that serve other payloads (`a+b`).
     pub fn names(&self) -> String {
         let mut names: Vec<&str> = Vec::new();
         for route in &self.routes {
@@ -219,7 +209,12 @@ pub trait Release: Send + Sync {
 /// The receiving side maps `fd()` once per arena and caches it; a message then carries
 /// (arena, offset, len). The sender keeps [`keep_alive`](Self::keep_alive) until the receiver
 /// releases the message.
-pub trait SharedRegion {
+///
+/// # Safety
+/// Transports trust an implementation: `base()` points at `arena_len()` bytes readable in this
+/// process for as long as a clone of `keep_alive()` lives, and `fd()` is a memory file of at
+/// least `arena_len()` bytes holding the same bytes.
+pub unsafe trait SharedRegion {
     /// The file behind the region, passed to the peer over the rendezvous socket once.
     fn fd(&self) -> BorrowedFd<'_>;
     /// The size of the file (the peer maps `[0, arena_len)`).
@@ -231,24 +226,6 @@ pub trait SharedRegion {
     /// The region's first byte in this process (for transports that send the bytes
     /// themselves, from where they lie).
     fn base(&self) -> *const u8;
-}
-
-impl SharedRegion for SharedArena {
-    fn fd(&self) -> BorrowedFd<'_> {
-        SharedArena::fd(self)
-    }
-    fn arena_len(&self) -> usize {
-        self.len()
-    }
-    fn identity(&self) -> usize {
-        SharedArena::identity(self)
-    }
-    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
-        SharedArena::keep_alive(self)
-    }
-    fn base(&self) -> *const u8 {
-        SharedArena::base(self)
-    }
 }
 
 /// The sending half of a transport.
@@ -294,31 +271,52 @@ pub trait ProducerTransport: Send {
 
     /// Publishes the first `len` bytes of `loan` (`len` <= the loan's length) as the next
     /// message. Returns its sequence number (0, 1, 2, ...).
-    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64>;
+    ///
+    /// # Safety
+    /// `loan` is this transport's outstanding loan, as [`try_loan`](Self::try_loan),
+    /// [`loan_fast`](Self::loan_fast) or [`loan`](Self::loan) made it, not published or
+    /// cancelled yet. (Implementations check what they can, but the bytes of a forged loan
+    /// may already have been written.)
+    unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64>;
 
     /// Fills the first `len` bytes of `loan` piece by piece with `fill(offset, piece)` and
     /// publishes them, as a transport that can send part of a message while the rest is being
     /// filled does (staged GPU buffers: the GPU-to-host copy of one piece overlaps the sending
     /// of the last). A failed fill cancels the loan, or, where part was already sent, cuts the
     /// message short, which the consumer sees as `Corrupt`.
-    fn publish_filled(
+    ///
+    /// # Safety
+    /// As [`publish`](Self::publish): `loan` is this transport's outstanding loan, so its `len`
+    /// bytes at `ptr` are writable and nothing else touches them.
+    unsafe fn publish_filled(
         &mut self,
         loan: RawLoan,
         len: usize,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<u64> {
+        if len > loan.len {
+            let lent = loan.len;
+            // SAFETY: the caller's loan, given back once.
+            unsafe { self.cancel(loan) };
+            return Err(Error::invalid(format!("{len} bytes do not fit a loan of {lent}")));
+        }
         // SAFETY: the loan is at least `len` writable bytes that nothing else touches until it
-        // is published or cancelled.
+        // is published or cancelled (this function's contract).
         let room = unsafe { std::slice::from_raw_parts_mut(loan.ptr, len) };
         if let Err(e) = fill(0, room) {
-            self.cancel(loan);
+            // SAFETY: as above.
+            unsafe { self.cancel(loan) };
             return Err(e);
         }
-        self.publish(loan, len)
+        // SAFETY: the same loan, as the caller promised.
+        unsafe { self.publish(loan, len) }
     }
 
     /// Gives an unpublished loan back.
-    fn cancel(&mut self, loan: RawLoan);
+    ///
+    /// # Safety
+    /// As [`publish`](Self::publish). (Cancelling a loan that is not outstanding does nothing.)
+    unsafe fn cancel(&mut self, loan: RawLoan);
 
     /// How many messages the consumer has released (all sequence numbers below it are done).
     fn completed(&mut self) -> Result<u64>;
@@ -361,7 +359,7 @@ pub trait ProducerTransport: Send {
         &mut self,
         route: u32,
         descriptor: &[u8],
-        attachments: &mut Vec<Section>,
+        attachments: &mut Vec<Attachment>,
         deadline: Option<Instant>,
     ) -> Result<u64> {
         let _ = (route, descriptor, attachments, deadline);
@@ -369,21 +367,13 @@ pub trait ProducerTransport: Send {
     }
 
     /// The consumer's rendezvous sections for routes other than the carrier's.
-    fn peer_sections(&mut self) -> Vec<Section> {
+    fn peer_sections(&mut self) -> Vec<Attachment> {
         Vec::new()
     }
 
     /// How many arenas (memory files) this producer has passed to its consumer.
     fn arenas_sent(&self) -> u64 {
         0
-    }
-
-    /// Sends a malformed message, for tests that play a hostile peer over a carrier that has
-    /// no shared region: 0, a chunked message cut short; 1, a sequence number out of order;
-    /// 2, more bytes than the header says.
-    #[doc(hidden)]
-    fn send_malformed(&mut self, how: u32) -> Result<()> {
-        Err(Error::Unsupported(format!("this transport cannot send malformed message {how}")))
     }
 }
 
@@ -422,7 +412,13 @@ pub trait ConsumerTransport: Send {
 
     /// Releases a view by value (the C API keeps no per-view object). Views of an earlier
     /// producer's session are accepted too.
-    fn release(&mut self, view: &RawView) -> Result<()>;
+    ///
+    /// # Safety
+    /// `view` was handed out by this transport and nothing uses it, or anything resolved from
+    /// it, any more: once released, its bytes (and any route's memory it kept alive) may be
+    /// reused or unmapped. (Implementations refuse views they did not hand out or that were
+    /// released already, but cannot tell a copy of a view that is still in use.)
+    unsafe fn release(&mut self, view: &RawView) -> Result<()>;
 
     /// How many arenas (memory files) the producers of this consumer have passed to it.
     fn arenas_received(&self) -> u64 {
@@ -431,12 +427,12 @@ pub trait ConsumerTransport: Send {
 
     /// The current producer's rendezvous sections for routes other than the carrier's, once
     /// per session: `Some((session, sections))` the first time after a (new) producer attached.
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)> {
         None
     }
 
     /// The other routes' attachments that have arrived, in order, without waiting.
-    fn take_attachments(&mut self) -> Result<Vec<Section>> {
+    fn take_attachments(&mut self) -> Result<Vec<Attachment>> {
         Ok(Vec::new())
     }
 
@@ -463,7 +459,7 @@ pub struct Packed {
     /// The descriptor's first `descriptor_len` bytes (no allocation per message).
     pub descriptor: [u8; Packed::MAX_DESCRIPTOR],
     pub descriptor_len: usize,
-    pub attachments: Vec<Section>,
+    pub attachments: Vec<Attachment>,
 }
 
 impl Default for Packed {
@@ -477,6 +473,63 @@ impl Packed {
     pub const MAX_DESCRIPTOR: usize = 64;
 }
 
+/// The kinds of memory a payload can lie in. A route serves some of them; the producer asks
+/// the owner of each message's memory which kind it is, and the kind picks the route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemoryKind {
+    /// GPU memory lava-flow allocated through Vulkan (Layer 1), exportable to local peers.
+    Vulkan,
+    /// Device memory of the CUDA driver that another allocator made (a framework's tensor).
+    Cuda,
+}
+
+impl MemoryKind {
+    /// Every kind, in the order of a route table's slots.
+    pub const ALL: [MemoryKind; 2] = [MemoryKind::Vulkan, MemoryKind::Cuda];
+
+    /// The kind's slot in a route table.
+    #[inline]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The class of payload the kind belongs to, for reports.
+    pub fn class(self) -> PayloadClass {
+        PayloadClass::Gpu
+    }
+}
+
+impl fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemoryKind::Vulkan => "lava-flow's Vulkan memory",
+            MemoryKind::Cuda => "CUDA device memory",
+        })
+    }
+}
+
+/// The memory a payload lies in, as the producer hands it to a route.
+#[derive(Clone, Copy)]
+pub enum PayloadMemory<'a> {
+    /// A buffer of lava-flow's own (Layer 1).
+    Buffer(&'a Buffer),
+    /// Memory another allocator made, described by the object its route knows (the route
+    /// downcasts it): nothing here needs a lava-flow buffer over it.
+    Foreign(&'a (dyn Any + Send + Sync)),
+}
+
+/// What a route is asked to carry: `len` bytes at `offset` of `memory`, which is of `kind`,
+/// in place once the route's ready semaphore reaches `ready_value` (0: now).
+#[derive(Clone, Copy)]
+pub struct Payload<'a> {
+    pub memory: PayloadMemory<'a>,
+    pub kind: MemoryKind,
+    pub offset: usize,
+    pub len: usize,
+    pub ready_value: u64,
+}
+
 /// The sending half of a payload route.
 pub trait RouteSender: Send {
     /// The route's id in descriptors, sections and attachments.
@@ -485,20 +538,14 @@ pub trait RouteSender: Send {
     /// Which transport, and how it synchronises, for the channel's report.
     fn route(&self) -> &Route;
 
-    /// Packs `len` bytes at `offset` of `buffer` into `out`: its descriptor, and attachments
-    /// appended to those already there. `ready_value`: 0 when the bytes are in place now, else
-    /// the value of the route's ready semaphore at which they will be (the producer's own GPU
-    /// work signals it). `completed`: how many messages the consumer is known to have
-    /// released, so that the route may let go of memory no message needs.
-    fn pack(
-        &mut self,
-        buffer: &Buffer,
-        offset: usize,
-        len: usize,
-        ready_value: u64,
-        completed: u64,
-        out: &mut Packed,
-    ) -> Result<()>;
+    /// Whether the route carries payloads in memory of `kind` (to this peer: a route the peer
+    /// declined is not in the channel's table at all).
+    fn serves(&self, kind: MemoryKind) -> bool;
+
+    /// Packs `payload` into `out`: its descriptor, and attachments appended to those already
+    /// there. `completed`: how many messages the consumer is known to have released, so that
+    /// the route may let go of memory no message needs.
+    fn pack(&mut self, payload: &Payload<'_>, completed: u64, out: &mut Packed) -> Result<()>;
 
     /// A new descriptor of the route's released semaphore, which the consumer signals to
     /// `seq + 1` once it let go of message `seq` and every GPU message before it
@@ -598,11 +645,11 @@ pub trait RouteReceiver: Send {
 
     /// A new producer attached: its rendezvous section for this route (or none). The earlier
     /// session was ended first ([`end_session`](Self::end_session)).
-    fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()>;
+    fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()>;
 
     /// How the current producer's payloads arrive (by this route, or staged through the
     /// carrier), for the channel's report.
-    fn route(&self, carrier: TransportKind) -> Route;
+    fn route(&self, carrier: TransportId) -> Route;
 
     /// The current session ended (its producer has gone, or another attached, or the consumer
     /// closes): everything its messages may still use, for the carrier to keep while they are
@@ -612,7 +659,7 @@ pub trait RouteReceiver: Send {
     /// An attachment the producer passed before the messages that need it. `released_below`:
     /// the carrier's [`ConsumerTransport::released_below`], below which no message holds
     /// memory any more.
-    fn attach(&mut self, attachment: Section, released_below: u64) -> Result<()>;
+    fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;
 
     /// The payload that message `seq`'s descriptor names; `Ok(None)` when it names an
     /// attachment not arrived yet. Everything in the descriptor is checked: `Corrupt` for a

@@ -10,7 +10,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
-use crate::channels::transport::{ConsumerTransport, RawView, Release, Section, TransportInfo};
+use crate::channels::transport::{Attachment, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{Endpoint, PrivateComm, Request, ThreadLevel};
@@ -642,7 +642,7 @@ impl ConsumerTransport for MpiConsumer {
         Arc::clone(&self.shared) as Arc<dyn Release>
     }
 
-    fn release(&mut self, view: &RawView) -> Result<()> {
+    unsafe fn release(&mut self, view: &RawView) -> Result<()> {
         self.shared.release(view)
     }
 
@@ -702,7 +702,7 @@ impl ConsumerTransport for MpiConsumer {
         }
     }
 
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)> {
         None
     }
 }

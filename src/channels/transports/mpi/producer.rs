@@ -338,7 +338,7 @@ impl ProducerTransport for MpiProducer {
         self.wait_until(deadline, |p| p.has_room(), "no room: the consumer has not released enough messages")
     }
 
-    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+    unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         let Some(mut buffer) = self.loan.take().filter(|_| loan.token == self.head) else {
             return Err(Error::InvalidState(format!("that loan is not channel {:?}'s current one", self.name)));
         };
@@ -360,7 +360,7 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
-    fn publish_filled(
+    unsafe fn publish_filled(
         &mut self,
         loan: RawLoan,
         len: usize,
@@ -381,7 +381,8 @@ impl ProducerTransport for MpiProducer {
         }
         self.loan = Some(buffer);
         if len == first {
-            return self.publish(loan, len);
+            // SAFETY: the caller's outstanding loan (this function's contract).
+            return unsafe { self.publish(loan, len) };
         }
         let mut buffer = self.loan.take().expect("put back above");
         let seq = self.head;
@@ -423,7 +424,7 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
-    fn cancel(&mut self, loan: RawLoan) {
+    unsafe fn cancel(&mut self, loan: RawLoan) {
         if loan.token == self.head {
             if let Some(buffer) = self.loan.take() {
                 self.pool.put(buffer);
@@ -484,7 +485,26 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
-    fn send_malformed(&mut self, how: u32) -> Result<()> {
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
+        self.poll()?;
+        self.check_gone()?;
+        if !self.has_room() {
+            return Err(Error::WouldBlock(format!(
+                "channel {:?} is full ({} messages in flight)",
+                self.name,
+                self.head - self.completed
+            )));
+        }
+        self.send_region(region, offset, len, None)
+    }
+}
+
+impl MpiProducer {
+    /// Sends a malformed message, for tests that play a hostile peer over a carrier that has
+    /// no shared region: 0, a chunked message cut short; 1, a sequence number out of order;
+    /// 2, more bytes than the header says.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn send_malformed(&mut self, how: u32) -> Result<()> {
         let (tag, bytes) = match how {
             0 => {
                 // A header for three chunks, then one short chunk.
@@ -508,21 +528,6 @@ impl ProducerTransport for MpiProducer {
         unsafe { self.post_with(tag, ptr, bytes.len(), Keep::Buffer(bytes)) }
     }
 
-    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
-        self.poll()?;
-        self.check_gone()?;
-        if !self.has_room() {
-            return Err(Error::WouldBlock(format!(
-                "channel {:?} is full ({} messages in flight)",
-                self.name,
-                self.head - self.completed
-            )));
-        }
-        self.send_region(region, offset, len, None)
-    }
-}
-
-impl MpiProducer {
     /// Sends a header alone, then the `len` bytes at `payload` in chunks, all posted at once.
     ///
     /// # Safety

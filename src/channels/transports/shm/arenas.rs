@@ -17,9 +17,31 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::ring::MAX_ARENA_LEN;
+use crate::channels::transport::SharedRegion;
 use crate::error::{Error, Result};
+use crate::memory::SharedArena;
 use crate::os::memfd::seals;
 use crate::os::Mapping;
+
+// SAFETY: an arena maps its whole memory file (`len` bytes from `base`) for as long as a clone
+// of `keep_alive` lives, and `fd` is that file.
+unsafe impl SharedRegion for SharedArena {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        SharedArena::fd(self)
+    }
+    fn arena_len(&self) -> usize {
+        self.len()
+    }
+    fn identity(&self) -> usize {
+        SharedArena::identity(self)
+    }
+    fn keep_alive(&self) -> Arc<dyn Any + Send + Sync> {
+        SharedArena::keep_alive(self)
+    }
+    fn base(&self) -> *const u8 {
+        SharedArena::base(self)
+    }
+}
 
 /// The arenas a producer has passed to its consumer, by [`SharedRegion::identity`]. Each
 /// entry holds a `Weak` of the arena, which keeps its address from being reused by another

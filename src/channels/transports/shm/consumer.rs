@@ -14,7 +14,8 @@ use super::ring::{
 };
 use super::session::{OwnedSession, Session};
 use super::{note_peer_watch, peer_end};
-use crate::channels::rendezvous::{self, End, Listener, Section};
+use crate::channels::rendezvous::{self, End, Listener};
+use crate::channels::transport::Attachment;
 use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -29,7 +30,7 @@ const MAX_PENDING_ATTACHMENTS: usize = 4096;
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
 /// can attach once the old one has gone.
-pub struct ShmConsumer {
+pub(crate) struct ShmConsumer {
     info: TransportInfo,
     /// The carrier's reason as the plan gave it, before the note on the current producer's
     /// watch (see `note_peer_watch`).
@@ -46,7 +47,7 @@ pub struct ShmConsumer {
     notify: Option<Notify>,
     arenas_received: u64,
     /// This consumer's sections for the other routes, the answer to every producer's hello.
-    answers: Vec<Section>,
+    answers: Vec<Attachment>,
 }
 
 /// What an event loop waits on: an epoll set over the producer's notification socket, its
@@ -90,7 +91,7 @@ impl ShmConsumer {
 
     /// Listens on `name` and waits for a producer, answering its hello with `answers` (the
     /// other routes' sections).
-    pub fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, answers: Vec<Section>) -> Result<Self> {
+    pub(crate) fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, answers: Vec<Attachment>) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let listener = Listener::bind(name)?;
         let mut refused = Vec::new();
@@ -351,7 +352,7 @@ impl ShmConsumer {
                             self.corrupt(format!("more than {MAX_PENDING_ATTACHMENTS} attachments wait unread"))
                         );
                     }
-                    self.link.attachments.push(Section { route, bytes, fds });
+                    self.link.attachments.push(Attachment { route, bytes, fds });
                 }
                 (record, count) => return Err(self.corrupt(format!("{} came with {count} fds", record.describe()))),
             }
@@ -563,12 +564,12 @@ impl ConsumerTransport for ShmConsumer {
         self.arenas_received
     }
 
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Section>)> {
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)> {
         let sections = self.link.peer_sections.take()?;
         Some((self.link.session.id, sections))
     }
 
-    fn take_attachments(&mut self) -> Result<Vec<Section>> {
+    fn take_attachments(&mut self) -> Result<Vec<Attachment>> {
         self.receive_records(None)?;
         Ok(std::mem::take(&mut self.link.attachments))
     }
@@ -587,7 +588,7 @@ impl ConsumerTransport for ShmConsumer {
     }
 
     #[inline(always)]
-    fn release(&mut self, view: &RawView) -> Result<()> {
+    unsafe fn release(&mut self, view: &RawView) -> Result<()> {
         let session = &self.link.session;
         if view.session == session.id {
             return session.release(view);

@@ -1,6 +1,6 @@
 //! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
 //! (two sealed memfds: the control part and the data part) and its end of a notification
-//! socket pair in this transport's [`Section`] of the hello, next to the other routes' sections; the
+//! socket pair in this transport's [`Attachment`] of the hello, next to the other routes' sections; the
 //! consumer checks and maps them and answers with its own routes' sections, or refuses.
 
 use std::os::fd::OwnedFd;
@@ -13,7 +13,8 @@ use super::arenas::ReceivedArenas;
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
-use crate::channels::rendezvous::{self, PeerWatch, Section, MAX_HELLO_LEN};
+use crate::channels::rendezvous::{self, PeerWatch, MAX_HELLO_LEN};
+use crate::channels::transport::Attachment;
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -38,9 +39,9 @@ pub(super) struct Link {
     /// The producer's arenas mapped here (boxed: cold).
     pub(super) arenas: Box<ReceivedArenas>,
     /// The producer's rendezvous sections for the other routes, until taken.
-    pub(super) peer_sections: Option<Vec<Section>>,
+    pub(super) peer_sections: Option<Vec<Attachment>>,
     /// The other routes' attachments read from the socket, until taken.
-    pub(super) attachments: Vec<Section>,
+    pub(super) attachments: Vec<Attachment>,
 }
 
 /// This transport's section: the region's geometry (its two memfds and the consumer's end of
@@ -55,14 +56,14 @@ struct SectionWire {
 }
 const SECTION_LEN: usize = std::mem::size_of::<SectionWire>();
 
-fn encode_section(geometry: &Geometry, fds: RegionFds, signals: OwnedFd) -> Section {
+fn encode_section(geometry: &Geometry, fds: RegionFds, signals: OwnedFd) -> Attachment {
     let wire = SectionWire {
         version: VERSION.into(),
         slot_count: geometry.slot_count.into(),
         pool_size: geometry.pool_size.into(),
         total_len: (geometry.total_len as u64).into(),
     };
-    Section { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), fds: vec![fds.control, fds.data, signals] }
+    Attachment { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), fds: vec![fds.control, fds.data, signals] }
 }
 
 /// This side's fast-wake flags: [`WAKE_REGISTERED`] where it could register for global
@@ -99,7 +100,7 @@ pub(super) struct Connected {
     /// Releases are published without a fence (the producer's sleeps pay a membarrier).
     pub(super) room_fast_wake: bool,
     /// The consumer's sections for the other routes.
-    pub(super) answers: Vec<Section>,
+    pub(super) answers: Vec<Attachment>,
 }
 
 /// The producer's side: connects to the consumer of `name` (retrying until it listens or
@@ -111,7 +112,7 @@ pub(super) fn offer(
     geometry: Geometry,
     config: &ChannelConfig,
     deadline: Option<Instant>,
-    offers: &mut dyn FnMut() -> Result<Vec<Section>>,
+    offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
 ) -> Result<Connected> {
     let flags = wake_flags(membarrier::register(), config.wait);
     // A consumer that is closing may still accept our connection and then drop it; such a
@@ -161,7 +162,7 @@ pub(super) fn accept(
     wait: WaitStrategy,
     deadline: Option<Instant>,
     id: u64,
-    answers: &[Section],
+    answers: &[Attachment],
 ) -> Result<Link> {
     sock.set_read_timeout(rendezvous::remaining(deadline))
         .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
@@ -180,7 +181,7 @@ pub(super) fn accept(
         if hello_name != name {
             return Err(Error::Corrupt(format!("producer asked for channel {hello_name:?}, this is {name:?}")));
         }
-        let (mine, others): (Vec<Section>, Vec<Section>) = sections.into_iter().partition(|s| s.route == ROUTE_ID);
+        let (mine, others): (Vec<Attachment>, Vec<Attachment>) = sections.into_iter().partition(|s| s.route == ROUTE_ID);
         let Some(section) = mine.into_iter().next() else {
             return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
         };

@@ -39,16 +39,28 @@ mod producer;
 pub(crate) mod ring;
 mod session;
 
-use crate::channels::rendezvous::PeerWatch;
-use crate::channels::transport::{Route, TransportInfo};
+use crate::channels::rendezvous::{self, PeerWatch};
+use crate::channels::transport::{Route, TransportId, TransportInfo};
 use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
 
-pub use consumer::ShmConsumer;
-pub use producer::ShmProducer;
+pub(crate) use consumer::ShmConsumer;
+pub(crate) use producer::ShmProducer;
+
+pub(crate) const ID: TransportId = TransportId::new("shm");
+
+/// What to tell a user whose rendezvous timed out waiting for the `peer` end.
+pub(crate) fn rendezvous_hint(peer: &str) -> String {
+    let dir = rendezvous::runtime_dir().map_or_else(|e| format!("unusable: {e}"), |d| d.display().to_string());
+    format!(
+        ". Start the {peer} with the same channel name, as the same user and with the same runtime dir ({dir}; {} \
+         sets it), or raise rendezvous_timeout",
+        rendezvous::RUNTIME_DIR_ENV
+    )
+}
 pub(crate) use session::{release_message, Session};
 
 /// The largest payload carried inside its ring slot; longer ones go through the pool.
-pub use ring::INLINE_MAX as SHM_INLINE_MAX;
+pub(crate) use ring::INLINE_MAX as SHM_INLINE_MAX;
 /// The id of this transport's section in the rendezvous.
 pub(crate) const ROUTE_ID: u32 = 1;
 
@@ -78,14 +90,14 @@ fn note_peer_watch(info: &mut TransportInfo, base: &str, watch: &PeerWatch) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channels::transport::{PayloadClass, TransportKind};
+    use crate::channels::transport::PayloadClass;
     use std::os::unix::net::UnixStream;
 
     /// The carrier's reason says when the peer's end is polled, and why; the note goes again
     /// with a producer whose end is reported. The other routes keep their place.
     #[test]
     fn the_report_notes_a_polled_peer() {
-        let route = |class, reason: &str| Route { class, kind: TransportKind::Shm, reason: reason.to_owned() };
+        let route = |class, reason: &str| Route { class, kind: ID, reason: reason.to_owned() };
         let mut info =
             TransportInfo::new(vec![route(PayloadClass::Host, "same host"), route(PayloadClass::Gpu, "staged")]);
         let (_a, b) = UnixStream::pair().unwrap();
@@ -99,6 +111,6 @@ mod tests {
         seen.arm(|| {});
         note_peer_watch(&mut info, "same host", &seen);
         assert_eq!(info.routes[0].reason, "same host");
-        assert_eq!(info.kind, TransportKind::Shm);
+        assert_eq!(info.kind, ID);
     }
 }

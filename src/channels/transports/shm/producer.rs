@@ -11,7 +11,8 @@ use super::ring::{
     pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
 };
 use super::{note_peer_watch, peer_end};
-use crate::channels::rendezvous::{self, End, EndLock, PeerWatch, Section};
+use crate::channels::rendezvous::{self, End, EndLock, PeerWatch};
+use crate::channels::transport::Attachment;
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -35,7 +36,7 @@ use crate::os::try_send_with_fds;
 const POOL_HOT: u64 = 2 << 20;
 
 /// The producer half of a shared-memory channel.
-pub struct ShmProducer {
+pub(crate) struct ShmProducer {
     info: TransportInfo,
     name: String,
     region: Region,
@@ -71,7 +72,7 @@ pub struct ShmProducer {
     /// Buffer sends (boxed: cold, and kept off the hot fields' cache lines).
     arenas: Box<SentArenas>,
     /// The consumer's rendezvous sections for the other routes, until taken.
-    peer_sections: Vec<Section>,
+    peer_sections: Vec<Attachment>,
     /// Whether the consumer's end was logged (it is, once).
     gone_logged: bool,
 }
@@ -103,11 +104,11 @@ impl std::fmt::Debug for ShmProducer {
 impl ShmProducer {
     /// Connects to the consumer of `name` and hands it a fresh region, with the other
     /// routes' sections that `offers` makes (anew for each attempt).
-    pub fn connect(
+    pub(crate) fn connect(
         name: &str,
         info: TransportInfo,
         config: &ChannelConfig,
-        offers: &mut dyn FnMut() -> Result<Vec<Section>>,
+        offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
     ) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
@@ -490,7 +491,8 @@ impl ShmProducer {
         let id = match self.announce(region) {
             Ok(id) => id,
             Err(e) => {
-                self.cancel(loan);
+                // SAFETY: the loan was lent by this producer for this send (its callers').
+                unsafe { self.cancel(loan) };
                 return Err(e);
             }
         };
@@ -503,7 +505,8 @@ impl ShmProducer {
             pending.kind = KIND_ARENA;
             pending.len = len;
         }
-        let seq = self.publish(RawLoan { len, ..loan }, len)?;
+        // SAFETY: as above: this producer's outstanding loan.
+        let seq = unsafe { self.publish(RawLoan { len, ..loan }, len)? };
         let identity = region.identity();
         match self.arenas.in_flight.back_mut() {
             // A run of sends from one arena shares one reference, kept until its last message
@@ -524,7 +527,7 @@ impl ShmProducer {
         loan: RawLoan,
         route: u32,
         descriptor: &[u8],
-        attachments: &mut Vec<Section>,
+        attachments: &mut Vec<Attachment>,
     ) -> Result<u64> {
         // Each attachment leaves `attachments` once it went out: after a full socket
         // (`WouldBlock`) the rest go with the next message.
@@ -532,7 +535,8 @@ impl ShmProducer {
             let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
             let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
             if let Err(e) = self.send_record(record, &fds) {
-                self.cancel(loan);
+                // SAFETY: the loan was lent by this producer for this send (its caller's).
+                unsafe { self.cancel(loan) };
                 return Err(e);
             }
             attachments.remove(0);
@@ -543,7 +547,8 @@ impl ShmProducer {
         if let Some(pending) = self.loan.as_mut() {
             pending.kind = KIND_ROUTED | (route & 0xff) << 8;
         }
-        self.publish(loan, descriptor.len())
+        // SAFETY: as above: this producer's outstanding loan.
+        unsafe { self.publish(loan, descriptor.len()) }
     }
 }
 
@@ -653,7 +658,7 @@ impl ProducerTransport for ShmProducer {
     }
 
     #[inline(always)]
-    fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
+    unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
         let pending = match self.loan {
             Some(p) if p.token == loan.token && p.ptr == loan.ptr && len != 0 && len <= p.len => p,
             _ => return Err(self.publish_error(len)),
@@ -662,7 +667,7 @@ impl ProducerTransport for ShmProducer {
         Ok(self.publish_pending(pending, len))
     }
 
-    fn cancel(&mut self, loan: RawLoan) {
+    unsafe fn cancel(&mut self, loan: RawLoan) {
         if self.loan.is_some_and(|p| p.token == loan.token) {
             self.loan = None;
         }
@@ -713,7 +718,7 @@ impl ProducerTransport for ShmProducer {
         &mut self,
         route: u32,
         descriptor: &[u8],
-        attachments: &mut Vec<Section>,
+        attachments: &mut Vec<Attachment>,
         deadline: Option<Instant>,
     ) -> Result<u64> {
         if descriptor.is_empty() || descriptor.len() > INLINE_MAX || route > 0xff {
@@ -748,7 +753,7 @@ impl ProducerTransport for ShmProducer {
         }
     }
 
-    fn peer_sections(&mut self) -> Vec<Section> {
+    fn peer_sections(&mut self) -> Vec<Attachment> {
         std::mem::take(&mut self.peer_sections)
     }
 

@@ -28,19 +28,21 @@ mod wire;
 pub(crate) use receiver::Receiver;
 pub(crate) use sender::{Offer, Sender};
 
-use crate::channels::transport::{PayloadClass, Route, TransportKind};
+use crate::channels::transport::{PayloadClass, Route, TransportId};
 use crate::memory::gpu::{format_uuid, probe_semaphore_sharing};
 use crate::memory::Context;
 
 /// This route's id in rendezvous sections, attachments and routed messages.
 pub(crate) const ROUTE_ID: u32 = 2;
 
+pub(crate) const ID: TransportId = super::VULKAN_IPC;
+
 /// The route GPU buffers would take from `context`'s device, as far as this side can tell
 /// before meeting the peer: by reference where the peer opens the same GPU and driver (else
 /// staged through `carrier`), synchronised on the GPU where this device can share timeline
 /// semaphores (probed as the producer's offer probes it), on the host otherwise. `None`
 /// without a device.
-pub(crate) fn preview(context: &Context, carrier: TransportKind) -> Option<Route> {
+pub(crate) fn preview(context: &Context, carrier: TransportId) -> Option<Route> {
     let device = context.gpu_device()?;
     let info = device.info();
     let sync = match probe_semaphore_sharing(device) {
@@ -50,7 +52,7 @@ pub(crate) fn preview(context: &Context, carrier: TransportKind) -> Option<Route
     };
     Some(Route {
         class: PayloadClass::Gpu,
-        kind: TransportKind::VulkanIpc,
+        kind: ID,
         reason: format!(
             "GPU buffers: vulkan_ipc, by reference if the peer opens the same GPU and driver ({}, deviceUUID {}, driverUUID {}), \
              else staged through {carrier} (copied to host memory); {sync}",

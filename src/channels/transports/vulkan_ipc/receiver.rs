@@ -8,11 +8,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::wire::{
-    Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
+    ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
 use super::ROUTE_ID;
 use crate::channels::transport::{
-    PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, Section, TransportKind,
+    Attachment, PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, TransportId,
 };
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
@@ -153,13 +153,13 @@ impl Receiver {
     }
 
     /// This route's answer to every producer's hello: who this process's device is.
-    pub(crate) fn answer(&self) -> Section {
+    pub(crate) fn answer(&self) -> Attachment {
         let info = self.device.info();
         let mut flags = ANSWER_GPU;
         if self.imports_semaphores {
             flags |= ANSWER_SEMAPHORE;
         }
-        Section::new(
+        Attachment::new(
             ROUTE_ID,
             Identity { flags, device_uuid: info.device_uuid, driver_uuid: info.driver_uuid, declined: String::new() }
                 .encode(),
@@ -167,8 +167,8 @@ impl Receiver {
     }
 
     /// The answer of a consumer that serves no GPU route, saying why (the producer stages).
-    pub(crate) fn decline(why: &str) -> Section {
-        Section::new(
+    pub(crate) fn decline(why: &str) -> Attachment {
+        Attachment::new(
             ROUTE_ID,
             Identity { flags: 0, device_uuid: [0; 16], driver_uuid: [0; 16], declined: why.to_owned() }.encode(),
         )
@@ -203,7 +203,7 @@ impl RouteReceiver for Receiver {
         ROUTE_ID
     }
 
-    fn new_session(&mut self, session: u64, offer: Option<Section>) -> Result<()> {
+    fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()> {
         debug_assert!(self.arenas.is_empty() && self.retired.is_empty(), "the earlier session was ended first");
         self.session = session;
         self.semaphore = None;
@@ -252,7 +252,7 @@ impl RouteReceiver for Receiver {
         Ok(())
     }
 
-    fn route(&self, carrier: TransportKind) -> Route {
+    fn route(&self, carrier: TransportId) -> Route {
         let info = self.device.info();
         if let Some(why) = &self.staged {
             return Route {
@@ -269,7 +269,7 @@ impl RouteReceiver for Receiver {
         };
         Route {
             class: PayloadClass::Gpu,
-            kind: TransportKind::VulkanIpc,
+            kind: super::ID,
             reason: format!(
                 "GPU buffers: vulkan_ipc, by reference (imported on {} {} once per arena); {sync}",
                 info.name,
@@ -288,11 +288,11 @@ impl RouteReceiver for Receiver {
         (self.session, Box::new(kept))
     }
 
-    fn attach(&mut self, attachment: Section, released_below: u64) -> Result<()> {
+    fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()> {
         self.retired.retain(|(_, last)| *last >= released_below);
         let count = attachment.fds.len();
-        match Attachment::decode(&attachment.bytes, count)? {
-            Attachment::Announce { slot, generation, desc } => {
+        match ArenaRecord::decode(&attachment.bytes, count)? {
+            ArenaRecord::Announce { slot, generation, desc } => {
                 let fd = attachment.fds.into_iter().next().expect("decode checked one descriptor");
                 if let Some(Some(old)) = self.arenas.get(slot as usize) {
                     if old.generation == generation {
@@ -324,7 +324,7 @@ impl RouteReceiver for Receiver {
                 self.arenas[index] = Some(Imported { generation, arena: Arc::new(arena), last_seq: None });
                 self.imports += 1;
             }
-            Attachment::Forget { slot, generation } => {
+            ArenaRecord::Forget { slot, generation } => {
                 if let Some(entry) = self.arenas.get_mut(slot as usize) {
                     if entry.as_ref().is_some_and(|a| a.generation == generation) {
                         let old = entry.take().expect("checked");

@@ -6,13 +6,13 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::wire::{
-    Attachment, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
+    ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
 use super::ROUTE_ID;
-use crate::channels::transport::{Packed, PayloadClass, Route, RouteSender, Section, TransportKind};
+use crate::channels::transport::{Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, Route, RouteSender};
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, GpuBuffer, TimelineSemaphore, VulkanDevice};
-use crate::memory::{Buffer, BufferOrigin, Context};
+use crate::memory::{BufferOrigin, Context};
 
 /// How many messages go between two looks for arenas that died (and whose GPU memory the
 /// channel still holds).
@@ -58,7 +58,7 @@ impl Offer {
     }
 
     /// This route's section of the hello (a new semaphore descriptor each time).
-    pub(crate) fn sections(&mut self) -> Result<Vec<Section>> {
+    pub(crate) fn sections(&mut self) -> Result<Vec<Attachment>> {
         let info = self.device.info();
         let mut identity = Identity {
             flags: 0,
@@ -75,14 +75,14 @@ impl Offer {
             identity.flags |= OFFER_RELEASED;
             fds.push(released.export_fd()?);
         }
-        Ok(vec![Section { route: ROUTE_ID, bytes: identity.encode(), fds }])
+        Ok(vec![Attachment { route: ROUTE_ID, bytes: identity.encode(), fds }])
     }
 
     /// Reads the consumer's answer: `Ok(sender)` when buffers can go by reference, `Err(why)`
     /// when they must be staged (an error instead under strict_gpu).
-    pub(crate) fn accept(self, channel: &str, answers: Vec<Section>) -> Result<std::result::Result<Sender, String>> {
+    pub(crate) fn accept(self, channel: &str, answer: Option<Attachment>) -> Result<std::result::Result<Sender, String>> {
         let mine = self.device.info();
-        let why = match answers.into_iter().find(|s| s.route == ROUTE_ID) {
+        let why = match answer {
             None => Some(
                 "the consumer offers no GPU route (vulkan_ipc is not allowed there, or it runs an older lava-flow)"
                     .to_owned(),
@@ -153,7 +153,7 @@ impl Offer {
             format_uuid(&info.device_uuid)
         );
         Ok(Sender {
-            route: Route { class: PayloadClass::Gpu, kind: TransportKind::VulkanIpc, reason },
+            route: Route { class: PayloadClass::Gpu, kind: super::ID, reason },
             device: self.device,
             semaphore,
             released,
@@ -198,7 +198,7 @@ pub(crate) struct Sender {
 impl Sender {
     /// Lets go of arenas that died here and whose messages are all released, telling the
     /// consumer to drop its imports (an attachment on the next message).
-    fn sweep(&mut self, completed: u64, attachments: &mut Vec<Section>) {
+    fn sweep(&mut self, completed: u64, attachments: &mut Vec<Attachment>) {
         self.since_sweep = 0;
         // Nothing here uses the arena any more, and every message into it has been released.
         let last_seqs = &self.last_seqs;
@@ -210,9 +210,9 @@ impl Sender {
             .collect();
         for id in done {
             let gone = self.arenas.remove(&id).expect("listed above");
-            attachments.push(Section::new(
+            attachments.push(Attachment::new(
                 ROUTE_ID,
-                Attachment::Forget { slot: gone.slot, generation: gone.generation }.encode(),
+                ArenaRecord::Forget { slot: gone.slot, generation: gone.generation }.encode(),
             ));
             self.free_slots.push(gone.slot);
             if self.last.is_some_and(|(last, _, _)| last == id) {
@@ -223,7 +223,7 @@ impl Sender {
 
     /// The consumer's slot and generation for `arena`, with the attachments that must reach it
     /// first: the arena's export the first time, and the end of arenas that died since.
-    fn slot_of(&mut self, gpu: &GpuBuffer, completed: u64, attachments: &mut Vec<Section>) -> Result<(u32, u32)> {
+    fn slot_of(&mut self, gpu: &GpuBuffer, completed: u64, attachments: &mut Vec<Attachment>) -> Result<(u32, u32)> {
         let arena = gpu.arena_id();
         if let Some((id, slot, generation)) = self.last {
             if id == arena {
@@ -252,9 +252,9 @@ impl Sender {
         self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
         let generation = self.generations[slot as usize];
         let export = gpu.export_arena()?;
-        attachments.push(Section {
+        attachments.push(Attachment {
             route: ROUTE_ID,
-            bytes: Attachment::Announce { slot, generation, desc: export.desc }.encode(),
+            bytes: ArenaRecord::Announce { slot, generation, desc: export.desc }.encode(),
             fds: vec![export.fd],
         });
         self.arenas.insert(arena, SentArena { slot, generation, keep: gpu.arena_keep_alive() });
@@ -272,15 +272,18 @@ impl RouteSender for Sender {
         &self.route
     }
 
-    fn pack(
-        &mut self,
-        buffer: &Buffer,
-        offset: usize,
-        len: usize,
-        ready_value: u64,
-        completed: u64,
-        out: &mut Packed,
-    ) -> Result<()> {
+    fn serves(&self, kind: MemoryKind) -> bool {
+        kind == MemoryKind::Vulkan
+    }
+
+    fn pack(&mut self, payload: &Payload<'_>, completed: u64, out: &mut Packed) -> Result<()> {
+        let (offset, len, ready_value) = (payload.offset, payload.len, payload.ready_value);
+        let PayloadMemory::Buffer(buffer) = payload.memory else {
+            return Err(Error::Unsupported(format!(
+                "the vulkan_ipc route sends lava-flow's GPU buffers, not {}",
+                payload.kind
+            )));
+        };
         // Allocated here (a view of such a buffer too): a received buffer is the producer's.
         let Some((gpu, start)) = buffer.gpu_region().filter(|_| buffer.origin() == BufferOrigin::Allocated) else {
             return Err(Error::Unsupported(format!(

@@ -101,29 +101,29 @@ const ATTACHMENT_HEAD: usize = std::mem::size_of::<AttachmentHead>();
 /// An attachment: an arena's export (its fd attached) for a slot, or the end of a slot's
 /// arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Attachment {
+pub(super) enum ArenaRecord {
     Announce { slot: u32, generation: u32, desc: GpuExportDesc },
     Forget { slot: u32, generation: u32 },
 }
 
-impl Attachment {
+impl ArenaRecord {
     pub(super) fn encode(&self) -> Vec<u8> {
         let (kind, slot, generation) = match self {
-            Attachment::Announce { slot, generation, .. } => (ATTACH_ANNOUNCE, *slot, *generation),
-            Attachment::Forget { slot, generation } => (ATTACH_FORGET, *slot, *generation),
+            ArenaRecord::Announce { slot, generation, .. } => (ATTACH_ANNOUNCE, *slot, *generation),
+            ArenaRecord::Forget { slot, generation } => (ATTACH_FORGET, *slot, *generation),
         };
         let mut out = Vec::with_capacity(ATTACHMENT_HEAD + GpuExportDesc::SIZE);
         out.extend_from_slice(
             AttachmentHead { kind: kind.into(), slot: slot.into(), generation: generation.into() }.as_bytes(),
         );
-        if let Attachment::Announce { desc, .. } = self {
+        if let ArenaRecord::Announce { desc, .. } = self {
             out.extend_from_slice(&desc.to_bytes());
         }
         out
     }
 
     /// Parses an attachment that came with `fds` descriptors.
-    pub(super) fn decode(bytes: &[u8], fds: usize) -> Result<Attachment> {
+    pub(super) fn decode(bytes: &[u8], fds: usize) -> Result<ArenaRecord> {
         let bad = |what: String| Error::Corrupt(format!("the producer's GPU route attachment {what}"));
         let Ok((head, body)) = AttachmentHead::read_from_prefix(bytes) else {
             return Err(bad(format!("has {} bytes", bytes.len())));
@@ -136,9 +136,9 @@ impl Attachment {
             (ATTACH_ANNOUNCE, GpuExportDesc::SIZE, 1) => {
                 let desc =
                     GpuExportDesc::from_bytes(body).map_err(|e| bad(format!("describes no valid export: {e}")))?;
-                Ok(Attachment::Announce { slot, generation, desc })
+                Ok(ArenaRecord::Announce { slot, generation, desc })
             }
-            (ATTACH_FORGET, 0, 0) => Ok(Attachment::Forget { slot, generation }),
+            (ATTACH_FORGET, 0, 0) => Ok(ArenaRecord::Forget { slot, generation }),
             (kind, len, fds) => Err(bad(format!("has kind {kind}, {len} bytes of body and {fds} descriptors"))),
         }
     }
@@ -220,16 +220,16 @@ mod tests {
         assert_eq!(d.encode()[..], [&fields.concat()[..], &7u64.to_le_bytes()].concat()[..], "little-endian, packed");
         assert!(Descriptor::decode(&d.encode()[..31]).is_err());
 
-        let forget = Attachment::Forget { slot: 1, generation: 2 };
+        let forget = ArenaRecord::Forget { slot: 1, generation: 2 };
         assert_eq!(forget.encode(), [2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]);
-        assert_eq!(Attachment::decode(&forget.encode(), 0).unwrap(), forget);
-        assert!(Attachment::decode(&forget.encode(), 1).is_err(), "a descriptor it should not carry");
-        let far = Attachment::Forget { slot: MAX_SLOTS, generation: 0 };
-        assert!(Attachment::decode(&far.encode(), 0).is_err());
+        assert_eq!(ArenaRecord::decode(&forget.encode(), 0).unwrap(), forget);
+        assert!(ArenaRecord::decode(&forget.encode(), 1).is_err(), "a descriptor it should not carry");
+        let far = ArenaRecord::Forget { slot: MAX_SLOTS, generation: 0 };
+        assert!(ArenaRecord::decode(&far.encode(), 0).is_err());
         // An announce whose export description is garbage.
         let mut announce = vec![0u8; 12 + GpuExportDesc::SIZE];
         announce[0] = 1;
-        assert!(matches!(Attachment::decode(&announce, 1), Err(Error::Corrupt(_))));
+        assert!(matches!(ArenaRecord::decode(&announce, 1), Err(Error::Corrupt(_))));
     }
 
     fn sample_desc() -> GpuExportDesc {
@@ -272,18 +272,18 @@ mod tests {
         #[test]
         fn fuzz_attachment(
             bytes in crate::fuzz::bytes_near(
-                Attachment::Announce { slot: 3, generation: 1, desc: sample_desc() }.encode(),
+                ArenaRecord::Announce { slot: 3, generation: 1, desc: sample_desc() }.encode(),
                 200,
             ),
             fds in 0usize..3,
         ) {
-            if let Ok(attachment) = Attachment::decode(&bytes, fds) {
+            if let Ok(attachment) = ArenaRecord::decode(&bytes, fds) {
                 let (slot, expected_fds) = match attachment {
-                    Attachment::Announce { slot, desc, .. } => {
+                    ArenaRecord::Announce { slot, desc, .. } => {
                         prop_assert!(desc.validate().is_ok(), "an announced export is valid");
                         (slot, 1)
                     }
-                    Attachment::Forget { slot, .. } => (slot, 0),
+                    ArenaRecord::Forget { slot, .. } => (slot, 0),
                 };
                 prop_assert!(slot < MAX_SLOTS);
                 prop_assert_eq!(fds, expected_fds);

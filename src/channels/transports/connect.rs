@@ -1,0 +1,216 @@
+//! Connecting a channel's ends as planned: the carrier's rendezvous, with every planned
+//! route's offer (producer) or answer (consumer) in it, and the report of what came of each.
+
+#[cfg(feature = "mpi")]
+use super::mpi;
+use super::recommended::{Plan, TransportKind};
+#[cfg(feature = "vulkan")]
+use super::vulkan_ipc;
+use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender};
+use crate::channels::transport::{Attachment, PayloadClass, Route, RouteReceiver, RouteSender, TransportInfo};
+use crate::channels::ChannelConfig;
+use crate::error::{Error, Result};
+use crate::memory::Context;
+
+/// The carrier and the routes of a producer.
+pub(crate) struct ProducerParts {
+    pub(crate) carrier: AnyProducer,
+    /// The routes the consumer accepted, in the plan's order of preference.
+    pub(crate) routes: Vec<AnyRouteSender>,
+    pub(crate) info: TransportInfo,
+}
+
+/// The carrier and the routes of a consumer.
+pub(crate) struct ConsumerParts {
+    pub(crate) carrier: AnyConsumer,
+    /// A receiver for each planned route; each learns per producer session whether its
+    /// producer sends by it.
+    pub(crate) routes: Vec<AnyRouteReceiver>,
+    pub(crate) info: TransportInfo,
+}
+
+/// A route's offer before the peer answered.
+enum AnyOffer {
+    #[cfg(feature = "vulkan")]
+    VulkanIpc(vulkan_ipc::Offer),
+    /// No route is built without the `vulkan` feature.
+    #[cfg(not(feature = "vulkan"))]
+    #[allow(dead_code)]
+    None(std::convert::Infallible),
+}
+
+impl AnyOffer {
+    /// The offer's sections of the producer's hello (new descriptors each time).
+    fn sections(&mut self) -> Result<Vec<Attachment>> {
+        match self {
+            #[cfg(feature = "vulkan")]
+            AnyOffer::VulkanIpc(offer) => offer.sections(),
+            #[cfg(not(feature = "vulkan"))]
+            AnyOffer::None(never) => match *never {},
+        }
+    }
+
+    /// The route, from the consumer's answer among `answers`, or why the consumer declined it.
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+    fn accept(self, name: &str, answers: &mut Vec<Attachment>) -> Result<std::result::Result<AnyRouteSender, String>> {
+        match self {
+            #[cfg(feature = "vulkan")]
+            AnyOffer::VulkanIpc(offer) => {
+                let answer = take_section(answers, vulkan_ipc::ROUTE_ID);
+                Ok(offer.accept(name, answer)?.map(AnyRouteSender::VulkanIpc))
+            }
+            #[cfg(not(feature = "vulkan"))]
+            AnyOffer::None(never) => match never {},
+        }
+    }
+}
+
+/// The report of a channel: the carrier's route first, then `routes`, or, where no route
+/// serves GPU buffers, a sentence that they are staged through the carrier (the plan's last).
+pub(crate) fn report(plan: &Plan, carrier: &Route, routes: Vec<Route>) -> TransportInfo {
+    let mut all = vec![carrier.clone()];
+    if !routes.iter().any(|r| r.class == PayloadClass::Gpu) {
+        all.push(Route {
+            class: PayloadClass::Gpu,
+            kind: plan.carrier.id(),
+            reason: plan.reasons.last().cloned().unwrap_or_default(),
+        });
+    }
+    all.extend(routes);
+    TransportInfo::new(all)
+}
+
+/// The carrier's route as the plan describes it.
+fn planned_carrier(plan: &Plan) -> Route {
+    Route { class: PayloadClass::Host, kind: plan.carrier.id(), reason: plan.reasons[0].clone() }
+}
+
+/// The report a channel planned as `plan` would give, as far as this side can tell before
+/// meeting its peer (whether GPU buffers go by reference is the peer's answer).
+#[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
+pub(crate) fn preview(plan: &Plan, context: &Context) -> TransportInfo {
+    let mut routes: Vec<Route> = Vec::new();
+    for kind in &plan.routes {
+        #[cfg(feature = "vulkan")]
+        if *kind == TransportKind::VulkanIpc {
+            routes.extend(vulkan_ipc::preview(context, plan.carrier.id()));
+        }
+        let _ = (kind, context);
+    }
+    report(plan, &planned_carrier(plan), routes)
+}
+
+/// The endpoint to the peer of an mpi plan.
+#[cfg(feature = "mpi")]
+fn mpi_peer(plan: &Plan) -> Result<crate::mpi::Endpoint> {
+    let address = plan.peer_mpi.ok_or_else(|| Error::Unsupported("the peer's location has no MPI rank".into()))?;
+    crate::mpi::endpoint(address).map_err(Error::Unsupported)
+}
+
+/// Takes route `id`'s section out of `sections`.
+fn take_section(sections: &mut Vec<Attachment>, id: u32) -> Option<Attachment> {
+    let at = sections.iter().position(|s| s.route == id)?;
+    Some(sections.remove(at))
+}
+
+/// Connects the producer's end: the carrier's rendezvous, with the routes' offers in it.
+#[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
+pub(crate) fn connect_producer(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<ProducerParts> {
+    let mut offers: Vec<AnyOffer> = Vec::new();
+    for kind in &plan.routes {
+        #[cfg(feature = "vulkan")]
+        if *kind == TransportKind::VulkanIpc {
+            offers.push(AnyOffer::VulkanIpc(vulkan_ipc::Offer::new(
+                context,
+                config.strict_gpu,
+                config.released_semaphore,
+            )?));
+        }
+        let _ = (kind, context);
+    }
+    let mut sections = || -> Result<Vec<Attachment>> {
+        let mut all = Vec::new();
+        for offer in offers.iter_mut() {
+            all.extend(offer.sections()?);
+        }
+        Ok(all)
+    };
+    let provisional = report(plan, &planned_carrier(plan), Vec::new());
+    let mut carrier = match plan.carrier {
+        TransportKind::Shm => AnyProducer::Shm(shm::ShmProducer::connect(name, provisional, config, &mut sections)?),
+        TransportKind::Loopback => {
+            AnyProducer::Loopback(loopback::LoopbackProducer::connect(name, provisional, config, &mut sections)?)
+        }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional, config, mpi_peer(plan)?)?),
+        other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
+    };
+    use crate::channels::transport::ProducerTransport;
+    let carrier_route = carrier.info().routes.first().cloned().unwrap_or_else(|| planned_carrier(plan));
+    let mut answers = carrier.peer_sections();
+    let mut routes: Vec<AnyRouteSender> = Vec::new();
+    let mut refusals: Vec<String> = Vec::new();
+    for offer in offers {
+        match offer.accept(name, &mut answers)? {
+            Ok(sender) => routes.push(sender),
+            Err(why) => refusals.push(why),
+        }
+    }
+    let mut plan = plan.clone();
+    if routes.is_empty() && !refusals.is_empty() {
+        plan.reasons
+            .push(format!("GPU buffers: staged through {} (copied to host memory): {}", plan.carrier, refusals.join("; ")));
+    }
+    let info = report(&plan, &carrier_route, routes.iter().map(|r| r.route().clone()).collect());
+    Ok(ProducerParts { carrier, routes, info })
+}
+
+/// Listens for the producer's end: the carrier's rendezvous, answering the routes' offers.
+#[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
+pub(crate) fn listen_consumer(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<ConsumerParts> {
+    let mut routes: Vec<AnyRouteReceiver> = Vec::new();
+    let mut answers: Vec<Attachment> = Vec::new();
+    #[cfg(feature = "vulkan")]
+    {
+        if plan.routes.contains(&TransportKind::VulkanIpc) {
+            let receiver = vulkan_ipc::Receiver::new(context)?;
+            answers.push(receiver.answer());
+            routes.push(AnyRouteReceiver::VulkanIpc(receiver));
+        } else {
+            answers.push(vulkan_ipc::Receiver::decline(plan.route_refusal.as_deref().unwrap_or_default()));
+        }
+    }
+    let _ = context;
+    let provisional = report(plan, &planned_carrier(plan), Vec::new());
+    let mut carrier = match plan.carrier {
+        TransportKind::Shm => AnyConsumer::Shm(shm::ShmConsumer::listen(name, provisional, config, answers)?),
+        TransportKind::Loopback => {
+            AnyConsumer::Loopback(loopback::LoopbackConsumer::listen(name, provisional, config, answers)?)
+        }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => AnyConsumer::Mpi(mpi::MpiConsumer::listen(name, provisional, config, mpi_peer(plan)?)?),
+        other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
+    };
+    use crate::channels::transport::ConsumerTransport;
+    let carrier_route = carrier.info().routes.first().cloned().unwrap_or_else(|| planned_carrier(plan));
+    // The producer's offers arrived with its hello: each route learns what its producer brings.
+    if let Some((session, mut sections)) = carrier.take_peer_sections() {
+        for route in routes.iter_mut() {
+            let id = route.route_id();
+            route.new_session(session, take_section(&mut sections, id))?;
+        }
+    }
+    let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
+    let info = report(plan, &carrier_route, reports);
+    Ok(ConsumerParts { carrier, routes, info })
+}

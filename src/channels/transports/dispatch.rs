@@ -1,0 +1,258 @@
+//! The channel core's handles on the built transports: one enum per half of a carrier and of a
+//! route, whose trait methods call each variant statically, so that the built-in carriers' hot
+//! paths inline into the core. The forwarding is generated from the methods' signatures.
+
+use std::any::Any;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[cfg(feature = "mpi")]
+use super::mpi;
+#[cfg(feature = "vulkan")]
+use super::vulkan_ipc;
+use super::{loopback, shm};
+use crate::channels::transport::{
+    Attachment, ConsumerTransport, MemoryKind, Packed, Payload, ProducerTransport, RawLoan, RawView, Release, Route,
+    RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
+};
+use crate::error::Result;
+
+/// Implements a trait for an enum of implementations by calling the variant's own method,
+/// given the trait's method signatures (`&self`, `&mut self` or `unsafe ... &mut self`).
+/// `$forward` is the macro that matches the enum's variants.
+macro_rules! forward_impl {
+    ($forward:ident: impl $trait:ident for $enum:ident { $($items:tt)* }) => {
+        impl $trait for $enum {
+            forward_impl!(@items $forward $($items)*);
+        }
+    };
+    (@items $forward:ident) => {};
+    (@items $forward:ident $(#[$attr:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
+        $($rest:tt)*) => {
+        $(#[$attr])*
+        fn $name(&self $(, $arg: $ty)*) $(-> $ret)? {
+            $forward!(self, t => t.$name($($arg),*))
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
+    (@items $forward:ident $(#[$attr:meta])* fn $name:ident(&mut self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
+        $($rest:tt)*) => {
+        $(#[$attr])*
+        fn $name(&mut self $(, $arg: $ty)*) $(-> $ret)? {
+            $forward!(self, t => t.$name($($arg),*))
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
+    (@items $forward:ident $(#[$attr:meta])* unsafe fn $name:ident(&mut self $(, $arg:ident: $ty:ty)* $(,)?)
+        $(-> $ret:ty)?; $($rest:tt)*) => {
+        $(#[$attr])*
+        unsafe fn $name(&mut self $(, $arg: $ty)*) $(-> $ret)? {
+            // SAFETY: the variant's method has the trait method's contract, which the caller keeps.
+            $forward!(self, t => unsafe { t.$name($($arg),*) })
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
+}
+
+/// Matches every carrier of an enum of carriers.
+macro_rules! forward_carrier {
+    ($self:ident, $t:ident => $call:expr) => {
+        match $self {
+            Self::Shm($t) => $call,
+            Self::Loopback($t) => $call,
+            #[cfg(feature = "mpi")]
+            Self::Mpi($t) => $call,
+        }
+    };
+}
+
+/// Matches every route of an enum of routes.
+macro_rules! forward_route {
+    ($self:ident, $t:ident => $call:expr) => {
+        match $self {
+            #[cfg(feature = "vulkan")]
+            Self::VulkanIpc($t) => $call,
+            Self::Other($t) => $call,
+        }
+    };
+}
+
+/// The producer half of a channel's carrier.
+pub(crate) enum AnyProducer {
+    Shm(shm::ShmProducer),
+    Loopback(loopback::LoopbackProducer),
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiProducer),
+}
+
+/// The consumer half of a channel's carrier.
+pub(crate) enum AnyConsumer {
+    Shm(shm::ShmConsumer),
+    Loopback(loopback::LoopbackConsumer),
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiConsumer),
+}
+
+/// The sending half of a route (a routed message's hot path inlines for the built ones).
+pub(crate) enum AnyRouteSender {
+    #[cfg(feature = "vulkan")]
+    VulkanIpc(vulkan_ipc::Sender),
+    /// A route this build does not list (the core's tests bring their own).
+    #[allow(dead_code)]
+    Other(Box<dyn RouteSender>),
+}
+
+/// The receiving half of a route.
+pub(crate) enum AnyRouteReceiver {
+    #[cfg(feature = "vulkan")]
+    VulkanIpc(vulkan_ipc::Receiver),
+    #[allow(dead_code)]
+    Other(Box<dyn RouteReceiver>),
+}
+
+/// What a Rust `Message` releases its view through: the carrier's session directly (inlined,
+/// no reference count per message: see the shared-memory session's `retire`).
+pub(crate) enum MessageReleaser {
+    /// Valid while the message's view is held (`shm::release_message`'s contract).
+    Shm(NonNull<shm::Session>),
+    /// A carrier's shared release side (one reference count per message).
+    Shared(Arc<dyn Release>),
+}
+
+impl MessageReleaser {
+    /// Releases `view`, which this releaser handed out and nobody released yet.
+    #[inline]
+    pub(crate) fn release_held(&self, view: &RawView) {
+        match self {
+            // SAFETY: a MessageReleaser::Shm is made (by AnyConsumer::message_releaser) for a
+            // view just received from that session, and a Message releases its view once, in
+            // its drop.
+            MessageReleaser::Shm(session) => unsafe { shm::release_message(*session, view) },
+            MessageReleaser::Shared(release) => release.release_held(view),
+        }
+    }
+}
+
+impl AnyConsumer {
+    /// The releaser of the current session, statically typed.
+    #[inline]
+    pub(crate) fn message_releaser(&self) -> MessageReleaser {
+        match self {
+            Self::Shm(t) => MessageReleaser::Shm(t.session_ptr()),
+            Self::Loopback(t) => MessageReleaser::Shared(t.releaser()),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => MessageReleaser::Shared(t.releaser()),
+        }
+    }
+}
+
+impl AnyProducer {
+    /// Sends a malformed message, for tests that play a hostile peer (see the MPI carrier's
+    /// `send_malformed`); `Unsupported` on carriers that cannot.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn send_malformed(&mut self, how: u32) -> Result<()> {
+        match self {
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => t.send_malformed(how),
+            _ => Err(crate::error::Error::Unsupported(format!(
+                "the {} carrier cannot send malformed message {how}",
+                self.info().kind
+            ))),
+        }
+    }
+}
+
+forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
+    #[inline]
+    fn info(&self) -> &TransportInfo;
+    #[inline]
+    fn max_message_len(&self) -> usize;
+    #[inline]
+    fn try_loan(&mut self, len: usize) -> Result<RawLoan>;
+    #[inline(always)]
+    fn loan_fast(&mut self, len: usize) -> Option<RawLoan>;
+    #[inline(always)]
+    fn send_fast(&mut self, data: &[u8]) -> Option<u64>;
+    fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan>;
+    #[inline]
+    fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()>;
+    #[inline]
+    unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64>;
+    #[inline]
+    unsafe fn cancel(&mut self, loan: RawLoan);
+    unsafe fn publish_filled(
+        &mut self,
+        loan: RawLoan,
+        len: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<u64>;
+    fn completed(&mut self) -> Result<u64>;
+    #[inline]
+    fn completed_hint(&self) -> u64;
+    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()>;
+    #[inline]
+    fn send_region(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<u64>;
+    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64>;
+    fn send_routed(
+        &mut self,
+        route: u32,
+        descriptor: &[u8],
+        attachments: &mut Vec<Attachment>,
+        deadline: Option<Instant>,
+    ) -> Result<u64>;
+    fn peer_sections(&mut self) -> Vec<Attachment>;
+    fn arenas_sent(&self) -> u64;
+});
+
+forward_impl!(forward_carrier: impl ConsumerTransport for AnyConsumer {
+    #[inline]
+    fn info(&self) -> &TransportInfo;
+    fn try_recv(&mut self) -> Result<RawView>;
+    #[inline(always)]
+    fn recv_fast(&mut self) -> Option<RawView>;
+    fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView>;
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<()>;
+    fn releaser(&self) -> Arc<dyn Release>;
+    #[inline]
+    unsafe fn release(&mut self, view: &RawView) -> Result<()>;
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
+    fn arenas_received(&self) -> u64;
+    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)>;
+    fn take_attachments(&mut self) -> Result<Vec<Attachment>>;
+    fn released_below(&self) -> u64;
+    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>);
+});
+
+forward_impl!(forward_route: impl RouteSender for AnyRouteSender {
+    #[inline]
+    fn route_id(&self) -> u32;
+    fn route(&self) -> &Route;
+    #[inline]
+    fn serves(&self, kind: MemoryKind) -> bool;
+    #[inline]
+    fn pack(&mut self, payload: &Payload<'_>, completed: u64, out: &mut Packed) -> Result<()>;
+    fn released_semaphore(&self) -> Result<OwnedFd>;
+    #[inline]
+    fn sent(&mut self, seq: u64);
+    fn ready_semaphore(&self) -> Result<OwnedFd>;
+});
+
+forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
+    #[inline]
+    fn route_id(&self) -> u32;
+    fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()>;
+    fn route(&self, carrier: TransportId) -> Route;
+    fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>);
+    fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;
+    #[inline(always)]
+    fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
+    fn ready_semaphore(&self) -> Result<OwnedFd>;
+});
