@@ -2,7 +2,7 @@
 //!
 //! A channel has a name, a [`Producer`] and a [`Consumer`]. Both ends call
 //! [`Channel::create`] with the same name, in either order; they meet through a Unix socket
-//! in a per-user directory (see `rendezvous`) and agree on transports chosen from the
+//! in a per-user directory (see `transports::shm::rendezvous`) and agree on transports chosen from the
 //! scope between their [`ProcessLocation`]s, per class of payload:
 //!
 //! | scope  | every message, CPU payloads        | GPU buffers                              |
@@ -38,10 +38,9 @@
 
 pub mod consumer;
 pub mod producer;
-pub(crate) mod rendezvous;
 // What tools need to see channels from outside (lf-info --channels): the runtime directory, the
 // channels in it, whether each end is alive, and the removal of what dead ones left.
-pub use rendezvous::{
+pub use transports::shm::rendezvous::{
     channels_in_runtime_dir, end_state, remove_leftovers, runtime_dir, runtime_dir_path, ChannelFiles, End, EndState,
     RUNTIME_DIR_ENV,
 };
@@ -259,11 +258,12 @@ pub(crate) fn log_failed(name: &str, role: Role, carrier: TransportKind, error: 
     };
     let hint = match carrier {
         TransportKind::Shm => {
-            let dir = rendezvous::runtime_dir().map_or_else(|e| format!("unusable: {e}"), |d| d.display().to_string());
+            let dir = transports::shm::rendezvous::runtime_dir()
+                .map_or_else(|e| format!("unusable: {e}"), |d| d.display().to_string());
             format!(
                 ". Start the {peer} with the same channel name, as the same user and with the same runtime dir ({dir}; \
                  {} sets it), or raise rendezvous_timeout",
-                rendezvous::RUNTIME_DIR_ENV
+                transports::shm::rendezvous::RUNTIME_DIR_ENV
             )
         }
         _ => String::new(),

@@ -25,7 +25,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,7 +33,21 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::memory::{Buffer, SharedArena};
 
-pub use super::rendezvous::Section;
+/// One route's part of the rendezvous: opaque bytes and the descriptors that go with them.
+/// The carrier of a channel (the transport that owns the socket) offers its own section and
+/// carries the others' without reading them; each route reads only sections with its own id.
+#[derive(Debug)]
+pub struct Section {
+    pub route: u32,
+    pub bytes: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+impl Section {
+    pub fn new(route: u32, bytes: Vec<u8>) -> Self {
+        Section { route, bytes, fds: Vec::new() }
+    }
+}
 
 /// The transports lava-flow knows, built or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -36,12 +36,13 @@ mod arenas;
 mod consumer;
 mod handshake;
 mod producer;
+pub(crate) mod rendezvous;
 pub(crate) mod ring;
 mod session;
 
-use crate::channels::rendezvous::PeerWatch;
 use crate::channels::transport::{Route, TransportInfo};
 use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
+use rendezvous::PeerWatch;
 
 pub use consumer::ShmConsumer;
 pub use producer::ShmProducer;
