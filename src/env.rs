@@ -261,7 +261,7 @@ mod tests {
         #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
         let mut read: Vec<(&str, &EnvVar)> = vec![
             (crate::channels::TRANSPORTS_ENV, &TRANSPORTS),
-            (crate::channels::rendezvous::RUNTIME_DIR_ENV, &RUNTIME_DIR),
+            (crate::channels::RUNTIME_DIR_ENV, &RUNTIME_DIR),
             (crate::types::HOST_ID_ENV, &HOST_ID),
             (crate::mpi::PROCESS_NAME_ENV, &PROCESS_NAME),
             (crate::logging::LOG_LEVEL_ENV, &LOG_LEVEL),

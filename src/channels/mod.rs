@@ -35,10 +35,9 @@ pub mod consumer;
 pub mod producer;
 pub mod raw;
 mod routes;
-pub(crate) mod rendezvous;
 // What tools need to see channels from outside (lf-info --channels): the runtime directory, the
 // channels in it, whether each end is alive, and the removal of what dead ones left.
-pub use rendezvous::{
+pub use transports::{
     channels_in_runtime_dir, end_state, remove_leftovers, runtime_dir, runtime_dir_path, ChannelFiles, End, EndState,
     RUNTIME_DIR_ENV,
 };

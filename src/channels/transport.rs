@@ -27,7 +27,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,9 +36,22 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 /// What a route tells its peer once, outside the messages (a memory file, a semaphore): its
-/// route's id, bytes, and OS handles, passed in order before the message that needs it. A
-/// carrier that cannot pass handles (one between hosts) serves no route that needs them.
-pub use super::rendezvous::Section as Attachment;
+/// route's id, opaque bytes, and the OS handles that go with them, passed in order before the
+/// message that needs it, or in the rendezvous. The carrier passes every route's attachments
+/// without reading them; each route reads only those with its own id. A carrier that cannot
+/// pass handles (one between hosts) serves no route that needs them.
+#[derive(Debug)]
+pub struct Attachment {
+    pub route: u32,
+    pub bytes: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+impl Attachment {
+    pub fn new(route: u32, bytes: Vec<u8>) -> Self {
+        Attachment { route, bytes, fds: Vec::new() }
+    }
+}
 
 /// A transport's name, as reports and `LF_TRANSPORTS` spell it. Each transport declares its
 /// own; this interface knows none of them (`channels::transports` lists those built).

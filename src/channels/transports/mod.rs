@@ -38,6 +38,13 @@ pub(crate) use connect::{connect_producer, listen_consumer, preview};
 pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, MessageReleaser};
 pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, Plan};
 pub use recommended::{TransportKind, TRANSPORTS_ENV};
+// What tools need to see same-host channels from outside (lf-info --channels): the runtime
+// directory, the channels in it, whether each end is alive, and the removal of what dead ones
+// left.
+pub use shm::rendezvous::{
+    channels_in_runtime_dir, end_state, remove_leftovers, runtime_dir, runtime_dir_path, ChannelFiles, End, EndState,
+    RUNTIME_DIR_ENV,
+};
 
 use super::transport::TransportId;
 

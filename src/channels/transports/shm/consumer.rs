@@ -8,15 +8,14 @@ use std::time::{Duration, Instant};
 
 use super::arenas::{map_arena, ControlRecord};
 use super::handshake::{self, Link};
+use super::rendezvous::{self, End, Listener};
 use super::ring::{
     check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
     MAX_ARENAS, POOL_ALIGN,
 };
 use super::session::{OwnedSession, Session};
 use super::{note_peer_watch, peer_end};
-use crate::channels::rendezvous::{self, End, Listener};
-use crate::channels::transport::Attachment;
-use crate::channels::transport::{ConsumerTransport, RawView, Release, TransportInfo};
+use crate::channels::transport::{Attachment, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};

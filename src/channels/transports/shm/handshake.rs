@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::arenas::ReceivedArenas;
+use super::rendezvous::{self, PeerWatch, MAX_HELLO_LEN};
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
-use crate::channels::rendezvous::{self, PeerWatch, MAX_HELLO_LEN};
 use crate::channels::transport::Attachment;
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, WaitStrategy};

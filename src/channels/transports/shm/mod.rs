@@ -17,8 +17,9 @@
 //!   records passed over the socket before it: so every message of a channel, whatever route
 //!   carries its payload, takes one place in one order.
 //!
-//! The files: `handshake` (the rendezvous section this transport offers and the consumer's
-//! checks), `producer`, `session` (what the views of one producer's messages share, and
+//! The files: `rendezvous` (meeting the peer by name: the runtime dir, the ends' lock files,
+//! the socket, the hello and its answer, the peer watch), `handshake` (the rendezvous section
+//! this transport offers and the consumer's checks), `producer`, `session` (what the views of one producer's messages share, and
 //! how releases become the tail the producer reads), `consumer`, `arenas`.
 //!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
@@ -36,12 +37,13 @@ mod arenas;
 mod consumer;
 mod handshake;
 mod producer;
+pub(crate) mod rendezvous;
 pub(crate) mod ring;
 mod session;
 
-use crate::channels::rendezvous::{self, PeerWatch};
 use crate::channels::transport::{Route, TransportId, TransportInfo};
 use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
+use rendezvous::PeerWatch;
 
 pub(crate) use consumer::ShmConsumer;
 pub(crate) use producer::ShmProducer;

@@ -7,13 +7,12 @@ use std::time::Instant;
 
 use super::arenas::{ControlRecord, SentArenas, MAX_ATTACHMENT_LEN};
 use super::handshake;
+use super::rendezvous::{self, End, EndLock, PeerWatch};
 use super::ring::{
     pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
 };
 use super::{note_peer_watch, peer_end};
-use crate::channels::rendezvous::{self, End, EndLock, PeerWatch};
-use crate::channels::transport::Attachment;
-use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
+use crate::channels::transport::{Attachment, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};

@@ -1,7 +1,7 @@
 //! `--channels`, `--cleanup`: the channels whose files are in the runtime directory, each
 //! alive (a process holds an end) or dead, and the removal of what dead ones left. Whether an
 //! end lives is asked of its lock, as the channels themselves ask it
-//! (`channels::rendezvous`), so a live channel's files are never removed.
+//! (`channels::transports::shm::rendezvous`), so a live channel's files are never removed.
 
 use std::path::PathBuf;
 

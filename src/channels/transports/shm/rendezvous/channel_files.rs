@@ -1,0 +1,131 @@
+//! What tools see of channels from outside (lf-info --channels, --cleanup): the channels that
+//! have files in the runtime directory, whether each end is alive, and the removal of what
+//! the ends that are over left.
+
+use std::io::ErrorKind;
+use std::path::PathBuf;
+
+use super::end_lock::{end_state, lock_path, End, EndLock, EndState};
+use super::runtime_dir::{runtime_dir_path, socket_path};
+use crate::channels::validate_channel_name;
+use crate::error::{Error, Result};
+
+/// What the runtime directory holds of one channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelFiles {
+    pub name: String,
+    /// Whether `<name>.sock`, the consumer's rendezvous socket, is there.
+    pub socket: bool,
+    pub producer: EndState,
+    pub consumer: EndState,
+}
+
+impl ChannelFiles {
+    /// Whether a process holds either end.
+    pub fn is_live(&self) -> bool {
+        matches!(self.producer, EndState::Live { .. }) || matches!(self.consumer, EndState::Live { .. })
+    }
+}
+
+/// The channels that have files in the runtime directory (sockets, lock files), by name,
+/// each with the state of its ends ([`end_state`]). Looks only: nothing is created or
+/// removed, the directory included (no directory: no channels).
+pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
+    let dir = runtime_dir_path();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::os(format!("reading the runtime dir {}", dir.display()), e)),
+    };
+    let mut names = std::collections::BTreeMap::<String, bool>::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::os(format!("reading the runtime dir {}", dir.display()), e))?;
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let (name, socket) = if let Some(name) = file.strip_suffix(".sock") {
+            (name, true)
+        } else if let Some(name) = file.strip_suffix(".producer.lock").or_else(|| file.strip_suffix(".consumer.lock")) {
+            (name, false)
+        } else {
+            continue;
+        };
+        if validate_channel_name(name).is_ok() {
+            *names.entry(name.to_owned()).or_default() |= socket;
+        }
+    }
+    names
+        .into_iter()
+        .map(|(name, socket)| {
+            Ok(ChannelFiles {
+                producer: end_state(&name, End::Producer)?,
+                consumer: end_state(&name, End::Consumer)?,
+                socket,
+                name,
+            })
+        })
+        .collect()
+}
+
+/// Removes what the ends of channel `name` that are over left in the runtime directory: the
+/// lock file of each end nobody holds and, when nobody holds the consumer's end, its socket.
+/// The files of a live end are never touched: each end's files are removed while holding its
+/// lock, as a channel cleans up after a peer (`clean_after_peer`). Returns the paths removed.
+pub fn remove_leftovers(name: &str) -> Result<Vec<PathBuf>> {
+    validate_channel_name(name)?;
+    let socket = socket_path(name)?;
+    let mut removed = Vec::new();
+    for end in [End::Producer, End::Consumer] {
+        let path = lock_path(name, end)?;
+        let existed = std::fs::symlink_metadata(&path).is_ok();
+        let Ok(lock) = EndLock::try_take(name, end)? else { continue };
+        if end == End::Consumer {
+            match std::fs::remove_file(&socket) {
+                Ok(()) => removed.push(socket.clone()),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::os(format!("removing the socket {}", socket.display()), e)),
+            }
+        }
+        // Dropping the lock removes its file.
+        drop(lock);
+        if existed {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// A held end is live and left alone; an end whose lock nobody holds is over, and its
+    /// files (the consumer's socket with its lock) are what `remove_leftovers` removes.
+    #[test]
+    fn leftovers_are_told_from_live_ends_and_removed() {
+        let name = format!("leftover-test-{}", std::process::id());
+        let find = |name: &str| channels_in_runtime_dir().unwrap().into_iter().find(|c| c.name == name);
+        assert_eq!(find(&name), None);
+        assert_eq!(end_state(&name, End::Consumer).unwrap(), EndState::Absent);
+        let producer = EndLock::try_take(&name, End::Producer).unwrap().expect("free");
+        // A consumer that died: its lock file and socket, held by nobody.
+        let consumer_lock = lock_path(&name, End::Consumer).unwrap();
+        std::fs::write(&consumer_lock, "1").unwrap();
+        let socket = socket_path(&name).unwrap();
+        drop(UnixListener::bind(&socket).unwrap());
+        let found = find(&name).expect("listed");
+        assert_eq!(found.producer, EndState::Live { pid: std::process::id() });
+        assert_eq!((found.consumer, found.socket, found.is_live()), (EndState::Over, true, true));
+        assert_eq!(found.producer.describe(), format!("live (pid {})", std::process::id()));
+        // Looking changed nothing.
+        assert!(consumer_lock.exists() && socket.exists());
+        let removed = remove_leftovers(&name).unwrap();
+        assert_eq!(removed, vec![socket.clone(), consumer_lock.clone()]);
+        assert!(!consumer_lock.exists() && !socket.exists());
+        let found = find(&name).expect("the live producer's lock is still there");
+        assert_eq!((found.consumer, found.socket), (EndState::Absent, false));
+        drop(producer);
+        assert_eq!(find(&name), None);
+        assert!(remove_leftovers("../escape").is_err());
+    }
+}

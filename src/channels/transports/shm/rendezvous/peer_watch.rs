@@ -1,0 +1,243 @@
+//! How each side of an established channel learns that its peer has gone: a pidfd of the
+//! peer's process and the rendezvous socket, watched by the process's watcher or polled.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::channels::wait::{LIVENESS_PERIOD, SLEEP_SLICE};
+use crate::error::Result;
+use crate::os::eventfd::{pidfd_open, poll, PollFd, PollFlags};
+use crate::os::watcher::{Interest, SharedFd, Watch};
+use rustix::net::RecvFlags;
+
+/// Watches the peer of an established channel: its process (pidfd) and its end of the socket.
+/// Polled by [`is_gone`](Self::is_gone); once [`arm`](Self::arm)ed, also reported by the
+/// process's watcher (`os::watcher`) the moment the peer's end comes, without polling.
+#[derive(Debug)]
+pub struct PeerWatch {
+    /// Shared with the watcher while it watches them, so that they stay open under it.
+    sock: Arc<UnixStream>,
+    pidfd: Option<Arc<OwnedFd>>,
+    pub pid: libc::pid_t,
+    gone: bool,
+    alarm: Result<Alarm, String>,
+    /// When [`check`](Self::check) last polled.
+    last_poll: Instant,
+}
+
+/// The watcher's registration for one peer, and the flag it sets when the peer's end comes.
+#[derive(Debug)]
+struct Alarm {
+    _watch: Watch,
+    rang: Arc<AtomicBool>,
+}
+
+impl PeerWatch {
+    pub fn new(sock: UnixStream, pid: libc::pid_t) -> Self {
+        let alarm = Err("not armed".to_owned());
+        let last_poll = Instant::now();
+        PeerWatch { sock: Arc::new(sock), pidfd: pidfd_open(pid).map(Arc::new), pid, gone: false, alarm, last_poll }
+    }
+
+    /// Asks the process's watcher to report the peer's end as it happens: when the peer's
+    /// process exits or its socket hangs up, the watcher marks this watch
+    /// [`alarmed`](Self::alarmed), then calls `wake`, which must wake whatever this side may be
+    /// sleeping on (it runs on the watcher's thread: short, and owning what it touches).
+    /// Returns [`prompt`](Self::prompt).
+    pub fn arm(&mut self, wake: impl FnOnce() + Send + 'static) -> bool {
+        let mut fds: Vec<(SharedFd, Interest)> = vec![(Arc::clone(&self.sock) as SharedFd, Interest::HangUp)];
+        if let Some(pidfd) = &self.pidfd {
+            fds.push((Arc::clone(pidfd) as SharedFd, Interest::Readable));
+        }
+        let rang = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&rang);
+        self.alarm = Watch::new(fds, move || {
+            // Before the wake-up: a side woken by it must find the flag set.
+            flag.store(true, Ordering::SeqCst);
+            wake();
+        })
+        .map(|watch| Alarm { _watch: watch, rang })
+        .map_err(|e| format!("the process's watcher could not start ({e})"));
+        if let Err(why) = &self.alarm {
+            log::warn!(
+                "{why}: the end of the peer process {} is noticed by polling instead of at once (blocked waits \
+                 wake every {} ms to check it); check the limits on open files and threads",
+                self.pid,
+                SLEEP_SLICE.as_millis()
+            );
+        }
+        self.prompt()
+    }
+
+    /// Whether the peer's end is reported without polling: armed, with a pidfd of the peer.
+    /// Where it is not, a waiting side must poll [`is_gone`](Self::is_gone) periodically;
+    /// [`polled_because`](Self::polled_because) says why.
+    pub fn prompt(&self) -> bool {
+        self.alarm.is_ok() && self.pidfd.is_some()
+    }
+
+    /// Why the peer's end is not [`prompt`](Self::prompt)ly reported, if it is not.
+    pub fn polled_because(&self) -> Option<String> {
+        match &self.alarm {
+            Err(why) => Some(why.clone()),
+            Ok(_) if self.pidfd.is_none() => Some(format!(
+                "no pidfd of the peer (pid {}) could be opened: it runs in another PID namespace, or the kernel is older than 5.3",
+                self.pid
+            )),
+            Ok(_) => None,
+        }
+    }
+
+    /// Whether the watcher has reported the peer's end (no syscall).
+    #[inline]
+    pub fn alarmed(&self) -> bool {
+        self.alarm.as_ref().is_ok_and(|a| a.rang.load(Ordering::Acquire))
+    }
+
+    pub fn socket(&self) -> &UnixStream {
+        &self.sock
+    }
+
+    pub fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Whether the peer's process has exited (its pidfd is readable); `false` where there is
+    /// no pidfd, or while the process lives.
+    pub fn has_exited(&self) -> bool {
+        let Some(pidfd) = &self.pidfd else { return false };
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+        matches!(poll(&mut fds, Some(Duration::ZERO)), Ok(n) if n > 0)
+    }
+
+    /// Waits up to `timeout` for the peer's process to exit (sleeps that long without a pidfd).
+    pub fn wait_for_exit(&self, timeout: Duration) {
+        match &self.pidfd {
+            Some(pidfd) => {
+                let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+                let _ = poll(&mut fds, Some(timeout));
+            }
+            None => std::thread::sleep(timeout),
+        }
+    }
+
+    /// Whether the peer has gone, as cheaply as this watch allows: where its end is
+    /// [`prompt`](Self::prompt)ly reported, the watcher's report alone (no syscall); elsewhere
+    /// [`is_gone`](Self::is_gone) at most every `LIVENESS_PERIOD`. `force`: poll now.
+    pub fn check(&mut self, force: bool) -> bool {
+        if !(force || self.gone || self.alarmed()) {
+            if self.prompt() {
+                return false;
+            }
+            let now = Instant::now();
+            if now.duration_since(self.last_poll) < LIVENESS_PERIOD {
+                return false;
+            }
+            self.last_poll = now;
+        }
+        self.is_gone()
+    }
+
+    /// Whether an earlier check found the peer gone (no syscall).
+    pub fn known_gone(&self) -> bool {
+        self.gone
+    }
+
+    /// Whether the peer has exited or closed its end (one `poll` syscall; none once gone or
+    /// [`alarmed`](Self::alarmed)).
+    pub fn is_gone(&mut self) -> bool {
+        if self.gone {
+            return true;
+        }
+        if self.alarmed() {
+            self.gone = true;
+            return true;
+        }
+        let sock = PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP);
+        let (mut both, mut one);
+        let fds: &mut [PollFd<'_>] = match &self.pidfd {
+            Some(pidfd) => {
+                both = [sock, PollFd::new(pidfd, PollFlags::IN)];
+                &mut both
+            }
+            None => {
+                one = [sock];
+                &mut one
+            }
+        };
+        let Ok(n) = poll(fds, Some(Duration::ZERO)) else {
+            self.gone = true;
+            return true;
+        };
+        if n == 0 {
+            return false;
+        }
+        let hung_up = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
+        if fds.get(1).is_some_and(|pidfd| !pidfd.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
+            self.gone = true;
+        } else if fds[0].revents().contains(PollFlags::IN) {
+            // Readable without a hang-up: control records (arena fds) may be waiting after the
+            // handshake, so peek to tell end-of-file from data.
+            let peeked = rustix::net::recv(&self.sock, &mut [0u8; 1], RecvFlags::PEEK | RecvFlags::DONTWAIT);
+            if matches!(peeked, Ok((0, _))) {
+                self.gone = true;
+            }
+        }
+        self.gone
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_on_the_socket_is_not_a_hang_up() {
+        use std::io::Write;
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut watch = PeerWatch::new(b, std::process::id() as i32);
+        assert!(!watch.is_gone());
+        (&a).write_all(b"record").unwrap();
+        assert!(!watch.is_gone(), "pending data is not end-of-file");
+        drop(a);
+        assert!(watch.is_gone());
+    }
+
+    /// Armed with a pidfd, the peer's end is reported promptly; without one (pid 0 stands for
+    /// a peer in another PID namespace) it is polled, says why, and a hang-up of its socket is
+    /// still reported.
+    #[test]
+    fn the_watcher_reports_a_hang_up_and_says_when_it_cannot_see_the_process() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut watch = PeerWatch::new(b, std::process::id() as i32);
+        assert!(watch.arm(|| {}), "a pidfd of this process");
+        assert_eq!(watch.polled_because(), None);
+        let (a2, b2) = UnixStream::pair().unwrap();
+        let mut blind = PeerWatch::new(b2, 0);
+        let woken = Arc::new(AtomicBool::new(false));
+        let w = Arc::clone(&woken);
+        assert!(!blind.arm(move || w.store(true, Ordering::SeqCst)));
+        assert!(
+            blind.polled_because().is_some_and(|why| why.contains("PID namespace")),
+            "{:?}",
+            blind.polled_because()
+        );
+        assert!(!blind.alarmed() && !blind.is_gone());
+        drop(a2);
+        let start = Instant::now();
+        while !woken.load(Ordering::SeqCst) {
+            assert!(start.elapsed() < Duration::from_secs(10), "the hang-up was not reported");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(blind.alarmed() && blind.is_gone() && blind.known_gone());
+        assert!(!watch.alarmed());
+        drop((a, watch));
+    }
+}

@@ -1,0 +1,204 @@
+//! The rendezvous socket: the consumer's [`Listener`], the producer's [`connect`], and the
+//! check that the peer runs as this user.
+
+use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::end_lock::{file_id, holder, End, EndLock, FileId};
+use super::runtime_dir::socket_path;
+use crate::error::{Error, Result};
+use crate::os::eventfd::{poll, PollFd, PollFlags};
+
+/// The credentials of the process on the other end of `sock`, as the kernel recorded them at
+/// connect time.
+pub fn peer_credentials(sock: &UnixStream) -> Result<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are live and sized for SO_PEERCRED's ucred.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::last_os("getsockopt(SO_PEERCRED)"));
+    }
+    Ok(cred)
+}
+
+/// Refuses a peer running as another user.
+pub fn check_same_user(cred: &libc::ucred, channel: &str) -> Result<()> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if cred.uid != uid {
+        return Err(Error::PermissionDenied(format!(
+            "channel {channel:?}: peer process {} runs as uid {}, this process as uid {uid}; \
+             lava-flow only connects processes of the same user",
+            cred.pid, cred.uid
+        )));
+    }
+    Ok(())
+}
+
+/// The consumer's listening socket and its claim on the consumer's end. Dropping it removes
+/// the socket file (if it is still the one this listener created), then the claim.
+#[derive(Debug)]
+pub struct Listener {
+    listener: UnixListener,
+    path: PathBuf,
+    id: Option<FileId>,
+    /// The claim on the consumer's end, until [`close`](Self::close).
+    lock: Option<EndLock>,
+}
+
+impl Listener {
+    /// Binds the socket of channel `name`. A file left by a consumer that died is replaced; a
+    /// live consumer of the same name is an error.
+    pub fn bind(name: &str) -> Result<Self> {
+        let path = socket_path(name)?;
+        let lock = match EndLock::take(name, End::Consumer)? {
+            Ok(lock) => lock,
+            Err(pid) => {
+                return Err(Error::InvalidState(format!(
+                    "channel {name:?} already has a live consumer{} (socket {}); a channel has one consumer \
+                     at a time: close that one first, or use another channel name",
+                    holder(pid),
+                    path.display()
+                )))
+            }
+        };
+        // Holding the consumer's lock: a socket file in the way was left by one that died.
+        match std::fs::remove_file(&path) {
+            Ok(()) => log::info!(
+                "channel {name:?}: removed the socket {} that a consumer which had died left behind",
+                path.display()
+            ),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::os(format!("removing the stale socket {}", path.display()), e)),
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| Error::os(format!("bind {}", path.display()), e))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::os(format!("chmod 0600 {}", path.display()), e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::os("making the listening socket non-blocking", e))?;
+        let id = file_id(&path);
+        Ok(Listener { listener, path, id, lock: Some(lock) })
+    }
+
+    /// Removes the socket file (if it is still the one this listener created), then gives up
+    /// the claim on the consumer's end, so that another consumer may bind. The listening
+    /// socket itself stays open until the drop; connections to it fail once the file is gone.
+    pub fn close(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            if self.id.is_some() && file_id(&self.path) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            drop(lock);
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Accepts one connection from a process of this user, waiting until `deadline`
+    /// (`None`: forever; `Some(now)`: only what is already pending). Connections from other
+    /// users are closed and noted in `refused`.
+    pub fn accept(
+        &self,
+        deadline: Option<Instant>,
+        refused: &mut Vec<String>,
+        channel: &str,
+    ) -> Result<Option<(UnixStream, libc::ucred)>> {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, _)) => {
+                    sock.set_nonblocking(false).map_err(|e| Error::os("making the producer socket blocking", e))?;
+                    let cred = peer_credentials(&sock)?;
+                    match check_same_user(&cred, channel) {
+                        Ok(()) => return Ok(Some((sock, cred))),
+                        Err(e) => {
+                            refused.push(e.to_string());
+                            continue;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::os(format!("accept on {}", self.path.display()), e)),
+            }
+            let wait = match deadline {
+                None => None,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(None);
+                    }
+                    Some(d - now)
+                }
+            };
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
+            poll(&mut fds, wait.map(|w| w.max(Duration::from_millis(1))))?;
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Connects to the consumer of channel `name`, retrying until it listens or `deadline`.
+/// Returns the socket and the consumer's credentials.
+pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, libc::ucred)> {
+    let path = socket_path(name)?;
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match UnixStream::connect(&path) {
+            Ok(sock) => {
+                let cred = peer_credentials(&sock)?;
+                check_same_user(&cred, name)?;
+                return Ok((sock, cred));
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {}
+            Err(e) => return Err(Error::os(format!("connect {}", path.display()), e)),
+        }
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                return Err(Error::Timeout(format!(
+                    "no consumer of channel {name:?} appeared at {} in time",
+                    path.display()
+                )));
+            }
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// Remaining time to `deadline` for a socket timeout (at least 1 ms; `None` = forever).
+pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_credentials_of_a_socketpair_are_ours() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let cred = peer_credentials(&a).unwrap();
+        check_same_user(&cred, "x").unwrap();
+        let other = libc::ucred { uid: cred.uid.wrapping_add(1), ..cred };
+        assert!(matches!(check_same_user(&other, "x"), Err(Error::PermissionDenied(_))));
+    }
+}
