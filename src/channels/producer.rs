@@ -14,7 +14,8 @@ use super::{
     ChannelConfig, Role, AUTO_ZERO_COPY_MIN,
 };
 use crate::error::{Error, Result};
-use crate::memory::registry::{Registry, SharedBytes, SharedMemory};
+use crate::memory::buffer::SharedBytes;
+use crate::memory::registry::{Registry, SharedMemory};
 use crate::memory::{Buffer, Context};
 use crate::types::ProcessLocation;
 

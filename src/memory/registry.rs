@@ -101,33 +101,6 @@ pub(crate) enum SharedMemory {
     Gpu(Arc<GpuBuffer>),
 }
 
-/// What bytes found in a [`SharedMemory`] are, for a channel to send them by reference.
-pub(crate) enum SharedBytes {
-    /// Bytes at an offset of a memory file.
-    File(SharedArena, usize),
-    /// A buffer over the bytes in GPU memory lava-flow allocated.
-    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
-    Gpu(super::Buffer),
-}
-
-impl SharedMemory {
-    /// The `len` bytes at `offset` of the memory (the offset [`Registry::find_shareable`] gave).
-    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
-    pub(crate) fn bytes(self, offset: usize, len: usize) -> Result<SharedBytes> {
-        match self {
-            SharedMemory::File(arena, _) => Ok(SharedBytes::File(arena, offset)),
-            #[cfg(feature = "vulkan")]
-            SharedMemory::Gpu(whole) => Ok(SharedBytes::Gpu(super::Buffer::gpu_view(
-                whole,
-                offset as u64,
-                len,
-                None,
-                super::BufferOrigin::Allocated,
-            )?)),
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Piece {
     end: usize,

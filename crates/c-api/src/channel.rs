@@ -29,7 +29,7 @@ use super::{
     boundary, boundary_void, c_str, free_handle, handle_ref, new_handle, out_ptr, write_out, Failure, FfiResult,
 };
 use lava_flow::channels::transport::{RawLoan, RawView, RoutedPayload};
-use lava_flow::channels::{Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
+use lava_flow::channels::{raw as ends, Channel, ChannelConfig, Consumer, Producer, Role, WaitStrategy};
 
 /// Which end of a channel a process creates (`lf_channel_create`).
 #[allow(non_camel_case_types)]
@@ -184,7 +184,8 @@ impl Drop for lf_channel {
             }
             drop(held.payload);
             if let Channel::Consumer(c) = channel {
-                let _ = c.release_raw(&held.view);
+                // SAFETY: the table held the view for C, which handed it back (or the channel closes); nothing of it is used after.
+                let _ = unsafe { ends::release(c, &held.view) };
             }
         }
     }
@@ -448,7 +449,7 @@ pub unsafe extern "C" fn lf_send(
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let bytes = payload(data, len)?;
         let mut guard = lock(ch)?;
-        let seq = producer(&mut guard)?.send_within(bytes, timeout(timeout_ns))?;
+        let seq = ends::send(producer(&mut guard)?, bytes, timeout(timeout_ns))?;
         write_sequence(sequence, seq);
         Ok(())
     })
@@ -553,7 +554,7 @@ fn send_buffer(
     let buffer = &handle_ref(buffer, "buffer")?.buffer;
     let mut guard = lock(ch)?;
     let p = producer(&mut guard)?;
-    let seq = p.send_buffer_within(buffer, offset, len, ready_value, timeout(timeout_ns))?;
+    let seq = ends::send_buffer(p, buffer, offset, len, ready_value, timeout(timeout_ns))?;
     write_sequence(sequence, seq);
     Ok(())
 }
@@ -628,7 +629,7 @@ pub unsafe extern "C" fn lf_loan(
         }
         let mut guard = lock(ch)?;
         let p = producer(&mut guard)?;
-        let raw = p.loan_raw(len, timeout(timeout_ns))?;
+        let raw = ends::loan(p, len, timeout(timeout_ns))?;
         write_out(out, lf_loan_region { data: raw.ptr.cast(), len: raw.len, token: raw.token });
         Ok(())
     })
@@ -660,7 +661,7 @@ pub unsafe extern "C" fn lf_publish(
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let raw = raw_loan(loan)?;
         let mut guard = lock(ch)?;
-        let seq = producer(&mut guard)?.publish_raw(raw, len)?;
+        let seq = unsafe { ends::publish(producer(&mut guard)?, raw, len)? };
         write_sequence(sequence, seq);
         Ok(())
     })
@@ -676,7 +677,7 @@ pub unsafe extern "C" fn lf_loan_cancel(channel: *mut lf_channel, loan: *const l
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let raw = raw_loan(loan)?;
         let mut guard = lock(ch)?;
-        producer(&mut guard)?.cancel_raw(raw);
+        unsafe { ends::cancel(producer(&mut guard)?, raw) };
         Ok(())
     })
 }
@@ -738,7 +739,7 @@ fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf
 /// [`deliver`] of a routed view: its GPU payload, held by the channel until `lf_release`.
 #[inline(never)]
 fn deliver_gpu(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
-    let payload = consumer.resolve(&view)?;
+    let payload = unsafe { ends::resolve(consumer, &view)? };
     // NULL where the host cannot map the memory.
     let data = payload.as_ptr().cast();
     let m = lf_message {
@@ -770,7 +771,7 @@ pub unsafe extern "C" fn lf_recv(channel: *mut lf_channel, timeout_ns: i64, out:
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
         let c = consumer(&mut guard)?;
-        let view = c.recv_raw_within(timeout(timeout_ns))?;
+        let view = ends::recv(c, timeout(timeout_ns))?;
         deliver(ch, c, view, out)
     })
 }
@@ -786,7 +787,7 @@ pub unsafe extern "C" fn lf_try_recv(channel: *mut lf_channel, out: *mut lf_mess
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
         let c = consumer(&mut guard)?;
-        let view = c.try_recv_raw()?;
+        let view = ends::try_recv(c)?;
         deliver(ch, c, view, out)
     })
 }
@@ -819,11 +820,11 @@ pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf
                 super::buffer::release_borrowed(handle)?;
             }
             drop(held.payload);
-            c.release_raw(&held.view)?;
+            unsafe { ends::release(c, &held.view)? };
             return Ok(());
         }
         let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
-        c.release_raw(&view)?;
+        unsafe { ends::release(c, &view)? };
         Ok(())
     })
 }
