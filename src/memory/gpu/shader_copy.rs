@@ -4,7 +4,7 @@
 //! cudaMemcpy's rate).
 //!
 //! The pipeline is made on a device's first shader copy and lives in its
-//! [`Submitter`](super::transfer::Submitter), behind the device's mutex, until the device
+//! [`Submitter`](super::transfer::submitter::Submitter), behind the device's mutex, until the device
 //! goes. A copy is planned here ([`plan`]): the engine copies the bytes up to the first
 //! destination offset a descriptor can start at and those after the last whole element, the
 //! shader the middle in one dispatch per piece that a storage-buffer descriptor can cover
