@@ -130,6 +130,8 @@ impl fmt::Display for ExternalSemaphoreSupport {
 }
 
 /// What [`VulkanDevice::open`] found and chose.
+///
+/// [`VulkanDevice::open`]: super::VulkanDevice::open
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
     /// Position in the loader's enumeration.

@@ -122,6 +122,9 @@ pub(super) fn enumerate_candidates(
 /// that device indices (`LF_VULKAN_DEVICE`, [`DeviceSelector::Index`]) count. Opens no device,
 /// so it lists devices that [`VulkanDevice::open`] would refuse too. Errors: `Unsupported`
 /// without a loader, a driver or a device (the message says what to install).
+///
+/// [`DeviceSelector::Index`]: super::DeviceSelector::Index
+/// [`VulkanDevice::open`]: super::VulkanDevice::open
 #[allow(clippy::type_complexity)]
 pub fn list_devices() -> Result<Vec<(u32, String, DeviceType, [u8; 16])>> {
     let (_entry, instance, _api) = process_instance()?;

@@ -93,7 +93,7 @@ impl VulkanDevice {
     /// Errors: `Unsupported` without a loader, a device, Vulkan 1.1 or
     /// `VK_KHR_external_memory_fd` (the message says what to install); `NotFound` for an index
     /// or UUID that matches no device, listing the devices there are; `InvalidArgument` for a
-    /// malformed [`DEVICE_ENV`] or `LF_GPU_COPY` (see [`super::GPU_COPY_ENV`]).
+    /// malformed [`DEVICE_ENV`] or `LF_GPU_COPY` (see [`GPU_COPY_ENV`](crate::memory::gpu::GPU_COPY_ENV)).
     pub fn open(config: &GpuConfig) -> Result<Self> {
         crate::logging::init();
         let chosen_by = match (&config.device, config.use_env) {
