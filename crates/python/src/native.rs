@@ -117,7 +117,7 @@ impl<T> Clone for Ptr<T> {
 
 impl<T> Copy for Ptr<T> {}
 // SAFETY: lava-flow handles are usable from any thread (each function documents its
-// thread-safety; channels are used under their own lock, see channel.rs).
+// thread-safety; channels are used under their own lock, see channel/handle.rs).
 unsafe impl<T> Send for Ptr<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for Ptr<T> {}

@@ -3,14 +3,13 @@
 //! `vkCmdCopyBuffer` runs on the copy engines (on an NVIDIA H200 about a fifth of
 //! cudaMemcpy's rate).
 //!
-//! The pipeline is made on a device's first shader copy and lives in its
-//! [`Submitter`](super::transfer::Submitter), behind the device's mutex, until the device
-//! goes. A copy is planned here ([`plan`]): the engine copies the bytes up to the first
-//! destination offset a descriptor can start at and those after the last whole element, the
-//! shader the middle in one dispatch per piece that a storage-buffer descriptor can cover
-//! (`maxStorageBufferRange`), each buffer bound at an offset aligned to
-//! `minStorageBufferOffsetAlignment` at or below where the piece starts, the rest of the way
-//! passed to the shader in push constants.
+//! The pipeline is made on a device's first shader copy and lives in its `Submitter`
+//! (`super::transfer`), behind the device's mutex, until the device goes. A copy is planned
+//! here ([`plan`]): the engine copies the bytes up to the first destination offset a descriptor
+//! can start at and those after the last whole element, the shader the middle in one dispatch
+//! per piece that a storage-buffer descriptor can cover (`maxStorageBufferRange`), each buffer
+//! bound at an offset aligned to `minStorageBufferOffsetAlignment` at or below where the piece
+//! starts, the rest of the way passed to the shader in push constants.
 
 use std::io::Cursor;
 

@@ -37,7 +37,7 @@
 //!
 //! `mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b
 //! lf-bench --mpi [...]` measures lava-flow channels between two MPI ranks against raw MPI
-//! between the same ranks (built with the cargo feature `mpi`): see `mpi.rs`.
+//! between the same ranks (built with the cargo feature `mpi`): see `mpi/`.
 
 mod capi;
 mod config;

@@ -1,0 +1,274 @@
+//! `Message`: a received message, a read-only view into the channel's shared memory, handed
+//! back to the producer once released with no view of it left.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+use super::handle::{Deferred, Msg};
+use super::Channel;
+use crate::buffer::Buffer;
+use crate::error::{check, invalid_state};
+use crate::ffi;
+use crate::native::lib;
+use crate::pybuf;
+
+impl Channel {
+    /// `m` as a Python `Message`, counted among the channel's outstanding messages and loans.
+    pub(super) fn message(slf: &Bound<'_, Self>, m: Msg) -> PyResult<Message> {
+        slf.get().outstanding.fetch_add(1, Ordering::AcqRel);
+        Ok(Message {
+            channel: slf.clone().unbind(),
+            msg: m,
+            state: Mutex::new(MsgState { released: false, exports: 0, done: false }),
+        })
+    }
+}
+
+struct MsgState {
+    /// Released in Python: no new view may be made.
+    released: bool,
+    /// Views alive (buffer-protocol exports, DLPack tensors, lent GPU buffers).
+    exports: usize,
+    /// Handed back to lava-flow (`lf_release`).
+    done: bool,
+}
+
+/// A received message: a read-only zero-copy view into the channel's shared memory.
+///
+/// `memoryview(msg)`, `numpy.frombuffer(msg, dtype)` and `numpy.from_dlpack(msg)` read the
+/// bytes where they lie. The message is handed back to the producer once it is released
+/// (`release()`, the end of a `with` block, or garbage collection) and no view of it is left;
+/// new views of a released message raise InvalidStateError.
+#[pyclass(frozen, module = "lava_flow")]
+pub struct Message {
+    channel: Py<Channel>,
+    msg: Msg,
+    state: Mutex<MsgState>,
+}
+
+impl Message {
+    fn lock(&self) -> MutexGuard<'_, MsgState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a new view; refused once the message was released.
+    pub fn begin_export(&self) -> PyResult<()> {
+        let mut s = self.lock();
+        if s.released {
+            return Err(invalid_state(&format!(
+                "message {} has been released: its memory belongs to the producer again",
+                self.msg.0.sequence
+            )));
+        }
+        s.exports += 1;
+        Ok(())
+    }
+
+    /// Ends a view; the last view of a released message hands it back.
+    pub fn end_export(&self) {
+        let release = {
+            let mut s = self.lock();
+            s.exports -= 1;
+            let last = s.released && s.exports == 0 && !s.done;
+            s.done |= last;
+            last
+        };
+        if release {
+            Python::with_gil(|py| {
+                if let Err(e) = self.channel.get().release_message(py, &self.msg) {
+                    e.write_unraisable_bound(py, None);
+                }
+            });
+        }
+    }
+
+    pub fn data(&self) -> (*const u8, usize) {
+        (self.msg.0.data.cast(), self.msg.0.len)
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        self.msg.0.flags & ffi::LF_MESSAGE_GPU != 0
+    }
+
+    pub fn ready_value(&self) -> u64 {
+        self.msg.0.ready_value
+    }
+
+    pub fn channel(&self) -> &Py<Channel> {
+        &self.channel
+    }
+
+    /// The GPU buffer the message carries (lent: valid while the message is held).
+    pub fn gpu_buffer<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Buffer>> {
+        let this = slf.get();
+        if !this.is_gpu() {
+            return Err(invalid_state("this message carries no GPU buffer (its flags lack LF_MESSAGE_GPU)"));
+        }
+        this.begin_export()?;
+        let r = this.channel.get().quick(slf.py(), |ch| {
+            let mut b: *const ffi::lf_buffer = std::ptr::null();
+            // SAFETY: live channel, a held message, local out-parameter.
+            check(unsafe { lib().lf_message_buffer(ch.0, &this.msg.0, &mut b) })?;
+            Bound::new(slf.py(), Buffer::lent(b.cast_mut(), slf.clone().unbind())?)
+        });
+        if r.is_err() {
+            this.end_export();
+        }
+        r
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !s.done {
+            s.done = true;
+            self.channel.get().run_or_defer(Deferred::Release(self.msg));
+        }
+    }
+}
+
+#[pymethods]
+impl Message {
+    fn __len__(&self) -> usize {
+        self.msg.0.len
+    }
+
+    /// The message's sequence number (0, 1, 2, ... per producer).
+    #[getter]
+    fn sequence(&self) -> u64 {
+        self.msg.0.sequence
+    }
+
+    /// `MessageFlags` bits: ZERO_COPY (the bytes lie in the producer's buffer), GPU.
+    #[getter]
+    fn flags(&self) -> u32 {
+        self.msg.0.flags
+    }
+
+    /// True when the message is a view of the producer's own buffer (a buffer send).
+    #[getter]
+    fn zero_copy(&self) -> bool {
+        self.msg.0.flags & ffi::LF_MESSAGE_ZERO_COPY != 0
+    }
+
+    /// True when the message carries a GPU buffer (`buffer`, DLPack on CUDA).
+    #[getter(is_gpu)]
+    fn py_is_gpu(&self) -> bool {
+        self.is_gpu()
+    }
+
+    /// For GPU messages: the ready semaphore value at which the payload is in place (0: now).
+    #[getter(ready_value)]
+    fn py_ready_value(&self) -> u64 {
+        self.msg.0.ready_value
+    }
+
+    /// The address of the first byte in this process (None for a GPU message's device memory).
+    #[getter]
+    fn address(&self) -> Option<usize> {
+        (!self.msg.0.data.is_null()).then_some(self.msg.0.data as usize)
+    }
+
+    /// The GPU buffer of a GPU message (a lava-flow Buffer lent while the message is held).
+    #[getter]
+    fn buffer<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, Buffer>> {
+        Message::gpu_buffer(slf)
+    }
+
+    /// A copy of the bytes.
+    fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.begin_export()?;
+        let (p, n) = self.data();
+        let out = if p.is_null() {
+            Err(PyBufferError::new_err("this GPU message has no host bytes: read its buffer"))
+        } else {
+            // SAFETY: the message's bytes are mapped while the export is counted.
+            Ok(PyBytes::new_bound(py, unsafe { std::slice::from_raw_parts(p, n) }))
+        };
+        self.end_export();
+        out
+    }
+
+    /// Hands the message back to the producer (at once, or when its last view is gone).
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let now = {
+            let mut s = self.lock();
+            let now = !s.released && s.exports == 0 && !s.done;
+            s.released = true;
+            s.done |= now;
+            now
+        };
+        if now {
+            self.channel.get().release_message(py, &self.msg)?;
+        }
+        Ok(())
+    }
+
+    /// True once `release()` was called.
+    #[getter]
+    fn released(&self) -> bool {
+        self.lock().released
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<()> {
+        self.release(py)
+    }
+
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let this = slf.get();
+        let (p, n) = this.data();
+        if p.is_null() && n > 0 {
+            return Err(PyBufferError::new_err(
+                "this GPU message has no host bytes: use its buffer, or DLPack on a CUDA device",
+            ));
+        }
+        this.begin_export()?;
+        // SAFETY: the bytes stay mapped and unreleased while the export is counted.
+        let r = unsafe { pybuf::fill(slf.as_ptr(), view, flags, p, n, true) };
+        if r.is_err() {
+            this.end_export();
+        }
+        r
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.end_export();
+    }
+
+    /// DLPack: a read-only uint8 tensor of the bytes (CPU), or of the GPU buffer through CUDA;
+    /// `stream` (CUDA) waits for the payload on that stream.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__(
+        slf: &Bound<'_, Self>,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<PyObject> {
+        crate::dlpack::message_capsule(slf, stream, max_version, dl_device, copy)
+    }
+
+    fn __dlpack_device__(slf: &Bound<'_, Self>) -> PyResult<(i32, i32)> {
+        crate::dlpack::message_device(slf)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<lava_flow.Message {} bytes, sequence {}{}>",
+            self.msg.0.len,
+            self.msg.0.sequence,
+            if self.is_gpu() { ", GPU" } else { "" }
+        )
+    }
+}

@@ -1,0 +1,347 @@
+//! `Channel` (one end of a lava-flow channel), `Message` (a received view into shared memory)
+//! and `Loan` (room in the channel to write the next message in place).
+//!
+//! Every C call on a channel runs under the channel's lock, so that Python threads may share a
+//! channel (lava-flow takes one thread at a time per channel). Blocking calls release the GIL
+//! and wait in slices of at most 100 ms, checking for signals (Ctrl-C) in between. A message
+//! is released (`lf_release`) once it was released in Python (`release()`, the end of a `with`
+//! block, or garbage collection) and no view of it is left; closing the channel is deferred
+//! until every message and loan of it is released, so that no view outlives its memory.
+//!
+//! Its parts: `handle` (the C handle under the channel's lock: blocking calls, deferred
+//! releases, freeing), `config` (the channel config from `Channel`'s keywords), `message`
+//! (`Message`) and `loan` (`Loan`), each on `handle`.
+// PyO3 0.22's generated method wrappers are unsafe fns with unsafe calls in them.
+#![allow(unsafe_op_in_unsafe_fn)]
+
+mod config;
+mod handle;
+mod loan;
+mod message;
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use self::config::ConfigKeywords;
+use self::handle::{Core, Deferred, LoanRegion, Msg};
+pub use self::loan::Loan;
+use self::loan::LoanState;
+pub use self::message::Message;
+use crate::buffer::Buffer;
+use crate::context::Context;
+use crate::error::{check, error};
+use crate::ffi;
+use crate::location::Location;
+use crate::native::{cstring, lib, string, Ptr};
+use crate::pybuf::Borrowed;
+
+/// One end of a channel: `Channel(context, name, role, ...)` creates it and waits for the peer.
+///
+/// `role` is "producer" or "consumer". Keywords set the channel config (`capacity`,
+/// `pool_size`, `wait` (a `lava_flow.Wait`), `spin_ns`, `rendezvous_timeout` in seconds,
+/// `auto_zero_copy`, `strict_gpu`, `released_semaphore`, `prefault`), the rest keeping
+/// lava-flow's defaults; `my_location` and `peer_location` (Locations) choose the transport.
+#[pyclass(frozen, subclass, module = "lava_flow")]
+pub struct Channel {
+    core: Mutex<Core>,
+    /// Messages and loans not yet released: the channel is freed once this is 0 after close().
+    outstanding: AtomicUsize,
+    /// Messages and loans garbage-collected while another thread held the channel, released
+    /// (cancelled) by the next call; each still counts in `outstanding` until then.
+    pending: Mutex<Vec<Deferred>>,
+    has_pending: AtomicBool,
+    role: u32,
+    name: String,
+}
+
+#[pymethods]
+impl Channel {
+    #[new]
+    #[pyo3(signature = (context, name, role, *, my_location = None, peer_location = None, capacity = None,
+        pool_size = None, wait = None, spin_ns = None, rendezvous_timeout = None, auto_zero_copy = None,
+        strict_gpu = None, released_semaphore = None, prefault = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        context: &Context,
+        name: &str,
+        role: &Bound<'_, PyAny>,
+        my_location: Option<&Location>,
+        peer_location: Option<&Location>,
+        capacity: Option<u32>,
+        pool_size: Option<u64>,
+        wait: Option<u32>,
+        spin_ns: Option<u64>,
+        rendezvous_timeout: Option<f64>,
+        auto_zero_copy: Option<bool>,
+        strict_gpu: Option<bool>,
+        released_semaphore: Option<bool>,
+        prefault: Option<bool>,
+    ) -> PyResult<Channel> {
+        let role = config::role(role)?;
+        let c = ConfigKeywords {
+            capacity,
+            pool_size,
+            wait,
+            spin_ns,
+            rendezvous_timeout,
+            auto_zero_copy,
+            strict_gpu,
+            released_semaphore,
+            prefault,
+        }
+        .config()?;
+        let cname = cstring("channel name", name)?;
+        let ctx = context.ptr();
+        // Without locations: this process's, and a peer on the same host.
+        let here = match my_location {
+            Some(_) => None,
+            None => Some(Location::detect(py)?),
+        };
+        let mine = my_location.or(here.as_ref()).expect("one of them").ptr();
+        let peer = peer_location.map_or(mine, |l| l.ptr());
+        // SAFETY: live handles (held by the caller's arguments), a valid config, local out.
+        let ptr = crate::native::out_handle(py, |out| unsafe {
+            lib().lf_channel_create(ctx.get(), cname.as_ptr(), role, mine.get(), peer.get(), &c, out)
+        })?;
+        Ok(Channel {
+            core: Mutex::new(Core { ptr, closed: false }),
+            outstanding: AtomicUsize::new(0),
+            pending: Mutex::new(Vec::new()),
+            has_pending: AtomicBool::new(false),
+            role,
+            name: name.to_owned(),
+        })
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `Role.PRODUCER` or `Role.CONSUMER`.
+    #[getter]
+    fn role(&self) -> u32 {
+        self.role
+    }
+
+    /// Sends the bytes of `data` (bytes, bytearray, memoryview, a numpy array or any
+    /// C-contiguous buffer-protocol object) as the next message; returns its sequence number.
+    /// Bytes inside a lava-flow Buffer go by reference (do not rewrite them until
+    /// `wait_completed`). Waits for room up to `timeout` seconds (None: forever).
+    #[pyo3(signature = (data, timeout = None))]
+    fn send(&self, py: Python<'_>, data: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<u64> {
+        let src = Borrowed::new(data, false)?;
+        let (p, n) = (Ptr(src.ptr()), src.len());
+        self.blocking(py, "send", timeout, |ch, t| {
+            let mut seq = 0u64;
+            // SAFETY: live channel; `src` stays borrowed for the call.
+            let s = unsafe { lib().lf_send(ch.get(), p.get().cast(), n, t, &mut seq) };
+            (s, seq)
+        })
+    }
+
+    /// As `send`, but returns None at once when the channel is full.
+    fn try_send(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let src = Borrowed::new(data, false)?;
+        self.quick(py, |ch| {
+            let mut seq = 0u64;
+            // SAFETY: live channel; `src` stays borrowed for the call.
+            match unsafe { lib().lf_try_send(ch.0, src.ptr().cast(), src.len(), &mut seq) } {
+                ffi::LF_OK => Ok(Some(seq)),
+                ffi::LF_ERR_WOULD_BLOCK => Ok(None),
+                s => Err(error(s)),
+            }
+        })
+    }
+
+    /// Sends `length` bytes (default: to the end) at `offset` of a lava-flow Buffer by
+    /// reference; with `ready_value`, GPU work still writing it signals the channel's ready
+    /// semaphore to that value. Returns the sequence number.
+    #[pyo3(signature = (buffer, offset = 0, length = None, *, timeout = None, ready_value = None))]
+    fn send_buffer(
+        &self,
+        py: Python<'_>,
+        buffer: &Buffer,
+        offset: usize,
+        length: Option<usize>,
+        timeout: Option<f64>,
+        ready_value: Option<u64>,
+    ) -> PyResult<u64> {
+        let len = length.unwrap_or_else(|| buffer.len().saturating_sub(offset));
+        buffer.with(|b| {
+            self.blocking(py, "send_buffer", timeout, |ch, t| {
+                let mut seq = 0u64;
+                // SAFETY: live channel and buffer for the call.
+                let s = unsafe {
+                    match ready_value {
+                        None => lib().lf_send_buffer(ch.get(), b.get(), offset, len, t, &mut seq),
+                        Some(v) => lib().lf_send_buffer_after(ch.get(), b.get(), offset, len, v, t, &mut seq),
+                    }
+                };
+                (s, seq)
+            })
+        })
+    }
+
+    /// Lends `size` bytes of the channel's shared memory for the next message: write into the
+    /// Loan (a writable buffer: `memoryview(loan)`, `numpy.frombuffer(loan, ...)`), then
+    /// `loan.publish(n)`; or `loan.cancel()`. A `with` block cancels a loan not published.
+    #[pyo3(signature = (size, timeout = None))]
+    fn loan(slf: &Bound<'_, Self>, py: Python<'_>, size: usize, timeout: Option<f64>) -> PyResult<Loan> {
+        let this = slf.get();
+        let region = this.blocking(py, "loan", timeout, |ch, t| {
+            let mut r = ffi::lf_loan_region::default();
+            // SAFETY: live channel, local out-parameter.
+            let s = unsafe { lib().lf_loan(ch.get(), size, t, &mut r) };
+            (s, LoanRegion(r))
+        })?;
+        this.outstanding.fetch_add(1, Ordering::AcqRel);
+        Ok(Loan {
+            channel: slf.clone().unbind(),
+            region,
+            state: Mutex::new(LoanState { finished: false, exports: 0, counted: true }),
+        })
+    }
+
+    /// How many messages the consumer has released (all sequence numbers below are done).
+    #[getter]
+    fn completed(&self, py: Python<'_>) -> PyResult<u64> {
+        self.quick(py, |ch| {
+            let mut v = 0u64;
+            // SAFETY: live channel, local out-parameter.
+            check(unsafe { lib().lf_completed(ch.0, &mut v) })?;
+            Ok(v)
+        })
+    }
+
+    /// Waits up to `timeout` seconds until message `sequence` was released by the consumer.
+    #[pyo3(signature = (sequence, timeout = None))]
+    fn wait_completed(&self, py: Python<'_>, sequence: u64, timeout: Option<f64>) -> PyResult<()> {
+        self.blocking(py, "wait_completed", timeout, |ch, t| {
+            // SAFETY: live channel.
+            (unsafe { lib().lf_wait_completed(ch.get(), sequence, t) }, ())
+        })
+    }
+
+    /// Receives the next message, waiting up to `timeout` seconds (None: forever): a
+    /// read-only zero-copy view into shared memory. Raises TimeoutError, or PeerGoneError once
+    /// the producer has gone and its messages are read.
+    #[pyo3(signature = (timeout = None))]
+    fn recv(slf: &Bound<'_, Self>, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
+        let m = slf.get().blocking(py, "recv", timeout, |ch, t| {
+            let mut m = ffi::lf_message::default();
+            // SAFETY: live channel, local out-parameter.
+            let s = unsafe { lib().lf_recv(ch.get(), t, &mut m) };
+            (s, Msg(m))
+        })?;
+        Channel::message(slf, m)
+    }
+
+    /// The next message if one waits, else None (PeerGoneError once the producer has gone).
+    fn try_recv(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<Option<Message>> {
+        let m = slf.get().quick(py, |ch| {
+            let mut m = ffi::lf_message::default();
+            // SAFETY: live channel, local out-parameter.
+            match unsafe { lib().lf_try_recv(ch.0, &mut m) } {
+                ffi::LF_OK => Ok(Some(Msg(m))),
+                ffi::LF_ERR_WOULD_BLOCK => Ok(None),
+                s => Err(error(s)),
+            }
+        })?;
+        m.map(|m| Channel::message(slf, m)).transpose()
+    }
+
+    /// A file descriptor readable while a message waits or the producer has gone (consumers):
+    /// for `select`, `poll` and asyncio's `loop.add_reader`. Owned by the channel.
+    fn fileno(&self, py: Python<'_>) -> PyResult<i32> {
+        self.quick(py, |ch| {
+            let mut fd: c_int = -1;
+            // SAFETY: live channel, local out-parameter.
+            check(unsafe { lib().lf_channel_fd(ch.0, &mut fd) })?;
+            Ok(fd)
+        })
+    }
+
+    /// The transports in use ("shm", "shm+vulkan_ipc", ...).
+    #[getter]
+    fn transport(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.transport_report(py)?.0)
+    }
+
+    /// Why each route was chosen and how GPU buffers are synchronised or staged.
+    #[getter]
+    fn transport_reason(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.transport_report(py)?.1)
+    }
+
+    fn transport_report(&self, py: Python<'_>) -> PyResult<(String, String)> {
+        self.quick(py, |ch| {
+            let (mut n, mut r) = (std::ptr::null(), std::ptr::null());
+            // SAFETY: live channel; strings copied at once.
+            check(unsafe { lib().lf_channel_transport(ch.0, &mut n, &mut r) })?;
+            Ok((string(n).unwrap_or_default(), string(r).unwrap_or_default()))
+        })
+    }
+
+    /// A new fd of the channel's ready semaphore (a Vulkan timeline semaphore, for CUDA's
+    /// `cudaImportExternalSemaphore`); the caller owns it.
+    fn ready_semaphore(&self, py: Python<'_>) -> PyResult<i32> {
+        self.ready_semaphore_fd(py)
+    }
+
+    /// A new fd of the producer's released semaphore (with `released_semaphore=True`).
+    fn released_semaphore(&self, py: Python<'_>) -> PyResult<i32> {
+        self.quick(py, |ch| {
+            let mut fd: c_int = -1;
+            // SAFETY: live channel, local out-parameter.
+            check(unsafe { lib().lf_channel_released_semaphore(ch.0, &mut fd) })?;
+            Ok(fd)
+        })
+    }
+
+    /// Closes this end (the peer sees PeerGoneError after reading what was sent); the handle
+    /// is freed once every message and loan of it is released.
+    fn close(&self, py: Python<'_>) {
+        let mut core = self.lock(py);
+        core.closed = true;
+        self.drain_pending(&mut core);
+    }
+
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        self.lock(py).closed
+    }
+
+    /// The `lf_channel *` handle as an int, for C and C++ extensions in this process (use it
+    /// from one thread at a time, as the channel's own calls do).
+    #[getter]
+    fn handle(&self, py: Python<'_>) -> PyResult<usize> {
+        self.quick(py, |ch| Ok(ch.0 as usize))
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        let role = if self.role == ffi::LF_ROLE_PRODUCER { "producer" } else { "consumer" };
+        format!("<lava_flow.Channel {:?} {role}>", self.name)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Channel>()?;
+    m.add_class::<Message>()?;
+    m.add_class::<Loan>()?;
+    Ok(())
+}

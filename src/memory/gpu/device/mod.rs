@@ -1,0 +1,30 @@
+//! Opening a Vulkan device: the loader, the physical device a process uses, a logical device
+//! with the external-memory extensions, one queue for transfers, and a report of what was
+//! found.
+//!
+//! Opening is eager: every configuration problem (no loader, no device, wrong index, missing
+//! extension) shows up in [`VulkanDevice::open`], never in the middle of a transfer. (The
+//! transfer queue's command pool and buffers are Vulkan objects, not configuration: they are
+//! made at the device's first transfer.)
+//!
+//! Its parts, each on the ones before: `info` (what a device is and offers: [`DeviceInfo`] and
+//! its parts), `instance` (the Vulkan loader and the process's instance, the devices it
+//! enumerates), `handle` (an open [`VulkanDevice`]: the state its objects share, its queue)
+//! and `open` (choosing a device and opening it).
+
+mod handle;
+mod info;
+mod instance;
+mod open;
+
+pub use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
+pub use handle::VulkanDevice;
+pub(crate) use handle::{DeviceState, TimelineApi};
+pub use info::{
+    describe_handle_types, describe_memory_flags, format_api_version, DeviceInfo, DeviceType, ExternalMemorySupport,
+    ExternalSemaphoreSupport, MemoryHeapInfo, MemoryTypeInfo,
+};
+pub(crate) use instance::vk_err;
+pub use instance::{list_devices, FIX_HINT};
+pub(crate) use open::BUFFER_USAGE;
+pub use open::{GpuConfig, DEVICE_ENV};
