@@ -426,7 +426,7 @@ pub struct Message {
 /// CPU messages, and many GPU messages are handed on without one).
 struct Routed {
     payload: RoutedPayload,
-    buffer: OnceLock<Box<Buffer>>,
+    buffer: OnceLock<Option<Box<Buffer>>>,
 }
 
 // SAFETY: the view points into a mapping that its session keeps alive until the view is
@@ -482,9 +482,10 @@ impl Message {
 
     /// The GPU buffer a message carries by reference: usable with `Context::copy`,
     /// [`Buffer::read_at`] and [`Buffer::export`] while the message is held. `None` for
-    /// messages in host memory.
+    /// messages in host memory (and for memory of a kind lava-flow's buffers cannot wrap).
     pub fn buffer(&self) -> Option<&Buffer> {
-        self.routed.as_ref().map(|r| &**r.buffer.get_or_init(|| Box::new(r.payload.to_buffer())))
+        let routed = self.routed.as_ref()?;
+        routed.buffer.get_or_init(|| routed.payload.to_buffer().map(Box::new)).as_deref()
     }
 
     /// For a GPU buffer: the value of the channel's ready semaphore at which its contents are

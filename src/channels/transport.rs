@@ -578,9 +578,10 @@ pub trait RouteSender: Send {
 pub trait RoutedMemory: Send + Sync {
     /// Byte 0 in this process where the host maps the memory, else null.
     fn host_base(&self) -> *mut u8;
-    /// A buffer over `len` bytes at `offset`, whose GPU work waits for `ready_value` (0: none),
-    /// which holds the memory itself. The route checked the range when it resolved the message.
-    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Buffer;
+    /// A lava-flow buffer over `len` bytes at `offset`, whose GPU work waits for `ready_value`
+    /// (0: none), which holds the memory itself; `None` for memory Layer 1 cannot wrap (a
+    /// route's own kind of memory). The route checked the range when it resolved the message.
+    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Option<Buffer>;
     /// The consumer let go of message `seq`, a payload in this memory (the route may tell
     /// the producer's GPU work).
     fn released(&self, seq: u64);
@@ -646,8 +647,9 @@ impl RoutedPayload {
         unsafe { base.add(self.offset as usize) }
     }
 
-    /// A buffer over the payload, which holds the memory itself.
-    pub fn to_buffer(&self) -> Buffer {
+    /// A lava-flow buffer over the payload, which holds the memory itself (`None` where Layer 1
+    /// cannot wrap the memory).
+    pub fn to_buffer(&self) -> Option<Buffer> {
         self.memory().view(self.offset, self.len, self.ready_value)
     }
 }

@@ -869,7 +869,14 @@ pub unsafe extern "C" fn lf_message_buffer(
             Some(handle) => handle,
             None => {
                 let payload = entry.payload.take().expect("a payload until its handle is made");
-                let handle = lf_buffer::into_borrowed_handle(payload.to_buffer())?;
+                let buffer = payload.to_buffer().ok_or_else(|| Failure {
+                    status: lf_status::LF_ERR_UNSUPPORTED,
+                    message: format!(
+                        "message {} carries GPU memory that a lava-flow buffer cannot wrap; read it through its data pointer",
+                        m.sequence
+                    ),
+                })?;
+                let handle = lf_buffer::into_borrowed_handle(buffer)?;
                 entry.handle = Some(handle);
                 handle
             }

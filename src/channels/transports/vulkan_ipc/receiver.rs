@@ -80,10 +80,10 @@ impl RoutedMemory for ImportedArena {
         self.base
     }
 
-    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Buffer {
+    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Option<Buffer> {
         let wait = self.semaphore.as_ref().filter(|_| ready_value != 0).map(|s| (Arc::clone(s), ready_value));
         let origin = BufferOrigin::Imported { exporter_pid: self.exporter_pid };
-        Buffer::gpu_view_mapped(Arc::clone(&self.whole), offset, len, self.base, wait, origin)
+        Some(Buffer::gpu_view_mapped(Arc::clone(&self.whole), offset, len, self.base, wait, origin))
     }
 
     #[inline]
