@@ -283,6 +283,16 @@ impl Context {
         0
     }
 
+    /// The bytes of GPU memory this context allocated that have not gone back to the driver,
+    /// of both memory kinds: every arena not freed yet, pooled or of its own, used or not,
+    /// and arenas that left the pool but that a channel still holds for a message.
+    pub fn gpu_allocated_bytes(&self) -> u64 {
+        #[cfg(feature = "vulkan")]
+        return self.inner.gpu.open.as_ref().map_or(0, |open| open.allocator.allocated_bytes());
+        #[cfg(not(feature = "vulkan"))]
+        0
+    }
+
     /// The Vulkan device this context allocates GPU memory on, if it has one.
     #[cfg(feature = "vulkan")]
     pub fn gpu_device(&self) -> Option<&VulkanDevice> {

@@ -2,6 +2,7 @@
 //! arenas so that one exported file descriptor serves many buffers.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use ash::vk;
@@ -90,6 +91,8 @@ pub struct GpuAllocator {
     pooling: bool,
     memory_types: [Option<u32>; 2],
     pools: [Arc<Pool>; 2],
+    /// The bytes of every arena allocated here and not freed yet, counted by the arenas.
+    live: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for GpuAllocator {
@@ -155,6 +158,7 @@ impl GpuAllocator {
             pooling,
             memory_types: [device_local, host_visible],
             pools: [Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new()))],
+            live: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -245,6 +249,7 @@ impl GpuAllocator {
                             origin: ArenaOrigin::Pooled,
                             host_pointer: None,
                             reexport_fd: None,
+                            counted: Some(Arc::clone(&self.live)),
                         },
                     ));
                     let range = arena.free.lock().allocate(reserved, align).expect("a fresh arena fits the request");
@@ -315,6 +320,7 @@ impl GpuAllocator {
                 origin: ArenaOrigin::Own,
                 host_pointer: None,
                 reexport_fd: None,
+                counted: Some(Arc::clone(&self.live)),
             },
         ));
         let buffer = GpuBuffer {
@@ -346,6 +352,14 @@ impl GpuAllocator {
     /// The bytes of GPU memory the pooled arenas of `kind` hold, used or not.
     pub fn pooled_bytes(&self, kind: GpuMemoryKind) -> u64 {
         self.pools[kind.index()].lock().iter().map(|a| a.size).sum()
+    }
+
+    /// The bytes of GPU memory allocated here that the driver has not got back yet, of both
+    /// kinds: every arena not freed, pooled or of its own, used or not, and those that left
+    /// the pool but that something else still holds (a channel, for a message its consumer
+    /// has not released).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
     }
 }
 
