@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::transport::{
-    ConsumerTransport, Packed, PayloadClass, ProducerTransport, RawLoan, RawView, Release, Route, RouteReceiver,
-    RouteSender, RoutedPayload, Section, SharedRegion, TransportInfo, TransportKind,
+    ConsumerTransport, Packed, PayloadClass, PeerHolds, ProducerTransport, RawLoan, RawView, Release, Route,
+    RouteReceiver, RouteSender, RoutedPayload, Section, SharedRegion, TransportInfo, TransportKind,
 };
 use super::ChannelConfig;
 use crate::error::{Error, Result};
@@ -437,7 +437,7 @@ pub(crate) fn connect_producer(
     let answers = carrier.peer_sections();
     #[cfg(feature = "vulkan")]
     if let Some(offer) = gpu.take() {
-        return match offer.accept(name, answers)? {
+        return match offer.accept(name, answers, carrier.peer_holds().unwrap_or_default())? {
             Ok(sender) => {
                 let info = report(plan, Some(sender.route().clone()));
                 Ok(ProducerParts { carrier, gpu: Some(AnyRouteSender::VulkanIpc(sender)), info })
@@ -579,6 +579,9 @@ impl ProducerTransport for AnyProducer {
     }
     fn arenas_sent(&self) -> u64 {
         forward!(self, t => t.arenas_sent())
+    }
+    fn peer_holds(&self) -> Option<Arc<PeerHolds>> {
+        forward!(self, t => t.peer_holds())
     }
     fn send_malformed(&mut self, how: u32) -> Result<()> {
         forward!(self, t => t.send_malformed(how))
