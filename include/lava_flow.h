@@ -450,11 +450,12 @@ lf_status lf_context_create(const struct lf_context_config *config, struct lf_co
 
 // Gives freed GPU memory back to the driver now: every pooled GPU arena that no buffer uses,
 // the one empty spare per memory kind that the context keeps for the next allocations too.
-// `*given_back` (if not NULL) receives how many bytes that was (0 without a GPU). Without this
+// `*given_back` (if not NULL) receives how many bytes went back (0 without a GPU). Without this
 // call, a freed buffer that leaves its pooled arena empty gives that arena back unless it is
 // the spare, and a buffer of its own arena (over a quarter of `gpu_arena_size`) gives its
-// memory back when freed. Memory a channel still holds for a message is given back when the
-// message is released.
+// memory back when freed. Memory a channel still holds for a message goes back when the
+// consumer releases the message, when the consumer dies, or with the channel
+// (`lf_channel_free`), and is not counted in `*given_back`.
 //
 // # Safety
 // `context` must be NULL or a pointer from lava-flow; `given_back` NULL or writable.

@@ -12,8 +12,8 @@
 //! owns whatever it touches, so nothing the watch's owner frees can be reached by it.
 //!
 //! Callbacks run on the watcher's thread under its lock, which is also what makes dropping a
-//! watch wait for a callback in progress: they must be short (set a flag, wake a futex) and
-//! must neither create nor drop watches. The thread blocks every signal, so that a host
+//! watch wait for a callback in progress: they must be short (set a flag, wake a futex, let go
+//! of memory kept for a dead peer) and must neither create nor drop watches. The thread blocks every signal, so that a host
 //! program's process-directed signals never land on it.
 //!
 //! A child of `fork` inherits the state but not the thread: its first use of the watcher

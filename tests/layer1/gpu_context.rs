@@ -501,12 +501,16 @@ fn gpu_context_gives_freed_memory_back() {
         let arenas = context.gpu_pooled_arenas();
         assert!(arenas >= 3, "24 buffers of an eighth of an arena fill {arenas} arenas");
         drop(buffers);
-        // Every arena emptied but one spare went back at once.
+        // Every arena emptied but one spare went back at once, to the driver.
         assert_eq!(context.gpu_pooled_arenas(), 1, "{location}: the one empty spare is kept");
+        let spare_bytes = context.gpu_pooled_bytes();
+        assert_eq!(context.gpu_allocated_bytes(), spare_bytes, "{location}: only the spare is left allocated");
         // A buffer over a quarter of the arena lives in an arena of its own, not in the pool.
         let large = context.allocate(arena as usize / 2, location).unwrap();
         assert_eq!(context.gpu_pooled_arenas(), 1);
+        assert!(context.gpu_allocated_bytes() >= spare_bytes + arena / 2, "{location}: the large buffer's own arena");
         drop(large);
+        assert_eq!(context.gpu_allocated_bytes(), spare_bytes, "{location}: an arena of its own goes when freed");
         // The spare goes too when asked; a buffer still held keeps its arena.
         let held = context.allocate(size, location).unwrap();
         assert_eq!(context.trim(), 0, "the arena holding a buffer is not given back");
@@ -519,6 +523,7 @@ fn gpu_context_gives_freed_memory_back() {
         }
         assert_eq!(context.trim(), spare, "{location}: the spare's bytes given back");
         assert_eq!(context.gpu_pooled_arenas(), 0);
+        assert_eq!(context.gpu_allocated_bytes(), 0, "{location}: the bytes trim reported went back to the driver");
         assert_eq!(context.trim(), 0, "nothing left to give back");
         // Allocation after a trim makes a new arena.
         let again = context.allocate(size, location).unwrap();

@@ -330,6 +330,100 @@ fn kill9_of_either_side_with_gpu_buffers_in_flight() {
     }
 }
 
+/// A consumer killed while it holds a 16 MiB GPU message: the producer frees the buffer and
+/// trims, and what `trim` reports is what really went back to the driver (the context's count
+/// of live GPU allocations), all of it, before the channel is freed. Two ways to learn of the
+/// death: `told`, the producer's wait for the message ends in `PeerGone` first; `untold`, the
+/// producer never touches the channel again, and the process's watcher alone lets go.
+#[test]
+fn a_dead_consumer_gives_its_gpu_message_back() {
+    const TEST: &str = "gpu::a_dead_consumer_gives_its_gpu_message_back";
+    const LEN: usize = 16 << 20;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let how = arg("how");
+            let mut p =
+                Producer::create(&context, &format!("gpu-dead-{how}"), &here(), &here(), &gpu_config()).unwrap();
+            let buffer = context.allocate(LEN, MemoryLocation::GpuDeviceLocal).unwrap();
+            write_message(&buffer, 0, LEN, 0);
+            p.send_buffer(&buffer, 0, LEN).unwrap();
+            report("sent", 1);
+            let flag = arg("flag");
+            while !std::path::Path::new(&flag).exists() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if how == "told" {
+                let err = p.wait_completed(0, Some(Duration::from_secs(20))).unwrap_err();
+                assert!(matches!(err, Error::PeerGone(_)), "{err}");
+            }
+            let held = context.gpu_allocated_bytes();
+            assert!(held >= LEN as u64, "the buffer's {LEN} bytes are counted: {held}");
+            drop(buffer);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let before = context.gpu_allocated_bytes();
+                let given_back = context.trim();
+                let after = context.gpu_allocated_bytes();
+                if how == "told" {
+                    assert_eq!(given_back, before - after, "trim reports what went back to the driver");
+                } else {
+                    // The watcher may free more while trim runs, never less than trim says.
+                    assert!(
+                        given_back <= before - after,
+                        "trim reported {given_back} bytes given back; {} went back",
+                        before - after
+                    );
+                }
+                if after == 0 {
+                    break;
+                }
+                assert!(
+                    how == "untold" && std::time::Instant::now() < deadline,
+                    "{how}: {after} bytes of GPU memory are still allocated after the buffer was freed and \
+                     the context trimmed, while the channel lives (what the dead consumer held)"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            drop(p);
+            assert_eq!(context.gpu_allocated_bytes(), 0);
+        }
+        Some("consumer") => {
+            let Some(context) = gpu_ctx() else { return };
+            let mut c =
+                Consumer::create(&context, &format!("gpu-dead-{}", arg("how")), &here(), &here(), &gpu_config())
+                    .unwrap();
+            let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert_eq!(m.len(), LEN);
+            check_gpu(&context, &m, 0, false);
+            report("holding", 1);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        Some(_) => {}
+        None => {
+            if gpu_ctx().is_none() {
+                return;
+            }
+            for how in ["told", "untold"] {
+                let dir = test_dir(&format!("gpu-dead-{how}"));
+                let scratch = scratch_dir();
+                let flag = scratch.path().join("killed.flag").display().to_string();
+                let args = [("how", how.to_owned()), ("flag", flag.clone())];
+                let (mut c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args);
+                let (p, mut p_out) = spawn_reporting(TEST, "producer", &dir, &args);
+                expect_line(&mut p_out, "sent");
+                expect_line(&mut c_out, "holding");
+                kill9(&mut c);
+                std::fs::write(&flag, b"killed").unwrap();
+                wait_ok(p, &format!("producer ({how})"));
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+}
+
 // The layout from src/channels/transports/shm/ring.rs and the Vulkan IPC route's descriptor
 // (src/channels/transports/vulkan_ipc/wire.rs), as a hostile producer would learn them.
 const SLOTS: usize = 4096;

@@ -7,7 +7,11 @@ use super::recommended::{Plan, TransportKind};
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;
 use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender};
-use crate::channels::transport::{Attachment, PayloadClass, Route, RouteReceiver, RouteSender, TransportInfo};
+use std::sync::Arc;
+
+use crate::channels::transport::{
+    Attachment, PayloadClass, PeerHolds, Route, RouteReceiver, RouteSender, TransportInfo,
+};
 use crate::channels::ChannelConfig;
 use crate::error::{Error, Result};
 use crate::memory::Context;
@@ -52,12 +56,17 @@ impl AnyOffer {
 
     /// The route, from the consumer's answer among `answers`, or why the consumer declined it.
     #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
-    fn accept(self, name: &str, answers: &mut Vec<Attachment>) -> Result<std::result::Result<AnyRouteSender, String>> {
+    fn accept(
+        self,
+        name: &str,
+        answers: &mut Vec<Attachment>,
+        holds: &Arc<PeerHolds>,
+    ) -> Result<std::result::Result<AnyRouteSender, String>> {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => {
                 let answer = take_section(answers, vulkan_ipc::ROUTE_ID);
-                Ok(offer.accept(name, answer)?.map(AnyRouteSender::VulkanIpc))
+                Ok(offer.accept(name, answer, Arc::clone(holds))?.map(AnyRouteSender::VulkanIpc))
             }
             #[cfg(not(feature = "vulkan"))]
             AnyOffer::None(never) => match never {},
@@ -153,10 +162,13 @@ pub(crate) fn connect_producer(
     use crate::channels::transport::ProducerTransport;
     let carrier_route = carrier.info().routes.first().cloned().unwrap_or_else(|| planned_carrier(plan));
     let mut answers = carrier.peer_sections();
+    // Where the routes keep what they hold for the consumer: the carrier's, which lets go of
+    // it when the consumer dies, else the routes' own until the channel is freed.
+    let holds = carrier.peer_holds().unwrap_or_default();
     let mut routes: Vec<AnyRouteSender> = Vec::new();
     let mut refusals: Vec<String> = Vec::new();
     for offer in offers {
-        match offer.accept(name, &mut answers)? {
+        match offer.accept(name, &mut answers, &holds)? {
             Ok(sender) => routes.push(sender),
             Err(why) => refusals.push(why),
         }

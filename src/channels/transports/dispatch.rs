@@ -14,7 +14,7 @@ use super::mpi;
 use super::vulkan_ipc;
 use super::{loopback, shm};
 use crate::channels::transport::{
-    Attachment, ConsumerTransport, MemoryKind, Packed, Payload, ProducerTransport, RawLoan, RawView, Release, Route,
+    Attachment, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan, RawView, Release, Route,
     RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
 };
 use crate::error::Result;
@@ -210,6 +210,7 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
     ) -> Result<u64>;
     fn peer_sections(&mut self) -> Vec<Attachment>;
     fn arenas_sent(&self) -> u64;
+    fn peer_holds(&self) -> Option<Arc<PeerHolds>>;
 });
 
 forward_impl!(forward_carrier: impl ConsumerTransport for AnyConsumer {

@@ -2,6 +2,7 @@
 //! arenas so that one exported file descriptor serves many buffers.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use ash::vk;
@@ -90,6 +91,8 @@ pub struct GpuAllocator {
     pooling: bool,
     memory_types: [Option<u32>; 2],
     pools: [Arc<Pool>; 2],
+    /// The bytes of every arena allocated here and not freed yet, counted by the arenas.
+    live: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for GpuAllocator {
@@ -155,6 +158,7 @@ impl GpuAllocator {
             pooling,
             memory_types: [device_local, host_visible],
             pools: [Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new()))],
+            live: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -245,6 +249,7 @@ impl GpuAllocator {
                             origin: ArenaOrigin::Pooled,
                             host_pointer: None,
                             reexport_fd: None,
+                            counted: Some(Arc::clone(&self.live)),
                         },
                     ));
                     let range = arena.free.lock().allocate(reserved, align).expect("a fresh arena fits the request");
@@ -315,6 +320,7 @@ impl GpuAllocator {
                 origin: ArenaOrigin::Own,
                 host_pointer: None,
                 reexport_fd: None,
+                counted: Some(Arc::clone(&self.live)),
             },
         ));
         let buffer = GpuBuffer {
@@ -332,8 +338,9 @@ impl GpuAllocator {
     }
 
     /// Gives back every pooled arena that no buffer uses (the spares too): returns how many
-    /// bytes of GPU memory that was. An arena still referenced elsewhere (a channel holding a
-    /// message's memory, an export in flight) is freed when that reference goes.
+    /// bytes of GPU memory went back to the driver. An arena still referenced elsewhere (a
+    /// channel holding a message's memory for its consumer) leaves the pool too, but goes back
+    /// only when that reference goes, and is not counted here.
     pub fn trim(&self) -> u64 {
         self.pools.iter().map(|pool| release_empty_arenas(pool, 0)).sum()
     }
@@ -347,23 +354,45 @@ impl GpuAllocator {
     pub fn pooled_bytes(&self, kind: GpuMemoryKind) -> u64 {
         self.pools[kind.index()].lock().iter().map(|a| a.size).sum()
     }
+
+    /// The bytes of GPU memory allocated here that the driver has not got back yet, of both
+    /// kinds: every arena not freed, pooled or of its own, used or not, and those that left
+    /// the pool but that something else still holds (a channel, for a message its consumer
+    /// has not released).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
 }
 
-/// Drops the pool's reference to its empty arenas beyond the first `keep`; returns their
-/// bytes. Takes the pool's lock, then each arena's (the order the allocation path uses).
+/// Drops the pool's reference to its empty arenas beyond the first `keep`; returns the bytes
+/// of those this freed (the pool's was their last reference). Takes the pool's lock, then each
+/// arena's (the order the allocation path uses).
 fn release_empty_arenas(pool: &Pool, keep: usize) -> u64 {
-    let (mut kept, mut released) = (0, 0);
-    pool.lock().retain(|arena| {
-        if arena.free.lock().used() != 0 {
-            return true;
+    let released: Vec<Arc<Arena>> = {
+        let mut pool = pool.lock();
+        let mut kept = 0;
+        let (stay, go) = std::mem::take(&mut *pool).into_iter().partition(|arena| {
+            if arena.free.lock().used() != 0 {
+                return true;
+            }
+            kept += 1;
+            kept <= keep
+        });
+        *pool = stay;
+        go
+    };
+    // Outside the pool's lock: an arena whose last reference was the pool's is freed here;
+    // one that something else still holds (a channel, for a message its consumer has not
+    // released) goes back when that lets go of it, and is not counted.
+    let mut freed = 0;
+    for arena in released {
+        let size = arena.size;
+        if let Some(last) = Arc::into_inner(arena) {
+            drop(last);
+            freed += size;
         }
-        kept += 1;
-        if kept > keep {
-            released += arena.size;
-        }
-        kept <= keep
-    });
-    released
+    }
+    freed
 }
 
 /// A range of GPU memory bound to a `VkBuffer`: allocated here from an arena, or imported

@@ -9,7 +9,7 @@ use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -191,6 +191,8 @@ pub(crate) struct Arena {
     pub(crate) free: Mutex<Suballocator>,
     /// The memory imported into CUDA, for copies by CUDA; made at the first such copy.
     cuda: OnceLock<std::result::Result<CudaArena, String>>,
+    /// See [`ArenaParts::counted`].
+    counted: Option<Arc<AtomicU64>>,
 }
 
 pub(crate) struct ArenaParts {
@@ -206,6 +208,11 @@ pub(crate) struct ArenaParts {
     pub host_pointer: Option<NonNull<u8>>,
     /// See [`Arena::reexport_fd`].
     pub reexport_fd: Option<OwnedFd>,
+    /// The allocator's count of live bytes ([`GpuAllocator::allocated_bytes`]), which the
+    /// arena's memory is part of until it is freed; `None` for memory no allocator made.
+    ///
+    /// [`GpuAllocator::allocated_bytes`]: super::GpuAllocator::allocated_bytes
+    pub counted: Option<Arc<AtomicU64>>,
 }
 
 impl Arena {
@@ -213,6 +220,9 @@ impl Arena {
     pub(crate) fn new(device: &VulkanDevice, parts: ArenaParts) -> Self {
         let property_flags = device.memory_type_flags(parts.memory_type_index).unwrap_or_default();
         let free = Suballocator::new(if parts.origin == ArenaOrigin::Pooled { parts.size } else { 0 });
+        if let Some(live) = &parts.counted {
+            live.fetch_add(parts.size, Ordering::Relaxed);
+        }
         Arena {
             device: device.clone(),
             memory: parts.memory,
@@ -229,6 +239,7 @@ impl Arena {
             map_lock: Mutex::new(()),
             free: Mutex::new(free),
             cuda: OnceLock::new(),
+            counted: parts.counted,
         }
     }
 
@@ -361,6 +372,9 @@ impl Drop for Arena {
                 device.unmap_memory(self.memory);
             }
             device.free_memory(self.memory, None);
+        }
+        if let Some(live) = &self.counted {
+            live.fetch_sub(self.size, Ordering::Relaxed);
         }
     }
 }

@@ -127,6 +127,7 @@ pub unsafe fn import_host_memory(device: &VulkanDevice, ptr: *mut u8, len: usize
                 origin: ArenaOrigin::HostPointer,
                 host_pointer: Some(base),
                 reexport_fd: None,
+                counted: None,
             },
         ));
         let buffer = GpuBuffer {

@@ -288,6 +288,7 @@ impl GpuImporter {
                 origin: ArenaOrigin::Imported,
                 host_pointer: None,
                 reexport_fd,
+                counted: None,
             },
         ))
     }

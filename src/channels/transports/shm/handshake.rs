@@ -14,7 +14,7 @@ use super::rendezvous::{self, PeerWatch, MAX_HELLO_LEN};
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
-use crate::channels::transport::Attachment;
+use crate::channels::transport::{Attachment, PeerHolds};
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -101,6 +101,8 @@ pub(super) struct Connected {
     pub(super) room_fast_wake: bool,
     /// The consumer's sections for the other routes.
     pub(super) answers: Vec<Attachment>,
+    /// What the routes hold for the consumer, let go of by the watcher if it dies.
+    pub(super) holds: Arc<PeerHolds>,
 }
 
 /// The producer's side: connects to the consumer of `name` (retrying until it listens or
@@ -140,9 +142,18 @@ pub(super) fn offer(
                 // The consumer wrote its flags before its answer.
                 let (fast_wake, room_fast_wake) = fast_wake(flags, region.consumer_fast_wake().load(Ordering::Acquire));
                 let mut watch = PeerWatch::new(sock, cred.pid);
-                // The consumer's end wakes the producer's sleeps for room and completions.
-                watch.arm(move || wake_all(words.room_futex()));
-                return Ok(Connected { watch, region, signal, fast_wake, room_fast_wake, answers });
+                let holds = Arc::new(PeerHolds::default());
+                let held = Arc::clone(&holds);
+                // The consumer's end wakes the producer's sleeps for room and completions. One
+                // that did not close its end died (or dropped its connection): what the
+                // routes hold for it goes back now, not with the channel.
+                watch.arm(move || {
+                    wake_all(words.room_futex());
+                    if words.consumer_closed().load(Ordering::SeqCst) == 0 {
+                        held.consumer_died();
+                    }
+                });
+                return Ok(Connected { watch, region, signal, fast_wake, room_fast_wake, answers, holds });
             }
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));

@@ -31,7 +31,9 @@
 //! PID namespace, a kernel before 5.3), waits poll the socket and process every
 //! `LIVENESS_PERIOD` and blocked waits sleep at most `SLEEP_SLICE` at a time; the channel's
 //! transport report says so. A closing peer also sets its `closed` word and wakes the other
-//! side, which is seen at once.
+//! side, which is seen at once. A consumer that ends without its `closed` word died: the
+//! producer lets go of what the other routes hold for it (`PeerHolds`: the GPU arenas of its
+//! unreleased messages) as the watcher reports it, or else at the producer's next look.
 
 mod arenas;
 mod consumer;

@@ -12,7 +12,7 @@ use super::ring::{
     pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
 };
 use super::{note_peer_watch, peer_end};
-use crate::channels::transport::{Attachment, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
+use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -72,6 +72,8 @@ pub(crate) struct ShmProducer {
     arenas: Box<SentArenas>,
     /// The consumer's rendezvous sections for the other routes, until taken.
     peer_sections: Vec<Attachment>,
+    /// What the other routes keep alive for the consumer, let go of when it dies.
+    holds: Arc<PeerHolds>,
     /// Whether the consumer's end was logged (it is, once).
     gone_logged: bool,
 }
@@ -154,6 +156,7 @@ impl ShmProducer {
             consumer_lock,
             arenas: Box::default(),
             peer_sections: c.answers,
+            holds: c.holds,
             gone_logged: false,
         })
     }
@@ -183,6 +186,8 @@ impl ShmProducer {
             }
             Error::PeerGone(format!("the consumer of channel {name:?} closed it"))
         } else {
+            // Where the watcher did not report the death as it happened (it let go then).
+            self.holds.consumer_died();
             if first {
                 log::warn!(
                     "channel {name:?} (producer): the consumer (pid {pid}) exited or dropped its connection without \
@@ -754,6 +759,10 @@ impl ProducerTransport for ShmProducer {
 
     fn peer_sections(&mut self) -> Vec<Attachment> {
         std::mem::take(&mut self.peer_sections)
+    }
+
+    fn peer_holds(&self) -> Option<Arc<PeerHolds>> {
+        Some(Arc::clone(&self.holds))
     }
 
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {

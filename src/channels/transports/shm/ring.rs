@@ -358,6 +358,10 @@ impl WaitWords {
     pub fn room_futex(&self) -> &AtomicU32 {
         &header(&self.0).room_futex
     }
+    /// Set by a consumer that closes its end (see [`Region::consumer_closed`]).
+    pub fn consumer_closed(&self) -> &AtomicU32 {
+        &header(&self.0).consumer_closed
+    }
 }
 
 /// A mapped channel region. All shared words are accessed through atomics.

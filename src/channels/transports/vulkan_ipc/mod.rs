@@ -20,6 +20,10 @@
 //!    bytes must be in place when sent (lava-flow's own writes and copies are), which the
 //!    report calls host-side synchronisation. Completion is the carrier's: the consumer's
 //!    release is what the producer waits for before reusing the memory.
+//! 5. Lifetime: the producer keeps each arena alive until the consumer released every message
+//!    into it, in the carrier's holds for the consumer (`PeerHolds`), which the carrier lets go
+//!    of when the consumer dies: a dead consumer's messages are never released, and its
+//!    imports died with it, so the memory goes back then rather than with the channel.
 
 mod receiver;
 mod sender;

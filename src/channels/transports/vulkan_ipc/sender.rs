@@ -3,13 +3,15 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::wire::{
     ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
 use super::ROUTE_ID;
-use crate::channels::transport::{Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, Route, RouteSender};
+use crate::channels::transport::{
+    Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, PeerHolds, Route, RouteSender,
+};
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, GpuBuffer, TimelineSemaphore, VulkanDevice};
 use crate::memory::{BufferOrigin, Context};
@@ -79,8 +81,14 @@ impl Offer {
     }
 
     /// Reads the consumer's answer: `Ok(sender)` when buffers can go by reference, `Err(why)`
-    /// when they must be staged (an error instead under strict_gpu).
-    pub(crate) fn accept(self, channel: &str, answer: Option<Attachment>) -> Result<std::result::Result<Sender, String>> {
+    /// when they must be staged (an error instead under strict_gpu). `holds`: where the
+    /// carrier has the sender keep the arenas the consumer may read.
+    pub(crate) fn accept(
+        self,
+        channel: &str,
+        answer: Option<Attachment>,
+        holds: Arc<PeerHolds>,
+    ) -> Result<std::result::Result<Sender, String>> {
         let mine = self.device.info();
         let why = match answer {
             None => Some(
@@ -102,7 +110,7 @@ impl Offer {
                         format_uuid(&mine.driver_uuid)
                     ))
                 } else {
-                    return Ok(Ok(self.into_sender(peer.flags & ANSWER_SEMAPHORE != 0, channel)?));
+                    return Ok(Ok(self.into_sender(peer.flags & ANSWER_SEMAPHORE != 0, channel, holds)?));
                 }
             }
         };
@@ -115,7 +123,7 @@ impl Offer {
         Ok(Err(why))
     }
 
-    fn into_sender(self, peer_imports_semaphores: bool, channel: &str) -> Result<Sender> {
+    fn into_sender(self, peer_imports_semaphores: bool, channel: &str, holds: Arc<PeerHolds>) -> Result<Sender> {
         let info = self.device.info();
         let (semaphore, sync) = match (self.semaphore, peer_imports_semaphores) {
             (Some(s), true) => (Some(s), "GPU-side synchronisation through a shared timeline semaphore".to_owned()),
@@ -158,6 +166,7 @@ impl Offer {
             semaphore,
             released,
             arenas: HashMap::new(),
+            holds,
             generations: Vec::new(),
             last_seqs: Vec::new(),
             free_slots: Vec::new(),
@@ -168,12 +177,14 @@ impl Offer {
     }
 }
 
-/// An arena the consumer knows: its slot, generation, and a reference that keeps its memory
-/// alive until the consumer released the last message into it.
+/// An arena the consumer knows: its slot and generation. The reference that keeps its memory
+/// alive until the consumer released the last message into it is in the sender's holds, under
+/// the slot; `held` only watches it (never upgraded, so that a count of one is that hold's
+/// alone).
 struct SentArena {
     slot: u32,
     generation: u32,
-    keep: Arc<dyn Any + Send + Sync>,
+    held: Weak<dyn Any + Send + Sync>,
 }
 
 /// The producer's side of a connected route.
@@ -184,6 +195,9 @@ pub(crate) struct Sender {
     /// The semaphore the consumer signals as it lets go of GPU messages, or why there is none.
     released: std::result::Result<TimelineSemaphore, String>,
     arenas: HashMap<ArenaId, SentArena>,
+    /// The arenas the consumer may read, by slot, kept alive until it released every message
+    /// into them, or died.
+    holds: Arc<PeerHolds>,
     /// Per slot, the generation of its current (or last) arena, and the last message into it.
     generations: Vec<u32>,
     last_seqs: Vec<u64>,
@@ -200,16 +214,18 @@ impl Sender {
     /// consumer to drop its imports (an attachment on the next message).
     fn sweep(&mut self, completed: u64, attachments: &mut Vec<Attachment>) {
         self.since_sweep = 0;
-        // Nothing here uses the arena any more, and every message into it has been released.
+        // Nothing here uses the arena any more (the hold is its one reference), and every
+        // message into it has been released.
         let last_seqs = &self.last_seqs;
         let done: Vec<ArenaId> = self
             .arenas
             .iter()
-            .filter(|(_, a)| Arc::strong_count(&a.keep) == 1 && last_seqs[a.slot as usize] < completed)
+            .filter(|(_, a)| a.held.strong_count() == 1 && last_seqs[a.slot as usize] < completed)
             .map(|(id, _)| *id)
             .collect();
         for id in done {
             let gone = self.arenas.remove(&id).expect("listed above");
+            self.holds.release(u64::from(gone.slot));
             attachments.push(Attachment::new(
                 ROUTE_ID,
                 ArenaRecord::Forget { slot: gone.slot, generation: gone.generation }.encode(),
@@ -257,7 +273,9 @@ impl Sender {
             bytes: ArenaRecord::Announce { slot, generation, desc: export.desc }.encode(),
             fds: vec![export.fd],
         });
-        self.arenas.insert(arena, SentArena { slot, generation, keep: gpu.arena_keep_alive() });
+        let keep = gpu.arena_keep_alive();
+        self.arenas.insert(arena, SentArena { slot, generation, held: Arc::downgrade(&keep) });
+        self.holds.hold(u64::from(slot), keep);
         self.last = Some((arena, slot, generation));
         Ok((slot, generation))
     }
