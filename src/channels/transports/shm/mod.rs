@@ -30,7 +30,11 @@
 //! PID namespace, a kernel before 5.3), waits poll the socket and process every
 //! `LIVENESS_PERIOD` and blocked waits sleep at most `SLEEP_SLICE` at a time; the channel's
 //! transport report says so. A closing peer also sets its `closed` word and wakes the other
-//! side, which is seen at once.
+//! side, which is seen at once. The consumer's notification fd (an epoll set over the
+//! producer's end of the notification pair, its socket and its pidfd) polls readable the
+//! moment the kernel knows of the producer's death, possibly before the watcher has reported
+//! it: there `try_recv` looks for itself (the pair's hang-up, a poll of the pidfd and socket),
+//! so that a readable fd never gets `WouldBlock` for an answer.
 
 mod arenas;
 mod consumer;
