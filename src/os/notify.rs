@@ -44,6 +44,21 @@ pub fn drain(end: BorrowedFd<'_>) {
     }
 }
 
+/// [`drain`]s the end of a pair whose other end a peer holds, and returns whether the peer
+/// has closed it: its process may have died (then the end stays readable for good). Reads
+/// until nothing is left, so that a close right behind the last byte is seen too: one call
+/// more than `drain` when a byte waited.
+pub fn drain_peer(end: BorrowedFd<'_>) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match rustix::net::recv(end, &mut buf, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return true,
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Checks that `fd`, received from a peer as its notification end, is a socket (what else a
 /// peer could pass might block a read).
 pub fn check_end(fd: &OwnedFd, whose: &str) -> Result<()> {
@@ -91,6 +106,22 @@ mod tests {
             notify(notifier.as_fd());
         }
         assert!(readable(&waited));
+    }
+
+    /// The end of a pair whose other end closed stays readable: `drain_peer` says so, also
+    /// when the close came right behind a notification, and `drain_peer` of a live pair does
+    /// not.
+    #[test]
+    fn drain_peer_tells_a_closed_other_end() {
+        let (waited, notifier) = notify_pair().unwrap();
+        notify(notifier.as_fd());
+        assert!(!drain_peer(waited.as_fd()));
+        assert!(!readable(&waited));
+        notify(notifier.as_fd());
+        drop(notifier);
+        assert!(drain_peer(waited.as_fd()), "a close behind a notification went unseen");
+        assert!(readable(&waited));
+        assert!(drain_peer(waited.as_fd()));
     }
 
     #[test]

@@ -18,4 +18,5 @@ mod gpu;
 mod hostile;
 mod leaks;
 mod peer_death;
+mod peer_death_fd;
 mod rendezvous;

@@ -20,7 +20,7 @@ use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::{Epoll, EventFlags};
-use crate::os::notify::{drain, notify, notify_pair};
+use crate::os::notify::{drain, drain_peer, notify, notify_pair};
 use crate::os::try_recv_with_fds;
 
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can
@@ -130,8 +130,9 @@ impl ShmConsumer {
 
     /// Checks whether the current producer is gone: its closed word at once, its process and
     /// socket as `PeerWatch::check` does (the watcher's report, or a poll every
-    /// LIVENESS_PERIOD). `force`: poll them now.
-    fn producer_gone(&mut self, force: bool) -> bool {
+    /// LIVENESS_PERIOD). `force`: poll them now. `hung_up`: the producer's end of the
+    /// notification pair was found closed, which it is only once the producer has gone.
+    fn producer_gone(&mut self, force: bool, hung_up: bool) -> bool {
         let link = &mut self.link;
         if link.gone.is_some() {
             return true;
@@ -146,7 +147,7 @@ impl ShmConsumer {
             );
             return true;
         }
-        if link.watch.check(force) {
+        if link.watch.check(force) || hung_up {
             link.gone = Some(format!(
                 "the producer of channel {:?} (pid {}) has exited or closed its socket",
                 self.name, link.watch.pid
@@ -368,10 +369,11 @@ impl ShmConsumer {
             if let Some(view) = self.try_read()? {
                 return Ok(Some(view));
             }
+            let mut hung_up = false;
             if let Some(notify) = self.notify.as_ref().filter(|_| from_try) {
                 // Level-triggered notification: the fd is reset only when the ring is seen
                 // empty, after asking the producer to signal the next message.
-                drain(self.link.signals.as_fd());
+                hung_up = drain_peer(self.link.signals.as_fd());
                 drain(notify.own_signals.as_fd());
                 self.link.session.ask_for_signal();
                 if let Some(view) = self.try_read()? {
@@ -381,9 +383,18 @@ impl ShmConsumer {
             let gone = if self.link.gone.is_some() {
                 true
             } else if from_try {
-                self.producer_gone(false)
+                // Readable must mean that this call has something to say. The fd's set holds
+                // the producer's pidfd, its socket and its end of the notification pair, so
+                // it polls readable the moment the kernel knows of a death: the pair's
+                // hang-up (often the first sign) is read by the drain above, and the pidfd
+                // and socket are polled now, not left to the watcher's report (which may come
+                // later) or to the next LIVENESS_PERIOD. One poll, on a path that has just
+                // drained two sockets; without the fd nobody waits on one, and callers that
+                // spin on try_recv keep the cheap check.
+                self.producer_gone(self.notify.is_some(), hung_up)
             } else {
-                self.link.session.region.producer_closed().load(Ordering::Relaxed) != 0 && self.producer_gone(true)
+                self.link.session.region.producer_closed().load(Ordering::Relaxed) != 0
+                    && self.producer_gone(true, false)
             };
             if !gone {
                 return Ok(None);
@@ -521,7 +532,7 @@ impl ConsumerTransport for ShmConsumer {
                 continue;
             }
             let now = Instant::now();
-            if self.producer_gone(false) {
+            if self.producer_gone(false, false) {
                 return Ok(());
             }
             if waiter.timed_out(now) {
@@ -548,7 +559,7 @@ impl ConsumerTransport for ShmConsumer {
                     },
                 );
                 // Rate-limited like every check where it polls: a woken sleep pays no syscall.
-                if self.producer_gone(false) {
+                if self.producer_gone(false, false) {
                     return Ok(());
                 }
             }

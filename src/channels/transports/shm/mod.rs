@@ -33,7 +33,12 @@
 //! transport report says so. A closing peer also sets its `closed` word and wakes the other
 //! side, which is seen at once. A consumer that ends without its `closed` word died: the
 //! producer lets go of what the other routes hold for it (`PeerHolds`: the GPU arenas of its
-//! unreleased messages) as the watcher reports it, or else at the producer's next look.
+//! unreleased messages) as the watcher reports it, or else at the producer's next look. The
+//! consumer's notification fd (an epoll set over the producer's end of the notification pair,
+//! its socket and its pidfd) polls readable the moment the kernel knows of the producer's
+//! death, possibly before the watcher has reported it: there `try_recv` looks for itself (the
+//! pair's hang-up, a poll of the pidfd and socket), so that a readable fd never gets
+//! `WouldBlock` for an answer.
 
 mod arenas;
 mod consumer;

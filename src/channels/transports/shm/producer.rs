@@ -426,6 +426,101 @@ impl ShmProducer {
     }
 }
 
+/// What a producer waits for from the consumer.
+#[derive(Clone, Copy, Debug)]
+enum Awaited {
+    /// Room for a loan of `len` bytes: a slot, and pool bytes for a message longer than a slot
+    /// holds.
+    Room { len: usize },
+    /// The release of message `seq` (and of every one before it).
+    Release { seq: u64 },
+}
+
+/// Waiting for the consumer.
+impl ShmProducer {
+    /// Whether `what` has come, reading the consumer's tail.
+    #[inline]
+    fn arrived(&mut self, what: Awaited) -> Result<bool> {
+        match what {
+            Awaited::Room { len } => self.room_for(len),
+            Awaited::Release { seq } => {
+                self.refresh_tail()?;
+                Ok(self.tail > seq)
+            }
+        }
+    }
+
+    /// Waits until `what` has come (`Ok`), the consumer has gone (`PeerGone`) or `deadline`
+    /// (`Timeout`): spins as the wait strategy allows, then sleeps on the room futex, which
+    /// the consumer's releases wake and, where its end is reported, so does its end.
+    fn wait_for(&mut self, what: Awaited, deadline: Option<Instant>) -> Result<()> {
+        let mut waiter = Waiter::new(self.wait, deadline);
+        let mut spins = 0u32;
+        let mut slept = false;
+        loop {
+            if self.arrived(what)? {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if waiter.spins() && spins % 128 != 0 && !slept {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            // No syscall where the watcher reports the consumer's end; where it is polled, a
+            // sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out sleep always checks,
+            // while a woken one pays no syscall.
+            slept = false;
+            if let Err(gone) = self.consumer_gone(false) {
+                // A consumer may release and then close between our two looks: the tail it
+                // stored before its closed word decides.
+                if self.arrived(what)? {
+                    return Ok(());
+                }
+                return Err(gone);
+            }
+            if waiter.timed_out(now) {
+                return Err(match what {
+                    Awaited::Room { .. } => Error::Timeout(format!(
+                        "channel {:?} stayed full ({} messages in flight) until the deadline",
+                        self.name,
+                        self.head - self.tail
+                    )),
+                    Awaited::Release { seq } => Error::Timeout(format!(
+                        "message {seq} of channel {:?} was not released by the deadline",
+                        self.name
+                    )),
+                });
+            }
+            if !waiter.spinning(now) {
+                let (region, watch) = (&self.region, &self.watch);
+                let (head, slot_count, tail_before) = (self.head, self.slot_count, self.tail);
+                sleep_once(
+                    region.room_futex(),
+                    region.room_sleeping(),
+                    self.room_fast_wake,
+                    peer_end(watch),
+                    deadline,
+                    || {
+                        let tail = region.tail().load(Ordering::SeqCst);
+                        let may_have_come = match what {
+                            // A release frees a slot, and may free the pool bytes the loan needs.
+                            Awaited::Room { len } => {
+                                tail != tail_before || head - tail < slot_count && len <= INLINE_MAX
+                            }
+                            Awaited::Release { seq } => tail > seq,
+                        };
+                        may_have_come || region.consumer_closed().load(Ordering::SeqCst) != 0 || watch.alarmed()
+                    },
+                );
+                // The condition is checked once more before the peer: a consumer may release
+                // and then close.
+                slept = true;
+            }
+        }
+    }
+}
+
 /// Buffer sends.
 impl ShmProducer {
     fn check_region(&self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<()> {
@@ -610,55 +705,7 @@ impl ProducerTransport for ShmProducer {
                 self.head - self.tail
             );
         }
-        let mut waiter = Waiter::new(self.wait, deadline);
-        let mut spins = 0u32;
-        let mut slept = false;
-        loop {
-            if self.room_for(len)? {
-                return Ok(());
-            }
-            spins = spins.wrapping_add(1);
-            if waiter.spins() && spins % 128 != 0 && !slept {
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = Instant::now();
-            // No syscall where the watcher reports the consumer's end; where it is polled, a
-            // sleep slice (15 ms) outlasts LIVENESS_PERIOD, so a timed-out sleep always checks,
-            // while a woken one pays no syscall.
-            slept = false;
-            self.consumer_gone(false)?;
-            if waiter.timed_out(now) {
-                return Err(Error::Timeout(format!(
-                    "channel {:?} stayed full ({} messages in flight) until the deadline",
-                    self.name,
-                    self.head - self.tail
-                )));
-            }
-            if !waiter.spinning(now) {
-                let region = &self.region;
-                let (head, slot_count) = (self.head, self.slot_count);
-                let tail_before = self.tail;
-                let watch = &self.watch;
-                sleep_once(
-                    region.room_futex(),
-                    region.room_sleeping(),
-                    self.room_fast_wake,
-                    peer_end(watch),
-                    deadline,
-                    || {
-                        let t = region.tail().load(Ordering::SeqCst);
-                        t != tail_before
-                            || head - t < slot_count && len <= INLINE_MAX
-                            || region.consumer_closed().load(Ordering::SeqCst) != 0
-                            || watch.alarmed()
-                    },
-                );
-                // Check the condition once more before the peer: a consumer may release and
-                // then close.
-                slept = true;
-            }
-        }
+        self.wait_for(Awaited::Room { len }, deadline)
     }
 
     #[inline(always)]
@@ -769,54 +816,7 @@ impl ProducerTransport for ShmProducer {
         if seq >= self.head {
             return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
         }
-        let mut waiter = Waiter::new(self.wait, deadline);
-        let mut spins = 0u32;
-        let mut slept = false;
-        loop {
-            self.refresh_tail()?;
-            if self.tail > seq {
-                return Ok(());
-            }
-            spins = spins.wrapping_add(1);
-            if waiter.spins() && spins % 128 != 0 && !slept {
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = Instant::now();
-            // As in wait_for_room: no syscall where the consumer's end is reported.
-            slept = false;
-            if let Err(gone) = self.consumer_gone(false) {
-                // A consumer may release and then close between our two looks: the tail it
-                // stored before its closed word decides.
-                self.refresh_tail()?;
-                if self.tail > seq {
-                    return Ok(());
-                }
-                return Err(gone);
-            }
-            if waiter.timed_out(now) {
-                return Err(Error::Timeout(format!(
-                    "message {seq} of channel {:?} was not released by the deadline",
-                    self.name
-                )));
-            }
-            if !waiter.spinning(now) {
-                let (region, watch) = (&self.region, &self.watch);
-                sleep_once(
-                    region.room_futex(),
-                    region.room_sleeping(),
-                    self.room_fast_wake,
-                    peer_end(watch),
-                    deadline,
-                    || {
-                        region.tail().load(Ordering::SeqCst) > seq
-                            || region.consumer_closed().load(Ordering::SeqCst) != 0
-                            || watch.alarmed()
-                    },
-                );
-                slept = true;
-            }
-        }
+        self.wait_for(Awaited::Release { seq }, deadline)
     }
 }
 
