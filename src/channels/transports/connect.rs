@@ -56,6 +56,7 @@ impl AnyOffer {
 
     /// The route, from the consumer's answer among `answers`, or why the consumer declined it.
     #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+    #[allow(clippy::ptr_arg)] // (its route's answer is taken out)
     fn accept(
         self,
         name: &str,
@@ -117,6 +118,7 @@ fn mpi_peer(plan: &Plan) -> Result<crate::mpi::Endpoint> {
 }
 
 /// Takes route `id`'s section out of `sections`.
+#[allow(clippy::ptr_arg)] // (it removes one)
 fn take_section(sections: &mut Vec<Attachment>, id: u32) -> Option<Attachment> {
     let at = sections.iter().position(|s| s.route == id)?;
     Some(sections.remove(at))

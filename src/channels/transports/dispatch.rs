@@ -80,6 +80,9 @@ macro_rules! forward_route {
 }
 
 /// The producer half of a channel's carrier.
+// One per channel end, made once: the shared-memory carrier's state inline (its ring and pool
+// fields on the hot path) costs nothing worth a box on every access.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyProducer {
     Shm(shm::ShmProducer),
     Loopback(loopback::LoopbackProducer),
@@ -88,6 +91,7 @@ pub(crate) enum AnyProducer {
 }
 
 /// The consumer half of a channel's carrier.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyConsumer {
     Shm(shm::ShmConsumer),
     Loopback(loopback::LoopbackConsumer),
@@ -96,6 +100,8 @@ pub(crate) enum AnyConsumer {
 }
 
 /// The sending half of a route (a routed message's hot path inlines for the built ones).
+// A few per channel, made once: boxing the built ones would cost an indirection per message.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyRouteSender {
     #[cfg(feature = "vulkan")]
     VulkanIpc(vulkan_ipc::Sender),
