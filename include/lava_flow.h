@@ -1058,6 +1058,22 @@ lf_status lf_channel_transport(const struct lf_channel *channel,
                                const char **name,
                                const char **reason);
 
+// A file descriptor for poll/epoll: readable while a message waits or after the producer
+// has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
+// until LF_ERR_WOULD_BLOCK. Consumers only.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+lf_status lf_channel_fd(struct lf_channel *channel, int *out);
+
+// Closes this end of the channel; the peer sees LF_ERR_PEER_GONE (after reading what was
+// sent). NULL is accepted. Views into the channel become invalid, and so do the buffers of
+// GPU messages not released (`lf_message_buffer`).
+//
+// # Safety
+// `channel` must not be in use by another thread.
+void lf_channel_free(struct lf_channel *channel);
+
 // Sends `len` bytes at `data` as the next message, waiting for room up to `timeout_ns`
 // (LF_ERR_TIMEOUT; 0: LF_ERR_WOULD_BLOCK at once when full). `*sequence` (if not NULL)
 // receives the message's number.
@@ -1241,22 +1257,6 @@ lf_status lf_release(struct lf_channel *channel, const struct lf_message *messag
 lf_status lf_message_buffer(struct lf_channel *channel,
                             const struct lf_message *message,
                             const lf_buffer **out);
-
-// A file descriptor for poll/epoll: readable while a message waits or after the producer
-// has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
-// until LF_ERR_WOULD_BLOCK. Consumers only.
-//
-// # Safety
-// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
-lf_status lf_channel_fd(struct lf_channel *channel, int *out);
-
-// Closes this end of the channel; the peer sees LF_ERR_PEER_GONE (after reading what was
-// sent). NULL is accepted. Views into the channel become invalid, and so do the buffers of
-// GPU messages not released (`lf_message_buffer`).
-//
-// # Safety
-// `channel` must not be in use by another thread.
-void lf_channel_free(struct lf_channel *channel);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -163,7 +163,6 @@ impl Default for ChannelConfig {
     }
 }
 
-
 /// One end of a channel.
 // One per channel end, made once: the producer's size (its pool and ring state inline) costs
 // nothing worth a box on every access.

@@ -195,7 +195,9 @@ impl Producer {
             SharedBytes::File(arena, offset) if timeout == Some(Duration::ZERO) => {
                 self.transport.try_send_region(&arena, offset, len)
             }
-            SharedBytes::File(arena, offset) => self.transport.send_region(&arena, offset, len, deadline_after(timeout)),
+            SharedBytes::File(arena, offset) => {
+                self.transport.send_region(&arena, offset, len, deadline_after(timeout))
+            }
             SharedBytes::Gpu(view) => {
                 if self.routes.get(MemoryKind::Vulkan).is_none() {
                     return Err(Error::Unsupported("GPU buffers are staged on this channel".into()));
@@ -495,9 +497,7 @@ impl Producer {
         let (offset, len) = (payload.offset, payload.len);
         let loan = self.loan_raw(len, timeout)?;
         // SAFETY: the loan was just lent by loan_raw and is outstanding.
-        unsafe {
-            self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece))
-        }
+        unsafe { self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece)) }
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.

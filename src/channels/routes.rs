@@ -44,7 +44,6 @@ impl<S: RouteSender> SenderTable<S> {
             i => self.routes.get(i as usize),
         }
     }
-
 }
 
 /// The consumer's routes, found by the id a routed message names.

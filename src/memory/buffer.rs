@@ -553,13 +553,9 @@ impl SharedMemory {
         match self {
             SharedMemory::File(arena, _) => Ok(SharedBytes::File(arena, offset)),
             #[cfg(feature = "vulkan")]
-            SharedMemory::Gpu(whole) => Ok(SharedBytes::Gpu(Buffer::gpu_view(
-                whole,
-                offset as u64,
-                len,
-                None,
-                BufferOrigin::Allocated,
-            )?)),
+            SharedMemory::Gpu(whole) => {
+                Ok(SharedBytes::Gpu(Buffer::gpu_view(whole, offset as u64, len, None, BufferOrigin::Allocated)?))
+            }
         }
     }
 }

@@ -195,7 +195,7 @@ pub(crate) unsafe fn output_struct_size<T: GrowableStruct>(ptr: *const T) -> Ffi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::{lf_channel_config, lf_channel_config_init, lf_wait_strategy};
+    use crate::channel_config::{lf_channel_config, lf_channel_config_init, lf_wait_strategy};
     use crate::context::lf_gpu_policy;
     use crate::context::{lf_context_config, lf_context_config_init, lf_context_create, lf_context_free};
     use crate::device::{lf_context_device_info, lf_device_info};

@@ -15,15 +15,21 @@ pub mod alloc;
 pub mod buffer;
 pub mod buffer_io;
 pub mod channel;
+pub mod channel_config;
+#[cfg(test)]
+mod channel_tests;
 pub mod context;
 pub mod device;
 mod exclusive;
 pub mod export;
+mod gpu_messages;
 mod handle;
 pub mod location;
 pub mod logging;
 pub mod mpi;
 mod raw;
+pub mod receive;
+pub mod send;
 pub mod status;
 
 use std::ffi::{c_char, CStr};

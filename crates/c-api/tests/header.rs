@@ -34,7 +34,11 @@ const SECTIONS: &[(&str, &str, &[&str])] = &[
         &["alloc.rs", "buffer.rs", "buffer_io.rs"],
     ),
     ("Export and import", "A buffer handed to another process on this host, and taken in there.", &["export.rs"]),
-    ("Channels", "Messages from one producer to one consumer: copies, loans, buffers by reference.", &["channel.rs"]),
+    (
+        "Channels",
+        "Messages from one producer to one consumer: copies, loans, buffers by reference.",
+        &["channel_config.rs", "channel.rs", "send.rs", "receive.rs"],
+    ),
     ("Location and scope", "Where a process runs, and whether two processes share a host.", &["location.rs"]),
     ("MPI", "Processes on several hosts, found and named through the application's MPI.", &["mpi.rs"]),
 ];

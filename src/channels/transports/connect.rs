@@ -177,8 +177,11 @@ pub(crate) fn connect_producer(
     }
     let mut plan = plan.clone();
     if routes.is_empty() && !refusals.is_empty() {
-        plan.reasons
-            .push(format!("GPU buffers: staged through {} (copied to host memory): {}", plan.carrier, refusals.join("; ")));
+        plan.reasons.push(format!(
+            "GPU buffers: staged through {} (copied to host memory): {}",
+            plan.carrier,
+            refusals.join("; ")
+        ));
     }
     let info = report(&plan, &carrier_route, routes.iter().map(|r| r.route().clone()).collect());
     Ok(ProducerParts { carrier, routes, info })

@@ -14,8 +14,8 @@ use super::mpi;
 use super::vulkan_ipc;
 use super::{loopback, shm};
 use crate::channels::transport::{
-    Attachment, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan, RawView, Release, Route,
-    RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
+    Attachment, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan, RawView,
+    Release, Route, RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
 };
 use crate::error::Result;
 

@@ -56,4 +56,3 @@ pub(crate) const MPI: TransportId = TransportId::new("mpi");
 /// buffer; shorter ones are copied into their ring slot, which costs less than mapping
 /// anything.
 pub const AUTO_ZERO_COPY_MIN: usize = shm::SHM_INLINE_MAX + 1;
-

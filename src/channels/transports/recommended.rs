@@ -145,9 +145,7 @@ fn carrier_availability(
         (TransportKind::Shm, CommunicationScope::Local) => Ok(()),
         (TransportKind::Shm, CommunicationScope::Remote) => Err("shm needs both processes on one host".into()),
         (TransportKind::Loopback, CommunicationScope::Local) => Ok(()),
-        (TransportKind::Loopback, CommunicationScope::Remote) => {
-            Err("loopback needs both ends in one process".into())
-        }
+        (TransportKind::Loopback, CommunicationScope::Remote) => Err("loopback needs both ends in one process".into()),
         (TransportKind::VulkanIpc, _) => Err("vulkan_ipc carries GPU buffers only, not a channel's messages".into()),
         (TransportKind::Mpi, _) => mpi_availability(peer),
     }

@@ -55,7 +55,9 @@ impl LoopbackProducer {
             }
             None => {
                 with_meeting(name, |m| m.producer_live = false);
-                return Err(Error::Timeout(format!("no consumer of channel {name:?} appeared in this process in time")));
+                return Err(Error::Timeout(format!(
+                    "no consumer of channel {name:?} appeared in this process in time"
+                )));
             }
         };
         // The consumer answers when it takes the session up.
@@ -63,7 +65,9 @@ impl LoopbackProducer {
         let Some(answers) = answered else {
             session.close_producer();
             with_meeting(name, |m| m.producer_live = false);
-            return Err(Error::Timeout(format!("the consumer of channel {name:?} did not take the producer up in time")));
+            return Err(Error::Timeout(format!(
+                "the consumer of channel {name:?} did not take the producer up in time"
+            )));
         };
         Ok(LoopbackProducer { info, session, loan: None, loans: 0, answers, completed: 0 })
     }
@@ -207,10 +211,7 @@ impl ProducerTransport for LoopbackProducer {
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {
         let mut state = self.session.lock();
         if seq >= state.head {
-            return Err(Error::invalid(format!(
-                "message {seq} has not been sent on channel {:?}",
-                self.session.name
-            )));
+            return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.session.name)));
         }
         loop {
             if state.reclaimed > seq {

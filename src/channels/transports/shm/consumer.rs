@@ -90,7 +90,12 @@ impl ShmConsumer {
 
     /// Listens on `name` and waits for a producer, answering its hello with `answers` (the
     /// other routes' sections).
-    pub(crate) fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, answers: Vec<Attachment>) -> Result<Self> {
+    pub(crate) fn listen(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        answers: Vec<Attachment>,
+    ) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let listener = Listener::bind(name)?;
         let mut refused = Vec::new();

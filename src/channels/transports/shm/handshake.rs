@@ -192,7 +192,8 @@ pub(super) fn accept(
         if hello_name != name {
             return Err(Error::Corrupt(format!("producer asked for channel {hello_name:?}, this is {name:?}")));
         }
-        let (mine, others): (Vec<Attachment>, Vec<Attachment>) = sections.into_iter().partition(|s| s.route == ROUTE_ID);
+        let (mine, others): (Vec<Attachment>, Vec<Attachment>) =
+            sections.into_iter().partition(|s| s.route == ROUTE_ID);
         let Some(section) = mine.into_iter().next() else {
             return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
         };

@@ -23,11 +23,14 @@ use std::ffi::{CStr, CString};
 use lava_flow_c_api::alloc::lf_alloc;
 use lava_flow_c_api::buffer::{lf_buffer, lf_buffer_ptr, lf_free, lf_memory_kind};
 use lava_flow_c_api::channel::*;
+use lava_flow_c_api::channel_config::*;
 use lava_flow_c_api::context::lf_gpu_policy;
 use lava_flow_c_api::context::{
     lf_context, lf_context_config, lf_context_config_init, lf_context_create, lf_context_free, lf_hugepage_policy,
 };
 use lava_flow_c_api::location::{lf_location, lf_location_detect, lf_location_free, lf_location_node_id, LF_UNSET};
+use lava_flow_c_api::receive::*;
+use lava_flow_c_api::send::*;
 use lava_flow_c_api::status::{lf_last_error_message, lf_status};
 
 use crate::options::human;

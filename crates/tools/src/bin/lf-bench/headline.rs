@@ -11,7 +11,7 @@
 //! around their timed loops; a row whose level moved is flagged. Last, the blocking 8 B
 //! wake-up (a loan, `LF_WAIT_BLOCK`) against the eventfd floor.
 
-use lava_flow_c_api::channel::lf_wait_strategy::{LF_WAIT_BLOCK, LF_WAIT_BUSY_POLL};
+use lava_flow_c_api::channel_config::lf_wait_strategy::{LF_WAIT_BLOCK, LF_WAIT_BUSY_POLL};
 
 use crate::capi::{self, CApi, Case, Send};
 use crate::options::Options;

@@ -1,0 +1,209 @@
+//! A consumer's calls: `lf_recv` and `lf_try_recv` (views into shared memory, or GPU
+//! messages, which the channel holds), `lf_release`, and `lf_message_buffer` (a GPU message's
+//! buffer); the received message as C sees it (`lf_message`).
+
+use std::ffi::c_void;
+
+use super::buffer::lf_buffer;
+use super::channel::{consumer, lf_channel, lock};
+use super::channel_config::timeout;
+use super::status::lf_status;
+use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
+use lava_flow::channels::transport::RawView;
+use lava_flow::channels::{raw as ends, Consumer};
+
+/// `lf_message.flags`: the bytes lie in the sender's own lava-flow buffer (`lf_send_buffer`,
+/// or `lf_send` of bytes inside a buffer): nothing was copied.
+pub const LF_MESSAGE_ZERO_COPY: u32 = 1;
+/// `lf_message.flags`: the payload is GPU memory of the sender's, shared with this process's
+/// GPU: `lf_message_buffer` gives it as an `lf_buffer`; `data` is its host address where the
+/// host can map it, else NULL.
+pub const LF_MESSAGE_GPU: u32 = 2;
+
+/// A received message: `len` bytes at `data`, readable until `lf_release`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct lf_message {
+    pub data: *const c_void,
+    pub len: usize,
+    /// The message's sequence number (0, 1, 2, ... per producer).
+    pub sequence: u64,
+    /// Internal: which producer session the message came from. Do not change.
+    pub session: u64,
+    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
+    pub flags: u32,
+    pub reserved: u32,
+    /// For LF_MESSAGE_GPU: the value of the channel's ready semaphore
+    /// (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
+    /// lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
+    pub ready_value: u64,
+}
+
+/// Hands a received view to C: CPU bytes as they are; a routed view resolved into its GPU
+/// payload, which the channel holds until `lf_release`.
+#[inline]
+fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
+    if view.route().is_none() {
+        let flags = if view.is_zero_copy() { LF_MESSAGE_ZERO_COPY } else { 0 };
+        let m = lf_message {
+            data: view.ptr.cast(),
+            len: view.len,
+            sequence: view.token,
+            session: view.session,
+            flags,
+            reserved: 0,
+            ready_value: 0,
+        };
+        write_out(out, m);
+        return Ok(());
+    }
+    deliver_gpu(ch, consumer, view, out)
+}
+
+/// [`deliver`] of a routed view: its GPU payload, held by the channel until `lf_release`.
+#[inline(never)]
+fn deliver_gpu(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf_message) -> FfiResult {
+    // SAFETY: the view was just received; the channel's table holds the payload until
+    // lf_release, which drops it before it releases the view.
+    let payload = unsafe { ends::resolve(consumer, &view)? };
+    // NULL where the host cannot map the memory.
+    let data = payload.as_ptr().cast();
+    let m = lf_message {
+        data,
+        len: payload.len,
+        sequence: view.token,
+        session: view.session,
+        flags: LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU,
+        reserved: 0,
+        ready_value: payload.ready_value,
+    };
+    ch.gpu_messages.hold(view, payload);
+    write_out(out, m);
+    Ok(())
+}
+
+/// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
+/// (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
+/// A new producer of the channel is attached by a later call, only after its predecessor's
+/// LF_ERR_PEER_GONE was returned: its messages start again at sequence number 0.
+/// Release the view with `lf_release`.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_recv(channel: *mut lf_channel, timeout_ns: i64, out: *mut lf_message) -> lf_status {
+    boundary("lf_recv", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let c = consumer(&mut guard)?;
+        let view = ends::recv(c, timeout(timeout_ns))?;
+        deliver(ch, c, view, out)
+    })
+}
+
+/// As `lf_recv`, but LF_ERR_WOULD_BLOCK at once when no message waits.
+///
+/// # Safety
+/// As `lf_recv`.
+#[no_mangle]
+pub unsafe extern "C" fn lf_try_recv(channel: *mut lf_channel, out: *mut lf_message) -> lf_status {
+    boundary("lf_try_recv", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let c = consumer(&mut guard)?;
+        let view = ends::try_recv(c)?;
+        deliver(ch, c, view, out)
+    })
+}
+
+/// Releases a view: its memory goes back to the producer, which sees the completion. A view
+/// already released, or not received from this channel, is refused (LF_ERR_INVALID_STATE).
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message.
+#[no_mangle]
+pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf_message) -> lf_status {
+    boundary("lf_release", || {
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if message.is_null() {
+            return Err(Failure::null("message"));
+        }
+        // SAFETY: non-NULL; the caller promises a readable lf_message.
+        let m = unsafe { *message };
+        let mut guard = lock(ch)?;
+        let c = consumer(&mut guard)?;
+        if m.flags & LF_MESSAGE_GPU != 0 {
+            return release_gpu(ch, c, &m);
+        }
+        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
+        // SAFETY: lf_release's contract: the message is one this channel handed C and that C no
+        // longer reads. The carrier refuses views it did not hand out, released ones, and ones
+        // whose pointer or length differ (a GPU message's, with its flag cleared, among them).
+        unsafe { ends::release(c, &view)? };
+        Ok(())
+    })
+}
+
+/// [`lf_release`] of a GPU message, out of line as [`deliver_gpu`] is: its buffer and payload
+/// go first (the producer may reuse the memory once the view is released), then its view.
+#[inline(never)]
+fn release_gpu(ch: &lf_channel, consumer: &mut Consumer, m: &lf_message) -> FfiResult {
+    let Some((view, buffer_freed)) = ch.gpu_messages.release(m.session, m.sequence) else {
+        return Err(Failure {
+            status: lf_status::LF_ERR_INVALID_STATE,
+            message: format!(
+                "GPU message {} is not held by this consumer (already released, or not received from this channel)",
+                m.sequence
+            ),
+        });
+    };
+    // SAFETY: the table held this view for C and gave it up here, once, after letting go of
+    // the message's buffer and payload.
+    unsafe { ends::release(consumer, &view)? };
+    // Checked last, so that a buffer that could not be freed still lets the view go.
+    buffer_freed
+}
+
+/// The GPU buffer a received LF_MESSAGE_GPU message carries, as an `lf_buffer` lent until
+/// `lf_release` of the message (do not `lf_free` it): usable with `lf_buffer_copy` (the copy
+/// waits on the GPU for the message's `ready_value`), `lf_buffer_read`, and `lf_buffer_export`
+/// to hand the memory to CUDA or OpenCL (`cudaImportExternalMemory`; the export names the
+/// producer's arena, so an importer can cache by `exporter_pid`, `exporter_token` and
+/// `arena_id`). The same handle is lent each time it is asked for. LF_ERR_INVALID_STATE for a
+/// message that carries no GPU buffer or is not held.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message; `out`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_message_buffer(
+    channel: *mut lf_channel,
+    message: *const lf_message,
+    out: *mut *const lf_buffer,
+) -> lf_status {
+    boundary("lf_message_buffer", || {
+        let out = out_ptr(out, "out")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if message.is_null() {
+            return Err(Failure::null("message"));
+        }
+        // SAFETY: non-NULL; the caller promises a readable lf_message.
+        let m = unsafe { *message };
+        let _guard = lock(ch)?;
+        let lent = (m.flags & LF_MESSAGE_GPU != 0).then(|| ch.gpu_messages.buffer(m.session, m.sequence)).flatten();
+        let Some(handle) = lent else {
+            return Err(Failure {
+                status: lf_status::LF_ERR_INVALID_STATE,
+                message: format!(
+                    "message {} carries no GPU buffer held by this channel (flags {:#x}; already released?)",
+                    m.sequence, m.flags
+                ),
+            });
+        };
+        write_out(out, handle?.cast_const());
+        Ok(())
+    })
+}
