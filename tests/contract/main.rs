@@ -1,0 +1,136 @@
+//! The carrier contract (`cases.rs`), run against each carrier of one host: loopback (both
+//! halves threads of this process) and shm (each half a process of its own, re-executing this
+//! test binary), each with vulkan_ipc as the route of GPU buffers where a Vulkan device is (on
+//! lavapipe in CI). The mpi carrier runs the same cases between two MPI ranks
+//! (`tests/mpi_channels.rs`).
+
+mod cases;
+#[path = "../common/child.rs"]
+mod child;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cases::{Carrier, Case, Sync};
+use child::Spawn;
+use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind};
+use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
+use lava_flow::ProcessLocation;
+
+fn here() -> ProcessLocation {
+    ProcessLocation::from_hostname().unwrap()
+}
+
+/// A context for `case`: with this process's GPU where it needs one (`None`: there is none,
+/// and the case is skipped, or fails under `LF_REQUIRE_VULKAN`), else CPU only.
+fn context_for(case: &Case) -> Option<Context> {
+    let mut config = ContextConfig::default();
+    if !case.needs_gpu() {
+        config.gpu = GpuPolicy::Disabled;
+    }
+    let context = Context::new(config).expect("memory context");
+    if case.needs_gpu() {
+        if let Some(why) = context.gpu_unavailable_reason() {
+            assert!(
+                std::env::var("LF_REQUIRE_VULKAN").is_err(),
+                "LF_REQUIRE_VULKAN is set but there is no Vulkan device: {why}"
+            );
+            eprintln!("{}: skipped: no Vulkan device ({why})", case.name);
+            return None;
+        }
+    }
+    Some(context)
+}
+
+/// `case`'s config with the transports restricted to `carrier` (and the GPU route).
+fn config_for(case: &Case, carrier: TransportKind) -> ChannelConfig {
+    ChannelConfig { transports: Some(vec![carrier, TransportKind::VulkanIpc]), ..(case.config)() }
+}
+
+fn channel_name(carrier: TransportKind, case: &Case) -> String {
+    format!("contract-{carrier}-{}", case.name)
+}
+
+/// Runs one half of `case` over `carrier` in this process or thread.
+fn run_half(carrier: TransportKind, case: &Case, producer: bool, sync_dir: &Path, context: &Context) {
+    let name = channel_name(carrier, case);
+    let config = config_for(case, carrier);
+    let sync = Sync::new(sync_dir.to_owned(), case.name, producer);
+    if producer {
+        let open = || Producer::create(context, &name, &here(), &here(), &config).unwrap();
+        (case.producer)(open(), &sync, &open);
+    } else {
+        let consumer = Consumer::create(context, &name, &here(), &here(), &config).unwrap();
+        (case.consumer)(consumer, &sync);
+    }
+}
+
+fn scratch(prefix: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .unwrap()
+        .keep()
+}
+
+/// The contract over loopback: both halves threads of this process.
+#[test]
+fn loopback_keeps_the_contract() {
+    let carrier = Carrier { name: "loopback", reattach: true, gpu_route: true };
+    for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
+        let Some(context) = context_for(case) else { continue };
+        let dir = scratch("lf-contract-loopback-");
+        std::thread::scope(|s| {
+            let consumer = s.spawn(|| run_half(TransportKind::Loopback, case, false, &dir, &context));
+            run_half(TransportKind::Loopback, case, true, &dir, &context);
+            consumer.join().unwrap_or_else(|_| panic!("loopback, {}: the consumer's half failed", case.name));
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        println!("loopback: {} kept", case.name);
+    }
+}
+
+/// The contract over shm: each half a process of its own.
+#[test]
+fn shm_keeps_the_contract() {
+    const TEST: &str = "shm_keeps_the_contract";
+    let carrier = Carrier { name: "shm", reattach: true, gpu_route: true };
+    let cases = cases::cases();
+    if let Some(role) = child::role_in(TEST) {
+        let case_name = std::env::var("LF_CONTRACT_CASE").unwrap();
+        let case = cases.iter().find(|c| c.name == case_name).unwrap();
+        let context = context_for(case).expect("the orchestrator checked for a GPU");
+        let dir = PathBuf::from(std::env::var("LF_CONTRACT_DIR").unwrap());
+        run_half(TransportKind::Shm, case, role == "producer", &dir, &context);
+        return;
+    }
+    for case in cases.iter().filter(|c| (c.runs_on)(&carrier)) {
+        if context_for(case).is_none() {
+            continue;
+        }
+        let dir = scratch("lf-contract-shm-");
+        let runtime = dir.join("runtime");
+        std::fs::create_dir(&runtime).unwrap();
+        std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let envs = [
+            ("LF_RUNTIME_DIR", runtime.display().to_string()),
+            ("LF_CONTRACT_DIR", dir.display().to_string()),
+            ("LF_CONTRACT_CASE", case.name.to_owned()),
+        ];
+        let start = |role| Spawn { test: TEST, role, envs: &envs, socket: false, capture_stderr: false }.start().0;
+        let (mut consumer, mut producer) = (start("consumer"), start("producer"));
+        for (child, role) in [(&mut producer, "producer"), (&mut consumer, "consumer")] {
+            let status = child::wait_timeout(child, Duration::from_secs(120)).unwrap_or_else(|| {
+                let _ = child.kill();
+                panic!("shm, {}: the {role}'s half did not finish in 120 s", case.name)
+            });
+            assert!(status.success(), "shm, {}: the {role}'s half failed: {status}", case.name);
+        }
+        let left: Vec<_> = std::fs::read_dir(&runtime).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "shm, {}: left in the runtime dir: {left:?}", case.name);
+        std::fs::remove_dir_all(&dir).unwrap();
+        println!("shm: {} kept", case.name);
+    }
+}
