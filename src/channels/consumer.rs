@@ -93,6 +93,13 @@ impl Consumer {
         &self.name
     }
 
+    /// Adds `route` after the routes the channel has (the core's tests bring routes of their
+    /// own).
+    #[cfg(test)]
+    pub(crate) fn add_route(&mut self, route: AnyRouteReceiver) {
+        self.routes.push(route);
+    }
+
     /// The memory context the channel was created with.
     pub fn context(&self) -> &MemoryContext {
         &self.context

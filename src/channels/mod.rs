@@ -325,14 +325,4 @@ pub fn preview_transports(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_checked() {
-        assert!(validate_channel_name("cam-0.frames_x").is_ok());
-        for bad in ["", ".hidden", "a/b", "with space", &"x".repeat(65)] {
-            assert!(validate_channel_name(bad).is_err(), "{bad:?}");
-        }
-    }
-}
+mod tests;

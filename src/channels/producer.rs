@@ -94,6 +94,19 @@ impl Producer {
         }
     }
 
+    /// Adds `route` after the routes the channel has (the core's tests bring routes of their
+    /// own).
+    #[cfg(test)]
+    pub(crate) fn add_route(&mut self, route: AnyRouteSender) {
+        self.routes.push(route);
+    }
+
+    /// The carrier, for the core's tests that send what a well-behaved producer would not.
+    #[cfg(test)]
+    pub(crate) fn carrier(&mut self) -> &mut AnyProducer {
+        &mut self.transport
+    }
+
     /// The memory context the channel was created with.
     pub fn context(&self) -> &Context {
         &self.context

@@ -28,6 +28,13 @@ impl<S: RouteSender> SenderTable<S> {
         SenderTable { routes, by_kind }
     }
 
+    /// Adds `route` last: it serves the kinds no route before it serves.
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, route: S) {
+        let routes = std::mem::take(&mut self.routes);
+        *self = SenderTable::new(routes.into_iter().chain(std::iter::once(route)).collect());
+    }
+
     /// The route that serves memory of `kind` to this peer, if one does.
     #[inline]
     pub(crate) fn for_kind(&mut self, kind: MemoryKind) -> Option<&mut S> {
@@ -54,6 +61,11 @@ pub(crate) struct ReceiverTable<R> {
 impl<R: RouteReceiver> ReceiverTable<R> {
     pub(crate) fn new(routes: Vec<R>) -> Self {
         ReceiverTable { routes }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, route: R) {
+        self.routes.push(route);
     }
 
     /// The route whose id is `id` (a channel has a few routes: a scan is the cheapest lookup).

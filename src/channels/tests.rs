@@ -1,0 +1,315 @@
+//! The channel core's own tests, over the loopback carrier (no processes): the route table
+//! (several routes of one payload class, chosen per message by the memory's kind), routed
+//! messages the core must refuse, and the producer's completion bookkeeping.
+
+use std::any::Any;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::transport::{
+    Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, ProducerTransport, Route, RouteReceiver,
+    RouteSender, RoutedMemory, RoutedPayload, TransportId,
+};
+use super::transports::{AnyRouteReceiver, AnyRouteSender};
+use super::*;
+use crate::memory::{Buffer, ContextConfig, GpuPolicy, MemoryLocation};
+
+#[test]
+fn names_are_checked() {
+    assert!(validate_channel_name("cam-0.frames_x").is_ok());
+    for bad in ["", ".hidden", "a/b", "with space", &"x".repeat(65)] {
+        assert!(validate_channel_name(bad).is_err(), "{bad:?}");
+    }
+}
+
+fn here() -> ProcessLocation {
+    ProcessLocation::new("host-a", None, None).unwrap()
+}
+
+fn context(gpu: bool) -> Context {
+    let gpu = if gpu { GpuPolicy::default() } else { GpuPolicy::Disabled };
+    Context::new(ContextConfig { gpu, ..Default::default() }).unwrap()
+}
+
+/// Both ends of loopback channel `name` in this thread (met from two).
+fn pair(name: &str, context: &Context, routes: Vec<TransportKind>) -> (Producer, Consumer) {
+    let config = ChannelConfig {
+        transports: Some([vec![TransportKind::Loopback], routes].concat()),
+        capacity: 16,
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    std::thread::scope(|s| {
+        let consumer = s.spawn(|| Consumer::create(context, name, &here(), &here(), &config).unwrap());
+        let producer = Producer::create(context, name, &here(), &here(), &config).unwrap();
+        (producer, consumer.join().unwrap())
+    })
+}
+
+/// Memory "another allocator" made: the foreign memory a test route carries.
+struct Foreign(Vec<u8>);
+
+/// A route of the core's tests: payloads of one memory kind, which both ends of a loopback
+/// channel reach by address. Its descriptor is (address, length).
+struct TestSender {
+    id: u32,
+    kind: MemoryKind,
+    route: Route,
+    /// What the messages sent point into, kept alive for the channel's life.
+    kept: Vec<Arc<Foreign>>,
+}
+
+impl TestSender {
+    fn route(id: u32, kind: MemoryKind) -> AnyRouteSender {
+        let route =
+            Route { class: PayloadClass::Gpu, kind: TransportId::new("test"), reason: format!("{kind}: route {id}") };
+        AnyRouteSender::Other(Box::new(TestSender { id, kind, route, kept: Vec::new() }))
+    }
+}
+
+impl RouteSender for TestSender {
+    fn route_id(&self) -> u32 {
+        self.id
+    }
+    fn route(&self) -> &Route {
+        &self.route
+    }
+    fn serves(&self, kind: MemoryKind) -> bool {
+        kind == self.kind
+    }
+    fn pack(&mut self, payload: &Payload<'_>, _completed: u64, out: &mut Packed) -> crate::Result<()> {
+        let PayloadMemory::Foreign(memory) = payload.memory else {
+            return Err(Error::Unsupported("the test route carries foreign memory".into()));
+        };
+        let memory = memory.downcast_ref::<Arc<Foreign>>().expect("the tests' foreign memory");
+        let address = memory.0.as_ptr() as u64 + payload.offset as u64;
+        self.kept.push(Arc::clone(memory));
+        out.descriptor[..8].copy_from_slice(&address.to_le_bytes());
+        out.descriptor[8..16].copy_from_slice(&(payload.len as u64).to_le_bytes());
+        out.descriptor_len = 16;
+        Ok(())
+    }
+    fn released_semaphore(&self) -> crate::Result<OwnedFd> {
+        Err(Error::Unsupported("no semaphore".into()))
+    }
+    fn sent(&mut self, _seq: u64) {}
+    fn ready_semaphore(&self) -> crate::Result<OwnedFd> {
+        Err(Error::Unsupported("no semaphore".into()))
+    }
+}
+
+/// The test route's memory at the consumer: the producer's bytes, by address.
+struct TestMemory {
+    base: *mut u8,
+    released: Arc<AtomicU64>,
+}
+
+// SAFETY: the tests' foreign memory is only read, and outlives the channel.
+unsafe impl Send for TestMemory {}
+// SAFETY: as above.
+unsafe impl Sync for TestMemory {}
+
+impl RoutedMemory for TestMemory {
+    fn host_base(&self) -> *mut u8 {
+        self.base
+    }
+    fn view(&self, _offset: u64, _len: usize, _ready_value: u64) -> Option<Buffer> {
+        None
+    }
+    fn released(&self, _seq: u64) {
+        self.released.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct TestReceiver {
+    id: u32,
+    /// Each message's memory, kept while the route lives (boxed: payloads point at it, and
+    /// the vector moves as it grows).
+    #[allow(clippy::vec_box)]
+    memories: Vec<Box<TestMemory>>,
+    resolved: Arc<AtomicU64>,
+    released: Arc<AtomicU64>,
+}
+
+impl TestReceiver {
+    /// The route, and its counts of messages resolved and released.
+    fn route(id: u32) -> (AnyRouteReceiver, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let (resolved, released) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let receiver =
+            TestReceiver { id, memories: Vec::new(), resolved: Arc::clone(&resolved), released: Arc::clone(&released) };
+        (AnyRouteReceiver::Other(Box::new(receiver)), resolved, released)
+    }
+}
+
+impl RouteReceiver for TestReceiver {
+    fn route_id(&self) -> u32 {
+        self.id
+    }
+    fn new_session(&mut self, _session: u64, _offer: Option<Attachment>) -> crate::Result<()> {
+        Ok(())
+    }
+    fn route(&self, _carrier: TransportId) -> Route {
+        Route { class: PayloadClass::Gpu, kind: TransportId::new("test"), reason: format!("route {}", self.id) }
+    }
+    fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>) {
+        (0, Box::new(()))
+    }
+    fn attach(&mut self, _attachment: Attachment, _released_below: u64) -> crate::Result<()> {
+        Ok(())
+    }
+    fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> crate::Result<Option<RoutedPayload>> {
+        let address = u64::from_le_bytes(descriptor[..8].try_into().unwrap());
+        let len = u64::from_le_bytes(descriptor[8..16].try_into().unwrap()) as usize;
+        self.resolved.fetch_add(1, Ordering::Relaxed);
+        self.memories.push(Box::new(TestMemory { base: address as *mut u8, released: Arc::clone(&self.released) }));
+        let memory: &(dyn RoutedMemory + 'static) = &**self.memories.last().unwrap();
+        // SAFETY: the memory is boxed and kept for the route's life, longer than any message.
+        Ok(Some(unsafe { RoutedPayload::new(memory, 0, len, 0, seq) }))
+    }
+    fn ready_semaphore(&self) -> crate::Result<OwnedFd> {
+        Err(Error::Unsupported("no semaphore".into()))
+    }
+}
+
+/// Sends `len` bytes at `offset` of foreign memory of `kind`.
+fn send_foreign(p: &mut Producer, memory: &Arc<Foreign>, kind: MemoryKind, offset: usize, len: usize) -> u64 {
+    let payload = Payload { memory: PayloadMemory::Foreign(memory), kind, offset, len, ready_value: 0 };
+    p.send_payload(&payload, None).unwrap()
+}
+
+/// Two routes of one payload class side by side: each message takes the one its memory's
+/// kind calls for, in the one order of every message, with CPU messages between.
+#[test]
+fn each_message_takes_the_route_its_memory_kind_calls_for() {
+    let context = context(false);
+    let (mut p, mut c) = pair("two-routes", &context, Vec::new());
+    p.add_route(TestSender::route(200, MemoryKind::Cuda));
+    p.add_route(TestSender::route(201, MemoryKind::Vulkan));
+    let (cuda, cuda_resolved, cuda_released) = TestReceiver::route(200);
+    let (vulkan, vulkan_resolved, _) = TestReceiver::route(201);
+    c.add_route(cuda);
+    c.add_route(vulkan);
+    let memory = Arc::new(Foreign((0..=255).collect()));
+    assert_eq!(send_foreign(&mut p, &memory, MemoryKind::Cuda, 10, 5), 0);
+    assert_eq!(p.send(b"cpu").unwrap(), 1);
+    assert_eq!(send_foreign(&mut p, &memory, MemoryKind::Vulkan, 100, 3), 2);
+    assert_eq!(send_foreign(&mut p, &memory, MemoryKind::Cuda, 200, 4), 3);
+    let expected: [(&[u8], u64, u64); 4] =
+        [(&[10, 11, 12, 13, 14], 1, 0), (b"cpu", 1, 0), (&[100, 101, 102], 1, 1), (&[200, 201, 202, 203], 2, 1)];
+    for (seq, (bytes, cuda_count, vulkan_count)) in expected.into_iter().enumerate() {
+        let m = c.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!((m.sequence(), &*m), (seq as u64, bytes));
+        assert_eq!(
+            (cuda_resolved.load(Ordering::Relaxed), vulkan_resolved.load(Ordering::Relaxed)),
+            (cuda_count, vulkan_count),
+            "message {seq} took the route of its memory's kind"
+        );
+        // Foreign memory has no lava-flow buffer over it.
+        assert!(m.buffer().is_none());
+    }
+    assert_eq!(cuda_released.load(Ordering::Relaxed), 2, "each payload told its route of the release");
+    p.wait_completed(3, Some(Duration::from_secs(10))).unwrap();
+}
+
+/// A kind no route serves is staged through the carrier where the bytes are a lava-flow
+/// buffer's, and refused, saying why, where they are foreign memory.
+#[test]
+fn a_kind_without_a_route_is_staged_or_refused() {
+    let context = context(false);
+    let (mut p, mut c) = pair("no-route", &context, Vec::new());
+    p.add_route(TestSender::route(200, MemoryKind::Cuda));
+    let memory = Arc::new(Foreign(vec![7; 64]));
+    let payload = Payload {
+        memory: PayloadMemory::Foreign(&memory),
+        kind: MemoryKind::Vulkan,
+        offset: 0,
+        len: 8,
+        ready_value: 0,
+    };
+    let refused = p.send_payload(&payload, None).unwrap_err();
+    assert!(
+        matches!(&refused, Error::Unsupported(m) if m.contains("no route for lava-flow's Vulkan memory")),
+        "{refused}"
+    );
+    let buffer = context.allocate(4096, MemoryLocation::CpuStandard).unwrap();
+    buffer.write_at(0, &[5; 40]).unwrap();
+    let payload = Payload {
+        memory: PayloadMemory::Buffer(&buffer),
+        kind: MemoryKind::Vulkan,
+        offset: 0,
+        len: 40,
+        ready_value: 0,
+    };
+    assert_eq!(p.send_payload(&payload, None).unwrap(), 0);
+    let m = c.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(*m == [5; 40] && !m.is_zero_copy(), "staged: copied into the channel");
+}
+
+/// The GPU route of lava-flow's Vulkan memory and a route of another kind on one channel:
+/// a Vulkan buffer goes by reference through vulkan_ipc, foreign memory through its own route.
+#[cfg(feature = "vulkan")]
+#[test]
+fn vulkan_ipc_and_another_gpu_route_share_a_channel() {
+    let context = context(true);
+    if let Some(why) = context.gpu_unavailable_reason() {
+        assert!(std::env::var("LF_REQUIRE_VULKAN").is_err(), "LF_REQUIRE_VULKAN is set but: {why}");
+        eprintln!("skipped: no Vulkan device ({why})");
+        return;
+    }
+    let (mut p, mut c) = pair("vulkan-and-cuda", &context, vec![TransportKind::VulkanIpc]);
+    p.add_route(TestSender::route(200, MemoryKind::Cuda));
+    let (cuda, cuda_resolved, _) = TestReceiver::route(200);
+    c.add_route(cuda);
+    let gpu = context.allocate(1 << 16, MemoryLocation::GpuDeviceLocal).unwrap();
+    gpu.write_at(0, &[9; 1 << 16]).unwrap();
+    let memory = Arc::new(Foreign(vec![3; 32]));
+    assert_eq!(p.send_buffer(&gpu, 0, 1 << 16).unwrap(), 0);
+    assert_eq!(send_foreign(&mut p, &memory, MemoryKind::Cuda, 0, 32), 1);
+    let first = c.recv_timeout(Duration::from_secs(10)).unwrap();
+    let mut bytes = vec![0; 1 << 16];
+    first.buffer().expect("vulkan_ipc's message carries a buffer").read_at(0, &mut bytes).unwrap();
+    assert!(bytes.iter().all(|&b| b == 9) && cuda_resolved.load(Ordering::Relaxed) == 0);
+    let second = c.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(*second == [3; 32] && cuda_resolved.load(Ordering::Relaxed) == 1);
+    assert!(c.transport().routes.iter().any(|r| r.kind == TransportKind::VulkanIpc), "{}", c.transport().reason);
+}
+
+/// A routed message naming a route the channel does not have, or with a descriptor longer than
+/// any route's, is `Corrupt`, saying which.
+#[test]
+fn routed_messages_of_no_route_are_corrupt() {
+    let context = context(false);
+    let (mut p, mut c) = pair("no-such-route", &context, Vec::new());
+    p.carrier().send_routed(77, b"descriptor", &mut Vec::new(), None).unwrap();
+    p.carrier().send_routed(78, &[0; Packed::MAX_DESCRIPTOR + 1], &mut Vec::new(), None).unwrap();
+    let first = c.recv_timeout(Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(&first, Error::Corrupt(m) if m.contains("names route 77")), "{first}");
+    let second = c.recv_timeout(Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(&second, Error::Corrupt(m) if m.contains("65-byte route descriptor")), "{second}");
+    // Both were released: the producer sees them complete.
+    p.wait_completed(1, Some(Duration::from_secs(10))).unwrap();
+}
+
+/// A short buffer send is copied into its message, complete for the producer at once; a
+/// sequence number never sent is refused, u64::MAX too.
+#[test]
+fn short_buffer_sends_complete_at_once_and_unsent_ones_are_refused() {
+    let context = context(false);
+    let (mut p, mut c) = pair("completion", &context, Vec::new());
+    let buffer = context.allocate(4096, MemoryLocation::CpuStandard).unwrap();
+    let seq = p.send_buffer(&buffer, 0, 16).unwrap();
+    p.wait_completed(seq, Some(Duration::ZERO)).unwrap();
+    for never in [seq + 1, u64::MAX - 1, u64::MAX] {
+        let refused = p.wait_completed(never, Some(Duration::ZERO));
+        assert!(matches!(refused, Err(Error::InvalidArgument(_))), "message {never}: {refused:?}");
+    }
+    let long = p.send_buffer(&buffer, 0, 1024).unwrap();
+    let held = c.recv_timeout(Duration::from_secs(10)).unwrap();
+    let by_reference = c.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(by_reference.is_zero_copy() && !held.is_zero_copy());
+    assert!(matches!(p.wait_completed(long, Some(Duration::from_millis(20))), Err(Error::Timeout(_))));
+    drop((held, by_reference));
+    p.wait_completed(long, Some(Duration::from_secs(10))).unwrap();
+}
