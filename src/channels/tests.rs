@@ -62,7 +62,7 @@ struct TestSender {
 }
 
 impl TestSender {
-    fn route(id: u32, kind: MemoryKind) -> AnyRouteSender {
+    fn boxed(id: u32, kind: MemoryKind) -> AnyRouteSender {
         let route =
             Route { class: PayloadClass::Gpu, kind: TransportId::new("test"), reason: format!("{kind}: route {id}") };
         AnyRouteSender::Other(Box::new(TestSender { id, kind, route, kept: Vec::new() }))
@@ -135,7 +135,7 @@ struct TestReceiver {
 
 impl TestReceiver {
     /// The route, and its counts of messages resolved and released.
-    fn route(id: u32) -> (AnyRouteReceiver, Arc<AtomicU64>, Arc<AtomicU64>) {
+    fn boxed(id: u32) -> (AnyRouteReceiver, Arc<AtomicU64>, Arc<AtomicU64>) {
         let (resolved, released) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let receiver =
             TestReceiver { id, memories: Vec::new(), resolved: Arc::clone(&resolved), released: Arc::clone(&released) };
@@ -185,10 +185,10 @@ fn send_foreign(p: &mut Producer, memory: &Arc<Foreign>, kind: MemoryKind, offse
 fn each_message_takes_the_route_its_memory_kind_calls_for() {
     let context = context(false);
     let (mut p, mut c) = pair("two-routes", &context, Vec::new());
-    p.add_route(TestSender::route(200, MemoryKind::Cuda));
-    p.add_route(TestSender::route(201, MemoryKind::Vulkan));
-    let (cuda, cuda_resolved, cuda_released) = TestReceiver::route(200);
-    let (vulkan, vulkan_resolved, _) = TestReceiver::route(201);
+    p.add_route(TestSender::boxed(200, MemoryKind::Cuda));
+    p.add_route(TestSender::boxed(201, MemoryKind::Vulkan));
+    let (cuda, cuda_resolved, cuda_released) = TestReceiver::boxed(200);
+    let (vulkan, vulkan_resolved, _) = TestReceiver::boxed(201);
     c.add_route(cuda);
     c.add_route(vulkan);
     let memory = Arc::new(Foreign((0..=255).collect()));
@@ -219,7 +219,7 @@ fn each_message_takes_the_route_its_memory_kind_calls_for() {
 fn a_kind_without_a_route_is_staged_or_refused() {
     let context = context(false);
     let (mut p, mut c) = pair("no-route", &context, Vec::new());
-    p.add_route(TestSender::route(200, MemoryKind::Cuda));
+    p.add_route(TestSender::boxed(200, MemoryKind::Cuda));
     let memory = Arc::new(Foreign(vec![7; 64]));
     let payload = Payload {
         memory: PayloadMemory::Foreign(&memory),
@@ -259,8 +259,8 @@ fn vulkan_ipc_and_another_gpu_route_share_a_channel() {
         return;
     }
     let (mut p, mut c) = pair("vulkan-and-cuda", &context, vec![TransportKind::VulkanIpc]);
-    p.add_route(TestSender::route(200, MemoryKind::Cuda));
-    let (cuda, cuda_resolved, _) = TestReceiver::route(200);
+    p.add_route(TestSender::boxed(200, MemoryKind::Cuda));
+    let (cuda, cuda_resolved, _) = TestReceiver::boxed(200);
     c.add_route(cuda);
     let gpu = context.allocate(1 << 16, MemoryLocation::GpuDeviceLocal).unwrap();
     gpu.write_at(0, &[9; 1 << 16]).unwrap();
