@@ -26,6 +26,12 @@ printed with the files and lines of its edges; the exit status is 1 if there is 
 
 `--edges MODULE` (e.g. `--edges lava_flow::memory`) prints the edges among MODULE's children
 instead, one `a -> b` per line: the layering to document.
+
+A second rule keeps the channel layer's interfaces neutral: the files of `INTERFACES` (the
+transport traits, the channel core, the route table, the bindings' access) name no transport
+implementation in their code (comments, strings and `#[cfg(test)]` items aside): no `shm`,
+`mpi`, `vulkan_ipc`, `loopback` or `rendezvous`, and no type named after one (`ShmProducer`).
+`channels::transports` is the one module that names them.
 """
 
 from __future__ import annotations
@@ -268,6 +274,30 @@ class Crate:
                     yield module, line, self.resolve(target)
 
 
+INTERFACES = [
+    "src/channels/mod.rs",
+    "src/channels/transport.rs",
+    "src/channels/producer.rs",
+    "src/channels/consumer.rs",
+    "src/channels/routes.rs",
+    "src/channels/raw.rs",
+]
+IMPLEMENTATION = re.compile(r"\b(shm|mpi|vulkan_ipc|loopback|rendezvous)\b|\b(Shm|Mpi|VulkanIpc|Loopback)[A-Za-z0-9_]*")
+
+
+def implementations_named() -> int:
+    """Prints each place where an interface file names an implementation; returns how many."""
+    found = 0
+    for file in INTERFACES:
+        with open(os.path.join(ROOT, file), encoding="utf-8") as f:
+            code = blank_cfg_test(strip(f.read()))
+        for m in IMPLEMENTATION.finditer(code):
+            line = code.count("\n", 0, m.start()) + 1
+            print(f"{file}:{line}: names the implementation {m.group(0)!r}: {read_line(file, line)}")
+            found += 1
+    return found
+
+
 def main() -> int:
     show = None
     if len(sys.argv) == 3 and sys.argv[1] == "--edges":
@@ -312,6 +342,14 @@ def main() -> int:
                 print()
     if show is not None:
         return 0
+    named = implementations_named()
+    if named:
+        print(
+            f"{named} place(s) where a channel interface names a transport implementation: move the choice "
+            "into channels::transports (see scripts/check-layers.py)",
+            file=sys.stderr,
+        )
+        return 1
     if found:
         print(
             f"{found} import cycle(s) between sibling modules: move what both sides need below them "
@@ -319,7 +357,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 1
-    print("no import cycles between sibling modules")
+    print("no import cycles between sibling modules; the channel interfaces name no transport")
     return 0
 
 
