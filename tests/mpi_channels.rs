@@ -3,7 +3,9 @@
 //! so the messages really cross MPI. Every payload kind in one order (copies inline and
 //! chunked, loans, buffer sends of CPU buffers), exactly once; completion; timeouts; a
 //! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is);
-//! malformed messages from a hostile producer, each `Corrupt`.
+//! malformed messages from a hostile producer, each `Corrupt`. Then the ends' duties to a
+//! peer that does not call lava-flow: a quiet consumer's releases still complete the
+//! producer's messages.
 #![cfg(feature = "mpi")]
 
 use std::process::Command;
@@ -11,8 +13,9 @@ use std::time::Duration;
 
 use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind, WaitStrategy, AUTO_ZERO_COPY_MIN};
 use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
-use lava_flow::mpi::{Communicator, MpiWorld};
+use lava_flow::mpi::{Communicator, MpiWorld, ThreadLevel};
 use lava_flow::Error;
+use mpi_sys as ffi;
 
 const MESSAGES: u64 = 20_000;
 
@@ -47,13 +50,12 @@ fn config() -> ChannelConfig {
     }
 }
 
-fn role(world: &MpiWorld) {
-    let context = Context::new(ContextConfig::default()).unwrap();
+fn role(world: &MpiWorld, context: &Context) {
     let other = 1 - world.rank();
     let mine = world.me().location().clone();
     let peer = world.peer(other).unwrap().location().clone();
     if world.rank() == 0 {
-        let mut p = Producer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
+        let mut p = Producer::create(context, "over-mpi", &mine, &peer, &config()).unwrap();
         let report = p.transport().clone();
         assert_eq!(report.kind, TransportKind::Mpi, "{}", report.reason);
         assert!(
@@ -105,7 +107,7 @@ fn role(world: &MpiWorld) {
         }
         p.send(b"last").unwrap();
     } else {
-        let mut c = Consumer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
+        let mut c = Consumer::create(context, "over-mpi", &mine, &peer, &config()).unwrap();
         assert_eq!(c.transport().kind, TransportKind::Mpi, "{}", c.transport().reason);
         // Message 3k is held across the receive of 3k + 1, and released after it: releases
         // out of order, all done before the buffer send 3k + 2, whose completion the
@@ -145,7 +147,6 @@ fn role(world: &MpiWorld) {
             other => panic!("after the last message: {other:?}"),
         }
     }
-    hostile_producer(world, &context);
 }
 
 /// A producer that sends malformed messages: the consumer says `Corrupt`, naming what is
@@ -178,10 +179,111 @@ fn hostile_producer(world: &MpiWorld, context: &Context) {
 
 #[test]
 fn channels_cross_mpi_between_hosts() {
+    under_mpirun("channels_cross_mpi_between_hosts", |world| {
+        let context = Context::new(ContextConfig::default()).unwrap();
+        role(world, &context);
+        hostile_producer(world, &context);
+    });
+}
+
+/// A consumer that receives and releases message 0 and then makes no lava-flow call for
+/// 2.5 s: the producer learns of the release all the same (lava-flow's own thread sends it),
+/// within its 2 s wait. Sequence numbers never sent are refused, not waited for.
+#[test]
+fn a_quiet_consumer_still_completes_the_producers_messages() {
+    under_mpirun("a_quiet_consumer_still_completes_the_producers_messages", |world| {
+        signals_allowed(world);
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let (mine, peer) = ends(world);
+        if world.rank() == 0 {
+            let mut p = Producer::create(&context, "quiet", &mine, &peer, &config()).unwrap();
+            assert_eq!(p.send(b"message 0").unwrap(), 0);
+            // Not sent yet: refused at once, saying so, not waited for.
+            for never in [1, 2, u64::MAX - 1] {
+                match p.wait_completed(never, Some(Duration::from_secs(1))) {
+                    Err(Error::InvalidArgument(m)) => assert!(m.contains("has not been sent"), "{m}"),
+                    other => panic!("wait_completed({never}) of a message never sent: {other:?}"),
+                }
+            }
+            // The consumer has released message 0 and gone quiet.
+            await_signal(1);
+            p.wait_completed(0, Some(Duration::from_secs(2)))
+                .expect("message 0 completes while the consumer makes no lava-flow call");
+            assert!(p.completed().unwrap() >= 1);
+            signal(1);
+        } else {
+            let mut c = Consumer::create(&context, "quiet", &mine, &peer, &config()).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(60)).unwrap();
+            assert_eq!((&*m, m.sequence()), (&b"message 0"[..], 0));
+            drop(m);
+            signal(0);
+            std::thread::sleep(Duration::from_millis(2500));
+            await_signal(0);
+        }
+    });
+}
+
+/// This process's location and its peer's (the other rank).
+fn ends(world: &MpiWorld) -> (lava_flow::ProcessLocation, lava_flow::ProcessLocation) {
+    let other = 1 - world.rank();
+    (world.me().location().clone(), world.peer(other).unwrap().location().clone())
+}
+
+/// The tag of the tests' own messages on MPI_COMM_WORLD (lava-flow's channels use a
+/// communicator of their own).
+const SIGNAL_TAG: i32 = 7;
+
+/// Tells rank `to` that something happened, with a plain MPI message on the application's
+/// communicator: it arrives after everything this process sent to `to` before.
+fn signal(to: u32) {
+    let byte = 1u8;
+    // SAFETY: one byte of valid memory; MPI is initialised (a world is alive) at thread level
+    // MULTIPLE (`signals_allowed`), so this thread may call MPI beside lava-flow's.
+    let rc = unsafe {
+        ffi::MPI_Send((&byte as *const u8).cast(), 1, ffi::RSMPI_UINT8_T, to as i32, SIGNAL_TAG, ffi::RSMPI_COMM_WORLD)
+    };
+    assert_eq!(rc, 0, "MPI_Send of a signal");
+}
+
+/// The tests' signals call MPI from the test's thread beside lava-flow's own progress thread.
+fn signals_allowed(world: &MpiWorld) {
+    assert_eq!(
+        world.thread_level(),
+        ThreadLevel::Multiple,
+        "lava-flow asks MPI for MPI_THREAD_MULTIPLE, which this test needs for its signals"
+    );
+}
+
+/// Waits for rank `from`'s signal.
+fn await_signal(from: u32) {
+    let mut byte = 0u8;
+    // SAFETY: as in `signal`; one byte of valid memory to receive into.
+    let rc = unsafe {
+        ffi::MPI_Recv(
+            (&mut byte as *mut u8).cast(),
+            1,
+            ffi::RSMPI_UINT8_T,
+            from as i32,
+            SIGNAL_TAG,
+            ffi::RSMPI_COMM_WORLD,
+            ffi::RSMPI_STATUS_IGNORE,
+        )
+    };
+    assert_eq!(rc, 0, "MPI_Recv of a signal");
+}
+
+/// Runs `test` as the test named `name` on two ranks under mpirun (this process starts
+/// mpirun, which starts the test again in each rank).
+fn under_mpirun(name: &str, test: impl FnOnce(&MpiWorld)) {
     if std::env::var_os("OMPI_COMM_WORLD_RANK").is_some() {
         let world = MpiWorld::join(Communicator::World, None).unwrap();
         assert_eq!(world.size(), 2);
-        role(&world);
+        // A rank that fails ends the job: its peer may wait for it in MPI (for a signal, or
+        // in MPI_Finalize when the world goes) and would never return.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&world))).is_err() {
+            // SAFETY: MPI is initialised; aborting the job is what a failed rank wants.
+            unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
+        }
         return;
     }
     let Ok(exe) = std::env::current_exe() else { panic!("no test executable") };
@@ -192,7 +294,7 @@ fn channels_cross_mpi_between_hosts() {
             cmd.arg(":");
         }
         cmd.args(["-np", "1", "-x", &format!("LF_HOST_ID={host}")]);
-        cmd.arg(&exe).args(["--exact", "channels_cross_mpi_between_hosts", "--nocapture"]);
+        cmd.arg(&exe).args(["--exact", name, "--nocapture"]);
     }
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     let status = match cmd.status() {
@@ -203,5 +305,5 @@ fn channels_cross_mpi_between_hosts() {
             return;
         }
     };
-    assert!(status.success(), "the two ranks under mpirun: {status}");
+    assert!(status.success(), "the two ranks of {name} under mpirun: {status}");
 }
