@@ -5,11 +5,11 @@
 //! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is);
 //! malformed messages from a hostile producer, each `Corrupt`. Then the ends' duties to a
 //! peer that does not call lava-flow: a quiet consumer's releases still complete the
-//! producer's messages.
+//! producer's messages, and a consumer's close reaches a producer that keeps sending.
 #![cfg(feature = "mpi")]
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind, WaitStrategy, AUTO_ZERO_COPY_MIN};
 use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
@@ -223,6 +223,93 @@ fn a_quiet_consumer_still_completes_the_producers_messages() {
     });
 }
 
+/// A consumer that closes while its producer keeps sending small messages: once the close
+/// has reached the producer's process, the producer's next wait is `PeerGone`, and at most 32
+/// more of its sends succeed.
+#[test]
+fn a_producer_learns_that_its_consumer_closed() {
+    under_mpirun("a_producer_learns_that_its_consumer_closed", |world| {
+        signals_allowed(world);
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let (mine, peer) = ends(world);
+        // Room for far more than 32 messages: the producer does not learn of the close by
+        // running out of it, nor look at every message's send (as it does once half the
+        // capacity is in flight).
+        let config = ChannelConfig { capacity: 1 << 16, ..config() };
+        const RECEIVED: u64 = 3000;
+        // A wait after the close: PeerGone, not success or a timeout.
+        if world.rank() == 0 {
+            let mut p = Producer::create(&context, "closing-wait", &mine, &peer, &config).unwrap();
+            for seq in 0..RECEIVED + 5 {
+                assert_eq!(p.send(&seq.to_le_bytes()).unwrap(), seq);
+            }
+            await_signal(1);
+            match p.wait_completed(RECEIVED + 4, Some(Duration::from_secs(30))) {
+                Err(Error::PeerGone(_)) => {}
+                other => panic!("a wait for a message the consumer never released, after its close: {other:?}"),
+            }
+            assert!(matches!(p.send(b"after"), Err(Error::PeerGone(_))));
+        } else {
+            let mut c = Consumer::create(&context, "closing-wait", &mine, &peer, &config).unwrap();
+            for seq in 0..RECEIVED {
+                assert_eq!(c.recv_timeout(Duration::from_secs(60)).unwrap().sequence(), seq);
+            }
+            drop(c);
+            signal(0);
+        }
+        // Sends after the close: at most 32 succeed. The consumer reads some messages and
+        // closes, then says so in a file (not through MPI, whose receive would take the close
+        // in on the producer's side first); the producer keeps sending all along and counts
+        // the sends that succeed once the file is there. It sends every 30 µs or so, busy all
+        // the while (MPI is left alone between sends, as by a producer that computes its
+        // messages), so that 32 sends take longer than the consumer's last steps. A few
+        // rounds: one where the producer learns of the close before it sees the file proves
+        // nothing.
+        for round in 0..4 {
+            let name = format!("closing-sends-{round}");
+            let closed = signal_dir().join(&name);
+            if world.rank() == 0 {
+                let mut p = Producer::create(&context, &name, &mine, &peer, &config).unwrap();
+                let mut after_close: Option<u32> = None;
+                for seq in 0.. {
+                    if after_close.is_none() && closed.exists() {
+                        after_close = Some(0);
+                    }
+                    let computed = Instant::now();
+                    while computed.elapsed() < Duration::from_micros(30) {
+                        std::hint::spin_loop();
+                    }
+                    match p.send_timeout(&u64::to_le_bytes(seq), Duration::from_secs(30)) {
+                        Ok(sent) => {
+                            assert_eq!(sent, seq);
+                            if let Some(n) = after_close.as_mut() {
+                                *n += 1;
+                                assert!(*n <= 32, "{n} sends succeeded after the consumer's close had returned");
+                            }
+                        }
+                        Err(Error::PeerGone(_)) => {
+                            assert!(seq >= RECEIVED, "PeerGone at message {seq}, before the consumer closed");
+                            match after_close {
+                                Some(n) => println!("round {round}: {n} sends succeeded after the consumer's close"),
+                                None => println!("round {round}: the producer learned of the close before the file"),
+                            }
+                            break;
+                        }
+                        Err(e) => panic!("message {seq}: {e}"),
+                    }
+                }
+            } else {
+                let mut c = Consumer::create(&context, &name, &mine, &peer, &config).unwrap();
+                for seq in 0..RECEIVED {
+                    assert_eq!(c.recv_timeout(Duration::from_secs(60)).unwrap().sequence(), seq);
+                }
+                drop(c);
+                std::fs::write(&closed, b"closed").unwrap();
+            }
+        }
+    });
+}
+
 /// This process's location and its peer's (the other rank).
 fn ends(world: &MpiWorld) -> (lava_flow::ProcessLocation, lava_flow::ProcessLocation) {
     let other = 1 - world.rank();
@@ -252,6 +339,11 @@ fn signals_allowed(world: &MpiWorld) {
         ThreadLevel::Multiple,
         "lava-flow asks MPI for MPI_THREAD_MULTIPLE, which this test needs for its signals"
     );
+}
+
+/// A folder both ranks see, for signals that must not go through MPI (`under_mpirun` makes it).
+fn signal_dir() -> std::path::PathBuf {
+    std::env::var_os("LF_TEST_SIGNALS").expect("under_mpirun sets LF_TEST_SIGNALS").into()
 }
 
 /// Waits for rank `from`'s signal.
@@ -287,13 +379,17 @@ fn under_mpirun(name: &str, test: impl FnOnce(&MpiWorld)) {
         return;
     }
     let Ok(exe) = std::env::current_exe() else { panic!("no test executable") };
+    let signals = std::env::temp_dir().join(format!("lf-mpi-signals-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&signals);
+    std::fs::create_dir_all(&signals).unwrap();
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]);
     for host in ["a", "b"] {
         if host == "b" {
             cmd.arg(":");
         }
-        cmd.args(["-np", "1", "-x", &format!("LF_HOST_ID={host}")]);
+        cmd.args(["-np", "1", "-x", &format!("LF_HOST_ID={host}"), "-x"]);
+        cmd.arg(format!("LF_TEST_SIGNALS={}", signals.display()));
         cmd.arg(&exe).args(["--exact", name, "--nocapture"]);
     }
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
@@ -305,5 +401,6 @@ fn under_mpirun(name: &str, test: impl FnOnce(&MpiWorld)) {
             return;
         }
     };
+    let _ = std::fs::remove_dir_all(&signals);
     assert!(status.success(), "the two ranks of {name} under mpirun: {status}");
 }

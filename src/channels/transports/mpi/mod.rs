@@ -37,7 +37,9 @@
 //!   [`ConsumerTransport::notify_fd`] starts a thread that probes for messages every 100 µs.
 //! - **Ends.** A producer that closes sends a close message after its last message: the
 //!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
-//!   producer, whose next call is `PeerGone`. A killed process is MPI's business: with
+//!   producer: once that has reached the producer's process, its next wait is `PeerGone`, and
+//!   so is a send within 32 (it looks at the consumer's answers every 32 messages, twice: see
+//!   `MpiProducer::poll_with`). A killed process is MPI's business: with
 //!   mpirun, the job usually ends; errors MPI returns are reported as they come.
 //!
 //! [`ConsumerTransport::notify_fd`]: crate::channels::transport::ConsumerTransport::notify_fd
