@@ -155,7 +155,12 @@ fn hostile_producer(world: &MpiWorld, context: &Context) {
     let other = 1 - world.rank();
     let mine = world.me().location().clone();
     let peer = world.peer(other).unwrap().location().clone();
-    let expected = ["cut message 0 short", "sent message 5 where 0 was next", "sent 132 bytes for a message of 8"];
+    let expected = [
+        "cut message 0 short",
+        "sent message 5 where 0 was next",
+        "sent 132 bytes for a message of 8",
+        "asked for a report on message 18446744073709551615 before sending it (0 was next)",
+    ];
     for (how, words) in expected.iter().enumerate() {
         let name = format!("hostile-{how}");
         if world.rank() == 0 {

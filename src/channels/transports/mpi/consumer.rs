@@ -535,6 +535,13 @@ impl MpiConsumer {
                 }
                 Kind::ReportRequest => {
                     self.recycle_landing(buffer);
+                    // Sent after the message it names, which has been read, then.
+                    if header.seq >= self.next {
+                        return Err(self.corrupt(format!(
+                            "asked for a report on message {} before sending it ({} was next)",
+                            header.seq, self.next
+                        )));
+                    }
                     let mut state = self.shared.state.lock();
                     state.report_wanted = state.report_wanted.max(header.seq + 1);
                     self.shared.report(&mut state, false)?;

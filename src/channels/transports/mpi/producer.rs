@@ -524,6 +524,7 @@ impl ProducerTransport for MpiProducer {
                 bytes.extend_from_slice(&[0u8; 100]);
                 (self.tags.messages, bytes)
             }
+            3 => (self.tags.messages, Header::new(Kind::ReportRequest, u64::MAX, 0).to_bytes().to_vec()),
             other => return Err(Error::invalid(format!("no malformed message {other}"))),
         };
         let ptr = bytes.as_ptr();
