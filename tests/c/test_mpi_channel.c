@@ -5,8 +5,8 @@
  *                           sends in one order, exactly once; completion, also of a message
  *                           the consumer released before it stopped calling lava-flow; a
  *                           receive timeout; the producer's close seen as LF_ERR_PEER_GONE.
- *                           The application
- *                           initialises and finalizes MPI itself (MPI_THREAD_MULTIPLE).
+ *                           The application initialises and finalizes MPI itself
+ *                           (MPI_THREAD_MULTIPLE).
  *   test_mpi_channel million  10^6 small messages from one "host" to another, each checked.
  *   test_mpi_channel ring   four ranks, two per "host": rank r produces to rank r+1 (mod 4),
  *                           so two channels stay on one host (shm) and two cross hosts (mpi),
