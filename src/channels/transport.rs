@@ -380,7 +380,7 @@ pub trait ProducerTransport: Send {
 
     /// Sends a malformed message, for tests that play a hostile peer over a carrier that has
     /// no shared region: 0, a chunked message cut short; 1, a sequence number out of order;
-    /// 2, more bytes than the header says; 3, a report request for a message never sent.
+    /// 2, more bytes than the header says.
     #[doc(hidden)]
     fn send_malformed(&mut self, how: u32) -> Result<()> {
         Err(Error::Unsupported(format!("this transport cannot send malformed message {how}")))
