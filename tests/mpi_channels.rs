@@ -3,16 +3,19 @@
 //! so the messages really cross MPI. Every payload kind in one order (copies inline and
 //! chunked, loans, buffer sends of CPU buffers), exactly once; completion; timeouts; a
 //! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is);
-//! malformed messages from a hostile producer, each `Corrupt`.
+//! malformed messages from a hostile producer, each `Corrupt`. Then the ends' duties to a
+//! peer that does not call lava-flow: a quiet consumer's releases still complete the
+//! producer's messages, and a consumer's close reaches a producer that keeps sending.
 #![cfg(feature = "mpi")]
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind, WaitStrategy, AUTO_ZERO_COPY_MIN};
 use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
-use lava_flow::mpi::{Communicator, MpiWorld};
+use lava_flow::mpi::{Communicator, MpiWorld, ThreadLevel};
 use lava_flow::Error;
+use mpi_sys as ffi;
 
 const MESSAGES: u64 = 20_000;
 
@@ -47,13 +50,12 @@ fn config() -> ChannelConfig {
     }
 }
 
-fn role(world: &MpiWorld) {
-    let context = Context::new(ContextConfig::default()).unwrap();
+fn role(world: &MpiWorld, context: &Context) {
     let other = 1 - world.rank();
     let mine = world.me().location().clone();
     let peer = world.peer(other).unwrap().location().clone();
     if world.rank() == 0 {
-        let mut p = Producer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
+        let mut p = Producer::create(context, "over-mpi", &mine, &peer, &config()).unwrap();
         let report = p.transport().clone();
         assert_eq!(report.kind, TransportKind::Mpi, "{}", report.reason);
         assert!(
@@ -105,7 +107,7 @@ fn role(world: &MpiWorld) {
         }
         p.send(b"last").unwrap();
     } else {
-        let mut c = Consumer::create(&context, "over-mpi", &mine, &peer, &config()).unwrap();
+        let mut c = Consumer::create(context, "over-mpi", &mine, &peer, &config()).unwrap();
         assert_eq!(c.transport().kind, TransportKind::Mpi, "{}", c.transport().reason);
         // Message 3k is held across the receive of 3k + 1, and released after it: releases
         // out of order, all done before the buffer send 3k + 2, whose completion the
@@ -145,7 +147,6 @@ fn role(world: &MpiWorld) {
             other => panic!("after the last message: {other:?}"),
         }
     }
-    hostile_producer(world, &context);
 }
 
 /// A producer that sends malformed messages: the consumer says `Corrupt`, naming what is
@@ -154,7 +155,12 @@ fn hostile_producer(world: &MpiWorld, context: &Context) {
     let other = 1 - world.rank();
     let mine = world.me().location().clone();
     let peer = world.peer(other).unwrap().location().clone();
-    let expected = ["cut message 0 short", "sent message 5 where 0 was next", "sent 132 bytes for a message of 8"];
+    let expected = [
+        "cut message 0 short",
+        "sent message 5 where 0 was next",
+        "sent 132 bytes for a message of 8",
+        "asked for a report on message 18446744073709551615 before sending it (0 was next)",
+    ];
     for (how, words) in expected.iter().enumerate() {
         let name = format!("hostile-{how}");
         if world.rank() == 0 {
@@ -178,21 +184,218 @@ fn hostile_producer(world: &MpiWorld, context: &Context) {
 
 #[test]
 fn channels_cross_mpi_between_hosts() {
+    under_mpirun("channels_cross_mpi_between_hosts", |world| {
+        let context = Context::new(ContextConfig::default()).unwrap();
+        role(world, &context);
+        hostile_producer(world, &context);
+    });
+}
+
+/// A consumer that receives and releases message 0 and then makes no lava-flow call for
+/// 2.5 s: the producer learns of the release all the same (lava-flow's own thread sends it),
+/// within its 2 s wait. Sequence numbers never sent are refused, not waited for.
+#[test]
+fn a_quiet_consumer_still_completes_the_producers_messages() {
+    under_mpirun("a_quiet_consumer_still_completes_the_producers_messages", |world| {
+        signals_allowed(world);
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let (mine, peer) = ends(world);
+        if world.rank() == 0 {
+            let mut p = Producer::create(&context, "quiet", &mine, &peer, &config()).unwrap();
+            assert_eq!(p.send(b"message 0").unwrap(), 0);
+            // Not sent yet: refused at once, saying so, not waited for.
+            for never in [1, 2, u64::MAX - 1] {
+                match p.wait_completed(never, Some(Duration::from_secs(1))) {
+                    Err(Error::InvalidArgument(m)) => assert!(m.contains("has not been sent"), "{m}"),
+                    other => panic!("wait_completed({never}) of a message never sent: {other:?}"),
+                }
+            }
+            // The consumer has released message 0 and gone quiet.
+            await_signal(1);
+            p.wait_completed(0, Some(Duration::from_secs(2)))
+                .expect("message 0 completes while the consumer makes no lava-flow call");
+            assert!(p.completed().unwrap() >= 1);
+            signal(1);
+        } else {
+            let mut c = Consumer::create(&context, "quiet", &mine, &peer, &config()).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(60)).unwrap();
+            assert_eq!((&*m, m.sequence()), (&b"message 0"[..], 0));
+            drop(m);
+            signal(0);
+            std::thread::sleep(Duration::from_millis(2500));
+            await_signal(0);
+        }
+    });
+}
+
+/// A consumer that closes while its producer keeps sending small messages: once the close
+/// has reached the producer's process, the producer's next wait is `PeerGone`, and at most 32
+/// more of its sends succeed.
+#[test]
+fn a_producer_learns_that_its_consumer_closed() {
+    under_mpirun("a_producer_learns_that_its_consumer_closed", |world| {
+        signals_allowed(world);
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let (mine, peer) = ends(world);
+        // Room for far more than 32 messages: the producer does not learn of the close by
+        // running out of it, nor look at every message's send (as it does once half the
+        // capacity is in flight).
+        let config = ChannelConfig { capacity: 1 << 16, ..config() };
+        const RECEIVED: u64 = 3000;
+        // A wait after the close: PeerGone, not success or a timeout.
+        if world.rank() == 0 {
+            let mut p = Producer::create(&context, "closing-wait", &mine, &peer, &config).unwrap();
+            for seq in 0..RECEIVED + 5 {
+                assert_eq!(p.send(&seq.to_le_bytes()).unwrap(), seq);
+            }
+            await_signal(1);
+            match p.wait_completed(RECEIVED + 4, Some(Duration::from_secs(30))) {
+                Err(Error::PeerGone(_)) => {}
+                other => panic!("a wait for a message the consumer never released, after its close: {other:?}"),
+            }
+            assert!(matches!(p.send(b"after"), Err(Error::PeerGone(_))));
+        } else {
+            let mut c = Consumer::create(&context, "closing-wait", &mine, &peer, &config).unwrap();
+            for seq in 0..RECEIVED {
+                assert_eq!(c.recv_timeout(Duration::from_secs(60)).unwrap().sequence(), seq);
+            }
+            drop(c);
+            signal(0);
+        }
+        // Sends after the close: at most 32 succeed. The consumer reads some messages and
+        // closes, then says so in a file (not through MPI, whose receive would take the close
+        // in on the producer's side first); the producer keeps sending all along and counts
+        // the sends that succeed once the file is there. It sends every 30 µs or so, busy all
+        // the while (MPI is left alone between sends, as by a producer that computes its
+        // messages), so that 32 sends take longer than the consumer's last steps. A few
+        // rounds: one where the producer learns of the close before it sees the file proves
+        // nothing.
+        for round in 0..4 {
+            let name = format!("closing-sends-{round}");
+            let closed = signal_dir().join(&name);
+            if world.rank() == 0 {
+                let mut p = Producer::create(&context, &name, &mine, &peer, &config).unwrap();
+                let mut after_close: Option<u32> = None;
+                for seq in 0.. {
+                    if after_close.is_none() && closed.exists() {
+                        after_close = Some(0);
+                    }
+                    let computed = Instant::now();
+                    while computed.elapsed() < Duration::from_micros(30) {
+                        std::hint::spin_loop();
+                    }
+                    match p.send_timeout(&u64::to_le_bytes(seq), Duration::from_secs(30)) {
+                        Ok(sent) => {
+                            assert_eq!(sent, seq);
+                            if let Some(n) = after_close.as_mut() {
+                                *n += 1;
+                                assert!(*n <= 32, "{n} sends succeeded after the consumer's close had returned");
+                            }
+                        }
+                        Err(Error::PeerGone(_)) => {
+                            assert!(seq >= RECEIVED, "PeerGone at message {seq}, before the consumer closed");
+                            match after_close {
+                                Some(n) => println!("round {round}: {n} sends succeeded after the consumer's close"),
+                                None => println!("round {round}: the producer learned of the close before the file"),
+                            }
+                            break;
+                        }
+                        Err(e) => panic!("message {seq}: {e}"),
+                    }
+                }
+            } else {
+                let mut c = Consumer::create(&context, &name, &mine, &peer, &config).unwrap();
+                for seq in 0..RECEIVED {
+                    assert_eq!(c.recv_timeout(Duration::from_secs(60)).unwrap().sequence(), seq);
+                }
+                drop(c);
+                std::fs::write(&closed, b"closed").unwrap();
+            }
+        }
+    });
+}
+
+/// This process's location and its peer's (the other rank).
+fn ends(world: &MpiWorld) -> (lava_flow::ProcessLocation, lava_flow::ProcessLocation) {
+    let other = 1 - world.rank();
+    (world.me().location().clone(), world.peer(other).unwrap().location().clone())
+}
+
+/// The tag of the tests' own messages on MPI_COMM_WORLD (lava-flow's channels use a
+/// communicator of their own).
+const SIGNAL_TAG: i32 = 7;
+
+/// Tells rank `to` that something happened, with a plain MPI message on the application's
+/// communicator: it arrives after everything this process sent to `to` before.
+fn signal(to: u32) {
+    let byte = 1u8;
+    // SAFETY: one byte of valid memory; MPI is initialised (a world is alive) at thread level
+    // MULTIPLE (`signals_allowed`), so this thread may call MPI beside lava-flow's.
+    let rc = unsafe {
+        ffi::MPI_Send((&byte as *const u8).cast(), 1, ffi::RSMPI_UINT8_T, to as i32, SIGNAL_TAG, ffi::RSMPI_COMM_WORLD)
+    };
+    assert_eq!(rc, 0, "MPI_Send of a signal");
+}
+
+/// The tests' signals call MPI from the test's thread beside lava-flow's own progress thread.
+fn signals_allowed(world: &MpiWorld) {
+    assert_eq!(
+        world.thread_level(),
+        ThreadLevel::Multiple,
+        "lava-flow asks MPI for MPI_THREAD_MULTIPLE, which this test needs for its signals"
+    );
+}
+
+/// A folder both ranks see, for signals that must not go through MPI (`under_mpirun` makes it).
+fn signal_dir() -> std::path::PathBuf {
+    std::env::var_os("LF_TEST_SIGNALS").expect("under_mpirun sets LF_TEST_SIGNALS").into()
+}
+
+/// Waits for rank `from`'s signal.
+fn await_signal(from: u32) {
+    let mut byte = 0u8;
+    // SAFETY: as in `signal`; one byte of valid memory to receive into.
+    let rc = unsafe {
+        ffi::MPI_Recv(
+            (&mut byte as *mut u8).cast(),
+            1,
+            ffi::RSMPI_UINT8_T,
+            from as i32,
+            SIGNAL_TAG,
+            ffi::RSMPI_COMM_WORLD,
+            ffi::RSMPI_STATUS_IGNORE,
+        )
+    };
+    assert_eq!(rc, 0, "MPI_Recv of a signal");
+}
+
+/// Runs `test` as the test named `name` on two ranks under mpirun (this process starts
+/// mpirun, which starts the test again in each rank).
+fn under_mpirun(name: &str, test: impl FnOnce(&MpiWorld)) {
     if std::env::var_os("OMPI_COMM_WORLD_RANK").is_some() {
         let world = MpiWorld::join(Communicator::World, None).unwrap();
         assert_eq!(world.size(), 2);
-        role(&world);
+        // A rank that fails ends the job: its peer may wait for it in MPI (for a signal, or
+        // in MPI_Finalize when the world goes) and would never return.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&world))).is_err() {
+            // SAFETY: MPI is initialised; aborting the job is what a failed rank wants.
+            unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
+        }
         return;
     }
     let Ok(exe) = std::env::current_exe() else { panic!("no test executable") };
+    let signals = std::env::temp_dir().join(format!("lf-mpi-signals-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&signals);
+    std::fs::create_dir_all(&signals).unwrap();
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]);
     for host in ["a", "b"] {
         if host == "b" {
             cmd.arg(":");
         }
-        cmd.args(["-np", "1", "-x", &format!("LF_HOST_ID={host}")]);
-        cmd.arg(&exe).args(["--exact", "channels_cross_mpi_between_hosts", "--nocapture"]);
+        cmd.args(["-np", "1", "-x", &format!("LF_HOST_ID={host}"), "-x"]);
+        cmd.arg(format!("LF_TEST_SIGNALS={}", signals.display()));
+        cmd.arg(&exe).args(["--exact", name, "--nocapture"]);
     }
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     let status = match cmd.status() {
@@ -203,5 +406,6 @@ fn channels_cross_mpi_between_hosts() {
             return;
         }
     };
-    assert!(status.success(), "the two ranks under mpirun: {status}");
+    let _ = std::fs::remove_dir_all(&signals);
+    assert!(status.success(), "the two ranks of {name} under mpirun: {status}");
 }

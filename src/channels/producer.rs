@@ -532,7 +532,8 @@ impl Producer {
 
     /// Sends a malformed message (over MPI), for tests that play a hostile peer: 0, a chunked
     /// message cut short; 1, a sequence number out of order; 2, more bytes than the header
-    /// says. Only with the `test-hooks` feature, which the tests turn on.
+    /// says; 3, a report request for a message never sent. Only with the `test-hooks` feature,
+    /// which the tests turn on.
     #[cfg(feature = "test-hooks")]
     pub fn send_malformed_for_tests(&mut self, how: u32) -> Result<()> {
         self.transport.send_malformed(how)

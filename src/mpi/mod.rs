@@ -23,7 +23,7 @@ mod record;
 mod runtime;
 
 #[cfg(feature = "mpi")]
-pub(crate) use runtime::{PrivateComm, Request};
+pub(crate) use runtime::{register_duty, Duty, DutyRegistration, PrivateComm, Request};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;

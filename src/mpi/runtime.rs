@@ -7,8 +7,9 @@
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use mpi_sys as ffi;
 use parking_lot::Mutex;
@@ -406,7 +407,8 @@ static PROGRESS_STARTED: AtomicBool = AtomicBool::new(false);
 /// lava-flow's own calls have been quiet since its last look. It looks every 20 µs while a
 /// transfer of more than a few KiB is pending, every 2 ms otherwise (small sends need no help;
 /// receives posted ahead wait for messages that may never come), so that it seldom takes the
-/// core from a thread that busy-polls small messages. It exists where MPI's thread level is
+/// core from a thread that busy-polls small messages. It also does the channels' duties
+/// ([`Duty`]) about every [`DUTY_PERIOD`], quiet or not. It exists where MPI's thread level is
 /// SERIALIZED or MULTIPLE, and stops when the last world is freed.
 struct Progress {
     stop: Arc<AtomicBool>,
@@ -428,9 +430,15 @@ impl Progress {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let spawned = std::thread::Builder::new().name("lava-flow-mpi-progress".into()).spawn(move || {
-            use std::time::Duration;
             let mut seen = usize::MAX;
+            let mut duties_done = Instant::now();
             while !flag.load(Ordering::Relaxed) {
+                if HAS_DUTIES.load(Ordering::Relaxed) && duties_done.elapsed() >= DUTY_PERIOD {
+                    duties_done = Instant::now();
+                    run_duties();
+                    // Their MPI calls are the thread's own: only the channels' should count.
+                    seen = CALL_COUNT.load(Ordering::Relaxed);
+                }
                 let transfers = PENDING.load(Ordering::Relaxed) != 0;
                 let now = CALL_COUNT.load(Ordering::Relaxed);
                 let quiet = now == seen;
@@ -472,6 +480,61 @@ impl Progress {
             let _ = p.thread.join();
         }
         PROGRESS_STARTED.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Work a channel leaves to lava-flow's progress thread: what its peer waits for and must get
+/// even while the application makes no lava-flow call (an MPI consumer's credits for the
+/// messages it released).
+pub(crate) trait Duty: Send + Sync {
+    /// Called from the progress thread about every [`DUTY_PERIOD`]. It must not block: a duty
+    /// whose state is locked skips the turn.
+    fn tick(&self);
+}
+
+/// How often the progress thread does the channels' duties.
+const DUTY_PERIOD: Duration = Duration::from_millis(1);
+
+/// The duties of live channels, with their registrations' ids.
+static DUTIES: Mutex<Vec<(u64, Weak<dyn Duty>)>> = Mutex::new(Vec::new());
+/// `DUTIES` is not empty: the progress thread looks at the list only then.
+static HAS_DUTIES: AtomicBool = AtomicBool::new(false);
+static NEXT_DUTY: AtomicU64 = AtomicU64::new(1);
+
+/// A duty's registration. Dropping it removes the duty; once that has returned, the progress
+/// thread neither runs it nor holds a reference to it (so the thread never drops a channel's
+/// last reference, which could end the world and with it the thread itself).
+pub(crate) struct DutyRegistration(u64);
+
+/// Has the progress thread do `duty` until the registration is dropped (nothing where MPI's
+/// thread level allows no thread of lava-flow's).
+pub(crate) fn register_duty(duty: Weak<dyn Duty>) -> DutyRegistration {
+    let id = NEXT_DUTY.fetch_add(1, Ordering::Relaxed);
+    let mut duties = DUTIES.lock();
+    duties.push((id, duty));
+    HAS_DUTIES.store(true, Ordering::Relaxed);
+    drop(duties);
+    Progress::ensure();
+    DutyRegistration(id)
+}
+
+impl Drop for DutyRegistration {
+    fn drop(&mut self) {
+        // Waits for a turn of the duties in progress: the list is locked while they run.
+        let mut duties = DUTIES.lock();
+        duties.retain(|(id, _)| *id != self.0);
+        HAS_DUTIES.store(!duties.is_empty(), Ordering::Relaxed);
+    }
+}
+
+/// One turn of the duties, with the list locked: a duty's registration cannot be dropped
+/// meanwhile, so every reference taken here is dropped while the channel holds one too.
+fn run_duties() {
+    let duties = DUTIES.lock();
+    for (_, duty) in duties.iter() {
+        if let Some(duty) = duty.upgrade() {
+            duty.tick();
+        }
     }
 }
 

@@ -2,9 +2,11 @@
  *
  *   test_mpi_channel pair   two ranks on different "hosts" (LF_HOST_ID per app context): a
  *                           channel over MPI; copies (inline and chunked), loans and buffer
- *                           sends in one order, exactly once; completion; a receive timeout;
- *                           the producer's close seen as LF_ERR_PEER_GONE. The application
- *                           initialises and finalizes MPI itself (MPI_THREAD_MULTIPLE).
+ *                           sends in one order, exactly once; completion, also of a message
+ *                           the consumer released before it stopped calling lava-flow; a
+ *                           receive timeout; the producer's close seen as LF_ERR_PEER_GONE.
+ *                           The application initialises and finalizes MPI itself
+ *                           (MPI_THREAD_MULTIPLE).
  *   test_mpi_channel million  10^6 small messages from one "host" to another, each checked.
  *   test_mpi_channel ring   four ranks, two per "host": rank r produces to rank r+1 (mod 4),
  *                           so two channels stay on one host (shm) and two cross hosts (mpi),
@@ -154,6 +156,17 @@ static int run_pair(void) {
         if (ch == NULL) return 1;
         CHECK(strcmp(transport_of(ch), "mpi") == 0);
         produce(ctx, ch, count);
+        /* The consumer releases these, then waits in MPI_Barrier, calling no lava-flow
+         * function: the completion comes all the same (lava-flow's own thread sends it). The
+         * first takes the credit that any request of the producer's already answered may still
+         * cause, so that none covers the second. */
+        uint64_t quiet = UINT64_MAX;
+        EXPECT(lf_send(ch, "first", 5, 60 * SECOND, NULL), LF_OK);
+        EXPECT(lf_send(ch, "quiet", 5, 60 * SECOND, &quiet), LF_OK);
+        EXPECT(lf_wait_completed(ch, quiet, 2 * SECOND), LF_OK);
+        /* A message never sent: refused, not waited for. */
+        EXPECT(lf_wait_completed(ch, quiet + 1, SECOND), LF_ERR_INVALID_ARGUMENT);
+        MPI_Barrier(MPI_COMM_WORLD);
         lf_channel_free(ch);
         /* A location that did not come from MPI discovery cannot reach another host. */
         lf_location *mine = NULL, *far = NULL;
@@ -171,8 +184,15 @@ static int run_pair(void) {
         if (ch == NULL) return 1;
         CHECK(strcmp(transport_of(ch), "mpi") == 0);
         consume(ch, count);
-        /* Then the producer closes: PEER_GONE, after a timeout or two while it finishes. */
         lf_message m;
+        EXPECT(lf_recv(ch, 60 * SECOND, &m), LF_OK);
+        CHECK(m.len == 5 && memcmp(m.data, "first", 5) == 0);
+        EXPECT(lf_release(ch, &m), LF_OK);
+        EXPECT(lf_recv(ch, 60 * SECOND, &m), LF_OK);
+        CHECK(m.len == 5 && memcmp(m.data, "quiet", 5) == 0);
+        EXPECT(lf_release(ch, &m), LF_OK);
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* Then the producer closes: PEER_GONE, after a timeout or two while it finishes. */
         lf_status s;
         while ((s = lf_recv(ch, 60 * SECOND, &m)) == LF_ERR_TIMEOUT) {
         }

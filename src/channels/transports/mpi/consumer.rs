@@ -4,7 +4,7 @@ use std::any::Any;
 use std::collections::{BTreeSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -13,7 +13,7 @@ use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPOR
 use crate::channels::transport::{Attachment, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::mpi::{Endpoint, PrivateComm, Request, ThreadLevel};
+use crate::mpi::{register_duty, Duty, DutyRegistration, Endpoint, PrivateComm, Request, ThreadLevel};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
 /// The one session of an MPI consumer (a new producer does not attach to an MPI channel).
@@ -53,6 +53,8 @@ struct State {
     released_below: u64,
     released: BTreeSet<u64>,
     last_reported: u64,
+    /// `last_reported` at the progress thread's last look, when releases were unreported then.
+    unreported_at_last_look: Option<u64>,
     /// The producer waits for a credit covering this many messages (0: it does not).
     report_wanted: u64,
     pool: BufferPool,
@@ -95,6 +97,28 @@ impl Shared {
         let request = unsafe { self.comm.isend(credit.as_ptr(), Header::LEN, self.peer, self.control_tag)? };
         state.sends.push_back((request, credit));
         Ok(())
+    }
+}
+
+impl Duty for Shared {
+    /// Sends a credit for releases that have waited unreported since the last look (a
+    /// millisecond or two): the consumer's releases reach the producer even when the
+    /// application then stops calling lava-flow, whether or not the producer asked for them
+    /// (its report request waits unread in the consumer's stream until the next receive).
+    /// Releases that keep being reported in batches cost nothing here.
+    fn tick(&self) {
+        let Some(mut state) = self.state.try_lock() else { return };
+        if state.closed || state.released_below == state.last_reported {
+            state.unreported_at_last_look = None;
+            return;
+        }
+        if state.unreported_at_last_look == Some(state.last_reported) {
+            state.unreported_at_last_look = None;
+            // An MPI failure shows again at the consumer's next credit.
+            let _ = self.report(&mut state, true);
+        } else {
+            state.unreported_at_last_look = Some(state.last_reported);
+        }
     }
 }
 
@@ -176,6 +200,8 @@ pub(crate) struct MpiConsumer {
     shared: Arc<Shared>,
     partial: Option<Partial>,
     notifier: Option<Notifier>,
+    /// The progress thread's duty of sending credits the application's calls leave unsent.
+    duty: Option<DutyRegistration>,
 }
 
 impl MpiConsumer {
@@ -243,6 +269,7 @@ impl MpiConsumer {
                 released_below: 0,
                 released: BTreeSet::new(),
                 last_reported: 0,
+                unreported_at_last_look: None,
                 report_wanted: 0,
                 pool: BufferPool::new(max_len),
                 sends: VecDeque::new(),
@@ -266,7 +293,10 @@ impl MpiConsumer {
             shared,
             partial: None,
             notifier: None,
+            duty: None,
         };
+        let duty: Weak<Shared> = Arc::downgrade(&consumer.shared);
+        consumer.duty = Some(register_duty(duty));
         for _ in 0..LANDINGS {
             consumer.post_landing()?;
         }
@@ -505,6 +535,13 @@ impl MpiConsumer {
                 }
                 Kind::ReportRequest => {
                     self.recycle_landing(buffer);
+                    // Sent after the message it names, which has been read, then.
+                    if header.seq >= self.next {
+                        return Err(self.corrupt(format!(
+                            "asked for a report on message {} before sending it ({} was next)",
+                            header.seq, self.next
+                        )));
+                    }
                     let mut state = self.shared.state.lock();
                     state.report_wanted = state.report_wanted.max(header.seq + 1);
                     self.shared.report(&mut state, false)?;
@@ -709,6 +746,8 @@ impl ConsumerTransport for MpiConsumer {
 
 impl Drop for MpiConsumer {
     fn drop(&mut self) {
+        // First: the progress thread must not send credits while the channel closes.
+        self.duty = None;
         if let Some(mut n) = self.notifier.take() {
             n.stop.store(true, Ordering::Relaxed);
             if let Some(t) = n.thread.take() {

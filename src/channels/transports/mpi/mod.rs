@@ -24,7 +24,10 @@
 //!   is both the producer's completion (`completed`) and its room (at most `capacity`
 //!   messages in flight). Credits go when the producer asks for one in a message's flags
 //!   (buffer sends, and messages sent with half the capacity in flight), every quarter of the
-//!   capacity, and when the producer waits for a completion (a report request in the stream).
+//!   capacity, and when the producer waits for a completion (a report request in the stream,
+//!   read at the consumer's next receive). Releases left unreported for a millisecond or two
+//!   are reported by lava-flow's progress thread (a duty of the consumer's, `crate::mpi`), so
+//!   that no completion waits for the consumer's application to call lava-flow again.
 //! - **Progress.** Progress happens inside the calls of either side (sends, receives, waits,
 //!   releases), and in a thread of lava-flow's that enters MPI's progress engine when those
 //!   calls are quiet (`crate::mpi`): a
@@ -34,7 +37,9 @@
 //!   [`ConsumerTransport::notify_fd`] starts a thread that probes for messages every 100 µs.
 //! - **Ends.** A producer that closes sends a close message after its last message: the
 //!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
-//!   producer, whose next call is `PeerGone`. A killed process is MPI's business: with
+//!   producer: once that has reached the producer's process, its next wait is `PeerGone`, and
+//!   so is a send within 32 (it looks at the consumer's answers every 32 messages, twice: see
+//!   `MpiProducer::poll_with`). A killed process is MPI's business: with
 //!   mpirun, the job usually ends; errors MPI returns are reported as they come.
 //!
 //! [`ConsumerTransport::notify_fd`]: crate::channels::transport::ConsumerTransport::notify_fd

@@ -213,8 +213,25 @@ impl MpiProducer {
 
     /// Reads the consumer's answers: credits and its close.
     fn poll(&mut self) -> Result<()> {
+        self.poll_with(false)
+    }
+
+    /// [`poll`](Self::poll), `thorough`ly: an answer that had reached this process when it
+    /// began is read. A probe looks at what MPI has taken in, and only then, finding nothing,
+    /// lets MPI take in more (Open MPI reads its sockets there): what the last probe took in,
+    /// one more probe sees. Without that, a producer whose sends complete at once (which call
+    /// nothing else that takes messages in) would miss the consumer's close at one look and
+    /// send 32 more messages before the next.
+    fn poll_with(&mut self, thorough: bool) -> Result<()> {
         self.reap()?;
-        while let Some((_, header, _)) = self.next_control()? {
+        let mut again = thorough;
+        loop {
+            let Some((_, header, _)) = self.next_control()? else {
+                if std::mem::take(&mut again) {
+                    continue;
+                }
+                return Ok(());
+            };
             match header.kind {
                 Kind::Credit => {
                     if header.seq > self.head {
@@ -244,7 +261,6 @@ impl MpiProducer {
                 }
             }
         }
-        Ok(())
     }
 
     fn check_gone(&self) -> Result<()> {
@@ -256,6 +272,12 @@ impl MpiProducer {
 
     fn has_room(&self) -> bool {
         self.head - self.completed < self.capacity
+    }
+
+    /// What a wait for room waits for: room, with the consumer there (room left by a consumer
+    /// that closed is no reason to send).
+    fn may_send(&self) -> bool {
+        self.has_room() && self.gone.is_none()
     }
 
     fn check_len(&self, len: usize) -> Result<()> {
@@ -315,9 +337,10 @@ impl ProducerTransport for MpiProducer {
         let want = Header::LEN + len;
         // The consumer's answers and finished sends are looked at when they matter (half the
         // capacity in flight, which asks for a credit; no buffer to reuse) and every 32
-        // messages (a consumer that closed): each look is an MPI call.
-        if self.head - self.completed >= self.capacity / 2 || self.head % 32 == 0 || !self.pool.has(want) {
-            self.poll()?;
+        // messages, thoroughly (a consumer that closed): each look is an MPI call or two.
+        let every_32 = self.head % 32 == 0;
+        if every_32 || self.head - self.completed >= self.capacity / 2 || !self.pool.has(want) {
+            self.poll_with(every_32)?;
         }
         self.check_gone()?;
         if !self.has_room() {
@@ -335,7 +358,7 @@ impl ProducerTransport for MpiProducer {
 
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
         self.check_len(len)?;
-        self.wait_until(deadline, |p| p.has_room(), "no room: the consumer has not released enough messages")
+        self.wait_until(deadline, |p| p.may_send(), "no room: the consumer has not released enough messages")
     }
 
     unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
@@ -474,7 +497,7 @@ impl ProducerTransport for MpiProducer {
                 region.arena_len()
             )));
         }
-        self.wait_until(deadline, |p| p.has_room(), "no room: the consumer has not released enough messages")?;
+        self.wait_until(deadline, |p| p.may_send(), "no room: the consumer has not released enough messages")?;
         let header = self.next_header(len, FLAG_SPLIT | FLAG_ZERO_COPY | FLAG_REPORT);
         // SAFETY: offset + len lies in the region (checked), which `keep_alive` keeps mapped
         // until the last chunk's send completes; the producer's user does not write it until
@@ -521,6 +544,7 @@ impl MpiProducer {
                 bytes.extend_from_slice(&[0u8; 100]);
                 (self.tags.messages, bytes)
             }
+            3 => (self.tags.messages, Header::new(Kind::ReportRequest, u64::MAX, 0).to_bytes().to_vec()),
             other => return Err(Error::invalid(format!("no malformed message {other}"))),
         };
         let ptr = bytes.as_ptr();
