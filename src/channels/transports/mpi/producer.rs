@@ -525,7 +525,7 @@ impl ProducerTransport for MpiProducer {
 impl MpiProducer {
     /// Sends a malformed message, for tests that play a hostile peer over a carrier that has
     /// no shared region: 0, a chunked message cut short; 1, a sequence number out of order;
-    /// 2, more bytes than the header says.
+    /// 2, more bytes than the header says; 3, a report request for a message never sent.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn send_malformed(&mut self, how: u32) -> Result<()> {
         let (tag, bytes) = match how {
