@@ -5,8 +5,12 @@
 //! consumer's wait for the producer's close; a GPU buffer staged (where a Vulkan device is);
 //! malformed messages from a hostile producer, each `Corrupt`. Then the ends' duties to a
 //! peer that does not call lava-flow: a quiet consumer's releases still complete the
-//! producer's messages, and a consumer's close reaches a producer that keeps sending.
+//! producer's messages, and a consumer's close reaches a producer that keeps sending. And the
+//! carrier contract every carrier keeps (`tests/contract/cases.rs`), rank 0 the producer.
 #![cfg(feature = "mpi")]
+
+#[path = "contract/cases.rs"]
+mod cases;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -367,6 +371,37 @@ fn await_signal(from: u32) {
         )
     };
     assert_eq!(rc, 0, "MPI_Recv of a signal");
+}
+
+/// The carrier contract over mpi: each case's producer half on rank 0, its consumer half on
+/// rank 1 (GPU buffers are staged between hosts, and a consumer takes one producer: the route
+/// and new-producer cases are for carriers of one host).
+#[test]
+fn mpi_keeps_the_contract() {
+    under_mpirun("mpi_keeps_the_contract", |world| {
+        let carrier = cases::Carrier { name: "mpi", reattach: false, gpu_route: false };
+        let mut config = ContextConfig::default();
+        config.gpu = lava_flow::memory::GpuPolicy::Disabled;
+        let context = Context::new(config).unwrap();
+        let (mine, peer) = ends(world);
+        let dir = signal_dir().join("contract");
+        std::fs::create_dir_all(&dir).unwrap();
+        for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
+            let name = format!("contract-mpi-{}", case.name);
+            let config = ChannelConfig { transports: Some(vec![TransportKind::Mpi]), ..(case.config)() };
+            let producer = world.rank() == 0;
+            let sync = cases::Sync::new(dir.clone(), case.name, producer);
+            if producer {
+                let open = || Producer::create(&context, &name, &mine, &peer, &config).unwrap();
+                (case.producer)(open(), &sync, &open);
+            } else {
+                (case.consumer)(Consumer::create(&context, &name, &mine, &peer, &config).unwrap(), &sync);
+            }
+            // Both halves are done before the next case's channel.
+            sync.point("done");
+            println!("mpi (rank {}): {} kept", world.rank(), case.name);
+        }
+    });
 }
 
 /// Runs `test` as the test named `name` on two ranks under mpirun (this process starts
