@@ -57,10 +57,9 @@ pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::Warn;
 /// The accepted values of `LF_LOG_LEVEL`, in order of verbosity.
 pub const LEVEL_NAMES: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
-/// What a callback gets for each record: its level, its target (the module, such as
+/// Where records go instead of stderr (the C API's callback, or a Rust application's own
+/// logging): each record's level, its target (the module, such as
 /// `lava_flow::channels::producer`) and its message, on one line.
-/// Where records go instead of stderr: the C API's callback.
-#[doc(hidden)]
 pub type Sink = Box<dyn Fn(Level, &str, &str) + Send + Sync>;
 
 /// lava-flow's logger: stderr, or the sink.
@@ -174,7 +173,6 @@ fn level_name(level: LevelFilter) -> &'static str {
 /// Sends every record to `sink` instead of stderr (`None`: stderr again). Returns once no call
 /// of the previous sink is in progress, so that what it uses may be freed. Refused from inside
 /// the sink itself, which would wait for itself.
-#[doc(hidden)]
 pub fn set_sink(sink: Option<Sink>) -> Result<()> {
     init();
     if IN_SINK.try_with(Cell::get).unwrap_or(false) {

@@ -220,7 +220,7 @@ pub trait Release: Send + Sync {
 }
 
 /// Memory the peer can map by itself, so a message can point into it instead of being
-/// copied: a Layer 1 arena (a memfd, [`SharedArena`]) today, a Vulkan allocation later.
+/// copied: a Layer 1 arena (a memfd, [`SharedArena`](crate::memory::SharedArena)) today.
 ///
 /// The receiving side maps `fd()` once per arena and caches it; a message then carries
 /// (arena, offset, len). The sender keeps [`keep_alive`](Self::keep_alive) until the receiver

@@ -58,7 +58,6 @@ pub enum MemoryLocation {
 }
 
 /// Wire and C codes of the locations (`LF_MEMORY_*`). Stable: they travel in export handles.
-#[doc(hidden)]
 pub mod code {
     pub const CPU_STANDARD: u32 = 1;
     pub const CPU_NUMA: u32 = 2;
