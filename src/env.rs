@@ -177,7 +177,10 @@ mod tests {
 
     /// Names that appear as `"LF_..."` literals in the library's sources without being
     /// variables a user sets, each with the reason.
-    const NOT_USER_SETTINGS: &[(&str, &str)] = &[("LF_FUZZ_CASES", "read by the library's own property tests only")];
+    const NOT_USER_SETTINGS: &[(&str, &str)] = &[
+        ("LF_FUZZ_CASES", "read by the library's own property tests only"),
+        ("LF_REQUIRE_VULKAN", "read by the tests only: they fail instead of skipping without a Vulkan device"),
+    ];
 
     /// The library's sources but this table (the C API, in crates/c-api, reads no variable of
     /// its own; the tools in crates/tools read theirs, LF_BENCH_*).

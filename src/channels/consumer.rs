@@ -15,8 +15,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::routes::ReceiverTable;
-use super::transport::{ConsumerTransport, Packed, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo};
-use super::transports::{self, AnyConsumer, AnyRouteReceiver, MessageReleaser};
+use super::transport::{
+    ConsumerSession, ConsumerTransport, Packed, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo,
+};
+use super::transports::{self, AnyConsumer, AnyRouteReceiver, AnySession, MessageReleaser};
 use super::{
     log_closed, log_created, log_creating, log_failed, plan_routes, validate_channel_name, ChannelConfig, Role,
 };
@@ -26,7 +28,20 @@ use crate::types::ProcessLocation;
 
 /// The receiving end of a channel. `&mut self` everywhere; it may move between threads.
 pub struct Consumer {
-    transport: AnyConsumer,
+    /// Where producers attach (dropped first: a closing consumer lets go of its name before
+    /// it tells its producer).
+    carrier: AnyConsumer,
+    /// The current producer's session: its messages, in its order.
+    session: AnySession,
+    /// Sessions of earlier producers whose messages are still held.
+    old: Vec<AnySession>,
+    /// The current producer's end was reported (`PeerGone`): the next producer that attached
+    /// is taken up at the next receive, its messages starting again at 0.
+    gone_reported: bool,
+    /// Whether the carrier's notification fd watches the sessions (set up by `notify_fd`).
+    watching: bool,
+    /// Arenas received by the sessions before the current one.
+    arenas_before: u64,
     /// The routes of payloads the carrier cannot hold (GPU memory), found by the id each
     /// routed message names.
     routes: ReceiverTable<AnyRouteReceiver>,
@@ -67,26 +82,20 @@ impl Consumer {
             log_failed(name, Role::Consumer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
         })?;
         log_created(name, Role::Consumer, &parts.info);
-        Ok(Consumer::from_parts(name, context, parts.carrier, parts.routes, parts.info))
-    }
-
-    /// A consumer over `carrier` and `routes`, connected already.
-    pub(crate) fn from_parts(
-        name: &str,
-        context: &MemoryContext,
-        carrier: AnyConsumer,
-        routes: Vec<AnyRouteReceiver>,
-        info: TransportInfo,
-    ) -> Consumer {
-        Consumer {
-            transport: carrier,
-            routes: ReceiverTable::new(routes),
-            info,
+        Ok(Consumer {
+            carrier: parts.carrier,
+            session: parts.session,
+            old: Vec::new(),
+            gone_reported: false,
+            watching: false,
+            arenas_before: 0,
+            routes: ReceiverTable::new(parts.routes),
+            info: parts.info,
             name: name.to_owned(),
             context: context.clone(),
             #[cfg(feature = "async-io")]
             notify_async: None,
-        }
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -108,7 +117,7 @@ impl Consumer {
     /// How many arenas (memory files) producers have passed to this consumer for buffer
     /// sends; each is mapped once per channel and cached.
     pub fn arenas_received(&self) -> u64 {
-        self.transport.arenas_received()
+        self.arenas_before + self.session.arenas_received()
     }
 
     /// The transports (every route) and why they were chosen.
@@ -121,7 +130,6 @@ impl Consumer {
     /// [`Message::ready_value`]; `Unsupported` where GPU buffers are synchronised on the host
     /// or staged.
     pub fn ready_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
-        self.sync_routes()?;
         // The semaphore of the route of lava-flow's own GPU memory, which this build's
         // Vulkan routes share.
         let mut why = None;
@@ -143,7 +151,7 @@ impl Consumer {
     /// everything it sent has been received.
     #[inline]
     pub fn recv(&mut self) -> Result<Message> {
-        match self.transport.recv_fast() {
+        match self.session.recv_fast() {
             Some(view) => self.wrap_fast(view),
             None => self.recv_until(None),
         }
@@ -152,7 +160,7 @@ impl Consumer {
     /// As [`recv`](Self::recv), giving up with `Timeout` after `timeout`.
     #[inline]
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message> {
-        match self.transport.recv_fast() {
+        match self.session.recv_fast() {
             Some(view) => self.wrap_fast(view),
             None => self.recv_until(Some(Instant::now() + timeout)),
         }
@@ -161,7 +169,7 @@ impl Consumer {
     /// The next message if one is waiting, else `WouldBlock` (or `PeerGone`).
     #[inline]
     pub fn try_recv(&mut self) -> Result<Message> {
-        match self.transport.recv_fast() {
+        match self.session.recv_fast() {
             Some(view) => self.wrap_fast(view),
             None => self.try_recv_slow(),
         }
@@ -179,21 +187,54 @@ impl Consumer {
         self.wrap_fast(view)
     }
 
-    /// Ends the routes' sessions when the producer has gone.
+    /// The current producer has gone and its messages are read (`error` says so): takes up the
+    /// next producer if one attached, once the end was reported (the application learns of it
+    /// first: the new producer's messages start again at sequence number 0); `Ok` when it did.
     #[cold]
-    fn gone(&mut self, error: Error) -> Error {
-        if matches!(error, Error::PeerGone(_)) {
-            self.end_route_sessions();
+    #[inline(never)]
+    fn after_gone(&mut self, error: Error) -> Result<()> {
+        if !matches!(error, Error::PeerGone(_)) {
+            return Err(error);
         }
-        error
+        if !self.gone_reported {
+            self.end_route_sessions();
+            self.gone_reported = true;
+            return Err(error);
+        }
+        match self.carrier.try_accept()? {
+            Some(session) => self.take_up(session),
+            None => Err(error),
+        }
+    }
+
+    /// Makes `session` the current one: the routes learn what its producer brings, and the
+    /// report what its transport is.
+    fn take_up(&mut self, session: AnySession) -> Result<()> {
+        let mut old = std::mem::replace(&mut self.session, session);
+        if self.watching {
+            self.carrier.unwatch(&mut old);
+            self.carrier.watch(&mut self.session)?;
+        }
+        self.arenas_before += old.arenas_received();
+        self.old.retain(|s| s.holds_views());
+        if old.holds_views() {
+            self.old.push(old);
+        }
+        self.gone_reported = false;
+        log::info!(
+            "channel {:?} (consumer): a new producer attached after the last one had gone; its messages start again \
+             at sequence number 0",
+            self.name
+        );
+        self.sync_routes()
     }
 
     /// Ends the routes' sessions: what their messages may still use stays with the carrier's
     /// session while they are held.
     fn end_route_sessions(&mut self) {
         for route in self.routes.iter_mut() {
-            let (session, kept) = route.end_session();
-            self.transport.keep_while_held(session, kept);
+            let (_, kept) = route.end_session();
+            self.session.keep_while_held(kept);
         }
     }
 
@@ -213,38 +254,33 @@ impl Consumer {
         let payload = unsafe { self.resolve(&view)? };
         Ok(Message {
             view,
-            releaser: self.transport.message_releaser(),
+            releaser: self.session.message_releaser(),
             routed: Some(Routed { payload, buffer: OnceLock::new() }),
         })
     }
 
-    /// Hands each route the current producer's rendezvous section when a new one attached (a
-    /// producer attaches on the receive path that found the old one gone), and refreshes the
-    /// report.
-    #[inline]
+    /// Hands each route the current producer's rendezvous section, and refreshes the report.
     fn sync_routes(&mut self) -> Result<()> {
-        if let Some((session, mut sections)) = self.transport.take_peer_sections() {
-            let before = self.info.reason.clone();
-            self.end_route_sessions();
-            // The carrier's account of its route may change with the producer.
-            let carrier = self.transport.info().routes.first().cloned();
-            let carrier_kind = self.info.kind;
-            let mut routes: Vec<Route> = carrier.into_iter().collect();
-            for route in self.routes.iter_mut() {
-                let id = route.route_id();
-                let offer = sections.iter().position(|s| s.route == id).map(|at| sections.remove(at));
-                route.new_session(session, offer)?;
-                routes.push(route.route(carrier_kind));
-            }
-            // Routes the report had besides the carrier and the receivers (staged GPU buffers).
-            if self.routes.is_empty() {
-                routes.extend(self.info.routes.iter().skip(1).cloned());
-            }
-            self.info = TransportInfo::new(routes);
-            // A new producer whose transport differs from the last one's.
-            if self.info.reason != before {
-                log_created(&self.name, Role::Consumer, &self.info);
-            }
+        let before = self.info.reason.clone();
+        let mut offers = self.session.take_offers().unwrap_or_default();
+        let carrier_kind = self.info.kind;
+        // The carrier's account of its route may change with the producer.
+        let carrier = self.session.route().or_else(|| self.info.routes.first().cloned());
+        let mut routes: Vec<Route> = carrier.into_iter().collect();
+        for route in self.routes.iter_mut() {
+            let id = route.route_id();
+            let offer = offers.iter().position(|s| s.route == id).map(|at| offers.remove(at));
+            route.new_session(self.session.id(), offer)?;
+            routes.push(route.route(carrier_kind));
+        }
+        // Routes the report had besides the carrier and the receivers (staged GPU buffers).
+        if self.routes.is_empty() {
+            routes.extend(self.info.routes.iter().skip(1).cloned());
+        }
+        self.info = TransportInfo::new(routes);
+        // A new producer whose transport differs from the last one's.
+        if self.info.reason != before {
+            log_created(&self.name, Role::Consumer, &self.info);
         }
         Ok(())
     }
@@ -260,14 +296,13 @@ impl Consumer {
         let result = self.try_resolve(view);
         if result.is_err() {
             // SAFETY: the view is held and nothing was resolved from it (this function's contract).
-            let _ = unsafe { self.transport.release(view) };
+            let _ = unsafe { self.release_raw(view) };
         }
         result
     }
 
     #[inline]
     fn try_resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
-        self.sync_routes()?;
         let Some(id) = view.route().filter(|_| view.len <= Packed::MAX_DESCRIPTOR) else {
             return Err(self.unroutable(view));
         };
@@ -287,14 +322,14 @@ impl Consumer {
     #[cold]
     fn resolve_after_attachments(&mut self, id: u32, view: &RawView, descriptor: &[u8]) -> Result<RoutedPayload> {
         loop {
-            let attachments = self.transport.take_attachments()?;
+            let attachments = self.session.take_attachments()?;
             if attachments.is_empty() {
                 return Err(Error::Corrupt(format!(
                     "channel {:?}: message {} names GPU memory the producer never passed",
                     self.name, view.token
                 )));
             }
-            let released_below = self.transport.released_below();
+            let released_below = self.session.released_below();
             for attachment in attachments {
                 // An attachment for a route this channel does not have is the producer's error.
                 let Some(route) = self.routes.by_id(attachment.route) else {
@@ -339,44 +374,44 @@ impl Consumer {
     /// makes a syscall per message that finds the consumer waiting on the fd; call
     /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        self.transport.notify_fd()
+        if !self.watching {
+            self.carrier.notify_fd()?;
+            self.carrier.watch(&mut self.session)?;
+            self.watching = true;
+        }
+        self.carrier.notify_fd()
     }
     /// A message in host memory.
     #[inline]
     fn wrap(&self, view: RawView) -> Message {
-        Message { view, releaser: self.transport.message_releaser(), routed: None }
+        Message { view, releaser: self.session.message_releaser(), routed: None }
     }
-    #[inline]
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
-        let view = self.transport.recv(deadline).map_err(|e| self.gone(e))?;
-        self.after_receive(view)
+        loop {
+            match self.session.recv(deadline) {
+                Err(e) => self.after_gone(e)?,
+                view => return view,
+            }
+        }
     }
 
     /// [`recv_raw`](Self::recv_raw) waiting up to `timeout` (`None`: forever), reading the
     /// clock only when no message is waiting.
     #[inline]
     pub(crate) fn recv_raw_within(&mut self, timeout: Option<Duration>) -> Result<RawView> {
-        match self.transport.recv_fast() {
+        match self.session.recv_fast() {
             Some(view) => Ok(view),
             None => self.recv_raw(super::deadline_after(timeout)),
         }
     }
 
     pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
-        let view = self.transport.try_recv().map_err(|e| self.gone(e))?;
-        self.after_receive(view)
-    }
-
-    /// A view from the slow path, where a new producer may have attached: its offer is read
-    /// first (the view is released if that fails).
-    #[inline]
-    fn after_receive(&mut self, view: RawView) -> Result<RawView> {
-        if let Err(e) = self.sync_routes() {
-            // SAFETY: the view was just received and nothing was made of it.
-            let _ = unsafe { self.transport.release(&view) };
-            return Err(e);
+        loop {
+            match self.session.try_recv() {
+                Err(e) => self.after_gone(e)?,
+                view => return view,
+            }
         }
-        Ok(view)
     }
 
     /// Releases a view received with `recv_raw` (views are plain values there).
@@ -386,8 +421,30 @@ impl Consumer {
     /// payload resolved from it) any more.
     #[inline]
     pub(crate) unsafe fn release_raw(&mut self, view: &RawView) -> Result<()> {
+        if view.session == self.session.id() {
+            // SAFETY: this function's contract.
+            return unsafe { self.session.release(view) };
+        }
+        // SAFETY: as above.
+        unsafe { self.release_old(view) }
+    }
+
+    /// [`release_raw`](Self::release_raw) of a view of an earlier producer's session.
+    ///
+    /// # Safety
+    /// As [`release_raw`](Self::release_raw).
+    #[inline(never)]
+    unsafe fn release_old(&mut self, view: &RawView) -> Result<()> {
+        let Some(session) = self.old.iter_mut().find(|s| s.id() == view.session) else {
+            return Err(Error::InvalidState(format!(
+                "message {} is not held by this consumer (already released, or from another channel)",
+                view.token
+            )));
+        };
         // SAFETY: this function's contract.
-        unsafe { self.transport.release(view) }
+        let released = unsafe { session.release(view) };
+        self.old.retain(|s| s.holds_views());
+        released
     }
 
     /// The notification fd in async-io's reactor, registered on first use.
@@ -395,7 +452,6 @@ impl Consumer {
     fn notify_async(&mut self) -> Result<&async_io::Async<OwnedFd>> {
         if self.notify_async.is_none() {
             let fd = self
-                .transport
                 .notify_fd()?
                 .try_clone_to_owned()
                 .map_err(|e| Error::os("duplicating the channel's notification fd for recv_async", e))?;

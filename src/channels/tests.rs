@@ -313,3 +313,54 @@ fn short_buffer_sends_complete_at_once_and_unsent_ones_are_refused() {
     drop((held, by_reference));
     p.wait_completed(long, Some(Duration::from_secs(10))).unwrap();
 }
+
+/// A consumer holds the sessions of several producers at once: messages of a producer that
+/// has gone stay readable, and releasable by value, while the next producer's arrive.
+#[test]
+fn a_consumer_holds_sessions_of_several_producers() {
+    let context = context(false);
+    let config = ChannelConfig {
+        transports: Some(vec![TransportKind::Loopback]),
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    let open = || Producer::create(&context, "sessions", &here(), &here(), &config).unwrap();
+    let (mut first, mut c) = std::thread::scope(|s| {
+        let consumer = s.spawn(|| Consumer::create(&context, "sessions", &here(), &here(), &config).unwrap());
+        (open(), consumer.join().unwrap())
+    });
+    first.send(b"first, held").unwrap();
+    first.send(b"first, by value").unwrap();
+    drop(first);
+    let held = c.recv_timeout(Duration::from_secs(10)).unwrap();
+    let by_value = c.recv_raw_within(Some(Duration::from_secs(10))).unwrap();
+    assert!(matches!(c.try_recv(), Err(Error::PeerGone(_))), "the first producer's end is reported");
+    std::thread::scope(|s| {
+        // A new producer waits until the consumer takes it up, at its next receive.
+        let second = s.spawn(|| {
+            let mut second = open();
+            second.send(b"second").unwrap();
+            second.wait_completed(0, Some(Duration::from_secs(10))).unwrap();
+        });
+        let next = loop {
+            match c.recv_raw_within(Some(Duration::from_secs(10))) {
+                Err(Error::PeerGone(_)) => std::thread::sleep(Duration::from_millis(1)),
+                other => break other.unwrap(),
+            }
+        };
+        // SAFETY: the view's bytes lie in the channel until it is released, below.
+        let bytes = unsafe { std::slice::from_raw_parts(next.ptr, next.len) };
+        assert_eq!((next.token, bytes), (0, &b"second"[..]), "the second producer's messages start at 0");
+        assert_ne!(next.session, by_value.session, "each producer's messages are a session of their own");
+        // The first session's messages outlive its producer and the switch.
+        assert_eq!(&*held, b"first, held");
+        // SAFETY: the view was received from `c` above and nothing reads it any more.
+        unsafe { c.release_raw(&by_value).unwrap() };
+        // SAFETY: as above; a second release of it is refused.
+        assert!(matches!(unsafe { c.release_raw(&by_value) }, Err(Error::InvalidState(_))));
+        // SAFETY: received above, not used after.
+        unsafe { c.release_raw(&next).unwrap() };
+        second.join().unwrap();
+    });
+    drop(held);
+}

@@ -400,12 +400,47 @@ pub trait ProducerTransport: Send {
     }
 }
 
-/// The receiving half of a transport.
+/// The receiving half of a carrier: where producers attach, each as a session of its own
+/// ([`ConsumerSession`]). The channel core holds the sessions and chooses among them: a pair
+/// channel has one at a time (a new producer is taken up once the last one's end was
+/// reported), and the views of an earlier session stay valid while they are held.
 pub trait ConsumerTransport: Send {
+    /// One producer's session.
+    type Session: ConsumerSession;
+
     fn info(&self) -> &TransportInfo;
 
+    /// A producer that has attached since the last call, as a new session, if one waits;
+    /// never blocks. (The first session comes with the carrier, from its rendezvous.)
+    fn try_accept(&mut self) -> Result<Option<Self::Session>>;
+
+    /// A file descriptor that polls readable while a watched session has a message waiting or
+    /// its producer has gone; from the first call on, the sessions' producers signal it (a
+    /// syscall per message only while the consumer sleeps on it).
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
+
+    /// Adds `session` to what [`notify_fd`](Self::notify_fd) watches, once it is set up.
+    fn watch(&mut self, session: &mut Self::Session) -> Result<()>;
+
+    /// Takes `session` out of what [`notify_fd`](Self::notify_fd) watches.
+    fn unwatch(&mut self, session: &mut Self::Session);
+}
+
+/// One producer's session at a consumer: that producer's messages, in its order, and their
+/// release, and what the producer brought for the other routes.
+pub trait ConsumerSession: Send {
+    /// Tells this session's views from those of the consumer's other sessions
+    /// ([`RawView::session`]).
+    fn id(&self) -> u64;
+
+    /// The carrier's route for this session's producer, when it says more than the plan did
+    /// (how it learns of the producer's end, say).
+    fn route(&self) -> Option<Route> {
+        None
+    }
+
     /// The next message, `WouldBlock` when none is waiting, `PeerGone` when none is waiting
-    /// and the producer has gone (messages it sent before stay readable).
+    /// and the producer has gone (messages it sent before stay readable), every time after.
     fn try_recv(&mut self) -> Result<RawView>;
 
     /// The next message if one is waiting and needs no attention: the inlined first try of
@@ -430,27 +465,32 @@ pub trait ConsumerTransport: Send {
     /// channel's wait strategy. A passed deadline gives `Timeout`.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()>;
 
-    /// The release side for views of the current session.
+    /// The release side for this session's views, callable from any thread.
     fn releaser(&self) -> Arc<dyn Release>;
 
-    /// Releases a view by value (the C API keeps no per-view object). Views of an earlier
-    /// producer's session are accepted too.
+    /// Releases a view of this session by value (the C API keeps no per-view object).
     ///
     /// # Safety
-    /// `view` was handed out by this transport and nothing uses it, or anything resolved from
+    /// `view` was handed out by this session and nothing uses it, or anything resolved from
     /// it, any more: once released, its bytes (and any route's memory it kept alive) may be
     /// reused or unmapped. (Implementations refuse views they did not hand out or that were
     /// released already, but cannot tell a copy of a view that is still in use.)
     unsafe fn release(&mut self, view: &RawView) -> Result<()>;
 
-    /// How many arenas (memory files) the producers of this consumer have passed to it.
-    fn arenas_received(&self) -> u64 {
-        0
-    }
+    /// Whether a view of this session is still held.
+    fn holds_views(&self) -> bool;
 
-    /// The current producer's rendezvous sections for routes other than the carrier's, once
-    /// per session: `Some((session, sections))` the first time after a (new) producer attached.
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)> {
+    /// How many messages of this session the consumer has released in order (every sequence
+    /// number below it is released).
+    fn released_below(&self) -> u64;
+
+    /// Keeps `keep` (another route's memory) alive while any view of this session is held, and
+    /// drops it at once when none is: what lets routed payloads point into memory without a
+    /// reference count per message.
+    fn keep_while_held(&mut self, keep: Box<dyn Any + Send + Sync>);
+
+    /// The producer's rendezvous sections for routes other than the carrier's, once.
+    fn take_offers(&mut self) -> Option<Vec<Attachment>> {
         None
     }
 
@@ -459,19 +499,10 @@ pub trait ConsumerTransport: Send {
         Ok(Vec::new())
     }
 
-    /// How many messages of the current session this consumer has released in order (every
-    /// sequence number below it is released).
-    fn released_below(&self) -> u64;
-
-    /// Keeps `keep` (another route's memory) alive while any view of session `session` is
-    /// held, and drops it at once when none is: what lets routed payloads point into memory
-    /// without a reference count per message.
-    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>);
-
-    /// A file descriptor that polls readable while a message waits or the producer has gone;
-    /// from the first call on, the producer signals it (a syscall per message only while the
-    /// consumer sleeps on it).
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
+    /// How many arenas (memory files) this session's producer has passed to the consumer.
+    fn arenas_received(&self) -> u64 {
+        0
+    }
 }
 
 /// A route's descriptor of one payload, with what the consumer must learn before it (an

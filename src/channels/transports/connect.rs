@@ -6,7 +6,7 @@ use super::mpi;
 use super::recommended::{Plan, TransportKind};
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;
-use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender};
+use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession};
 use std::sync::Arc;
 
 use crate::channels::transport::{
@@ -24,9 +24,10 @@ pub(crate) struct ProducerParts {
     pub(crate) info: TransportInfo,
 }
 
-/// The carrier and the routes of a consumer.
+/// The carrier, the first producer's session and the routes of a consumer.
 pub(crate) struct ConsumerParts {
     pub(crate) carrier: AnyConsumer,
+    pub(crate) session: AnySession,
     /// A receiver for each planned route; each learns per producer session whether its
     /// producer sends by it.
     pub(crate) routes: Vec<AnyRouteReceiver>,
@@ -209,25 +210,31 @@ pub(crate) fn listen_consumer(
     }
     let _ = context;
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
-    let mut carrier = match plan.carrier {
-        TransportKind::Shm => AnyConsumer::Shm(shm::ShmConsumer::listen(name, provisional, config, answers)?),
+    let (carrier, mut session) = match plan.carrier {
+        TransportKind::Shm => {
+            let (c, s) = shm::ShmConsumer::listen(name, provisional, config, answers)?;
+            (AnyConsumer::Shm(c), AnySession::Shm(s))
+        }
         TransportKind::Loopback => {
-            AnyConsumer::Loopback(loopback::LoopbackConsumer::listen(name, provisional, config, answers)?)
+            let (c, s) = loopback::LoopbackConsumer::listen(name, provisional, config, answers)?;
+            (AnyConsumer::Loopback(c), AnySession::Loopback(s))
         }
         #[cfg(feature = "mpi")]
-        TransportKind::Mpi => AnyConsumer::Mpi(mpi::MpiConsumer::listen(name, provisional, config, mpi_peer(plan)?)?),
+        TransportKind::Mpi => {
+            let (c, s) = mpi::MpiConsumer::listen(name, provisional, config, mpi_peer(plan)?)?;
+            (AnyConsumer::Mpi(c), AnySession::Mpi(s))
+        }
         other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
     };
-    use crate::channels::transport::ConsumerTransport;
-    let carrier_route = carrier.info().routes.first().cloned().unwrap_or_else(|| planned_carrier(plan));
+    use crate::channels::transport::ConsumerSession;
+    let carrier_route = session.route().unwrap_or_else(|| planned_carrier(plan));
     // The producer's offers arrived with its hello: each route learns what its producer brings.
-    if let Some((session, mut sections)) = carrier.take_peer_sections() {
-        for route in routes.iter_mut() {
-            let id = route.route_id();
-            route.new_session(session, take_section(&mut sections, id))?;
-        }
+    let mut offers = session.take_offers().unwrap_or_default();
+    for route in routes.iter_mut() {
+        let id = route.route_id();
+        route.new_session(session.id(), take_section(&mut offers, id))?;
     }
     let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
     let info = report(plan, &carrier_route, reports);
-    Ok(ConsumerParts { carrier, routes, info })
+    Ok(ConsumerParts { carrier, session, routes, info })
 }

@@ -14,8 +14,8 @@ use super::mpi;
 use super::vulkan_ipc;
 use super::{loopback, shm};
 use crate::channels::transport::{
-    Attachment, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan, RawView,
-    Release, Route, RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
+    Attachment, ConsumerSession, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan,
+    RawView, Release, Route, RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
 };
 use crate::error::Result;
 
@@ -91,12 +91,20 @@ pub(crate) enum AnyProducer {
 }
 
 /// The consumer half of a channel's carrier.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyConsumer {
     Shm(shm::ShmConsumer),
     Loopback(loopback::LoopbackConsumer),
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiConsumer),
+}
+
+/// One producer's session at a consumer (its hot path inlines).
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum AnySession {
+    Shm(shm::ShmSession),
+    Loopback(loopback::LoopbackSession),
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiSession),
 }
 
 /// The sending half of a route (a routed message's hot path inlines for the built ones).
@@ -141,8 +149,8 @@ impl MessageReleaser {
     }
 }
 
-impl AnyConsumer {
-    /// The releaser of the current session, statically typed.
+impl AnySession {
+    /// The releaser of the session's messages, statically typed.
     #[inline]
     pub(crate) fn message_releaser(&self) -> MessageReleaser {
         match self {
@@ -151,6 +159,51 @@ impl AnyConsumer {
             #[cfg(feature = "mpi")]
             Self::Mpi(t) => MessageReleaser::Shared(t.releaser()),
         }
+    }
+}
+
+/// Calls `$call` with the carrier's and the session's halves when they are of one carrier (a
+/// carrier's sessions are its own).
+macro_rules! with_session {
+    ($carrier:expr, $session:expr, ($c:ident, $s:ident) => $call:expr) => {
+        match ($carrier, $session) {
+            (AnyConsumer::Shm($c), AnySession::Shm($s)) => $call,
+            (AnyConsumer::Loopback($c), AnySession::Loopback($s)) => $call,
+            #[cfg(feature = "mpi")]
+            (AnyConsumer::Mpi($c), AnySession::Mpi($s)) => $call,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a carrier is given sessions of its own only"),
+        }
+    };
+}
+
+impl ConsumerTransport for AnyConsumer {
+    type Session = AnySession;
+
+    #[inline]
+    fn info(&self) -> &TransportInfo {
+        forward_carrier!(self, t => t.info())
+    }
+
+    fn try_accept(&mut self) -> Result<Option<AnySession>> {
+        Ok(match self {
+            Self::Shm(t) => t.try_accept()?.map(AnySession::Shm),
+            Self::Loopback(t) => t.try_accept()?.map(AnySession::Loopback),
+            #[cfg(feature = "mpi")]
+            Self::Mpi(t) => t.try_accept()?.map(AnySession::Mpi),
+        })
+    }
+
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        forward_carrier!(self, t => t.notify_fd())
+    }
+
+    fn watch(&mut self, session: &mut AnySession) -> Result<()> {
+        with_session!(self, session, (c, s) => c.watch(s))
+    }
+
+    fn unwatch(&mut self, session: &mut AnySession) {
+        with_session!(self, session, (c, s) => c.unwatch(s))
     }
 }
 
@@ -219,9 +272,10 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
     fn peer_holds(&self) -> Option<Arc<PeerHolds>>;
 });
 
-forward_impl!(forward_carrier: impl ConsumerTransport for AnyConsumer {
+forward_impl!(forward_carrier: impl ConsumerSession for AnySession {
     #[inline]
-    fn info(&self) -> &TransportInfo;
+    fn id(&self) -> u64;
+    fn route(&self) -> Option<Route>;
     fn try_recv(&mut self) -> Result<RawView>;
     #[inline(always)]
     fn recv_fast(&mut self) -> Option<RawView>;
@@ -230,12 +284,12 @@ forward_impl!(forward_carrier: impl ConsumerTransport for AnyConsumer {
     fn releaser(&self) -> Arc<dyn Release>;
     #[inline]
     unsafe fn release(&mut self, view: &RawView) -> Result<()>;
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
-    fn arenas_received(&self) -> u64;
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)>;
-    fn take_attachments(&mut self) -> Result<Vec<Attachment>>;
+    fn holds_views(&self) -> bool;
     fn released_below(&self) -> u64;
-    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>);
+    fn keep_while_held(&mut self, keep: Box<dyn Any + Send + Sync>);
+    fn take_offers(&mut self) -> Option<Vec<Attachment>>;
+    fn take_attachments(&mut self) -> Result<Vec<Attachment>>;
+    fn arenas_received(&self) -> u64;
 });
 
 forward_impl!(forward_route: impl RouteSender for AnyRouteSender {

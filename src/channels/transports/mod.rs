@@ -35,7 +35,7 @@ pub(crate) mod shm;
 pub(crate) mod vulkan_ipc;
 
 pub(crate) use connect::{connect_producer, listen_consumer, preview};
-pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, MessageReleaser};
+pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession, MessageReleaser};
 pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, Plan};
 pub use recommended::{TransportKind, TRANSPORTS_ENV};
 // What tools need to see same-host channels from outside (lf-info --channels): the runtime

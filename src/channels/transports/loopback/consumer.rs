@@ -1,32 +1,37 @@
-//! The consumer half of a loopback channel.
+//! The consumer half of a loopback channel: the name producers attach to, and each producer's
+//! session.
 
 use std::any::Any;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::session::Session;
 use super::{taken, wait_for_meeting, with_meeting};
-use crate::channels::transport::{Attachment, ConsumerTransport, RawView, Release, TransportInfo};
+use crate::channels::transport::{Attachment, ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::ChannelConfig;
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
-/// The consumer half of a loopback channel. It keeps the name: once its producer has gone
-/// (and that was reported), the next producer of the name is taken up.
+/// The consumer half of a loopback channel. It keeps the name: producers of the name that
+/// attach later are taken up as sessions of their own.
 pub(crate) struct LoopbackConsumer {
     info: TransportInfo,
     name: String,
-    session: Arc<Session>,
-    /// Earlier sessions whose views are still held.
-    old: Vec<Arc<Session>>,
     /// This consumer's answers for the routes, given to every producer.
     answers: Vec<Attachment>,
-    /// The current producer's sections for the routes, until taken.
+    /// The notification fd once asked for: readable while a watched session has a message or
+    /// its producer's end to say.
+    notify: Option<Arc<OwnedFd>>,
+}
+
+/// One producer's session at a loopback consumer.
+pub(crate) struct LoopbackSession {
+    name: String,
+    session: Arc<Session>,
+    /// The producer's sections for the routes, until taken.
     offers: Option<Vec<Attachment>>,
-    /// The end of the current producer has been reported.
-    gone_reported: bool,
-    notify: Option<Arc<std::os::fd::OwnedFd>>,
+    notify: Option<Arc<OwnedFd>>,
 }
 
 /// A copy of `attachments` (their descriptors duplicated), for another producer.
@@ -52,7 +57,7 @@ impl LoopbackConsumer {
         info: TransportInfo,
         config: &ChannelConfig,
         answers: Vec<Attachment>,
-    ) -> Result<Self> {
+    ) -> Result<(Self, LoopbackSession)> {
         with_meeting(name, |m| match m.consumer_live {
             true => Err(taken(name, "consumer")),
             false => {
@@ -62,108 +67,113 @@ impl LoopbackConsumer {
         })?;
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let arrived = wait_for_meeting(name, deadline, |m| (!m.arrived.is_empty()).then(|| m.arrived.remove(0)));
+        let consumer = LoopbackConsumer { info, name: name.to_owned(), answers, notify: None };
         let Some(session) = arrived else {
-            with_meeting(name, |m| m.consumer_live = false);
             return Err(Error::Timeout(format!("no producer of channel {name:?} attached in this process in time")));
         };
-        let mut consumer = LoopbackConsumer {
-            info,
-            name: name.to_owned(),
-            offers: None,
-            session: Arc::clone(&session),
-            old: Vec::new(),
-            answers,
-            gone_reported: false,
-            notify: None,
-        };
-        consumer.take_up(session)?;
-        Ok(consumer)
+        let session = consumer.take_up(session)?;
+        Ok((consumer, session))
     }
 
-    /// Makes `session` the current one: answers its producer and keeps its offers.
-    fn take_up(&mut self, session: Arc<Session>) -> Result<()> {
+    /// A session over `session`: its producer gets the answers, the session its offers.
+    fn take_up(&self, session: Arc<Session>) -> Result<LoopbackSession> {
         *session.answers.lock() = Some(duplicate(&self.answers)?);
-        self.offers = session.offers.lock().take();
-        session.lock().notify.clone_from(&self.notify);
-        let old = std::mem::replace(&mut self.session, session);
-        if !Arc::ptr_eq(&old, &self.session) && old.holds_views() {
-            self.old.push(old);
-        }
-        self.old.retain(|s| s.holds_views());
-        self.gone_reported = false;
+        let offers = session.offers.lock().take();
         // Wake the producer waiting for the answer.
         with_meeting(&self.name, |_| ());
-        Ok(())
-    }
-
-    /// After the producer's end was reported: takes up the next producer if one attached.
-    fn reattach(&mut self) -> Result<bool> {
-        let next = with_meeting(&self.name, |m| (!m.arrived.is_empty()).then(|| m.arrived.remove(0)));
-        match next {
-            Some(session) => {
-                log::info!(
-                    "channel {:?} (consumer): a new producer attached after the last one had gone; its messages start \
-                     again at sequence number 0",
-                    self.name
-                );
-                self.take_up(session)?;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    fn gone_error(&self) -> Error {
-        Error::PeerGone(format!("the producer of channel {:?} closed it", self.name))
-    }
-
-    /// The session that handed out `view`.
-    fn session_of(&self, view: &RawView) -> Option<&Arc<Session>> {
-        std::iter::once(&self.session).chain(self.old.iter()).find(|s| s.id == view.session)
+        Ok(LoopbackSession { name: self.name.clone(), session, offers, notify: None })
     }
 }
 
 impl ConsumerTransport for LoopbackConsumer {
+    type Session = LoopbackSession;
+
     fn info(&self) -> &TransportInfo {
         &self.info
     }
 
+    fn try_accept(&mut self) -> Result<Option<LoopbackSession>> {
+        match with_meeting(&self.name, |m| (!m.arrived.is_empty()).then(|| m.arrived.remove(0))) {
+            Some(session) => Ok(Some(self.take_up(session)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        if self.notify.is_none() {
+            self.notify = Some(Arc::new(eventfd()?));
+        }
+        Ok(self.notify.as_ref().expect("set up above").as_fd())
+    }
+
+    fn watch(&mut self, session: &mut LoopbackSession) -> Result<()> {
+        let Some(fd) = &self.notify else { return Ok(()) };
+        let mut state = session.session.lock();
+        state.notify = Some(Arc::clone(fd));
+        if state.received < state.head || state.producer_closed {
+            eventfd_signal(fd.as_fd());
+        }
+        drop(state);
+        session.notify = Some(Arc::clone(fd));
+        Ok(())
+    }
+
+    fn unwatch(&mut self, session: &mut LoopbackSession) {
+        session.session.lock().notify = None;
+        session.notify = None;
+    }
+}
+
+impl Drop for LoopbackConsumer {
+    fn drop(&mut self) {
+        let waiting = with_meeting(&self.name, |m| {
+            m.consumer_live = false;
+            std::mem::take(&mut m.arrived)
+        });
+        // Producers that attached and were never taken up learn of the end at once.
+        for session in waiting {
+            session.close_consumer();
+            *session.answers.lock() = Some(Vec::new());
+        }
+        with_meeting(&self.name, |_| ());
+    }
+}
+
+impl LoopbackSession {
+    fn would_block(&self) -> Error {
+        Error::WouldBlock(format!("no message waiting on channel {:?}", self.name))
+    }
+}
+
+impl ConsumerSession for LoopbackSession {
+    fn id(&self) -> u64 {
+        self.session.id
+    }
+
     fn try_recv(&mut self) -> Result<RawView> {
-        loop {
+        let mut state = self.session.lock();
+        if let Some(view) = self.session.take_next(&mut state) {
+            return Ok(view);
+        }
+        if !state.producer_closed {
+            drop(state);
+            let Some(fd) = &self.notify else { return Err(self.would_block()) };
+            // Level-triggered: the fd is reset only when the ring is seen empty, and looked at
+            // once more after the reset.
+            eventfd_drain(fd.as_fd());
             let mut state = self.session.lock();
             if let Some(view) = self.session.take_next(&mut state) {
                 return Ok(view);
             }
             if !state.producer_closed {
-                drop(state);
-                if let Some(fd) = &self.notify {
-                    // Level-triggered: the fd is reset only when the ring is seen empty, and
-                    // looked at once more after the reset.
-                    eventfd_drain(fd.as_fd());
-                    let mut state = self.session.lock();
-                    if let Some(view) = self.session.take_next(&mut state) {
-                        return Ok(view);
-                    }
-                    if !state.producer_closed {
-                        return Err(Error::WouldBlock(format!("no message waiting on channel {:?}", self.name)));
-                    }
-                } else {
-                    return Err(Error::WouldBlock(format!("no message waiting on channel {:?}", self.name)));
-                }
-            } else {
-                drop(state);
+                return Err(self.would_block());
             }
-            // Gone: a new producer is taken up only once the end of this one was reported.
-            if self.gone_reported && self.reattach()? {
-                continue;
-            }
-            self.gone_reported = true;
-            if let Some(fd) = &self.notify {
-                // Readable while there is something to say: the end.
-                eventfd_signal(fd.as_fd());
-            }
-            return Err(self.gone_error());
         }
+        if let Some(fd) = &self.notify {
+            // Readable while there is something to say: the end.
+            eventfd_signal(fd.as_fd());
+        }
+        Err(Error::PeerGone(format!("the producer of channel {:?} closed it", self.name)))
     }
 
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()> {
@@ -186,65 +196,32 @@ impl ConsumerTransport for LoopbackConsumer {
     }
 
     unsafe fn release(&mut self, view: &RawView) -> Result<()> {
-        let result = match self.session_of(view) {
-            Some(session) => session.release(view),
-            None => Err(Error::InvalidState(format!(
-                "message {} is not held by this consumer (already released, or from another channel)",
-                view.token
-            ))),
-        };
-        if view.session != self.session.id {
-            self.old.retain(|s| s.holds_views());
-        }
-        result
+        self.session.release(view)
     }
 
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)> {
-        Some((self.session.id, self.offers.take()?))
-    }
-
-    fn take_attachments(&mut self) -> Result<Vec<Attachment>> {
-        Ok(std::mem::take(&mut self.session.lock().attachments))
+    fn holds_views(&self) -> bool {
+        self.session.holds_views()
     }
 
     fn released_below(&self) -> u64 {
         self.session.released_below()
     }
 
-    fn keep_while_held(&mut self, session: u64, keep: Box<dyn Any + Send + Sync>) {
-        // A session that is neither current nor among the old ones holds no view any more.
-        if let Some(s) = std::iter::once(&self.session).chain(self.old.iter()).find(|s| s.id == session) {
-            s.keep_while_held(keep);
-        }
+    fn keep_while_held(&mut self, keep: Box<dyn Any + Send + Sync>) {
+        self.session.keep_while_held(keep);
     }
 
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if self.notify.is_none() {
-            let fd = Arc::new(eventfd()?);
-            let mut state = self.session.lock();
-            state.notify = Some(Arc::clone(&fd));
-            if state.received < state.head || state.producer_closed {
-                eventfd_signal(fd.as_fd());
-            }
-            drop(state);
-            self.notify = Some(fd);
-        }
-        Ok(self.notify.as_ref().expect("set up above").as_fd())
+    fn take_offers(&mut self) -> Option<Vec<Attachment>> {
+        self.offers.take()
+    }
+
+    fn take_attachments(&mut self) -> Result<Vec<Attachment>> {
+        Ok(std::mem::take(&mut self.session.lock().attachments))
     }
 }
 
-impl Drop for LoopbackConsumer {
+impl Drop for LoopbackSession {
     fn drop(&mut self) {
         self.session.close_consumer();
-        let waiting = with_meeting(&self.name, |m| {
-            m.consumer_live = false;
-            std::mem::take(&mut m.arrived)
-        });
-        // Producers that attached and were never taken up learn of the end at once.
-        for session in waiting {
-            session.close_consumer();
-            *session.answers.lock() = Some(Vec::new());
-        }
-        with_meeting(&self.name, |_| ());
     }
 }

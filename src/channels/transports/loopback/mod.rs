@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-pub(crate) use consumer::LoopbackConsumer;
+pub(crate) use consumer::{LoopbackConsumer, LoopbackSession};
 pub(crate) use producer::LoopbackProducer;
 use session::Session;
 

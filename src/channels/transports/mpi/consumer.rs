@@ -10,7 +10,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
-use crate::channels::transport::{Attachment, ConsumerTransport, RawView, Release, TransportInfo};
+use crate::channels::transport::{ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{register_duty, Duty, DutyRegistration, Endpoint, PrivateComm, Request, ThreadLevel};
@@ -176,9 +176,60 @@ struct Notifier {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The consuming end of an MPI channel.
+/// The consuming end of an MPI channel: its one producer's session (a new producer does not
+/// attach to an MPI channel).
 pub(crate) struct MpiConsumer {
     info: TransportInfo,
+    /// The notification fd once asked for, which the session's probing thread signals.
+    notify: Option<Arc<OwnedFd>>,
+}
+
+impl MpiConsumer {
+    /// Waits for the producer of `name` at `ep` (its hello), up to the config's rendezvous
+    /// timeout, and answers it: the consumer, and its producer's session.
+    pub(crate) fn listen(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        ep: Endpoint,
+    ) -> Result<(MpiConsumer, MpiSession)> {
+        let session = MpiSession::listen(name, config, ep)?;
+        Ok((MpiConsumer { info, notify: None }, session))
+    }
+}
+
+impl ConsumerTransport for MpiConsumer {
+    type Session = MpiSession;
+
+    fn info(&self) -> &TransportInfo {
+        &self.info
+    }
+
+    fn try_accept(&mut self) -> Result<Option<MpiSession>> {
+        Ok(None)
+    }
+
+    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+        if self.notify.is_none() {
+            self.notify = Some(Arc::new(eventfd()?));
+        }
+        Ok(self.notify.as_ref().expect("set up above").as_fd())
+    }
+
+    fn watch(&mut self, session: &mut MpiSession) -> Result<()> {
+        match &self.notify {
+            Some(fd) => session.start_notifier(Arc::clone(fd)),
+            None => Ok(()),
+        }
+    }
+
+    fn unwatch(&mut self, session: &mut MpiSession) {
+        session.stop_notifier();
+    }
+}
+
+/// The one producer's session at an MPI consumer.
+pub(crate) struct MpiSession {
     name: String,
     ep: Endpoint,
     tags: Tags,
@@ -204,10 +255,10 @@ pub(crate) struct MpiConsumer {
     duty: Option<DutyRegistration>,
 }
 
-impl MpiConsumer {
+impl MpiSession {
     /// Waits for the producer of `name` at `ep` (its hello), up to the config's rendezvous
     /// timeout, and answers it.
-    pub(crate) fn listen(name: &str, info: TransportInfo, config: &ChannelConfig, ep: Endpoint) -> Result<MpiConsumer> {
+    fn listen(name: &str, config: &ChannelConfig, ep: Endpoint) -> Result<MpiSession> {
         let tags = tags_for(name, ep.tag_upper_bound)?;
         let (tag, control_tag) = (tags.messages, tags.answers);
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
@@ -277,8 +328,7 @@ impl MpiConsumer {
                 closed: false,
             }),
         });
-        let mut consumer = MpiConsumer {
-            info,
+        let mut consumer = MpiSession {
             name: name.to_owned(),
             ep,
             tags,
@@ -609,9 +659,9 @@ fn send_now(ep: &Endpoint, tag: i32, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-impl ConsumerTransport for MpiConsumer {
-    fn info(&self) -> &TransportInfo {
-        &self.info
+impl ConsumerSession for MpiSession {
+    fn id(&self) -> u64 {
+        SESSION
     }
 
     fn try_recv(&mut self) -> Result<RawView> {
@@ -683,77 +733,86 @@ impl ConsumerTransport for MpiConsumer {
         self.shared.release(view)
     }
 
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if self.notifier.is_none() {
-            if self.ep.thread_level < ThreadLevel::Serialized {
-                return Err(Error::Unsupported(format!(
-                    "a descriptor for channel {:?} needs a thread that probes MPI, and MPI runs at thread level {} here; \
-                     initialise MPI with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (lava-flow asks for MULTIPLE when it \
-                     initialises MPI itself), or poll with try_recv",
-                    self.name, self.ep.thread_level
-                )));
-            }
-            // The thread probes for messages, which receives posted ahead would take unseen:
-            // take those back first (keeping what they already received).
-            while let Some((request, buffer)) = self.landings.pop_front() {
-                match self.ep.comm.cancel_or_receive(request)? {
-                    Some(len) => self.landed.push_back((buffer, len)),
-                    None => self.shared.state.lock().pool.put(buffer),
-                }
-            }
-            for buffer in self.spare.drain(..) {
-                self.shared.state.lock().pool.put(buffer);
-            }
-            let fd = Arc::new(eventfd()?);
-            if !self.landed.is_empty() {
-                eventfd_signal(fd.as_fd());
-            }
-            let stop = Arc::new(AtomicBool::new(false));
-            let (comm, peer, tag) = (Arc::clone(&self.ep.comm), self.ep.peer, self.tags.messages);
-            let (thread_fd, thread_stop) = (Arc::clone(&fd), Arc::clone(&stop));
-            let thread = std::thread::Builder::new()
-                .name("lava-flow-mpi".into())
-                .spawn(move || {
-                    while !thread_stop.load(Ordering::Relaxed) {
-                        // An error here shows again at the consumer's next receive.
-                        if let Ok(Some(_)) = comm.iprobe(peer, tag) {
-                            eventfd_signal(thread_fd.as_fd());
-                        }
-                        std::thread::sleep(std::time::Duration::from_micros(100));
-                    }
-                })
-                .map_err(|e| Error::os("spawning the MPI probe thread", e))?;
-            self.notifier = Some(Notifier { fd, stop, thread: Some(thread) });
-        }
-        Ok(self.notifier.as_ref().expect("started").fd.as_fd())
-    }
-
     fn released_below(&self) -> u64 {
         self.shared.state.lock().released_below
     }
 
-    fn keep_while_held(&mut self, _session: u64, keep: Box<dyn Any + Send + Sync>) {
+    fn holds_views(&self) -> bool {
+        self.shared.state.lock().held_count != 0
+    }
+
+    fn keep_while_held(&mut self, keep: Box<dyn Any + Send + Sync>) {
         let mut state = self.shared.state.lock();
         if state.held_count != 0 {
             state.kept.push(keep);
         }
     }
-
-    fn take_peer_sections(&mut self) -> Option<(u64, Vec<Attachment>)> {
-        None
-    }
 }
 
-impl Drop for MpiConsumer {
-    fn drop(&mut self) {
-        // First: the progress thread must not send credits while the channel closes.
-        self.duty = None;
+impl MpiSession {
+    /// Starts the thread that signals `fd` while a message may wait (the consumer's
+    /// notification fd).
+    fn start_notifier(&mut self, fd: Arc<OwnedFd>) -> Result<()> {
+        if self.notifier.is_some() {
+            return Ok(());
+        }
+        if self.ep.thread_level < ThreadLevel::Serialized {
+            return Err(Error::Unsupported(format!(
+                "a descriptor for channel {:?} needs a thread that probes MPI, and MPI runs at thread level {} here; \
+                 initialise MPI with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (lava-flow asks for MULTIPLE when it \
+                 initialises MPI itself), or poll with try_recv",
+                self.name, self.ep.thread_level
+            )));
+        }
+        // The thread probes for messages, which receives posted ahead would take unseen: take
+        // those back first (keeping what they already received).
+        while let Some((request, buffer)) = self.landings.pop_front() {
+            match self.ep.comm.cancel_or_receive(request)? {
+                Some(len) => self.landed.push_back((buffer, len)),
+                None => self.shared.state.lock().pool.put(buffer),
+            }
+        }
+        for buffer in self.spare.drain(..) {
+            self.shared.state.lock().pool.put(buffer);
+        }
+        if !self.landed.is_empty() {
+            eventfd_signal(fd.as_fd());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (comm, peer, tag) = (Arc::clone(&self.ep.comm), self.ep.peer, self.tags.messages);
+        let (thread_fd, thread_stop) = (Arc::clone(&fd), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name("lava-flow-mpi".into())
+            .spawn(move || {
+                while !thread_stop.load(Ordering::Relaxed) {
+                    // An error here shows again at the consumer's next receive.
+                    if let Ok(Some(_)) = comm.iprobe(peer, tag) {
+                        eventfd_signal(thread_fd.as_fd());
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            })
+            .map_err(|e| Error::os("spawning the MPI probe thread", e))?;
+        self.notifier = Some(Notifier { fd, stop, thread: Some(thread) });
+        Ok(())
+    }
+
+    /// Stops the probing thread, if one runs.
+    fn stop_notifier(&mut self) {
         if let Some(mut n) = self.notifier.take() {
             n.stop.store(true, Ordering::Relaxed);
             if let Some(t) = n.thread.take() {
                 let _ = t.join();
             }
         }
+    }
+}
+
+impl Drop for MpiSession {
+    fn drop(&mut self) {
+        // First: the progress thread must not send credits while the channel closes.
+        self.duty = None;
+        self.stop_notifier();
         self.cancel_partial();
         for (request, buffer) in std::mem::take(&mut self.landings) {
             if self.ep.comm.cancel_recv(request).is_err() {

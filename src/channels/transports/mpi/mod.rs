@@ -47,7 +47,7 @@
 mod consumer;
 mod producer;
 
-pub(crate) use consumer::MpiConsumer;
+pub(crate) use consumer::{MpiConsumer, MpiSession};
 pub(crate) use producer::MpiProducer;
 
 use zerocopy::little_endian::{U16, U32, U64};

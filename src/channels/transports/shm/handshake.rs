@@ -32,8 +32,6 @@ pub(super) struct Link {
     pub(super) signals: OwnedFd,
     pub(super) next: u64,
     pub(super) gone: Option<String>,
-    /// Whether `PeerGone` was returned for this producer: a new one is attached only after.
-    pub(super) gone_reported: bool,
     /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
     pub(super) producer_lock: Option<rendezvous::FileId>,
     /// The producer's arenas mapped here (boxed: cold).
@@ -229,7 +227,6 @@ pub(super) fn accept(
                 signals,
                 next: 0,
                 gone: None,
-                gone_reported: false,
                 producer_lock: rendezvous::lock_file_id(name, rendezvous::End::Producer),
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),

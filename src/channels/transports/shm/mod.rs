@@ -42,6 +42,7 @@
 
 mod arenas;
 mod consumer;
+mod consumer_session;
 mod handshake;
 mod producer;
 pub(crate) mod rendezvous;
@@ -53,6 +54,7 @@ use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
 use rendezvous::PeerWatch;
 
 pub(crate) use consumer::ShmConsumer;
+pub(crate) use consumer_session::ShmSession;
 pub(crate) use producer::ShmProducer;
 
 pub(crate) const ID: TransportId = TransportId::new("shm");
