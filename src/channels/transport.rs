@@ -47,12 +47,15 @@ use crate::memory::Buffer;
 pub struct Attachment {
     pub route: u32,
     pub bytes: Vec<u8>,
-    pub fds: Vec<OwnedFd>,
+    pub handles: Vec<OsHandle>,
 }
+
+/// An OS handle an attachment passes (a file descriptor on Linux).
+pub type OsHandle = OwnedFd;
 
 impl Attachment {
     pub fn new(route: u32, bytes: Vec<u8>) -> Self {
-        Attachment { route, bytes, fds: Vec::new() }
+        Attachment { route, bytes, handles: Vec::new() }
     }
 }
 

@@ -39,12 +39,12 @@ fn duplicate(attachments: &[Attachment]) -> Result<Vec<Attachment>> {
     attachments
         .iter()
         .map(|a| {
-            let fds = a
-                .fds
+            let handles = a
+                .handles
                 .iter()
                 .map(|fd| fd.try_clone().map_err(|e| Error::os("duplicating a route's answer descriptor", e)))
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Attachment { route: a.route, bytes: a.bytes.clone(), fds })
+            Ok(Attachment { route: a.route, bytes: a.bytes.clone(), handles })
         })
         .collect()
 }

@@ -336,7 +336,7 @@ impl ShmSession {
                             self.corrupt(format!("more than {MAX_PENDING_ATTACHMENTS} attachments wait unread"))
                         );
                     }
-                    self.link.attachments.push(Attachment { route, bytes, fds });
+                    self.link.attachments.push(Attachment { route, bytes, handles: fds });
                 }
                 (record, count) => return Err(self.corrupt(format!("{} came with {count} fds", record.describe()))),
             }

@@ -61,7 +61,7 @@ fn encode_section(geometry: &Geometry, fds: RegionFds, signals: OwnedFd) -> Atta
         pool_size: geometry.pool_size.into(),
         total_len: (geometry.total_len as u64).into(),
     };
-    Attachment { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), fds: vec![fds.control, fds.data, signals] }
+    Attachment { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), handles: vec![fds.control, fds.data, signals] }
 }
 
 /// This side's fast-wake flags: [`WAKE_REGISTERED`] where it could register for global
@@ -196,7 +196,7 @@ pub(super) fn accept(
             return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
         };
         let geometry = decode_section(&section.bytes)?;
-        let mut fds = section.fds.into_iter();
+        let mut fds = section.handles.into_iter();
         let (Some(control), Some(data), Some(signals), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
             return Err(Error::Corrupt(
                 "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, the \

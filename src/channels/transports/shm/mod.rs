@@ -19,8 +19,10 @@
 //!
 //! The files: `rendezvous` (meeting the peer by name: the runtime dir, the ends' lock files,
 //! the socket, the hello and its answer, the peer watch), `handshake` (the rendezvous section
-//! this transport offers and the consumer's checks), `producer`, `session` (what the views of one producer's messages share, and
-//! how releases become the tail the producer reads), `consumer`, `arenas`.
+//! this transport offers and the consumer's checks), `producer`, `session` (what the views of
+//! one producer's messages share, and how releases become the tail the producer reads),
+//! `consumer` (the socket producers attach to, and the notification set), `consumer_session`
+//! (one producer's session at the consumer: the reading of its ring), `arenas`.
 //!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
 //! process's watcher (`os::watcher`) watch them: when the peer's process exits or its socket

@@ -631,7 +631,7 @@ impl ShmProducer {
         // Each attachment leaves `attachments` once it went out: after a full socket
         // (`WouldBlock`) the rest go with the next message.
         while let Some(attachment) = attachments.first() {
-            let fds: Vec<BorrowedFd<'_>> = attachment.fds.iter().map(|f| f.as_fd()).collect();
+            let fds: Vec<BorrowedFd<'_>> = attachment.handles.iter().map(|f| f.as_fd()).collect();
             let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
             if let Err(e) = self.send_record(record, &fds) {
                 // SAFETY: the loan was lent by this producer for this send (its caller's).

@@ -224,7 +224,7 @@ impl RouteReceiver for Receiver {
         }
         self.staged = None;
         let wants_released = identity.flags & OFFER_RELEASED != 0;
-        let mut fds = offer.fds.into_iter();
+        let mut fds = offer.handles.into_iter();
         let (fd, released_fd) =
             match (identity.flags & OFFER_SEMAPHORE != 0, wants_released, fds.next(), fds.next(), fds.next()) {
                 (true, false, Some(fd), None, None) => (fd, None),
@@ -290,10 +290,10 @@ impl RouteReceiver for Receiver {
 
     fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()> {
         self.retired.retain(|(_, last)| *last >= released_below);
-        let count = attachment.fds.len();
+        let count = attachment.handles.len();
         match ArenaRecord::decode(&attachment.bytes, count)? {
             ArenaRecord::Announce { slot, generation, desc } => {
-                let fd = attachment.fds.into_iter().next().expect("decode checked one descriptor");
+                let fd = attachment.handles.into_iter().next().expect("decode checked one descriptor");
                 if let Some(Some(old)) = self.arenas.get(slot as usize) {
                     if old.generation == generation {
                         return Err(self.corrupt(format!("passed slot {slot} generation {generation} twice")));

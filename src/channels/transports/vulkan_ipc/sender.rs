@@ -77,7 +77,7 @@ impl Offer {
             identity.flags |= OFFER_RELEASED;
             fds.push(released.export_fd()?);
         }
-        Ok(vec![Attachment { route: ROUTE_ID, bytes: identity.encode(), fds }])
+        Ok(vec![Attachment { route: ROUTE_ID, bytes: identity.encode(), handles: fds }])
     }
 
     /// Reads the consumer's answer: `Ok(sender)` when buffers can go by reference, `Err(why)`
@@ -271,7 +271,7 @@ impl Sender {
         attachments.push(Attachment {
             route: ROUTE_ID,
             bytes: ArenaRecord::Announce { slot, generation, desc: export.desc }.encode(),
-            fds: vec![export.fd],
+            handles: vec![export.fd],
         });
         let keep = gpu.arena_keep_alive();
         self.arenas.insert(arena, SentArena { slot, generation, held: Arc::downgrade(&keep) });

@@ -56,8 +56,11 @@ struct SectionHead {
 fn put_sections(out: &mut Vec<u8>, sections: &[Attachment]) {
     out.extend_from_slice(U32::new(sections.len() as u32).as_bytes());
     for s in sections {
-        let head =
-            SectionHead { route: s.route.into(), fds: (s.fds.len() as u32).into(), len: (s.bytes.len() as u32).into() };
+        let head = SectionHead {
+            route: s.route.into(),
+            fds: (s.handles.len() as u32).into(),
+            len: (s.bytes.len() as u32).into(),
+        };
         out.extend_from_slice(head.as_bytes());
         out.extend_from_slice(&s.bytes);
     }
@@ -90,7 +93,7 @@ fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> 
         if mine.len() != fd_count {
             return Err(bad(&format!("claims {fds_claimed} descriptors but carries fewer")));
         }
-        sections.push(Attachment { route, bytes: body.to_vec(), fds: mine });
+        sections.push(Attachment { route, bytes: body.to_vec(), handles: mine });
     }
     if at != bytes.len() || fds.next().is_some() {
         return Err(bad("has trailing bytes or descriptors"));
@@ -105,7 +108,7 @@ pub fn send_hello(sock: &UnixStream, name: &str, sections: &[Attachment]) -> Res
     out.extend_from_slice(HelloHead { magic: *HELLO_MAGIC, name_len: (name.len() as u32).into() }.as_bytes());
     out.extend_from_slice(name.as_bytes());
     put_sections(&mut out, sections);
-    let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.fds.iter().map(|f| f.as_fd())).collect();
+    let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.handles.iter().map(|f| f.as_fd())).collect();
     crate::os::send_with_fds(sock, &out, &fds)
 }
 
@@ -216,14 +219,15 @@ mod tests {
     fn hello_and_answer_round_trip_and_reject_garbage() {
         let (a, b) = UnixStream::pair().unwrap();
         let fd = crate::os::eventfd::eventfd().unwrap();
-        let sections = vec![Attachment { route: 1, bytes: vec![1, 2, 3], fds: vec![fd] }, Attachment::new(2, vec![9])];
+        let sections =
+            vec![Attachment { route: 1, bytes: vec![1, 2, 3], handles: vec![fd] }, Attachment::new(2, vec![9])];
         send_hello(&a, "ch", &sections).unwrap();
         let mut buf = vec![0u8; MAX_HELLO_LEN];
         let (n, fds) = crate::os::recv_with_fds(&b, &mut buf).unwrap();
         let (name, got) = decode_hello(&buf[..n], fds).unwrap();
         assert_eq!(name, "ch");
-        assert_eq!((got[0].route, got[0].bytes.as_slice(), got[0].fds.len()), (1, &[1u8, 2, 3][..], 1));
-        assert_eq!((got[1].route, got[1].bytes.as_slice(), got[1].fds.len()), (2, &[9u8][..], 0));
+        assert_eq!((got[0].route, got[0].bytes.as_slice(), got[0].handles.len()), (1, &[1u8, 2, 3][..], 1));
+        assert_eq!((got[1].route, got[1].bytes.as_slice(), got[1].handles.len()), (2, &[9u8][..], 0));
         assert!(matches!(decode_hello(b"garbage", Vec::new()), Err(Error::Corrupt(_))));
         // A section that claims a descriptor the message does not carry.
         let mut bytes = buf[..n].to_vec();
@@ -266,7 +270,7 @@ mod tests {
             let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::eventfd::eventfd().unwrap()).collect();
             if let Ok((name, sections)) = decode_hello(&bytes, fds) {
                 prop_assert!(sections.len() <= MAX_SECTIONS);
-                prop_assert_eq!(sections.iter().map(|s| s.fds.len()).sum::<usize>(), fd_count);
+                prop_assert_eq!(sections.iter().map(|s| s.handles.len()).sum::<usize>(), fd_count);
                 let mut again = Vec::new();
                 again.extend_from_slice(HELLO_MAGIC);
                 again.extend_from_slice(&(name.len() as u32).to_le_bytes());
@@ -274,7 +278,7 @@ mod tests {
                 for s in &sections {
                     prop_assert!(s.bytes.len() <= MAX_SECTION_LEN);
                 }
-                let counts: Vec<u32> = sections.iter().map(|s| s.fds.len() as u32).collect();
+                let counts: Vec<u32> = sections.iter().map(|s| s.handles.len() as u32).collect();
                 again.extend_from_slice(&(sections.len() as u32).to_le_bytes());
                 for (s, fds) in sections.iter().zip(counts) {
                     again.extend_from_slice(&s.route.to_le_bytes());
@@ -292,7 +296,7 @@ mod tests {
         fn fuzz_ack(bytes in crate::fuzz::bytes_near(valid_ack(), 200)) {
             match decode_ack(&bytes, "ch") {
                 Ok(sections) => {
-                    prop_assert!(sections.len() <= MAX_SECTIONS && sections.iter().all(|s| s.fds.is_empty()));
+                    prop_assert!(sections.len() <= MAX_SECTIONS && sections.iter().all(|s| s.handles.is_empty()));
                     prop_assert!(sections.iter().all(|s| s.bytes.len() <= MAX_SECTION_LEN));
                 }
                 Err(Error::InvalidState(m)) => prop_assert!(m.contains("refused")),
