@@ -688,7 +688,7 @@ pub trait RoutedMemory: Send + Sync {
 /// A payload as a route hands it to the consumer: `len` bytes at `offset` of the producer's
 /// memory, ready for use once `ready_value` is reached (0: now), carried by message `seq`.
 /// Made with no reference count and no allocation: the route keeps the memory alive while the
-/// message's view is held (through [`ConsumerTransport::keep_while_held`] once the route lets
+/// message's view is held (through [`ConsumerSession::keep_while_held`] once the route lets
 /// go of it). The [`Buffer`] over it is made when asked for. Dropping it, which must happen
 /// before the view is released, tells the route that the consumer let go of the payload.
 pub struct RoutedPayload {
@@ -766,11 +766,11 @@ pub trait RouteReceiver: Send {
 
     /// The current session ended (its producer has gone, or another attached, or the consumer
     /// closes): everything its messages may still use, for the carrier to keep while they are
-    /// held ([`ConsumerTransport::keep_while_held`]), and the session's id.
+    /// held ([`ConsumerSession::keep_while_held`]), and the session's id.
     fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>);
 
     /// An attachment the producer passed before the messages that need it. `released_below`:
-    /// the carrier's [`ConsumerTransport::released_below`], below which no message holds
+    /// the carrier's [`ConsumerSession::released_below`], below which no message holds
     /// memory any more.
     fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;
 

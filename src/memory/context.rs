@@ -245,14 +245,12 @@ impl Context {
     /// Gives freed GPU memory back to the driver now: every pooled arena no buffer uses, the
     /// spare the allocator keeps too. Returns how many bytes went back. Without asking, a freed
     /// buffer that leaves its pooled arena empty gives that arena back unless it is the one
-    /// empty spare of its memory kind ([`SPARE_EMPTY_ARENAS`]); buffers of their own arena
+    /// empty spare of its memory kind (`memory::gpu::SPARE_EMPTY_ARENAS`, with the `vulkan` feature); buffers of their own arena
     /// (over a quarter of the arena size) give theirs back when freed. An arena that a channel
     /// still holds for a message (its consumer has not released it) leaves the pool, but goes
     /// back only when the channel lets go of it (at the release, when the consumer dies, or
     /// with the channel), and is not counted here ([`gpu_allocated_bytes`](Self::gpu_allocated_bytes)
     /// still counts it).
-    ///
-    /// [`SPARE_EMPTY_ARENAS`]: crate::memory::gpu::SPARE_EMPTY_ARENAS
     pub fn trim(&self) -> u64 {
         #[cfg(feature = "vulkan")]
         return self.inner.gpu.open.as_ref().map_or(0, |open| open.allocator.trim());

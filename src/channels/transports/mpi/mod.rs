@@ -34,7 +34,8 @@
 //!   process that waits for something else (another channel's shared memory, its own work)
 //!   would otherwise stall its peer's large transfers, which need steps of both. The thread
 //!   needs `MPI_THREAD_SERIALIZED` or `MULTIPLE`; lava-flow serialises its own MPI calls.
-//!   [`ConsumerTransport::notify_fd`] starts a thread that probes for messages every 100 µs.
+//!   A consumer whose [`ConsumerTransport::notify_fd`] watches the session starts a thread
+//!   that probes for messages every 100 µs.
 //! - **Ends.** A producer that closes sends a close message after its last message: the
 //!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
 //!   producer: once that has reached the producer's process, its next wait is `PeerGone`, and

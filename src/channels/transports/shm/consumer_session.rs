@@ -296,7 +296,7 @@ impl ShmSession {
 
     /// Reads the producer's control records waiting on the socket, without blocking: until
     /// arena `want` is known, or all of them. Other routes' attachments are kept for
-    /// [`take_attachments`](ConsumerTransport::take_attachments). Each arena is checked (a sealed memory file of
+    /// [`take_attachments`](ConsumerSession::take_attachments). Each arena is checked (a sealed memory file of
     /// at least the announced size) and mapped once; its fd is closed after mapping.
     fn receive_records(&mut self, want: Option<u64>) -> Result<()> {
         loop {

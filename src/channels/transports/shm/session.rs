@@ -101,7 +101,7 @@ pub(crate) struct Session {
     /// so that it stays mapped until the view is released whatever the producer says.
     arena_holds: OnceLock<Box<[ArenaHold]>>,
     /// Other routes' memory that views of this session may point into, dropped when the last
-    /// view is released (see `ConsumerTransport::keep_while_held`); `has_kept` says whether
+    /// view is released (see `ConsumerSession::keep_while_held`); `has_kept` says whether
     /// there is any. Both change only under the reclaim lock.
     kept: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
     has_kept: AtomicBool,
