@@ -419,20 +419,23 @@ impl Consumer {
     /// # Safety
     /// `view` was received from this consumer, is not released yet, and nothing uses it (or a
     /// payload resolved from it) any more.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn release_raw(&mut self, view: &RawView) -> Result<()> {
-        if view.session == self.session.id() {
-            // SAFETY: this function's contract.
-            return unsafe { self.session.release(view) };
+        // SAFETY: this function's contract. The current session refuses a view of another.
+        match unsafe { self.session.release(view) } {
+            Err(_) if !self.old.is_empty() => {
+                // SAFETY: as above.
+                unsafe { self.release_old(view) }
+            }
+            released => released,
         }
-        // SAFETY: as above.
-        unsafe { self.release_old(view) }
     }
 
     /// [`release_raw`](Self::release_raw) of a view of an earlier producer's session.
     ///
     /// # Safety
     /// As [`release_raw`](Self::release_raw).
+    #[cold]
     #[inline(never)]
     unsafe fn release_old(&mut self, view: &RawView) -> Result<()> {
         let Some(session) = self.old.iter_mut().find(|s| s.id() == view.session) else {

@@ -54,6 +54,52 @@ macro_rules! forward_impl {
         }
         forward_impl!(@items $forward $($rest)*);
     };
+    // `hot`: a method of the message path. The shared-memory carrier's is inlined behind one
+    // test of the variant; the others' are a call (a third variant in the match cost every
+    // message a few instructions).
+    (@items $forward:ident hot fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
+        $($rest:tt)*) => {
+        #[inline(always)]
+        fn $name(&self $(, $arg: $ty)*) $(-> $ret)? {
+            match self {
+                Self::Shm(t) => t.$name($($arg),*),
+                other => cold(move || $forward!(other, t => t.$name($($arg),*))),
+            }
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
+    (@items $forward:ident hot fn $name:ident(&mut self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
+        $($rest:tt)*) => {
+        #[inline(always)]
+        fn $name(&mut self $(, $arg: $ty)*) $(-> $ret)? {
+            match self {
+                Self::Shm(t) => t.$name($($arg),*),
+                other => cold(move || $forward!(other, t => t.$name($($arg),*))),
+            }
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
+    (@items $forward:ident hot unsafe fn $name:ident(&mut self $(, $arg:ident: $ty:ty)* $(,)?)
+        $(-> $ret:ty)?; $($rest:tt)*) => {
+        #[inline(always)]
+        unsafe fn $name(&mut self $(, $arg: $ty)*) $(-> $ret)? {
+            match self {
+                // SAFETY: the variant's method has the trait method's contract, which the
+                // caller keeps.
+                Self::Shm(t) => unsafe { t.$name($($arg),*) },
+                // SAFETY: as above.
+                other => cold(move || $forward!(other, t => unsafe { t.$name($($arg),*) })),
+            }
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
+}
+
+/// Runs `f` out of line: the carriers other than shared memory, off the message path's code.
+#[cold]
+#[inline(never)]
+fn cold<R>(f: impl FnOnce() -> R) -> R {
+    f()
 }
 
 /// Matches every carrier of an enum of carriers.
@@ -230,15 +276,12 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
     fn max_message_len(&self) -> usize;
     #[inline]
     fn try_loan(&mut self, len: usize) -> Result<RawLoan>;
-    #[inline(always)]
-    fn loan_fast(&mut self, len: usize) -> Option<RawLoan>;
-    #[inline(always)]
-    fn send_fast(&mut self, data: &[u8]) -> Option<u64>;
+    hot fn loan_fast(&mut self, len: usize) -> Option<RawLoan>;
+    hot fn send_fast(&mut self, data: &[u8]) -> Option<u64>;
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan>;
     #[inline]
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()>;
-    #[inline]
-    unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64>;
+    hot unsafe fn publish(&mut self, loan: RawLoan, len: usize) -> Result<u64>;
     #[inline]
     unsafe fn cancel(&mut self, loan: RawLoan);
     unsafe fn publish_filled(
@@ -248,8 +291,7 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
         fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<u64>;
     fn completed(&mut self) -> Result<u64>;
-    #[inline]
-    fn completed_hint(&self) -> u64;
+    hot fn completed_hint(&self) -> u64;
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()>;
     #[inline]
     fn send_region(
@@ -273,17 +315,14 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
 });
 
 forward_impl!(forward_carrier: impl ConsumerSession for AnySession {
-    #[inline]
-    fn id(&self) -> u64;
+    hot fn id(&self) -> u64;
     fn route(&self) -> Option<Route>;
     fn try_recv(&mut self) -> Result<RawView>;
-    #[inline(always)]
-    fn recv_fast(&mut self) -> Option<RawView>;
+    hot fn recv_fast(&mut self) -> Option<RawView>;
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView>;
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()>;
     fn releaser(&self) -> Arc<dyn Release>;
-    #[inline]
-    unsafe fn release(&mut self, view: &RawView) -> Result<()>;
+    hot unsafe fn release(&mut self, view: &RawView) -> Result<()>;
     fn holds_views(&self) -> bool;
     fn released_below(&self) -> u64;
     fn keep_while_held(&mut self, keep: Box<dyn Any + Send + Sync>);
