@@ -423,26 +423,22 @@ impl Consumer {
     pub(crate) unsafe fn release_raw(&mut self, view: &RawView) -> Result<()> {
         // SAFETY: this function's contract. The current session refuses a view of another.
         match unsafe { self.session.release(view) } {
-            Err(_) if !self.old.is_empty() => {
-                // SAFETY: as above.
-                unsafe { self.release_old(view) }
-            }
-            released => released,
+            Ok(()) => Ok(()),
+            // SAFETY: as above.
+            Err(refused) => unsafe { self.release_old(view, refused) },
         }
     }
 
-    /// [`release_raw`](Self::release_raw) of a view of an earlier producer's session.
+    /// [`release_raw`](Self::release_raw) of a view the current session refused (`refused`
+    /// says why): one of an earlier producer's session, else that refusal.
     ///
     /// # Safety
     /// As [`release_raw`](Self::release_raw).
     #[cold]
     #[inline(never)]
-    unsafe fn release_old(&mut self, view: &RawView) -> Result<()> {
+    unsafe fn release_old(&mut self, view: &RawView, refused: Error) -> Result<()> {
         let Some(session) = self.old.iter_mut().find(|s| s.id() == view.session) else {
-            return Err(Error::InvalidState(format!(
-                "message {} is not held by this consumer (already released, or from another channel)",
-                view.token
-            )));
+            return Err(refused);
         };
         // SAFETY: this function's contract.
         let released = unsafe { session.release(view) };

@@ -54,6 +54,21 @@ macro_rules! forward_impl {
         }
         forward_impl!(@items $forward $($rest)*);
     };
+    // `fast`: an inlined first try of the message path (`None` says nothing). Only the
+    // shared-memory carrier's is tried here; the others' answer `None`, and their full path
+    // (which tries theirs) follows: a fast try of several carriers cost every message its
+    // answer kept in a register and tested twice.
+    (@items $forward:ident fast fn $name:ident(&mut self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;
+        $($rest:tt)*) => {
+        #[inline(always)]
+        fn $name(&mut self $(, $arg: $ty)*) -> $ret {
+            match self {
+                Self::Shm(t) => t.$name($($arg),*),
+                _ => None,
+            }
+        }
+        forward_impl!(@items $forward $($rest)*);
+    };
     // `hot`: a method of the message path. The shared-memory carrier's is inlined behind one
     // test of the variant; the others' are a call (a third variant in the match cost every
     // message a few instructions).
@@ -276,8 +291,8 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
     fn max_message_len(&self) -> usize;
     #[inline]
     fn try_loan(&mut self, len: usize) -> Result<RawLoan>;
-    hot fn loan_fast(&mut self, len: usize) -> Option<RawLoan>;
-    hot fn send_fast(&mut self, data: &[u8]) -> Option<u64>;
+    fast fn loan_fast(&mut self, len: usize) -> Option<RawLoan>;
+    fast fn send_fast(&mut self, data: &[u8]) -> Option<u64>;
     fn loan(&mut self, len: usize, deadline: Option<Instant>) -> Result<RawLoan>;
     #[inline]
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()>;
@@ -318,7 +333,7 @@ forward_impl!(forward_carrier: impl ConsumerSession for AnySession {
     hot fn id(&self) -> u64;
     fn route(&self) -> Option<Route>;
     fn try_recv(&mut self) -> Result<RawView>;
-    hot fn recv_fast(&mut self) -> Option<RawView>;
+    fast fn recv_fast(&mut self) -> Option<RawView>;
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView>;
     fn wait(&mut self, deadline: Option<Instant>) -> Result<()>;
     fn releaser(&self) -> Arc<dyn Release>;

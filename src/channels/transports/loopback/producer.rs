@@ -142,12 +142,6 @@ impl ProducerTransport for LoopbackProducer {
         Ok(loan)
     }
 
-    fn send_fast(&mut self, data: &[u8]) -> Option<u64> {
-        let state = self.session.lock();
-        self.check_room(&state, data.len()).ok()?;
-        Some(self.session.publish(state, Entry::new(Bytes::Owned(data.into()), data.len(), 0)))
-    }
-
     fn wait_for_room(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
         match self.await_room(&mut self.session.lock(), len, deadline) {
             Err(Error::WouldBlock(why)) => Err(Error::Timeout(why)),
