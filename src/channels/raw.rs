@@ -22,6 +22,7 @@ pub fn send(producer: &mut Producer, data: &[u8], timeout: Option<Duration>) -> 
 
 /// [`Producer::send_buffer_after`] (or [`Producer::send_buffer`] with `ready_value` 0), waiting
 /// for room up to `timeout`.
+#[inline]
 pub fn send_buffer(
     producer: &mut Producer,
     buffer: &Buffer,
@@ -70,6 +71,7 @@ pub fn recv(consumer: &mut Consumer, timeout: Option<Duration>) -> Result<RawVie
 }
 
 /// The next message as a view if one waits, else `WouldBlock` (or `PeerGone`).
+#[inline]
 pub fn try_recv(consumer: &mut Consumer) -> Result<RawView> {
     consumer.try_recv_raw()
 }

@@ -305,18 +305,17 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
         len: usize,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<u64>;
-    fn completed(&mut self) -> Result<u64>;
+    hot fn completed(&mut self) -> Result<u64>;
     hot fn completed_hint(&self) -> u64;
-    fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()>;
-    #[inline]
-    fn send_region(
+    hot fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()>;
+    hot fn send_region(
         &mut self,
         region: &dyn SharedRegion,
         offset: usize,
         len: usize,
         deadline: Option<Instant>,
     ) -> Result<u64>;
-    fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64>;
+    hot fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64>;
     fn send_routed(
         &mut self,
         route: u32,
