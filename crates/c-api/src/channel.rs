@@ -189,8 +189,11 @@ pub unsafe extern "C" fn lf_channel_transport(
 }
 
 /// A file descriptor for poll/epoll: readable while a message waits or after the producer
-/// has gone. Owned by the channel (do not close it). After each wake-up, call `lf_try_recv`
-/// until LF_ERR_WOULD_BLOCK. Consumers only.
+/// has gone, and then the next `lf_try_recv` has something to say (never LF_ERR_WOULD_BLOCK
+/// right after a wake-up for the producer's end). Owned by the channel (do not close it).
+/// After each wake-up, call `lf_try_recv` until LF_ERR_WOULD_BLOCK, or LF_ERR_PEER_GONE: the
+/// producer has gone (the fd stays readable; a new producer is taken up by a later
+/// `lf_try_recv`). Consumers only.
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
