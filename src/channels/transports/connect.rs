@@ -1,16 +1,17 @@
 //! Connecting a channel's ends as planned: the carrier's rendezvous, with every planned
 //! route's offer (producer) or answer (consumer) in it, and the report of what came of each.
 
+use std::sync::Arc;
+
 #[cfg(feature = "mpi")]
 use super::mpi;
 use super::recommended::{Plan, TransportKind};
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;
 use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession};
-use std::sync::Arc;
-
 use crate::channels::transport::{
-    Attachment, PayloadClass, PeerHolds, Route, RouteReceiver, RouteSender, TransportInfo,
+    Attachment, ConsumerSession, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver, RouteSender,
+    TransportInfo,
 };
 use crate::channels::ChannelConfig;
 use crate::error::{Error, Result};
@@ -162,7 +163,6 @@ pub(crate) fn connect_producer(
         TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional, config, mpi_peer(plan)?)?),
         other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
     };
-    use crate::channels::transport::ProducerTransport;
     let carrier_route = carrier.info().routes.first().cloned().unwrap_or_else(|| planned_carrier(plan));
     let mut answers = carrier.peer_sections();
     // Where the routes keep what they hold for the consumer: the carrier's, which lets go of
@@ -226,7 +226,6 @@ pub(crate) fn listen_consumer(
         }
         other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
     };
-    use crate::channels::transport::ConsumerSession;
     let carrier_route = session.route().unwrap_or_else(|| planned_carrier(plan));
     // The producer's offers arrived with its hello: each route learns what its producer brings.
     let mut offers = session.take_offers().unwrap_or_default();
