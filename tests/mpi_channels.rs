@@ -379,7 +379,7 @@ fn await_signal(from: u32) {
 #[test]
 fn mpi_keeps_the_contract() {
     under_mpirun("mpi_keeps_the_contract", |world| {
-        let carrier = cases::Carrier { name: "mpi", reattach: false, gpu_route: false };
+        let carrier = cases::Carrier { name: "mpi", reattach: false, gpu_route: false, fd_wakes_for_control: true };
         let mut config = ContextConfig::default();
         config.gpu = lava_flow::memory::GpuPolicy::Disabled;
         let context = Context::new(config).unwrap();
@@ -390,7 +390,7 @@ fn mpi_keeps_the_contract() {
             let name = format!("contract-mpi-{}", case.name);
             let config = ChannelConfig { transports: Some(vec![TransportKind::Mpi]), ..(case.config)() };
             let producer = world.rank() == 0;
-            let sync = cases::Sync::new(dir.clone(), case.name, producer);
+            let sync = cases::Sync::new(dir.clone(), case.name, producer, carrier);
             if producer {
                 let open = || Producer::create(&context, &name, &mine, &peer, &config).unwrap();
                 (case.producer)(open(), &sync, &open);

@@ -52,10 +52,10 @@ fn channel_name(carrier: TransportKind, case: &Case) -> String {
 }
 
 /// Runs one half of `case` over `carrier` in this process or thread.
-fn run_half(carrier: TransportKind, case: &Case, producer: bool, sync_dir: &Path, context: &Context) {
-    let name = channel_name(carrier, case);
-    let config = config_for(case, carrier);
-    let sync = Sync::new(sync_dir.to_owned(), case.name, producer);
+fn run_half(carrier: Carrier, kind: TransportKind, case: &Case, producer: bool, sync_dir: &Path, context: &Context) {
+    let name = channel_name(kind, case);
+    let config = config_for(case, kind);
+    let sync = Sync::new(sync_dir.to_owned(), case.name, producer, carrier);
     if producer {
         let open = || Producer::create(context, &name, &here(), &here(), &config).unwrap();
         (case.producer)(open(), &sync, &open);
@@ -78,13 +78,13 @@ fn scratch(prefix: &str) -> PathBuf {
 /// The contract over loopback: both halves threads of this process.
 #[test]
 fn loopback_keeps_the_contract() {
-    let carrier = Carrier { name: "loopback", reattach: true, gpu_route: true };
+    let carrier = Carrier { name: "loopback", reattach: true, gpu_route: true, fd_wakes_for_control: false };
     for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
         let Some(context) = context_for(case) else { continue };
         let dir = scratch("lf-contract-loopback-");
         std::thread::scope(|s| {
-            let consumer = s.spawn(|| run_half(TransportKind::Loopback, case, false, &dir, &context));
-            run_half(TransportKind::Loopback, case, true, &dir, &context);
+            let consumer = s.spawn(|| run_half(carrier, TransportKind::Loopback, case, false, &dir, &context));
+            run_half(carrier, TransportKind::Loopback, case, true, &dir, &context);
             consumer.join().unwrap_or_else(|_| panic!("loopback, {}: the consumer's half failed", case.name));
         });
         std::fs::remove_dir_all(&dir).unwrap();
@@ -96,14 +96,14 @@ fn loopback_keeps_the_contract() {
 #[test]
 fn shm_keeps_the_contract() {
     const TEST: &str = "shm_keeps_the_contract";
-    let carrier = Carrier { name: "shm", reattach: true, gpu_route: true };
+    let carrier = Carrier { name: "shm", reattach: true, gpu_route: true, fd_wakes_for_control: false };
     let cases = cases::cases();
     if let Some(role) = child::role_in(TEST) {
         let case_name = std::env::var("LF_CONTRACT_CASE").unwrap();
         let case = cases.iter().find(|c| c.name == case_name).unwrap();
         let context = context_for(case).expect("the orchestrator checked for a GPU");
         let dir = PathBuf::from(std::env::var("LF_CONTRACT_DIR").unwrap());
-        run_half(TransportKind::Shm, case, role == "producer", &dir, &context);
+        run_half(carrier, TransportKind::Shm, case, role == "producer", &dir, &context);
         return;
     }
     for case in cases.iter().filter(|c| (c.runs_on)(&carrier)) {

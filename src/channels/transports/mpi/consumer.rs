@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::collections::{BTreeSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -172,8 +172,20 @@ struct Partial {
 /// Probes for the producer's messages in a thread, so that a descriptor can say one waits.
 struct Notifier {
     fd: Arc<OwnedFd>,
+    probe: Arc<Probe>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What keeps the probing thread from making the descriptor readable for a message the
+/// consumer has taken meanwhile: readable must mean that the next `try_recv` has something to
+/// say.
+#[derive(Default)]
+struct Probe {
+    /// Messages the consumer has taken off MPI's queue.
+    taken: AtomicU64,
+    /// Held while the thread signals, and while the consumer resets the descriptor.
+    signalling: Mutex<()>,
 }
 
 /// The consuming end of an MPI channel: its one producer's session (a new producer does not
@@ -424,6 +436,9 @@ impl MpiSession {
         let mut buffer = self.buffer(len);
         // SAFETY: the buffer has at least the `len` bytes the probe reported.
         unsafe { self.ep.comm.recv_probed(buffer.as_mut_ptr(), len, self.ep.peer, self.tags.messages)? };
+        if let Some(n) = &self.notifier {
+            n.probe.taken.fetch_add(1, Ordering::Release);
+        }
         self.landed.push_back((buffer, len));
         Ok(true)
     }
@@ -669,6 +684,7 @@ impl ConsumerSession for MpiSession {
             Some(view) => Ok(view),
             None => {
                 if let Some(n) = &self.notifier {
+                    let _signalling = n.probe.signalling.lock();
                     eventfd_drain(n.fd.as_fd());
                     // A message that arrived meanwhile is signalled again by the thread.
                 }
@@ -779,21 +795,28 @@ impl MpiSession {
             eventfd_signal(fd.as_fd());
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let probe = Arc::new(Probe::default());
         let (comm, peer, tag) = (Arc::clone(&self.ep.comm), self.ep.peer, self.tags.messages);
-        let (thread_fd, thread_stop) = (Arc::clone(&fd), Arc::clone(&stop));
+        let (thread_fd, thread_stop, thread_probe) = (Arc::clone(&fd), Arc::clone(&stop), Arc::clone(&probe));
         let thread = std::thread::Builder::new()
             .name("lava-flow-mpi".into())
             .spawn(move || {
                 while !thread_stop.load(Ordering::Relaxed) {
+                    let taken = thread_probe.taken.load(Ordering::Acquire);
                     // An error here shows again at the consumer's next receive.
                     if let Ok(Some(_)) = comm.iprobe(peer, tag) {
-                        eventfd_signal(thread_fd.as_fd());
+                        let _signalling = thread_probe.signalling.lock();
+                        // A message taken since the probe may be the one it saw: the next look
+                        // (100 µs on) signals one still waiting.
+                        if thread_probe.taken.load(Ordering::Acquire) == taken {
+                            eventfd_signal(thread_fd.as_fd());
+                        }
                     }
                     std::thread::sleep(std::time::Duration::from_micros(100));
                 }
             })
             .map_err(|e| Error::os("spawning the MPI probe thread", e))?;
-        self.notifier = Some(Notifier { fd, stop, thread: Some(thread) });
+        self.notifier = Some(Notifier { fd, probe, stop, thread: Some(thread) });
         Ok(())
     }
 
