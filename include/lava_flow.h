@@ -901,6 +901,11 @@ lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 // host can map it, else NULL.
 #define LF_MESSAGE_GPU 2
 
+// The size of `lf_peer.host` and `lf_peer.route`'s buffers, NUL included.
+#define LF_PEER_HOST_SIZE 256
+
+#define LF_PEER_ROUTE_SIZE 16
+
 // How a channel end waits for its peer (`lf_channel_config.wait_strategy`).
 enum lf_wait_strategy
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -922,6 +927,29 @@ typedef uint32_t lf_wait_strategy;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// How many processes share a channel (`lf_channel_config.kind`). Every end names the same.
+enum lf_channel_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // One producer, one consumer. The default.
+  LF_CHANNEL_PAIR = 0,
+  // Up to `max_peers` producers, one consumer: order and exactly-once per producer, the
+  // producers served in turn; `lf_message.producer` says whose a message is.
+  LF_CHANNEL_FAN_IN = 1,
+  // One producer, up to `max_peers` consumers, each message to every consumer. Not built in
+  // this version: LF_ERR_UNSUPPORTED.
+  LF_CHANNEL_FAN_OUT = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_channel_kind lf_channel_kind;
+#else
+typedef uint32_t lf_channel_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // Which end of a channel a process creates (`lf_channel_create`).
 enum lf_role
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -938,6 +966,28 @@ enum lf_role
 typedef enum lf_role lf_role;
 #else
 typedef uint32_t lf_role;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// Whether a slot has a process (`lf_peer.state`).
+enum lf_peer_state
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Nobody holds the slot: a new peer may take it.
+  LF_PEER_FREE = 0,
+  // The peer is attached.
+  LF_PEER_ALIVE = 1,
+  // The peer closed its end or died; its last messages may still wait (the slot is free
+  // once its LF_ERR_PEER_GONE has been returned).
+  LF_PEER_GONE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_peer_state lf_peer_state;
+#else
+typedef uint32_t lf_peer_state;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -979,6 +1029,16 @@ typedef struct lf_channel_config {
   uint32_t prefault;
   // Must be 0 (it keeps the struct free of padding).
   uint32_t reserved;
+  // LF_CHANNEL_PAIR (the default), LF_CHANNEL_FAN_IN or LF_CHANNEL_FAN_OUT; every end of a
+  // channel names the same kind.
+  lf_channel_kind kind;
+  // A fan-in's most producers (the consumer's value rules), or a fan-out's most consumers
+  // (the producer's): 1 to 64 (`LF_MAX_PEERS`); 8 by default. A pair ignores it.
+  uint32_t max_peers;
+  // Fan-out only: a consumer that keeps the producer waiting for room longer than this is
+  // detached; negative (the default): a slow consumer holds the producer back. Set on
+  // another kind: LF_ERR_INVALID_ARGUMENT.
+  int64_t slow_consumer_timeout_ns;
 } lf_channel_config;
 
 // Room lent by `lf_loan`: write up to `len` bytes at `data`, then `lf_publish`.
@@ -999,12 +1059,31 @@ typedef struct lf_message {
   uint64_t session;
   // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
   uint32_t flags;
-  uint32_t reserved;
+  // The slot of the fan-in producer that sent the message (0 for a pair channel); see
+  // `lf_channel_peers`. After a fan-in's LF_ERR_PEER_GONE, the slot whose producer ended
+  // (the message's other fields are 0 then).
+  uint32_t producer;
   // For LF_MESSAGE_GPU: the value of the channel's ready semaphore
   // (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
   // lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
   uint64_t ready_value;
 } lf_message;
+
+// One slot at the other end of a channel (`lf_channel_peers`).
+typedef struct lf_peer {
+  // 0 for a pair channel; 0 to `max_peers - 1` for a fan-in's producers.
+  uint32_t slot;
+  lf_peer_state state;
+  // The peer's process id on its host; 0 for a free slot or a peer on another host.
+  uint32_t pid;
+  // The peer's MPI rank where MPI reaches it, else -1.
+  int32_t rank;
+  // The peer's host, NUL-terminated (empty for a free slot).
+  char host[LF_PEER_HOST_SIZE];
+  // The transport its messages take (`"shm"`, `"mpi"`), NUL-terminated; empty for a free
+  // slot.
+  char route[LF_PEER_ROUTE_SIZE];
+} lf_peer;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1229,6 +1308,11 @@ lf_status lf_wait_completed(struct lf_channel *channel, uint64_t sequence, int64
 // LF_ERR_PEER_GONE was returned: its messages start again at sequence number 0.
 // Release the view with `lf_release`.
 //
+// A fan-in serves its producers in turn, each in its order; `message->producer` names the
+// slot. Its LF_ERR_PEER_GONE reports one producer's end, after that producer's last
+// message, with `message->producer` set to its slot; the others go on, and a new producer
+// may take the slot. With no producer attached, a fan-in's receive waits for one.
+//
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
 lf_status lf_recv(struct lf_channel *channel, int64_t timeout_ns, struct lf_message *out);
@@ -1260,6 +1344,22 @@ lf_status lf_release(struct lf_channel *channel, const struct lf_message *messag
 lf_status lf_message_buffer(struct lf_channel *channel,
                             const struct lf_message *message,
                             const lf_buffer **out);
+
+// Lists a consumer's producers, slot by slot: a pair channel's one, or each of a fan-in's
+// `max_peers` slots (free, alive, or gone with messages still to read). Writes up to
+// `capacity` entries to `peers` (which may be NULL when `capacity` is 0) and the number of
+// slots to `*count`: call with a `capacity` of `LF_MAX_PEERS`, or twice. `peer_size` is
+// `sizeof(lf_peer)` as the caller's header has it. Producers: LF_ERR_INVALID_STATE (a pair
+// producer's one consumer is the channel's peer).
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `peers` NULL or writable for `capacity`
+// entries; `count` NULL or writable.
+lf_status lf_channel_peers(const struct lf_channel *channel,
+                           struct lf_peer *peers,
+                           size_t peer_size,
+                           size_t capacity,
+                           size_t *count);
 
 #ifdef __cplusplus
 }  // extern "C"

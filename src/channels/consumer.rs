@@ -14,6 +14,8 @@ use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use super::fan_in::FanIn;
+use super::peers::{ChannelKind, Peer};
 use super::routes::ReceiverTable;
 use super::transport::{
     ConsumerSession, ConsumerTransport, Packed, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo,
@@ -31,8 +33,13 @@ pub struct Consumer {
     /// Where producers attach (dropped first: a closing consumer lets go of its name before
     /// it tells its producer).
     carrier: AnyConsumer,
-    /// The current producer's session: its messages, in its order.
+    /// The current producer's session: its messages, in its order. A fan-in's are in
+    /// `fan_in`, and this one is an ended session that never has a message.
     session: AnySession,
+    /// A fan-in's producers, one session per slot.
+    fan_in: Option<Box<FanIn>>,
+    /// This process's host, which same-host peers share.
+    host: String,
     /// Sessions of earlier producers whose messages are still held.
     old: Vec<AnySession>,
     /// The current producer's end was reported (`PeerGone`): the next producer that attached
@@ -82,9 +89,19 @@ impl Consumer {
             log_failed(name, Role::Consumer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
         })?;
         log_created(name, Role::Consumer, &parts.info);
+        let mut carrier = parts.carrier;
+        let (session, fan_in) = match config.kind {
+            ChannelKind::FanIn => {
+                let fan_in = FanIn::new(name, config.wait, config.max_peers, &mut carrier, parts.session)?;
+                (AnySession::ended(name), Some(Box::new(fan_in)))
+            }
+            _ => (parts.session, None),
+        };
         Ok(Consumer {
-            carrier: parts.carrier,
-            session: parts.session,
+            carrier,
+            session,
+            fan_in,
+            host: my_location.hostname.clone(),
             old: Vec::new(),
             gone_reported: false,
             watching: false,
@@ -117,7 +134,36 @@ impl Consumer {
     /// How many arenas (memory files) producers have passed to this consumer for buffer
     /// sends; each is mapped once per channel and cached.
     pub fn arenas_received(&self) -> u64 {
-        self.arenas_before + self.session.arenas_received()
+        let fan_in = self.fan_in.as_ref().map_or(0, |f| f.arenas_received());
+        self.arenas_before + self.session.arenas_received() + fan_in
+    }
+
+    /// The producers, slot by slot: a pair channel's one, or each of a fan-in's `max_peers`
+    /// slots (free, alive, or gone with messages still to read).
+    pub fn peers(&self) -> Vec<Peer> {
+        let mut peers = match &self.fan_in {
+            Some(fan_in) => fan_in.peers(),
+            None => vec![self.session.peer()],
+        };
+        for peer in peers.iter_mut().filter(|p| p.host.is_empty() && p.route.is_some()) {
+            peer.host.clone_from(&self.host);
+        }
+        peers
+    }
+
+    /// The fan-in slot whose producer's end the last `PeerGone` reported (`None` before the
+    /// first, and for a pair channel).
+    pub fn last_gone(&self) -> Option<u32> {
+        self.fan_in.as_ref().and_then(|f| f.last_gone())
+    }
+
+    /// How many producers are attached now (for a fan-in, those whose end was not reported
+    /// yet; for a pair, 1 until its producer's end was reported).
+    pub fn producers(&self) -> usize {
+        match &self.fan_in {
+            Some(fan_in) => fan_in.attached(),
+            None => usize::from(!self.gone_reported),
+        }
     }
 
     /// The transports (every route) and why they were chosen.
@@ -177,14 +223,36 @@ impl Consumer {
 
     #[inline(never)]
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Message> {
+        if self.fan_in.is_some() {
+            return self.recv_fan_in(true, deadline);
+        }
         let view = self.recv_raw(deadline)?;
         self.wrap_fast(view)
     }
 
     #[inline(never)]
     fn try_recv_slow(&mut self) -> Result<Message> {
+        if self.fan_in.is_some() {
+            return self.recv_fan_in(false, None);
+        }
         let view = self.try_recv_raw()?;
         self.wrap_fast(view)
+    }
+
+    /// A fan-in's next message, from the producers in turn (`block`: waiting up to
+    /// `deadline`).
+    fn recv_fan_in(&mut self, block: bool, deadline: Option<Instant>) -> Result<Message> {
+        let fan_in = self.fan_in.as_deref_mut().expect("a fan-in");
+        let (mut view, slot) = fan_in.recv(&mut self.carrier, block, deadline)?;
+        view.set_producer(slot);
+        let releaser = fan_in.releaser(slot);
+        if view.flags & RawView::ROUTED != 0 {
+            // No route serves a fan-in's GPU buffers by reference: the producer's error.
+            // SAFETY: the view was just received and nothing was resolved from it.
+            let _ = unsafe { self.release_raw(&view) };
+            return Err(self.unroutable(&view));
+        }
+        Ok(Message { view, releaser, routed: None })
     }
 
     /// The current producer has gone and its messages are read (`error` says so): takes up the
@@ -374,7 +442,7 @@ impl Consumer {
     /// makes a syscall per message that finds the consumer waiting on the fd; call
     /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if !self.watching {
+        if !self.watching && self.fan_in.is_none() {
             self.carrier.notify_fd()?;
             self.carrier.watch(&mut self.session)?;
             self.watching = true;
@@ -387,6 +455,9 @@ impl Consumer {
         Message { view, releaser: self.session.message_releaser(), routed: None }
     }
     pub(crate) fn recv_raw(&mut self, deadline: Option<Instant>) -> Result<RawView> {
+        if let Some(fan_in) = self.fan_in.as_deref_mut() {
+            return Self::fan_in_view(fan_in.recv(&mut self.carrier, true, deadline));
+        }
         loop {
             match self.session.recv(deadline) {
                 Err(e) => self.after_gone(e)?,
@@ -406,12 +477,23 @@ impl Consumer {
     }
 
     pub(crate) fn try_recv_raw(&mut self) -> Result<RawView> {
+        if let Some(fan_in) = self.fan_in.as_deref_mut() {
+            return Self::fan_in_view(fan_in.recv(&mut self.carrier, false, None));
+        }
         loop {
             match self.session.try_recv() {
                 Err(e) => self.after_gone(e)?,
                 view => return view,
             }
         }
+    }
+
+    /// A view from a fan-in's slot, marked with that slot.
+    #[inline]
+    fn fan_in_view(received: Result<(RawView, u32)>) -> Result<RawView> {
+        let (mut view, slot) = received?;
+        view.set_producer(slot);
+        Ok(view)
     }
 
     /// Releases a view received with `recv_raw` (views are plain values there).
@@ -421,6 +503,10 @@ impl Consumer {
     /// payload resolved from it) any more.
     #[inline(always)]
     pub(crate) unsafe fn release_raw(&mut self, view: &RawView) -> Result<()> {
+        if let Some(fan_in) = self.fan_in.as_deref_mut() {
+            // SAFETY: this function's contract.
+            return unsafe { fan_in.release(view) };
+        }
         // SAFETY: this function's contract. The current session refuses a view of another.
         match unsafe { self.session.release(view) } {
             Ok(()) => Ok(()),
@@ -504,6 +590,13 @@ impl Message {
     #[inline]
     pub fn sequence(&self) -> u64 {
         self.view.token
+    }
+
+    /// The slot of the fan-in producer that sent the message (0 for a pair channel): see
+    /// [`Consumer::peers`].
+    #[inline]
+    pub fn producer(&self) -> u32 {
+        self.view.producer()
     }
     /// Whether the bytes lie in the sender's own buffer (a buffer send, or a send of bytes
     /// inside a lava-flow buffer): no copy was made anywhere. False for bytes the sender

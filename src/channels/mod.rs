@@ -31,6 +31,8 @@
 //! [`Error::PeerGone`] once the messages already delivered have been read.
 
 pub mod consumer;
+mod fan_in;
+pub mod peers;
 pub mod producer;
 pub mod raw;
 mod routes;
@@ -53,6 +55,7 @@ use crate::types::{explain_scope, ProcessLocation};
 #[cfg(feature = "async-io")]
 pub use consumer::RecvFuture;
 pub use consumer::{Consumer, Message};
+pub use peers::{ChannelKind, Peer, PeerState, MAX_PEERS};
 pub use producer::{Loan, Producer};
 pub use transport::{MemoryKind, PayloadClass, Route, SharedRegion, TransportId, TransportInfo};
 pub use transports::{TransportKind, AUTO_ZERO_COPY_MIN, TRANSPORTS_ENV};
@@ -130,6 +133,17 @@ pub struct ChannelConfig {
     /// Skipped where it is over a quarter of the memory the kernel calls available. On by
     /// default.
     pub prefault: bool,
+    /// How many processes share the channel: a pair (the default), a fan-in (up to
+    /// `max_peers` producers, one consumer) or a fan-out (one producer, up to `max_peers`
+    /// consumers). Every end of a channel names the same kind.
+    pub kind: ChannelKind,
+    /// A fan-in's most producers, or a fan-out's most consumers, from 1 to [`MAX_PEERS`];
+    /// the value of the end there is one of rules. A pair ignores it.
+    pub max_peers: u32,
+    /// Fan-out: a consumer that keeps the producer waiting for room longer than this is
+    /// detached (its next receive says so) and the producer goes on. `None` (the default):
+    /// a slow consumer holds the producer back, as a full pair channel does.
+    pub slow_consumer_timeout: Option<Duration>,
 }
 
 impl ChannelConfig {
@@ -142,6 +156,26 @@ impl ChannelConfig {
                 "pool_size {} must be from 1 to {MAX_POOL_SIZE} bytes (1 TiB); it is also the largest message",
                 self.pool_size
             )));
+        }
+        if self.max_peers == 0 || self.max_peers > MAX_PEERS {
+            return Err(Error::invalid(format!(
+                "max_peers {} must be from 1 to {MAX_PEERS}: how many producers a fan-in takes, or consumers a fan-out",
+                self.max_peers
+            )));
+        }
+        if self.slow_consumer_timeout.is_some() && self.kind != ChannelKind::FanOut {
+            return Err(Error::invalid(format!(
+                "slow_consumer_timeout is a fan-out setting, and this channel is a {}; leave it unset, or make the \
+                 channel a fan-out",
+                self.kind
+            )));
+        }
+        if self.kind == ChannelKind::FanOut {
+            return Err(Error::Unsupported(
+                "fan-out channels (one producer, several consumers) are not built in this version of lava-flow; use a \
+                 pair channel per consumer"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -159,6 +193,9 @@ impl Default for ChannelConfig {
             strict_gpu: false,
             released_semaphore: false,
             prefault: true,
+            kind: ChannelKind::Pair,
+            max_peers: 8,
+            slow_consumer_timeout: None,
         }
     }
 }
@@ -305,7 +342,7 @@ pub(crate) fn plan_routes(
 ) -> Result<transports::Plan> {
     let (scope, scope_text) = explain_scope(mine, peer);
     let (allowed, source) = transports::allowed_transports(config)?;
-    transports::plan(scope, peer, &scope_text, &allowed, &source, config.strict_gpu, context)
+    transports::plan(scope, peer, &scope_text, &allowed, &source, config, context)
 }
 
 /// The transports a channel between `mine` and `peer` would take with `config` on

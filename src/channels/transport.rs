@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::peers::Peer;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
@@ -179,8 +180,8 @@ pub struct RawView {
     pub len: usize,
     pub token: u64,
     pub session: u64,
-    /// [`RawView::ZERO_COPY`], [`RawView::ROUTED`] with the route id in bits 8-15, or 0. A
-    /// whole word, so that the view has no padding bytes: copying a view with a `bool` here
+    /// [`RawView::ZERO_COPY`], [`RawView::ROUTED`] with the route id in bits 8-15, or 0; the
+    /// producer's slot in a fan-in in bits 16-31 ([`RawView::producer`]). A whole word, so that the view has no padding bytes: copying a view with a `bool` here
     /// cost narrow, overlapping moves on the hot path.
     pub flags: u64,
 }
@@ -204,6 +205,18 @@ impl RawView {
 
     pub fn routed_flags(route: u32) -> u64 {
         Self::ROUTED | Self::ZERO_COPY | u64::from(route & 0xff) << 8
+    }
+
+    /// The slot of the fan-in producer that sent the message (0 for a pair channel).
+    #[inline]
+    pub fn producer(&self) -> u32 {
+        ((self.flags >> 16) & 0xffff) as u32
+    }
+
+    /// Notes that the message came from the fan-in producer in `slot` (below `MAX_PEERS`).
+    #[inline]
+    pub fn set_producer(&mut self, slot: u32) {
+        self.flags = (self.flags & !(0xffff << 16)) | u64::from(slot & 0xffff) << 16;
     }
 }
 
@@ -419,7 +432,9 @@ pub trait ConsumerTransport: Send {
 
     /// A file descriptor that polls readable while a watched session has a message waiting or
     /// its producer has gone; from the first call on, the sessions' producers signal it (a
-    /// syscall per message only while the consumer sleeps on it).
+    /// syscall per message only while the consumer sleeps on it). A fan-in's carrier also
+    /// watches its rendezvous there: a producer waiting to attach keeps it readable until
+    /// [`try_accept`](Self::try_accept) takes it up.
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
 
     /// Adds `session` to what [`notify_fd`](Self::notify_fd) watches, once it is set up.
@@ -441,6 +456,10 @@ pub trait ConsumerSession: Send {
     fn route(&self) -> Option<Route> {
         None
     }
+
+    /// The producer: its slot in a fan-in (0 otherwise), process, host (empty: this host) and
+    /// carrier; `Alive`, or `Gone` once its end is known here (its messages may still wait).
+    fn peer(&self) -> Peer;
 
     /// The next message, `WouldBlock` when none is waiting, `PeerGone` when none is waiting
     /// and the producer has gone (messages it sent before stay readable), every time after.

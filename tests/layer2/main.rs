@@ -13,6 +13,7 @@ mod backpressure;
 mod blocked;
 mod buffers;
 mod delivery;
+mod fan_in;
 #[cfg(feature = "vulkan")]
 mod gpu;
 mod hostile;

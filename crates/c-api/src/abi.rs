@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn the_structs_have_no_padding_and_their_published_sizes() {
         assert_eq!(offset_of!(lf_context_config, gpu_arena_size) + 8, size_of::<lf_context_config>());
-        assert_eq!(offset_of!(lf_channel_config, reserved) + 4, size_of::<lf_channel_config>());
+        assert_eq!(offset_of!(lf_channel_config, slow_consumer_timeout_ns) + 8, size_of::<lf_channel_config>());
         assert_eq!(offset_of!(lf_device_info, memory_type_heaps) + 128, size_of::<lf_device_info>());
         assert_eq!(lf_context_config::SIZES.last(), Some(&size_of::<lf_context_config>()));
         assert_eq!(lf_channel_config::SIZES.last(), Some(&size_of::<lf_channel_config>()));

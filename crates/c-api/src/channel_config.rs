@@ -8,7 +8,7 @@ use super::abi::{c_enum, write_struct, CEnum, GrowableStruct};
 use super::raw;
 use super::status::lf_status;
 use super::{boundary, out_ptr, Failure, FfiResult};
-use lava_flow::channels::{ChannelConfig, WaitStrategy};
+use lava_flow::channels::{ChannelConfig, ChannelKind, WaitStrategy};
 
 /// Which end of a channel a process creates (`lf_channel_create`).
 #[allow(non_camel_case_types)]
@@ -35,6 +35,22 @@ pub enum lf_wait_strategy {
     LF_WAIT_BLOCK = 3,
 }
 c_enum!(lf_wait_strategy: LF_WAIT_BUSY_POLL, LF_WAIT_SPIN_THEN_BLOCK, LF_WAIT_BLOCK);
+
+/// How many processes share a channel (`lf_channel_config.kind`). Every end names the same.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_channel_kind {
+    /// One producer, one consumer. The default.
+    LF_CHANNEL_PAIR = 0,
+    /// Up to `max_peers` producers, one consumer: order and exactly-once per producer, the
+    /// producers served in turn; `lf_message.producer` says whose a message is.
+    LF_CHANNEL_FAN_IN = 1,
+    /// One producer, up to `max_peers` consumers, each message to every consumer. Not built in
+    /// this version: LF_ERR_UNSUPPORTED.
+    LF_CHANNEL_FAN_OUT = 2,
+}
+c_enum!(lf_channel_kind: LF_CHANNEL_PAIR, LF_CHANNEL_FAN_IN, LF_CHANNEL_FAN_OUT);
 
 /// Channel options. Fill with `lf_channel_config_init` and change what you need.
 #[allow(non_camel_case_types)]
@@ -77,6 +93,16 @@ pub struct lf_channel_config {
     pub prefault: u32,
     /// Must be 0 (it keeps the struct free of padding).
     pub reserved: u32,
+    /// LF_CHANNEL_PAIR (the default), LF_CHANNEL_FAN_IN or LF_CHANNEL_FAN_OUT; every end of a
+    /// channel names the same kind.
+    pub kind: raw::lf_channel_kind,
+    /// A fan-in's most producers (the consumer's value rules), or a fan-out's most consumers
+    /// (the producer's): 1 to 64 (`LF_MAX_PEERS`); 8 by default. A pair ignores it.
+    pub max_peers: u32,
+    /// Fan-out only: a consumer that keeps the producer waiting for room longer than this is
+    /// detached; negative (the default): a slow consumer holds the producer back. Set on
+    /// another kind: LF_ERR_INVALID_ARGUMENT.
+    pub slow_consumer_timeout_ns: i64,
 }
 
 /// The defaults, with `struct_size` set (what `lf_channel_config_init` gives).
@@ -89,7 +115,7 @@ impl Default for lf_channel_config {
 // SAFETY: repr(C), starts with the u32 size, integers only.
 unsafe impl GrowableStruct for lf_channel_config {
     const NAME: &'static str = "lf_channel_config";
-    const SIZES: &'static [usize] = &[56];
+    const SIZES: &'static [usize] = &[56, 72];
 }
 
 impl From<ChannelConfig> for lf_channel_config {
@@ -105,14 +131,27 @@ impl From<ChannelConfig> for lf_channel_config {
             capacity: c.capacity,
             spin_ns,
             pool_size: c.pool_size as u64,
-            rendezvous_timeout_ns: c.rendezvous_timeout.map_or(-1, |t| t.as_nanos().min(i64::MAX as u128) as i64),
+            rendezvous_timeout_ns: timeout_ns(c.rendezvous_timeout),
             auto_zero_copy: u32::from(c.auto_zero_copy),
             strict_gpu: u32::from(c.strict_gpu),
             released_semaphore: u32::from(c.released_semaphore),
             prefault: u32::from(c.prefault),
             reserved: 0,
+            kind: match c.kind {
+                ChannelKind::Pair => lf_channel_kind::LF_CHANNEL_PAIR,
+                ChannelKind::FanIn => lf_channel_kind::LF_CHANNEL_FAN_IN,
+                ChannelKind::FanOut => lf_channel_kind::LF_CHANNEL_FAN_OUT,
+            }
+            .to_c(),
+            max_peers: c.max_peers,
+            slow_consumer_timeout_ns: timeout_ns(c.slow_consumer_timeout),
         }
     }
+}
+
+/// A duration as C passes it: nanoseconds, negative for none.
+fn timeout_ns(t: Option<Duration>) -> i64 {
+    t.map_or(-1, |t| t.as_nanos().min(i64::MAX as u128) as i64)
 }
 
 fn invalid(message: String) -> Failure {
@@ -145,7 +184,15 @@ pub(crate) fn to_config(c: &lf_channel_config) -> FfiResult<ChannelConfig> {
             return Err(invalid(format!("{name} is {value} (use 0 or 1); start from lf_channel_config_init")));
         }
     }
+    let kind = match lf_channel_kind::from_c(c.kind, "kind")? {
+        lf_channel_kind::LF_CHANNEL_PAIR => ChannelKind::Pair,
+        lf_channel_kind::LF_CHANNEL_FAN_IN => ChannelKind::FanIn,
+        lf_channel_kind::LF_CHANNEL_FAN_OUT => ChannelKind::FanOut,
+    };
     Ok(ChannelConfig {
+        kind,
+        max_peers: c.max_peers,
+        slow_consumer_timeout: timeout(c.slow_consumer_timeout_ns),
         wait,
         capacity: c.capacity,
         pool_size,

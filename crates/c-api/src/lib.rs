@@ -27,6 +27,7 @@ mod handle;
 pub mod location;
 pub mod logging;
 pub mod mpi;
+pub mod peers;
 mod raw;
 pub mod receive;
 pub mod send;

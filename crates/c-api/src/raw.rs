@@ -14,4 +14,6 @@ pub type lf_memory_kind = u32;
 pub type lf_origin = u32;
 pub type lf_role = u32;
 pub type lf_wait_strategy = u32;
+pub type lf_channel_kind = u32;
+pub type lf_peer_state = u32;
 pub type lf_scope = u32;

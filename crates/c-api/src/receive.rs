@@ -33,7 +33,10 @@ pub struct lf_message {
     pub session: u64,
     /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
     pub flags: u32,
-    pub reserved: u32,
+    /// The slot of the fan-in producer that sent the message (0 for a pair channel); see
+    /// `lf_channel_peers`. After a fan-in's LF_ERR_PEER_GONE, the slot whose producer ended
+    /// (the message's other fields are 0 then).
+    pub producer: u32,
     /// For LF_MESSAGE_GPU: the value of the channel's ready semaphore
     /// (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
     /// lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
@@ -52,7 +55,7 @@ fn deliver(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mut lf
             sequence: view.token,
             session: view.session,
             flags,
-            reserved: 0,
+            producer: view.producer(),
             ready_value: 0,
         };
         write_out(out, m);
@@ -75,7 +78,7 @@ fn deliver_gpu(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mu
         sequence: view.token,
         session: view.session,
         flags: LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU,
-        reserved: 0,
+        producer: view.producer(),
         ready_value: payload.ready_value,
     };
     ch.gpu_messages.hold(view, payload);
@@ -83,11 +86,34 @@ fn deliver_gpu(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mu
     Ok(())
 }
 
+/// A receive's error; for a fan-in's producer that has gone, `out` names its slot.
+#[cold]
+fn note_gone(c: &Consumer, e: lava_flow::Error, out: *mut lf_message) -> lava_flow::Error {
+    if let (lava_flow::Error::PeerGone(_), Some(slot)) = (&e, c.last_gone()) {
+        let m = lf_message {
+            data: std::ptr::null(),
+            len: 0,
+            sequence: 0,
+            session: 0,
+            flags: 0,
+            producer: slot,
+            ready_value: 0,
+        };
+        write_out(out, m);
+    }
+    e
+}
+
 /// Receives the next message as a view into shared memory, waiting up to `timeout_ns`
 /// (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the producer has gone and its messages are read.
 /// A new producer of the channel is attached by a later call, only after its predecessor's
 /// LF_ERR_PEER_GONE was returned: its messages start again at sequence number 0.
 /// Release the view with `lf_release`.
+///
+/// A fan-in serves its producers in turn, each in its order; `message->producer` names the
+/// slot. Its LF_ERR_PEER_GONE reports one producer's end, after that producer's last
+/// message, with `message->producer` set to its slot; the others go on, and a new producer
+/// may take the slot. With no producer attached, a fan-in's receive waits for one.
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
@@ -98,7 +124,7 @@ pub unsafe extern "C" fn lf_recv(channel: *mut lf_channel, timeout_ns: i64, out:
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
         let c = consumer(&mut guard)?;
-        let view = ends::recv(c, timeout(timeout_ns))?;
+        let view = ends::recv(c, timeout(timeout_ns)).map_err(|e| note_gone(c, e, out))?;
         deliver(ch, c, view, out)
     })
 }
@@ -114,7 +140,7 @@ pub unsafe extern "C" fn lf_try_recv(channel: *mut lf_channel, out: *mut lf_mess
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
         let c = consumer(&mut guard)?;
-        let view = ends::try_recv(c)?;
+        let view = ends::try_recv(c).map_err(|e| note_gone(c, e, out))?;
         deliver(ch, c, view, out)
     })
 }

@@ -37,7 +37,7 @@ const SECTIONS: &[(&str, &str, &[&str])] = &[
     (
         "Channels",
         "Messages from one producer to one consumer: copies, loans, buffers by reference.",
-        &["channel_config.rs", "channel.rs", "send.rs", "receive.rs"],
+        &["channel_config.rs", "channel.rs", "send.rs", "receive.rs", "peers.rs"],
     ),
     ("Location and scope", "Where a process runs, and whether two processes share a host.", &["location.rs"]),
     ("MPI", "Processes on several hosts, found and named through the application's MPI.", &["mpi.rs"]),

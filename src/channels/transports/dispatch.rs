@@ -13,6 +13,7 @@ use super::mpi;
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;
 use super::{loopback, shm};
+use crate::channels::peers::Peer;
 use crate::channels::transport::{
     Attachment, ConsumerSession, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan,
     RawView, Release, Route, RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
@@ -211,6 +212,12 @@ impl MessageReleaser {
 }
 
 impl AnySession {
+    /// A session whose producer has ended without a message: a consumer's current session
+    /// where it has none (a fan-in's sessions are its slots').
+    pub(crate) fn ended(name: &str) -> AnySession {
+        AnySession::Loopback(loopback::LoopbackSession::ended(name))
+    }
+
     /// The releaser of the session's messages, statically typed.
     #[inline]
     pub(crate) fn message_releaser(&self) -> MessageReleaser {
@@ -331,6 +338,7 @@ forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
 forward_impl!(forward_carrier: impl ConsumerSession for AnySession {
     hot fn id(&self) -> u64;
     fn route(&self) -> Option<Route>;
+    fn peer(&self) -> Peer;
     fn try_recv(&mut self) -> Result<RawView>;
     fast fn recv_fast(&mut self) -> Option<RawView>;
     fn recv(&mut self, deadline: Option<Instant>) -> Result<RawView>;

@@ -7,7 +7,7 @@ use std::fmt;
 
 use super::shm;
 use crate::channels::transport::TransportId;
-use crate::channels::ChannelConfig;
+use crate::channels::{ChannelConfig, ChannelKind};
 use crate::error::{Error, Result};
 use crate::memory::Context;
 use crate::types::{CommunicationScope, MpiAddress, ProcessLocation};
@@ -200,21 +200,31 @@ fn route_availability(
 
 /// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
 /// (each allowed route that is built and possible here), saying why.
+/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind;
+/// the others serve pairs only in this version.
+fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
+    if shape == ChannelKind::Pair || kind == TransportKind::Shm {
+        return Ok(());
+    }
+    Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}"))
+}
+
 pub(crate) fn plan(
     scope: CommunicationScope,
     peer: &ProcessLocation,
     scope_text: &str,
     allowed: &[TransportKind],
     source: &str,
-    strict_gpu: bool,
+    config: &ChannelConfig,
     context: &Context,
 ) -> Result<Plan> {
+    let (strict_gpu, shape) = (config.strict_gpu, config.kind);
     let mut refused = Vec::new();
     let mut carrier = None;
     // Routes are not carriers: they are weighed for GPU buffers below (a list of routes alone
     // is refused, saying so).
     for kind in allowed.iter().filter(|k| !k.is_route() || allowed.len() == 1) {
-        match carrier_availability(*kind, scope, peer) {
+        match carrier_availability(*kind, scope, peer).and_then(|()| carries_shape(*kind, shape)) {
             Ok(()) => {
                 carrier = Some(*kind);
                 break;
@@ -251,7 +261,7 @@ pub(crate) fn plan(
     let mut routes = Vec::new();
     let mut routes_refused = Vec::new();
     for kind in allowed.iter().filter(|k| k.is_route()) {
-        match route_availability(*kind, scope, context) {
+        match route_availability(*kind, scope, context).and_then(|()| carries_shape(*kind, shape)) {
             Ok(()) => routes.push(*kind),
             Err(why) => routes_refused.push(why),
         }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::session::Session;
 use super::{taken, wait_for_meeting, with_meeting};
 use crate::channels::transport::{Attachment, ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
-use crate::channels::ChannelConfig;
+use crate::channels::{ChannelConfig, Peer, PeerState};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
@@ -140,6 +140,14 @@ impl Drop for LoopbackConsumer {
 }
 
 impl LoopbackSession {
+    /// A session whose producer has closed without a message: what a consumer holds where
+    /// it has no current session (a fan-in, whose sessions are its slots').
+    pub(crate) fn ended(name: &str) -> LoopbackSession {
+        let session = Arc::new(Session::new(u64::MAX, name, 1, 0, Vec::new()));
+        session.close_producer();
+        LoopbackSession { name: name.to_owned(), session, offers: None, notify: None }
+    }
+
     fn would_block(&self) -> Error {
         Error::WouldBlock(format!("no message waiting on channel {:?}", self.name))
     }
@@ -148,6 +156,18 @@ impl LoopbackSession {
 impl ConsumerSession for LoopbackSession {
     fn id(&self) -> u64 {
         self.session.id
+    }
+
+    fn peer(&self) -> Peer {
+        let gone = self.session.lock().producer_closed;
+        Peer {
+            slot: 0,
+            state: if gone { PeerState::Gone } else { PeerState::Alive },
+            pid: std::process::id(),
+            rank: None,
+            host: String::new(),
+            route: Some(super::ID),
+        }
     }
 
     fn try_recv(&mut self) -> Result<RawView> {

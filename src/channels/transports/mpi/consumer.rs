@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
-use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::channels::{ChannelConfig, Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{register_duty, Duty, DutyRegistration, Endpoint, PrivateComm, Request, ThreadLevel};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
@@ -677,6 +677,18 @@ fn send_now(ep: &Endpoint, tag: i32, bytes: &[u8]) -> Result<()> {
 impl ConsumerSession for MpiSession {
     fn id(&self) -> u64 {
         SESSION
+    }
+
+    fn peer(&self) -> Peer {
+        Peer {
+            slot: 0,
+            state: if self.gone.is_some() { PeerState::Gone } else { PeerState::Alive },
+            pid: 0,
+            rank: Some(self.ep.peer as i32),
+            // Another host, named by the consumer's location of its peer.
+            host: String::new(),
+            route: Some(crate::channels::transports::MPI),
+        }
     }
 
     fn try_recv(&mut self) -> Result<RawView> {

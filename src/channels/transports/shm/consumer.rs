@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::consumer_session::{Notify, ShmSession};
-use super::handshake;
+use super::handshake::{self, Shape};
 use super::rendezvous::Listener;
 use crate::channels::transport::{Attachment, ConsumerTransport, Route, TransportInfo};
-use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::EventFlags;
 
@@ -20,6 +20,8 @@ pub(crate) struct ShmConsumer {
     info: TransportInfo,
     name: String,
     wait: WaitStrategy,
+    /// Which producers this end takes.
+    shape: Shape,
     listener: Listener,
     /// Sessions begun, for the next one's id.
     sessions: u64,
@@ -41,6 +43,7 @@ impl ShmConsumer {
     ) -> Result<(Self, ShmSession)> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let listener = Listener::bind(name)?;
+        let shape = Shape { kind: config.kind, max_peers: config.max_peers };
         let mut refused = Vec::new();
         let link = loop {
             match listener.accept(deadline, &mut refused, name)? {
@@ -52,16 +55,19 @@ impl ShmConsumer {
                     }
                     return Err(Error::Timeout(msg));
                 }
-                Some((sock, cred)) => match handshake::accept(sock, cred, name, config.wait, deadline, 1, &answers) {
-                    Ok(link) => break link,
-                    Err(e) => refused.push(e.to_string()),
-                },
+                Some((sock, cred)) => {
+                    match handshake::accept(sock, cred, name, config.wait, shape, deadline, 1, &answers) {
+                        Ok(link) => break link,
+                        Err(e) => refused.push(e.to_string()),
+                    }
+                }
             }
         };
         let consumer = ShmConsumer {
             info,
             name: name.to_owned(),
             wait: config.wait,
+            shape,
             listener,
             sessions: 1,
             notify: None,
@@ -92,7 +98,7 @@ impl ConsumerTransport for ShmConsumer {
         };
         let id = self.sessions + 1;
         let deadline = Some(Instant::now() + Duration::from_secs(2));
-        let link = match handshake::accept(sock, cred, &self.name, self.wait, deadline, id, &self.answers) {
+        let link = match handshake::accept(sock, cred, &self.name, self.wait, self.shape, deadline, id, &self.answers) {
             Ok(l) => l,
             Err(_) => return Ok(None),
         };
@@ -102,7 +108,13 @@ impl ConsumerTransport for ShmConsumer {
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
-            self.notify = Some(Arc::new(Notify::new()?));
+            let notify = Notify::new()?;
+            if self.shape.kind == ChannelKind::FanIn {
+                // Readable while a producer waits to attach (level-triggered, until accepted).
+                let fd = self.listener.as_fd();
+                notify.epoll.add(fd, EventFlags::IN, fd.as_raw_fd() as u64, "the channel's notification fd")?;
+            }
+            self.notify = Some(Arc::new(notify));
         }
         Ok(self.notify.as_ref().expect("set up above").epoll.as_fd())
     }

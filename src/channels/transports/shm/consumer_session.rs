@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::arenas::{map_arena, ControlRecord};
 use super::handshake::Link;
-use super::rendezvous::{self, End};
+use super::rendezvous;
 use super::ring::{
     check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
     MAX_ARENAS, POOL_ALIGN,
@@ -18,7 +18,7 @@ use super::session::Session;
 use super::{note_peer_watch, peer_end};
 use crate::channels::transport::{Attachment, ConsumerSession, RawView, Release, Route, TransportInfo};
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
-use crate::channels::WaitStrategy;
+use crate::channels::{Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::{Epoll, EventFlags};
 use crate::os::notify::{drain, drain_peer, notify, notify_pair};
@@ -415,6 +415,20 @@ impl ConsumerSession for ShmSession {
         Some(self.route.clone())
     }
 
+    fn peer(&self) -> Peer {
+        let link = &self.link;
+        let gone = link.gone.is_some() || link.session.region.producer_closed().load(Ordering::Relaxed) != 0;
+        Peer {
+            slot: link.slot,
+            state: if gone { PeerState::Gone } else { PeerState::Alive },
+            pid: link.watch.pid as u32,
+            rank: None,
+            // This host: the core names it.
+            host: String::new(),
+            route: Some(self.route.kind),
+        }
+    }
+
     #[inline]
     fn try_recv(&mut self) -> Result<RawView> {
         match self.poll_recv(true)? {
@@ -531,7 +545,7 @@ impl Drop for ShmSession {
         // A producer that died left its lock file behind: removed once its lock is free (the
         // consumer's socket file and claim went first, with the consumer's listener).
         if producer_over || self.link.watch.is_gone() {
-            rendezvous::clean_after_peer(&self.name, End::Producer, &self.link.watch, self.link.producer_lock);
+            rendezvous::clean_after_peer(&self.name, self.link.producer_end, &self.link.watch, self.link.producer_lock);
         }
     }
 }

@@ -16,7 +16,7 @@ use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
 use crate::channels::transport::{Attachment, PeerHolds};
 use crate::channels::wait::{sleeps_rarely, wake_all};
-use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy, MAX_PEERS};
 use crate::error::{Error, Result};
 use crate::os::notify::{check_end, notify_pair};
 use crate::os::{membarrier, recv_with_fds};
@@ -32,6 +32,10 @@ pub(super) struct Link {
     pub(super) signals: OwnedFd,
     pub(super) next: u64,
     pub(super) gone: Option<String>,
+    /// The producer's slot in a fan-in, 0 otherwise.
+    pub(super) slot: u32,
+    /// The producer's end as its lock file names it.
+    pub(super) producer_end: rendezvous::End,
     /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
     pub(super) producer_lock: Option<rendezvous::FileId>,
     /// The producer's arenas mapped here (boxed: cold).
@@ -51,15 +55,21 @@ struct SectionWire {
     slot_count: U32,
     pool_size: U64,
     total_len: U64,
+    /// The channel's kind as the producer created it (`ChannelKind::code`).
+    kind: U32,
+    /// The producer's slot in a fan-in (the lock it holds), 0 otherwise.
+    slot: U32,
 }
 const SECTION_LEN: usize = std::mem::size_of::<SectionWire>();
 
-fn encode_section(geometry: &Geometry, fds: RegionFds, signals: OwnedFd) -> Attachment {
+fn encode_section(geometry: &Geometry, place: Place, fds: RegionFds, signals: OwnedFd) -> Attachment {
     let wire = SectionWire {
         version: VERSION.into(),
         slot_count: geometry.slot_count.into(),
         pool_size: geometry.pool_size.into(),
         total_len: (geometry.total_len as u64).into(),
+        kind: place.kind.code().into(),
+        slot: place.slot.into(),
     };
     Attachment { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), handles: vec![fds.control, fds.data, signals] }
 }
@@ -83,6 +93,13 @@ fn fast_wake(own: u32, peer: u32) -> (bool, bool) {
     let publish = own & WAKE_REGISTERED != 0 && peer & WAKE_SLEEPER_BARRIER != 0;
     let sleep = own & WAKE_SLEEPER_BARRIER != 0 && peer & WAKE_REGISTERED != 0;
     (publish, sleep)
+}
+
+/// Where a producer stands in its channel: the kind it created, and its slot in a fan-in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Place {
+    pub(super) kind: ChannelKind,
+    pub(super) slot: u32,
 }
 
 /// What the producer has once the consumer accepted it.
@@ -110,6 +127,7 @@ pub(super) struct Connected {
 pub(super) fn offer(
     name: &str,
     geometry: Geometry,
+    place: Place,
     config: &ChannelConfig,
     deadline: Option<Instant>,
     offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
@@ -125,7 +143,7 @@ pub(super) fn offer(
         region.producer_fast_wake().store(flags, Ordering::Release);
         let (signals, signal) = notify_pair()?;
         let attempt = (|| {
-            let mut sections = vec![encode_section(&geometry, fds, signals)];
+            let mut sections = vec![encode_section(&geometry, place, fds, signals)];
             sections.extend(offers()?);
             rendezvous::send_hello(&sock, name, &sections)?;
             drop(sections);
@@ -161,14 +179,44 @@ pub(super) fn offer(
     }
 }
 
+/// What the consumer's end is: its kind, and how many producers a fan-in takes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
+    pub(super) kind: ChannelKind,
+    pub(super) max_peers: u32,
+}
+
+impl Shape {
+    /// Refuses a producer whose place does not fit this end, saying why.
+    fn check(&self, name: &str, place: Place) -> Result<()> {
+        if place.kind != self.kind {
+            return Err(Error::InvalidState(format!(
+                "channel {name:?} is a {} channel and this producer created a {} one; every end of a channel names \
+                 the same kind",
+                self.kind, place.kind
+            )));
+        }
+        if place.slot >= self.max_peers {
+            return Err(Error::InvalidState(format!(
+                "fan-in channel {name:?} is full: it takes max_peers = {} producers and all of them are attached; \
+                 wait for one to close, or create the consumer with a larger max_peers",
+                self.max_peers
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The consumer's side: receive the hello and its descriptors, check everything, map the
 /// region, answer with `answers` (the other routes' sections). Session `id` starts. `wait`:
-/// the consumer's wait strategy.
+/// the consumer's wait strategy; `shape`: what producers it takes.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn accept(
     sock: UnixStream,
     cred: libc::ucred,
     name: &str,
     wait: WaitStrategy,
+    shape: Shape,
     deadline: Option<Instant>,
     id: u64,
     answers: &[Attachment],
@@ -195,7 +243,8 @@ pub(super) fn accept(
         let Some(section) = mine.into_iter().next() else {
             return Err(Error::Unsupported("the producer offers no shared-memory region".into()));
         };
-        let geometry = decode_section(&section.bytes)?;
+        let (geometry, place) = decode_section(&section.bytes)?;
+        shape.check(name, place)?;
         let mut fds = section.handles.into_iter();
         let (Some(control), Some(data), Some(signals), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
             return Err(Error::Corrupt(
@@ -207,10 +256,10 @@ pub(super) fn accept(
         let region = Region::attach(&control, &data, geometry)?;
         let words = WaitWords::map(&control, &geometry)?;
         check_end(&signals, "the producer's third fd")?;
-        Ok((region, words, signals, others))
+        Ok((region, words, signals, others, place))
     })();
     match checked {
-        Ok((region, words, signals, peer_sections)) => {
+        Ok((region, words, signals, peer_sections, place)) => {
             // Before the answer: the producer reads it once the answer arrives.
             let flags = wake_flags(membarrier::register(), wait);
             region.consumer_fast_wake().store(flags, Ordering::Release);
@@ -227,7 +276,9 @@ pub(super) fn accept(
                 signals,
                 next: 0,
                 gone: None,
-                producer_lock: rendezvous::lock_file_id(name, rendezvous::End::Producer),
+                producer_lock: rendezvous::lock_file_id(name, producer_end(place)),
+                slot: place.slot,
+                producer_end: producer_end(place),
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),
                 attachments: Vec::new(),
@@ -240,10 +291,18 @@ pub(super) fn accept(
     }
 }
 
-/// Parses and checks the producer's section: this layout's version, and a geometry that
-/// `Geometry::new` accepts and that agrees with the sizes the producer states. Pure, so that
-/// it can be fuzzed.
-pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
+/// The lock a producer in `place` holds.
+pub(super) fn producer_end(place: Place) -> rendezvous::End {
+    match place.kind {
+        ChannelKind::FanIn => rendezvous::End::FanInProducer(place.slot),
+        _ => rendezvous::End::Producer,
+    }
+}
+
+/// Parses and checks the producer's section: this layout's version, a geometry that
+/// `Geometry::new` accepts and that agrees with the sizes the producer states, and a kind
+/// this build knows with a slot below [`MAX_PEERS`]. Pure, so that it can be fuzzed.
+pub(super) fn decode_section(b: &[u8]) -> Result<(Geometry, Place)> {
     let Ok(wire) = SectionWire::read_from_bytes(b) else {
         return Err(Error::Corrupt(format!(
             "the producer's shared-memory section has {} bytes, not {SECTION_LEN}",
@@ -262,7 +321,18 @@ pub(super) fn decode_section(b: &[u8]) -> Result<Geometry> {
     if geometry.pool_size != pool_size || geometry.total_len as u64 != total_len {
         return Err(Error::Corrupt("producer's geometry is inconsistent".into()));
     }
-    Ok(geometry)
+    let Some(kind) = ChannelKind::from_code(wire.kind.get()) else {
+        return Err(Error::Unsupported(format!(
+            "the producer created a channel of kind {}, which this consumer does not know; use the same lava-flow on \
+             both sides",
+            wire.kind.get()
+        )));
+    };
+    let slot = wire.slot.get();
+    if slot >= MAX_PEERS || (kind != ChannelKind::FanIn && slot != 0) {
+        return Err(Error::Corrupt(format!("the producer claims slot {slot} of a {kind} channel")));
+    }
+    Ok((geometry, Place { kind, slot }))
 }
 
 #[cfg(test)]
@@ -276,12 +346,15 @@ mod tests {
         b.extend_from_slice(&g.slot_count.to_le_bytes());
         b.extend_from_slice(&g.pool_size.to_le_bytes());
         b.extend_from_slice(&(g.total_len as u64).to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&3u32.to_le_bytes());
         b
     }
 
     #[test]
     fn the_section_of_a_valid_ring_is_accepted() {
-        assert_eq!(decode_section(&valid_section()).unwrap(), Geometry::new(256, 1 << 20).unwrap());
+        let place = Place { kind: ChannelKind::FanIn, slot: 3 };
+        assert_eq!(decode_section(&valid_section()).unwrap(), (Geometry::new(256, 1 << 20).unwrap(), place));
     }
 
     proptest! {
@@ -291,7 +364,8 @@ mod tests {
         /// would compute itself from the same capacity and pool size.
         #[test]
         fn fuzz_section(bytes in crate::fuzz::bytes_near(valid_section(), 40)) {
-            if let Ok(g) = decode_section(&bytes) {
+            if let Ok((g, place)) = decode_section(&bytes) {
+                prop_assert!(place.slot < MAX_PEERS);
                 prop_assert_eq!(Geometry::new(g.slot_count, g.pool_size).unwrap(), g);
                 prop_assert!(g.slots_offset < g.pool_offset && g.pool_offset < g.total_len);
             }

@@ -50,7 +50,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
 /// direction's wake protocol chosen by its sleeper, and a woken sleeping flag is taken by the
 /// publisher that wakes; the header says whether the producer faulted the data part in.
 /// 6: the producer signals an event loop through a socket pair whose end it keeps, not an eventfd.
-pub const VERSION: u32 = 6;
+/// 7: the producer's section names the channel's kind and its slot in a fan-in.
+pub const VERSION: u32 = 7;
 
 /// A fast-wake word's flag: this side is registered for global membarriers, so a barrier the
 /// other side issues reaches it.

@@ -18,12 +18,16 @@ pub struct ChannelFiles {
     pub socket: bool,
     pub producer: EndState,
     pub consumer: EndState,
+    /// A fan-in's producers with lock files, by slot.
+    pub fan_in_producers: Vec<(u32, EndState)>,
 }
 
 impl ChannelFiles {
     /// Whether a process holds either end.
     pub fn is_live(&self) -> bool {
-        matches!(self.producer, EndState::Live { .. }) || matches!(self.consumer, EndState::Live { .. })
+        matches!(self.producer, EndState::Live { .. })
+            || matches!(self.consumer, EndState::Live { .. })
+            || self.fan_in_producers.iter().any(|(_, state)| matches!(state, EndState::Live { .. }))
     }
 }
 
@@ -37,33 +41,49 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::os(format!("reading the runtime dir {}", dir.display()), e)),
     };
-    let mut names = std::collections::BTreeMap::<String, bool>::new();
+    let mut names = std::collections::BTreeMap::<String, (bool, Vec<u32>)>::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::os(format!("reading the runtime dir {}", dir.display()), e))?;
         let file = entry.file_name();
         let Some(file) = file.to_str() else { continue };
-        let (name, socket) = if let Some(name) = file.strip_suffix(".sock") {
-            (name, true)
+        let (name, socket, slot) = if let Some(name) = file.strip_suffix(".sock") {
+            (name, true, None)
         } else if let Some(name) = file.strip_suffix(".producer.lock").or_else(|| file.strip_suffix(".consumer.lock")) {
-            (name, false)
+            (name, false, None)
+        } else if let Some((name, slot)) = fan_in_lock(file) {
+            (name, false, Some(slot))
         } else {
             continue;
         };
         if validate_channel_name(name).is_ok() {
-            *names.entry(name.to_owned()).or_default() |= socket;
+            let entry = names.entry(name.to_owned()).or_default();
+            entry.0 |= socket;
+            entry.1.extend(slot);
         }
     }
     names
         .into_iter()
-        .map(|(name, socket)| {
+        .map(|(name, (socket, mut slots))| {
+            slots.sort_unstable();
             Ok(ChannelFiles {
                 producer: end_state(&name, End::Producer)?,
                 consumer: end_state(&name, End::Consumer)?,
+                fan_in_producers: slots
+                    .into_iter()
+                    .map(|slot| Ok((slot, end_state(&name, End::FanInProducer(slot))?)))
+                    .collect::<Result<_>>()?,
                 socket,
                 name,
             })
         })
         .collect()
+}
+
+/// A fan-in producer's lock file's name, `<name>.producer.<slot>.lock`: (name, slot).
+fn fan_in_lock(file: &str) -> Option<(&str, u32)> {
+    let (name, slot) = file.strip_suffix(".lock")?.rsplit_once(".producer.")?;
+    let slot: u32 = slot.parse().ok().filter(|s| *s < crate::channels::MAX_PEERS)?;
+    Some((name, slot))
 }
 
 /// Removes what the ends of channel `name` that are over left in the runtime directory: the
@@ -74,9 +94,13 @@ pub fn remove_leftovers(name: &str) -> Result<Vec<PathBuf>> {
     validate_channel_name(name)?;
     let socket = socket_path(name)?;
     let mut removed = Vec::new();
-    for end in [End::Producer, End::Consumer] {
+    let slots = (0..crate::channels::MAX_PEERS).map(End::FanInProducer);
+    for end in [End::Producer, End::Consumer].into_iter().chain(slots) {
         let path = lock_path(name, end)?;
         let existed = std::fs::symlink_metadata(&path).is_ok();
+        if !existed && matches!(end, End::FanInProducer(_)) {
+            continue;
+        }
         let Ok(lock) = EndLock::try_take(name, end)? else { continue };
         if end == End::Consumer {
             match std::fs::remove_file(&socket) {

@@ -17,13 +17,17 @@ use crate::error::{Error, Result};
 pub enum End {
     Producer,
     Consumer,
+    /// The producer in this slot of a fan-in.
+    FanInProducer(u32),
 }
 
 impl End {
-    fn as_str(self) -> &'static str {
+    /// The end's part of its lock file's name, and how logs name it.
+    fn as_str(self) -> String {
         match self {
-            End::Producer => "producer",
-            End::Consumer => "consumer",
+            End::Producer => "producer".into(),
+            End::Consumer => "consumer".into(),
+            End::FanInProducer(slot) => format!("producer.{slot}"),
         }
     }
 }

@@ -13,7 +13,9 @@
 //!
 //! Each end of a channel holds a lock file, `<name>.producer.lock` or `<name>.consumer.lock`
 //! ([`EndLock`], `flock`), for as long as it lives: a second producer or consumer of a live
-//! channel finds it held and is refused at once. The kernel releases a lock when its holder
+//! channel finds it held and is refused at once. A fan-in's producers hold
+//! `<name>.producer.<slot>.lock` instead, each the lowest slot it finds free, which it names in
+//! its hello; the consumer refuses a slot past its `max_peers` (the channel is full). The kernel releases a lock when its holder
 //! dies, so whether an end is over never depends on timing or on anything a peer wrote: a
 //! lock that can be taken belongs to nobody. The consumer's socket and its lock file are
 //! removed by the consumer when it closes, else by whoever next takes its lock (a surviving

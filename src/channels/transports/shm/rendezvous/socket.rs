@@ -108,6 +108,11 @@ impl Listener {
         &self.path
     }
 
+    /// The listening socket, readable while a connection waits to be accepted.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.listener)
+    }
+
     /// Accepts one connection from a process of this user, waiting until `deadline`
     /// (`None`: forever; `Some(now)`: only what is already pending). Connections from other
     /// users are closed and noted in `refused`.

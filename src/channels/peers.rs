@@ -1,0 +1,96 @@
+//! How many processes share a channel ([`ChannelKind`]), and what one end knows of the
+//! processes at its other end, slot by slot ([`Peer`]).
+
+use super::transport::TransportId;
+
+/// The most producers a fan-in takes, or consumers a fan-out (`ChannelConfig::max_peers`).
+pub const MAX_PEERS: u32 = 64;
+
+/// How many processes share a channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChannelKind {
+    /// One producer, one consumer.
+    #[default]
+    Pair,
+    /// Up to `max_peers` producers, one consumer: order and exactly-once hold per producer,
+    /// and the consumer serves the producers in turn.
+    FanIn,
+    /// One producer, up to `max_peers` consumers: each message goes to every consumer.
+    FanOut,
+}
+
+impl ChannelKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelKind::Pair => "pair",
+            ChannelKind::FanIn => "fan-in",
+            ChannelKind::FanOut => "fan-out",
+        }
+    }
+
+    /// The number the shared-memory handshake and the C API give the kind.
+    pub fn code(self) -> u32 {
+        match self {
+            ChannelKind::Pair => 0,
+            ChannelKind::FanIn => 1,
+            ChannelKind::FanOut => 2,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<ChannelKind> {
+        [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut].into_iter().find(|k| k.code() == code)
+    }
+}
+
+impl std::fmt::Display for ChannelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a slot has a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// Nobody holds the slot: a new peer may take it.
+    Free,
+    /// The peer is attached.
+    Alive,
+    /// The peer closed its end or died; what it sent is still being received (the slot is
+    /// free once its end has been reported).
+    Gone,
+}
+
+impl PeerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerState::Free => "free",
+            PeerState::Alive => "alive",
+            PeerState::Gone => "gone",
+        }
+    }
+}
+
+/// One slot at the other end of a channel: for a consumer, a producer's; for a producer, its
+/// consumer's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The slot: 0 for a pair channel; from 0 to `max_peers - 1` for a fan-in's producers.
+    pub slot: u32,
+    pub state: PeerState,
+    /// The peer's process id on its host, 0 if unknown (a free slot, or a peer on another
+    /// host).
+    pub pid: u32,
+    /// The peer's MPI rank where it is reached through MPI.
+    pub rank: Option<i32>,
+    /// The peer's host, as the carrier knows it (empty for a free slot).
+    pub host: String,
+    /// The carrier this peer's messages take (`None` for a free slot).
+    pub route: Option<TransportId>,
+}
+
+impl Peer {
+    /// An empty slot.
+    pub fn free(slot: u32) -> Peer {
+        Peer { slot, state: PeerState::Free, pid: 0, rank: None, host: String::new(), route: None }
+    }
+}

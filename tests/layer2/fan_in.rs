@@ -1,0 +1,260 @@
+//! Fan-in channels between real processes: several producers, one consumer; order and
+//! exactly-once per producer, a producer's end reported for its slot alone, a full fan-in
+//! refused, late joiners, and nothing left behind.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, PeerState, Producer};
+use lava_flow::Error;
+
+use crate::common::*;
+
+/// The bound asserted on a loaded machine; the design target is 100 ms.
+const BOUND_MS: f64 = 500.0;
+
+fn fan_in(wait: &str, max_peers: u32) -> ChannelConfig {
+    ChannelConfig { kind: ChannelKind::FanIn, max_peers, ..config(strategy(wait)) }
+}
+
+/// A producer's message: its id and its sequence number.
+fn message(id: u64, seq: u64) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[..8].copy_from_slice(&id.to_le_bytes());
+    m[8..].copy_from_slice(&seq.to_le_bytes());
+    m
+}
+
+fn parse(m: &[u8]) -> (u64, u64) {
+    (u64::from_le_bytes(m[..8].try_into().unwrap()), u64::from_le_bytes(m[8..16].try_into().unwrap()))
+}
+
+/// Four producers send their messages at once; the consumer gets each producer's in its order,
+/// every one once, each under the slot `peers` names for that producer, and each producer's
+/// end after its last message.
+#[test]
+fn four_producers_each_in_order() {
+    const TEST: &str = "fan_in::four_producers_each_in_order";
+    const PRODUCERS: u64 = 4;
+    let count: u64 = std::env::var("LF_TEST_FAN_IN_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    match child_role().as_deref() {
+        Some("producer") => {
+            let id: u64 = arg("id").parse().unwrap();
+            let n: u64 = arg("count").parse().unwrap();
+            let mut p = Producer::create(&ctx(), "fanin4", &here(), &here(), &fan_in("spin", 4)).unwrap();
+            for seq in 0..n {
+                p.send(&message(id, seq)).unwrap();
+            }
+            p.wait_completed(n - 1, Some(Duration::from_secs(60))).unwrap();
+        }
+        Some("consumer") => {
+            let n: u64 = arg("count").parse().unwrap();
+            let mut c = Consumer::create(&ctx(), "fanin4", &here(), &here(), &fan_in("spin", 4)).unwrap();
+            let mut next: HashMap<u64, u64> = HashMap::new();
+            let mut slot_of: HashMap<u64, u32> = HashMap::new();
+            let mut ended = 0;
+            while ended < PRODUCERS {
+                match c.recv_timeout(Duration::from_secs(60)) {
+                    Ok(m) => {
+                        let (id, seq) = parse(&m);
+                        let expected = next.entry(id).or_insert(0);
+                        assert_eq!(seq, *expected, "producer {id}: message {seq} out of order");
+                        *expected += 1;
+                        let slot = *slot_of.entry(id).or_insert(m.producer());
+                        assert_eq!(m.producer(), slot, "producer {id}'s messages came under two slots");
+                        assert!(c.peers()[slot as usize].state != PeerState::Free);
+                    }
+                    Err(Error::PeerGone(_)) => {
+                        let slot = c.last_gone().expect("a fan-in names the slot that ended");
+                        let id = slot_of.iter().find(|(_, s)| **s == slot).map(|(id, _)| *id).expect("a slot seen");
+                        assert_eq!(next[&id], n, "producer {id}'s end came before its last message");
+                        ended += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(next.len() as u64, PRODUCERS);
+            let mut slots: Vec<u32> = slot_of.values().copied().collect();
+            slots.sort_unstable();
+            assert_eq!(slots, vec![0, 1, 2, 3], "each producer had a slot of its own");
+            assert!(c.peers().iter().all(|p| p.state == PeerState::Free), "{:?}", c.peers());
+            report("received", n * PRODUCERS);
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("fanin4");
+            let args = |id: u64| [("id", id.to_string()), ("count", count.to_string())];
+            let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args(0));
+            let producers: Vec<_> = (0..PRODUCERS).map(|id| spawn(TEST, "producer", &dir, &args(id))).collect();
+            assert_eq!(expect_line(&mut c_out, "received"), (count * PRODUCERS).to_string());
+            for p in producers {
+                wait_ok(p, "producer");
+            }
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
+
+/// kill -9 of one producer among four, in every wait strategy: the consumer reports that
+/// producer's slot gone within the bound, and the other three go on to their last message.
+#[test]
+fn one_producer_killed_among_four() {
+    const TEST: &str = "fan_in::one_producer_killed_among_four";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let id: u64 = arg("id").parse().unwrap();
+            let mut p = Producer::create(&ctx(), "fanin-kill", &here(), &here(), &fan_in(&arg("wait"), 4)).unwrap();
+            for seq in 0..100 {
+                p.send(&message(id, seq)).unwrap();
+            }
+            report("sent", id);
+            if id == 0 {
+                // The victim: killed while it lives.
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            // The others send 100 more once the victim is dead.
+            while !std::path::Path::new(&arg("flag")).exists() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            for seq in 100..200 {
+                p.send(&message(id, seq)).unwrap();
+            }
+            p.wait_completed(199, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "fanin-kill", &here(), &here(), &fan_in(&arg("wait"), 4)).unwrap();
+            let mut next: HashMap<u64, u64> = HashMap::new();
+            let mut slot_of: HashMap<u32, u64> = HashMap::new();
+            let mut ended = 0;
+            while ended < 4 {
+                match c.recv_timeout(Duration::from_secs(30)) {
+                    Ok(m) => {
+                        let (id, seq) = parse(&m);
+                        assert_eq!(seq, next.get(&id).copied().unwrap_or(0));
+                        next.insert(id, seq + 1);
+                        slot_of.insert(m.producer(), id);
+                        if next.values().sum::<u64>() == 400 {
+                            report("waiting", 1);
+                        }
+                    }
+                    Err(Error::PeerGone(why)) => {
+                        let id = slot_of[&c.last_gone().unwrap()];
+                        if id == 0 {
+                            assert_eq!(next[&0], 100, "the victim's messages were all delivered first");
+                            assert!(why.contains("slot"), "{why}");
+                            report("gone_at", monotonic_ns());
+                        } else {
+                            assert_eq!(next[&id], 200);
+                        }
+                        ended += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        Some(_) => {}
+        None => {
+            for wait in STRATEGIES {
+                let dir = test_dir(&format!("fanin-kill-{wait}"));
+                let scratch = scratch_dir();
+                let flag = scratch.path().join("go").display().to_string();
+                let args = |id: u64| [("id", id.to_string()), ("wait", wait.to_owned()), ("flag", flag.clone())];
+                let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args(9));
+                let mut producers: Vec<_> =
+                    (0..4).map(|id| spawn_reporting(TEST, "producer", &dir, &args(id))).collect();
+                for (_, out) in producers.iter_mut() {
+                    expect_line(out, "sent");
+                }
+                expect_line(&mut c_out, "waiting");
+                let ms = ms_until_death_seen(&mut producers[0].0, &mut c_out);
+                println!("{wait}: the fan-in consumer saw one producer's death after {ms:.1} ms");
+                assert!(ms <= BOUND_MS, "{wait}: death seen after {ms:.1} ms");
+                std::fs::write(&flag, b"go").unwrap();
+                for (p, _) in producers.drain(1..) {
+                    wait_ok(p, "producer");
+                }
+                wait_ok(c, "consumer");
+                assert_dir_empty(&dir);
+            }
+        }
+    }
+}
+
+/// A fan-in of two takes two producers; a third is refused at once, saying the channel is full
+/// and naming max_peers; once one closes, a late producer takes its slot. A pair producer is
+/// refused, naming both kinds.
+#[test]
+fn a_full_fan_in_refuses_and_a_late_producer_takes_a_freed_slot() {
+    const TEST: &str = "fan_in::a_full_fan_in_refuses_and_a_late_producer_takes_a_freed_slot";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let id: u64 = arg("id").parse().unwrap();
+            let mut p = Producer::create(&ctx(), "fanin-full", &here(), &here(), &fan_in("spin", 2)).unwrap();
+            p.send(&message(id, 0)).unwrap();
+            report("sent", id);
+            p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+            // Holds its slot until told to go.
+            while !std::path::Path::new(&arg("flag")).exists() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Some("refused") => {
+            let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(10)), ..fan_in("spin", 2) };
+            let err = Producer::create(&ctx(), "fanin-full", &here(), &here(), &cfg).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::InvalidState(_)), "{text}");
+            assert!(text.contains("full") && text.contains("max_peers = 2"), "{text}");
+            let pair = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(10)), ..config(strategy("spin")) };
+            let err = Producer::create(&ctx(), "fanin-full", &here(), &here(), &pair).unwrap_err().to_string();
+            assert!(err.contains("fan-in") && err.contains("pair"), "{err}");
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "fanin-full", &here(), &here(), &fan_in("spin", 2)).unwrap();
+            let mut seen = Vec::new();
+            // Two first messages, then the late producer's, with one end reported between.
+            let mut gone = 0;
+            while seen.len() < 3 {
+                match c.recv_timeout(Duration::from_secs(30)) {
+                    Ok(m) => {
+                        seen.push(parse(&m).0);
+                        report("got", parse(&m).0);
+                    }
+                    Err(Error::PeerGone(_)) => gone += 1,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert!(gone >= 1, "the late producer came after an end");
+            assert_eq!(seen[2], 2, "{seen:?}");
+            assert_eq!(c.producers(), 2);
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("fanin-full");
+            let scratch = scratch_dir();
+            let flag = |id: u64| scratch.path().join(format!("go-{id}")).display().to_string();
+            let args = |id: u64| [("id", id.to_string()), ("flag", flag(id))];
+            let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args(9));
+            let (p0, mut p0_out) = spawn_reporting(TEST, "producer", &dir, &args(0));
+            let (p1, mut p1_out) = spawn_reporting(TEST, "producer", &dir, &args(1));
+            expect_line(&mut p0_out, "sent");
+            expect_line(&mut p1_out, "sent");
+            expect_line(&mut c_out, "got");
+            expect_line(&mut c_out, "got");
+            wait_ok(spawn(TEST, "refused", &dir, &args(5)), "the third producer");
+            // Producer 0 closes; a late one attaches in its slot.
+            std::fs::write(flag(0), b"go").unwrap();
+            wait_ok(p0, "producer 0");
+            let (p2, _p2_out) = spawn_reporting(TEST, "producer", &dir, &args(2));
+            assert_eq!(expect_line(&mut c_out, "got"), "2");
+            std::fs::write(flag(1), b"go").unwrap();
+            std::fs::write(flag(2), b"go").unwrap();
+            wait_ok(p1, "producer 1");
+            wait_ok(p2, "producer 2");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
