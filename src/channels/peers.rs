@@ -1,8 +1,6 @@
 //! How many processes share a channel ([`ChannelKind`]), and what one end knows of the
 //! processes at its other end, slot by slot ([`Peer`]).
 
-use super::transport::TransportId;
-
 /// The most producers a fan-in takes, or consumers a fan-out (`ChannelConfig::max_peers`).
 pub const MAX_PEERS: u32 = 64;
 
@@ -84,8 +82,9 @@ pub struct Peer {
     pub rank: Option<i32>,
     /// The peer's host, as the carrier knows it (empty for a free slot).
     pub host: String,
-    /// The carrier this peer's messages take (`None` for a free slot).
-    pub route: Option<TransportId>,
+    /// The name of the carrier this peer's messages take (`"shm"`, `"mpi"`; `None` for a free
+    /// slot).
+    pub route: Option<&'static str>,
 }
 
 impl Peer {

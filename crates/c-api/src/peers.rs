@@ -73,7 +73,7 @@ impl From<&Peer> for lf_peer {
             route: [0; LF_PEER_ROUTE_SIZE as usize],
         };
         put_str(&p.host, &mut peer.host);
-        put_str(p.route.map_or("", |r| r.name()), &mut peer.route);
+        put_str(p.route.unwrap_or_default(), &mut peer.route);
         peer
     }
 }

@@ -166,7 +166,7 @@ impl ConsumerSession for LoopbackSession {
             pid: std::process::id(),
             rank: None,
             host: String::new(),
-            route: Some(super::ID),
+            route: Some(super::ID.name()),
         }
     }
 

@@ -687,7 +687,7 @@ impl ConsumerSession for MpiSession {
             rank: Some(self.ep.peer as i32),
             // Another host, named by the consumer's location of its peer.
             host: String::new(),
-            route: Some(crate::channels::transports::MPI),
+            route: Some(crate::channels::transports::MPI.name()),
         }
     }
 

@@ -425,7 +425,7 @@ impl ConsumerSession for ShmSession {
             rank: None,
             // This host: the core names it.
             host: String::new(),
-            route: Some(self.route.kind),
+            route: Some(self.route.kind.name()),
         }
     }
 
