@@ -379,7 +379,13 @@ fn await_signal(from: u32) {
 #[test]
 fn mpi_keeps_the_contract() {
     under_mpirun("mpi_keeps_the_contract", |world| {
-        let carrier = cases::Carrier { name: "mpi", reattach: false, gpu_route: false, fd_wakes_for_control: true };
+        let carrier = cases::Carrier {
+            name: "mpi",
+            reattach: false,
+            gpu_route: false,
+            fd_wakes_for_control: true,
+            fan_in: false,
+        };
         let mut config = ContextConfig::default();
         config.gpu = lava_flow::memory::GpuPolicy::Disabled;
         let context = Context::new(config).unwrap();

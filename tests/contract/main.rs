@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cases::{Carrier, Case, Sync};
 use child::Spawn;
-use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind};
+use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, Producer, TransportKind};
 use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
 use lava_flow::ProcessLocation;
 
@@ -42,9 +42,11 @@ fn context_for(case: &Case) -> Option<Context> {
     Some(context)
 }
 
-/// `case`'s config with the transports restricted to `carrier` (and the GPU route).
-fn config_for(case: &Case, carrier: TransportKind) -> ChannelConfig {
-    ChannelConfig { transports: Some(vec![carrier, TransportKind::VulkanIpc]), ..(case.config)() }
+/// `case`'s config with the transports restricted to `kind` (and the GPU route), of the
+/// carrier's channel kind.
+fn config_for(case: &Case, carrier: Carrier, kind: TransportKind) -> ChannelConfig {
+    let shape = if carrier.fan_in { ChannelKind::FanIn } else { ChannelKind::Pair };
+    ChannelConfig { transports: Some(vec![kind, TransportKind::VulkanIpc]), kind: shape, ..(case.config)() }
 }
 
 fn channel_name(carrier: TransportKind, case: &Case) -> String {
@@ -54,7 +56,7 @@ fn channel_name(carrier: TransportKind, case: &Case) -> String {
 /// Runs one half of `case` over `carrier` in this process or thread.
 fn run_half(carrier: Carrier, kind: TransportKind, case: &Case, producer: bool, sync_dir: &Path, context: &Context) {
     let name = channel_name(kind, case);
-    let config = config_for(case, kind);
+    let config = config_for(case, carrier, kind);
     let sync = Sync::new(sync_dir.to_owned(), case.name, producer, carrier);
     if producer {
         let open = || Producer::create(context, &name, &here(), &here(), &config).unwrap();
@@ -78,7 +80,8 @@ fn scratch(prefix: &str) -> PathBuf {
 /// The contract over loopback: both halves threads of this process.
 #[test]
 fn loopback_keeps_the_contract() {
-    let carrier = Carrier { name: "loopback", reattach: true, gpu_route: true, fd_wakes_for_control: false };
+    let carrier =
+        Carrier { name: "loopback", reattach: true, gpu_route: true, fd_wakes_for_control: false, fan_in: false };
     for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
         let Some(context) = context_for(case) else { continue };
         let dir = scratch("lf-contract-loopback-");
@@ -95,10 +98,22 @@ fn loopback_keeps_the_contract() {
 /// The contract over shm: each half a process of its own.
 #[test]
 fn shm_keeps_the_contract() {
-    const TEST: &str = "shm_keeps_the_contract";
-    let carrier = Carrier { name: "shm", reattach: true, gpu_route: true, fd_wakes_for_control: false };
+    let carrier = Carrier { name: "shm", reattach: true, gpu_route: true, fd_wakes_for_control: false, fan_in: false };
+    shm_contract("shm_keeps_the_contract", carrier);
+}
+
+/// The contract over a shm fan-in with one producer at a time: what a pair promises, but for
+/// the end of a producer, which is reported once. GPU buffers are staged on a fan-in.
+#[test]
+fn shm_fan_in_keeps_the_contract() {
+    let carrier =
+        Carrier { name: "shm fan-in", reattach: true, gpu_route: false, fd_wakes_for_control: false, fan_in: true };
+    shm_contract("shm_fan_in_keeps_the_contract", carrier);
+}
+
+fn shm_contract(test: &'static str, carrier: Carrier) {
     let cases = cases::cases();
-    if let Some(role) = child::role_in(TEST) {
+    if let Some(role) = child::role_in(test) {
         let case_name = std::env::var("LF_CONTRACT_CASE").unwrap();
         let case = cases.iter().find(|c| c.name == case_name).unwrap();
         let context = context_for(case).expect("the orchestrator checked for a GPU");
@@ -119,18 +134,18 @@ fn shm_keeps_the_contract() {
             ("LF_CONTRACT_DIR", dir.display().to_string()),
             ("LF_CONTRACT_CASE", case.name.to_owned()),
         ];
-        let start = |role| Spawn { test: TEST, role, envs: &envs, socket: false, capture_stderr: false }.start().0;
+        let start = |role| Spawn { test, role, envs: &envs, socket: false, capture_stderr: false }.start().0;
         let (mut consumer, mut producer) = (start("consumer"), start("producer"));
         for (child, role) in [(&mut producer, "producer"), (&mut consumer, "consumer")] {
             let status = child::wait_timeout(child, Duration::from_secs(120)).unwrap_or_else(|| {
                 let _ = child.kill();
-                panic!("shm, {}: the {role}'s half did not finish in 120 s", case.name)
+                panic!("{}, {}: the {role}'s half did not finish in 120 s", carrier.name, case.name)
             });
-            assert!(status.success(), "shm, {}: the {role}'s half failed: {status}", case.name);
+            assert!(status.success(), "{}, {}: the {role}'s half failed: {status}", carrier.name, case.name);
         }
         let left: Vec<_> = std::fs::read_dir(&runtime).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert!(left.is_empty(), "shm, {}: left in the runtime dir: {left:?}", case.name);
+        assert!(left.is_empty(), "{}, {}: left in the runtime dir: {left:?}", carrier.name, case.name);
         std::fs::remove_dir_all(&dir).unwrap();
-        println!("shm: {} kept", case.name);
+        println!("{}: {} kept", carrier.name, case.name);
     }
 }

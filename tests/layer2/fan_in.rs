@@ -258,3 +258,96 @@ fn a_full_fan_in_refuses_and_a_late_producer_takes_a_freed_slot() {
         }
     }
 }
+
+/// A producer that writes garbage into its own ring gets itself detached: the consumer reports
+/// `Corrupt` for that slot once, and the honest producer's messages all arrive, in order.
+#[test]
+fn a_hostile_producer_is_detached_and_the_others_go_on() {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    const TEST: &str = "fan_in::a_hostile_producer_is_detached_and_the_others_go_on";
+    // The ring's layout (src/channels/transports/shm/ring.rs), as a hostile peer would learn it.
+    const SLOTS: usize = 4096;
+    const SLOT: usize = 128;
+    match child_role().as_deref() {
+        Some("hostile") => {
+            let mut p = Producer::create(&ctx(), "fanin-hostile", &here(), &here(), &fan_in("block", 4)).unwrap();
+            for seq in 0..3 {
+                p.send(&message(0, seq)).unwrap();
+            }
+            let (base, _) = region_of("fanin-hostile");
+            let slot = SLOTS + 3 * SLOT;
+            // SAFETY: this process owns the mapping and writes inside slot 3: a kind no message
+            // has, then the sequence word that publishes it.
+            unsafe {
+                (*(base.add(slot + 8) as *const AtomicU32)).store(8, Ordering::Relaxed);
+                (*(base.add(slot + 12) as *const AtomicU32)).store(77, Ordering::Relaxed);
+                (*(base.add(slot) as *const AtomicU64)).store(4, Ordering::SeqCst);
+            }
+            report("scribbled", 1);
+            // Detached: its sends end with PeerGone (or fill its ring and wait for it).
+            let err = loop {
+                match p.send_timeout(&message(0, 4), Duration::from_secs(30)) {
+                    Ok(_) => {}
+                    Err(e) => break e,
+                }
+            };
+            assert!(matches!(err, Error::PeerGone(_)), "{err}");
+        }
+        Some("honest") => {
+            let mut p = Producer::create(&ctx(), "fanin-hostile", &here(), &here(), &fan_in("block", 4)).unwrap();
+            for seq in 0..1000 {
+                p.send(&message(1, seq)).unwrap();
+            }
+            p.wait_completed(999, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "fanin-hostile", &here(), &here(), &fan_in("block", 4)).unwrap();
+            let (mut honest, mut hostile, mut corrupt) = (0u64, 0u64, 0);
+            while honest < 1000 {
+                match c.recv_timeout(Duration::from_secs(30)) {
+                    Ok(m) => match parse(&m) {
+                        (1, seq) => {
+                            assert_eq!(seq, honest);
+                            honest += 1;
+                        }
+                        (0, seq) => {
+                            assert_eq!(seq, hostile);
+                            hostile += 1;
+                        }
+                        other => panic!("{other:?}"),
+                    },
+                    Err(Error::Corrupt(why)) => {
+                        assert!(why.contains("slot") && why.contains("detached"), "{why}");
+                        corrupt += 1;
+                    }
+                    Err(Error::PeerGone(_)) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert!(hostile <= 3 && corrupt <= 1, "hostile {hostile}, corrupt {corrupt}");
+            // The scribble is reported by the time the honest producer is done.
+            while corrupt == 0 {
+                match c.recv_timeout(Duration::from_secs(30)) {
+                    Err(Error::Corrupt(_)) => corrupt += 1,
+                    Ok(m) => assert_eq!(parse(&m).0, 0),
+                    Err(Error::PeerGone(_)) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            report("done", honest);
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("fanin-hostile");
+            let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &[]);
+            let (bad, mut bad_out) = spawn_reporting(TEST, "hostile", &dir, &[]);
+            expect_line(&mut bad_out, "scribbled");
+            let good = spawn(TEST, "honest", &dir, &[]);
+            assert_eq!(expect_line(&mut c_out, "done"), "1000");
+            wait_ok(good, "honest producer");
+            wait_ok(bad, "hostile producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
