@@ -901,6 +901,10 @@ lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 // host can map it, else NULL.
 #define LF_MESSAGE_GPU 2
 
+// The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
+// A literal, for the header (the library's own is checked equal by a test).
+#define LF_MAX_PEERS 64
+
 // The size of `lf_peer.host` and `lf_peer.route`'s buffers, NUL included.
 #define LF_PEER_HOST_SIZE 256
 
@@ -938,8 +942,9 @@ enum lf_channel_kind
   // Up to `max_peers` producers, one consumer: order and exactly-once per producer, the
   // producers served in turn; `lf_message.producer` says whose a message is.
   LF_CHANNEL_FAN_IN = 1,
-  // One producer, up to `max_peers` consumers, each message to every consumer. Not built in
-  // this version: LF_ERR_UNSUPPORTED.
+  // One producer, up to `max_peers` consumers: each message goes to every consumer attached
+  // when it was sent, a buffer by reference shared by all and complete once every one of
+  // them released it.
   LF_CHANNEL_FAN_OUT = 2,
 };
 #ifndef __cplusplus
@@ -1345,12 +1350,12 @@ lf_status lf_message_buffer(struct lf_channel *channel,
                             const struct lf_message *message,
                             const lf_buffer **out);
 
-// Lists a consumer's producers, slot by slot: a pair channel's one, or each of a fan-in's
-// `max_peers` slots (free, alive, or gone with messages still to read). Writes up to
-// `capacity` entries to `peers` (which may be NULL when `capacity` is 0) and the number of
-// slots to `*count`: call with a `capacity` of `LF_MAX_PEERS`, or twice. `peer_size` is
-// `sizeof(lf_peer)` as the caller's header has it. Producers: LF_ERR_INVALID_STATE (a pair
-// producer's one consumer is the channel's peer).
+// Lists the processes at the other end, slot by slot: a consumer's producers (a pair
+// channel's one, or each of a fan-in's `max_peers` slots: free, alive, or gone with messages
+// still to read), a producer's consumers (each of a fan-out's `max_peers` slots, or a pair
+// channel's one, whose pid the producer does not know: 0). Writes up to `capacity` entries
+// to `peers` (which may be NULL when `capacity` is 0) and the number of slots to `*count`:
+// call with a `capacity` of `LF_MAX_PEERS`, or twice. `peer_size` must be `sizeof(lf_peer)`.
 //
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `peers` NULL or writable for `capacity`

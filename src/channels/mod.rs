@@ -170,13 +170,6 @@ impl ChannelConfig {
                 self.kind
             )));
         }
-        if self.kind == ChannelKind::FanOut {
-            return Err(Error::Unsupported(
-                "fan-out channels (one producer, several consumers) are not built in this version of lava-flow; use a \
-                 pair channel per consumer"
-                    .into(),
-            ));
-        }
         Ok(())
     }
 }

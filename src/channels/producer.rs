@@ -4,6 +4,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::peers::{Peer, PeerState};
 use super::routes::SenderTable;
 use super::transport::{
     MemoryKind, Packed, Payload, PayloadMemory, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo,
@@ -37,6 +38,8 @@ pub struct Producer {
     /// `seq + 1` of recent messages copied from a buffer at send, by `seq % COPIED_AT_SEND`:
     /// complete for [`wait_completed`](Self::wait_completed) without waiting for the consumer.
     copied_at_send: [u64; COPIED_AT_SEND],
+    /// This process's host, which same-host consumers share.
+    host: String,
 }
 
 /// How many recent copied buffer sends the producer remembers as complete; an older one is
@@ -69,7 +72,9 @@ impl Producer {
             log_failed(name, Role::Producer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
         })?;
         log_created(name, Role::Producer, &parts.info);
-        Ok(Producer::from_parts(name, context, config, parts.carrier, parts.routes, parts.info))
+        let mut producer = Producer::from_parts(name, context, config, parts.carrier, parts.routes, parts.info);
+        producer.host.clone_from(&my_location.hostname);
+        Ok(producer)
     }
 
     /// A producer over `carrier` and `routes`, connected already.
@@ -91,6 +96,7 @@ impl Producer {
             context: context.clone(),
             registry,
             copied_at_send: [0; COPIED_AT_SEND],
+            host: String::new(),
         }
     }
 
@@ -119,6 +125,18 @@ impl Producer {
     /// The transports (every route) and why they were chosen.
     pub fn transport(&self) -> &TransportInfo {
         &self.info
+    }
+
+    /// The consumers, slot by slot: each of a fan-out's `max_peers` slots (free, or alive), or
+    /// a pair channel's one consumer (its pid 0: the carrier does not say).
+    pub fn peers(&self) -> Vec<Peer> {
+        let mut peers = self.transport.fan_out_peers().unwrap_or_else(|| {
+            vec![Peer { state: PeerState::Alive, route: Some(self.info.kind.name()), ..Peer::free(0) }]
+        });
+        for peer in peers.iter_mut().filter(|p| p.host.is_empty() && p.route.is_some()) {
+            peer.host.clone_from(&self.host);
+        }
+        peers
     }
 
     /// The largest message this channel carries.

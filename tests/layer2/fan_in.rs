@@ -284,14 +284,18 @@ fn a_hostile_producer_is_detached_and_the_others_go_on() {
                 (*(base.add(slot) as *const AtomicU64)).store(4, Ordering::SeqCst);
             }
             report("scribbled", 1);
-            // Detached: its sends end with PeerGone (or fill its ring and wait for it).
+            // Detached: its channel ends (a send now would overwrite the scribble).
+            let start = std::time::Instant::now();
             let err = loop {
-                match p.send_timeout(&message(0, 4), Duration::from_secs(30)) {
-                    Ok(_) => {}
+                // A loan, cancelled when dropped, finds the channel's end without sending.
+                match p.try_loan(8) {
+                    Ok(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(1)),
+                    Ok(_) => panic!("still attached after 30 s"),
                     Err(e) => break e,
                 }
             };
             assert!(matches!(err, Error::PeerGone(_)), "{err}");
+            assert!(matches!(p.send(&message(0, 4)), Err(Error::PeerGone(_))));
         }
         Some("honest") => {
             let mut p = Producer::create(&ctx(), "fanin-hostile", &here(), &here(), &fan_in("block", 4)).unwrap();

@@ -14,6 +14,7 @@ mod blocked;
 mod buffers;
 mod delivery;
 mod fan_in;
+mod fan_out;
 #[cfg(feature = "vulkan")]
 mod gpu;
 mod hostile;

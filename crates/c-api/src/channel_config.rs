@@ -46,8 +46,9 @@ pub enum lf_channel_kind {
     /// Up to `max_peers` producers, one consumer: order and exactly-once per producer, the
     /// producers served in turn; `lf_message.producer` says whose a message is.
     LF_CHANNEL_FAN_IN = 1,
-    /// One producer, up to `max_peers` consumers, each message to every consumer. Not built in
-    /// this version: LF_ERR_UNSUPPORTED.
+    /// One producer, up to `max_peers` consumers: each message goes to every consumer attached
+    /// when it was sent, a buffer by reference shared by all and complete once every one of
+    /// them released it.
     LF_CHANNEL_FAN_OUT = 2,
 }
 c_enum!(lf_channel_kind: LF_CHANNEL_PAIR, LF_CHANNEL_FAN_IN, LF_CHANNEL_FAN_OUT);

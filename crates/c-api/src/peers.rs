@@ -3,14 +3,15 @@
 use std::ffi::c_char;
 
 use super::abi::{c_enum, CEnum};
-use super::channel::{consumer, lf_channel, lock};
+use super::channel::{lf_channel, lock};
 use super::raw;
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
-use lava_flow::channels::{Peer, PeerState};
+use lava_flow::channels::{Channel, Peer, PeerState};
 
 /// The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
-pub const LF_MAX_PEERS: u32 = lava_flow::channels::MAX_PEERS;
+/// A literal, for the header (the library's own is checked equal by a test).
+pub const LF_MAX_PEERS: u32 = 64;
 /// The size of `lf_peer.host` and `lf_peer.route`'s buffers, NUL included.
 pub const LF_PEER_HOST_SIZE: u32 = 256;
 pub const LF_PEER_ROUTE_SIZE: u32 = 16;
@@ -78,12 +79,12 @@ impl From<&Peer> for lf_peer {
     }
 }
 
-/// Lists a consumer's producers, slot by slot: a pair channel's one, or each of a fan-in's
-/// `max_peers` slots (free, alive, or gone with messages still to read). Writes up to
-/// `capacity` entries to `peers` (which may be NULL when `capacity` is 0) and the number of
-/// slots to `*count`: call with a `capacity` of `LF_MAX_PEERS`, or twice. `peer_size` is
-/// `sizeof(lf_peer)` as the caller's header has it. Producers: LF_ERR_INVALID_STATE (a pair
-/// producer's one consumer is the channel's peer).
+/// Lists the processes at the other end, slot by slot: a consumer's producers (a pair
+/// channel's one, or each of a fan-in's `max_peers` slots: free, alive, or gone with messages
+/// still to read), a producer's consumers (each of a fan-out's `max_peers` slots, or a pair
+/// channel's one, whose pid the producer does not know: 0). Writes up to `capacity` entries
+/// to `peers` (which may be NULL when `capacity` is 0) and the number of slots to `*count`:
+/// call with a `capacity` of `LF_MAX_PEERS`, or twice. `peer_size` must be `sizeof(lf_peer)`.
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `peers` NULL or writable for `capacity`
@@ -112,8 +113,11 @@ pub unsafe extern "C" fn lf_channel_peers(
             });
         }
         let ch = handle_ref(channel, "channel")?;
-        let mut guard = lock(ch)?;
-        let list = consumer(&mut guard)?.peers();
+        let guard = lock(ch)?;
+        let list = match &*guard {
+            Channel::Consumer(c) => c.peers(),
+            Channel::Producer(p) => p.peers(),
+        };
         for (i, peer) in list.iter().take(capacity).enumerate() {
             // SAFETY: the caller promises `capacity` writable entries; i < capacity.
             write_out(unsafe { peers.add(i) }, lf_peer::from(peer));
@@ -121,4 +125,21 @@ pub unsafe extern "C" fn lf_channel_peers(
         write_out(count, list.len());
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_headers_bound_is_the_librarys() {
+        assert_eq!(LF_MAX_PEERS, lava_flow::channels::MAX_PEERS);
+    }
+
+    #[test]
+    fn peer_strings_are_cut_to_fit_and_terminated() {
+        let peer = Peer { host: "h".repeat(300), route: Some("shm"), ..Peer::free(3) };
+        let c = lf_peer::from(&peer);
+        assert_eq!((c.slot, c.host[254], c.host[255], c.route[3]), (3, b'h' as c_char, 0, 0));
+    }
 }

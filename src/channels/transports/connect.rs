@@ -13,7 +13,7 @@ use crate::channels::transport::{
     Attachment, ConsumerSession, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver, RouteSender,
     TransportInfo,
 };
-use crate::channels::ChannelConfig;
+use crate::channels::{ChannelConfig, ChannelKind};
 use crate::error::{Error, Result};
 use crate::memory::Context;
 
@@ -155,6 +155,9 @@ pub(crate) fn connect_producer(
     };
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
     let mut carrier = match plan.carrier {
+        TransportKind::Shm if config.kind == ChannelKind::FanOut => {
+            AnyProducer::ShmFanOut(shm::ShmFanOut::listen(name, provisional, config)?)
+        }
         TransportKind::Shm => AnyProducer::Shm(shm::ShmProducer::connect(name, provisional, config, &mut sections)?),
         TransportKind::Loopback => {
             AnyProducer::Loopback(loopback::LoopbackProducer::connect(name, provisional, config, &mut sections)?)
@@ -211,6 +214,10 @@ pub(crate) fn listen_consumer(
     let _ = context;
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
     let (carrier, mut session) = match plan.carrier {
+        TransportKind::Shm if config.kind == ChannelKind::FanOut => {
+            let (c, s) = shm::ShmConsumer::join(name, provisional, config, answers)?;
+            (AnyConsumer::Shm(c), AnySession::Shm(s))
+        }
         TransportKind::Shm => {
             let (c, s) = shm::ShmConsumer::listen(name, provisional, config, answers)?;
             (AnyConsumer::Shm(c), AnySession::Shm(s))

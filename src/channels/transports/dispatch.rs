@@ -130,6 +130,19 @@ macro_rules! forward_carrier {
     };
 }
 
+/// Matches every producer half of a carrier.
+macro_rules! forward_producer {
+    ($self:ident, $t:ident => $call:expr) => {
+        match $self {
+            Self::Shm($t) => $call,
+            Self::ShmFanOut($t) => $call,
+            Self::Loopback($t) => $call,
+            #[cfg(feature = "mpi")]
+            Self::Mpi($t) => $call,
+        }
+    };
+}
+
 /// Matches every route of an enum of routes.
 macro_rules! forward_route {
     ($self:ident, $t:ident => $call:expr) => {
@@ -147,6 +160,8 @@ macro_rules! forward_route {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyProducer {
     Shm(shm::ShmProducer),
+    /// A fan-out's producer over shared memory: a ring per consumer.
+    ShmFanOut(shm::ShmFanOut),
     Loopback(loopback::LoopbackProducer),
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiProducer),
@@ -276,6 +291,14 @@ impl ConsumerTransport for AnyConsumer {
 }
 
 impl AnyProducer {
+    /// The consumers of a fan-out, slot by slot; `None` for a pair's producer.
+    pub(crate) fn fan_out_peers(&self) -> Option<Vec<Peer>> {
+        match self {
+            Self::ShmFanOut(t) => Some(t.peers()),
+            _ => None,
+        }
+    }
+
     /// Sends a malformed message, for tests that play a hostile peer (see the MPI carrier's
     /// `send_malformed`); `Unsupported` on carriers that cannot.
     #[cfg(feature = "test-hooks")]
@@ -291,7 +314,7 @@ impl AnyProducer {
     }
 }
 
-forward_impl!(forward_carrier: impl ProducerTransport for AnyProducer {
+forward_impl!(forward_producer: impl ProducerTransport for AnyProducer {
     #[inline]
     fn info(&self) -> &TransportInfo;
     #[inline]

@@ -22,7 +22,8 @@ pub(crate) struct ShmConsumer {
     wait: WaitStrategy,
     /// Which producers this end takes.
     shape: Shape,
-    listener: Listener,
+    /// Where producers attach; none for a fan-out's consumer, which connects to its producer.
+    listener: Option<Listener>,
     /// Sessions begun, for the next one's id.
     sessions: u64,
     /// Set up by the first `notify_fd`: from then on, the channel keeps it readable while a
@@ -68,7 +69,48 @@ impl ShmConsumer {
             name: name.to_owned(),
             wait: config.wait,
             shape,
-            listener,
+            listener: Some(listener),
+            sessions: 1,
+            notify: None,
+            answers,
+        };
+        let session = ShmSession::new(name, config.wait, link, consumer.carrier_route());
+        Ok((consumer, session))
+    }
+
+    /// Joins fan-out channel `name`: connects to its producer (retrying until it listens or the
+    /// config's rendezvous timeout) and takes the ring it offers, answering with `answers`.
+    pub(crate) fn join(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        answers: Vec<Attachment>,
+    ) -> Result<(Self, ShmSession)> {
+        let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        let shape = Shape { kind: config.kind, max_peers: config.max_peers };
+        let link = loop {
+            let (sock, cred) = super::rendezvous::connect(name, deadline)?;
+            match handshake::accept(sock, cred, name, config.wait, shape, deadline, 1, &answers) {
+                Ok(link) => break link,
+                // The producer may be closing, or busy: tried again until the deadline.
+                Err(Error::PeerGone(_) | Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(Error::Timeout(_)) => {
+                    return Err(Error::Timeout(format!(
+                        "the producer of fan-out channel {name:?} did not take this consumer up in time: it does \
+                         at its sends, and while it waits"
+                    )))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let consumer = ShmConsumer {
+            info,
+            name: name.to_owned(),
+            wait: config.wait,
+            shape,
+            listener: None,
             sessions: 1,
             notify: None,
             answers,
@@ -92,8 +134,9 @@ impl ConsumerTransport for ShmConsumer {
 
     /// A producer waiting on the socket, attached as a new session.
     fn try_accept(&mut self) -> Result<Option<ShmSession>> {
+        let Some(listener) = &self.listener else { return Ok(None) };
         let mut refused = Vec::new();
-        let Some((sock, cred)) = self.listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
+        let Some((sock, cred)) = listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
             return Ok(None);
         };
         let id = self.sessions + 1;
@@ -109,9 +152,9 @@ impl ConsumerTransport for ShmConsumer {
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
             let notify = Notify::new()?;
-            if self.shape.kind == ChannelKind::FanIn {
+            if let Some(listener) = self.listener.as_ref().filter(|_| self.shape.kind == ChannelKind::FanIn) {
                 // Readable while a producer waits to attach (level-triggered, until accepted).
-                let fd = self.listener.as_fd();
+                let fd = listener.as_fd();
                 notify.epoll.add(fd, EventFlags::IN, fd.as_raw_fd() as u64, "the channel's notification fd")?;
             }
             self.notify = Some(Arc::new(notify));
@@ -147,6 +190,8 @@ impl Drop for ShmConsumer {
     fn drop(&mut self) {
         // The socket file and this end's claim go first, so that a producer closing at the same
         // time never waits for us while we wait for it.
-        self.listener.close();
+        if let Some(listener) = &mut self.listener {
+            listener.close();
+        }
     }
 }

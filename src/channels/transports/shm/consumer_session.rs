@@ -12,7 +12,7 @@ use super::handshake::Link;
 use super::rendezvous;
 use super::ring::{
     check_slot, expected_empty, in_arena, Slot, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
-    MAX_ARENAS, POOL_ALIGN,
+    MAX_ARENAS, POOL_ALIGN, PRODUCER_DETACHED,
 };
 use super::session::Session;
 use super::{note_peer_watch, peer_end};
@@ -121,7 +121,18 @@ impl ShmSession {
         if link.gone.is_some() {
             return true;
         }
-        if link.session.region.producer_closed().load(Ordering::Acquire) != 0 {
+        let closed = link.session.region.producer_closed().load(Ordering::Acquire);
+        if closed == PRODUCER_DETACHED {
+            link.gone = Some(format!(
+                "the producer of fan-out channel {:?} detached this consumer: it kept the producer waiting for room \
+                 longer than the channel's slow_consumer_timeout; receive faster, or create the consumer again to \
+                 rejoin",
+                self.name
+            ));
+            log::warn!("channel {:?} (consumer): {}", self.name, link.gone.as_deref().unwrap_or_default());
+            return true;
+        }
+        if closed != 0 {
             link.gone = Some(format!("the producer of channel {:?} closed it", self.name));
             log::info!(
                 "channel {:?} (consumer): the producer (pid {}) closed its end; its messages are delivered, then \
@@ -546,6 +557,10 @@ impl Drop for ShmSession {
         // consumer's socket file and claim went first, with the consumer's listener).
         if producer_over || self.link.watch.is_gone() {
             rendezvous::clean_after_peer(&self.name, self.link.producer_end, &self.link.watch, self.link.producer_lock);
+            if let Some(lock) = self.link.producer_socket_lock {
+                // A fan-out's producer listened: its socket and the lock it held for it.
+                rendezvous::clean_after_peer(&self.name, rendezvous::End::Consumer, &self.link.watch, Some(lock));
+            }
         }
     }
 }

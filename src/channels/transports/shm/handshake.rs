@@ -36,6 +36,9 @@ pub(super) struct Link {
     pub(super) slot: u32,
     /// The producer's end as its lock file names it.
     pub(super) producer_end: rendezvous::End,
+    /// A fan-out's producer also holds the socket consumers connect to, and that end's lock
+    /// file, when it connected.
+    pub(super) producer_socket_lock: Option<rendezvous::FileId>,
     /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
     pub(super) producer_lock: Option<rendezvous::FileId>,
     /// The producer's arenas mapped here (boxed: cold).
@@ -132,51 +135,61 @@ pub(super) fn offer(
     deadline: Option<Instant>,
     offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
 ) -> Result<Connected> {
-    let flags = wake_flags(membarrier::register(), config.wait);
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
     loop {
         let (sock, cred) = rendezvous::connect(name, deadline)?;
-        let (region, fds) = Region::create(name, geometry, config.prefault)?;
-        let words = WaitWords::map(&fds.control, &geometry)?;
-        // Before the hello: the consumer reads it during the handshake.
-        region.producer_fast_wake().store(flags, Ordering::Release);
-        let (signals, signal) = notify_pair()?;
-        let attempt = (|| {
-            let mut sections = vec![encode_section(&geometry, place, fds, signals)];
-            sections.extend(offers()?);
-            rendezvous::send_hello(&sock, name, &sections)?;
-            drop(sections);
-            sock.set_read_timeout(rendezvous::remaining(deadline))
-                .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
-            let answers = rendezvous::recv_ack(&sock, name)?;
-            sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
-            Ok(answers)
-        })();
-        match attempt {
-            Ok(answers) => {
-                // The consumer wrote its flags before its answer.
-                let (fast_wake, room_fast_wake) = fast_wake(flags, region.consumer_fast_wake().load(Ordering::Acquire));
-                let mut watch = PeerWatch::new(sock, cred.pid);
-                let holds = Arc::new(PeerHolds::default());
-                let held = Arc::clone(&holds);
-                // The consumer's end wakes the producer's sleeps for room and completions. One
-                // that did not close its end died (or dropped its connection): what the
-                // routes hold for it goes back now, not with the channel.
-                watch.arm(move || {
-                    wake_all(words.room_futex());
-                    if words.consumer_closed().load(Ordering::SeqCst) == 0 {
-                        held.consumer_died();
-                    }
-                });
-                return Ok(Connected { watch, region, signal, fast_wake, room_fast_wake, answers, holds });
-            }
+        match offer_on(sock, cred, name, geometry, place, config, deadline, offers) {
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(e) => return Err(e),
+            other => return other,
         }
     }
+}
+
+/// The producer's side of one meeting over `sock`, connected either way (a fan-out's producer
+/// accepts its consumers): offers a fresh region and reads the answer.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn offer_on(
+    sock: UnixStream,
+    cred: libc::ucred,
+    name: &str,
+    geometry: Geometry,
+    place: Place,
+    config: &ChannelConfig,
+    deadline: Option<Instant>,
+    offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
+) -> Result<Connected> {
+    let flags = wake_flags(membarrier::register(), config.wait);
+    let (region, fds) = Region::create(name, geometry, config.prefault)?;
+    let words = WaitWords::map(&fds.control, &geometry)?;
+    // Before the hello: the consumer reads it during the handshake.
+    region.producer_fast_wake().store(flags, Ordering::Release);
+    let (signals, signal) = notify_pair()?;
+    let mut sections = vec![encode_section(&geometry, place, fds, signals)];
+    sections.extend(offers()?);
+    rendezvous::send_hello(&sock, name, &sections)?;
+    drop(sections);
+    sock.set_read_timeout(rendezvous::remaining(deadline))
+        .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
+    let answers = rendezvous::recv_ack(&sock, name)?;
+    sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
+    // The consumer wrote its flags before its answer.
+    let (fast_wake, room_fast_wake) = fast_wake(flags, region.consumer_fast_wake().load(Ordering::Acquire));
+    let mut watch = PeerWatch::new(sock, cred.pid);
+    let holds = Arc::new(PeerHolds::default());
+    let held = Arc::clone(&holds);
+    // The consumer's end wakes the producer's sleeps for room and completions. One that did
+    // not close its end died (or dropped its connection): what the routes hold for it goes
+    // back now, not with the channel.
+    watch.arm(move || {
+        wake_all(words.room_futex());
+        if words.consumer_closed().load(Ordering::SeqCst) == 0 {
+            held.consumer_died();
+        }
+    });
+    Ok(Connected { watch, region, signal, fast_wake, room_fast_wake, answers, holds })
 }
 
 /// What the consumer's end is: its kind, and how many producers a fan-in takes.
@@ -196,7 +209,7 @@ impl Shape {
                 self.kind, place.kind
             )));
         }
-        if place.slot >= self.max_peers {
+        if place.kind == ChannelKind::FanIn && place.slot >= self.max_peers {
             return Err(Error::InvalidState(format!(
                 "fan-in channel {name:?} is full: it takes max_peers = {} producers and all of them are attached; \
                  wait for one to close, or create the consumer with a larger max_peers",
@@ -232,6 +245,10 @@ pub(super) fn accept(
     })?;
     if n == 0 {
         return Err(Error::PeerGone(format!("process {} connected and closed without a hello", cred.pid)));
+    }
+    if let Some(refusal) = rendezvous::refusal_in(&buf[..n], name) {
+        // A fan-out's producer that takes no more consumers.
+        return Err(refusal);
     }
     let checked = (|| {
         let (hello_name, sections) = rendezvous::decode_hello(&buf[..n], fds)?;
@@ -279,6 +296,9 @@ pub(super) fn accept(
                 producer_lock: rendezvous::lock_file_id(name, producer_end(place)),
                 slot: place.slot,
                 producer_end: producer_end(place),
+                producer_socket_lock: (place.kind == ChannelKind::FanOut)
+                    .then(|| rendezvous::lock_file_id(name, rendezvous::End::Consumer))
+                    .flatten(),
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),
                 attachments: Vec::new(),
@@ -329,7 +349,7 @@ pub(super) fn decode_section(b: &[u8]) -> Result<(Geometry, Place)> {
         )));
     };
     let slot = wire.slot.get();
-    if slot >= MAX_PEERS || (kind != ChannelKind::FanIn && slot != 0) {
+    if slot >= MAX_PEERS || (kind == ChannelKind::Pair && slot != 0) {
         return Err(Error::Corrupt(format!("the producer claims slot {slot} of a {kind} channel")));
     }
     Ok((geometry, Place { kind, slot }))

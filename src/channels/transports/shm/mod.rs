@@ -22,7 +22,8 @@
 //! this transport offers and the consumer's checks), `producer`, `session` (what the views of
 //! one producer's messages share, and how releases become the tail the producer reads),
 //! `consumer` (the socket producers attach to, and the notification set), `consumer_session`
-//! (one producer's session at the consumer: the reading of its ring), `arenas`.
+//! (one producer's session at the consumer: the reading of its ring), `arenas`, `fan_out` (a
+//! fan-out's producer: a ring per consumer, and the socket consumers connect to).
 //!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
 //! process's watcher (`os::watcher`) watch them: when the peer's process exits or its socket
@@ -45,6 +46,7 @@
 mod arenas;
 mod consumer;
 mod consumer_session;
+mod fan_out;
 mod handshake;
 mod producer;
 pub(crate) mod rendezvous;
@@ -57,6 +59,7 @@ use rendezvous::PeerWatch;
 
 pub(crate) use consumer::ShmConsumer;
 pub(crate) use consumer_session::ShmSession;
+pub(crate) use fan_out::ShmFanOut;
 pub(crate) use producer::ShmProducer;
 
 pub(crate) const ID: TransportId = TransportId::new("shm");

@@ -10,6 +10,7 @@ use super::handshake::{self, Place};
 use super::rendezvous::{self, End, EndLock, PeerWatch};
 use super::ring::{
     pack_len_kind, pool_need, Geometry, Region, INLINE_MAX, KIND_ARENA, KIND_INLINE, KIND_POOL, KIND_ROUTED,
+    PRODUCER_DETACHED,
 };
 use super::{note_peer_watch, peer_end};
 use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
@@ -66,6 +67,9 @@ pub(crate) struct ShmProducer {
     sends_since_check: u32,
     /// This process's claim on the producer's end of the channel, until the drop.
     lock: Option<EndLock>,
+    /// Whether the drop cleans up after a consumer that is over (a fan-out's consumers leave
+    /// nothing to clean).
+    cleans_up: bool,
     /// The consumer's lock file when it answered (see `rendezvous::clean_after_peer`).
     consumer_lock: Option<rendezvous::FileId>,
     /// Buffer sends (boxed: cold, and kept off the hot fields' cache lines).
@@ -142,11 +146,39 @@ impl ShmProducer {
         // The consumer that answered holds its lock file now: remembered, to tell it from a
         // later consumer's when cleaning up after this one.
         let consumer_lock = rendezvous::lock_file_id(name, End::Consumer);
+        Ok(Self::over(name, info, config, geometry, c, Some(lock), consumer_lock))
+    }
+
+    /// The producer of a consumer met over a socket (a fan-out's consumer, which connected to
+    /// it): its ring, and no claim on the channel's name or cleanup after the consumer, which
+    /// the fan-out does. `Place::slot` is the consumer's slot.
+    pub(super) fn accepted(
+        name: &str,
+        sock: std::os::unix::net::UnixStream,
+        cred: libc::ucred,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        place: Place,
+    ) -> Result<Self> {
+        let deadline = Some(Instant::now() + std::time::Duration::from_secs(2));
+        let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
+        let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, &mut || Ok(Vec::new()))?;
+        Ok(Self::over(name, info, config, geometry, c, None, None))
+    }
+
+    fn over(
+        name: &str,
+        mut info: TransportInfo,
+        config: &ChannelConfig,
+        geometry: Geometry,
+        c: handshake::Connected,
+        lock: Option<EndLock>,
+        consumer_lock: Option<rendezvous::FileId>,
+    ) -> Self {
         let slot_count = u64::from(geometry.slot_count);
-        let mut info = info;
         let base = info.routes.first().map(|r| r.reason.clone()).unwrap_or_default();
         note_peer_watch(&mut info, &base, &c.watch);
-        Ok(ShmProducer {
+        ShmProducer {
             info,
             name: name.to_owned(),
             region: c.region,
@@ -165,13 +197,36 @@ impl ShmProducer {
             fast_wake: c.fast_wake,
             room_fast_wake: c.room_fast_wake,
             sends_since_check: 0,
-            lock: Some(lock),
+            cleans_up: lock.is_some(),
+            lock,
             consumer_lock,
             arenas: Box::default(),
             peer_sections: c.answers,
             holds: c.holds,
             gone_logged: false,
-        })
+        }
+    }
+
+    /// How many messages were sent.
+    pub(super) fn sent(&self) -> u64 {
+        self.head
+    }
+
+    /// The consumer's process id.
+    pub(super) fn consumer_pid(&self) -> u32 {
+        self.watch.pid as u32
+    }
+
+    /// Whether a loan of `len` could be granted now (`PeerGone` when the consumer has gone).
+    pub(super) fn has_room(&mut self, len: usize) -> Result<bool> {
+        self.consumer_gone(false)?;
+        self.room_for(len)
+    }
+
+    /// Ends this ring as a fan-out's producer does to a consumer too slow for its bound: the
+    /// consumer's receives say so after the messages it has.
+    pub(super) fn detach(self) {
+        self.region.producer_closed().store(PRODUCER_DETACHED, Ordering::SeqCst);
     }
 
     fn consumer_gone(&mut self, force: bool) -> Result<()> {
@@ -836,7 +891,8 @@ impl ProducerTransport for ShmProducer {
 impl Drop for ShmProducer {
     fn drop(&mut self) {
         let region = &self.region;
-        region.producer_closed().store(1, Ordering::SeqCst);
+        // A detached consumer's word says so already.
+        let _ = region.producer_closed().compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
         // Wake a sleeping consumer so it sees the close now rather than at its next check.
         region.data_futex().fetch_add(1, Ordering::SeqCst);
         futex_wake(region.data_futex(), 1);
@@ -845,7 +901,7 @@ impl Drop for ShmProducer {
         drop(self.lock.take());
         // A consumer whose end is over (closed, or dead) may have left its socket and lock
         // file behind: removed once its lock is free, whatever it wrote in the region.
-        if region.consumer_closed().load(Ordering::SeqCst) != 0 || self.watch.is_gone() {
+        if self.cleans_up && (region.consumer_closed().load(Ordering::SeqCst) != 0 || self.watch.is_gone()) {
             rendezvous::clean_after_peer(&self.name, End::Consumer, &self.watch, self.consumer_lock);
         }
     }

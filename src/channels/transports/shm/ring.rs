@@ -53,6 +53,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
 /// 7: the producer's section names the channel's kind and its slot in a fan-in.
 pub const VERSION: u32 = 7;
 
+/// The producer's closed word when a fan-out's producer detached this consumer (too slow for
+/// its bound); 1 is a plain close.
+pub const PRODUCER_DETACHED: u32 = 2;
+
 /// A fast-wake word's flag: this side is registered for global membarriers, so a barrier the
 /// other side issues reaches it.
 pub const WAKE_REGISTERED: u32 = 1;

@@ -181,6 +181,20 @@ pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Attachment>> {
     decode_ack(&body, channel)
 }
 
+/// The refusal in `bytes`, when they are an answer (a length word, then a refusing body)
+/// where a hello was expected: a fan-out's producer refuses a consumer this way.
+pub fn refusal_in(bytes: &[u8], channel: &str) -> Option<Error> {
+    let body = bytes.get(4..)?;
+    if body.get(..8) != Some(&ACK_MAGIC[..]) {
+        return None;
+    }
+    match decode_ack(body, channel) {
+        Err(Error::InvalidState(why)) => Some(Error::InvalidState(why.replace("the consumer of", "the producer of"))),
+        Err(e) => Some(e),
+        Ok(_) => Some(Error::Corrupt(format!("channel {channel:?}: the producer answered where it should offer"))),
+    }
+}
+
 /// The largest answer body, in bytes.
 pub const MAX_ACK_LEN: usize = MAX_HELLO_LEN + 1000;
 

@@ -41,7 +41,7 @@ mod socket;
 
 pub use channel_files::{channels_in_runtime_dir, remove_leftovers, ChannelFiles};
 pub use end_lock::{clean_after_peer, end_state, holder, lock_file_id, End, EndLock, EndState, FileId};
-pub use hello::{decode_hello, recv_ack, send_ack, send_hello, ACK_OK, ACK_REFUSED, MAX_HELLO_LEN};
+pub use hello::{decode_hello, recv_ack, refusal_in, send_ack, send_hello, ACK_OK, ACK_REFUSED, MAX_HELLO_LEN};
 pub use peer_watch::PeerWatch;
 pub use runtime_dir::{runtime_dir, runtime_dir_path, RUNTIME_DIR_ENV};
 pub use socket::{connect, remaining, Listener};
