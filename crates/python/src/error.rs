@@ -26,7 +26,7 @@ mod exceptions {
         lava_flow,
         PeerGoneError,
         LavaFlowError,
-        "LF_ERR_PEER_GONE: the process at the other end has gone."
+        "LF_ERR_PEER_GONE: the process at the other end has gone; on a fan-in consumer, `producer` is the slot of the producer that ended (None elsewhere)."
     );
     create_exception!(
         lava_flow,
@@ -90,7 +90,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LavaFlowError", py.get_type_bound::<LavaFlowError>())?;
     m.add("WouldBlockError", py.get_type_bound::<WouldBlockError>())?;
     m.add("TimeoutError", py.get_type_bound::<TimeoutError>())?;
-    m.add("PeerGoneError", py.get_type_bound::<PeerGoneError>())?;
+    let gone = py.get_type_bound::<PeerGoneError>();
+    // A fan-in consumer's PeerGoneError names the slot whose producer ended; None elsewhere.
+    gone.setattr("producer", py.None())?;
+    m.add("PeerGoneError", gone)?;
     m.add("InvalidStateError", py.get_type_bound::<InvalidStateError>())?;
     Ok(())
 }

@@ -32,6 +32,7 @@ from ._native import (
     Location,
     Message,
     Mpi,
+    Peer,
     PeerGoneError,
     TimeoutError,
     WouldBlockError,
@@ -41,9 +42,9 @@ from ._native import (
 )
 
 __all__ = [
-    "Buffer", "Channel", "Context", "DeviceType", "Export", "InvalidStateError", "LavaFlowError",
+    "Buffer", "Channel", "ChannelKind", "Context", "DeviceType", "Export", "InvalidStateError", "LavaFlowError",
     "Loan", "Location", "LogLevel", "Memory", "Message", "MessageFlags", "Mpi", "Origin",
-    "PeerGoneError", "Registration", "Role", "Status", "TimeoutError", "Wait", "WouldBlockError",
+    "Peer", "PeerGoneError", "Registration", "Role", "Status", "TimeoutError", "Wait", "WouldBlockError",
     "consumer", "get_cmake_dir", "get_include", "get_library", "library_path", "producer",
     "set_log_level", "version", "__version__",
 ]
@@ -91,6 +92,19 @@ class Wait(enum.IntEnum):
     BUSY_POLL = _native.LF_WAIT_BUSY_POLL
     SPIN_THEN_BLOCK = _native.LF_WAIT_SPIN_THEN_BLOCK
     BLOCK = _native.LF_WAIT_BLOCK
+
+
+class ChannelKind(enum.IntEnum):
+    """How many processes share a channel (Channel's `kind`; or "pair", "fan_in", "fan_out").
+    Every end names the same kind."""
+
+    PAIR = _native.LF_CHANNEL_PAIR
+    """One producer, one consumer (the default)."""
+    FAN_IN = _native.LF_CHANNEL_FAN_IN
+    """Up to `max_peers` producers, one consumer: each producer's messages in order and exactly
+    once, the producers served in turn; Message.producer names the sender's slot."""
+    FAN_OUT = _native.LF_CHANNEL_FAN_OUT
+    """One producer, several consumers: not built in this version (LavaFlowError, ERR_UNSUPPORTED)."""
 
 
 class MessageFlags(enum.IntFlag):
@@ -193,27 +207,43 @@ class Channel(_native.Channel):
             finally:
                 loop.remove_reader(fd)
 
+    def _last_end(self) -> bool:
+        """After a PeerGoneError: whether it ends iteration. A pair's does; a fan-in's only when
+        no producer is left attached (none alive, none gone with messages still to read)."""
+        if self.kind != ChannelKind.FAN_IN:
+            return True
+        return all(p.state == "free" for p in self.peers())
+
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> Message:
-        """``async for msg in channel``: each message until the producer has gone."""
-        try:
-            return await self.recv_async()
-        except PeerGoneError:
-            raise StopAsyncIteration from None
+        """``async for msg in channel``: each message until the producer has gone (on a fan-in:
+        until a producer's end leaves none attached; see __iter__)."""
+        while True:
+            try:
+                return await self.recv_async()
+            except PeerGoneError:
+                if self._last_end():
+                    raise StopAsyncIteration from None
 
     def __iter__(self):
-        """``for msg in channel``: each message until the producer has gone."""
+        """``for msg in channel``: each message until the producer has gone. On a fan-in, the
+        ends of producers pass while others are attached, and iteration stops when a producer's
+        end leaves none attached; a producer that attaches only later is not waited for (to
+        wait for a known number of producers, call recv and count the PeerGoneErrors)."""
         while True:
             try:
                 yield self.recv()
             except PeerGoneError:
-                return
+                if self._last_end():
+                    return
 
 
 def producer(context: Context, name: str, **config) -> Channel:
-    """The producer end of channel `name` (waits for the consumer; see Channel)."""
+    """The producer end of channel `name` (waits for the consumer; see Channel). A fan-in
+    producer (``kind="fan_in"``) takes the lowest free slot; one of a full fan-in is refused
+    (InvalidStateError, naming max_peers)."""
     return Channel(context, name, "producer", **config)
 
 

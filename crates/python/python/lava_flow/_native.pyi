@@ -2,7 +2,7 @@
 import sys
 from os import PathLike
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer as _BufferLike
@@ -24,6 +24,12 @@ LF_REGISTRATION_VULKAN: int
 LF_REGISTRATION_CUDA: int
 LF_ROLE_PRODUCER: int
 LF_ROLE_CONSUMER: int
+LF_CHANNEL_PAIR: int
+LF_CHANNEL_FAN_IN: int
+LF_CHANNEL_FAN_OUT: int
+LF_PEER_FREE: int
+LF_PEER_ALIVE: int
+LF_PEER_GONE: int
 LF_WAIT_BUSY_POLL: int
 LF_WAIT_SPIN_THEN_BLOCK: int
 LF_WAIT_BLOCK: int
@@ -81,7 +87,9 @@ class LavaFlowError(Exception):
 
 class WouldBlockError(LavaFlowError): ...
 class TimeoutError(LavaFlowError): ...
-class PeerGoneError(LavaFlowError): ...
+class PeerGoneError(LavaFlowError):
+    """The peer has gone; on a fan-in consumer, `producer` is the slot whose producer ended."""
+    producer: int | None
 class InvalidStateError(LavaFlowError): ...
 
 def library_path() -> str:
@@ -219,7 +227,11 @@ class Message:
     """A received message: a read-only zero-copy view into shared memory."""
     def __len__(self) -> int: ...
     @property
-    def sequence(self) -> int: ...
+    def sequence(self) -> int:
+        """0, 1, 2, ... per producer."""
+    @property
+    def producer(self) -> int:
+        """The sending fan-in producer's slot (0 on a pair channel)."""
     @property
     def flags(self) -> int: ...
     @property
@@ -256,6 +268,24 @@ class Loan:
                  tb: TracebackType | None) -> None: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
+class Peer:
+    """One producer slot of a consumer (Channel.peers())."""
+    @property
+    def slot(self) -> int: ...
+    @property
+    def state(self) -> Literal["free", "alive", "gone"]: ...
+    @property
+    def pid(self) -> int:
+        """0 for a free slot or a peer on another host."""
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def host(self) -> str:
+        """Empty for a free slot."""
+    @property
+    def route(self) -> str | None:
+        """The transport its messages take ("shm", "mpi"); None for a free slot."""
+
 class Channel:
     """One end of a channel."""
     def __init__(self, context: Context, name: str, role: str | int, *,
@@ -263,11 +293,16 @@ class Channel:
                  capacity: int | None = None, pool_size: int | None = None, wait: int | None = None,
                  spin_ns: int | None = None, rendezvous_timeout: float | None = None,
                  auto_zero_copy: bool | None = None, strict_gpu: bool | None = None,
-                 released_semaphore: bool | None = None, prefault: bool | None = None) -> None: ...
+                 released_semaphore: bool | None = None, prefault: bool | None = None,
+                 kind: int | Literal["pair", "fan_in", "fan_out"] | None = None,
+                 max_peers: int | None = None, slow_consumer_timeout: float | None = None) -> None: ...
     @property
     def name(self) -> str: ...
     @property
     def role(self) -> int: ...
+    @property
+    def kind(self) -> int:
+        """A ChannelKind."""
     def send(self, data: _BufferLike, timeout: float | None = None) -> int: ...
     def try_send(self, data: _BufferLike) -> int | None: ...
     def send_buffer(self, buffer: Buffer, offset: int = 0, length: int | None = None, *,
@@ -278,6 +313,8 @@ class Channel:
     def wait_completed(self, sequence: int, timeout: float | None = None) -> None: ...
     def recv(self, timeout: float | None = None) -> Message: ...
     def try_recv(self) -> Message | None: ...
+    def peers(self) -> list[Peer]:
+        """A consumer's producer slots."""
     def fileno(self) -> int: ...
     @property
     def transport(self) -> str: ...

@@ -1,9 +1,10 @@
-//! The channel config (`lf_channel_config`) from `Channel`'s keywords, and its role.
+//! The channel config (`lf_channel_config`) from `Channel`'s keywords, its role and its kind.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyInt;
 
-use crate::error::check;
+use crate::error::{check, make};
 use crate::ffi;
 use crate::native::{lib, timeout_ns};
 
@@ -29,6 +30,9 @@ pub(super) struct ConfigKeywords {
     pub(super) strict_gpu: Option<bool>,
     pub(super) released_semaphore: Option<bool>,
     pub(super) prefault: Option<bool>,
+    pub(super) kind: Option<u32>,
+    pub(super) max_peers: Option<u32>,
+    pub(super) slow_consumer_timeout: Option<f64>,
 }
 
 impl ConfigKeywords {
@@ -44,6 +48,9 @@ impl ConfigKeywords {
             strict_gpu,
             released_semaphore,
             prefault,
+            kind,
+            max_peers,
+            slow_consumer_timeout,
         } = self;
         let mut c = default_config()?;
         if let Some(v) = capacity {
@@ -73,6 +80,16 @@ impl ConfigKeywords {
         if let Some(v) = prefault {
             c.prefault = v as u32;
         }
+        // The library checks these three at lf_channel_create, with its own messages.
+        if let Some(v) = kind {
+            c.kind = v;
+        }
+        if let Some(v) = max_peers {
+            c.max_peers = v;
+        }
+        if slow_consumer_timeout.is_some() {
+            c.slow_consumer_timeout_ns = timeout_ns(slow_consumer_timeout)?;
+        }
         Ok(c)
     }
 }
@@ -86,5 +103,25 @@ pub(super) fn role(role: &Bound<'_, PyAny>) -> PyResult<u32> {
         "producer" => Ok(ffi::LF_ROLE_PRODUCER),
         "consumer" => Ok(ffi::LF_ROLE_CONSUMER),
         other => Err(PyValueError::new_err(format!("role {other:?} is not \"producer\" or \"consumer\""))),
+    }
+}
+
+/// `kind`: a `ChannelKind` (an int, checked by the library), "pair", "fan_in" or "fan_out".
+pub(super) fn kind(kind: &Bound<'_, PyAny>) -> PyResult<u32> {
+    if kind.is_instance_of::<PyInt>() {
+        return kind.extract::<u32>();
+    }
+    match kind.extract::<String>()?.as_str() {
+        "pair" => Ok(ffi::LF_CHANNEL_PAIR),
+        "fan_in" => Ok(ffi::LF_CHANNEL_FAN_IN),
+        "fan_out" => Ok(ffi::LF_CHANNEL_FAN_OUT),
+        other => Err(make(
+            ffi::LF_ERR_INVALID_ARGUMENT,
+            "LF_ERR_INVALID_ARGUMENT",
+            &format!(
+                "kind {other:?} is not a channel kind: pass \"pair\", \"fan_in\" or \"fan_out\" (or a \
+                 lava_flow.ChannelKind)"
+            ),
+        )),
     }
 }

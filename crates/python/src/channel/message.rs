@@ -145,6 +145,13 @@ impl Message {
         self.msg.0.sequence
     }
 
+    /// The slot of the fan-in producer that sent the message (0 on a pair channel); see
+    /// `Channel.peers()`. Sequence numbers count per producer.
+    #[getter]
+    fn producer(&self) -> u32 {
+        self.msg.0.producer
+    }
+
     /// `MessageFlags` bits: ZERO_COPY (the bytes lie in the producer's buffer), GPU.
     #[getter]
     fn flags(&self) -> u32 {

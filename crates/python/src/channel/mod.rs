@@ -10,7 +10,7 @@
 //!
 //! Its parts: `handle` (the C handle under the channel's lock: blocking calls, deferred
 //! releases, freeing), `config` (the channel config from `Channel`'s keywords), `message`
-//! (`Message`) and `loan` (`Loan`), each on `handle`.
+//! (`Message`), `loan` (`Loan`) and `peers` (a consumer's producers, `Peer`), each on `handle`.
 // PyO3 0.22's generated method wrappers are unsafe fns with unsafe calls in them.
 #![allow(unsafe_op_in_unsafe_fn)]
 
@@ -18,6 +18,7 @@ mod config;
 mod handle;
 mod loan;
 mod message;
+mod peers;
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,6 +32,7 @@ use self::handle::{Core, Deferred, LoanRegion, Msg};
 pub use self::loan::Loan;
 use self::loan::LoanState;
 pub use self::message::Message;
+pub use self::peers::Peer;
 use crate::buffer::Buffer;
 use crate::context::Context;
 use crate::error::{check, error};
@@ -43,8 +45,15 @@ use crate::pybuf::Borrowed;
 ///
 /// `role` is "producer" or "consumer". Keywords set the channel config (`capacity`,
 /// `pool_size`, `wait` (a `lava_flow.Wait`), `spin_ns`, `rendezvous_timeout` in seconds,
-/// `auto_zero_copy`, `strict_gpu`, `released_semaphore`, `prefault`), the rest keeping
+/// `auto_zero_copy`, `strict_gpu`, `released_semaphore`, `prefault`, `kind` (a
+/// `lava_flow.ChannelKind`, or "pair", "fan_in", "fan_out"), `max_peers` (a fan-in's most
+/// producers, 1 to 64) and `slow_consumer_timeout` in seconds (fan-out only)), the rest keeping
 /// lava-flow's defaults; `my_location` and `peer_location` (Locations) choose the transport.
+///
+/// A fan-in takes up to `max_peers` producers (each one `Channel(..., "producer",
+/// kind="fan_in")`) and one consumer, which receives each producer's messages in order
+/// (`Message.producer` names the sender's slot) and gets one PeerGoneError per producer that
+/// ended, its `producer` the slot; the other producers go on.
 #[pyclass(frozen, subclass, module = "lava_flow")]
 pub struct Channel {
     core: Mutex<Core>,
@@ -55,6 +64,7 @@ pub struct Channel {
     pending: Mutex<Vec<Deferred>>,
     has_pending: AtomicBool,
     role: u32,
+    kind: u32,
     name: String,
 }
 
@@ -63,7 +73,8 @@ impl Channel {
     #[new]
     #[pyo3(signature = (context, name, role, *, my_location = None, peer_location = None, capacity = None,
         pool_size = None, wait = None, spin_ns = None, rendezvous_timeout = None, auto_zero_copy = None,
-        strict_gpu = None, released_semaphore = None, prefault = None))]
+        strict_gpu = None, released_semaphore = None, prefault = None, kind = None, max_peers = None,
+        slow_consumer_timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -81,8 +92,12 @@ impl Channel {
         strict_gpu: Option<bool>,
         released_semaphore: Option<bool>,
         prefault: Option<bool>,
+        kind: Option<&Bound<'_, PyAny>>,
+        max_peers: Option<u32>,
+        slow_consumer_timeout: Option<f64>,
     ) -> PyResult<Channel> {
         let role = config::role(role)?;
+        let kind = kind.map(config::kind).transpose()?;
         let c = ConfigKeywords {
             capacity,
             pool_size,
@@ -93,6 +108,9 @@ impl Channel {
             strict_gpu,
             released_semaphore,
             prefault,
+            kind,
+            max_peers,
+            slow_consumer_timeout,
         }
         .config()?;
         let cname = cstring("channel name", name)?;
@@ -114,6 +132,7 @@ impl Channel {
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             role,
+            kind: c.kind,
             name: name.to_owned(),
         })
     }
@@ -127,6 +146,12 @@ impl Channel {
     #[getter]
     fn role(&self) -> u32 {
         self.role
+    }
+
+    /// `ChannelKind.PAIR`, `FAN_IN` or `FAN_OUT`.
+    #[getter]
+    fn kind(&self) -> u32 {
+        self.kind
     }
 
     /// Sends the bytes of `data` (bytes, bytearray, memoryview, a numpy array or any
@@ -230,30 +255,49 @@ impl Channel {
 
     /// Receives the next message, waiting up to `timeout` seconds (None: forever): a
     /// read-only zero-copy view into shared memory. Raises TimeoutError, or PeerGoneError once
-    /// the producer has gone and its messages are read.
+    /// the producer has gone and its messages are read. On a fan-in, PeerGoneError reports one
+    /// producer's end (its `producer` is the slot), after that producer's last message; the
+    /// channel goes on with the others, and with none attached waits for a new one.
     #[pyo3(signature = (timeout = None))]
     fn recv(slf: &Bound<'_, Self>, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
-        let m = slf.get().blocking(py, "recv", timeout, |ch, t| {
-            let mut m = ffi::lf_message::default();
-            // SAFETY: live channel, local out-parameter.
-            let s = unsafe { lib().lf_recv(ch.get(), t, &mut m) };
-            (s, Msg(m))
-        })?;
+        let this = slf.get();
+        let mut gone = None;
+        let m = this
+            .blocking(py, "recv", timeout, |ch, t| {
+                let mut m = ffi::lf_message::default();
+                // SAFETY: live channel, local out-parameter.
+                let s = unsafe { lib().lf_recv(ch.get(), t, &mut m) };
+                if s == ffi::LF_ERR_PEER_GONE {
+                    gone = Some(m.producer);
+                }
+                (s, Msg(m))
+            })
+            .map_err(|e| this.name_gone(py, e, gone))?;
         Channel::message(slf, m)
     }
 
-    /// The next message if one waits, else None (PeerGoneError once the producer has gone).
+    /// The next message if one waits, else None (PeerGoneError once the producer has gone; on
+    /// a fan-in, once per producer, as `recv`).
     fn try_recv(slf: &Bound<'_, Self>, py: Python<'_>) -> PyResult<Option<Message>> {
-        let m = slf.get().quick(py, |ch| {
+        let this = slf.get();
+        let m = this.quick(py, |ch| {
             let mut m = ffi::lf_message::default();
             // SAFETY: live channel, local out-parameter.
             match unsafe { lib().lf_try_recv(ch.0, &mut m) } {
                 ffi::LF_OK => Ok(Some(Msg(m))),
                 ffi::LF_ERR_WOULD_BLOCK => Ok(None),
+                s @ ffi::LF_ERR_PEER_GONE => Err(this.name_gone(py, error(s), Some(m.producer))),
                 s => Err(error(s)),
             }
         })?;
         m.map(|m| Channel::message(slf, m)).transpose()
+    }
+
+    /// The producers of this consumer, slot by slot (a list of `Peer`): a pair channel's one,
+    /// or each of a fan-in's `max_peers` slots, "free", "alive" or "gone" (ended, with messages
+    /// still to read). Producers raise InvalidStateError.
+    fn peers(&self, py: Python<'_>) -> PyResult<Vec<Peer>> {
+        self.peer_list(py)
     }
 
     /// A file descriptor readable while a message waits or the producer has gone (consumers):
@@ -343,5 +387,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Channel>()?;
     m.add_class::<Message>()?;
     m.add_class::<Loan>()?;
+    m.add_class::<Peer>()?;
     Ok(())
 }
