@@ -269,7 +269,8 @@ def test_full_fan_in_is_refused(name, peer, tmp_path):
     (dict(kind="fan_in", max_peers=65), lf.Status.ERR_INVALID_ARGUMENT, "max_peers 65 must be from 1 to 64"),
     (dict(kind="fan_in", slow_consumer_timeout=1.0), lf.Status.ERR_INVALID_ARGUMENT,
      "slow_consumer_timeout is a fan-out setting"),
-    (dict(kind="fan_out"), lf.Status.ERR_UNSUPPORTED, "fan-out channels"),
+    (dict(kind="pair", slow_consumer_timeout=1.0), lf.Status.ERR_INVALID_ARGUMENT,
+     "slow_consumer_timeout is a fan-out setting"),
     (dict(kind="fan-in"), lf.Status.ERR_INVALID_ARGUMENT, '"fan_in"'),
     (dict(kind=7), lf.Status.ERR_INVALID_ARGUMENT, "kind"),
 ])

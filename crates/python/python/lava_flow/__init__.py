@@ -104,7 +104,8 @@ class ChannelKind(enum.IntEnum):
     """Up to `max_peers` producers, one consumer: each producer's messages in order and exactly
     once, the producers served in turn; Message.producer names the sender's slot."""
     FAN_OUT = _native.LF_CHANNEL_FAN_OUT
-    """One producer, several consumers: not built in this version (LavaFlowError, ERR_UNSUPPORTED)."""
+    """One producer, up to `max_peers` consumers: each message to every consumer attached when it
+    was sent; a consumer that joins late starts with the next message."""
 
 
 class MessageFlags(enum.IntFlag):

@@ -269,7 +269,7 @@ class Loan:
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class Peer:
-    """One producer slot of a consumer (Channel.peers())."""
+    """One slot at the other end of a channel (Channel.peers())."""
     @property
     def slot(self) -> int: ...
     @property

@@ -47,7 +47,7 @@ use crate::pybuf::Borrowed;
 /// `pool_size`, `wait` (a `lava_flow.Wait`), `spin_ns`, `rendezvous_timeout` in seconds,
 /// `auto_zero_copy`, `strict_gpu`, `released_semaphore`, `prefault`, `kind` (a
 /// `lava_flow.ChannelKind`, or "pair", "fan_in", "fan_out"), `max_peers` (a fan-in's most
-/// producers, 1 to 64) and `slow_consumer_timeout` in seconds (fan-out only)), the rest keeping
+/// producers, or a fan-out's most consumers, 1 to 64) and `slow_consumer_timeout` in seconds (fan-out only)), the rest keeping
 /// lava-flow's defaults; `my_location` and `peer_location` (Locations) choose the transport.
 ///
 /// A fan-in takes up to `max_peers` producers (each one `Channel(..., "producer",
@@ -293,9 +293,10 @@ impl Channel {
         m.map(|m| Channel::message(slf, m)).transpose()
     }
 
-    /// The producers of this consumer, slot by slot (a list of `Peer`): a pair channel's one,
-    /// or each of a fan-in's `max_peers` slots, "free", "alive" or "gone" (ended, with messages
-    /// still to read). Producers raise InvalidStateError.
+    /// The processes at the other end, slot by slot (a list of `Peer`): a consumer's producers
+    /// (a pair channel's one, or each of a fan-in's `max_peers` slots, "free", "alive" or
+    /// "gone": ended, with messages still to read), or a producer's consumers (each of a
+    /// fan-out's `max_peers` slots, or a pair channel's one, whose pid is 0).
     fn peers(&self, py: Python<'_>) -> PyResult<Vec<Peer>> {
         self.peer_list(py)
     }
