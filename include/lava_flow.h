@@ -901,6 +901,9 @@ lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 // host can map it, else NULL.
 #define LF_MESSAGE_GPU 2
 
+// The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
+#define LF_MAX_PEERS 64
+
 // The size of `lf_peer.host` and `lf_peer.route`'s buffers, NUL included.
 #define LF_PEER_HOST_SIZE 256
 

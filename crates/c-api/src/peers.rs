@@ -10,7 +10,10 @@ use super::{boundary, handle_ref, out_ptr, write_out, Failure};
 use lava_flow::channels::{Peer, PeerState};
 
 /// The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
-pub const LF_MAX_PEERS: u32 = lava_flow::channels::MAX_PEERS;
+// A literal, so that cbindgen writes it into the header (it cannot follow the core's constant);
+// the assertion keeps the two the same.
+pub const LF_MAX_PEERS: u32 = 64;
+const _: () = assert!(LF_MAX_PEERS == lava_flow::channels::MAX_PEERS, "LF_MAX_PEERS must be the core's MAX_PEERS");
 /// The size of `lf_peer.host` and `lf_peer.route`'s buffers, NUL included.
 pub const LF_PEER_HOST_SIZE: u32 = 256;
 pub const LF_PEER_ROUTE_SIZE: u32 = 16;
