@@ -3,11 +3,11 @@
 use std::ffi::c_char;
 
 use super::abi::{c_enum, CEnum};
-use super::channel::{consumer, lf_channel, lock};
+use super::channel::{lf_channel, lock};
 use super::raw;
 use super::status::lf_status;
 use super::{boundary, handle_ref, out_ptr, write_out, Failure};
-use lava_flow::channels::{Peer, PeerState};
+use lava_flow::channels::{Channel, Peer, PeerState};
 
 /// The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
 // A literal, so that cbindgen writes it into the header (it cannot follow the core's constant);
@@ -115,8 +115,18 @@ pub unsafe extern "C" fn lf_channel_peers(
             });
         }
         let ch = handle_ref(channel, "channel")?;
-        let mut guard = lock(ch)?;
-        let list = consumer(&mut guard)?.peers();
+        let guard = lock(ch)?;
+        let list = match &*guard {
+            Channel::Consumer(c) => c.peers(),
+            Channel::Producer(_) => {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_INVALID_STATE,
+                    message: "this channel end is a producer, and only a consumer lists its peers (its producers, \
+                              slot by slot): call it on the consumer's end"
+                        .into(),
+                })
+            }
+        };
         for (i, peer) in list.iter().take(capacity).enumerate() {
             // SAFETY: the caller promises `capacity` writable entries; i < capacity.
             write_out(unsafe { peers.add(i) }, lf_peer::from(peer));
