@@ -221,11 +221,12 @@ unsafe fn cpu_context_here() -> Loc {
 }
 
 fn fan_in_config() -> lf_channel_config {
-    let mut config = lf_channel_config::default();
-    config.kind = lf_channel_kind::LF_CHANNEL_FAN_IN as u32;
-    config.max_peers = 4;
-    config.rendezvous_timeout_ns = 10_000_000_000;
-    config
+    lf_channel_config {
+        kind: lf_channel_kind::LF_CHANNEL_FAN_IN as u32,
+        max_peers: 4,
+        rendezvous_timeout_ns: 10_000_000_000,
+        ..Default::default()
+    }
 }
 
 #[test]
