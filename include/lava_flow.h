@@ -902,7 +902,6 @@ lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 #define LF_MESSAGE_GPU 2
 
 // The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
-// A literal, for the header (the library's own is checked equal by a test).
 #define LF_MAX_PEERS 64
 
 // The size of `lf_peer.host` and `lf_peer.route`'s buffers, NUL included.

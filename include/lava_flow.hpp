@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -104,6 +106,13 @@ inline std::int64_t id_or_unset(std::optional<std::uint32_t> id) {
 inline std::optional<std::string> optional_string(const char* s) {
     if (s == nullptr) return std::nullopt;
     return std::string(s);
+}
+
+/// A NUL-terminated string in a fixed-size C array, read no further than the array.
+template <std::size_t N>
+std::string bounded_string(const char (&s)[N]) {
+    const void* nul = std::memchr(s, '\0', N);
+    return std::string(s, nul != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nul) - s) : N);
 }
 
 }  // namespace detail
@@ -605,8 +614,20 @@ enum class WaitStrategy : std::uint32_t {
     Block = LF_WAIT_BLOCK,
 };
 
+/// How many processes share a channel: the `LF_CHANNEL_*` values. Every end names the same.
+enum class ChannelKind : std::uint32_t {
+    /// One producer, one consumer. The default.
+    Pair = LF_CHANNEL_PAIR,
+    /// Up to `max_peers` producers, one consumer: order and exactly-once per producer, the
+    /// producers served in turn; Message::producer says whose a message is.
+    FanIn = LF_CHANNEL_FAN_IN,
+    /// One producer, up to `max_peers` consumers. Not built in this version: creating an end
+    /// fails with LF_ERR_UNSUPPORTED.
+    FanOut = LF_CHANNEL_FAN_OUT,
+};
+
 /// Channel options: lf_channel_config_init's values (spin-then-block, 256 messages, a 16 MiB
-/// pool, a 10 s rendezvous), to change with the setters, which chain:
+/// pool, a 10 s rendezvous, a pair of 8 peers at most), to change with the setters, which chain:
 /// `lf::ChannelConfig().capacity(64).pool_size(8 << 20)`.
 class ChannelConfig {
 public:
@@ -656,6 +677,24 @@ public:
         raw_.prefault = on ? 1 : 0;
         return *this;
     }
+    /// A pair (the default), a fan-in or a fan-out; every end of a channel names the same.
+    ChannelConfig& kind(ChannelKind kind) noexcept {
+        raw_.kind = static_cast<lf_channel_kind>(kind);
+        return *this;
+    }
+    /// A fan-in's most producers (the consumer's value rules), or a fan-out's most consumers:
+    /// 1 to LF_MAX_PEERS (64); 8 by default. A pair ignores it.
+    ChannelConfig& max_peers(std::uint32_t peers) noexcept {
+        raw_.max_peers = peers;
+        return *this;
+    }
+    /// Fan-out only: a consumer that keeps the producer waiting for room longer than this is
+    /// detached; `lf::forever` (the default) lets a slow consumer hold the producer back. Set
+    /// on another kind, creating an end fails with LF_ERR_INVALID_ARGUMENT.
+    ChannelConfig& slow_consumer_timeout(Timeout time) noexcept {
+        raw_.slow_consumer_timeout_ns = time.count();
+        return *this;
+    }
 
     const lf_channel_config& raw() const noexcept { return raw_; }
     lf_channel_config& raw() noexcept { return raw_; }
@@ -669,6 +708,32 @@ private:
 struct Transport {
     std::string name;
     std::string reason;
+};
+
+/// Whether a slot at the other end of a channel has a process: the `LF_PEER_*` values.
+enum class PeerState : std::uint32_t {
+    /// Nobody holds the slot: a new peer may take it.
+    Free = LF_PEER_FREE,
+    /// The peer is attached.
+    Alive = LF_PEER_ALIVE,
+    /// The peer closed its end or died; its last messages may still wait (the slot is free
+    /// once its LF_ERR_PEER_GONE has been returned).
+    Gone = LF_PEER_GONE,
+};
+
+/// One slot at the other end of a channel (Consumer::peers).
+struct Peer {
+    /// 0 on a pair channel; 0 to `max_peers - 1` for a fan-in's producers (Message::producer).
+    std::uint32_t slot = 0;
+    PeerState state = PeerState::Free;
+    /// The peer's process id on its host; 0 for a free slot or a peer on another host.
+    std::uint32_t pid = 0;
+    /// The peer's MPI rank where MPI reaches it.
+    std::optional<std::int32_t> rank;
+    /// The peer's host (empty for a free slot).
+    std::string host;
+    /// The transport its messages take ("shm", "mpi"); empty for a free slot.
+    std::string route;
 };
 
 /// Room in the channel's shared memory lent by Producer::loan: write up to `size()` bytes at
@@ -763,6 +828,8 @@ public:
     const std::byte* end() const noexcept { return begin() + raw_.len; }
     /// The message's sequence number (0, 1, 2, ... per producer).
     std::uint64_t sequence() const noexcept { return raw_.sequence; }
+    /// The slot of the fan-in producer that sent it (see Consumer::peers); 0 on a pair channel.
+    std::uint32_t producer() const noexcept { return raw_.producer; }
     /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
     std::uint32_t flags() const noexcept { return raw_.flags; }
     /// The bytes lie in the producer's own buffer: nothing was copied.
@@ -830,9 +897,35 @@ public:
         return fd;
     }
 
+    /// The processes at the other end, slot by slot: a consumer's producers (a pair channel's
+    /// one, or each of a fan-in's `max_peers` slots: free, alive, or gone with messages still to
+    /// read); a producer's consumers (each of a fan-out's `max_peers` slots, or a pair channel's
+    /// one, whose pid is 0).
+    Expected<std::vector<Peer>> peers(nothrow_t) const noexcept {
+        std::unique_ptr<lf_peer[]> raw(new (std::nothrow) lf_peer[LF_MAX_PEERS]);
+        if (!raw) return Error(LF_ERR_OUT_OF_MEMORY, "no memory for the list of a channel's peers");
+        std::size_t count = 0;
+        if (lf_status s = lf_channel_peers(get(), raw.get(), sizeof(lf_peer), LF_MAX_PEERS, &count); s != LF_OK)
+            return failure(s);
+        std::vector<Peer> out;
+        out.reserve(count);
+        for (std::size_t i = 0; i < count && i < LF_MAX_PEERS; i++) {
+            const lf_peer& p = raw[i];
+            Peer peer;
+            peer.slot = p.slot;
+            peer.state = static_cast<PeerState>(p.state);
+            peer.pid = p.pid;
+            if (p.rank >= 0) peer.rank = p.rank;
+            peer.host = detail::bounded_string(p.host);
+            peer.route = detail::bounded_string(p.route);
+            out.push_back(std::move(peer));
+        }
+        return out;
+    }
 #if LAVA_FLOW_EXCEPTIONS
     Transport transport() const { return transport(nothrow).value(); }
     int ready_semaphore() { return ready_semaphore(nothrow).value(); }
+    std::vector<Peer> peers() const { return peers(nothrow).value(); }
 #endif
 
     lf_channel* get() const noexcept { return handle_.get(); }
@@ -870,7 +963,9 @@ private:
 
 /// The sending end of channel `name`. Either end may be created first; creation waits for the
 /// other (up to the config's rendezvous timeout). Move-only; closing it (the destructor) lets
-/// the consumer read what was sent, then see LF_ERR_PEER_GONE.
+/// the consumer read what was sent, then see LF_ERR_PEER_GONE. A fan-in's producer takes the
+/// lowest free slot; creating one of a fan-in whose `max_peers` slots are all taken fails with
+/// LF_ERR_INVALID_STATE.
 class Producer : public detail::ChannelEnd {
 public:
     /// The end between this process (`mine`) and the consumer's process (`peer`): the scope
@@ -991,7 +1086,8 @@ private:
 };
 
 /// The receiving end of channel `name`. Either end may be created first; creation waits for
-/// the other (up to the config's rendezvous timeout). Move-only.
+/// the other (up to the config's rendezvous timeout; a fan-in's consumer waits so for its first
+/// producer, and the others attach any time). Move-only.
 class Consumer : public detail::ChannelEnd {
 public:
     /// The end between this process (`mine`) and the producer's process (`peer`).
@@ -1000,31 +1096,38 @@ public:
                                      const ChannelConfig& config = ChannelConfig()) noexcept {
         auto raw = open(context.get(), name, LF_ROLE_CONSUMER, &mine, &peer, config);
         if (!raw) return raw.error();
-        return Consumer(*raw);
+        return Consumer(*raw, config);
     }
     /// The end for a producer on this host.
     static Expected<Consumer> create(nothrow_t, const Context& context, const std::string& name,
                                      const ChannelConfig& config = ChannelConfig()) noexcept {
         auto raw = open(context.get(), name, LF_ROLE_CONSUMER, nullptr, nullptr, config);
         if (!raw) return raw.error();
-        return Consumer(*raw);
+        return Consumer(*raw, config);
     }
 
     /// The next message, waiting up to `timeout` (LF_ERR_TIMEOUT). LF_ERR_PEER_GONE once the
-    /// producer has gone and its messages are read.
+    /// producer has gone and its messages are read. A fan-in serves its producers in turn, each
+    /// in its order (Message::producer names the slot), and says LF_ERR_PEER_GONE once per
+    /// producer that ended, after its last message: `last_gone()` then names the slot, and the
+    /// others go on. With no producer attached, a fan-in's recv waits for one.
     Expected<Message> recv(nothrow_t, Timeout timeout = forever) noexcept {
         lf_message raw{};
-        if (lf_status s = lf_recv(get(), timeout.count(), &raw); s != LF_OK) return detail::failure(s);
+        if (lf_status s = lf_recv(get(), timeout.count(), &raw); s != LF_OK) return failed(s, raw);
         return Message(get(), raw);
     }
     /// As `recv`, but LF_ERR_WOULD_BLOCK at once when no message waits.
     Expected<Message> try_recv(nothrow_t) noexcept {
         lf_message raw{};
-        if (lf_status s = lf_try_recv(get(), &raw); s != LF_OK) return detail::failure(s);
+        if (lf_status s = lf_try_recv(get(), &raw); s != LF_OK) return failed(s, raw);
         return Message(get(), raw);
     }
-    /// A file descriptor for poll/epoll, owned by the channel: readable while a message waits or
-    /// after the producer has gone. After each wake-up, `try_recv` until LF_ERR_WOULD_BLOCK.
+    /// The fan-in slot whose producer's end the last LF_ERR_PEER_GONE reported: nullopt before
+    /// the first, and on a pair channel. The slot may be taken by a new producer afterwards.
+    std::optional<std::uint32_t> last_gone() const noexcept { return last_gone_; }
+    /// A file descriptor for poll/epoll, owned by the channel: readable while a message waits,
+    /// after a producer has gone, and (fan-in) when a producer attaches. After each wake-up,
+    /// `try_recv` until LF_ERR_WOULD_BLOCK.
     Expected<int> fd(nothrow_t) noexcept {
         int out = -1;
         if (lf_status s = lf_channel_fd(get(), &out); s != LF_OK) return detail::failure(s);
@@ -1044,7 +1147,15 @@ public:
 #endif
 
 private:
-    explicit Consumer(lf_channel* raw) noexcept : ChannelEnd(raw) {}
+    Consumer(lf_channel* raw, const ChannelConfig& config) noexcept
+        : ChannelEnd(raw), fan_in_(config.raw().kind == LF_CHANNEL_FAN_IN) {}
+    /// A receive's failure; on a fan-in's LF_ERR_PEER_GONE, lf_recv wrote the slot that ended.
+    Error failed(lf_status status, const lf_message& raw) noexcept {
+        if (status == LF_ERR_PEER_GONE && fan_in_) last_gone_ = raw.producer;
+        return detail::failure(status);
+    }
+    bool fan_in_ = false;
+    std::optional<std::uint32_t> last_gone_;
 };
 
 }  // namespace lf
