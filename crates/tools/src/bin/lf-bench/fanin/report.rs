@@ -68,9 +68,12 @@ fn layout(o: &FanInOptions) -> String {
     } else {
         format!("with {most} producers, each has a core of its own")
     };
+    let placed = match cores {
+        0..=2 => "the producers all on core 1".to_owned(),
+        _ => format!("producer i on core 1 + i mod {}", cores - 1),
+    };
     format!(
-        "{cores} cores allowed: the consumer on core 0, producer i on core 1 + i mod {}; {shared}; the peers' processes are placed the same way",
-        cores.saturating_sub(1).max(1)
+        "{cores} cores allowed: the consumer on core 0, {placed}; {shared}; the peers' processes are placed the same way"
     )
 }
 
@@ -103,7 +106,7 @@ fn config_lines(o: &FanInOptions, machine: &Machine, peers: &FanInPeers) -> Vec<
         o.window.as_secs_f64()
     ));
     l.push(format!(
-        "Per message: the consumer's time per message at saturation (messages always wait, so its inter-arrival time), p50 and p99 over blocks of {BLOCK} consecutive messages; the same for the pair row"
+        "Per message: the consumer's inter-arrival time at saturation (the producers send as fast as they can, so where messages wait it is the consumer's cost per message; where the consumer waits for producers that are descheduled, the wait is in it), p50 and p99 over blocks of {BLOCK} consecutive messages; the same for the pair row"
     ));
     l.push("Fairness: the slowest producer's messages in the window over the fastest's".to_owned());
     l.push("No floor: the pair channel in the same run is the fan-in's reference".to_owned());
