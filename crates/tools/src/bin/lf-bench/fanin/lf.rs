@@ -104,6 +104,7 @@ pub fn consumer(
     while gone < producers {
         // SAFETY: as above.
         match unsafe { lf_try_recv(rx.0, &mut msg) } {
+            // SAFETY: the message just received, given back once.
             lf_status::LF_OK => check(unsafe { lf_release(rx.0, &msg) }, "lf_release"),
             lf_status::LF_ERR_PEER_GONE => gone += 1,
             lf_status::LF_ERR_WOULD_BLOCK => std::hint::spin_loop(),
