@@ -221,3 +221,38 @@ fn bad_plot_input_is_refused_with_a_message() {
     assert!(text(&out.stderr).contains("nothing to chart"), "{}", text(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--fan-in` with three producer processes and the pair beside them: every row received
+/// messages in its window, from every producer, each producer's in order and exactly once; the
+/// text names the cores and how the producers share them. No figure is checked.
+#[test]
+fn fan_in_rows_receive_from_every_producer_in_order() {
+    let args = ["--fan-in", "--quick", "--no-peers", "--producers", "1,3", "--warm", "0.05", "--window", "0.5"];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let doc: Value =
+        serde_json::from_str(&succeeded(&lf_bench(&json_args), "--fan-in --json")).expect("one JSON object");
+    let rows = doc["rows"].as_array().expect("rows");
+    let shape: Vec<(&str, u64)> =
+        rows.iter().map(|r| (r["who"].as_str().unwrap(), r["producers"].as_u64().unwrap())).collect();
+    assert_eq!(shape, [("lava-flow pair", 1), ("lava-flow fan-in", 1), ("lava-flow fan-in", 3)], "{doc:#}");
+    for row in rows {
+        let tally = &row["tally"];
+        assert!(row["error"].is_null(), "{row:#}");
+        assert_eq!(tally["errors"], 0, "a message out of order, repeated or lost: {row:#}");
+        let per: Vec<u64> = tally["per_producer"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(per.len() as u64, row["producers"].as_u64().unwrap(), "{row:#}");
+        assert!(per.iter().all(|&n| n > 0), "a producer was never served in the window: {row:#}");
+        assert_eq!(per.iter().sum::<u64>(), tally["messages"].as_u64().unwrap(), "{row:#}");
+        assert!(tally["per_msg_p50_ns"].as_f64().is_some_and(|v| v > 0.0), "{row:#}");
+    }
+    let skipped = doc["config"]["peers"].as_array().unwrap();
+    assert!(skipped.iter().all(|p| p["found"] == false && p["why"] == "--no-peers was given"), "{doc:#}");
+    assert!(doc["targets"][0]["value"].is_f64(), "fairness at 3 producers: {doc:#}");
+
+    let text = succeeded(&lf_bench(&args), "--fan-in");
+    let cores = text.lines().find(|l| l.starts_with("# Cores: ")).unwrap_or_else(|| panic!("no cores line:\n{text}"));
+    assert!(cores.contains("cores allowed"), "{cores}");
+    assert!(text.contains("# Producers  Who") && text.contains("lava-flow fan-in"), "{text}");
+    assert!(text.contains("Peer iceoryx2: skipped: --no-peers was given"), "{text}");
+}

@@ -1,7 +1,9 @@
 //! lf-info as a user runs it: the built binary (`CARGO_BIN_EXE_lf-info`), its text and its
 //! JSON, checked against what the library itself says on this machine. A channel held by a
 //! child process (this test binary, re-executed) is seen alive, then dead once the child is
-//! killed with SIGKILL, then cleaned up.
+//! killed with SIGKILL, then cleaned up; a fan-in held by three processes (a consumer and two
+//! producers) is seen with each producer's slot, state and pid, one producer's death in its
+//! slot, and is cleaned up once all are dead.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::DirBuilderExt;
@@ -9,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use lava_flow::channels::{ChannelConfig, Consumer, Producer};
+use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, Producer};
 use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
 use lava_flow::ProcessLocation;
 use serde_json::Value;
@@ -347,6 +349,157 @@ fn channels_are_seen_alive_then_dead_after_sigkill_then_cleaned_up() {
         assert!(removed.iter().any(|p| p.ends_with(file)), "{file} not removed: {removed:?}");
     }
     assert!(held(&view, "held").is_none(), "{view:#}");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left in the runtime dir: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child running `role` of test `test` (this test binary, re-executed with [`CHILD_ENV`]
+/// set to the role), its runtime dir `dir`; returns once it printed `@@ ready`.
+fn ready_child(test: &str, role: &str, dir: &Path) -> Killed {
+    let mut child = Killed(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, role)
+            .env("LF_RUNTIME_DIR", dir)
+            .env_remove("LF_TRANSPORTS")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("re-executing the test binary"),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read on a thread of its own, so that a child that hangs fails the test instead of
+    // blocking it; the thread then keeps draining the pipe.
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if !sent && line.contains("@@ ready") {
+                let _ = tx.send(());
+                sent = true;
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the {role} child did not get ready within 60 s (or ended before)"));
+    child
+}
+
+/// The fan-in child's side: a consumer that receives one message from each of two producers,
+/// or a producer that sends one; then it holds its end until it is killed.
+fn fan_in_child(role: &str) -> ! {
+    let context = Context::new({
+        let mut c = ContextConfig::default();
+        c.gpu = GpuPolicy::Disabled;
+        c
+    })
+    .unwrap();
+    let here = ProcessLocation::from_hostname().unwrap();
+    let config = ChannelConfig {
+        kind: ChannelKind::FanIn,
+        pool_size: 64 << 10,
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..ChannelConfig::default()
+    };
+    // Both ends are held, never dropped: the process is killed with them.
+    let _end: Box<dyn std::any::Any> = if role == "fan-in-consumer" {
+        let mut consumer = Consumer::create(&context, "gather", &here, &here, &config).unwrap();
+        let mut from = Vec::new();
+        for _ in 0..2 {
+            // Receiving also takes up the producers that attach meanwhile.
+            let message = consumer.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert_eq!(message.as_slice(), b"hello");
+            from.push(message.producer());
+        }
+        from.sort_unstable();
+        assert_eq!(from, [0, 1], "one message from each slot");
+        Box::new(consumer)
+    } else {
+        let mut producer = Producer::create(&context, "gather", &here, &here, &config).unwrap();
+        producer.send(b"hello").unwrap();
+        Box::new(producer)
+    };
+    println!("@@ ready");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The text line of lf-info's channel table that starts with `start`.
+fn text_line<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines().find(|l| l.trim_start().starts_with(start)).unwrap_or_else(|| panic!("no line {start:?} in:\n{text}"))
+}
+
+#[test]
+fn a_fan_in_lists_each_producer_s_slot_and_pid_and_is_cleaned_up_once_dead() {
+    const TEST: &str = "a_fan_in_lists_each_producer_s_slot_and_pid_and_is_cleaned_up_once_dead";
+    if let Some(role) = std::env::var_os(CHILD_ENV) {
+        fan_in_child(role.to_str().unwrap());
+    }
+    let dir = test_dir("fan-in");
+    // Created in this order, the first producer takes slot 0 (the lowest free one) before the
+    // second starts; the consumer is ready once it has a message from each.
+    let consumer = std::thread::scope(|s| {
+        let consumer = s.spawn(|| ready_child(TEST, "fan-in-consumer", &dir));
+        let first = ready_child(TEST, "fan-in-producer", &dir);
+        let second = ready_child(TEST, "fan-in-producer", &dir);
+        (consumer.join().unwrap(), first, second)
+    });
+    let (mut consumer, mut first, mut second) = consumer;
+    let pids = [first.0.id(), second.0.id()];
+    let consumer_pid = consumer.0.id();
+
+    let view = json(&["--channels"], &[], Some(&dir));
+    let channel = held(&view, "gather").unwrap_or_else(|| panic!("the fan-in is not listed: {view:#}"));
+    assert_eq!((&channel["kind"], &channel["alive"]), (&"fan-in".into(), &true.into()), "{channel:#}");
+    assert_eq!(channel["consumer"], format!("live (pid {consumer_pid})"));
+    assert_eq!(channel["consumer_end"]["pid"], consumer_pid, "{channel:#}");
+    assert_eq!(channel["producers_live"], 2, "{channel:#}");
+    let producers = channel["producers"].as_array().unwrap();
+    assert_eq!(producers.len(), 2, "{channel:#}");
+    for (slot, pid) in pids.iter().enumerate() {
+        let p = &producers[slot];
+        assert_eq!((&p["slot"], &p["state"], &p["pid"]), (&slot.into(), &"live".into(), &(*pid).into()), "{p}");
+    }
+    let text = stdout(&lf_info(&["--channels"], &[], Some(&dir)));
+    let line = text_line(&text, "gather ");
+    assert!(line.contains("fan-in") && line.contains("alive") && line.contains("2 of 2 slots live"), "{line}");
+    for (slot, pid) in pids.iter().enumerate() {
+        assert!(text.contains(&format!("slot {slot}: live (pid {pid})")), "{text}");
+    }
+
+    // The second producer dies: its slot is over, the channel lives on, and cleaning up leaves
+    // a live channel alone (its consumer removes that lock once it reports the end).
+    // SAFETY: kill with the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pids[1] as i32, libc::SIGKILL) }, 0);
+    second.0.wait().unwrap();
+    let view = json(&["--cleanup"], &[], Some(&dir));
+    assert_eq!(view["channels"]["removed"].as_array().unwrap().len(), 0, "{view:#}");
+    let channel = held(&view, "gather").unwrap();
+    assert_eq!((&channel["alive"], &channel["producers_live"]), (&true.into(), &1.into()), "{channel:#}");
+    assert_eq!(channel["producers"][0]["pid"], pids[0], "{channel:#}");
+    assert_eq!(channel["producers"][1]["state"], "over", "{channel:#}");
+    let text = stdout(&lf_info(&["--channels"], &[], Some(&dir)));
+    assert!(text.contains("slot 1: over") && text.contains("1 of 2 slots live"), "{text}");
+    assert!(text.contains("over slots are its consumer's to clean up"), "{text}");
+
+    // All dead: the whole fan-in's files go, each slot's lock with them.
+    for child in [&mut consumer, &mut first] {
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGKILL) }, 0);
+        child.0.wait().unwrap();
+    }
+    let view = json(&["--channels"], &[], Some(&dir));
+    let channel = held(&view, "gather").unwrap();
+    assert_eq!((&channel["alive"], &channel["producers_live"]), (&false.into(), &0.into()), "{channel:#}");
+    assert_eq!(channel["consumer"], "over");
+    let view = json(&["--cleanup"], &[], Some(&dir));
+    let removed: Vec<&str> =
+        view["channels"]["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    for file in ["gather.sock", "gather.consumer.lock", "gather.producer.0.lock", "gather.producer.1.lock"] {
+        assert!(removed.iter().any(|p| p.ends_with(file)), "{file} not removed: {removed:?}");
+    }
+    assert!(held(&view, "gather").is_none(), "{view:#}");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "left in the runtime dir: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);

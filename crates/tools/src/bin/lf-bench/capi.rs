@@ -58,7 +58,7 @@ impl Send {
 
 /// Panics with the library's own message unless `status` is LF_OK: a benchmark that cannot
 /// do what it measures stops.
-fn check(status: lf_status, call: &str) {
+pub fn check(status: lf_status, call: &str) {
     if status != lf_status::LF_OK {
         // SAFETY: lf_last_error_message returns a valid thread-local C string.
         let message = unsafe { CStr::from_ptr(lf_last_error_message()) };
@@ -136,6 +136,22 @@ impl CApi {
             }
             Ends { tx, rx, pool_raised }
         }
+    }
+
+    /// One end (`role`) of channel `name` (a name of its own, not prefixed) with `cfg`: the
+    /// fan-in rows' ends, one per process. Free it with `lf_channel_free`.
+    pub fn channel(&self, name: &str, role: lf_role, cfg: &lf_channel_config) -> *mut lf_channel {
+        let name = CString::new(name).expect("no NUL in names");
+        let mut out = std::ptr::null_mut();
+        // SAFETY: live context and location handles, a NUL-terminated name, a filled config
+        // and a writable out pointer; checked.
+        unsafe {
+            check(
+                lf_channel_create(self.context, name.as_ptr(), role as u32, self.here, self.here, cfg, &mut out),
+                "lf_channel_create",
+            );
+        }
+        out
     }
 
     /// A CPU buffer of `size` bytes from `lf_alloc`, and its address.

@@ -35,12 +35,17 @@
 //! `lf-bench --gpu [--quick] [--json]` measures GPU buffers through channels instead: see
 //! `gpu.rs`.
 //!
+//! `lf-bench --fan-in [--quick] [--json] [--producers 1,2,4,8] [--size 64]` measures many
+//! producers to one consumer (a fan-in channel through the C API, the pair channel beside it,
+//! iceoryx2 and Open MPI with the same protocol): see `fanin/`.
+//!
 //! `mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b
 //! lf-bench --mpi [...]` measures lava-flow channels between two MPI ranks against raw MPI
 //! between the same ranks (built with the cargo feature `mpi`): see `mpi/`.
 
 mod capi;
 mod config;
+mod fanin;
 mod floors;
 #[cfg(feature = "vulkan")]
 mod gpu;
@@ -161,8 +166,12 @@ fn plot_into(dir: &std::path::Path, written: Result<Vec<std::path::PathBuf>, Str
     }
 }
 
-/// `--gpu` and `--mpi` are benchmarks of their own.
+/// `--gpu`, `--mpi` and `--fan-in` are benchmarks of their own.
 fn other_benchmarks() {
+    if std::env::args().any(|a| a == "--fan-in") {
+        fanin::main();
+        std::process::exit(0);
+    }
     if std::env::args().any(|a| a == "--gpu") {
         #[cfg(feature = "vulkan")]
         {

@@ -52,7 +52,7 @@ pub struct Peers {
 
 /// The program at `option`, else `$env`, else `name` beside this executable; the error says
 /// where it was looked for.
-fn locate(option: &Option<PathBuf>, env: &str, name: &str) -> Result<PathBuf, String> {
+pub fn locate(option: &Option<PathBuf>, env: &str, name: &str) -> Result<PathBuf, String> {
     let beside = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join(name)));
     let (path, how) = match (option, std::env::var_os(env)) {
         (Some(p), _) => (p.clone(), "given on the command line"),
@@ -75,7 +75,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// `program` found in `$PATH`.
-fn in_path(program: &str) -> Option<PathBuf> {
+pub fn in_path(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|p| is_executable(p))
 }
 
@@ -174,7 +174,7 @@ impl Peers {
 
 /// The version of a peer: Open MPI's own words (`mpirun --version`); for iceoryx2, the one in
 /// the `Cargo.lock` of the crate the program was built in (`<crate>/target/release/<program>`).
-fn version(peer: Peer, program: &Path) -> Option<String> {
+pub fn version(peer: Peer, program: &Path) -> Option<String> {
     match peer {
         Peer::OpenMpi => {
             let out = Command::new("mpirun").arg("--version").output().ok()?;

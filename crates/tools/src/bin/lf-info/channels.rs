@@ -1,22 +1,67 @@
 //! `--channels`, `--cleanup`: the channels whose files are in the runtime directory, each
-//! alive (a process holds an end) or dead, and the removal of what dead ones left. Whether an
-//! end lives is asked of its lock, as the channels themselves ask it
+//! alive (a process holds an end) or dead, its kind (a pair, or a fan-in: producers in slots)
+//! and each end with its state and pid, and the removal of what dead ones left. Whether an end
+//! lives is asked of its lock, as the channels themselves ask it
 //! (`channels::transports::shm::rendezvous`), so a live channel's files are never removed.
 
 use std::path::PathBuf;
 
-use lava_flow::channels::{channels_in_runtime_dir, remove_leftovers, runtime_dir_path, ChannelFiles};
+use lava_flow::channels::{channels_in_runtime_dir, remove_leftovers, runtime_dir_path, ChannelFiles, EndState};
 use lava_flow::env;
 use serde_json::{json, Value};
 
 use crate::{text, Failure};
 
+/// A channel with fan-in producer locks is a fan-in: a pair's producer holds `<name>.producer.lock`,
+/// a fan-in's producers `<name>.producer.<slot>.lock`.
+fn is_fan_in(c: &ChannelFiles) -> bool {
+    !c.fan_in_producers.is_empty()
+}
+
+fn kind(c: &ChannelFiles) -> &'static str {
+    if is_fan_in(c) {
+        "fan-in"
+    } else {
+        "pair"
+    }
+}
+
+/// An end's state as a word, and its pid where a process holds it.
+fn state_json(state: EndState) -> Value {
+    match state {
+        EndState::Absent => json!({ "state": "absent", "pid": null }),
+        EndState::Live { pid } => json!({ "state": "live", "pid": (pid != 0).then_some(pid) }),
+        EndState::Over => json!({ "state": "over", "pid": null }),
+    }
+}
+
+/// One producer end: its slot, state, pid (where a process holds it) and the state in words.
+fn producer_json(slot: u32, state: EndState) -> Value {
+    let mut v = state_json(state);
+    v["slot"] = json!(slot);
+    v["describe"] = json!(state.describe());
+    v
+}
+
 fn to_json(c: &ChannelFiles) -> Value {
+    // A pair's one producer is slot 0 (as `Message::producer` says), listed where its lock is.
+    let producers: Vec<Value> = if is_fan_in(c) {
+        c.fan_in_producers.iter().map(|&(slot, state)| producer_json(slot, state)).collect()
+    } else if c.producer != EndState::Absent {
+        vec![producer_json(0, c.producer)]
+    } else {
+        Vec::new()
+    };
+    let live = |s: &EndState| matches!(s, EndState::Live { .. });
     json!({
         "name": c.name,
+        "kind": kind(c),
         "alive": c.is_live(),
-        "producer": c.producer.describe(),
+        "producer": producer_cell(c),
         "consumer": c.consumer.describe(),
+        "consumer_end": state_json(c.consumer),
+        "producers": producers,
+        "producers_live": c.fan_in_producers.iter().filter(|(_, s)| live(s)).count() + usize::from(live(&c.producer)),
         "socket": c.socket,
     })
 }
@@ -30,6 +75,16 @@ fn dir_source() -> String {
     } else {
         "the default without XDG_RUNTIME_DIR".to_owned()
     }
+}
+
+/// The PRODUCER column: a pair's one producer; a fan-in's live and total slots (each slot is
+/// on a line of its own under the channel).
+fn producer_cell(c: &ChannelFiles) -> String {
+    if !is_fan_in(c) {
+        return c.producer.describe();
+    }
+    let live = c.fan_in_producers.iter().filter(|(_, s)| matches!(s, EndState::Live { .. })).count();
+    format!("{live} of {} slots live", c.fan_in_producers.len())
 }
 
 pub fn view(cleanup: bool) -> Result<(Value, String), Failure> {
@@ -58,24 +113,37 @@ pub fn view(cleanup: bool) -> Result<(Value, String), Failure> {
         let name_w = channels.iter().map(|c| c.name.len()).max().unwrap_or(0).max("CHANNEL".len());
         let end_w = channels
             .iter()
-            .flat_map(|c| [c.producer.describe().len(), c.consumer.describe().len()])
+            .flat_map(|c| [producer_cell(c).len(), c.consumer.describe().len()])
             .max()
             .unwrap_or(0)
             .max("PRODUCER".len());
-        let widths = [name_w, "alive".len(), end_w, end_w];
-        out.push_str(&text::row(&["CHANNEL", "STATE", "PRODUCER", "CONSUMER", "SOCKET"], &widths, width));
+        let widths = [name_w, "fan-in".len(), "alive".len(), end_w, end_w];
+        out.push_str(&text::row(&["CHANNEL", "KIND", "STATE", "PRODUCER", "CONSUMER", "SOCKET"], &widths, width));
         for c in &channels {
             let state = if c.is_live() { "alive" } else { "dead" };
             let socket = if c.socket { "yes" } else { "no" };
             out.push_str(&text::row(
-                &[&c.name, state, &c.producer.describe(), &c.consumer.describe(), socket],
+                &[&c.name, kind(c), state, &producer_cell(c), &c.consumer.describe(), socket],
                 &widths,
                 width,
             ));
+            for (slot, end) in &c.fan_in_producers {
+                out.push_str(&text::row(&["", "", "", &format!("slot {slot}: {}", end.describe())], &widths, width));
+            }
         }
         let dead = channels.iter().filter(|c| !c.is_live()).count();
         if dead > 0 && !cleanup {
             out.push_str(&format!("\n{dead} dead: `lf-info --cleanup` removes their files.\n"));
+        }
+        let over_slots = channels
+            .iter()
+            .filter(|c| c.is_live())
+            .any(|c| c.fan_in_producers.iter().any(|(_, s)| *s == EndState::Over));
+        if over_slots {
+            out.push_str(
+                "\nA live fan-in's over slots are its consumer's to clean up: it removes each one's lock file once it \
+                 has reported that producer's end (or when it closes); `--cleanup` leaves live channels alone.\n",
+            );
         }
     }
     let value = json!({

@@ -6,7 +6,7 @@
 //! lf-info -d              Vulkan devices: UUIDs, memory heaps and types, external memory, semaphores
 //! lf-info -c              every LF_* environment variable: value, where it came from, default
 //! lf-info -p PEER         the route a channel to PEER would take, and why
-//! lf-info --channels      channels in the runtime directory, alive or dead
+//! lf-info --channels      channels in the runtime directory, alive or dead: each one's kind and ends (a fan-in's producers by slot), with pids
 //! lf-info --cleanup       removes what dead channels left there
 //! lf-info --json ...      any of the above as one JSON object on stdout
 //! ```
@@ -49,7 +49,8 @@ struct Args {
     #[arg(short = 'p', long, value_name = "PEER")]
     peer: Option<String>,
 
-    /// List the channels whose files are in the runtime directory, each alive or dead.
+    /// List the channels whose files are in the runtime directory, each alive or dead, with its
+    /// kind (pair or fan-in) and each end's state and pid (a fan-in's producers by slot).
     #[arg(long)]
     channels: bool,
 
