@@ -167,11 +167,8 @@ fn one_consumer_killed_among_four() {
 fn a_slow_consumer_is_detached_and_a_late_one_takes_its_slot() {
     const TEST: &str = "fan_out::a_slow_consumer_is_detached_and_a_late_one_takes_its_slot";
     // A bound a busy 2-core machine does not reach for a consumer that keeps reading.
-    let bounded = || ChannelConfig {
-        capacity: 4,
-        slow_consumer_timeout: Some(Duration::from_secs(2)),
-        ..fan_out("block", 2)
-    };
+    let bounded =
+        || ChannelConfig { capacity: 4, slow_consumer_timeout: Some(Duration::from_secs(2)), ..fan_out("block", 2) };
     match child_role().as_deref() {
         Some("producer") => {
             let mut p = Producer::create(&ctx(), "fanout-slow", &here(), &here(), &bounded()).unwrap();
