@@ -385,6 +385,7 @@ fn mpi_keeps_the_contract() {
             gpu_route: false,
             fd_wakes_for_control: true,
             fan_in: false,
+            fan_out: false,
         };
         let mut config = ContextConfig::default();
         config.gpu = lava_flow::memory::GpuPolicy::Disabled;

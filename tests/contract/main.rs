@@ -45,7 +45,11 @@ fn context_for(case: &Case) -> Option<Context> {
 /// `case`'s config with the transports restricted to `kind` (and the GPU route), of the
 /// carrier's channel kind.
 fn config_for(case: &Case, carrier: Carrier, kind: TransportKind) -> ChannelConfig {
-    let shape = if carrier.fan_in { ChannelKind::FanIn } else { ChannelKind::Pair };
+    let shape = match (carrier.fan_in, carrier.fan_out) {
+        (true, _) => ChannelKind::FanIn,
+        (_, true) => ChannelKind::FanOut,
+        _ => ChannelKind::Pair,
+    };
     ChannelConfig { transports: Some(vec![kind, TransportKind::VulkanIpc]), kind: shape, ..(case.config)() }
 }
 
@@ -80,8 +84,14 @@ fn scratch(prefix: &str) -> PathBuf {
 /// The contract over loopback: both halves threads of this process.
 #[test]
 fn loopback_keeps_the_contract() {
-    let carrier =
-        Carrier { name: "loopback", reattach: true, gpu_route: true, fd_wakes_for_control: false, fan_in: false };
+    let carrier = Carrier {
+        name: "loopback",
+        reattach: true,
+        gpu_route: true,
+        fd_wakes_for_control: false,
+        fan_in: false,
+        fan_out: false,
+    };
     for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
         let Some(context) = context_for(case) else { continue };
         let dir = scratch("lf-contract-loopback-");
@@ -98,7 +108,14 @@ fn loopback_keeps_the_contract() {
 /// The contract over shm: each half a process of its own.
 #[test]
 fn shm_keeps_the_contract() {
-    let carrier = Carrier { name: "shm", reattach: true, gpu_route: true, fd_wakes_for_control: false, fan_in: false };
+    let carrier = Carrier {
+        name: "shm",
+        reattach: true,
+        gpu_route: true,
+        fd_wakes_for_control: false,
+        fan_in: false,
+        fan_out: false,
+    };
     shm_contract("shm_keeps_the_contract", carrier);
 }
 
@@ -106,9 +123,32 @@ fn shm_keeps_the_contract() {
 /// the end of a producer, which is reported once. GPU buffers are staged on a fan-in.
 #[test]
 fn shm_fan_in_keeps_the_contract() {
-    let carrier =
-        Carrier { name: "shm fan-in", reattach: true, gpu_route: false, fd_wakes_for_control: false, fan_in: true };
+    let carrier = Carrier {
+        name: "shm fan-in",
+        reattach: true,
+        gpu_route: false,
+        fd_wakes_for_control: false,
+        fan_in: true,
+        fan_out: false,
+    };
     shm_contract("shm_fan_in_keeps_the_contract", carrier);
+}
+
+/// The contract over a shm fan-out with one consumer: what a pair promises, but that a new
+/// producer cannot take up a consumer whose producer has gone (the consumer joined that
+/// producer), and that a consumer's close does not end the producer's sends. GPU buffers are
+/// staged on a fan-out.
+#[test]
+fn shm_fan_out_keeps_the_contract() {
+    let carrier = Carrier {
+        name: "shm fan-out",
+        reattach: false,
+        gpu_route: false,
+        fd_wakes_for_control: false,
+        fan_in: false,
+        fan_out: true,
+    };
+    shm_contract("shm_fan_out_keeps_the_contract", carrier);
 }
 
 fn shm_contract(test: &'static str, carrier: Carrier) {

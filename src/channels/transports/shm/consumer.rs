@@ -6,8 +6,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::acceptor::Acceptor;
 use super::consumer_session::{Notify, ShmSession};
-use super::handshake::{self, Shape};
+use super::handshake::{self, Link, Shape};
 use super::rendezvous::Listener;
 use crate::channels::transport::{Attachment, ConsumerTransport, Route, TransportInfo};
 use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
@@ -22,8 +23,11 @@ pub(crate) struct ShmConsumer {
     wait: WaitStrategy,
     /// Which producers this end takes.
     shape: Shape,
-    /// Where producers attach; none for a fan-out's consumer, which connects to its producer.
+    /// Where producers attach: a pair's; none for a fan-out's consumer, which connects to
+    /// its producer, or for a fan-in's, whose acceptor listens.
     listener: Option<Listener>,
+    /// A fan-in's thread that meets producers as they connect.
+    acceptor: Option<Acceptor>,
     /// Sessions begun, for the next one's id.
     sessions: u64,
     /// Set up by the first `notify_fd`: from then on, the channel keeps it readable while a
@@ -45,8 +49,46 @@ impl ShmConsumer {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let listener = Listener::bind(name)?;
         let shape = Shape { kind: config.kind, max_peers: config.max_peers };
+        let mut consumer = ShmConsumer {
+            info,
+            name: name.to_owned(),
+            wait: config.wait,
+            shape,
+            listener: None,
+            acceptor: None,
+            sessions: 1,
+            notify: None,
+            answers: Vec::new(),
+        };
+        let link = if config.kind == ChannelKind::FanIn {
+            let path = listener.path().to_owned();
+            let acceptor = consumer.acceptor.insert(Acceptor::start(listener, name, config.wait, shape, answers)?);
+            acceptor.first(deadline).ok_or_else(|| {
+                Error::Timeout(format!(
+                    "no producer of fan-in channel {name:?} connected to {} in time",
+                    path.display()
+                ))
+            })?
+        } else {
+            let link = Self::meet_first(&listener, name, config.wait, shape, deadline, &answers)?;
+            (consumer.listener, consumer.answers) = (Some(listener), answers);
+            link
+        };
+        let session = ShmSession::new(name, config.wait, link, consumer.carrier_route());
+        Ok((consumer, session))
+    }
+
+    /// A pair's first producer, met on `listener` by `deadline`.
+    fn meet_first(
+        listener: &Listener,
+        name: &str,
+        wait: WaitStrategy,
+        shape: Shape,
+        deadline: Option<Instant>,
+        answers: &[Attachment],
+    ) -> Result<Link> {
         let mut refused = Vec::new();
-        let link = loop {
+        loop {
             match listener.accept(deadline, &mut refused, name)? {
                 None => {
                     let mut msg =
@@ -56,26 +98,12 @@ impl ShmConsumer {
                     }
                     return Err(Error::Timeout(msg));
                 }
-                Some((sock, cred)) => {
-                    match handshake::accept(sock, cred, name, config.wait, shape, deadline, 1, &answers) {
-                        Ok(link) => break link,
-                        Err(e) => refused.push(e.to_string()),
-                    }
-                }
+                Some((sock, cred)) => match handshake::accept(sock, cred, name, wait, shape, deadline, 1, answers) {
+                    Ok(link) => return Ok(link),
+                    Err(e) => refused.push(e.to_string()),
+                },
             }
-        };
-        let consumer = ShmConsumer {
-            info,
-            name: name.to_owned(),
-            wait: config.wait,
-            shape,
-            listener: Some(listener),
-            sessions: 1,
-            notify: None,
-            answers,
-        };
-        let session = ShmSession::new(name, config.wait, link, consumer.carrier_route());
-        Ok((consumer, session))
+        }
     }
 
     /// Joins fan-out channel `name`: connects to its producer (retrying until it listens or the
@@ -134,6 +162,9 @@ impl ConsumerTransport for ShmConsumer {
 
     /// A producer waiting on the socket, attached as a new session.
     fn try_accept(&mut self) -> Result<Option<ShmSession>> {
+        if let Some(acceptor) = &self.acceptor {
+            return Ok(acceptor.take().map(|link| ShmSession::new(&self.name, self.wait, link, self.carrier_route())));
+        }
         let Some(listener) = &self.listener else { return Ok(None) };
         let mut refused = Vec::new();
         let Some((sock, cred)) = listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
@@ -152,9 +183,9 @@ impl ConsumerTransport for ShmConsumer {
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
             let notify = Notify::new()?;
-            if let Some(listener) = self.listener.as_ref().filter(|_| self.shape.kind == ChannelKind::FanIn) {
-                // Readable while a producer waits to attach (level-triggered, until accepted).
-                let fd = listener.as_fd();
+            if let Some(acceptor) = &self.acceptor {
+                // Readable while a producer met waits to be taken up.
+                let fd = acceptor.ready_fd();
                 notify.epoll.add(fd, EventFlags::IN, fd.as_raw_fd() as u64, "the channel's notification fd")?;
             }
             self.notify = Some(Arc::new(notify));
@@ -193,5 +224,7 @@ impl Drop for ShmConsumer {
         if let Some(listener) = &mut self.listener {
             listener.close();
         }
+        // The acceptor's thread closes its socket as it stops.
+        drop(self.acceptor.take());
     }
 }

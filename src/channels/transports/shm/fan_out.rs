@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use super::handshake::Place;
 use super::producer::ShmProducer;
 use super::rendezvous::{self, End, EndLock, Listener};
+use super::ring::Geometry;
 use crate::channels::peers::{ChannelKind, Peer, PeerState};
 use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::ChannelConfig;
@@ -37,6 +38,8 @@ pub(crate) struct ShmFanOut {
     info: TransportInfo,
     name: String,
     config: ChannelConfig,
+    /// The largest message: each ring's pool.
+    max_len: usize,
     /// The consumers the acceptor met, and the slots taken.
     arrivals: Arc<Arrivals>,
     /// Stops the acceptor, which owns the socket consumers connect to.
@@ -67,6 +70,8 @@ impl ShmFanOut {
     /// Listens on `name` as a fan-out's producer and waits (up to the config's rendezvous
     /// timeout) for its first consumer.
     pub(crate) fn listen(name: &str, info: TransportInfo, config: &ChannelConfig) -> Result<ShmFanOut> {
+        // Every ring's shape, checked before anyone is met.
+        let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
         let lock = match EndLock::take(name, End::Producer)? {
             Ok(lock) => lock,
             Err(pid) => {
@@ -96,6 +101,7 @@ impl ShmFanOut {
             info,
             name: name.to_owned(),
             config: config.clone(),
+            max_len: geometry.pool_size as usize,
             arrivals,
             acceptor: Some((stop, acceptor)),
             _lock: lock,
@@ -245,14 +251,14 @@ impl ProducerTransport for ShmFanOut {
     }
 
     fn max_message_len(&self) -> usize {
-        self.config.pool_size
+        self.max_len
     }
 
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
-        if len == 0 || len > self.config.pool_size {
+        if len == 0 || len > self.max_len {
             return Err(Error::invalid(format!(
                 "a message of {len} bytes does not fit fan-out channel {:?}: 1 to {} bytes (its pool_size)",
-                self.name, self.config.pool_size
+                self.name, self.max_len
             )));
         }
         self.take_up();

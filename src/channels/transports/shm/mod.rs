@@ -43,6 +43,7 @@
 //! pair's hang-up, a poll of the pidfd and socket), so that a readable fd never gets
 //! `WouldBlock` for an answer.
 
+mod acceptor;
 mod arenas;
 mod consumer;
 mod consumer_session;
