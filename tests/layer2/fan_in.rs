@@ -355,3 +355,66 @@ fn a_hostile_producer_is_detached_and_the_others_go_on() {
         }
     }
 }
+
+/// Producers are met while the consumer is busy elsewhere: one attaches, and one past
+/// `max_peers` is refused at once, though the consumer never receives meanwhile.
+#[test]
+fn producers_are_met_while_the_consumer_is_busy() {
+    const TEST: &str = "fan_in::producers_are_met_while_the_consumer_is_busy";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(20)), ..fan_in("spin", 2) };
+            let mut p = Producer::create(&ctx(), "fanin-busy", &here(), &here(), &cfg).unwrap();
+            p.send(b"hello").unwrap();
+            report("attached", 1);
+            wait_for_file(&arg("flag"));
+        }
+        Some("refused") => {
+            let cfg = ChannelConfig { rendezvous_timeout: Some(Duration::from_secs(20)), ..fan_in("spin", 2) };
+            let start = std::time::Instant::now();
+            let text = Producer::create(&ctx(), "fanin-busy", &here(), &here(), &cfg).unwrap_err().to_string();
+            assert!(text.contains("max_peers = 2"), "{text}");
+            assert!(start.elapsed() < Duration::from_secs(10), "refused only after {:?}", start.elapsed());
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "fanin-busy", &here(), &here(), &fan_in("spin", 2)).unwrap();
+            report("created", 1);
+            // Busy: no receive until told.
+            wait_for_file(&arg("flag"));
+            let mut got = 0;
+            while got < 2 {
+                match c.recv_timeout(Duration::from_secs(20)) {
+                    Ok(m) => {
+                        assert_eq!(&*m, b"hello");
+                        got += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("fanin-busy");
+            let scratch = scratch_dir();
+            let args = [("flag", scratch.path().join("go").display().to_string())];
+            let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args);
+            let (p0, mut p0_out) = spawn_reporting(TEST, "producer", &dir, &args);
+            expect_line(&mut c_out, "created");
+            expect_line(&mut p0_out, "attached");
+            let (p1, mut p1_out) = spawn_reporting(TEST, "producer", &dir, &args);
+            expect_line(&mut p1_out, "attached");
+            wait_ok(spawn(TEST, "refused", &dir, &args), "the refused producer");
+            std::fs::write(&args[0].1, b"").unwrap();
+            wait_ok(c, "consumer");
+            wait_ok(p0, "producer 0");
+            wait_ok(p1, "producer 1");
+            assert_dir_empty(&dir);
+        }
+    }
+}
+
+fn wait_for_file(path: &str) {
+    while !std::path::Path::new(path).exists() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

@@ -126,8 +126,8 @@ impl ShmConsumer {
                 }
                 Err(Error::Timeout(_)) => {
                     return Err(Error::Timeout(format!(
-                        "the producer of fan-out channel {name:?} did not take this consumer up in time: it does \
-                         at its sends, and while it waits"
+                        "the producer of fan-out channel {name:?} did not answer in time: it may be stopped, or \
+                         not a fan-out's producer"
                     )))
                 }
                 Err(e) => return Err(e),
@@ -139,6 +139,7 @@ impl ShmConsumer {
             wait: config.wait,
             shape,
             listener: None,
+            acceptor: None,
             sessions: 1,
             notify: None,
             answers,
