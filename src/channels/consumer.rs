@@ -73,6 +73,11 @@ impl Consumer {
     /// keeps the name: when its producer has gone, a new producer can attach, and the next
     /// receive after the old producer's messages picks it up. `context` is the process's
     /// memory context.
+    ///
+    /// A fan-in's consumer (`config.kind`) returns once its first producer attached; the others
+    /// attach at any time, met by a thread of the consumer's, and are served from the next
+    /// receive on. A fan-out's consumer connects to the fan-out's producer and receives from
+    /// its next message on.
     pub fn create(
         context: &MemoryContext,
         name: &str,
