@@ -42,7 +42,8 @@ static int fail(const char *who, const char *call, lf_status status) {
  * same byte of the version before. */
 static uint8_t weight_byte(size_t i, uint64_t version) { return (uint8_t)(i * 131u + version * 7u + 1u); }
 
-/* Opens one end of fan-out channel `name`; the producer's `max_peers` is the one that counts. */
+/* Opens one end of fan-out channel `name`; the producer's `max_peers` and `pool_size` are the ones
+ * that count. */
 static lf_status open_end(lf_context *context, const char *name, lf_role role, uint32_t consumers, lf_channel **out) {
     lf_location *here = NULL;
     lf_status st = lf_location_detect(&here);
@@ -51,6 +52,9 @@ static lf_status open_end(lf_context *context, const char *name, lf_role role, u
     lf_channel_config_init(&config, sizeof config);
     config.kind = LF_CHANNEL_FAN_OUT;
     config.max_peers = consumers;
+    /* The numbered messages are copied into a pool each consumer maps; the weights go by
+     * reference, outside it: 1 MiB is plenty, and quick for a consumer to map as it attaches. */
+    config.pool_size = 1 << 20;
     config.rendezvous_timeout_ns = TIMEOUT_NS;
     st = lf_channel_create(context, name, role, here, here, &config, out);
     lf_location_free(here);

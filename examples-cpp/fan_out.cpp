@@ -47,8 +47,14 @@ std::uint8_t weight_byte(std::size_t i, std::uint64_t version) {
 }
 
 lf::ChannelConfig fan_out(std::uint32_t consumers) {
-    // The producer's max_peers is the one that counts.
-    return lf::ChannelConfig().kind(lf::ChannelKind::FanOut).max_peers(consumers).rendezvous_timeout(kTimeout);
+    // The producer's max_peers and pool_size are the ones that count. The numbered messages are
+    // copied into a pool each consumer maps; the weights go by reference, outside it: 1 MiB is
+    // plenty, and quick for a consumer to map as it attaches.
+    return lf::ChannelConfig()
+        .kind(lf::ChannelKind::FanOut)
+        .max_peers(consumers)
+        .pool_size(1 << 20)
+        .rendezvous_timeout(kTimeout);
 }
 
 lf::Context cpu_context() {

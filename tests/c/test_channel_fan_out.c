@@ -54,6 +54,9 @@ static lf_status open_end(const char *name, lf_role role, uint32_t max_peers, ui
     config.wait_strategy = LF_WAIT_SPIN_THEN_BLOCK;
     config.spin_ns = 20000;
     config.capacity = capacity;
+    /* Small (the buffer goes by reference, outside it): each consumer maps the pool in whole
+     * while the producer waits for its answer, which must come within 2 s on a loaded machine. */
+    config.pool_size = 1 << 20;
     config.rendezvous_timeout_ns = 30 * SECOND;
     config.slow_consumer_timeout_ns = slow_consumer_timeout_ns;
     EXPECT(lf_location_detect(&here), LF_OK);

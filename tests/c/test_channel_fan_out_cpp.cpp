@@ -71,8 +71,15 @@ static void expect_error(const char* file, int line, const char* what, const lf:
     }
 }
 
+// A small pool (the buffer goes by reference, outside it): each consumer maps the pool in whole
+// while the producer waits for its answer, which must come within 2 s on a loaded machine.
 static lf::ChannelConfig fan_out(std::uint32_t max_peers) {
-    return lf::ChannelConfig().kind(lf::ChannelKind::FanOut).max_peers(max_peers).capacity(64).rendezvous_timeout(WAIT);
+    return lf::ChannelConfig()
+        .kind(lf::ChannelKind::FanOut)
+        .max_peers(max_peers)
+        .capacity(64)
+        .pool_size(1 << 20)
+        .rendezvous_timeout(WAIT);
 }
 
 static lf::ChannelConfig bounded() { return fan_out(2).capacity(4).slow_consumer_timeout(2s); }

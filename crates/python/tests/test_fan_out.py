@@ -46,7 +46,10 @@ print("ok", flush=True)
 
 
 def fan_out_producer(ctx, name, max_peers, **config):
-    return lf.producer(ctx, name, kind="fan_out", max_peers=max_peers, rendezvous_timeout=60, **config)
+    # A small pool (buffers go by reference, outside it): each consumer maps the pool in whole
+    # while the producer waits for its answer, which must come within 2 s on a loaded machine.
+    return lf.producer(ctx, name, kind="fan_out", max_peers=max_peers, pool_size=1 << 20, rendezvous_timeout=60,
+                       **config)
 
 
 def wait_until(check, what, timeout=30):
