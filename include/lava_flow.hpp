@@ -621,8 +621,9 @@ enum class ChannelKind : std::uint32_t {
     /// Up to `max_peers` producers, one consumer: order and exactly-once per producer, the
     /// producers served in turn; Message::producer says whose a message is.
     FanIn = LF_CHANNEL_FAN_IN,
-    /// One producer, up to `max_peers` consumers. Not built in this version: creating an end
-    /// fails with LF_ERR_UNSUPPORTED.
+    /// One producer, up to `max_peers` consumers: each message to every consumer attached when
+    /// it was sent, a buffer by reference shared by all and complete once every one of them
+    /// released it; Producer::peers lists the consumers.
     FanOut = LF_CHANNEL_FAN_OUT,
 };
 
@@ -721,9 +722,10 @@ enum class PeerState : std::uint32_t {
     Gone = LF_PEER_GONE,
 };
 
-/// One slot at the other end of a channel (Consumer::peers).
+/// One slot at the other end of a channel (`peers()` of either end).
 struct Peer {
-    /// 0 on a pair channel; 0 to `max_peers - 1` for a fan-in's producers (Message::producer).
+    /// 0 on a pair channel; 0 to `max_peers - 1` for a fan-in's producers (Message::producer) and
+    /// a fan-out's consumers (on a fan-out consumer, its producer under this consumer's slot).
     std::uint32_t slot = 0;
     PeerState state = PeerState::Free;
     /// The peer's process id on its host; 0 for a free slot or a peer on another host.
@@ -828,7 +830,8 @@ public:
     const std::byte* end() const noexcept { return begin() + raw_.len; }
     /// The message's sequence number (0, 1, 2, ... per producer).
     std::uint64_t sequence() const noexcept { return raw_.sequence; }
-    /// The slot of the fan-in producer that sent it (see Consumer::peers); 0 on a pair channel.
+    /// The slot of the fan-in producer that sent it (see Consumer::peers); 0 on a pair channel
+    /// and a fan-out.
     std::uint32_t producer() const noexcept { return raw_.producer; }
     /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
     std::uint32_t flags() const noexcept { return raw_.flags; }
@@ -965,7 +968,8 @@ private:
 /// other (up to the config's rendezvous timeout). Move-only; closing it (the destructor) lets
 /// the consumer read what was sent, then see LF_ERR_PEER_GONE. A fan-in's producer takes the
 /// lowest free slot; creating one of a fan-in whose `max_peers` slots are all taken fails with
-/// LF_ERR_INVALID_STATE.
+/// LF_ERR_INVALID_STATE. A fan-out's producer waits so for its first consumer; the others attach
+/// any time and receive from its next send on.
 class Producer : public detail::ChannelEnd {
 public:
     /// The end between this process (`mine`) and the consumer's process (`peer`): the scope
@@ -1029,20 +1033,22 @@ public:
         if (lf_status s = lf_loan(get(), size, timeout.count(), &raw); s != LF_OK) return detail::failure(s);
         return Loan(get(), raw);
     }
-    /// How many messages the consumer has released: every sequence number below it is complete.
+    /// How many messages the consumer has released (on a fan-out, every consumer that got them):
+    /// every sequence number below it is complete.
     Expected<std::uint64_t> completed(nothrow_t) noexcept {
         std::uint64_t out = 0;
         if (lf_status s = lf_completed(get(), &out); s != LF_OK) return detail::failure(s);
         return out;
     }
-    /// Whether message `sequence` is complete (released by the consumer), without waiting.
+    /// Whether message `sequence` is complete (released by the consumer, or by every consumer of
+    /// a fan-out that got it), without waiting.
     Expected<bool> is_completed(nothrow_t, std::uint64_t sequence) noexcept {
         auto done = completed(nothrow);
         if (!done) return done.error();
         return sequence < *done;
     }
-    /// Waits up to `timeout` until the consumer has released message `sequence`
-    /// (LF_ERR_TIMEOUT otherwise).
+    /// Waits up to `timeout` until the consumer (on a fan-out, every consumer that got it) has
+    /// released message `sequence` (LF_ERR_TIMEOUT otherwise).
     Expected<void> wait_completed(nothrow_t, std::uint64_t sequence, Timeout timeout = forever) noexcept {
         return detail::done(lf_wait_completed(get(), sequence, timeout.count()));
     }
@@ -1087,7 +1093,8 @@ private:
 
 /// The receiving end of channel `name`. Either end may be created first; creation waits for
 /// the other (up to the config's rendezvous timeout; a fan-in's consumer waits so for its first
-/// producer, and the others attach any time). Move-only.
+/// producer, and the others attach any time). A consumer of a full fan-out is refused with
+/// LF_ERR_INVALID_STATE. Move-only.
 class Consumer : public detail::ChannelEnd {
 public:
     /// The end between this process (`mine`) and the producer's process (`peer`).
@@ -1110,7 +1117,9 @@ public:
     /// producer has gone and its messages are read. A fan-in serves its producers in turn, each
     /// in its order (Message::producer names the slot), and says LF_ERR_PEER_GONE once per
     /// producer that ended, after its last message: `last_gone()` then names the slot, and the
-    /// others go on. With no producer attached, a fan-in's recv waits for one.
+    /// others go on. With no producer attached, a fan-in's recv waits for one. A fan-out
+    /// consumer detached for keeping the producer waiting (ChannelConfig::slow_consumer_timeout)
+    /// gets LF_ERR_PEER_GONE, saying so, after what it had.
     Expected<Message> recv(nothrow_t, Timeout timeout = forever) noexcept {
         lf_message raw{};
         if (lf_status s = lf_recv(get(), timeout.count(), &raw); s != LF_OK) return failed(s, raw);

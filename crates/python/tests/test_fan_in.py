@@ -15,8 +15,9 @@ import numpy as np, lava_flow as lf
 ident, count, hold = int(ARGS[0]), int(ARGS[1]), ARGS[2]
 ctx = lf.Context(gpu="disabled")
 ch = lf.producer(ctx, NAME, kind="fan_in", max_peers=int(ARGS[3]), capacity=4, rendezvous_timeout=60)
-(consumer,) = ch.peers()  # a fan-in's producer has one consumer, whose pid it does not know
-assert (consumer.slot, consumer.state, consumer.pid) == (0, "alive", 0), consumer
+# A fan-in producer's one peer: its consumer, whose pid it is not told.
+(consumer,) = ch.peers()
+assert consumer.slot == 0 and consumer.state == "alive" and consumer.pid == 0, consumer
 for i in range(count):
     ch.send(np.array([ident, i], dtype=np.uint64), timeout=60)
 print("sent", flush=True)

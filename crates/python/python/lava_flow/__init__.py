@@ -244,10 +244,12 @@ class Channel(_native.Channel):
 def producer(context: Context, name: str, **config) -> Channel:
     """The producer end of channel `name` (waits for the consumer; see Channel). A fan-in
     producer (``kind="fan_in"``) takes the lowest free slot; one of a full fan-in is refused
-    (InvalidStateError, naming max_peers)."""
+    (InvalidStateError, naming max_peers). A fan-out producer (``kind="fan_out"``) waits for
+    its first consumer; the others attach at any time."""
     return Channel(context, name, "producer", **config)
 
 
 def consumer(context: Context, name: str, **config) -> Channel:
-    """The consumer end of channel `name` (waits for the producer; see Channel)."""
+    """The consumer end of channel `name` (waits for the producer; see Channel). A consumer of
+    a full fan-out is refused (InvalidStateError, naming max_peers)."""
     return Channel(context, name, "consumer", **config)

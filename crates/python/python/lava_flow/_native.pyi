@@ -88,7 +88,8 @@ class LavaFlowError(Exception):
 class WouldBlockError(LavaFlowError): ...
 class TimeoutError(LavaFlowError): ...
 class PeerGoneError(LavaFlowError):
-    """The peer has gone; on a fan-in consumer, `producer` is the slot whose producer ended."""
+    """The peer has gone (a fan-out consumer: also detached for being slow, the message says
+    so); on a fan-in consumer, `producer` is the slot whose producer ended (None elsewhere)."""
     producer: int | None
 class InvalidStateError(LavaFlowError): ...
 
@@ -231,7 +232,7 @@ class Message:
         """0, 1, 2, ... per producer."""
     @property
     def producer(self) -> int:
-        """The sending fan-in producer's slot (0 on a pair channel)."""
+        """The sending fan-in producer's slot (0 on a pair channel and a fan-out)."""
     @property
     def flags(self) -> int: ...
     @property
@@ -314,7 +315,8 @@ class Channel:
     def recv(self, timeout: float | None = None) -> Message: ...
     def try_recv(self) -> Message | None: ...
     def peers(self) -> list[Peer]:
-        """A consumer's producer slots."""
+        """The other end, slot by slot: a consumer's producers (a fan-in's slots), a fan-out
+        producer's consumers, or a pair's one peer."""
     def fileno(self) -> int: ...
     @property
     def transport(self) -> str: ...

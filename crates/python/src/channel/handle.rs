@@ -14,8 +14,8 @@ use crate::error::{check, error, invalid_state, make};
 use crate::ffi;
 use crate::native::{lib, timeout_ns, Ptr};
 
-/// The longest a blocking call waits before checking for signals.
-const SLICE_NS: i64 = 100_000_000;
+/// The longest a blocking call waits before checking for signals (but see `Channel::slice_ns`).
+pub(super) const SLICE_NS: i64 = 100_000_000;
 
 /// A received message, movable across threads (its pointer is into shared memory).
 #[derive(Clone, Copy)]
@@ -113,8 +113,8 @@ impl Channel {
         let deadline = (total >= 0).then(|| Instant::now() + Duration::from_nanos(total as u64));
         loop {
             let slice = match deadline {
-                None => SLICE_NS,
-                Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos() as i64).min(SLICE_NS),
+                None => self.slice_ns,
+                Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos() as i64).min(self.slice_ns),
             };
             let mut core = self.lock(py);
             let ch = self.open(&mut core)?;
@@ -126,7 +126,7 @@ impl Channel {
                 return Err(error(status));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                if total <= SLICE_NS {
+                if total <= self.slice_ns {
                     return Err(error(status));
                 }
                 return Err(make(

@@ -3,7 +3,8 @@
 //!
 //! Every C call on a channel runs under the channel's lock, so that Python threads may share a
 //! channel (lava-flow takes one thread at a time per channel). Blocking calls release the GIL
-//! and wait in slices of at most 100 ms, checking for signals (Ctrl-C) in between. A message
+//! and wait in slices of at most 100 ms (a fan-out producer with a slow-consumer bound: the
+//! bound and 100 ms), checking for signals (Ctrl-C) in between. A message
 //! is released (`lf_release`) once it was released in Python (`release()`, the end of a `with`
 //! block, or garbage collection) and no view of it is left; closing the channel is deferred
 //! until every message and loan of it is released, so that no view outlives its memory.
@@ -54,6 +55,14 @@ use crate::pybuf::Borrowed;
 /// kind="fan_in")`) and one consumer, which receives each producer's messages in order
 /// (`Message.producer` names the sender's slot) and gets one PeerGoneError per producer that
 /// ended, its `producer` the slot; the other producers go on.
+///
+/// A fan-out (`kind="fan_out"`) takes one producer and up to `max_peers` consumers: each
+/// message goes to every consumer attached when it was sent (a late one starts with the next,
+/// its sequence numbers from 0), a buffer by reference is one memory for all of them and
+/// complete (`wait_completed`) once every one released it, and `peers()` on the producer lists
+/// the consumer slots. A consumer that dies or closes is dropped; one that keeps the producer
+/// waiting for room longer than `slow_consumer_timeout` is detached, and its `recv` raises
+/// PeerGoneError saying so after what it had.
 #[pyclass(frozen, subclass, module = "lava_flow")]
 pub struct Channel {
     core: Mutex<Core>,
@@ -66,6 +75,21 @@ pub struct Channel {
     role: u32,
     kind: u32,
     name: String,
+    /// The longest one C call of a blocking method waits (`handle::SLICE_NS`, or longer: see
+    /// `slice_for`).
+    slice_ns: i64,
+}
+
+/// How long one C call of a blocking method of this end may wait. lava-flow measures a
+/// fan-out's slow-consumer bound within one wait for room: a producer whose waits were cut into
+/// 100 ms slices would never detach a slow consumer, so its slices outlast the bound (and
+/// Ctrl-C is seen within the bound and a slice).
+fn slice_for(role: u32, c: &ffi::lf_channel_config) -> i64 {
+    if role == ffi::LF_ROLE_PRODUCER && c.kind == ffi::LF_CHANNEL_FAN_OUT && c.slow_consumer_timeout_ns >= 0 {
+        c.slow_consumer_timeout_ns.saturating_add(handle::SLICE_NS)
+    } else {
+        handle::SLICE_NS
+    }
 }
 
 #[pymethods]
@@ -134,6 +158,7 @@ impl Channel {
             role,
             kind: c.kind,
             name: name.to_owned(),
+            slice_ns: slice_for(role, &c),
         })
     }
 
