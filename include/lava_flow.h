@@ -1063,7 +1063,8 @@ typedef struct lf_message {
   uint64_t session;
   // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
   uint32_t flags;
-  // The slot of the fan-in producer that sent the message (0 for a pair channel); see
+  // The slot of the fan-in producer that sent the message (0 for a pair channel and a
+  // fan-out); see
   // `lf_channel_peers`. After a fan-in's LF_ERR_PEER_GONE, the slot whose producer ended
   // (the message's other fields are 0 then).
   uint32_t producer;
@@ -1075,7 +1076,9 @@ typedef struct lf_message {
 
 // One slot at the other end of a channel (`lf_channel_peers`).
 typedef struct lf_peer {
-  // 0 for a pair channel; 0 to `max_peers - 1` for a fan-in's producers.
+  // 0 to `max_peers - 1` for a fan-in's producers (as `lf_message.producer` names them) and
+  // a fan-out's consumers; 0 for a pair channel's peer. A fan-out's consumer lists its
+  // producer under the consumer's own slot.
   uint32_t slot;
   lf_peer_state state;
   // The peer's process id on its host; 0 for a free slot or a peer on another host.
@@ -1112,9 +1115,13 @@ lf_status lf_channel_config_init(struct lf_channel_config *config, size_t struct
 // `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 // which and why. `config` may be NULL for the defaults.
 //
-// A channel has one producer and one consumer at a time: a second one of a live channel is
-// refused at once with LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new
-// producer may attach once the previous one has closed or died.
+// A pair channel (`config.kind`, LF_CHANNEL_PAIR by default) has one producer and one
+// consumer at a time: a second one of a live channel is refused at once with
+// LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new producer may attach
+// once the previous one has closed or died. A fan-in takes up to `max_peers` producers (its
+// consumer returns once the first attached), a fan-out up to `max_peers` consumers (its
+// producer returns once the first attached); one past `max_peers` is refused with
+// LF_ERR_INVALID_STATE naming it.
 //
 // # Safety
 // `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the
@@ -1290,13 +1297,16 @@ lf_status lf_publish(struct lf_channel *channel,
 // As `lf_publish`.
 lf_status lf_loan_cancel(struct lf_channel *channel, const struct lf_loan_region *loan);
 
-// How many messages the consumer has released: all sequence numbers below `*out` are done.
+// How many messages the consumer has released: all sequence numbers below `*out` are done
+// (on a fan-out, released by every consumer that got them).
 //
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
 lf_status lf_completed(struct lf_channel *channel, uint64_t *out);
 
-// Waits up to `timeout_ns` until message `sequence` has been released by the consumer.
+// Waits up to `timeout_ns` until message `sequence` has been released by the consumer (on a
+// fan-out, by every consumer that got it; one that dies or is detached meanwhile no longer
+// counts).
 // That message only: a buffer send of at most 112 bytes is copied into its message and
 // complete at once, while earlier messages sent by reference may still be read. Before
 // reusing memory that several messages point into, wait for each of them, or until

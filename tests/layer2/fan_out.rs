@@ -104,6 +104,12 @@ fn one_consumer_killed_among_four() {
             let cfg = ChannelConfig { capacity: 8, ..fan_out(&arg("wait"), 4) };
             let mut p = Producer::create(&ctx(), "fanout-kill", &here(), &here(), &cfg).unwrap();
             wait_flag("all");
+            // A consumer's create returns as it answers; the producer has it a moment later.
+            let start = Instant::now();
+            while p.peers().iter().filter(|c| c.state == PeerState::Alive).count() < 4 {
+                assert!(start.elapsed() < Duration::from_secs(30), "{:?}", p.peers());
+                std::thread::sleep(Duration::from_millis(1));
+            }
             // The victim never reads: the ninth message waits for its room.
             for seq in 0..8u64 {
                 p.send(&seq.to_le_bytes()).unwrap();

@@ -109,9 +109,13 @@ pub(crate) fn consumer(guard: &mut Channel) -> FfiResult<&mut Consumer> {
 /// `my_location` and `peer_location` (and `LF_TRANSPORTS`); `lf_channel_transport` tells
 /// which and why. `config` may be NULL for the defaults.
 ///
-/// A channel has one producer and one consumer at a time: a second one of a live channel is
-/// refused at once with LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new
-/// producer may attach once the previous one has closed or died.
+/// A pair channel (`config.kind`, LF_CHANNEL_PAIR by default) has one producer and one
+/// consumer at a time: a second one of a live channel is refused at once with
+/// LF_ERR_INVALID_STATE ("already has a live producer (pid N)"). A new producer may attach
+/// once the previous one has closed or died. A fan-in takes up to `max_peers` producers (its
+/// consumer returns once the first attached), a fan-out up to `max_peers` consumers (its
+/// producer returns once the first attached); one past `max_peers` is refused with
+/// LF_ERR_INVALID_STATE naming it.
 ///
 /// # Safety
 /// `context` NULL or a live lf_context; `name` NULL or a NUL-terminated string; the

@@ -38,7 +38,9 @@ c_enum!(lf_peer_state: LF_PEER_FREE, LF_PEER_ALIVE, LF_PEER_GONE);
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct lf_peer {
-    /// 0 for a pair channel; 0 to `max_peers - 1` for a fan-in's producers.
+    /// 0 to `max_peers - 1` for a fan-in's producers (as `lf_message.producer` names them) and
+    /// a fan-out's consumers; 0 for a pair channel's peer. A fan-out's consumer lists its
+    /// producer under the consumer's own slot.
     pub slot: u32,
     pub state: raw::lf_peer_state,
     /// The peer's process id on its host; 0 for a free slot or a peer on another host.

@@ -33,7 +33,8 @@ pub struct lf_message {
     pub session: u64,
     /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
     pub flags: u32,
-    /// The slot of the fan-in producer that sent the message (0 for a pair channel); see
+    /// The slot of the fan-in producer that sent the message (0 for a pair channel and a
+    /// fan-out); see
     /// `lf_channel_peers`. After a fan-in's LF_ERR_PEER_GONE, the slot whose producer ended
     /// (the message's other fields are 0 then).
     pub producer: u32,

@@ -310,7 +310,8 @@ pub unsafe extern "C" fn lf_loan_cancel(channel: *mut lf_channel, loan: *const l
     })
 }
 
-/// How many messages the consumer has released: all sequence numbers below `*out` are done.
+/// How many messages the consumer has released: all sequence numbers below `*out` are done
+/// (on a fan-out, released by every consumer that got them).
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `out` NULL or writable.
@@ -325,7 +326,9 @@ pub unsafe extern "C" fn lf_completed(channel: *mut lf_channel, out: *mut u64) -
     })
 }
 
-/// Waits up to `timeout_ns` until message `sequence` has been released by the consumer.
+/// Waits up to `timeout_ns` until message `sequence` has been released by the consumer (on a
+/// fan-out, by every consumer that got it; one that dies or is detached meanwhile no longer
+/// counts).
 /// That message only: a buffer send of at most 112 bytes is copied into its message and
 /// complete at once, while earlier messages sent by reference may still be read. Before
 /// reusing memory that several messages point into, wait for each of them, or until

@@ -19,8 +19,9 @@ use crate::channels::WaitStrategy;
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal, poll, PollFd, PollFlags};
 
-/// How long a producer that connected has to send its hello.
-const HELLO_WAIT: Duration = Duration::from_secs(2);
+/// How long a producer that connected has to send its hello (it makes and faults in its
+/// region first); one that never does keeps the others waiting this long at most.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
 
 /// What the thread hands the consumer.
 struct Met {

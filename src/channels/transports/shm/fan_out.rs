@@ -31,6 +31,17 @@ struct Out {
     ring: ShmProducer,
     /// The fan-out's sequence number of the ring's first message.
     base: u64,
+    /// Since when the producer has found no room in this ring (across calls), while it has not.
+    blocked: Option<Instant>,
+}
+
+impl Out {
+    /// When this consumer, out of room now, passes the slow-consumer `bound` (`None`: no
+    /// bound); the first call without room starts its clock.
+    fn blocked_since(&mut self, bound: Option<Duration>) -> Option<Instant> {
+        let bound = bound?;
+        Some(*self.blocked.get_or_insert_with(Instant::now) + bound)
+    }
 }
 
 /// The producer of a fan-out over shared memory.
@@ -143,7 +154,7 @@ impl ShmFanOut {
                 ring.consumer_pid(),
                 self.next
             );
-            self.outs[slot] = Some(Out { ring, base: self.next });
+            self.outs[slot] = Some(Out { ring, base: self.next, blocked: None });
         }
     }
 
@@ -168,19 +179,22 @@ impl ShmFanOut {
     /// a consumer that has gone is dropped, one slower than the slow-consumer bound detached.
     fn wait_for_rooms(&mut self, len: usize, deadline: Option<Instant>) -> Result<()> {
         for slot in 0..self.outs.len() {
-            let slow = self.config.slow_consumer_timeout.map(|t| Instant::now() + t);
+            let Some(out) = self.outs[slot].as_mut() else { continue };
+            let slow = out.blocked_since(self.config.slow_consumer_timeout);
             let until = match (deadline, slow) {
                 (Some(d), Some(s)) => Some(d.min(s)),
                 (d, s) => d.or(s),
             };
-            let Some(out) = self.outs[slot].as_mut() else { continue };
             let waited = match out.ring.has_room(len) {
-                Ok(true) => continue,
+                Ok(true) => {
+                    out.blocked = None;
+                    continue;
+                }
                 Ok(false) => out.ring.wait_for_room(len, until),
                 Err(e) => Err(e),
             };
             match waited {
-                Ok(()) => {}
+                Ok(()) => out.blocked = None,
                 Err(e @ Error::PeerGone(_)) => self.drop_out(slot, &e, false),
                 Err(e @ Error::Timeout(_)) if slow.is_some() && until == slow => self.drop_out(slot, &e, true),
                 Err(e) => return Err(e),
@@ -189,28 +203,48 @@ impl ShmFanOut {
         Ok(())
     }
 
-    /// Whether every consumer has room now (consumers that have gone are dropped).
+    /// Whether every consumer has room now (consumers that have gone are dropped, and one
+    /// that has had none for longer than the slow-consumer bound is detached).
     fn rooms_now(&mut self, len: usize) -> Result<bool> {
+        let mut all = true;
         for slot in 0..self.outs.len() {
             let Some(out) = self.outs[slot].as_mut() else { continue };
             match out.ring.has_room(len) {
-                Ok(true) => {}
-                Ok(false) => return Ok(false),
+                Ok(true) => out.blocked = None,
+                Ok(false) => match out.blocked_since(self.config.slow_consumer_timeout) {
+                    Some(bound) if Instant::now() >= bound => {
+                        let e = Error::Timeout(String::new());
+                        self.drop_out(slot, &e, true);
+                    }
+                    _ => all = false,
+                },
                 Err(e @ Error::PeerGone(_)) => self.drop_out(slot, &e, false),
                 Err(e) => return Err(e),
             }
         }
-        Ok(true)
+        Ok(all)
     }
 
     /// Publishes one message to every consumer with `send` (each has room), and numbers it.
+    /// A failure before any consumer got the message is the caller's (a bad region, say) and
+    /// is returned; a consumer that fails after others got it is dropped, so that every
+    /// consumer left has every message.
     fn publish_each(&mut self, mut send: impl FnMut(&mut ShmProducer) -> Result<u64>) -> Result<u64> {
+        let mut published = false;
         for slot in 0..self.outs.len() {
             let Some(out) = self.outs[slot].as_mut() else { continue };
             match send(&mut out.ring) {
-                Ok(_) => {}
+                Ok(_) => published = true,
                 Err(e @ Error::PeerGone(_)) => self.drop_out(slot, &e, false),
-                Err(e) => return Err(e),
+                Err(e) if !published => return Err(e),
+                Err(e) => {
+                    log::warn!(
+                        "channel {:?} (fan-out producer): dropping the consumer in slot {slot}, which could not take \
+                         a message the others have: {e}",
+                        self.name
+                    );
+                    self.drop_out(slot, &e, false);
+                }
             }
         }
         let seq = self.next;

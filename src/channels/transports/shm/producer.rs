@@ -3,7 +3,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::arenas::{ControlRecord, SentArenas, MAX_ATTACHMENT_LEN};
 use super::handshake::{self, Place};
@@ -160,7 +160,11 @@ impl ShmProducer {
         config: &ChannelConfig,
         place: Place,
     ) -> Result<Self> {
-        let deadline = Some(Instant::now() + std::time::Duration::from_secs(2));
+        // A consumer maps (and may fault in) the whole pool before it answers: as long as a
+        // rendezvous may take, bounded, so that one that never answers cannot keep the others
+        // from being met.
+        let wait = config.rendezvous_timeout.unwrap_or(Duration::from_secs(30)).max(Duration::from_secs(2));
+        let deadline = Some(Instant::now() + wait);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
         let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, &mut || Ok(Vec::new()))?;
         Ok(Self::over(name, info, config, geometry, c, None, None))
