@@ -14,8 +14,9 @@
 //! payload into it (`scatter::write_payload`), sends it (timed: Send), then waits until every
 //! subscriber has released it (Cycle): iceoryx2 has no completion wait of its own, so each
 //! subscriber adds one to a shared word after it drops the sample, and the publisher spins on
-//! that word, as lava-flow's `lf_wait_completed` spins before it blocks. A subscriber
-//! busy-polls `receive`, reads every byte, checks the message (`scatter::Check`), drops it.
+//! that word, as lava-flow's `lf_wait_completed` spins before it blocks. A subscriber polls
+//! `receive` (yielding its core between polls that find nothing: subscribers may share a
+//! core), reads every byte, checks the message (`scatter::Check`), drops it.
 //!
 //! Output: the publisher's line (`scatter::Samples::json`, `who` "iceoryx2") and each
 //! subscriber's (`scatter::Check::json`), one JSON object per line.
@@ -123,7 +124,8 @@ fn subscriber(a: &Args, control: &Control, name: &str, index: usize) -> Result<S
             }
             // The publisher stops after its last message was released by everyone.
             None if control.stop().load(Ordering::Acquire) != 0 => break,
-            None => std::hint::spin_loop(),
+            // Subscribers may share a core: each poll that finds nothing yields it.
+            None => std::thread::yield_now(),
         }
     }
     Ok(check.json(index))
@@ -149,6 +151,7 @@ fn publisher(a: &Args, control: &Control, name: &str) -> Result<String, Error> {
     }
     let private = private_bytes(a.size);
     let mut samples = Samples::default();
+    let mut loans = Vec::new();
     let started = Instant::now();
     let mut window_start = None;
     let mut counter = 0u64;
@@ -161,6 +164,7 @@ fn publisher(a: &Args, control: &Control, name: &str) -> Result<String, Error> {
             break;
         }
         let mut loan = publisher.loan_slice_uninit(a.size)?;
+        let loaned = Instant::now();
         let payload = loan.payload_mut();
         // SAFETY: `size` bytes of the loan's payload, written in full here before they are
         // read (MaybeUninit<u8> has u8's layout).
@@ -178,6 +182,7 @@ fn publisher(a: &Args, control: &Control, name: &str) -> Result<String, Error> {
         let t2 = Instant::now();
         if window_start.is_some() {
             samples.write.push((t0 - t).as_nanos() as u64);
+            loans.push((loaned - t).as_nanos() as u64);
             samples.send.push((t1 - t0).as_nanos() as u64);
             samples.cycle.push((t2 - t0).as_nanos() as u64);
         }
@@ -185,7 +190,10 @@ fn publisher(a: &Args, control: &Control, name: &str) -> Result<String, Error> {
     }
     let window_s = window_start.map_or(0.0, |w| (Instant::now() - w).as_secs_f64());
     control.stop().store(1, Ordering::Release);
-    Ok(samples.json("iceoryx2", a.consumers, a.size, "ref", counter, window_s, ""))
+    loans.sort_unstable();
+    let loan_p50 = loans.get(loans.len() / 2).map_or("null".to_owned(), u64::to_string);
+    let extra = format!("\"loan_p50_ns\":{loan_p50}");
+    Ok(samples.json("iceoryx2", a.consumers, a.size, "ref", counter, window_s, &extra))
 }
 
 fn main() {
