@@ -75,7 +75,7 @@ fn args() -> Args {
             other => die(&format!("unknown option {other}")),
         }
     }
-    if a.consumers == 0 || a.size < MIN_SIZE || a.size % 8 != 0 {
+    if a.consumers == 0 || a.size < MIN_SIZE || !a.size.is_multiple_of(8) {
         die(&format!("needs at least one consumer and a --size of at least {MIN_SIZE} bytes, a multiple of 8"));
     }
     a
@@ -188,12 +188,13 @@ fn publisher(a: &Args, control: &Control, name: &str) -> Result<String, Error> {
         }
         counter += 1;
     }
-    let window_s = window_start.map_or(0.0, |w| (Instant::now() - w).as_secs_f64());
+    samples.sent = counter;
+    samples.window_s = window_start.map_or(0.0, |w| (Instant::now() - w).as_secs_f64());
     control.stop().store(1, Ordering::Release);
     loans.sort_unstable();
     let loan_p50 = loans.get(loans.len() / 2).map_or("null".to_owned(), u64::to_string);
     let extra = format!("\"loan_p50_ns\":{loan_p50}");
-    Ok(samples.json("iceoryx2", a.consumers, a.size, "ref", counter, window_s, &extra))
+    Ok(samples.json("iceoryx2", a.consumers, a.size, "ref", &extra))
 }
 
 fn main() {

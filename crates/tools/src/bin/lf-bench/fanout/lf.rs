@@ -117,6 +117,7 @@ pub fn producer(
         Mode::Reference => by_reference(&capi, &tx, size, &private, warm, window, &mut samples),
         Mode::Copy => copies(&tx, size, &private, warm, window, &mut samples),
     };
+    (samples.sent, samples.window_s) = (sent, window_s);
     let listed = peers(&tx);
     let pids = alive(&listed);
     let who = if kind == lf_channel_kind::LF_CHANNEL_PAIR { "lava-flow pair" } else { "lava-flow fan-out" };
@@ -127,7 +128,7 @@ pub fn producer(
         pids.len(),
         pid_list.join(",")
     );
-    samples.json(who, consumers, size, mode.name(), sent, window_s, &extra)
+    samples.json(who, consumers, size, mode.name(), &extra)
 }
 
 /// By reference: returns the messages sent and the window's length.

@@ -191,6 +191,9 @@ pub struct Samples {
     pub cycle: Vec<u64>,
     /// Per message: writing the payload (a loan's too, where the sender loans).
     pub write: Vec<u64>,
+    /// Messages sent in all (warm-up included), and the timed window's length.
+    pub sent: u64,
+    pub window_s: f64,
 }
 
 /// p50 and p99 of `v` (NaN where empty).
@@ -219,16 +222,8 @@ impl Samples {
     /// The producer's line, as one JSON object: `who`, `consumers`, `size`, `mode` ("ref":
     /// timed per message; "copy": `send` holds blocks of [`BLOCK`] sends), the messages sent in
     /// all and in the window, the window's length, and `extra` (JSON members, without braces).
-    pub fn json(
-        &self,
-        who: &str,
-        consumers: usize,
-        size: usize,
-        mode: &str,
-        sent: u64,
-        window_s: f64,
-        extra: &str,
-    ) -> String {
+    pub fn json(&self, who: &str, consumers: usize, size: usize, mode: &str, extra: &str) -> String {
+        let (sent, window_s) = (self.sent, self.window_s);
         let per = if mode == "copy" { BLOCK as f64 } else { 1.0 };
         let (send50, send99) = quantiles(&self.send, per);
         let (cycle50, cycle99) = quantiles(&self.cycle, 1.0);
