@@ -1,6 +1,6 @@
 //! lava-flow's fan-out rows through the C API, each end in a process of its own, with the
 //! configuration `lf_channel_config_init` gives, changing only the kind and a 30 s rendezvous
-//! timeout (`fanin::lf::config`).
+//! timeout (`fanin::lf::config`), and the wait strategy where `--wait` asks.
 //!
 //! The producer: by reference, one `lf_alloc`ed CPU buffer, rewritten in full before each
 //! message (its counter at both ends), `lf_send_buffer`, then `lf_wait_completed` of that
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lava_flow_c_api::buffer::lf_free;
 use lava_flow_c_api::channel::{lf_channel, lf_channel_free};
-use lava_flow_c_api::channel_config::{lf_channel_kind, lf_role};
+use lava_flow_c_api::channel_config::{lf_channel_config, lf_channel_kind, lf_role};
 use lava_flow_c_api::peers::{lf_channel_peers, lf_peer, lf_peer_state, LF_MAX_PEERS};
 use lava_flow_c_api::receive::{lf_message, lf_recv, lf_release, LF_MESSAGE_ZERO_COPY};
 use lava_flow_c_api::send::{lf_send, lf_send_buffer, lf_try_send, lf_wait_completed};
@@ -21,7 +21,25 @@ use lava_flow_c_api::status::lf_status;
 
 use super::scatter::{private_bytes, write_payload, Check, Control, Samples, BLOCK};
 use crate::capi::{check, CApi};
-use crate::fanin::lf::config;
+
+/// The configuration of every end of a row: the default one, of `kind`, with `wait` where
+/// given (an `lf_wait_strategy`).
+pub fn config(kind: lf_channel_kind, wait: Option<u32>) -> lf_channel_config {
+    let mut cfg = crate::fanin::lf::config(kind);
+    if let Some(wait) = wait {
+        cfg.wait_strategy = wait;
+    }
+    cfg
+}
+
+/// Whose row a configuration makes.
+fn who(cfg: &lf_channel_config) -> &'static str {
+    if cfg.kind == lf_channel_kind::LF_CHANNEL_PAIR as u32 {
+        "lava-flow pair"
+    } else {
+        "lava-flow fan-out"
+    }
+}
 
 /// The greeting the producer sends while it waits for its consumers to attach: shorter than
 /// any measured message, which the consumers skip.
@@ -88,7 +106,7 @@ fn alive(list: &[lf_peer]) -> Vec<u32> {
 pub fn producer(
     control: &Control,
     name: &str,
-    kind: lf_channel_kind,
+    cfg: &lf_channel_config,
     consumers: usize,
     size: usize,
     mode: Mode,
@@ -97,7 +115,7 @@ pub fn producer(
 ) -> String {
     let capi = CApi::new(name);
     // Returns once the first consumer has attached.
-    let tx = End(capi.channel(name, lf_role::LF_ROLE_PRODUCER, &config(kind)));
+    let tx = End(capi.channel(name, lf_role::LF_ROLE_PRODUCER, cfg));
     let deadline = Instant::now() + Duration::from_secs(60);
     while alive(&peers(&tx)).len() < consumers
         || control.ready().load(std::sync::atomic::Ordering::SeqCst) < consumers as u64
@@ -120,7 +138,6 @@ pub fn producer(
     (samples.sent, samples.window_s) = (sent, window_s);
     let listed = peers(&tx);
     let pids = alive(&listed);
-    let who = if kind == lf_channel_kind::LF_CHANNEL_PAIR { "lava-flow pair" } else { "lava-flow fan-out" };
     let pid_list: Vec<String> = pids.iter().map(u32::to_string).collect();
     let extra = format!(
         "\"peer_slots\":{},\"peers_alive\":{},\"peer_pids\":[{}]",
@@ -128,7 +145,7 @@ pub fn producer(
         pids.len(),
         pid_list.join(",")
     );
-    samples.json(who, consumers, size, mode.name(), &extra)
+    samples.json(who(cfg), consumers, size, mode.name(), &extra)
 }
 
 /// By reference: returns the messages sent and the window's length.
@@ -219,9 +236,9 @@ fn copies(
 
 /// Consumer `index`'s process: attaches, says so, then receives and checks every message until
 /// the producer's end. Returns its line (`Check::json`).
-pub fn consumer(control: &Control, name: &str, kind: lf_channel_kind, index: usize, size: usize) -> String {
+pub fn consumer(control: &Control, name: &str, cfg: &lf_channel_config, index: usize, size: usize) -> String {
     let capi = CApi::new(name);
-    let rx = End(capi.channel(name, lf_role::LF_ROLE_CONSUMER, &config(kind)));
+    let rx = End(capi.channel(name, lf_role::LF_ROLE_CONSUMER, cfg));
     control.ready().fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let mut check_all = Check::new(size);
     let mut measured = false;

@@ -6,7 +6,7 @@
 //! ```text
 //! lf-bench --fan-out [--quick] [--json] [--json-out FILE] [--size 1M] [--small-size 64]
 //!                    [--consumers 1,2,4,8] [--warm S] [--window S] [--no-pin] [--no-peers]
-//!                    [--iceoryx2-fanout PATH]
+//!                    [--iceoryx2-fanout PATH] [--wait busy|spin|block]
 //! ```
 //!
 //! The main rows: `--size` bytes (1 MiB) sent by reference, one buffer rewritten in full before
@@ -31,7 +31,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lava_flow_c_api::channel_config::lf_channel_kind;
+use lava_flow_c_api::channel_config::{lf_channel_kind, lf_wait_strategy};
 use serde_json::Value;
 
 use crate::fanin::fork_into;
@@ -43,7 +43,8 @@ use scatter::{consumer_core, cores_allowed, Control, MIN_SIZE};
 
 pub const USAGE: &str =
     "usage: lf-bench --fan-out [--quick] [--json] [--json-out FILE] [--size 1M] [--small-size 64 (0: none)]
-                       [--consumers 1,2,4,8] [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanout PATH]";
+                       [--consumers 1,2,4,8] [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanout PATH]
+                       [--wait busy|spin|block (default: lf_channel_config_init's)]";
 
 /// The most consumers a case takes: the default `max_peers` of a fan-out.
 const MAX_CONSUMERS: usize = 8;
@@ -62,6 +63,8 @@ pub struct FanOutOptions {
     pub pin: bool,
     pub peers: bool,
     pub iceoryx2: Option<PathBuf>,
+    /// The lava-flow rows' wait strategy where not the default one (an `lf_wait_strategy`).
+    pub wait: Option<u32>,
 }
 
 fn seconds(v: String, what: &str) -> Duration {
@@ -94,6 +97,7 @@ fn options() -> FanOutOptions {
         pin: true,
         peers: true,
         iceoryx2: None,
+        wait: None,
     };
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -115,6 +119,15 @@ fn options() -> FanOutOptions {
             "--no-pin" => o.pin = false,
             "--no-peers" => o.peers = false,
             "--iceoryx2-fanout" => o.iceoryx2 = Some(value().into()),
+            "--wait" => {
+                let wait = match value().as_str() {
+                    "busy" => lf_wait_strategy::LF_WAIT_BUSY_POLL,
+                    "spin" => lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK,
+                    "block" => lf_wait_strategy::LF_WAIT_BLOCK,
+                    other => die(&format!("unknown --wait {other:?}: busy, spin (spin-then-block) or block")),
+                };
+                o.wait = Some(wait as u32);
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -176,6 +189,7 @@ fn run_lf(
     control.reset();
     let cores = cores_allowed();
     let size = if mode == Mode::Copy { o.small } else { o.size };
+    let cfg = lf::config(kind, o.wait);
     let mut fds = [0; 2];
     // SAFETY: pipe fills two descriptors; checked.
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe");
@@ -188,11 +202,11 @@ fn run_lf(
     };
     let (warm, window) = (o.warm, o.window);
     let mut pids = vec![fork_into(o.pin.then_some(0), || {
-        send_line(lf::producer(control, name, kind, consumers, size, mode, warm, window))
+        send_line(lf::producer(control, name, &cfg, consumers, size, mode, warm, window))
     })];
     for i in 0..consumers {
         let core = o.pin.then(|| consumer_core(i, cores));
-        pids.push(fork_into(core, || send_line(lf::consumer(control, name, kind, i, size))));
+        pids.push(fork_into(core, || send_line(lf::consumer(control, name, &cfg, i, size))));
     }
     drop(write_end);
     let mut text = String::new();

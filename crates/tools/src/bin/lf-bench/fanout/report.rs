@@ -5,10 +5,10 @@
 
 use serde_json::{json, Value};
 
+use super::lf::config;
 use super::peers::FanOutPeers;
 use super::scatter::{consumer_core, cores_allowed, BLOCK};
 use super::{FanOutOptions, Row};
-use crate::fanin::lf::config;
 use crate::machine::Machine;
 use crate::options::{bytes, die};
 use crate::table::{comment, ratio, us, Table};
@@ -83,13 +83,14 @@ fn layout(o: &FanOutOptions) -> String {
 }
 
 fn config_lines(o: &FanOutOptions, machine: &Machine, peers: &FanOutPeers) -> Vec<String> {
-    let cfg = config(lf_channel_kind::LF_CHANNEL_FAN_OUT);
+    let cfg = config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.wait);
     let wait = match cfg.wait_strategy {
         1 => "busy-poll".to_owned(),
         2 => format!("spin-then-block, {} ns spin", cfg.spin_ns),
         3 => "block".to_owned(),
         other => format!("wait strategy {other}"),
     };
+    let wait = if o.wait.is_some() { format!("{wait} (--wait: not the default)") } else { wait };
     let mut l = vec![
         "lf-bench --fan-out: one producer to consumers in processes of their own, through lava-flow's C API, beside iceoryx2, all in one run".to_owned(),
     ];
@@ -250,6 +251,8 @@ pub fn print(o: &FanOutOptions, machine: &Machine, peers: &FanOutPeers, rows: &[
             "pinned": o.pin,
             "size": o.size,
             "small_size": o.small,
+            "wait_strategy": config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.wait).wait_strategy,
+            "wait_default": o.wait.is_none(),
             "consumers": o.consumers,
             "warm_s": o.warm.as_secs_f64(),
             "window_s": o.window.as_secs_f64(),
