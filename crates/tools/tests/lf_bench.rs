@@ -256,3 +256,80 @@ fn fan_in_rows_receive_from_every_producer_in_order() {
     assert!(text.contains("# Producers  Who") && text.contains("lava-flow fan-in"), "{text}");
     assert!(text.contains("Peer iceoryx2: skipped: --no-peers was given"), "{text}");
 }
+
+/// `--fan-out` with three consumer processes and the pair beside them, by reference and
+/// copied: every consumer of every row received every message the producer sent, each in
+/// order, whole and once; by reference every message reached the consumers as the producer's
+/// own memory (LF_MESSAGE_ZERO_COPY) and the producer listed its consumers, copied none did;
+/// the text names the cores and how the consumers share them. No figure is checked.
+#[test]
+fn fan_out_rows_reach_every_consumer_in_order() {
+    let dir = scratch("fan-out");
+    let json_out = dir.join("fan-out.json");
+    let args = [
+        "--fan-out",
+        "--quick",
+        "--no-peers",
+        "--consumers",
+        "1,3",
+        "--size",
+        "64K",
+        "--warm",
+        "0.05",
+        "--window",
+        "0.3",
+        "--json-out",
+        json_out.to_str().expect("UTF-8 path"),
+    ];
+    let text = succeeded(&lf_bench(&args), "--fan-out");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).expect("--json-out file")).expect("JSON");
+    let rows = doc["rows"].as_array().expect("rows");
+    let shape: Vec<(&str, u64, &str)> = rows
+        .iter()
+        .map(|r| (r["who"].as_str().unwrap(), r["consumers"].as_u64().unwrap(), r["mode"].as_str().unwrap()))
+        .collect();
+    let (pair, fan_out) = ("lava-flow pair", "lava-flow fan-out");
+    assert_eq!(
+        shape,
+        [
+            (pair, 1, "ref"),
+            (fan_out, 1, "ref"),
+            (fan_out, 3, "ref"),
+            (pair, 1, "copy"),
+            (fan_out, 1, "copy"),
+            (fan_out, 3, "copy")
+        ],
+        "{doc:#}"
+    );
+    for row in rows {
+        assert!(row["error"].is_null(), "{row:#}");
+        let result = &row["result"];
+        let consumers = row["consumers"].as_u64().unwrap();
+        let sent = result["sent"].as_u64().unwrap();
+        assert!(sent > 0 && result["send_p50_ns"].as_f64().is_some_and(|v| v > 0.0), "{row:#}");
+        let got = result["consumer_results"].as_array().expect("consumer_results");
+        let indices: Vec<u64> = got.iter().map(|c| c["consumer"].as_u64().unwrap()).collect();
+        assert_eq!(indices, (0..consumers).collect::<Vec<_>>(), "a line from every consumer: {row:#}");
+        for c in got {
+            assert_eq!(c["received"].as_u64(), Some(sent), "a consumer missed messages: {row:#}");
+            assert_eq!(c["errors"], 0, "a message out of order, repeated, lost or torn: {row:#}");
+            let zero_copy = if row["mode"] == "ref" { sent } else { 0 };
+            assert_eq!(c["zero_copy"].as_u64(), Some(zero_copy), "{row:#}");
+        }
+        assert_eq!(result["all_received"], true, "{row:#}");
+        assert_eq!(result["peers_alive"].as_u64(), Some(consumers), "{row:#}");
+        if row["who"] == fan_out {
+            let pids: std::collections::BTreeSet<u64> =
+                result["peer_pids"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
+            assert!(pids.len() as u64 == consumers && !pids.contains(&0), "{row:#}");
+        }
+    }
+    assert!(doc["config"]["peers"][0]["why"] == "--no-peers was given", "{doc:#}");
+    assert!(doc["targets"][0]["value"].is_f64(), "send ratio at 3 consumers: {doc:#}");
+
+    let cores = text.lines().find(|l| l.starts_with("# Cores: ")).unwrap_or_else(|| panic!("no cores line:\n{text}"));
+    assert!(cores.contains("cores allowed") && cores.contains("consumer"), "{cores}");
+    assert!(text.contains("# Consumers  Who") && text.contains("lava-flow fan-out"), "{text}");
+    assert!(text.contains("Peer iceoryx2: skipped: --no-peers was given"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -155,7 +155,7 @@ impl CApi {
     }
 
     /// A CPU buffer of `size` bytes from `lf_alloc`, and its address.
-    fn alloc(&self, size: usize) -> (*mut lf_buffer, *mut u8) {
+    pub fn alloc(&self, size: usize) -> (*mut lf_buffer, *mut u8) {
         let (mut buffer, mut ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: a live context and writable out pointers; checked.
         unsafe {

@@ -39,6 +39,10 @@
 //! producers to one consumer (a fan-in channel through the C API, the pair channel beside it,
 //! iceoryx2 and Open MPI with the same protocol): see `fanin/`.
 //!
+//! `lf-bench --fan-out [--quick] [--json] [--consumers 1,2,4,8] [--size 1M]` measures one
+//! producer to many consumers (1 MiB by reference on a fan-out channel through the C API, the
+//! pair channel beside it, iceoryx2 with N subscribers; 64 B copies): see `fanout/`.
+//!
 //! `mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b
 //! lf-bench --mpi [...]` measures lava-flow channels between two MPI ranks against raw MPI
 //! between the same ranks (built with the cargo feature `mpi`): see `mpi/`.
@@ -46,6 +50,7 @@
 mod capi;
 mod config;
 mod fanin;
+mod fanout;
 mod floors;
 #[cfg(feature = "vulkan")]
 mod gpu;
@@ -166,8 +171,12 @@ fn plot_into(dir: &std::path::Path, written: Result<Vec<std::path::PathBuf>, Str
     }
 }
 
-/// `--gpu`, `--mpi` and `--fan-in` are benchmarks of their own.
+/// `--gpu`, `--mpi`, `--fan-in` and `--fan-out` are benchmarks of their own.
 fn other_benchmarks() {
+    if std::env::args().any(|a| a == "--fan-out") {
+        fanout::main();
+        std::process::exit(0);
+    }
     if std::env::args().any(|a| a == "--fan-in") {
         fanin::main();
         std::process::exit(0);

@@ -9,6 +9,8 @@ pub const USAGE: &str = "usage: lf-bench [--quick] [--json] [--json-out FILE] [-
        lf-bench --gpu [--quick] [--json]
        lf-bench --fan-in [--quick] [--json] [--json-out FILE] [--size 64] [--producers 1,2,4,8] [--warm S] [--window S]
                 [--no-pin] [--no-peers] [--iceoryx2-fanin PATH] [--mpi-fanin PATH]
+       lf-bench --fan-out [--quick] [--json] [--json-out FILE] [--size 1M] [--small-size 64] [--consumers 1,2,4,8]
+                [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanout PATH]
        mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [...] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [...]   (see lf-bench --mpi --help)";
 
 #[derive(Clone, Debug)]

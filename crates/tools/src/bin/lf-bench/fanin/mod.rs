@@ -21,7 +21,7 @@
 //! are processes of their own, forked before any of them opens lava-flow.
 
 mod gather;
-mod lf;
+pub mod lf;
 mod peers;
 mod report;
 
@@ -137,7 +137,7 @@ pub struct Row {
 }
 
 /// Forks a process that runs `f` (pinned to `core` when given) and exits.
-fn fork_into(core: Option<usize>, f: impl FnOnce()) -> libc::pid_t {
+pub fn fork_into(core: Option<usize>, f: impl FnOnce()) -> libc::pid_t {
     // SAFETY: this process has no other threads (it never opens lava-flow; peers are run and
     // waited for); the child runs `f` and exits.
     let pid = unsafe { libc::fork() };
