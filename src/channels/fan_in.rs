@@ -115,9 +115,9 @@ impl FanIn {
     /// only (`ConsumerSession::recv_fast`), with the slot it came from.
     #[inline]
     fn scan_fast(&mut self) -> Option<(RawView, usize)> {
-        let n = self.slots.len();
-        for i in 0..n {
-            let at = (self.next + i) % n;
+        // Two plain ranges: no division per slot.
+        let next = self.next;
+        for at in (next..self.slots.len()).chain(0..next) {
             if let Some(view) = self.slots[at].session.as_mut().and_then(|s| s.recv_fast()) {
                 return Some((view, at));
             }
@@ -249,6 +249,23 @@ impl FanIn {
     /// `view` was received from this fan-in, is not released yet, and nothing uses it.
     #[inline]
     pub(super) unsafe fn release(&mut self, view: &RawView) -> Result<()> {
+        // The slot the view names first (its session checked, its bits not trusted).
+        let named = self.slots.get_mut(view.producer() as usize).and_then(|s| s.session.as_mut());
+        if let Some(session) = named.filter(|s| s.id() == view.session) {
+            // SAFETY: this function's contract.
+            return unsafe { session.release(view) };
+        }
+        // SAFETY: as above.
+        unsafe { self.release_elsewhere(view) }
+    }
+
+    /// [`release`](Self::release) of a view whose slot's session is not its own: a retired
+    /// session's (or another slot's, where the caller's copy of the view lost its slot).
+    ///
+    /// # Safety
+    /// As [`release`](Self::release).
+    #[cold]
+    unsafe fn release_elsewhere(&mut self, view: &RawView) -> Result<()> {
         let found = self
             .slots
             .iter_mut()

@@ -165,7 +165,9 @@ pub unsafe extern "C" fn lf_release(channel: *mut lf_channel, message: *const lf
         if m.flags & LF_MESSAGE_GPU != 0 {
             return release_gpu(ch, c, &m);
         }
-        let view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
+        let mut view = RawView { ptr: m.data.cast(), len: m.len, token: m.sequence, session: m.session, flags: 0 };
+        // Where a fan-in looks first; the session is checked all the same.
+        view.set_producer(m.producer);
         // SAFETY: lf_release's contract: the message is one this channel handed C and that C no
         // longer reads. The carrier refuses views it did not hand out, released ones, and ones
         // whose pointer or length differ (a GPU message's, with its flag cleared, among them).
