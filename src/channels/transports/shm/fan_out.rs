@@ -327,6 +327,10 @@ impl ProducerTransport for ShmFanOut {
         let staging = std::mem::take(&mut self.staging);
         let bytes = &staging[..len];
         let published = self.publish_each(|ring| {
+            // The ring's own inlined copy where it can; else a loan, as any sender's.
+            if let Some(seq) = ring.send_fast(bytes) {
+                return Ok(seq);
+            }
             let room = ring.try_loan(len)?;
             // SAFETY: the ring's loan is `len` writable bytes of its region that nothing else
             // touches until published; `bytes` is the fan-out's own buffer.
