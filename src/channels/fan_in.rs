@@ -1,4 +1,5 @@
-//! A fan-in consumer's producers, one session per slot: served in turn, each producer's end
+//! A fan-in consumer's producers, one session per slot: served in turns of up to `TURN`
+//! messages (a producer with none waiting ends its turn at once), each producer's end
 //! reported after its last message, new producers taken up as they attach.
 //!
 //! The consumer waits on its carrier's notification fd, which watches every session and the
@@ -19,6 +20,11 @@ use crate::os::eventfd::{poll, PollFd, PollFlags};
 /// attached: a bound on how long a new producer waits for its answer on a busy channel.
 const ACCEPT_EVERY: u32 = 1024;
 
+/// The most messages one producer's turn takes when others have messages waiting: long enough
+/// that the consumer reads a ring's slots in a row (its cache lines one after the other), short
+/// enough that no producer waits long for its turn.
+const TURN: u32 = 32;
+
 /// How many spins of the fast scan between slow passes (which read what the fast scan leaves
 /// aside: a producer's end, a new arena, an invalid slot).
 const SLOW_PASS_EVERY: u32 = 64;
@@ -38,8 +44,9 @@ pub(super) struct FanIn {
     name: String,
     wait: WaitStrategy,
     slots: Vec<Slot>,
-    /// Where the next scan starts: the slot after the last one served.
-    next: usize,
+    /// The slot whose turn it is, and how many more messages its turn takes.
+    turn: usize,
+    left: u32,
     /// Messages taken since the last look for new producers.
     since_accept: u32,
     /// Sessions whose end was reported while the application still held their messages.
@@ -61,7 +68,8 @@ impl FanIn {
             name: name.to_owned(),
             wait,
             slots: (0..max_peers).map(|_| Slot::default()).collect(),
-            next: 0,
+            turn: 0,
+            left: 0,
             since_accept: 0,
             retired: Vec::new(),
             last_gone: None,
@@ -111,12 +119,12 @@ impl FanIn {
         Ok(())
     }
 
-    /// A message from the slots in turn, starting after the last one served: the common case
-    /// only (`ConsumerSession::recv_fast`), with the slot it came from.
+    /// A message from the slots in turn, starting after the one whose turn it was: the common
+    /// case only (`ConsumerSession::recv_fast`), with the slot it came from.
     #[inline]
     fn scan_fast(&mut self) -> Option<(RawView, usize)> {
         // Two plain ranges: no division per slot.
-        let next = self.next;
+        let next = self.after_turn();
         for at in (next..self.slots.len()).chain(0..next) {
             if let Some(view) = self.slots[at].session.as_mut().and_then(|s| s.recv_fast()) {
                 return Some((view, at));
@@ -128,9 +136,8 @@ impl FanIn {
     /// Every slot's full receive, in turn: a message, `None` when none waits, or a slot's end
     /// (`PeerGone`, naming the slot) or error.
     fn scan_slow(&mut self, carrier: &mut AnyConsumer) -> Result<Option<(RawView, usize)>> {
-        let n = self.slots.len();
-        for i in 0..n {
-            let at = (self.next + i) % n;
+        let next = self.after_turn();
+        for at in (next..self.slots.len()).chain(0..next) {
             let Some(session) = self.slots[at].session.as_mut() else { continue };
             match session.try_recv() {
                 Ok(view) => return Ok(Some((view, at))),
@@ -138,7 +145,7 @@ impl FanIn {
                 Err(Error::PeerGone(why)) => return Err(self.end_slot(carrier, at, why)),
                 Err(Error::Corrupt(why)) => return Err(self.detach_corrupt(carrier, at, why)),
                 Err(e) => {
-                    self.next = (at + 1) % n;
+                    (self.turn, self.left) = (at, 0);
                     return Err(e);
                 }
             }
@@ -158,7 +165,7 @@ impl FanIn {
             }
         }
         slot.session = slot.waiting.take();
-        self.next = (at + 1) % self.slots.len();
+        (self.turn, self.left) = (at, 0);
         self.last_gone = Some(at as u32);
         Error::PeerGone(format!("slot {at}: {why}; the other producers go on, and a new one may take the slot"))
     }
@@ -182,6 +189,12 @@ impl FanIn {
     ) -> Result<(RawView, u32)> {
         self.since_accept += 1;
         if self.since_accept < ACCEPT_EVERY {
+            if self.left > 0 {
+                if let Some(view) = self.slots[self.turn].session.as_mut().and_then(|s| s.recv_fast()) {
+                    self.left -= 1;
+                    return Ok((view, self.turn as u32));
+                }
+            }
             if let Some((view, at)) = self.scan_fast() {
                 return Ok(self.served(view, at));
             }
@@ -219,10 +232,21 @@ impl FanIn {
         }
     }
 
+    /// Slot `at` served `view`: its turn starts (or goes on).
     #[inline]
     fn served(&mut self, view: RawView, at: usize) -> (RawView, u32) {
-        self.next = if at + 1 == self.slots.len() { 0 } else { at + 1 };
+        (self.turn, self.left) = (at, TURN - 1);
         (view, at as u32)
+    }
+
+    /// Where a scan starts: the slot after the one whose turn it was.
+    #[inline]
+    fn after_turn(&self) -> usize {
+        if self.turn + 1 == self.slots.len() {
+            0
+        } else {
+            self.turn + 1
+        }
     }
 
     /// Sleeps until the carrier's notification fd is readable or `deadline` passes.
