@@ -305,3 +305,51 @@ fn a_full_fan_out_refuses_a_consumer() {
         }
     }
 }
+
+/// kill -9 of a fan-out's producer: every consumer reads what it had, then learns of the end,
+/// and the consumers leave nothing behind (the producer's socket and locks included).
+#[test]
+fn the_producer_killed_ends_every_consumer_and_leaves_nothing() {
+    const TEST: &str = "fan_out::the_producer_killed_ends_every_consumer_and_leaves_nothing";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "fanout-pkill", &here(), &here(), &fan_out("block", 4)).unwrap();
+            let start = Instant::now();
+            while p.peers().iter().filter(|c| c.state == PeerState::Alive).count() < 3 {
+                assert!(start.elapsed() < Duration::from_secs(30), "{:?}", p.peers());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            for seq in 0..10u64 {
+                p.send(&seq.to_le_bytes()).unwrap();
+            }
+            report("sent", 10);
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "fanout-pkill", &here(), &here(), &fan_out("block", 4)).unwrap();
+            report("attached", 1);
+            for seq in 0..10u64 {
+                assert_eq!(&*c.recv_timeout(Duration::from_secs(30)).unwrap(), &seq.to_le_bytes());
+            }
+            let err = c.recv_timeout(Duration::from_secs(30)).unwrap_err();
+            assert!(matches!(err, Error::PeerGone(_)), "{err}");
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("fanout-pkill");
+            let (mut p, mut p_out) = spawn_reporting(TEST, "producer", &dir, &[]);
+            let mut consumers: Vec<_> = (0..3).map(|_| spawn_reporting(TEST, "consumer", &dir, &[])).collect();
+            for (_, out) in consumers.iter_mut() {
+                expect_line(out, "attached");
+            }
+            expect_line(&mut p_out, "sent");
+            kill9(&mut p);
+            for (c, _) in consumers {
+                wait_ok(c, "consumer");
+            }
+            assert_dir_empty(&dir);
+        }
+    }
+}

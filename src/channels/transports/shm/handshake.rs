@@ -1,7 +1,9 @@
 //! The shared-memory transport's part of the rendezvous: the producer offers a fresh region
 //! (two sealed memfds: the control part and the data part) and its end of a notification
 //! socket pair in this transport's [`Attachment`] of the hello, next to the other routes' sections; the
-//! consumer checks and maps them and answers with its own routes' sections, or refuses.
+//! consumer checks and maps them and answers with its own routes' sections, or refuses. A
+//! producer first claims its end of the channel (a pair's one lock, or a fan-in's slot), and
+//! its section names the channel's kind and that slot.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::arenas::ReceivedArenas;
-use super::rendezvous::{self, PeerWatch, MAX_HELLO_LEN};
+use super::rendezvous::{self, End, EndLock, PeerWatch, MAX_HELLO_LEN};
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
@@ -309,6 +311,30 @@ pub(super) fn accept(
             Err(e)
         }
     }
+}
+
+/// This producer's claim on its end of channel `name`: the pair's one producer lock (a second
+/// producer is refused here, not left waiting for a consumer that will never answer it while
+/// the first lives), or a fan-in's lowest free slot.
+pub(super) fn claim_producer_end(name: &str, kind: ChannelKind) -> Result<(EndLock, Place)> {
+    if kind != ChannelKind::FanIn {
+        return match EndLock::take(name, End::Producer)? {
+            Ok(lock) => Ok((lock, Place { kind, slot: 0 })),
+            Err(pid) => Err(Error::InvalidState(format!(
+                "channel {name:?} already has a live producer{}; a pair channel has one producer at a time: close \
+                 that one first, use another channel name, or make the channel a fan-in",
+                rendezvous::holder(pid)
+            ))),
+        };
+    }
+    for slot in 0..MAX_PEERS {
+        if let Ok(lock) = EndLock::try_take(name, End::FanInProducer(slot))? {
+            return Ok((lock, Place { kind, slot }));
+        }
+    }
+    Err(Error::InvalidState(format!(
+        "fan-in channel {name:?} is full: {MAX_PEERS} producers, the most any fan-in takes, are attached"
+    )))
 }
 
 /// The lock a producer in `place` holds.

@@ -15,7 +15,7 @@ use super::ring::{
 use super::{note_peer_watch, peer_end};
 use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
-use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy, MAX_PEERS};
+use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::futex::futex_wake;
 use crate::os::notify::notify;
@@ -106,30 +106,6 @@ impl std::fmt::Debug for ShmProducer {
     }
 }
 
-/// This producer's claim on its end of channel `name`: the pair's one producer lock (a second
-/// producer is refused here, not left waiting for a consumer that will never answer it while
-/// the first lives), or a fan-in's lowest free slot.
-fn take_producer_lock(name: &str, kind: ChannelKind) -> Result<(EndLock, Place)> {
-    if kind != ChannelKind::FanIn {
-        return match EndLock::take(name, End::Producer)? {
-            Ok(lock) => Ok((lock, Place { kind, slot: 0 })),
-            Err(pid) => Err(Error::InvalidState(format!(
-                "channel {name:?} already has a live producer{}; a pair channel has one producer at a time: close \
-                 that one first, use another channel name, or make the channel a fan-in",
-                rendezvous::holder(pid)
-            ))),
-        };
-    }
-    for slot in 0..MAX_PEERS {
-        if let Ok(lock) = EndLock::try_take(name, End::FanInProducer(slot))? {
-            return Ok((lock, Place { kind, slot }));
-        }
-    }
-    Err(Error::InvalidState(format!(
-        "fan-in channel {name:?} is full: {MAX_PEERS} producers, the most any fan-in takes, are attached"
-    )))
-}
-
 impl ShmProducer {
     /// Connects to the consumer of `name` and hands it a fresh region, with the other
     /// routes' sections that `offers` makes (anew for each attempt).
@@ -141,7 +117,7 @@ impl ShmProducer {
     ) -> Result<Self> {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
-        let (lock, place) = take_producer_lock(name, config.kind)?;
+        let (lock, place) = handshake::claim_producer_end(name, config.kind)?;
         let c = handshake::offer(name, geometry, place, config, deadline, offers)?;
         // The consumer that answered holds its lock file now: remembered, to tell it from a
         // later consumer's when cleaning up after this one.
