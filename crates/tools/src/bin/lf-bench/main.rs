@@ -65,6 +65,7 @@ mod pingpong;
 mod plot;
 mod report;
 mod rustapi;
+mod spread;
 mod table;
 
 use config::Config;

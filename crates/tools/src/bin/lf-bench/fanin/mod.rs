@@ -36,6 +36,7 @@ use serde_json::Value;
 use crate::machine::Machine;
 use crate::options::die;
 use crate::peers::Peer;
+use crate::spread::{counts, seconds};
 use gather::{cores_allowed, producer_core, Control, MIN_SIZE};
 use peers::FanInPeers;
 
@@ -61,14 +62,6 @@ pub struct FanInOptions {
     pub mpi: Option<PathBuf>,
 }
 
-fn seconds(v: String, what: &str) -> Duration {
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| *s > 0.0 && *s < 600.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or_else(|| die(&format!("bad {what} {v:?}: give seconds, like 0.5")))
-}
-
 fn options() -> FanInOptions {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--fan-in").collect();
     let mut o = FanInOptions {
@@ -92,12 +85,7 @@ fn options() -> FanInOptions {
             "--json" => o.json = true,
             "--json-out" => o.json_out = Some(value().into()),
             "--size" => o.size = crate::options::parse_size(&value()),
-            "--producers" => {
-                o.producers = value()
-                    .split(',')
-                    .map(|n| n.parse().unwrap_or_else(|_| die(&format!("bad --producers entry {n:?}"))))
-                    .collect()
-            }
+            "--producers" => o.producers = counts(&value(), "--producers"),
             "--warm" => o.warm = seconds(value(), "--warm"),
             "--window" => o.window = seconds(value(), "--window"),
             "--no-pin" => o.pin = false,

@@ -12,6 +12,7 @@ use super::{FanInOptions, Row};
 use crate::machine::Machine;
 use crate::options::{bytes, die};
 use crate::peers::Peer;
+use crate::spread::layout;
 use crate::table::{comment, ratio, Table};
 use lava_flow_c_api::channel_config::lf_channel_kind;
 
@@ -49,34 +50,6 @@ fn throughput_ratio(row: &Row, other: Option<&Row>) -> Option<f64> {
     Some(field(row, "msgs_per_s")? / field(other?, "msgs_per_s")?)
 }
 
-/// How the processes share the cores, in words.
-fn layout(o: &FanInOptions) -> String {
-    let cores = cores_allowed();
-    if !o.pin {
-        return format!(
-            "{cores} cores allowed; no pinning (--no-pin): the kernel places the consumer and the producers"
-        );
-    }
-    let most = o.producers.iter().copied().max().unwrap_or(1);
-    let mut per_core = std::collections::BTreeMap::<usize, usize>::new();
-    for i in 0..most {
-        *per_core.entry(producer_core(i, cores)).or_default() += 1;
-    }
-    let busiest = per_core.values().copied().max().unwrap_or(0);
-    let shared = if busiest > 1 {
-        format!("with {most} producers, up to {busiest} share a core (oversubscribed: they take turns)")
-    } else {
-        format!("with {most} producers, each has a core of its own")
-    };
-    let placed = match cores {
-        0..=2 => "the producers all on core 1".to_owned(),
-        _ => format!("producer i on core 1 + i mod {}", cores - 1),
-    };
-    format!(
-        "{cores} cores allowed: the consumer on core 0, {placed}; {shared}; the peers' processes are placed the same way"
-    )
-}
-
 fn config_lines(o: &FanInOptions, machine: &Machine, peers: &FanInPeers) -> Vec<String> {
     let cfg = config(lf_channel_kind::LF_CHANNEL_FAN_IN);
     let wait = match cfg.wait_strategy {
@@ -89,7 +62,7 @@ fn config_lines(o: &FanInOptions, machine: &Machine, peers: &FanInPeers) -> Vec<
         "lf-bench --fan-in: producers in processes of their own to one consumer, through lava-flow's C API, beside iceoryx2 and Open MPI, all in one run".to_owned(),
     ];
     l.extend(machine.lines());
-    l.push(format!("Cores: {}", layout(o)));
+    l.push(format!("Cores: {}", layout(o.pin, cores_allowed(), &o.producers, ("consumer", "producer"), producer_core)));
     l.push(format!(
         "C API channels: lf_channel_config_init (capacity {} per producer, pool {}, wait {wait}, max_peers {}) with kind LF_CHANNEL_FAN_IN (LF_CHANNEL_PAIR for the pair row) and a 30 s rendezvous timeout",
         cfg.capacity,

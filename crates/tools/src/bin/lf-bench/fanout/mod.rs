@@ -37,6 +37,7 @@ use serde_json::Value;
 use crate::fanin::fork_into;
 use crate::machine::Machine;
 use crate::options::die;
+use crate::spread::{counts, seconds};
 use lf::Mode;
 use peers::FanOutPeers;
 use scatter::{consumer_core, cores_allowed, Control, MIN_SIZE};
@@ -65,14 +66,6 @@ pub struct FanOutOptions {
     pub iceoryx2: Option<PathBuf>,
     /// The lava-flow rows' wait strategy where not the default one (an `lf_wait_strategy`).
     pub wait: Option<u32>,
-}
-
-fn seconds(v: String, what: &str) -> Duration {
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| *s > 0.0 && *s < 600.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or_else(|| die(&format!("bad {what} {v:?}: give seconds, like 0.5")))
 }
 
 fn check_size(size: usize, what: &str) {
@@ -108,12 +101,7 @@ fn options() -> FanOutOptions {
             "--json-out" => o.json_out = Some(value().into()),
             "--size" => o.size = crate::options::parse_size(&value()),
             "--small-size" => o.small = crate::options::parse_size(&value()),
-            "--consumers" => {
-                o.consumers = value()
-                    .split(',')
-                    .map(|n| n.parse().unwrap_or_else(|_| die(&format!("bad --consumers entry {n:?}"))))
-                    .collect()
-            }
+            "--consumers" => o.consumers = counts(&value(), "--consumers"),
             "--warm" => o.warm = seconds(value(), "--warm"),
             "--window" => o.window = seconds(value(), "--window"),
             "--no-pin" => o.pin = false,

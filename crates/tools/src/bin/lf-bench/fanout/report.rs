@@ -11,6 +11,7 @@ use super::scatter::{consumer_core, cores_allowed, BLOCK};
 use super::{FanOutOptions, Row};
 use crate::machine::Machine;
 use crate::options::{bytes, die};
+use crate::spread::layout;
 use crate::table::{comment, ratio, us, Table};
 use lava_flow_c_api::channel_config::lf_channel_kind;
 
@@ -56,32 +57,6 @@ fn zero_copy(row: &Row) -> String {
     format!("{all}/{}", row.consumers)
 }
 
-/// How the processes share the cores, in words.
-fn layout(o: &FanOutOptions) -> String {
-    let cores = cores_allowed();
-    if !o.pin {
-        return format!(
-            "{cores} cores allowed; no pinning (--no-pin): the kernel places the producer and the consumers"
-        );
-    }
-    let most = o.consumers.iter().copied().max().unwrap_or(1);
-    let mut per_core = std::collections::BTreeMap::<usize, usize>::new();
-    for i in 0..most {
-        *per_core.entry(consumer_core(i, cores)).or_default() += 1;
-    }
-    let busiest = per_core.values().copied().max().unwrap_or(0);
-    let shared = if busiest > 1 {
-        format!("with {most} consumers, up to {busiest} share a core (oversubscribed: they take turns)")
-    } else {
-        format!("with {most} consumers, each has a core of its own")
-    };
-    let placed = match cores {
-        0..=2 => "the consumers all on core 1".to_owned(),
-        _ => format!("consumer i on core 1 + i mod {}", cores - 1),
-    };
-    format!("{cores} cores allowed: the producer on core 0, {placed}; {shared}; the peer's processes are placed the same way")
-}
-
 fn config_lines(o: &FanOutOptions, machine: &Machine, peers: &FanOutPeers) -> Vec<String> {
     let cfg = config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.wait);
     let wait = match cfg.wait_strategy {
@@ -95,7 +70,7 @@ fn config_lines(o: &FanOutOptions, machine: &Machine, peers: &FanOutPeers) -> Ve
         "lf-bench --fan-out: one producer to consumers in processes of their own, through lava-flow's C API, beside iceoryx2, all in one run".to_owned(),
     ];
     l.extend(machine.lines());
-    l.push(format!("Cores: {}", layout(o)));
+    l.push(format!("Cores: {}", layout(o.pin, cores_allowed(), &o.consumers, ("producer", "consumer"), consumer_core)));
     l.push(format!(
         "C API channels: lf_channel_config_init (capacity {} per consumer, pool {}, wait {wait}, max_peers {}) with kind LF_CHANNEL_FAN_OUT (LF_CHANNEL_PAIR for the pair rows) and a 30 s rendezvous timeout",
         cfg.capacity,
