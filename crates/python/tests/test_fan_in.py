@@ -216,7 +216,8 @@ def test_kill_one_producer_of_four(name, peer, tmp_path):
         p.wait()
     # The killed one's messages up to its death came in order, and its end named its slot.
     assert got[3] == list(range(len(got[3]))) and len(got[3]) >= 50
-    assert sorted(ends) == sorted(slot_of.values()) and len(set(ends)) == 4
+    # (A producer that finished early frees its slot, which a later one may take.)
+    assert sorted(ends) == sorted(slot_of.values())
     assert all(p.state == "free" for p in ch.peers())
 
 
