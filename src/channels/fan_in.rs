@@ -16,10 +16,6 @@ use super::WaitStrategy;
 use crate::error::{Error, Result};
 use crate::os::eventfd::{poll, PollFd, PollFlags};
 
-/// How many messages the consumer may take in a row without looking for producers that
-/// attached: a bound on how long a new producer waits for its answer on a busy channel.
-const ACCEPT_EVERY: u32 = 1024;
-
 /// The most messages one producer's turn takes when others have messages waiting: long enough
 /// that the consumer reads a ring's slots in a row (its cache lines one after the other), short
 /// enough that no producer waits long for its turn.
@@ -47,8 +43,6 @@ pub(super) struct FanIn {
     /// The slot whose turn it is, and how many more messages its turn takes.
     turn: usize,
     left: u32,
-    /// Messages taken since the last look for new producers.
-    since_accept: u32,
     /// Sessions whose end was reported while the application still held their messages.
     retired: Vec<AnySession>,
     /// The slot whose end the last `PeerGone` reported.
@@ -70,7 +64,6 @@ impl FanIn {
             slots: (0..max_peers).map(|_| Slot::default()).collect(),
             turn: 0,
             left: 0,
-            since_accept: 0,
             retired: Vec::new(),
             last_gone: None,
         };
@@ -112,7 +105,6 @@ impl FanIn {
 
     /// Takes up the producers waiting to attach.
     fn accept(&mut self, carrier: &mut AnyConsumer) -> Result<()> {
-        self.since_accept = 0;
         while let Some(session) = carrier.try_accept()? {
             self.take_up(carrier, session)?;
         }
@@ -187,17 +179,17 @@ impl FanIn {
         block: bool,
         deadline: Option<Instant>,
     ) -> Result<(RawView, u32)> {
-        self.since_accept += 1;
-        if self.since_accept < ACCEPT_EVERY {
-            if self.left > 0 {
-                if let Some(view) = self.slots[self.turn].session.as_mut().and_then(|s| s.recv_fast()) {
-                    self.left -= 1;
-                    return Ok((view, self.turn as u32));
-                }
+        if self.left > 0 {
+            if let Some(view) = self.slots[self.turn].session.as_mut().and_then(|s| s.recv_fast()) {
+                self.left -= 1;
+                return Ok((view, self.turn as u32));
             }
-            if let Some((view, at)) = self.scan_fast() {
-                return Ok(self.served(view, at));
-            }
+        }
+        // A turn ends: producers that attached meanwhile join the round (one atomic load when
+        // none did).
+        self.accept(carrier)?;
+        if let Some((view, at)) = self.scan_fast() {
+            return Ok(self.served(view, at));
         }
         let mut waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;

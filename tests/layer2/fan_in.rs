@@ -418,3 +418,75 @@ fn wait_for_file(path: &str) {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// A busy producer does not starve the others: with one producer flooding its ring and another
+/// with 100 messages waiting, the consumer takes the second's messages in turns, at most 32 of
+/// the busy one's between them.
+#[test]
+fn a_busy_producer_does_not_starve_another() {
+    const TEST: &str = "fan_in::a_busy_producer_does_not_starve_another";
+    match child_role().as_deref() {
+        Some("flood") => {
+            let mut p = Producer::create(&ctx(), "fanin-fair", &here(), &here(), &fan_in("spin", 2)).unwrap();
+            let mut seq = 0u64;
+            // Its ring full before the other sends; then as fast as the consumer takes them.
+            while p.try_send(&message(0, seq)).is_ok() {
+                seq += 1;
+            }
+            report("full", seq);
+            while p.send_timeout(&message(0, seq), Duration::from_secs(30)).is_ok() {
+                seq += 1;
+            }
+        }
+        Some("few") => {
+            let mut p = Producer::create(&ctx(), "fanin-fair", &here(), &here(), &fan_in("spin", 2)).unwrap();
+            for seq in 0..100 {
+                p.send(&message(1, seq)).unwrap();
+            }
+            report("sent", 100);
+            p.wait_completed(99, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "fanin-fair", &here(), &here(), &fan_in("spin", 2)).unwrap();
+            report("created", 1);
+            wait_for_file(&arg("flag"));
+            let (mut few, mut run, mut longest) = (0u64, 0u32, 0u32);
+            while few < 100 {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                match parse(&m) {
+                    (1, seq) => {
+                        assert_eq!(seq, few);
+                        few += 1;
+                        run = 0;
+                    }
+                    _ => {
+                        run += 1;
+                        longest = longest.max(run);
+                    }
+                }
+            }
+            assert!(longest <= 32, "{longest} of the busy producer's messages in a row while the other's waited");
+            report("longest", longest);
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("fanin-fair");
+            let scratch = scratch_dir();
+            let args = [("flag", scratch.path().join("go").display().to_string())];
+            let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args);
+            let (flood, mut flood_out) = spawn_reporting(TEST, "flood", &dir, &args);
+            expect_line(&mut flood_out, "full");
+            let (few, mut few_out) = spawn_reporting(TEST, "few", &dir, &args);
+            expect_line(&mut few_out, "sent");
+            expect_line(&mut c_out, "created");
+            std::fs::write(&args[0].1, b"").unwrap();
+            let longest = expect_line(&mut c_out, "longest");
+            println!("at most {longest} of the busy producer's messages in a row");
+            wait_ok(few, "the producer with few messages");
+            wait_ok(c, "consumer");
+            // The flood ends with the consumer's close.
+            wait_ok(flood, "the busy producer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
