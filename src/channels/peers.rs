@@ -93,3 +93,28 @@ impl Peer {
         Peer { slot, state: PeerState::Free, pid: 0, rank: None, host: String::new(), route: None }
     }
 }
+
+/// Refuses a producer that created a `theirs` channel, in `slot`, at a consumer of kind `ours`
+/// that takes `max_peers` producers, saying why: every carrier refuses in these words.
+pub(crate) fn check_producer_place(
+    name: &str,
+    ours: ChannelKind,
+    max_peers: u32,
+    theirs: ChannelKind,
+    slot: u32,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    if theirs != ours {
+        return Err(Error::InvalidState(format!(
+            "channel {name:?} is a {ours} channel and this producer created a {theirs} one; every end of a channel \
+             names the same kind"
+        )));
+    }
+    if theirs == ChannelKind::FanIn && slot >= max_peers {
+        return Err(Error::InvalidState(format!(
+            "fan-in channel {name:?} is full: it takes max_peers = {max_peers} producers and all of them are \
+             attached; wait for one to close, or create the consumer with a larger max_peers"
+        )));
+    }
+    Ok(())
+}

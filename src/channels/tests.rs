@@ -364,3 +364,72 @@ fn a_consumer_holds_sessions_of_several_producers() {
     });
     drop(held);
 }
+
+/// A fan-in over loopback: producers threads of this process, each in a slot of its own, each
+/// producer's messages in its order; a full fan-in and a producer of another kind refused in
+/// the words every carrier uses; a producer's end reported for its slot, which a new producer
+/// then takes.
+#[test]
+fn a_loopback_fan_in_serves_several_producers_and_refuses_what_does_not_fit() {
+    const MESSAGES: u64 = 2_000;
+    let context = context(false);
+    let config = ChannelConfig {
+        transports: Some(vec![TransportKind::Loopback]),
+        kind: ChannelKind::FanIn,
+        max_peers: 3,
+        capacity: 16,
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    let open = |config: &ChannelConfig| Producer::create(&context, "fan-in", &here(), &here(), config);
+    std::thread::scope(|s| {
+        let consumer = s.spawn(|| Consumer::create(&context, "fan-in", &here(), &here(), &config).unwrap());
+        let mut producers: Vec<Producer> = (0..3).map(|_| open(&config).unwrap()).collect();
+        let mut c = consumer.join().unwrap();
+        let full = open(&config).unwrap_err();
+        assert!(
+            matches!(full, Error::InvalidState(ref m) if m.contains("is full") && m.contains("max_peers = 3")),
+            "{full}"
+        );
+        let pair = open(&ChannelConfig { kind: ChannelKind::Pair, ..config.clone() }).unwrap_err();
+        assert!(matches!(pair, Error::InvalidState(ref m) if m.contains("is a fan-in channel")), "{pair}");
+        let senders: Vec<_> = producers
+            .drain(..)
+            .map(|mut p| {
+                s.spawn(move || {
+                    for seq in 0..MESSAGES {
+                        p.send(&seq.to_le_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; 3];
+        let mut gone = Vec::new();
+        while gone.len() < 3 {
+            match c.recv_timeout(Duration::from_secs(30)) {
+                Ok(m) => {
+                    let slot = m.producer() as usize;
+                    assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next[slot], "slot {slot}'s order");
+                    next[slot] += 1;
+                }
+                Err(Error::PeerGone(why)) => {
+                    let slot = c.last_gone().unwrap();
+                    assert!(why.contains(&format!("slot {slot}")), "{why}");
+                    assert_eq!(next[slot as usize], MESSAGES, "slot {slot}'s end comes after its last message");
+                    gone.push(slot);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        gone.sort_unstable();
+        assert_eq!(gone, [0, 1, 2], "each producer in a slot of its own");
+        for sender in senders {
+            sender.join().unwrap();
+        }
+        // A slot freed is taken again.
+        let mut late = open(&config).unwrap();
+        late.send(b"late").unwrap();
+        let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!((&m[..], m.sequence()), (&b"late"[..], 0));
+    });
+}

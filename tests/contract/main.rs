@@ -53,13 +53,15 @@ fn config_for(case: &Case, carrier: Carrier, kind: TransportKind) -> ChannelConf
     ChannelConfig { transports: Some(vec![kind, TransportKind::VulkanIpc]), kind: shape, ..(case.config)() }
 }
 
-fn channel_name(carrier: TransportKind, case: &Case) -> String {
-    format!("contract-{carrier}-{}", case.name)
+/// The channel of `case` over `carrier` (`kind` its transport): distinct per carrier, so that
+/// the loopback carriers' tests, threads of one process, never meet each other's ends.
+fn channel_name(carrier: Carrier, kind: TransportKind, case: &Case) -> String {
+    format!("contract-{kind}-{}-{}", carrier.name.replace(' ', "-"), case.name)
 }
 
 /// Runs one half of `case` over `carrier` in this process or thread.
 fn run_half(carrier: Carrier, kind: TransportKind, case: &Case, producer: bool, sync_dir: &Path, context: &Context) {
-    let name = channel_name(kind, case);
+    let name = channel_name(carrier, kind, case);
     let config = config_for(case, carrier, kind);
     let sync = Sync::new(sync_dir.to_owned(), case.name, producer, carrier);
     if producer {
@@ -84,24 +86,40 @@ fn scratch(prefix: &str) -> PathBuf {
 /// The contract over loopback: both halves threads of this process.
 #[test]
 fn loopback_keeps_the_contract() {
-    let carrier = Carrier {
+    loopback_contract(Carrier {
         name: "loopback",
         reattach: true,
         gpu_route: true,
         fd_wakes_for_control: false,
         fan_in: false,
         fan_out: false,
-    };
+    });
+}
+
+/// The contract over a loopback fan-in with one producer at a time (see the shm fan-in's).
+#[test]
+fn loopback_fan_in_keeps_the_contract() {
+    loopback_contract(Carrier {
+        name: "loopback fan-in",
+        reattach: true,
+        gpu_route: false,
+        fd_wakes_for_control: false,
+        fan_in: true,
+        fan_out: false,
+    });
+}
+
+fn loopback_contract(carrier: Carrier) {
     for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
         let Some(context) = context_for(case) else { continue };
         let dir = scratch("lf-contract-loopback-");
         std::thread::scope(|s| {
             let consumer = s.spawn(|| run_half(carrier, TransportKind::Loopback, case, false, &dir, &context));
             run_half(carrier, TransportKind::Loopback, case, true, &dir, &context);
-            consumer.join().unwrap_or_else(|_| panic!("loopback, {}: the consumer's half failed", case.name));
+            consumer.join().unwrap_or_else(|_| panic!("{}, {}: the consumer's half failed", carrier.name, case.name));
         });
         std::fs::remove_dir_all(&dir).unwrap();
-        println!("loopback: {} kept", case.name);
+        println!("{}: {} kept", carrier.name, case.name);
     }
 }
 

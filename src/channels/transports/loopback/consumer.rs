@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::session::Session;
-use super::{taken, wait_for_meeting, with_meeting};
+use super::{duplicate, taken, wait_for_meeting, with_meeting};
 use crate::channels::transport::{Attachment, ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
-use crate::channels::{ChannelConfig, Peer, PeerState};
+use crate::channels::{ChannelConfig, ChannelKind, Peer, PeerState};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
@@ -34,21 +34,6 @@ pub(crate) struct LoopbackSession {
     notify: Option<Arc<OwnedFd>>,
 }
 
-/// A copy of `attachments` (their descriptors duplicated), for another producer.
-fn duplicate(attachments: &[Attachment]) -> Result<Vec<Attachment>> {
-    attachments
-        .iter()
-        .map(|a| {
-            let handles = a
-                .handles
-                .iter()
-                .map(|fd| fd.try_clone().map_err(|e| Error::os("duplicating a route's answer descriptor", e)))
-                .collect::<Result<Vec<_>>>()?;
-            Ok(Attachment { route: a.route, bytes: a.bytes.clone(), handles })
-        })
-        .collect()
-}
-
 impl LoopbackConsumer {
     /// Registers as the consumer of `name` in this process and waits for a producer (up to the
     /// config's rendezvous timeout), answering its offers with `answers`.
@@ -61,7 +46,11 @@ impl LoopbackConsumer {
         with_meeting(name, |m| match m.consumer_live {
             true => Err(taken(name, "consumer")),
             false => {
-                m.consumer_live = true;
+                (m.consumer_live, m.consumer_kind, m.max_peers) = (true, config.kind, config.max_peers);
+                // A fan-in's producers are answered as they arrive, while the consumer is busy.
+                if config.kind == ChannelKind::FanIn {
+                    m.answers = Some(duplicate(&answers)?);
+                }
                 Ok(())
             }
         })?;
@@ -77,7 +66,12 @@ impl LoopbackConsumer {
 
     /// A session over `session`: its producer gets the answers, the session its offers.
     fn take_up(&self, session: Arc<Session>) -> Result<LoopbackSession> {
-        *session.answers.lock() = Some(duplicate(&self.answers)?);
+        {
+            let mut answers = session.answers.lock();
+            if answers.is_none() {
+                *answers = Some(duplicate(&self.answers)?);
+            }
+        }
         let offers = session.offers.lock().take();
         // Wake the producer waiting for the answer.
         with_meeting(&self.name, |_| ());
@@ -101,7 +95,15 @@ impl ConsumerTransport for LoopbackConsumer {
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
-            self.notify = Some(Arc::new(eventfd()?));
+            let fd = Arc::new(eventfd()?);
+            // Readable when a producer arrives too (a fan-in takes it up at its next receive).
+            with_meeting(&self.name, |m| {
+                if !m.arrived.is_empty() {
+                    eventfd_signal(fd.as_fd());
+                }
+                m.notify = Some(Arc::clone(&fd));
+            });
+            self.notify = Some(fd);
         }
         Ok(self.notify.as_ref().expect("set up above").as_fd())
     }
@@ -127,7 +129,7 @@ impl ConsumerTransport for LoopbackConsumer {
 impl Drop for LoopbackConsumer {
     fn drop(&mut self) {
         let waiting = with_meeting(&self.name, |m| {
-            m.consumer_live = false;
+            (m.consumer_live, m.notify, m.answers) = (false, None, None);
             std::mem::take(&mut m.arrived)
         });
         // Producers that attached and were never taken up learn of the end at once.
@@ -143,7 +145,7 @@ impl LoopbackSession {
     /// A session whose producer has closed without a message: what a consumer holds where
     /// it has no current session (a fan-in, whose sessions are its slots').
     pub(crate) fn ended(name: &str) -> LoopbackSession {
-        let session = Arc::new(Session::new(u64::MAX, name, 1, 0, Vec::new()));
+        let session = Arc::new(Session::new(u64::MAX, name, 0, 1, 0, Vec::new()));
         session.close_producer();
         LoopbackSession { name: name.to_owned(), session, offers: None, notify: None }
     }
@@ -161,7 +163,7 @@ impl ConsumerSession for LoopbackSession {
     fn peer(&self) -> Peer {
         let gone = self.session.lock().producer_closed;
         Peer {
-            slot: 0,
+            slot: self.session.slot,
             state: if gone { PeerState::Gone } else { PeerState::Alive },
             pid: std::process::id(),
             rank: None,

@@ -7,9 +7,10 @@
 //! (`LF_TRANSPORTS=loopback`).
 //!
 //! The ends meet by name in a table of this process (`MEETINGS`): the consumer registers the
-//! name and waits; a producer finds it (or waits for it), refuses itself if another producer
-//! of the name is live, and hands the consumer a new [`session::Session`], the state both ends
-//! share. Each message is a heap allocation of its own (a copy, a loan's room), a pointer into
+//! name, its kind and how many producers it takes, and waits; a producer finds it (or waits
+//! for it), refuses itself if another producer of a pair is live, if the consumer is of
+//! another kind, or if a fan-in has no free slot, and hands the consumer a new
+//! [`session::Session`], the state both ends share. Each message is a heap allocation of its own (a copy, a loan's room), a pointer into
 //! the sender's region (a buffer send), or a route's descriptor; it stays where it is until
 //! the consumer releases it.
 
@@ -18,6 +19,7 @@ mod producer;
 mod session;
 
 use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,8 +29,10 @@ pub(crate) use consumer::{LoopbackConsumer, LoopbackSession};
 pub(crate) use producer::LoopbackProducer;
 use session::Session;
 
-use crate::channels::transport::TransportId;
+use crate::channels::transport::{Attachment, TransportId};
+use crate::channels::ChannelKind;
 use crate::error::Error;
+use crate::os::eventfd::eventfd_signal;
 
 pub(crate) const ID: TransportId = TransportId::new("loopback");
 
@@ -40,8 +44,46 @@ struct Meeting {
     arrived: Vec<Arc<Session>>,
     /// A producer of the name is live (one at a time).
     producer_live: bool,
-    /// The consumer is there (a producer waits for it otherwise).
+    /// The consumer is there (a producer waits for it otherwise), with its kind and, for a
+    /// fan-in, how many producers it takes.
     consumer_live: bool,
+    consumer_kind: ChannelKind,
+    max_peers: u32,
+    /// A fan-in's slots that live producers hold, a bit each.
+    slots: u64,
+    /// The consumer's notification fd once it asked for one: readable when a producer arrives.
+    notify: Option<Arc<OwnedFd>>,
+    /// A fan-in consumer's answers for the routes, which each producer gets as it arrives.
+    answers: Option<Vec<Attachment>>,
+}
+
+impl Meeting {
+    /// A producer's session arrived: the consumer takes it up (and its fd says so).
+    fn arrive(&mut self, session: Arc<Session>) -> crate::error::Result<()> {
+        if let Some(answers) = &self.answers {
+            *session.answers.lock() = Some(duplicate(answers)?);
+        }
+        self.arrived.push(session);
+        if let Some(fd) = &self.notify {
+            eventfd_signal(fd.as_fd());
+        }
+        Ok(())
+    }
+}
+
+/// A copy of `attachments` (their descriptors duplicated), for another producer.
+fn duplicate(attachments: &[Attachment]) -> crate::error::Result<Vec<Attachment>> {
+    attachments
+        .iter()
+        .map(|a| {
+            let handles = a
+                .handles
+                .iter()
+                .map(|fd| fd.try_clone().map_err(|e| Error::os("duplicating a route's answer descriptor", e)))
+                .collect::<crate::error::Result<Vec<_>>>()?;
+            Ok(Attachment { route: a.route, bytes: a.bytes.clone(), handles })
+        })
+        .collect()
 }
 
 /// The channels of this process, by name.
@@ -56,7 +98,7 @@ fn with_meeting<T>(name: &str, f: impl FnOnce(&mut Meeting) -> T) -> T {
     let table = meetings.get_or_insert_with(HashMap::new);
     let meeting = table.entry(name.to_owned()).or_default();
     let out = f(meeting);
-    if !meeting.consumer_live && !meeting.producer_live && meeting.arrived.is_empty() {
+    if !meeting.consumer_live && !meeting.producer_live && meeting.slots == 0 && meeting.arrived.is_empty() {
         table.remove(name);
     }
     MET.notify_all();

@@ -6,15 +6,17 @@ use std::time::Instant;
 use parking_lot::MutexGuard;
 
 use super::session::{Bytes, Entry, Session, State};
-use super::{taken, wait_for_meeting, with_meeting};
+use super::{taken, wait_for_meeting, with_meeting, Meeting};
+use crate::channels::peers::check_producer_place;
 use crate::channels::transport::{Attachment, ProducerTransport, RawLoan, RawView, SharedRegion, TransportInfo};
-use crate::channels::ChannelConfig;
+use crate::channels::{ChannelConfig, ChannelKind, MAX_PEERS};
 use crate::error::{Error, Result};
 
 /// The producer half of a loopback channel.
 pub(crate) struct LoopbackProducer {
     info: TransportInfo,
     session: Arc<Session>,
+    kind: ChannelKind,
     /// The room of the loan not published yet, and its token.
     loan: Option<(u64, Box<[u8]>)>,
     loans: u64,
@@ -37,39 +39,55 @@ impl LoopbackProducer {
         if !(2..=1 << 20).contains(&capacity) || !capacity.is_power_of_two() {
             return Err(Error::invalid(format!("capacity {capacity} must be a power of two from 2 to 2^20")));
         }
-        with_meeting(name, |m| match m.producer_live {
-            true => Err(taken(name, "producer")),
-            false => {
-                m.producer_live = true;
-                Ok(())
-            }
-        })?;
+        let kind = config.kind;
+        if kind == ChannelKind::Pair {
+            with_meeting(name, |m| match m.producer_live {
+                true => Err(taken(name, "producer")),
+                false => {
+                    m.producer_live = true;
+                    Ok(())
+                }
+            })?;
+        }
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
-        let session = match wait_for_meeting(name, deadline, |m| m.consumer_live.then_some(())) {
-            Some(()) => {
-                static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-                let id = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let session = Arc::new(Session::new(id, name, capacity, config.pool_size, offers()?));
-                with_meeting(name, |m| m.arrived.push(Arc::clone(&session)));
-                session
+        let met = wait_for_meeting(name, deadline, |m| m.consumer_live.then(|| take_place(m, name, kind)));
+        let slot = match met {
+            Some(Ok(slot)) => slot,
+            Some(Err(refused)) => {
+                leave(name, kind, None);
+                return Err(refused);
             }
             None => {
-                with_meeting(name, |m| m.producer_live = false);
+                leave(name, kind, None);
                 return Err(Error::Timeout(format!(
                     "no consumer of channel {name:?} appeared in this process in time"
                 )));
             }
         };
+        static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let offers = match offers() {
+            Ok(offers) => offers,
+            Err(e) => {
+                leave(name, kind, Some(slot));
+                return Err(e);
+            }
+        };
+        let session = Arc::new(Session::new(id, name, slot, capacity, config.pool_size, offers));
+        if let Err(e) = with_meeting(name, |m| m.arrive(Arc::clone(&session))) {
+            leave(name, kind, Some(slot));
+            return Err(e);
+        }
         // The consumer answers when it takes the session up.
         let answered = wait_for_meeting(name, deadline, |_| session.answers.lock().take());
         let Some(answers) = answered else {
             session.close_producer();
-            with_meeting(name, |m| m.producer_live = false);
+            leave(name, kind, Some(slot));
             return Err(Error::Timeout(format!(
                 "the consumer of channel {name:?} did not take the producer up in time"
             )));
         };
-        Ok(LoopbackProducer { info, session, loan: None, loans: 0, answers, completed: 0 })
+        Ok(LoopbackProducer { info, session, kind, loan: None, loans: 0, answers, completed: 0 })
     }
 
     /// Whether a message of `len` bytes may be sent now: `WouldBlock` when the ring is full,
@@ -267,7 +285,29 @@ impl ProducerTransport for LoopbackProducer {
 impl Drop for LoopbackProducer {
     fn drop(&mut self) {
         self.session.close_producer();
-        let name = self.session.name.clone();
-        with_meeting(&name, |m| m.producer_live = false);
+        leave(&self.session.name, self.kind, Some(self.session.slot));
     }
+}
+
+/// The producer's place at the consumer of `m`: refused if the consumer is of another kind, or
+/// a full fan-in; else slot 0 of a pair or the lowest free slot of a fan-in, taken.
+fn take_place(m: &mut Meeting, name: &str, kind: ChannelKind) -> Result<u32> {
+    let slot = match kind {
+        ChannelKind::FanIn => (!m.slots).trailing_zeros().min(MAX_PEERS),
+        _ => 0,
+    };
+    check_producer_place(name, m.consumer_kind, m.max_peers, kind, slot)?;
+    if kind == ChannelKind::FanIn {
+        m.slots |= 1 << slot;
+    }
+    Ok(slot)
+}
+
+/// Lets go of the producer's claim on `name`: a pair's, or a fan-in's `slot` where it took one.
+fn leave(name: &str, kind: ChannelKind, slot: Option<u32>) {
+    with_meeting(name, |m| match (kind, slot) {
+        (ChannelKind::FanIn, Some(slot)) => m.slots &= !(1 << slot),
+        (ChannelKind::FanIn, None) => {}
+        _ => m.producer_live = false,
+    });
 }

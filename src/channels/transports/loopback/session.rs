@@ -69,6 +69,8 @@ pub(super) struct State {
 pub(crate) struct Session {
     pub(super) id: u64,
     pub(super) name: String,
+    /// The producer's slot: 0 for a pair, its fan-in slot otherwise.
+    pub(super) slot: u32,
     pub(super) capacity: u64,
     pub(super) max_len: usize,
     state: Mutex<State>,
@@ -88,10 +90,18 @@ unsafe impl Send for Session {}
 unsafe impl Sync for Session {}
 
 impl Session {
-    pub(super) fn new(id: u64, name: &str, capacity: u64, max_len: usize, offers: Vec<Attachment>) -> Session {
+    pub(super) fn new(
+        id: u64,
+        name: &str,
+        slot: u32,
+        capacity: u64,
+        max_len: usize,
+        offers: Vec<Attachment>,
+    ) -> Session {
         Session {
             id,
             name: name.to_owned(),
+            slot,
             capacity,
             max_len,
             state: Mutex::new(State {

@@ -16,6 +16,7 @@ use super::rendezvous::{self, End, EndLock, PeerWatch, MAX_HELLO_LEN};
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
 use super::ROUTE_ID;
+use crate::channels::peers::check_producer_place;
 use crate::channels::transport::{Attachment, PeerHolds};
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy, MAX_PEERS};
@@ -204,21 +205,7 @@ pub(super) struct Shape {
 impl Shape {
     /// Refuses a producer whose place does not fit this end, saying why.
     fn check(&self, name: &str, place: Place) -> Result<()> {
-        if place.kind != self.kind {
-            return Err(Error::InvalidState(format!(
-                "channel {name:?} is a {} channel and this producer created a {} one; every end of a channel names \
-                 the same kind",
-                self.kind, place.kind
-            )));
-        }
-        if place.kind == ChannelKind::FanIn && place.slot >= self.max_peers {
-            return Err(Error::InvalidState(format!(
-                "fan-in channel {name:?} is full: it takes max_peers = {} producers and all of them are attached; \
-                 wait for one to close, or create the consumer with a larger max_peers",
-                self.max_peers
-            )));
-        }
-        Ok(())
+        check_producer_place(name, self.kind, self.max_peers, place.kind, place.slot)
     }
 }
 
