@@ -198,16 +198,22 @@ fn route_availability(
     }
 }
 
+/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind; the
+/// Vulkan IPC route serves pairs and fan-ins (each fan-in producer connects to the consumer as
+/// a pair's does, and the consumer imports each producer's memory through receivers of that
+/// producer's own); the others serve pairs only in this version.
+fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
+    match (kind, shape) {
+        (_, ChannelKind::Pair) | (TransportKind::Shm, _) | (TransportKind::VulkanIpc, ChannelKind::FanIn) => Ok(()),
+        (TransportKind::VulkanIpc, _) => {
+            Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}"))
+        }
+        _ => Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}")),
+    }
+}
+
 /// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
 /// (each allowed route that is built and possible here), saying why.
-/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind;
-/// the others serve pairs only in this version.
-fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
-    if shape == ChannelKind::Pair || kind == TransportKind::Shm {
-        return Ok(());
-    }
-    Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}"))
-}
 
 pub(crate) fn plan(
     scope: CommunicationScope,
