@@ -214,7 +214,6 @@ fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result
 
 /// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
 /// (each allowed route that is built and possible here), saying why.
-
 pub(crate) fn plan(
     scope: CommunicationScope,
     peer: &ProcessLocation,
