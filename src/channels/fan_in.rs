@@ -99,6 +99,7 @@ impl FanIn {
             )));
         }
         carrier.watch(&mut first)?;
+        log::info!("channel {name:?} (fan-in consumer): producer pid {} attached in slot {slot}", first.peer().pid);
         let kind = carrier.info().kind;
         let routes = ReceiverTable::new(routes);
         let gpu = routes.iter().map(|r| r.route(kind)).collect();
@@ -265,7 +266,14 @@ impl FanIn {
         drop(routes);
         if let Some(mut next) = waiting {
             match self.routes_for(carrier, at, &mut next) {
-                Some((routes, gpu)) => self.slots[at] = Slot { session: Some(next), routes, gpu, waiting: None },
+                Some((routes, gpu)) => {
+                    log::info!(
+                        "channel {:?} (fan-in consumer): producer pid {}, which waited for slot {at}, attached",
+                        self.name,
+                        next.peer().pid
+                    );
+                    self.slots[at] = Slot { session: Some(next), routes, gpu, waiting: None };
+                }
                 None => carrier.unwatch(&mut next),
             }
         }

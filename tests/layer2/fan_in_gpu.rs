@@ -250,8 +250,9 @@ const VICTIM_MESSAGES: u64 = 6;
 
 /// A producer killed (kill -9) while the consumer holds one of its GPU messages: the consumer
 /// reads that message's bytes after the death and after the slot's end was reported, until it
-/// releases it; the others go on; a new producer takes the freed slot, and its GPU buffers,
-/// named by the same arena slot numbers as the dead one's, are read through its own imports.
+/// releases it; the others go on; a new producer takes the freed slot (attaching before the
+/// dead one's end was read), and its GPU buffers, named by the same arena slot numbers as the
+/// dead one's, are read through its own imports.
 #[test]
 fn a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew() {
     const TEST: &str = "fan_in_gpu::a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew";
@@ -273,6 +274,7 @@ fn a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew() {
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
+            report("attached", id);
             for seq in 0..MESSAGES {
                 s.send(seq);
             }
@@ -280,7 +282,7 @@ fn a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew() {
         }
         Some("consumer") => {
             let Some(context) = gpu_ctx() else { return };
-            let killed = arg("killed");
+            let (killed, resume) = (arg("killed"), arg("resume"));
             let mut c = Consumer::create(&context, "fanin-gpu-kill", &here(), &here(), &fan_in(4)).unwrap();
             let mut next: HashMap<u64, u64> = HashMap::new();
             let mut slot_of: HashMap<u64, u32> = HashMap::new();
@@ -332,6 +334,12 @@ fn a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew() {
                         }
                         if next[&0] == VICTIM_MESSAGES {
                             report("holding", slot);
+                            // The newcomer attaches while the dead producer's session still
+                            // holds the slot: it waits behind it, and its routes are made
+                            // when the dead one's end has been reported.
+                            while !Path::new(&resume).exists() {
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
                         }
                     }
                     NEWCOMER => {
@@ -366,20 +374,30 @@ fn a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew() {
             let dir = test_dir("fanin-gpu-kill");
             let scratch = scratch_dir();
             let killed = scratch.path().join("killed").display().to_string();
-            let args = |id: u64| [("id", id.to_string()), ("killed", killed.clone())];
+            let resume = scratch.path().join("resume").display().to_string();
+            let args = |id: u64| [("id", id.to_string()), ("killed", killed.clone()), ("resume", resume.clone())];
             let (c, mut c_out) = spawn_reporting(TEST, "consumer", &dir, &args(0));
             // The victim first: it takes slot 0.
             let (mut victim, mut victim_out) = spawn_reporting(TEST, "producer", &dir, &args(0));
             expect_line(&mut victim_out, "sent");
-            let others: Vec<_> = (1..=OTHERS).map(|id| spawn(TEST, "producer", &dir, &args(id))).collect();
+            let mut others: Vec<_> =
+                (1..=OTHERS).map(|id| spawn_reporting(TEST, "producer", &dir, &args(id))).collect();
+            // Every slot taken: the only one the newcomer can take is the victim's.
+            for (_, out) in others.iter_mut() {
+                expect_line(out, "attached");
+            }
             assert_eq!(expect_line(&mut c_out, "holding"), "0");
             // Said before the kill, which the consumer may see before kill9 returns.
             std::fs::write(&killed, b"").unwrap();
             kill9(&mut victim);
+            // The newcomer takes the freed slot (its lock went with the victim) before the
+            // consumer has read the victim's end.
+            let (newcomer, mut newcomer_out) = spawn_reporting(TEST, "producer", &dir, &args(NEWCOMER));
+            expect_line(&mut newcomer_out, "attached");
+            std::fs::write(&resume, b"").unwrap();
             assert_eq!(expect_line(&mut c_out, "gone"), "0");
-            let newcomer = spawn(TEST, "producer", &dir, &args(NEWCOMER));
             assert_eq!(expect_line(&mut c_out, "done"), (OTHERS + 2).to_string());
-            for p in others {
+            for (p, _) in others {
                 wait_ok(p, "producer");
             }
             wait_ok(newcomer, "the producer in the freed slot");

@@ -386,6 +386,21 @@ mod tests {
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
     }
 
+    /// GPU buffers go by reference on pairs and fan-ins; a fan-out stages them, and only shm
+    /// carries a channel that is not a pair.
+    #[test]
+    fn the_gpu_route_serves_pairs_and_fan_ins() {
+        for shape in [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut] {
+            assert!(carries_shape(TransportKind::Shm, shape).is_ok());
+        }
+        assert!(carries_shape(TransportKind::VulkanIpc, ChannelKind::Pair).is_ok());
+        assert!(carries_shape(TransportKind::VulkanIpc, ChannelKind::FanIn).is_ok());
+        let why = carries_shape(TransportKind::VulkanIpc, ChannelKind::FanOut).unwrap_err();
+        assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
+        let why = carries_shape(TransportKind::Mpi, ChannelKind::FanIn).unwrap_err();
+        assert!(why.contains("pair channels only") && why.contains("fan-in"), "{why}");
+    }
+
     #[test]
     fn names_parse() {
         assert!(TransportKind::parse("bogus").is_err());
