@@ -387,6 +387,8 @@ impl FanIn {
         let at = view.producer() as usize;
         let Some(slot) = self.slots.get_mut(at).filter(|s| s.session.as_ref().is_some_and(|s| s.id() == view.session))
         else {
+            // SAFETY: this function's contract; nothing was resolved from the view.
+            let _ = unsafe { self.release(view) };
             return Err(Error::InvalidState(format!(
                 "message {} is not one of fan-in channel {:?}'s producer in slot {at} (released, or from another channel?)",
                 view.token, self.name
