@@ -1069,8 +1069,10 @@ typedef struct lf_message {
   // (the message's other fields are 0 then).
   uint32_t producer;
   // For LF_MESSAGE_GPU: the value of the channel's ready semaphore
-  // (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
-  // lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
+  // (`lf_channel_ready_semaphore`; on a fan-in, the producer's own:
+  // `lf_channel_producer_ready_semaphore` with `producer`) at which the payload is in place;
+  // 0: in place now. lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`)
+  // waits for it.
   uint64_t ready_value;
 } lf_message;
 
@@ -1248,13 +1250,15 @@ lf_status lf_send_buffer_after(struct lf_channel *channel,
 // (`cudaExternalSemaphoreHandleTypeTimelineSemaphoreFd`, which takes the fd) or
 // `vkImportSemaphoreFdKHR`. A producer's GPU work signals it (see `lf_send_buffer_after`); a
 // consumer's GPU work waits on a message's `ready_value`. The caller owns the fd. The
-// consumer's semaphore is its current producer's (a new producer brings a new one).
-// LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on the host (the driver
+// consumer's semaphore is its current producer's (a new producer brings a new one); a
+// fan-in's consumer has one per producer: `lf_channel_producer_ready_semaphore` (this call
+// is refused there with LF_ERR_INVALID_STATE). LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on the host (the driver
 // cannot share semaphores, as with Mesa's lavapipe) or stages them, with the reason.
 //
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
-lf_status lf_channel_ready_semaphore(struct lf_channel *channel, int *fd);
+lf_status lf_channel_ready_semaphore(struct lf_channel *channel,
+                                     int *fd);
 
 // A new file descriptor of the channel's released semaphore (producers only): a Vulkan
 // timeline semaphore exported as an opaque fd, which the consumer signals to `sequence + 1`
@@ -1358,6 +1362,20 @@ lf_status lf_release(struct lf_channel *channel, const struct lf_message *messag
 lf_status lf_message_buffer(struct lf_channel *channel,
                             const struct lf_message *message,
                             const lf_buffer **out);
+
+// A new file descriptor of the ready semaphore of the producer in slot `producer` (an
+// `lf_message`'s `producer`), consumers only: on a fan-in each producer has its own, which
+// its GPU messages' `ready_value` counts on (`lf_channel_ready_semaphore` is refused there
+// with LF_ERR_INVALID_STATE); on a pair channel, slot 0 is its producer. The caller owns the
+// fd. LF_ERR_UNSUPPORTED where that producer's GPU buffers are synchronised on the host (as
+// with Mesa's lavapipe) or staged, with the reason; LF_ERR_INVALID_STATE for a slot with no
+// producer.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
+lf_status lf_channel_producer_ready_semaphore(struct lf_channel *channel,
+                                              uint32_t producer,
+                                              int *fd);
 
 // Lists the processes at the other end, slot by slot: a consumer's producers (a pair
 // channel's one, or each of a fan-in's `max_peers` slots: free, alive, or gone with messages

@@ -1142,6 +1142,15 @@ public:
         if (lf_status s = lf_channel_fd(get(), &out); s != LF_OK) return detail::failure(s);
         return out;
     }
+    /// A new fd of the ready semaphore of the producer in slot `producer` (a message's
+    /// `producer()`), owned by the caller: a fan-in's producers each have their own (see
+    /// lf_channel_producer_ready_semaphore). LF_ERR_UNSUPPORTED where that producer has none.
+    Expected<int> producer_ready_semaphore(nothrow_t, std::uint32_t producer) noexcept {
+        int out = -1;
+        if (lf_status s = lf_channel_producer_ready_semaphore(get(), producer, &out); s != LF_OK)
+            return detail::failure(s);
+        return out;
+    }
 
 #if LAVA_FLOW_EXCEPTIONS
     Consumer(const Context& context, const std::string& name, const Location& mine, const Location& peer,
@@ -1153,6 +1162,7 @@ public:
     Message recv(Timeout timeout = forever) { return recv(nothrow, timeout).value(); }
     Message try_recv() { return try_recv(nothrow).value(); }
     int fd() { return fd(nothrow).value(); }
+    int producer_ready_semaphore(std::uint32_t producer) { return producer_ready_semaphore(nothrow, producer).value(); }
 #endif
 
 private:

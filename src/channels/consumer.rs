@@ -18,7 +18,7 @@ use super::fan_in::FanIn;
 use super::peers::{ChannelKind, Peer};
 use super::routes::ReceiverTable;
 use super::transport::{
-    ConsumerSession, ConsumerTransport, Packed, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo,
+    ConsumerSession, ConsumerTransport, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo,
 };
 use super::transports::{self, AnyConsumer, AnyRouteReceiver, AnySession, MessageReleaser};
 use super::{
@@ -95,12 +95,14 @@ impl Consumer {
         })?;
         log_created(name, Role::Consumer, &parts.info);
         let mut carrier = parts.carrier;
-        let (session, fan_in) = match config.kind {
+        let (session, fan_in, routes) = match config.kind {
             ChannelKind::FanIn => {
-                let fan_in = FanIn::new(name, config.wait, config.max_peers, &mut carrier, parts.session)?;
-                (AnySession::ended(name), Some(Box::new(fan_in)))
+                // Each producer's routes are its slot's.
+                let (first, routes, info) = (parts.session, parts.routes, parts.info.clone());
+                let fan_in = FanIn::new(name, config, &mut carrier, first, routes, parts.receivers, info)?;
+                (AnySession::ended(name), Some(Box::new(fan_in)), Vec::new())
             }
-            _ => (parts.session, None),
+            _ => (parts.session, None, parts.routes),
         };
         Ok(Consumer {
             carrier,
@@ -111,7 +113,7 @@ impl Consumer {
             gone_reported: false,
             watching: false,
             arenas_before: 0,
-            routes: ReceiverTable::new(parts.routes),
+            routes: ReceiverTable::new(routes),
             info: parts.info,
             name: name.to_owned(),
             context: context.clone(),
@@ -171,16 +173,30 @@ impl Consumer {
         }
     }
 
-    /// The transports (every route) and why they were chosen.
+    /// The transports (every route) and why they were chosen. A fan-in's says, for each way
+    /// GPU buffers come (by reference, or staged and why), the slots of the producers that
+    /// send them so.
     pub fn transport(&self) -> &TransportInfo {
-        &self.info
+        match &self.fan_in {
+            Some(fan_in) => fan_in.info(),
+            None => &self.info,
+        }
     }
 
     /// A new descriptor of the current producer's ready semaphore (a Vulkan timeline
     /// semaphore exported as an opaque fd), for the consumer's own GPU work to wait on
     /// [`Message::ready_value`]; `Unsupported` where GPU buffers are synchronised on the host
-    /// or staged.
+    /// or staged. A fan-in's producers each have their own: `InvalidState`, saying to ask for
+    /// the message's producer's with [`producer_ready_semaphore`](Self::producer_ready_semaphore).
     pub fn ready_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
+        if self.fan_in.is_some() {
+            return Err(Error::InvalidState(format!(
+                "channel {:?} is a fan-in, whose producers each have their own ready semaphore: ask for the one of \
+                 the message's producer, by its slot (Message::producer), with Consumer::producer_ready_semaphore \
+                 (C: lf_channel_producer_ready_semaphore)",
+                self.name
+            )));
+        }
         // The semaphore of the route of lava-flow's own GPU memory, which this build's
         // Vulkan routes share.
         let mut why = None;
@@ -196,6 +212,22 @@ impl Consumer {
                 self.name, self.info.reason
             ))
         }))
+    }
+
+    /// A new descriptor of the ready semaphore of the producer in fan-in slot `slot`
+    /// ([`Message::producer`]), which [`Message::ready_value`] of that producer's messages
+    /// counts on; on a pair channel, slot 0 is its producer ([`ready_semaphore`](Self::ready_semaphore)).
+    /// `Unsupported` where that producer's GPU buffers are synchronised on the host or staged;
+    /// `InvalidState` for a slot with no producer.
+    pub fn producer_ready_semaphore(&mut self, slot: u32) -> Result<std::os::fd::OwnedFd> {
+        match &self.fan_in {
+            Some(fan_in) => fan_in.ready_semaphore(slot),
+            None if slot == 0 => self.ready_semaphore(),
+            None => Err(Error::InvalidState(format!(
+                "channel {:?} is a pair channel: its producer is slot 0, not {slot}",
+                self.name
+            ))),
+        }
     }
 
     /// The next message, waiting as long as needed. `PeerGone` once the producer has gone and
@@ -250,14 +282,20 @@ impl Consumer {
         let fan_in = self.fan_in.as_deref_mut().expect("a fan-in");
         let (mut view, slot) = fan_in.recv(&mut self.carrier, block, deadline)?;
         view.set_producer(slot);
-        let releaser = fan_in.releaser(slot);
         if view.flags & RawView::ROUTED != 0 {
-            // No route serves a fan-in's GPU buffers by reference: the producer's error.
-            // SAFETY: the view was just received and nothing was resolved from it.
-            let _ = unsafe { self.release_raw(&view) };
-            return Err(self.unroutable(&view));
+            return self.wrap_fan_in_routed(view);
         }
-        Ok(Message { view, releaser, routed: None })
+        Ok(Message { view, releaser: fan_in.releaser(slot), routed: None })
+    }
+
+    /// A fan-in's routed message, resolved through its producer's own routes.
+    #[inline(never)]
+    fn wrap_fan_in_routed(&mut self, view: RawView) -> Result<Message> {
+        // SAFETY: the view was just received; the Message drops the payload before it releases
+        // the view.
+        let payload = unsafe { self.resolve(&view)? };
+        let releaser = self.fan_in.as_deref().expect("a fan-in").releaser(view.producer());
+        Ok(Message { view, releaser, routed: Some(Routed { payload, buffer: OnceLock::new() }) })
     }
 
     /// The current producer has gone and its messages are read (`error` says so): takes up the
@@ -305,10 +343,7 @@ impl Consumer {
     /// Ends the routes' sessions: what their messages may still use stays with the carrier's
     /// session while they are held.
     fn end_route_sessions(&mut self) {
-        for route in self.routes.iter_mut() {
-            let (_, kept) = route.end_session();
-            self.session.keep_while_held(kept);
-        }
+        self.routes.end_sessions(&mut self.session);
     }
 
     /// A message of any kind: routed views are resolved into their payload.
@@ -335,17 +370,10 @@ impl Consumer {
     /// Hands each route the current producer's rendezvous section, and refreshes the report.
     fn sync_routes(&mut self) -> Result<()> {
         let before = self.info.reason.clone();
-        let mut offers = self.session.take_offers().unwrap_or_default();
-        let carrier_kind = self.info.kind;
         // The carrier's account of its route may change with the producer.
         let carrier = self.session.route().or_else(|| self.info.routes.first().cloned());
         let mut routes: Vec<Route> = carrier.into_iter().collect();
-        for route in self.routes.iter_mut() {
-            let id = route.route_id();
-            let offer = offers.iter().position(|s| s.route == id).map(|at| offers.remove(at));
-            route.new_session(self.session.id(), offer)?;
-            routes.push(route.route(carrier_kind));
-        }
+        routes.extend(self.routes.new_sessions(&mut self.session, self.info.kind)?);
         // Routes the report had besides the carrier and the receivers (staged GPU buffers).
         if self.routes.is_empty() {
             routes.extend(self.info.routes.iter().skip(1).cloned());
@@ -359,79 +387,24 @@ impl Consumer {
     }
 
     /// The payload a routed view names, reading the attachments that came before it. A view
-    /// that cannot be resolved is released before the error is returned.
+    /// that cannot be resolved is released before the error is returned; on a fan-in, a
+    /// producer whose descriptor fails validation is detached (`Corrupt` naming its slot).
     ///
     /// # Safety
     /// `view` was received from this consumer and is not released yet; the payload is dropped
     /// before the view is released.
     #[inline]
     pub(crate) unsafe fn resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
-        let result = self.try_resolve(view);
+        if let Some(fan_in) = self.fan_in.as_deref_mut() {
+            // SAFETY: this function's contract; a fan-in's views carry their slot.
+            return unsafe { fan_in.resolve(&mut self.carrier, view) };
+        }
+        let result = self.routes.resolve(&mut self.session, view, &self.name);
         if result.is_err() {
             // SAFETY: the view is held and nothing was resolved from it (this function's contract).
             let _ = unsafe { self.release_raw(view) };
         }
         result
-    }
-
-    #[inline]
-    fn try_resolve(&mut self, view: &RawView) -> Result<RoutedPayload> {
-        let Some(id) = view.route().filter(|_| view.len <= Packed::MAX_DESCRIPTOR) else {
-            return Err(self.unroutable(view));
-        };
-        let Some(route) = self.routes.by_id(id) else { return Err(self.unroutable(view)) };
-        // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
-        // which stays mapped while the view is held. The producer can still write them: the
-        // route reads each field once and checks what it read.
-        let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) };
-        match route.resolve(view.token, descriptor)? {
-            Some(payload) => Ok(payload),
-            None => self.resolve_after_attachments(id, view, descriptor),
-        }
-    }
-
-    /// A routed view whose memory its route does not know yet: the attachments that came
-    /// before it say what it is.
-    #[cold]
-    fn resolve_after_attachments(&mut self, id: u32, view: &RawView, descriptor: &[u8]) -> Result<RoutedPayload> {
-        loop {
-            let attachments = self.session.take_attachments()?;
-            if attachments.is_empty() {
-                return Err(Error::Corrupt(format!(
-                    "channel {:?}: message {} names GPU memory the producer never passed",
-                    self.name, view.token
-                )));
-            }
-            let released_below = self.session.released_below();
-            for attachment in attachments {
-                // An attachment for a route this channel does not have is the producer's error.
-                let Some(route) = self.routes.by_id(attachment.route) else {
-                    return Err(Error::Corrupt(format!(
-                        "channel {:?}: the producer passed an attachment for route {}, which this channel does not use",
-                        self.name, attachment.route
-                    )));
-                };
-                route.attach(attachment, released_below)?;
-            }
-            let route = self.routes.by_id(id).expect("found by try_resolve");
-            if let Some(payload) = route.resolve(view.token, descriptor)? {
-                return Ok(payload);
-            }
-        }
-    }
-
-    #[cold]
-    fn unroutable(&self, view: &RawView) -> Error {
-        match view.route() {
-            Some(route) if view.len <= Packed::MAX_DESCRIPTOR => Error::Corrupt(format!(
-                "channel {:?}: message {} names route {route}, which this channel does not use",
-                self.name, view.token
-            )),
-            _ => Error::Corrupt(format!(
-                "channel {:?}: message {} has a {}-byte route descriptor",
-                self.name, view.token, view.len
-            )),
-        }
     }
 
     /// Receives asynchronously, under any executor: the future waits for

@@ -5,14 +5,22 @@
 //! The consumer waits on its carrier's notification fd, which watches every session and the
 //! carrier's rendezvous: a message in any session, a producer's end or a producer that
 //! attaches makes it readable.
+//!
+//! Each slot has its own route receivers (GPU buffers by reference), made when its producer
+//! is taken up and fed that producer's offers: a routed message resolves through the imports
+//! of the producer that sent it, never another's. They go with the slot's end; what held
+//! messages still use stays with the retired session until they are released.
 
 use std::time::{Duration, Instant};
 
 use super::peers::Peer;
-use super::transport::{ConsumerSession, ConsumerTransport, RawView};
-use super::transports::{AnyConsumer, AnySession, MessageReleaser};
+use super::routes::ReceiverTable;
+use super::transport::{
+    ConsumerSession, ConsumerTransport, PayloadClass, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo,
+};
+use super::transports::{AnyConsumer, AnyRouteReceiver, AnySession, MessageReleaser, ReceiverFactory};
 use super::wait::Waiter;
-use super::WaitStrategy;
+use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{poll, PollFd, PollFlags};
 
@@ -30,6 +38,10 @@ const SLOW_PASS_EVERY: u32 = 64;
 struct Slot {
     /// The producer served in this slot.
     session: Option<AnySession>,
+    /// That producer's route receivers: its GPU buffers resolve through them.
+    routes: ReceiverTable<AnyRouteReceiver>,
+    /// How they serve that producer (by reference, or staged and why), for the report.
+    gpu: Vec<Route>,
     /// A producer that took the slot while the last one's messages were still being read: it
     /// is served once the last one's end has been reported.
     waiting: Option<AnySession>,
@@ -47,28 +59,52 @@ pub(super) struct FanIn {
     retired: Vec<AnySession>,
     /// The slot whose end the last `PeerGone` reported.
     last_gone: Option<u32>,
+    /// Makes each producer's route receivers.
+    receivers: ReceiverFactory,
+    /// The channel's report: the carrier's route, then how GPU buffers come from the
+    /// producers attached, slot by slot.
+    info: TransportInfo,
 }
 
 impl FanIn {
-    /// A fan-in of `max_peers` slots that serves `first` (already watched by `carrier`'s fd).
+    /// A fan-in of `max_peers` slots that serves `first` (already watched by `carrier`'s fd),
+    /// whose route receivers `routes` have started its session; `receivers` makes the other
+    /// producers' receivers; `info` is the report as `first` made it.
     pub(super) fn new(
         name: &str,
-        wait: WaitStrategy,
-        max_peers: u32,
+        config: &ChannelConfig,
         carrier: &mut AnyConsumer,
-        first: AnySession,
+        mut first: AnySession,
+        routes: Vec<AnyRouteReceiver>,
+        receivers: ReceiverFactory,
+        info: TransportInfo,
     ) -> Result<FanIn> {
+        let max_peers = config.max_peers;
         let mut fan_in = FanIn {
             name: name.to_owned(),
-            wait,
+            wait: config.wait,
             slots: (0..max_peers).map(|_| Slot::default()).collect(),
             turn: 0,
             left: 0,
             retired: Vec::new(),
             last_gone: None,
+            receivers,
+            info,
         };
         carrier.notify_fd()?;
-        fan_in.take_up(carrier, first)?;
+        let slot = first.peer().slot as usize;
+        if slot >= fan_in.slots.len() {
+            return Err(Error::Corrupt(format!(
+                "the first producer of fan-in channel {name:?} claimed slot {slot}, past max_peers = {max_peers}"
+            )));
+        }
+        carrier.watch(&mut first)?;
+        log::info!("channel {name:?} (fan-in consumer): producer pid {} attached in slot {slot}", first.peer().pid);
+        let kind = carrier.info().kind;
+        let routes = ReceiverTable::new(routes);
+        let gpu = routes.iter().map(|r| r.route(kind)).collect();
+        fan_in.slots[slot] = Slot { session: Some(first), routes, gpu, waiting: None };
+        fan_in.refresh_report();
         Ok(fan_in)
     }
 
@@ -92,15 +128,83 @@ impl FanIn {
             );
             return Ok(());
         }
-        carrier.watch(&mut session)?;
-        let peer = session.peer();
-        if entry.session.is_none() {
-            log::info!("channel {:?} (fan-in consumer): producer pid {} attached in slot {slot}", self.name, peer.pid);
-            entry.session = Some(session);
-        } else {
+        if entry.session.is_some() {
+            carrier.watch(&mut session)?;
             entry.waiting = Some(session);
+            return Ok(());
         }
+        let Some((routes, gpu)) = self.routes_for(carrier, slot, &mut session) else { return Ok(()) };
+        carrier.watch(&mut session)?;
+        log::info!(
+            "channel {:?} (fan-in consumer): producer pid {} attached in slot {slot}",
+            self.name,
+            session.peer().pid
+        );
+        self.slots[slot] = Slot { session: Some(session), routes, gpu, waiting: None };
+        self.refresh_report();
         Ok(())
+    }
+
+    /// New route receivers for `session`, the producer of slot `at`, with its offers: `None`
+    /// (said in the log) where they cannot be made or refuse its offer, and then the producer
+    /// is dropped, which ends its connection; the others go on.
+    fn routes_for(
+        &self,
+        carrier: &AnyConsumer,
+        at: usize,
+        session: &mut AnySession,
+    ) -> Option<(ReceiverTable<AnyRouteReceiver>, Vec<Route>)> {
+        let made = self.receivers.make().and_then(|routes| {
+            let mut routes = ReceiverTable::new(routes);
+            let gpu = routes.new_sessions(session, carrier.info().kind)?;
+            Ok((routes, gpu))
+        });
+        match made {
+            Ok(made) => Some(made),
+            Err(e) => {
+                log::warn!(
+                    "channel {:?} (fan-in consumer): dropped the producer (pid {}) that claimed slot {at}: {e}",
+                    self.name,
+                    session.peer().pid
+                );
+                None
+            }
+        }
+    }
+
+    /// Rebuilds the report from the producers attached: the carrier's route, then, for each
+    /// way GPU buffers come (by reference, or staged and why), the slots whose producers send
+    /// them so. With no producer attached it stays as it was.
+    fn refresh_report(&mut self) {
+        let mut ways: Vec<(&Route, Vec<usize>)> = Vec::new();
+        for (at, slot) in self.slots.iter().enumerate().filter(|(_, s)| s.session.is_some()) {
+            for route in &slot.gpu {
+                match ways.iter_mut().find(|(way, _)| *way == route) {
+                    Some((_, slots)) => slots.push(at),
+                    None => ways.push((route, vec![at])),
+                }
+            }
+        }
+        if ways.is_empty() {
+            return;
+        }
+        let mut routes: Vec<Route> =
+            self.info.routes.iter().filter(|r| r.class != PayloadClass::Gpu).cloned().collect();
+        for (way, slots) in ways {
+            let list = slots.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ");
+            let whose = if slots.len() == 1 { "slot" } else { "slots" };
+            routes.push(Route {
+                class: way.class,
+                kind: way.kind,
+                reason: format!("{} (the producers in {whose} {list})", way.reason),
+            });
+        }
+        self.info = TransportInfo::new(routes);
+    }
+
+    /// The channel's report (see `Consumer::transport`).
+    pub(super) fn info(&self) -> &TransportInfo {
+        &self.info
     }
 
     /// Takes up the producers waiting to attach.
@@ -146,17 +250,34 @@ impl FanIn {
     }
 
     /// Slot `at`'s producer has gone and its messages are read: frees the slot (for its
-    /// waiting producer, if one attached) and returns the end to report.
+    /// waiting producer, if one attached) and returns the end to report. Its route receivers
+    /// go; what its held messages still use stays with its session until they are released.
     fn end_slot(&mut self, carrier: &mut AnyConsumer, at: usize, why: String) -> Error {
-        let slot = &mut self.slots[at];
-        if let Some(mut ended) = slot.session.take() {
+        let slot = std::mem::take(&mut self.slots[at]);
+        let Slot { session, mut routes, waiting, .. } = slot;
+        if let Some(mut ended) = session {
             carrier.unwatch(&mut ended);
+            routes.end_sessions(&mut ended);
             self.retired.retain(|s| s.holds_views());
             if ended.holds_views() {
                 self.retired.push(ended);
             }
         }
-        slot.session = slot.waiting.take();
+        drop(routes);
+        if let Some(mut next) = waiting {
+            match self.routes_for(carrier, at, &mut next) {
+                Some((routes, gpu)) => {
+                    log::info!(
+                        "channel {:?} (fan-in consumer): producer pid {}, which waited for slot {at}, attached",
+                        self.name,
+                        next.peer().pid
+                    );
+                    self.slots[at] = Slot { session: Some(next), routes, gpu, waiting: None };
+                }
+                None => carrier.unwatch(&mut next),
+            }
+        }
+        self.refresh_report();
         (self.turn, self.left) = (at, 0);
         self.last_gone = Some(at as u32);
         Error::PeerGone(format!("slot {at}: {why}; the other producers go on, and a new one may take the slot"))
@@ -251,6 +372,63 @@ impl FanIn {
         let mut fds = [PollFd::new(&fd, PollFlags::IN)];
         poll(&mut fds, timeout)?;
         Ok(())
+    }
+
+    /// The payload routed view `view` names, through the route receivers of the slot that
+    /// sent it (`view.producer()`). On an error the view has been released; a producer whose
+    /// descriptor or memory fails validation is detached (`Corrupt` naming its slot), and the
+    /// others go on.
+    ///
+    /// # Safety
+    /// `view` was received from this fan-in (marked with its slot) and is not released yet;
+    /// the payload is dropped before the view is released.
+    #[cold]
+    pub(super) unsafe fn resolve(&mut self, carrier: &mut AnyConsumer, view: &RawView) -> Result<RoutedPayload> {
+        let at = view.producer() as usize;
+        let Some(slot) = self.slots.get_mut(at).filter(|s| s.session.as_ref().is_some_and(|s| s.id() == view.session))
+        else {
+            // SAFETY: this function's contract; nothing was resolved from the view.
+            let _ = unsafe { self.release(view) };
+            return Err(Error::InvalidState(format!(
+                "message {} is not one of fan-in channel {:?}'s producer in slot {at} (released, or from another channel?)",
+                view.token, self.name
+            )));
+        };
+        let session = slot.session.as_mut().expect("checked above");
+        let resolved = slot.routes.resolve(session, view, &self.name);
+        if resolved.is_err() {
+            // SAFETY: the view is held and nothing was resolved from it (this function's contract).
+            let _ = unsafe { session.release(view) };
+        }
+        match resolved {
+            Err(Error::Corrupt(why)) => Err(self.detach_corrupt(carrier, at, why)),
+            other => other,
+        }
+    }
+
+    /// A new descriptor of the ready semaphore of the producer in slot `slot` (see
+    /// `Consumer::producer_ready_semaphore`).
+    pub(super) fn ready_semaphore(&self, slot: u32) -> Result<std::os::fd::OwnedFd> {
+        let Some(entry) = self.slots.get(slot as usize).filter(|s| s.session.is_some()) else {
+            return Err(Error::InvalidState(format!(
+                "fan-in channel {:?} has no producer in slot {slot}: see Consumer::peers for the slots taken",
+                self.name
+            )));
+        };
+        let mut why = None;
+        for route in entry.routes.iter() {
+            match route.ready_semaphore() {
+                Ok(fd) => return Ok(fd),
+                Err(e) => why = Some(e),
+            }
+        }
+        Err(why.unwrap_or_else(|| {
+            Error::Unsupported(format!(
+                "the producer in slot {slot} of fan-in channel {:?} shares no semaphore: its GPU buffers are staged \
+                 or this channel has no GPU route",
+                self.name
+            ))
+        }))
     }
 
     /// The releaser of messages from slot `at`.

@@ -4,7 +4,10 @@
 //! preference, that serves the kind to this peer); the consumer by the route id the message's
 //! descriptor names.
 
-use super::transport::{MemoryKind, RouteReceiver, RouteSender};
+use super::transport::{
+    ConsumerSession, MemoryKind, Packed, RawView, Route, RouteReceiver, RouteSender, RoutedPayload, TransportId,
+};
+use crate::error::{Error, Result};
 
 /// No route serves the kind.
 const NONE: u8 = u8::MAX;
@@ -58,6 +61,12 @@ pub(crate) struct ReceiverTable<R> {
     routes: Vec<R>,
 }
 
+impl<R> Default for ReceiverTable<R> {
+    fn default() -> Self {
+        ReceiverTable { routes: Vec::new() }
+    }
+}
+
 impl<R: RouteReceiver> ReceiverTable<R> {
     pub(crate) fn new(routes: Vec<R>) -> Self {
         ReceiverTable { routes }
@@ -78,11 +87,109 @@ impl<R: RouteReceiver> ReceiverTable<R> {
         self.routes.iter()
     }
 
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut R> {
-        self.routes.iter_mut()
-    }
-
     pub(crate) fn is_empty(&self) -> bool {
         self.routes.is_empty()
+    }
+
+    /// Starts each route's session for `session`'s producer, handing each its offer from the
+    /// producer's hello; returns how each route serves that producer, for the report.
+    pub(crate) fn new_sessions(
+        &mut self,
+        session: &mut impl ConsumerSession,
+        carrier: TransportId,
+    ) -> Result<Vec<Route>> {
+        let mut offers = session.take_offers().unwrap_or_default();
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for route in self.routes.iter_mut() {
+            let id = route.route_id();
+            let offer = offers.iter().position(|s| s.route == id).map(|at| offers.remove(at));
+            route.new_session(session.id(), offer)?;
+            routes.push(route.route(carrier));
+        }
+        Ok(routes)
+    }
+
+    /// Ends each route's session: what the producer's messages may still use goes to
+    /// `session`, the carrier's, which keeps it while they are held.
+    pub(crate) fn end_sessions(&mut self, session: &mut impl ConsumerSession) {
+        for route in self.routes.iter_mut() {
+            let (_, kept) = route.end_session();
+            session.keep_while_held(kept);
+        }
+    }
+
+    /// The payload routed view `view` of `session` names, reading the attachments that came
+    /// before it. `channel` names the channel in errors.
+    #[inline]
+    pub(crate) fn resolve(
+        &mut self,
+        session: &mut impl ConsumerSession,
+        view: &RawView,
+        channel: &str,
+    ) -> Result<RoutedPayload> {
+        let Some(id) = view.route().filter(|_| view.len <= Packed::MAX_DESCRIPTOR) else {
+            return Err(unroutable(view, channel));
+        };
+        let Some(route) = self.by_id(id) else { return Err(unroutable(view, channel)) };
+        // SAFETY: the carrier validated that view.len bytes at view.ptr lie in its mapping,
+        // which stays mapped while the view is held. The producer can still write them: the
+        // route reads each field once and checks what it read.
+        let descriptor = unsafe { std::slice::from_raw_parts(view.ptr, view.len) };
+        match route.resolve(view.token, descriptor)? {
+            Some(payload) => Ok(payload),
+            None => self.resolve_after_attachments(session, id, view, descriptor, channel),
+        }
+    }
+
+    /// A routed view whose memory its route does not know yet: the attachments that came
+    /// before it say what it is.
+    #[cold]
+    fn resolve_after_attachments(
+        &mut self,
+        session: &mut impl ConsumerSession,
+        id: u32,
+        view: &RawView,
+        descriptor: &[u8],
+        channel: &str,
+    ) -> Result<RoutedPayload> {
+        loop {
+            let attachments = session.take_attachments()?;
+            if attachments.is_empty() {
+                return Err(Error::Corrupt(format!(
+                    "channel {channel:?}: message {} names GPU memory the producer never passed",
+                    view.token
+                )));
+            }
+            let released_below = session.released_below();
+            for attachment in attachments {
+                // An attachment for a route this channel does not have is the producer's error.
+                let Some(route) = self.by_id(attachment.route) else {
+                    return Err(Error::Corrupt(format!(
+                        "channel {channel:?}: the producer passed an attachment for route {}, which this channel does not use",
+                        attachment.route
+                    )));
+                };
+                route.attach(attachment, released_below)?;
+            }
+            let route = self.by_id(id).expect("found by resolve");
+            if let Some(payload) = route.resolve(view.token, descriptor)? {
+                return Ok(payload);
+            }
+        }
+    }
+}
+
+/// The error of a routed view that names no route of the channel, or a descriptor too long.
+#[cold]
+pub(crate) fn unroutable(view: &RawView, channel: &str) -> Error {
+    match view.route() {
+        Some(route) if view.len <= Packed::MAX_DESCRIPTOR => Error::Corrupt(format!(
+            "channel {channel:?}: message {} names route {route}, which this channel does not use",
+            view.token
+        )),
+        _ => Error::Corrupt(format!(
+            "channel {channel:?}: message {} has a {}-byte route descriptor",
+            view.token, view.len
+        )),
     }
 }

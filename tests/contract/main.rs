@@ -102,7 +102,7 @@ fn loopback_fan_in_keeps_the_contract() {
     loopback_contract(Carrier {
         name: "loopback fan-in",
         reattach: true,
-        gpu_route: false,
+        gpu_route: true,
         fd_wakes_for_control: false,
         fan_in: true,
         fan_out: false,
@@ -138,13 +138,14 @@ fn shm_keeps_the_contract() {
 }
 
 /// The contract over a shm fan-in with one producer at a time: what a pair promises, but for
-/// the end of a producer, which is reported once. GPU buffers are staged on a fan-in.
+/// the end of a producer, which is reported once. GPU buffers go by reference, through the
+/// producer's own route receivers.
 #[test]
 fn shm_fan_in_keeps_the_contract() {
     let carrier = Carrier {
         name: "shm fan-in",
         reattach: true,
-        gpu_route: false,
+        gpu_route: true,
         fd_wakes_for_control: false,
         fan_in: true,
         fan_out: false,

@@ -14,6 +14,8 @@ mod blocked;
 mod buffers;
 mod delivery;
 mod fan_in;
+#[cfg(feature = "vulkan")]
+mod fan_in_gpu;
 mod fan_out;
 #[cfg(feature = "vulkan")]
 mod gpu;

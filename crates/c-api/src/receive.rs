@@ -2,7 +2,8 @@
 //! messages, which the channel holds), `lf_release`, and `lf_message_buffer` (a GPU message's
 //! buffer); the received message as C sees it (`lf_message`).
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
+use std::os::fd::IntoRawFd;
 
 use super::buffer::lf_buffer;
 use super::channel::{consumer, lf_channel, lock};
@@ -39,8 +40,10 @@ pub struct lf_message {
     /// (the message's other fields are 0 then).
     pub producer: u32,
     /// For LF_MESSAGE_GPU: the value of the channel's ready semaphore
-    /// (`lf_channel_ready_semaphore`) at which the payload is in place; 0: in place now.
-    /// lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`) waits for it.
+    /// (`lf_channel_ready_semaphore`; on a fan-in, the producer's own:
+    /// `lf_channel_producer_ready_semaphore` with `producer`) at which the payload is in place;
+    /// 0: in place now. lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`)
+    /// waits for it.
     pub ready_value: u64,
 }
 
@@ -233,6 +236,32 @@ pub unsafe extern "C" fn lf_message_buffer(
             });
         };
         write_out(out, handle?.cast_const());
+        Ok(())
+    })
+}
+
+/// A new file descriptor of the ready semaphore of the producer in slot `producer` (an
+/// `lf_message`'s `producer`), consumers only: on a fan-in each producer has its own, which
+/// its GPU messages' `ready_value` counts on (`lf_channel_ready_semaphore` is refused there
+/// with LF_ERR_INVALID_STATE); on a pair channel, slot 0 is its producer. The caller owns the
+/// fd. LF_ERR_UNSUPPORTED where that producer's GPU buffers are synchronised on the host (as
+/// with Mesa's lavapipe) or staged, with the reason; LF_ERR_INVALID_STATE for a slot with no
+/// producer.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_channel_producer_ready_semaphore(
+    channel: *mut lf_channel,
+    producer: u32,
+    fd: *mut c_int,
+) -> lf_status {
+    boundary("lf_channel_producer_ready_semaphore", || {
+        let out = out_ptr(fd, "fd")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        let mut guard = lock(ch)?;
+        let owned = consumer(&mut guard)?.producer_ready_semaphore(producer)?;
+        write_out(out, owned.into_raw_fd());
         Ok(())
     })
 }

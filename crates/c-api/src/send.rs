@@ -188,8 +188,9 @@ fn send_buffer(
 /// (`cudaExternalSemaphoreHandleTypeTimelineSemaphoreFd`, which takes the fd) or
 /// `vkImportSemaphoreFdKHR`. A producer's GPU work signals it (see `lf_send_buffer_after`); a
 /// consumer's GPU work waits on a message's `ready_value`. The caller owns the fd. The
-/// consumer's semaphore is its current producer's (a new producer brings a new one).
-/// LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on the host (the driver
+/// consumer's semaphore is its current producer's (a new producer brings a new one); a
+/// fan-in's consumer has one per producer: `lf_channel_producer_ready_semaphore` (this call
+/// is refused there with LF_ERR_INVALID_STATE). LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on the host (the driver
 /// cannot share semaphores, as with Mesa's lavapipe) or stages them, with the reason.
 ///
 /// # Safety

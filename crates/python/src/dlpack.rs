@@ -286,14 +286,15 @@ pub fn message_capsule(
     let m = slf.get();
     if m.is_gpu() {
         // The GPU buffer the message carries (lent while the message is held), in CUDA; the
-        // consumer's stream waits for the payload on the channel's ready semaphore.
+        // consumer's stream waits for the payload on its producer's ready semaphore.
         let lent = Message::gpu_buffer(slf)?;
         let b = lent.get();
         let (device, data) = buffer_place(b)?;
         let ready = m.ready_value();
         if device.device_type == KDL_CUDA && ready > 0 {
             if let Some(s) = crate::cuda::stream(stream_arg(stream)?) {
-                let fd = m.channel().get().ready_semaphore_fd(slf.py())?;
+                // The semaphore of the message's own producer (a fan-in's each have one).
+                let fd = m.channel().get().producer_ready_semaphore_fd(slf.py(), m.producer_slot())?;
                 b.with_cuda(|map| map.wait_on_stream(fd, ready, s))?;
             }
         }

@@ -32,7 +32,39 @@ pub(crate) struct ConsumerParts {
     /// A receiver for each planned route; each learns per producer session whether its
     /// producer sends by it.
     pub(crate) routes: Vec<AnyRouteReceiver>,
+    /// Makes more such receivers: a fan-in gives each producer its own.
+    pub(crate) receivers: ReceiverFactory,
     pub(crate) info: TransportInfo,
+}
+
+/// Makes a consumer's route receivers, one for each planned route. A fan-in makes a set for
+/// each producer it serves, so that each producer's memory is imported and found through
+/// receivers of its own: two producers' arenas never share a receiver's slot numbers.
+pub(crate) struct ReceiverFactory {
+    /// This process's memory context, where the plan has the Vulkan IPC route.
+    #[cfg(feature = "vulkan")]
+    vulkan: Option<Context>,
+}
+
+impl ReceiverFactory {
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+    fn new(plan: &Plan, context: &Context) -> ReceiverFactory {
+        ReceiverFactory {
+            #[cfg(feature = "vulkan")]
+            vulkan: plan.routes.contains(&TransportKind::VulkanIpc).then(|| context.clone()),
+        }
+    }
+
+    /// A new receiver for each planned route, before any producer session.
+    #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
+    pub(crate) fn make(&self) -> Result<Vec<AnyRouteReceiver>> {
+        let mut routes = Vec::new();
+        #[cfg(feature = "vulkan")]
+        if let Some(context) = &self.vulkan {
+            routes.push(AnyRouteReceiver::VulkanIpc(vulkan_ipc::Receiver::new(context)?));
+        }
+        Ok(routes)
+    }
 }
 
 /// A route's offer before the peer answered.
@@ -199,19 +231,21 @@ pub(crate) fn listen_consumer(
     config: &ChannelConfig,
     context: &Context,
 ) -> Result<ConsumerParts> {
-    let mut routes: Vec<AnyRouteReceiver> = Vec::new();
+    let receivers = ReceiverFactory::new(plan, context);
+    let mut routes = receivers.make()?;
+    // Every producer gets the same answers: they say what this process's device is, which
+    // each producer's receivers share.
     let mut answers: Vec<Attachment> = Vec::new();
     #[cfg(feature = "vulkan")]
     {
-        if plan.routes.contains(&TransportKind::VulkanIpc) {
-            let receiver = vulkan_ipc::Receiver::new(context)?;
-            answers.push(receiver.answer());
-            routes.push(AnyRouteReceiver::VulkanIpc(receiver));
-        } else {
-            answers.push(vulkan_ipc::Receiver::decline(plan.route_refusal.as_deref().unwrap_or_default()));
+        match routes.iter().find_map(|r| match r {
+            AnyRouteReceiver::VulkanIpc(receiver) => Some(receiver),
+            _ => None,
+        }) {
+            Some(receiver) => answers.push(receiver.answer()),
+            None => answers.push(vulkan_ipc::Receiver::decline(plan.route_refusal.as_deref().unwrap_or_default())),
         }
     }
-    let _ = context;
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
     let (carrier, mut session) = match plan.carrier {
         TransportKind::Shm if config.kind == ChannelKind::FanOut => {
@@ -242,5 +276,5 @@ pub(crate) fn listen_consumer(
     }
     let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
     let info = report(plan, &carrier_route, reports);
-    Ok(ConsumerParts { carrier, session, routes, info })
+    Ok(ConsumerParts { carrier, session, routes, receivers, info })
 }

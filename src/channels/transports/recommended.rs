@@ -198,16 +198,20 @@ fn route_availability(
     }
 }
 
-/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind,
-/// loopback pairs and fan-ins; the others serve pairs only in this version.
+/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind; the
+/// Vulkan IPC route and the loopback carrier serve pairs and fan-ins (each fan-in producer
+/// connects to the consumer as a pair's does, and the consumer imports each producer's memory
+/// through receivers of that producer's own); the others serve pairs only in this version.
 fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
-    if shape == ChannelKind::Pair
-        || kind == TransportKind::Shm
-        || (kind == TransportKind::Loopback && shape == ChannelKind::FanIn)
-    {
-        return Ok(());
+    match (kind, shape) {
+        (_, ChannelKind::Pair)
+        | (TransportKind::Shm, _)
+        | (TransportKind::VulkanIpc | TransportKind::Loopback, ChannelKind::FanIn) => Ok(()),
+        (TransportKind::VulkanIpc | TransportKind::Loopback, _) => {
+            Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}"))
+        }
+        _ => Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}")),
     }
-    Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}"))
 }
 
 /// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
@@ -382,6 +386,21 @@ mod tests {
         let config = ChannelConfig { transports: Some(vec![TransportKind::VulkanIpc]), ..Default::default() };
         let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
+    }
+
+    /// GPU buffers go by reference on pairs and fan-ins; a fan-out stages them, and only shm
+    /// carries a channel that is not a pair.
+    #[test]
+    fn the_gpu_route_serves_pairs_and_fan_ins() {
+        for shape in [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut] {
+            assert!(carries_shape(TransportKind::Shm, shape).is_ok());
+        }
+        assert!(carries_shape(TransportKind::VulkanIpc, ChannelKind::Pair).is_ok());
+        assert!(carries_shape(TransportKind::VulkanIpc, ChannelKind::FanIn).is_ok());
+        let why = carries_shape(TransportKind::VulkanIpc, ChannelKind::FanOut).unwrap_err();
+        assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
+        let why = carries_shape(TransportKind::Mpi, ChannelKind::FanIn).unwrap_err();
+        assert!(why.contains("pair channels only") && why.contains("fan-in"), "{why}");
     }
 
     #[test]

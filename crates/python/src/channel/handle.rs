@@ -190,6 +190,18 @@ impl Channel {
         })
     }
 
+    /// A new fd of the ready semaphore of the producer in slot `producer`, which a GPU
+    /// message's ready value counts on: a fan-in's producers each have their own (on a pair
+    /// channel, slot 0 is its producer's, the channel's).
+    pub fn producer_ready_semaphore_fd(&self, py: Python<'_>, producer: u32) -> PyResult<c_int> {
+        self.quick(py, |ch| {
+            let mut fd: c_int = -1;
+            // SAFETY: live channel, local out-parameter.
+            check(unsafe { lib().lf_channel_producer_ready_semaphore(ch.0, producer, &mut fd) })?;
+            Ok(fd)
+        })
+    }
+
     pub(super) fn finish_loan(
         &self,
         py: Python<'_>,

@@ -99,6 +99,12 @@ impl Message {
         self.msg.0.ready_value
     }
 
+    /// The slot of the producer that sent the message, whose ready semaphore its ready value
+    /// counts on.
+    pub fn producer_slot(&self) -> u32 {
+        self.msg.0.producer
+    }
+
     pub fn channel(&self) -> &Py<Channel> {
         &self.channel
     }
