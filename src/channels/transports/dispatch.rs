@@ -135,7 +135,6 @@ macro_rules! forward_producer {
     ($self:ident, $t:ident => $call:expr) => {
         match $self {
             Self::Shm($t) => $call,
-            Self::ShmFanOut($t) => $call,
             Self::Loopback($t) => $call,
             #[cfg(feature = "mpi")]
             Self::Mpi($t) => $call,
@@ -160,8 +159,6 @@ macro_rules! forward_route {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyProducer {
     Shm(shm::ShmProducer),
-    /// A fan-out's producer over shared memory: a ring per consumer.
-    ShmFanOut(shm::ShmFanOut),
     Loopback(loopback::LoopbackProducer),
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiProducer),
@@ -291,12 +288,10 @@ impl ConsumerTransport for AnyConsumer {
 }
 
 impl AnyProducer {
-    /// The consumers of a fan-out, slot by slot; `None` for a pair's producer.
-    pub(crate) fn fan_out_peers(&self) -> Option<Vec<Peer>> {
-        match self {
-            Self::ShmFanOut(t) => Some(t.peers()),
-            _ => None,
-        }
+    /// A producer end that is connected nowhere and refuses every send: a channel's carrier
+    /// where its consumers' ends are elsewhere (a fan-out's, one per slot).
+    pub(crate) fn ended(name: &str, info: TransportInfo) -> AnyProducer {
+        AnyProducer::Loopback(loopback::LoopbackProducer::ended(name, info))
     }
 
     /// Sends a malformed message, for tests that play a hostile peer (see the MPI carrier's
@@ -356,6 +351,9 @@ forward_impl!(forward_producer: impl ProducerTransport for AnyProducer {
     fn peer_sections(&mut self) -> Vec<Attachment>;
     fn arenas_sent(&self) -> u64;
     fn peer_holds(&self) -> Option<Arc<PeerHolds>>;
+    fn peer(&self) -> Peer;
+    fn has_room_for(&mut self, len: usize) -> Result<bool>;
+    fn detach(&mut self);
 });
 
 forward_impl!(forward_carrier: impl ConsumerSession for AnySession {

@@ -200,10 +200,14 @@ fn route_availability(
 
 /// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
 /// (each allowed route that is built and possible here), saying why.
-/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind;
-/// the others serve pairs only in this version.
+/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind, and
+/// the Vulkan IPC route fan-outs too (each consumer's end has a route of its own); the others
+/// serve pairs only in this version.
 fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
-    if shape == ChannelKind::Pair || kind == TransportKind::Shm {
+    if shape == ChannelKind::Pair
+        || kind == TransportKind::Shm
+        || (kind == TransportKind::VulkanIpc && shape == ChannelKind::FanOut)
+    {
         return Ok(());
     }
     Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}"))

@@ -59,6 +59,21 @@ impl Offer {
         Ok(Offer { device, semaphore, no_semaphore, released, want_released: released_wanted, strict })
     }
 
+    /// The offer to one more consumer of a fan-out: the same device and ready semaphore (the
+    /// producer's GPU work signals one for every consumer), and no released semaphore, which
+    /// each consumer would signal on its own (the producer waits for every consumer's release
+    /// on the host).
+    pub(crate) fn another(&self) -> Offer {
+        Offer {
+            device: self.device.clone(),
+            semaphore: self.semaphore.clone(),
+            no_semaphore: self.no_semaphore.clone(),
+            released: None,
+            want_released: false,
+            strict: self.strict,
+        }
+    }
+
     /// This route's section of the hello (a new semaphore descriptor each time).
     pub(crate) fn sections(&mut self) -> Result<Vec<Attachment>> {
         let info = self.device.info();
