@@ -16,6 +16,8 @@ mod delivery;
 mod fan_in;
 mod fan_out;
 #[cfg(feature = "vulkan")]
+mod fan_out_gpu;
+#[cfg(feature = "vulkan")]
 mod gpu;
 mod hostile;
 mod leaks;

@@ -58,7 +58,7 @@ impl AnyOffer {
     }
 
     /// The same offer to one more consumer of a fan-out.
-    fn another(&self) -> AnyOffer {
+    fn another(&mut self) -> AnyOffer {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => AnyOffer::VulkanIpc(offer.another()),
@@ -256,12 +256,12 @@ pub(crate) fn listen_fan_out(
     }
     // Each consumer signals a released semaphore of its own, which no one GPU wait could
     // cover: the producer waits for every consumer's release on the host.
-    let first = planned_offers(plan, config, context, false)?;
+    let mut first = planned_offers(plan, config, context, false)?;
     let arrivals = Arc::new(Arrivals::new(config.max_peers));
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
     let (channel, plan_met) = (name.to_owned(), plan.clone());
     let meet = move |meeting: shm::Meeting<'_>| -> Result<Arrival> {
-        let mut offers: Vec<AnyOffer> = first.iter().map(AnyOffer::another).collect();
+        let mut offers: Vec<AnyOffer> = first.iter_mut().map(AnyOffer::another).collect();
         let mut carrier = AnyProducer::Shm(meeting.handshake(&mut || sections_of(&mut offers))?);
         let (routes, info) = accept_routes(&channel, &plan_met, &mut carrier, offers)?;
         Ok(Arrival { carrier, routes, info })
