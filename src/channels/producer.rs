@@ -346,28 +346,14 @@ impl Producer {
     /// published or cancelled yet.
     #[inline]
     pub(crate) unsafe fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
-        let RawLoan { ptr, len: lent, token } = loan;
-        // SAFETY: this function's contract. A fan-out's loan is refused by its carrier, which
-        // is connected nowhere, and published by the fan-out (the refusal's path, out of line,
-        // so that a pair's publish does not test for a fan-out).
-        match unsafe { self.transport.publish(loan, len) } {
-            Ok(seq) => Ok(seq),
-            // SAFETY: as above; the carrier refused the loan, which is still outstanding.
-            Err(refused) => unsafe { self.publish_refused(RawLoan { ptr, len: lent, token }, len, refused) },
-        }
-    }
-
-    /// A loan that the carrier refused: a fan-out's, or a bad one.
-    ///
-    /// # Safety
-    /// As [`publish_raw`](Self::publish_raw).
-    #[cold]
-    #[inline(never)]
-    unsafe fn publish_refused(&mut self, loan: RawLoan, len: usize, refused: Error) -> Result<u64> {
-        match self.fan_out.as_deref_mut() {
-            // SAFETY: this function's contract: the fan-out's outstanding loan.
-            Some(fan_out) => unsafe { fan_out.publish(loan, len) },
-            None => Err(refused),
+        let fan_out = &mut self.fan_out;
+        // SAFETY: this function's contract: the loan is the carrier's, or, on a fan-out (whose
+        // carrier is connected nowhere), the fan-out's.
+        unsafe {
+            self.transport.publish_else(loan, len, |carrier, loan, len| match fan_out.as_deref_mut() {
+                Some(fan_out) => fan_out.publish(loan, len),
+                None => carrier.publish(loan, len),
+            })
         }
     }
 

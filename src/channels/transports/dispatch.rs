@@ -294,6 +294,28 @@ impl AnyProducer {
         AnyProducer::Loopback(loopback::LoopbackProducer::ended(name, info))
     }
 
+    /// Publishes `loan` as [`ProducerTransport::publish`] does, the shared-memory carrier's
+    /// inline, or hands it to `elsewhere` out of line with the carrier (where the loan may be
+    /// another end's: a fan-out's, whose carrier is connected nowhere), so that a pair's
+    /// publish keeps its one test of the carrier.
+    ///
+    /// # Safety
+    /// As [`ProducerTransport::publish`], for this carrier or for what `elsewhere` publishes
+    /// it on.
+    #[inline(always)]
+    pub(crate) unsafe fn publish_else(
+        &mut self,
+        loan: RawLoan,
+        len: usize,
+        elsewhere: impl FnOnce(&mut AnyProducer, RawLoan, usize) -> Result<u64>,
+    ) -> Result<u64> {
+        match self {
+            // SAFETY: this function's contract.
+            Self::Shm(t) => unsafe { t.publish(loan, len) },
+            other => cold(move || elsewhere(other, loan, len)),
+        }
+    }
+
     /// Sends a malformed message, for tests that play a hostile peer (see the MPI carrier's
     /// `send_malformed`); `Unsupported` on carriers that cannot.
     #[cfg(feature = "test-hooks")]
