@@ -139,7 +139,7 @@ fn take_section(sections: &mut Vec<Attachment>, id: u32) -> Option<Attachment> {
 
 /// The offers of `plan`'s routes, made on `context`'s device. `released`: whether the consumer
 /// is asked for a released semaphore.
-#[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+#[cfg_attr(not(feature = "vulkan"), allow(unused_variables, unused_mut))]
 fn planned_offers(plan: &Plan, config: &ChannelConfig, context: &Context, released: bool) -> Result<Vec<AnyOffer>> {
     let mut offers: Vec<AnyOffer> = Vec::new();
     for kind in &plan.routes {

@@ -92,7 +92,7 @@ fn options() -> Options {
     if o.iters == 0 {
         o.iters = if o.quick { 200 } else { 5_000 };
     }
-    if o.sizes.iter().any(|&s| s == 0) {
+    if o.sizes.contains(&0) {
         die("--sizes: a message needs at least one byte");
     }
     if let Some(bad) = o.consumers.iter().find(|&&n| n == 0 || n > 8) {
