@@ -11,6 +11,8 @@
 #
 #   benchmarks/run-fan-out.sh OUTDIR [lf-bench --fan-out options, e.g. --quick, --consumers 1,2,4,8]
 #
+# A GPU buffer fanned out by reference: benchmarks/run-gpu-fan-out.sh (lf-bench --fan-out --gpu).
+#
 # Builds (unless SKIP_BUILD=1): `cargo build --release --bin lf-bench` and the peers crate
 # (benchmarks/peers: iceoryx2-fanout). With SKIP_BUILD=1, point LF_BENCH and
 # LF_BENCH_ICEORYX2_FANOUT at binaries built elsewhere (neither needs a Rust toolchain to run).

@@ -32,6 +32,7 @@
 
 pub mod consumer;
 mod fan_in;
+mod fan_out;
 pub mod peers;
 pub mod producer;
 pub mod raw;

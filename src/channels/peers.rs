@@ -1,5 +1,10 @@
 //! How many processes share a channel ([`ChannelKind`]), and what one end knows of the
-//! processes at its other end, slot by slot ([`Peer`]).
+//! processes at its other end, slot by slot ([`Peer`]), and a fan-out's table of those slots
+//! ([`Arrivals`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
 
 /// The most producers a fan-in takes, or consumers a fan-out (`ChannelConfig::max_peers`).
 pub const MAX_PEERS: u32 = 64;
@@ -117,4 +122,77 @@ pub(crate) fn check_producer_place(
         )));
     }
     Ok(())
+}
+
+/// A fan-out's slot table, and the consumers its carriers met that the producer has not taken
+/// up yet. Each carrier's acceptor claims a slot here (one space per channel, whatever carrier
+/// meets the consumer), meets the consumer on a thread of its own, and hands it over in its
+/// slot; the producer takes them up at its next send (one relaxed load when none waits).
+pub(crate) struct Arrivals<T> {
+    /// Whether each slot is taken (by a consumer taken up, or one met).
+    taken: Mutex<Vec<bool>>,
+    /// Consumers met, by slot, not taken up yet.
+    met: Mutex<Vec<(usize, T)>>,
+    /// Something waits in `met`.
+    waiting: AtomicBool,
+}
+
+impl<T> Arrivals<T> {
+    pub(crate) fn new(max_peers: u32) -> Arrivals<T> {
+        Arrivals {
+            taken: Mutex::new(vec![false; max_peers as usize]),
+            met: Mutex::new(Vec::new()),
+            waiting: AtomicBool::new(false),
+        }
+    }
+
+    /// How many slots the table has.
+    pub(crate) fn max_peers(&self) -> usize {
+        self.taken.lock().len()
+    }
+
+    /// The lowest free slot, taken now; `None` when every slot is taken.
+    pub(crate) fn claim(&self) -> Option<usize> {
+        let mut taken = self.taken.lock();
+        let slot = taken.iter().position(|t| !t)?;
+        taken[slot] = true;
+        Some(slot)
+    }
+
+    /// Frees `slot`: its consumer left, or could not be met.
+    pub(crate) fn free(&self, slot: usize) {
+        if let Some(taken) = self.taken.lock().get_mut(slot) {
+            *taken = false;
+        }
+    }
+
+    /// Hands over the consumer met in `slot` (claimed by [`claim`](Self::claim)).
+    pub(crate) fn arrive(&self, slot: usize, peer: T) {
+        self.met.lock().push((slot, peer));
+        self.waiting.store(true, Ordering::Release);
+    }
+
+    /// The consumers met since the last call, if any.
+    #[inline]
+    pub(crate) fn take(&self) -> Option<Vec<(usize, T)>> {
+        if !self.waiting.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.take_slow()
+    }
+
+    #[inline(never)]
+    fn take_slow(&self) -> Option<Vec<(usize, T)>> {
+        let mut met = self.met.lock();
+        // Under the lock, so that a consumer handed over after this take raises it again.
+        self.waiting.store(false, Ordering::Relaxed);
+        Some(std::mem::take(&mut *met))
+    }
+
+    /// Calls `f` with each consumer met and not taken up yet, and its slot.
+    pub(crate) fn each_met(&self, mut f: impl FnMut(usize, &T)) {
+        for (slot, peer) in self.met.lock().iter() {
+            f(*slot, peer);
+        }
+    }
 }

@@ -4,7 +4,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::peers::{Peer, PeerState};
+use super::fan_out::FanOut;
+use super::peers::{ChannelKind, Peer, PeerState};
 use super::routes::SenderTable;
 use super::transport::{
     MemoryKind, Packed, Payload, PayloadMemory, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo,
@@ -23,7 +24,12 @@ use crate::types::ProcessLocation;
 /// The sending end of a channel. Not shareable between threads (`&mut self` everywhere), but
 /// it may move to another thread.
 pub struct Producer {
+    /// The consumer's end. A fan-out's are in `fan_out`, and this one is an end connected
+    /// nowhere, which refuses every send: the inlined first tries of a send or loan find no
+    /// room there and the full paths, out of line, serve the fan-out.
     transport: AnyProducer,
+    /// A fan-out's consumers, one end per slot.
+    fan_out: Option<Box<FanOut>>,
     /// The routes of payloads the carrier cannot hold (GPU memory), chosen per message by the
     /// kind of its memory; a kind no route serves is staged through the carrier.
     routes: SenderTable<AnyRouteSender>,
@@ -68,11 +74,36 @@ impl Producer {
         config.validate()?;
         let plan = plan_routes(my_location, peer_location, config, context)?;
         log_creating(name, Role::Producer, plan.carrier.id(), config.rendezvous_timeout);
+        if config.kind == ChannelKind::FanOut {
+            return Self::create_fan_out(context, name, my_location, &plan, config);
+        }
         let parts = transports::connect_producer(name, &plan, config, context).inspect_err(|e| {
             log_failed(name, Role::Producer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
         })?;
         log_created(name, Role::Producer, &parts.info);
         let mut producer = Producer::from_parts(name, context, config, parts.carrier, parts.routes, parts.info);
+        producer.host.clone_from(&my_location.hostname);
+        Ok(producer)
+    }
+
+    /// A fan-out's producer: listens for its consumers and waits for the first.
+    fn create_fan_out(
+        context: &Context,
+        name: &str,
+        my_location: &ProcessLocation,
+        plan: &transports::Plan,
+        config: &ChannelConfig,
+    ) -> Result<Producer> {
+        let fan_out = transports::listen_fan_out(name, plan, config, context)
+            .and_then(|parts| FanOut::new(name, config, parts))
+            .inspect_err(|e| {
+                log_failed(name, Role::Producer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
+            })?;
+        log_created(name, Role::Producer, fan_out.info());
+        let placeholder = AnyProducer::ended(name, fan_out.info().clone());
+        let info = fan_out.info().clone();
+        let mut producer = Producer::from_parts(name, context, config, placeholder, Vec::new(), info);
+        producer.fan_out = Some(Box::new(fan_out));
         producer.host.clone_from(&my_location.hostname);
         Ok(producer)
     }
@@ -89,6 +120,7 @@ impl Producer {
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
         Producer {
             transport: carrier,
+            fan_out: None,
             routes: SenderTable::new(routes),
             packed: Packed::default(),
             info,
@@ -124,15 +156,19 @@ impl Producer {
 
     /// The transports (every route) and why they were chosen.
     pub fn transport(&self) -> &TransportInfo {
-        &self.info
+        match &self.fan_out {
+            Some(fan_out) => fan_out.info(),
+            None => &self.info,
+        }
     }
 
     /// The consumers, slot by slot: each of a fan-out's `max_peers` slots (free, or alive), or
     /// a pair channel's one consumer (its pid 0: the carrier does not say).
     pub fn peers(&self) -> Vec<Peer> {
-        let mut peers = self.transport.fan_out_peers().unwrap_or_else(|| {
-            vec![Peer { state: PeerState::Alive, route: Some(self.info.kind.name()), ..Peer::free(0) }]
-        });
+        let mut peers = match &self.fan_out {
+            Some(fan_out) => fan_out.peers(),
+            None => vec![Peer { state: PeerState::Alive, route: Some(self.info.kind.name()), ..Peer::free(0) }],
+        };
         for peer in peers.iter_mut().filter(|p| p.host.is_empty() && p.route.is_some()) {
             peer.host.clone_from(&self.host);
         }
@@ -141,7 +177,10 @@ impl Producer {
 
     /// The largest message this channel carries.
     pub fn max_message_len(&self) -> usize {
-        self.transport.max_message_len()
+        match &self.fan_out {
+            Some(fan_out) => fan_out.max_message_len(),
+            None => self.transport.max_message_len(),
+        }
     }
 
     /// Sends `data`, waiting for room as long as needed. Returns the message's sequence
@@ -223,27 +262,45 @@ impl Producer {
         timeout: Option<Duration>,
     ) -> Result<u64> {
         match memory.bytes(offset, len)? {
-            SharedBytes::File(arena, offset) if timeout == Some(Duration::ZERO) => {
-                self.transport.try_send_region(&arena, offset, len)
-            }
-            SharedBytes::File(arena, offset) => {
-                self.transport.send_region(&arena, offset, len, deadline_after(timeout))
-            }
+            SharedBytes::File(arena, offset) => self.send_region_within(&arena, offset, len, timeout),
             SharedBytes::Gpu(view) => {
-                if self.routes.get(MemoryKind::Vulkan).is_none() {
+                let routed = match self.fan_out.as_deref_mut() {
+                    Some(fan_out) => fan_out.serves(MemoryKind::Vulkan),
+                    None => self.routes.get(MemoryKind::Vulkan).is_some(),
+                };
+                if !routed {
                     return Err(Error::Unsupported("GPU buffers are staged on this channel".into()));
                 }
                 self.send_gpu(&view, 0, len, 0, timeout)
             }
         }
     }
+
+    /// Sends `len` bytes at `offset` of `region` by reference, waiting for room up to
+    /// `timeout` (zero: not at all).
+    fn send_region_within(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
+        if let Some(fan_out) = self.fan_out.as_deref_mut() {
+            return fan_out.send_region(region, offset, len, timeout);
+        }
+        match timeout {
+            Some(Duration::ZERO) => self.transport.try_send_region(region, offset, len),
+            _ => self.transport.send_region(region, offset, len, deadline_after(timeout)),
+        }
+    }
+
     #[inline]
     fn fill_and_publish(&mut self, loan: RawLoan, data: &[u8]) -> Result<u64> {
         // SAFETY: the loan is `data.len()` writable bytes of the channel's region that nothing
         // else writes (or reads) until it is published; `data` is a separate Rust slice.
         unsafe { crate::os::parallel_copy::copy_message(data.as_ptr(), loan.ptr, data.len()) };
-        // SAFETY: the loan is the carrier's outstanding one, lent by loan_raw or loan_slow.
-        unsafe { self.transport.publish(loan, data.len()) }
+        // SAFETY: the loan is the outstanding one, lent by loan_raw or loan_slow.
+        unsafe { self.publish_raw(loan, data.len()) }
     }
 
     /// Lends `len` bytes of the channel's shared memory to write a message in place, waiting
@@ -273,6 +330,9 @@ impl Producer {
 
     #[inline(never)]
     fn loan_slow(&mut self, len: usize, timeout: Option<Duration>) -> Result<RawLoan> {
+        if let Some(fan_out) = self.fan_out.as_deref_mut() {
+            return fan_out.loan(len, timeout);
+        }
         match timeout {
             Some(Duration::ZERO) => self.transport.try_loan(len),
             _ => self.transport.loan(len, deadline_after(timeout)),
@@ -286,8 +346,15 @@ impl Producer {
     /// published or cancelled yet.
     #[inline]
     pub(crate) unsafe fn publish_raw(&mut self, loan: RawLoan, len: usize) -> Result<u64> {
-        // SAFETY: this function's contract.
-        unsafe { self.transport.publish(loan, len) }
+        let fan_out = &mut self.fan_out;
+        // SAFETY: this function's contract: the loan is the carrier's, or, on a fan-out (whose
+        // carrier is connected nowhere), the fan-out's.
+        unsafe {
+            self.transport.publish_else(loan, len, |carrier, loan, len| match fan_out.as_deref_mut() {
+                Some(fan_out) => fan_out.publish(loan, len),
+                None => carrier.publish(loan, len),
+            })
+        }
     }
 
     /// Gives `loan` back unpublished.
@@ -295,14 +362,21 @@ impl Producer {
     /// # Safety
     /// As [`publish_raw`](Self::publish_raw).
     pub(crate) unsafe fn cancel_raw(&mut self, loan: RawLoan) {
+        if let Some(fan_out) = self.fan_out.as_deref_mut() {
+            return fan_out.cancel(&loan);
+        }
         // SAFETY: this function's contract.
         unsafe { self.transport.cancel(loan) }
     }
 
     /// How many messages the consumer has released: every sequence number below the result
-    /// is done, and its memory reusable.
+    /// is done, and its memory reusable. On a fan-out, released by every consumer that got
+    /// them.
     pub fn completed(&mut self) -> Result<u64> {
-        self.transport.completed()
+        match self.fan_out.as_deref_mut() {
+            Some(fan_out) => fan_out.completed(),
+            None => self.transport.completed(),
+        }
     }
 
     /// Waits until message `seq` has been released by the consumer (a short buffer send, copied
@@ -322,6 +396,9 @@ impl Producer {
     /// [`wait_completed`](Self::wait_completed) of a message not known to be complete.
     #[inline(never)]
     fn wait_completed_slow(&mut self, seq: u64, timeout: Option<Duration>) -> Result<()> {
+        if let Some(fan_out) = self.fan_out.as_deref_mut() {
+            return fan_out.wait_completed(seq, deadline_after(timeout));
+        }
         // One look at the consumer's side before the clock is read for a wait.
         if matches!(self.transport.completed(), Ok(done) if seq < done) {
             return Ok(());
@@ -388,6 +465,9 @@ impl Producer {
     /// as an opaque fd), for the producer's GPU work to signal; `Unsupported` where GPU
     /// buffers are synchronised on the host or staged.
     pub fn ready_semaphore(&self) -> Result<OwnedFd> {
+        if let Some(fan_out) = &self.fan_out {
+            return fan_out.ready_semaphore();
+        }
         match self.routes.get(MemoryKind::Vulkan) {
             Some(gpu) => gpu.ready_semaphore(),
             None => Err(Error::Unsupported(format!(
@@ -405,6 +485,13 @@ impl Producer {
     /// [`ChannelConfig::released_semaphore`]; `Unsupported`, saying why, where the channel has
     /// none.
     pub fn released_semaphore(&self) -> Result<OwnedFd> {
+        if self.fan_out.is_some() {
+            return Err(Error::Unsupported(format!(
+                "fan-out channel {:?} has no released semaphore: each consumer releases a GPU message on its own, \
+                 and wait_completed waits for all of them",
+                self.name
+            )));
+        }
         match self.routes.get(MemoryKind::Vulkan) {
             Some(gpu) => gpu.released_semaphore(),
             None => Err(Error::Unsupported(format!(
@@ -441,12 +528,30 @@ impl Producer {
             return self.send_small_buffer(buffer, offset, len, timeout);
         }
         let (arena, start) = buffer.shared_arena()?;
-        let try_now = self.transport.try_send_region(&arena, start + offset, len);
-        match (try_now, timeout) {
-            (Err(Error::WouldBlock(_)), timeout) if timeout != Some(Duration::ZERO) => {
-                self.transport.send_region(&arena, start + offset, len, deadline_after(timeout))
+        match self.transport.try_send_region(&arena, start + offset, len) {
+            Ok(seq) => Ok(seq),
+            Err(refused) => self.send_region_refused(&arena, start + offset, len, timeout, refused),
+        }
+    }
+
+    /// A buffer send that found no room at once (`WouldBlock`: waited for up to `timeout`),
+    /// or that the carrier refused: a fan-out's (whose carrier is connected nowhere), or a bad
+    /// one.
+    #[inline(never)]
+    fn send_region_refused(
+        &mut self,
+        region: &dyn SharedRegion,
+        offset: usize,
+        len: usize,
+        timeout: Option<Duration>,
+        refused: Error,
+    ) -> Result<u64> {
+        match refused {
+            _ if self.fan_out.is_some() => self.send_region_within(region, offset, len, timeout),
+            Error::WouldBlock(_) if timeout != Some(Duration::ZERO) => {
+                self.transport.send_region(region, offset, len, deadline_after(timeout))
             }
-            (sent, _) => sent,
+            refused => Err(refused),
         }
     }
 
@@ -494,6 +599,9 @@ impl Producer {
     /// it, staged through the carrier (bytes of a lava-flow buffer only: other memory needs
     /// its route).
     pub(crate) fn send_payload(&mut self, payload: &Payload<'_>, timeout: Option<Duration>) -> Result<u64> {
+        if let Some(fan_out) = self.fan_out.as_deref_mut() {
+            return fan_out.send_payload(payload, timeout);
+        }
         let Some(route) = self.routes.for_kind(payload.kind) else {
             return self.send_staged(payload, timeout);
         };
@@ -539,13 +647,19 @@ impl Producer {
         len: usize,
         timeout: Option<Duration>,
     ) -> Result<u64> {
+        if let Some(fan_out) = self.fan_out.as_deref_mut() {
+            return fan_out.send_region(region, offset, len, timeout);
+        }
         self.transport.send_region(region, offset, len, deadline_after(timeout))
     }
 
     /// How many arenas (memory files) this producer has passed to its consumer: each goes
     /// once per channel, however many messages point into it.
     pub fn arenas_sent(&self) -> u64 {
-        self.transport.arenas_sent()
+        match &self.fan_out {
+            Some(fan_out) => fan_out.arenas_sent(),
+            None => self.transport.arenas_sent(),
+        }
     }
 
     /// Sends a malformed message (over MPI), for tests that play a hostile peer: 0, a chunked

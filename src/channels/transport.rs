@@ -35,7 +35,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::peers::Peer;
+use super::peers::{Peer, PeerState};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
@@ -414,6 +414,31 @@ pub trait ProducerTransport: Send {
     fn peer_holds(&self) -> Option<Arc<PeerHolds>> {
         None
     }
+
+    /// The consumer: its process, host (empty: this host) and carrier, `Alive`. A fan-out's
+    /// producer reports each consumer's end so.
+    fn peer(&self) -> Peer {
+        Peer { state: PeerState::Alive, route: Some(self.info().kind.name()), ..Peer::free(0) }
+    }
+
+    /// Whether a loan of `len` bytes would be granted now (`PeerGone` once the consumer has
+    /// gone): what a fan-out asks of every consumer's end before it sends to all of them.
+    fn has_room_for(&mut self, len: usize) -> Result<bool> {
+        match self.try_loan(len) {
+            Ok(loan) => {
+                // SAFETY: the loan was just lent by this transport, and nothing wrote it.
+                unsafe { self.cancel(loan) };
+                Ok(true)
+            }
+            Err(Error::WouldBlock(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends the connection to a consumer that a fan-out found too slow: the consumer reads
+    /// the messages it has, then learns that it was detached. (Where the carrier cannot say
+    /// so, dropping the end afterwards closes it as any producer closes.)
+    fn detach(&mut self) {}
 }
 
 /// The receiving half of a carrier: where producers attach, each as a session of its own

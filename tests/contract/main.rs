@@ -155,14 +155,14 @@ fn shm_fan_in_keeps_the_contract() {
 
 /// The contract over a shm fan-out with one consumer: what a pair promises, but that a new
 /// producer cannot take up a consumer whose producer has gone (the consumer joined that
-/// producer), and that a consumer's close does not end the producer's sends. GPU buffers are
-/// staged on a fan-out.
+/// producer), and that a consumer's close does not end the producer's sends. GPU buffers go
+/// by reference, through the consumer's own route.
 #[test]
 fn shm_fan_out_keeps_the_contract() {
     let carrier = Carrier {
         name: "shm fan-out",
         reattach: false,
-        gpu_route: false,
+        gpu_route: true,
         fd_wakes_for_control: false,
         fan_in: false,
         fan_out: true,

@@ -14,7 +14,7 @@ use lava_flow::Error;
 use crate::common::*;
 
 /// This process's context with its GPU, or `None` (the test then skips) when there is none.
-fn gpu_ctx() -> Option<Context> {
+pub(crate) fn gpu_ctx() -> Option<Context> {
     let context = Context::new(ContextConfig::default()).expect("memory context");
     match context.gpu_unavailable_reason() {
         None => Some(context),
@@ -29,19 +29,19 @@ fn gpu_ctx() -> Option<Context> {
     }
 }
 
-fn gpu_config() -> ChannelConfig {
+pub(crate) fn gpu_config() -> ChannelConfig {
     config(WaitStrategy::SpinThenBlock { spin: Duration::from_micros(20) })
 }
 
 /// Writes message `seq` (sequence, checksum, payload) into `len` bytes at `offset` of `buffer`.
-fn write_message(buffer: &Buffer, offset: usize, len: usize, seq: u64) {
+pub(crate) fn write_message(buffer: &Buffer, offset: usize, len: usize, seq: u64) {
     let mut bytes = vec![0u8; len];
     message_into(&mut bytes, seq);
     buffer.write_at(offset, &bytes).unwrap();
 }
 
 /// Reads a GPU message's bytes through its buffer and checks them.
-fn check_gpu(context: &Context, m: &Message, seq: u64, copy_on_gpu: bool) {
+pub(crate) fn check_gpu(context: &Context, m: &Message, seq: u64, copy_on_gpu: bool) {
     let buffer = m.buffer().expect("a GPU buffer");
     assert!(m.is_zero_copy());
     let mut bytes = vec![0u8; buffer.len()];

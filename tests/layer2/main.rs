@@ -18,6 +18,8 @@ mod fan_in;
 mod fan_in_gpu;
 mod fan_out;
 #[cfg(feature = "vulkan")]
+mod fan_out_gpu;
+#[cfg(feature = "vulkan")]
 mod gpu;
 mod hostile;
 mod leaks;

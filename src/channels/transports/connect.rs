@@ -9,6 +9,7 @@ use super::recommended::{Plan, TransportKind};
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;
 use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession};
+use crate::channels::peers::Arrivals;
 use crate::channels::transport::{
     Attachment, ConsumerSession, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver, RouteSender,
     TransportInfo,
@@ -88,6 +89,16 @@ impl AnyOffer {
         }
     }
 
+    /// The same offer to one more consumer of a fan-out.
+    fn another(&mut self) -> AnyOffer {
+        match self {
+            #[cfg(feature = "vulkan")]
+            AnyOffer::VulkanIpc(offer) => AnyOffer::VulkanIpc(offer.another()),
+            #[cfg(not(feature = "vulkan"))]
+            AnyOffer::None(never) => match *never {},
+        }
+    }
+
     /// The route, from the consumer's answer among `answers`, or why the consumer declined it.
     #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     #[allow(clippy::ptr_arg)] // (its route's answer is taken out)
@@ -158,46 +169,37 @@ fn take_section(sections: &mut Vec<Attachment>, id: u32) -> Option<Attachment> {
     Some(sections.remove(at))
 }
 
-/// Connects the producer's end: the carrier's rendezvous, with the routes' offers in it.
-#[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
-pub(crate) fn connect_producer(
-    name: &str,
-    plan: &Plan,
-    config: &ChannelConfig,
-    context: &Context,
-) -> Result<ProducerParts> {
+/// The offers of `plan`'s routes, made on `context`'s device. `released`: whether the consumer
+/// is asked for a released semaphore.
+#[cfg_attr(not(feature = "vulkan"), allow(unused_variables, unused_mut))]
+fn planned_offers(plan: &Plan, config: &ChannelConfig, context: &Context, released: bool) -> Result<Vec<AnyOffer>> {
     let mut offers: Vec<AnyOffer> = Vec::new();
     for kind in &plan.routes {
         #[cfg(feature = "vulkan")]
         if *kind == TransportKind::VulkanIpc {
-            offers.push(AnyOffer::VulkanIpc(vulkan_ipc::Offer::new(
-                context,
-                config.strict_gpu,
-                config.released_semaphore,
-            )?));
+            offers.push(AnyOffer::VulkanIpc(vulkan_ipc::Offer::new(context, config.strict_gpu, released)?));
         }
-        let _ = (kind, context);
     }
-    let mut sections = || -> Result<Vec<Attachment>> {
-        let mut all = Vec::new();
-        for offer in offers.iter_mut() {
-            all.extend(offer.sections()?);
-        }
-        Ok(all)
-    };
-    let provisional = report(plan, &planned_carrier(plan), Vec::new());
-    let mut carrier = match plan.carrier {
-        TransportKind::Shm if config.kind == ChannelKind::FanOut => {
-            AnyProducer::ShmFanOut(shm::ShmFanOut::listen(name, provisional, config)?)
-        }
-        TransportKind::Shm => AnyProducer::Shm(shm::ShmProducer::connect(name, provisional, config, &mut sections)?),
-        TransportKind::Loopback => {
-            AnyProducer::Loopback(loopback::LoopbackProducer::connect(name, provisional, config, &mut sections)?)
-        }
-        #[cfg(feature = "mpi")]
-        TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional, config, mpi_peer(plan)?)?),
-        other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
-    };
+    Ok(offers)
+}
+
+/// The sections of every offer, for one hello.
+fn sections_of(offers: &mut [AnyOffer]) -> Result<Vec<Attachment>> {
+    let mut all = Vec::new();
+    for offer in offers.iter_mut() {
+        all.extend(offer.sections()?);
+    }
+    Ok(all)
+}
+
+/// The routes the consumer that `carrier` met accepted, from its answers to `offers`, and the
+/// report of the carrier and routes.
+fn accept_routes(
+    name: &str,
+    plan: &Plan,
+    carrier: &mut AnyProducer,
+    offers: Vec<AnyOffer>,
+) -> Result<(Vec<AnyRouteSender>, TransportInfo)> {
     let carrier_route = carrier.info().routes.first().cloned().unwrap_or_else(|| planned_carrier(plan));
     let mut answers = carrier.peer_sections();
     // Where the routes keep what they hold for the consumer: the carrier's, which lets go of
@@ -220,7 +222,89 @@ pub(crate) fn connect_producer(
         ));
     }
     let info = report(&plan, &carrier_route, routes.iter().map(|r| r.route().clone()).collect());
+    Ok((routes, info))
+}
+
+/// Connects the producer's end: the carrier's rendezvous, with the routes' offers in it.
+pub(crate) fn connect_producer(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<ProducerParts> {
+    let mut offers = planned_offers(plan, config, context, config.released_semaphore)?;
+    let mut sections = || sections_of(&mut offers);
+    let provisional = report(plan, &planned_carrier(plan), Vec::new());
+    let mut carrier = match plan.carrier {
+        TransportKind::Shm => AnyProducer::Shm(shm::ShmProducer::connect(name, provisional, config, &mut sections)?),
+        TransportKind::Loopback => {
+            AnyProducer::Loopback(loopback::LoopbackProducer::connect(name, provisional, config, &mut sections)?)
+        }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => AnyProducer::Mpi(mpi::MpiProducer::connect(name, provisional, config, mpi_peer(plan)?)?),
+        other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
+    };
+    let (routes, info) = accept_routes(name, plan, &mut carrier, offers)?;
     Ok(ProducerParts { carrier, routes, info })
+}
+
+/// A consumer of a fan-out, met by one of the carriers' acceptors: its end (the carrier's
+/// producer half), the routes it accepted, and their report, as a pair's producer has them.
+pub(crate) struct Arrival {
+    pub(crate) carrier: AnyProducer,
+    pub(crate) routes: Vec<AnyRouteSender>,
+    pub(crate) info: TransportInfo,
+}
+
+/// A fan-out producer's acceptors, one per carrier it listens on; dropping them stops the
+/// meeting of consumers.
+pub(crate) struct FanOutListeners {
+    _shm: shm::FanOutAcceptor,
+}
+
+/// What a fan-out's producer listens with: its acceptors, the slot table they take slots from
+/// and hand consumers over in, the largest message, and the report before any consumer came.
+pub(crate) struct FanOutParts {
+    pub(crate) listeners: FanOutListeners,
+    pub(crate) arrivals: Arc<Arrivals<Arrival>>,
+    pub(crate) max_len: usize,
+    pub(crate) info: TransportInfo,
+}
+
+/// Listens for a fan-out's consumers, each met with offers of its own of the planned routes
+/// (one more of the first offer, so that every consumer imports the same ready semaphore),
+/// and handed over in its slot of the fan-out's table.
+pub(crate) fn listen_fan_out(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+) -> Result<FanOutParts> {
+    if plan.carrier != TransportKind::Shm {
+        return Err(Error::Unsupported(format!(
+            "a fan-out's producer meets its consumers over shm only in this version, and this channel's carrier is {}",
+            plan.carrier
+        )));
+    }
+    // Each consumer signals a released semaphore of its own, which no one GPU wait could
+    // cover: the producer waits for every consumer's release on the host.
+    let mut first = planned_offers(plan, config, context, false)?;
+    let arrivals = Arc::new(Arrivals::new(config.max_peers));
+    let provisional = report(plan, &planned_carrier(plan), Vec::new());
+    let (channel, plan_met) = (name.to_owned(), plan.clone());
+    let meet = move |meeting: shm::Meeting<'_>| -> Result<Arrival> {
+        let mut offers: Vec<AnyOffer> = first.iter_mut().map(AnyOffer::another).collect();
+        let mut carrier = AnyProducer::Shm(meeting.handshake(&mut || sections_of(&mut offers))?);
+        let (routes, info) = accept_routes(&channel, &plan_met, &mut carrier, offers)?;
+        Ok(Arrival { carrier, routes, info })
+    };
+    let shm = shm::FanOutAcceptor::start(name, provisional, config, Arc::clone(&arrivals), meet)?;
+    Ok(FanOutParts {
+        max_len: shm.max_len(),
+        listeners: FanOutListeners { _shm: shm },
+        arrivals,
+        info: preview(plan, context),
+    })
 }
 
 /// Listens for the producer's end: the carrier's rendezvous, answering the routes' offers.

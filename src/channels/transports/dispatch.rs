@@ -135,7 +135,6 @@ macro_rules! forward_producer {
     ($self:ident, $t:ident => $call:expr) => {
         match $self {
             Self::Shm($t) => $call,
-            Self::ShmFanOut($t) => $call,
             Self::Loopback($t) => $call,
             #[cfg(feature = "mpi")]
             Self::Mpi($t) => $call,
@@ -160,8 +159,6 @@ macro_rules! forward_route {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyProducer {
     Shm(shm::ShmProducer),
-    /// A fan-out's producer over shared memory: a ring per consumer.
-    ShmFanOut(shm::ShmFanOut),
     Loopback(loopback::LoopbackProducer),
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiProducer),
@@ -291,11 +288,31 @@ impl ConsumerTransport for AnyConsumer {
 }
 
 impl AnyProducer {
-    /// The consumers of a fan-out, slot by slot; `None` for a pair's producer.
-    pub(crate) fn fan_out_peers(&self) -> Option<Vec<Peer>> {
+    /// A producer end that is connected nowhere and refuses every send: a channel's carrier
+    /// where its consumers' ends are elsewhere (a fan-out's, one per slot).
+    pub(crate) fn ended(name: &str, info: TransportInfo) -> AnyProducer {
+        AnyProducer::Loopback(loopback::LoopbackProducer::ended(name, info))
+    }
+
+    /// Publishes `loan` as [`ProducerTransport::publish`] does, the shared-memory carrier's
+    /// inline, or hands it to `elsewhere` out of line with the carrier (where the loan may be
+    /// another end's: a fan-out's, whose carrier is connected nowhere), so that a pair's
+    /// publish keeps its one test of the carrier.
+    ///
+    /// # Safety
+    /// As [`ProducerTransport::publish`], for this carrier or for what `elsewhere` publishes
+    /// it on.
+    #[inline(always)]
+    pub(crate) unsafe fn publish_else(
+        &mut self,
+        loan: RawLoan,
+        len: usize,
+        elsewhere: impl FnOnce(&mut AnyProducer, RawLoan, usize) -> Result<u64>,
+    ) -> Result<u64> {
         match self {
-            Self::ShmFanOut(t) => Some(t.peers()),
-            _ => None,
+            // SAFETY: this function's contract.
+            Self::Shm(t) => unsafe { t.publish(loan, len) },
+            other => cold(move || elsewhere(other, loan, len)),
         }
     }
 
@@ -356,6 +373,9 @@ forward_impl!(forward_producer: impl ProducerTransport for AnyProducer {
     fn peer_sections(&mut self) -> Vec<Attachment>;
     fn arenas_sent(&self) -> u64;
     fn peer_holds(&self) -> Option<Arc<PeerHolds>>;
+    fn peer(&self) -> Peer;
+    fn has_room_for(&mut self, len: usize) -> Result<bool>;
+    fn detach(&mut self);
 });
 
 forward_impl!(forward_carrier: impl ConsumerSession for AnySession {

@@ -34,7 +34,9 @@ pub(crate) mod shm;
 #[cfg(feature = "vulkan")]
 pub(crate) mod vulkan_ipc;
 
-pub(crate) use connect::{connect_producer, listen_consumer, preview, ReceiverFactory};
+pub(crate) use connect::{
+    connect_producer, listen_consumer, listen_fan_out, preview, Arrival, FanOutListeners, FanOutParts, ReceiverFactory,
+};
 pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession, MessageReleaser};
 pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, Plan};
 pub use recommended::{TransportKind, TRANSPORTS_ENV};

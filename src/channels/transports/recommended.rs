@@ -198,16 +198,15 @@ fn route_availability(
     }
 }
 
-/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind; the
-/// Vulkan IPC route and the loopback carrier serve pairs and fan-ins (each fan-in producer
-/// connects to the consumer as a pair's does, and the consumer imports each producer's memory
-/// through receivers of that producer's own); the others serve pairs only in this version.
+/// Whether transport `kind` serves channels of `shape`: shared memory and the Vulkan IPC route
+/// serve every kind (each fan-in producer, and each fan-out consumer, meets its one end as a
+/// pair's does, with routes of its own); the loopback carrier serves pairs and fan-ins; the
+/// others serve pairs only in this version.
 fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
     match (kind, shape) {
-        (_, ChannelKind::Pair)
-        | (TransportKind::Shm, _)
-        | (TransportKind::VulkanIpc | TransportKind::Loopback, ChannelKind::FanIn) => Ok(()),
-        (TransportKind::VulkanIpc | TransportKind::Loopback, _) => {
+        (_, ChannelKind::Pair) | (TransportKind::Shm | TransportKind::VulkanIpc, _) => Ok(()),
+        (TransportKind::Loopback, ChannelKind::FanIn) => Ok(()),
+        (TransportKind::Loopback, _) => {
             Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}"))
         }
         _ => Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}")),
@@ -388,16 +387,16 @@ mod tests {
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
     }
 
-    /// GPU buffers go by reference on pairs and fan-ins; a fan-out stages them, and only shm
-    /// carries a channel that is not a pair.
+    /// GPU buffers go by reference on every kind; loopback carries pairs and fan-ins, and the
+    /// others (MPI) pairs only.
     #[test]
-    fn the_gpu_route_serves_pairs_and_fan_ins() {
+    fn which_transports_serve_which_kinds() {
         for shape in [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut] {
             assert!(carries_shape(TransportKind::Shm, shape).is_ok());
+            assert!(carries_shape(TransportKind::VulkanIpc, shape).is_ok());
         }
-        assert!(carries_shape(TransportKind::VulkanIpc, ChannelKind::Pair).is_ok());
-        assert!(carries_shape(TransportKind::VulkanIpc, ChannelKind::FanIn).is_ok());
-        let why = carries_shape(TransportKind::VulkanIpc, ChannelKind::FanOut).unwrap_err();
+        assert!(carries_shape(TransportKind::Loopback, ChannelKind::FanIn).is_ok());
+        let why = carries_shape(TransportKind::Loopback, ChannelKind::FanOut).unwrap_err();
         assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
         let why = carries_shape(TransportKind::Mpi, ChannelKind::FanIn).unwrap_err();
         assert!(why.contains("pair channels only") && why.contains("fan-in"), "{why}");

@@ -24,6 +24,8 @@ pub(crate) struct LoopbackProducer {
     answers: Vec<Attachment>,
     /// Completion as last seen.
     completed: u64,
+    /// Whether the producer holds its end of a meeting (an ended placeholder holds none).
+    met: bool,
 }
 
 impl LoopbackProducer {
@@ -87,7 +89,25 @@ impl LoopbackProducer {
                 "the consumer of channel {name:?} did not take the producer up in time"
             )));
         };
-        Ok(LoopbackProducer { info, session, kind, loan: None, loans: 0, answers, completed: 0 })
+        Ok(LoopbackProducer { info, session, kind, loan: None, loans: 0, answers, completed: 0, met: true })
+    }
+
+    /// A producer whose consumer has closed, met nowhere: what a channel's producer holds as
+    /// its carrier where its consumers' ends are elsewhere (a fan-out's are its slots'). Every
+    /// send fails, without waiting.
+    pub(crate) fn ended(name: &str, info: TransportInfo) -> LoopbackProducer {
+        let session = Arc::new(Session::new(u64::MAX, name, 0, 1, 0, Vec::new()));
+        session.close_consumer();
+        LoopbackProducer {
+            info,
+            session,
+            kind: ChannelKind::Pair,
+            loan: None,
+            loans: 0,
+            answers: Vec::new(),
+            completed: 0,
+            met: false,
+        }
     }
 
     /// Whether a message of `len` bytes may be sent now: `WouldBlock` when the ring is full,
@@ -285,6 +305,9 @@ impl ProducerTransport for LoopbackProducer {
 impl Drop for LoopbackProducer {
     fn drop(&mut self) {
         self.session.close_producer();
+        if !self.met {
+            return;
+        }
         leave(&self.session.name, self.kind, Some(self.session.slot));
     }
 }

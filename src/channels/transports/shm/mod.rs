@@ -23,7 +23,8 @@
 //! one producer's messages share, and how releases become the tail the producer reads),
 //! `consumer` (the socket producers attach to, and the notification set), `consumer_session`
 //! (one producer's session at the consumer: the reading of its ring), `arenas`, `fan_out` (a
-//! fan-out's producer: a ring per consumer, and the socket consumers connect to).
+//! fan-out producer's socket, which consumers connect to, and the thread that meets each one
+//! and hands its ring to the fan-out in the channel core).
 //!
 //! Peer death: each side keeps the rendezvous socket and a pidfd of the peer, and has the
 //! process's watcher (`os::watcher`) watch them: when the peer's process exits or its socket
@@ -60,7 +61,7 @@ use rendezvous::PeerWatch;
 
 pub(crate) use consumer::ShmConsumer;
 pub(crate) use consumer_session::ShmSession;
-pub(crate) use fan_out::ShmFanOut;
+pub(crate) use fan_out::{FanOutAcceptor, Meeting};
 pub(crate) use producer::ShmProducer;
 
 pub(crate) const ID: TransportId = TransportId::new("shm");

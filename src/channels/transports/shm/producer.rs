@@ -13,6 +13,7 @@ use super::ring::{
     PRODUCER_DETACHED,
 };
 use super::{note_peer_watch, peer_end};
+use crate::channels::peers::{Peer, PeerState};
 use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLoan, SharedRegion, TransportInfo};
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
@@ -126,8 +127,9 @@ impl ShmProducer {
     }
 
     /// The producer of a consumer met over a socket (a fan-out's consumer, which connected to
-    /// it): its ring, and no claim on the channel's name or cleanup after the consumer, which
-    /// the fan-out does. `Place::slot` is the consumer's slot.
+    /// it): its ring, with the other routes' sections that `offers` makes, and no claim on the
+    /// channel's name or cleanup after the consumer, which the fan-out does. `Place::slot` is
+    /// the consumer's slot.
     pub(super) fn accepted(
         name: &str,
         sock: std::os::unix::net::UnixStream,
@@ -135,6 +137,7 @@ impl ShmProducer {
         info: TransportInfo,
         config: &ChannelConfig,
         place: Place,
+        offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
     ) -> Result<Self> {
         // A consumer maps (and may fault in) the whole pool before it answers: as long as a
         // rendezvous may take, bounded, so that one that never answers cannot keep the others
@@ -142,7 +145,7 @@ impl ShmProducer {
         let wait = config.rendezvous_timeout.unwrap_or(Duration::from_secs(30)).max(Duration::from_secs(2));
         let deadline = Some(Instant::now() + wait);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
-        let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, &mut || Ok(Vec::new()))?;
+        let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, offers)?;
         Ok(Self::over(name, info, config, geometry, c, None, None))
     }
 
@@ -185,28 +188,6 @@ impl ShmProducer {
             holds: c.holds,
             gone_logged: false,
         }
-    }
-
-    /// How many messages were sent.
-    pub(super) fn sent(&self) -> u64 {
-        self.head
-    }
-
-    /// The consumer's process id.
-    pub(super) fn consumer_pid(&self) -> u32 {
-        self.watch.pid as u32
-    }
-
-    /// Whether a loan of `len` could be granted now (`PeerGone` when the consumer has gone).
-    pub(super) fn has_room(&mut self, len: usize) -> Result<bool> {
-        self.consumer_gone(false)?;
-        self.room_for(len)
-    }
-
-    /// Ends this ring as a fan-out's producer does to a consumer too slow for its bound: the
-    /// consumer's receives say so after the messages it has.
-    pub(super) fn detach(self) {
-        self.region.producer_closed().store(PRODUCER_DETACHED, Ordering::SeqCst);
     }
 
     fn consumer_gone(&mut self, force: bool) -> Result<()> {
@@ -858,6 +839,20 @@ impl ProducerTransport for ShmProducer {
 
     fn peer_holds(&self) -> Option<Arc<PeerHolds>> {
         Some(Arc::clone(&self.holds))
+    }
+
+    fn peer(&self) -> Peer {
+        Peer { pid: self.watch.pid as u32, state: PeerState::Alive, route: Some(super::ID.name()), ..Peer::free(0) }
+    }
+
+    fn has_room_for(&mut self, len: usize) -> Result<bool> {
+        self.consumer_gone(false)?;
+        self.room_for(len)
+    }
+
+    /// The consumer's receives say that it was detached, after the messages it has.
+    fn detach(&mut self) {
+        self.region.producer_closed().store(PRODUCER_DETACHED, Ordering::SeqCst);
     }
 
     fn wait_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<()> {

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
+
 use super::wire::{
     ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
@@ -20,6 +22,14 @@ use crate::memory::{BufferOrigin, Context};
 /// channel still holds).
 const SWEEP_EVERY: u32 = 256;
 
+/// What keeps each arena alive for every consumer of a fan-out, shared by their senders: one
+/// reference to the arena per fan-out, which each consumer's hold shares, so that the arena's
+/// own count still says whether anything besides the channel uses it.
+type FanOutKeeps = Arc<Mutex<HashMap<ArenaId, Weak<FanOutKeep>>>>;
+
+/// A fan-out's one reference to an arena.
+struct FanOutKeep(Arc<dyn Any + Send + Sync>);
+
 /// The producer's side before the consumer answered: its device and, where the driver can
 /// share them, the ready semaphore it offers and the released semaphore it asks for.
 pub(crate) struct Offer {
@@ -30,6 +40,8 @@ pub(crate) struct Offer {
     released: Option<TimelineSemaphore>,
     want_released: bool,
     strict: bool,
+    /// The arenas' references shared by a fan-out's consumers (`None` for a pair's offer).
+    fan_out: Option<FanOutKeeps>,
 }
 
 impl Offer {
@@ -56,7 +68,24 @@ impl Offer {
             (Some(_), true) => Some(TimelineSemaphore::new_exportable(&device, 0)?),
             _ => None,
         };
-        Ok(Offer { device, semaphore, no_semaphore, released, want_released: released_wanted, strict })
+        Ok(Offer { device, semaphore, no_semaphore, released, want_released: released_wanted, strict, fan_out: None })
+    }
+
+    /// The offer to one more consumer of a fan-out: the same device and ready semaphore (the
+    /// producer's GPU work signals one for every consumer), and no released semaphore, which
+    /// each consumer would signal on its own (the producer waits for every consumer's release
+    /// on the host). The senders of one offer's others share what keeps each arena alive.
+    pub(crate) fn another(&mut self) -> Offer {
+        let keeps = self.fan_out.get_or_insert_with(FanOutKeeps::default);
+        Offer {
+            fan_out: Some(Arc::clone(keeps)),
+            device: self.device.clone(),
+            semaphore: self.semaphore.clone(),
+            no_semaphore: self.no_semaphore.clone(),
+            released: None,
+            want_released: false,
+            strict: self.strict,
+        }
     }
 
     /// This route's section of the hello (a new semaphore descriptor each time).
@@ -173,6 +202,7 @@ impl Offer {
             last: None,
             last_ready: 0,
             since_sweep: 0,
+            fan_out: self.fan_out,
         })
     }
 }
@@ -207,6 +237,8 @@ pub(crate) struct Sender {
     last_ready: u64,
     /// Messages packed since arenas that died were last looked for.
     since_sweep: u32,
+    /// The arenas' references shared with the fan-out's other consumers' senders.
+    fan_out: Option<FanOutKeeps>,
 }
 
 impl Sender {
@@ -273,11 +305,36 @@ impl Sender {
             bytes: ArenaRecord::Announce { slot, generation, desc: export.desc }.encode(),
             handles: vec![export.fd],
         });
-        let keep = gpu.arena_keep_alive();
-        self.arenas.insert(arena, SentArena { slot, generation, held: Arc::downgrade(&keep) });
+        let (keep, held) = self.keep(gpu);
+        self.arenas.insert(arena, SentArena { slot, generation, held });
         self.holds.hold(u64::from(slot), keep);
         self.last = Some((arena, slot, generation));
         Ok((slot, generation))
+    }
+}
+
+impl Sender {
+    /// What the consumer's hold keeps of `gpu`'s arena, and the reference that is the channel's
+    /// only one once nothing else uses the arena (a fan-out's one reference, shared by every
+    /// consumer's hold, holds the arena's).
+    fn keep(&self, gpu: &GpuBuffer) -> (Arc<dyn Any + Send + Sync>, Weak<dyn Any + Send + Sync>) {
+        let Some(keeps) = &self.fan_out else {
+            let keep = gpu.arena_keep_alive();
+            let held = Arc::downgrade(&keep);
+            return (keep, held);
+        };
+        let mut keeps = keeps.lock();
+        let shared = match keeps.get(&gpu.arena_id()).and_then(Weak::upgrade) {
+            Some(shared) => shared,
+            None => {
+                keeps.retain(|_, k| k.strong_count() > 0);
+                let shared = Arc::new(FanOutKeep(gpu.arena_keep_alive()));
+                keeps.insert(gpu.arena_id(), Arc::downgrade(&shared));
+                shared
+            }
+        };
+        let held = Arc::downgrade(&shared.0);
+        (shared, held)
     }
 }
 

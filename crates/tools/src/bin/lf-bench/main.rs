@@ -42,6 +42,8 @@
 //! `lf-bench --fan-out [--quick] [--json] [--consumers 1,2,4,8] [--size 1M]` measures one
 //! producer to many consumers (1 MiB by reference on a fan-out channel through the C API, the
 //! pair channel beside it, iceoryx2 with N subscribers; 64 B copies): see `fanout/`.
+//! `lf-bench --fan-out --gpu [--quick] [--consumers 4] [--sizes 4K,1M]` measures a GPU buffer
+//! fanned out by reference against the pair channel's GPU hand-off: see `fanout/gpu.rs`.
 //!
 //! `mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [--quick] [--json] : -np 1 -x LF_HOST_ID=b
 //! lf-bench --mpi [...]` measures lava-flow channels between two MPI ranks against raw MPI
@@ -174,6 +176,15 @@ fn plot_into(dir: &std::path::Path, written: Result<Vec<std::path::PathBuf>, Str
 
 /// `--gpu`, `--mpi`, `--fan-in` and `--fan-out` are benchmarks of their own.
 fn other_benchmarks() {
+    if std::env::args().any(|a| a == "--fan-out") && std::env::args().any(|a| a == "--gpu") {
+        #[cfg(feature = "vulkan")]
+        {
+            fanout::gpu::main();
+            std::process::exit(0);
+        }
+        #[cfg(not(feature = "vulkan"))]
+        die("this lf-bench was built without the cargo feature `vulkan`");
+    }
     if std::env::args().any(|a| a == "--fan-out") {
         fanout::main();
         std::process::exit(0);

@@ -21,6 +21,8 @@
 //! lf-bench's main process only forks and reads results: each case's producer and consumers
 //! are processes of their own, forked before any of them opens lava-flow.
 
+#[cfg(feature = "vulkan")]
+pub mod gpu;
 mod lf;
 mod peers;
 mod report;
