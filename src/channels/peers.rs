@@ -151,10 +151,10 @@ impl<T> Arrivals<T> {
         self.taken.lock().len()
     }
 
-    /// The lowest free slot, taken now; `None` when every slot is taken.
-    pub(crate) fn claim(&self) -> Option<usize> {
+    /// The lowest free slot that `usable` accepts, taken now; `None` when there is none.
+    pub(crate) fn claim(&self, usable: impl Fn(usize) -> bool) -> Option<usize> {
         let mut taken = self.taken.lock();
-        let slot = taken.iter().position(|t| !t)?;
+        let slot = (0..taken.len()).find(|&slot| !taken[slot] && usable(slot))?;
         taken[slot] = true;
         Some(slot)
     }

@@ -3,7 +3,7 @@
 //! child process (this test binary, re-executed) is seen alive, then dead once the child is
 //! killed with SIGKILL, then cleaned up; a fan-in held by three processes (a consumer and two
 //! producers) is seen with each producer's slot, state and pid, one producer's death in its
-//! slot, and is cleaned up once all are dead.
+//! slot, and is cleaned up once all are dead; a fan-out likewise, with each consumer's slot.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::DirBuilderExt;
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, Producer};
+use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, PeerState, Producer};
 use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
 use lava_flow::ProcessLocation;
 use serde_json::Value;
@@ -481,7 +481,7 @@ fn a_fan_in_lists_each_producer_s_slot_and_pid_and_is_cleaned_up_once_dead() {
     assert_eq!(channel["producers"][1]["state"], "over", "{channel:#}");
     let text = stdout(&lf_info(&["--channels"], &[], Some(&dir)));
     assert!(text.contains("slot 1: over") && text.contains("1 of 2 slots live"), "{text}");
-    assert!(text.contains("over slots are its consumer's to clean up"), "{text}");
+    assert!(text.contains("over slots are its own to clean up"), "{text}");
 
     // All dead: the whole fan-in's files go, each slot's lock with them.
     for child in [&mut consumer, &mut first] {
@@ -500,6 +500,112 @@ fn a_fan_in_lists_each_producer_s_slot_and_pid_and_is_cleaned_up_once_dead() {
         assert!(removed.iter().any(|p| p.ends_with(file)), "{file} not removed: {removed:?}");
     }
     assert!(held(&view, "gather").is_none(), "{view:#}");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left in the runtime dir: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The fan-out child's side: a producer that sends until two consumers are attached (then once
+/// more, so that each has a message), or a consumer that receives one; then it holds its end
+/// until it is killed.
+fn fan_out_child(role: &str) -> ! {
+    let context = Context::new({
+        let mut c = ContextConfig::default();
+        c.gpu = GpuPolicy::Disabled;
+        c
+    })
+    .unwrap();
+    let here = ProcessLocation::from_hostname().unwrap();
+    let config = ChannelConfig {
+        kind: ChannelKind::FanOut,
+        capacity: 4096,
+        pool_size: 64 << 10,
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..ChannelConfig::default()
+    };
+    // Both ends are held, never dropped: the process is killed with them.
+    let _end: Box<dyn std::any::Any> = if role == "fan-out-producer" {
+        let mut producer = Producer::create(&context, "scatter", &here, &here, &config).unwrap();
+        let start = std::time::Instant::now();
+        while producer.peers().iter().filter(|p| p.state == PeerState::Alive).count() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(30), "the second consumer never attached");
+            producer.send(b"hello").unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        producer.send(b"hello").unwrap();
+        Box::new(producer)
+    } else {
+        let mut consumer = Consumer::create(&context, "scatter", &here, &here, &config).unwrap();
+        assert_eq!(consumer.recv_timeout(Duration::from_secs(30)).unwrap().as_slice(), b"hello");
+        Box::new(consumer)
+    };
+    println!("@@ ready");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn a_fan_out_lists_each_consumer_s_slot_and_pid_and_is_cleaned_up_once_dead() {
+    const TEST: &str = "a_fan_out_lists_each_consumer_s_slot_and_pid_and_is_cleaned_up_once_dead";
+    if let Some(role) = std::env::var_os(CHILD_ENV) {
+        fan_out_child(role.to_str().unwrap());
+    }
+    let dir = test_dir("fan-out");
+    // The first consumer takes slot 0 (the lowest free one) before the second starts; the
+    // producer is ready once both are attached and have a message.
+    let (mut producer, mut first, mut second) = std::thread::scope(|s| {
+        let producer = s.spawn(|| ready_child(TEST, "fan-out-producer", &dir));
+        let first = ready_child(TEST, "fan-out-consumer", &dir);
+        let second = ready_child(TEST, "fan-out-consumer", &dir);
+        (producer.join().unwrap(), first, second)
+    });
+    let pids = [first.0.id(), second.0.id()];
+    let producer_pid = producer.0.id();
+
+    let view = json(&["--channels"], &[], Some(&dir));
+    let channel = held(&view, "scatter").unwrap_or_else(|| panic!("the fan-out is not listed: {view:#}"));
+    assert_eq!((&channel["kind"], &channel["alive"]), (&"fan-out".into(), &true.into()), "{channel:#}");
+    assert_eq!(channel["producer"], format!("live (pid {producer_pid})"), "{channel:#}");
+    assert_eq!(channel["consumer"], "2 of 2 slots live", "{channel:#}");
+    let consumers = channel["consumers"].as_array().unwrap();
+    assert_eq!(consumers.len(), 2, "{channel:#}");
+    for (slot, pid) in pids.iter().enumerate() {
+        let c = &consumers[slot];
+        assert_eq!((&c["slot"], &c["state"], &c["pid"]), (&slot.into(), &"live".into(), &(*pid).into()), "{c}");
+    }
+    let text = stdout(&lf_info(&["--channels"], &[], Some(&dir)));
+    let line = text_line(&text, "scatter ");
+    assert!(line.contains("fan-out") && line.contains("alive") && line.contains("2 of 2 slots live"), "{line}");
+    for (slot, pid) in pids.iter().enumerate() {
+        assert!(text.contains(&format!("slot {slot}: live (pid {pid})")), "{text}");
+    }
+
+    // The second consumer dies: its slot is over (the idle producer drops it at its next send),
+    // the channel lives on, and cleaning up leaves it alone.
+    // SAFETY: kill with the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pids[1] as i32, libc::SIGKILL) }, 0);
+    second.0.wait().unwrap();
+    let view = json(&["--cleanup"], &[], Some(&dir));
+    assert_eq!(view["channels"]["removed"].as_array().unwrap().len(), 0, "{view:#}");
+    let channel = held(&view, "scatter").unwrap();
+    assert_eq!((&channel["alive"], &channel["consumers"][1]["state"]), (&true.into(), &"over".into()), "{channel:#}");
+    let text = stdout(&lf_info(&["--channels"], &[], Some(&dir)));
+    assert!(text.contains("slot 1: over") && text.contains("1 of 2 slots live"), "{text}");
+
+    // All dead: the whole fan-out's files go, each slot's lock with them.
+    for child in [&mut producer, &mut first] {
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGKILL) }, 0);
+        child.0.wait().unwrap();
+    }
+    let view = json(&["--cleanup"], &[], Some(&dir));
+    let removed: Vec<&str> =
+        view["channels"]["removed"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    for file in ["scatter.sock", "scatter.producer.lock", "scatter.consumer.0.lock", "scatter.consumer.1.lock"] {
+        assert!(removed.iter().any(|p| p.ends_with(file)), "{file} not removed: {removed:?}");
+    }
+    assert!(held(&view, "scatter").is_none(), "{view:#}");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "left in the runtime dir: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -119,7 +119,15 @@ fn accept_consumers<T>(
         }
         let mut refused = Vec::new();
         let Ok(Some((sock, cred))) = listener.accept(Some(Instant::now()), &mut refused, name) else { continue };
-        let Some(slot) = arrivals.claim() else {
+        // A slot whose consumer was detached for slowness is free at the fan-out, but taken
+        // until that consumer lets go of it.
+        let held = |slot: usize| {
+            matches!(
+                rendezvous::end_state(name, End::FanOutConsumer(slot as u32)),
+                Ok(rendezvous::EndState::Live { .. })
+            )
+        };
+        let Some(slot) = arrivals.claim(|slot| !held(slot)) else {
             let why = format!(
                 "fan-out channel {name:?} is full: it takes max_peers = {} consumers and all of them are attached; \
                  wait for one to close, or create the producer with a larger max_peers",

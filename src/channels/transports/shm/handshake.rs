@@ -44,6 +44,9 @@ pub(super) struct Link {
     pub(super) producer_socket_lock: Option<rendezvous::FileId>,
     /// The producer's lock file when it connected (see `rendezvous::clean_after_peer`).
     pub(super) producer_lock: Option<rendezvous::FileId>,
+    /// A fan-out consumer's claim on its slot, `<name>.consumer.<slot>.lock`, while the
+    /// session lives (what `lf-info --channels` lists a fan-out's consumers by).
+    pub(super) _slot_lock: Option<EndLock>,
     /// The producer's arenas mapped here (boxed: cold).
     pub(super) arenas: Box<ReceivedArenas>,
     /// The producer's rendezvous sections for the other routes, until taken.
@@ -262,10 +265,16 @@ pub(super) fn accept(
         let region = Region::attach(&control, &data, geometry)?;
         let words = WaitWords::map(&control, &geometry)?;
         check_end(&signals, "the producer's third fd")?;
-        Ok((region, words, signals, others, place))
+        // A fan-out's consumer claims its slot before it answers, so that the producer finds
+        // the claim's lock file when the answer comes.
+        let slot_lock = match place.kind {
+            ChannelKind::FanOut => Some(claim_consumer_slot(name, place.slot)?),
+            _ => None,
+        };
+        Ok((region, words, signals, others, place, slot_lock))
     })();
     match checked {
-        Ok((region, words, signals, peer_sections, place)) => {
+        Ok((region, words, signals, peer_sections, place, slot_lock)) => {
             // Before the answer: the producer reads it once the answer arrives.
             let flags = wake_flags(membarrier::register(), wait);
             region.consumer_fast_wake().store(flags, Ordering::Release);
@@ -288,6 +297,7 @@ pub(super) fn accept(
                 producer_socket_lock: (place.kind == ChannelKind::FanOut)
                     .then(|| rendezvous::lock_file_id(name, rendezvous::End::Consumer))
                     .flatten(),
+                _slot_lock: slot_lock,
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),
                 attachments: Vec::new(),
@@ -322,6 +332,17 @@ pub(super) fn claim_producer_end(name: &str, kind: ChannelKind) -> Result<(EndLo
     Err(Error::InvalidState(format!(
         "fan-in channel {name:?} is full: {MAX_PEERS} producers, the most any fan-in takes, are attached"
     )))
+}
+
+/// A fan-out consumer's claim on `slot`, which its producer gave it as free: refused (saying
+/// whose it is) only if a consumer it detached still lives and holds it.
+fn claim_consumer_slot(name: &str, slot: u32) -> Result<EndLock> {
+    EndLock::try_take(name, End::FanOutConsumer(slot))?.map_err(|pid| {
+        Error::InvalidState(format!(
+            "slot {slot} of fan-out channel {name:?} is still held by a consumer{}; try again",
+            rendezvous::holder(pid)
+        ))
+    })
 }
 
 /// The lock a producer in `place` holds.

@@ -68,9 +68,9 @@ pub(crate) struct ShmProducer {
     sends_since_check: u32,
     /// This process's claim on the producer's end of the channel, until the drop.
     lock: Option<EndLock>,
-    /// Whether the drop cleans up after a consumer that is over (a fan-out's consumers leave
-    /// nothing to clean).
-    cleans_up: bool,
+    /// The consumer's end whose files the drop cleans up after, if it is over: a pair's
+    /// consumer, or a fan-out's consumer in its slot.
+    cleans_up: Option<End>,
     /// The consumer's lock file when it answered (see `rendezvous::clean_after_peer`).
     consumer_lock: Option<rendezvous::FileId>,
     /// Buffer sends (boxed: cold, and kept off the hot fields' cache lines).
@@ -128,8 +128,8 @@ impl ShmProducer {
 
     /// The producer of a consumer met over a socket (a fan-out's consumer, which connected to
     /// it): its ring, with the other routes' sections that `offers` makes, and no claim on the
-    /// channel's name or cleanup after the consumer, which the fan-out does. `Place::slot` is
-    /// the consumer's slot.
+    /// channel's name, which the fan-out holds. `Place::slot` is the consumer's slot, whose
+    /// lock file the ring removes if the consumer dies.
     pub(super) fn accepted(
         name: &str,
         sock: std::os::unix::net::UnixStream,
@@ -146,7 +146,11 @@ impl ShmProducer {
         let deadline = Some(Instant::now() + wait);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
         let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, offers)?;
-        Ok(Self::over(name, info, config, geometry, c, None, None))
+        // The consumer claimed its slot before it answered.
+        let end = End::FanOutConsumer(place.slot);
+        let mut ring = Self::over(name, info, config, geometry, c, None, rendezvous::lock_file_id(name, end));
+        ring.cleans_up = Some(end);
+        Ok(ring)
     }
 
     fn over(
@@ -180,7 +184,7 @@ impl ShmProducer {
             fast_wake: c.fast_wake,
             room_fast_wake: c.room_fast_wake,
             sends_since_check: 0,
-            cleans_up: lock.is_some(),
+            cleans_up: lock.is_some().then_some(End::Consumer),
             lock,
             consumer_lock,
             arenas: Box::default(),
@@ -876,8 +880,10 @@ impl Drop for ShmProducer {
         drop(self.lock.take());
         // A consumer whose end is over (closed, or dead) may have left its socket and lock
         // file behind: removed once its lock is free, whatever it wrote in the region.
-        if self.cleans_up && (region.consumer_closed().load(Ordering::SeqCst) != 0 || self.watch.is_gone()) {
-            rendezvous::clean_after_peer(&self.name, End::Consumer, &self.watch, self.consumer_lock);
+        if let Some(end) = self.cleans_up {
+            if region.consumer_closed().load(Ordering::SeqCst) != 0 || self.watch.is_gone() {
+                rendezvous::clean_after_peer(&self.name, end, &self.watch, self.consumer_lock);
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! `--channels`, `--cleanup`: the channels whose files are in the runtime directory, each
-//! alive (a process holds an end) or dead, its kind (a pair, or a fan-in: producers in slots)
-//! and each end with its state and pid, and the removal of what dead ones left. Whether an end
+//! alive (a process holds an end) or dead, its kind (a pair; a fan-in, producers in slots; a
+//! fan-out, consumers in slots) and each end with its state and pid, and the removal of what dead ones left. Whether an end
 //! lives is asked of its lock, as the channels themselves ask it
 //! (`channels::transports::shm::rendezvous`), so a live channel's files are never removed.
 
@@ -21,6 +21,8 @@ fn is_fan_in(c: &ChannelFiles) -> bool {
 fn kind(c: &ChannelFiles) -> &'static str {
     if is_fan_in(c) {
         "fan-in"
+    } else if c.is_fan_out() {
+        "fan-out"
     } else {
         "pair"
     }
@@ -35,8 +37,8 @@ fn state_json(state: EndState) -> Value {
     }
 }
 
-/// One producer end: its slot, state, pid (where a process holds it) and the state in words.
-fn producer_json(slot: u32, state: EndState) -> Value {
+/// One end in a slot: its slot, state, pid (where a process holds it) and the state in words.
+fn slot_json(slot: u32, state: EndState) -> Value {
     let mut v = state_json(state);
     v["slot"] = json!(slot);
     v["describe"] = json!(state.describe());
@@ -46,22 +48,31 @@ fn producer_json(slot: u32, state: EndState) -> Value {
 fn to_json(c: &ChannelFiles) -> Value {
     // A pair's one producer is slot 0 (as `Message::producer` says), listed where its lock is.
     let producers: Vec<Value> = if is_fan_in(c) {
-        c.fan_in_producers.iter().map(|&(slot, state)| producer_json(slot, state)).collect()
+        c.fan_in_producers.iter().map(|&(slot, state)| slot_json(slot, state)).collect()
     } else if c.producer != EndState::Absent {
-        vec![producer_json(0, c.producer)]
+        vec![slot_json(0, c.producer)]
     } else {
         Vec::new()
     };
     let live = |s: &EndState| matches!(s, EndState::Live { .. });
+    // A fan-out's producer holds the consumers' socket: its consumers are those in slots.
+    let consumers: Vec<Value> = if c.is_fan_out() {
+        c.fan_out_consumers.iter().map(|&(slot, state)| slot_json(slot, state)).collect()
+    } else if c.consumer != EndState::Absent {
+        vec![slot_json(0, c.consumer)]
+    } else {
+        Vec::new()
+    };
     json!({
         "name": c.name,
         "kind": kind(c),
         "alive": c.is_live(),
         "producer": producer_cell(c),
-        "consumer": c.consumer.describe(),
+        "consumer": consumer_cell(c),
         "consumer_end": state_json(c.consumer),
         "producers": producers,
         "producers_live": c.fan_in_producers.iter().filter(|(_, s)| live(s)).count() + usize::from(live(&c.producer)),
+        "consumers": consumers,
         "socket": c.socket,
     })
 }
@@ -83,8 +94,20 @@ fn producer_cell(c: &ChannelFiles) -> String {
     if !is_fan_in(c) {
         return c.producer.describe();
     }
-    let live = c.fan_in_producers.iter().filter(|(_, s)| matches!(s, EndState::Live { .. })).count();
-    format!("{live} of {} slots live", c.fan_in_producers.len())
+    slots_cell(&c.fan_in_producers)
+}
+
+/// The CONSUMER column: a pair's or fan-in's one consumer; a fan-out's live and total slots.
+fn consumer_cell(c: &ChannelFiles) -> String {
+    if !c.is_fan_out() {
+        return c.consumer.describe();
+    }
+    slots_cell(&c.fan_out_consumers)
+}
+
+fn slots_cell(slots: &[(u32, EndState)]) -> String {
+    let live = slots.iter().filter(|(_, s)| matches!(s, EndState::Live { .. })).count();
+    format!("{live} of {} slots live", slots.len())
 }
 
 pub fn view(cleanup: bool) -> Result<(Value, String), Failure> {
@@ -113,22 +136,28 @@ pub fn view(cleanup: bool) -> Result<(Value, String), Failure> {
         let name_w = channels.iter().map(|c| c.name.len()).max().unwrap_or(0).max("CHANNEL".len());
         let end_w = channels
             .iter()
-            .flat_map(|c| [producer_cell(c).len(), c.consumer.describe().len()])
+            .flat_map(|c| [producer_cell(c).len(), consumer_cell(c).len()])
             .max()
             .unwrap_or(0)
             .max("PRODUCER".len());
-        let widths = [name_w, "fan-in".len(), "alive".len(), end_w, end_w];
+        let widths = [name_w, "fan-out".len(), "alive".len(), end_w, end_w];
         out.push_str(&text::row(&["CHANNEL", "KIND", "STATE", "PRODUCER", "CONSUMER", "SOCKET"], &widths, width));
         for c in &channels {
             let state = if c.is_live() { "alive" } else { "dead" };
             let socket = if c.socket { "yes" } else { "no" };
             out.push_str(&text::row(
-                &[&c.name, kind(c), state, &producer_cell(c), &c.consumer.describe(), socket],
+                &[&c.name, kind(c), state, &producer_cell(c), &consumer_cell(c), socket],
                 &widths,
                 width,
             ));
             for (slot, end) in &c.fan_in_producers {
                 out.push_str(&text::row(&["", "", "", &format!("slot {slot}: {}", end.describe())], &widths, width));
+            }
+            if c.is_fan_out() {
+                for (slot, end) in &c.fan_out_consumers {
+                    let cell = format!("slot {slot}: {}", end.describe());
+                    out.push_str(&text::row(&["", "", "", "", &cell], &widths, width));
+                }
             }
         }
         let dead = channels.iter().filter(|c| !c.is_live()).count();
@@ -138,11 +167,12 @@ pub fn view(cleanup: bool) -> Result<(Value, String), Failure> {
         let over_slots = channels
             .iter()
             .filter(|c| c.is_live())
-            .any(|c| c.fan_in_producers.iter().any(|(_, s)| *s == EndState::Over));
+            .any(|c| c.fan_in_producers.iter().chain(&c.fan_out_consumers).any(|(_, s)| *s == EndState::Over));
         if over_slots {
             out.push_str(
-                "\nA live fan-in's over slots are its consumer's to clean up: it removes each one's lock file once it \
-                 has reported that producer's end (or when it closes); `--cleanup` leaves live channels alone.\n",
+                "\nA live channel's over slots are its own to clean up: a fan-in's consumer removes each producer's \
+                 lock file once it has reported that producer's end, a fan-out's producer each consumer's once it \
+                 has dropped it (or when either closes); `--cleanup` leaves live channels alone.\n",
             );
         }
     }

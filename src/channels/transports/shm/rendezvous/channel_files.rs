@@ -20,6 +20,8 @@ pub struct ChannelFiles {
     pub consumer: EndState,
     /// A fan-in's producers with lock files, by slot.
     pub fan_in_producers: Vec<(u32, EndState)>,
+    /// A fan-out's consumers with lock files, by slot.
+    pub fan_out_consumers: Vec<(u32, EndState)>,
 }
 
 impl ChannelFiles {
@@ -27,7 +29,19 @@ impl ChannelFiles {
     pub fn is_live(&self) -> bool {
         matches!(self.producer, EndState::Live { .. })
             || matches!(self.consumer, EndState::Live { .. })
-            || self.fan_in_producers.iter().any(|(_, state)| matches!(state, EndState::Live { .. }))
+            || self.slots().any(|(_, state)| matches!(state, EndState::Live { .. }))
+    }
+
+    /// Whether this is a fan-out: consumers hold slots, or its producer holds the socket
+    /// consumers connect to (a fan-out's producer listens; a pair's consumer does).
+    pub fn is_fan_out(&self) -> bool {
+        !self.fan_out_consumers.is_empty()
+            || matches!((self.producer, self.consumer), (EndState::Live { pid: p }, EndState::Live { pid: c }) if p == c && p != 0)
+    }
+
+    /// The fan-in producers' and fan-out consumers' slots, with their states.
+    fn slots(&self) -> impl Iterator<Item = &(u32, EndState)> {
+        self.fan_in_producers.iter().chain(&self.fan_out_consumers)
     }
 }
 
@@ -41,7 +55,7 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::os(format!("reading the runtime dir {}", dir.display()), e)),
     };
-    let mut names = std::collections::BTreeMap::<String, (bool, Vec<u32>)>::new();
+    let mut names = std::collections::BTreeMap::<String, (bool, Vec<End>)>::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::os(format!("reading the runtime dir {}", dir.display()), e))?;
         let file = entry.file_name();
@@ -50,7 +64,7 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
             (name, true, None)
         } else if let Some(name) = file.strip_suffix(".producer.lock").or_else(|| file.strip_suffix(".consumer.lock")) {
             (name, false, None)
-        } else if let Some((name, slot)) = fan_in_lock(file) {
+        } else if let Some((name, slot)) = slot_lock(file) {
             (name, false, Some(slot))
         } else {
             continue;
@@ -63,15 +77,24 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
     }
     names
         .into_iter()
-        .map(|(name, (socket, mut slots))| {
-            slots.sort_unstable();
+        .map(|(name, (socket, slots))| {
+            let state = |slot: u32, end: End| Ok((slot, end_state(&name, end)?));
+            let mut fan_in_producers = Vec::new();
+            let mut fan_out_consumers = Vec::new();
+            for end in slots {
+                match end {
+                    End::FanInProducer(slot) => fan_in_producers.push(state(slot, end)?),
+                    End::FanOutConsumer(slot) => fan_out_consumers.push(state(slot, end)?),
+                    _ => {}
+                }
+            }
+            fan_in_producers.sort_unstable_by_key(|(slot, _)| *slot);
+            fan_out_consumers.sort_unstable_by_key(|(slot, _)| *slot);
             Ok(ChannelFiles {
                 producer: end_state(&name, End::Producer)?,
                 consumer: end_state(&name, End::Consumer)?,
-                fan_in_producers: slots
-                    .into_iter()
-                    .map(|slot| Ok((slot, end_state(&name, End::FanInProducer(slot))?)))
-                    .collect::<Result<_>>()?,
+                fan_in_producers,
+                fan_out_consumers,
                 socket,
                 name,
             })
@@ -79,11 +102,16 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
         .collect()
 }
 
-/// A fan-in producer's lock file's name, `<name>.producer.<slot>.lock`: (name, slot).
-fn fan_in_lock(file: &str) -> Option<(&str, u32)> {
-    let (name, slot) = file.strip_suffix(".lock")?.rsplit_once(".producer.")?;
-    let slot: u32 = slot.parse().ok().filter(|s| *s < crate::channels::MAX_PEERS)?;
-    Some((name, slot))
+/// A slot's lock file's name, `<name>.producer.<slot>.lock` (a fan-in's producer) or
+/// `<name>.consumer.<slot>.lock` (a fan-out's consumer): the name, and the end.
+fn slot_lock(file: &str) -> Option<(&str, End)> {
+    let stem = file.strip_suffix(".lock")?;
+    let parse = |slot: &str| slot.parse().ok().filter(|s| *s < crate::channels::MAX_PEERS);
+    if let Some((name, slot)) = stem.rsplit_once(".producer.") {
+        return Some((name, End::FanInProducer(parse(slot)?)));
+    }
+    let (name, slot) = stem.rsplit_once(".consumer.")?;
+    Some((name, End::FanOutConsumer(parse(slot)?)))
 }
 
 /// Removes what the ends of channel `name` that are over left in the runtime directory: the
@@ -94,11 +122,11 @@ pub fn remove_leftovers(name: &str) -> Result<Vec<PathBuf>> {
     validate_channel_name(name)?;
     let socket = socket_path(name)?;
     let mut removed = Vec::new();
-    let slots = (0..crate::channels::MAX_PEERS).map(End::FanInProducer);
+    let slots = (0..crate::channels::MAX_PEERS).flat_map(|slot| [End::FanInProducer(slot), End::FanOutConsumer(slot)]);
     for end in [End::Producer, End::Consumer].into_iter().chain(slots) {
         let path = lock_path(name, end)?;
         let existed = std::fs::symlink_metadata(&path).is_ok();
-        if !existed && matches!(end, End::FanInProducer(_)) {
+        if !existed && matches!(end, End::FanInProducer(_) | End::FanOutConsumer(_)) {
             continue;
         }
         let Ok(lock) = EndLock::try_take(name, end)? else { continue };

@@ -19,6 +19,8 @@ pub enum End {
     Consumer,
     /// The producer in this slot of a fan-in.
     FanInProducer(u32),
+    /// The consumer in this slot of a fan-out.
+    FanOutConsumer(u32),
 }
 
 impl End {
@@ -28,6 +30,7 @@ impl End {
             End::Producer => "producer".into(),
             End::Consumer => "consumer".into(),
             End::FanInProducer(slot) => format!("producer.{slot}"),
+            End::FanOutConsumer(slot) => format!("consumer.{slot}"),
         }
     }
 }
