@@ -97,7 +97,7 @@ impl Consumer {
         let mut carrier = parts.carrier;
         let (session, fan_in) = match config.kind {
             ChannelKind::FanIn => {
-                let fan_in = FanIn::new(name, config.wait, config.max_peers, &mut carrier, parts.session)?;
+                let fan_in = FanIn::new(name, config.wait, config.max_peers, &mut carrier, parts.extra, parts.session)?;
                 (AnySession::ended(name), Some(Box::new(fan_in)))
             }
             _ => (parts.session, None),
@@ -447,7 +447,10 @@ impl Consumer {
     /// makes a syscall per message that finds the consumer waiting on the fd; call
     /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if !self.watching && self.fan_in.is_none() {
+        if let Some(fan_in) = &self.fan_in {
+            return fan_in.notify_fd(&mut self.carrier);
+        }
+        if !self.watching {
             self.carrier.notify_fd()?;
             self.carrier.watch(&mut self.session)?;
             self.watching = true;

@@ -5,6 +5,11 @@
 //! The consumer waits on its carrier's notification fd, which watches every session and the
 //! carrier's rendezvous: a message in any session, a producer's end or a producer that
 //! attaches makes it readable.
+//!
+//! Producers may attach over several carriers (same-host ones over shared memory, others over
+//! MPI): the fan-in holds the carriers besides the consumer's own, takes producers up from
+//! each, has each session watched by the carrier it came from, and waits on an epoll set of
+//! every carrier's fd.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +19,9 @@ use super::transports::{AnyConsumer, AnySession, MessageReleaser};
 use super::wait::Waiter;
 use super::WaitStrategy;
 use crate::error::{Error, Result};
+use crate::os::epoll::{Epoll, EventFlags};
 use crate::os::eventfd::{poll, PollFd, PollFlags};
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// The most messages one producer's turn takes when others have messages waiting: long enough
 /// that the consumer reads a ring's slots in a row (its cache lines one after the other), short
@@ -47,15 +54,29 @@ pub(super) struct FanIn {
     retired: Vec<AnySession>,
     /// The slot whose end the last `PeerGone` reported.
     last_gone: Option<u32>,
+    /// The carriers producers attach over besides the consumer's own.
+    extra: Vec<AnyConsumer>,
+    /// With `extra` carriers: an epoll set of every carrier's notification fd.
+    notify: Option<Epoll>,
+}
+
+/// The carrier of `session` (which watches it): `primary` or one of `extra`.
+fn owner<'a>(primary: &'a mut AnyConsumer, extra: &'a mut [AnyConsumer], session: &AnySession) -> &'a mut AnyConsumer {
+    match extra.iter_mut().find(|c| c.owns(session)) {
+        Some(carrier) => carrier,
+        None => primary,
+    }
 }
 
 impl FanIn {
-    /// A fan-in of `max_peers` slots that serves `first` (already watched by `carrier`'s fd).
+    /// A fan-in of `max_peers` slots that serves `first` (which came from `carrier` or one
+    /// of `extra`), and takes producers up from `carrier` and `extra`.
     pub(super) fn new(
         name: &str,
         wait: WaitStrategy,
         max_peers: u32,
         carrier: &mut AnyConsumer,
+        extra: Vec<AnyConsumer>,
         first: AnySession,
     ) -> Result<FanIn> {
         let mut fan_in = FanIn {
@@ -66,10 +87,30 @@ impl FanIn {
             left: 0,
             retired: Vec::new(),
             last_gone: None,
+            extra,
+            notify: None,
         };
         carrier.notify_fd()?;
+        if !fan_in.extra.is_empty() {
+            let epoll = Epoll::new()?;
+            let what = "the fan-in's notification fd";
+            epoll.add(carrier.notify_fd()?, EventFlags::IN, 0, what)?;
+            for (at, other) in fan_in.extra.iter_mut().enumerate() {
+                epoll.add(other.notify_fd()?, EventFlags::IN, at as u64 + 1, what)?;
+            }
+            fan_in.notify = Some(epoll);
+        }
         fan_in.take_up(carrier, first)?;
         Ok(fan_in)
+    }
+
+    /// The fd that is readable while a message, a producer's end or a new producer waits on
+    /// any of the carriers.
+    pub(super) fn notify_fd<'a>(&'a self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
+        match &self.notify {
+            Some(epoll) => Ok(epoll.as_fd()),
+            None => carrier.notify_fd(),
+        }
     }
 
     /// Puts a producer that attached in its slot (or behind the slot's last producer, whose
@@ -92,10 +133,21 @@ impl FanIn {
             );
             return Ok(());
         }
-        carrier.watch(&mut session)?;
+        owner(carrier, &mut self.extra, &session).watch(&mut session)?;
         let peer = session.peer();
         if entry.session.is_none() {
-            log::info!("channel {:?} (fan-in consumer): producer pid {} attached in slot {slot}", self.name, peer.pid);
+            match peer.rank {
+                Some(rank) => log::info!(
+                    "channel {:?} (fan-in consumer): producer at MPI rank {rank} ({}) attached in slot {slot}",
+                    self.name,
+                    peer.host
+                ),
+                None => log::info!(
+                    "channel {:?} (fan-in consumer): producer pid {} attached in slot {slot}",
+                    self.name,
+                    peer.pid
+                ),
+            }
             entry.session = Some(session);
         } else {
             entry.waiting = Some(session);
@@ -103,10 +155,15 @@ impl FanIn {
         Ok(())
     }
 
-    /// Takes up the producers waiting to attach.
+    /// Takes up the producers waiting to attach, on every carrier.
     fn accept(&mut self, carrier: &mut AnyConsumer) -> Result<()> {
         while let Some(session) = carrier.try_accept()? {
             self.take_up(carrier, session)?;
+        }
+        for at in 0..self.extra.len() {
+            while let Some(session) = self.extra[at].try_accept()? {
+                self.take_up(carrier, session)?;
+            }
         }
         Ok(())
     }
@@ -150,7 +207,7 @@ impl FanIn {
     fn end_slot(&mut self, carrier: &mut AnyConsumer, at: usize, why: String) -> Error {
         let slot = &mut self.slots[at];
         if let Some(mut ended) = slot.session.take() {
-            carrier.unwatch(&mut ended);
+            owner(carrier, &mut self.extra, &ended).unwatch(&mut ended);
             self.retired.retain(|s| s.holds_views());
             if ended.holds_views() {
                 self.retired.push(ended);
@@ -241,9 +298,9 @@ impl FanIn {
         }
     }
 
-    /// Sleeps until the carrier's notification fd is readable or `deadline` passes.
+    /// Sleeps until a carrier's notification fd is readable or `deadline` passes.
     fn sleep(&self, carrier: &mut AnyConsumer, deadline: Option<Instant>) -> Result<()> {
-        let fd = carrier.notify_fd()?;
+        let fd = self.notify_fd(carrier)?;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // The liveness of producers whose kernel cannot report their exit is polled at the
         // carrier's period by the slow pass.

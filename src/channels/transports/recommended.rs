@@ -109,6 +109,10 @@ pub(crate) struct Plan {
     /// The peer's MPI address, for the mpi carrier.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) peer_mpi: Option<MpiAddress>,
+    /// The carriers a fan-in's consumer meets producers on, the planned carrier among them:
+    /// shared memory where allowed, and MPI where it is built, allowed and joined here (other
+    /// producers than the first may come over either). Empty for a pair.
+    pub(crate) listeners: Vec<TransportKind>,
 }
 
 /// The transports a channel may use, in order of preference, and what said so: the config,
@@ -198,17 +202,55 @@ fn route_availability(
     }
 }
 
-/// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
-/// (each allowed route that is built and possible here), saying why.
-/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind;
-/// the others serve pairs only in this version.
+/// Whether transport `kind` serves channels of `shape`: shared memory serves every kind, MPI
+/// pairs and fan-ins (each producer of a fan-in takes its own carrier to the consumer); the
+/// others serve pairs only in this version.
 fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
-    if shape == ChannelKind::Pair || kind == TransportKind::Shm {
+    if shape == ChannelKind::Pair
+        || kind == TransportKind::Shm
+        || (kind == TransportKind::Mpi && shape == ChannelKind::FanIn)
+    {
         return Ok(());
     }
-    Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}"))
+    Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}"))
 }
 
+/// The carriers a fan-in's consumer listens on besides `carrier`, in the order of `allowed`:
+/// shared memory (same-host producers), and MPI (producers on other hosts) where this process
+/// joined MPI at a thread level that lets lava-flow probe for them.
+fn fan_in_listeners(carrier: TransportKind, allowed: &[TransportKind], peer: &ProcessLocation) -> Vec<TransportKind> {
+    let mut listeners = vec![carrier];
+    for kind in allowed.iter().copied().filter(|k| *k != carrier) {
+        let listens = match kind {
+            TransportKind::Shm => true,
+            TransportKind::Mpi => mpi_listening(peer),
+            _ => false,
+        };
+        if listens {
+            listeners.push(kind);
+        }
+    }
+    listeners
+}
+
+/// Whether a fan-in's consumer can meet producers over MPI: this process joined MPI (the
+/// world of the peer's location, or the last one joined), at a thread level that allows the
+/// thread that probes for them.
+fn mpi_listening(peer: &ProcessLocation) -> bool {
+    #[cfg(feature = "mpi")]
+    {
+        crate::mpi::here(peer.mpi.map(|a| a.world))
+            .is_ok_and(|here| here.thread_level >= crate::mpi::ThreadLevel::Serialized)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = peer;
+        false
+    }
+}
+
+/// Chooses the carrier (the first allowed transport that can serve the scope) and the routes
+/// (each allowed route that is built and possible here), saying why.
 pub(crate) fn plan(
     scope: CommunicationScope,
     peer: &ProcessLocation,
@@ -287,7 +329,11 @@ pub(crate) fn plan(
         ));
     }
     let route_refusal = routes.is_empty().then(|| routes_refused.join("; "));
-    Ok(Plan { carrier, routes, reasons, route_refusal, peer_mpi: peer.mpi })
+    let listeners = match shape {
+        ChannelKind::FanIn => fan_in_listeners(carrier, allowed, peer),
+        _ => Vec::new(),
+    };
+    Ok(Plan { carrier, routes, reasons, route_refusal, peer_mpi: peer.mpi, listeners })
 }
 
 /// What to tell a user whose rendezvous over `carrier` timed out, as the `role` end

@@ -4,9 +4,9 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{backoff, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
-use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{Endpoint, Request};
 
@@ -41,6 +41,8 @@ pub(crate) struct MpiProducer {
     loan: Option<Vec<u8>>,
     /// A report was requested for every message below this.
     report_asked: u64,
+    /// The slot a fan-in's consumer gave this producer (0 for a pair).
+    slot: u32,
 }
 
 impl MpiProducer {
@@ -58,11 +60,13 @@ impl MpiProducer {
         }
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
-        let mut hello = Header::new(Kind::Hello, nonce, name.len() as u64);
-        hello.extra = u64::from(config.capacity);
-        let mut bytes = hello.to_bytes().to_vec();
-        bytes.extend_from_slice(name.as_bytes());
-        bytes.extend_from_slice(&(config.pool_size as u64).to_le_bytes());
+        let hello = Hello {
+            nonce,
+            name: name.to_owned(),
+            capacity: u64::from(config.capacity),
+            max_len: config.pool_size,
+            kind: config.kind,
+        };
         let mut p = MpiProducer {
             info,
             name: name.to_owned(),
@@ -78,16 +82,30 @@ impl MpiProducer {
             pool: BufferPool::new(config.pool_size),
             loan: None,
             report_asked: 0,
+            slot: 0,
         };
-        let len = bytes.len();
-        p.post_buffer(bytes, len)?;
+        // Until the consumer accepts it, nothing goes on the channel's messages tag (not even a
+        // close when this fails): the consumer reads that tag only from producers it accepted.
+        p.gone = Some(format!("channel {name:?} never met its consumer"));
+        let bytes = hello.encode();
+        let ptr = bytes.as_ptr();
+        // SAFETY: the vector's heap memory is kept by the entry.
+        unsafe { p.post_with(p.tags.hellos, ptr, bytes.len(), Keep::Buffer(bytes))? };
         let mut spins = 0;
         loop {
             p.reap()?;
-            if let Some((len, header, body)) = p.next_control()? {
+            if let Some((_, header, body)) = p.next_control()? {
                 match header.kind {
                     Kind::Ack if header.seq == nonce => {
-                        let _ = len;
+                        p.slot = u32::try_from(header.len).unwrap_or(u32::MAX);
+                        if config.kind == ChannelKind::FanIn {
+                            log::info!(
+                                "fan-in channel {name:?} (producer): attached in slot {} of the consumer at MPI rank {}",
+                                p.slot,
+                                p.ep.peer
+                            );
+                        }
+                        p.gone = None;
                         return Ok(p);
                     }
                     Kind::Refuse if header.seq == nonce => {
