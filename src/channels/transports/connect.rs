@@ -264,21 +264,26 @@ fn listen_fan_in(
     let mut answers = Some(answers);
     let mut carriers = Vec::new();
     for kind in &plan.listeners {
+        // Each carrier's sessions report its own route.
+        let mut info = provisional.clone();
+        if *kind != plan.carrier {
+            let reason = format!(
+                "{kind} carries the messages and CPU payloads of this fan-in's {}",
+                match kind {
+                    TransportKind::Shm => "producers on this host",
+                    _ => "producers on other hosts",
+                }
+            );
+            info.set_route(Route { class: PayloadClass::Host, kind: kind.id(), reason });
+        }
         carriers.push(match kind {
-            TransportKind::Shm => AnyConsumer::Shm(shm::ShmConsumer::fan_in(
-                name,
-                provisional.clone(),
-                config,
-                answers.take().unwrap_or_default(),
-            )?),
+            TransportKind::Shm => {
+                AnyConsumer::Shm(shm::ShmConsumer::fan_in(name, info, config, answers.take().unwrap_or_default())?)
+            }
             #[cfg(feature = "mpi")]
-            TransportKind::Mpi => AnyConsumer::Mpi(mpi::MpiConsumer::fan_in(
-                name,
-                provisional.clone(),
-                config,
-                mpi_here(plan)?,
-                claim_slots(name),
-            )?),
+            TransportKind::Mpi => {
+                AnyConsumer::Mpi(mpi::MpiConsumer::fan_in(name, info, config, mpi_here(plan)?, claim_slots(name))?)
+            }
             other => return Err(Error::Unsupported(format!("transport {other} does not listen for fan-in producers"))),
         });
     }

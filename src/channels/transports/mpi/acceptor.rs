@@ -8,11 +8,11 @@
 //!
 //! Each producer gets a slot of the fan-in, taken through `ClaimSlot` (the lock a same-host
 //! producer of that slot would hold, so that slots are one space whatever the carrier), and
-//! its rank: one producer per rank, since a rank's producers would share its tags. A hello
-//! from a rank whose last producer closed, but whose close the consumer has not read yet, is
-//! answered once it has (within `PARK_WAIT`); a rank with a live producer, a full fan-in, a
-//! producer of another kind are refused, saying why, in the words of the shared-memory
-//! carrier's refusals. With a notification fd, a thread probes for hellos every millisecond
+//! its rank: one producer per rank, since a rank's producers would share its tags (a process
+//! refuses a second one itself). A hello from a rank whose last producer closed, but whose
+//! close the consumer has not read yet, is answered once it has (refused after `PARK_WAIT`);
+//! a full fan-in and a producer of another kind are refused, saying why, in the words of the
+//! shared-memory carrier's refusals. With a notification fd, a thread probes for hellos every millisecond
 //! and makes the fd readable while one waits.
 
 use std::any::Any;
@@ -119,8 +119,8 @@ pub(crate) type ClaimSlot = Box<dyn FnMut(u32) -> Result<Option<Box<dyn Any + Se
 const FAN_IN_SESSIONS: u64 = 1 << 62;
 
 /// How long a hello from a rank waits for its last producer's close to be read before it is
-/// refused as a second producer of that rank.
-const PARK_WAIT: Duration = Duration::from_secs(1);
+/// refused. (A process has one producer of a channel at a time, so the close is on its way.)
+const PARK_WAIT: Duration = Duration::from_secs(5);
 
 /// How often the probing thread looks for hellos.
 const PROBE_PERIOD: Duration = Duration::from_millis(1);
@@ -277,10 +277,11 @@ impl Acceptor {
             if since.elapsed() >= PARK_WAIT {
                 let (_, rank, hello) = self.parked.remove(at);
                 let why = format!(
-                    "one producer per MPI rank on a fan-in: MPI rank {rank} already has a producer attached to fan-in \
-                     channel {:?} (the messages of a rank's producers share its MPI tags); close that one first (its \
-                     slot frees once the consumer has read its messages), or send from one producer per rank",
-                    self.name
+                    "one producer per MPI rank on a fan-in: the last producer of MPI rank {rank} on fan-in channel \
+                     {:?} is still attached (the consumer has not read its messages to its close within {} s, and a \
+                     rank's producers share its MPI tags); try again once the consumer has read them",
+                    self.name,
+                    PARK_WAIT.as_secs()
                 );
                 self.refuse(rank, &hello, &why)?;
                 continue;

@@ -2,7 +2,10 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use super::{backoff, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
@@ -43,6 +46,50 @@ pub(crate) struct MpiProducer {
     report_asked: u64,
     /// The slot a fan-in's consumer gave this producer (0 for a pair).
     slot: u32,
+    /// This process's claim on the channel toward its consumer (dropped after the close).
+    _claim: ProducerClaim,
+}
+
+/// The MPI producers of this process: (communicator, consumer's rank, channel). One at a
+/// time per channel and consumer: a second would send on the first's tags, and its rendezvous
+/// could take the first's credits.
+static PRODUCERS: Mutex<Vec<(usize, u32, String)>> = Mutex::new(Vec::new());
+
+/// A producer's entry in [`PRODUCERS`], removed when it drops.
+struct ProducerClaim(usize, u32, String);
+
+impl ProducerClaim {
+    fn take(name: &str, ep: &Endpoint, kind: ChannelKind) -> Result<ProducerClaim> {
+        let key = (Arc::as_ptr(&ep.comm) as usize, ep.peer, name.to_owned());
+        let mut producers = PRODUCERS.lock();
+        if producers.contains(&key) {
+            let rank = ep.rank;
+            return Err(Error::InvalidState(match kind {
+                ChannelKind::FanIn => format!(
+                    "one producer per MPI rank on a fan-in: this process (MPI rank {rank}) already has a producer of \
+                     fan-in channel {name:?}, whose consumer is at MPI rank {}; a rank's producers would share its MPI \
+                     tags. Close that one first, or send from one producer per rank",
+                    ep.peer
+                ),
+                _ => format!(
+                    "channel {name:?} already has a live producer in this process (MPI rank {rank}); a pair channel \
+                     has one producer at a time: close that one first, use another channel name, or make the channel \
+                     a fan-in"
+                ),
+            }));
+        }
+        producers.push(key.clone());
+        Ok(ProducerClaim(key.0, key.1, key.2))
+    }
+}
+
+impl Drop for ProducerClaim {
+    fn drop(&mut self) {
+        let mut producers = PRODUCERS.lock();
+        if let Some(at) = producers.iter().position(|(c, r, n)| (*c, *r) == (self.0, self.1) && *n == self.2) {
+            producers.swap_remove(at);
+        }
+    }
 }
 
 impl MpiProducer {
@@ -58,6 +105,7 @@ impl MpiProducer {
         if config.capacity < 2 || !config.capacity.is_power_of_two() {
             return Err(Error::invalid(format!("capacity {} is not a power of two >= 2", config.capacity)));
         }
+        let claim = ProducerClaim::take(name, &ep, config.kind)?;
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
         let hello = Hello {
@@ -83,6 +131,7 @@ impl MpiProducer {
             loan: None,
             report_asked: 0,
             slot: 0,
+            _claim: claim,
         };
         // Until the consumer accepts it, nothing goes on the channel's messages tag (not even a
         // close when this fails): the consumer reads that tag only from producers it accepted.
