@@ -7,6 +7,10 @@
 //! | `shm`        | carrier  | every message's order; CPU payloads     | local            |
 //! | `vulkan_ipc` | route    | GPU buffers by reference                | local            |
 //! | `mpi`        | carrier  | every message's order; CPU payloads     | remote           |
+//!
+//! A fan-in's consumer listens on several carriers at once (`Plan::listeners`): shared memory
+//! for producers of its host, MPI for the others; each producer takes the carrier of its own
+//! scope, as a pair's does.
 //! | `loopback`   | carrier  | every message's order; every payload    | one process      |
 //!
 //! - `recommended`: which transports are built, what each can serve, and the plan of a

@@ -212,7 +212,8 @@ fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result
     {
         return Ok(());
     }
-    Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}"))
+    let serves = if kind == TransportKind::Mpi { "pair and fan-in channels" } else { "pair channels" };
+    Err(format!("{kind} serves {serves} only in this version, and this one is a {shape}"))
 }
 
 /// The carriers a fan-in's consumer listens on besides `carrier`, in the order of `allowed`:
@@ -425,6 +426,24 @@ mod tests {
         let config = ChannelConfig { transports: Some(vec![TransportKind::VulkanIpc]), ..Default::default() };
         let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
+    }
+
+    #[test]
+    fn mpi_carries_fan_ins_and_the_listeners_follow_what_is_allowed() {
+        assert!(carries_shape(TransportKind::Mpi, ChannelKind::FanIn).is_ok());
+        let why = carries_shape(TransportKind::Mpi, ChannelKind::FanOut).unwrap_err();
+        assert!(why.contains("mpi serves pair and fan-in channels only"), "{why}");
+        let why = carries_shape(TransportKind::VulkanIpc, ChannelKind::FanIn).unwrap_err();
+        assert!(why.contains("vulkan_ipc serves pair channels only"), "{why}");
+        // A local fan-in's consumer listens on shared memory, and on MPI only where this
+        // process joined it (the unit tests never do).
+        let config = ChannelConfig { kind: ChannelKind::FanIn, ..Default::default() };
+        let allowed = [TransportKind::Shm, TransportKind::Mpi];
+        let plan = plan(CommunicationScope::Local, &here(), "here", &allowed, "", &config, &no_gpu()).unwrap();
+        assert_eq!(plan.listeners, [TransportKind::Shm]);
+        let pair = ChannelConfig::default();
+        let plan = super::plan(CommunicationScope::Local, &here(), "here", &allowed, "", &pair, &no_gpu()).unwrap();
+        assert!(plan.listeners.is_empty(), "a pair listens on its carrier alone");
     }
 
     #[test]

@@ -2,12 +2,17 @@
 //! communicator (see `crate::mpi`).
 //!
 //! - **Addressing.** The peer's location comes from MPI discovery and carries its world and
-//!   rank. A channel uses three tags derived from its name (checked against `MPI_TAG_UB`): one
+//!   rank. A channel uses four tags derived from its name (checked against `MPI_TAG_UB`): one
 //!   for the producer's messages, one for the consumer's answers, one for the chunks of large
-//!   messages (`Tags`).
-//! - **Rendezvous.** The producer sends a hello (channel name, capacity, largest message,
-//!   a nonce); the consumer checks the name and answers with an acknowledgement (or a refusal
-//!   saying why). Either may start first: MPI holds the hello until the consumer looks.
+//!   messages, one for hellos (`Tags`).
+//! - **Rendezvous.** The producer sends a hello (channel name and kind, capacity, largest
+//!   message, a nonce) on the hello tag; the consumer checks it and answers with an
+//!   acknowledgement (naming the producer's slot in a fan-in) or a refusal saying why. Either
+//!   may start first: MPI holds the hello until the consumer looks. A pair's consumer looks
+//!   for its one producer's rank; a fan-in's (`acceptor`) probes every rank, so that producers
+//!   attach at any time without the probe matching the messages of those attached, which stay
+//!   on the messages tag where each session receives from its own rank. A process keeps one
+//!   producer of a channel toward a consumer: a second would share its tags.
 //! - **Messages.** Every message starts with a `Header` (sequence number, length, flags).
 //!   Up to `CHUNK` bytes go in one MPI message with their header; longer ones, and buffer
 //!   sends (sent from the buffer itself, not copied), go as the header alone followed by
