@@ -215,7 +215,10 @@ pub(crate) fn listen_consumer(
     }
     let _ = context;
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
-    if config.kind == ChannelKind::FanIn {
+    // A fan-in's consumer that meets producers over one carrier alone listens as that carrier
+    // does; over several (or over MPI, whose fan-in consumer has an acceptor of its own), it
+    // listens on each and takes the first producer from any.
+    if config.kind == ChannelKind::FanIn && (plan.listeners.len() > 1 || plan.carrier == TransportKind::Mpi) {
         return listen_fan_in(name, plan, config, provisional, routes, answers);
     }
     let (carrier, mut session) = match plan.carrier {

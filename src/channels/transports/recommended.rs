@@ -221,6 +221,10 @@ fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result
 /// joined MPI at a thread level that lets lava-flow probe for them.
 fn fan_in_listeners(carrier: TransportKind, allowed: &[TransportKind], peer: &ProcessLocation) -> Vec<TransportKind> {
     let mut listeners = vec![carrier];
+    if carrier == TransportKind::Loopback {
+        // Its producers are threads of this process.
+        return listeners;
+    }
     for kind in allowed.iter().copied().filter(|k| *k != carrier) {
         let listens = match kind {
             TransportKind::Shm => true,

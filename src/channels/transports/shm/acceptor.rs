@@ -75,6 +75,21 @@ impl Acceptor {
         link
     }
 
+    /// The first producer, waiting for it until `deadline`.
+    pub(super) fn first(&self, deadline: Option<Instant>) -> Option<Link> {
+        loop {
+            if let Some(link) = self.take() {
+                return Some(link);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return None;
+            }
+            let mut fds = [PollFd::new(&self.met.ready, PollFlags::IN)];
+            let _ = poll(&mut fds, left);
+        }
+    }
+
     /// Readable while a producer met waits to be taken up.
     pub(super) fn ready_fd(&self) -> BorrowedFd<'_> {
         self.met.ready.as_fd()

@@ -11,7 +11,7 @@ use super::consumer_session::{Notify, ShmSession};
 use super::handshake::{self, Link, Shape};
 use super::rendezvous::Listener;
 use crate::channels::transport::{Attachment, ConsumerTransport, Route, TransportInfo};
-use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::os::epoll::EventFlags;
 
@@ -38,9 +38,8 @@ pub(crate) struct ShmConsumer {
 }
 
 impl ShmConsumer {
-    /// Listens on pair channel `name` and waits for a producer, answering its hello with
-    /// `answers` (the other routes' sections): the consumer and the producer's session. (A
-    /// fan-in's consumer listens with [`fan_in`](Self::fan_in).)
+    /// Listens on `name` and waits for a producer, answering its hello with `answers` (the
+    /// other routes' sections): the consumer and the producer's session.
     pub(crate) fn listen(
         name: &str,
         info: TransportInfo,
@@ -50,25 +49,38 @@ impl ShmConsumer {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let listener = Listener::bind(name)?;
         let shape = Shape { kind: config.kind, max_peers: config.max_peers };
-        let link = Self::meet_first(&listener, name, config.wait, shape, deadline, &answers)?;
-        let consumer = ShmConsumer {
+        let mut consumer = ShmConsumer {
             info,
             name: name.to_owned(),
             wait: config.wait,
             shape,
-            listener: Some(listener),
+            listener: None,
             acceptor: None,
             sessions: 1,
             notify: None,
-            answers,
+            answers: Vec::new(),
+        };
+        let link = if config.kind == ChannelKind::FanIn {
+            let path = listener.path().to_owned();
+            let acceptor = consumer.acceptor.insert(Acceptor::start(listener, name, config.wait, shape, answers)?);
+            acceptor.first(deadline).ok_or_else(|| {
+                Error::Timeout(format!(
+                    "no producer of fan-in channel {name:?} connected to {} in time",
+                    path.display()
+                ))
+            })?
+        } else {
+            let link = Self::meet_first(&listener, name, config.wait, shape, deadline, &answers)?;
+            (consumer.listener, consumer.answers) = (Some(listener), answers);
+            link
         };
         let session = ShmSession::new(name, config.wait, link, consumer.carrier_route());
         Ok((consumer, session))
     }
 
-    /// The consumer of fan-in channel `name`: listens on its socket, where a thread of its own
-    /// meets producers as they connect (`try_accept` takes them up), answering each with
-    /// `answers`. Returns at once.
+    /// The consumer of fan-in channel `name`, for a consumer that also meets producers over
+    /// other carriers: listens on its socket, where a thread of its own meets producers as they
+    /// connect (`try_accept` takes them up), answering each with `answers`. Returns at once.
     pub(crate) fn fan_in(
         name: &str,
         info: TransportInfo,
