@@ -15,23 +15,20 @@
 //! shared-memory carrier's refusals. With a notification fd, a thread probes for hellos every millisecond
 //! and makes the fd readable while one waits.
 
-use std::any::Any;
 use std::collections::BTreeSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::consumer::{refuse, MpiSession, Seat};
-use super::{full_refusal, shape_refusal, tags_for, Hello, Tags};
+use super::{full_refusal, shape_refusal, tags_for, ClaimSlot, Hello, TagProbe, Tags};
 use crate::channels::transport::{ConsumerTransport, TransportInfo};
 use crate::channels::ChannelConfig;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::mpi::{Endpoint, ThreadLevel};
-use crate::os::eventfd::{eventfd, eventfd_signal};
+use crate::os::eventfd::eventfd;
 
 /// The consuming end of an MPI channel: a pair's one producer's session, or a fan-in's
 /// acceptor, which meets producers from any rank.
@@ -53,6 +50,20 @@ impl MpiConsumer {
         ep: Endpoint,
     ) -> Result<(MpiConsumer, MpiSession)> {
         let session = MpiSession::listen(name, config, ep)?;
+        Ok((MpiConsumer { info, notify: None, acceptor: None }, session))
+    }
+
+    /// A consumer of fan-out channel `name` whose producer is at `ep`'s peer (on another
+    /// host): joins it (`joins`), and returns with its session. (For the fan-out's consumer
+    /// in the channel core, which takes it up with the fan-out's remote consumers.)
+    #[allow(dead_code)]
+    pub(crate) fn join(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        ep: Endpoint,
+    ) -> Result<(MpiConsumer, MpiSession)> {
+        let session = super::joins::join(name, config, ep)?;
         Ok((MpiConsumer { info, notify: None, acceptor: None }, session))
     }
 
@@ -110,10 +121,6 @@ impl ConsumerTransport for MpiConsumer {
     }
 }
 
-/// Takes slot `n` of the fan-in for a producer met over MPI, if it is free: what holds it
-/// (dropped, the slot is free again), or `None` when another producer holds it.
-pub(crate) type ClaimSlot = Box<dyn FnMut(u32) -> Result<Option<Box<dyn Any + Send + Sync>>> + Send>;
-
 /// The first id of a fan-in's MPI sessions: far above the ids that other carriers' sessions
 /// count up from 1, so that a view's session names one session of the fan-in.
 const FAN_IN_SESSIONS: u64 = 1 << 62;
@@ -121,9 +128,6 @@ const FAN_IN_SESSIONS: u64 = 1 << 62;
 /// How long a hello from a rank waits for its last producer's close to be read before it is
 /// refused. (A process has one producer of a channel at a time, so the close is on its way.)
 const PARK_WAIT: Duration = Duration::from_secs(5);
-
-/// How often the probing thread looks for hellos.
-const PROBE_PERIOD: Duration = Duration::from_millis(1);
 
 /// A fan-in consumer's acceptor over MPI.
 pub(super) struct Acceptor {
@@ -138,15 +142,7 @@ pub(super) struct Acceptor {
     /// Hellos from such ranks, with when they arrived, oldest first.
     parked: Vec<(Instant, u32, Hello)>,
     sessions: u64,
-    probe: Option<HelloProbe>,
-}
-
-/// The thread that probes for hellos, for the notification fd.
-struct HelloProbe {
-    /// A hello was seen since the consumer last found none.
-    seen: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    probe: Option<TagProbe>,
 }
 
 /// A rank's claim: one producer at a time from it.
@@ -180,27 +176,9 @@ impl Acceptor {
     /// Starts the thread that signals `fd` while a hello waits; without one (MPI's thread
     /// level allows none), each `try_accept` probes.
     pub(super) fn start_probe(&mut self, fd: Arc<OwnedFd>) -> Result<()> {
-        if self.probe.is_some() || self.here.thread_level < ThreadLevel::Serialized {
-            return Ok(());
+        if self.probe.is_none() && self.here.thread_level >= ThreadLevel::Serialized {
+            self.probe = Some(TagProbe::start(&self.here, self.tags.hellos, fd, "hellos")?);
         }
-        let seen = Arc::new(AtomicBool::new(true));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (comm, tag) = (Arc::clone(&self.here.comm), self.tags.hellos);
-        let (thread_seen, thread_stop) = (Arc::clone(&seen), Arc::clone(&stop));
-        let thread = std::thread::Builder::new()
-            .name("lava-flow-mpi-hellos".into())
-            .spawn(move || {
-                while !thread_stop.load(Ordering::Relaxed) {
-                    // An error here shows again at the consumer's next look.
-                    if let Ok(Some(_)) = comm.iprobe_any(tag) {
-                        thread_seen.store(true, Ordering::Release);
-                        eventfd_signal(fd.as_fd());
-                    }
-                    std::thread::sleep(PROBE_PERIOD);
-                }
-            })
-            .map_err(|e| Error::os("spawning the MPI hello probe thread", e))?;
-        self.probe = Some(HelloProbe { seen, stop, thread: Some(thread) });
         Ok(())
     }
 
@@ -213,14 +191,13 @@ impl Acceptor {
             }
         }
         // One atomic load while no producer comes.
-        if self.probe.as_ref().is_some_and(|p| !p.seen.load(Ordering::Acquire)) {
+        if self.probe.as_ref().is_some_and(|p| !p.seen()) {
             return Ok(None);
         }
         loop {
             let Some((rank, len)) = self.here.comm.iprobe_any(self.tags.hellos)? else {
                 if let Some(probe) = &self.probe {
-                    // A hello that arrives from now on is seen by the thread's next look.
-                    probe.seen.store(false, Ordering::Release);
+                    probe.looked();
                 }
                 return Ok(None);
             };
@@ -326,12 +303,7 @@ impl Acceptor {
 
 impl Drop for Acceptor {
     fn drop(&mut self) {
-        if let Some(mut probe) = self.probe.take() {
-            probe.stop.store(true, Ordering::Relaxed);
-            if let Some(thread) = probe.thread.take() {
-                let _ = thread.join();
-            }
-        }
+        drop(self.probe.take());
         // Parked producers would otherwise wait for their rendezvous timeout.
         for (_, rank, hello) in std::mem::take(&mut self.parked) {
             let why = format!("the consumer of fan-in channel {:?} closed", self.name);

@@ -22,7 +22,7 @@ use crate::os::eventfd::{eventfd_drain, eventfd_signal};
 
 /// The session of a pair's MPI consumer (a new producer does not attach to an MPI pair);
 /// a fan-in's are numbered by its acceptor.
-const SESSION: u64 = 1;
+pub(super) const SESSION: u64 = 1;
 /// Receives posted ahead for the producer's next messages: MPI puts a message straight into
 /// one instead of holding it until asked for, and several in flight keep a window of
 /// messages moving.

@@ -2,9 +2,9 @@
 //! communicator (see `crate::mpi`).
 //!
 //! - **Addressing.** The peer's location comes from MPI discovery and carries its world and
-//!   rank. A channel uses four tags derived from its name (checked against `MPI_TAG_UB`): one
+//!   rank. A channel uses five tags derived from its name (checked against `MPI_TAG_UB`): one
 //!   for the producer's messages, one for the consumer's answers, one for the chunks of large
-//!   messages, one for hellos (`Tags`).
+//!   messages, one for hellos, one for a fan-out's joins (`Tags`).
 //! - **Rendezvous.** The producer sends a hello (channel name and kind, capacity, largest
 //!   message, a nonce) on the hello tag; the consumer checks it and answers with an
 //!   acknowledgement (naming the producer's slot in a fan-in) or a refusal saying why. Either
@@ -12,7 +12,9 @@
 //!   for its one producer's rank; a fan-in's (`acceptor`) probes every rank, so that producers
 //!   attach at any time without the probe matching the messages of those attached, which stay
 //!   on the messages tag where each session receives from its own rank. A process keeps one
-//!   producer of a channel toward a consumer: a second would share its tags.
+//!   producer of a channel toward a consumer: a second would share its tags. A fan-out's
+//!   consumer on another host first sends a join to the producer's rank (`joins`), whose
+//!   producer probes every rank for joins and answers each with a hello of its own.
 //! - **Messages.** Every message starts with a `Header` (sequence number, length, flags).
 //!   Up to `CHUNK` bytes go in one MPI message with their header; longer ones, and buffer
 //!   sends (sent from the buffer itself, not copied), go as the header alone followed by
@@ -52,17 +54,31 @@
 
 mod acceptor;
 mod consumer;
+// The MPI side of a fan-out with consumers on other hosts, which the fan-out's producer in the
+// channel core takes up (its outs); until then only its tests use it.
+#[allow(dead_code)]
+mod joins;
 mod producer;
 
-pub(crate) use acceptor::{ClaimSlot, MpiConsumer};
+pub(crate) use acceptor::MpiConsumer;
 pub(crate) use consumer::MpiSession;
 pub(crate) use producer::MpiProducer;
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use crate::channels::ChannelKind;
 use crate::error::{Error, Result};
+use crate::mpi::Endpoint;
+use crate::os::eventfd::eventfd_signal;
+
+/// Takes slot `n` of a fan channel for a peer met over MPI, if it is free: what holds it
+/// (dropped, the slot is free again), or `None` when another peer holds it.
+pub(crate) type ClaimSlot = Box<dyn FnMut(u32) -> Result<Option<Box<dyn std::any::Any + Send + Sync>>> + Send>;
 
 /// The longest message that goes as one MPI message with its header, and the size of the
 /// chunks of longer ones.
@@ -91,6 +107,9 @@ enum Kind {
     Credit = 7,
     /// Consumer to producer: the consumer closed.
     Closed = 8,
+    /// Consumer to producer: a fan-out's consumer joins (`seq`: a nonce, `len`: the name's
+    /// length; the body: the name).
+    Join = 9,
 }
 
 impl Kind {
@@ -105,6 +124,7 @@ impl Kind {
             Kind::Refuse => "a refusal",
             Kind::Credit => "a credit",
             Kind::Closed => "a closed message",
+            Kind::Join => "a join",
         }
     }
 }
@@ -184,6 +204,7 @@ impl Header {
             6 => Kind::Refuse,
             7 => Kind::Credit,
             8 => Kind::Closed,
+            9 => Kind::Join,
             other => return Err(bad(format!("has kind {other}, which lava-flow does not send"))),
         };
         let flags = u32::from(wire.flags.get());
@@ -195,7 +216,7 @@ impl Header {
 }
 
 /// A channel's tags on lava-flow's communicator, derived from its name (FNV-1a) so that both
-/// ends find them alone; names that meet on one set are told apart at the hello. Four
+/// ends find them alone; names that meet on one set are told apart at the hello. Five
 /// consecutive tags, so that two channels of one name in opposite directions never meet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Tags {
@@ -209,10 +230,13 @@ pub(crate) struct Tags {
     /// Producer to consumer: hellos (a tag of their own, so that a fan-in's consumer can
     /// probe every rank for new producers without matching the messages of those attached).
     hellos: i32,
+    /// Consumer to producer: a fan-out's consumers' joins (a tag of their own, so that the
+    /// producer can probe every rank for them without matching attached consumers' answers).
+    joins: i32,
 }
 
 /// How many tags a channel takes.
-const TAGS_PER_CHANNEL: i64 = 4;
+const TAGS_PER_CHANNEL: i64 = 5;
 
 fn tags_for(name: &str, tag_upper_bound: i32) -> Result<Tags> {
     // Tags 0 and 1 are left to discovery and future use.
@@ -226,7 +250,7 @@ fn tags_for(name: &str, tag_upper_bound: i32) -> Result<Tags> {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     let messages = 2 + (TAGS_PER_CHANNEL as i32) * (hash % sets as u64) as i32;
-    Ok(Tags { messages, answers: messages + 1, chunks: messages + 2, hellos: messages + 3 })
+    Ok(Tags { messages, answers: messages + 1, chunks: messages + 2, hellos: messages + 3, joins: messages + 4 })
 }
 
 /// A producer's hello: who it is and what it asks for. On the wire: a [`Header`] (`seq`: a
@@ -301,6 +325,95 @@ fn full_refusal(name: &str, max_peers: u32) -> String {
         "fan-in channel {name:?} is full: it takes max_peers = {max_peers} producers and all of them are attached; \
          wait for one to close, or create the consumer with a larger max_peers"
     )
+}
+
+/// A fan-out consumer's join: which channel it joins. On the wire: a [`Header`] (`seq`: a
+/// nonce, which the producer's hello answers with; `len`: the name's length), then the name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Join {
+    nonce: u64,
+    name: String,
+}
+
+impl Join {
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = Header::new(Kind::Join, self.nonce, self.name.len() as u64).to_bytes().to_vec();
+        bytes.extend_from_slice(self.name.as_bytes());
+        bytes
+    }
+
+    /// Parses a join from the consumer at MPI rank `rank`; anything else is `Corrupt`.
+    fn decode(bytes: &[u8], rank: u32) -> Result<Join> {
+        let whose = format!("consumer at MPI rank {rank}");
+        let header = Header::decode(bytes, &whose)?;
+        let bad = |what: String| Error::Corrupt(format!("the join of the {whose} {what}"));
+        if header.kind != Kind::Join {
+            return Err(bad(format!("is {}", header.kind.describe())));
+        }
+        let body = &bytes[Header::LEN..];
+        if body.len() > 4096 || header.len != body.len() as u64 {
+            return Err(bad(format!("has {} bytes of body for a name of {} bytes", body.len(), header.len)));
+        }
+        let name = String::from_utf8(body.to_vec()).map_err(|_| bad("names no UTF-8 channel".into()))?;
+        Ok(Join { nonce: header.seq, name })
+    }
+}
+
+/// A thread that probes one tag of a channel from every rank, for a notification fd: it
+/// makes the fd readable, and notes that something waits, while a message with the tag has
+/// arrived and is not received. Stopped when dropped.
+struct TagProbe {
+    /// Something was seen since the owner last found nothing.
+    seen: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TagProbe {
+    /// How often the thread looks: what it looks for (a peer that attaches) is rare.
+    const PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+
+    /// Starts probing `tag` on `here`'s communicator, signalling `fd`; `what` names it.
+    fn start(here: &Endpoint, tag: i32, fd: Arc<OwnedFd>, what: &str) -> Result<TagProbe> {
+        let seen = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let comm = Arc::clone(&here.comm);
+        let (thread_seen, thread_stop) = (Arc::clone(&seen), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name(format!("lava-flow-mpi-{what}"))
+            .spawn(move || {
+                while !thread_stop.load(Ordering::Relaxed) {
+                    // An error here shows again at the owner's next look.
+                    if let Ok(Some(_)) = comm.iprobe_any(tag) {
+                        thread_seen.store(true, Ordering::Release);
+                        eventfd_signal(fd.as_fd());
+                    }
+                    std::thread::sleep(TagProbe::PERIOD);
+                }
+            })
+            .map_err(|e| Error::os(format!("spawning the thread that probes for MPI {what}"), e))?;
+        Ok(TagProbe { seen, stop, thread: Some(thread) })
+    }
+
+    /// Whether something may wait (one atomic load).
+    fn seen(&self) -> bool {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    /// The owner looked and found nothing: what arrives from now on, the thread's next look
+    /// sees.
+    fn looked(&self) {
+        self.seen.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for TagProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Buffers one end of a channel keeps for reuse: at most [`BufferPool::MAX_BUFFERS`], and at
@@ -426,15 +539,16 @@ mod tests {
     fn tags_are_consecutive_sets_within_the_bound() {
         for name in ["a", "b", "a-much-longer-channel-name", ""] {
             let t = tags_for(name, 32767).unwrap();
-            assert!(t.messages >= 2 && (t.messages - 2) % 4 == 0, "{name}: {t:?}");
+            assert!(t.messages >= 2 && (t.messages - 2) % 5 == 0, "{name}: {t:?}");
             assert_eq!((t.answers, t.chunks, t.hellos), (t.messages + 1, t.messages + 2, t.messages + 3));
-            assert!(t.hellos <= 32767);
+            assert_eq!(t.joins, t.messages + 4);
+            assert!(t.joins <= 32767);
         }
         assert_eq!(tags_for("x", 32767).unwrap(), tags_for("x", 32767).unwrap());
         assert_ne!(tags_for("x", 1 << 30).unwrap(), tags_for("y", 1 << 30).unwrap());
-        assert!(tags_for("x", 4).is_err());
-        let smallest = tags_for("x", 5).unwrap();
-        assert_eq!((smallest.messages, smallest.hellos), (2, 5), "the four tags fit under MPI_TAG_UB = 5");
+        assert!(tags_for("x", 5).is_err());
+        let smallest = tags_for("x", 6).unwrap();
+        assert_eq!((smallest.messages, smallest.joins), (2, 6), "the five tags fit under MPI_TAG_UB = 6");
     }
 
     fn hello() -> Hello {

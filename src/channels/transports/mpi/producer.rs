@@ -58,6 +58,12 @@ static PRODUCERS: Mutex<Vec<(usize, u32, String)>> = Mutex::new(Vec::new());
 /// A producer's entry in [`PRODUCERS`], removed when it drops.
 struct ProducerClaim(usize, u32, String);
 
+/// Whether this process has a producer of channel `name` toward `ep`'s peer.
+pub(super) fn has_producer(name: &str, ep: &Endpoint) -> bool {
+    let comm = Arc::as_ptr(&ep.comm) as usize;
+    PRODUCERS.lock().iter().any(|(c, r, n)| (*c, *r) == (comm, ep.peer) && n == name)
+}
+
 impl ProducerClaim {
     fn take(name: &str, ep: &Endpoint, kind: ChannelKind) -> Result<ProducerClaim> {
         let key = (Arc::as_ptr(&ep.comm) as usize, ep.peer, name.to_owned());
@@ -65,6 +71,11 @@ impl ProducerClaim {
         if producers.contains(&key) {
             let rank = ep.rank;
             return Err(Error::InvalidState(match kind {
+                ChannelKind::FanOut => format!(
+                    "one consumer per MPI rank on a fan-out: this process (MPI rank {rank}) already sends fan-out \
+                     channel {name:?} to a consumer at MPI rank {}",
+                    ep.peer
+                ),
                 ChannelKind::FanIn => format!(
                     "one producer per MPI rank on a fan-in: this process (MPI rank {rank}) already has a producer of \
                      fan-in channel {name:?}, whose consumer is at MPI rank {}; a rank's producers would share its MPI \
@@ -101,13 +112,25 @@ impl MpiProducer {
         config: &ChannelConfig,
         ep: Endpoint,
     ) -> Result<MpiProducer> {
+        let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
+        Self::connect_with(name, info, config, ep, nonce)
+    }
+
+    /// [`connect`](Self::connect) with a hello of `nonce` (a fan-out's answer to a consumer's
+    /// join carries the join's).
+    pub(super) fn connect_with(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        ep: Endpoint,
+        nonce: u64,
+    ) -> Result<MpiProducer> {
         let tags = tags_for(name, ep.tag_upper_bound)?;
         if config.capacity < 2 || !config.capacity.is_power_of_two() {
             return Err(Error::invalid(format!("capacity {} is not a power of two >= 2", config.capacity)));
         }
         let claim = ProducerClaim::take(name, &ep, config.kind)?;
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
-        let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
         let hello = Hello {
             nonce,
             name: name.to_owned(),
