@@ -180,6 +180,8 @@ mod tests {
     const NOT_USER_SETTINGS: &[(&str, &str)] = &[
         ("LF_FUZZ_CASES", "read by the library's own property tests only"),
         ("LF_REQUIRE_VULKAN", "read by the tests only: they fail instead of skipping without a Vulkan device"),
+        ("LF_REQUIRE_MPI", "read by the tests only: they fail instead of skipping where mpirun cannot start"),
+        ("LF_TEST_SIGNALS", "set by the MPI tests for their ranks: a folder for signals that must not go through MPI"),
     ];
 
     /// The library's sources but this table (the C API, in crates/c-api, reads no variable of

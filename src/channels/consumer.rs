@@ -94,15 +94,14 @@ impl Consumer {
             log_failed(name, Role::Consumer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
         })?;
         log_created(name, Role::Consumer, &parts.info);
-        let mut carrier = parts.carrier;
-        let (session, fan_in, routes) = match config.kind {
+        let info = parts.info.clone();
+        let (carrier, session, fan_in, routes) = match config.kind {
             ChannelKind::FanIn => {
                 // Each producer's routes are its slot's.
-                let (first, routes, info) = (parts.session, parts.routes, parts.info.clone());
-                let fan_in = FanIn::new(name, config, &mut carrier, first, routes, parts.receivers, info)?;
-                (AnySession::ended(name), Some(Box::new(fan_in)), Vec::new())
+                let (fan_in, carrier) = FanIn::new(name, config, parts)?;
+                (carrier, AnySession::ended(name), Some(Box::new(fan_in)), Vec::new())
             }
-            _ => (parts.session, None, parts.routes),
+            _ => (parts.carrier, parts.session, None, parts.routes),
         };
         Ok(Consumer {
             carrier,
@@ -114,7 +113,7 @@ impl Consumer {
             watching: false,
             arenas_before: 0,
             routes: ReceiverTable::new(routes),
-            info: parts.info,
+            info,
             name: name.to_owned(),
             context: context.clone(),
             #[cfg(feature = "async-io")]
@@ -420,7 +419,10 @@ impl Consumer {
     /// makes a syscall per message that finds the consumer waiting on the fd; call
     /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if !self.watching && self.fan_in.is_none() {
+        if let Some(fan_in) = &self.fan_in {
+            return fan_in.notify_fd(&mut self.carrier);
+        }
+        if !self.watching {
             self.carrier.notify_fd()?;
             self.carrier.watch(&mut self.session)?;
             self.watching = true;

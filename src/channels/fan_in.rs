@@ -6,22 +6,30 @@
 //! carrier's rendezvous: a message in any session, a producer's end or a producer that
 //! attaches makes it readable.
 //!
+//! Producers may attach over several carriers (same-host ones over shared memory, others over
+//! MPI): the fan-in holds the carriers besides the consumer's own, takes producers up from
+//! each, has each session watched by the carrier it came from, and waits on an epoll set of
+//! every carrier's fd.
+//!
 //! Each slot has its own route receivers (GPU buffers by reference), made when its producer
 //! is taken up and fed that producer's offers: a routed message resolves through the imports
 //! of the producer that sent it, never another's. They go with the slot's end; what held
 //! messages still use stays with the retired session until they are released.
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use super::peers::Peer;
 use super::routes::ReceiverTable;
 use super::transport::{
-    ConsumerSession, ConsumerTransport, PayloadClass, RawView, Route, RouteReceiver, RoutedPayload, TransportInfo,
+    ConsumerSession, ConsumerTransport, PayloadClass, RawView, Route, RouteReceiver, RoutedPayload, TransportId,
+    TransportInfo,
 };
-use super::transports::{AnyConsumer, AnyRouteReceiver, AnySession, MessageReleaser, ReceiverFactory};
+use super::transports::{AnyConsumer, AnyRouteReceiver, AnySession, ConsumerParts, MessageReleaser, ReceiverFactory};
 use super::wait::Waiter;
 use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
+use crate::os::epoll::{Epoll, EventFlags};
 use crate::os::eventfd::{poll, PollFd, PollFlags};
 
 /// The most messages one producer's turn takes when others have messages waiting: long enough
@@ -59,6 +67,10 @@ pub(super) struct FanIn {
     retired: Vec<AnySession>,
     /// The slot whose end the last `PeerGone` reported.
     last_gone: Option<u32>,
+    /// The carriers producers attach over besides the consumer's own.
+    extra: Vec<AnyConsumer>,
+    /// With `extra` carriers: an epoll set of every carrier's notification fd.
+    notify: Option<Epoll>,
     /// Makes each producer's route receivers.
     receivers: ReceiverFactory,
     /// The channel's report: the carrier's route, then how GPU buffers come from the
@@ -66,19 +78,22 @@ pub(super) struct FanIn {
     info: TransportInfo,
 }
 
+/// The carrier of `session` (which watches it): `primary` or one of `extra`.
+fn owner<'a>(primary: &'a mut AnyConsumer, extra: &'a mut [AnyConsumer], session: &AnySession) -> &'a mut AnyConsumer {
+    match extra.iter_mut().find(|c| c.owns(session)) {
+        Some(carrier) => carrier,
+        None => primary,
+    }
+}
+
 impl FanIn {
-    /// A fan-in of `max_peers` slots that serves `first` (already watched by `carrier`'s fd),
-    /// whose route receivers `routes` have started its session; `receivers` makes the other
-    /// producers' receivers; `info` is the report as `first` made it.
-    pub(super) fn new(
-        name: &str,
-        config: &ChannelConfig,
-        carrier: &mut AnyConsumer,
-        mut first: AnySession,
-        routes: Vec<AnyRouteReceiver>,
-        receivers: ReceiverFactory,
-        info: TransportInfo,
-    ) -> Result<FanIn> {
+    /// A fan-in of `max_peers` slots over what the consumer's rendezvous gave: its carrier
+    /// (returned, the consumer's to keep) and the other carriers producers attach over, the
+    /// first producer's session, whose route receivers have started it, the factory of the
+    /// other producers' receivers, and the report as the first producer made it.
+    pub(super) fn new(name: &str, config: &ChannelConfig, parts: ConsumerParts) -> Result<(FanIn, AnyConsumer)> {
+        let ConsumerParts { carrier: mut own, extra, session: mut first, routes, receivers, info } = parts;
+        let carrier = &mut own;
         let max_peers = config.max_peers;
         let mut fan_in = FanIn {
             name: name.to_owned(),
@@ -88,24 +103,36 @@ impl FanIn {
             left: 0,
             retired: Vec::new(),
             last_gone: None,
+            extra,
+            notify: None,
             receivers,
             info,
         };
         carrier.notify_fd()?;
+        if !fan_in.extra.is_empty() {
+            let epoll = Epoll::new()?;
+            let what = "the fan-in's notification fd";
+            epoll.add(carrier.notify_fd()?, EventFlags::IN, 0, what)?;
+            for (at, other) in fan_in.extra.iter_mut().enumerate() {
+                epoll.add(other.notify_fd()?, EventFlags::IN, at as u64 + 1, what)?;
+            }
+            fan_in.notify = Some(epoll);
+        }
         let slot = first.peer().slot as usize;
         if slot >= fan_in.slots.len() {
             return Err(Error::Corrupt(format!(
                 "the first producer of fan-in channel {name:?} claimed slot {slot}, past max_peers = {max_peers}"
             )));
         }
-        carrier.watch(&mut first)?;
-        log::info!("channel {name:?} (fan-in consumer): producer pid {} attached in slot {slot}", first.peer().pid);
-        let kind = carrier.info().kind;
+        let over = owner(carrier, &mut fan_in.extra, &first);
+        over.watch(&mut first)?;
+        let kind = over.info().kind;
+        fan_in.log_attached(&first, slot);
         let routes = ReceiverTable::new(routes);
         let gpu = routes.iter().map(|r| r.route(kind)).collect();
         fan_in.slots[slot] = Slot { session: Some(first), routes, gpu, waiting: None };
         fan_in.refresh_report();
-        Ok(fan_in)
+        Ok((fan_in, own))
     }
 
     /// Puts a producer that attached in its slot (or behind the slot's last producer, whose
@@ -129,34 +156,51 @@ impl FanIn {
             return Ok(());
         }
         if entry.session.is_some() {
-            carrier.watch(&mut session)?;
-            entry.waiting = Some(session);
+            owner(carrier, &mut self.extra, &session).watch(&mut session)?;
+            self.slots[slot].waiting = Some(session);
             return Ok(());
         }
-        let Some((routes, gpu)) = self.routes_for(carrier, slot, &mut session) else { return Ok(()) };
-        carrier.watch(&mut session)?;
-        log::info!(
-            "channel {:?} (fan-in consumer): producer pid {} attached in slot {slot}",
-            self.name,
-            session.peer().pid
-        );
+        let over = owner(carrier, &mut self.extra, &session);
+        let kind = over.info().kind;
+        let Some((routes, gpu)) = self.routes_for(kind, slot, &mut session) else { return Ok(()) };
+        owner(carrier, &mut self.extra, &session).watch(&mut session)?;
+        self.log_attached(&session, slot);
         self.slots[slot] = Slot { session: Some(session), routes, gpu, waiting: None };
         self.refresh_report();
         Ok(())
     }
 
-    /// New route receivers for `session`, the producer of slot `at`, with its offers: `None`
-    /// (said in the log) where they cannot be made or refuse its offer, and then the producer
-    /// is dropped, which ends its connection; the others go on.
+    /// Says in the log which producer attached in `slot`.
+    fn log_attached(&self, session: &AnySession, slot: usize) {
+        let peer = session.peer();
+        match peer.rank {
+            Some(rank) => log::info!(
+                "channel {:?} (fan-in consumer): producer at MPI rank {rank} ({}) attached in slot {slot}",
+                self.name,
+                peer.host
+            ),
+            None => {
+                log::info!(
+                    "channel {:?} (fan-in consumer): producer pid {} attached in slot {slot}",
+                    self.name,
+                    peer.pid
+                )
+            }
+        }
+    }
+
+    /// New route receivers for `session`, the producer of slot `at` over carrier `kind`, with
+    /// its offers: `None` (said in the log) where they cannot be made or refuse its offer, and
+    /// then the producer is dropped, which ends its connection; the others go on.
     fn routes_for(
         &self,
-        carrier: &AnyConsumer,
+        kind: TransportId,
         at: usize,
         session: &mut AnySession,
     ) -> Option<(ReceiverTable<AnyRouteReceiver>, Vec<Route>)> {
         let made = self.receivers.make().and_then(|routes| {
             let mut routes = ReceiverTable::new(routes);
-            let gpu = routes.new_sessions(session, carrier.info().kind)?;
+            let gpu = routes.new_sessions(session, kind)?;
             Ok((routes, gpu))
         });
         match made {
@@ -207,12 +251,26 @@ impl FanIn {
         &self.info
     }
 
-    /// Takes up the producers waiting to attach.
+    /// Takes up the producers waiting to attach, on every carrier.
     fn accept(&mut self, carrier: &mut AnyConsumer) -> Result<()> {
         while let Some(session) = carrier.try_accept()? {
             self.take_up(carrier, session)?;
         }
+        for at in 0..self.extra.len() {
+            while let Some(session) = self.extra[at].try_accept()? {
+                self.take_up(carrier, session)?;
+            }
+        }
         Ok(())
+    }
+
+    /// The fd that is readable while a message, a producer's end or a new producer waits on
+    /// any of the carriers.
+    pub(super) fn notify_fd<'a>(&'a self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
+        match &self.notify {
+            Some(epoll) => Ok(epoll.as_fd()),
+            None => carrier.notify_fd(),
+        }
     }
 
     /// A message from the slots in turn, starting after the one whose turn it was: the common
@@ -256,7 +314,7 @@ impl FanIn {
         let slot = std::mem::take(&mut self.slots[at]);
         let Slot { session, mut routes, waiting, .. } = slot;
         if let Some(mut ended) = session {
-            carrier.unwatch(&mut ended);
+            owner(carrier, &mut self.extra, &ended).unwatch(&mut ended);
             routes.end_sessions(&mut ended);
             self.retired.retain(|s| s.holds_views());
             if ended.holds_views() {
@@ -265,7 +323,8 @@ impl FanIn {
         }
         drop(routes);
         if let Some(mut next) = waiting {
-            match self.routes_for(carrier, at, &mut next) {
+            let kind = owner(carrier, &mut self.extra, &next).info().kind;
+            match self.routes_for(kind, at, &mut next) {
                 Some((routes, gpu)) => {
                     log::info!(
                         "channel {:?} (fan-in consumer): producer pid {}, which waited for slot {at}, attached",
@@ -274,7 +333,7 @@ impl FanIn {
                     );
                     self.slots[at] = Slot { session: Some(next), routes, gpu, waiting: None };
                 }
-                None => carrier.unwatch(&mut next),
+                None => owner(carrier, &mut self.extra, &next).unwatch(&mut next),
             }
         }
         self.refresh_report();
@@ -364,7 +423,7 @@ impl FanIn {
 
     /// Sleeps until the carrier's notification fd is readable or `deadline` passes.
     fn sleep(&self, carrier: &mut AnyConsumer, deadline: Option<Instant>) -> Result<()> {
-        let fd = carrier.notify_fd()?;
+        let fd = self.notify_fd(carrier)?;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // The liveness of producers whose kernel cannot report their exit is polled at the
         // carrier's period by the slow pass.

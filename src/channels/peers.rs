@@ -110,18 +110,28 @@ pub(crate) fn check_producer_place(
 ) -> crate::error::Result<()> {
     use crate::error::Error;
     if theirs != ours {
-        return Err(Error::InvalidState(format!(
-            "channel {name:?} is a {ours} channel and this producer created a {theirs} one; every end of a channel \
-             names the same kind"
-        )));
+        return Err(Error::InvalidState(kind_mismatch(name, ours, theirs)));
     }
     if theirs == ChannelKind::FanIn && slot >= max_peers {
-        return Err(Error::InvalidState(format!(
-            "fan-in channel {name:?} is full: it takes max_peers = {max_peers} producers and all of them are \
-             attached; wait for one to close, or create the consumer with a larger max_peers"
-        )));
+        return Err(Error::InvalidState(fan_in_full(name, max_peers)));
     }
     Ok(())
+}
+
+/// Why a producer that created a `theirs` channel is refused by a consumer of kind `ours`.
+pub(crate) fn kind_mismatch(name: &str, ours: ChannelKind, theirs: ChannelKind) -> String {
+    format!(
+        "channel {name:?} is a {ours} channel and this producer created a {theirs} one; every end of a channel names \
+         the same kind"
+    )
+}
+
+/// Why a producer of a full fan-in that takes `max_peers` producers is refused.
+pub(crate) fn fan_in_full(name: &str, max_peers: u32) -> String {
+    format!(
+        "fan-in channel {name:?} is full: it takes max_peers = {max_peers} producers and all of them are attached; \
+         wait for one to close, or create the consumer with a larger max_peers"
+    )
 }
 
 /// A fan-out's slot table, and the consumers its carriers met that the producer has not taken

@@ -52,6 +52,8 @@ struct WorldEntry {
     rank: u32,
     tag_upper_bound: i32,
     thread_level: ThreadLevel,
+    /// Each rank's hostname, for reports of peers met over MPI.
+    hosts: Arc<[String]>,
 }
 
 /// One process's way to a peer of an MPI world: the world's communicator (kept alive, and
@@ -64,6 +66,21 @@ pub(crate) struct Endpoint {
     pub(crate) peer: u32,
     pub(crate) tag_upper_bound: i32,
     pub(crate) thread_level: ThreadLevel,
+    /// Each rank's hostname.
+    hosts: Arc<[String]>,
+}
+
+#[cfg(feature = "mpi")]
+impl Endpoint {
+    /// The way to another process of the same world.
+    pub(crate) fn to(&self, peer: u32) -> Endpoint {
+        Endpoint { comm: Arc::clone(&self.comm), peer, hosts: Arc::clone(&self.hosts), ..*self }
+    }
+
+    /// The peer's hostname, as discovery found it.
+    pub(crate) fn peer_host(&self) -> &str {
+        self.hosts.get(self.peer as usize).map_or("", String::as_str)
+    }
 }
 
 /// The endpoint to the process at `address`, or why there is none.
@@ -88,6 +105,35 @@ pub(crate) fn endpoint(address: MpiAddress) -> std::result::Result<Endpoint, Str
         peer: address.rank,
         tag_upper_bound: entry.tag_upper_bound,
         thread_level: entry.thread_level,
+        hosts: Arc::clone(&entry.hosts),
+    })
+}
+
+/// This process in MPI world `world` (or, without one, in the world it joined last and still
+/// holds), for an end that meets peers from any rank: an endpoint whose peer is this process
+/// itself, to be turned toward each peer met ([`Endpoint::to`]). Why there is none otherwise.
+#[cfg(feature = "mpi")]
+pub(crate) fn here(world: Option<u64>) -> std::result::Result<Endpoint, String> {
+    let worlds = WORLDS.lock();
+    let alive = worlds.iter().rev().filter(|w| w.comm.strong_count() > 0);
+    let entry = match world {
+        Some(id) => alive.into_iter().find(|w| w.id == id),
+        None => alive.into_iter().next(),
+    };
+    let Some(entry) = entry else {
+        return Err(match world {
+            Some(id) => format!("MPI world {id} is not joined in this process (or has been freed)"),
+            None => "this process has not joined MPI (lf_mpi_join)".to_owned(),
+        });
+    };
+    let comm = entry.comm.upgrade().ok_or_else(|| "the MPI world has just been freed".to_owned())?;
+    Ok(Endpoint {
+        comm,
+        rank: entry.rank,
+        peer: entry.rank,
+        tag_upper_bound: entry.tag_upper_bound,
+        thread_level: entry.thread_level,
+        hosts: Arc::clone(&entry.hosts),
     })
 }
 
@@ -273,6 +319,7 @@ impl MpiWorld {
             rank: world.rank,
             tag_upper_bound: world.tag_upper_bound,
             thread_level: world.thread_level,
+            hosts: world.peers.iter().map(|p| p.location.hostname.clone()).collect(),
         });
         drop(worlds);
         Ok(world)

@@ -736,6 +736,28 @@ impl PrivateComm {
         usize::try_from(count).map(Some).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))
     }
 
+    /// The source and length of the next message with `tag` from any process, if one has
+    /// arrived.
+    pub(crate) fn iprobe_any(&self, tag: i32) -> Result<Option<(u32, usize)>> {
+        let _calls = calls();
+        let mut flag: c_int = 0;
+        // SAFETY: MPI_Status is plain data that MPI fills in.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let rc = unsafe { ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut flag, &mut status) };
+        check(rc, "MPI_Iprobe", "")?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        let mut count: c_int = 0;
+        // SAFETY: the status of a matched probe.
+        let rc = unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+        check(rc, "MPI_Get_count", "")?;
+        let source = u32::try_from(status.MPI_SOURCE)
+            .map_err(|_| Error::Corrupt(format!("MPI_Iprobe gave source {}", status.MPI_SOURCE)))?;
+        let len = usize::try_from(count).map_err(|_| Error::Corrupt(format!("MPI_Get_count gave {count}")))?;
+        Ok(Some((source, len)))
+    }
+
     /// Receives the message a probe found (`len` bytes, as it said) into `buf`.
     ///
     /// # Safety

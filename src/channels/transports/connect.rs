@@ -29,6 +29,8 @@ pub(crate) struct ProducerParts {
 /// The carrier, the first producer's session and the routes of a consumer.
 pub(crate) struct ConsumerParts {
     pub(crate) carrier: AnyConsumer,
+    /// A fan-in's other carriers, on which other producers attach (`Plan::listeners`).
+    pub(crate) extra: Vec<AnyConsumer>,
     pub(crate) session: AnySession,
     /// A receiver for each planned route; each learns per producer session whether its
     /// producer sends by it.
@@ -331,6 +333,12 @@ pub(crate) fn listen_consumer(
         }
     }
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
+    // A fan-in's consumer that meets producers over one carrier alone listens as that carrier
+    // does; over several (or over MPI, whose fan-in consumer has an acceptor of its own), it
+    // listens on each and takes the first producer from any.
+    if config.kind == ChannelKind::FanIn && (plan.listeners.len() > 1 || plan.carrier == TransportKind::Mpi) {
+        return listen_fan_in(name, plan, config, provisional, routes, receivers, answers);
+    }
     let (carrier, mut session) = match plan.carrier {
         TransportKind::Shm if config.kind == ChannelKind::FanOut => {
             let (c, s) = shm::ShmConsumer::join(name, provisional, config, answers)?;
@@ -360,5 +368,128 @@ pub(crate) fn listen_consumer(
     }
     let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
     let info = report(plan, &carrier_route, reports);
-    Ok(ConsumerParts { carrier, session, routes, receivers, info })
+    Ok(ConsumerParts { carrier, extra: Vec::new(), session, routes, receivers, info })
+}
+
+/// A fan-in's consumer: listens on each of the plan's listeners and waits for the first
+/// producer from any of them (up to the rendezvous timeout).
+fn listen_fan_in(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    provisional: TransportInfo,
+    mut routes: Vec<AnyRouteReceiver>,
+    receivers: ReceiverFactory,
+    answers: Vec<Attachment>,
+) -> Result<ConsumerParts> {
+    let deadline = config.rendezvous_timeout.map(|t| std::time::Instant::now() + t);
+    let mut answers = Some(answers);
+    let mut carriers = Vec::new();
+    for kind in &plan.listeners {
+        // Each carrier's sessions report its own route.
+        let mut info = provisional.clone();
+        if *kind != plan.carrier {
+            let reason = format!(
+                "{kind} carries the messages and CPU payloads of this fan-in's {}",
+                match kind {
+                    TransportKind::Shm => "producers on this host",
+                    _ => "producers on other hosts",
+                }
+            );
+            info.set_route(Route { class: PayloadClass::Host, kind: kind.id(), reason });
+        }
+        carriers.push(match kind {
+            TransportKind::Shm => {
+                AnyConsumer::Shm(shm::ShmConsumer::fan_in(name, info, config, answers.take().unwrap_or_default())?)
+            }
+            #[cfg(feature = "mpi")]
+            TransportKind::Mpi => {
+                AnyConsumer::Mpi(mpi::MpiConsumer::fan_in(name, info, config, mpi_here(plan)?, claim_slots(name))?)
+            }
+            other => return Err(Error::Unsupported(format!("transport {other} does not listen for fan-in producers"))),
+        });
+    }
+    let session = first_producer(name, plan, &mut carriers, deadline)?;
+    let at = carriers.iter().position(|c| c.owns(&session)).expect("a session comes from one of the carriers");
+    let carrier = carriers.remove(at);
+    let carrier_route = match plan.listeners.len() {
+        1 => session.route().unwrap_or_else(|| planned_carrier(plan)),
+        _ => {
+            let over: Vec<&str> = plan.listeners.iter().map(|k| k.name()).collect();
+            let mut route = planned_carrier(plan);
+            route.reason.push_str(&format!(
+                "; a fan-in's consumer takes producers over {} (each producer over the carrier of its own scope to \
+                 this one: see peers())",
+                over.join(" and ")
+            ));
+            route
+        }
+    };
+    let mut session = session;
+    let mut offers = session.take_offers().unwrap_or_default();
+    for route in routes.iter_mut() {
+        let id = route.route_id();
+        route.new_session(session.id(), take_section(&mut offers, id))?;
+    }
+    let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
+    let info = report(plan, &carrier_route, reports);
+    Ok(ConsumerParts { carrier, extra: carriers, session, routes, receivers, info })
+}
+
+/// The first producer that attaches to any of `carriers`, by `deadline`.
+fn first_producer(
+    name: &str,
+    plan: &Plan,
+    carriers: &mut [AnyConsumer],
+    deadline: Option<std::time::Instant>,
+) -> Result<AnySession> {
+    use crate::channels::transport::ConsumerTransport;
+    use crate::os::eventfd::{poll, PollFd, PollFlags};
+    use std::os::fd::AsFd;
+    // Each carrier's fd is readable while a producer it met waits (its acceptor's thread).
+    let mut fds = Vec::new();
+    for carrier in carriers.iter_mut() {
+        let fd = carrier.notify_fd()?.try_clone_to_owned().map_err(|e| Error::os("duplicating a carrier's fd", e))?;
+        fds.push(fd);
+    }
+    loop {
+        for carrier in carriers.iter_mut() {
+            if let Some(session) = carrier.try_accept()? {
+                return Ok(session);
+            }
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        if left == Some(std::time::Duration::ZERO) {
+            let over: Vec<&str> = plan.listeners.iter().map(|k| k.name()).collect();
+            return Err(Error::Timeout(format!(
+                "no producer of fan-in channel {name:?} attached in time (over {})",
+                over.join(" or ")
+            )));
+        }
+        // A slice at most: a carrier without a thread of its own is looked at again.
+        let slice = left.map_or(std::time::Duration::from_millis(15), |l| l.min(std::time::Duration::from_millis(15)));
+        let mut polled: Vec<PollFd> =
+            fds.iter().map(|fd| PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN)).collect();
+        poll(&mut polled, Some(slice))?;
+    }
+}
+
+/// This process in the MPI world of the plan's peer (or the last joined), for a fan-in's
+/// consumer that meets producers from any rank.
+#[cfg(feature = "mpi")]
+fn mpi_here(plan: &Plan) -> Result<crate::mpi::Endpoint> {
+    crate::mpi::here(plan.peer_mpi.map(|a| a.world)).map_err(Error::Unsupported)
+}
+
+/// The slots of fan-in `name` for producers met over MPI: the same lock files a same-host
+/// producer takes, held by the consumer for the remote one.
+#[cfg(feature = "mpi")]
+fn claim_slots(name: &str) -> mpi::ClaimSlot {
+    let name = name.to_owned();
+    Box::new(move |slot| {
+        use shm::rendezvous::{End, EndLock};
+        Ok(EndLock::try_take(&name, End::FanInProducer(slot))?
+            .ok()
+            .map(|lock| Box::new(lock) as Box<dyn std::any::Any + Send + Sync>))
+    })
 }

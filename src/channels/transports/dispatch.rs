@@ -223,6 +223,26 @@ impl MessageReleaser {
     }
 }
 
+impl AnyConsumer {
+    /// Whether `session` is one of this carrier's (the carrier that watches it).
+    pub(crate) fn owns(&self, session: &AnySession) -> bool {
+        matches!(
+            (self, session),
+            (AnyConsumer::Shm(_), AnySession::Shm(_)) | (AnyConsumer::Loopback(_), AnySession::Loopback(_))
+        ) || self.owns_mpi(session)
+    }
+
+    #[cfg(feature = "mpi")]
+    fn owns_mpi(&self, session: &AnySession) -> bool {
+        matches!((self, session), (AnyConsumer::Mpi(_), AnySession::Mpi(_)))
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn owns_mpi(&self, _session: &AnySession) -> bool {
+        false
+    }
+}
+
 impl AnySession {
     /// A session whose producer has ended without a message: a consumer's current session
     /// where it has none (a fan-in's sessions are its slots').

@@ -7,6 +7,10 @@
 //! | `shm`        | carrier  | every message's order; CPU payloads     | local            |
 //! | `vulkan_ipc` | route    | GPU buffers by reference                | local            |
 //! | `mpi`        | carrier  | every message's order; CPU payloads     | remote           |
+//!
+//! A fan-in's consumer listens on several carriers at once (`Plan::listeners`): shared memory
+//! for producers of its host, MPI for the others; each producer takes the carrier of its own
+//! scope, as a pair's does.
 //! | `loopback`   | carrier  | every message's order; every payload    | one process      |
 //!
 //! - `recommended`: which transports are built, what each can serve, and the plan of a
@@ -35,7 +39,8 @@ pub(crate) mod shm;
 pub(crate) mod vulkan_ipc;
 
 pub(crate) use connect::{
-    connect_producer, listen_consumer, listen_fan_out, preview, Arrival, FanOutListeners, FanOutParts, ReceiverFactory,
+    connect_producer, listen_consumer, listen_fan_out, preview, Arrival, ConsumerParts, FanOutListeners, FanOutParts,
+    ReceiverFactory,
 };
 pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession, MessageReleaser};
 pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, Plan};

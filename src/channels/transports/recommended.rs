@@ -109,6 +109,10 @@ pub(crate) struct Plan {
     /// The peer's MPI address, for the mpi carrier.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) peer_mpi: Option<MpiAddress>,
+    /// The carriers a fan-in's consumer meets producers on, the planned carrier among them:
+    /// shared memory where allowed, and MPI where it is built, allowed and joined here (other
+    /// producers than the first may come over either). Empty for a pair.
+    pub(crate) listeners: Vec<TransportKind>,
 }
 
 /// The transports a channel may use, in order of preference, and what said so: the config,
@@ -200,16 +204,51 @@ fn route_availability(
 
 /// Whether transport `kind` serves channels of `shape`: shared memory and the Vulkan IPC route
 /// serve every kind (each fan-in producer, and each fan-out consumer, meets its one end as a
-/// pair's does, with routes of its own); the loopback carrier serves pairs and fan-ins; the
-/// others serve pairs only in this version.
+/// pair's does, with routes of its own); the loopback and MPI carriers serve pairs and fan-ins
+/// (each producer of a fan-in takes its own carrier to the consumer).
 fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
     match (kind, shape) {
         (_, ChannelKind::Pair) | (TransportKind::Shm | TransportKind::VulkanIpc, _) => Ok(()),
-        (TransportKind::Loopback, ChannelKind::FanIn) => Ok(()),
-        (TransportKind::Loopback, _) => {
-            Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}"))
+        (TransportKind::Loopback | TransportKind::Mpi, ChannelKind::FanIn) => Ok(()),
+        _ => Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}")),
+    }
+}
+
+/// The carriers a fan-in's consumer listens on besides `carrier`, in the order of `allowed`:
+/// shared memory (same-host producers), and MPI (producers on other hosts) where this process
+/// joined MPI at a thread level that lets lava-flow probe for them.
+fn fan_in_listeners(carrier: TransportKind, allowed: &[TransportKind], peer: &ProcessLocation) -> Vec<TransportKind> {
+    let mut listeners = vec![carrier];
+    if carrier == TransportKind::Loopback {
+        // Its producers are threads of this process.
+        return listeners;
+    }
+    for kind in allowed.iter().copied().filter(|k| *k != carrier) {
+        let listens = match kind {
+            TransportKind::Shm => true,
+            TransportKind::Mpi => mpi_listening(peer),
+            _ => false,
+        };
+        if listens {
+            listeners.push(kind);
         }
-        _ => Err(format!("{kind} serves pair channels only in this version, and this one is a {shape}")),
+    }
+    listeners
+}
+
+/// Whether a fan-in's consumer can meet producers over MPI: this process joined MPI (the
+/// world of the peer's location, or the last one joined), at a thread level that allows the
+/// thread that probes for them.
+fn mpi_listening(peer: &ProcessLocation) -> bool {
+    #[cfg(feature = "mpi")]
+    {
+        crate::mpi::here(peer.mpi.map(|a| a.world))
+            .is_ok_and(|here| here.thread_level >= crate::mpi::ThreadLevel::Serialized)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = peer;
+        false
     }
 }
 
@@ -293,7 +332,11 @@ pub(crate) fn plan(
         ));
     }
     let route_refusal = routes.is_empty().then(|| routes_refused.join("; "));
-    Ok(Plan { carrier, routes, reasons, route_refusal, peer_mpi: peer.mpi })
+    let listeners = match shape {
+        ChannelKind::FanIn => fan_in_listeners(carrier, allowed, peer),
+        _ => Vec::new(),
+    };
+    Ok(Plan { carrier, routes, reasons, route_refusal, peer_mpi: peer.mpi, listeners })
 }
 
 /// What to tell a user whose rendezvous over `carrier` timed out, as the `role` end
@@ -387,8 +430,7 @@ mod tests {
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
     }
 
-    /// GPU buffers go by reference on every kind; loopback carries pairs and fan-ins, and the
-    /// others (MPI) pairs only.
+    /// GPU buffers go by reference on every kind; loopback and MPI carry pairs and fan-ins.
     #[test]
     fn which_transports_serve_which_kinds() {
         for shape in [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut] {
@@ -398,8 +440,22 @@ mod tests {
         assert!(carries_shape(TransportKind::Loopback, ChannelKind::FanIn).is_ok());
         let why = carries_shape(TransportKind::Loopback, ChannelKind::FanOut).unwrap_err();
         assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
-        let why = carries_shape(TransportKind::Mpi, ChannelKind::FanIn).unwrap_err();
-        assert!(why.contains("pair channels only") && why.contains("fan-in"), "{why}");
+        assert!(carries_shape(TransportKind::Mpi, ChannelKind::FanIn).is_ok());
+        let why = carries_shape(TransportKind::Mpi, ChannelKind::FanOut).unwrap_err();
+        assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
+    }
+
+    #[test]
+    fn a_fan_in_s_listeners_follow_what_is_allowed() {
+        // A local fan-in's consumer listens on shared memory, and on MPI only where this
+        // process joined it (the unit tests never do).
+        let config = ChannelConfig { kind: ChannelKind::FanIn, ..Default::default() };
+        let allowed = [TransportKind::Shm, TransportKind::Mpi];
+        let plan = plan(CommunicationScope::Local, &here(), "here", &allowed, "", &config, &no_gpu()).unwrap();
+        assert_eq!(plan.listeners, [TransportKind::Shm]);
+        let pair = ChannelConfig::default();
+        let plan = super::plan(CommunicationScope::Local, &here(), "here", &allowed, "", &pair, &no_gpu()).unwrap();
+        assert!(plan.listeners.is_empty(), "a pair listens on its carrier alone");
     }
 
     #[test]

@@ -1,23 +1,28 @@
-//! The consumer half of an MPI channel.
+//! The consumer half of an MPI channel: one producer's session (`MpiSession`), which reads
+//! that producer's messages. The consumer's end that meets producers is `acceptor`'s.
 
 use std::any::Any;
 use std::collections::{BTreeSet, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
-use crate::channels::transport::{ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
+use super::{
+    backoff, shape_refusal, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT,
+    FLAG_ZERO_COPY,
+};
+use crate::channels::transport::{ConsumerSession, RawView, Release};
 use crate::channels::{ChannelConfig, Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{register_duty, Duty, DutyRegistration, Endpoint, PrivateComm, Request, ThreadLevel};
-use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
+use crate::os::eventfd::{eventfd_drain, eventfd_signal};
 
-/// The one session of an MPI consumer (a new producer does not attach to an MPI channel).
-const SESSION: u64 = 1;
+/// The session of a pair's MPI consumer (a new producer does not attach to an MPI pair);
+/// a fan-in's are numbered by its acceptor.
+pub(super) const SESSION: u64 = 1;
 /// Receives posted ahead for the producer's next messages: MPI puts a message straight into
 /// one instead of holding it until asked for, and several in flight keep a window of
 /// messages moving.
@@ -38,6 +43,8 @@ struct Held {
 struct Shared {
     comm: Arc<PrivateComm>,
     peer: u32,
+    /// The session's id, which its views carry.
+    id: u64,
     control_tag: i32,
     /// Credits go at least every this many messages.
     batch: u64,
@@ -126,7 +133,7 @@ impl Release for Shared {
     fn release(&self, view: &RawView) -> Result<()> {
         let mut state = self.state.lock();
         let slot = state.slot(view.token);
-        let matches = view.session == SESSION
+        let matches = view.session == self.id
             && state.held[slot].as_ref().is_some_and(|h| {
                 let start = h.buffer.as_ptr() as usize;
                 h.seq == view.token
@@ -188,62 +195,25 @@ struct Probe {
     signalling: Mutex<()>,
 }
 
-/// The consuming end of an MPI channel: its one producer's session (a new producer does not
-/// attach to an MPI channel).
-pub(crate) struct MpiConsumer {
-    info: TransportInfo,
-    /// The notification fd once asked for, which the session's probing thread signals.
-    notify: Option<Arc<OwnedFd>>,
+/// What a fan-in's session holds for its producer while it is attached: its slot's claim
+/// (the lock a same-host producer would take) and its rank's (one producer per rank). Let go
+/// of once the producer's close is read.
+pub(super) type Claims = Box<dyn Any + Send + Sync>;
+
+/// Where a session's producer sits: a fan-in's slot and the claims held for it, and the
+/// session's id.
+pub(super) struct Seat {
+    pub(super) id: u64,
+    pub(super) slot: u32,
+    pub(super) claims: Option<Claims>,
 }
 
-impl MpiConsumer {
-    /// Waits for the producer of `name` at `ep` (its hello), up to the config's rendezvous
-    /// timeout, and answers it: the consumer, and its producer's session.
-    pub(crate) fn listen(
-        name: &str,
-        info: TransportInfo,
-        config: &ChannelConfig,
-        ep: Endpoint,
-    ) -> Result<(MpiConsumer, MpiSession)> {
-        let session = MpiSession::listen(name, config, ep)?;
-        Ok((MpiConsumer { info, notify: None }, session))
-    }
-}
-
-impl ConsumerTransport for MpiConsumer {
-    type Session = MpiSession;
-
-    fn info(&self) -> &TransportInfo {
-        &self.info
-    }
-
-    fn try_accept(&mut self) -> Result<Option<MpiSession>> {
-        Ok(None)
-    }
-
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if self.notify.is_none() {
-            self.notify = Some(Arc::new(eventfd()?));
-        }
-        Ok(self.notify.as_ref().expect("set up above").as_fd())
-    }
-
-    fn watch(&mut self, session: &mut MpiSession) -> Result<()> {
-        match &self.notify {
-            Some(fd) => session.start_notifier(Arc::clone(fd)),
-            None => Ok(()),
-        }
-    }
-
-    fn unwatch(&mut self, session: &mut MpiSession) {
-        session.stop_notifier();
-    }
-}
-
-/// The one producer's session at an MPI consumer.
+/// One producer's session at an MPI consumer.
 pub(crate) struct MpiSession {
     name: String,
     ep: Endpoint,
+    /// The session's id, slot and claims.
+    seat: Seat,
     tags: Tags,
     max_len: usize,
     /// The receives posted ahead, oldest first (MPI fills them in that order); none while a
@@ -270,45 +240,27 @@ pub(crate) struct MpiSession {
 impl MpiSession {
     /// Waits for the producer of `name` at `ep` (its hello), up to the config's rendezvous
     /// timeout, and answers it.
-    fn listen(name: &str, config: &ChannelConfig, ep: Endpoint) -> Result<MpiSession> {
+    pub(super) fn listen(name: &str, config: &ChannelConfig, ep: Endpoint) -> Result<MpiSession> {
         let tags = tags_for(name, ep.tag_upper_bound)?;
-        let (tag, control_tag) = (tags.messages, tags.answers);
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let mut spins = 0;
-        let (nonce, capacity, max_len) = loop {
-            if let Some(len) = ep.comm.iprobe(ep.peer, tag)? {
-                let bytes = receive(&ep, tag, len, Header::LEN + 4096 + 8, "producer")?;
-                let header = Header::decode(&bytes, "producer")?;
-                if header.kind == Kind::Hello {
-                    let body = &bytes[Header::LEN..];
-                    let name_len = header.len as usize;
-                    if body.len() != name_len + 8 {
-                        return Err(Error::Corrupt(format!(
-                            "the producer's hello for channel {name:?} has {} bytes of body",
-                            body.len()
-                        )));
-                    }
-                    let theirs = String::from_utf8_lossy(&body[..name_len]).into_owned();
-                    if theirs != name {
-                        let why = format!(
-                            "channels {theirs:?} and {name:?} between MPI ranks {} and {} share MPI tag {tag}; rename one",
-                            ep.peer, ep.rank
-                        );
-                        let mut refuse = Header::new(Kind::Refuse, header.seq, 0).to_bytes().to_vec();
-                        refuse.extend_from_slice(why.as_bytes());
-                        send_now(&ep, control_tag, &refuse)?;
-                        return Err(Error::InvalidState(why));
-                    }
-                    let max_len = u64::from_le_bytes(body[name_len..].try_into().expect("8 bytes"));
-                    let capacity = header.extra;
-                    if !(2..=1 << 20).contains(&capacity) || max_len == 0 || max_len > 1 << 40 {
-                        return Err(Error::Corrupt(format!(
-                            "the producer of channel {name:?} asks for capacity {capacity} and messages of {max_len} bytes"
-                        )));
-                    }
-                    break (header.seq, capacity, max_len as usize);
+        loop {
+            if let Some(len) = ep.comm.iprobe(ep.peer, tags.hellos)? {
+                let bytes = receive(&ep, tags.hellos, len, Hello::MAX_LEN, "producer")?;
+                let hello = Hello::decode(&bytes, ep.peer)?;
+                let why = if hello.name != name {
+                    Some(format!(
+                        "channels {:?} and {name:?} between MPI ranks {} and {} share MPI tag {}; rename one",
+                        hello.name, ep.peer, ep.rank, tags.hellos
+                    ))
+                } else {
+                    shape_refusal(name, config.kind, hello.kind)
+                };
+                if let Some(why) = why {
+                    refuse(&ep, tags, hello.nonce, &why)?;
+                    return Err(Error::InvalidState(why));
                 }
-                // A close or request of an earlier producer that gave up: not ours.
+                return MpiSession::start(name, config, ep, tags, &hello, Seat { id: SESSION, slot: 0, claims: None });
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout(format!(
@@ -317,14 +269,28 @@ impl MpiSession {
                 )));
             }
             backoff(&mut spins, false);
-        };
-        let mut ack = Header::new(Kind::Ack, nonce, 0);
+        }
+    }
+
+    /// Answers the producer's `hello` (received from `ep`'s peer) with an acknowledgement
+    /// that names its slot, and starts its session in `seat`.
+    pub(super) fn start(
+        name: &str,
+        config: &ChannelConfig,
+        ep: Endpoint,
+        tags: Tags,
+        hello: &Hello,
+        seat: Seat,
+    ) -> Result<MpiSession> {
+        let (capacity, max_len) = (hello.capacity, hello.max_len);
+        let mut ack = Header::new(Kind::Ack, hello.nonce, u64::from(seat.slot));
         ack.extra = capacity;
-        send_now(&ep, control_tag, &ack.to_bytes())?;
+        send_now(&ep, tags.answers, &ack.to_bytes())?;
         let shared = Arc::new(Shared {
             comm: Arc::clone(&ep.comm),
             peer: ep.peer,
-            control_tag,
+            id: seat.id,
+            control_tag: tags.answers,
             batch: (capacity / 4).max(1),
             state: Mutex::new(State {
                 held: (0..capacity).map(|_| None).collect(),
@@ -343,6 +309,7 @@ impl MpiSession {
         let mut consumer = MpiSession {
             name: name.to_owned(),
             ep,
+            seat,
             tags,
             max_len,
             landings: VecDeque::with_capacity(LANDINGS),
@@ -363,6 +330,22 @@ impl MpiSession {
             consumer.post_landing()?;
         }
         Ok(consumer)
+    }
+
+    /// The producer closed and its close is read: nothing more comes from its rank on this
+    /// channel's tags, so the receives posted ahead are taken back and the claims let go of
+    /// (its slot, and its rank for a new producer there).
+    fn quiesce(&mut self) {
+        for (request, buffer) in std::mem::take(&mut self.landings) {
+            if self.ep.comm.cancel_recv(request).is_err() {
+                // MPI may still write into it.
+                std::mem::forget(buffer);
+            }
+        }
+        self.seat.claims = None;
+        if let Some(n) = &self.notifier {
+            n.stop.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The most bytes one MPI message of the producer's headers tag carries.
@@ -455,7 +438,7 @@ impl MpiSession {
     /// Hands out a received message: held until released.
     fn deliver(&mut self, header: Header, buffer: Vec<u8>, start: usize) -> Result<RawView> {
         let mut state = self.shared.state.lock();
-        hold(&mut state, &mut self.next, header, buffer, start).map_err(|e| self.corrupt(e))
+        hold(&mut state, self.seat.id, &mut self.next, header, buffer, start).map_err(|e| self.corrupt(e))
     }
 
     /// Completes a chunked message if all its chunks have arrived.
@@ -579,7 +562,7 @@ impl MpiSession {
                             let mut state = self.shared.state.lock();
                             let mut small = state.pool.take(payload);
                             small[..payload].copy_from_slice(&buffer[Header::LEN..len]);
-                            hold(&mut state, &mut self.next, header, small, 0)
+                            hold(&mut state, self.seat.id, &mut self.next, header, small, 0)
                         };
                         self.recycle_landing(buffer);
                         return view.map(Some).map_err(|e| self.corrupt(e));
@@ -597,6 +580,7 @@ impl MpiSession {
                     );
                     self.gone =
                         Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                    self.quiesce();
                 }
                 Kind::ReportRequest => {
                     self.recycle_landing(buffer);
@@ -621,6 +605,7 @@ impl MpiSession {
 /// hands out its view; what is wrong when the producer sent more than the capacity allows.
 fn hold(
     state: &mut State,
+    session: u64,
     next: &mut u64,
     header: Header,
     buffer: Vec<u8>,
@@ -643,11 +628,11 @@ fn hold(
     state.held[slot] = Some(Held { seq: header.seq, buffer, report: header.flags & FLAG_REPORT != 0 });
     state.held_count += 1;
     *next += 1;
-    Ok(RawView { ptr, len, token: header.seq, session: SESSION, flags })
+    Ok(RawView { ptr, len, token: header.seq, session, flags })
 }
 
 /// Receives a probed message of `len` bytes (at most `max`).
-fn receive(ep: &Endpoint, tag: i32, len: usize, max: usize, whose: &str) -> Result<Vec<u8>> {
+pub(super) fn receive(ep: &Endpoint, tag: i32, len: usize, max: usize, whose: &str) -> Result<Vec<u8>> {
     if len > max {
         return Err(Error::Corrupt(format!("the {whose} sent {len} bytes where at most {max} were due")));
     }
@@ -657,8 +642,15 @@ fn receive(ep: &Endpoint, tag: i32, len: usize, max: usize, whose: &str) -> Resu
     Ok(bytes)
 }
 
+/// Refuses the hello `nonce` of `ep`'s peer, saying why.
+pub(super) fn refuse(ep: &Endpoint, tags: Tags, nonce: u64, why: &str) -> Result<()> {
+    let mut refusal = Header::new(Kind::Refuse, nonce, 0).to_bytes().to_vec();
+    refusal.extend_from_slice(why.as_bytes());
+    send_now(ep, tags.answers, &refusal)
+}
+
 /// Sends a short message and waits until MPI has it (at most a second).
-fn send_now(ep: &Endpoint, tag: i32, bytes: &[u8]) -> Result<()> {
+pub(super) fn send_now(ep: &Endpoint, tag: i32, bytes: &[u8]) -> Result<()> {
     let owned = bytes.to_vec();
     // SAFETY: `owned` lives until the request completes below, or is leaked with it.
     let mut request = unsafe { ep.comm.isend(owned.as_ptr(), owned.len(), ep.peer, tag)? };
@@ -676,17 +668,16 @@ fn send_now(ep: &Endpoint, tag: i32, bytes: &[u8]) -> Result<()> {
 
 impl ConsumerSession for MpiSession {
     fn id(&self) -> u64 {
-        SESSION
+        self.seat.id
     }
 
     fn peer(&self) -> Peer {
         Peer {
-            slot: 0,
+            slot: self.seat.slot,
             state: if self.gone.is_some() { PeerState::Gone } else { PeerState::Alive },
             pid: 0,
             rank: Some(self.ep.peer as i32),
-            // Another host, named by the consumer's location of its peer.
-            host: String::new(),
+            host: self.ep.peer_host().to_owned(),
             route: Some(crate::channels::transports::MPI.name()),
         }
     }
@@ -780,7 +771,7 @@ impl ConsumerSession for MpiSession {
 impl MpiSession {
     /// Starts the thread that signals `fd` while a message may wait (the consumer's
     /// notification fd).
-    fn start_notifier(&mut self, fd: Arc<OwnedFd>) -> Result<()> {
+    pub(super) fn start_notifier(&mut self, fd: Arc<OwnedFd>) -> Result<()> {
         if self.notifier.is_some() {
             return Ok(());
         }
@@ -833,7 +824,7 @@ impl MpiSession {
     }
 
     /// Stops the probing thread, if one runs.
-    fn stop_notifier(&mut self) {
+    pub(super) fn stop_notifier(&mut self) {
         if let Some(mut n) = self.notifier.take() {
             n.stop.store(true, Ordering::Relaxed);
             if let Some(t) = n.thread.take() {

@@ -2,12 +2,19 @@
 //! communicator (see `crate::mpi`).
 //!
 //! - **Addressing.** The peer's location comes from MPI discovery and carries its world and
-//!   rank. A channel uses three tags derived from its name (checked against `MPI_TAG_UB`): one
+//!   rank. A channel uses five tags derived from its name (checked against `MPI_TAG_UB`): one
 //!   for the producer's messages, one for the consumer's answers, one for the chunks of large
-//!   messages (`Tags`).
-//! - **Rendezvous.** The producer sends a hello (channel name, capacity, largest message,
-//!   a nonce); the consumer checks the name and answers with an acknowledgement (or a refusal
-//!   saying why). Either may start first: MPI holds the hello until the consumer looks.
+//!   messages, one for hellos, one for a fan-out's joins (`Tags`).
+//! - **Rendezvous.** The producer sends a hello (channel name and kind, capacity, largest
+//!   message, a nonce) on the hello tag; the consumer checks it and answers with an
+//!   acknowledgement (naming the producer's slot in a fan-in) or a refusal saying why. Either
+//!   may start first: MPI holds the hello until the consumer looks. A pair's consumer looks
+//!   for its one producer's rank; a fan-in's (`acceptor`) probes every rank, so that producers
+//!   attach at any time without the probe matching the messages of those attached, which stay
+//!   on the messages tag where each session receives from its own rank. A process keeps one
+//!   producer of a channel toward a consumer: a second would share its tags. A fan-out's
+//!   consumer on another host first sends a join to the producer's rank (`joins`), whose
+//!   producer probes every rank for joins and answers each with a hello of its own.
 //! - **Messages.** Every message starts with a `Header` (sequence number, length, flags).
 //!   Up to `CHUNK` bytes go in one MPI message with their header; longer ones, and buffer
 //!   sends (sent from the buffer itself, not copied), go as the header alone followed by
@@ -45,16 +52,33 @@
 //!
 //! [`ConsumerTransport::notify_fd`]: crate::channels::transport::ConsumerTransport::notify_fd
 
+mod acceptor;
 mod consumer;
+// The MPI side of a fan-out with consumers on other hosts, which the fan-out's producer in the
+// channel core takes up (its outs); until then only its tests use it.
+#[allow(dead_code)]
+mod joins;
 mod producer;
 
-pub(crate) use consumer::{MpiConsumer, MpiSession};
+pub(crate) use acceptor::MpiConsumer;
+pub(crate) use consumer::MpiSession;
 pub(crate) use producer::MpiProducer;
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::channels::ChannelKind;
 use crate::error::{Error, Result};
+use crate::mpi::Endpoint;
+use crate::os::eventfd::eventfd_signal;
+
+/// Takes slot `n` of a fan channel for a peer met over MPI, if it is free: what holds it
+/// (dropped, the slot is free again), or `None` when another peer holds it.
+pub(crate) type ClaimSlot = Box<dyn FnMut(u32) -> Result<Option<Box<dyn std::any::Any + Send + Sync>>> + Send>;
 
 /// The longest message that goes as one MPI message with its header, and the size of the
 /// chunks of longer ones.
@@ -66,8 +90,7 @@ const MAGIC: u32 = 0x4c46_4d31; // "LFM1"
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 enum Kind {
-    /// Producer to consumer: a channel's first words (`seq`: nonce, `len`: name length,
-    /// `extra`: capacity; the body: the name, then the largest message as 8 bytes).
+    /// Producer to consumer: a channel's first words ([`Hello`]).
     Hello = 1,
     /// Producer to consumer: message `seq` of `len` bytes.
     Data = 2,
@@ -75,7 +98,8 @@ enum Kind {
     Close = 3,
     /// Producer to consumer: answer with a credit once `seq + 1` messages are released.
     ReportRequest = 4,
-    /// Consumer to producer: the hello `seq` (its nonce) is accepted, with capacity `extra`.
+    /// Consumer to producer: the hello `seq` (its nonce) is accepted, with capacity `extra`,
+    /// in fan-in slot `len` (0 for a pair).
     Ack = 5,
     /// Consumer to producer: the hello `seq` is refused; the body says why.
     Refuse = 6,
@@ -83,6 +107,9 @@ enum Kind {
     Credit = 7,
     /// Consumer to producer: the consumer closed.
     Closed = 8,
+    /// Consumer to producer: a fan-out's consumer joins (`seq`: a nonce, `len`: the name's
+    /// length; the body: the name).
+    Join = 9,
 }
 
 impl Kind {
@@ -97,6 +124,7 @@ impl Kind {
             Kind::Refuse => "a refusal",
             Kind::Credit => "a credit",
             Kind::Closed => "a closed message",
+            Kind::Join => "a join",
         }
     }
 }
@@ -176,6 +204,7 @@ impl Header {
             6 => Kind::Refuse,
             7 => Kind::Credit,
             8 => Kind::Closed,
+            9 => Kind::Join,
             other => return Err(bad(format!("has kind {other}, which lava-flow does not send"))),
         };
         let flags = u32::from(wire.flags.get());
@@ -187,10 +216,10 @@ impl Header {
 }
 
 /// A channel's tags on lava-flow's communicator, derived from its name (FNV-1a) so that both
-/// ends find them alone; names that meet on one set are told apart at the hello. Three
+/// ends find them alone; names that meet on one set are told apart at the hello. Five
 /// consecutive tags, so that two channels of one name in opposite directions never meet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Tags {
+pub(crate) struct Tags {
     /// Producer to consumer: headers and the messages that fit with them.
     messages: i32,
     /// Consumer to producer: answers and credits.
@@ -198,11 +227,20 @@ struct Tags {
     /// Producer to consumer: the chunks of larger messages (a tag of their own, so that the
     /// consumer's receives posted ahead for headers never take one).
     chunks: i32,
+    /// Producer to consumer: hellos (a tag of their own, so that a fan-in's consumer can
+    /// probe every rank for new producers without matching the messages of those attached).
+    hellos: i32,
+    /// Consumer to producer: a fan-out's consumers' joins (a tag of their own, so that the
+    /// producer can probe every rank for them without matching attached consumers' answers).
+    joins: i32,
 }
+
+/// How many tags a channel takes.
+const TAGS_PER_CHANNEL: i64 = 5;
 
 fn tags_for(name: &str, tag_upper_bound: i32) -> Result<Tags> {
     // Tags 0 and 1 are left to discovery and future use.
-    let sets = (i64::from(tag_upper_bound) - 1) / 3;
+    let sets = (i64::from(tag_upper_bound) - 1) / TAGS_PER_CHANNEL;
     if sets < 1 {
         return Err(Error::Unsupported(format!("MPI_TAG_UB is {tag_upper_bound}: too small for lava-flow's channels")));
     }
@@ -211,8 +249,163 @@ fn tags_for(name: &str, tag_upper_bound: i32) -> Result<Tags> {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    let messages = 2 + 3 * (hash % sets as u64) as i32;
-    Ok(Tags { messages, answers: messages + 1, chunks: messages + 2 })
+    let messages = 2 + (TAGS_PER_CHANNEL as i32) * (hash % sets as u64) as i32;
+    Ok(Tags { messages, answers: messages + 1, chunks: messages + 2, hellos: messages + 3, joins: messages + 4 })
+}
+
+/// A producer's hello: who it is and what it asks for. On the wire: a [`Header`] (`seq`: a
+/// nonce, `len`: the name's length, `extra`: the capacity), then the name, the largest
+/// message (8 bytes) and the channel's kind (4 bytes, `ChannelKind::code`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Hello {
+    nonce: u64,
+    name: String,
+    capacity: u64,
+    max_len: usize,
+    kind: ChannelKind,
+}
+
+impl Hello {
+    /// The longest hello a consumer receives (a channel name is far shorter).
+    const MAX_LEN: usize = Header::LEN + 4096 + 12;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut header = Header::new(Kind::Hello, self.nonce, self.name.len() as u64);
+        header.extra = self.capacity;
+        let mut bytes = header.to_bytes().to_vec();
+        bytes.extend_from_slice(self.name.as_bytes());
+        bytes.extend_from_slice(&(self.max_len as u64).to_le_bytes());
+        bytes.extend_from_slice(&self.kind.code().to_le_bytes());
+        bytes
+    }
+
+    /// Parses and checks a hello from the producer at MPI rank `rank`; anything else is
+    /// `Corrupt`. Pure, so that it can be fuzzed.
+    fn decode(bytes: &[u8], rank: u32) -> Result<Hello> {
+        let whose = format!("producer at MPI rank {rank}");
+        let header = Header::decode(bytes, &whose)?;
+        let bad = |what: String| Error::Corrupt(format!("the hello of the {whose} {what}"));
+        if header.kind != Kind::Hello {
+            return Err(bad(format!("is {}", header.kind.describe())));
+        }
+        let body = &bytes[Header::LEN..];
+        let name_len = usize::try_from(header.len).unwrap_or(usize::MAX);
+        if name_len > 4096 || body.len() != name_len + 12 {
+            return Err(bad(format!("has {} bytes of body for a name of {} bytes", body.len(), header.len)));
+        }
+        let name = String::from_utf8(body[..name_len].to_vec()).map_err(|_| bad("names no UTF-8 channel".into()))?;
+        let max_len = u64::from_le_bytes(body[name_len..name_len + 8].try_into().expect("8 bytes"));
+        let code = u32::from_le_bytes(body[name_len + 8..].try_into().expect("4 bytes"));
+        let Some(kind) = ChannelKind::from_code(code) else {
+            return Err(bad(format!("names channel kind {code}, which this lava-flow does not know")));
+        };
+        let capacity = header.extra;
+        if !(2..=1 << 20).contains(&capacity) || max_len == 0 || max_len > 1 << 40 {
+            return Err(bad(format!("asks for capacity {capacity} and messages of {max_len} bytes")));
+        }
+        Ok(Hello { nonce: header.seq, name, capacity, max_len: max_len as usize, kind })
+    }
+}
+
+/// Why a consumer of `kind` taking `max_peers` producers refuses a producer of `theirs` on
+/// channel `name`: in the words of the shared-memory carrier's refusals, so that an
+/// application reads the same whichever carrier refused it.
+fn shape_refusal(name: &str, kind: ChannelKind, theirs: ChannelKind) -> Option<String> {
+    (kind != theirs).then(|| crate::channels::peers::kind_mismatch(name, kind, theirs))
+}
+
+/// The refusal of a producer of a full fan-in.
+fn full_refusal(name: &str, max_peers: u32) -> String {
+    crate::channels::peers::fan_in_full(name, max_peers)
+}
+
+/// A fan-out consumer's join: which channel it joins. On the wire: a [`Header`] (`seq`: a
+/// nonce, which the producer's hello answers with; `len`: the name's length), then the name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Join {
+    nonce: u64,
+    name: String,
+}
+
+impl Join {
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = Header::new(Kind::Join, self.nonce, self.name.len() as u64).to_bytes().to_vec();
+        bytes.extend_from_slice(self.name.as_bytes());
+        bytes
+    }
+
+    /// Parses a join from the consumer at MPI rank `rank`; anything else is `Corrupt`.
+    fn decode(bytes: &[u8], rank: u32) -> Result<Join> {
+        let whose = format!("consumer at MPI rank {rank}");
+        let header = Header::decode(bytes, &whose)?;
+        let bad = |what: String| Error::Corrupt(format!("the join of the {whose} {what}"));
+        if header.kind != Kind::Join {
+            return Err(bad(format!("is {}", header.kind.describe())));
+        }
+        let body = &bytes[Header::LEN..];
+        if body.len() > 4096 || header.len != body.len() as u64 {
+            return Err(bad(format!("has {} bytes of body for a name of {} bytes", body.len(), header.len)));
+        }
+        let name = String::from_utf8(body.to_vec()).map_err(|_| bad("names no UTF-8 channel".into()))?;
+        Ok(Join { nonce: header.seq, name })
+    }
+}
+
+/// A thread that probes one tag of a channel from every rank, for a notification fd: it
+/// makes the fd readable, and notes that something waits, while a message with the tag has
+/// arrived and is not received. Stopped when dropped.
+struct TagProbe {
+    /// Something was seen since the owner last found nothing.
+    seen: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TagProbe {
+    /// How often the thread looks: what it looks for (a peer that attaches) is rare.
+    const PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+
+    /// Starts probing `tag` on `here`'s communicator, signalling `fd`; `what` names it.
+    fn start(here: &Endpoint, tag: i32, fd: Arc<OwnedFd>, what: &str) -> Result<TagProbe> {
+        let seen = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let comm = Arc::clone(&here.comm);
+        let (thread_seen, thread_stop) = (Arc::clone(&seen), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name(format!("lava-flow-mpi-{what}"))
+            .spawn(move || {
+                while !thread_stop.load(Ordering::Relaxed) {
+                    // An error here shows again at the owner's next look.
+                    if let Ok(Some(_)) = comm.iprobe_any(tag) {
+                        thread_seen.store(true, Ordering::Release);
+                        eventfd_signal(fd.as_fd());
+                    }
+                    std::thread::sleep(TagProbe::PERIOD);
+                }
+            })
+            .map_err(|e| Error::os(format!("spawning the thread that probes for MPI {what}"), e))?;
+        Ok(TagProbe { seen, stop, thread: Some(thread) })
+    }
+
+    /// Whether something may wait (one atomic load).
+    fn seen(&self) -> bool {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    /// The owner looked and found nothing: what arrives from now on, the thread's next look
+    /// sees.
+    fn looked(&self) {
+        self.seen.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for TagProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Buffers one end of a channel keeps for reuse: at most [`BufferPool::MAX_BUFFERS`], and at
@@ -338,18 +531,57 @@ mod tests {
     fn tags_are_consecutive_sets_within_the_bound() {
         for name in ["a", "b", "a-much-longer-channel-name", ""] {
             let t = tags_for(name, 32767).unwrap();
-            assert!(t.messages >= 2 && (t.messages - 2) % 3 == 0, "{name}: {t:?}");
-            assert_eq!((t.answers, t.chunks), (t.messages + 1, t.messages + 2));
-            assert!(t.chunks <= 32767);
+            assert!(t.messages >= 2 && (t.messages - 2) % 5 == 0, "{name}: {t:?}");
+            assert_eq!((t.answers, t.chunks, t.hellos), (t.messages + 1, t.messages + 2, t.messages + 3));
+            assert_eq!(t.joins, t.messages + 4);
+            assert!(t.joins <= 32767);
         }
         assert_eq!(tags_for("x", 32767).unwrap(), tags_for("x", 32767).unwrap());
         assert_ne!(tags_for("x", 1 << 30).unwrap(), tags_for("y", 1 << 30).unwrap());
-        assert!(tags_for("x", 3).is_err());
-        assert!(tags_for("x", 4).is_ok());
+        assert!(tags_for("x", 5).is_err());
+        let smallest = tags_for("x", 6).unwrap();
+        assert_eq!((smallest.messages, smallest.joins), (2, 6), "the five tags fit under MPI_TAG_UB = 6");
+    }
+
+    fn hello() -> Hello {
+        Hello { nonce: 7, name: "fan".into(), capacity: 64, max_len: 1 << 20, kind: ChannelKind::FanIn }
+    }
+
+    #[test]
+    fn hellos_round_trip_and_say_what_is_wrong() {
+        assert_eq!(Hello::decode(&hello().encode(), 3).unwrap(), hello());
+        let mut bytes = hello().encode();
+        let at = bytes.len() - 4;
+        bytes[at] = 9;
+        let err = Hello::decode(&bytes, 3).unwrap_err();
+        assert!(matches!(&err, Error::Corrupt(m) if m.contains("kind 9") && m.contains("rank 3")), "{err}");
+        let err = Hello::decode(&hello().encode()[..Header::LEN + 5], 3).unwrap_err();
+        assert!(matches!(&err, Error::Corrupt(m) if m.contains("bytes of body")), "{err}");
+        let err = Hello::decode(&Hello { capacity: 1, ..hello() }.encode(), 3).unwrap_err();
+        assert!(matches!(&err, Error::Corrupt(m) if m.contains("capacity 1")), "{err}");
+    }
+
+    #[test]
+    fn refusals_speak_as_the_shared_memory_ones() {
+        assert_eq!(shape_refusal("x", ChannelKind::FanIn, ChannelKind::FanIn), None);
+        let why = shape_refusal("x", ChannelKind::FanIn, ChannelKind::Pair).unwrap();
+        assert!(why.contains("is a fan-in channel and this producer created a pair one"), "{why}");
+        assert!(full_refusal("x", 3).contains("is full: it takes max_peers = 3 producers"));
     }
 
     proptest! {
         #![proptest_config(crate::fuzz::config(4000))]
+
+        /// A hello from any rank: accepted only whole and within bounds, and then exactly
+        /// what its bytes say.
+        #[test]
+        fn fuzz_hellos(bytes in crate::fuzz::bytes_near(hello().encode(), 64)) {
+            if let Ok(h) = Hello::decode(&bytes, 1) {
+                prop_assert!((2..=1 << 20).contains(&h.capacity) && h.max_len > 0);
+                prop_assert_eq!(bytes.len(), Header::LEN + h.name.len() + 12);
+                prop_assert_eq!(Hello::decode(&h.encode(), 1).unwrap(), h);
+            }
+        }
 
         /// Every MPI message starts with a header from the peer: accepted only with
         /// lava-flow's magic, a known kind and known flags, and then exactly what its first

@@ -2,11 +2,14 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::{backoff, tags_for, BufferPool, Header, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use parking_lot::Mutex;
+
+use super::{backoff, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
-use crate::channels::{ChannelConfig, WaitStrategy};
+use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{Endpoint, Request};
 
@@ -41,6 +44,63 @@ pub(crate) struct MpiProducer {
     loan: Option<Vec<u8>>,
     /// A report was requested for every message below this.
     report_asked: u64,
+    /// The slot a fan-in's consumer gave this producer (0 for a pair).
+    slot: u32,
+    /// This process's claim on the channel toward its consumer (dropped after the close).
+    _claim: ProducerClaim,
+}
+
+/// The MPI producers of this process: (communicator, consumer's rank, channel). One at a
+/// time per channel and consumer: a second would send on the first's tags, and its rendezvous
+/// could take the first's credits.
+static PRODUCERS: Mutex<Vec<(usize, u32, String)>> = Mutex::new(Vec::new());
+
+/// A producer's entry in [`PRODUCERS`], removed when it drops.
+struct ProducerClaim(usize, u32, String);
+
+/// Whether this process has a producer of channel `name` toward `ep`'s peer.
+pub(super) fn has_producer(name: &str, ep: &Endpoint) -> bool {
+    let comm = Arc::as_ptr(&ep.comm) as usize;
+    PRODUCERS.lock().iter().any(|(c, r, n)| (*c, *r) == (comm, ep.peer) && n == name)
+}
+
+impl ProducerClaim {
+    fn take(name: &str, ep: &Endpoint, kind: ChannelKind) -> Result<ProducerClaim> {
+        let key = (Arc::as_ptr(&ep.comm) as usize, ep.peer, name.to_owned());
+        let mut producers = PRODUCERS.lock();
+        if producers.contains(&key) {
+            let rank = ep.rank;
+            return Err(Error::InvalidState(match kind {
+                ChannelKind::FanOut => format!(
+                    "one consumer per MPI rank on a fan-out: this process (MPI rank {rank}) already sends fan-out \
+                     channel {name:?} to a consumer at MPI rank {}",
+                    ep.peer
+                ),
+                ChannelKind::FanIn => format!(
+                    "one producer per MPI rank on a fan-in: this process (MPI rank {rank}) already has a producer of \
+                     fan-in channel {name:?}, whose consumer is at MPI rank {}; a rank's producers would share its MPI \
+                     tags. Close that one first, or send from one producer per rank",
+                    ep.peer
+                ),
+                _ => format!(
+                    "channel {name:?} already has a live producer in this process (MPI rank {rank}); a pair channel \
+                     has one producer at a time: close that one first, use another channel name, or make the channel \
+                     a fan-in"
+                ),
+            }));
+        }
+        producers.push(key.clone());
+        Ok(ProducerClaim(key.0, key.1, key.2))
+    }
+}
+
+impl Drop for ProducerClaim {
+    fn drop(&mut self) {
+        let mut producers = PRODUCERS.lock();
+        if let Some(at) = producers.iter().position(|(c, r, n)| (*c, *r) == (self.0, self.1) && *n == self.2) {
+            producers.swap_remove(at);
+        }
+    }
 }
 
 impl MpiProducer {
@@ -52,17 +112,32 @@ impl MpiProducer {
         config: &ChannelConfig,
         ep: Endpoint,
     ) -> Result<MpiProducer> {
+        let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
+        Self::connect_with(name, info, config, ep, nonce)
+    }
+
+    /// [`connect`](Self::connect) with a hello of `nonce` (a fan-out's answer to a consumer's
+    /// join carries the join's).
+    pub(super) fn connect_with(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        ep: Endpoint,
+        nonce: u64,
+    ) -> Result<MpiProducer> {
         let tags = tags_for(name, ep.tag_upper_bound)?;
         if config.capacity < 2 || !config.capacity.is_power_of_two() {
             return Err(Error::invalid(format!("capacity {} is not a power of two >= 2", config.capacity)));
         }
+        let claim = ProducerClaim::take(name, &ep, config.kind)?;
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
-        let nonce = u64::from(std::process::id()) << 32 | u64::from(rand_u32());
-        let mut hello = Header::new(Kind::Hello, nonce, name.len() as u64);
-        hello.extra = u64::from(config.capacity);
-        let mut bytes = hello.to_bytes().to_vec();
-        bytes.extend_from_slice(name.as_bytes());
-        bytes.extend_from_slice(&(config.pool_size as u64).to_le_bytes());
+        let hello = Hello {
+            nonce,
+            name: name.to_owned(),
+            capacity: u64::from(config.capacity),
+            max_len: config.pool_size,
+            kind: config.kind,
+        };
         let mut p = MpiProducer {
             info,
             name: name.to_owned(),
@@ -78,16 +153,31 @@ impl MpiProducer {
             pool: BufferPool::new(config.pool_size),
             loan: None,
             report_asked: 0,
+            slot: 0,
+            _claim: claim,
         };
-        let len = bytes.len();
-        p.post_buffer(bytes, len)?;
+        // Until the consumer accepts it, nothing goes on the channel's messages tag (not even a
+        // close when this fails): the consumer reads that tag only from producers it accepted.
+        p.gone = Some(format!("channel {name:?} never met its consumer"));
+        let bytes = hello.encode();
+        let ptr = bytes.as_ptr();
+        // SAFETY: the vector's heap memory is kept by the entry.
+        unsafe { p.post_with(p.tags.hellos, ptr, bytes.len(), Keep::Buffer(bytes))? };
         let mut spins = 0;
         loop {
             p.reap()?;
-            if let Some((len, header, body)) = p.next_control()? {
+            if let Some((_, header, body)) = p.next_control()? {
                 match header.kind {
                     Kind::Ack if header.seq == nonce => {
-                        let _ = len;
+                        p.slot = u32::try_from(header.len).unwrap_or(u32::MAX);
+                        if config.kind == ChannelKind::FanIn {
+                            log::info!(
+                                "fan-in channel {name:?} (producer): attached in slot {} of the consumer at MPI rank {}",
+                                p.slot,
+                                p.ep.peer
+                            );
+                        }
+                        p.gone = None;
                         return Ok(p);
                     }
                     Kind::Refuse if header.seq == nonce => {

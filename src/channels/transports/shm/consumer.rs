@@ -78,6 +78,31 @@ impl ShmConsumer {
         Ok((consumer, session))
     }
 
+    /// The consumer of fan-in channel `name`, for a consumer that also meets producers over
+    /// other carriers: listens on its socket, where a thread of its own meets producers as they
+    /// connect (`try_accept` takes them up), answering each with `answers`. Returns at once.
+    pub(crate) fn fan_in(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        answers: Vec<Attachment>,
+    ) -> Result<ShmConsumer> {
+        let listener = Listener::bind(name)?;
+        let shape = Shape { kind: config.kind, max_peers: config.max_peers };
+        let acceptor = Acceptor::start(listener, name, config.wait, shape, answers)?;
+        Ok(ShmConsumer {
+            info,
+            name: name.to_owned(),
+            wait: config.wait,
+            shape,
+            listener: None,
+            acceptor: Some(acceptor),
+            sessions: 1,
+            notify: None,
+            answers: Vec::new(),
+        })
+    }
+
     /// A pair's first producer, met on `listener` by `deadline`.
     fn meet_first(
         listener: &Listener,

@@ -19,8 +19,11 @@
 //!
 //! lf-bench's main process only forks and reads results: each case's consumer and producers
 //! are processes of their own, forked before any of them opens lava-flow.
+//!
+//! `--over mpi` (built with the `mpi` feature) is the fan-in across host identities instead,
+//! run under `mpirun`: rank 0 the consumer, the other ranks its producers (`mpi/fanin.rs`).
 
-mod gather;
+pub mod gather;
 pub mod lf;
 mod peers;
 mod report;
@@ -42,7 +45,9 @@ use peers::FanInPeers;
 
 pub const USAGE: &str =
     "usage: lf-bench --fan-in [--quick] [--json] [--json-out FILE] [--size 64] [--producers 1,2,4,8]
-                      [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanin PATH] [--mpi-fanin PATH]";
+                      [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanin PATH] [--mpi-fanin PATH]
+       mpirun -np 1 -x LF_HOST_ID=a lf-bench --fan-in --over mpi [--quick] [--json] [--size 64] [--warm S] [--window S] [--no-pin]
+            : -np N -x LF_HOST_ID=b lf-bench --fan-in --over mpi [the same]   (rank 0 consumes; see benchmarks/run-fan-in-mpi.sh)";
 
 /// The most producers a case takes: the default `max_peers` of a fan-in.
 const MAX_PRODUCERS: usize = 8;
@@ -60,6 +65,8 @@ pub struct FanInOptions {
     pub peers: bool,
     pub iceoryx2: Option<PathBuf>,
     pub mpi: Option<PathBuf>,
+    /// `--over mpi`: the producers are MPI ranks (run under mpirun).
+    pub over_mpi: bool,
 }
 
 fn options() -> FanInOptions {
@@ -76,6 +83,7 @@ fn options() -> FanInOptions {
         peers: true,
         iceoryx2: None,
         mpi: None,
+        over_mpi: false,
     };
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -92,6 +100,10 @@ fn options() -> FanInOptions {
             "--no-peers" => o.peers = false,
             "--iceoryx2-fanin" => o.iceoryx2 = Some(value().into()),
             "--mpi-fanin" => o.mpi = Some(value().into()),
+            "--over" => match value().as_str() {
+                "mpi" => o.over_mpi = true,
+                other => die(&format!("--over {other}: the one carrier a fan-in can be measured over alone is mpi")),
+            },
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -188,6 +200,15 @@ fn run_lf(o: &FanInOptions, control: &Control, name: &str, kind: lf_channel_kind
 /// The whole run: lava-flow's rows, then each peer's, for every producer count.
 pub fn main() {
     let o = options();
+    if o.over_mpi {
+        #[cfg(feature = "mpi")]
+        {
+            crate::mpi::fanin::main(&o);
+            return;
+        }
+        #[cfg(not(feature = "mpi"))]
+        die("this lf-bench was built without MPI support: build it with `cargo build --release --features mpi --bin lf-bench` (needs the MPI headers and libclang)");
+    }
     let machine = Machine::probe();
     let peers = FanInPeers::find(&o);
     let tag = format!("lfb{}", std::process::id());

@@ -37,6 +37,7 @@
 //! joins MPI and runs them.
 
 mod channels;
+pub(crate) mod fanin;
 mod options;
 mod raw;
 mod report;
