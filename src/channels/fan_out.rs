@@ -67,14 +67,14 @@ impl Out {
     }
 
     /// Sends `payload` to this consumer (its carrier has room): packed by its route, or staged.
-    fn send_payload(&mut self, payload: &Payload<'_>) -> Result<u64> {
+    /// `passed`: a deadline already past, so that nothing waits (nor reads the clock) here.
+    fn send_payload(&mut self, payload: &Payload<'_>, passed: Instant) -> Result<u64> {
         let Some(route) = self.routes.for_kind(payload.kind) else { return self.send_staged(payload) };
         let packed = &mut self.packed;
         route.pack(payload, self.carrier.completed_hint(), packed)?;
         let descriptor = &packed.descriptor[..packed.descriptor_len];
         // The fan-out waited for room: none is waited for here.
-        let seq =
-            self.carrier.send_routed(route.route_id(), descriptor, &mut packed.attachments, Some(Instant::now()))?;
+        let seq = self.carrier.send_routed(route.route_id(), descriptor, &mut packed.attachments, Some(passed))?;
         route.sent(seq);
         Ok(seq)
     }
@@ -114,6 +114,9 @@ pub(super) struct FanOut {
     loaned: Option<u64>,
     /// The carrier and GPU route, over every consumer (the plan's until the first came).
     info: TransportInfo,
+    /// When the fan-out was made: a deadline always past, for sends to consumers that have
+    /// room (no clock read per consumer and message).
+    made: Instant,
 }
 
 impl FanOut {
@@ -131,6 +134,7 @@ impl FanOut {
             staging: Vec::new(),
             loaned: None,
             info: parts.info,
+            made: Instant::now(),
         };
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         loop {
@@ -496,8 +500,13 @@ impl FanOut {
                 )));
             }
         }
+        // Every consumer's next slot, asked for at once: each is a line its consumer last read.
+        for out in self.outs.iter().flatten() {
+            out.carrier.prefetch_publish();
+        }
         self.make_room(|out: &Out| out.room_for(payload), payload.len, timeout)?;
-        self.publish_each(|out| out.send_payload(payload))
+        let passed = self.made;
+        self.publish_each(|out| out.send_payload(payload, passed))
     }
 
     /// Whether any consumer takes memory of `kind` through a route (others get it staged).

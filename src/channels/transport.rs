@@ -435,6 +435,11 @@ pub trait ProducerTransport: Send {
         }
     }
 
+    /// Asks for the memory that the next publish writes, for writing, without waiting for it:
+    /// a fan-out publishes to several consumers in a row, and their lines, which each consumer
+    /// last read, then come in parallel rather than one after the other.
+    fn prefetch_publish(&self) {}
+
     /// Ends the connection to a consumer that a fan-out found too slow: the consumer reads
     /// the messages it has, then learns that it was detached. (Where the carrier cannot say
     /// so, dropping the end afterwards closes it as any producer closes.)

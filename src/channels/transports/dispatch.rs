@@ -395,6 +395,7 @@ forward_impl!(forward_producer: impl ProducerTransport for AnyProducer {
     fn peer_holds(&self) -> Option<Arc<PeerHolds>>;
     fn peer(&self) -> Peer;
     fn has_room_for(&mut self, len: usize) -> Result<bool>;
+    hot fn prefetch_publish(&self);
     fn detach(&mut self);
 });
 

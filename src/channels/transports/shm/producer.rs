@@ -854,6 +854,12 @@ impl ProducerTransport for ShmProducer {
         self.room_for(len)
     }
 
+    #[inline]
+    fn prefetch_publish(&self) {
+        let slot = self.region.slot((self.head & self.mask) as usize);
+        crate::os::prefetch_for_write(std::ptr::from_ref(slot).cast());
+    }
+
     /// The consumer's receives say that it was detached, after the messages it has.
     fn detach(&mut self) {
         self.region.producer_closed().store(PRODUCER_DETACHED, Ordering::SeqCst);
