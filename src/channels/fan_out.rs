@@ -323,6 +323,14 @@ impl FanOut {
         Ok(())
     }
 
+    /// Asks for every consumer's next slot at once: each is a line its consumer last read, and
+    /// they then come in parallel rather than one after the other as each is written.
+    fn prefetch_publish(&self) {
+        for out in self.outs.iter().flatten() {
+            out.carrier.prefetch_publish();
+        }
+    }
+
     /// Publishes one message to every consumer with `send` (each has room), and numbers it.
     /// A failure before any consumer got the message is the caller's (a bad region, say) and
     /// is returned; a consumer that fails after others got it is dropped, so that every
@@ -396,6 +404,7 @@ impl FanOut {
             )));
         }
         self.loaned = None;
+        self.prefetch_publish();
         // Every consumer had room when the loan was made, and only this producer takes room.
         let staging = std::mem::take(&mut self.staging);
         let bytes = &staging[..len];
@@ -467,6 +476,7 @@ impl FanOut {
         len: usize,
         timeout: Option<Duration>,
     ) -> Result<u64> {
+        self.prefetch_publish();
         // A buffer send takes a slot and no pool room: room for one byte is that.
         self.make_room(|_| 1, len, timeout)?;
         self.publish_each(|out| out.carrier.try_send_region(region, offset, len))
@@ -500,10 +510,7 @@ impl FanOut {
                 )));
             }
         }
-        // Every consumer's next slot, asked for at once: each is a line its consumer last read.
-        for out in self.outs.iter().flatten() {
-            out.carrier.prefetch_publish();
-        }
+        self.prefetch_publish();
         self.make_room(|out: &Out| out.room_for(payload), payload.len, timeout)?;
         let passed = self.made;
         self.publish_each(|out| out.send_payload(payload, passed))
