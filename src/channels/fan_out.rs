@@ -96,6 +96,14 @@ impl Out {
     }
 }
 
+/// A consumer, for the log: its pid on this host, or its MPI rank.
+fn who(peer: &Peer) -> String {
+    match peer.rank {
+        Some(rank) => format!("at MPI rank {rank}"),
+        None => format!("pid {}", peer.pid),
+    }
+}
+
 /// The producer's side of a fan-out.
 pub(super) struct FanOut {
     /// Where consumers are met (dropped first: nobody is met while the fan-out closes).
@@ -114,6 +122,8 @@ pub(super) struct FanOut {
     loaned: Option<u64>,
     /// The carrier and GPU route, over every consumer (the plan's until the first came).
     info: TransportInfo,
+    /// The carriers consumers come over, for the carrier's reason (empty where one).
+    listening: String,
 }
 
 impl FanOut {
@@ -131,6 +141,7 @@ impl FanOut {
             staging: Vec::new(),
             loaned: None,
             info: parts.info,
+            listening: parts.listening,
         };
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         loop {
@@ -173,10 +184,10 @@ impl FanOut {
         for (slot, arrival) in met {
             let Some(entry) = self.outs.get_mut(slot) else { continue };
             log::info!(
-                "channel {:?} (fan-out producer): consumer pid {} attached in slot {slot}; it receives from message \
-                 {} on ({})",
+                "channel {:?} (fan-out producer): consumer {} attached in slot {slot}; it receives from message {} on \
+                 ({})",
                 self.name,
-                arrival.carrier.peer().pid,
+                who(&arrival.carrier.peer()),
                 self.next,
                 arrival.info.names()
             );
@@ -210,7 +221,10 @@ impl FanOut {
                 None => {}
             }
         }
-        let Some(carrier) = carrier else { return };
+        let Some(mut carrier) = carrier else { return };
+        if !carrier.reason.ends_with(&self.listening) {
+            carrier.reason.push_str(&self.listening);
+        }
         let gpu = match by_reference {
             Some(mut route) => {
                 for (slot, why) in &staged {
@@ -229,10 +243,10 @@ impl FanOut {
         self.arrivals.free(slot);
         if detach {
             log::warn!(
-                "channel {:?} (fan-out producer): detached the consumer in slot {slot} (pid {}): it kept the producer \
+                "channel {:?} (fan-out producer): detached the consumer in slot {slot} ({}): it kept the producer \
                  waiting longer than slow_consumer_timeout",
                 self.name,
-                out.carrier.peer().pid
+                who(&out.carrier.peer())
             );
             out.carrier.detach();
         } else {

@@ -54,9 +54,7 @@ impl MpiConsumer {
     }
 
     /// A consumer of fan-out channel `name` whose producer is at `ep`'s peer (on another
-    /// host): joins it (`joins`), and returns with its session. (For the fan-out's consumer
-    /// in the channel core, which takes it up with the fan-out's remote consumers.)
-    #[allow(dead_code)]
+    /// host): joins it (`joins`), and returns with its session.
     pub(crate) fn join(
         name: &str,
         info: TransportInfo,
@@ -286,7 +284,8 @@ impl Acceptor {
         self.ranks.lock().insert(rank);
         let rank_claim = RankClaim { ranks: Arc::clone(&self.ranks), rank };
         self.sessions += 1;
-        let seat = Seat { id: FAN_IN_SESSIONS + self.sessions, slot, claims: Some(Box::new((lock, rank_claim))) };
+        let claims = Some(Box::new((lock, rank_claim)) as Box<dyn std::any::Any + Send + Sync>);
+        let seat = Seat { id: FAN_IN_SESSIONS + self.sessions, slot, claims, stream: None };
         log::info!(
             "fan-in channel {:?} (consumer): a producer at MPI rank {rank} ({}) attached in slot {slot}",
             self.name,

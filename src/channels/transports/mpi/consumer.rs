@@ -11,8 +11,8 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::{
-    backoff, shape_refusal, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT,
-    FLAG_ZERO_COPY,
+    backoff, shape_refusal, tags_for, BufferPool, Header, Hello, Kind, StreamPos, Streams, Tags, CHUNK, CLOSE_DETACHED,
+    FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY,
 };
 use crate::channels::transport::{ConsumerSession, RawView, Release};
 use crate::channels::{ChannelConfig, Peer, PeerState, WaitStrategy};
@@ -201,12 +201,17 @@ struct Probe {
 pub(super) type Claims = Box<dyn Any + Send + Sync>;
 
 /// Where a session's producer sits: a fan-in's slot and the claims held for it, and the
-/// session's id.
+/// session's id; a fan-out's, where its stream started.
 pub(super) struct Seat {
     pub(super) id: u64,
     pub(super) slot: u32,
     pub(super) claims: Option<Claims>,
+    pub(super) stream: Option<StreamPos>,
 }
+
+/// Where each fan-out stream that this process's consumers received stands, for the next
+/// consumer of that producer's rank.
+pub(super) static RECEIVED: Streams = Streams::new();
 
 /// One producer's session at an MPI consumer.
 pub(crate) struct MpiSession {
@@ -235,6 +240,8 @@ pub(crate) struct MpiSession {
     notifier: Option<Notifier>,
     /// The progress thread's duty of sending credits the application's calls leave unsent.
     duty: Option<DutyRegistration>,
+    /// The MPI messages taken off the producer's messages and chunks tags.
+    received: StreamPos,
 }
 
 impl MpiSession {
@@ -260,7 +267,8 @@ impl MpiSession {
                     refuse(&ep, tags, hello.nonce, &why)?;
                     return Err(Error::InvalidState(why));
                 }
-                return MpiSession::start(name, config, ep, tags, &hello, Seat { id: SESSION, slot: 0, claims: None });
+                let seat = Seat { id: SESSION, slot: 0, claims: None, stream: None };
+                return MpiSession::start(name, config, ep, tags, &hello, seat);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout(format!(
@@ -323,6 +331,7 @@ impl MpiSession {
             partial: None,
             notifier: None,
             duty: None,
+            received: StreamPos::default(),
         };
         let duty: Weak<Shared> = Arc::downgrade(&consumer.shared);
         consumer.duty = Some(register_duty(duty));
@@ -341,6 +350,11 @@ impl MpiSession {
                 // MPI may still write into it.
                 std::mem::forget(buffer);
             }
+        }
+        if let Some(start) = self.seat.stream {
+            // Before the claims go: the stream ended here, where a next consumer of this rank
+            // starts.
+            RECEIVED.set(&self.name, &self.ep, start.plus(self.received));
         }
         self.seat.claims = None;
         if let Some(n) = &self.notifier {
@@ -410,6 +424,7 @@ impl MpiSession {
             let (_, buffer) = self.landings.pop_front().expect("tested above");
             // Posted again once read, or replaced (`recycle_landing`, `refill_landings`).
             self.landed.push_back((buffer, len));
+            self.received.messages += 1;
             return Ok(true);
         }
         let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tags.messages)? else { return Ok(false) };
@@ -423,6 +438,7 @@ impl MpiSession {
             n.probe.taken.fetch_add(1, Ordering::Release);
         }
         self.landed.push_back((buffer, len));
+        self.received.messages += 1;
         Ok(true)
     }
 
@@ -463,6 +479,7 @@ impl MpiSession {
         let want = *want;
         let Some(got) = self.ep.comm.test_received(request)? else { return Ok(false) };
         partial.requests.pop();
+        self.received.chunks += 1;
         if got != want {
             let seq = partial.header.seq;
             let why = format!(
@@ -481,7 +498,11 @@ impl MpiSession {
         if let Some(partial) = self.partial.take() {
             let mut cancelled = true;
             for (request, _) in partial.requests {
-                cancelled &= self.ep.comm.cancel_recv(request).is_ok();
+                match self.ep.comm.cancel_or_receive(request) {
+                    Ok(None) => {}
+                    Ok(Some(_)) => self.received.chunks += 1,
+                    Err(_) => cancelled = false,
+                }
             }
             if !cancelled {
                 // MPI may still write into it.
@@ -578,8 +599,16 @@ impl MpiSession {
                         self.name,
                         self.ep.peer
                     );
-                    self.gone =
-                        Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                    self.gone = Some(if header.extra == CLOSE_DETACHED {
+                        format!(
+                            "the producer of fan-out channel {:?} (MPI rank {}) detached this consumer: it kept the \
+                             producer waiting for room longer than slow_consumer_timeout; create it again to receive \
+                             from the producer's next message on",
+                            self.name, self.ep.peer
+                        )
+                    } else {
+                        format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer)
+                    });
                     self.quiesce();
                 }
                 Kind::ReportRequest => {
@@ -713,6 +742,7 @@ impl ConsumerSession for MpiSession {
                 let len = self.ep.comm.wait_received(request)?;
                 let (_, buffer) = self.landings.pop_front().expect("waited above");
                 self.landed.push_back((buffer, len));
+                self.received.messages += 1;
                 return Ok(());
             }
         }
@@ -787,7 +817,10 @@ impl MpiSession {
         // those back first (keeping what they already received).
         while let Some((request, buffer)) = self.landings.pop_front() {
             match self.ep.comm.cancel_or_receive(request)? {
-                Some(len) => self.landed.push_back((buffer, len)),
+                Some(len) => {
+                    self.landed.push_back((buffer, len));
+                    self.received.messages += 1;
+                }
                 None => self.shared.state.lock().pool.put(buffer),
             }
         }
@@ -841,10 +874,16 @@ impl Drop for MpiSession {
         self.stop_notifier();
         self.cancel_partial();
         for (request, buffer) in std::mem::take(&mut self.landings) {
-            if self.ep.comm.cancel_recv(request).is_err() {
+            match self.ep.comm.cancel_or_receive(request) {
+                Ok(None) => {}
+                Ok(Some(_)) => self.received.messages += 1,
                 // MPI may still write into it.
-                std::mem::forget(buffer);
+                Err(_) => std::mem::forget(buffer),
             }
+        }
+        if let Some(start) = self.seat.stream {
+            // The next consumer of this rank takes what this one left off the queues.
+            RECEIVED.set(&self.name, &self.ep, start.plus(self.received));
         }
         let mut state = self.shared.state.lock();
         if self.gone.is_none() {
