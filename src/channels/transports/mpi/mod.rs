@@ -43,7 +43,9 @@
 //!   would otherwise stall its peer's large transfers, which need steps of both. The thread
 //!   needs `MPI_THREAD_SERIALIZED` or `MULTIPLE`; lava-flow serialises its own MPI calls.
 //!   A consumer whose [`ConsumerTransport::notify_fd`] watches the session starts a thread
-//!   that probes for messages every 100 µs.
+//!   that probes for messages every 100 µs. A fan-in's sessions keep their receives posted
+//!   ahead instead, and one thread for the whole carrier probes them only while the consumer
+//!   sleeps on the fd, or for good once the application asked for it (`watch`).
 //! - **Ends.** A producer that closes sends a close message after its last message: the
 //!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
 //!   producer: once that has reached the producer's process, its next wait is `PeerGone`, and
@@ -57,9 +59,11 @@
 
 mod acceptor;
 mod consumer;
+mod credits;
 mod fan_out;
 mod joins;
 mod producer;
+mod watch;
 
 pub(crate) use acceptor::MpiConsumer;
 pub(crate) use consumer::MpiSession;
