@@ -15,7 +15,9 @@ mod cases;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lava_flow::channels::{ChannelConfig, Consumer, Producer, TransportKind, WaitStrategy, AUTO_ZERO_COPY_MIN};
+use lava_flow::channels::{
+    ChannelConfig, ChannelKind, Consumer, Producer, TransportKind, WaitStrategy, AUTO_ZERO_COPY_MIN,
+};
 use lava_flow::memory::{Context, ContextConfig, MemoryLocation};
 use lava_flow::mpi::{Communicator, MpiWorld, ThreadLevel};
 use lava_flow::Error;
@@ -378,14 +380,43 @@ fn await_signal(from: u32) {
 /// and new-producer cases are for carriers of one host).
 #[test]
 fn mpi_keeps_the_contract() {
-    under_mpirun("mpi_keeps_the_contract", |world| {
-        let carrier = cases::Carrier {
-            name: "mpi",
-            reattach: false,
-            gpu_route: false,
-            fd_wakes_for_control: true,
-            fan_in: false,
-            fan_out: false,
+    mpi_contract("mpi_keeps_the_contract", cases::Carrier { name: "mpi", ..mpi_carrier() });
+}
+
+/// The contract over an MPI fan-in with one producer (on the other host) at a time: what a
+/// pair promises, but for the end of a producer, which is reported once, for its slot.
+#[test]
+fn mpi_fan_in_keeps_the_contract() {
+    mpi_contract("mpi_fan_in_keeps_the_contract", cases::Carrier { name: "mpi fan-in", fan_in: true, ..mpi_carrier() });
+}
+
+/// The contract over an MPI fan-out with one consumer (on the other host): what a pair
+/// promises, but that a consumer's close does not end the producer's sends.
+#[test]
+fn mpi_fan_out_keeps_the_contract() {
+    mpi_contract(
+        "mpi_fan_out_keeps_the_contract",
+        cases::Carrier { name: "mpi fan-out", fan_out: true, ..mpi_carrier() },
+    );
+}
+
+fn mpi_carrier() -> cases::Carrier {
+    cases::Carrier {
+        name: "mpi",
+        reattach: false,
+        gpu_route: false,
+        fd_wakes_for_control: true,
+        fan_in: false,
+        fan_out: false,
+    }
+}
+
+fn mpi_contract(test: &str, carrier: cases::Carrier) {
+    under_mpirun(test, |world| {
+        let kind = match (carrier.fan_in, carrier.fan_out) {
+            (true, _) => ChannelKind::FanIn,
+            (_, true) => ChannelKind::FanOut,
+            _ => ChannelKind::Pair,
         };
         let mut config = ContextConfig::default();
         config.gpu = lava_flow::memory::GpuPolicy::Disabled;
@@ -394,8 +425,8 @@ fn mpi_keeps_the_contract() {
         let dir = signal_dir().join("contract");
         std::fs::create_dir_all(&dir).unwrap();
         for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
-            let name = format!("contract-mpi-{}", case.name);
-            let config = ChannelConfig { transports: Some(vec![TransportKind::Mpi]), ..(case.config)() };
+            let name = format!("contract-{}-{}", carrier.name.replace(' ', "-"), case.name);
+            let config = ChannelConfig { transports: Some(vec![TransportKind::Mpi]), kind, ..(case.config)() };
             let producer = world.rank() == 0;
             let sync = cases::Sync::new(dir.clone(), case.name, producer, carrier);
             if producer {
@@ -406,7 +437,7 @@ fn mpi_keeps_the_contract() {
             }
             // Both halves are done before the next case's channel.
             sync.point("done");
-            println!("mpi (rank {}): {} kept", world.rank(), case.name);
+            println!("{} (rank {}): {} kept", carrier.name, world.rank(), case.name);
         }
     });
 }

@@ -7,6 +7,13 @@
 //! MPI that closes early is reported gone after its last message while the others go on; a
 //! full fan-in, a producer of another kind and a second producer of one rank are refused,
 //! saying why.
+//!
+//! Fan-outs the other way round: the producer (rank 0) sends every message to a consumer on
+//! its host over shared memory (rank 1) and to two on host b over MPI (ranks 2 and 3), copies,
+//! loans, buffers by reference and GPU buffers (staged), each consumer in order; a remote
+//! consumer that closes early is dropped while the others go on, and comes back as a late
+//! consumer that starts at the producer's next message; a full fan-out refuses a consumer over
+//! MPI, naming `max_peers`; a slow consumer over MPI is detached and says so.
 #![cfg(feature = "mpi")]
 
 use std::collections::HashMap;
@@ -15,7 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, PeerState, Producer, TransportKind, WaitStrategy};
-use lava_flow::memory::{Context, ContextConfig, GpuPolicy};
+use lava_flow::memory::{Context, ContextConfig, GpuPolicy, MemoryLocation};
 use lava_flow::mpi::{Communicator, MpiWorld};
 use lava_flow::Error;
 use mpi_sys as ffi;
@@ -27,12 +34,13 @@ const HOSTS: [&str; 4] = ["a", "a", "b", "b"];
 const MESSAGES: u64 = 100_000;
 const EARLY: u64 = 10_000;
 
-/// The length of message `seq`: mostly small, some over a ring slot's inline bytes, a few
-/// longer than an MPI chunk (sent in pieces).
+/// The length of message `seq`: mostly small, some over a ring slot's inline bytes (those a
+/// fan-out sends from buffers among them: smaller ones are copied), a few longer than an MPI
+/// chunk (sent in pieces).
 fn size_of(seq: u64) -> usize {
     match seq % 25_000 {
         24_999 => (1 << 20) + 4321,
-        n if n % 100 == 99 => 20_000,
+        n if n % 100 == 99 || n % 1000 == 500 || n % 1000 == 700 => 20_000,
         n => 12 + (n as usize * 7) % 300,
     }
 }
@@ -255,6 +263,256 @@ fn a_full_fan_in_refuses_over_mpi() {
                     other => panic!("a pair's producer on a fan-in: {other:?}"),
                 }
                 std::fs::write(refused(3), b"").unwrap();
+            }
+        }
+    });
+}
+
+fn fan_out_config(max_peers: u32) -> ChannelConfig {
+    ChannelConfig { kind: ChannelKind::FanOut, wait: WaitStrategy::default(), ..config(max_peers) }
+}
+
+/// Messages of the fan-out, and where its early consumer closes.
+const FAN_MESSAGES: u64 = 30_000;
+const FAN_EARLY: u64 = 5_000;
+
+/// How the fan-out's producer sends message `seq`: a copy, a loan, a buffer by reference, or
+/// a GPU buffer (staged to every consumer, none of which imports GPU memory).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum How {
+    Copy,
+    Loan,
+    Buffer,
+    Gpu,
+}
+
+fn how(seq: u64) -> How {
+    match seq % 1000 {
+        500 => How::Buffer,
+        700 => How::Gpu,
+        n if n % 3 == 1 => How::Loan,
+        _ => How::Copy,
+    }
+}
+
+/// Every consumer the producer has (met ones included: its next send takes them up), once
+/// there are `count`.
+fn wait_consumers(p: &Producer, count: usize) -> Vec<lava_flow::channels::Peer> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let peers = p.peers();
+        if peers.iter().filter(|c| c.state == PeerState::Alive).count() == count {
+            return peers.into_iter().filter(|c| c.state == PeerState::Alive).collect();
+        }
+        assert!(Instant::now() < deadline, "{peers:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Receives the fan-out's messages from `first` on (the sender's numbering) in order, each
+/// numbered from 0 at this consumer, up to the producer's close.
+fn receive_fan_out(c: &mut Consumer, first: Option<u64>, until: u64) -> u64 {
+    let mut expected = first;
+    let mut count = 0;
+    loop {
+        let m = match c.recv_timeout(Duration::from_secs(60)) {
+            Ok(m) => m,
+            Err(Error::PeerGone(_)) => return count,
+            Err(e) => panic!("{e}"),
+        };
+        let (rank, seq) = check(&m);
+        assert_eq!(rank, 0);
+        assert_eq!(seq, *expected.get_or_insert(seq), "message {count} at this consumer");
+        assert_eq!(m.sequence(), count, "a consumer numbers its messages from 0");
+        if how(seq) == How::Buffer {
+            assert!(m.is_zero_copy(), "message {seq} was sent by reference");
+        }
+        expected = Some(seq + 1);
+        count += 1;
+        if seq + 1 == until {
+            return count;
+        }
+    }
+}
+
+/// A fan-out to three consumers: rank 1 on the producer's host over shared memory, ranks 2
+/// and 3 on host b over MPI. Each gets every message in order, whatever its kind and size;
+/// rank 3 closes early, is dropped while the others go on, and joins again: a late consumer
+/// that starts at the producer's next message. The last message completes once every
+/// consumer released it.
+#[test]
+fn a_fan_out_sends_to_consumers_over_shm_and_mpi() {
+    under_mpirun("a_fan_out_sends_to_consumers_over_shm_and_mpi", |world| {
+        let name = "fan-out-hosts";
+        let mine = world.me().location().clone();
+        let dir = signal_dir();
+        let (early_gone, rejoin, rejoined) = (dir.join("early-gone"), dir.join("rejoin"), dir.join("rejoined"));
+        let to_producer = || world.peer(0).unwrap().location().clone();
+        if world.rank() == 0 {
+            // A GPU buffer needs a device; where there is none, those messages go as copies.
+            let context = Context::new(ContextConfig::default()).unwrap();
+            let gpu = context.gpu_unavailable_reason().is_none();
+            let peer = world.peer(1).unwrap().location().clone();
+            let mut p = Producer::create(&context, name, &mine, &peer, &fan_out_config(3)).unwrap();
+            let reason = &p.transport().reason;
+            assert!(reason.contains("takes consumers over shm and mpi"), "{reason}");
+            for peer in wait_consumers(&p, 3) {
+                if peer.route == Some("shm") {
+                    assert!(peer.pid != 0 && peer.host == mine.hostname && peer.rank.is_none(), "{peer:?}");
+                } else {
+                    assert_eq!(peer.route, Some("mpi"), "{peer:?}");
+                    let rank = peer.rank.expect("an MPI consumer's rank") as u32;
+                    assert!(rank == 2 || rank == 3, "{peer:?}");
+                    assert_eq!(peer.host, world.peer(rank).unwrap().location().hostname, "{peer:?}");
+                }
+            }
+            let mut bytes = vec![0u8; 2 << 20];
+            // Buffers sent by reference stay untouched until the end.
+            let mut kept = Vec::new();
+            let mut last = 0;
+            for seq in 0..FAN_MESSAGES {
+                if seq == FAN_MESSAGES / 2 {
+                    await_file(&early_gone);
+                }
+                if seq == 3 * FAN_MESSAGES / 4 {
+                    // Rank 3's first end was dropped meanwhile (what it sent there after rank 3
+                    // closed lies unread in MPI); its second is taken up now.
+                    assert_eq!(wait_consumers(&p, 2).len(), 2);
+                    std::fs::write(&rejoin, b"").unwrap();
+                    await_file(&rejoined);
+                    wait_consumers(&p, 3);
+                }
+                let len = size_of(seq);
+                let sent = match how(seq) {
+                    How::Loan => {
+                        let mut loan = p.loan(len, None).unwrap();
+                        fill(loan.as_mut_slice(), 0, seq);
+                        loan.publish().unwrap()
+                    }
+                    How::Buffer | How::Gpu => {
+                        let location = if how(seq) == How::Gpu && gpu {
+                            MemoryLocation::GpuDeviceLocal
+                        } else {
+                            MemoryLocation::CpuStandard
+                        };
+                        let buffer = context.allocate(len, location).unwrap();
+                        fill(&mut bytes[..len], 0, seq);
+                        buffer.write_at(0, &bytes[..len]).unwrap();
+                        let sent = p.send_buffer(&buffer, 0, len).unwrap();
+                        kept.push(buffer);
+                        sent
+                    }
+                    How::Copy => {
+                        fill(&mut bytes[..len], 0, seq);
+                        p.send(&bytes[..len]).unwrap()
+                    }
+                };
+                assert_eq!(sent, seq);
+                last = sent;
+            }
+            p.wait_completed(last, Some(Duration::from_secs(60))).unwrap();
+            assert_eq!(p.completed().unwrap(), FAN_MESSAGES);
+            let alive = p.peers().iter().filter(|c| c.state == PeerState::Alive).count();
+            assert_eq!(alive, 3, "{:?}", p.peers());
+        } else {
+            let context = context();
+            let mut c = Consumer::create(&context, name, &mine, &to_producer(), &fan_out_config(3)).unwrap();
+            let expected = if world.rank() == 1 { TransportKind::Shm } else { TransportKind::Mpi };
+            assert_eq!(c.transport().kind, expected, "{}", c.transport().reason);
+            if world.rank() == 3 {
+                assert_eq!(receive_fan_out(&mut c, Some(0), FAN_EARLY), FAN_EARLY);
+                drop(c);
+                std::fs::write(&early_gone, b"").unwrap();
+                // A late consumer of the same rank: from the producer's next message on.
+                await_file(&rejoin);
+                let mut c = Consumer::create(&context, name, &mine, &to_producer(), &fan_out_config(3)).unwrap();
+                std::fs::write(&rejoined, b"").unwrap();
+                let first = 3 * FAN_MESSAGES / 4;
+                assert_eq!(receive_fan_out(&mut c, Some(first), u64::MAX), FAN_MESSAGES - first);
+            } else {
+                assert_eq!(receive_fan_out(&mut c, Some(0), u64::MAX), FAN_MESSAGES);
+            }
+        }
+    });
+}
+
+/// A fan-out of two (rank 1 over shared memory, rank 2 over MPI) refuses a third consumer
+/// over MPI, naming `max_peers`. Rank 2 then stops reading: the producer detaches it after
+/// its `slow_consumer_timeout` and goes on with rank 1; rank 2 reads what it had, then learns
+/// that it was detached; rank 3 takes the slot it left and starts at the next message.
+#[test]
+fn a_full_fan_out_refuses_and_a_slow_consumer_is_detached_over_mpi() {
+    under_mpirun("a_full_fan_out_refuses_and_a_slow_consumer_is_detached_over_mpi", |world| {
+        let context = context();
+        let name = "fan-out-full";
+        let mine = world.me().location().clone();
+        let dir = signal_dir();
+        let signal = |what: &str| dir.join(what);
+        let bounded =
+            || ChannelConfig { capacity: 4, slow_consumer_timeout: Some(Duration::from_secs(2)), ..fan_out_config(2) };
+        let to_producer = || world.peer(0).unwrap().location().clone();
+        match world.rank() {
+            0 => {
+                let peer = world.peer(2).unwrap().location().clone();
+                let mut p = Producer::create(&context, name, &mine, &peer, &bounded()).unwrap();
+                assert_eq!(p.transport().kind, TransportKind::Mpi, "the first consumer is expected over MPI");
+                let routes: Vec<_> = wait_consumers(&p, 2).into_iter().map(|c| c.route).collect();
+                assert!(routes.contains(&Some("shm")) && routes.contains(&Some("mpi")), "{routes:?}");
+                std::fs::write(signal("attached"), b"").unwrap();
+                await_file(&signal("refused"));
+                for seq in 0..50u64 {
+                    p.send_timeout(&seq.to_le_bytes(), Duration::from_secs(30)).unwrap();
+                }
+                let alive: Vec<_> = p.peers().into_iter().filter(|c| c.state == PeerState::Alive).collect();
+                assert_eq!(alive.len(), 1, "the slow consumer was detached: {alive:?}");
+                assert_eq!(alive[0].route, Some("shm"), "{alive:?}");
+                std::fs::write(signal("detached"), b"").unwrap();
+                // Rank 3 takes the slot left, and starts at the next message.
+                wait_consumers(&p, 2);
+                let last = p.send(&1000u64.to_le_bytes()).unwrap();
+                p.wait_completed(last, Some(Duration::from_secs(30))).unwrap();
+                await_file(&signal("done"));
+            }
+            1 => {
+                let mut c = Consumer::create(&context, name, &mine, &to_producer(), &bounded()).unwrap();
+                for seq in 0..50u64 {
+                    assert_eq!(&*c.recv_timeout(Duration::from_secs(60)).unwrap(), &seq.to_le_bytes());
+                }
+                assert_eq!(&*c.recv_timeout(Duration::from_secs(60)).unwrap(), &1000u64.to_le_bytes());
+                assert!(matches!(c.recv_timeout(Duration::from_secs(60)), Err(Error::PeerGone(_))));
+            }
+            2 => {
+                let mut c = Consumer::create(&context, name, &mine, &to_producer(), &bounded()).unwrap();
+                await_file(&signal("detached"));
+                let mut got = 0u64;
+                let err = loop {
+                    match c.recv_timeout(Duration::from_secs(60)) {
+                        Ok(m) => {
+                            assert_eq!(&*m, &got.to_le_bytes());
+                            got += 1;
+                        }
+                        Err(e) => break e,
+                    }
+                };
+                assert!(got <= 4, "{got} messages: more than the capacity");
+                assert!(matches!(&err, Error::PeerGone(why) if why.contains("detached")), "{err}");
+            }
+            _ => {
+                await_file(&signal("attached"));
+                match Consumer::create(&context, name, &mine, &to_producer(), &bounded()) {
+                    Err(Error::InvalidState(m)) => {
+                        assert!(m.contains("fan-out channel \"fan-out-full\" is full: it takes max_peers = 2"), "{m}")
+                    }
+                    other => panic!("a third consumer of a fan-out of two: {:?}", other.map(|_| ())),
+                }
+                std::fs::write(signal("refused"), b"").unwrap();
+                await_file(&signal("detached"));
+                let mut c = Consumer::create(&context, name, &mine, &to_producer(), &bounded()).unwrap();
+                let m = c.recv_timeout(Duration::from_secs(60)).unwrap();
+                assert_eq!((&*m, m.sequence()), (&1000u64.to_le_bytes()[..], 0), "a late consumer counts from 0");
+                drop(m);
+                std::fs::write(signal("done"), b"").unwrap();
+                assert!(matches!(c.recv_timeout(Duration::from_secs(60)), Err(Error::PeerGone(_))));
             }
         }
     });

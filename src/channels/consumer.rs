@@ -419,8 +419,8 @@ impl Consumer {
     /// makes a syscall per message that finds the consumer waiting on the fd; call
     /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
     pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
-        if let Some(fan_in) = &self.fan_in {
-            return fan_in.notify_fd(&mut self.carrier);
+        if let Some(fan_in) = self.fan_in.as_deref_mut() {
+            return fan_in.app_notify_fd(&mut self.carrier);
         }
         if !self.watching {
             self.carrier.notify_fd()?;

@@ -71,6 +71,9 @@ pub(super) struct FanIn {
     extra: Vec<AnyConsumer>,
     /// With `extra` carriers: an epoll set of every carrier's notification fd.
     notify: Option<Epoll>,
+    /// The application asked for the notification fd: every session is watched for it at all
+    /// times (not only while the consumer sleeps in a receive).
+    app_fd: bool,
     /// Makes each producer's route receivers.
     receivers: ReceiverFactory,
     /// The channel's report: the carrier's route, then how GPU buffers come from the
@@ -105,6 +108,7 @@ impl FanIn {
             last_gone: None,
             extra,
             notify: None,
+            app_fd: false,
             receivers,
             info,
         };
@@ -157,6 +161,9 @@ impl FanIn {
         }
         if entry.session.is_some() {
             owner(carrier, &mut self.extra, &session).watch(&mut session)?;
+            if self.app_fd {
+                session.sleep()?;
+            }
             self.slots[slot].waiting = Some(session);
             return Ok(());
         }
@@ -164,6 +171,9 @@ impl FanIn {
         let kind = over.info().kind;
         let Some((routes, gpu)) = self.routes_for(kind, slot, &mut session) else { return Ok(()) };
         owner(carrier, &mut self.extra, &session).watch(&mut session)?;
+        if self.app_fd {
+            session.sleep()?;
+        }
         self.log_attached(&session, slot);
         self.slots[slot] = Slot { session: Some(session), routes, gpu, waiting: None };
         self.refresh_report();
@@ -265,8 +275,22 @@ impl FanIn {
     }
 
     /// The fd that is readable while a message, a producer's end or a new producer waits on
-    /// any of the carriers.
-    pub(super) fn notify_fd<'a>(&'a self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
+    /// any of the carriers, for the application: every session is watched for it from now on.
+    pub(super) fn app_notify_fd<'a>(&'a mut self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
+        if !self.app_fd {
+            self.app_fd = true;
+            for slot in self.slots.iter_mut() {
+                for session in slot.session.iter_mut().chain(slot.waiting.iter_mut()) {
+                    session.sleep()?;
+                }
+            }
+        }
+        self.notify_fd(carrier)
+    }
+
+    /// The fd that is readable while a message, a producer's end or a new producer waits on
+    /// any of the carriers (for a session that sleeps: see `sleep`).
+    fn notify_fd<'a>(&'a self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
         match &self.notify {
             Some(epoll) => Ok(epoll.as_fd()),
             None => carrier.notify_fd(),
@@ -421,8 +445,30 @@ impl FanIn {
         }
     }
 
-    /// Sleeps until the carrier's notification fd is readable or `deadline` passes.
-    fn sleep(&self, carrier: &mut AnyConsumer, deadline: Option<Instant>) -> Result<()> {
+    /// Sleeps until the carrier's notification fd is readable or `deadline` passes. Sessions
+    /// whose carrier's fd watches them only while they sleep (which keeps their receives
+    /// going on while awake) are told, and may say that a message came meanwhile.
+    fn sleep(&mut self, carrier: &mut AnyConsumer, deadline: Option<Instant>) -> Result<()> {
+        if !self.app_fd {
+            let mut arrived = false;
+            for slot in self.slots.iter_mut() {
+                for session in slot.session.iter_mut().chain(slot.waiting.iter_mut()) {
+                    arrived |= session.sleep()?;
+                }
+            }
+            let slept = if arrived { Ok(()) } else { self.poll_fd(carrier, deadline) };
+            for slot in self.slots.iter_mut() {
+                for session in slot.session.iter_mut().chain(slot.waiting.iter_mut()) {
+                    session.woke();
+                }
+            }
+            return slept;
+        }
+        self.poll_fd(carrier, deadline)
+    }
+
+    /// Waits until the carrier's notification fd is readable or `deadline` passes.
+    fn poll_fd(&self, carrier: &mut AnyConsumer, deadline: Option<Instant>) -> Result<()> {
         let fd = self.notify_fd(carrier)?;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // The liveness of producers whose kernel cannot report their exit is polled at the

@@ -96,6 +96,14 @@ impl Out {
     }
 }
 
+/// A consumer, for the log: its pid on this host, or its MPI rank.
+fn who(peer: &Peer) -> String {
+    match peer.rank {
+        Some(rank) => format!("at MPI rank {rank}"),
+        None => format!("pid {}", peer.pid),
+    }
+}
+
 /// The producer's side of a fan-out.
 pub(super) struct FanOut {
     /// Where consumers are met (dropped first: nobody is met while the fan-out closes).
@@ -117,6 +125,8 @@ pub(super) struct FanOut {
     /// When the fan-out was made: a deadline always past, for sends to consumers that have
     /// room (no clock read per consumer and message).
     made: Instant,
+    /// The carriers consumers come over, for the carrier's reason (empty where one).
+    listening: String,
 }
 
 impl FanOut {
@@ -135,6 +145,7 @@ impl FanOut {
             loaned: None,
             info: parts.info,
             made: Instant::now(),
+            listening: parts.listening,
         };
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         loop {
@@ -177,10 +188,10 @@ impl FanOut {
         for (slot, arrival) in met {
             let Some(entry) = self.outs.get_mut(slot) else { continue };
             log::info!(
-                "channel {:?} (fan-out producer): consumer pid {} attached in slot {slot}; it receives from message \
-                 {} on ({})",
+                "channel {:?} (fan-out producer): consumer {} attached in slot {slot}; it receives from message {} on \
+                 ({})",
                 self.name,
-                arrival.carrier.peer().pid,
+                who(&arrival.carrier.peer()),
                 self.next,
                 arrival.info.names()
             );
@@ -214,7 +225,10 @@ impl FanOut {
                 None => {}
             }
         }
-        let Some(carrier) = carrier else { return };
+        let Some(mut carrier) = carrier else { return };
+        if !carrier.reason.ends_with(&self.listening) {
+            carrier.reason.push_str(&self.listening);
+        }
         let gpu = match by_reference {
             Some(mut route) => {
                 for (slot, why) in &staged {
@@ -233,10 +247,10 @@ impl FanOut {
         self.arrivals.free(slot);
         if detach {
             log::warn!(
-                "channel {:?} (fan-out producer): detached the consumer in slot {slot} (pid {}): it kept the producer \
+                "channel {:?} (fan-out producer): detached the consumer in slot {slot} ({}): it kept the producer \
                  waiting longer than slow_consumer_timeout",
                 self.name,
-                out.carrier.peer().pid
+                who(&out.carrier.peer())
             );
             out.carrier.detach();
         } else {

@@ -555,6 +555,19 @@ pub trait ConsumerSession: Send {
     fn arenas_received(&self) -> u64 {
         0
     }
+
+    /// The consumer is about to sleep on the notification fd of the carrier that watches this
+    /// session (or, its application having asked for that fd, sleeps outside lava-flow from
+    /// now on): until [`woke`](Self::woke), the fd is readable while a message of this
+    /// session waits. `true` where one waits already, or arrives without the fd's knowing
+    /// (then the consumer does not sleep). A carrier whose fd watches its sessions at all
+    /// times has nothing to do.
+    fn sleep(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The consumer woke from the sleep that [`sleep`](Self::sleep) began.
+    fn woke(&mut self) {}
 }
 
 /// A route's descriptor of one payload, with what the consumer must learn before it (an

@@ -261,7 +261,9 @@ pub(crate) struct Arrival {
 /// A fan-out producer's acceptors, one per carrier it listens on; dropping them stops the
 /// meeting of consumers.
 pub(crate) struct FanOutListeners {
-    _shm: shm::FanOutAcceptor,
+    _shm: Option<shm::FanOutAcceptor>,
+    #[cfg(feature = "mpi")]
+    _mpi: Option<mpi::MpiFanOutAcceptor>,
 }
 
 /// What a fan-out's producer listens with: its acceptors, the slot table they take slots from
@@ -271,42 +273,119 @@ pub(crate) struct FanOutParts {
     pub(crate) arrivals: Arc<Arrivals<Arrival>>,
     pub(crate) max_len: usize,
     pub(crate) info: TransportInfo,
+    /// What the report adds to the carrier's reason where consumers come over several
+    /// carriers (empty otherwise).
+    pub(crate) listening: String,
 }
 
-/// Listens for a fan-out's consumers, each met with offers of its own of the planned routes
-/// (one more of the first offer, so that every consumer imports the same ready semaphore),
-/// and handed over in its slot of the fan-out's table.
+/// Listens for a fan-out's consumers on each of the plan's listeners (shared memory for those
+/// on this host, MPI for those on others), all taking slots of one table. A consumer on this
+/// host is met with offers of its own of the planned routes (one more of the first offer, so
+/// that every consumer imports the same ready semaphore); one over MPI gets GPU buffers staged.
 pub(crate) fn listen_fan_out(
     name: &str,
     plan: &Plan,
     config: &ChannelConfig,
     context: &Context,
 ) -> Result<FanOutParts> {
-    if plan.carrier != TransportKind::Shm {
-        return Err(Error::Unsupported(format!(
-            "a fan-out's producer meets its consumers over shm only in this version, and this channel's carrier is {}",
-            plan.carrier
-        )));
+    let arrivals = Arc::new(Arrivals::new(config.max_peers));
+    let mut listeners = FanOutListeners {
+        _shm: None,
+        #[cfg(feature = "mpi")]
+        _mpi: None,
+    };
+    let mut max_len = config.pool_size;
+    for kind in &plan.listeners {
+        match kind {
+            TransportKind::Shm => {
+                let shm = listen_fan_out_shm(name, plan, config, context, &arrivals)?;
+                max_len = max_len.min(shm.max_len());
+                listeners._shm = Some(shm);
+            }
+            #[cfg(feature = "mpi")]
+            TransportKind::Mpi => listeners._mpi = Some(listen_fan_out_mpi(name, plan, config, &arrivals)?),
+            other => {
+                return Err(Error::Unsupported(format!("transport {other} does not listen for a fan-out's consumers")))
+            }
+        }
     }
+    let over: Vec<&str> = plan.listeners.iter().map(|k| k.name()).collect();
+    let listening = match over.len() {
+        0 | 1 => String::new(),
+        _ => format!(
+            "; a fan-out's producer takes consumers over {} (each consumer over the carrier of its own scope to this \
+             one: see peers())",
+            over.join(" and ")
+        ),
+    };
+    let mut info = preview(plan, context);
+    info.reason.push_str(&listening);
+    Ok(FanOutParts { max_len, listeners, arrivals, info, listening })
+}
+
+/// A fan-out's acceptor over shared memory: consumers of this host, each with offers of its
+/// own of the planned routes.
+fn listen_fan_out_shm(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+    arrivals: &Arc<Arrivals<Arrival>>,
+) -> Result<shm::FanOutAcceptor> {
     // Each consumer signals a released semaphore of its own, which no one GPU wait could
     // cover: the producer waits for every consumer's release on the host.
-    let mut first = planned_offers(plan, config, context, false)?;
-    let arrivals = Arc::new(Arrivals::new(config.max_peers));
-    let provisional = report(plan, &planned_carrier(plan), Vec::new());
-    let (channel, plan_met) = (name.to_owned(), plan.clone());
+    let mut plan = plan.clone();
+    if plan.carrier != TransportKind::Shm {
+        // The first consumer was expected on another host: those of this host are met over
+        // shared memory all the same, with the routes planned for that scope.
+        plan.carrier = TransportKind::Shm;
+        plan.reasons[0] = "shm carries the messages and CPU payloads of this fan-out's consumers on this host".into();
+        if plan.routes.is_empty() {
+            let last = plan.reasons.len() - 1;
+            plan.reasons[last] = "GPU buffers: staged through shm (copied to host memory): the fan-out's first \
+                                  consumer was expected on another host, so no GPU route was planned"
+                .into();
+        }
+    }
+    let mut first = planned_offers(&plan, config, context, false)?;
+    let provisional = report(&plan, &planned_carrier(&plan), Vec::new());
+    let (channel, plan_met) = (name.to_owned(), plan);
     let meet = move |meeting: shm::Meeting<'_>| -> Result<Arrival> {
         let mut offers: Vec<AnyOffer> = first.iter_mut().map(AnyOffer::another).collect();
         let mut carrier = AnyProducer::Shm(meeting.handshake(&mut || sections_of(&mut offers))?);
         let (routes, info) = accept_routes(&channel, &plan_met, &mut carrier, offers)?;
         Ok(Arrival { carrier, routes, info })
     };
-    let shm = shm::FanOutAcceptor::start(name, provisional, config, Arc::clone(&arrivals), meet)?;
-    Ok(FanOutParts {
-        max_len: shm.max_len(),
-        listeners: FanOutListeners { _shm: shm },
-        arrivals,
-        info: preview(plan, context),
-    })
+    shm::FanOutAcceptor::start(name, provisional, config, Arc::clone(arrivals), meet)
+}
+
+/// A fan-out's acceptor over MPI: consumers of other hosts, which join from any rank of this
+/// process's world; GPU buffers are staged to them through MPI.
+#[cfg(feature = "mpi")]
+fn listen_fan_out_mpi(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    arrivals: &Arc<Arrivals<Arrival>>,
+) -> Result<mpi::MpiFanOutAcceptor> {
+    let reason = if plan.carrier == TransportKind::Mpi {
+        plan.reasons[0].clone()
+    } else {
+        "mpi carries the messages and CPU payloads of this fan-out's consumers on other hosts".to_owned()
+    };
+    let carrier = Route { class: PayloadClass::Host, kind: TransportKind::Mpi.id(), reason };
+    let staged = Route {
+        class: PayloadClass::Gpu,
+        kind: TransportKind::Mpi.id(),
+        reason: "GPU buffers: staged through mpi (copied to host memory): vulkan_ipc needs both processes on one host"
+            .to_owned(),
+    };
+    let info = TransportInfo::new(vec![carrier, staged]);
+    let meet = |producer: mpi::MpiProducer| -> Result<Arrival> {
+        let info = producer.info().clone();
+        Ok(Arrival { carrier: AnyProducer::Mpi(producer), routes: Vec::new(), info })
+    };
+    mpi::MpiFanOutAcceptor::start(name, info, config, mpi_here(plan)?, Arc::clone(arrivals), meet)
 }
 
 /// Listens for the producer's end: the carrier's rendezvous, answering the routes' offers.
@@ -351,6 +430,11 @@ pub(crate) fn listen_consumer(
         TransportKind::Loopback => {
             let (c, s) = loopback::LoopbackConsumer::listen(name, provisional, config, answers)?;
             (AnyConsumer::Loopback(c), AnySession::Loopback(s))
+        }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi if config.kind == ChannelKind::FanOut => {
+            let (c, s) = mpi::MpiConsumer::join(name, provisional, config, mpi_peer(plan)?)?;
+            (AnyConsumer::Mpi(c), AnySession::Mpi(s))
         }
         #[cfg(feature = "mpi")]
         TransportKind::Mpi => {
@@ -475,7 +559,7 @@ fn first_producer(
 }
 
 /// This process in the MPI world of the plan's peer (or the last joined), for a fan-in's
-/// consumer that meets producers from any rank.
+/// consumer that meets producers from any rank (a fan-out's producer, consumers).
 #[cfg(feature = "mpi")]
 fn mpi_here(plan: &Plan) -> Result<crate::mpi::Endpoint> {
     crate::mpi::here(plan.peer_mpi.map(|a| a.world)).map_err(Error::Unsupported)

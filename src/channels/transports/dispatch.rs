@@ -415,6 +415,8 @@ forward_impl!(forward_carrier: impl ConsumerSession for AnySession {
     fn take_offers(&mut self) -> Option<Vec<Attachment>>;
     fn take_attachments(&mut self) -> Result<Vec<Attachment>>;
     fn arenas_received(&self) -> u64;
+    fn sleep(&mut self) -> Result<bool>;
+    fn woke(&mut self);
 });
 
 forward_impl!(forward_route: impl RouteSender for AnyRouteSender {

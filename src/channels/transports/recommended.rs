@@ -109,9 +109,10 @@ pub(crate) struct Plan {
     /// The peer's MPI address, for the mpi carrier.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) peer_mpi: Option<MpiAddress>,
-    /// The carriers a fan-in's consumer meets producers on, the planned carrier among them:
-    /// shared memory where allowed, and MPI where it is built, allowed and joined here (other
-    /// producers than the first may come over either). Empty for a pair.
+    /// The carriers a fan-in's consumer meets producers on (a fan-out's producer, consumers),
+    /// the planned carrier among them: shared memory where allowed, and MPI where it is built,
+    /// allowed and joined here (other peers than the first may come over either). Empty for a
+    /// pair.
     pub(crate) listeners: Vec<TransportKind>,
 }
 
@@ -202,22 +203,22 @@ fn route_availability(
     }
 }
 
-/// Whether transport `kind` serves channels of `shape`: shared memory and the Vulkan IPC route
-/// serve every kind (each fan-in producer, and each fan-out consumer, meets its one end as a
-/// pair's does, with routes of its own); the loopback and MPI carriers serve pairs and fan-ins
-/// (each producer of a fan-in takes its own carrier to the consumer).
+/// Whether transport `kind` serves channels of `shape`: shared memory, MPI and the Vulkan IPC
+/// route serve every kind (each fan-in producer, and each fan-out consumer, meets its one end
+/// as a pair's does, with a carrier and routes of its own); the loopback carrier serves pairs
+/// and fan-ins (each producer of a fan-in takes its own carrier to the consumer).
 fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
     match (kind, shape) {
-        (_, ChannelKind::Pair) | (TransportKind::Shm | TransportKind::VulkanIpc, _) => Ok(()),
-        (TransportKind::Loopback | TransportKind::Mpi, ChannelKind::FanIn) => Ok(()),
+        (_, ChannelKind::Pair) | (TransportKind::Shm | TransportKind::VulkanIpc | TransportKind::Mpi, _) => Ok(()),
+        (TransportKind::Loopback, ChannelKind::FanIn) => Ok(()),
         _ => Err(format!("{kind} serves pair and fan-in channels only in this version, and this one is a {shape}")),
     }
 }
 
-/// The carriers a fan-in's consumer listens on besides `carrier`, in the order of `allowed`:
-/// shared memory (same-host producers), and MPI (producers on other hosts) where this process
-/// joined MPI at a thread level that lets lava-flow probe for them.
-fn fan_in_listeners(carrier: TransportKind, allowed: &[TransportKind], peer: &ProcessLocation) -> Vec<TransportKind> {
+/// The carriers a fan-in's consumer (or a fan-out's producer) listens on besides `carrier`, in
+/// the order of `allowed`: shared memory (peers on this host), and MPI (peers on other hosts)
+/// where this process joined MPI at a thread level that lets lava-flow probe for them.
+fn fan_listeners(carrier: TransportKind, allowed: &[TransportKind], peer: &ProcessLocation) -> Vec<TransportKind> {
     let mut listeners = vec![carrier];
     if carrier == TransportKind::Loopback {
         // Its producers are threads of this process.
@@ -236,9 +237,9 @@ fn fan_in_listeners(carrier: TransportKind, allowed: &[TransportKind], peer: &Pr
     listeners
 }
 
-/// Whether a fan-in's consumer can meet producers over MPI: this process joined MPI (the
-/// world of the peer's location, or the last one joined), at a thread level that allows the
-/// thread that probes for them.
+/// Whether a fan-in's consumer (a fan-out's producer) can meet its peers over MPI: this
+/// process joined MPI (the world of the peer's location, or the last one joined), at a thread
+/// level that allows the thread that probes for them.
 fn mpi_listening(peer: &ProcessLocation) -> bool {
     #[cfg(feature = "mpi")]
     {
@@ -333,8 +334,8 @@ pub(crate) fn plan(
     }
     let route_refusal = routes.is_empty().then(|| routes_refused.join("; "));
     let listeners = match shape {
-        ChannelKind::FanIn => fan_in_listeners(carrier, allowed, peer),
-        _ => Vec::new(),
+        ChannelKind::FanIn | ChannelKind::FanOut => fan_listeners(carrier, allowed, peer),
+        ChannelKind::Pair => Vec::new(),
     };
     Ok(Plan { carrier, routes, reasons, route_refusal, peer_mpi: peer.mpi, listeners })
 }
@@ -430,18 +431,17 @@ mod tests {
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
     }
 
-    /// GPU buffers go by reference on every kind; loopback and MPI carry pairs and fan-ins.
+    /// GPU buffers go by reference on every kind, and shm and MPI carry every kind; loopback
+    /// carries pairs and fan-ins.
     #[test]
     fn which_transports_serve_which_kinds() {
         for shape in [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut] {
             assert!(carries_shape(TransportKind::Shm, shape).is_ok());
             assert!(carries_shape(TransportKind::VulkanIpc, shape).is_ok());
+            assert!(carries_shape(TransportKind::Mpi, shape).is_ok());
         }
         assert!(carries_shape(TransportKind::Loopback, ChannelKind::FanIn).is_ok());
         let why = carries_shape(TransportKind::Loopback, ChannelKind::FanOut).unwrap_err();
-        assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
-        assert!(carries_shape(TransportKind::Mpi, ChannelKind::FanIn).is_ok());
-        let why = carries_shape(TransportKind::Mpi, ChannelKind::FanOut).unwrap_err();
         assert!(why.contains("pair and fan-in channels only") && why.contains("fan-out"), "{why}");
     }
 
@@ -453,6 +453,9 @@ mod tests {
         let allowed = [TransportKind::Shm, TransportKind::Mpi];
         let plan = plan(CommunicationScope::Local, &here(), "here", &allowed, "", &config, &no_gpu()).unwrap();
         assert_eq!(plan.listeners, [TransportKind::Shm]);
+        let fan_out = ChannelConfig { kind: ChannelKind::FanOut, ..Default::default() };
+        let plan = super::plan(CommunicationScope::Local, &here(), "here", &allowed, "", &fan_out, &no_gpu()).unwrap();
+        assert_eq!(plan.listeners, [TransportKind::Shm], "a fan-out's producer listens as a fan-in's consumer");
         let pair = ChannelConfig::default();
         let plan = super::plan(CommunicationScope::Local, &here(), "here", &allowed, "", &pair, &no_gpu()).unwrap();
         assert!(plan.listeners.is_empty(), "a pair listens on its carrier alone");

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::consumer::{refuse, MpiSession, Seat};
+use super::watch::Prober;
 use super::{full_refusal, shape_refusal, tags_for, ClaimSlot, Hello, TagProbe, Tags};
 use crate::channels::transport::{ConsumerTransport, TransportInfo};
 use crate::channels::ChannelConfig;
@@ -38,6 +39,8 @@ pub(crate) struct MpiConsumer {
     /// fan-in's acceptor's) signal.
     notify: Option<Arc<OwnedFd>>,
     acceptor: Option<Acceptor>,
+    /// A fan-in's: the thread that probes its sleeping sessions for the fd (started with it).
+    prober: Option<Prober>,
 }
 
 impl MpiConsumer {
@@ -50,13 +53,11 @@ impl MpiConsumer {
         ep: Endpoint,
     ) -> Result<(MpiConsumer, MpiSession)> {
         let session = MpiSession::listen(name, config, ep)?;
-        Ok((MpiConsumer { info, notify: None, acceptor: None }, session))
+        Ok((MpiConsumer { info, notify: None, acceptor: None, prober: None }, session))
     }
 
     /// A consumer of fan-out channel `name` whose producer is at `ep`'s peer (on another
-    /// host): joins it (`joins`), and returns with its session. (For the fan-out's consumer
-    /// in the channel core, which takes it up with the fan-out's remote consumers.)
-    #[allow(dead_code)]
+    /// host): joins it (`joins`), and returns with its session.
     pub(crate) fn join(
         name: &str,
         info: TransportInfo,
@@ -64,7 +65,7 @@ impl MpiConsumer {
         ep: Endpoint,
     ) -> Result<(MpiConsumer, MpiSession)> {
         let session = super::joins::join(name, config, ep)?;
-        Ok((MpiConsumer { info, notify: None, acceptor: None }, session))
+        Ok((MpiConsumer { info, notify: None, acceptor: None, prober: None }, session))
     }
 
     /// The consumer of fan-in channel `name` over MPI, in the world of `here` (this process):
@@ -80,7 +81,7 @@ impl MpiConsumer {
         claim: ClaimSlot,
     ) -> Result<MpiConsumer> {
         let acceptor = Acceptor::new(name, config, here, claim)?;
-        Ok(MpiConsumer { info, notify: None, acceptor: Some(acceptor) })
+        Ok(MpiConsumer { info, notify: None, acceptor: Some(acceptor), prober: None })
     }
 }
 
@@ -110,14 +111,21 @@ impl ConsumerTransport for MpiConsumer {
     }
 
     fn watch(&mut self, session: &mut MpiSession) -> Result<()> {
-        match &self.notify {
-            Some(fd) => session.start_notifier(Arc::clone(fd)),
-            None => Ok(()),
+        let Some(fd) = &self.notify else { return Ok(()) };
+        let Some(acceptor) = &self.acceptor else { return session.start_notifier(Arc::clone(fd)) };
+        // A fan-in's sessions keep receiving ahead, and are probed by the carrier's one
+        // thread only while the consumer sleeps (`watch`).
+        if self.prober.is_none() {
+            acceptor.check_thread_level()?;
+            self.prober = Some(Prober::start(Arc::clone(&acceptor.here.comm), Arc::clone(fd))?);
         }
+        session.watch_lazily(self.prober.as_ref().expect("started above"));
+        Ok(())
     }
 
     fn unwatch(&mut self, session: &mut MpiSession) {
         session.stop_notifier();
+        session.unwatch_lazily();
     }
 }
 
@@ -171,6 +179,19 @@ impl Acceptor {
             sessions: 0,
             probe: None,
         })
+    }
+
+    /// Whether MPI's thread level lets a thread probe for the sessions, or why not.
+    fn check_thread_level(&self) -> Result<()> {
+        if self.here.thread_level < ThreadLevel::Serialized {
+            return Err(crate::error::Error::Unsupported(format!(
+                "a descriptor for fan-in channel {:?} needs a thread that probes MPI, and MPI runs at thread level {} \
+                 here; initialise MPI with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (lava-flow asks for MULTIPLE \
+                 when it initialises MPI itself), or poll with try_recv",
+                self.name, self.here.thread_level
+            )));
+        }
+        Ok(())
     }
 
     /// Starts the thread that signals `fd` while a hello waits; without one (MPI's thread
@@ -286,7 +307,8 @@ impl Acceptor {
         self.ranks.lock().insert(rank);
         let rank_claim = RankClaim { ranks: Arc::clone(&self.ranks), rank };
         self.sessions += 1;
-        let seat = Seat { id: FAN_IN_SESSIONS + self.sessions, slot, claims: Some(Box::new((lock, rank_claim))) };
+        let claims = Some(Box::new((lock, rank_claim)) as Box<dyn std::any::Any + Send + Sync>);
+        let seat = Seat { id: FAN_IN_SESSIONS + self.sessions, slot, claims, stream: None };
         log::info!(
             "fan-in channel {:?} (consumer): a producer at MPI rank {rank} ({}) attached in slot {slot}",
             self.name,

@@ -10,14 +10,16 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::credits::{hold, Shared, State};
+use super::watch::{Prober, Watch};
 use super::{
-    backoff, shape_refusal, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT,
-    FLAG_ZERO_COPY,
+    backoff, shape_refusal, tags_for, BufferPool, Header, Hello, Kind, StreamPos, Streams, Tags, CHUNK, CLOSE_DETACHED,
+    FLAG_SPLIT,
 };
 use crate::channels::transport::{ConsumerSession, RawView, Release};
 use crate::channels::{ChannelConfig, Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::mpi::{register_duty, Duty, DutyRegistration, Endpoint, PrivateComm, Request, ThreadLevel};
+use crate::mpi::{register_duty, DutyRegistration, Endpoint, Request, ThreadLevel};
 use crate::os::eventfd::{eventfd_drain, eventfd_signal};
 
 /// The session of a pair's MPI consumer (a new producer does not attach to an MPI pair);
@@ -30,143 +32,6 @@ const LANDINGS: usize = 4;
 /// Messages up to this long are copied out of their landing buffer (which is posted again);
 /// longer ones keep it.
 const COPY_OUT_MAX: usize = 16 << 10;
-
-/// A message received and not yet released: the buffer its bytes lie in.
-struct Held {
-    seq: u64,
-    buffer: Vec<u8>,
-    report: bool,
-}
-
-/// What the consumer and the messages it handed out share: releases (from any thread), and
-/// the credits they turn into.
-struct Shared {
-    comm: Arc<PrivateComm>,
-    peer: u32,
-    /// The session's id, which its views carry.
-    id: u64,
-    control_tag: i32,
-    /// Credits go at least every this many messages.
-    batch: u64,
-    state: Mutex<State>,
-}
-
-struct State {
-    /// Messages held, in slot `seq % capacity`: a producer that keeps to its credits never
-    /// has more than `capacity` messages unreleased.
-    held: Vec<Option<Held>>,
-    held_count: usize,
-    /// Every message below this is released; `released` holds those released above it.
-    released_below: u64,
-    released: BTreeSet<u64>,
-    last_reported: u64,
-    /// `last_reported` at the progress thread's last look, when releases were unreported then.
-    unreported_at_last_look: Option<u64>,
-    /// The producer waits for a credit covering this many messages (0: it does not).
-    report_wanted: u64,
-    pool: BufferPool,
-    /// Credits in flight.
-    sends: VecDeque<(Request, Box<[u8; Header::LEN]>)>,
-    /// Other routes' memory kept while views are held.
-    kept: Vec<Box<dyn Any + Send + Sync>>,
-    /// The channel's consumer has gone: credits are no longer sent.
-    closed: bool,
-}
-
-impl State {
-    fn slot(&self, seq: u64) -> usize {
-        (seq % self.held.len() as u64) as usize
-    }
-}
-
-impl Shared {
-    /// Sends a credit for everything released in order, when the producer should hear of it.
-    fn report(&self, state: &mut State, now: bool) -> Result<()> {
-        while let Some((request, _)) = state.sends.front_mut() {
-            if !self.comm.test(request)? {
-                break;
-            }
-            state.sends.pop_front();
-        }
-        let due = now
-            || state.released_below >= state.last_reported + self.batch
-            || (state.report_wanted != 0 && state.released_below >= state.report_wanted);
-        if !due || state.closed || state.released_below == state.last_reported {
-            return Ok(());
-        }
-        if state.report_wanted != 0 && state.released_below >= state.report_wanted {
-            state.report_wanted = 0;
-        }
-        state.last_reported = state.released_below;
-        let credit = Box::new(Header::new(Kind::Credit, state.released_below, 0).to_bytes());
-        // SAFETY: the box's heap memory stays in `sends` until the send is complete (or is
-        // leaked with it when the consumer closes).
-        let request = unsafe { self.comm.isend(credit.as_ptr(), Header::LEN, self.peer, self.control_tag)? };
-        state.sends.push_back((request, credit));
-        Ok(())
-    }
-}
-
-impl Duty for Shared {
-    /// Sends a credit for releases that have waited unreported since the last look (a
-    /// millisecond or two): the consumer's releases reach the producer even when the
-    /// application then stops calling lava-flow, whether or not the producer asked for them
-    /// (its report request waits unread in the consumer's stream until the next receive).
-    /// Releases that keep being reported in batches cost nothing here.
-    fn tick(&self) {
-        let Some(mut state) = self.state.try_lock() else { return };
-        if state.closed || state.released_below == state.last_reported {
-            state.unreported_at_last_look = None;
-            return;
-        }
-        if state.unreported_at_last_look == Some(state.last_reported) {
-            state.unreported_at_last_look = None;
-            // An MPI failure shows again at the consumer's next credit.
-            let _ = self.report(&mut state, true);
-        } else {
-            state.unreported_at_last_look = Some(state.last_reported);
-        }
-    }
-}
-
-impl Release for Shared {
-    fn release(&self, view: &RawView) -> Result<()> {
-        let mut state = self.state.lock();
-        let slot = state.slot(view.token);
-        let matches = view.session == self.id
-            && state.held[slot].as_ref().is_some_and(|h| {
-                let start = h.buffer.as_ptr() as usize;
-                h.seq == view.token
-                    && view.ptr as usize >= start
-                    && view.ptr as usize + view.len <= start + h.buffer.len()
-            });
-        if !matches {
-            return Err(Error::InvalidState(format!(
-                "message {} is not held by this consumer (already released, or not received from this channel)",
-                view.token
-            )));
-        }
-        let held = state.held[slot].take().expect("checked");
-        state.held_count -= 1;
-        state.pool.put(held.buffer);
-        if view.token == state.released_below {
-            state.released_below += 1;
-            loop {
-                let next = state.released_below;
-                if !state.released.remove(&next) {
-                    break;
-                }
-                state.released_below += 1;
-            }
-        } else {
-            state.released.insert(view.token);
-        }
-        if state.held_count == 0 {
-            state.kept.clear();
-        }
-        self.report(&mut state, held.report)
-    }
-}
 
 /// A message whose payload arrives in chunks: the receives of the chunks still due, newest
 /// first, each with the length it must bring.
@@ -201,12 +66,17 @@ struct Probe {
 pub(super) type Claims = Box<dyn Any + Send + Sync>;
 
 /// Where a session's producer sits: a fan-in's slot and the claims held for it, and the
-/// session's id.
+/// session's id; a fan-out's, where its stream started.
 pub(super) struct Seat {
     pub(super) id: u64,
     pub(super) slot: u32,
     pub(super) claims: Option<Claims>,
+    pub(super) stream: Option<StreamPos>,
 }
+
+/// Where each fan-out stream that this process's consumers received stands, for the next
+/// consumer of that producer's rank.
+pub(super) static RECEIVED: Streams = Streams::new();
 
 /// One producer's session at an MPI consumer.
 pub(crate) struct MpiSession {
@@ -235,6 +105,12 @@ pub(crate) struct MpiSession {
     notifier: Option<Notifier>,
     /// The progress thread's duty of sending credits the application's calls leave unsent.
     duty: Option<DutyRegistration>,
+    /// The MPI messages taken off the producer's messages and chunks tags.
+    received: StreamPos,
+    /// A fan-in's session: the carrier's thread probes it while it sleeps.
+    watch: Option<Arc<Watch>>,
+    /// It sleeps: its receives posted ahead are taken back, and the thread probes for it.
+    asleep: bool,
 }
 
 impl MpiSession {
@@ -260,7 +136,8 @@ impl MpiSession {
                     refuse(&ep, tags, hello.nonce, &why)?;
                     return Err(Error::InvalidState(why));
                 }
-                return MpiSession::start(name, config, ep, tags, &hello, Seat { id: SESSION, slot: 0, claims: None });
+                let seat = Seat { id: SESSION, slot: 0, claims: None, stream: None };
+                return MpiSession::start(name, config, ep, tags, &hello, seat);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout(format!(
@@ -323,6 +200,9 @@ impl MpiSession {
             partial: None,
             notifier: None,
             duty: None,
+            received: StreamPos::default(),
+            watch: None,
+            asleep: false,
         };
         let duty: Weak<Shared> = Arc::downgrade(&consumer.shared);
         consumer.duty = Some(register_duty(duty));
@@ -342,9 +222,17 @@ impl MpiSession {
                 std::mem::forget(buffer);
             }
         }
+        if let Some(start) = self.seat.stream {
+            // Before the claims go: the stream ended here, where a next consumer of this rank
+            // starts.
+            RECEIVED.set(&self.name, &self.ep, start.plus(self.received));
+        }
         self.seat.claims = None;
         if let Some(n) = &self.notifier {
             n.stop.store(true, Ordering::Relaxed);
+        }
+        if let Some(watch) = self.watch.take() {
+            watch.wake();
         }
     }
 
@@ -369,9 +257,10 @@ impl MpiSession {
         Ok(())
     }
 
-    /// Whether receives are posted ahead (not while a descriptor's thread probes instead).
+    /// Whether receives are posted ahead (not while a thread probes instead: a descriptor's,
+    /// or the fan-in's while this session sleeps).
     fn posting(&self) -> bool {
-        self.notifier.is_none()
+        self.notifier.is_none() && !self.asleep
     }
 
     /// A read message's landing buffer is free again: posted again at the next look for
@@ -410,6 +299,7 @@ impl MpiSession {
             let (_, buffer) = self.landings.pop_front().expect("tested above");
             // Posted again once read, or replaced (`recycle_landing`, `refill_landings`).
             self.landed.push_back((buffer, len));
+            self.received.messages += 1;
             return Ok(true);
         }
         let Some(len) = self.ep.comm.iprobe(self.ep.peer, self.tags.messages)? else { return Ok(false) };
@@ -422,7 +312,11 @@ impl MpiSession {
         if let Some(n) = &self.notifier {
             n.probe.taken.fetch_add(1, Ordering::Release);
         }
+        if let Some(watch) = self.watch.as_ref().filter(|_| self.asleep) {
+            watch.took();
+        }
         self.landed.push_back((buffer, len));
+        self.received.messages += 1;
         Ok(true)
     }
 
@@ -463,6 +357,7 @@ impl MpiSession {
         let want = *want;
         let Some(got) = self.ep.comm.test_received(request)? else { return Ok(false) };
         partial.requests.pop();
+        self.received.chunks += 1;
         if got != want {
             let seq = partial.header.seq;
             let why = format!(
@@ -481,7 +376,11 @@ impl MpiSession {
         if let Some(partial) = self.partial.take() {
             let mut cancelled = true;
             for (request, _) in partial.requests {
-                cancelled &= self.ep.comm.cancel_recv(request).is_ok();
+                match self.ep.comm.cancel_or_receive(request) {
+                    Ok(None) => {}
+                    Ok(Some(_)) => self.received.chunks += 1,
+                    Err(_) => cancelled = false,
+                }
             }
             if !cancelled {
                 // MPI may still write into it.
@@ -578,8 +477,16 @@ impl MpiSession {
                         self.name,
                         self.ep.peer
                     );
-                    self.gone =
-                        Some(format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer));
+                    self.gone = Some(if header.extra == CLOSE_DETACHED {
+                        format!(
+                            "the producer of fan-out channel {:?} (MPI rank {}) detached this consumer: it kept the \
+                             producer waiting for room longer than slow_consumer_timeout; create it again to receive \
+                             from the producer's next message on",
+                            self.name, self.ep.peer
+                        )
+                    } else {
+                        format!("the producer of channel {:?} (MPI rank {}) closed it", self.name, self.ep.peer)
+                    });
                     self.quiesce();
                 }
                 Kind::ReportRequest => {
@@ -599,36 +506,6 @@ impl MpiSession {
             }
         }
     }
-}
-
-/// Holds a received message (its payload at `start` in `buffer`) until it is released, and
-/// hands out its view; what is wrong when the producer sent more than the capacity allows.
-fn hold(
-    state: &mut State,
-    session: u64,
-    next: &mut u64,
-    header: Header,
-    buffer: Vec<u8>,
-    start: usize,
-) -> std::result::Result<RawView, String> {
-    let len = header.len as usize;
-    let slot = state.slot(header.seq);
-    if state.held[slot].is_some() {
-        state.pool.put(buffer);
-        return Err(format!(
-            "sent message {} while {} messages were unreleased: more than the channel's capacity",
-            header.seq,
-            state.held.len()
-        ));
-    }
-    // SAFETY: start + len <= buffer.len() (checked by the callers); the buffer's heap memory
-    // stays in place in `held` until the view is released.
-    let ptr = unsafe { buffer.as_ptr().add(start) };
-    let flags = if header.flags & FLAG_ZERO_COPY != 0 { RawView::ZERO_COPY } else { 0 };
-    state.held[slot] = Some(Held { seq: header.seq, buffer, report: header.flags & FLAG_REPORT != 0 });
-    state.held_count += 1;
-    *next += 1;
-    Ok(RawView { ptr, len, token: header.seq, session, flags })
 }
 
 /// Receives a probed message of `len` bytes (at most `max`).
@@ -690,6 +567,8 @@ impl ConsumerSession for MpiSession {
                     let _signalling = n.probe.signalling.lock();
                     eventfd_drain(n.fd.as_fd());
                     // A message that arrived meanwhile is signalled again by the thread.
+                } else if let Some(watch) = self.watch.as_ref().filter(|_| self.asleep) {
+                    watch.reset();
                 }
                 Err(Error::WouldBlock(format!("no message waits on channel {:?}", self.name)))
             }
@@ -713,6 +592,7 @@ impl ConsumerSession for MpiSession {
                 let len = self.ep.comm.wait_received(request)?;
                 let (_, buffer) = self.landings.pop_front().expect("waited above");
                 self.landed.push_back((buffer, len));
+                self.received.messages += 1;
                 return Ok(());
             }
         }
@@ -766,6 +646,27 @@ impl ConsumerSession for MpiSession {
             state.kept.push(keep);
         }
     }
+
+    fn sleep(&mut self) -> Result<bool> {
+        let Some(watch) = self.watch.clone() else { return Ok(false) };
+        if !self.asleep {
+            self.take_landings_back()?;
+            self.asleep = true;
+            watch.sleep();
+        }
+        if !self.landed.is_empty() {
+            watch.signal();
+        }
+        // A chunked message in flight completes without a message to probe: no sleep then.
+        Ok(!self.landed.is_empty() || self.partial.is_some())
+    }
+
+    fn woke(&mut self) {
+        if let Some(watch) = self.watch.as_ref().filter(|_| self.asleep) {
+            watch.wake();
+            self.asleep = false;
+        }
+    }
 }
 
 impl MpiSession {
@@ -785,15 +686,7 @@ impl MpiSession {
         }
         // The thread probes for messages, which receives posted ahead would take unseen: take
         // those back first (keeping what they already received).
-        while let Some((request, buffer)) = self.landings.pop_front() {
-            match self.ep.comm.cancel_or_receive(request)? {
-                Some(len) => self.landed.push_back((buffer, len)),
-                None => self.shared.state.lock().pool.put(buffer),
-            }
-        }
-        for buffer in self.spare.drain(..) {
-            self.shared.state.lock().pool.put(buffer);
-        }
+        self.take_landings_back()?;
         if !self.landed.is_empty() {
             eventfd_signal(fd.as_fd());
         }
@@ -823,6 +716,40 @@ impl MpiSession {
         Ok(())
     }
 
+    /// Has the fan-in's probing thread (`watch`) look for this session's messages while it
+    /// sleeps.
+    pub(super) fn watch_lazily(&mut self, prober: &Prober) {
+        if self.watch.is_none() && self.gone.is_none() {
+            self.watch = Some(prober.watch(self.ep.peer, self.tags.messages));
+        }
+    }
+
+    /// Stops the fan-in's probing for this session; it posts receives ahead again.
+    pub(super) fn unwatch_lazily(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.wake();
+        }
+        self.asleep = false;
+    }
+
+    /// Takes the receives posted ahead back (keeping what they received), for a thread that
+    /// probes instead.
+    fn take_landings_back(&mut self) -> Result<()> {
+        while let Some((request, buffer)) = self.landings.pop_front() {
+            match self.ep.comm.cancel_or_receive(request)? {
+                Some(len) => {
+                    self.landed.push_back((buffer, len));
+                    self.received.messages += 1;
+                }
+                None => self.shared.state.lock().pool.put(buffer),
+            }
+        }
+        for buffer in self.spare.drain(..) {
+            self.shared.state.lock().pool.put(buffer);
+        }
+        Ok(())
+    }
+
     /// Stops the probing thread, if one runs.
     pub(super) fn stop_notifier(&mut self) {
         if let Some(mut n) = self.notifier.take() {
@@ -839,12 +766,19 @@ impl Drop for MpiSession {
         // First: the progress thread must not send credits while the channel closes.
         self.duty = None;
         self.stop_notifier();
+        self.watch = None;
         self.cancel_partial();
         for (request, buffer) in std::mem::take(&mut self.landings) {
-            if self.ep.comm.cancel_recv(request).is_err() {
+            match self.ep.comm.cancel_or_receive(request) {
+                Ok(None) => {}
+                Ok(Some(_)) => self.received.messages += 1,
                 // MPI may still write into it.
-                std::mem::forget(buffer);
+                Err(_) => std::mem::forget(buffer),
             }
+        }
+        if let Some(start) = self.seat.stream {
+            // The next consumer of this rank takes what this one left off the queues.
+            RECEIVED.set(&self.name, &self.ep, start.plus(self.received));
         }
         let mut state = self.shared.state.lock();
         if self.gone.is_none() {

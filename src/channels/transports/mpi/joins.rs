@@ -6,7 +6,7 @@
 //!   answer on the hello tag: a hello that carries the join's nonce, which it acknowledges as a
 //!   pair's consumer does, or a refusal saying why. A process has one consumer of a fan-out at
 //!   a time.
-//! - **The producer** ([`MpiJoins`]) probes the join tag with `MPI_ANY_SOURCE` (attached
+//! - **The producer** ([`MpiJoins`], on a thread of its fan-out's: `fan_out`) probes the join tag with `MPI_ANY_SOURCE` (attached
 //!   consumers' answers stay on the answers tag, where each out receives from its own rank),
 //!   takes a slot of the fan-out for each joiner through a `ClaimSlot` (the fan-out's slot
 //!   table), and connects an `MpiProducer` to it: the out it hands over. A full fan-out and a
@@ -14,19 +14,18 @@
 //!   is still open (its close not seen yet) waits for it to be dropped, up to `PARK_WAIT`.
 
 use std::any::Any;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::consumer::{receive, refuse, send_now, MpiSession, Seat, SESSION};
+use super::consumer::{receive, refuse, send_now, MpiSession, Seat, RECEIVED, SESSION};
 use super::producer::{has_producer, MpiProducer};
-use super::{backoff, ClaimSlot, Header, Hello, Join, Kind, TagProbe, Tags};
+use super::{backoff, ClaimSlot, Header, Hello, Join, Kind, StreamPos, Tags};
 use crate::channels::transport::TransportInfo;
 use crate::channels::{ChannelConfig, ChannelKind};
 use crate::error::{Error, Result};
-use crate::mpi::{Endpoint, ThreadLevel};
+use crate::mpi::Endpoint;
 
 /// How long a join from a rank waits for its last consumer's out to be dropped.
 const PARK_WAIT: Duration = Duration::from_secs(5);
@@ -53,7 +52,6 @@ pub(crate) struct MpiJoins {
     claim: ClaimSlot,
     /// Joins from ranks whose last consumer's out is still open, with when they came.
     parked: Vec<(Instant, u32, Join)>,
-    probe: Option<TagProbe>,
 }
 
 impl MpiJoins {
@@ -67,25 +65,7 @@ impl MpiJoins {
         claim: ClaimSlot,
     ) -> Result<MpiJoins> {
         let tags = super::tags_for(name, here.tag_upper_bound)?;
-        Ok(MpiJoins {
-            name: name.to_owned(),
-            config: config.clone(),
-            info,
-            here,
-            tags,
-            claim,
-            parked: Vec::new(),
-            probe: None,
-        })
-    }
-
-    /// Has a thread make `fd` readable while a join waits; without one (MPI's thread level
-    /// allows none), each `try_join` probes.
-    pub(crate) fn watch(&mut self, fd: Arc<OwnedFd>) -> Result<()> {
-        if self.probe.is_none() && self.here.thread_level >= ThreadLevel::Serialized {
-            self.probe = Some(TagProbe::start(&self.here, self.tags.joins, fd, "joins")?);
-        }
-        Ok(())
+        Ok(MpiJoins { name: name.to_owned(), config: config.clone(), info, here, tags, claim, parked: Vec::new() })
     }
 
     /// A consumer that joined, answered and connected; `None` when none waits (those refused
@@ -96,14 +76,8 @@ impl MpiJoins {
                 return Ok(Some(joined));
             }
         }
-        if self.probe.as_ref().is_some_and(|p| !p.seen()) {
-            return Ok(None);
-        }
         loop {
             let Some((rank, len)) = self.here.comm.iprobe_any(self.tags.joins)? else {
-                if let Some(probe) = &self.probe {
-                    probe.looked();
-                }
                 return Ok(None);
             };
             // Received whole whatever it holds: one left in MPI would be probed for ever.
@@ -219,7 +193,6 @@ impl MpiJoins {
 
 impl Drop for MpiJoins {
     fn drop(&mut self) {
-        drop(self.probe.take());
         // Parked joiners would otherwise wait for their rendezvous timeout.
         for (_, rank, join) in std::mem::take(&mut self.parked) {
             let why = format!("the producer of fan-out channel {:?} closed", self.name);
@@ -285,7 +258,10 @@ pub(crate) fn join(name: &str, config: &ChannelConfig, ep: Endpoint) -> Result<M
                             refuse(&ep, tags, nonce, &why)?;
                             return Err(Error::InvalidState(why));
                         }
-                        let seat = Seat { id: SESSION, slot: 0, claims: Some(Box::new(claim)) };
+                        let start = hello.start.unwrap_or_default();
+                        skip_stale(name, &ep, tags, start, deadline)?;
+                        let claims = Some(Box::new(claim) as Box<dyn Any + Send + Sync>);
+                        let seat = Seat { id: SESSION, slot: 0, claims, stream: Some(start) };
                         return MpiSession::start(name, config, ep, tags, &hello, seat);
                     }
                 }
@@ -302,6 +278,62 @@ pub(crate) fn join(name: &str, config: &ChannelConfig, ep: Endpoint) -> Result<M
         }
         backoff(&mut spins, false);
     }
+}
+
+/// Takes off MPI's queues, unread, what the producer at `ep`'s peer sent an earlier consumer
+/// of this rank after it closed: what lies before `start`, the producer's new stream, beyond
+/// what this process's consumers received.
+fn skip_stale(name: &str, ep: &Endpoint, tags: Tags, start: StreamPos, deadline: Option<Instant>) -> Result<()> {
+    let mut at = RECEIVED.get(name, ep);
+    if at.messages > start.messages || at.chunks > start.chunks {
+        return Err(Error::Corrupt(format!(
+            "the producer of fan-out channel {name:?} (MPI rank {}) starts its stream at {start:?}, and this process's \
+             consumers received {at:?} already",
+            ep.peer
+        )));
+    }
+    if at != start {
+        log::info!(
+            "fan-out channel {name:?} (consumer): taking what an earlier consumer of this rank left unread off MPI's \
+             queues (from {at:?} to {start:?})"
+        );
+    }
+    let mut spins = 0;
+    while at != start {
+        let (tag, count) = if at.messages < start.messages {
+            (tags.messages, &mut at.messages)
+        } else {
+            (tags.chunks, &mut at.chunks)
+        };
+        match ep.comm.iprobe(ep.peer, tag) {
+            Ok(Some(len)) => {
+                let mut bytes = vec![0u8; len];
+                // SAFETY: `bytes` has the `len` bytes the probe reported.
+                let received = unsafe { ep.comm.recv_probed(bytes.as_mut_ptr(), len, ep.peer, tag) };
+                if let Err(e) = received {
+                    RECEIVED.set(name, ep, at);
+                    return Err(e);
+                }
+                *count += 1;
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                RECEIVED.set(name, ep, at);
+                return Err(e);
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            RECEIVED.set(name, ep, at);
+            return Err(Error::Timeout(format!(
+                "what the producer of fan-out channel {name:?} (MPI rank {}) sent an earlier consumer of this rank \
+                 did not arrive within the rendezvous timeout; raise rendezvous_timeout",
+                ep.peer
+            )));
+        }
+        backoff(&mut spins, false);
+    }
+    Ok(())
 }
 
 /// A little randomness for nonces, without a dependency.

@@ -14,7 +14,8 @@
 //!   on the messages tag where each session receives from its own rank. A process keeps one
 //!   producer of a channel toward a consumer: a second would share its tags. A fan-out's
 //!   consumer on another host first sends a join to the producer's rank (`joins`), whose
-//!   producer probes every rank for joins and answers each with a hello of its own.
+//!   producer probes every rank for joins on a thread of its own (`fan_out`) and answers each
+//!   with a hello of its own.
 //! - **Messages.** Every message starts with a `Header` (sequence number, length, flags).
 //!   Up to `CHUNK` bytes go in one MPI message with their header; longer ones, and buffer
 //!   sends (sent from the buffer itself, not copied), go as the header alone followed by
@@ -42,26 +43,31 @@
 //!   would otherwise stall its peer's large transfers, which need steps of both. The thread
 //!   needs `MPI_THREAD_SERIALIZED` or `MULTIPLE`; lava-flow serialises its own MPI calls.
 //!   A consumer whose [`ConsumerTransport::notify_fd`] watches the session starts a thread
-//!   that probes for messages every 100 µs.
+//!   that probes for messages every 100 µs. A fan-in's sessions keep their receives posted
+//!   ahead instead, and one thread for the whole carrier probes them only while the consumer
+//!   sleeps on the fd, or for good once the application asked for it (`watch`).
 //! - **Ends.** A producer that closes sends a close message after its last message: the
 //!   consumer sees `PeerGone` once it has read everything. A consumer that closes tells the
 //!   producer: once that has reached the producer's process, its next wait is `PeerGone`, and
 //!   so is a send within 32 (it looks at the consumer's answers every 32 messages, twice: see
-//!   `MpiProducer::poll_with`). A killed process is MPI's business: with
+//!   `MpiProducer::poll_with`). A fan-out's producer that detaches a consumer too slow for its
+//!   `slow_consumer_timeout` sends a close that says so: the consumer reads what it has, then
+//!   learns that it was detached. A killed process is MPI's business: with
 //!   mpirun, the job usually ends; errors MPI returns are reported as they come.
 //!
 //! [`ConsumerTransport::notify_fd`]: crate::channels::transport::ConsumerTransport::notify_fd
 
 mod acceptor;
 mod consumer;
-// The MPI side of a fan-out with consumers on other hosts, which the fan-out's producer in the
-// channel core takes up (its outs); until then only its tests use it.
-#[allow(dead_code)]
+mod credits;
+mod fan_out;
 mod joins;
 mod producer;
+mod watch;
 
 pub(crate) use acceptor::MpiConsumer;
 pub(crate) use consumer::MpiSession;
+pub(crate) use fan_out::MpiFanOutAcceptor;
 pub(crate) use producer::MpiProducer;
 
 use zerocopy::little_endian::{U16, U32, U64};
@@ -70,6 +76,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::channels::ChannelKind;
 use crate::error::{Error, Result};
@@ -94,7 +102,8 @@ enum Kind {
     Hello = 1,
     /// Producer to consumer: message `seq` of `len` bytes.
     Data = 2,
-    /// Producer to consumer: the producer closed after its last message.
+    /// Producer to consumer: the producer closed after its last message (`extra`:
+    /// `CLOSE_DETACHED` where a fan-out's producer detached this consumer).
     Close = 3,
     /// Producer to consumer: answer with a credit once `seq + 1` messages are released.
     ReportRequest = 4,
@@ -128,6 +137,9 @@ impl Kind {
         }
     }
 }
+
+/// A close's `extra` when a fan-out's producer detached its consumer for slowness.
+const CLOSE_DETACHED: u64 = 1;
 
 /// Header flag: answer with a credit as soon as this message is released.
 const FLAG_REPORT: u32 = 1;
@@ -263,6 +275,69 @@ struct Hello {
     capacity: u64,
     max_len: usize,
     kind: ChannelKind,
+    /// A fan-out's: where this producer's stream to the consumer's rank starts (16 more bytes
+    /// on the wire, after the kind).
+    start: Option<StreamPos>,
+}
+
+/// How many MPI messages one process has sent another on a channel's messages tag and on its
+/// chunks tag, over every producer end of a fan-out toward that rank (or received, over every
+/// session of that rank's consumers). A fan-out's consumer that closes leaves what was sent
+/// after its last receive in MPI's queues, where the next consumer of its rank would find it:
+/// the producer's hello says where its own stream starts, and the consumer takes what lies
+/// before that off the queues unread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct StreamPos {
+    messages: u64,
+    chunks: u64,
+}
+
+impl StreamPos {
+    /// Counts one MPI message of `tags` sent or received on `tag`.
+    #[inline]
+    fn count(&mut self, tags: &Tags, tag: i32) {
+        if tag == tags.messages {
+            self.messages += 1;
+        } else if tag == tags.chunks {
+            self.chunks += 1;
+        }
+    }
+
+    fn plus(self, other: StreamPos) -> StreamPos {
+        StreamPos { messages: self.messages + other.messages, chunks: self.chunks + other.chunks }
+    }
+}
+
+/// The stream positions of this process's fan-out ends, one per (communicator, peer rank,
+/// channel): what each side's next end starts from.
+struct Streams(Mutex<Vec<(StreamKey, StreamPos)>>);
+
+/// A stream's communicator, peer rank and channel.
+type StreamKey = (usize, u32, String);
+
+impl Streams {
+    const fn new() -> Streams {
+        Streams(Mutex::new(Vec::new()))
+    }
+
+    fn key(name: &str, ep: &Endpoint) -> StreamKey {
+        (Arc::as_ptr(&ep.comm) as usize, ep.peer, name.to_owned())
+    }
+
+    /// Where the stream of `name` with `ep`'s peer stands (0 before any end).
+    fn get(&self, name: &str, ep: &Endpoint) -> StreamPos {
+        let key = Streams::key(name, ep);
+        self.0.lock().iter().find(|(k, _)| *k == key).map(|(_, pos)| *pos).unwrap_or_default()
+    }
+
+    fn set(&self, name: &str, ep: &Endpoint, pos: StreamPos) {
+        let key = Streams::key(name, ep);
+        let mut all = self.0.lock();
+        match all.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, at)) => *at = pos,
+            None => all.push((key, pos)),
+        }
+    }
 }
 
 impl Hello {
@@ -276,6 +351,10 @@ impl Hello {
         bytes.extend_from_slice(self.name.as_bytes());
         bytes.extend_from_slice(&(self.max_len as u64).to_le_bytes());
         bytes.extend_from_slice(&self.kind.code().to_le_bytes());
+        if let Some(start) = self.start {
+            bytes.extend_from_slice(&start.messages.to_le_bytes());
+            bytes.extend_from_slice(&start.chunks.to_le_bytes());
+        }
         bytes
     }
 
@@ -290,12 +369,15 @@ impl Hello {
         }
         let body = &bytes[Header::LEN..];
         let name_len = usize::try_from(header.len).unwrap_or(usize::MAX);
-        if name_len > 4096 || body.len() != name_len + 12 {
+        if name_len > 4096 || (body.len() != name_len + 12 && body.len() != name_len + 28) {
             return Err(bad(format!("has {} bytes of body for a name of {} bytes", body.len(), header.len)));
         }
         let name = String::from_utf8(body[..name_len].to_vec()).map_err(|_| bad("names no UTF-8 channel".into()))?;
-        let max_len = u64::from_le_bytes(body[name_len..name_len + 8].try_into().expect("8 bytes"));
-        let code = u32::from_le_bytes(body[name_len + 8..].try_into().expect("4 bytes"));
+        let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+        let max_len = word(name_len);
+        let code = u32::from_le_bytes(body[name_len + 8..name_len + 12].try_into().expect("4 bytes"));
+        let start = (body.len() == name_len + 28)
+            .then(|| StreamPos { messages: word(name_len + 12), chunks: word(name_len + 20) });
         let Some(kind) = ChannelKind::from_code(code) else {
             return Err(bad(format!("names channel kind {code}, which this lava-flow does not know")));
         };
@@ -303,7 +385,7 @@ impl Hello {
         if !(2..=1 << 20).contains(&capacity) || max_len == 0 || max_len > 1 << 40 {
             return Err(bad(format!("asks for capacity {capacity} and messages of {max_len} bytes")));
         }
-        Ok(Hello { nonce: header.seq, name, capacity, max_len: max_len as usize, kind })
+        Ok(Hello { nonce: header.seq, name, capacity, max_len: max_len as usize, kind, start })
     }
 }
 
@@ -544,12 +626,14 @@ mod tests {
     }
 
     fn hello() -> Hello {
-        Hello { nonce: 7, name: "fan".into(), capacity: 64, max_len: 1 << 20, kind: ChannelKind::FanIn }
+        Hello { nonce: 7, name: "fan".into(), capacity: 64, max_len: 1 << 20, kind: ChannelKind::FanIn, start: None }
     }
 
     #[test]
     fn hellos_round_trip_and_say_what_is_wrong() {
         assert_eq!(Hello::decode(&hello().encode(), 3).unwrap(), hello());
+        let fan_out = Hello { kind: ChannelKind::FanOut, start: Some(StreamPos { messages: 9, chunks: 2 }), ..hello() };
+        assert_eq!(Hello::decode(&fan_out.encode(), 3).unwrap(), fan_out);
         let mut bytes = hello().encode();
         let at = bytes.len() - 4;
         bytes[at] = 9;
@@ -578,7 +662,8 @@ mod tests {
         fn fuzz_hellos(bytes in crate::fuzz::bytes_near(hello().encode(), 64)) {
             if let Ok(h) = Hello::decode(&bytes, 1) {
                 prop_assert!((2..=1 << 20).contains(&h.capacity) && h.max_len > 0);
-                prop_assert_eq!(bytes.len(), Header::LEN + h.name.len() + 12);
+                let start = if h.start.is_some() { 16 } else { 0 };
+                prop_assert_eq!(bytes.len(), Header::LEN + h.name.len() + 12 + start);
                 prop_assert_eq!(Hello::decode(&h.encode(), 1).unwrap(), h);
             }
         }

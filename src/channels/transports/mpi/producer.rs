@@ -7,9 +7,12 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{backoff, tags_for, BufferPool, Header, Hello, Kind, Tags, CHUNK, FLAG_REPORT, FLAG_SPLIT, FLAG_ZERO_COPY};
+use super::{
+    backoff, tags_for, BufferPool, Header, Hello, Kind, StreamPos, Streams, Tags, CHUNK, CLOSE_DETACHED, FLAG_REPORT,
+    FLAG_SPLIT, FLAG_ZERO_COPY,
+};
 use crate::channels::transport::{ProducerTransport, RawLoan, SharedRegion, TransportInfo};
-use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
+use crate::channels::{ChannelConfig, ChannelKind, Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{Endpoint, Request};
 
@@ -46,6 +49,9 @@ pub(crate) struct MpiProducer {
     report_asked: u64,
     /// The slot a fan-in's consumer gave this producer (0 for a pair).
     slot: u32,
+    /// A fan-out's: where its stream to the consumer's rank started, and what it sent since.
+    stream: Option<StreamPos>,
+    sent: StreamPos,
     /// This process's claim on the channel toward its consumer (dropped after the close).
     _claim: ProducerClaim,
 }
@@ -54,6 +60,10 @@ pub(crate) struct MpiProducer {
 /// time per channel and consumer: a second would send on the first's tags, and its rendezvous
 /// could take the first's credits.
 static PRODUCERS: Mutex<Vec<(usize, u32, String)>> = Mutex::new(Vec::new());
+
+/// Where each fan-out stream of this process's producers stands, for the next producer end
+/// toward that rank.
+static SENT: Streams = Streams::new();
 
 /// A producer's entry in [`PRODUCERS`], removed when it drops.
 struct ProducerClaim(usize, u32, String);
@@ -131,12 +141,16 @@ impl MpiProducer {
         }
         let claim = ProducerClaim::take(name, &ep, config.kind)?;
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
+        // Read under the claim: the last end toward this rank has dropped, and said where it
+        // left the stream.
+        let stream = (config.kind == ChannelKind::FanOut).then(|| SENT.get(name, &ep));
         let hello = Hello {
             nonce,
             name: name.to_owned(),
             capacity: u64::from(config.capacity),
             max_len: config.pool_size,
             kind: config.kind,
+            start: stream,
         };
         let mut p = MpiProducer {
             info,
@@ -154,6 +168,8 @@ impl MpiProducer {
             loan: None,
             report_asked: 0,
             slot: 0,
+            stream,
+            sent: StreamPos::default(),
             _claim: claim,
         };
         // Until the consumer accepts it, nothing goes on the channel's messages tag (not even a
@@ -227,6 +243,7 @@ impl MpiProducer {
         // SAFETY: the caller's contract.
         match unsafe { self.ep.comm.isend(ptr, len, self.ep.peer, tag) } {
             Ok(mut request) => {
+                self.sent.count(&self.tags, tag);
                 // Looked at once at once: some of MPI's transports (TCP) write a message out
                 // only in a progress call, which this is; one already complete is done with
                 // here, when no earlier send may still read what it keeps.
@@ -598,6 +615,43 @@ impl ProducerTransport for MpiProducer {
         Ok(seq)
     }
 
+    fn peer(&self) -> Peer {
+        Peer {
+            slot: 0,
+            state: PeerState::Alive,
+            pid: 0,
+            rank: Some(self.ep.peer as i32),
+            host: self.ep.peer_host().to_owned(),
+            route: Some(super::super::MPI.name()),
+        }
+    }
+
+    fn has_room_for(&mut self, len: usize) -> Result<bool> {
+        self.check_len(len)?;
+        // The consumer's answers are read where they matter (no room left); its close, at the
+        // loan's look every 32 messages, as for any send.
+        if !self.has_room() {
+            self.poll()?;
+        }
+        self.check_gone()?;
+        Ok(self.has_room())
+    }
+
+    fn detach(&mut self) {
+        if self.gone.is_some() {
+            return;
+        }
+        let mut close = Header::new(Kind::Close, self.head, 0);
+        close.extra = CLOSE_DETACHED;
+        // An MPI failure here leaves the consumer to see the producer close when it drops.
+        if self.post_header(close).is_ok() {
+            self.gone = Some(format!(
+                "the consumer of fan-out channel {:?} (MPI rank {}) was detached for slowness",
+                self.name, self.ep.peer
+            ));
+        }
+    }
+
     fn try_send_region(&mut self, region: &dyn SharedRegion, offset: usize, len: usize) -> Result<u64> {
         self.poll()?;
         self.check_gone()?;
@@ -613,6 +667,11 @@ impl ProducerTransport for MpiProducer {
 }
 
 impl MpiProducer {
+    /// The consumer's MPI rank.
+    pub(crate) fn peer_rank(&self) -> u32 {
+        self.ep.peer
+    }
+
     /// Sends a malformed message, for tests that play a hostile peer over a carrier that has
     /// no shared region: 0, a chunked message cut short; 1, a sequence number out of order;
     /// 2, more bytes than the header says; 3, a report request for a message never sent.
@@ -687,6 +746,10 @@ impl Drop for MpiProducer {
         for (request, keep) in self.sends.drain(..) {
             self.ep.comm.abandon(request);
             std::mem::forget(keep);
+        }
+        // Before the claim goes: the next end toward this rank starts where this one ended.
+        if let Some(start) = self.stream {
+            SENT.set(&self.name, &self.ep, start.plus(self.sent));
         }
     }
 }
