@@ -433,3 +433,74 @@ fn a_loopback_fan_in_serves_several_producers_and_refuses_what_does_not_fit() {
         assert_eq!((&m[..], m.sequence()), (&b"late"[..], 0));
     });
 }
+
+/// A fan-out over loopback: consumers threads of this process, each in a slot of its own, each
+/// getting every message in order; a consumer past max_peers, a consumer of another kind and a
+/// second producer refused in the words every carrier uses; a consumer that closes dropped at
+/// the producer's next send, which goes on to the others and frees the slot.
+#[test]
+fn a_loopback_fan_out_serves_several_consumers_and_refuses_what_does_not_fit() {
+    const MESSAGES: u64 = 2_000;
+    let context = context(false);
+    let config = ChannelConfig {
+        transports: Some(vec![TransportKind::Loopback]),
+        kind: ChannelKind::FanOut,
+        max_peers: 3,
+        capacity: 16,
+        rendezvous_timeout: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    let join = |config: &ChannelConfig| Consumer::create(&context, "fan-out", &here(), &here(), config);
+    let alive = |p: &Producer| p.peers().iter().filter(|peer| peer.state == PeerState::Alive).count();
+    std::thread::scope(|s| {
+        let consumers: Vec<_> = (0..3)
+            .map(|index| {
+                let (join, config) = (&join, &config);
+                s.spawn(move || {
+                    let mut c = join(config).unwrap();
+                    for seq in 0..MESSAGES {
+                        let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                        assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), seq, "consumer {index}'s order");
+                    }
+                    if index == 0 {
+                        return;
+                    }
+                    let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                    assert_eq!((&m[..], m.sequence()), (&b"after"[..], MESSAGES));
+                    drop(m);
+                    let end = c.recv_timeout(Duration::from_secs(30)).unwrap_err();
+                    assert!(matches!(end, Error::PeerGone(_)), "{end}");
+                })
+            })
+            .collect();
+        let mut p = Producer::create(&context, "fan-out", &here(), &here(), &config).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while alive(&p) < 3 {
+            assert!(std::time::Instant::now() < deadline, "3 consumers joined: {:?}", p.peers());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let full = join(&config).unwrap_err();
+        assert!(
+            matches!(full, Error::InvalidState(ref m) if m.contains("is full") && m.contains("max_peers = 3")),
+            "{full}"
+        );
+        let pair = join(&ChannelConfig { kind: ChannelKind::Pair, ..config.clone() }).unwrap_err();
+        assert!(matches!(pair, Error::InvalidState(ref m) if m.contains("created a fan-out one")), "{pair}");
+        let second = Producer::create(&context, "fan-out", &here(), &here(), &config).unwrap_err();
+        assert!(matches!(second, Error::InvalidState(ref m) if m.contains("a fan-out has one producer")), "{second}");
+        for seq in 0..MESSAGES {
+            p.send(&seq.to_le_bytes()).unwrap();
+        }
+        let mut consumers = consumers.into_iter();
+        consumers.next().unwrap().join().unwrap();
+        // The closed consumer is dropped at this send; the others get it.
+        p.send(b"after").unwrap();
+        let peers = p.peers();
+        assert_eq!(alive(&p), 2, "{peers:?}");
+        assert_eq!(peers.iter().filter(|peer| peer.state == PeerState::Free).count(), 1, "{peers:?}");
+        drop(p);
+        for consumer in consumers {
+            consumer.join().unwrap();
+        }
+    });
+}

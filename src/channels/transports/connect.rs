@@ -262,6 +262,7 @@ pub(crate) struct Arrival {
 /// meeting of consumers.
 pub(crate) struct FanOutListeners {
     _shm: Option<shm::FanOutAcceptor>,
+    _loopback: Option<loopback::LoopbackFanOutAcceptor>,
     #[cfg(feature = "mpi")]
     _mpi: Option<mpi::MpiFanOutAcceptor>,
 }
@@ -291,6 +292,7 @@ pub(crate) fn listen_fan_out(
     let arrivals = Arc::new(Arrivals::new(config.max_peers));
     let mut listeners = FanOutListeners {
         _shm: None,
+        _loopback: None,
         #[cfg(feature = "mpi")]
         _mpi: None,
     };
@@ -301,6 +303,9 @@ pub(crate) fn listen_fan_out(
                 let shm = listen_fan_out_shm(name, plan, config, context, &arrivals)?;
                 max_len = max_len.min(shm.max_len());
                 listeners._shm = Some(shm);
+            }
+            TransportKind::Loopback => {
+                listeners._loopback = Some(listen_fan_out_loopback(name, plan, config, context, &arrivals)?)
             }
             #[cfg(feature = "mpi")]
             TransportKind::Mpi => listeners._mpi = Some(listen_fan_out_mpi(name, plan, config, &arrivals)?),
@@ -357,6 +362,28 @@ fn listen_fan_out_shm(
         Ok(Arrival { carrier, routes, info })
     };
     shm::FanOutAcceptor::start(name, provisional, config, Arc::clone(arrivals), meet)
+}
+
+/// A fan-out's acceptor over loopback: consumers that are threads of this process, each with
+/// offers of its own of the planned routes, met on the consumer's thread.
+fn listen_fan_out_loopback(
+    name: &str,
+    plan: &Plan,
+    config: &ChannelConfig,
+    context: &Context,
+    arrivals: &Arc<Arrivals<Arrival>>,
+) -> Result<loopback::LoopbackFanOutAcceptor> {
+    // As over shared memory: each consumer signals a released semaphore of its own.
+    let mut first = planned_offers(plan, config, context, false)?;
+    let provisional = report(plan, &planned_carrier(plan), Vec::new());
+    let (channel, plan_met) = (name.to_owned(), plan.clone());
+    let meet = move |joining: loopback::Joining| -> Result<Arrival> {
+        let mut offers: Vec<AnyOffer> = first.iter_mut().map(AnyOffer::another).collect();
+        let mut carrier = AnyProducer::Loopback(joining.handshake(&mut || sections_of(&mut offers))?);
+        let (routes, info) = accept_routes(&channel, &plan_met, &mut carrier, offers)?;
+        Ok(Arrival { carrier, routes, info })
+    };
+    loopback::LoopbackFanOutAcceptor::start(name, provisional, config, Arc::clone(arrivals), meet)
 }
 
 /// A fan-out's acceptor over MPI: consumers of other hosts, which join from any rank of this
@@ -426,6 +453,10 @@ pub(crate) fn listen_consumer(
         TransportKind::Shm => {
             let (c, s) = shm::ShmConsumer::listen(name, provisional, config, answers)?;
             (AnyConsumer::Shm(c), AnySession::Shm(s))
+        }
+        TransportKind::Loopback if config.kind == ChannelKind::FanOut => {
+            let (c, s) = loopback::LoopbackConsumer::join(name, provisional, config, answers)?;
+            (AnyConsumer::Loopback(c), AnySession::Loopback(s))
         }
         TransportKind::Loopback => {
             let (c, s) = loopback::LoopbackConsumer::listen(name, provisional, config, answers)?;

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::session::Session;
 use super::{duplicate, taken, wait_for_meeting, with_meeting};
+use crate::channels::peers::kind_mismatch;
 use crate::channels::transport::{Attachment, ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::{ChannelConfig, ChannelKind, Peer, PeerState};
 use crate::error::{Error, Result};
@@ -23,6 +24,8 @@ pub(crate) struct LoopbackConsumer {
     /// The notification fd once asked for: readable while a watched session has a message or
     /// its producer's end to say.
     notify: Option<Arc<OwnedFd>>,
+    /// A fan-out's consumer, which joined its producer and holds no name of its own.
+    joined: bool,
 }
 
 /// One producer's session at a loopback consumer.
@@ -45,6 +48,10 @@ impl LoopbackConsumer {
     ) -> Result<(Self, LoopbackSession)> {
         with_meeting(name, |m| match m.consumer_live {
             true => Err(taken(name, "consumer")),
+            // A fan-out's producer is joined, by consumers of a fan-out.
+            false if m.fan_out.is_some() => {
+                Err(Error::InvalidState(kind_mismatch(name, config.kind, ChannelKind::FanOut)))
+            }
             false => {
                 (m.consumer_live, m.consumer_kind, m.max_peers) = (true, config.kind, config.max_peers);
                 // A fan-in's producers are answered as they arrive, while the consumer is busy.
@@ -56,11 +63,28 @@ impl LoopbackConsumer {
         })?;
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let arrived = wait_for_meeting(name, deadline, |m| (!m.arrived.is_empty()).then(|| m.arrived.remove(0)));
-        let consumer = LoopbackConsumer { info, name: name.to_owned(), answers, notify: None };
+        let consumer = LoopbackConsumer { info, name: name.to_owned(), answers, notify: None, joined: false };
         let Some(session) = arrived else {
             return Err(Error::Timeout(format!("no producer of channel {name:?} attached in this process in time")));
         };
         let session = consumer.take_up(session)?;
+        Ok((consumer, session))
+    }
+
+    /// Joins the fan-out producer of `name` in this process (waiting for it up to the
+    /// config's rendezvous timeout; refused where its slots are all taken), answering its
+    /// offers with `answers`.
+    pub(crate) fn join(
+        name: &str,
+        info: TransportInfo,
+        config: &ChannelConfig,
+        answers: Vec<Attachment>,
+    ) -> Result<(Self, LoopbackSession)> {
+        let session = super::fan_out::join(name, config, answers)?;
+        let offers = session.offers.lock().take();
+        let session = LoopbackSession { name: name.to_owned(), session, offers, notify: None };
+        let consumer =
+            LoopbackConsumer { info, name: name.to_owned(), answers: Vec::new(), notify: None, joined: true };
         Ok((consumer, session))
     }
 
@@ -87,6 +111,10 @@ impl ConsumerTransport for LoopbackConsumer {
     }
 
     fn try_accept(&mut self) -> Result<Option<LoopbackSession>> {
+        if self.joined {
+            // A fan-out's consumer joined one producer: no other comes to it.
+            return Ok(None);
+        }
         match with_meeting(&self.name, |m| (!m.arrived.is_empty()).then(|| m.arrived.remove(0))) {
             Some(session) => Ok(Some(self.take_up(session)?)),
             None => Ok(None),
@@ -96,6 +124,10 @@ impl ConsumerTransport for LoopbackConsumer {
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
             let fd = Arc::new(eventfd()?);
+            if self.joined {
+                self.notify = Some(fd);
+                return Ok(self.notify.as_ref().expect("set just now").as_fd());
+            }
             // Readable when a producer arrives too (a fan-in takes it up at its next receive).
             with_meeting(&self.name, |m| {
                 if !m.arrived.is_empty() {
@@ -128,6 +160,10 @@ impl ConsumerTransport for LoopbackConsumer {
 
 impl Drop for LoopbackConsumer {
     fn drop(&mut self) {
+        if self.joined {
+            // Its session's drop tells the fan-out.
+            return;
+        }
         let waiting = with_meeting(&self.name, |m| {
             (m.consumer_live, m.notify, m.answers) = (false, None, None);
             std::mem::take(&mut m.arrived)

@@ -10,11 +10,15 @@
 //! name, its kind and how many producers it takes, and waits; a producer finds it (or waits
 //! for it), refuses itself if another producer of a pair is live, if the consumer is of
 //! another kind, or if a fan-in has no free slot, and hands the consumer a new
-//! [`session::Session`], the state both ends share. Each message is a heap allocation of its own (a copy, a loan's room), a pointer into
+//! [`session::Session`], the state both ends share. A fan-out's producer registers a door
+//! instead (`fan_out`), which each of its consumers goes through on its own thread: it claims a
+//! slot, makes the session and the producer's end for it, and hands that end to the fan-out.
+//! Each message is a heap allocation of its own (a copy, a loan's room), a pointer into
 //! the sender's region (a buffer send), or a route's descriptor; it stays where it is until
 //! the consumer releases it.
 
 mod consumer;
+mod fan_out;
 mod producer;
 mod session;
 
@@ -26,6 +30,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 pub(crate) use consumer::{LoopbackConsumer, LoopbackSession};
+pub(crate) use fan_out::{Joining, LoopbackFanOutAcceptor};
 pub(crate) use producer::LoopbackProducer;
 use session::Session;
 
@@ -55,6 +60,8 @@ struct Meeting {
     notify: Option<Arc<OwnedFd>>,
     /// A fan-in consumer's answers for the routes, which each producer gets as it arrives.
     answers: Option<Vec<Attachment>>,
+    /// A fan-out's producer, registered: the door its consumers join through.
+    fan_out: Option<Arc<fan_out::Door>>,
 }
 
 impl Meeting {
@@ -98,7 +105,12 @@ fn with_meeting<T>(name: &str, f: impl FnOnce(&mut Meeting) -> T) -> T {
     let table = meetings.get_or_insert_with(HashMap::new);
     let meeting = table.entry(name.to_owned()).or_default();
     let out = f(meeting);
-    if !meeting.consumer_live && !meeting.producer_live && meeting.slots == 0 && meeting.arrived.is_empty() {
+    if !meeting.consumer_live
+        && !meeting.producer_live
+        && meeting.slots == 0
+        && meeting.arrived.is_empty()
+        && meeting.fan_out.is_none()
+    {
         table.remove(name);
     }
     MET.notify_all();

@@ -9,7 +9,7 @@ use super::session::{Bytes, Entry, Session, State};
 use super::{taken, wait_for_meeting, with_meeting, Meeting};
 use crate::channels::peers::check_producer_place;
 use crate::channels::transport::{Attachment, ProducerTransport, RawLoan, RawView, SharedRegion, TransportInfo};
-use crate::channels::{ChannelConfig, ChannelKind, MAX_PEERS};
+use crate::channels::{ChannelConfig, ChannelKind, Peer, PeerState, MAX_PEERS};
 use crate::error::{Error, Result};
 
 /// The producer half of a loopback channel.
@@ -37,10 +37,7 @@ impl LoopbackProducer {
         config: &ChannelConfig,
         offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
     ) -> Result<Self> {
-        let capacity = u64::from(config.capacity);
-        if !(2..=1 << 20).contains(&capacity) || !capacity.is_power_of_two() {
-            return Err(Error::invalid(format!("capacity {capacity} must be a power of two from 2 to 2^20")));
-        }
+        let capacity = checked_capacity(config)?;
         let kind = config.kind;
         if kind == ChannelKind::Pair {
             with_meeting(name, |m| match m.producer_live {
@@ -52,7 +49,11 @@ impl LoopbackProducer {
             })?;
         }
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
-        let met = wait_for_meeting(name, deadline, |m| m.consumer_live.then(|| take_place(m, name, kind)));
+        let met = wait_for_meeting(name, deadline, |m| match m.fan_out {
+            // A fan-out's producer holds the name: its consumers join it.
+            Some(_) => Some(Err(taken(name, "producer"))),
+            None => m.consumer_live.then(|| take_place(m, name, kind)),
+        });
         let slot = match met {
             Some(Ok(slot)) => slot,
             Some(Err(refused)) => {
@@ -66,8 +67,7 @@ impl LoopbackProducer {
                 )));
             }
         };
-        static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let id = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = session_id();
         let offers = match offers() {
             Ok(offers) => offers,
             Err(e) => {
@@ -90,6 +90,28 @@ impl LoopbackProducer {
             )));
         };
         Ok(LoopbackProducer { info, session, kind, loan: None, loans: 0, answers, completed: 0, met: true })
+    }
+
+    /// The producer's end for one consumer of a fan-out, over `session`, which that consumer
+    /// made with its answers in it: the routes' sections that `offers` makes go into it.
+    pub(super) fn fan_out_end(
+        info: TransportInfo,
+        session: Arc<Session>,
+        offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
+    ) -> Result<LoopbackProducer> {
+        *session.offers.lock() = Some(offers()?);
+        let answers = session.answers.lock().take().unwrap_or_default();
+        // (Its slot is the fan-out's, freed there when it drops this end: nothing held here.)
+        Ok(LoopbackProducer {
+            info,
+            session,
+            kind: ChannelKind::FanOut,
+            loan: None,
+            loans: 0,
+            answers,
+            completed: 0,
+            met: false,
+        })
     }
 
     /// A producer whose consumer has closed, met nowhere: what a channel's producer holds as
@@ -169,6 +191,26 @@ impl ProducerTransport for LoopbackProducer {
 
     fn max_message_len(&self) -> usize {
         self.session.max_len
+    }
+
+    fn has_room_for(&mut self, len: usize) -> Result<bool> {
+        match self.check_room(&self.session.lock(), len) {
+            Ok(()) => Ok(true),
+            Err(Error::WouldBlock(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn peer(&self) -> Peer {
+        let gone = self.session.lock().consumer_closed;
+        Peer {
+            slot: self.session.slot,
+            state: if gone { PeerState::Gone } else { PeerState::Alive },
+            pid: std::process::id(),
+            rank: None,
+            host: String::new(),
+            route: Some(super::ID.name()),
+        }
     }
 
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {
@@ -333,4 +375,19 @@ fn leave(name: &str, kind: ChannelKind, slot: Option<u32>) {
         (ChannelKind::FanIn, None) => {}
         _ => m.producer_live = false,
     });
+}
+
+/// The config's capacity, which a loopback session's ring takes: a power of two from 2 to 2^20.
+pub(super) fn checked_capacity(config: &ChannelConfig) -> Result<u64> {
+    let capacity = u64::from(config.capacity);
+    if !(2..=1 << 20).contains(&capacity) || !capacity.is_power_of_two() {
+        return Err(Error::invalid(format!("capacity {capacity} must be a power of two from 2 to 2^20")));
+    }
+    Ok(capacity)
+}
+
+/// A new session's id, unique in this process.
+pub(super) fn session_id() -> u64 {
+    static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
