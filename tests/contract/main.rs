@@ -109,6 +109,20 @@ fn loopback_fan_in_keeps_the_contract() {
     });
 }
 
+/// The contract over a loopback fan-out with one consumer (see the shm fan-out's): GPU
+/// buffers go by reference, through the consumer's own route.
+#[test]
+fn loopback_fan_out_keeps_the_contract() {
+    loopback_contract(Carrier {
+        name: "loopback fan-out",
+        reattach: false,
+        gpu_route: true,
+        fd_wakes_for_control: false,
+        fan_in: false,
+        fan_out: true,
+    });
+}
+
 fn loopback_contract(carrier: Carrier) {
     for case in cases::cases().iter().filter(|c| (c.runs_on)(&carrier)) {
         let Some(context) = context_for(case) else { continue };
