@@ -203,19 +203,6 @@ fn route_availability(
     }
 }
 
-/// Whether transport `kind` serves channels of `shape`: shared memory, MPI and the Vulkan IPC
-/// route serve every kind (each fan-in producer, and each fan-out consumer, meets its one end
-/// as a pair's does, with a carrier and routes of its own), and so does the loopback carrier
-/// (each of its threads takes a session of its own).
-fn carries_shape(kind: TransportKind, shape: ChannelKind) -> std::result::Result<(), String> {
-    match (kind, shape) {
-        (
-            TransportKind::Shm | TransportKind::VulkanIpc | TransportKind::Mpi | TransportKind::Loopback,
-            ChannelKind::Pair | ChannelKind::FanIn | ChannelKind::FanOut,
-        ) => Ok(()),
-    }
-}
-
 /// The carriers a fan-in's consumer (or a fan-out's producer) listens on besides `carrier`, in
 /// the order of `allowed`: shared memory (peers on this host), and MPI (peers on other hosts)
 /// where this process joined MPI at a thread level that lets lava-flow probe for them.
@@ -271,7 +258,7 @@ pub(crate) fn plan(
     // Routes are not carriers: they are weighed for GPU buffers below (a list of routes alone
     // is refused, saying so).
     for kind in allowed.iter().filter(|k| !k.is_route() || allowed.len() == 1) {
-        match carrier_availability(*kind, scope, peer).and_then(|()| carries_shape(*kind, shape)) {
+        match carrier_availability(*kind, scope, peer) {
             Ok(()) => {
                 carrier = Some(*kind);
                 break;
@@ -308,7 +295,7 @@ pub(crate) fn plan(
     let mut routes = Vec::new();
     let mut routes_refused = Vec::new();
     for kind in allowed.iter().filter(|k| k.is_route()) {
-        match route_availability(*kind, scope, context).and_then(|()| carries_shape(*kind, shape)) {
+        match route_availability(*kind, scope, context) {
             Ok(()) => routes.push(*kind),
             Err(why) => routes_refused.push(why),
         }
@@ -430,17 +417,6 @@ mod tests {
         let config = ChannelConfig { transports: Some(vec![TransportKind::VulkanIpc]), ..Default::default() };
         let err = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap_err();
         assert!(matches!(err, Error::Unsupported(ref m) if m.contains("carries GPU buffers only")), "{err}");
-    }
-
-    /// GPU buffers go by reference on every kind, and every carrier carries every kind.
-    #[test]
-    fn which_transports_serve_which_kinds() {
-        for shape in [ChannelKind::Pair, ChannelKind::FanIn, ChannelKind::FanOut] {
-            assert!(carries_shape(TransportKind::Shm, shape).is_ok());
-            assert!(carries_shape(TransportKind::VulkanIpc, shape).is_ok());
-            assert!(carries_shape(TransportKind::Mpi, shape).is_ok());
-            assert!(carries_shape(TransportKind::Loopback, shape).is_ok());
-        }
     }
 
     #[test]
