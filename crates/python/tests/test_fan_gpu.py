@@ -16,7 +16,7 @@ def gpu_ctx():
     ctx = lf.Context()
     why = ctx.gpu_unavailable_reason
     if why:
-        assert os.environ.get("LF_REQUIRE_VULKAN") != "1", f"LF_REQUIRE_VULKAN=1 but there is no Vulkan device: {why}"
+        assert os.environ.get("LF_REQUIRE_VULKAN") != "1", f"LF_REQUIRE_VULKAN=1, but no Vulkan device: {why}"
         pytest.skip(f"no Vulkan device: {why}")
     return ctx
 
