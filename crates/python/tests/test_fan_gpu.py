@@ -128,6 +128,19 @@ def test_gpu_fan_in_three_producers_by_reference(gpu_ctx, name, peer, tmp_path):
         else:
             msg.release()
     assert sorted(next_seq.items()) == [(i, count) for i in range(3)]
+    # Each producer has a ready semaphore of its own: the channel-wide one is refused, naming
+    # the call that answers per producer. It gives an fd where the driver shares semaphores,
+    # and says why not where it does not (lavapipe synchronises on the host).
+    with pytest.raises(lf.InvalidStateError) as e:
+        ch.ready_semaphore()
+    assert "producer_ready_semaphore" in e.value.message, e.value.message
+    for slot in slot_of.values():
+        try:
+            os.close(ch.producer_ready_semaphore(slot))
+        except lf.LavaFlowError as e:
+            assert e.status == lf.Status.ERR_UNSUPPORTED, e.message
+    with pytest.raises(lf.InvalidStateError):
+        ch.producer_ready_semaphore(3)  # no such slot: max_peers is 3
     # The first GPU message of each producer still reads its producer's bytes.
     for msg in reversed(held):
         ident = int(np.frombuffer(read_gpu(gpu_ctx, msg)[:8], dtype=np.uint64)[0])
