@@ -76,7 +76,8 @@ def test_mpi_two_ranks_on_two_hosts(tmp_path):
 
 # ARGS: the channel's name, a directory for flags. Rank 0 (host a) is the consumer of a fan-in;
 # rank 1 (host a) a producer over shared memory; ranks 2 and 3 (host b) producers over MPI.
-# Rank 3 closes early; the others wait halfway until its end was reported, then go on.
+# Rank 3 closes early, once the consumer had messages of all three; the others wait halfway until
+# its end was reported, then go on.
 FAN_IN_RANK = """
 import os, pathlib, sys, time
 import numpy as np
@@ -102,13 +103,19 @@ def message(r, seq):
     body[:16] = np.array([r, seq], dtype=np.uint64).view(np.uint8)
     return body
 
+def wait_for(flag, what):
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert time.monotonic() < deadline, f"{what} did not come"
+        time.sleep(0.01)
+
 ctx = lf.Context(gpu="disabled")
 config = dict(kind="fan_in", max_peers=4, capacity=64, rendezvous_timeout=60)
 if rank == 0:
     # The first producer is expected on this host; the others come over either carrier.
     ch = lf.Channel(ctx, NAME, "consumer", my_location=mine, peer_location=mpi.location(1), **config)
     assert "takes producers over shm and mpi" in ch.transport_reason, ch.transport_reason
-    rank_of_slot, next_seq, ended, after_early_end = {}, {}, [], 0
+    rank_of_slot, next_seq, ended, after_early_end, all_seen = {}, {}, [], 0, False
     while len(ended) < 3:
         try:
             msg = ch.recv(timeout=60)
@@ -143,11 +150,13 @@ if rank == 0:
                 assert (peer.route, peer.rank, peer.pid) == ("mpi", r, 0), peer
                 assert peer.host == mpi.location(r).hostname, peer
         assert rank_of_slot[msg.producer] == r, f"slot {msg.producer} carries two ranks' messages"
-        if len(rank_of_slot) == 3 and not ended and len(next_seq) == 3:
+        if not all_seen and len(rank_of_slot) == 3:
+            all_seen = True
             peers = ch.peers()
             assert sorted(p.route or "" for p in peers) == ["", "mpi", "mpi", "shm"], peers
             assert [p.state for p in peers].count("free") == 1, peers
-    assert ended[0] == 3 and sorted(ended) == [1, 2, 3], ended
+            (FLAGS / "all-seen").touch()
+    assert all_seen and ended[0] == 3 and sorted(ended) == [1, 2, 3], ended
     assert after_early_end >= COUNT, "the other producers go on after one ended"
     assert all(p.state == "free" for p in ch.peers()), ch.peers()
 else:
@@ -155,11 +164,10 @@ else:
     assert ch.transport == ("shm" if rank == 1 else "mpi"), (ch.transport, ch.transport_reason)
     for seq in range(EARLY if rank == 3 else COUNT):
         if seq == COUNT // 2:
-            deadline = time.monotonic() + 60
-            while not (FLAGS / "early-gone").exists():
-                assert time.monotonic() < deadline, "rank 3's end was not reported"
-                time.sleep(0.01)
+            wait_for(FLAGS / "early-gone", "rank 3's end")
         assert ch.send(message(rank, seq), timeout=60) == seq
+    if rank == 3:
+        wait_for(FLAGS / "all-seen", "messages of all three producers")
     ch.wait_completed(seq, timeout=60)
 ch.close()
 del mpi
