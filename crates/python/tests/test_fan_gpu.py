@@ -210,6 +210,17 @@ def pattern(seed, n):
     return ((np.arange(n, dtype=np.uint64) * 13 + seed) % 251).astype(np.uint8).tobytes()
 
 
+def wait_for_flag(consumer, flag, what, timeout=60):
+    """Waits for a consumer's flag; fails at once, with its output, if the consumer ended first."""
+    deadline = time.monotonic() + timeout
+    while not flag.exists():
+        if consumer.proc.poll() is not None:
+            out, err = consumer.proc.communicate()
+            pytest.fail(f"{what}: the consumer ended first ({consumer.proc.returncode}):\n{out}\n{err}")
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.01)
+
+
 def test_gpu_fan_out_three_consumers_share_one_memory(gpu_ctx, name, peer, tmp_path):
     size = 1 << 16
     consumers = [peer(GPU_CONSUMER, name, index, tmp_path) for index in range(3)]
@@ -226,7 +237,7 @@ def test_gpu_fan_out_three_consumers_share_one_memory(gpu_ctx, name, peer, tmp_p
     assert ch.transport == "shm+vulkan_ipc", (ch.transport, ch.transport_reason)
     assert "vulkan_ipc, by reference" in ch.transport_reason, ch.transport_reason
     for index in range(3):
-        wait_until(lambda: (tmp_path / f"read-{index}").exists(), f"consumer {index}'s read")
+        wait_for_flag(consumers[index], tmp_path / f"read-{index}", f"consumer {index}'s read")
     device_local.write(pattern(99, size))
     (tmp_path / "rewritten").touch()
     # Released by one consumer after another: not complete while any of them holds it.
@@ -235,7 +246,7 @@ def test_gpu_fan_out_three_consumers_share_one_memory(gpu_ctx, name, peer, tmp_p
         with pytest.raises(lf.TimeoutError):
             ch.wait_completed(last, timeout=0.1)
         (tmp_path / f"release-{index}").touch()
-        wait_until(lambda: (tmp_path / f"released-{index}").exists(), f"consumer {index}'s release")
+        wait_for_flag(consumers[index], tmp_path / f"released-{index}", f"consumer {index}'s release")
     ch.wait_completed(last, timeout=60)
     assert ch.completed == 2
     ch.close()
