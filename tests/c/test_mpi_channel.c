@@ -12,6 +12,11 @@
  *                           so two channels stay on one host (shm) and two cross hosts (mpi),
  *                           with the same code; each report says which. lava-flow initialises
  *                           MPI.
+ *   test_mpi_channel fan-in four ranks on two "hosts" (a, a, b, b): rank 0 consumes a fan-in
+ *                           whose producers are rank 1 over shared memory and ranks 2 and 3 over
+ *                           MPI; each producer's messages in its order under one slot;
+ *                           lf_channel_peers says each slot's route, rank and host; rank 3 ends
+ *                           early and its LF_ERR_PEER_GONE names its slot while the others go on.
  *
  * Every rank checks what it sees and exits non-zero on any failure, so mpirun fails. */
 #include <mpi.h>
@@ -294,6 +299,228 @@ static int run_ring(void) {
     return failures ? 1 : 0;
 }
 
+/* The fan-in's messages: producer `rank`'s message `seq` is a little longer than size_of
+ * says, its sequence number and rank first, then bytes derived from both. */
+#define FAN_COUNT 3000u
+#define FAN_EARLY 400u
+/* Rank 0 tells rank 3 when it has messages of all three producers (rank 3 closes only then),
+ * and ranks 1 and 2 when rank 3's end was reported (they wait for it halfway), on
+ * MPI_COMM_WORLD, which lava-flow does not use: it works on a duplicate. */
+#define TAG_ALL_SEEN 7
+#define TAG_EARLY_END 8
+
+static size_t fan_size_of(uint64_t seq) { return size_of(seq) + 8; }
+
+static void fill_from(unsigned char *p, size_t len, uint32_t rank, uint64_t seq) {
+    memcpy(p, &seq, 8);
+    memcpy(p + 8, &rank, 4);
+    for (size_t i = 12; i < len; i++) p[i] = (unsigned char)(seq + rank + i);
+}
+
+/* The sender's rank where `m` is message `seq` of it with the right bytes, else -1. */
+static int32_t sender_of(const lf_message *m) {
+    uint64_t seq;
+    uint32_t rank;
+    if (m->len < 12) return -1;
+    const unsigned char *p = m->data;
+    memcpy(&seq, p, 8);
+    memcpy(&rank, p + 8, 4);
+    if (rank < 1 || rank > 3 || m->len != fan_size_of(seq) || m->sequence != seq) return -1;
+    for (size_t i = 12; i < m->len; i++)
+        if (p[i] != (unsigned char)(seq + rank + i)) return -1;
+    return (int32_t)rank;
+}
+
+static lf_channel *open_fan_in(lf_context *ctx, lf_mpi *mpi, lf_role role, int32_t peer) {
+    lf_location *mine = NULL, *theirs = NULL;
+    lf_channel *ch = NULL;
+    EXPECT(lf_mpi_location(mpi, world_rank, &mine), LF_OK);
+    EXPECT(lf_mpi_location(mpi, peer, &theirs), LF_OK);
+    lf_channel_config cfg;
+    EXPECT(lf_channel_config_init(&cfg, sizeof cfg), LF_OK);
+    cfg.kind = LF_CHANNEL_FAN_IN;
+    cfg.max_peers = 4;
+    cfg.rendezvous_timeout_ns = 60 * SECOND;
+    cfg.capacity = 32;
+    EXPECT(lf_channel_create(ctx, "fan-in-hosts", role, mine, theirs, &cfg, &ch), LF_OK);
+    lf_location_free(mine);
+    lf_location_free(theirs);
+    return ch;
+}
+
+static const char *hostname_of(lf_mpi *mpi, int32_t rank, char *out, size_t size) {
+    lf_location *loc = NULL;
+    const char *name = NULL;
+    out[0] = '\0';
+    EXPECT(lf_mpi_location(mpi, rank, &loc), LF_OK);
+    if (loc != NULL && lf_location_hostname(loc, &name) == LF_OK) snprintf(out, size, "%s", name);
+    lf_location_free(loc);
+    return out;
+}
+
+/* What lf_channel_peers says of the slot that carries `rank`'s messages. */
+static void check_peer(lf_channel *ch, lf_mpi *mpi, uint32_t slot, int32_t rank) {
+    lf_peer peers[4];
+    size_t count = 0;
+    char host[LF_PEER_HOST_SIZE];
+    EXPECT(lf_channel_peers(ch, peers, sizeof(lf_peer), 4, &count), LF_OK);
+    CHECK(count == 4 && slot < 4);
+    if (count != 4 || slot >= 4) return;
+    const lf_peer *p = &peers[slot];
+    CHECK(p->slot == slot && p->state == LF_PEER_ALIVE);
+    CHECK(strcmp(p->host, hostname_of(mpi, rank, host, sizeof host)) == 0);
+    if (rank == 1) {
+        /* Same host: shared memory, no rank, its pid. */
+        CHECK(strcmp(p->route, "shm") == 0 && p->rank == -1 && p->pid != 0);
+    } else {
+        /* The other host: MPI, its rank, no pid. */
+        CHECK(strcmp(p->route, "mpi") == 0 && p->rank == rank && p->pid == 0);
+    }
+    printf("[rank 0] slot %u: rank %d, route %s, host %s\n", slot, (int)rank, p->route, p->host);
+}
+
+static void fan_in_consume(lf_channel *ch, lf_mpi *mpi) {
+    const char *name = NULL, *reason = NULL;
+    EXPECT(lf_channel_transport(ch, &name, &reason), LF_OK);
+    CHECK(reason != NULL && strstr(reason, "takes producers over shm and mpi") != NULL);
+    int32_t rank_of_slot[4] = {-1, -1, -1, -1};
+    uint64_t next[4] = {0, 0, 0, 0};
+    int ended[3], ends = 0, all_seen = 0;
+    uint64_t after_early_end = 0;
+    while (ends < 3 && failures == 0) {
+        lf_message m;
+        lf_status s = lf_recv(ch, 60 * SECOND, &m);
+        if (s == LF_ERR_PEER_GONE) {
+            /* One producer's end, naming its slot, after its last message. */
+            uint32_t slot = m.producer;
+            char said[16];
+            snprintf(said, sizeof said, "slot %u", slot);
+            EXPECT_MESSAGE(said);
+            CHECK(slot < 4 && rank_of_slot[slot] > 0);
+            if (slot >= 4 || rank_of_slot[slot] <= 0) break;
+            int32_t rank = rank_of_slot[slot];
+            CHECK(next[rank] == (rank == 3 ? FAN_EARLY : FAN_COUNT));
+            CHECK(rank != 3 || ends == 0);
+            printf("[rank 0] rank %d (slot %u) ended after %llu messages\n", (int)rank, slot,
+                   (unsigned long long)next[rank]);
+            ended[ends++] = rank;
+            rank_of_slot[slot] = -1;
+            lf_peer peers[4];
+            size_t count = 0;
+            EXPECT(lf_channel_peers(ch, peers, sizeof(lf_peer), 4, &count), LF_OK);
+            CHECK(count == 4 && peers[slot].state == LF_PEER_FREE && peers[slot].route[0] == '\0');
+            if (rank == 3) {
+                int go = 1;
+                MPI_Send(&go, 1, MPI_INT, 1, TAG_EARLY_END, MPI_COMM_WORLD);
+                MPI_Send(&go, 1, MPI_INT, 2, TAG_EARLY_END, MPI_COMM_WORLD);
+            }
+            continue;
+        }
+        EXPECT(s, LF_OK);
+        if (s != LF_OK) break;
+        int32_t rank = sender_of(&m);
+        uint32_t slot = m.producer;
+        CHECK(rank > 0 && slot < 4);
+        if (rank <= 0 || slot >= 4) {
+            fprintf(stderr, "[rank 0] a wrong message: %zu bytes, sequence %llu, slot %u\n", m.len,
+                    (unsigned long long)m.sequence, slot);
+            break;
+        }
+        /* Each producer's messages in its order, each under its own slot. */
+        CHECK(m.sequence == next[rank]);
+        next[rank] = m.sequence + 1;
+        if (rank_of_slot[slot] < 0) {
+            rank_of_slot[slot] = rank;
+            check_peer(ch, mpi, slot, rank);
+        }
+        CHECK(rank_of_slot[slot] == rank);
+        if (ends > 0) after_early_end++;
+        if (!all_seen && next[1] && next[2] && next[3] && ends == 0) {
+            /* All three attached at once: one slot is left free. */
+            lf_peer peers[4];
+            size_t count = 0, free_slots = 0;
+            all_seen = 1;
+            EXPECT(lf_channel_peers(ch, peers, sizeof(lf_peer), 4, &count), LF_OK);
+            for (size_t i = 0; i < count; i++) free_slots += peers[i].state == LF_PEER_FREE;
+            CHECK(count == 4 && free_slots == 1);
+            int go = 1;
+            MPI_Send(&go, 1, MPI_INT, 3, TAG_ALL_SEEN, MPI_COMM_WORLD);
+        }
+        EXPECT(lf_release(ch, &m), LF_OK);
+    }
+    CHECK(all_seen);
+    CHECK(ends == 3 && ended[0] == 3);
+    /* The others went on after rank 3's end: their second halves came after it. */
+    CHECK(after_early_end >= FAN_COUNT);
+    lf_message m;
+    EXPECT(lf_try_recv(ch, &m), LF_ERR_WOULD_BLOCK);
+}
+
+static void fan_in_produce(lf_channel *ch) {
+    const uint64_t count = world_rank == 3 ? FAN_EARLY : FAN_COUNT;
+    unsigned char *scratch = malloc((2u << 20) + 8);
+    uint32_t rank = (uint32_t)world_rank;
+    for (uint64_t seq = 0; seq < count && failures == 0; seq++) {
+        if (seq == FAN_COUNT / 2) {
+            /* Halfway: rank 3's end is reported first. */
+            int go = 0;
+            MPI_Recv(&go, 1, MPI_INT, 0, TAG_EARLY_END, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        size_t len = fan_size_of(seq);
+        uint64_t sent = UINT64_MAX;
+        if (seq % 3 == 1) {
+            lf_loan_region loan;
+            EXPECT(lf_loan(ch, len, 60 * SECOND, &loan), LF_OK);
+            fill_from(loan.data, len, rank, seq);
+            EXPECT(lf_publish(ch, &loan, len, &sent), LF_OK);
+        } else {
+            fill_from(scratch, len, rank, seq);
+            EXPECT(lf_send(ch, scratch, len, 60 * SECOND, &sent), LF_OK);
+        }
+        CHECK(sent == seq);
+    }
+    if (world_rank == 3) {
+        int go = 0;
+        MPI_Recv(&go, 1, MPI_INT, 0, TAG_ALL_SEEN, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    EXPECT(lf_wait_completed(ch, count - 1, 60 * SECOND), LF_OK);
+    free(scratch);
+}
+
+static int run_fan_in(void) {
+    int provided = 0;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    CHECK(provided == MPI_THREAD_MULTIPLE);
+    lf_mpi *mpi = NULL;
+    lf_context *ctx = NULL;
+    int32_t size = 0;
+    EXPECT(lf_mpi_join(LF_MPI_COMM_WORLD, NULL, &mpi), LF_OK);
+    EXPECT(lf_context_create(NULL, &ctx), LF_OK);
+    if (mpi == NULL || ctx == NULL) return 1;
+    EXPECT(lf_mpi_size(mpi, &size), LF_OK);
+    CHECK(size == 4);
+    if (world_rank == 0) {
+        /* The first producer is expected on this host; the others come over either carrier. */
+        lf_channel *ch = open_fan_in(ctx, mpi, LF_ROLE_CONSUMER, 1);
+        if (ch == NULL) return 1;
+        fan_in_consume(ch, mpi);
+        lf_channel_free(ch);
+    } else {
+        lf_channel *ch = open_fan_in(ctx, mpi, LF_ROLE_PRODUCER, 0);
+        if (ch == NULL) return 1;
+        /* Rank 1 shares host a with the consumer; ranks 2 and 3 are on host b. */
+        CHECK(strncmp(transport_of(ch), world_rank == 1 ? "shm" : "mpi", 3) == 0);
+        fan_in_produce(ch);
+        lf_channel_free(ch);
+    }
+    lf_context_free(ctx);
+    lf_mpi_free(mpi);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     int rc;
@@ -303,8 +530,10 @@ int main(int argc, char **argv) {
         rc = run_ring();
     } else if (strcmp(mode, "million") == 0) {
         rc = run_million();
+    } else if (strcmp(mode, "fan-in") == 0) {
+        rc = run_fan_in();
     } else {
-        fprintf(stderr, "usage: test_mpi_channel pair|ring|million\n");
+        fprintf(stderr, "usage: test_mpi_channel pair|ring|million|fan-in\n");
         return 2;
     }
     printf("[rank %d] %s: %s\n", world_rank, mode, rc ? "FAILED" : "passed");

@@ -56,6 +56,8 @@ def build_library():
     include.mkdir(parents=True)
     for h in ("lava_flow.h", "lava_flow.hpp"):
         shutil.copy2(ROOT / "include" / h, include / h)
+    # The C++ wrapper's parts, which lava_flow.hpp includes.
+    shutil.copytree(ROOT / "include" / "lava_flow", include / "lava_flow")
     enabled = {"vulkan"} | {f.strip() for f in features.replace(",", " ").split()}
     (include / "lava_flow_features.h").write_text(
         "/* What the lava_flow wheel's liblava_flow.so was built with. */\n"

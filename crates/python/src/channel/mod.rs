@@ -364,6 +364,13 @@ impl Channel {
         self.ready_semaphore_fd(py)
     }
 
+    /// A new fd of the ready semaphore of the producer in slot `producer` (a message's
+    /// `producer`), consumers only: on a fan-in each producer has its own, which its GPU
+    /// messages' `ready_value` counts on; the caller owns it.
+    fn producer_ready_semaphore(&self, py: Python<'_>, producer: u32) -> PyResult<i32> {
+        self.producer_ready_semaphore_fd(py, producer)
+    }
+
     /// A new fd of the producer's released semaphore (with `released_semaphore=True`).
     fn released_semaphore(&self, py: Python<'_>) -> PyResult<i32> {
         self.quick(py, |ch| {
