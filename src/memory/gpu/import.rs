@@ -8,7 +8,11 @@
 //!   a second import of the same arena closes its (redundant) fd and binds the new buffer to
 //!   the memory already imported.
 //! - Vulkan owns an imported fd only after `vkAllocateMemory` succeeds; on every other path
-//!   the fd stays an `OwnedFd` here and is closed when it drops.
+//!   the fd stays an `OwnedFd` here and is closed when it drops, unless the driver closed it
+//!   already (Mesa's lavapipe closes the fd of a failed import).
+//! - A memfd (lavapipe's exports) is imported through a description of its own: the driver
+//!   reads the memfd's header at its file position, which the copies of one export that several
+//!   processes received share, so that their imports at the same moment would race.
 //! - Imported buffers hold the arena; its memory is freed when the last one goes.
 
 use std::collections::HashMap;
@@ -238,6 +242,8 @@ impl GpuImporter {
         } else {
             None
         };
+        let fd = own_position(fd);
+        let named = file_id(fd.as_raw_fd());
         let mut import = vk::ImportMemoryFdInfoKHR::default().handle_type(handle.to_vk()).fd(fd.as_raw_fd());
         let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default();
         let mut info = vk::MemoryAllocateInfo::default()
@@ -260,7 +266,13 @@ impl GpuImporter {
                 if let Some(buffer) = dedicated {
                     arena::destroy_buffer(device, buffer);
                 }
-                // `fd` drops here: a failed import leaves its ownership with us.
+                // A failed import leaves the descriptor with us, but lavapipe closes it: closed
+                // here only if its number still names the file it named.
+                let raw = fd.into_raw_fd();
+                if named.is_some() && file_id(raw) == named {
+                    // SAFETY: `raw` is the descriptor given up above, still open on that file.
+                    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+                }
                 return Err(vk_err(&format!("importing {desc} (vkAllocateMemory)"))(r));
             }
         };
@@ -291,5 +303,60 @@ impl GpuImporter {
                 counted: None,
             },
         ))
+    }
+}
+
+/// `fd`, or, where it is a memfd, a new description of the same memory with a file position of
+/// its own (opened through `/proc/self/fd`); `fd` itself where that cannot be done.
+fn own_position(fd: OwnedFd) -> OwnedFd {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    if !std::fs::read_link(&path).is_ok_and(|target| target.to_string_lossy().starts_with("/memfd:")) {
+        return fd;
+    }
+    match std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(&path) {
+        Ok(file) => file.into(),
+        Err(_) => fd,
+    }
+}
+
+/// The file that descriptor `raw` names (device and inode), `None` where it names none.
+fn file_id(raw: std::os::fd::RawFd) -> Option<(u64, u64)> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes a `stat` into the buffer given, whatever `raw` is (EBADF otherwise).
+    if unsafe { libc::fstat(raw, stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it filled the buffer.
+    let stat = unsafe { stat.assume_init() };
+    Some((stat.st_dev, stat.st_ino))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::own_position;
+    use crate::os::{memfd_create, MemfdFlags};
+
+    /// The copies of one export share a file position; the memfd an import reads gets its own,
+    /// on the same memory.
+    #[test]
+    fn a_memfd_is_imported_through_a_position_of_its_own() {
+        let memfd = memfd_create("lf-import-test", 4096, MemfdFlags::default()).unwrap();
+        let copy = memfd.try_clone().unwrap();
+        let own = own_position(copy);
+        // SAFETY: lseek on descriptors this test owns.
+        let (moved, position) = unsafe {
+            (libc::lseek(memfd.as_raw_fd(), 100, libc::SEEK_SET), libc::lseek(own.as_raw_fd(), 0, libc::SEEK_CUR))
+        };
+        assert_eq!((moved, position), (100, 0), "the imported descriptor moved with the exporter's");
+        // SAFETY: as above; the other file's size says it is the same memory.
+        let size = unsafe { libc::lseek(own.as_raw_fd(), 0, libc::SEEK_END) };
+        assert_eq!(size, 4096);
+        // A descriptor that is no memfd is kept as it is.
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        let raw = file.as_raw_fd();
+        assert_eq!(own_position(file.into()).as_raw_fd(), raw);
     }
 }
