@@ -1,6 +1,6 @@
 //! How many processes share a channel ([`ChannelKind`]), and what one end knows of the
 //! processes at its other end, slot by slot ([`Peer`]), and a fan-out's table of those slots
-//! ([`Arrivals`]).
+//! (`Arrivals`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
