@@ -475,14 +475,7 @@ pub(crate) fn listen_consumer(
         other => return Err(Error::Unsupported(format!("transport {other} is not built"))),
     };
     let carrier_route = session.route().unwrap_or_else(|| planned_carrier(plan));
-    // The producer's offers arrived with its hello: each route learns what its producer brings.
-    let mut offers = session.take_offers().unwrap_or_default();
-    for route in routes.iter_mut() {
-        let id = route.route_id();
-        route.new_session(session.id(), take_section(&mut offers, id))?;
-    }
-    let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
-    let info = report(plan, &carrier_route, reports);
+    let info = start_routes(plan, &carrier_route, &mut session, &mut routes)?;
     Ok(ConsumerParts { carrier, extra: Vec::new(), session, routes, receivers, info })
 }
 
@@ -541,14 +534,25 @@ fn listen_fan_in(
         }
     };
     let mut session = session;
+    let info = start_routes(plan, &carrier_route, &mut session, &mut routes)?;
+    Ok(ConsumerParts { carrier, extra: carriers, session, routes, receivers, info })
+}
+
+/// Starts the first producer's `session` on the consumer's `routes` (the producer's offers
+/// arrived with its hello: each route learns what its producer brings), and the report.
+fn start_routes(
+    plan: &Plan,
+    carrier_route: &Route,
+    session: &mut AnySession,
+    routes: &mut [AnyRouteReceiver],
+) -> Result<TransportInfo> {
     let mut offers = session.take_offers().unwrap_or_default();
     for route in routes.iter_mut() {
         let id = route.route_id();
         route.new_session(session.id(), take_section(&mut offers, id))?;
     }
     let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
-    let info = report(plan, &carrier_route, reports);
-    Ok(ConsumerParts { carrier, extra: carriers, session, routes, receivers, info })
+    Ok(report(plan, carrier_route, reports))
 }
 
 /// The first producer that attaches to any of `carriers`, by `deadline`.

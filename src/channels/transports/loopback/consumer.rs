@@ -10,7 +10,7 @@ use super::session::Session;
 use super::{duplicate, taken, wait_for_meeting, with_meeting};
 use crate::channels::peers::kind_mismatch;
 use crate::channels::transport::{Attachment, ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
-use crate::channels::{ChannelConfig, ChannelKind, Peer, PeerState};
+use crate::channels::{ChannelConfig, ChannelKind, Peer};
 use crate::error::{Error, Result};
 use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
 
@@ -198,14 +198,7 @@ impl ConsumerSession for LoopbackSession {
 
     fn peer(&self) -> Peer {
         let gone = self.session.lock().producer_closed;
-        Peer {
-            slot: self.session.slot,
-            state: if gone { PeerState::Gone } else { PeerState::Alive },
-            pid: std::process::id(),
-            rank: None,
-            host: String::new(),
-            route: Some(super::ID.name()),
-        }
+        self.session.peer(gone)
     }
 
     fn try_recv(&mut self) -> Result<RawView> {

@@ -9,7 +9,7 @@ use super::session::{Bytes, Entry, Session, State};
 use super::{taken, wait_for_meeting, with_meeting, Meeting};
 use crate::channels::peers::check_producer_place;
 use crate::channels::transport::{Attachment, ProducerTransport, RawLoan, RawView, SharedRegion, TransportInfo};
-use crate::channels::{ChannelConfig, ChannelKind, Peer, PeerState, MAX_PEERS};
+use crate::channels::{ChannelConfig, ChannelKind, Peer, MAX_PEERS};
 use crate::error::{Error, Result};
 
 /// The producer half of a loopback channel.
@@ -203,14 +203,7 @@ impl ProducerTransport for LoopbackProducer {
 
     fn peer(&self) -> Peer {
         let gone = self.session.lock().consumer_closed;
-        Peer {
-            slot: self.session.slot,
-            state: if gone { PeerState::Gone } else { PeerState::Alive },
-            pid: std::process::id(),
-            rank: None,
-            host: String::new(),
-            route: Some(super::ID.name()),
-        }
+        self.session.peer(gone)
     }
 
     fn try_loan(&mut self, len: usize) -> Result<RawLoan> {

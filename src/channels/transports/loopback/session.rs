@@ -123,6 +123,20 @@ impl Session {
         }
     }
 
+    /// The other end of this session as a peer (this process, this session's slot), `gone` or
+    /// alive.
+    pub(super) fn peer(&self, gone: bool) -> crate::channels::Peer {
+        use crate::channels::{Peer, PeerState};
+        Peer {
+            slot: self.slot,
+            state: if gone { PeerState::Gone } else { PeerState::Alive },
+            pid: std::process::id(),
+            rank: None,
+            host: String::new(),
+            route: Some(super::ID.name()),
+        }
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
     }

@@ -32,11 +32,11 @@ impl ChannelFiles {
             || self.slots().any(|(_, state)| matches!(state, EndState::Live { .. }))
     }
 
-    /// Whether this is a fan-out: consumers hold slots, or its producer holds the socket
-    /// consumers connect to (a fan-out's producer listens; a pair's consumer does).
+    /// Whether this is a fan-out: consumers hold slots. (A fan-out's producer also holds the
+    /// socket its consumers connect to, as a pair's consumer does; a pair whose two ends live in
+    /// one process looks the same, so that is no sign.)
     pub fn is_fan_out(&self) -> bool {
         !self.fan_out_consumers.is_empty()
-            || matches!((self.producer, self.consumer), (EndState::Live { pid: p }, EndState::Live { pid: c }) if p == c && p != 0)
     }
 
     /// The fan-in producers' and fan-out consumers' slots, with their states.
