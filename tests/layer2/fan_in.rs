@@ -451,18 +451,24 @@ fn a_busy_producer_does_not_starve_another() {
             report("created", 1);
             wait_for_file(&arg("flag"));
             let (mut few, mut run, mut longest) = (0u64, 0u32, 0u32);
+            // Counted from when the consumer has taken the second producer up: its acceptor
+            // thread meets it, and on a loaded machine that thread may wait for a core while
+            // the consumer serves the one producer it has.
+            let mut both = false;
             while few < 100 {
                 let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                both = both || c.peers().iter().filter(|p| p.state == PeerState::Alive).count() == 2;
                 match parse(&m) {
                     (1, seq) => {
                         assert_eq!(seq, few);
                         few += 1;
                         run = 0;
                     }
-                    _ => {
+                    _ if both => {
                         run += 1;
                         longest = longest.max(run);
                     }
+                    _ => {}
                 }
             }
             assert!(longest <= 32, "{longest} of the busy producer's messages in a row while the other's waited");
