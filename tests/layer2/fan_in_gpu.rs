@@ -293,7 +293,8 @@ fn a_killed_producer_s_gpu_message_stays_readable_and_its_slot_is_taken_anew() {
                 let (m, bytes) = held.as_ref().expect("the victim's message is held");
                 assert!(read(m) == *bytes, "the dead producer's held GPU message changed {when}");
                 // Through the consumer's own mapping of the import too, where the host maps it.
-                assert!(m.is_empty() || m.as_slice() == &bytes[..], "the held message's mapping {when}");
+                // (A device-local import that the host does not map, as on NVIDIA, has none.)
+                assert!(m.as_slice().is_empty() || m.as_slice() == &bytes[..], "the held message's mapping {when}");
             };
             while ended < OTHERS + 2 {
                 let m = match c.recv_timeout(LONG) {
