@@ -24,8 +24,12 @@ use super::transport::{
     SharedRegion, TransportInfo,
 };
 use super::transports::{AnyProducer, AnyRouteSender, Arrival, FanOutListeners, FanOutParts};
-use super::ChannelConfig;
+use super::wait::Waiter;
+use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
+
+/// How long [`FanOut::poll_completed`] polls every consumer at once.
+const POLL_ALL: Duration = Duration::from_micros(100);
 
 /// One consumer's end.
 struct Out {
@@ -66,12 +70,22 @@ impl Out {
         }
     }
 
-    /// Sends `payload` to this consumer (its carrier has room): packed by its route, or staged.
-    /// `passed`: a deadline already past, so that nothing waits (nor reads the clock) here.
-    fn send_payload(&mut self, payload: &Payload<'_>, passed: Instant) -> Result<u64> {
+    /// Packs `payload` for this consumer's route, where one carries it (staged payloads are
+    /// copied at publish). Every consumer's descriptor is packed before any is published, so
+    /// that the consumers' messages go out back to back.
+    fn pack(&mut self, payload: &Payload<'_>) -> Result<()> {
+        match self.routes.for_kind(payload.kind) {
+            Some(route) => route.pack(payload, self.carrier.completed_hint(), &mut self.packed),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends `payload` to this consumer (its carrier has room): its descriptor, packed by
+    /// [`pack`](Self::pack), or its bytes staged. `passed`: a deadline already past, so that
+    /// nothing waits (nor reads the clock) here.
+    fn send_packed(&mut self, payload: &Payload<'_>, passed: Instant) -> Result<u64> {
         let Some(route) = self.routes.for_kind(payload.kind) else { return self.send_staged(payload) };
         let packed = &mut self.packed;
-        route.pack(payload, self.carrier.completed_hint(), packed)?;
         let descriptor = &packed.descriptor[..packed.descriptor_len];
         // The fan-out waited for room: none is waited for here.
         let seq = self.carrier.send_routed(route.route_id(), descriptor, &mut packed.attachments, Some(passed))?;
@@ -110,6 +124,8 @@ pub(super) struct FanOut {
     _listeners: FanOutListeners,
     name: String,
     slow_consumer_timeout: Option<Duration>,
+    /// How the producer waits for its consumers' releases.
+    wait: WaitStrategy,
     /// The largest message: each consumer's pool.
     max_len: usize,
     /// The consumers met and not taken up yet, and the slot table.
@@ -137,6 +153,7 @@ impl FanOut {
             _listeners: parts.listeners,
             name: name.to_owned(),
             slow_consumer_timeout: config.slow_consumer_timeout,
+            wait: config.wait,
             max_len: parts.max_len,
             arrivals: parts.arrivals,
             outs: (0..config.max_peers).map(|_| None).collect(),
@@ -345,6 +362,17 @@ impl FanOut {
         }
     }
 
+    /// Drops consumer `slot`, which failed (`why`) to take a message that others have.
+    #[cold]
+    fn drop_failed(&mut self, slot: usize, why: &Error) {
+        log::warn!(
+            "channel {:?} (fan-out producer): dropping the consumer in slot {slot}, which could not take a message \
+             the others have: {why}",
+            self.name
+        );
+        self.drop_out(slot, why, false);
+    }
+
     /// Publishes one message to every consumer with `send` (each has room), and numbers it.
     /// A failure before any consumer got the message is the caller's (a bad region, say) and
     /// is returned; a consumer that fails after others got it is dropped, so that every
@@ -357,14 +385,7 @@ impl FanOut {
                 Ok(_) => published = true,
                 Err(e @ Error::PeerGone(_)) => self.drop_out(slot, &e, false),
                 Err(e) if !published => return Err(e),
-                Err(e) => {
-                    log::warn!(
-                        "channel {:?} (fan-out producer): dropping the consumer in slot {slot}, which could not take \
-                         a message the others have: {e}",
-                        self.name
-                    );
-                    self.drop_out(slot, &e, false);
-                }
+                Err(e) => self.drop_failed(slot, &e),
             }
         }
         let seq = self.next;
@@ -467,6 +488,9 @@ impl FanOut {
         if seq >= self.next {
             return Err(Error::invalid(format!("message {seq} has not been sent on channel {:?}", self.name)));
         }
+        if self.poll_completed(seq, deadline)? {
+            return Ok(());
+        }
         for slot in 0..self.outs.len() {
             let Some(out) = self.outs[slot].as_mut() else { continue };
             if seq < out.base {
@@ -479,6 +503,36 @@ impl FanOut {
             }
         }
         Ok(())
+    }
+
+    /// Whether every consumer that got message `seq` released it, polling them all at once
+    /// while the wait strategy spins: consumers release in parallel, so the last release is
+    /// then seen one line transfer after it is made, not one transfer per consumer after the
+    /// first. `false` once spinning is over (the caller then waits consumer by consumer,
+    /// which also watches for consumers that died).
+    fn poll_completed(&mut self, seq: u64, deadline: Option<Instant>) -> Result<bool> {
+        let mut waiter = Waiter::new(self.wait, deadline);
+        if !waiter.spins() {
+            return Ok(false);
+        }
+        let mut polls = 0u32;
+        let mut since: Option<Instant> = None;
+        loop {
+            if self.completed()? > seq {
+                return Ok(true);
+            }
+            polls = polls.wrapping_add(1);
+            // The clock every 64 polls. Past `POLL_ALL`, a release that long in coming is not
+            // worth the polls: the wait consumer by consumer also watches their liveness.
+            if polls % 64 == 0 {
+                let now = Instant::now();
+                let start = *since.get_or_insert(now);
+                if !waiter.spinning(now) || waiter.timed_out(now) || now.duration_since(start) >= POLL_ALL {
+                    return Ok(false);
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Sends `len` bytes at `offset` of `region` by reference to every consumer: one memory,
@@ -526,8 +580,19 @@ impl FanOut {
         }
         self.prefetch_publish();
         self.make_room(|out: &Out| out.room_for(payload), payload.len, timeout)?;
+        // A payload no route can pack fails before anyone got it; a consumer whose own route
+        // fails is dropped, as at publish.
+        let mut packed_any = false;
+        for slot in 0..self.outs.len() {
+            let Some(out) = self.outs[slot].as_mut() else { continue };
+            match out.pack(payload) {
+                Ok(()) => packed_any = true,
+                Err(e) if !packed_any => return Err(e),
+                Err(e) => self.drop_failed(slot, &e),
+            }
+        }
         let passed = self.made;
-        self.publish_each(|out| out.send_payload(payload, passed))
+        self.publish_each(|out| out.send_packed(payload, passed))
     }
 
     /// Whether any consumer takes memory of `kind` through a route (others get it staged).
