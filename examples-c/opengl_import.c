@@ -2,11 +2,12 @@
  * into a DEVICE_LOCAL lava-flow buffer and sends the second by reference (lf_send_buffer); the
  * consumer process receives it (lf_recv, lf_message_buffer), exports the message's buffer
  * (lf_buffer_export) and imports that memory into OpenGL with GL_EXT_memory_object_fd
- * (glImportMemoryFdEXT, glBufferStorageMemEXT, the frame at the export's offset), in a headless EGL
- * context on the Vulkan device's GPU (EGL_EXT_platform_device, or EGL_MESA_platform_surfaceless;
- * no window, no pbuffer). OpenGL reads the frame back and checks every byte, then writes its
- * own bytes over it with a copy on the GPU, and the producer, once the consumer released the
- * message, reads OpenGL's bytes through lava-flow (and its first frame untouched).
+ * (glImportMemoryFdEXT, glBufferStorageMemEXT; the frame lies at the export's offset), in a
+ * headless EGL context on the Vulkan device's GPU (EGL_EXT_platform_device, or
+ * EGL_MESA_platform_surfaceless; no window, no pbuffer). OpenGL reads the frame and checks
+ * every byte, then writes its own bytes over it with a copy on the GPU; the producer, once the
+ * consumer released the message, reads OpenGL's bytes through lava-flow (and finds its first
+ * frame untouched).
  *
  * Synchronisation is on the host. lava-flow's channel semaphores are Vulkan timeline
  * semaphores, and GL_EXT_semaphore_fd imports binary ones only, so OpenGL cannot wait for them
@@ -158,8 +159,7 @@ static int gl_has_extension(const char *name) {
     return 0;
 }
 
-/* An OpenGL context made current on `display` whose GPU is the one with `device_uuid`, or 0
- * with the reason appended to `why`. */
+/* The consumer's OpenGL context, and its driver's UUID, which an import needs to match. */
 struct gl_context {
     EGLDisplay display;
     EGLContext context;
@@ -171,6 +171,8 @@ static void note(char *why, size_t size, const char *what, const char *detail) {
     snprintf(why + used, size - used, "\n  %s: %s", what, detail);
 }
 
+/* Makes an OpenGL context current on `display` if its GPU is the one with `device_uuid` and
+ * it imports memory from fds; else 0, with the reason appended to `why`. */
 static int open_gl(EGLDisplay display, const char *what, const uint8_t device_uuid[16], struct gl_context *out,
                    char *why, size_t why_size) {
     EGLint major = 0, minor = 0;
@@ -214,9 +216,12 @@ static int open_gl(EGLDisplay display, const char *what, const uint8_t device_uu
 #undef LOAD_GL
     const char *renderer = gl.GetString ? (const char *)gl.GetString(GL_RENDERER) : NULL;
     const char *missing = NULL;
-    if (!gl.GetString || !gl.GetStringi || !gl.GetIntegerv) missing = "the OpenGL 3.0 entry points are missing";
-    else if (!gl_has_extension("GL_EXT_memory_object")) missing = "GL_EXT_memory_object missing";
-    else if (!gl_has_extension("GL_EXT_memory_object_fd")) missing = "GL_EXT_memory_object_fd missing (memory imported from an fd)";
+    if (!gl.GetString || !gl.GetStringi || !gl.GetIntegerv)
+        missing = "the OpenGL 3.0 entry points are missing";
+    else if (!gl_has_extension("GL_EXT_memory_object"))
+        missing = "GL_EXT_memory_object missing";
+    else if (!gl_has_extension("GL_EXT_memory_object_fd"))
+        missing = "GL_EXT_memory_object_fd missing (memory imported from an fd)";
     int same_device = 0;
     if (!missing) {
         GLint devices = 0;
@@ -260,7 +265,8 @@ static int find_gl(const uint8_t device_uuid[16], struct gl_context *out, char *
         return 0;
     }
     if (has_extension(client, "EGL_EXT_device_enumeration") && has_extension(client, "EGL_EXT_platform_device")) {
-        PFNEGLQUERYDEVICESEXTPROC query_devices = (PFNEGLQUERYDEVICESEXTPROC)eglGetProcAddress("eglQueryDevicesEXT");
+        PFNEGLQUERYDEVICESEXTPROC query_devices =
+            (PFNEGLQUERYDEVICESEXTPROC)eglGetProcAddress("eglQueryDevicesEXT");
         EGLDeviceEXT devices[16];
         EGLint count = 0;
         if (query_devices && query_devices(16, devices, &count)) {
@@ -392,7 +398,8 @@ static int consumer(lf_context *context, const char *name, struct gl_context *gl
            (unsigned long long)exported.arena_size);
 
     GLuint memory = 0, buffer = 0;
-    int failed = import_into_gl(&exported, &memory, &buffer) || read_and_write_in_gl((GLintptr)exported.offset, exported.size);
+    int failed = import_into_gl(&exported, &memory, &buffer) ||
+                 read_and_write_in_gl((GLintptr)exported.offset, exported.size);
     /* OpenGL lets go of the memory before the message goes back to the producer. */
     gl.DeleteBuffers(1, &buffer);
     gl.DeleteMemoryObjectsEXT(1, &memory);
