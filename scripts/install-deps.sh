@@ -6,13 +6,15 @@
 #                                  the Vulkan loader with Mesa's drivers (lavapipe: Vulkan on the CPU)
 #   scripts/install-deps.sh        (or `test`) what the test suite uses besides: Open MPI and
 #                                  libclang (the mpi feature and its tests), valgrind, Python's venv
-#                                  and pip (the Python package's tests)
+#                                  and pip (the Python package's tests), EGL and Mesa's OpenGL
+#                                  drivers (llvmpipe: the OpenGL interop example)
 set -euo pipefail
 
 packages=(build-essential pkg-config cmake libvulkan1 mesa-vulkan-drivers)
 case ${1:-test} in
   demo) ;;
-  test) packages+=(libclang-dev libopenmpi-dev openmpi-bin valgrind python3 python3-venv python3-pip) ;;
+  test) packages+=(libclang-dev libopenmpi-dev openmpi-bin valgrind python3 python3-venv python3-pip
+                   libegl-dev libegl-mesa0 libgl1-mesa-dri) ;;
   *) echo "install-deps: unknown set '$1' (demo or test)" >&2; exit 2 ;;
 esac
 
