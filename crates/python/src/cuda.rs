@@ -80,7 +80,6 @@ struct SemWaitParams {
     reserved: [c_uint; 16],
 }
 
-
 #[repr(C)]
 struct SemSignalParams {
     fence_value: u64,
@@ -468,8 +467,12 @@ impl Semaphore {
             }
         };
         api.in_context(device, || {
-            let desc =
-                SemHandleDesc { ty: EXTERNAL_SEMAPHORE_TIMELINE_FD, handle: [fd as u32 as u64, 0], flags: 0, reserved: [0; 16] };
+            let desc = SemHandleDesc {
+                ty: EXTERNAL_SEMAPHORE_TIMELINE_FD,
+                handle: [fd as u32 as u64, 0],
+                flags: 0,
+                reserved: [0; 16],
+            };
             let mut sem: CuExtSem = std::ptr::null_mut();
             // SAFETY: a valid descriptor; on success CUDA owns the fd.
             let r = unsafe { (api.import_semaphore)(&mut sem, &desc) };

@@ -301,7 +301,15 @@ pub fn message_capsule(
                     }
                 }
                 let data = v.address as usize as *const u8;
-                capsule(slf.py(), Holder::GpuMessage(slf.clone().unbind(), v.import), data, len, device, true, max_version)
+                capsule(
+                    slf.py(),
+                    Holder::GpuMessage(slf.clone().unbind(), v.import),
+                    data,
+                    len,
+                    device,
+                    true,
+                    max_version,
+                )
             }
             GpuPlace::Host(p) => {
                 check_request(CPU, stream, dl_device, copy)?;

@@ -36,9 +36,6 @@ use super::Channel;
 use crate::buffer::Buffer;
 use crate::cuda::{self, CuStream, Event, Semaphore};
 
-/// How long one slice of a blocking call waits while releases wait for the GPU.
-pub(super) const GPU_POLL_NS: i64 = 10_000;
-
 /// A channel's CUDA state, made as GPU messages come and go.
 #[derive(Default)]
 pub(super) struct GpuState {
@@ -81,7 +78,8 @@ impl Channel {
     pub(super) fn forget_producer(&self, slot: Option<u32>) {
         let gone: Vec<_> = {
             let mut g = self.gpu_state();
-            let (gone, kept) = std::mem::take(&mut g.ready).into_iter().partition(|(p, _)| slot.map_or(true, |s| s == *p));
+            let (gone, kept) =
+                std::mem::take(&mut g.ready).into_iter().partition(|(p, _)| slot.map_or(true, |s| s == *p));
             g.ready = kept;
             gone
         };
@@ -198,9 +196,12 @@ pub(super) fn stream_handle(stream: &Bound<'_, PyAny>) -> PyResult<CuStream> {
     )))
 }
 
-/// The release thread's queue: channels with a deferred release, and the events it waits on.
+/// A channel with a deferred release, and the events that release waits on.
+type Due = (Py<Channel>, Vec<Arc<Event>>);
+
+/// The release thread's queue.
 struct Reaper {
-    queue: Mutex<VecDeque<(Py<Channel>, Vec<Arc<Event>>)>>,
+    queue: Mutex<VecDeque<Due>>,
     wake: Condvar,
 }
 

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-use super::gpu::GPU_POLL_NS;
 use super::Channel;
 use crate::cuda::Event;
 use crate::error::{check, error, invalid_state, make};
@@ -18,6 +17,9 @@ use crate::native::{lib, timeout_ns, Ptr};
 
 /// The longest a blocking call waits before checking for signals (but see `Channel::slice_ns`).
 pub(super) const SLICE_NS: i64 = 100_000_000;
+
+/// How long one slice of a blocking call waits while releases wait for the GPU (`gpu`).
+pub(super) const GPU_POLL_NS: i64 = 10_000;
 
 /// A received message, movable across threads (its pointer is into shared memory).
 #[derive(Clone, Copy)]
@@ -146,8 +148,11 @@ impl Channel {
         let deadline = (total >= 0).then(|| Instant::now() + Duration::from_nanos(total as u64));
         loop {
             // While releases wait for the GPU, short slices: the next one hands them back.
-            let longest =
-                if self.gpu_waiting.load(Ordering::Acquire) > 0 { self.slice_ns.min(GPU_POLL_NS) } else { self.slice_ns };
+            let longest = if self.gpu_waiting.load(Ordering::Acquire) > 0 {
+                self.slice_ns.min(GPU_POLL_NS)
+            } else {
+                self.slice_ns
+            };
             let slice = match deadline {
                 None => longest,
                 Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos() as i64).min(longest),

@@ -25,7 +25,14 @@ impl Channel {
         Ok(Message {
             channel: slf.clone().unbind(),
             msg: m,
-            state: Mutex::new(MsgState { released: false, exports: 0, done: false, cuda: None, streams: Vec::new(), stream_device: 0 }),
+            state: Mutex::new(MsgState {
+                released: false,
+                exports: 0,
+                done: false,
+                cuda: None,
+                streams: Vec::new(),
+                stream_device: 0,
+            }),
         })
     }
 }

@@ -11,7 +11,9 @@
 //!
 //! Its parts: `handle` (the C handle under the channel's lock: blocking calls, deferred
 //! releases, freeing), `config` (the channel config from `Channel`'s keywords), `message`
-//! (`Message`), `loan` (`Loan`) and `peers` (a consumer's producers, `Peer`), each on `handle`.
+//! (`Message`), `loan` (`Loan`), `peers` (a consumer's producers, `Peer`) and `gpu` (GPU
+//! messages in CUDA: semaphores, stream-ordered sends, releases after the consumer's streams),
+//! each on `handle`.
 // PyO3 0.22's generated method wrappers are unsafe fns with unsafe calls in them.
 #![allow(unsafe_op_in_unsafe_fn)]
 
