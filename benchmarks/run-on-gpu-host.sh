@@ -13,6 +13,8 @@
 #   .gl/*.deb               the Vulkan loader packages (libvulkan1 etc.), when the host lacks one
 #   .device/lava_flow-*.whl (optional)                 python3 -m pip wheel --no-deps -w .device ./crates/python
 #   .device/py/*.whl        with it: pytest and its needs (python3 -m pip download -d .device/py pytest)
+#                           and then Python's GPU hand-off beside torch.multiprocessing and the C
+#                           path (benchmarks/python_gpu_handoff.py), with and without MPS
 # SKIP_BENCH=1 runs only the tests and the examples.
 set -u
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
@@ -27,7 +29,9 @@ TAIL=3 run layer1-tests env LF_REQUIRE_VULKAN=1 LF_REQUIRE_CUDA=1 timeout 300 .d
 TAIL=3 run lib-tests env LF_REQUIRE_VULKAN=1 timeout 120 .device/libtests --test-threads=1
 TAIL=3 run layer2-tests env LF_REQUIRE_VULKAN=1 timeout 300 .device/layer2 --test-threads=2
 grep -E "^test gpu::|staged|vulkan_ipc" $res/layer2-tests.txt | head -20
+have_wheel=
 if ls .device/lava_flow-*.whl > /dev/null 2>&1; then
+  have_wheel=1
   # The Python package: its whole suite, with DLPack into torch and cupy and the GPU messages'
   # stream waits (tests/test_gpu.py), on the host's python3 (the one that holds PyTorch).
   python3 -m pip install -q --no-index --no-deps --target /tmp/lfpy .device/lava_flow-*.whl .device/py/*.whl
@@ -48,6 +52,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   grep -E "^JSON" $res/cuda-ipc.txt | grep -E '"handoff"|"gpu_pingpong"|"open_cost"|"copy"' | head -20
   TAIL=2 run lf-cuda timeout 150 /tmp/lf_cuda_pingpong
   grep -E "^JSON|^channel" $res/lf-cuda.txt | head -14
+  if [ -n "$have_wheel" ]; then
+    TAIL=12 run python-gpu-handoff env PYTHONPATH=/tmp/lfpy timeout 500 python3 benchmarks/python_gpu_handoff.py --c-binary /tmp/lf_cuda_pingpong
+    grep -E '^JSON.*"(py_handoff|py_torch_op|tmp_handoff|py_vs_c)"' $res/python-gpu-handoff.txt | head -16
+  fi
   echo "== with the MPS daemon"
   mkdir -p /tmp/mps /tmp/mpslog
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
@@ -56,6 +64,9 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   grep -E "^JSON" $res/cuda-ipc-mps.txt | grep -E '"handoff"|"gpu_pingpong"' | head -12
   TAIL=2 run lf-cuda-mps timeout 150 /tmp/lf_cuda_pingpong
   grep -E "^JSON" $res/lf-cuda-mps.txt | head -14
+  if [ -n "$have_wheel" ]; then
+    TAIL=12 run python-gpu-handoff-mps env PYTHONPATH=/tmp/lfpy timeout 500 python3 benchmarks/python_gpu_handoff.py --c-binary /tmp/lf_cuda_pingpong
+  fi
   TAIL=6 run cuda-consumer-mps env LD_LIBRARY_PATH=$PWD/.device/prefix/lib timeout 120 /tmp/bc/lf_cuda_consumer
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

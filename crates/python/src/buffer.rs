@@ -129,13 +129,26 @@ impl Buffer {
         })
     }
 
-    /// Runs `f` on the buffer's CUDA mapping, made at the first call.
+    /// Runs `f` on the buffer's CUDA mapping, made at the first call (a received buffer's
+    /// through the arena imports its channel shares).
     pub fn with_cuda<R>(&self, f: impl FnOnce(&mut crate::cuda::Mapping) -> PyResult<R>) -> PyResult<R> {
         let mut slot = self.cuda.lock().unwrap_or_else(|e| e.into_inner());
         if slot.is_none() {
-            *slot = Some(crate::cuda::Mapping::import(&self.export_record()?)?);
+            let received_on = match &*self.owner.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(Owner::Lent { message }) => Some(message.get().channel().get().id()),
+                _ => None,
+            };
+            *slot = Some(crate::cuda::Mapping::import(&self.export_record()?, received_on)?);
         }
         f(slot.as_mut().expect("made above"))
+    }
+
+    /// The message that lends this buffer (a received GPU message's), if any.
+    pub fn lent_by(&self, py: Python<'_>) -> Option<Py<Message>> {
+        match &*self.owner.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(Owner::Lent { message }) => Some(message.clone_ref(py)),
+            _ => None,
+        }
     }
 
     pub fn host(&self) -> Option<Ptr<u8>> {

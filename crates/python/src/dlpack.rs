@@ -1,6 +1,8 @@
 //! DLPack (`__dlpack__`, `__dlpack_device__`) for messages and buffers: a capsule over the
 //! very bytes, holding the message or buffer alive (as a counted view) until the consumer
-//! (numpy, PyTorch, CuPy, JAX) deletes the tensor.
+//! (numpy, PyTorch, CuPy, JAX) deletes the tensor. A GPU message's capsule also holds its
+//! arena's CUDA import, so that a tensor outliving its channel still points at mapped memory;
+//! its `stream` waits for the payload and orders the message's release (see `channel::gpu`).
 use std::ffi::{c_void, CStr};
 
 use pyo3::exceptions::{PyBufferError, PyValueError};
@@ -8,7 +10,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::buffer::Buffer;
-use crate::channel::Message;
+use crate::channel::{GpuPlace, Message};
 
 const KDL_CPU: i32 = 1;
 const KDL_UINT: u8 = 1;
@@ -66,13 +68,17 @@ struct DLManagedTensorVersioned {
 /// What a tensor keeps alive, counted as a view of it.
 enum Holder {
     Message(Py<Message>),
+    /// A GPU message in CUDA: the mapping of its arena stays while the tensor does, even
+    /// after the message went back and its channel closed (reading it then is the user's bug,
+    /// but not a crash).
+    GpuMessage(Py<Message>, #[allow(dead_code)] std::sync::Arc<crate::cuda::Import>),
     Buffer(Py<Buffer>),
 }
 
 impl Drop for Holder {
     fn drop(&mut self) {
         match self {
-            Holder::Message(m) => m.get().end_export(),
+            Holder::Message(m) | Holder::GpuMessage(m, _) => m.get().end_export(),
             Holder::Buffer(b) => b.get().end_use(),
         }
     }
@@ -261,17 +267,11 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<isize>> {
 
 pub fn message_device(slf: &Bound<'_, Message>) -> PyResult<(i32, i32)> {
     if slf.get().is_gpu() {
-        // The device alone (from the buffer's export), without mapping it into CUDA here.
-        let lent = Message::gpu_buffer(slf)?;
-        let b = lent.get();
-        let e = b.export_record()?;
-        // SAFETY: the export's fd is ours, and only its device UUID is needed.
-        unsafe { libc::close(e.fd) };
-        return match crate::cuda::device_of(&e.device_uuid) {
-            Ok(device) => Ok((KDL_CUDA, device)),
-            Err(_) if b.host().is_some() => Ok((CPU.device_type, CPU.device_id)),
-            Err(err) => Err(err),
-        };
+        // Found once per message (the arena's import once per process), reused by __dlpack__.
+        return Ok(match Message::gpu_place(slf)? {
+            GpuPlace::Cuda(v) => (KDL_CUDA, v.device),
+            GpuPlace::Host(_) => (CPU.device_type, CPU.device_id),
+        });
     }
     Ok((CPU.device_type, CPU.device_id))
 }
@@ -285,23 +285,38 @@ pub fn message_capsule(
 ) -> PyResult<PyObject> {
     let m = slf.get();
     if m.is_gpu() {
-        // The GPU buffer the message carries (lent while the message is held), in CUDA; the
-        // consumer's stream waits for the payload on its producer's ready semaphore.
-        let lent = Message::gpu_buffer(slf)?;
-        let b = lent.get();
-        let (device, data) = buffer_place(b)?;
-        let ready = m.ready_value();
-        if device.device_type == KDL_CUDA && ready > 0 {
-            if let Some(s) = crate::cuda::stream(stream_arg(stream)?) {
-                // The semaphore of the message's own producer (a fan-in's each have one).
-                let fd = m.channel().get().producer_ready_semaphore_fd(slf.py(), m.producer_slot())?;
-                b.with_cuda(|map| map.wait_on_stream(fd, ready, s))?;
+        let len = m.data().1;
+        return match Message::gpu_place(slf)? {
+            GpuPlace::Cuda(v) => {
+                // The bytes where they lie in the arena's import; the consumer's stream waits for
+                // the payload, and the release for the stream.
+                let device = DLDevice { device_type: KDL_CUDA, device_id: v.device };
+                check_request(device, None, dl_device, copy)?;
+                let s = crate::cuda::stream(stream_arg(stream)?);
+                m.begin_export()?;
+                if let Some(s) = s {
+                    if let Err(e) = Message::use_on_stream(slf, v.device, s) {
+                        m.end_export();
+                        return Err(e);
+                    }
+                }
+                let data = v.address as usize as *const u8;
+                capsule(
+                    slf.py(),
+                    Holder::GpuMessage(slf.clone().unbind(), v.import),
+                    data,
+                    len,
+                    device,
+                    true,
+                    max_version,
+                )
             }
-        }
-        check_request(device, if device.device_type == KDL_CUDA { None } else { stream }, dl_device, copy)?;
-        b.begin_use()?;
-        let len = b.len();
-        return capsule(slf.py(), Holder::Buffer(lent.unbind()), data, len, device, true, max_version);
+            GpuPlace::Host(p) => {
+                check_request(CPU, stream, dl_device, copy)?;
+                m.begin_export()?;
+                capsule(slf.py(), Holder::Message(slf.clone().unbind()), p, len, CPU, true, max_version)
+            }
+        };
     }
     check_request(CPU, stream, dl_device, copy)?;
     m.begin_export()?;
@@ -323,8 +338,14 @@ pub fn buffer_capsule(
 ) -> PyResult<PyObject> {
     let b = slf.get();
     let (device, data) = buffer_place(b)?;
-    // lava-flow's own writes and copies are complete when they return: no stream to order.
+    // lava-flow's own writes and copies are complete when they return: no stream to order,
+    // but for a GPU message's buffer, whose payload and release are ordered as the message's.
     check_request(device, if device.device_type == KDL_CUDA { None } else { stream }, dl_device, copy)?;
+    if device.device_type == KDL_CUDA {
+        if let (Some(m), Some(s)) = (b.lent_by(slf.py()), crate::cuda::stream(stream_arg(stream)?)) {
+            Message::use_on_stream(m.bind(slf.py()), device.device_id, s)?;
+        }
+    }
     b.begin_use()?;
     capsule(slf.py(), Holder::Buffer(slf.clone().unbind()), data, b.len(), device, false, max_version)
 }

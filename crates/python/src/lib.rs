@@ -15,6 +15,7 @@ mod context;
 mod cuda;
 mod dlpack;
 mod error;
+mod import_cache;
 mod location;
 mod native;
 mod pybuf;
@@ -27,8 +28,17 @@ mod ffi {
 
 use pyo3::prelude::*;
 
+/// The CUDA imports of received GPU arenas in this process, for tests and diagnostics:
+/// (arenas imported so far, imports alive, arenas in the cache). One import serves every
+/// message in its arena.
+#[pyfunction]
+fn _cuda_imports() -> (u64, u64, usize) {
+    cuda::import_counts()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_cuda_imports, m)?)?;
     native::load(m.py())?;
     error::register(m)?;
     native::register(m)?;

@@ -4,6 +4,8 @@ sent between two Python processes, and DLPack into PyTorch and CuPy on CUDA host
 The CUDA tests run where torch or cupy with a CUDA device is installed (the H200 host):
     python -m pytest crates/python/tests/test_gpu.py -v
 and skip elsewhere."""
+import time
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,176 @@ def test_gpu_message_dlpack_torch(gpu_ctx, name, peer):
         assert total == 0x77 * (1 << 16)
         del t
     p.wait()
+
+
+# ---- GPU messages in CUDA: arenas imported once, releases ordered after the consumer's stream.
+# These need a CUDA device and PyTorch (the GPU host); they skip elsewhere. Run them with
+#   python3 -m pytest crates/python/tests/test_gpu.py -v -k cuda_
+
+SENDS_ONE_ARENA = """
+import numpy as np, lava_flow as lf
+ctx = lf.Context(gpu="required")
+ch = lf.producer(ctx, NAME)
+n = int(ARGS[0])
+# Two buffers of one pooled arena, sent in turn: one import serves both.
+bufs = [ctx.alloc(1 << 16, lf.Memory.GPU_DEVICE_LOCAL) for _ in range(2)]
+for i in range(n):
+    b = bufs[i % 2]
+    b.write(np.full(1 << 16, i % 251, dtype=np.uint8))
+    ch.wait_completed(ch.send_buffer(b), timeout=60)
+print("sent", n)
+"""
+
+
+def eventually(check, timeout=10.0):
+    """True once `check()` is (deferred releases and frees happen on lava-flow's own thread)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def cuda_uuid(torch, device=0):
+    u = torch.cuda.get_device_properties(device).uuid
+    raw = getattr(u, "bytes", None)
+    return bytes(raw) if raw is not None else bytes.fromhex(str(u).removeprefix("GPU-").replace("-", ""))
+
+
+def cuda_consumer_ctx(gpu_ctx):
+    torch = cuda_framework("torch")
+    if bytes(gpu_ctx.device_info()["device_uuid"]) != cuda_uuid(torch):
+        pytest.skip("lava-flow's default Vulkan device is not CUDA device 0")
+    return torch
+
+
+def test_cuda_arena_imported_once_for_many_messages(gpu_ctx, name, peer):
+    torch = cuda_consumer_ctx(gpu_ctx)
+    n = 200
+    p = peer(SENDS_ONE_ARENA, name, n)
+    ch = lf.consumer(gpu_ctx, name)
+    made, alive, _ = lf._cuda_imports()
+    for i in range(n):
+        with ch.recv(timeout=60) as m:
+            assert m.is_gpu, ch.transport_reason
+            t = torch.from_dlpack(m)
+            assert t.is_cuda and t.numel() == 1 << 16
+            assert int(t[0]) == i % 251 and int(t[-1]) == i % 251
+            del t
+    assert lf._cuda_imports()[0] == made + 1, "every message of the one arena after the first is a lookup"
+    assert "sent" in p.wait()
+    ch.close()
+    del ch
+    # The channel took its arena out of the cache; no tensor holds it, so it is destroyed.
+    assert eventually(lambda: lf._cuda_imports()[1] == alive), lf._cuda_imports()
+
+
+HOLDS_UNTIL_TOLD = """
+import numpy as np, lava_flow as lf
+ctx = lf.Context(gpu="required")
+ch = lf.producer(ctx, NAME)
+b = ctx.alloc(1 << 20, lf.Memory.GPU_DEVICE_LOCAL)
+b.write(np.full(1 << 20, 9, dtype=np.uint8))
+seq = ch.send_buffer(b)
+ch.wait_completed(seq, timeout=60)
+print("completed")
+"""
+
+
+def test_cuda_tensor_outlives_release_and_channel(gpu_ctx, name, peer):
+    torch = cuda_consumer_ctx(gpu_ctx)
+    p = peer(HOLDS_UNTIL_TOLD, name)
+    ch = lf.consumer(gpu_ctx, name)
+    alive = lf._cuda_imports()[1]
+    m = ch.recv(timeout=60)
+    t = torch.from_dlpack(m)
+    assert int(t.sum()) == 9 * (1 << 20)
+    m.release()
+    ch.close()
+    del m, ch
+    assert "completed" in p.wait()
+    # The message went back and its channel is gone: reading is the user's bug, but the mapping
+    # the tensor holds is still there (no crash, the bytes of the arena).
+    assert t.is_cuda and int(t.to(torch.int64).sum()) >= 0
+    torch.cuda.synchronize()
+    assert lf._cuda_imports()[1] == alive + 1, "the tensor keeps its arena's import"
+    del t
+    assert eventually(lambda: lf._cuda_imports()[1] == alive), lf._cuda_imports()
+
+
+ORDERED_PRODUCER = """
+import numpy as np, lava_flow as lf
+ctx = lf.Context(gpu="required")
+ch = lf.producer(ctx, NAME)
+back = lf.consumer(ctx, NAME + "-back")
+b = ctx.alloc(1 << 20, lf.Memory.GPU_DEVICE_LOCAL)
+b.write(np.full(1 << 20, 3, dtype=np.uint8))
+seq = ch.send_buffer(b)
+with back.recv(timeout=60) as note:
+    assert bytes(note) == b"released"
+# The consumer released while its stream still sleeps before reading: not complete yet.
+print("early", ch.completed > seq)
+ch.wait_completed(seq, timeout=60)
+# Rewriting now must not change what the consumer's stream read.
+b.write(np.full(1 << 20, 200, dtype=np.uint8))
+print("completed")
+"""
+
+
+def test_cuda_release_orders_after_the_consumer_stream(gpu_ctx, name, peer):
+    torch = cuda_consumer_ctx(gpu_ctx)
+    p = peer(ORDERED_PRODUCER, name)
+    ch = lf.consumer(gpu_ctx, name)
+    back = lf.producer(gpu_ctx, name + "-back")
+    stream = torch.cuda.Stream()
+    m = ch.recv(timeout=60)
+    t = torch.from_dlpack(m.__dlpack__(stream=stream.cuda_stream))
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time before the read
+        total = t.to(torch.int64).sum()
+    del t
+    started = time.monotonic()
+    m.release()
+    released_in = time.monotonic() - started
+    assert not stream.query(), "the stream's work is still running"
+    assert released_in < 0.2, f"release blocked the host for {released_in:.3f} s"
+    back.send(b"released")
+    # No further call on the channel: the release thread hands the message back.
+    out = p.wait(timeout=60)
+    assert "early False" in out and "completed" in out, out
+    assert int(total) == 3 * (1 << 20), "the producer rewrote the buffer under the consumer's stream"
+    ch.close()
+    back.close()
+
+
+STREAM_PRODUCER = """
+import lava_flow as lf, torch
+ctx = lf.Context(gpu="required")
+ch = lf.producer(ctx, NAME)
+b = ctx.alloc(1 << 20, lf.Memory.GPU_DEVICE_LOCAL)
+t = torch.from_dlpack(b)
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    torch.cuda._sleep(1_000_000_000)  # the fill lands well after the send
+    t.fill_(7)
+seq = ch.send_buffer(b, stream=s)
+print("queued", s.query())
+ch.wait_completed(seq, timeout=60)
+"""
+
+
+def test_cuda_send_buffer_on_a_stream(gpu_ctx, name, peer):
+    torch = cuda_consumer_ctx(gpu_ctx)
+    p = peer(STREAM_PRODUCER, name)
+    ch = lf.consumer(gpu_ctx, name)
+    with ch.recv(timeout=60) as m:
+        assert m.ready_value > 0
+        stream = torch.cuda.Stream()
+        t = torch.from_dlpack(m.__dlpack__(stream=stream.cuda_stream))
+        with torch.cuda.stream(stream):
+            total = t.to(torch.int64).sum()
+        stream.synchronize()
+        del t
+    assert int(total) == 7 * (1 << 20), "the consumer's stream read before the producer's fill"
+    assert "queued False" in p.wait()

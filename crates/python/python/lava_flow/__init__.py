@@ -36,6 +36,7 @@ from ._native import (
     PeerGoneError,
     TimeoutError,
     WouldBlockError,
+    _cuda_imports,
     library_path,
     set_log_level,
     version,

@@ -4,18 +4,22 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
-use std::sync::{MutexGuard, TryLockError};
+use std::sync::{Arc, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
 use super::Channel;
+use crate::cuda::Event;
 use crate::error::{check, error, invalid_state, make};
 use crate::ffi;
 use crate::native::{lib, timeout_ns, Ptr};
 
 /// The longest a blocking call waits before checking for signals (but see `Channel::slice_ns`).
 pub(super) const SLICE_NS: i64 = 100_000_000;
+
+/// How long one slice of a blocking call waits while releases wait for the GPU (`gpu`).
+pub(super) const GPU_POLL_NS: i64 = 10_000;
 
 /// A received message, movable across threads (its pointer is into shared memory).
 #[derive(Clone, Copy)]
@@ -36,16 +40,34 @@ unsafe impl Sync for LoanRegion {}
 pub(super) enum Deferred {
     /// A garbage-collected message, to release.
     Release(Msg),
+    /// A released GPU message that the consumer's streams may still read: released once each
+    /// event is done (see `gpu`).
+    ReleaseAfter(Msg, Vec<Arc<Event>>),
     /// A garbage-collected loan, neither published nor cancelled, to give back.
     CancelLoan(LoanRegion),
 }
 
 impl Deferred {
+    /// Whether it may run now.
+    fn due(&self) -> bool {
+        match self {
+            Deferred::ReleaseAfter(_, events) => events.iter().all(|e| e.done()),
+            _ => true,
+        }
+    }
+
+    /// Waits until it may run (the channel is going away).
+    fn wait(&self) {
+        if let Deferred::ReleaseAfter(_, events) = self {
+            events.iter().for_each(|e| e.wait());
+        }
+    }
+
     /// Does it on the live channel `ch`.
     fn run(self, ch: Ptr<ffi::lf_channel>) {
         match self {
             // SAFETY: a message received on this live channel, released once.
-            Deferred::Release(m) => unsafe { lib().lf_release(ch.0, &m.0) },
+            Deferred::Release(m) | Deferred::ReleaseAfter(m, _) => unsafe { lib().lf_release(ch.0, &m.0) },
             // SAFETY: the outstanding loan of this live channel, given back once.
             Deferred::CancelLoan(r) => unsafe { lib().lf_loan_cancel(ch.0, &r.0) },
         };
@@ -81,11 +103,23 @@ impl Channel {
     pub(super) fn drain_pending(&self, core: &mut Core) {
         if self.has_pending.swap(false, Ordering::AcqRel) {
             let deferred = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut waiting = Vec::new();
             for d in deferred {
+                if !d.due() {
+                    waiting.push(d);
+                    continue;
+                }
+                if matches!(d, Deferred::ReleaseAfter(..)) {
+                    self.gpu_waiting.fetch_sub(1, Ordering::AcqRel);
+                }
                 if !core.ptr.0.is_null() {
                     d.run(core.ptr);
                 }
                 self.outstanding.fetch_sub(1, Ordering::AcqRel);
+            }
+            if !waiting.is_empty() {
+                self.pending.lock().unwrap_or_else(|e| e.into_inner()).extend(waiting);
+                self.has_pending.store(true, Ordering::Release);
             }
         }
         self.free_if_done(core);
@@ -97,6 +131,7 @@ impl Channel {
             // SAFETY: ours, nothing uses it any more (we hold the lock), freed once.
             unsafe { lib().lf_channel_free(core.ptr.0) };
             core.ptr = Ptr(std::ptr::null_mut());
+            self.forget_gpu();
         }
     }
 
@@ -112,9 +147,15 @@ impl Channel {
         let total = timeout_ns(timeout)?;
         let deadline = (total >= 0).then(|| Instant::now() + Duration::from_nanos(total as u64));
         loop {
+            // While releases wait for the GPU, short slices: the next one hands them back.
+            let longest = if self.gpu_waiting.load(Ordering::Acquire) > 0 {
+                self.slice_ns.min(GPU_POLL_NS)
+            } else {
+                self.slice_ns
+            };
             let slice = match deadline {
-                None => self.slice_ns,
-                Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos() as i64).min(self.slice_ns),
+                None => longest,
+                Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos() as i64).min(longest),
             };
             let mut core = self.lock(py);
             let ch = self.open(&mut core)?;
@@ -126,7 +167,7 @@ impl Channel {
                 return Err(error(status));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                if total <= self.slice_ns {
+                if total <= longest {
                     return Err(error(status));
                 }
                 return Err(make(
@@ -220,11 +261,14 @@ impl Drop for Channel {
         core.closed = true;
         if !core.ptr.0.is_null() {
             for d in std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner())) {
+                // The producer may reuse the memory once released: the consumer's streams end first.
+                d.wait();
                 d.run(core.ptr);
             }
             // SAFETY: no message or loan refers to the channel any more (they hold it alive).
             unsafe { lib().lf_channel_free(core.ptr.0) };
             core.ptr = Ptr(std::ptr::null_mut());
         }
+        self.forget_gpu();
     }
 }

@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyTuple};
 use super::handle::{Deferred, Msg};
 use super::Channel;
 use crate::buffer::Buffer;
+use crate::cuda::{self, CuStream};
 use crate::error::{check, invalid_state};
 use crate::ffi;
 use crate::native::lib;
@@ -24,7 +25,14 @@ impl Channel {
         Ok(Message {
             channel: slf.clone().unbind(),
             msg: m,
-            state: Mutex::new(MsgState { released: false, exports: 0, done: false }),
+            state: Mutex::new(MsgState {
+                released: false,
+                exports: 0,
+                done: false,
+                cuda: None,
+                streams: Vec::new(),
+                stream_device: 0,
+            }),
         })
     }
 }
@@ -36,6 +44,28 @@ struct MsgState {
     exports: usize,
     /// Handed back to lava-flow (`lf_release`).
     done: bool,
+    /// A GPU message's buffer in CUDA, found at its first DLPack request.
+    cuda: Option<CudaView>,
+    /// The CUDA streams views of it were handed to (DLPack's `stream`): the release waits for
+    /// the work queued there (see `gpu`).
+    streams: Vec<usize>,
+    /// The CUDA device of those streams.
+    stream_device: i32,
+}
+
+/// Where a GPU message's bytes are in CUDA, with the arena's import they lie in.
+#[derive(Clone)]
+pub struct CudaView {
+    pub import: Arc<cuda::Import>,
+    pub address: u64,
+    pub device: i32,
+}
+
+/// Where DLPack finds a GPU message: in CUDA, or (no CUDA here, as on lavapipe) at the host
+/// address the buffer is mapped at.
+pub enum GpuPlace {
+    Cuda(CudaView),
+    Host(*const u8),
 }
 
 /// A received message: a read-only zero-copy view into the channel's shared memory.
@@ -80,11 +110,76 @@ impl Message {
         };
         if release {
             Python::with_gil(|py| {
-                if let Err(e) = self.channel.get().release_message(py, &self.msg) {
+                if let Err(e) = self.hand_back(py) {
                     e.write_unraisable_bound(py, None);
                 }
             });
         }
+    }
+
+    /// Gives the message back to lava-flow: after the work its views' streams queued so far.
+    fn hand_back(&self, py: Python<'_>) -> PyResult<()> {
+        let (streams, device) = {
+            let mut s = self.lock();
+            (std::mem::take(&mut s.streams), s.stream_device)
+        };
+        if streams.is_empty() {
+            self.channel.get().release_message(py, &self.msg)
+        } else {
+            Channel::release_after(&self.channel, py, &self.msg, &streams, device)
+        }
+    }
+
+    /// Where the GPU message's bytes are for DLPack: its arena's CUDA import (made at the
+    /// first message in that arena, then looked up) and the buffer's offset in it.
+    pub fn gpu_place(slf: &Bound<'_, Self>) -> PyResult<GpuPlace> {
+        let this = slf.get();
+        if let Some(v) = this.lock().cuda.clone() {
+            return Ok(GpuPlace::Cuda(v));
+        }
+        let channel = this.channel.get();
+        let (e, host) = channel.quick(slf.py(), |ch| {
+            let mut b: *const ffi::lf_buffer = std::ptr::null();
+            let mut e = ffi::lf_export::default();
+            let mut host = std::ptr::null_mut();
+            // SAFETY: live channel, a held message, local out-parameters; the lent buffer is
+            // valid until the message's release.
+            unsafe {
+                check(lib().lf_message_buffer(ch.0, &this.msg.0, &mut b))?;
+                check(lib().lf_buffer_export(b, &mut e))?;
+                // GPU memory the host cannot map has no address: not an error.
+                if lib().lf_buffer_ptr(b, &mut host) != ffi::LF_OK {
+                    host = std::ptr::null_mut();
+                }
+            }
+            Ok((e, host.cast::<u8>().cast_const()))
+        })?;
+        match cuda::imported(&e, channel.id) {
+            Ok(import) => {
+                let v = CudaView { address: import.address(&e)?, device: import.device, import };
+                this.lock().cuda = Some(v.clone());
+                Ok(GpuPlace::Cuda(v))
+            }
+            Err(_) if !host.is_null() => Ok(GpuPlace::Host(host)),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// A view of the message will be used on `stream`: the stream waits for the payload (the
+    /// producer's ready semaphore), and the release for the stream's work.
+    pub fn use_on_stream(slf: &Bound<'_, Self>, device: i32, stream: CuStream) -> PyResult<()> {
+        let this = slf.get();
+        let ready = this.msg.0.ready_value;
+        if ready > 0 {
+            let sem = this.channel.get().ready_semaphore_for(slf.py(), this.msg.0.producer, device)?;
+            sem.wait(ready, stream)?;
+        }
+        let mut s = this.lock();
+        if !s.streams.contains(&(stream as usize)) {
+            s.streams.push(stream as usize);
+        }
+        s.stream_device = device;
+        Ok(())
     }
 
     pub fn data(&self) -> (*const u8, usize) {
@@ -134,7 +229,11 @@ impl Drop for Message {
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         if !s.done {
             s.done = true;
-            self.channel.get().run_or_defer(Deferred::Release(self.msg));
+            if s.streams.is_empty() {
+                self.channel.get().run_or_defer(Deferred::Release(self.msg));
+            } else {
+                Channel::release_after_in_finalizer(&self.channel, self.msg, &s.streams, s.stream_device);
+            }
         }
     }
 }
@@ -218,7 +317,7 @@ impl Message {
             now
         };
         if now {
-            self.channel.get().release_message(py, &self.msg)?;
+            self.hand_back(py)?;
         }
         Ok(())
     }

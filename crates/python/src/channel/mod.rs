@@ -11,18 +11,21 @@
 //!
 //! Its parts: `handle` (the C handle under the channel's lock: blocking calls, deferred
 //! releases, freeing), `config` (the channel config from `Channel`'s keywords), `message`
-//! (`Message`), `loan` (`Loan`) and `peers` (a consumer's producers, `Peer`), each on `handle`.
+//! (`Message`), `loan` (`Loan`), `peers` (a consumer's producers, `Peer`) and `gpu` (GPU
+//! messages in CUDA: semaphores, stream-ordered sends, releases after the consumer's streams),
+//! each on `handle`.
 // PyO3 0.22's generated method wrappers are unsafe fns with unsafe calls in them.
 #![allow(unsafe_op_in_unsafe_fn)]
 
 mod config;
+mod gpu;
 mod handle;
 mod loan;
 mod message;
 mod peers;
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
@@ -32,7 +35,7 @@ use self::config::ConfigKeywords;
 use self::handle::{Core, Deferred, LoanRegion, Msg};
 pub use self::loan::Loan;
 use self::loan::LoanState;
-pub use self::message::Message;
+pub use self::message::{GpuPlace, Message};
 pub use self::peers::Peer;
 use crate::buffer::Buffer;
 use crate::context::Context;
@@ -72,6 +75,12 @@ pub struct Channel {
     /// (cancelled) by the next call; each still counts in `outstanding` until then.
     pending: Mutex<Vec<Deferred>>,
     has_pending: AtomicBool,
+    /// Deferred releases waiting for the consumer's GPU streams (among `pending`).
+    gpu_waiting: AtomicUsize,
+    /// Its semaphores in CUDA and its ready values (`gpu`).
+    gpu: Mutex<gpu::GpuState>,
+    /// Unique in the process: names the channel to the CUDA import cache.
+    id: u64,
     role: u32,
     kind: u32,
     name: String,
@@ -79,6 +88,8 @@ pub struct Channel {
     /// `slice_for`).
     slice_ns: i64,
 }
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// How long one C call of a blocking method of this end may wait. lava-flow measures a
 /// fan-out's slow-consumer bound within one wait for room: a producer whose waits were cut into
@@ -155,6 +166,9 @@ impl Channel {
             outstanding: AtomicUsize::new(0),
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
+            gpu_waiting: AtomicUsize::new(0),
+            gpu: Mutex::new(gpu::GpuState::default()),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             role,
             kind: c.kind,
             name: name.to_owned(),
@@ -210,9 +224,13 @@ impl Channel {
     }
 
     /// Sends `length` bytes (default: to the end) at `offset` of a lava-flow Buffer by
-    /// reference; with `ready_value`, GPU work still writing it signals the channel's ready
-    /// semaphore to that value. Returns the sequence number.
-    #[pyo3(signature = (buffer, offset = 0, length = None, *, timeout = None, ready_value = None))]
+    /// reference. A GPU buffer that work still writes: with `stream` (a CUDA stream: an int, a
+    /// torch.cuda.Stream or a cupy Stream), lava-flow signals the channel's ready semaphore on
+    /// that stream after the work queued there, and the consumer's stream waits for it; with
+    /// `ready_value`, the caller's own GPU work signals the semaphore to that value. Returns
+    /// the sequence number.
+    #[pyo3(signature = (buffer, offset = 0, length = None, *, timeout = None, ready_value = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
     fn send_buffer(
         &self,
         py: Python<'_>,
@@ -221,20 +239,53 @@ impl Channel {
         length: Option<usize>,
         timeout: Option<f64>,
         ready_value: Option<u64>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let len = length.unwrap_or_else(|| buffer.len().saturating_sub(offset));
+        let stream = stream.filter(|s| !s.is_none());
+        let ordered = match stream {
+            None => None,
+            Some(_) if ready_value.is_some() => {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "pass either stream (lava-flow signals the ready semaphore on it) or ready_value \
+                     (your GPU work signals it), not both",
+                ))
+            }
+            Some(_) if !buffer.is_gpu() => {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "stream orders GPU buffers only: a CPU buffer's bytes must be in place when sent",
+                ))
+            }
+            Some(s) => Some((self.own_semaphore(py, buffer)?, Ptr(gpu::stream_handle(s)?))),
+        };
+        if let Some(v) = ready_value {
+            self.note_ready_value(v);
+        }
         buffer.with(|b| {
+            let mut value = ready_value;
+            let mut failed = None;
             self.blocking(py, "send_buffer", timeout, |ch, t| {
+                if let (None, Some((sem, s))) = (value, &ordered) {
+                    // Once, under the channel's lock, so that values reach it in order.
+                    match self.signal_ready(sem, s.get()) {
+                        Ok(v) => value = Some(v),
+                        Err(e) => {
+                            failed = Some(e);
+                            return (ffi::LF_ERR_INVALID_ARGUMENT, 0);
+                        }
+                    }
+                }
                 let mut seq = 0u64;
                 // SAFETY: live channel and buffer for the call.
                 let s = unsafe {
-                    match ready_value {
+                    match value {
                         None => lib().lf_send_buffer(ch.get(), b.get(), offset, len, t, &mut seq),
                         Some(v) => lib().lf_send_buffer_after(ch.get(), b.get(), offset, len, v, t, &mut seq),
                     }
                 };
                 (s, seq)
             })
+            .map_err(|e| failed.take().unwrap_or(e))
         })
     }
 

@@ -79,6 +79,10 @@ impl Channel {
     /// the receive's out-parameter) as its `producer`. Pairs keep the class's None.
     #[cold]
     pub(super) fn name_gone(&self, py: Python<'_>, err: PyErr, gone: Option<u32>) -> PyErr {
+        if err.is_instance_of::<PeerGoneError>(py) {
+            // A new producer in the slot brings its own ready semaphore.
+            self.forget_producer(gone.filter(|_| self.kind == ffi::LF_CHANNEL_FAN_IN));
+        }
         if let Some(slot) = gone.filter(|_| self.kind == ffi::LF_CHANNEL_FAN_IN) {
             if err.is_instance_of::<PeerGoneError>(py) {
                 let _ = err.value_bound(py).setattr("producer", slot);

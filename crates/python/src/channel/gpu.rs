@@ -1,0 +1,265 @@
+//! A channel's GPU messages in CUDA: the ready semaphores imported once per producer, the
+//! stream-ordered send of a GPU buffer, and the release of a GPU message after the consumer's
+//! streams are done with it.
+//!
+//! Releasing without a device-wide synchronise. `__dlpack__(stream=S)` promises that the
+//! consumer uses the tensor on S; lava-flow makes S wait for the payload (the producer's ready
+//! semaphore) and notes S on the message. When the message is released (and no view of it is
+//! left), an event is recorded on each noted stream. If every event is already done the message
+//! goes back to the producer at once; otherwise the release is deferred, not waited for: the
+//! Python thread goes on, and the message goes back once its events are done, through whichever
+//! comes first:
+//! - the next call on the channel (every call first releases what is due; a blocking call
+//!   waits in short slices while releases are deferred, so a consumer waiting in `recv` hands
+//!   them back within those slices);
+//! - the release thread (one per process, started at the first deferred release), which
+//!   sleeps on the events and hands the messages back when the channel is free.
+//!
+//! lava-flow's C API releases on the host only (its released semaphore is signalled by
+//! `lf_release`), so the ordering lives here: the producer's `wait_completed` returns only
+//! once the consumer's stream work queued before the release is done. A DLPack request with
+//! `stream=None` means the legacy default stream (which orders after every blocking stream);
+//! `stream=-1` asks for no synchronisation at all: the consumer orders its work itself and
+//! the release is immediate. Views on the per-thread default stream (`stream=2`) are recorded
+//! on the releasing thread's.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::handle::{Deferred, Msg};
+use super::Channel;
+use crate::buffer::Buffer;
+use crate::cuda::{self, CuStream, Event, Semaphore};
+
+/// A channel's CUDA state, made as GPU messages come and go.
+#[derive(Default)]
+pub(super) struct GpuState {
+    /// A consumer's producers' ready semaphores, by producer slot.
+    ready: Vec<(u32, Arc<Semaphore>)>,
+    /// A producer's own ready semaphore, which its streams signal.
+    own: Option<Arc<Semaphore>>,
+    /// The last ready value this producer sent (values must grow).
+    last_value: u64,
+}
+
+impl Channel {
+    /// The channel's id in this process (unique, never reused).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn gpu_state(&self) -> std::sync::MutexGuard<'_, GpuState> {
+        self.gpu.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ready semaphore of the producer in `slot`, imported into CUDA on `device` once.
+    pub fn ready_semaphore_for(&self, py: Python<'_>, slot: u32, device: i32) -> PyResult<Arc<Semaphore>> {
+        if let Some((_, s)) = self.gpu_state().ready.iter().find(|(p, s)| *p == slot && s.device() == device) {
+            return Ok(s.clone());
+        }
+        // Not under the state's lock: the fd comes under the channel's, which is taken first
+        // elsewhere.
+        let fd = self.producer_ready_semaphore_fd(py, slot)?;
+        let sem = Arc::new(Semaphore::import(fd, device)?);
+        let mut g = self.gpu_state();
+        if let Some((_, s)) = g.ready.iter().find(|(p, s)| *p == slot && s.device() == device) {
+            return Ok(s.clone());
+        }
+        g.ready.push((slot, sem.clone()));
+        Ok(sem)
+    }
+
+    /// The producer in `slot` (None: every one) has gone: a new one brings a new semaphore.
+    pub(super) fn forget_producer(&self, slot: Option<u32>) {
+        let gone: Vec<_> = {
+            let mut g = self.gpu_state();
+            let (gone, kept) =
+                std::mem::take(&mut g.ready).into_iter().partition(|(p, _)| slot.map_or(true, |s| s == *p));
+            g.ready = kept;
+            gone
+        };
+        drop(gone);
+    }
+
+    /// What the channel holds in CUDA goes (the channel is freed).
+    pub(super) fn forget_gpu(&self) {
+        let state = std::mem::take(&mut *self.gpu_state());
+        drop(state);
+        cuda::forget_channel(self.id);
+    }
+
+    /// Signals this producer's ready semaphore to the next value on `stream`, under the
+    /// channel's lock (so that values reach the channel in the order they grow); returns it.
+    pub(super) fn signal_ready(&self, sem: &Semaphore, stream: CuStream) -> PyResult<u64> {
+        let mut g = self.gpu_state();
+        let value = g.last_value + 1;
+        sem.signal(value, stream)?;
+        g.last_value = value;
+        Ok(value)
+    }
+
+    /// Notes a ready value the caller's own GPU work signals.
+    pub(super) fn note_ready_value(&self, value: u64) {
+        let mut g = self.gpu_state();
+        g.last_value = g.last_value.max(value);
+    }
+
+    /// This producer's ready semaphore in CUDA, on the device of GPU buffer `buffer`.
+    pub(super) fn own_semaphore(&self, py: Python<'_>, buffer: &Buffer) -> PyResult<Arc<Semaphore>> {
+        if let Some(s) = self.gpu_state().own.clone() {
+            return Ok(s);
+        }
+        let e = buffer.export_record()?;
+        // SAFETY: the export's fd is ours; only its device UUID is needed.
+        unsafe { libc::close(e.fd) };
+        let device = cuda::device_of(&e.device_uuid)?;
+        let fd = self.ready_semaphore_fd(py)?;
+        let sem = Arc::new(Semaphore::import(fd, device)?);
+        Ok(self.gpu_state().own.get_or_insert(sem).clone())
+    }
+
+    /// Releases GPU message `m` once the work queued so far on `streams` (of `device`) is done:
+    /// at once if it is, else deferred (see the module's doc).
+    pub(super) fn release_after(
+        channel: &Py<Channel>,
+        py: Python<'_>,
+        m: &Msg,
+        streams: &[usize],
+        device: i32,
+    ) -> PyResult<()> {
+        let this = channel.get();
+        match record(streams, device) {
+            Some(events) if !events.iter().all(|e| e.done()) => {
+                this.defer_after(channel.clone_ref(py), *m, events);
+                Ok(())
+            }
+            _ => this.release_message(py, m),
+        }
+    }
+
+    /// As `release_after`, for a message being garbage-collected (never waits for the lock).
+    pub(super) fn release_after_in_finalizer(channel: &Py<Channel>, m: Msg, streams: &[usize], device: i32) {
+        let this = channel.get();
+        match record(streams, device) {
+            Some(events) if !events.iter().all(|e| e.done()) => {
+                let ch = Python::with_gil(|py| channel.clone_ref(py));
+                this.defer_after(ch, m, events);
+            }
+            _ => this.run_or_defer(Deferred::Release(m)),
+        }
+    }
+
+    fn defer_after(&self, channel: Py<Channel>, m: Msg, events: Vec<Arc<Event>>) {
+        self.gpu_waiting.fetch_add(1, Ordering::AcqRel);
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Deferred::ReleaseAfter(m, events.clone()));
+        self.has_pending.store(true, Ordering::Release);
+        reaper().push(channel, events);
+    }
+}
+
+/// Events after the work queued on `streams`; None where one could not be recorded (an invalid
+/// stream, a broken context), after waiting for the whole device instead (the one place a
+/// release synchronises, for a stream CUDA refuses).
+fn record(streams: &[usize], device: i32) -> Option<Vec<Arc<Event>>> {
+    let mut events = Vec::with_capacity(streams.len());
+    for &s in streams {
+        match Event::record(device, s as CuStream) {
+            Ok(e) => events.push(Arc::new(e)),
+            Err(_) => {
+                cuda::synchronize(device);
+                return None;
+            }
+        }
+    }
+    Some(events)
+}
+
+/// The stream argument of a stream-ordered send: an int (`cudaStream_t`, 0 the legacy
+/// default stream), or a stream object with `cuda_stream` (PyTorch) or `ptr` (CuPy).
+pub(super) fn stream_handle(stream: &Bound<'_, PyAny>) -> PyResult<CuStream> {
+    if let Ok(s) = stream.extract::<usize>() {
+        return Ok(s as CuStream);
+    }
+    for attr in ["cuda_stream", "ptr"] {
+        if let Ok(s) = stream.getattr(attr).and_then(|s| s.extract::<usize>()) {
+            return Ok(s as CuStream);
+        }
+    }
+    Err(PyValueError::new_err(format!(
+        "stream must be a CUDA stream: an int (cudaStream_t), a torch.cuda.Stream or a cupy Stream, not {}",
+        stream.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+    )))
+}
+
+/// A channel with a deferred release, and the events that release waits on.
+type Due = (Py<Channel>, Vec<Arc<Event>>);
+
+/// The release thread's queue.
+struct Reaper {
+    queue: Mutex<VecDeque<Due>>,
+    wake: Condvar,
+}
+
+static REAPER: OnceLock<Arc<Reaper>> = OnceLock::new();
+
+fn reaper() -> &'static Reaper {
+    REAPER.get_or_init(|| {
+        let r = Arc::new(Reaper { queue: Mutex::new(VecDeque::new()), wake: Condvar::new() });
+        let mine = r.clone();
+        // Without it, a consumer that releases and then stops calling lava-flow would keep the
+        // producer waiting; a thread that cannot start leaves that to the channel's next call.
+        let _ = std::thread::Builder::new().name("lava-flow-release".into()).spawn(move || mine.run());
+        r
+    })
+}
+
+impl Reaper {
+    fn push(&self, channel: Py<Channel>, events: Vec<Arc<Event>>) {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back((channel, events));
+        self.wake.notify_one();
+    }
+
+    fn run(&self) {
+        loop {
+            let (channel, events) = {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    match q.pop_front() {
+                        Some(item) => break item,
+                        None => q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner()),
+                    }
+                }
+            };
+            for e in &events {
+                e.wait();
+            }
+            // A frozen, Sync pyclass: its fields are reachable without the GIL.
+            let this = channel.get();
+            loop {
+                match this.core.try_lock() {
+                    Ok(mut core) => {
+                        this.drain_pending(&mut core);
+                        break;
+                    }
+                    Err(TryLockError::Poisoned(p)) => {
+                        this.drain_pending(&mut p.into_inner());
+                        break;
+                    }
+                    // The holder releases what is due itself (its blocking calls wait in short
+                    // slices meanwhile); try again until every deferred release went.
+                    Err(TryLockError::WouldBlock) if this.gpu_waiting.load(Ordering::Acquire) > 0 => {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    Err(TryLockError::WouldBlock) => break,
+                }
+            }
+            // Dropped without the GIL: Python decrements the count at its next chance.
+            drop(channel);
+        }
+    }
+}
