@@ -23,7 +23,7 @@ use super::transport::{
     MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, ProducerTransport, RawLoan, Route, RouteSender,
     SharedRegion, TransportInfo,
 };
-use super::transports::{AnyProducer, AnyRouteSender, Arrival, Bell, FanOutListeners, FanOutParts};
+use super::transports::{AnyProducer, AnyRouteSender, Arrival, FanOutListeners, FanOutParts};
 use super::wait::Waiter;
 use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
@@ -143,8 +143,6 @@ pub(super) struct FanOut {
     made: Instant,
     /// The carriers consumers come over, for the carrier's reason (empty where one).
     listening: String,
-    /// Rung after each message went to every consumer: consumers on this host spin on it.
-    bell: Option<Arc<Bell>>,
 }
 
 impl FanOut {
@@ -165,7 +163,6 @@ impl FanOut {
             info: parts.info,
             made: Instant::now(),
             listening: parts.listening,
-            bell: parts.bell,
         };
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         loop {
@@ -390,9 +387,6 @@ impl FanOut {
                 Err(e) if !published => return Err(e),
                 Err(e) => self.drop_failed(slot, &e),
             }
-        }
-        if let Some(bell) = &self.bell {
-            bell.ring();
         }
         let seq = self.next;
         self.next += 1;

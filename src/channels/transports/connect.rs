@@ -277,9 +277,6 @@ pub(crate) struct FanOutParts {
     /// What the report adds to the carrier's reason where consumers come over several
     /// carriers (empty otherwise).
     pub(crate) listening: String,
-    /// What the fan-out rings once it published a message to every consumer, where
-    /// consumers on this host spin on it (shared memory).
-    pub(crate) bell: Option<Arc<shm::Bell>>,
 }
 
 /// Listens for a fan-out's consumers on each of the plan's listeners (shared memory for those
@@ -300,13 +297,11 @@ pub(crate) fn listen_fan_out(
         _mpi: None,
     };
     let mut max_len = config.pool_size;
-    let mut bell = None;
     for kind in &plan.listeners {
         match kind {
             TransportKind::Shm => {
                 let shm = listen_fan_out_shm(name, plan, config, context, &arrivals)?;
                 max_len = max_len.min(shm.max_len());
-                bell = Some(shm.bell());
                 listeners._shm = Some(shm);
             }
             TransportKind::Loopback => {
@@ -330,7 +325,7 @@ pub(crate) fn listen_fan_out(
     };
     let mut info = preview(plan, context);
     info.reason.push_str(&listening);
-    Ok(FanOutParts { max_len, listeners, arrivals, info, listening, bell })
+    Ok(FanOutParts { max_len, listeners, arrivals, info, listening })
 }
 
 /// A fan-out's acceptor over shared memory: consumers of this host, each with offers of its

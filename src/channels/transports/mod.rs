@@ -45,7 +45,6 @@ pub(crate) use connect::{
 pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession, MessageReleaser};
 pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, Plan};
 pub use recommended::{TransportKind, TRANSPORTS_ENV};
-pub(crate) use shm::Bell;
 // What tools need to see same-host channels from outside (lf-info --channels): the runtime
 // directory, the channels in it, whether each end is alive, and the removal of what dead ones
 // left.

@@ -469,24 +469,12 @@ impl ConsumerSession for ShmSession {
         let mut waiter = Waiter::new(self.wait, deadline);
         let mut spins = 0u32;
         loop {
-            // Read before the slot: a message published after this read rings the bell again.
-            let rung = self.link.bell.as_ref().map(|bell| bell.rung());
             if self.ready() || self.link.gone.is_some() {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
             if waiter.spins() && spins % 256 != 0 {
-                // A fan-out's consumer spins on the bell that every consumer shares, not on
-                // its next slot, so that the producer's write of that slot meets no reader.
-                if let (Some(bell), Some(rung)) = (&self.link.bell, rung) {
-                    // Up to the next look at the clock (the loop's next turn).
-                    while bell.rung() == rung && (spins + 1) % 256 != 0 {
-                        spins = spins.wrapping_add(1);
-                        std::hint::spin_loop();
-                    }
-                } else {
-                    std::hint::spin_loop();
-                }
+                std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();

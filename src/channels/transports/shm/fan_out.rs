@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::bell::Bell;
 use super::handshake::Place;
 use super::producer::ShmProducer;
 use super::rendezvous::{self, End, EndLock, Listener};
@@ -30,7 +29,6 @@ pub(crate) struct Meeting<'a> {
     info: &'a TransportInfo,
     config: &'a ChannelConfig,
     slot: usize,
-    bell: &'a Bell,
 }
 
 impl Meeting<'_> {
@@ -39,8 +37,7 @@ impl Meeting<'_> {
     /// `peer_sections`).
     pub(crate) fn handshake(self, offers: &mut dyn FnMut() -> Result<Vec<Attachment>>) -> Result<ShmProducer> {
         let place = Place { kind: ChannelKind::FanOut, slot: self.slot as u32 };
-        let bell = self.bell.share()?;
-        ShmProducer::accepted(self.name, self.sock, self.cred, self.info.clone(), self.config, place, bell, offers)
+        ShmProducer::accepted(self.name, self.sock, self.cred, self.info.clone(), self.config, place, offers)
     }
 }
 
@@ -50,8 +47,6 @@ pub(crate) struct FanOutAcceptor {
     stop: OwnedFd,
     thread: Option<JoinHandle<()>>,
     max_len: usize,
-    /// What the fan-out rings once it published a message to every consumer.
-    bell: Arc<Bell>,
     _lock: EndLock,
 }
 
@@ -80,21 +75,15 @@ impl FanOutAcceptor {
         };
         let listener = Listener::bind(name)?;
         let stop = eventfd()?;
-        let bell = Arc::new(Bell::create(name)?);
         let thread = {
-            let (name, config, bell) = (name.to_owned(), config.clone(), Arc::clone(&bell));
+            let (name, config) = (name.to_owned(), config.clone());
             let stop = stop.try_clone().map_err(|e| Error::os("duplicating the acceptor's stop eventfd", e))?;
             std::thread::Builder::new()
                 .name("lava-flow-fan-out".into())
-                .spawn(move || accept_consumers(listener, &name, &info, &config, &bell, &arrivals, meet, &stop))
+                .spawn(move || accept_consumers(listener, &name, &info, &config, &arrivals, meet, &stop))
                 .map_err(|e| Error::os("starting the fan-out's acceptor thread", e))?
         };
-        Ok(FanOutAcceptor { stop, thread: Some(thread), max_len: geometry.pool_size as usize, bell, _lock: lock })
-    }
-
-    /// The bell that the consumers met here spin on.
-    pub(crate) fn bell(&self) -> Arc<Bell> {
-        Arc::clone(&self.bell)
+        Ok(FanOutAcceptor { stop, thread: Some(thread), max_len: geometry.pool_size as usize, _lock: lock })
     }
 
     /// The largest message each consumer's ring carries (its pool).
@@ -114,13 +103,11 @@ impl Drop for FanOutAcceptor {
 
 /// The acceptor thread: meets each consumer that connects until `stop` is signalled; then
 /// closes the socket.
-#[allow(clippy::too_many_arguments)]
 fn accept_consumers<T>(
     mut listener: Listener,
     name: &str,
     info: &TransportInfo,
     config: &ChannelConfig,
-    bell: &Bell,
     arrivals: &Arrivals<T>,
     mut meet: impl FnMut(Meeting<'_>) -> Result<T>,
     stop: &OwnedFd,
@@ -150,7 +137,7 @@ fn accept_consumers<T>(
             continue;
         };
         let pid = cred.pid;
-        match meet(Meeting { sock, cred, name, info, config, slot, bell }) {
+        match meet(Meeting { sock, cred, name, info, config, slot }) {
             Ok(peer) => arrivals.arrive(slot, peer),
             Err(e) => {
                 arrivals.free(slot);

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::arenas::ReceivedArenas;
-use super::bell::BellView;
 use super::rendezvous::{self, End, EndLock, PeerWatch, MAX_HELLO_LEN};
 use super::ring::{Geometry, Region, RegionFds, WaitWords, VERSION, WAKE_REGISTERED, WAKE_SLEEPER_BARRIER};
 use super::session::{OwnedSession, Session};
@@ -48,8 +47,6 @@ pub(super) struct Link {
     /// A fan-out consumer's claim on its slot, `<name>.consumer.<slot>.lock`, while the
     /// session lives (what `lf-info --channels` lists a fan-out's consumers by).
     pub(super) _slot_lock: Option<EndLock>,
-    /// A fan-out producer's bell, which this consumer spins on instead of its next slot.
-    pub(super) bell: Option<BellView>,
     /// The producer's arenas mapped here (boxed: cold).
     pub(super) arenas: Box<ReceivedArenas>,
     /// The producer's rendezvous sections for the other routes, until taken.
@@ -74,13 +71,7 @@ struct SectionWire {
 }
 const SECTION_LEN: usize = std::mem::size_of::<SectionWire>();
 
-fn encode_section(
-    geometry: &Geometry,
-    place: Place,
-    fds: RegionFds,
-    signals: OwnedFd,
-    bell: Option<OwnedFd>,
-) -> Attachment {
+fn encode_section(geometry: &Geometry, place: Place, fds: RegionFds, signals: OwnedFd) -> Attachment {
     let wire = SectionWire {
         version: VERSION.into(),
         slot_count: geometry.slot_count.into(),
@@ -89,18 +80,7 @@ fn encode_section(
         kind: place.kind.code().into(),
         slot: place.slot.into(),
     };
-    let mut handles = vec![fds.control, fds.data, signals];
-    handles.extend(bell);
-    Attachment { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), handles }
-}
-
-/// The refusal of a section whose descriptors are not the region's three (and a fan-out's bell).
-fn wrong_fds() -> Error {
-    Error::Corrupt(
-        "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, the \
-         consumer's end of a notification socket pair), and a fan-out's a fourth (its bell memfd)"
-            .into(),
-    )
+    Attachment { route: ROUTE_ID, bytes: wire.as_bytes().to_vec(), handles: vec![fds.control, fds.data, signals] }
 }
 
 /// This side's fast-wake flags: [`WAKE_REGISTERED`] where it could register for global
@@ -165,7 +145,7 @@ pub(super) fn offer(
     // refusal by disappearance is retried until the deadline.
     loop {
         let (sock, cred) = rendezvous::connect(name, deadline)?;
-        match offer_on(sock, cred, name, geometry, place, None, config, deadline, offers) {
+        match offer_on(sock, cred, name, geometry, place, config, deadline, offers) {
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -175,8 +155,7 @@ pub(super) fn offer(
 }
 
 /// The producer's side of one meeting over `sock`, connected either way (a fan-out's producer
-/// accepts its consumers, and offers its bell with the region): offers a fresh region and
-/// reads the answer.
+/// accepts its consumers): offers a fresh region and reads the answer.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn offer_on(
     sock: UnixStream,
@@ -184,7 +163,6 @@ pub(super) fn offer_on(
     name: &str,
     geometry: Geometry,
     place: Place,
-    bell: Option<OwnedFd>,
     config: &ChannelConfig,
     deadline: Option<Instant>,
     offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
@@ -195,7 +173,7 @@ pub(super) fn offer_on(
     // Before the hello: the consumer reads it during the handshake.
     region.producer_fast_wake().store(flags, Ordering::Release);
     let (signals, signal) = notify_pair()?;
-    let mut sections = vec![encode_section(&geometry, place, fds, signals, bell)];
+    let mut sections = vec![encode_section(&geometry, place, fds, signals)];
     sections.extend(offers()?);
     rendezvous::send_hello(&sock, name, &sections)?;
     drop(sections);
@@ -276,18 +254,14 @@ pub(super) fn accept(
         };
         let (geometry, place) = decode_section(&section.bytes)?;
         shape.check(name, place)?;
-        // A fan-out's producer adds its bell.
-        let fan_out = place.kind == ChannelKind::FanOut;
         let mut fds = section.handles.into_iter();
-        let (Some(control), Some(data), Some(signals), bell, None) =
-            (fds.next(), fds.next(), fds.next(), fds.next(), fds.next())
-        else {
-            return Err(wrong_fds());
+        let (Some(control), Some(data), Some(signals), None) = (fds.next(), fds.next(), fds.next(), fds.next()) else {
+            return Err(Error::Corrupt(
+                "the producer's shared-memory section must carry exactly three fds (control memfd, data memfd, the \
+                 consumer's end of a notification socket pair)"
+                    .into(),
+            ));
         };
-        if bell.is_some() != fan_out {
-            return Err(wrong_fds());
-        }
-        let bell = bell.as_ref().map(BellView::attach).transpose()?;
         let region = Region::attach(&control, &data, geometry)?;
         let words = WaitWords::map(&control, &geometry)?;
         check_end(&signals, "the producer's third fd")?;
@@ -297,10 +271,10 @@ pub(super) fn accept(
             ChannelKind::FanOut => Some(claim_consumer_slot(name, place.slot)?),
             _ => None,
         };
-        Ok((region, words, signals, others, place, slot_lock, bell))
+        Ok((region, words, signals, others, place, slot_lock))
     })();
     match checked {
-        Ok((region, words, signals, peer_sections, place, slot_lock, bell)) => {
+        Ok((region, words, signals, peer_sections, place, slot_lock)) => {
             // Before the answer: the producer reads it once the answer arrives.
             let flags = wake_flags(membarrier::register(), wait);
             region.consumer_fast_wake().store(flags, Ordering::Release);
@@ -324,7 +298,6 @@ pub(super) fn accept(
                     .then(|| rendezvous::lock_file_id(name, rendezvous::End::Consumer))
                     .flatten(),
                 _slot_lock: slot_lock,
-                bell,
                 arenas: Box::default(),
                 peer_sections: Some(peer_sections),
                 attachments: Vec::new(),

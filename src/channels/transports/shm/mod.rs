@@ -46,7 +46,6 @@
 
 mod acceptor;
 mod arenas;
-mod bell;
 mod consumer;
 mod consumer_session;
 mod fan_out;
@@ -60,7 +59,6 @@ use crate::channels::transport::{Route, TransportId, TransportInfo};
 use crate::channels::wait::{PeerEnd, SLEEP_SLICE};
 use rendezvous::PeerWatch;
 
-pub(crate) use bell::Bell;
 pub(crate) use consumer::ShmConsumer;
 pub(crate) use consumer_session::ShmSession;
 pub(crate) use fan_out::{FanOutAcceptor, Meeting};

@@ -130,7 +130,6 @@ impl ShmProducer {
     /// it): its ring, with the other routes' sections that `offers` makes, and no claim on the
     /// channel's name, which the fan-out holds. `Place::slot` is the consumer's slot, whose
     /// lock file the ring removes if the consumer dies.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn accepted(
         name: &str,
         sock: std::os::unix::net::UnixStream,
@@ -138,7 +137,6 @@ impl ShmProducer {
         info: TransportInfo,
         config: &ChannelConfig,
         place: Place,
-        bell: OwnedFd,
         offers: &mut dyn FnMut() -> Result<Vec<Attachment>>,
     ) -> Result<Self> {
         // A consumer maps (and may fault in) the whole pool before it answers: as long as a
@@ -147,7 +145,7 @@ impl ShmProducer {
         let wait = config.rendezvous_timeout.unwrap_or(Duration::from_secs(30)).max(Duration::from_secs(2));
         let deadline = Some(Instant::now() + wait);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
-        let c = handshake::offer_on(sock, cred, name, geometry, place, Some(bell), config, deadline, offers)?;
+        let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, offers)?;
         // The consumer claimed its slot before it answered.
         let end = End::FanOutConsumer(place.slot);
         let mut ring = Self::over(name, info, config, geometry, c, None, rendezvous::lock_file_id(name, end));
