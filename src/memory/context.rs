@@ -202,6 +202,13 @@ impl Context {
         Ok(Buffer::over_cuda(registration))
     }
 
+    /// A buffer of a CUDA allocation described by hand, for tests of what lava-flow does with
+    /// CUDA memory on machines without CUDA (`pointer.base` need not be memory at all).
+    #[cfg(test)]
+    pub(crate) fn register_cuda_for_tests(&self, pointer: CudaPointer) -> Result<Buffer> {
+        self.register_cuda(pointer, pointer.base, pointer.size)
+    }
+
     /// Whether `buffer` is user memory (host or CUDA memory) registered with this context.
     pub fn holds_registered(&self, buffer: &Buffer) -> bool {
         buffer.origin().is_registered() && Arc::ptr_eq(buffer.registry(), &self.inner.registry)
