@@ -445,6 +445,18 @@ mod tests {
             assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 256, &mut registered), lf_status::LF_OK);
             assert_eq!(lf_buffer_origin(registered, &mut origin), lf_status::LF_OK);
             assert_eq!(origin, lf_origin::LF_ORIGIN_REGISTERED as u32);
+            let (mut kind, mut device) = (99u32, 7i64);
+            assert_eq!(lf_buffer_cuda_kind(registered, &mut kind, &mut device), lf_status::LF_OK);
+            assert_eq!((kind, device), (lf_cuda_kind::LF_CUDA_KIND_NONE as u32, LF_UNSET));
+            assert_eq!(lf_buffer_cuda_kind(registered, &mut kind, ptr::null_mut()), lf_status::LF_OK);
+            assert_eq!(lf_buffer_cuda_kind(registered, ptr::null_mut(), &mut device), lf_status::LF_ERR_NULL_POINTER);
+            // An address that is no memory: not host memory, and no CUDA driver (or not CUDA
+            // memory where one is loaded) to recognise it by.
+            let mut none = ptr::null_mut();
+            assert_eq!(lf_register(context, 0x200 as *mut c_void, 64, &mut none), lf_status::LF_ERR_INVALID_ARGUMENT);
+            let message = crate::tests::last_error();
+            assert!(message.contains("not entirely mapped memory") && message.contains("CUDA"), "{message}");
+            assert!(none.is_null());
             assert_eq!(lf_deregister(ptr::null(), registered), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_OK);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_ERR_BAD_HANDLE);
