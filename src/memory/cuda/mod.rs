@@ -214,13 +214,20 @@ fn pool_exports_fds(driver: &Driver, pool: u64) -> bool {
 
 /// The CUDA allocation holding `addr`, if `addr` is CUDA device memory of this process;
 /// `None` for any other address, and, without asking anything, in a process that has not
-/// loaded the CUDA driver (or where `LF_DISABLE_CUDA=1`). Errors: the driver cannot be
-/// initialised or refuses the query.
+/// loaded the CUDA driver (or where `LF_DISABLE_CUDA=1`), or whose driver cannot be
+/// initialised (no device visible: no CUDA memory either). Errors: the driver refuses the
+/// query.
 pub fn recognise(addr: *const u8) -> Result<Option<CudaPointer>> {
     if lava_flow_cuda::disabled() || !lava_flow_cuda::is_loaded() {
         return Ok(None);
     }
-    let driver = lava_flow_cuda::driver()?;
+    let driver = match lava_flow_cuda::driver() {
+        Ok(driver) => driver,
+        Err(why) => {
+            log::debug!("{addr:p} is taken for host memory: {why}");
+            return Ok(None);
+        }
+    };
     let addr = addr as u64;
     let attributes = query(driver, addr)?;
     let Some(kind) = classify(&attributes, |pool| pool_exports_fds(driver, pool)) else { return Ok(None) };

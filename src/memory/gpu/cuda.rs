@@ -1,6 +1,6 @@
-//! CUDA, where the process has it, with libcuda loaded at run time (`libloading`), so that
-//! lava-flow builds and runs without CUDA and reports `Unsupported` where no NVIDIA driver is
-//! installed:
+//! What lava-flow's GPU memory does with CUDA, where the process has it, through lava-flow's
+//! binding of the driver API (`lava_flow_cuda`: libcuda loaded at run time), so that lava-flow
+//! builds and runs without CUDA and reports `Unsupported` where no NVIDIA driver is installed:
 //! - GPU-pinned host memory: `cuMemHostRegister` on a range of this process's memory;
 //! - copies between GPU arenas by CUDA's copy path ([`CudaArena`], [`cuda_copy`]): the arena's
 //!   exported fd imported into CUDA (`cuImportExternalMemory`) once, then `cuMemcpyDtoDAsync`
