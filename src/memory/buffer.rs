@@ -575,8 +575,10 @@ pub(crate) fn cuda_unsupported(id: BufferId, pointer: CudaPointer) -> String {
 impl Drop for Buffer {
     fn drop(&mut self) {
         // A CUDA registration leaves the registry with its last buffer (its own drop).
-        if let (Some(registry), false) = (&self.registry, matches!(self.backing, Backing::Cuda { .. })) {
-            registry.remove(self.info.id);
+        if let Some(registry) = &self.registry {
+            if !matches!(self.backing, Backing::Cuda { .. }) {
+                registry.remove(self.info.id);
+            }
         }
         if let Backing::Pooled { pool, arena, range, .. } = &self.backing {
             pool.release(arena, *range);
