@@ -518,6 +518,10 @@ enum lf_memory_kind
   LF_MEMORY_GPU_DEVICE_LOCAL = 6,
   // GPU memory the host can map.
   LF_MEMORY_GPU_HOST_VISIBLE = 7,
+  // CUDA device memory the application allocated and registered (`lf_register`); never
+  // allocated by lava-flow. `lf_buffer_cuda_kind` says which allocator made it and on which
+  // CUDA device.
+  LF_MEMORY_CUDA_DEVICE = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -539,12 +543,45 @@ enum lf_origin
   LF_ORIGIN_REGISTERED = 2,
   // Imported from an export (`lf_import`): the exporter's memory.
   LF_ORIGIN_IMPORTED = 3,
+  // The caller's CUDA device memory, entered with `lf_register`: the whole CUDA allocation
+  // holding the pointer registered (`lf_buffer_cuda_kind` says which kind).
+  LF_ORIGIN_CUDA = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum lf_origin lf_origin;
 #else
 typedef uint32_t lf_origin;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// How CUDA memory was allocated, which decides how another process can reach it
+// (`lf_buffer_cuda_kind`).
+enum lf_cuda_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Not CUDA memory: every buffer whose origin is not LF_ORIGIN_CUDA.
+  LF_CUDA_KIND_NONE = 0,
+  // `cudaMalloc`/`cuMemAlloc` memory (PyTorch's and CuPy's default allocators): only legacy
+  // CUDA IPC handles reach it.
+  LF_CUDA_KIND_LEGACY = 1,
+  // CUDA VMM memory (`cuMemCreate`) with POSIX fd handles (PyTorch under
+  // `expandable_segments:True`): the registration is one piece of it.
+  LF_CUDA_KIND_VMM = 2,
+  // Memory of a CUDA memory pool that exports POSIX fds (`cudaMallocAsync`).
+  LF_CUDA_KIND_POOL = 3,
+  // Managed memory (`cudaMallocManaged`).
+  LF_CUDA_KIND_MANAGED = 4,
+  // Other CUDA memory: VMM memory without fd handles, a pool without IPC.
+  LF_CUDA_KIND_OTHER = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum lf_cuda_kind lf_cuda_kind;
+#else
+typedef uint32_t lf_cuda_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -621,6 +658,22 @@ lf_status lf_alloc_auto(const lf_context *context,
 // overlapping a known buffer, or unmapped memory, LF_ERR_INVALID_ARGUMENT. Registered
 // buffers cannot be exported.
 //
+// CUDA device memory (`cudaMalloc`, a CUDA memory pool, CUDA VMM, managed memory; a
+// PyTorch or CuPy tensor's data pointer) is recognised where the process uses CUDA: the
+// buffer is the whole CUDA allocation holding `[ptr, ptr + size)`, which must lie inside
+// one allocation (LF_ERR_INVALID_ARGUMENT otherwise), with location LF_MEMORY_CUDA_DEVICE,
+// origin LF_ORIGIN_CUDA and `lf_buffer_cuda_kind` saying which kind and device;
+// `lf_buffer_ptr` gives the allocation's device pointer and `lf_buffer_find` finds any
+// tensor in it. Each call returns a new handle; handles of one allocation share one
+// registration (and `lf_buffer_find` answers with the oldest live one); each is released
+// with `lf_deregister` (or `lf_free`), and the registration ends with the last. Memory
+// that CUDA freed and re-allocated at the same address is a new registration: the stale
+// one is no longer found (release its handles). The host cannot read or write CUDA memory
+// through lava-flow (`lf_buffer_read`/`lf_buffer_write`: LF_ERR_INVALID_STATE), and
+// `lf_send_buffer` and `lf_buffer_export` refuse it (LF_ERR_UNSUPPORTED). Without a CUDA
+// driver in the process, memory that is not mapped host memory stays LF_ERR_INVALID_ARGUMENT,
+// and the message says no CUDA driver was found to recognise it.
+//
 // # Safety
 // `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
 lf_status lf_register(const lf_context *context, void *ptr, size_t size, struct lf_buffer **out);
@@ -658,6 +711,8 @@ void lf_free(struct lf_buffer *buffer);
 // is freed: CPU memory, and GPU memory the host can map (LF_MEMORY_GPU_HOST_VISIBLE;
 // device-local memory where the driver maps it). GPU memory the host cannot map has no
 // address here: LF_ERR_INVALID_STATE, and `lf_buffer_write`/`lf_buffer_read` move its data.
+// For registered CUDA memory (LF_MEMORY_CUDA_DEVICE), the CUDA device pointer of the
+// allocation's first byte: an address for CUDA, which the host must not dereference.
 //
 // # Safety
 // `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
@@ -690,12 +745,23 @@ lf_status lf_buffer_numa_node(const struct lf_buffer *buffer, int64_t *out);
 // As `lf_buffer_ptr`.
 lf_status lf_buffer_page_size(const struct lf_buffer *buffer, size_t *out);
 
-// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
-// LF_ORIGIN_IMPORTED.
+// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED,
+// LF_ORIGIN_IMPORTED or LF_ORIGIN_CUDA.
 //
 // # Safety
 // As `lf_buffer_ptr`.
 lf_status lf_buffer_origin(const struct lf_buffer *buffer, lf_origin *out);
+
+// What CUDA memory the buffer is: `*kind` receives how it was allocated (LF_CUDA_KIND_LEGACY,
+// LF_CUDA_KIND_VMM, LF_CUDA_KIND_POOL, LF_CUDA_KIND_MANAGED or LF_CUDA_KIND_OTHER) for
+// registered CUDA memory (origin LF_ORIGIN_CUDA), LF_CUDA_KIND_NONE for every other buffer;
+// `*device` (when `device` is not NULL) the CUDA device's ordinal in this process, LF_UNSET
+// for other buffers. `lf_buffer_ptr` gives the allocation's device pointer,
+// `lf_buffer_size` its size.
+//
+// # Safety
+// `buffer` as `lf_buffer_ptr`; `kind` NULL or writable; `device` NULL or writable.
+lf_status lf_buffer_cuda_kind(const struct lf_buffer *buffer, lf_cuda_kind *kind, int64_t *device);
 
 // Why the buffer is not at the location asked for: `*out` receives NULL when it is, else the
 // reason, a string owned by the buffer and valid until `lf_free`: a GPU location asked of a

@@ -57,10 +57,11 @@ pub const COPY_THREADS: EnvVar = EnvVar {
 /// `LF_DISABLE_CUDA`: keeps lava-flow from loading the CUDA driver.
 pub const DISABLE_CUDA: EnvVar = EnvVar {
     name: "LF_DISABLE_CUDA",
-    default: "unset: CUDA registers GPU-pinned memory where its driver is installed",
-    meaning: "1 keeps lava-flow from loading the CUDA driver (libcuda.so.1), which it uses to register \
-              GPU-pinned memory with CUDA",
-    feature: Some("vulkan"),
+    default: "unset: lava-flow uses the CUDA driver where it is installed",
+    meaning: "1 keeps lava-flow from loading the CUDA driver (libcuda.so.1), which it uses to recognise CUDA \
+              memory the application registers (in a process that has loaded CUDA itself), to register GPU-pinned \
+              memory with CUDA and to copy between GPU buffers by CUDA",
+    feature: None,
 };
 
 /// `LF_TRANSPORTS`: the transports channels may use.
@@ -272,15 +273,12 @@ mod tests {
             (crate::mpi::PROCESS_NAME_ENV, &PROCESS_NAME),
             (crate::logging::LOG_LEVEL_ENV, &LOG_LEVEL),
             (crate::memory::COPY_THREADS_ENV, &COPY_THREADS),
+            (lava_flow_cuda::DISABLE_CUDA_ENV, &DISABLE_CUDA),
         ];
         #[cfg(feature = "vulkan")]
         {
             use crate::memory::gpu;
-            read.extend([
-                (gpu::DEVICE_ENV, &VULKAN_DEVICE),
-                (gpu::GPU_COPY_ENV, &GPU_COPY),
-                (gpu::DISABLE_CUDA_ENV, &DISABLE_CUDA),
-            ]);
+            read.extend([(gpu::DEVICE_ENV, &VULKAN_DEVICE), (gpu::GPU_COPY_ENV, &GPU_COPY)]);
         }
         for (module_name, var) in &read {
             assert_eq!(module_name, &var.name);

@@ -97,6 +97,23 @@ impl Error {
     }
 }
 
+/// A CUDA driver error as a lava-flow error: an unavailable driver is `Unsupported`; a failed
+/// call is classed by its code (an invalid value, out of memory, no device; anything else is
+/// the driver refusing in its present state).
+impl From<lava_flow_cuda::Error> for Error {
+    fn from(error: lava_flow_cuda::Error) -> Self {
+        use lava_flow_cuda::sys;
+        let message = error.to_string();
+        match error.code() {
+            None => Error::Unsupported(message),
+            Some(sys::CUDA_ERROR_INVALID_VALUE) => Error::InvalidArgument(message),
+            Some(sys::CUDA_ERROR_OUT_OF_MEMORY) => Error::OutOfMemory(message),
+            Some(sys::CUDA_ERROR_NO_DEVICE | sys::CUDA_ERROR_NOT_SUPPORTED) => Error::Unsupported(message),
+            Some(_) => Error::InvalidState(message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

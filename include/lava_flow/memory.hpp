@@ -26,6 +26,27 @@ enum class Memory : std::uint32_t {
     CpuGpuPinned = LF_MEMORY_CPU_GPU_PINNED,
     GpuDeviceLocal = LF_MEMORY_GPU_DEVICE_LOCAL,
     GpuHostVisible = LF_MEMORY_GPU_HOST_VISIBLE,
+    /// CUDA memory the application allocated and registered (never allocated by lava-flow).
+    CudaDevice = LF_MEMORY_CUDA_DEVICE,
+};
+
+/// How a buffer came to be: the `LF_ORIGIN_*` values.
+enum class Origin : std::uint32_t {
+    Allocated = LF_ORIGIN_ALLOCATED,
+    Registered = LF_ORIGIN_REGISTERED,
+    Imported = LF_ORIGIN_IMPORTED,
+    /// The caller's CUDA memory, entered with `Context::register_memory`.
+    Cuda = LF_ORIGIN_CUDA,
+};
+
+/// How registered CUDA memory was allocated: the `LF_CUDA_KIND_*` values.
+enum class CudaKind : std::uint32_t {
+    None = LF_CUDA_KIND_NONE,
+    Legacy = LF_CUDA_KIND_LEGACY,
+    Vmm = LF_CUDA_KIND_VMM,
+    Pool = LF_CUDA_KIND_POOL,
+    Managed = LF_CUDA_KIND_MANAGED,
+    Other = LF_CUDA_KIND_OTHER,
 };
 
 /// A buffer on its way to another process: the descriptor and the file descriptor it owns
@@ -106,7 +127,27 @@ public:
         if (lf_status s = lf_buffer_fallback_reason(handle(), &out); s != LF_OK) return failure(s);
         return optional_string(out);
     }
-    /// The host address; LF_ERR_INVALID_STATE for GPU memory the host cannot map.
+    Expected<Origin> origin(nothrow_t) const noexcept {
+        lf_origin out{};
+        if (lf_status s = lf_buffer_origin(handle(), &out); s != LF_OK) return failure(s);
+        return static_cast<Origin>(out);
+    }
+    /// How registered CUDA memory was allocated; CudaKind::None for every other buffer.
+    Expected<CudaKind> cuda_kind(nothrow_t) const noexcept {
+        lf_cuda_kind out{};
+        if (lf_status s = lf_buffer_cuda_kind(handle(), &out, nullptr); s != LF_OK) return failure(s);
+        return static_cast<CudaKind>(out);
+    }
+    /// The CUDA device of registered CUDA memory; std::nullopt for every other buffer.
+    Expected<std::optional<int>> cuda_device(nothrow_t) const noexcept {
+        lf_cuda_kind kind{};
+        std::int64_t device = LF_UNSET;
+        if (lf_status s = lf_buffer_cuda_kind(handle(), &kind, &device); s != LF_OK) return failure(s);
+        if (device == LF_UNSET) return std::optional<int>();
+        return std::optional<int>(static_cast<int>(device));
+    }
+    /// The host address; LF_ERR_INVALID_STATE for GPU memory the host cannot map. For
+    /// registered CUDA memory, the allocation's device pointer (for CUDA, not the host).
     Expected<void*> data(nothrow_t) const noexcept {
         void* out = nullptr;
         if (lf_status s = lf_buffer_ptr(handle(), &out); s != LF_OK) return failure(s);
@@ -130,6 +171,9 @@ public:
     Memory location() const { return location(nothrow).value(); }
     std::size_t page_size() const { return page_size(nothrow).value(); }
     std::optional<std::string> fallback_reason() const { return fallback_reason(nothrow).value(); }
+    Origin origin() const { return origin(nothrow).value(); }
+    CudaKind cuda_kind() const { return cuda_kind(nothrow).value(); }
+    std::optional<int> cuda_device() const { return cuda_device(nothrow).value(); }
     void* data() const { return data(nothrow).value(); }
     void write(std::size_t offset, const void* data, std::size_t size) const {
         write(nothrow, offset, data, size).value();
@@ -207,6 +251,14 @@ public:
         if (lf_status s = lf_import(get(), &raw, &out); s != LF_OK) return detail::failure(s);
         return Buffer(out);
     }
+    /// Registers the caller's memory (`lf_register`): host memory, or CUDA device memory,
+    /// whose whole allocation the buffer then is (`origin()` Origin::Cuda, `data()` its device
+    /// pointer). The buffer's destructor ends the registration; the memory stays the caller's.
+    Expected<Buffer> register_memory(nothrow_t, void* ptr, std::size_t size) const noexcept {
+        lf_buffer* out = nullptr;
+        if (lf_status s = lf_register(get(), ptr, size, &out); s != LF_OK) return detail::failure(s);
+        return Buffer(out);
+    }
     /// Copies between two buffers, on the GPU when both are this context's device memory.
     Expected<void> copy(nothrow_t, BufferView dst, std::size_t dst_offset, BufferView src,
                         std::size_t src_offset, std::size_t size) const noexcept {
@@ -230,6 +282,7 @@ public:
         return allocate_auto(nothrow, size, mine, peer).value();
     }
     Buffer import(Export&& exported) const { return import(nothrow, std::move(exported)).value(); }
+    Buffer register_memory(void* ptr, std::size_t size) const { return register_memory(nothrow, ptr, size).value(); }
     void copy(BufferView dst, std::size_t dst_offset, BufferView src, std::size_t src_offset,
               std::size_t size) const {
         copy(nothrow, dst, dst_offset, src, src_offset, size).value();

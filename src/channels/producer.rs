@@ -515,8 +515,8 @@ impl Producer {
             return Err(Error::invalid("a message needs at least one byte"));
         }
         buffer.check_range(offset, len)?;
-        if buffer.location().is_gpu() {
-            return self.send_gpu(buffer, offset, len, ready_value, timeout);
+        if buffer.location().is_device() {
+            return self.send_device(buffer, offset, len, ready_value, timeout);
         }
         if ready_value != 0 {
             return Err(Error::invalid(format!(
@@ -578,6 +578,23 @@ impl Producer {
         };
         self.copied_at_send[(seq % COPIED_AT_SEND as u64) as usize] = seq + 1;
         Ok(seq)
+    }
+
+    /// Device memory: lava-flow's GPU buffers through [`send_gpu`](Self::send_gpu); CUDA
+    /// memory of the application's has no route yet, and is refused without touching its
+    /// bytes (the host cannot read them).
+    fn send_device(
+        &mut self,
+        buffer: &Buffer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
+        if let Some(pointer) = buffer.cuda() {
+            return Err(Error::Unsupported(crate::memory::buffer::cuda_unsupported(buffer.id(), pointer)));
+        }
+        self.send_gpu(buffer, offset, len, ready_value, timeout)
     }
 
     /// A GPU buffer of lava-flow's: by reference through the route for its memory, or staged

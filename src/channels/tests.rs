@@ -504,3 +504,46 @@ fn a_loopback_fan_out_serves_several_consumers_and_refuses_what_does_not_fit() {
         }
     });
 }
+
+/// CUDA memory of the application's (here described by hand, at an address that is no memory
+/// at all, so that any host read of it would crash the test) is refused by every send, small
+/// or not, and by the host paths, each with a status naming what works; the registration is
+/// still found by address.
+#[test]
+fn cuda_memory_is_refused_without_touching_its_bytes() {
+    use crate::memory::{BufferOrigin, CudaMemoryKind, CudaPointer};
+    let context = context(false);
+    // The first page is never mapped: reading it would fault.
+    let pointer = CudaPointer {
+        kind: CudaMemoryKind::Legacy,
+        base: 0x100,
+        size: 0x400,
+        buffer_id: 9,
+        device_ordinal: 0,
+        context: 0,
+    };
+    let cuda = context.register_cuda_for_tests(pointer).unwrap();
+    assert_eq!(cuda.location(), MemoryLocation::CudaDevice { ordinal: 0 });
+    assert_eq!(cuda.origin(), BufferOrigin::Cuda { kind: CudaMemoryKind::Legacy });
+    assert_eq!(cuda.cuda(), Some(pointer));
+    assert!(cuda.as_ptr().is_null());
+    let found = context.find(0x180 as *const u8).unwrap();
+    assert_eq!((found.info.id, found.offset), (cuda.id(), 0x80));
+
+    let (mut producer, _consumer) = pair("cuda-refused", &context, vec![]);
+    for (offset, len) in [(0, 8), (0x10, 0x3f0), (0, 0x400)] {
+        let err = producer.try_send_buffer(&cuda, offset, len).unwrap_err();
+        assert!(matches!(err, crate::Error::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("copy the data into one"), "{err}");
+    }
+    let err = cuda.read_at(0, &mut [0u8; 8]).unwrap_err();
+    assert!(matches!(err, crate::Error::InvalidState(_)) && err.to_string().contains("cudaMemcpy"), "{err}");
+    assert!(matches!(cuda.write_at(0, &[1u8; 8]).unwrap_err(), crate::Error::InvalidState(_)));
+    let host = context.allocate(64, MemoryLocation::CpuStandard).unwrap();
+    assert!(matches!(context.copy(&host, 0, &cuda, 0, 64).unwrap_err(), crate::Error::InvalidState(_)));
+    assert!(matches!(context.copy(&cuda, 0, &host, 0, 64).unwrap_err(), crate::Error::InvalidState(_)));
+    assert!(matches!(cuda.export().unwrap_err(), crate::Error::Unsupported(_)));
+    assert!(context.holds_registered(&cuda));
+    context.deregister(cuda).unwrap();
+    assert!(context.find(0x180 as *const u8).is_none());
+}

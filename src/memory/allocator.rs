@@ -72,6 +72,13 @@ impl Context {
             MemoryLocation::CpuHugepage { page } => Strategy::Hugetlb(page),
             MemoryLocation::CpuGpuPinned => Strategy::Pinned,
             MemoryLocation::GpuDeviceLocal | MemoryLocation::GpuHostVisible => unreachable!("handled above"),
+            MemoryLocation::CudaDevice { ordinal } => {
+                return Err(Error::invalid(format!(
+                    "lava-flow does not allocate CUDA memory (CUDA device {ordinal} was asked for): allocate it \
+                     with CUDA and register it (Context::register), or allocate lava-flow GPU memory \
+                     (MemoryLocation::GpuDeviceLocal)"
+                )))
+            }
         };
         match self.allocate_from(strategy, size) {
             Err(why @ (Error::OutOfMemory(_) | Error::Unsupported(_)))

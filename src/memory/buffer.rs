@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use super::arena::{Arena, ImportedArena, Pool, SharedArena};
 use super::cpu::gpu_pinned::DeviceRegistration;
+use super::cuda::CudaPointer;
+use super::cuda_registry::CudaRegistration;
 #[cfg(feature = "vulkan")]
 use super::gpu::{copy_buffer, GpuBuffer, GpuMemoryKind, TimelineSemaphore};
 use super::gpu_context::Pins;
@@ -44,6 +46,11 @@ pub(crate) enum Backing {
         offset: usize,
     },
     Registered,
+    /// CUDA memory the application allocated: the registration of its whole allocation,
+    /// shared by every buffer registered in it.
+    Cuda {
+        registration: Arc<CudaRegistration>,
+    },
     /// Vulkan memory of the context's device: allocated from its pooled arenas, or imported.
     #[cfg(feature = "vulkan")]
     Gpu {
@@ -140,6 +147,15 @@ impl Buffer {
         Ok(Buffer { ptr, len, info, backing, registry: Some(Arc::clone(registry)), fallback: None })
     }
 
+    /// A buffer over a registered CUDA allocation (already entered in its registry by the
+    /// registration, which it shares with every other buffer of the allocation: they have
+    /// one id). No host address: the host cannot reach CUDA device memory.
+    pub(crate) fn over_cuda(registration: Arc<CudaRegistration>) -> Buffer {
+        let info = registration.info;
+        let registry = Some(Arc::clone(&registration.registry));
+        Buffer { ptr: None, len: info.len, info, backing: Backing::Cuda { registration }, registry, fallback: None }
+    }
+
     /// A buffer over `len` bytes of `whole` from `offset`, whose data is ready once `wait`'s
     /// semaphore reaches its value (`None`: ready now). Costs no Vulkan call and no lock: the
     /// view is entered in no context's registry ([`Context::find`](super::Context::find) does
@@ -216,12 +232,15 @@ impl Buffer {
         Buffer { ptr, len, info, backing: Backing::GpuView { whole, offset, wait }, registry: None, fallback: None }
     }
 
+    /// The buffer's id. Buffers registered in the same CUDA allocation share its
+    /// registration, and so one id.
     pub fn id(&self) -> BufferId {
         self.info.id
     }
 
     /// The first byte. Valid for `len()` bytes while the buffer lives. NULL for GPU memory
-    /// the host cannot map; [`Buffer::host_ptr`] gives an error saying so instead.
+    /// the host cannot map and for CUDA memory (whose address is [`Buffer::cuda`]'s base);
+    /// [`Buffer::host_ptr`] gives an error saying so instead.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.map_or(std::ptr::null_mut(), NonNull::as_ptr)
     }
@@ -232,6 +251,13 @@ impl Buffer {
     /// error that names the way to its data ([`Buffer::write_at`], [`Buffer::read_at`]).
     pub fn host_ptr(&self) -> Result<*mut u8> {
         self.ptr.map(NonNull::as_ptr).ok_or_else(|| {
+            if let Backing::Cuda { registration } = &self.backing {
+                return Error::InvalidState(format!(
+                    "buffer {} is {} ({}), which the host cannot read or write: move its data with CUDA \
+                     (cudaMemcpy), or copy it into a lava-flow buffer on the GPU",
+                    self.info.id, self.info.location, registration.pointer.kind
+                ));
+            }
             Error::InvalidState(format!(
                 "buffer {} is {} that the host cannot map; move its data with the buffer write and \
                  read calls (lf_buffer_write/lf_buffer_read), which stage through the GPU, or copy it \
@@ -265,6 +291,15 @@ impl Buffer {
 
     pub fn origin(&self) -> BufferOrigin {
         self.info.origin
+    }
+
+    /// For registered CUDA memory: the allocation (its device address, size, kind, device
+    /// and CUDA's id of it). `None` for every other buffer.
+    pub fn cuda(&self) -> Option<CudaPointer> {
+        match &self.backing {
+            Backing::Cuda { registration } => Some(registration.pointer),
+            _ => None,
+        }
     }
 
     pub fn info(&self) -> BufferInfo {
@@ -501,6 +536,7 @@ impl Buffer {
                  send a copy",
                 self.info.id
             ),
+            Backing::Cuda { registration } => cuda_unsupported(self.info.id, registration.pointer),
             _ => format!(
                 "buffer {} is {}, which lies in no memory file: GPU buffers are sent by reference \
                  through the channel's GPU route; to send its bytes through CPU memory, copy them \
@@ -525,10 +561,24 @@ impl fmt::Debug for Buffer {
     }
 }
 
+/// Why CUDA memory of the application's cannot be sent or exported, and what can.
+pub(crate) fn cuda_unsupported(id: BufferId, pointer: CudaPointer) -> String {
+    format!(
+        "buffer {id} is {} of CUDA device {}: sending or exporting CUDA memory that lava-flow did not \
+         allocate is not supported yet; lava-flow's own GPU buffers travel by reference \
+         (lf_alloc with LF_MEMORY_GPU_DEVICE_LOCAL, which CUDA imports): copy the data into one \
+         (cudaMemcpy to its CUDA mapping, or lf_buffer_copy) and send that",
+        pointer.kind, pointer.device_ordinal
+    )
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
+        // A CUDA registration leaves the registry with its last buffer (its own drop).
         if let Some(registry) = &self.registry {
-            registry.remove(self.info.id);
+            if !matches!(self.backing, Backing::Cuda { .. }) {
+                registry.remove(self.info.id);
+            }
         }
         if let Backing::Pooled { pool, arena, range, .. } = &self.backing {
             pool.release(arena, *range);

@@ -12,6 +12,8 @@ use super::arena::{ImportCache, Pool, SharedArena, Strategy};
 use super::buffer::{Backing, Buffer, BufferParts};
 pub use super::config::{ContextConfig, HugepagePolicy};
 use super::cpu::numa::NumaTopology;
+use super::cuda::CudaPointer;
+use super::cuda_registry::CudaRegistry;
 use super::export::ExportHandle;
 #[cfg(feature = "vulkan")]
 use super::gpu::{
@@ -40,6 +42,8 @@ pub(crate) struct ContextInner {
     pub(crate) registry: Arc<Registry>,
     pub(crate) imports: Arc<ImportCache>,
     pub(crate) gpu: ContextGpu,
+    /// The CUDA allocations registered, by base and CUDA's id of them.
+    pub(crate) cuda: Arc<CudaRegistry>,
 }
 
 fn host_memory() -> (u64, u64) {
@@ -98,6 +102,7 @@ impl Context {
                 registry: Arc::default(),
                 imports: Arc::default(),
                 gpu,
+                cuda: Arc::default(),
             }),
         })
     }
@@ -138,6 +143,19 @@ impl Context {
     /// [`Context::deregister`]) forgets it and frees nothing. A range overlapping a buffer
     /// already known is refused, as is memory that is not mapped.
     ///
+    /// CUDA device memory is recognised (where the process has loaded the CUDA driver: a
+    /// process that has not has no CUDA memory, and CUDA is not initialised to ask): the
+    /// buffer is the whole CUDA allocation holding `[ptr, ptr + len)` (a `cudaMalloc`, a VMM
+    /// piece), of location [`MemoryLocation::CudaDevice`] and origin
+    /// [`BufferOrigin::Cuda`] with its kind, without a host address ([`Buffer::cuda`] gives
+    /// its device address), so that [`Context::find`] finds any tensor in it. Registering
+    /// more memory of an allocation already registered gives a buffer of the same
+    /// registration (the same id); the registration ends with the last of them. Memory CUDA
+    /// freed and re-allocated at the same address (a new CUDA buffer id) is a new
+    /// registration; the stale one is no longer found. The host cannot read or write CUDA
+    /// memory through the buffer (`InvalidState`), and it cannot be sent or exported yet
+    /// (`Unsupported`, naming the way that works).
+    ///
     /// # Safety
     /// `[ptr, ptr + len)` must stay valid memory of this process until the buffer is dropped.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Buffer> {
@@ -150,7 +168,15 @@ impl Context {
         if (ptr as usize).checked_add(len).is_none() {
             return Err(Error::invalid(format!("range {ptr:p} + {len} bytes wraps around the address space")));
         }
-        check_mapped(ptr as usize, len)?;
+        if let Some(pointer) = super::cuda::recognise(ptr)? {
+            return self.register_cuda(pointer, ptr as u64, len);
+        }
+        check_mapped(ptr as usize, len).map_err(|e| match e {
+            Error::InvalidArgument(why) => {
+                Error::InvalidArgument(format!("{why}; {}", super::cuda::why_not_recognised()))
+            }
+            e => e,
+        })?;
         let parts = BufferParts {
             ptr: Some(nonnull),
             len,
@@ -162,15 +188,36 @@ impl Context {
         Buffer::new(parts, &self.inner.registry, true)
     }
 
-    /// Whether `buffer` is user memory registered with this context.
+    /// The buffer of the CUDA allocation `pointer` holding `[addr, addr + len)`.
+    fn register_cuda(&self, pointer: CudaPointer, addr: u64, len: usize) -> Result<Buffer> {
+        if !pointer.holds(addr, len) {
+            return Err(Error::invalid(format!(
+                "[{addr:#x}, +{len}) runs past the end of the CUDA allocation holding it, [{:#x}, +{}) ({} of \
+                 CUDA device {}); register the range of one allocation (memory of several VMM pieces is \
+                 registered piece by piece)",
+                pointer.base, pointer.size, pointer.kind, pointer.device_ordinal
+            )));
+        }
+        let registration = self.inner.cuda.register(pointer, &self.inner.registry)?;
+        Ok(Buffer::over_cuda(registration))
+    }
+
+    /// A buffer of a CUDA allocation described by hand, for tests of what lava-flow does with
+    /// CUDA memory on machines without CUDA (`pointer.base` need not be memory at all).
+    #[cfg(test)]
+    pub(crate) fn register_cuda_for_tests(&self, pointer: CudaPointer) -> Result<Buffer> {
+        self.register_cuda(pointer, pointer.base, pointer.size)
+    }
+
+    /// Whether `buffer` is user memory (host or CUDA memory) registered with this context.
     pub fn holds_registered(&self, buffer: &Buffer) -> bool {
-        buffer.origin() == BufferOrigin::Registered && Arc::ptr_eq(buffer.registry(), &self.inner.registry)
+        buffer.origin().is_registered() && Arc::ptr_eq(buffer.registry(), &self.inner.registry)
     }
 
     /// Forgets a registered buffer (the same as dropping it), checking that it is registered
     /// user memory of this context.
     pub fn deregister(&self, buffer: Buffer) -> Result<()> {
-        if buffer.origin() != BufferOrigin::Registered {
+        if !buffer.origin().is_registered() {
             return Err(Error::invalid(format!(
                 "buffer {} is not registered user memory (it is {}); drop (free) it instead",
                 buffer.id(),

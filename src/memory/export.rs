@@ -431,6 +431,9 @@ fn export(buffer: &Buffer) -> Result<ExportHandle> {
                 buffer.id()
             )))
         }
+        Backing::Cuda { registration } => {
+            return Err(Error::Unsupported(super::buffer::cuda_unsupported(buffer.id(), registration.pointer)))
+        }
     };
     let fd = fd.try_clone().map_err(|e| Error::os(format!("duplicating the fd of buffer {}", buffer.id()), e))?;
     let location = buffer.location();

@@ -55,6 +55,11 @@ pub enum MemoryLocation {
     GpuDeviceLocal,
     /// GPU memory the host can map (Vulkan `HOST_VISIBLE`).
     GpuHostVisible,
+    /// CUDA memory the application allocated (`cudaMalloc`, a CUDA memory pool, CUDA VMM,
+    /// managed memory) and registered ([`Context::register`](super::Context::register)), of
+    /// the CUDA device of this ordinal (as CUDA numbers devices in this process). The host
+    /// cannot read or write it through lava-flow; lava-flow never allocates it.
+    CudaDevice { ordinal: i32 },
 }
 
 /// Wire and C codes of the locations (`LF_MEMORY_*`). Stable: they travel in export handles.
@@ -66,11 +71,29 @@ pub mod code {
     pub const CPU_GPU_PINNED: u32 = 5;
     pub const GPU_DEVICE_LOCAL: u32 = 6;
     pub const GPU_HOST_VISIBLE: u32 = 7;
+    pub const CUDA_DEVICE: u32 = 8;
 }
 
 impl MemoryLocation {
+    /// Whether this is lava-flow's GPU memory (its Vulkan device's), not CUDA memory of the
+    /// application's.
     pub fn is_gpu(self) -> bool {
         matches!(self, MemoryLocation::GpuDeviceLocal | MemoryLocation::GpuHostVisible)
+    }
+
+    /// Whether this is CUDA memory of the application's.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, MemoryLocation::CudaDevice { .. })
+    }
+
+    /// Whether this is device memory of any kind (lava-flow's GPU memory or the
+    /// application's CUDA memory): one test for what is not plain host memory.
+    #[inline]
+    pub fn is_device(self) -> bool {
+        matches!(
+            self,
+            MemoryLocation::GpuDeviceLocal | MemoryLocation::GpuHostVisible | MemoryLocation::CudaDevice { .. }
+        )
     }
 
     /// The `LF_MEMORY_*` code of this location (the NUMA node travels separately).
@@ -83,6 +106,7 @@ impl MemoryLocation {
             MemoryLocation::CpuGpuPinned => code::CPU_GPU_PINNED,
             MemoryLocation::GpuDeviceLocal => code::GPU_DEVICE_LOCAL,
             MemoryLocation::GpuHostVisible => code::GPU_HOST_VISIBLE,
+            MemoryLocation::CudaDevice { .. } => code::CUDA_DEVICE,
         }
     }
 
@@ -98,6 +122,13 @@ impl MemoryLocation {
             code::CPU_GPU_PINNED => MemoryLocation::CpuGpuPinned,
             code::GPU_DEVICE_LOCAL => MemoryLocation::GpuDeviceLocal,
             code::GPU_HOST_VISIBLE => MemoryLocation::GpuHostVisible,
+            code::CUDA_DEVICE => {
+                return Err(Error::invalid(
+                    "CUDA memory (LF_MEMORY_CUDA_DEVICE) is not allocated by lava-flow: allocate it with CUDA \
+                     and register it (lf_register), or allocate GPU memory of lava-flow's \
+                     (LF_MEMORY_GPU_DEVICE_LOCAL)",
+                ))
+            }
             other => {
                 return Err(Error::invalid(format!(
                     "unknown memory location value {other}; valid values are {}..={} (LF_MEMORY_*)",
@@ -133,6 +164,7 @@ impl fmt::Display for MemoryLocation {
             MemoryLocation::CpuGpuPinned => f.write_str("GPU-pinned (locked) CPU memory"),
             MemoryLocation::GpuDeviceLocal => f.write_str("GPU device-local memory"),
             MemoryLocation::GpuHostVisible => f.write_str("GPU host-visible memory"),
+            MemoryLocation::CudaDevice { ordinal } => write!(f, "CUDA memory of CUDA device {ordinal}"),
         }
     }
 }
@@ -160,5 +192,12 @@ mod tests {
         assert!(err.to_string().contains("unknown memory location value 99"), "{err}");
         let err = MemoryLocation::from_code(code::CPU_STANDARD, Some(1)).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        // CUDA memory is registered, never allocated or imported by code.
+        let cuda = MemoryLocation::CudaDevice { ordinal: 1 };
+        assert_eq!(cuda.code(), code::CUDA_DEVICE);
+        assert!(cuda.is_cuda() && cuda.is_device() && !cuda.is_gpu());
+        assert_eq!(cuda.to_string(), "CUDA memory of CUDA device 1");
+        let err = MemoryLocation::from_code(code::CUDA_DEVICE, None).unwrap_err();
+        assert!(err.to_string().contains("register it (lf_register)"), "{err}");
     }
 }

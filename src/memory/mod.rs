@@ -35,6 +35,8 @@
 //!     |
 //! buffer        Buffer and what backs it
 //!     |
+//! cuda_registry the CUDA allocations registered: one registration each, cached by
+//!     |         (base, CUDA's buffer id)
 //! registry      which buffer holds an address; BufferId, BufferOrigin, BufferInfo
 //!     |
 //! arena         CPU arenas: pools (suballocated), imported arenas, SharedArena
@@ -43,8 +45,9 @@
 //!     |
 //! config        ContextConfig, HugepagePolicy
 //!     |
-//! gpu, cpu, gpu_settings, location, suballocator, token
-//!               (leaves; gpu uses gpu_settings, suballocator and token)
+//! gpu, cpu, cuda, gpu_settings, location, suballocator, token
+//!               (leaves; gpu uses gpu_settings, suballocator and token; cuda recognises
+//!               CUDA memory by its address)
 //! ```
 //!
 //! Inside `gpu`, the device knows none of the modules that use it:
@@ -66,6 +69,8 @@ pub mod buffer;
 mod config;
 pub mod context;
 pub mod cpu;
+pub mod cuda;
+mod cuda_registry;
 pub mod export;
 #[cfg(feature = "vulkan")]
 pub mod gpu;
@@ -85,6 +90,7 @@ pub use context::Context;
 pub use cpu::gpu_pinned::{has_ipc_lock, locked_bytes, memlock_limit, DeviceRegistration, MEMLOCK_FIX};
 pub use cpu::hugepage::{hugepage_pool, kernel_page_size_of, reserve_command, HugePagePool};
 pub use cpu::numa::{node_of_address, NumaTopology};
+pub use cuda::{CudaMemoryKind, CudaPointer};
 pub use export::{ExportDescriptor, ExportHandle, EXPORT_MAGIC, EXPORT_VERSION};
 pub use gpu_settings::{format_uuid, DeviceSelector, GpuPolicy};
 pub use location::{HugePageSize, MemoryLocation};

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::arena::SharedArena;
+use super::cuda::CudaMemoryKind;
 #[cfg(feature = "vulkan")]
 use super::gpu::GpuBuffer;
 use super::location::MemoryLocation;
@@ -56,16 +57,29 @@ pub enum BufferOrigin {
     Registered,
     /// Another process's (or this process's) export, mapped here: the very same memory.
     Imported { exporter_pid: u32 },
+    /// CUDA device memory the application allocated, entered with
+    /// [`Context::register`](super::Context::register) (the whole allocation holding the
+    /// address), of this kind. Not exportable yet, and the application's to free.
+    Cuda { kind: CudaMemoryKind },
+}
+
+impl BufferOrigin {
+    /// Whether the memory is the application's, entered with `register` (host or CUDA
+    /// memory): forgotten, never freed, when the buffer goes.
+    pub fn is_registered(self) -> bool {
+        matches!(self, BufferOrigin::Registered | BufferOrigin::Cuda { .. })
+    }
 }
 
 impl fmt::Display for BufferOrigin {
     /// In words, for messages: "allocated", "registered user memory", "imported from
-    /// process 42".
+    /// process 42", "registered cudaMalloc memory".
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BufferOrigin::Allocated => f.write_str("allocated"),
             BufferOrigin::Registered => f.write_str("registered user memory"),
             BufferOrigin::Imported { exporter_pid } => write!(f, "imported from process {exporter_pid}"),
+            BufferOrigin::Cuda { kind } => write!(f, "registered {kind}"),
         }
     }
 }

@@ -4,6 +4,7 @@
 #[path = "../common/child.rs"]
 mod child;
 mod cpu_strategies;
+mod cuda_memory;
 #[cfg(feature = "vulkan")]
 mod gpu_context;
 #[cfg(feature = "vulkan")]

@@ -103,6 +103,22 @@ pub unsafe extern "C" fn lf_alloc_auto(
 /// overlapping a known buffer, or unmapped memory, LF_ERR_INVALID_ARGUMENT. Registered
 /// buffers cannot be exported.
 ///
+/// CUDA device memory (`cudaMalloc`, a CUDA memory pool, CUDA VMM, managed memory; a
+/// PyTorch or CuPy tensor's data pointer) is recognised where the process uses CUDA: the
+/// buffer is the whole CUDA allocation holding `[ptr, ptr + size)`, which must lie inside
+/// one allocation (LF_ERR_INVALID_ARGUMENT otherwise), with location LF_MEMORY_CUDA_DEVICE,
+/// origin LF_ORIGIN_CUDA and `lf_buffer_cuda_kind` saying which kind and device;
+/// `lf_buffer_ptr` gives the allocation's device pointer and `lf_buffer_find` finds any
+/// tensor in it. Each call returns a new handle; handles of one allocation share one
+/// registration (and `lf_buffer_find` answers with the oldest live one); each is released
+/// with `lf_deregister` (or `lf_free`), and the registration ends with the last. Memory
+/// that CUDA freed and re-allocated at the same address is a new registration: the stale
+/// one is no longer found (release its handles). The host cannot read or write CUDA memory
+/// through lava-flow (`lf_buffer_read`/`lf_buffer_write`: LF_ERR_INVALID_STATE), and
+/// `lf_send_buffer` and `lf_buffer_export` refuse it (LF_ERR_UNSUPPORTED). Without a CUDA
+/// driver in the process, memory that is not mapped host memory stays LF_ERR_INVALID_ARGUMENT,
+/// and the message says no CUDA driver was found to recognise it.
+///
 /// # Safety
 /// `[ptr, ptr + size)` must stay valid memory until deregistered; `context` as `lf_alloc`.
 #[no_mangle]

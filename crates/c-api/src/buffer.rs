@@ -42,6 +42,10 @@ pub enum lf_memory_kind {
     LF_MEMORY_GPU_DEVICE_LOCAL = 6,
     /// GPU memory the host can map.
     LF_MEMORY_GPU_HOST_VISIBLE = 7,
+    /// CUDA device memory the application allocated and registered (`lf_register`); never
+    /// allocated by lava-flow. `lf_buffer_cuda_kind` says which allocator made it and on which
+    /// CUDA device.
+    LF_MEMORY_CUDA_DEVICE = 8,
 }
 c_enum!(
     lf_memory_kind: LF_MEMORY_CPU_STANDARD,
@@ -51,6 +55,7 @@ c_enum!(
     LF_MEMORY_CPU_GPU_PINNED,
     LF_MEMORY_GPU_DEVICE_LOCAL,
     LF_MEMORY_GPU_HOST_VISIBLE,
+    LF_MEMORY_CUDA_DEVICE,
 );
 
 // The C values are the Rust core's codes.
@@ -62,6 +67,7 @@ const _: () = assert!(
         && lf_memory_kind::LF_MEMORY_CPU_GPU_PINNED as u32 == code::CPU_GPU_PINNED
         && lf_memory_kind::LF_MEMORY_GPU_DEVICE_LOCAL as u32 == code::GPU_DEVICE_LOCAL
         && lf_memory_kind::LF_MEMORY_GPU_HOST_VISIBLE as u32 == code::GPU_HOST_VISIBLE
+        && lf_memory_kind::LF_MEMORY_CUDA_DEVICE as u32 == code::CUDA_DEVICE
 );
 
 /// How a buffer came to be (`lf_buffer_origin`).
@@ -75,7 +81,41 @@ pub enum lf_origin {
     LF_ORIGIN_REGISTERED = 2,
     /// Imported from an export (`lf_import`): the exporter's memory.
     LF_ORIGIN_IMPORTED = 3,
+    /// The caller's CUDA device memory, entered with `lf_register`: the whole CUDA allocation
+    /// holding the pointer registered (`lf_buffer_cuda_kind` says which kind).
+    LF_ORIGIN_CUDA = 4,
 }
+
+/// How CUDA memory was allocated, which decides how another process can reach it
+/// (`lf_buffer_cuda_kind`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum lf_cuda_kind {
+    /// Not CUDA memory: every buffer whose origin is not LF_ORIGIN_CUDA.
+    LF_CUDA_KIND_NONE = 0,
+    /// `cudaMalloc`/`cuMemAlloc` memory (PyTorch's and CuPy's default allocators): only legacy
+    /// CUDA IPC handles reach it.
+    LF_CUDA_KIND_LEGACY = 1,
+    /// CUDA VMM memory (`cuMemCreate`) with POSIX fd handles (PyTorch under
+    /// `expandable_segments:True`): the registration is one piece of it.
+    LF_CUDA_KIND_VMM = 2,
+    /// Memory of a CUDA memory pool that exports POSIX fds (`cudaMallocAsync`).
+    LF_CUDA_KIND_POOL = 3,
+    /// Managed memory (`cudaMallocManaged`).
+    LF_CUDA_KIND_MANAGED = 4,
+    /// Other CUDA memory: VMM memory without fd handles, a pool without IPC.
+    LF_CUDA_KIND_OTHER = 5,
+}
+
+// The C values are the Rust core's codes.
+const _: () = assert!(
+    lf_cuda_kind::LF_CUDA_KIND_LEGACY as u32 == 1
+        && lf_cuda_kind::LF_CUDA_KIND_VMM as u32 == 2
+        && lf_cuda_kind::LF_CUDA_KIND_POOL as u32 == 3
+        && lf_cuda_kind::LF_CUDA_KIND_MANAGED as u32 == 4
+        && lf_cuda_kind::LF_CUDA_KIND_OTHER as u32 == 5
+);
 
 /// The GPU APIs GPU-pinned memory is registered with: bits of `lf_buffer_registrations`'s
 /// `flags`, which may hold several.
@@ -109,10 +149,11 @@ fn c_string(text: &str) -> CString {
     CString::new(text.replace('\0', " ")).unwrap_or_default()
 }
 
-/// Buffer id -> C handle address, so that a lookup by address can answer with the handle C
-/// already holds.
-fn handles() -> &'static Mutex<HashMap<BufferId, usize>> {
-    static HANDLES: OnceLock<Mutex<HashMap<BufferId, usize>>> = OnceLock::new();
+/// Buffer id -> C handle addresses, oldest first, so that a lookup by address can answer with
+/// a handle C already holds. An id has several handles where several `lf_register` calls
+/// registered memory of one CUDA allocation (one registration, one id).
+fn handles() -> &'static Mutex<HashMap<BufferId, Vec<usize>>> {
+    static HANDLES: OnceLock<Mutex<HashMap<BufferId, Vec<usize>>>> = OnceLock::new();
     HANDLES.get_or_init(Default::default)
 }
 
@@ -132,12 +173,12 @@ impl lf_buffer {
         let failures = buffer.registration_failures();
         let registration_failures = (!failures.is_empty()).then(|| c_string(&failures.join("; ")));
         let handle = new_handle(lf_buffer { buffer, fallback, registration_failures, borrowed })?;
-        handles().lock().insert(id, handle as usize);
+        handles().lock().entry(id).or_default().push(handle as usize);
         Ok(handle)
     }
 
     pub(crate) fn handle_of(id: BufferId) -> Option<*mut lf_buffer> {
-        handles().lock().get(&id).map(|&address| address as *mut lf_buffer)
+        handles().lock().get(&id).and_then(|all| all.first()).map(|&address| address as *mut lf_buffer)
     }
 }
 
@@ -160,7 +201,13 @@ pub(crate) fn release_borrowed(buffer: *mut lf_buffer) -> Result<(), Failure> {
 
 fn release_any(buffer: *mut lf_buffer) -> Result<(), Failure> {
     if let Ok(live) = handle_ref(buffer, "buffer") {
-        handles().lock().remove(&live.buffer.id());
+        let mut handles = handles().lock();
+        if let Some(all) = handles.get_mut(&live.buffer.id()) {
+            all.retain(|&address| address != buffer as usize);
+            if all.is_empty() {
+                handles.remove(&live.buffer.id());
+            }
+        }
     }
     free_handle(buffer, "buffer")
 }
@@ -180,6 +227,8 @@ pub unsafe extern "C" fn lf_free(buffer: *mut lf_buffer) {
 /// is freed: CPU memory, and GPU memory the host can map (LF_MEMORY_GPU_HOST_VISIBLE;
 /// device-local memory where the driver maps it). GPU memory the host cannot map has no
 /// address here: LF_ERR_INVALID_STATE, and `lf_buffer_write`/`lf_buffer_read` move its data.
+/// For registered CUDA memory (LF_MEMORY_CUDA_DEVICE), the CUDA device pointer of the
+/// allocation's first byte: an address for CUDA, which the host must not dereference.
 ///
 /// # Safety
 /// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
@@ -187,7 +236,12 @@ pub unsafe extern "C" fn lf_free(buffer: *mut lf_buffer) {
 pub unsafe extern "C" fn lf_buffer_ptr(buffer: *const lf_buffer, out: *mut *mut c_void) -> lf_status {
     boundary("lf_buffer_ptr", || {
         let out = out_ptr(out, "out")?;
-        write_out(out, handle_ref(buffer, "buffer")?.buffer.host_ptr()?.cast());
+        let buffer = &handle_ref(buffer, "buffer")?.buffer;
+        let address = match buffer.cuda() {
+            Some(cuda) => cuda.base as usize as *mut c_void,
+            None => buffer.host_ptr()?.cast(),
+        };
+        write_out(out, address);
         Ok(())
     })
 }
@@ -248,8 +302,8 @@ pub unsafe extern "C" fn lf_buffer_page_size(buffer: *const lf_buffer, out: *mut
     })
 }
 
-/// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED or
-/// LF_ORIGIN_IMPORTED.
+/// How the buffer came to be: LF_ORIGIN_ALLOCATED, LF_ORIGIN_REGISTERED,
+/// LF_ORIGIN_IMPORTED or LF_ORIGIN_CUDA.
 ///
 /// # Safety
 /// As `lf_buffer_ptr`.
@@ -261,8 +315,35 @@ pub unsafe extern "C" fn lf_buffer_origin(buffer: *const lf_buffer, out: *mut ra
             BufferOrigin::Allocated => lf_origin::LF_ORIGIN_ALLOCATED,
             BufferOrigin::Registered => lf_origin::LF_ORIGIN_REGISTERED,
             BufferOrigin::Imported { .. } => lf_origin::LF_ORIGIN_IMPORTED,
+            BufferOrigin::Cuda { .. } => lf_origin::LF_ORIGIN_CUDA,
         };
         write_out(out, origin as u32);
+        Ok(())
+    })
+}
+
+/// What CUDA memory the buffer is: `*kind` receives how it was allocated (LF_CUDA_KIND_LEGACY,
+/// LF_CUDA_KIND_VMM, LF_CUDA_KIND_POOL, LF_CUDA_KIND_MANAGED or LF_CUDA_KIND_OTHER) for
+/// registered CUDA memory (origin LF_ORIGIN_CUDA), LF_CUDA_KIND_NONE for every other buffer;
+/// `*device` (when `device` is not NULL) the CUDA device's ordinal in this process, LF_UNSET
+/// for other buffers. `lf_buffer_ptr` gives the allocation's device pointer,
+/// `lf_buffer_size` its size.
+///
+/// # Safety
+/// `buffer` as `lf_buffer_ptr`; `kind` NULL or writable; `device` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_cuda_kind(
+    buffer: *const lf_buffer,
+    kind: *mut raw::lf_cuda_kind,
+    device: *mut i64,
+) -> lf_status {
+    boundary("lf_buffer_cuda_kind", || {
+        let kind = out_ptr(kind, "kind")?;
+        let cuda = handle_ref(buffer, "buffer")?.buffer.cuda();
+        write_out(kind, cuda.map_or(lf_cuda_kind::LF_CUDA_KIND_NONE as u32, |c| c.kind.code()));
+        if !device.is_null() {
+            write_out(device, cuda.map_or(LF_UNSET, |c| i64::from(c.device_ordinal)));
+        }
         Ok(())
     })
 }
@@ -364,6 +445,18 @@ mod tests {
             assert_eq!(lf_register(context, user.as_mut_ptr().cast(), 256, &mut registered), lf_status::LF_OK);
             assert_eq!(lf_buffer_origin(registered, &mut origin), lf_status::LF_OK);
             assert_eq!(origin, lf_origin::LF_ORIGIN_REGISTERED as u32);
+            let (mut kind, mut device) = (99u32, 7i64);
+            assert_eq!(lf_buffer_cuda_kind(registered, &mut kind, &mut device), lf_status::LF_OK);
+            assert_eq!((kind, device), (lf_cuda_kind::LF_CUDA_KIND_NONE as u32, LF_UNSET));
+            assert_eq!(lf_buffer_cuda_kind(registered, &mut kind, ptr::null_mut()), lf_status::LF_OK);
+            assert_eq!(lf_buffer_cuda_kind(registered, ptr::null_mut(), &mut device), lf_status::LF_ERR_NULL_POINTER);
+            // An address that is no memory: not host memory, and no CUDA driver (or not CUDA
+            // memory where one is loaded) to recognise it by.
+            let mut none = ptr::null_mut();
+            assert_eq!(lf_register(context, 0x200 as *mut c_void, 64, &mut none), lf_status::LF_ERR_INVALID_ARGUMENT);
+            let message = crate::tests::last_error();
+            assert!(message.contains("not entirely mapped memory") && message.contains("CUDA"), "{message}");
+            assert!(none.is_null());
             assert_eq!(lf_deregister(ptr::null(), registered), lf_status::LF_ERR_NULL_POINTER);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_OK);
             assert_eq!(lf_deregister(context, registered), lf_status::LF_ERR_BAD_HANDLE);

@@ -12,6 +12,7 @@ pub type lf_gpu_device_select = u32;
 pub type lf_device_type = u32;
 pub type lf_memory_kind = u32;
 pub type lf_origin = u32;
+pub type lf_cuda_kind = u32;
 pub type lf_role = u32;
 pub type lf_wait_strategy = u32;
 pub type lf_channel_kind = u32;

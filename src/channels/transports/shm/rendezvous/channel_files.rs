@@ -78,7 +78,7 @@ pub fn channels_in_runtime_dir() -> Result<Vec<ChannelFiles>> {
     names
         .into_iter()
         .map(|(name, (socket, slots))| {
-            let state = |slot: u32, end: End| Ok((slot, end_state(&name, end)?));
+            let state = |slot: u32, end: End| Ok::<_, Error>((slot, end_state(&name, end)?));
             let mut fan_in_producers = Vec::new();
             let mut fan_out_consumers = Vec::new();
             for end in slots {
