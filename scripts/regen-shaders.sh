@@ -20,5 +20,5 @@ build() {
   fi
   echo "src/memory/gpu/shaders/$out"
 }
-build copy_vec4.spv -DELEM=uvec4 -DUNROLL=4
-build copy_word.spv -DELEM=uint -DUNROLL=4
+build copy_vec4.spv -DELEM=uvec4 -DUNROLL=1
+build copy_word.spv -DELEM=uint -DUNROLL=1

@@ -26,12 +26,14 @@ const WORD_SPV: &[u8] = include_bytes!("shaders/copy_word.spv");
 /// limit where that is lower.
 const LOCAL_SIZE: u32 = 256;
 /// Elements each invocation moves per pass of the shader's main loop (its `UNROLL`).
-const UNROLL: u64 = 4;
-/// The most workgroups one dispatch runs, the shader's grid-stride loop covering the rest:
-/// enough to fill the GPU (an H200 has 132 SMs, each running 8 groups of 256 invocations at
-/// once), few enough that each invocation has several passes' worth of work on large
-/// copies. Tune on the GPU (`lf-gpu-bench`).
-pub(crate) const MAX_GROUPS: u32 = 132 * 8;
+const UNROLL: u64 = 1;
+/// The most workgroups one dispatch runs, the shader's grid-stride loop covering the rest: the
+/// least `maxComputeWorkGroupCount[0]` that Vulkan guarantees. Measured on the H200 (1 GiB
+/// between DEVICE_LOCAL buffers, random bytes, against `cuMemcpyDtoD` in turns): 132 x 8
+/// groups of 4 elements per pass reached 0.83x, as many groups as the copy needs (up to this
+/// bound) 0.94-0.95x with 1, 2 or 4 elements per pass: the GPU keeps more memory accesses in
+/// flight with more, shorter-lived workgroups than with fewer long ones.
+pub(crate) const MAX_GROUPS: u32 = 65_535;
 // The shader's indices stay in 32 bits: grid strides below 2^26 (and counts below 2^30).
 const _: () = assert!(MAX_GROUPS as u64 * LOCAL_SIZE as u64 * UNROLL <= 1 << 26);
 /// Descriptor sets in the pool, one per dispatch: a copy that needs more dispatches than this

@@ -3,8 +3,10 @@
 // elements of 16 bytes (uvec4; `-DELEM=uint` builds the 4-byte variant for ranges whose
 // offsets are congruent mod 4 only) from `src` to `dst`, in a grid-stride loop, so that one
 // dispatch of a bounded number of workgroups copies any count. Each pass of the main loop
-// loads UNROLL elements, one grid stride apart, before storing them: more loads in flight
-// per invocation, each warp's accesses contiguous.
+// loads UNROLL elements, one grid stride apart, before storing them, each warp's accesses
+// contiguous. lava-flow builds it with UNROLL 1 and dispatches as many workgroups as the copy
+// needs (up to 65535): on the H200 that kept more accesses in flight than fewer workgroups
+// with more elements each (see shader_copy.rs).
 //
 // Compiled to SPIR-V by scripts/regen-shaders.sh (glslangValidator); the .spv files next to
 // this one are committed, since builds do not have glslang.
@@ -14,7 +16,7 @@
 #define ELEM uvec4
 #endif
 #ifndef UNROLL
-#define UNROLL 4
+#define UNROLL 1
 #endif
 
 // The workgroup size, a specialization constant (256 unless the device allows fewer).
