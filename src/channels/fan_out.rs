@@ -560,8 +560,7 @@ impl FanOut {
             if payload.kind == MemoryKind::Cuda {
                 return Err(Error::Unsupported(format!(
                     "fan-out channel {:?} has a consumer that cannot open CUDA memory, and copies none: {}",
-                    self.name,
-                    staged.info.reason
+                    self.name, staged.info.reason
                 )));
             }
             if !matches!(payload.memory, PayloadMemory::Buffer(_)) {

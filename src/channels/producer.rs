@@ -632,7 +632,8 @@ impl Producer {
                 pointer.device_ordinal
             )));
         }
-        let payload = Payload { memory: PayloadMemory::Buffer(buffer), kind: MemoryKind::Cuda, offset, len, ready_value };
+        let payload =
+            Payload { memory: PayloadMemory::Buffer(buffer), kind: MemoryKind::Cuda, offset, len, ready_value };
         self.send_payload(&payload, timeout)
     }
 

@@ -549,7 +549,8 @@ fn cuda_memory_is_refused_without_touching_its_bytes() {
         (CudaMemoryKind::Pool, "expandable_segments:True"),
         (CudaMemoryKind::Other, "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
     ] {
-        let other = context.register_cuda_for_tests(CudaPointer { kind, base: 0x1000, buffer_id: 10, ..pointer }).unwrap();
+        let other =
+            context.register_cuda_for_tests(CudaPointer { kind, base: 0x1000, buffer_id: 10, ..pointer }).unwrap();
         let err = producer.try_send_buffer(&other, 0, 8).unwrap_err();
         assert!(matches!(&err, crate::Error::Unsupported(m) if m.contains(words) && m.contains("lf_alloc")), "{err}");
     }

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use super::cuda_ipc;
 #[cfg(feature = "mpi")]
 use super::mpi;
-use super::cuda_ipc;
 use super::recommended::{Plan, TransportKind};
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;

@@ -8,9 +8,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::cuda_ipc;
 #[cfg(feature = "mpi")]
 use super::mpi;
-use super::cuda_ipc;
 #[cfg(feature = "vulkan")]
 use super::vulkan_ipc;
 use super::{loopback, shm};

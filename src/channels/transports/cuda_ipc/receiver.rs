@@ -157,10 +157,8 @@ impl Receiver {
     fn open_slot(&mut self, index: usize) -> Result<()> {
         self.evict();
         let slot = self.slots[index].as_ref().expect("the caller found it");
-        let mapping = self
-            .opener
-            .open(&slot.allocation, slot.fd.as_ref().map(|fd| fd.as_fd()), slot.device)
-            .map_err(|e| {
+        let mapping =
+            self.opener.open(&slot.allocation, slot.fd.as_ref().map(|fd| fd.as_fd()), slot.device).map_err(|e| {
                 Error::Unsupported(format!(
                     "the producer's CUDA allocation ({} bytes at {:#x}, buffer id {}) cannot be opened here: {e}",
                     slot.allocation.size, slot.allocation.base, slot.allocation.buffer_id
@@ -184,9 +182,11 @@ impl RouteReceiver for Receiver {
         self.released_below = 0;
         self.offered = offer.is_some();
         self.off = match (&offer, &self.devices) {
-            (None, _) => Some("the producer offers no CUDA route (its process had not used CUDA when it created the \
+            (None, _) => Some(
+                "the producer offers no CUDA route (its process had not used CUDA when it created the \
                                channel, or cuda_ipc is not allowed there)"
-                .into()),
+                    .into(),
+            ),
             (Some(_), Err(why)) => Some(format!("this process cannot open CUDA memory: {why}")),
             (Some(_), Ok(devices)) if devices.is_empty() => Some("this process sees no CUDA device".into()),
             (Some(offer), Ok(_)) => {
@@ -284,17 +284,15 @@ impl RouteReceiver for Receiver {
             return Err(self.corrupt(format!("names slot {}, beyond the {MAX_SLOTS} a channel uses", d.slot)));
         }
         let index = d.slot as usize;
-        let Some(slot) = self.slots.get(index).and_then(Option::as_ref).filter(|s| s.generation == d.generation)
-        else {
+        let Some(slot) = self.slots.get(index).and_then(Option::as_ref).filter(|s| s.generation == d.generation) else {
             // Its allocation's attachment has not been read yet (the caller reads and retries).
             return Ok(None);
         };
         let size = slot.allocation.size;
         if d.len == 0 || d.offset.checked_add(d.len).map_or(true, |end| end > size) {
-            return Err(self.corrupt(format!(
-                "names {} bytes at offset {} of an allocation of {size} bytes",
-                d.len, d.offset
-            )));
+            return Err(
+                self.corrupt(format!("names {} bytes at offset {} of an allocation of {size} bytes", d.len, d.offset))
+            );
         }
         if slot.open.is_none() {
             self.open_slot(index)?;
@@ -312,8 +310,6 @@ impl RouteReceiver for Receiver {
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
-        Err(Error::Unsupported(
-            "the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into(),
-        ))
+        Err(Error::Unsupported("the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into()))
     }
 }

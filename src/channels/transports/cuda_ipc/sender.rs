@@ -211,12 +211,10 @@ impl Sender {
                 self.last_seqs.push(0);
                 self.generations.len() as u32 - 1
             }
-            None => {
-                return Err(Error::OutOfMemory(format!(
-                    "this channel already shares {MAX_SLOTS} CUDA allocations alive at once; drop the lava-flow buffers \
+            None => return Err(Error::OutOfMemory(format!(
+                "this channel already shares {MAX_SLOTS} CUDA allocations alive at once; drop the lava-flow buffers \
                      of allocations no longer sent (their registrations), or send from fewer allocations"
-                )))
-            }
+            ))),
         };
         let registration = buffer.cuda_keep().expect("a CUDA buffer has a registration");
         let (memory, ipc_handle, retained, fd) = match pointer.kind {
@@ -323,8 +321,6 @@ impl RouteSender for Sender {
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
-        Err(Error::Unsupported(
-            "the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into(),
-        ))
+        Err(Error::Unsupported("the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into()))
     }
 }

@@ -74,7 +74,13 @@ fn legacy(buffer_id: u64) -> Announce {
     }
 }
 
-fn announce(r: &mut Receiver, slot: u32, generation: u32, allocation: Announce, released_below: u64) -> crate::Result<()> {
+fn announce(
+    r: &mut Receiver,
+    slot: u32,
+    generation: u32,
+    allocation: Announce,
+    released_below: u64,
+) -> crate::Result<()> {
     let bytes = AllocationRecord::Announce { slot, generation, allocation }.encode();
     r.attach(Attachment::new(ROUTE_ID, bytes), released_below)
 }
@@ -84,7 +90,14 @@ fn forget(r: &mut Receiver, slot: u32, generation: u32, released_below: u64) {
     r.attach(Attachment::new(ROUTE_ID, bytes), released_below).unwrap();
 }
 
-fn resolve(r: &mut Receiver, seq: u64, slot: u32, generation: u32, offset: u64, len: u64) -> crate::Result<Option<RoutedPayload>> {
+fn resolve(
+    r: &mut Receiver,
+    seq: u64,
+    slot: u32,
+    generation: u32,
+    offset: u64,
+    len: u64,
+) -> crate::Result<Option<RoutedPayload>> {
     r.resolve(seq, &Descriptor { slot, generation, offset, len }.encode())
 }
 
@@ -127,7 +140,9 @@ fn hostile_descriptors_and_records_are_corrupt_or_wait_for_their_attachment() {
     let err = announce(&mut r, 4, 1, Announce { device_uuid: [9; 16], ..legacy(4) }, 0).unwrap_err();
     assert!(matches!(&err, Error::Corrupt(m) if m.contains("does not see")), "{err}");
     // A VMM piece without its fd.
-    let bytes = AllocationRecord::Announce { slot: 6, generation: 1, allocation: Announce { memory: MEMORY_VMM, ..legacy(5) } }.encode();
+    let bytes =
+        AllocationRecord::Announce { slot: 6, generation: 1, allocation: Announce { memory: MEMORY_VMM, ..legacy(5) } }
+            .encode();
     assert!(matches!(r.attach(Attachment::new(ROUTE_ID, bytes), 0), Err(Error::Corrupt(_))));
     // What was announced well still serves.
     assert!(resolve(&mut r, 0, 3, 1, 0, 8).unwrap().is_some());

@@ -36,11 +36,8 @@ impl Section {
     pub(super) fn encode(&self) -> Vec<u8> {
         let devices = &self.devices[..self.devices.len().min(MAX_DEVICES)];
         let mut out = Vec::with_capacity(SECTION_HEAD + 16 * devices.len() + self.declined.len());
-        let head = SectionHead {
-            version: VERSION.into(),
-            flags: self.flags.into(),
-            devices: (devices.len() as u32).into(),
-        };
+        let head =
+            SectionHead { version: VERSION.into(), flags: self.flags.into(), devices: (devices.len() as u32).into() };
         out.extend_from_slice(head.as_bytes());
         for uuid in devices {
             out.extend_from_slice(uuid);
@@ -292,8 +289,7 @@ mod tests {
         assert!(AllocationRecord::decode(&vmm.encode(), 0).is_err(), "a VMM piece comes with its fd");
         let odd = AllocationRecord::Announce { slot: 2, generation: 1, allocation: Announce { memory: 7, ..sample() } };
         assert!(AllocationRecord::decode(&odd.encode(), 0).is_err());
-        let empty =
-            AllocationRecord::Announce { slot: 2, generation: 1, allocation: Announce { size: 0, ..sample() } };
+        let empty = AllocationRecord::Announce { slot: 2, generation: 1, allocation: Announce { size: 0, ..sample() } };
         assert!(AllocationRecord::decode(&empty.encode(), 0).is_err());
         let forget = AllocationRecord::Forget { slot: 1, generation: 2 };
         assert_eq!(AllocationRecord::decode(&forget.encode(), 0).unwrap(), forget);

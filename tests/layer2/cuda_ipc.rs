@@ -1,0 +1,388 @@
+//! CUDA memory the application allocated, between real processes of one host, by reference
+//! (the cuda_ipc route): per allocation kind, the consumer reads the producer's bytes through
+//! its CUDA pointer and writes back, and the producer sees it; memory freed and re-allocated
+//! at the same address gives the new bytes; kinds no other process can open are refused;
+//! kill -9 of either end. Each child skips, saying "skipped: no CUDA driver", without libcuda
+//! or a device (the orchestrator then skips too).
+
+use std::ffi::c_void;
+use std::time::Duration;
+
+use lava_flow::channels::{Consumer, Producer};
+use lava_flow::memory::Buffer;
+use lava_flow::Error;
+use lava_flow_cuda::sys::*;
+use lava_flow_cuda::Driver;
+
+use crate::child::kill9;
+use crate::common::*;
+
+const LEN: usize = 2 << 20;
+const OFFSET: usize = 4096;
+const SENT: usize = 64 << 10;
+
+/// The CUDA driver with device 0's primary context current on this thread, or `None`
+/// (printing why) where there is none.
+fn cuda() -> Option<&'static Driver> {
+    let driver = match lava_flow_cuda::driver() {
+        Ok(driver) => driver,
+        Err(e) => {
+            println!("skipped: no CUDA driver ({e})");
+            return None;
+        }
+    };
+    if driver.device_count().unwrap_or(0) == 0 {
+        println!("skipped: no CUDA driver (no device visible)");
+        return None;
+    }
+    let device = driver.device(0).unwrap();
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the device the driver gave; the context stays retained for
+    // the process's life.
+    unsafe { driver.device_primary_ctx_retain(&mut context, device) }.unwrap();
+    // SAFETY: the context just retained.
+    unsafe { driver.ctx_set_current(context) }.unwrap();
+    Some(driver)
+}
+
+/// Whether the orchestrator can run the test: a CUDA driver with a device here.
+fn cuda_here() -> bool {
+    lava_flow_cuda::driver().is_ok_and(|d| d.device_count().unwrap_or(0) > 0)
+}
+
+/// Memory of one allocation kind, freed on drop.
+enum Allocation {
+    Legacy(CUdeviceptr),
+    Vmm { va: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle },
+    Managed(CUdeviceptr),
+    Pool(CUdeviceptr),
+}
+
+impl Allocation {
+    fn new(driver: &Driver, kind: &str, len: usize) -> Allocation {
+        let mut ptr: CUdeviceptr = 0;
+        match kind {
+            // SAFETY (each arm): valid out-pointers; sizes the driver checks.
+            "legacy" => {
+                unsafe { driver.mem_alloc(&mut ptr, len) }.unwrap();
+                Allocation::Legacy(ptr)
+            }
+            "managed" => {
+                unsafe { driver.mem_alloc_managed(&mut ptr, len, CU_MEM_ATTACH_GLOBAL) }.unwrap();
+                Allocation::Managed(ptr)
+            }
+            "pool" => {
+                unsafe { driver.mem_alloc_async(&mut ptr, len, std::ptr::null_mut()) }.unwrap();
+                unsafe { driver.ctx_synchronize() }.unwrap();
+                Allocation::Pool(ptr)
+            }
+            "vmm" => {
+                let prop = CUmemAllocationProp {
+                    type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                    requested_handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                    ..Default::default()
+                };
+                let mut granularity = 0;
+                unsafe {
+                    driver.mem_get_allocation_granularity(&mut granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+                }
+                .unwrap();
+                let size = len.div_ceil(granularity) * granularity;
+                let mut handle = 0;
+                unsafe { driver.mem_create(&mut handle, size, &prop, 0) }.unwrap();
+                unsafe { driver.mem_address_reserve(&mut ptr, size, 0, 0, 0) }.unwrap();
+                unsafe { driver.mem_map(ptr, size, 0, handle, 0) }.unwrap();
+                let access = CUmemAccessDesc {
+                    location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                    flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                };
+                unsafe { driver.mem_set_access(ptr, size, &access, 1) }.unwrap();
+                Allocation::Vmm { va: ptr, size, handle }
+            }
+            other => panic!("unknown allocation kind {other}"),
+        }
+    }
+
+    fn ptr(&self) -> CUdeviceptr {
+        match *self {
+            Allocation::Legacy(p) | Allocation::Managed(p) | Allocation::Pool(p) => p,
+            Allocation::Vmm { va, .. } => va,
+        }
+    }
+
+    fn free(self, driver: &Driver) {
+        // SAFETY (each arm): frees what `new` made, once; nothing uses it after.
+        match self {
+            Allocation::Legacy(p) | Allocation::Managed(p) => unsafe { driver.mem_free(p) }.unwrap(),
+            Allocation::Pool(p) => {
+                unsafe { driver.mem_free_async(p, std::ptr::null_mut()) }.unwrap();
+                unsafe { driver.ctx_synchronize() }.unwrap();
+            }
+            Allocation::Vmm { va, size, handle } => {
+                unsafe { driver.mem_unmap(va, size) }.unwrap();
+                unsafe { driver.mem_address_free(va, size) }.unwrap();
+                unsafe { driver.mem_release(handle) }.unwrap();
+            }
+        }
+    }
+}
+
+fn set(driver: &Driver, ptr: CUdeviceptr, value: u8, len: usize) {
+    // SAFETY: `len` bytes of live device memory at `ptr` (the callers' allocations and
+    // received messages).
+    unsafe { driver.memset_d8(ptr, value, len) }.unwrap();
+    // SAFETY: no arguments.
+    unsafe { driver.ctx_synchronize() }.unwrap();
+}
+
+fn read(driver: &Driver, ptr: CUdeviceptr, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: `len` writable host bytes; `len` bytes of live device memory at `ptr`.
+    unsafe { driver.memcpy_dtoh(out.as_mut_ptr().cast::<c_void>(), ptr, len) }.unwrap();
+    out
+}
+
+/// Registers `len` bytes of CUDA memory at `ptr`: the buffer of its whole allocation, and
+/// where `ptr` lies in it.
+fn register(ptr: CUdeviceptr, len: usize) -> (Buffer, usize) {
+    // SAFETY: CUDA device memory of this process, alive until the test frees it.
+    let buffer = unsafe { ctx().register(ptr as usize as *mut u8, len) }.unwrap();
+    let base = buffer.cuda().expect("CUDA memory").base;
+    (buffer, (ptr - base) as usize)
+}
+
+fn consumer(name: &str) -> Consumer {
+    Consumer::create(&ctx(), name, &here(), &here(), &config(strategy("block"))).unwrap()
+}
+
+fn producer(name: &str) -> Producer {
+    let p = Producer::create(&ctx(), name, &here(), &here(), &config(strategy("block"))).unwrap();
+    report("transport", p.transport().reason.replace('\n', " "));
+    p
+}
+
+/// Per kind that goes by reference: the consumer reads the producer's bytes through its CUDA
+/// pointer and overwrites them; the producer, once the message completed, reads what the
+/// consumer wrote.
+#[test]
+fn cuda_memory_travels_by_reference_and_writes_come_back() {
+    const TEST: &str = "cuda_ipc::cuda_memory_travels_by_reference_and_writes_come_back";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let allocation = Allocation::new(driver, &arg("kind"), LEN);
+            set(driver, allocation.ptr(), 0xa5, LEN);
+            let (buffer, at) = register(allocation.ptr(), LEN);
+            let mut p = producer(&format!("cuda-{}", arg("kind")));
+            assert!(p.transport().reason.contains("cuda_ipc"), "{}", p.transport().reason);
+            let seq = p.send_buffer(&buffer, at + OFFSET, SENT).unwrap();
+            p.wait_completed(seq, Some(Duration::from_secs(30))).unwrap();
+            let back = read(driver, allocation.ptr() + OFFSET as u64, SENT);
+            assert!(back.iter().all(|&b| b == 0x5a), "the consumer's writes are in the producer's memory");
+            let before = read(driver, allocation.ptr() + OFFSET as u64 - 1, 1);
+            assert_eq!(before, [0xa5], "the consumer wrote only the message's bytes");
+            drop(p);
+            drop(buffer);
+            allocation.free(driver);
+        }
+        Some("consumer") => {
+            let Some(driver) = cuda() else { return };
+            let mut c = consumer(&format!("cuda-{}", arg("kind")));
+            let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert_eq!(message.len(), SENT);
+            assert!(message.as_slice().is_empty(), "CUDA memory has no host bytes");
+            assert!(message.buffer().is_none());
+            let (ptr, device) = message.cuda_ptr().unwrap();
+            assert_eq!(device, 0);
+            assert!(read(driver, ptr, SENT).iter().all(|&b| b == 0xa5), "the producer's bytes");
+            set(driver, ptr, 0x5a, SENT);
+            drop(message);
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            for kind in ["legacy", "vmm"] {
+                run_pair_with(TEST, &format!("cuda-{kind}"), &[("kind", kind.to_owned())]);
+            }
+        }
+    }
+}
+
+/// Memory freed and re-allocated (at the same address, as the allocator usually gives it)
+/// reaches the consumer with its new bytes, never through the import of the old.
+#[test]
+fn a_reallocation_at_the_same_address_gives_the_new_bytes() {
+    const TEST: &str = "cuda_ipc::a_reallocation_at_the_same_address_gives_the_new_bytes";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let mut p = producer("cuda-realloc");
+            let mut bases = Vec::new();
+            for round in 0..3u8 {
+                let allocation = Allocation::new(driver, &arg("kind"), LEN);
+                set(driver, allocation.ptr(), 0x10 + round, LEN);
+                let (buffer, at) = register(allocation.ptr(), LEN);
+                bases.push(buffer.cuda().unwrap().base);
+                let seq = p.send_buffer(&buffer, at, SENT).unwrap();
+                p.wait_completed(seq, Some(Duration::from_secs(30))).unwrap();
+                drop(buffer);
+                allocation.free(driver);
+            }
+            report("same_base", bases.windows(2).all(|w| w[0] == w[1]));
+        }
+        Some("consumer") => {
+            let Some(driver) = cuda() else { return };
+            let mut c = consumer("cuda-realloc");
+            for round in 0..3u8 {
+                let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                let (ptr, _) = message.cuda_ptr().unwrap();
+                let bytes = read(driver, ptr, SENT);
+                assert!(bytes.iter().all(|&b| b == 0x10 + round), "round {round}: got {:#x}", bytes[0]);
+            }
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            for kind in ["legacy", "vmm"] {
+                run_pair_with(TEST, &format!("cuda-realloc-{kind}"), &[("kind", kind.to_owned())]);
+            }
+        }
+    }
+}
+
+/// Managed memory and memory of the default pool (cuMemAllocAsync) are refused at send,
+/// naming the allocator and the way out; nothing reaches the consumer.
+#[test]
+fn managed_and_default_pool_memory_are_refused_naming_the_way_out() {
+    const TEST: &str = "cuda_ipc::managed_and_default_pool_memory_are_refused_naming_the_way_out";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let mut p = producer("cuda-refused");
+            for (kind, words) in [("managed", "cudaMallocManaged"), ("pool", "expandable_segments:True")] {
+                let allocation = Allocation::new(driver, kind, LEN);
+                let (buffer, at) = register(allocation.ptr(), LEN);
+                let err = p.send_buffer(&buffer, at, SENT).unwrap_err();
+                assert!(matches!(&err, Error::Unsupported(m) if m.contains(words)), "{kind}: {err}");
+                drop(buffer);
+                allocation.free(driver);
+            }
+        }
+        Some("consumer") => {
+            if cuda().is_none() {
+                return;
+            }
+            let mut c = consumer("cuda-refused");
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            run_pair(TEST, "cuda-refused");
+        }
+    }
+}
+
+/// kill -9 of the producer while the consumer holds a message of VMM memory: the consumer
+/// lives on, the message stays readable until released, and the producer's end is reported.
+#[test]
+fn the_producer_killed_while_the_consumer_holds_vmm_memory() {
+    const TEST: &str = "cuda_ipc::the_producer_killed_while_the_consumer_holds_vmm_memory";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let allocation = Allocation::new(driver, "vmm", LEN);
+            set(driver, allocation.ptr(), 0x77, LEN);
+            let (buffer, at) = register(allocation.ptr(), LEN);
+            let mut p = producer("cuda-pkill");
+            p.send_buffer(&buffer, at, SENT).unwrap();
+            report("sent", 1);
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        Some("consumer") => {
+            let Some(driver) = cuda() else { return };
+            let mut c = consumer("cuda-pkill");
+            let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            let (ptr, _) = message.cuda_ptr().unwrap();
+            report("held", 1);
+            let err = c.recv_timeout(Duration::from_secs(30)).unwrap_err();
+            assert!(matches!(err, Error::PeerGone(_)), "{err}");
+            assert!(read(driver, ptr, SENT).iter().all(|&b| b == 0x77), "readable after the producer died");
+            drop(message);
+            report("done", 1);
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            let dir = test_dir("cuda-pkill");
+            let (consumer, mut consumer_out) = spawn_reporting(TEST, "consumer", &dir, &[]);
+            let (mut producer, mut producer_out) = spawn_reporting(TEST, "producer", &dir, &[]);
+            expect_line(&mut producer_out, "sent");
+            expect_line(&mut consumer_out, "held");
+            kill9(&mut producer);
+            expect_line(&mut consumer_out, "done");
+            wait_ok(consumer, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}
+
+/// kill -9 of the consumer while the producer waits for the completion of CUDA memory it sent:
+/// the producer gets PeerGone.
+#[test]
+fn the_consumer_killed_while_the_producer_waits_for_completion() {
+    const TEST: &str = "cuda_ipc::the_consumer_killed_while_the_producer_waits_for_completion";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let allocation = Allocation::new(driver, &arg("kind"), LEN);
+            let (buffer, at) = register(allocation.ptr(), LEN);
+            let mut p = producer(&format!("cuda-ckill-{}", arg("kind")));
+            let seq = p.send_buffer(&buffer, at, SENT).unwrap();
+            let err = p.wait_completed(seq, Some(Duration::from_secs(60))).unwrap_err();
+            assert!(matches!(err, Error::PeerGone(_)), "{err}");
+            drop(p);
+            drop(buffer);
+            allocation.free(driver);
+            report("done", 1);
+        }
+        Some("consumer") => {
+            if cuda().is_none() {
+                return;
+            }
+            let mut c = consumer(&format!("cuda-ckill-{}", arg("kind")));
+            let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            message.cuda_ptr().unwrap();
+            report("held", 1);
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            for kind in ["legacy", "vmm"] {
+                let dir = test_dir(&format!("cuda-ckill-{kind}"));
+                let args = [("kind", kind.to_owned())];
+                let (mut consumer, mut consumer_out) = spawn_reporting(TEST, "consumer", &dir, &args);
+                let (producer, mut producer_out) = spawn_reporting(TEST, "producer", &dir, &args);
+                expect_line(&mut consumer_out, "held");
+                kill9(&mut consumer);
+                expect_line(&mut producer_out, "done");
+                wait_ok(producer, "producer");
+                assert_dir_empty(&dir);
+            }
+        }
+    }
+}
