@@ -211,10 +211,12 @@ impl Sender {
                 self.last_seqs.push(0);
                 self.generations.len() as u32 - 1
             }
-            None => return Err(Error::OutOfMemory(format!(
+            None => {
+                return Err(Error::OutOfMemory(format!(
                 "this channel already shares {MAX_SLOTS} CUDA allocations alive at once; drop the lava-flow buffers \
                      of allocations no longer sent (their registrations), or send from fewer allocations"
-            ))),
+            )))
+            }
         };
         let registration = buffer.cuda_keep().expect("a CUDA buffer has a registration");
         let (memory, ipc_handle, retained, fd) = match pointer.kind {
