@@ -67,10 +67,10 @@ pub const DISABLE_CUDA: EnvVar = EnvVar {
 /// `LF_TRANSPORTS`: the transports channels may use.
 pub const TRANSPORTS: EnvVar = EnvVar {
     name: "LF_TRANSPORTS",
-    default: "unset: every transport this build has that reaches another process (shm, vulkan_ipc, mpi)",
+    default: "unset: every transport this build has that reaches another process (shm, vulkan_ipc, mpi, cuda_ipc)",
     meaning: "the transports channels may use, in order of preference, comma-separated (like UCX_TLS): shm, \
-              vulkan_ipc, mpi, loopback (both ends threads of one process, only when named); a channel that none \
-              of them can carry fails, saying why",
+              vulkan_ipc, cuda_ipc, mpi, loopback (both ends threads of one process, only when named); a channel \
+              that none of them can carry fails, saying why",
     feature: None,
 };
 

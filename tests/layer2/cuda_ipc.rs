@@ -62,17 +62,20 @@ impl Allocation {
     fn new(driver: &Driver, kind: &str, len: usize) -> Allocation {
         let mut ptr: CUdeviceptr = 0;
         match kind {
-            // SAFETY (each arm): valid out-pointers; sizes the driver checks.
             "legacy" => {
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_alloc(&mut ptr, len) }.unwrap();
                 Allocation::Legacy(ptr)
             }
             "managed" => {
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_alloc_managed(&mut ptr, len, CU_MEM_ATTACH_GLOBAL) }.unwrap();
                 Allocation::Managed(ptr)
             }
             "pool" => {
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_alloc_async(&mut ptr, len, std::ptr::null_mut()) }.unwrap();
+                // SAFETY: no arguments.
                 unsafe { driver.ctx_synchronize() }.unwrap();
                 Allocation::Pool(ptr)
             }
@@ -84,19 +87,24 @@ impl Allocation {
                     ..Default::default()
                 };
                 let mut granularity = 0;
+                // SAFETY: valid out-pointer and properties.
                 unsafe {
                     driver.mem_get_allocation_granularity(&mut granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
                 }
                 .unwrap();
                 let size = len.div_ceil(granularity) * granularity;
                 let mut handle = 0;
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_create(&mut handle, size, &prop, 0) }.unwrap();
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_address_reserve(&mut ptr, size, 0, 0, 0) }.unwrap();
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_map(ptr, size, 0, handle, 0) }.unwrap();
                 let access = CUmemAccessDesc {
                     location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
                     flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
                 };
+                // SAFETY: valid out-pointers and properties; sizes and ranges the driver checks.
                 unsafe { driver.mem_set_access(ptr, size, &access, 1) }.unwrap();
                 Allocation::Vmm { va: ptr, size, handle }
             }
@@ -112,16 +120,21 @@ impl Allocation {
     }
 
     fn free(self, driver: &Driver) {
-        // SAFETY (each arm): frees what `new` made, once; nothing uses it after.
         match self {
+            // SAFETY: frees what `new` made, once; nothing uses it after.
             Allocation::Legacy(p) | Allocation::Managed(p) => unsafe { driver.mem_free(p) }.unwrap(),
             Allocation::Pool(p) => {
+                // SAFETY: undoes what `new` did, once; nothing uses the memory after.
                 unsafe { driver.mem_free_async(p, std::ptr::null_mut()) }.unwrap();
+                // SAFETY: no arguments.
                 unsafe { driver.ctx_synchronize() }.unwrap();
             }
             Allocation::Vmm { va, size, handle } => {
+                // SAFETY: undoes what `new` did, once; nothing uses the memory after.
                 unsafe { driver.mem_unmap(va, size) }.unwrap();
+                // SAFETY: undoes what `new` did, once; nothing uses the memory after.
                 unsafe { driver.mem_address_free(va, size) }.unwrap();
+                // SAFETY: undoes what `new` did, once; nothing uses the memory after.
                 unsafe { driver.mem_release(handle) }.unwrap();
             }
         }

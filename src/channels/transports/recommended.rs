@@ -13,7 +13,7 @@ use crate::memory::Context;
 use crate::types::{CommunicationScope, MpiAddress, ProcessLocation};
 
 /// The environment variable that restricts transport choice: a comma-separated list of
-/// transport names (`shm`, `vulkan_ipc`, `mpi`, `loopback`), tried in that order.
+/// transport names (`shm`, `vulkan_ipc`, `cuda_ipc`, `mpi`, `loopback`), tried in that order.
 pub const TRANSPORTS_ENV: &str = crate::env::TRANSPORTS.name;
 
 /// The transports lava-flow knows, built or not.

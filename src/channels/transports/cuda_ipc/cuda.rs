@@ -265,9 +265,11 @@ fn map_piece(driver: &Driver, handle: CUmemGenericAllocationHandle, size: usize,
         location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: the range just reserved, of the piece's size; a valid access descriptor.
-    let mapped = unsafe { driver.mem_map(address, size, 0, handle, 0) }
-        .and_then(|()| unsafe { driver.mem_set_access(address, size, &access, 1) });
+    // SAFETY: the range just reserved, of the piece's size; the handle is live.
+    let mapped = unsafe { driver.mem_map(address, size, 0, handle, 0) }.and_then(|()| {
+        // SAFETY: the range just mapped; a valid access descriptor.
+        unsafe { driver.mem_set_access(address, size, &access, 1) }
+    });
     if let Err(e) = mapped {
         // SAFETY: undoes what was done above, once (unmapping a range never mapped fails harmlessly).
         let _ = unsafe { driver.mem_unmap(address, size) };
