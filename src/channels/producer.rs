@@ -621,7 +621,12 @@ impl Producer {
                 Some(route) => route.reason.clone(),
                 None => match crate::channels::transports::cuda_ipc::Offer::new() {
                     Err(why) => why,
-                    Ok(_) => format!("the channel's consumer is not on this host ({})", self.info.reason),
+                    Ok(_) => format!(
+                        "the channel has no CUDA route: its consumer is on another host, cuda_ipc is not among the \
+                         transports it allows (LF_TRANSPORTS, or the channel's transports), or this process first used \
+                         CUDA after it created the channel (create the channel after that) ({})",
+                        self.info.reason
+                    ),
                 },
             };
             return Err(Error::Unsupported(format!(

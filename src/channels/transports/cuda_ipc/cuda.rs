@@ -284,5 +284,31 @@ fn map_piece(driver: &Driver, handle: CUmemGenericAllocationHandle, size: usize,
 /// retained handle.
 pub(crate) struct Keep {
     pub(crate) _registration: Arc<dyn Any + Send + Sync>,
-    pub(crate) _retained: Option<Retained>,
+    pub(crate) _retained: Option<Box<dyn Any + Send + Sync>>,
+}
+
+/// Makes what the producer announces: the CUDA driver, or the test hooks' stand-in.
+pub(crate) trait Exporter: Send + Sync {
+    /// The UUID of this process's device `ordinal`.
+    fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16]>;
+    /// The legacy IPC handle of `cudaMalloc` memory's allocation.
+    fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]>;
+    /// A VMM piece's fd, and what keeps the piece alive while held.
+    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)>;
+}
+
+/// Exports through the CUDA driver.
+pub(crate) struct DriverExporter;
+
+impl Exporter for DriverExporter {
+    fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16]> {
+        device_uuid(ordinal)
+    }
+    fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]> {
+        export_legacy(pointer)
+    }
+    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
+        let (retained, fd) = export_vmm(pointer)?;
+        Ok((Box::new(retained), fd))
+    }
 }

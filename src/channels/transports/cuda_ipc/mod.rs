@@ -29,6 +29,8 @@
 //! 5. Synchronisation is on the host: CUDA memory is complete when sent.
 
 mod cuda;
+#[cfg(feature = "test-hooks")]
+mod fake;
 mod receiver;
 mod sender;
 mod wire;
@@ -52,7 +54,36 @@ pub(crate) const ID: TransportId = super::CUDA_IPC;
 /// A consumer's receiver, opening memory through the CUDA driver (loaded and initialised
 /// here: a consumer that cannot answers why).
 pub(crate) fn receiver() -> Receiver {
+    #[cfg(feature = "test-hooks")]
+    if fake() {
+        return Receiver::new(Arc::new(fake::Opener), Ok(vec![fake::UUID]), receiver::OPEN_BOUND);
+    }
     Receiver::new(Arc::new(cuda::DriverOpener::default()), cuda::devices(), receiver::OPEN_BOUND)
+}
+
+/// What the producer's sender exports with.
+fn exporter() -> Arc<dyn cuda::Exporter> {
+    #[cfg(feature = "test-hooks")]
+    if fake() {
+        return Arc::new(fake::Exporter);
+    }
+    Arc::new(cuda::DriverExporter)
+}
+
+/// The environment variable that, set to 1 in a build with the `test-hooks` feature, makes
+/// both halves of the route run without CUDA (a stand-in for the driver that opens nothing):
+/// for tests of the route's negotiation and of hostile peers on machines without CUDA.
+#[cfg(feature = "test-hooks")]
+pub const FAKE_CUDA_ENV: &str = "LF_TEST_FAKE_CUDA_IPC";
+
+/// Whether the route runs on the test hooks' stand-in for the driver.
+fn fake() -> bool {
+    #[cfg(feature = "test-hooks")]
+    {
+        std::env::var(FAKE_CUDA_ENV).is_ok_and(|v| v == "1")
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    false
 }
 
 /// The answer of a consumer that serves no CUDA route, saying why.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
-use super::cuda::{self, Keep};
+use super::cuda::{Exporter, Keep};
 use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
 use super::{format_uuid, format_uuids, refusal, ID, ROUTE_ID};
 use crate::channels::transport::{
@@ -29,6 +29,9 @@ pub(crate) struct Offer;
 impl Offer {
     /// The offer, or why this process offers none.
     pub(crate) fn new() -> std::result::Result<Offer, String> {
+        if super::fake() {
+            return Ok(Offer);
+        }
         if lava_flow_cuda::disabled() {
             return Err(format!("{}=1 keeps lava-flow from using CUDA here", lava_flow_cuda::DISABLE_CUDA_ENV));
         }
@@ -61,7 +64,7 @@ impl Offer {
         if section.flags & ANSWER_CUDA == 0 || section.devices.is_empty() {
             return Ok(Err(format!("the consumer cannot open CUDA memory: {}", section.declined)));
         }
-        Ok(Ok(Sender::new(section.devices, holds)))
+        Ok(Ok(Sender::new(section.devices, holds, super::exporter())))
     }
 }
 
@@ -78,6 +81,7 @@ struct Sent {
 /// The producer's side of a connected route.
 pub(crate) struct Sender {
     route: Route,
+    exporter: Arc<dyn Exporter>,
     /// The UUIDs of the devices the consumer opens memory on.
     devices: Vec<[u8; 16]>,
     /// This process's device UUIDs, by ordinal, as looked up.
@@ -96,7 +100,7 @@ pub(crate) struct Sender {
 }
 
 impl Sender {
-    pub(crate) fn new(devices: Vec<[u8; 16]>, holds: Arc<PeerHolds>) -> Sender {
+    pub(crate) fn new(devices: Vec<[u8; 16]>, holds: Arc<PeerHolds>, exporter: Arc<dyn Exporter>) -> Sender {
         let reason = format!(
             "CUDA memory: cuda_ipc, by reference to a consumer that opens it on {}: cudaMalloc memory as a legacy CUDA IPC \
              handle, CUDA VMM memory as one fd per piece (each allocation announced once per channel); {}",
@@ -105,6 +109,7 @@ impl Sender {
         );
         Sender {
             route: Route { class: PayloadClass::Cuda, kind: ID, reason },
+            exporter,
             devices,
             own_uuids: HashMap::new(),
             holds,
@@ -161,7 +166,7 @@ impl Sender {
         if let Some(uuid) = self.own_uuids.get(&ordinal) {
             return Ok(*uuid);
         }
-        let uuid = cuda::device_uuid(ordinal)?;
+        let uuid = self.exporter.device_uuid(ordinal)?;
         self.own_uuids.insert(ordinal, uuid);
         Ok(uuid)
     }
@@ -220,9 +225,9 @@ impl Sender {
         };
         let registration = buffer.cuda_keep().expect("a CUDA buffer has a registration");
         let (memory, ipc_handle, retained, fd) = match pointer.kind {
-            CudaMemoryKind::Legacy => (MEMORY_LEGACY, cuda::export_legacy(pointer)?, None, None),
+            CudaMemoryKind::Legacy => (MEMORY_LEGACY, self.exporter.export_legacy(pointer)?, None, None),
             CudaMemoryKind::Vmm => {
-                let (retained, fd) = cuda::export_vmm(pointer)?;
+                let (retained, fd) = self.exporter.export_vmm(pointer)?;
                 (MEMORY_VMM, [0; 64], Some(retained), Some(fd))
             }
             other => return Err(Error::Unsupported(refusal(other, buffer.id()))),
