@@ -969,8 +969,9 @@ lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 
 // `lf_message.flags` (with LF_MESSAGE_GPU): the payload is CUDA device memory of the
 // producer's (a tensor it registered), opened in this process: `lf_message_cuda_ptr` gives
-// its CUDA address; `data` is NULL (the host cannot read device memory), and
-// `lf_message_buffer` is refused.
+// its CUDA address; `data` is NULL (the host cannot read device memory). `lf_message_buffer`
+// lends it as an `lf_buffer` where it is VMM memory of the GPU this process's Vulkan device
+// is (imported into Vulkan when first asked for), and is refused otherwise.
 #define LF_MESSAGE_CUDA 4
 
 // The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).

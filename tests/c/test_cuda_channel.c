@@ -165,6 +165,7 @@ static int run_consumer(const char *name) {
     CHECK((m.flags & (LF_MESSAGE_GPU | LF_MESSAGE_CUDA)) == (LF_MESSAGE_GPU | LF_MESSAGE_CUDA));
     CHECK(m.data == NULL && m.len == SENT);
     const lf_buffer *lent = NULL;
+    /* cudaMalloc memory has no fd: Vulkan cannot import it. */
     EXPECT(lf_message_buffer(ch, &m, &lent), LF_ERR_UNSUPPORTED);
     EXPECT_MESSAGE("lf_message_cuda_ptr");
     EXPECT(lf_message_cuda_ptr(ch, &m, NULL, &device), LF_ERR_NULL_POINTER);

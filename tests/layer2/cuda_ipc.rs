@@ -597,3 +597,57 @@ fn a_consumer_that_cannot_open_cuda_memory_has_the_send_refused_naming_why() {
         }
     }
 }
+
+/// VMM memory reaches a consumer with a Vulkan device on the same GPU as an lf_buffer too: the
+/// piece's fd imported into Vulkan when the message's buffer is first asked for, reading the
+/// producer's bytes (skipped without CUDA, or where the consumer's Vulkan device is another GPU).
+#[cfg(feature = "vulkan")]
+#[test]
+fn vmm_memory_is_lent_as_a_vulkan_buffer() {
+    const TEST: &str = "cuda_ipc::vmm_memory_is_lent_as_a_vulkan_buffer";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let allocation = Allocation::new(driver, "vmm", LEN);
+            set(driver, allocation.ptr(), 0x3c, LEN);
+            set(driver, allocation.ptr() + OFFSET as u64, 0xc3, SENT);
+            let (buffer, at) = register(allocation.ptr(), LEN);
+            let mut p = producer("cuda-vulkan");
+            let seq = p.send_buffer(&buffer, at + OFFSET, SENT).unwrap();
+            p.wait_completed(seq, Some(Duration::from_secs(30))).unwrap();
+            drop(p);
+            drop(buffer);
+            allocation.free(driver);
+        }
+        Some("consumer") => {
+            let Some(driver) = cuda() else { return };
+            let Some(context) = crate::gpu::gpu_ctx() else { return };
+            let cuda_uuid = driver.device_uuid(driver.device(0).unwrap()).unwrap();
+            let vulkan_uuid = context.gpu_device().unwrap().info().device_uuid;
+            let mut c =
+                Consumer::create(&context, "cuda-vulkan", &here(), &here(), &config(strategy("block"))).unwrap();
+            let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            if vulkan_uuid != cuda_uuid {
+                println!("skipped: the Vulkan device is not CUDA device 0");
+                assert!(message.buffer().is_none());
+                return;
+            }
+            let lent = message.buffer().expect("VMM memory of this GPU is lent as a Vulkan buffer");
+            assert_eq!(lent.len(), SENT);
+            let mut bytes = vec![0u8; SENT];
+            lent.read_at(0, &mut bytes).unwrap();
+            assert!(bytes.iter().all(|&b| b == 0xc3), "the producer's bytes through Vulkan");
+            // The same memory through CUDA.
+            let (ptr, _) = message.cuda_ptr().unwrap();
+            assert!(read(driver, ptr, SENT).iter().all(|&b| b == 0xc3));
+            report("read", 1);
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            run_pair(TEST, "cuda-vulkan");
+        }
+    }
+}

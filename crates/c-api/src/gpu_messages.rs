@@ -60,16 +60,17 @@ impl GpuMessages {
         if let Some(handle) = entry.buffer {
             return Some(Ok(handle));
         }
-        if entry.payload.cuda_ptr().is_some() {
-            return Some(Err(Failure {
-                status: lf_status::LF_ERR_UNSUPPORTED,
-                message: format!(
-                    "message {sequence} is CUDA memory of the producer's, which a lava-flow buffer does not wrap yet; \
-                     lf_message_cuda_ptr gives its CUDA address"
-                ),
-            }));
-        }
         let Some(buffer) = entry.payload.to_buffer() else {
+            if entry.payload.cuda_ptr().is_some() {
+                return Some(Err(Failure {
+                    status: lf_status::LF_ERR_UNSUPPORTED,
+                    message: format!(
+                        "message {sequence} is CUDA memory of the producer's that this process's Vulkan device does not \
+                         import (cudaMalloc memory, or a VMM piece of another GPU, or no Vulkan device here); \
+                         lf_message_cuda_ptr gives its CUDA address"
+                    ),
+                }));
+            }
             return Some(Err(Failure {
                 status: lf_status::LF_ERR_UNSUPPORTED,
                 message: format!(

@@ -22,8 +22,9 @@ pub const LF_MESSAGE_ZERO_COPY: u32 = 1;
 pub const LF_MESSAGE_GPU: u32 = 2;
 /// `lf_message.flags` (with LF_MESSAGE_GPU): the payload is CUDA device memory of the
 /// producer's (a tensor it registered), opened in this process: `lf_message_cuda_ptr` gives
-/// its CUDA address; `data` is NULL (the host cannot read device memory), and
-/// `lf_message_buffer` is refused.
+/// its CUDA address; `data` is NULL (the host cannot read device memory). `lf_message_buffer`
+/// lends it as an `lf_buffer` where it is VMM memory of the GPU this process's Vulkan device
+/// is (imported into Vulkan when first asked for), and is refused otherwise.
 pub const LF_MESSAGE_CUDA: u32 = 4;
 
 /// A received message: `len` bytes at `data`, readable until `lf_release`.

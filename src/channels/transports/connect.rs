@@ -48,17 +48,16 @@ pub(crate) struct ReceiverFactory {
     /// This process's memory context, where the plan has the Vulkan IPC route.
     #[cfg(feature = "vulkan")]
     vulkan: Option<Context>,
-    /// Whether the plan has the CUDA IPC route.
-    cuda: bool,
+    /// This process's memory context, where the plan has the CUDA IPC route.
+    cuda: Option<Context>,
 }
 
 impl ReceiverFactory {
-    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     fn new(plan: &Plan, context: &Context) -> ReceiverFactory {
         ReceiverFactory {
             #[cfg(feature = "vulkan")]
             vulkan: plan.routes.contains(&TransportKind::VulkanIpc).then(|| context.clone()),
-            cuda: plan.routes.contains(&TransportKind::CudaIpc),
+            cuda: plan.routes.contains(&TransportKind::CudaIpc).then(|| context.clone()),
         }
     }
 
@@ -69,8 +68,8 @@ impl ReceiverFactory {
         if let Some(context) = &self.vulkan {
             routes.push(AnyRouteReceiver::VulkanIpc(vulkan_ipc::Receiver::new(context)?));
         }
-        if self.cuda {
-            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver()));
+        if let Some(context) = &self.cuda {
+            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver_for(context)));
         }
         Ok(routes)
     }

@@ -51,6 +51,16 @@ pub(crate) const ROUTE_ID: u32 = 3;
 
 pub(crate) const ID: TransportId = super::CUDA_IPC;
 
+/// A consumer's receiver for a process whose memory context is `context`, importing VMM pieces
+/// into its Vulkan device too where that is the CUDA device that holds them.
+#[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
+pub(crate) fn receiver_for(context: &crate::memory::Context) -> Receiver {
+    let receiver = receiver();
+    #[cfg(feature = "vulkan")]
+    let receiver = receiver.with_vulkan(context.gpu_device());
+    receiver
+}
+
 /// A consumer's receiver, opening memory through the CUDA driver (loaded and initialised
 /// here: a consumer that cannot answers why).
 pub(crate) fn receiver() -> Receiver {

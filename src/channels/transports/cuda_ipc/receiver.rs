@@ -22,6 +22,43 @@ pub(crate) const OPEN_BOUND: usize = 64;
 /// An allocation opened here: what a message's payload points into.
 struct Import {
     mapping: Box<dyn Mapping>,
+    /// A VMM piece where this process's Vulkan device is the CUDA device that holds it: the
+    /// piece imported into Vulkan as well, when a message's buffer is first asked for.
+    #[cfg(feature = "vulkan")]
+    vulkan: Option<VulkanImport>,
+}
+
+/// What a VMM piece's Vulkan import needs, and the import once made (`None`: it failed, and
+/// the log says why).
+#[cfg(feature = "vulkan")]
+struct VulkanImport {
+    importer: crate::memory::gpu::GpuImporter,
+    fd: OwnedFd,
+    size: u64,
+    id: crate::memory::gpu::ArenaId,
+    imported: std::sync::OnceLock<Option<Arc<crate::memory::gpu::GpuBuffer>>>,
+}
+
+#[cfg(feature = "vulkan")]
+impl VulkanImport {
+    fn buffer(&self) -> Option<&Arc<crate::memory::gpu::GpuBuffer>> {
+        self.imported
+            .get_or_init(|| {
+                let imported = self
+                    .fd
+                    .try_clone()
+                    .map_err(|e| Error::os("duplicating a CUDA VMM piece's fd", e))
+                    .and_then(|fd| self.importer.import_foreign_opaque_fd(fd, self.size, self.id));
+                match imported {
+                    Ok(buffer) => Some(Arc::new(buffer)),
+                    Err(e) => {
+                        log::warn!("the producer's CUDA VMM piece could not be imported into Vulkan: {e}");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
 }
 
 impl RoutedMemory for Import {
@@ -30,6 +67,15 @@ impl RoutedMemory for Import {
         std::ptr::null_mut()
     }
 
+    #[cfg(feature = "vulkan")]
+    fn view(&self, offset: u64, len: usize, _ready_value: u64) -> Option<Buffer> {
+        let vulkan = self.vulkan.as_ref()?;
+        let whole = Arc::clone(vulkan.buffer()?);
+        let origin = crate::memory::BufferOrigin::Imported { exporter_pid: vulkan.id.exporter_pid };
+        Some(Buffer::gpu_view_mapped(whole, offset, len, std::ptr::null_mut(), None, origin))
+    }
+
+    #[cfg(not(feature = "vulkan"))]
     fn view(&self, _offset: u64, _len: usize, _ready_value: u64) -> Option<Buffer> {
         None
     }
@@ -58,6 +104,9 @@ struct Slot {
 /// The consumer's side of the route for one producer.
 pub(crate) struct Receiver {
     opener: Arc<dyn Opener>,
+    /// This process's Vulkan device, which imports VMM pieces of its own CUDA device.
+    #[cfg(feature = "vulkan")]
+    vulkan: Option<crate::memory::gpu::GpuImporter>,
     /// The UUIDs of this process's CUDA devices, by ordinal (empty: it cannot open CUDA memory).
     devices: std::result::Result<Vec<[u8; 16]>, String>,
     session: u64,
@@ -85,6 +134,8 @@ impl Receiver {
     ) -> Receiver {
         Receiver {
             opener,
+            #[cfg(feature = "vulkan")]
+            vulkan: None,
             devices,
             session: 0,
             off: Some("no producer attached yet".into()),
@@ -97,6 +148,13 @@ impl Receiver {
             released_below: 0,
             opened: 0,
         }
+    }
+
+    /// Imports VMM pieces of `device`'s own GPU into Vulkan too, for `Message::buffer`.
+    #[cfg(feature = "vulkan")]
+    pub(crate) fn with_vulkan(mut self, device: Option<&crate::memory::gpu::VulkanDevice>) -> Receiver {
+        self.vulkan = device.map(crate::memory::gpu::GpuImporter::new);
+        self
     }
 
     /// This route's answer to every producer's hello: the devices it opens memory on.
@@ -164,11 +222,39 @@ impl Receiver {
                     slot.allocation.size, slot.allocation.base, slot.allocation.buffer_id
                 ))
             })?;
-        let import = Arc::new(Import { mapping });
+        #[cfg(feature = "vulkan")]
+        let vulkan = self.vulkan_import(index)?;
+        let import = Arc::new(Import {
+            mapping,
+            #[cfg(feature = "vulkan")]
+            vulkan,
+        });
         self.slots[index].as_mut().expect("found above").open = Some(import);
         self.open += 1;
         self.opened += 1;
         Ok(())
+    }
+}
+
+impl Receiver {
+    /// What slot `index`'s Vulkan import needs, where it is a VMM piece of this process's
+    /// Vulkan device.
+    #[cfg(feature = "vulkan")]
+    fn vulkan_import(&self, index: usize) -> Result<Option<VulkanImport>> {
+        let slot = self.slots[index].as_ref().expect("the caller found it");
+        let (Some(importer), Some(fd)) = (&self.vulkan, &slot.fd) else { return Ok(None) };
+        if importer.device().info().device_uuid != slot.allocation.device_uuid {
+            return Ok(None);
+        }
+        let fd = fd.try_clone().map_err(|e| Error::os("duplicating a CUDA VMM piece's fd", e))?;
+        let a = &slot.allocation;
+        Ok(Some(VulkanImport {
+            importer: importer.clone(),
+            fd,
+            size: a.size,
+            id: crate::memory::gpu::ArenaId { exporter_pid: a.exporter_pid, token: a.base, counter: a.buffer_id },
+            imported: std::sync::OnceLock::new(),
+        }))
     }
 }
 

@@ -237,6 +237,7 @@ impl Sender {
         let allocation = Announce {
             memory,
             device_ordinal: pointer.device_ordinal,
+            exporter_pid: std::process::id(),
             size: pointer.size as u64,
             base: pointer.base,
             buffer_id: pointer.buffer_id,

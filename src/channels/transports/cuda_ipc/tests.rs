@@ -66,6 +66,7 @@ fn legacy(buffer_id: u64) -> Announce {
     Announce {
         memory: MEMORY_LEGACY,
         device_ordinal: 0,
+        exporter_pid: 42,
         size: 1 << 20,
         base: 0x7f00_0000_0000,
         buffer_id,

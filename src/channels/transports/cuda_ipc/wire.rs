@@ -96,6 +96,7 @@ const ATTACHMENT_HEAD: usize = std::mem::size_of::<AttachmentHead>();
 struct AnnounceWire {
     memory: U32,
     device_ordinal: I32,
+    exporter_pid: U32,
     size: U64,
     base: U64,
     buffer_id: U64,
@@ -111,6 +112,8 @@ pub(crate) struct Announce {
     pub(crate) memory: u32,
     /// The producer's ordinal of the device (for messages: ordinals differ between processes).
     pub(crate) device_ordinal: i32,
+    /// The producer's process: with base and buffer id, what names the memory on this host.
+    pub(crate) exporter_pid: u32,
     pub(crate) size: u64,
     /// The allocation's address in the producer, and CUDA's id of it there (for messages).
     pub(crate) base: u64,
@@ -143,6 +146,7 @@ impl AllocationRecord {
             let wire = AnnounceWire {
                 memory: a.memory.into(),
                 device_ordinal: a.device_ordinal.into(),
+                exporter_pid: a.exporter_pid.into(),
                 size: a.size.into(),
                 base: a.base.into(),
                 buffer_id: a.buffer_id.into(),
@@ -170,6 +174,7 @@ impl AllocationRecord {
                 let allocation = Announce {
                     memory: wire.memory.get(),
                     device_ordinal: wire.device_ordinal.get(),
+                    exporter_pid: wire.exporter_pid.get(),
                     size: wire.size.get(),
                     base: wire.base.get(),
                     buffer_id: wire.buffer_id.get(),
@@ -252,6 +257,7 @@ mod tests {
         Announce {
             memory: MEMORY_LEGACY,
             device_ordinal: 1,
+            exporter_pid: 42,
             size: 2 << 20,
             base: 0x7f00_0000_0000,
             buffer_id: 9,
@@ -262,7 +268,7 @@ mod tests {
 
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
-        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 112, 24));
+        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 116, 24));
         let answer = Section { flags: ANSWER_CUDA, devices: vec![[1; 16], [2; 16]], declined: "é".into() };
         assert_eq!(Section::decode(&answer.encode(), "consumer").unwrap(), answer);
         assert!(matches!(Section::decode(&[0; 5], "consumer"), Err(Error::Corrupt(_))));
