@@ -64,8 +64,19 @@ impl Drop for PrimaryContext {
 }
 
 /// The UUIDs of the CUDA devices this process sees, by ordinal: what a consumer can open
-/// memory on. Loads and initialises the driver.
+/// memory on. Only in a process that has loaded the CUDA driver itself: one that never used
+/// CUDA is not made to initialise it (it costs time, memory and file descriptors).
 pub(crate) fn devices() -> std::result::Result<Vec<[u8; 16]>, String> {
+    if lava_flow_cuda::disabled() {
+        return Err(format!("{}=1 keeps lava-flow from using CUDA there", lava_flow_cuda::DISABLE_CUDA_ENV));
+    }
+    if !lava_flow_cuda::is_loaded() {
+        return Err(format!(
+            "the consumer had not loaded the CUDA driver ({}) when it created the channel: a consumer of CUDA \
+             memory initialises CUDA first (cuInit, torch.cuda.init(), or any CUDA call)",
+            lava_flow_cuda::LIBRARY
+        ));
+    }
     let driver = lava_flow_cuda::driver().map_err(|e| e.to_string())?;
     let count = driver.device_count().map_err(|e| e.to_string())?;
     (0..count).map(|i| driver.device(i).and_then(|d| driver.device_uuid(d)).map_err(|e| e.to_string())).collect()

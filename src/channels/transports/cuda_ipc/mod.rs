@@ -7,7 +7,8 @@
 //! 1. Rendezvous: a producer whose process had loaded the CUDA driver when it created the
 //!    channel offers the route (one that never used CUDA is not made to initialise it: it has
 //!    no CUDA memory); the consumer answers with the UUIDs of the CUDA devices it opens memory
-//!    on, or why it cannot (no driver, `LF_DISABLE_CUDA=1`, no device). Declined, CUDA memory
+//!    on where its process has loaded the driver too, or why it cannot (CUDA not loaded, no
+//!    driver, `LF_DISABLE_CUDA=1`, no device). Declined, CUDA memory
 //!    is refused at send, saying why: it is never copied behind the application's back.
 //! 2. The first message into an allocation announces it once per channel, as an attachment
 //!    before the message, keyed by (base, `BUFFER_ID`): `cudaMalloc` memory as a legacy CUDA
@@ -61,8 +62,8 @@ pub(crate) fn receiver_for(context: &crate::memory::Context) -> Receiver {
     receiver
 }
 
-/// A consumer's receiver, opening memory through the CUDA driver (loaded and initialised
-/// here: a consumer that cannot answers why).
+/// A consumer's receiver, opening memory through the CUDA driver where this process has
+/// loaded it (a consumer that cannot open CUDA memory answers why).
 pub(crate) fn receiver() -> Receiver {
     #[cfg(feature = "test-hooks")]
     if fake() {
