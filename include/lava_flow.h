@@ -967,6 +967,13 @@ lf_status lf_export_recv(int32_t socket, struct lf_export *out);
 // host can map it, else NULL.
 #define LF_MESSAGE_GPU 2
 
+// `lf_message.flags` (with LF_MESSAGE_GPU): the payload is CUDA device memory of the
+// producer's (a tensor it registered), opened in this process: `lf_message_cuda_ptr` gives
+// its CUDA address; `data` is NULL (the host cannot read device memory). `lf_message_buffer`
+// lends it as an `lf_buffer` where it is VMM memory of the GPU this process's Vulkan device
+// is (imported into Vulkan when first asked for), and is refused otherwise.
+#define LF_MESSAGE_CUDA 4
+
 // The most producers a fan-in takes, or consumers a fan-out (`lf_channel_config.max_peers`).
 #define LF_MAX_PEERS 64
 
@@ -1127,7 +1134,7 @@ typedef struct lf_message {
   uint64_t sequence;
   // Internal: which producer session the message came from. Do not change.
   uint64_t session;
-  // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
+  // LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU (with LF_MESSAGE_CUDA for CUDA memory), or 0.
   uint32_t flags;
   // The slot of the fan-in producer that sent the message (0 for a pair channel and a
   // fan-out); see
@@ -1275,7 +1282,17 @@ lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, 
 // consumer, which receives an `lf_buffer`: `lf_message_buffer`), else copied through host
 // memory; `lf_channel_transport` says which. The bytes must be in place when this is called
 // (lava-flow's own writes and copies are); for GPU work still running, see
-// `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
+// `lf_send_buffer_after`. CUDA memory registered with `lf_register` (a tensor of the
+// application's): by reference to a consumer on this host that opens CUDA memory (the
+// channel's cuda_ipc route; it receives LF_MESSAGE_CUDA messages: `lf_message_cuda_ptr`):
+// cudaMalloc memory as a legacy CUDA IPC handle, VMM memory with POSIX fd handles as an fd per
+// piece, each allocation passed once per channel; the work that writes it must have finished
+// (synchronise its stream first). Do not cudaFree cudaMalloc memory before `lf_wait_completed`
+// (the channel cannot keep it alive; VMM pieces it keeps). LF_ERR_UNSUPPORTED, naming the
+// allocator and the way out and copying nothing, for CUDA memory no other process can open
+// (managed memory, memory pools, VMM memory without fd handles), and where the consumer cannot
+// open CUDA memory or is on another host. LF_ERR_UNSUPPORTED for other registered user
+// memory (`lf_register`);
 // LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer. LF_ERR_WOULD_BLOCK
 // also where the consumer has not yet read the arenas passed to it before (it reads them as
 // it receives); try again later.
@@ -1428,6 +1445,23 @@ lf_status lf_release(struct lf_channel *channel, const struct lf_message *messag
 lf_status lf_message_buffer(struct lf_channel *channel,
                             const struct lf_message *message,
                             const lf_buffer **out);
+
+// The CUDA device address of a received LF_MESSAGE_CUDA message's first byte in this process
+// (`*ptr`, a `CUdeviceptr`), and this process's ordinal of the CUDA device that holds it
+// (`*device`; make that device's primary context current, as the CUDA runtime does, to use
+// the address). Valid until `lf_release` of the message: read it with `cuMemcpyDtoH` or
+// kernels, and finish that work before the release. The producer's memory itself: what is
+// written through it is what the producer sees once the message completes.
+// LF_ERR_INVALID_STATE, saying what the message is, for a message that is not CUDA memory
+// (host bytes: `data`; a lava-flow GPU buffer: `lf_message_buffer`) or is not held.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message; `ptr`
+// and `device` NULL or writable.
+lf_status lf_message_cuda_ptr(struct lf_channel *channel,
+                              const struct lf_message *message,
+                              uint64_t *ptr,
+                              int *device);
 
 // A new file descriptor of the ready semaphore of the producer in slot `producer` (an
 // `lf_message`'s `producer`), consumers only: on a fan-in each producer has its own, which

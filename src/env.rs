@@ -67,10 +67,10 @@ pub const DISABLE_CUDA: EnvVar = EnvVar {
 /// `LF_TRANSPORTS`: the transports channels may use.
 pub const TRANSPORTS: EnvVar = EnvVar {
     name: "LF_TRANSPORTS",
-    default: "unset: every transport this build has that reaches another process (shm, vulkan_ipc, mpi)",
+    default: "unset: every transport this build has that reaches another process (shm, vulkan_ipc, mpi, cuda_ipc)",
     meaning: "the transports channels may use, in order of preference, comma-separated (like UCX_TLS): shm, \
-              vulkan_ipc, mpi, loopback (both ends threads of one process, only when named); a channel that none \
-              of them can carry fails, saying why",
+              vulkan_ipc, cuda_ipc, mpi, loopback (both ends threads of one process, only when named); a channel \
+              that none of them can carry fails, saying why",
     feature: None,
 };
 
@@ -183,6 +183,10 @@ mod tests {
         ("LF_REQUIRE_VULKAN", "read by the tests only: they fail instead of skipping without a Vulkan device"),
         ("LF_REQUIRE_MPI", "read by the tests only: they fail instead of skipping where mpirun cannot start"),
         ("LF_TEST_SIGNALS", "set by the MPI tests for their ranks: a folder for signals that must not go through MPI"),
+        (
+            "LF_TEST_FAKE_CUDA_IPC",
+            "read only with the test-hooks feature: the CUDA route's tests run it on a stand-in for the driver",
+        ),
     ];
 
     /// The library's sources but this table (the C API, in crates/c-api, reads no variable of

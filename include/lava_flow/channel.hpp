@@ -223,6 +223,13 @@ private:
     lf_loan_region raw_{};
 };
 
+/// Where a received message of CUDA memory lies in this process: its CUDA device address, and
+/// this process's ordinal of the device that holds it.
+struct CudaPointer {
+    std::uint64_t address = 0;
+    int device = 0;
+};
+
 /// A received message: `size()` bytes at `data()`, a view into shared memory (or the producer's
 /// own buffer) readable until the message is released, by `release` or by the destructor.
 /// Move-only; must not outlive its Consumer. Released and moved-from messages are empty.
@@ -251,12 +258,15 @@ public:
     /// The slot of the fan-in producer that sent it (see Consumer::peers); 0 on a pair channel
     /// and a fan-out.
     std::uint32_t producer() const noexcept { return raw_.producer; }
-    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
+    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU (with LF_MESSAGE_CUDA), or 0.
     std::uint32_t flags() const noexcept { return raw_.flags; }
     /// The bytes lie in the producer's own buffer: nothing was copied.
     bool zero_copy() const noexcept { return (raw_.flags & LF_MESSAGE_ZERO_COPY) != 0; }
     /// The payload is GPU memory of the producer's: `buffer()` lends it.
     bool gpu() const noexcept { return (raw_.flags & LF_MESSAGE_GPU) != 0; }
+    /// The payload is CUDA device memory of the producer's: `cuda_ptr()` gives its address;
+    /// `data()` is null.
+    bool cuda() const noexcept { return (raw_.flags & LF_MESSAGE_CUDA) != 0; }
     /// For GPU messages, the ready semaphore's value at which the payload is in place (0: now).
     std::uint64_t ready_value() const noexcept { return raw_.ready_value; }
     /// Whether the message is still held (not released or moved from).
@@ -269,6 +279,16 @@ public:
         if (lf_status s = lf_message_buffer(channel_, &raw_, &out); s != LF_OK) return detail::failure(s);
         return BufferView(out);
     }
+    /// A CUDA message's device address in this process (a CUdeviceptr) and this process's
+    /// ordinal of the device that holds it, valid until the message is released.
+    Expected<CudaPointer> cuda_ptr(nothrow_t) const noexcept {
+        if (channel_ == nullptr) return not_held();
+        CudaPointer out{};
+        if (lf_status s = lf_message_cuda_ptr(channel_, &raw_, &out.address, &out.device); s != LF_OK) {
+            return detail::failure(s);
+        }
+        return out;
+    }
     /// Gives the message's memory back to the producer now, which sees it complete.
     Expected<void> release(nothrow_t) noexcept {
         if (channel_ == nullptr) return not_held();
@@ -280,6 +300,7 @@ public:
 
 #if LAVA_FLOW_EXCEPTIONS
     BufferView buffer() const { return buffer(nothrow).value(); }
+    CudaPointer cuda_ptr() const { return cuda_ptr(nothrow).value(); }
     void release() { release(nothrow).value(); }
 #endif
 

@@ -374,9 +374,9 @@ impl Consumer {
         let mut routes: Vec<Route> = carrier.into_iter().collect();
         routes.extend(self.routes.new_sessions(&mut self.session, self.info.kind)?);
         // Routes the report had besides the carrier and the receivers (staged GPU buffers).
-        if self.routes.is_empty() {
-            routes.extend(self.info.routes.iter().skip(1).cloned());
-        }
+        let kept: Vec<Route> =
+            self.info.routes.iter().skip(1).filter(|r| !routes.iter().any(|n| n.class == r.class)).cloned().collect();
+        routes.extend(kept);
         self.info = TransportInfo::new(routes);
         // A new producer whose transport differs from the last one's.
         if self.info.reason != before {
@@ -621,6 +621,25 @@ impl Message {
     pub fn buffer(&self) -> Option<&Buffer> {
         let routed = self.routed.as_ref()?;
         routed.buffer.get_or_init(|| routed.payload.to_buffer().map(Box::new)).as_deref()
+    }
+
+    /// For CUDA memory (a producer's tensor sent by reference): the payload's first byte as a
+    /// CUDA device address in this process, and this process's ordinal of the device that
+    /// holds it, valid while the message is held. `InvalidState`, saying what the message
+    /// is, for any other message. Such a message has no host bytes: [`Message::as_slice`]
+    /// is empty.
+    pub fn cuda_ptr(&self) -> Result<(u64, i32)> {
+        match self.routed.as_ref().map(|r| r.payload.cuda_ptr()) {
+            Some(Some(found)) => Ok(found),
+            Some(None) => Err(Error::InvalidState(format!(
+                "message {} is a lava-flow GPU buffer, not CUDA memory: use Message::buffer",
+                self.view.token
+            ))),
+            None => Err(Error::InvalidState(format!(
+                "message {} is {} bytes in host memory, not CUDA memory: use Message::as_slice",
+                self.view.token, self.view.len
+            ))),
+        }
     }
 
     /// For a GPU buffer: the value of the channel's ready semaphore at which its contents are

@@ -557,6 +557,12 @@ impl FanOut {
         // What would fail at a staged consumer fails before anyone got the message.
         if let Some(staged) = self.outs.iter().flatten().find(|o| !o.routes_kind(payload.kind)) {
             let why = staged.gpu_route().map_or("", |r| r.reason.as_str());
+            if payload.kind == MemoryKind::Cuda {
+                return Err(Error::Unsupported(format!(
+                    "fan-out channel {:?} has a consumer that cannot open CUDA memory, and copies none: {}",
+                    self.name, staged.info.reason
+                )));
+            }
             if !matches!(payload.memory, PayloadMemory::Buffer(_)) {
                 return Err(Error::Unsupported(format!(
                     "fan-out channel {:?} stages {} to a consumer, and only lava-flow buffers can be staged: {why}",

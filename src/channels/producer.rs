@@ -581,8 +581,8 @@ impl Producer {
     }
 
     /// Device memory: lava-flow's GPU buffers through [`send_gpu`](Self::send_gpu); CUDA
-    /// memory of the application's has no route yet, and is refused without touching its
-    /// bytes (the host cannot read them).
+    /// memory of the application's through the route for it, or refused without touching its
+    /// bytes (the host cannot read them, and no copy is made behind the application's back).
     fn send_device(
         &mut self,
         buffer: &Buffer,
@@ -592,9 +592,54 @@ impl Producer {
         timeout: Option<Duration>,
     ) -> Result<u64> {
         if let Some(pointer) = buffer.cuda() {
-            return Err(Error::Unsupported(crate::memory::buffer::cuda_unsupported(buffer.id(), pointer)));
+            return self.send_cuda(buffer, pointer, offset, len, ready_value, timeout);
         }
         self.send_gpu(buffer, offset, len, ready_value, timeout)
+    }
+
+    /// CUDA memory the application allocated: by reference through the CUDA route, where the
+    /// consumer accepted it and the memory's kind can go to another process.
+    fn send_cuda(
+        &mut self,
+        buffer: &Buffer,
+        pointer: crate::memory::CudaPointer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
+        use crate::memory::CudaMemoryKind;
+        if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm) {
+            return Err(Error::Unsupported(crate::channels::transports::cuda_ipc::refusal(pointer.kind, buffer.id())));
+        }
+        let routed = match &self.fan_out {
+            Some(_) => true,
+            None => self.routes.get(MemoryKind::Cuda).is_some(),
+        };
+        if !routed {
+            let why = match self.info.routes.iter().find(|r| r.class == crate::channels::PayloadClass::Cuda) {
+                Some(route) => route.reason.clone(),
+                None => match crate::channels::transports::cuda_ipc::Offer::new() {
+                    Err(why) => why,
+                    Ok(_) => format!(
+                        "the channel has no CUDA route: its consumer is on another host, cuda_ipc is not among the \
+                         transports it allows (LF_TRANSPORTS, or the channel's transports), or this process first used \
+                         CUDA after it created the channel (create the channel after that) ({})",
+                        self.info.reason
+                    ),
+                },
+            };
+            return Err(Error::Unsupported(format!(
+                "channel {:?} cannot send buffer {} ({} of CUDA device {}) by reference, and copies none: {why}",
+                self.name,
+                buffer.id(),
+                pointer.kind,
+                pointer.device_ordinal
+            )));
+        }
+        let payload =
+            Payload { memory: PayloadMemory::Buffer(buffer), kind: MemoryKind::Cuda, offset, len, ready_value };
+        self.send_payload(&payload, timeout)
     }
 
     /// A GPU buffer of lava-flow's: by reference through the route for its memory, or staged

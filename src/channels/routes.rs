@@ -87,10 +87,6 @@ impl<R: RouteReceiver> ReceiverTable<R> {
         self.routes.iter()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.routes.is_empty()
-    }
-
     /// Starts each route's session for `session`'s producer, handing each its offer from the
     /// producer's hello; returns how each route serves that producer, for the report.
     pub(crate) fn new_sessions(
@@ -104,7 +100,9 @@ impl<R: RouteReceiver> ReceiverTable<R> {
             let id = route.route_id();
             let offer = offers.iter().position(|s| s.route == id).map(|at| offers.remove(at));
             route.new_session(session.id(), offer)?;
-            routes.push(route.route(carrier));
+            if route.reported() {
+                routes.push(route.route(carrier));
+            }
         }
         Ok(routes)
     }

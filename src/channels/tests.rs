@@ -534,7 +534,25 @@ fn cuda_memory_is_refused_without_touching_its_bytes() {
     for (offset, len) in [(0, 8), (0x10, 0x3f0), (0, 0x400)] {
         let err = producer.try_send_buffer(&cuda, offset, len).unwrap_err();
         assert!(matches!(err, crate::Error::Unsupported(_)), "{err}");
-        assert!(err.to_string().contains("copy the data into one"), "{err}");
+        // Without CUDA in this process, the channel has no CUDA route and says why; with it
+        // (another test loaded the driver), the driver refuses an address that is no memory.
+        let text = err.to_string();
+        assert!(
+            text.contains("and copies none: the producer had not loaded the CUDA driver")
+                || text.contains("cuIpcGetMemHandle"),
+            "{err}"
+        );
+    }
+    // Kinds no other process can open are refused before any route, naming the way out.
+    for (kind, words) in [
+        (CudaMemoryKind::Managed, "cudaMallocManaged"),
+        (CudaMemoryKind::Pool, "expandable_segments:True"),
+        (CudaMemoryKind::Other, "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+    ] {
+        let other =
+            context.register_cuda_for_tests(CudaPointer { kind, base: 0x1000, buffer_id: 10, ..pointer }).unwrap();
+        let err = producer.try_send_buffer(&other, 0, 8).unwrap_err();
+        assert!(matches!(&err, crate::Error::Unsupported(m) if m.contains(words) && m.contains("lf_alloc")), "{err}");
     }
     let err = cuda.read_at(0, &mut [0u8; 8]).unwrap_err();
     assert!(matches!(err, crate::Error::InvalidState(_)) && err.to_string().contains("cudaMemcpy"), "{err}");

@@ -96,6 +96,9 @@ pub enum PayloadClass {
     /// GPU memory (DEVICE_LOCAL, HOST_VISIBLE, GPU-pinned host memory imported into the
     /// device).
     Gpu,
+    /// CUDA device memory another allocator made (a framework's tensor), registered with
+    /// lava-flow.
+    Cuda,
 }
 
 impl fmt::Display for PayloadClass {
@@ -103,6 +106,7 @@ impl fmt::Display for PayloadClass {
         f.write_str(match self {
             PayloadClass::Host => "CPU payloads",
             PayloadClass::Gpu => "GPU buffers",
+            PayloadClass::Cuda => "CUDA memory",
         })
     }
 }
@@ -615,7 +619,10 @@ impl MemoryKind {
 
     /// The class of payload the kind belongs to, for reports.
     pub fn class(self) -> PayloadClass {
-        PayloadClass::Gpu
+        match self {
+            MemoryKind::Vulkan => PayloadClass::Gpu,
+            MemoryKind::Cuda => PayloadClass::Cuda,
+        }
     }
 }
 
@@ -745,6 +752,11 @@ pub trait RoutedMemory: Send + Sync {
     /// The consumer let go of message `seq`, a payload in this memory (the route may tell
     /// the producer's GPU work).
     fn released(&self, seq: u64);
+    /// Where CUDA device memory: byte 0's CUDA address in this process, and this process's
+    /// ordinal of the device that holds it.
+    fn cuda(&self) -> Option<(u64, i32)> {
+        None
+    }
 }
 
 /// A payload as a route hands it to the consumer: `len` bytes at `offset` of the producer's
@@ -807,6 +819,13 @@ impl RoutedPayload {
         unsafe { base.add(self.offset as usize) }
     }
 
+    /// For CUDA memory: the payload's first byte as a CUDA device address in this process, and
+    /// this process's ordinal of the device that holds it. `None` for other memory.
+    pub fn cuda_ptr(&self) -> Option<(u64, i32)> {
+        let (base, device) = self.memory().cuda()?;
+        Some((base + self.offset, device))
+    }
+
     /// A lava-flow buffer over the payload, which holds the memory itself (`None` where Layer 1
     /// cannot wrap the memory).
     pub fn to_buffer(&self) -> Option<Buffer> {
@@ -825,6 +844,12 @@ pub trait RouteReceiver: Send {
     /// How the current producer's payloads arrive (by this route, or staged through the
     /// carrier), for the channel's report.
     fn route(&self, carrier: TransportId) -> Route;
+
+    /// Whether the channel's report has a line for this route with the current producer (a
+    /// route for memory the producer's process has none of says nothing).
+    fn reported(&self) -> bool {
+        true
+    }
 
     /// The current session ended (its producer has gone, or another attached, or the consumer
     /// closes): everything its messages may still use, for the carrier to keep while they are

@@ -302,6 +302,15 @@ impl Buffer {
         }
     }
 
+    /// What keeps a CUDA buffer's registration (its allocation's entry) alive, for a route that
+    /// sends it: `None` for other memory.
+    pub(crate) fn cuda_keep(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        match &self.backing {
+            Backing::Cuda { registration } => Some(Arc::clone(registration) as Arc<dyn std::any::Any + Send + Sync>),
+            _ => None,
+        }
+    }
+
     pub fn info(&self) -> BufferInfo {
         self.info
     }

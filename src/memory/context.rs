@@ -203,9 +203,11 @@ impl Context {
     }
 
     /// A buffer of a CUDA allocation described by hand, for tests of what lava-flow does with
-    /// CUDA memory on machines without CUDA (`pointer.base` need not be memory at all).
-    #[cfg(test)]
-    pub(crate) fn register_cuda_for_tests(&self, pointer: CudaPointer) -> Result<Buffer> {
+    /// CUDA memory on machines without CUDA (`pointer.base` need not be memory at all). Only
+    /// with the `test-hooks` feature, which the tests turn on: not API.
+    #[cfg(any(test, feature = "test-hooks"))]
+    #[doc(hidden)]
+    pub fn register_cuda_for_tests(&self, pointer: CudaPointer) -> Result<Buffer> {
         self.register_cuda(pointer, pointer.base, pointer.size)
     }
 

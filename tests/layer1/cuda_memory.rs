@@ -259,29 +259,26 @@ fn vmm_pieces_are_registered_one_by_one_and_re_created_pieces_anew() {
     vmm_map(driver, va, piece, first);
     vmm_map(driver, va + piece as u64, piece, second);
 
-    // The driver reports the range of contiguously mapped memory around a pointer (on the
-    // H200's driver 580: both pieces of this reservation as one range), so a registration is
-    // per (range, buffer id) as CUDA reports them; routes gather the pieces within it.
+    // The driver reports the whole contiguously mapped span as the range of a pointer in
+    // either piece, but each piece has a buffer id of its own: a registration is per piece,
+    // found within the span by its id.
     let a = register(&context, va + 64, 64).unwrap();
     let a_cuda = a.cuda().unwrap();
     println!("the first piece: {a_cuda:?} (piece size {piece})");
     assert_eq!(a_cuda.kind, CudaMemoryKind::Vmm, "{a_cuda:?}");
-    assert!(a_cuda.base == va && a_cuda.size >= piece, "the range starts at the reservation: {a_cuda:?}");
+    assert_eq!((a_cuda.base, a_cuda.size), (va, piece), "the first piece alone: {a_cuda:?}");
     assert_eq!(a.origin(), BufferOrigin::Cuda { kind: CudaMemoryKind::Vmm });
     let b = register(&context, va + piece as u64 + 64, 64).unwrap();
     let b_cuda = b.cuda().unwrap();
     println!("the second piece: {b_cuda:?}");
-    assert!(b_cuda.base <= va + piece as u64 && b_cuda.base + b_cuda.size as u64 >= va + piece as u64 + 64);
-    let same = (a_cuda.base, a_cuda.size, a_cuda.buffer_id) == (b_cuda.base, b_cuda.size, b_cuda.buffer_id);
-    assert_eq!(a.id() == b.id(), same, "one registration per range and buffer id: {a_cuda:?} / {b_cuda:?}");
+    assert_eq!((b_cuda.base, b_cuda.size), (va + piece as u64, piece), "the second piece alone: {b_cuda:?}");
+    assert_ne!(a_cuda.buffer_id, b_cuda.buffer_id);
+    assert_ne!(a.id(), b.id(), "a registration per piece");
     assert_eq!(register(&context, va, 8).unwrap().id(), a.id(), "the same piece, the same registration");
-    let across = register(&context, va + piece as u64 - 8, 16);
-    assert_eq!(
-        across.is_ok(),
-        a_cuda.size > piece,
-        "a range across two pieces is one registration where CUDA reports one range: {across:?}"
-    );
-    drop(across);
+    assert_eq!(register(&context, va + 2 * piece as u64 - 8, 8).unwrap().id(), b.id());
+    let across = register(&context, va + piece as u64 - 8, 16).unwrap_err();
+    assert!(across.to_string().contains("piece by piece"), "a range across two pieces is refused: {across}");
+    assert_eq!(context.find((va + piece as u64 + 8) as *const u8).unwrap().info.id, b.id());
 
     // The first piece re-created at the same address (which this test controls): a new
     // registration, never the stale one.

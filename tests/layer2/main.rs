@@ -12,6 +12,7 @@ mod common;
 mod backpressure;
 mod blocked;
 mod buffers;
+mod cuda_ipc;
 mod delivery;
 mod fan_in;
 #[cfg(feature = "vulkan")]

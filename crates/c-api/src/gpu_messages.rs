@@ -61,6 +61,16 @@ impl GpuMessages {
             return Some(Ok(handle));
         }
         let Some(buffer) = entry.payload.to_buffer() else {
+            if entry.payload.cuda_ptr().is_some() {
+                return Some(Err(Failure {
+                    status: lf_status::LF_ERR_UNSUPPORTED,
+                    message: format!(
+                        "message {sequence} is CUDA memory of the producer's that this process's Vulkan device does not \
+                         import (cudaMalloc memory, or a VMM piece of another GPU, or no Vulkan device here); \
+                         lf_message_cuda_ptr gives its CUDA address"
+                    ),
+                }));
+            }
             return Some(Err(Failure {
                 status: lf_status::LF_ERR_UNSUPPORTED,
                 message: format!(
@@ -69,6 +79,12 @@ impl GpuMessages {
             }));
         };
         Some(lf_buffer::into_borrowed_handle(buffer).map(|handle| *entry.buffer.insert(handle)))
+    }
+
+    /// A held message's CUDA address and device (`Some(None)` for memory that is not CUDA
+    /// memory); `None` where the message is not held.
+    pub(crate) fn cuda_ptr(&self, session: u64, sequence: u64) -> Option<Option<(u64, i32)>> {
+        self.0.lock().get(&(session, sequence)).map(|held| held.payload.cuda_ptr())
     }
 
     /// Lets go of a message's buffer and payload, and hands back its view for the carrier to

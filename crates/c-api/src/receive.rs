@@ -20,6 +20,12 @@ pub const LF_MESSAGE_ZERO_COPY: u32 = 1;
 /// GPU: `lf_message_buffer` gives it as an `lf_buffer`; `data` is its host address where the
 /// host can map it, else NULL.
 pub const LF_MESSAGE_GPU: u32 = 2;
+/// `lf_message.flags` (with LF_MESSAGE_GPU): the payload is CUDA device memory of the
+/// producer's (a tensor it registered), opened in this process: `lf_message_cuda_ptr` gives
+/// its CUDA address; `data` is NULL (the host cannot read device memory). `lf_message_buffer`
+/// lends it as an `lf_buffer` where it is VMM memory of the GPU this process's Vulkan device
+/// is (imported into Vulkan when first asked for), and is refused otherwise.
+pub const LF_MESSAGE_CUDA: u32 = 4;
 
 /// A received message: `len` bytes at `data`, readable until `lf_release`.
 #[allow(non_camel_case_types)]
@@ -32,7 +38,7 @@ pub struct lf_message {
     pub sequence: u64,
     /// Internal: which producer session the message came from. Do not change.
     pub session: u64,
-    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU, or 0.
+    /// LF_MESSAGE_ZERO_COPY, LF_MESSAGE_GPU (with LF_MESSAGE_CUDA for CUDA memory), or 0.
     pub flags: u32,
     /// The slot of the fan-in producer that sent the message (0 for a pair channel and a
     /// fan-out); see
@@ -74,14 +80,15 @@ fn deliver_gpu(ch: &lf_channel, consumer: &mut Consumer, view: RawView, out: *mu
     // SAFETY: the view was just received; the channel's table holds the payload until
     // lf_release, which drops it before it releases the view.
     let payload = unsafe { ends::resolve(consumer, &view)? };
-    // NULL where the host cannot map the memory.
+    // NULL where the host cannot map the memory (CUDA memory among it).
     let data = payload.as_ptr().cast();
+    let cuda = if payload.cuda_ptr().is_some() { LF_MESSAGE_CUDA } else { 0 };
     let m = lf_message {
         data,
         len: payload.len,
         sequence: view.token,
         session: view.session,
-        flags: LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU,
+        flags: LF_MESSAGE_ZERO_COPY | LF_MESSAGE_GPU | cuda,
         producer: view.producer(),
         ready_value: payload.ready_value,
     };
@@ -236,6 +243,74 @@ pub unsafe extern "C" fn lf_message_buffer(
             });
         };
         write_out(out, handle?.cast_const());
+        Ok(())
+    })
+}
+
+/// The CUDA device address of a received LF_MESSAGE_CUDA message's first byte in this process
+/// (`*ptr`, a `CUdeviceptr`), and this process's ordinal of the CUDA device that holds it
+/// (`*device`; make that device's primary context current, as the CUDA runtime does, to use
+/// the address). Valid until `lf_release` of the message: read it with `cuMemcpyDtoH` or
+/// kernels, and finish that work before the release. The producer's memory itself: what is
+/// written through it is what the producer sees once the message completes.
+/// LF_ERR_INVALID_STATE, saying what the message is, for a message that is not CUDA memory
+/// (host bytes: `data`; a lava-flow GPU buffer: `lf_message_buffer`) or is not held.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message; `ptr`
+/// and `device` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_message_cuda_ptr(
+    channel: *mut lf_channel,
+    message: *const lf_message,
+    ptr: *mut u64,
+    device: *mut c_int,
+) -> lf_status {
+    boundary("lf_message_cuda_ptr", || {
+        let ptr = out_ptr(ptr, "ptr")?;
+        let device = out_ptr(device, "device")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if message.is_null() {
+            return Err(Failure::null("message"));
+        }
+        // SAFETY: non-NULL; the caller promises a readable lf_message.
+        let m = unsafe { *message };
+        let _guard = lock(ch)?;
+        let found = (m.flags & LF_MESSAGE_GPU != 0).then(|| ch.gpu_messages.cuda_ptr(m.session, m.sequence));
+        let (address, ordinal) = match found {
+            Some(Some(Some(found))) => found,
+            Some(Some(None)) => {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_INVALID_STATE,
+                    message: format!(
+                        "message {} is a lava-flow GPU buffer, not CUDA memory: lf_message_buffer lends it (and \
+                         lf_buffer_export hands it to CUDA)",
+                        m.sequence
+                    ),
+                })
+            }
+            Some(None) => {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_INVALID_STATE,
+                    message: format!(
+                        "GPU message {} is not held by this consumer (already released, or not received from this \
+                         channel)",
+                        m.sequence
+                    ),
+                })
+            }
+            None => {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_INVALID_STATE,
+                    message: format!(
+                        "message {} is {} bytes in host memory at its data pointer, not CUDA memory",
+                        m.sequence, m.len
+                    ),
+                })
+            }
+        };
+        write_out(ptr, address);
+        write_out(device, ordinal);
         Ok(())
     })
 }

@@ -113,7 +113,17 @@ pub unsafe extern "C" fn lf_try_send(
 /// consumer, which receives an `lf_buffer`: `lf_message_buffer`), else copied through host
 /// memory; `lf_channel_transport` says which. The bytes must be in place when this is called
 /// (lava-flow's own writes and copies are); for GPU work still running, see
-/// `lf_send_buffer_after`. LF_ERR_UNSUPPORTED for registered user memory (`lf_register`);
+/// `lf_send_buffer_after`. CUDA memory registered with `lf_register` (a tensor of the
+/// application's): by reference to a consumer on this host that opens CUDA memory (the
+/// channel's cuda_ipc route; it receives LF_MESSAGE_CUDA messages: `lf_message_cuda_ptr`):
+/// cudaMalloc memory as a legacy CUDA IPC handle, VMM memory with POSIX fd handles as an fd per
+/// piece, each allocation passed once per channel; the work that writes it must have finished
+/// (synchronise its stream first). Do not cudaFree cudaMalloc memory before `lf_wait_completed`
+/// (the channel cannot keep it alive; VMM pieces it keeps). LF_ERR_UNSUPPORTED, naming the
+/// allocator and the way out and copying nothing, for CUDA memory no other process can open
+/// (managed memory, memory pools, VMM memory without fd handles), and where the consumer cannot
+/// open CUDA memory or is on another host. LF_ERR_UNSUPPORTED for other registered user
+/// memory (`lf_register`);
 /// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer. LF_ERR_WOULD_BLOCK
 /// also where the consumer has not yet read the arenas passed to it before (it reads them as
 /// it receives); try again later.

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::cuda_ipc;
 #[cfg(feature = "mpi")]
 use super::mpi;
 use super::recommended::{Plan, TransportKind};
@@ -47,24 +48,28 @@ pub(crate) struct ReceiverFactory {
     /// This process's memory context, where the plan has the Vulkan IPC route.
     #[cfg(feature = "vulkan")]
     vulkan: Option<Context>,
+    /// This process's memory context, where the plan has the CUDA IPC route.
+    cuda: Option<Context>,
 }
 
 impl ReceiverFactory {
-    #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     fn new(plan: &Plan, context: &Context) -> ReceiverFactory {
         ReceiverFactory {
             #[cfg(feature = "vulkan")]
             vulkan: plan.routes.contains(&TransportKind::VulkanIpc).then(|| context.clone()),
+            cuda: plan.routes.contains(&TransportKind::CudaIpc).then(|| context.clone()),
         }
     }
 
     /// A new receiver for each planned route, before any producer session.
-    #[cfg_attr(not(feature = "vulkan"), allow(unused_mut))]
     pub(crate) fn make(&self) -> Result<Vec<AnyRouteReceiver>> {
         let mut routes = Vec::new();
         #[cfg(feature = "vulkan")]
         if let Some(context) = &self.vulkan {
             routes.push(AnyRouteReceiver::VulkanIpc(vulkan_ipc::Receiver::new(context)?));
+        }
+        if let Some(context) = &self.cuda {
+            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver_for(context)));
         }
         Ok(routes)
     }
@@ -74,10 +79,9 @@ impl ReceiverFactory {
 enum AnyOffer {
     #[cfg(feature = "vulkan")]
     VulkanIpc(vulkan_ipc::Offer),
-    /// No route is built without the `vulkan` feature.
-    #[cfg(not(feature = "vulkan"))]
-    #[allow(dead_code)]
-    None(std::convert::Infallible),
+    CudaIpc(cuda_ipc::Offer),
+    /// The CUDA route, not offered by a process that has CUDA: why (its report says so).
+    CudaDeclined(String),
 }
 
 impl AnyOffer {
@@ -86,8 +90,8 @@ impl AnyOffer {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => offer.sections(),
-            #[cfg(not(feature = "vulkan"))]
-            AnyOffer::None(never) => match *never {},
+            AnyOffer::CudaIpc(offer) => Ok(offer.sections()),
+            AnyOffer::CudaDeclined(_) => Ok(Vec::new()),
         }
     }
 
@@ -96,12 +100,13 @@ impl AnyOffer {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => AnyOffer::VulkanIpc(offer.another()),
-            #[cfg(not(feature = "vulkan"))]
-            AnyOffer::None(never) => match *never {},
+            AnyOffer::CudaIpc(_) => AnyOffer::CudaIpc(cuda_ipc::Offer),
+            AnyOffer::CudaDeclined(why) => AnyOffer::CudaDeclined(why.clone()),
         }
     }
 
-    /// The route, from the consumer's answer among `answers`, or why the consumer declined it.
+    /// The route, from the consumer's answer among `answers`, or why the consumer declined it
+    /// (with the class of payload the route would have served).
     #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     #[allow(clippy::ptr_arg)] // (its route's answer is taken out)
     fn accept(
@@ -109,15 +114,24 @@ impl AnyOffer {
         name: &str,
         answers: &mut Vec<Attachment>,
         holds: &Arc<PeerHolds>,
-    ) -> Result<std::result::Result<AnyRouteSender, String>> {
+    ) -> Result<std::result::Result<AnyRouteSender, (PayloadClass, String)>> {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => {
                 let answer = take_section(answers, vulkan_ipc::ROUTE_ID);
-                Ok(offer.accept(name, answer, Arc::clone(holds))?.map(AnyRouteSender::VulkanIpc))
+                Ok(offer
+                    .accept(name, answer, Arc::clone(holds))?
+                    .map(AnyRouteSender::VulkanIpc)
+                    .map_err(|why| (PayloadClass::Gpu, why)))
             }
-            #[cfg(not(feature = "vulkan"))]
-            AnyOffer::None(never) => match never {},
+            AnyOffer::CudaIpc(offer) => {
+                let answer = take_section(answers, cuda_ipc::ROUTE_ID);
+                Ok(offer
+                    .accept(answer, Arc::clone(holds))?
+                    .map(AnyRouteSender::CudaIpc)
+                    .map_err(|why| (PayloadClass::Cuda, why)))
+            }
+            AnyOffer::CudaDeclined(why) => Ok(Err((PayloadClass::Cuda, why))),
         }
     }
 }
@@ -152,6 +166,9 @@ pub(crate) fn preview(plan: &Plan, context: &Context) -> TransportInfo {
         if *kind == TransportKind::VulkanIpc {
             routes.extend(vulkan_ipc::preview(context, plan.carrier.id()));
         }
+        if *kind == TransportKind::CudaIpc {
+            routes.extend(cuda_ipc::preview(plan.carrier.id()));
+        }
         let _ = (kind, context);
     }
     report(plan, &planned_carrier(plan), routes)
@@ -173,13 +190,21 @@ fn take_section(sections: &mut Vec<Attachment>, id: u32) -> Option<Attachment> {
 
 /// The offers of `plan`'s routes, made on `context`'s device. `released`: whether the consumer
 /// is asked for a released semaphore.
-#[cfg_attr(not(feature = "vulkan"), allow(unused_variables, unused_mut))]
+#[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
 fn planned_offers(plan: &Plan, config: &ChannelConfig, context: &Context, released: bool) -> Result<Vec<AnyOffer>> {
     let mut offers: Vec<AnyOffer> = Vec::new();
     for kind in &plan.routes {
         #[cfg(feature = "vulkan")]
         if *kind == TransportKind::VulkanIpc {
             offers.push(AnyOffer::VulkanIpc(vulkan_ipc::Offer::new(context, config.strict_gpu, released)?));
+        }
+        if *kind == TransportKind::CudaIpc {
+            match cuda_ipc::Offer::new() {
+                Ok(offer) => offers.push(AnyOffer::CudaIpc(offer)),
+                // A process without the driver loaded has no CUDA memory to report on.
+                Err(why) if lava_flow_cuda::is_loaded() => offers.push(AnyOffer::CudaDeclined(why)),
+                Err(_) => {}
+            }
         }
     }
     Ok(offers)
@@ -209,21 +234,29 @@ fn accept_routes(
     let holds = carrier.peer_holds().unwrap_or_default();
     let mut routes: Vec<AnyRouteSender> = Vec::new();
     let mut refusals: Vec<String> = Vec::new();
+    let mut declined: Vec<Route> = Vec::new();
     for offer in offers {
         match offer.accept(name, &mut answers, &holds)? {
             Ok(sender) => routes.push(sender),
-            Err(why) => refusals.push(why),
+            Err((PayloadClass::Cuda, why)) => declined.push(Route {
+                class: PayloadClass::Cuda,
+                kind: carrier_route.kind,
+                reason: format!("CUDA memory: refused at send (no copy is made): {why}"),
+            }),
+            Err((_, why)) => refusals.push(why),
         }
     }
+    let gpu_routed = routes.iter().any(|r| r.route().class == PayloadClass::Gpu);
     let mut plan = plan.clone();
-    if routes.is_empty() && !refusals.is_empty() {
+    if !gpu_routed && !refusals.is_empty() {
         plan.reasons.push(format!(
             "GPU buffers: staged through {} (copied to host memory): {}",
             plan.carrier,
             refusals.join("; ")
         ));
     }
-    let info = report(&plan, &carrier_route, routes.iter().map(|r| r.route().clone()).collect());
+    let reports = routes.iter().map(|r| r.route().clone()).chain(declined).collect();
+    let info = report(&plan, &carrier_route, reports);
     Ok((routes, info))
 }
 
@@ -438,6 +471,13 @@ pub(crate) fn listen_consumer(
             None => answers.push(vulkan_ipc::Receiver::decline(plan.route_refusal.as_deref().unwrap_or_default())),
         }
     }
+    match routes.iter().find_map(|r| match r {
+        AnyRouteReceiver::CudaIpc(receiver) => Some(receiver),
+        _ => None,
+    }) {
+        Some(receiver) => answers.push(receiver.answer()),
+        None => answers.push(cuda_ipc::decline("cuda_ipc is not among the transports the consumer allows")),
+    }
     let provisional = report(plan, &planned_carrier(plan), Vec::new());
     // A fan-in's consumer that meets producers over one carrier alone listens as that carrier
     // does; over several (or over MPI, whose fan-in consumer has an acceptor of its own), it
@@ -551,7 +591,7 @@ fn start_routes(
         let id = route.route_id();
         route.new_session(session.id(), take_section(&mut offers, id))?;
     }
-    let reports = routes.iter().map(|r| r.route(plan.carrier.id())).collect();
+    let reports = routes.iter().filter(|r| r.reported()).map(|r| r.route(plan.carrier.id())).collect();
     Ok(report(plan, carrier_route, reports))
 }
 

@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::cuda_ipc;
 #[cfg(feature = "mpi")]
 use super::mpi;
 #[cfg(feature = "vulkan")]
@@ -148,6 +149,7 @@ macro_rules! forward_route {
         match $self {
             #[cfg(feature = "vulkan")]
             Self::VulkanIpc($t) => $call,
+            Self::CudaIpc($t) => $call,
             Self::Other($t) => $call,
         }
     };
@@ -187,6 +189,7 @@ pub(crate) enum AnySession {
 pub(crate) enum AnyRouteSender {
     #[cfg(feature = "vulkan")]
     VulkanIpc(vulkan_ipc::Sender),
+    CudaIpc(cuda_ipc::Sender),
     /// A route this build does not list (the core's tests bring their own).
     #[allow(dead_code)]
     Other(Box<dyn RouteSender>),
@@ -196,6 +199,7 @@ pub(crate) enum AnyRouteSender {
 pub(crate) enum AnyRouteReceiver {
     #[cfg(feature = "vulkan")]
     VulkanIpc(vulkan_ipc::Receiver),
+    CudaIpc(cuda_ipc::Receiver),
     #[allow(dead_code)]
     Other(Box<dyn RouteReceiver>),
 }
@@ -438,6 +442,7 @@ forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
     fn route_id(&self) -> u32;
     fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()>;
     fn route(&self, carrier: TransportId) -> Route;
+    fn reported(&self) -> bool;
     fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>);
     fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;
     #[inline(always)]

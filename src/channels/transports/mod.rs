@@ -6,6 +6,7 @@
 //! |--------------|----------|-----------------------------------------|------------------|
 //! | `shm`        | carrier  | every message's order; CPU payloads     | local            |
 //! | `vulkan_ipc` | route    | GPU buffers by reference                | local            |
+//! | `cuda_ipc`   | route    | CUDA memory by reference                | local            |
 //! | `mpi`        | carrier  | every message's order; CPU payloads     | remote           |
 //!
 //! A fan-in's consumer listens on several carriers at once (`Plan::listeners`): shared memory
@@ -29,6 +30,7 @@
 //! a remote peer are staged through host memory by the core, as to a local peer on another GPU.
 
 mod connect;
+pub(crate) mod cuda_ipc;
 mod dispatch;
 pub(crate) mod loopback;
 #[cfg(feature = "mpi")]
@@ -58,6 +60,7 @@ use super::transport::TransportId;
 /// The names of the transports a build may leave out (the others declare theirs).
 pub(crate) const VULKAN_IPC: TransportId = TransportId::new("vulkan_ipc");
 pub(crate) const MPI: TransportId = TransportId::new("mpi");
+pub(crate) const CUDA_IPC: TransportId = TransportId::new("cuda_ipc");
 
 /// The shortest send that goes by reference by itself when its bytes lie in a lava-flow
 /// buffer; shorter ones are copied into their ring slot, which costs less than mapping

@@ -13,7 +13,7 @@ use crate::memory::Context;
 use crate::types::{CommunicationScope, MpiAddress, ProcessLocation};
 
 /// The environment variable that restricts transport choice: a comma-separated list of
-/// transport names (`shm`, `vulkan_ipc`, `mpi`, `loopback`), tried in that order.
+/// transport names (`shm`, `vulkan_ipc`, `cuda_ipc`, `mpi`, `loopback`), tried in that order.
 pub const TRANSPORTS_ENV: &str = crate::env::TRANSPORTS.name;
 
 /// The transports lava-flow knows, built or not.
@@ -29,16 +29,24 @@ pub enum TransportKind {
     /// Both ends in one process: messages move between threads through the heap. Chosen only
     /// when asked for (`LF_TRANSPORTS=loopback` or the channel's `transports`).
     Loopback,
+    /// CUDA memory the application allocated, by CUDA IPC on one host.
+    CudaIpc,
 }
 
 impl TransportKind {
     /// Every transport; without a list of its own, a channel may take any of the first three
     /// (loopback only where asked for by name).
-    pub const ALL: [TransportKind; 4] =
-        [TransportKind::Shm, TransportKind::VulkanIpc, TransportKind::Mpi, TransportKind::Loopback];
+    pub const ALL: [TransportKind; 5] = [
+        TransportKind::Shm,
+        TransportKind::VulkanIpc,
+        TransportKind::Mpi,
+        TransportKind::Loopback,
+        TransportKind::CudaIpc,
+    ];
 
     /// What a channel may use when nothing restricts it.
-    const DEFAULT: [TransportKind; 3] = [TransportKind::Shm, TransportKind::VulkanIpc, TransportKind::Mpi];
+    const DEFAULT: [TransportKind; 4] =
+        [TransportKind::Shm, TransportKind::VulkanIpc, TransportKind::Mpi, TransportKind::CudaIpc];
 
     /// The transport's name and identity in reports.
     pub fn id(self) -> TransportId {
@@ -47,6 +55,7 @@ impl TransportKind {
             TransportKind::VulkanIpc => super::VULKAN_IPC,
             TransportKind::Mpi => super::MPI,
             TransportKind::Loopback => super::loopback::ID,
+            TransportKind::CudaIpc => super::CUDA_IPC,
         }
     }
 
@@ -55,15 +64,17 @@ impl TransportKind {
         self.id().name()
     }
 
-    /// Parses a name from `LF_TRANSPORTS` (`shm`, `vulkan_ipc` or `vulkan`, `mpi`, `loopback`).
+    /// Parses a name from `LF_TRANSPORTS` (`shm`, `vulkan_ipc` or `vulkan`, `mpi`, `loopback`,
+    /// `cuda_ipc` or `cuda`).
     pub fn parse(name: &str) -> Result<Self> {
         match name.trim().to_ascii_lowercase().as_str() {
             "shm" | "sm" | "shared_memory" => Ok(TransportKind::Shm),
             "vulkan_ipc" | "vulkan" | "vk" => Ok(TransportKind::VulkanIpc),
             "mpi" => Ok(TransportKind::Mpi),
             "loopback" | "self" => Ok(TransportKind::Loopback),
+            "cuda_ipc" | "cuda" => Ok(TransportKind::CudaIpc),
             other => Err(Error::invalid(format!(
-                "unknown transport {other:?}; known transports are shm, vulkan_ipc, mpi, loopback"
+                "unknown transport {other:?}; known transports are shm, vulkan_ipc, mpi, loopback, cuda_ipc"
             ))),
         }
     }
@@ -71,7 +82,7 @@ impl TransportKind {
     /// Whether the transport serves payloads next to a carrier (a route), rather than carrying
     /// a channel's messages itself.
     fn is_route(self) -> bool {
-        self == TransportKind::VulkanIpc
+        matches!(self, TransportKind::VulkanIpc | TransportKind::CudaIpc)
     }
 }
 
@@ -152,6 +163,7 @@ fn carrier_availability(
         (TransportKind::Loopback, CommunicationScope::Local) => Ok(()),
         (TransportKind::Loopback, CommunicationScope::Remote) => Err("loopback needs both ends in one process".into()),
         (TransportKind::VulkanIpc, _) => Err("vulkan_ipc carries GPU buffers only, not a channel's messages".into()),
+        (TransportKind::CudaIpc, _) => Err("cuda_ipc carries CUDA memory only, not a channel's messages".into()),
         (TransportKind::Mpi, _) => mpi_availability(peer),
     }
 }
@@ -199,6 +211,9 @@ fn route_availability(
                 Err("vulkan_ipc is not in this build (cargo feature `vulkan`)".into())
             }
         }
+        // Whether CUDA memory goes this way is the rendezvous's to say: the producer offers it
+        // where its process has CUDA, the consumer accepts where it can open it.
+        TransportKind::CudaIpc if scope == CommunicationScope::Local => Ok(()),
         _ => Err(format!("{kind} needs both processes on one host")),
     }
 }
@@ -297,13 +312,17 @@ pub(crate) fn plan(
     for kind in allowed.iter().filter(|k| k.is_route()) {
         match route_availability(*kind, scope, context) {
             Ok(()) => routes.push(*kind),
+            // CUDA memory is never staged: its refusal is said at send.
+            Err(_) if *kind == TransportKind::CudaIpc => {}
             Err(why) => routes_refused.push(why),
         }
     }
-    if routes.is_empty() {
+    // The routes for lava-flow's GPU buffers, without which they are staged.
+    let gpu_routes = routes.iter().any(|k| *k != TransportKind::CudaIpc);
+    if !gpu_routes {
         let not_allowed: Vec<String> = TransportKind::ALL
             .iter()
-            .filter(|k| k.is_route() && !allowed.contains(k))
+            .filter(|k| k.is_route() && **k != TransportKind::CudaIpc && !allowed.contains(k))
             .map(|k| {
                 format!("{k} is not allowed{}", if source.is_empty() { String::new() } else { format!(" by {source}") })
             })
@@ -320,7 +339,7 @@ pub(crate) fn plan(
             routes_refused.join("; ")
         ));
     }
-    let route_refusal = routes.is_empty().then(|| routes_refused.join("; "));
+    let route_refusal = (!gpu_routes).then(|| routes_refused.join("; "));
     let listeners = match shape {
         ChannelKind::FanIn | ChannelKind::FanOut => fan_listeners(carrier, allowed, peer),
         ChannelKind::Pair => Vec::new(),
@@ -358,7 +377,7 @@ mod tests {
         let plan = plan_routes(&here(), &here(), &config, &no_gpu()).unwrap();
         assert_eq!(plan.carrier, TransportKind::Shm);
         assert!(plan.reasons[0].contains("scope local"), "{:?}", plan.reasons);
-        assert!(plan.routes.is_empty(), "no GPU in this context");
+        assert_eq!(plan.routes, [TransportKind::CudaIpc], "no GPU in this context; CUDA's is the rendezvous's to say");
         assert!(plan.reasons[1].contains("GPU buffers: staged through shm"), "{:?}", plan.reasons);
 
         let far = ProcessLocation::new("host-b", None, None).unwrap();

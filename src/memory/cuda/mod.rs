@@ -11,10 +11,12 @@ use std::fmt;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use lava_flow_cuda::sys::{
-    CU_MEMORYTYPE_DEVICE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
-    CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+    CUmemAllocationProp, CUmemLocation, CU_MEMORYTYPE_DEVICE, CU_MEM_ALLOCATION_TYPE_PINNED,
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE,
+    CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_CONTEXT,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
 };
 use lava_flow_cuda::Driver;
 
@@ -74,14 +76,13 @@ impl fmt::Display for CudaMemoryKind {
 
 /// A CUDA device pointer recognised: the allocation that holds it and what it is.
 ///
-/// The range is what CUDA calls the allocation: for `cudaMalloc` memory the whole
-/// `cudaMalloc` (a caching allocator's segment, holding many tensors); for VMM memory the one
-/// piece (`cuMemCreate` handle) mapped there. A VMM reservation mapped with several pieces (as
-/// PyTorch's expandable segments grow by 2 MiB or 20 MiB pieces) is several allocations, each
-/// its own range and its own `buffer_id`: a tensor may straddle two of them. The routes that
-/// send VMM memory gather the pieces covering a message's range (one classification per
-/// piece, walking from `base + size` on) and send one fd per piece, which the consumer maps
-/// side by side into one address range.
+/// The range is the allocation: for `cudaMalloc` memory the whole `cudaMalloc` (a caching
+/// allocator's segment, holding many tensors); for VMM memory the one piece (`cuMemCreate`
+/// handle) mapped there. The driver reports the whole contiguously mapped span of a VMM
+/// reservation as the range of any pointer in it (as PyTorch's expandable segments grow by
+/// 2 MiB or 20 MiB pieces), but each piece has a `BUFFER_ID` of its own: the piece is found
+/// within the span by its id, and is an allocation of its own. A tensor may straddle two
+/// pieces: it is registered (and sent) piece by piece.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaPointer {
     pub kind: CudaMemoryKind,
@@ -237,6 +238,9 @@ pub fn recognise(addr: *const u8) -> Result<Option<CudaPointer>> {
         unsafe { driver.mem_get_address_range(&mut base, &mut size, addr) }
             .map_err(|e| e.context(format!("cuMemGetAddressRange of {addr:#x}")))?;
     }
+    if matches!(kind, CudaMemoryKind::Vmm) {
+        (base, size) = vmm_piece(driver, addr, &attributes, (base, size))?;
+    }
     Ok(Some(CudaPointer {
         kind,
         base,
@@ -245,6 +249,43 @@ pub fn recognise(addr: *const u8) -> Result<Option<CudaPointer>> {
         device_ordinal: attributes.device_ordinal,
         context: attributes.context as usize,
     }))
+}
+
+/// The VMM piece (one `cuMemCreate` handle's mapping) holding `addr`, inside the `range` the
+/// driver reports: the contiguously mapped span around it, which may hold several pieces
+/// mapped side by side (PyTorch's expandable segments), each with a `BUFFER_ID` of its own.
+/// Pieces are mapped at multiples of the allocation granularity, so the piece is the run of
+/// granularity steps around `addr` with its `BUFFER_ID`.
+fn vmm_piece(driver: &Driver, addr: u64, attributes: &PointerAttributes, range: (u64, usize)) -> Result<(u64, usize)> {
+    let prop = CUmemAllocationProp {
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requested_handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: attributes.device_ordinal },
+        ..Default::default()
+    };
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and properties.
+    unsafe { driver.mem_get_allocation_granularity(&mut granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) }
+        .map_err(|e| e.context("cuMemGetAllocationGranularity of VMM memory with POSIX fd handles"))?;
+    let (start, end) = (range.0, range.0 + range.1 as u64);
+    if granularity == 0 || range.1 <= granularity {
+        return Ok(range);
+    }
+    let step = granularity as u64;
+    let id = attributes.buffer_id;
+    let same = |at: u64| -> Result<bool> {
+        let [found] = driver.pointer_attributes(at, [CU_POINTER_ATTRIBUTE_BUFFER_ID])?;
+        Ok(found == id)
+    };
+    let mut low = start + (addr - start) / step * step;
+    while low > start && same(low - step)? {
+        low -= step;
+    }
+    let mut high = low + step;
+    while high < end && same(high)? {
+        high += step;
+    }
+    Ok((low, (high.min(end) - low) as usize))
 }
 
 /// Why an address that is not mapped host memory could not be recognised as CUDA memory

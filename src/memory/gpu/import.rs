@@ -153,6 +153,51 @@ impl GpuImporter {
         Ok(buffer)
     }
 
+    /// Imports memory that another API exported as an opaque fd (a CUDA VMM piece, from
+    /// `cuMemExportToShareableHandle`): `size` bytes of this device's DEVICE_LOCAL memory, named
+    /// `id` in the import cache (the exporter's process and what identifies the memory there).
+    /// The exporter must be this device (NVIDIA's Vulkan deviceUUID is the CUDA device's UUID),
+    /// which the caller checked. The fd is consumed on every path.
+    pub fn import_foreign_opaque_fd(&self, fd: OwnedFd, size: u64, id: ArenaId) -> Result<GpuBuffer> {
+        let handle = HandleType::OpaqueFd;
+        let probe = arena::create_buffer(&self.device, size, handle.to_vk())?;
+        arena::destroy_buffer(&self.device, probe.buffer);
+        let device_local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+        let Some(memory_type_index) = self.device.find_memory_type(
+            probe.requirements.memory_type_bits,
+            device_local,
+            &[],
+            vk::MemoryPropertyFlags::HOST_VISIBLE,
+        ) else {
+            return Err(Error::Unsupported(format!(
+                "Vulkan device {} has no DEVICE_LOCAL memory type for imported opaque fds (allowed: {:#x})",
+                self.device.info().name,
+                probe.requirements.memory_type_bits
+            )));
+        };
+        let flags = self.device.memory_type_flags(memory_type_index).expect("found above");
+        let dedicated = probe.requires_dedicated || self.device.info().opaque_fd.dedicated_only;
+        let info = self.device.info();
+        let desc = GpuExportDesc {
+            magic: super::export::GPU_EXPORT_MAGIC,
+            version: super::export::GPU_EXPORT_VERSION,
+            handle_type: handle.to_raw(),
+            memory_type_index,
+            memory_property_flags: flags.as_raw(),
+            flags: if dedicated { super::export::GPU_EXPORT_DEDICATED } else { 0 },
+            kind: super::arena::GpuMemoryKind::DeviceLocal.to_raw(),
+            exporter_pid: id.exporter_pid,
+            arena_token: id.token,
+            arena_counter: id.counter,
+            arena_size: size,
+            offset: 0,
+            size,
+            device_uuid: info.device_uuid,
+            driver_uuid: info.driver_uuid,
+        };
+        self.import(GpuExport { desc, fd })
+    }
+
     /// How many imported arenas are alive on this device.
     pub fn cached_arenas(&self) -> usize {
         self.cache.0.lock().values().filter(|a| a.strong_count() > 0).count()

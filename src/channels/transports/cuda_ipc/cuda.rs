@@ -1,0 +1,325 @@
+//! The CUDA driver calls of the route: the producer's exports (a legacy IPC handle, a VMM
+//! piece's fd) and the consumer's imports, each in the primary context of the device that
+//! holds the memory, as the CUDA runtime and PyTorch use it. The consumer reaches the driver
+//! through [`Opener`], which the route's tests replace.
+
+use std::any::Any;
+use std::ffi::c_int;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use lava_flow_cuda::sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemGenericAllocationHandle, CUmemLocation,
+    CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    CU_MEM_LOCATION_TYPE_DEVICE,
+};
+use lava_flow_cuda::Driver;
+
+use super::wire::{Announce, MEMORY_LEGACY};
+use crate::error::{Error, Result};
+use crate::memory::CudaPointer;
+
+fn cuda_error(e: lava_flow_cuda::Error) -> Error {
+    Error::Unsupported(e.to_string())
+}
+
+/// A device's primary context, retained while this lives.
+pub(crate) struct PrimaryContext {
+    driver: &'static Driver,
+    device: CUdevice,
+    context: CUcontext,
+}
+
+// SAFETY: a CUDA context handle may be made current on any thread; the driver is thread-safe.
+unsafe impl Send for PrimaryContext {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for PrimaryContext {}
+
+impl PrimaryContext {
+    pub(crate) fn retain(driver: &'static Driver, ordinal: i32) -> Result<PrimaryContext> {
+        let device = driver.device(ordinal).map_err(cuda_error)?;
+        let mut context: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer and a device the driver just gave.
+        unsafe { driver.device_primary_ctx_retain(&mut context, device) }.map_err(cuda_error)?;
+        Ok(PrimaryContext { driver, device, context })
+    }
+
+    /// Runs `f` with the context current on this thread, as it was before afterwards.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&'static Driver) -> Result<T>) -> Result<T> {
+        // SAFETY: a context retained by this object, alive until its drop.
+        unsafe { self.driver.ctx_push_current(self.context) }.map_err(cuda_error)?;
+        let out = f(self.driver);
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above; a valid out-pointer.
+        let _ = unsafe { self.driver.ctx_pop_current(&mut popped) };
+        out
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain of `retain`, once.
+        let _ = unsafe { self.driver.device_primary_ctx_release(self.device) };
+    }
+}
+
+/// The UUIDs of the CUDA devices this process sees, by ordinal: what a consumer can open
+/// memory on. Only in a process that has loaded the CUDA driver itself: one that never used
+/// CUDA is not made to initialise it (it costs time, memory and file descriptors).
+pub(crate) fn devices() -> std::result::Result<Vec<[u8; 16]>, String> {
+    if lava_flow_cuda::disabled() {
+        return Err(format!("{}=1 keeps lava-flow from using CUDA there", lava_flow_cuda::DISABLE_CUDA_ENV));
+    }
+    if !lava_flow_cuda::is_loaded() {
+        return Err(format!(
+            "the consumer had not loaded the CUDA driver ({}) when it created the channel: a consumer of CUDA \
+             memory initialises CUDA first (cuInit, torch.cuda.init(), or any CUDA call)",
+            lava_flow_cuda::LIBRARY
+        ));
+    }
+    let driver = lava_flow_cuda::driver().map_err(|e| e.to_string())?;
+    let count = driver.device_count().map_err(|e| e.to_string())?;
+    (0..count).map(|i| driver.device(i).and_then(|d| driver.device_uuid(d)).map_err(|e| e.to_string())).collect()
+}
+
+/// The UUID of the producer's device `ordinal`.
+pub(crate) fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    driver.device(ordinal).and_then(|d| driver.device_uuid(d)).map_err(cuda_error)
+}
+
+/// The legacy IPC handle of `cudaMalloc` memory's allocation.
+pub(crate) fn export_legacy(pointer: &CudaPointer) -> Result<[u8; 64]> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    let context = PrimaryContext::retain(driver, pointer.device_ordinal)?;
+    context.with(|driver| {
+        let mut handle = CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer; the base of a live allocation of this device.
+        unsafe { driver.ipc_get_mem_handle(&mut handle, pointer.base) }
+            .map_err(|e| cuda_error(e.context(format!("cuIpcGetMemHandle of {:#x}", pointer.base))))?;
+        Ok(handle.reserved)
+    })
+}
+
+/// A VMM piece's allocation handle, retained: the physical memory stays alive while this
+/// lives, whatever the application frees.
+pub(crate) struct Retained {
+    driver: &'static Driver,
+    handle: CUmemGenericAllocationHandle,
+}
+
+impl Drop for Retained {
+    fn drop(&mut self) {
+        // SAFETY: releases the reference cuMemRetainAllocationHandle took, once.
+        let _ = unsafe { self.driver.mem_release(self.handle) };
+    }
+}
+
+/// A VMM piece's allocation handle, retained, and a new fd of it for the consumer.
+pub(crate) fn export_vmm(pointer: &CudaPointer) -> Result<(Retained, OwnedFd)> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    // SAFETY: a valid out-pointer; the base of a live VMM mapping (the driver checks).
+    unsafe { driver.mem_retain_allocation_handle(&mut handle, pointer.base as usize as *mut std::ffi::c_void) }
+        .map_err(|e| cuda_error(e.context(format!("cuMemRetainAllocationHandle of {:#x}", pointer.base))))?;
+    let retained = Retained { driver, handle };
+    let mut fd: c_int = -1;
+    // SAFETY: for POSIX fds the out-value is an int; the handle is retained above.
+    unsafe {
+        driver.mem_export_to_shareable_handle(
+            (&mut fd as *mut c_int).cast(),
+            handle,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    }
+    .map_err(|e| cuda_error(e.context(format!("cuMemExportToShareableHandle of {:#x}", pointer.base))))?;
+    // SAFETY: a new fd the driver made for this call, owned by nothing else.
+    Ok((retained, unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// A producer's allocation opened in this process: its address here, on `device` (this
+/// process's ordinal). Dropping it closes the import.
+pub(crate) trait Mapping: Send + Sync {
+    fn address(&self) -> u64;
+    fn device(&self) -> i32;
+}
+
+/// Opens producers' allocations: the CUDA driver, or a test's stand-in.
+pub(crate) trait Opener: Send + Sync {
+    /// Opens `allocation` (with its fd for a VMM piece) on this process's device `device`.
+    fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
+}
+
+/// Opens allocations through the CUDA driver, in each device's primary context (retained
+/// once per device while the opener lives).
+#[derive(Default)]
+pub(crate) struct DriverOpener {
+    contexts: parking_lot::Mutex<Vec<(i32, Arc<PrimaryContext>)>>,
+}
+
+impl DriverOpener {
+    fn context(&self, device: i32) -> Result<Arc<PrimaryContext>> {
+        let mut contexts = self.contexts.lock();
+        if let Some((_, context)) = contexts.iter().find(|(d, _)| *d == device) {
+            return Ok(Arc::clone(context));
+        }
+        let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+        let context = Arc::new(PrimaryContext::retain(driver, device)?);
+        contexts.push((device, Arc::clone(&context)));
+        Ok(context)
+    }
+}
+
+/// A legacy IPC import: closed with `cuIpcCloseMemHandle`.
+struct LegacyImport {
+    context: Arc<PrimaryContext>,
+    address: CUdeviceptr,
+}
+
+impl Mapping for LegacyImport {
+    fn address(&self) -> u64 {
+        self.address
+    }
+    fn device(&self) -> i32 {
+        self.context.device
+    }
+}
+
+impl Drop for LegacyImport {
+    fn drop(&mut self) {
+        let address = self.address;
+        // SAFETY: an address cuIpcOpenMemHandle gave in this context, closed once.
+        let closed = self.context.with(|driver| unsafe { driver.ipc_close_mem_handle(address) }.map_err(cuda_error));
+        if let Err(e) = closed {
+            log::warn!("closing the CUDA IPC import at {address:#x}: {e}");
+        }
+    }
+}
+
+/// A VMM piece mapped into an address range of this process: unmapped and freed on drop.
+struct VmmImport {
+    context: Arc<PrimaryContext>,
+    address: CUdeviceptr,
+    size: usize,
+}
+
+impl Mapping for VmmImport {
+    fn address(&self) -> u64 {
+        self.address
+    }
+    fn device(&self) -> i32 {
+        self.context.device
+    }
+}
+
+impl Drop for VmmImport {
+    fn drop(&mut self) {
+        let (address, size) = (self.address, self.size);
+        let freed = self.context.with(|driver| {
+            // SAFETY: the range reserved and mapped by `open`, unmapped and freed once.
+            unsafe { driver.mem_unmap(address, size) }.map_err(cuda_error)?;
+            // SAFETY: as above.
+            unsafe { driver.mem_address_free(address, size) }.map_err(cuda_error)
+        });
+        if let Err(e) = freed {
+            log::warn!("unmapping the imported CUDA VMM piece at {address:#x}: {e}");
+        }
+    }
+}
+
+impl Opener for DriverOpener {
+    fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
+        let context = self.context(device)?;
+        if allocation.memory == MEMORY_LEGACY {
+            let handle = CUipcMemHandle { reserved: allocation.ipc_handle };
+            let address = context.with(|driver| {
+                let mut address: CUdeviceptr = 0;
+                // SAFETY: a valid out-pointer; the handle is bytes the driver checks.
+                unsafe { driver.ipc_open_mem_handle(&mut address, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) }
+                    .map_err(|e| cuda_error(e.context("cuIpcOpenMemHandle")))?;
+                Ok(address)
+            })?;
+            return Ok(Box::new(LegacyImport { context, address }));
+        }
+        let fd = fd.ok_or_else(|| Error::Corrupt("a CUDA VMM piece came without its fd".into()))?;
+        let size = allocation.size as usize;
+        let device_id = context.device;
+        let address = context.with(|driver| {
+            let mut handle: CUmemGenericAllocationHandle = 0;
+            // SAFETY: for POSIX fds the handle is the fd itself, which stays ours.
+            unsafe {
+                driver.mem_import_from_shareable_handle(
+                    &mut handle,
+                    fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                )
+            }
+            .map_err(|e| cuda_error(e.context("cuMemImportFromShareableHandle")))?;
+            let mapped = map_piece(driver, handle, size, device_id);
+            // SAFETY: the mapping (where made) holds the memory; this drops the import's own
+            // reference, once.
+            let _ = unsafe { driver.mem_release(handle) };
+            mapped
+        })?;
+        Ok(Box::new(VmmImport { context, address, size }))
+    }
+}
+
+/// Reserves `size` bytes of addresses, maps `handle` there and lets `device` read and write.
+fn map_piece(driver: &Driver, handle: CUmemGenericAllocationHandle, size: usize, device: CUdevice) -> Result<u64> {
+    let mut address: CUdeviceptr = 0;
+    // SAFETY: a valid out-pointer; the driver picks the range.
+    unsafe { driver.mem_address_reserve(&mut address, size, 0, 0, 0) }
+        .map_err(|e| cuda_error(e.context(format!("cuMemAddressReserve of {size} bytes"))))?;
+    let access = CUmemAccessDesc {
+        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the range just reserved, of the piece's size; the handle is live.
+    let mapped = unsafe { driver.mem_map(address, size, 0, handle, 0) }.and_then(|()| {
+        // SAFETY: the range just mapped; a valid access descriptor.
+        unsafe { driver.mem_set_access(address, size, &access, 1) }
+    });
+    if let Err(e) = mapped {
+        // SAFETY: undoes what was done above, once (unmapping a range never mapped fails harmlessly).
+        let _ = unsafe { driver.mem_unmap(address, size) };
+        // SAFETY: as above.
+        let _ = unsafe { driver.mem_address_free(address, size) };
+        return Err(cuda_error(e.context(format!("mapping a CUDA VMM piece of {size} bytes"))));
+    }
+    Ok(address)
+}
+
+/// What keeps a sent allocation alive for the consumer: its registration, and a VMM piece's
+/// retained handle.
+pub(crate) struct Keep {
+    pub(crate) _registration: Arc<dyn Any + Send + Sync>,
+    pub(crate) _retained: Option<Box<dyn Any + Send + Sync>>,
+}
+
+/// Makes what the producer announces: the CUDA driver, or the test hooks' stand-in.
+pub(crate) trait Exporter: Send + Sync {
+    /// The UUID of this process's device `ordinal`.
+    fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16]>;
+    /// The legacy IPC handle of `cudaMalloc` memory's allocation.
+    fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]>;
+    /// A VMM piece's fd, and what keeps the piece alive while held.
+    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)>;
+}
+
+/// Exports through the CUDA driver.
+pub(crate) struct DriverExporter;
+
+impl Exporter for DriverExporter {
+    fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16]> {
+        device_uuid(ordinal)
+    }
+    fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]> {
+        export_legacy(pointer)
+    }
+    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
+        let (retained, fd) = export_vmm(pointer)?;
+        Ok((Box::new(retained), fd))
+    }
+}

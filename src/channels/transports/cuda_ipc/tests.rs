@@ -1,0 +1,237 @@
+//! The route's consumer half against a stand-in for the CUDA driver (these run without CUDA):
+//! what a hostile producer's records and descriptors get, the stale-import rule, the cache
+//! bound and what outlives the producer. The GPU host's tests (tests/layer2/cuda_ipc.rs) run
+//! both halves against the driver.
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::cuda::{Mapping, Opener};
+use super::receiver::Receiver;
+use super::wire::{AllocationRecord, Announce, Descriptor, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
+use super::{Offer, ROUTE_ID};
+use crate::channels::transport::{Attachment, PeerHolds, RouteReceiver, RoutedPayload};
+use crate::error::Error;
+
+const DEVICE: [u8; 16] = [7; 16];
+
+/// Counts what the receiver opens and closes.
+#[derive(Default)]
+struct Counts {
+    opened: AtomicUsize,
+    closed: AtomicUsize,
+}
+
+struct FakeMapping {
+    address: u64,
+    counts: Arc<Counts>,
+}
+
+impl Mapping for FakeMapping {
+    fn address(&self) -> u64 {
+        self.address
+    }
+    fn device(&self) -> i32 {
+        0
+    }
+}
+
+impl Drop for FakeMapping {
+    fn drop(&mut self) {
+        self.counts.closed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct FakeOpener(Arc<Counts>);
+
+impl Opener for FakeOpener {
+    fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, _device: i32) -> crate::Result<Box<dyn Mapping>> {
+        assert_eq!(fd.is_some(), allocation.memory == MEMORY_VMM);
+        self.0.opened.fetch_add(1, Ordering::Relaxed);
+        // Each allocation at its own place here, told apart by its id.
+        Ok(Box::new(FakeMapping { address: 0x1000_0000 * allocation.buffer_id, counts: Arc::clone(&self.0) }))
+    }
+}
+
+fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
+    let counts = Arc::new(Counts::default());
+    let mut r = Receiver::new(Arc::new(FakeOpener(Arc::clone(&counts))), Ok(vec![[1; 16], DEVICE]), bound);
+    let offer = Offer.sections().pop().unwrap();
+    r.new_session(1, Some(offer)).unwrap();
+    (r, counts)
+}
+
+fn legacy(buffer_id: u64) -> Announce {
+    Announce {
+        memory: MEMORY_LEGACY,
+        device_ordinal: 0,
+        exporter_pid: 42,
+        size: 1 << 20,
+        base: 0x7f00_0000_0000,
+        buffer_id,
+        device_uuid: DEVICE,
+        ipc_handle: [buffer_id as u8; 64],
+    }
+}
+
+fn announce(
+    r: &mut Receiver,
+    slot: u32,
+    generation: u32,
+    allocation: Announce,
+    released_below: u64,
+) -> crate::Result<()> {
+    let bytes = AllocationRecord::Announce { slot, generation, allocation }.encode();
+    r.attach(Attachment::new(ROUTE_ID, bytes), released_below)
+}
+
+fn forget(r: &mut Receiver, slot: u32, generation: u32, released_below: u64) {
+    let bytes = AllocationRecord::Forget { slot, generation }.encode();
+    r.attach(Attachment::new(ROUTE_ID, bytes), released_below).unwrap();
+}
+
+fn resolve(
+    r: &mut Receiver,
+    seq: u64,
+    slot: u32,
+    generation: u32,
+    offset: u64,
+    len: u64,
+) -> crate::Result<Option<RoutedPayload>> {
+    r.resolve(seq, &Descriptor { slot, generation, offset, len }.encode())
+}
+
+#[test]
+fn a_message_gets_the_cuda_address_of_its_bytes_and_no_host_pointer() {
+    let (mut r, counts) = receiver(8);
+    announce(&mut r, 0, 1, legacy(2), 0).unwrap();
+    let payload = resolve(&mut r, 0, 0, 1, 64, 100).unwrap().expect("announced");
+    assert_eq!(payload.cuda_ptr(), Some((0x2000_0000 + 64, 0)));
+    assert!(payload.as_ptr().is_null(), "device memory has no host address");
+    assert!(payload.to_buffer().is_none());
+    drop(payload);
+    // The second message into the allocation opens nothing.
+    let again = resolve(&mut r, 1, 0, 1, 0, 1 << 20).unwrap().unwrap();
+    assert_eq!(again.cuda_ptr(), Some((0x2000_0000, 0)));
+    assert_eq!(counts.opened.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn hostile_descriptors_and_records_are_corrupt_or_wait_for_their_attachment() {
+    let (mut r, _) = receiver(8);
+    announce(&mut r, 3, 1, legacy(2), 0).unwrap();
+    // Out of range, empty, and wrapping: corrupt.
+    for (offset, len) in [(0, (1 << 20) + 1), (1 << 20, 1), (0, 0), (u64::MAX, 2)] {
+        let err = resolve(&mut r, 0, 3, 1, offset, len).err().expect("refused");
+        assert!(matches!(&err, Error::Corrupt(m) if m.contains("bytes at offset")), "{err}");
+    }
+    // A slot beyond any channel's, a short descriptor: corrupt.
+    let err = resolve(&mut r, 0, MAX_SLOTS, 1, 0, 1).err().unwrap();
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("beyond")), "{err}");
+    let err = r.resolve(0, &[0; 23]).err().unwrap();
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("23 bytes")), "{err}");
+    // A slot never announced, or another generation: not known yet (the channel reads the
+    // attachments before it, and finding none, calls the message corrupt).
+    assert!(resolve(&mut r, 0, 5, 1, 0, 1).unwrap().is_none());
+    assert!(resolve(&mut r, 0, 3, 2, 0, 1).unwrap().is_none());
+    // The same slot and generation twice, memory of a device this process does not see.
+    let err = announce(&mut r, 3, 1, legacy(4), 0).unwrap_err();
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("twice")), "{err}");
+    let err = announce(&mut r, 4, 1, Announce { device_uuid: [9; 16], ..legacy(4) }, 0).unwrap_err();
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("does not see")), "{err}");
+    // A VMM piece without its fd.
+    let bytes =
+        AllocationRecord::Announce { slot: 6, generation: 1, allocation: Announce { memory: MEMORY_VMM, ..legacy(5) } }
+            .encode();
+    assert!(matches!(r.attach(Attachment::new(ROUTE_ID, bytes), 0), Err(Error::Corrupt(_))));
+    // What was announced well still serves.
+    assert!(resolve(&mut r, 0, 3, 1, 0, 8).unwrap().is_some());
+}
+
+/// Memory freed and re-allocated at the same address gets a new `BUFFER_ID`, which the
+/// producer announces in a new generation: the message reads the new import, never the
+/// stale one, which is closed once no message holds it.
+#[test]
+fn a_reallocation_at_the_same_address_is_never_served_from_the_stale_import() {
+    let (mut r, counts) = receiver(8);
+    announce(&mut r, 0, 1, legacy(2), 0).unwrap();
+    let old = resolve(&mut r, 0, 0, 1, 0, 16).unwrap().unwrap();
+    assert_eq!(old.cuda_ptr().unwrap().0, 0x2000_0000);
+    // Message 0 still held: the old import stays.
+    forget(&mut r, 0, 1, 0);
+    announce(&mut r, 0, 2, legacy(3), 0).unwrap();
+    let new = resolve(&mut r, 1, 0, 2, 0, 16).unwrap().unwrap();
+    assert_eq!(new.cuda_ptr().unwrap().0, 0x3000_0000, "the new allocation's import");
+    assert_eq!(counts.closed.load(Ordering::Relaxed), 0, "message 0 holds the old import");
+    assert_eq!(old.cuda_ptr().unwrap().0, 0x2000_0000);
+    drop(old);
+    // Message 0 released: the next attachment lets go of the old import.
+    announce(&mut r, 1, 1, legacy(4), 1).unwrap();
+    assert_eq!((counts.opened.load(Ordering::Relaxed), counts.closed.load(Ordering::Relaxed)), (2, 1));
+    // The old generation names nothing any more.
+    assert!(resolve(&mut r, 2, 0, 1, 0, 16).unwrap().is_none());
+}
+
+#[test]
+fn the_cache_closes_the_least_recently_used_import_no_message_holds() {
+    let (mut r, counts) = receiver(2);
+    for slot in 0..3 {
+        announce(&mut r, slot, 1, legacy(u64::from(slot) + 1), 0).unwrap();
+    }
+    drop(resolve(&mut r, 0, 0, 1, 0, 8).unwrap());
+    drop(resolve(&mut r, 1, 1, 1, 0, 8).unwrap());
+    // Messages 0 and 1 not known to be released: the cache grows rather than close them.
+    drop(resolve(&mut r, 2, 2, 1, 0, 8).unwrap());
+    assert_eq!((counts.opened.load(Ordering::Relaxed), counts.closed.load(Ordering::Relaxed)), (3, 0));
+    // Released, as the carrier says with the next attachment: opening a fourth closes the
+    // least recently used until fewer than the bound are open (slots 0 and 1).
+    announce(&mut r, 3, 1, legacy(4), 3).unwrap();
+    drop(resolve(&mut r, 3, 3, 1, 0, 8).unwrap());
+    assert_eq!((counts.opened.load(Ordering::Relaxed), counts.closed.load(Ordering::Relaxed)), (4, 2));
+    // A message into a closed one opens it again from its announcement, closing slot 2 (slot
+    // 3's message 3 is not known to be released).
+    let reopened = resolve(&mut r, 4, 0, 1, 0, 8).unwrap().unwrap();
+    assert_eq!(reopened.cuda_ptr().unwrap().0, 0x1000_0000);
+    assert_eq!((counts.opened.load(Ordering::Relaxed), counts.closed.load(Ordering::Relaxed)), (5, 3));
+    assert_eq!(r.opened(), 5);
+}
+
+/// A producer gone: the imports its held messages point into stay until they are released,
+/// the others close at once.
+#[test]
+fn a_gone_producer_s_imports_close_once_no_message_holds_them() {
+    let (mut r, counts) = receiver(8);
+    announce(&mut r, 0, 1, legacy(1), 0).unwrap();
+    announce(&mut r, 1, 1, legacy(2), 0).unwrap();
+    let held = resolve(&mut r, 0, 0, 1, 0, 8).unwrap().unwrap();
+    drop(resolve(&mut r, 1, 1, 1, 0, 8).unwrap());
+    let (session, kept) = r.end_session();
+    assert_eq!(session, 1);
+    assert_eq!(held.cuda_ptr().unwrap().0, 0x1000_0000, "still readable");
+    drop(held);
+    assert_eq!(counts.closed.load(Ordering::Relaxed), 0, "the carrier keeps them while views are held");
+    drop(kept);
+    assert_eq!(counts.closed.load(Ordering::Relaxed), 2);
+}
+
+/// Without a CUDA driver (CI), a consumer declines, naming why, and the producer's offer reads
+/// that as the reason its sends of CUDA memory are refused.
+#[test]
+fn a_consumer_without_cuda_declines_and_says_why() {
+    let r = super::receiver();
+    let answer = r.answer();
+    match super::cuda::devices() {
+        Ok(devices) if !devices.is_empty() => println!("skipped: this process has CUDA devices"),
+        outcome => {
+            let why = Offer.accept(Some(answer), Arc::new(PeerHolds::default())).unwrap().err().expect("declined");
+            assert!(why.starts_with("the consumer cannot open CUDA memory: "), "{why}");
+            match outcome {
+                Err(reason) => assert!(why.contains(&reason), "{why}"),
+                Ok(_) => assert!(why.contains("no CUDA device"), "{why}"),
+            }
+        }
+    }
+    let why = Offer.accept(None, Arc::new(PeerHolds::default())).unwrap().err().unwrap();
+    assert!(why.contains("offers no CUDA route"), "{why}");
+}

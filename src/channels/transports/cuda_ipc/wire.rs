@@ -1,0 +1,345 @@
+//! What the CUDA IPC route sends: its rendezvous sections, attachments and descriptors, each
+//! with a parser that checks everything a peer could get wrong.
+
+use zerocopy::little_endian::{I32, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use crate::error::{Error, Result};
+
+const VERSION: u32 = 1;
+/// The consumer's answer: it opens CUDA memory on the devices listed.
+pub(super) const ANSWER_CUDA: u32 = 1;
+/// The most devices an answer lists.
+pub(super) const MAX_DEVICES: usize = 16;
+/// The longest reason a section carries.
+const MAX_REASON: usize = 512;
+
+/// A rendezvous section of either side: the producer's offer (no devices), or the consumer's
+/// answer: the CUDA devices it can open memory on, or why it cannot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Section {
+    pub(super) flags: u32,
+    pub(super) devices: Vec<[u8; 16]>,
+    pub(super) declined: String,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct SectionHead {
+    version: U32,
+    flags: U32,
+    devices: U32,
+}
+const SECTION_HEAD: usize = std::mem::size_of::<SectionHead>();
+
+impl Section {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let devices = &self.devices[..self.devices.len().min(MAX_DEVICES)];
+        let mut out = Vec::with_capacity(SECTION_HEAD + 16 * devices.len() + self.declined.len());
+        let head =
+            SectionHead { version: VERSION.into(), flags: self.flags.into(), devices: (devices.len() as u32).into() };
+        out.extend_from_slice(head.as_bytes());
+        for uuid in devices {
+            out.extend_from_slice(uuid);
+        }
+        let mut end = self.declined.len().min(MAX_REASON);
+        while !self.declined.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.extend_from_slice(&self.declined.as_bytes()[..end]);
+        out
+    }
+
+    pub(super) fn decode(bytes: &[u8], whose: &str) -> Result<Section> {
+        let bad = |what: String| Error::Corrupt(format!("the {whose}'s CUDA route section {what}"));
+        let Ok((head, rest)) = SectionHead::read_from_prefix(bytes) else {
+            return Err(bad(format!("has {} bytes", bytes.len())));
+        };
+        let version = head.version.get();
+        if version != VERSION {
+            return Err(Error::Unsupported(format!(
+                "the {whose}'s CUDA route speaks version {version}, this process version {VERSION}; use the same lava-flow on both sides"
+            )));
+        }
+        let count = head.devices.get() as usize;
+        if count > MAX_DEVICES || rest.len() < 16 * count || rest.len() - 16 * count > MAX_REASON {
+            return Err(bad(format!("lists {count} devices in {} bytes", rest.len())));
+        }
+        let (uuids, reason) = rest.split_at(16 * count);
+        let devices = uuids.chunks_exact(16).map(|c| c.try_into().expect("16 bytes")).collect();
+        Ok(Section { flags: head.flags.get(), devices, declined: String::from_utf8_lossy(reason).into_owned() })
+    }
+}
+
+/// The most allocation slots a channel uses at once: a bound on what a producer can make the
+/// consumer import.
+pub(super) const MAX_SLOTS: u32 = 4096;
+
+const ATTACH_ANNOUNCE: u32 = 1;
+const ATTACH_FORGET: u32 = 2;
+/// `Announce::memory`: legacy CUDA IPC (the handle in the record, no fd).
+pub(super) const MEMORY_LEGACY: u32 = 1;
+/// `Announce::memory`: a VMM piece (its fd attached).
+pub(super) const MEMORY_VMM: u32 = 2;
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct AttachmentHead {
+    kind: U32,
+    slot: U32,
+    generation: U32,
+}
+const ATTACHMENT_HEAD: usize = std::mem::size_of::<AttachmentHead>();
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct AnnounceWire {
+    memory: U32,
+    device_ordinal: I32,
+    exporter_pid: U32,
+    size: U64,
+    base: U64,
+    buffer_id: U64,
+    device_uuid: [u8; 16],
+    ipc_handle: [u8; 64],
+}
+const ANNOUNCE: usize = std::mem::size_of::<AnnounceWire>();
+
+/// One of the producer's CUDA allocations, as the consumer opens it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Announce {
+    /// [`MEMORY_LEGACY`] or [`MEMORY_VMM`].
+    pub(crate) memory: u32,
+    /// The producer's ordinal of the device (for messages: ordinals differ between processes).
+    pub(crate) device_ordinal: i32,
+    /// The producer's process: with base and buffer id, what names the memory on this host.
+    pub(crate) exporter_pid: u32,
+    pub(crate) size: u64,
+    /// The allocation's address in the producer, and CUDA's id of it there (for messages).
+    pub(crate) base: u64,
+    pub(crate) buffer_id: u64,
+    /// The device that holds the memory, which the consumer finds by this UUID.
+    pub(crate) device_uuid: [u8; 16],
+    /// The legacy IPC handle (zeros for VMM memory).
+    pub(crate) ipc_handle: [u8; 64],
+}
+
+/// An attachment: an allocation announced for a slot (a VMM piece's fd attached), or the end
+/// of a slot's allocation (freed, or re-allocated at the same address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AllocationRecord {
+    Announce { slot: u32, generation: u32, allocation: Announce },
+    Forget { slot: u32, generation: u32 },
+}
+
+impl AllocationRecord {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let (kind, slot, generation) = match self {
+            AllocationRecord::Announce { slot, generation, .. } => (ATTACH_ANNOUNCE, *slot, *generation),
+            AllocationRecord::Forget { slot, generation } => (ATTACH_FORGET, *slot, *generation),
+        };
+        let mut out = Vec::with_capacity(ATTACHMENT_HEAD + ANNOUNCE);
+        out.extend_from_slice(
+            AttachmentHead { kind: kind.into(), slot: slot.into(), generation: generation.into() }.as_bytes(),
+        );
+        if let AllocationRecord::Announce { allocation: a, .. } = self {
+            let wire = AnnounceWire {
+                memory: a.memory.into(),
+                device_ordinal: a.device_ordinal.into(),
+                exporter_pid: a.exporter_pid.into(),
+                size: a.size.into(),
+                base: a.base.into(),
+                buffer_id: a.buffer_id.into(),
+                device_uuid: a.device_uuid,
+                ipc_handle: a.ipc_handle,
+            };
+            out.extend_from_slice(wire.as_bytes());
+        }
+        out
+    }
+
+    /// Parses an attachment that came with `fds` descriptors.
+    pub(super) fn decode(bytes: &[u8], fds: usize) -> Result<AllocationRecord> {
+        let bad = |what: String| Error::Corrupt(format!("the producer's CUDA route attachment {what}"));
+        let Ok((head, body)) = AttachmentHead::read_from_prefix(bytes) else {
+            return Err(bad(format!("has {} bytes", bytes.len())));
+        };
+        let (kind, slot, generation) = (head.kind.get(), head.slot.get(), head.generation.get());
+        if slot >= MAX_SLOTS {
+            return Err(bad(format!("names slot {slot}, beyond the {MAX_SLOTS} a channel uses")));
+        }
+        match (kind, body.len()) {
+            (ATTACH_ANNOUNCE, ANNOUNCE) => {
+                let wire = AnnounceWire::read_from_bytes(body).expect("the length was checked");
+                let allocation = Announce {
+                    memory: wire.memory.get(),
+                    device_ordinal: wire.device_ordinal.get(),
+                    exporter_pid: wire.exporter_pid.get(),
+                    size: wire.size.get(),
+                    base: wire.base.get(),
+                    buffer_id: wire.buffer_id.get(),
+                    device_uuid: wire.device_uuid,
+                    ipc_handle: wire.ipc_handle,
+                };
+                let expected_fds = match allocation.memory {
+                    MEMORY_LEGACY => 0,
+                    MEMORY_VMM => 1,
+                    other => return Err(bad(format!("announces memory of kind {other}"))),
+                };
+                if fds != expected_fds || allocation.size == 0 {
+                    return Err(bad(format!(
+                        "announces {} bytes of kind {} with {fds} descriptors",
+                        allocation.size, allocation.memory
+                    )));
+                }
+                Ok(AllocationRecord::Announce { slot, generation, allocation })
+            }
+            (ATTACH_FORGET, 0) if fds == 0 => Ok(AllocationRecord::Forget { slot, generation }),
+            (kind, len) => Err(bad(format!("has kind {kind}, {len} bytes of body and {fds} descriptors"))),
+        }
+    }
+}
+
+/// A routed message: where the payload lies in which allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Descriptor {
+    pub(super) slot: u32,
+    pub(super) generation: u32,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct DescriptorWire {
+    slot: U32,
+    generation: U32,
+    offset: U64,
+    len: U64,
+}
+
+impl Descriptor {
+    pub(super) const LEN: usize = std::mem::size_of::<DescriptorWire>();
+
+    pub(super) fn encode(&self) -> [u8; Self::LEN] {
+        let wire = DescriptorWire {
+            slot: self.slot.into(),
+            generation: self.generation.into(),
+            offset: self.offset.into(),
+            len: self.len.into(),
+        };
+        zerocopy::transmute!(wire)
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> Result<Descriptor> {
+        let Ok(wire) = DescriptorWire::read_from_bytes(bytes) else {
+            return Err(Error::Corrupt(format!(
+                "a CUDA memory descriptor has {} bytes, not {}",
+                bytes.len(),
+                Self::LEN
+            )));
+        };
+        Ok(Descriptor {
+            slot: wire.slot.get(),
+            generation: wire.generation.get(),
+            offset: wire.offset.get(),
+            len: wire.len.get(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Announce {
+        Announce {
+            memory: MEMORY_LEGACY,
+            device_ordinal: 1,
+            exporter_pid: 42,
+            size: 2 << 20,
+            base: 0x7f00_0000_0000,
+            buffer_id: 9,
+            device_uuid: [3; 16],
+            ipc_handle: [5; 64],
+        }
+    }
+
+    #[test]
+    fn wire_records_round_trip_and_reject_garbage() {
+        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 116, 24));
+        let answer = Section { flags: ANSWER_CUDA, devices: vec![[1; 16], [2; 16]], declined: "é".into() };
+        assert_eq!(Section::decode(&answer.encode(), "consumer").unwrap(), answer);
+        assert!(matches!(Section::decode(&[0; 5], "consumer"), Err(Error::Corrupt(_))));
+        let mut many = answer.encode();
+        many[8] = 17;
+        assert!(matches!(Section::decode(&many, "consumer"), Err(Error::Corrupt(_))));
+        let mut other = answer.encode();
+        other[0] = 9;
+        assert!(matches!(Section::decode(&other, "consumer"), Err(Error::Unsupported(_))));
+
+        let d = Descriptor { slot: 3, generation: 1, offset: 4096, len: 100 };
+        assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
+        assert!(Descriptor::decode(&d.encode()[..23]).is_err());
+
+        let legacy = AllocationRecord::Announce { slot: 2, generation: 1, allocation: sample() };
+        assert_eq!(AllocationRecord::decode(&legacy.encode(), 0).unwrap(), legacy);
+        assert!(AllocationRecord::decode(&legacy.encode(), 1).is_err(), "legacy memory comes without an fd");
+        let vmm = AllocationRecord::Announce {
+            slot: 2,
+            generation: 1,
+            allocation: Announce { memory: MEMORY_VMM, ..sample() },
+        };
+        assert_eq!(AllocationRecord::decode(&vmm.encode(), 1).unwrap(), vmm);
+        assert!(AllocationRecord::decode(&vmm.encode(), 0).is_err(), "a VMM piece comes with its fd");
+        let odd = AllocationRecord::Announce { slot: 2, generation: 1, allocation: Announce { memory: 7, ..sample() } };
+        assert!(AllocationRecord::decode(&odd.encode(), 0).is_err());
+        let empty = AllocationRecord::Announce { slot: 2, generation: 1, allocation: Announce { size: 0, ..sample() } };
+        assert!(AllocationRecord::decode(&empty.encode(), 0).is_err());
+        let forget = AllocationRecord::Forget { slot: 1, generation: 2 };
+        assert_eq!(AllocationRecord::decode(&forget.encode(), 0).unwrap(), forget);
+        assert!(AllocationRecord::decode(&forget.encode(), 1).is_err());
+        let far = AllocationRecord::Forget { slot: MAX_SLOTS, generation: 0 };
+        assert!(AllocationRecord::decode(&far.encode(), 0).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz::config(2000))]
+
+        #[test]
+        fn fuzz_section(bytes in crate::fuzz::bytes_near(
+            Section { flags: ANSWER_CUDA, devices: vec![[1; 16]], declined: "no".into() }.encode(),
+            700,
+        )) {
+            if let Ok(s) = Section::decode(&bytes, "peer") {
+                prop_assert!(s.devices.len() <= MAX_DEVICES);
+                prop_assert_eq!(&s.encode()[..SECTION_HEAD], &bytes[..SECTION_HEAD]);
+            }
+        }
+
+        #[test]
+        fn fuzz_attachment(
+            bytes in crate::fuzz::bytes_near(
+                AllocationRecord::Announce { slot: 3, generation: 1, allocation: sample() }.encode(),
+                200,
+            ),
+            fds in 0usize..3,
+        ) {
+            if let Ok(record) = AllocationRecord::decode(&bytes, fds) {
+                prop_assert_eq!(record.encode(), bytes);
+                prop_assert!(fds <= 1);
+            }
+        }
+
+        #[test]
+        fn fuzz_descriptor(bytes in crate::fuzz::bytes_near(
+            Descriptor { slot: 1, generation: 2, offset: 64, len: 4096 }.encode().to_vec(),
+            64,
+        )) {
+            if let Ok(d) = Descriptor::decode(&bytes) {
+                prop_assert_eq!(&d.encode()[..], &bytes[..]);
+            }
+        }
+    }
+}
