@@ -52,7 +52,7 @@ impl ReleaseTracker {
 
     fn released(&self, seq: u64) {
         let mut state = self.state.lock();
-        if let Some(value) = state.to_signal_here(seq) {
+        if let Some(value) = state.signal_here(seq) {
             // A failed signal leaves the producer's GPU waiting; its host-side completion
             // (and peer-death detection) still work, so there is nothing better to do here.
             if self.semaphore.signal(value).is_ok() {
@@ -62,7 +62,7 @@ impl ReleaseTracker {
     }
 
     fn released_by_caller(&self, seq: u64) -> u64 {
-        self.state.lock().to_signal_by_caller(seq)
+        self.state.lock().signal_by_caller(seq)
     }
 }
 
@@ -84,14 +84,14 @@ impl ReleaseState {
 
     /// `seq` was let go of: the value to signal on the host now, if any (the caller notes it
     /// in `signalled` once signalled).
-    fn to_signal_here(&mut self, seq: u64) -> Option<u64> {
+    fn signal_here(&mut self, seq: u64) -> Option<u64> {
         let value = self.let_go(seq)?;
         (value > self.signalled && !self.by_caller).then_some(value)
     }
 
     /// `seq` was let go of, the signal left to the consumer's GPU from now on: the value to
     /// signal there, 0 for none.
-    fn to_signal_by_caller(&mut self, seq: u64) -> u64 {
+    fn signal_by_caller(&mut self, seq: u64) -> u64 {
         self.by_caller = true;
         // A message let go of already has nothing more to signal.
         match self.let_go(seq) {
@@ -484,15 +484,15 @@ mod tests {
     fn the_host_signals_the_released_prefix_until_the_caller_takes_over() {
         // GPU messages 0, 2, 3, 5 (1 and 4 went by shared memory).
         let mut s = state(&[0, 2, 3, 5]);
-        assert_eq!(s.to_signal_here(0), Some(2), "everything below the first held GPU message is let go of");
+        assert_eq!(s.signal_here(0), Some(2), "everything below the first held GPU message is let go of");
         s.signalled = 2;
-        assert_eq!(s.to_signal_here(3), None, "3 before 2: nothing new below 2");
+        assert_eq!(s.signal_here(3), None, "3 before 2: nothing new below 2");
         // The caller takes over: 2 covers 3, and 4 below the next held GPU message.
-        assert_eq!(s.to_signal_by_caller(2), 5);
+        assert_eq!(s.signal_by_caller(2), 5);
         // Released on the host after that: left to the caller's next value.
         s.held.push_back((6, false));
-        assert_eq!(s.to_signal_here(5), None, "the host signals nothing once the caller does");
-        assert_eq!(s.to_signal_by_caller(6), 7, "the caller's next value covers what the host let go of");
+        assert_eq!(s.signal_here(5), None, "the host signals nothing once the caller does");
+        assert_eq!(s.signal_by_caller(6), 7, "the caller's next value covers what the host let go of");
     }
 
     #[test]
@@ -501,7 +501,7 @@ mod tests {
         s.by_caller = true;
         let mut handed = Vec::new();
         for seq in [3, 1, 0, 4, 2] {
-            let v = s.to_signal_by_caller(seq);
+            let v = s.signal_by_caller(seq);
             if v != 0 {
                 handed.push(v);
             }
@@ -510,7 +510,7 @@ mod tests {
         // waits for 2, which covers everything.
         assert_eq!(handed, [2, 5]);
         assert!(handed.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(s.to_signal_by_caller(2), 0, "released twice: nothing more");
-        assert_eq!(s.to_signal_by_caller(99), 0, "never received: nothing");
+        assert_eq!(s.signal_by_caller(2), 0, "released twice: nothing more");
+        assert_eq!(s.signal_by_caller(99), 0, "never received: nothing");
     }
 }
