@@ -65,9 +65,9 @@ enum Mode {
 /// A channel's state for releases on the GPU: a consumer's mode, a producer's GPU sends.
 pub(super) struct ReleaseState {
     mode: Mode,
-    /// A producer: the sequence numbers of GPU buffers it sent, oldest first, and their device
-    /// (for `wait_completed(stream=)`).
-    gpu_sent: VecDeque<u64>,
+    /// A producer: the sequence numbers of GPU buffers it sent, and their device (for
+    /// `wait_completed(stream=)`).
+    gpu_sent: GpuSends,
     device: Option<i32>,
     /// A producer that asked for a released semaphore (`released_semaphore=True`).
     producer_released: bool,
@@ -82,7 +82,7 @@ impl ReleaseState {
     pub(super) fn new(producer: bool, released: bool) -> ReleaseState {
         ReleaseState {
             mode: if released && !producer { Mode::Opted } else { Mode::Events },
-            gpu_sent: VecDeque::new(),
+            gpu_sent: GpuSends::default(),
             device: None,
             producer_released: released && producer,
             own: None,
@@ -242,7 +242,7 @@ impl Channel {
                 Err(_) => return,
             }
         }
-        g.gpu_sent.push_back(seq);
+        g.gpu_sent.push(seq);
     }
 
     /// Makes `stream` (None: this thread, on the host) wait until the consumer's GPU work on
@@ -252,11 +252,9 @@ impl Channel {
     /// work).
     pub(super) fn wait_released(&self, py: Python<'_>, seq: u64, stream: Option<CuStream>) -> PyResult<()> {
         let (value, device) = {
-            let mut g = self.release_state();
-            let Some(last) = g.gpu_sent.iter().rposition(|&s| s <= seq) else { return Ok(()) };
-            // Everything before it is complete too: never waited for again.
-            g.gpu_sent.drain(..last);
-            (g.gpu_sent[0] + 1, g.device)
+            let g = self.release_state();
+            let Some(last) = g.gpu_sent.last_at_or_before(seq) else { return Ok(()) };
+            (last + 1, g.device)
         };
         let Some(device) = device else { return Ok(()) };
         let own = self.release_state().own.clone();
@@ -282,6 +280,40 @@ impl Channel {
     }
 }
 
+/// Runs of GPU buffers sent (first and last sequence number), oldest first: one run while
+/// every send is a GPU buffer. Beyond `MAX_RUNS` the oldest go, and a question about them is
+/// answered with the last one that went: a later message, whose released value is larger, so
+/// that a wait for it waits no less.
+#[derive(Default)]
+struct GpuSends {
+    runs: VecDeque<(u64, u64)>,
+    forgotten: Option<u64>,
+}
+
+const MAX_RUNS: usize = 1024;
+
+impl GpuSends {
+    fn push(&mut self, seq: u64) {
+        match self.runs.back_mut() {
+            Some((_, last)) if *last + 1 == seq => *last = seq,
+            _ => {
+                if self.runs.len() == MAX_RUNS {
+                    self.forgotten = self.runs.pop_front().map(|(_, last)| last);
+                }
+                self.runs.push_back((seq, seq));
+            }
+        }
+    }
+
+    /// The last GPU buffer sent as `seq` or before it.
+    fn last_at_or_before(&self, seq: u64) -> Option<u64> {
+        match self.runs.iter().rev().find(|(first, _)| *first <= seq) {
+            Some(&(_, last)) => Some(last.min(seq)),
+            None => self.forgotten.filter(|_| self.runs.front().is_some_and(|(first, _)| *first > seq)),
+        }
+    }
+}
+
 /// The channel's released semaphore (a consumer's: its producer's), imported into CUDA on
 /// `device`; None where the channel has none.
 fn released_semaphore(ch: Ptr<ffi::lf_channel>, device: i32) -> PyResult<Option<Arc<Semaphore>>> {
@@ -302,5 +334,36 @@ fn wait_for(device: i32, stream: usize) {
     match Event::record(device, stream as CuStream) {
         Ok(e) => e.wait(),
         Err(_) => cuda::synchronize(device),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GpuSends, MAX_RUNS};
+
+    #[test]
+    fn a_wait_covers_the_last_gpu_buffer_sent_at_or_before_it() {
+        let mut g = GpuSends::default();
+        assert_eq!(g.last_at_or_before(5), None, "nothing sent");
+        // 0..=9 GPU buffers, 10 and 11 bytes, 12 a GPU buffer.
+        (0..10).chain([12]).for_each(|s| g.push(s));
+        assert_eq!(g.runs.len(), 2, "consecutive sends are one run");
+        assert_eq!(g.last_at_or_before(4), Some(4));
+        assert_eq!(g.last_at_or_before(11), Some(9), "bytes messages have no GPU work to wait for");
+        assert_eq!(g.last_at_or_before(12), Some(12));
+        assert_eq!(g.last_at_or_before(100), Some(12));
+    }
+
+    #[test]
+    fn forgotten_runs_are_answered_with_a_later_message() {
+        let mut g = GpuSends::default();
+        for i in 0..(MAX_RUNS as u64 + 2) {
+            g.push(2 * i); // every other message: a run each
+        }
+        assert_eq!(g.runs.len(), MAX_RUNS);
+        assert_eq!(g.forgotten, Some(2));
+        assert_eq!(g.last_at_or_before(1), Some(2), "forgotten: the last that went, no earlier");
+        assert_eq!(g.last_at_or_before(5), Some(4));
+        assert_eq!(g.last_at_or_before(u64::MAX), Some(2 * (MAX_RUNS as u64 + 1)));
     }
 }
