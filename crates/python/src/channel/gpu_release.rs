@@ -65,6 +65,8 @@ enum Mode {
 /// A channel's state for releases on the GPU: a consumer's mode, a producer's GPU sends.
 pub(super) struct ReleaseState {
     mode: Mode,
+    /// A consumer that asked to release on the GPU: each new producer is tried anew.
+    opted_in: bool,
     /// A producer: the sequence numbers of GPU buffers it sent, and their device (for
     /// `wait_completed(stream=)`).
     gpu_sent: GpuSends,
@@ -82,6 +84,7 @@ impl ReleaseState {
     pub(super) fn new(producer: bool, released: bool) -> ReleaseState {
         ReleaseState {
             mode: if released && !producer { Mode::Opted } else { Mode::Events },
+            opted_in: released && !producer,
             gpu_sent: GpuSends::default(),
             device: None,
             producer_released: released && producer,
@@ -95,11 +98,11 @@ impl Channel {
         self.releases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The producer has gone: a new one brings a new released semaphore, imported at its first
-    /// message with a stream.
+    /// The producer has gone: a new one brings a new released semaphore (or none), looked for
+    /// at its first message with a stream.
     pub(super) fn forget_released(&self) {
         let mut g = self.release_state();
-        if matches!(g.mode, Mode::On { .. }) {
+        if g.opted_in {
             g.mode = Mode::Opted;
         }
     }
