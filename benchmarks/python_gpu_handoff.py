@@ -254,7 +254,6 @@ def bd_side_b(tag, size, rounds, on_gpu, out_path):
 
 
 def bd_run(size, warm, iters, on_gpu):
-    import lava_flow as lf
     mode = "on_gpu" if on_gpu else "deferred"
     tag = f"pygb-{os.getpid()}-{mode}-{size}"
     out_path = os.path.join(tempfile.mkdtemp(prefix="lfbd-"), "b.json")
