@@ -11,6 +11,9 @@ own GPU buffer Y, half a round trip measured on A (p50/p99). Cases per size (4 K
                ordered on that stream (send_buffer(stream=)); B copies X into Y on its stream
                and sends Y ordered on it; A reads Y's first word on its stream. A synchronises
                its stream at the end of each round trip; every round's value is checked.
+  *_on_gpu     the two above with the consumers releasing at once, the producer's released
+               semaphore signalled on their stream (released_semaphore=True on every channel), and
+               the producers' wait_completed(seq, stream=) waiting for it on the GPU.
   tmp_handoff  torch.multiprocessing's queues handing a CUDA tensor of the size A->B and B's
                own one back (what PyTorch users do today), B touching nothing.
   tmp_torch_op the same with B copying A's tensor into its own before answering.
@@ -21,6 +24,7 @@ Output: table lines, plus one `JSON {...}` line per row (grep '^JSON '); the las
 size compares py_handoff with the C path's lf_handoff (target: at most C + 2 us).
 
     python3 benchmarks/python_gpu_handoff.py [--quick] [--sizes 4096,65536] [--no-c]
+    python3 benchmarks/python_gpu_handoff.py --breakdown [--sizes 65536]   (where the time goes)
 """
 import argparse
 import json
@@ -50,12 +54,15 @@ def emit(row):
 
 # ---- lava-flow, Python on both sides ----
 
-def lf_setup(tag, is_a):
+def lf_setup(tag, is_a, on_gpu=False):
     import lava_flow as lf
     import torch
     torch.cuda.init()
     ctx = lf.Context(gpu="required", gpu_device=bytes(cuda_uuid(torch)), strict_gpu=True)
     kw = dict(wait=lf.Wait.BUSY_POLL, strict_gpu=True, rendezvous_timeout=TIMEOUT)
+    if on_gpu:
+        # Producers: a released semaphore; consumers: release at once, signalling it on the GPU.
+        kw["released_semaphore"] = True
     if is_a:
         tx = lf.producer(ctx, tag + "-a2b", **kw)
         rx = lf.consumer(ctx, tag + "-b2a", **kw)
@@ -71,8 +78,8 @@ def cuda_uuid(torch, device=0):
     return bytes(raw) if raw is not None else bytes.fromhex(str(u).removeprefix("GPU-").replace("-", ""))
 
 
-def lf_side_b(tag, plan):
-    lf, torch, ctx, tx, rx = lf_setup(tag, False)
+def lf_side_b(tag, plan, on_gpu):
+    lf, torch, ctx, tx, rx = lf_setup(tag, False, on_gpu)
     stream = torch.cuda.Stream()
     for size, op, rounds in plan:
         y = ctx.alloc(size, lf.Memory.GPU_DEVICE_LOCAL)
@@ -85,7 +92,10 @@ def lf_side_b(tag, plan):
                 if op:
                     # Y is rewritten: its previous send must be complete.
                     if last is not None:
-                        tx.wait_completed(last, timeout=TIMEOUT)
+                        if on_gpu:
+                            tx.wait_completed(last, timeout=TIMEOUT, stream=stream)
+                        else:
+                            tx.wait_completed(last, timeout=TIMEOUT)
                     ty.copy_(t)
             del t
             m.release()
@@ -98,15 +108,15 @@ def lf_side_b(tag, plan):
     print(lf._cuda_imports(), flush=True)
 
 
-def lf_side_a(tag, sizes, warm, iters, rows):
-    lf, torch, ctx, tx, rx = lf_setup(tag, True)
+def lf_side_a(tag, sizes, warm, iters, rows, on_gpu):
+    lf, torch, ctx, tx, rx = lf_setup(tag, True, on_gpu)
     stream = torch.cuda.Stream()
     info = ctx.device_info()
     print(f"lava-flow {lf.version()}, device {info['name']}, transport {tx.transport}", flush=True)
     emit({"case": "py_config", "device": info["name"], "lava_flow": lf.version(), "torch": torch.__version__,
           "transport": tx.transport, "mps_pipe_dir": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")})
     for op in (False, True):
-        case = "py_torch_op" if op else "py_handoff"
+        case = ("py_torch_op" if op else "py_handoff") + ("_on_gpu" if on_gpu else "")
         print(f"\n== {case}: half round trip (us), {iters} iterations after {warm} warm-up")
         print(f"  {'size':>10} {'p50_us':>10} {'p99_us':>10}")
         for size in sizes:
@@ -117,7 +127,10 @@ def lf_side_a(tag, sizes, warm, iters, rows):
                 value = i % 251
                 t0 = time.perf_counter()
                 if last is not None:
-                    tx.wait_completed(last, timeout=TIMEOUT)
+                    if on_gpu:
+                        tx.wait_completed(last, timeout=TIMEOUT, stream=stream)
+                    else:
+                        tx.wait_completed(last, timeout=TIMEOUT)
                 if op:
                     with torch.cuda.stream(stream):
                         tx_.fill_(value)
@@ -153,16 +166,20 @@ def lf_side_a(tag, sizes, warm, iters, rows):
     made, alive, cached = lf._cuda_imports()
     print(f"A's CUDA imports of B's arenas: {made} made, {alive} alive, {cached} cached")
     emit({"case": "py_imports", "made": made, "alive": alive, "cached": cached})
+    releases = gpu_releases(lf)
+    if releases is not None:
+        print(f"A's GPU releases (at once, deferred after events, on the GPU): {list(releases)}")
+        emit({"case": "py_releases", "on_gpu": on_gpu, "releases": list(releases)})
 
 
-def run_lf(sizes, warm, iters):
-    tag = f"pygh-{os.getpid()}"
+def run_lf(sizes, warm, iters, on_gpu=False):
+    tag = f"pygh-{os.getpid()}-{'gpu' if on_gpu else 'ev'}"
     plan = [(s, op, warm + iters) for op in (False, True) for s in sizes]
-    b = mp.get_context("spawn").Process(target=lf_side_b, args=(tag, plan))
+    b = mp.get_context("spawn").Process(target=lf_side_b, args=(tag, plan, on_gpu))
     b.start()
     rows = []
     try:
-        lf_side_a(tag, sizes, warm, iters, rows)
+        lf_side_a(tag, sizes, warm, iters, rows, on_gpu)
     finally:
         b.join(120)
         if b.is_alive():
@@ -170,6 +187,164 @@ def run_lf(sizes, warm, iters):
     if b.exitcode != 0:
         raise SystemExit(f"process B failed with exit code {b.exitcode}")
     return rows
+
+
+# ---- where py_handoff's time goes (--breakdown) ----
+#
+# The hand-off of py_handoff, each Python-level step timed in-process with perf_counter_ns on
+# both sides; B's timestamps come back to A in a file. perf_counter_ns is CLOCK_MONOTONIC on
+# Linux, one clock for both processes, so the gaps between them (A's send to B's recv
+# returning, B's release to A's wait_completed returning) are measured too. Modes:
+#   deferred  the consumers release after their streams by CUDA events (the default);
+#   on_gpu    the consumers release at once and signal the producer's released semaphore on
+#             their stream (Channel(..., released_semaphore=True) on both ends); the producer's
+#             wait_completed(seq, stream=S) waits on the host for the release and on S for the
+#             signal.
+
+A_STEPS = ("wait_completed", "send_buffer", "recv", "from_dlpack", "del_tensor", "release")
+B_STEPS = ("recv_wait", "from_dlpack", "del_tensor", "release", "send_buffer")
+
+
+def gpu_releases(lf):
+    f = getattr(lf, "_gpu_releases", None)
+    return f() if f else None
+
+
+def bd_setup(tag, is_a, on_gpu):
+    import lava_flow as lf
+    import torch
+    torch.cuda.init()
+    ctx = lf.Context(gpu="required", gpu_device=bytes(cuda_uuid(torch)), strict_gpu=True)
+    kw = dict(wait=lf.Wait.BUSY_POLL, strict_gpu=True, rendezvous_timeout=TIMEOUT)
+    if on_gpu:
+        kw["released_semaphore"] = True
+    names = (tag + "-a2b", tag + "-b2a")
+    if is_a:
+        tx, rx = lf.producer(ctx, names[0], **kw), lf.consumer(ctx, names[1], **kw)
+    else:
+        rx, tx = lf.consumer(ctx, names[0], **kw), lf.producer(ctx, names[1], **kw)
+    return lf, torch, ctx, tx, rx
+
+
+def bd_side_b(tag, size, rounds, on_gpu, out_path):
+    lf, torch, ctx, tx, rx = bd_setup(tag, False, on_gpu)
+    stream = torch.cuda.Stream()
+    y = ctx.alloc(size, lf.Memory.GPU_DEVICE_LOCAL)
+    ns = time.perf_counter_ns
+    rows, last = [], None
+    for _ in range(rounds):
+        b0 = ns()
+        m = rx.recv(timeout=TIMEOUT)
+        b1 = ns()
+        with torch.cuda.stream(stream):
+            t = torch.from_dlpack(m)
+        b2 = ns()
+        del t
+        b3 = ns()
+        m.release()
+        b4 = ns()
+        last = tx.send_buffer(y)
+        b5 = ns()
+        rows.append((b0, b1, b2, b3, b4, b5))
+    stream.synchronize()
+    tx.wait_completed(last, timeout=TIMEOUT)
+    y.free()
+    with open(out_path, "w") as f:
+        json.dump({"rows": rows, "releases": gpu_releases(lf)}, f)
+
+
+def bd_run(size, warm, iters, on_gpu):
+    mode = "on_gpu" if on_gpu else "deferred"
+    tag = f"pygb-{os.getpid()}-{mode}-{size}"
+    out_path = os.path.join(tempfile.mkdtemp(prefix="lfbd-"), "b.json")
+    b = mp.get_context("spawn").Process(target=bd_side_b, args=(tag, size, warm + iters, on_gpu, out_path))
+    b.start()
+    try:
+        lf, torch, ctx, tx, rx = bd_setup(tag, True, on_gpu)
+        stream = torch.cuda.Stream()
+        x = ctx.alloc(size, lf.Memory.GPU_DEVICE_LOCAL)
+        ns = time.perf_counter_ns
+        before = gpu_releases(lf)
+        rows, last = [], None
+        for _ in range(warm + iters):
+            t0 = ns()
+            if last is not None:
+                if on_gpu:
+                    tx.wait_completed(last, timeout=TIMEOUT, stream=stream)
+                else:
+                    tx.wait_completed(last, timeout=TIMEOUT)
+            t1 = ns()
+            last = tx.send_buffer(x)
+            t2 = ns()
+            m = rx.recv(timeout=TIMEOUT)
+            t3 = ns()
+            with torch.cuda.stream(stream):
+                t = torch.from_dlpack(m)
+            t4 = ns()
+            del t
+            t5 = ns()
+            m.release()
+            t6 = ns()
+            rows.append((t0, t1, t2, t3, t4, t5, t6))
+        tx.wait_completed(last, timeout=TIMEOUT)
+        stream.synchronize()
+        after = gpu_releases(lf)
+        x.free()
+    finally:
+        b.join(120)
+        if b.is_alive():
+            b.kill()
+    if b.exitcode != 0:
+        raise SystemExit(f"breakdown {mode}: process B failed with exit code {b.exitcode}")
+    with open(out_path) as f:
+        got = json.load(f)
+    a_rows, b_rows = rows[warm:], got["rows"][warm:]
+
+    def p50(values):
+        return stats(values)[0] / 1000.0
+
+    def p99(values):
+        return stats(values)[1] / 1000.0
+
+    print(f"\n== breakdown {mode}, {size} B: p50 (p99) us per step, {iters} iterations after {warm} warm-up")
+    result = {"case": "py_breakdown", "mode": mode, "size": size, "iters": iters}
+    half = [(r[6] - r[0]) / 2 for r in a_rows]
+    print(f"  {'A half round trip':<34} {p50(half):8.2f} ({p99(half):.2f})")
+    result["half_p50_us"] = round(p50(half), 3)
+    for i, step in enumerate(A_STEPS):
+        v = [r[i + 1] - r[i] for r in a_rows]
+        print(f"  {'A ' + step:<34} {p50(v):8.2f} ({p99(v):.2f})")
+        result["a_" + step] = round(p50(v), 3)
+    for i, step in enumerate(B_STEPS):
+        v = [r[i + 1] - r[i] for r in b_rows]
+        print(f"  {'B ' + step:<34} {p50(v):8.2f} ({p99(v):.2f})")
+        result["b_" + step] = round(p50(v), 3)
+    # Across the processes (one monotonic clock).
+    gaps = {
+        "A send_buffer -> B recv returns": [b[1] - a[2] for a, b in zip(a_rows, b_rows)],
+        "B send_buffer -> A recv returns": [a[3] - b[5] for a, b in zip(a_rows, b_rows)],
+        # A's wait for round i+1 waits for B's release of round i.
+        "B release -> A wait_completed returns": [a2[1] - b[4] for a2, b in zip(a_rows[1:], b_rows)],
+    }
+    for what, v in gaps.items():
+        print(f"  {what:<34} {p50(v):8.2f} ({p99(v):.2f})")
+        result[what.replace(" -> ", "_to_").replace(" ", "_")] = round(p50(v), 3)
+    if before is not None and after is not None:
+        counts = [x - y for x, y in zip(after, before)]
+        print(f"  A's GPU releases (immediate, deferred, on the GPU): {counts}; B's over its run: {got['releases']}")
+        result["a_releases"], result["b_releases"] = counts, got["releases"]
+    emit(result)
+
+
+def run_breakdown(sizes, warm, iters):
+    for on_gpu in (False, True):
+        for size in sizes:
+            try:
+                bd_run(size, warm, iters, on_gpu)
+            except TypeError as e:
+                # An older lava-flow: no released_semaphore on consumers or wait_completed(stream=).
+                print(f"\n== breakdown {'on_gpu' if on_gpu else 'deferred'}: not available here ({e})")
+                break
 
 
 # ---- torch.multiprocessing ----
@@ -236,8 +411,9 @@ def c_binary(args):
     import lava_flow as lf
     lib = Path(lf.get_library())
     out = Path(tempfile.mkdtemp(prefix="lfcp-")) / "lf_cuda_pingpong"
-    cmd = [nvcc, "-O2", "-I" + lf.get_include(), "-I" + str(HERE), str(HERE / "lf_cuda_pingpong.cu"), str(lib),
-           "-Xlinker", "-rpath=" + str(lib.parent), "-o", str(out)]
+    # nvcc takes libraries by -L/-l only: the wheel's library has no plain .so name, hence -l:NAME.
+    cmd = [nvcc, "-O2", "-I" + lf.get_include(), "-I" + str(HERE), str(HERE / "lf_cuda_pingpong.cu"),
+           "-L" + str(lib.parent), "-l:" + lib.name, "-Xlinker", "-rpath=" + str(lib.parent), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"building the C path failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
@@ -250,7 +426,8 @@ def run_c(args, sizes):
     if not exe:
         print("\n== C path: nvcc not found; build and run it with\n"
               "   nvcc -O2 -I$(python3 -c 'import lava_flow as l; print(l.get_include())') "
-              "benchmarks/lf_cuda_pingpong.cu $(python3 -c 'import lava_flow as l; print(l.get_library())') "
+              "benchmarks/lf_cuda_pingpong.cu -L$(python3 -c 'import lava_flow as l, os; "
+              "print(os.path.dirname(l.get_library()))') -l:liblava_flow.so.0.1 -Xlinker -rpath=<that dir> "
               "-o lf_cuda_pingpong && ./lf_cuda_pingpong --sizes " + ",".join(map(str, sizes)))
         return {}
     cmd = [exe, "--sizes", ",".join(map(str, sizes))] + (["--quick"] if args.quick else [])
@@ -279,16 +456,28 @@ def main():
     ap.add_argument("--no-c", action="store_true", help="skip the C path")
     ap.add_argument("--no-tmp", action="store_true", help="skip torch.multiprocessing")
     ap.add_argument("--c-binary", help="a built benchmarks/lf_cuda_pingpong.cu to run instead of building it")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only time each Python step of the hand-off on both sides (both release modes)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     warm, iters = (args.warm // 4, args.iters // 4) if args.quick else (args.warm, args.iters)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    if args.breakdown:
+        run_breakdown(sizes, warm, iters)
+        print("\npython_gpu_handoff: done")
+        return
     py_rows = {(r["case"], r["size"]): r for r in run_lf(sizes, warm, iters)}
+    try:
+        py_rows.update({(r["case"], r["size"]): r for r in run_lf(sizes, warm, iters, on_gpu=True)})
+    except TypeError as e:
+        print(f"\n== py_*_on_gpu: not available in this lava-flow ({e})")
     if not args.no_tmp:
         run_tmp(sizes, warm, iters)
     c_rows = {} if args.no_c else run_c(args, sizes)
     # Python's hand-off against the C path's, measured in this run: at most C + 2 us.
-    for py_case, c_case in (("py_handoff", "c_lf_handoff"), ("py_torch_op", "c_lf_gpu_pingpong")):
+    pairs = [(py + suffix, c) for suffix in ("", "_on_gpu")
+             for py, c in (("py_handoff", "c_lf_handoff"), ("py_torch_op", "c_lf_gpu_pingpong"))]
+    for py_case, c_case in pairs:
         for size in sizes:
             py, c = py_rows.get((py_case, size)), c_rows.get((c_case, size))
             if py and c:

@@ -1343,14 +1343,15 @@ lf_status lf_send_buffer_after(struct lf_channel *channel,
 lf_status lf_channel_ready_semaphore(struct lf_channel *channel,
                                      int *fd);
 
-// A new file descriptor of the channel's released semaphore (producers only): a Vulkan
-// timeline semaphore exported as an opaque fd, which the consumer signals to `sequence + 1`
-// once it let go of GPU message `sequence` and every GPU message before it. The producer's
-// GPU work waits for that value before rewriting the buffer
-// (`cudaWaitExternalSemaphoresAsync`), where `lf_wait_completed` waits on the host. A
-// consumer whose own GPU work reads the buffer must finish it before `lf_release`. Needs
-// `released_semaphore` set in the channel's config. The caller owns the fd.
-// LF_ERR_UNSUPPORTED, with the reason, where the channel has none.
+// A new file descriptor of the channel's released semaphore: a Vulkan timeline semaphore
+// exported as an opaque fd, which the consumer signals to `sequence + 1` once it let go of GPU
+// message `sequence` and every GPU message before it. The producer's GPU work waits for that
+// value before rewriting the buffer (`cudaWaitExternalSemaphoresAsync`), where
+// `lf_wait_completed` waits on the host. A consumer whose own GPU work reads the buffer must
+// finish it before `lf_release`, or release with `lf_release_on_gpu` and signal this
+// semaphore on its GPU after that work (a consumer asks here for the fd to import; pair
+// channels only). Needs `released_semaphore` set in the producer's channel config. The caller
+// owns the fd. LF_ERR_UNSUPPORTED, with the reason, where the channel has none.
 //
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
@@ -1430,6 +1431,33 @@ lf_status lf_try_recv(struct lf_channel *channel, struct lf_message *out);
 // # Safety
 // `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message.
 lf_status lf_release(struct lf_channel *channel, const struct lf_message *message);
+
+// Releases GPU message `message` as `lf_release` does, except that lava-flow does not signal
+// the producer's released semaphore for it: the caller does, on its GPU once its own work on
+// the message is done, so that it releases as soon as that work is queued (no host wait).
+// `*signal_value` receives the value to signal (`cudaSignalExternalSemaphoresAsync` on the
+// semaphore from `lf_channel_released_semaphore`, imported once), or 0 where none is due yet
+// (a GPU message received before it is still held).
+//
+// A value covers every message let go of before it, so the caller must:
+// - signal it after its work on each of those messages too (one stream for all of it, or a
+//   stream made to wait for the others' events first);
+// - signal the values in the order they are returned, never reordered across streams (a
+//   timeline semaphore's value must only grow);
+// - use this call for every GPU message of the channel from the first one on: from then on
+//   lava-flow signals nothing on the host, and a GPU message released with `lf_release` has
+//   its value signalled by the next call of this one.
+//
+// Pair channels whose producer set `released_semaphore` and shares semaphores with this
+// process only: elsewhere LF_ERR_UNSUPPORTED, saying why, and the message stays held
+// (`lf_release` it). LF_ERR_INVALID_STATE for a message that is not a held GPU message.
+//
+// # Safety
+// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message;
+// `signal_value` NULL or writable.
+lf_status lf_release_on_gpu(struct lf_channel *channel,
+                            const struct lf_message *message,
+                            uint64_t *signal_value);
 
 // The GPU buffer a received LF_MESSAGE_GPU message carries, as an `lf_buffer` lent until
 // `lf_release` of the message (do not `lf_free` it): usable with `lf_buffer_copy` (the copy

@@ -213,6 +213,30 @@ impl Consumer {
         }))
     }
 
+    /// A new descriptor of the producer's released semaphore (where it set
+    /// [`ChannelConfig::released_semaphore`](super::ChannelConfig::released_semaphore)), for
+    /// this process's GPU work to signal as it lets go of GPU messages
+    /// ([`RoutedPayload::released_by_caller`](super::transport::RoutedPayload::released_by_caller)).
+    /// Pair channels only; `Unsupported`, saying why, where the producer has none.
+    pub fn released_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
+        if self.fan_in.is_some() {
+            return Err(Error::Unsupported(format!(
+                "channel {:?} is a fan-in: its producers have no released semaphore (pair channels only)",
+                self.name
+            )));
+        }
+        let mut why = None;
+        for route in self.routes.iter() {
+            match route.released_semaphore() {
+                Ok(fd) => return Ok(fd),
+                Err(e) => why = Some(e),
+            }
+        }
+        Err(why.unwrap_or_else(|| {
+            Error::Unsupported(format!("channel {:?} has no GPU route: {}", self.name, self.info.reason))
+        }))
+    }
+
     /// A new descriptor of the ready semaphore of the producer in fan-in slot `slot`
     /// ([`Message::producer`]), which [`Message::ready_value`] of that producer's messages
     /// counts on; on a pair channel, slot 0 is its producer ([`ready_semaphore`](Self::ready_semaphore)).

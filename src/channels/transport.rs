@@ -757,6 +757,14 @@ pub trait RoutedMemory: Send + Sync {
     fn cuda(&self) -> Option<(u64, i32)> {
         None
     }
+    /// The consumer lets go of message `seq` and signals the producer's released semaphore
+    /// itself, on its GPU after its own work on the message: the value to signal (0: none is
+    /// due yet, an earlier message is still held). From then on the route leaves every signal
+    /// to the caller (see [`RoutedPayload::released_by_caller`]). `Err`, saying why, where the
+    /// route has no released semaphore; then nothing changed.
+    fn released_by_caller(&self, _seq: u64) -> std::result::Result<u64, String> {
+        Err("this route has no released semaphore".to_owned())
+    }
 }
 
 /// A payload as a route hands it to the consumer: `len` bytes at `offset` of the producer's
@@ -831,6 +839,19 @@ impl RoutedPayload {
     pub fn to_buffer(&self) -> Option<Buffer> {
         self.memory().view(self.offset, self.len, self.ready_value)
     }
+
+    /// Tells the route that the consumer lets go of the payload and signals the producer's
+    /// released semaphore itself, on its GPU once its work on the message is done: the value
+    /// to signal there, 0 where none is due yet. The value covers every message let go of
+    /// before it too, so the caller signals it after the work on those as well, and signals
+    /// values in the order they are returned (one stream, or streams ordered one after the
+    /// other): a timeline semaphore's value must only grow. Once a route handed a value to the
+    /// caller, it signals nothing itself: a payload dropped without this call leaves its value
+    /// to the next one. Dropping the payload afterwards changes nothing. `Err`, saying why,
+    /// where the route has no released semaphore (nothing changed: drop the payload as usual).
+    pub fn released_by_caller(&self) -> std::result::Result<u64, String> {
+        self.memory().released_by_caller(self.seq)
+    }
 }
 
 /// The receiving half of a payload route.
@@ -869,4 +890,11 @@ pub trait RouteReceiver: Send {
     /// A new descriptor of the ready semaphore of the current producer, for the consumer's
     /// own GPU work to wait on (`Unsupported` where the route synchronises on the host).
     fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
+
+    /// A new descriptor of the current producer's released semaphore, for the consumer's own
+    /// GPU work to signal ([`RoutedPayload::released_by_caller`]); `Unsupported`, saying why,
+    /// where the producer has none.
+    fn released_semaphore(&self) -> Result<std::os::fd::OwnedFd> {
+        Err(Error::Unsupported("this route has no released semaphore".to_owned()))
+    }
 }

@@ -14,6 +14,7 @@
  * copy into a buffer of its own (lf_buffer_copy), the host address where there is one; it
  * exports the lent buffer, checks that lf_free of it is refused and that the same handle is lent
  * twice, and that after lf_release the message and its buffer are gone. Bad input on both sides;
+ * lf_release_on_gpu refused, saying why, where the producer has no released semaphore;
  * the ready semaphore (LF_ERR_UNSUPPORTED on a driver that cannot share semaphores, such as
  * lavapipe; an fd on one that can) agrees with the transport's reason text. No fd leaks on the
  * consumer, the runtime dir empty afterwards.
@@ -320,6 +321,35 @@ static void check_gpu_message(lf_channel *ch, const lf_message *m, lf_buffer *ow
     EXPECT(lf_buffer_read(buf, 0, bytes, 16), LF_OK);
 }
 
+/* A release whose signal the consumer makes on its GPU needs the producer's released
+ * semaphore, which this producer did not ask for (and which lavapipe cannot share): refused,
+ * saying why, with the message still held and nothing written. */
+static void release_on_gpu_refused(lf_channel *ch, const lf_message *m) {
+    const lf_buffer *buf = NULL;
+    lf_message forged = *m;
+    uint64_t value = 12345;
+    int fd = -1;
+    EXPECT(lf_release_on_gpu(NULL, m, &value), LF_ERR_NULL_POINTER);
+    EXPECT(lf_release_on_gpu(ch, NULL, &value), LF_ERR_NULL_POINTER);
+    EXPECT(lf_release_on_gpu(ch, m, NULL), LF_ERR_NULL_POINTER);
+    EXPECT(lf_release_on_gpu(ch, m, &value), LF_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("lf_release_on_gpu");
+    EXPECT_MESSAGE("has no released semaphore");
+    /* The reason: no shared semaphores (lavapipe), or the producer did not ask for one. */
+    CHECK(strstr(lf_last_error_message(), "timeline semaphores") != NULL ||
+          strstr(lf_last_error_message(), "did not ask for one") != NULL);
+    EXPECT_MESSAGE("release it with lf_release");
+    CHECK(value == 12345);
+    EXPECT(lf_message_buffer(ch, m, &buf), LF_OK); /* still held */
+    forged.flags = LF_MESSAGE_ZERO_COPY;
+    EXPECT(lf_release_on_gpu(ch, &forged, &value), LF_ERR_INVALID_STATE);
+    EXPECT_MESSAGE("not a GPU message held");
+    /* Nor is there a released semaphore to import. */
+    EXPECT(lf_channel_released_semaphore(ch, &fd), LF_ERR_UNSUPPORTED);
+    EXPECT_MESSAGE("has no released semaphore");
+    CHECK(fd == -1);
+}
+
 static void consumer_bad_input(lf_channel *ch, const lf_message *m) {
     const lf_buffer *buf = NULL;
     lf_message forged = *m;
@@ -337,6 +367,7 @@ static void consumer_bad_input(lf_channel *ch, const lf_message *m) {
     EXPECT(lf_message_buffer(ch, &forged, &buf), LF_ERR_INVALID_STATE);
     CHECK(buf == NULL);
     EXPECT(lf_send_buffer(ch, NULL, 0, 8, -1, NULL), LF_ERR_NULL_POINTER);
+    release_on_gpu_refused(ch, m);
 }
 
 static int run_consumer(const char *name) {

@@ -95,6 +95,25 @@ impl GpuMessages {
         Some(held.let_go())
     }
 
+    /// As [`release`](Self::release), the producer's released semaphore left to the caller to
+    /// signal on its GPU (`RoutedPayload::released_by_caller`): also the value to signal.
+    /// `Some(Err)` where the message's route has no released semaphore (the message stays held).
+    pub(crate) fn release_by_caller(
+        &self,
+        session: u64,
+        sequence: u64,
+    ) -> Option<Result<(RawView, FfiResult, u64), String>> {
+        let mut held = self.0.lock();
+        let value = match held.get(&(session, sequence))?.payload.released_by_caller() {
+            Ok(v) => v,
+            Err(why) => return Some(Err(why)),
+        };
+        let entry = held.remove(&(session, sequence)).expect("found above");
+        drop(held);
+        let (view, freed) = entry.let_go();
+        Some(Ok((view, freed, value)))
+    }
+
     /// Lets go of every message still held, as [`release`](Self::release) does, handing each
     /// view to `release_view`: the channel is closing.
     pub(crate) fn release_all(&mut self, mut release_view: impl FnMut(&RawView)) {

@@ -206,6 +206,76 @@ fn release_gpu(ch: &lf_channel, consumer: &mut Consumer, m: &lf_message) -> FfiR
     buffer_freed
 }
 
+/// Releases GPU message `message` as `lf_release` does, except that lava-flow does not signal
+/// the producer's released semaphore for it: the caller does, on its GPU once its own work on
+/// the message is done, so that it releases as soon as that work is queued (no host wait).
+/// `*signal_value` receives the value to signal (`cudaSignalExternalSemaphoresAsync` on the
+/// semaphore from `lf_channel_released_semaphore`, imported once), or 0 where none is due yet
+/// (a GPU message received before it is still held).
+///
+/// A value covers every message let go of before it, so the caller must:
+/// - signal it after its work on each of those messages too (one stream for all of it, or a
+///   stream made to wait for the others' events first);
+/// - signal the values in the order they are returned, never reordered across streams (a
+///   timeline semaphore's value must only grow);
+/// - use this call for every GPU message of the channel from the first one on: from then on
+///   lava-flow signals nothing on the host, and a GPU message released with `lf_release` has
+///   its value signalled by the next call of this one.
+///
+/// Pair channels whose producer set `released_semaphore` and shares semaphores with this
+/// process only: elsewhere LF_ERR_UNSUPPORTED, saying why, and the message stays held
+/// (`lf_release` it). LF_ERR_INVALID_STATE for a message that is not a held GPU message.
+///
+/// # Safety
+/// `channel` a pointer from lava-flow or NULL; `message` NULL or a readable lf_message;
+/// `signal_value` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_release_on_gpu(
+    channel: *mut lf_channel,
+    message: *const lf_message,
+    signal_value: *mut u64,
+) -> lf_status {
+    boundary("lf_release_on_gpu", || {
+        let out = out_ptr(signal_value, "signal_value")?;
+        let ch = handle_ref(channel as *const lf_channel, "channel")?;
+        if message.is_null() {
+            return Err(Failure::null("message"));
+        }
+        // SAFETY: non-NULL; the caller promises a readable lf_message.
+        let m = unsafe { *message };
+        let mut guard = lock(ch)?;
+        let c = consumer(&mut guard)?;
+        let held = (m.flags & LF_MESSAGE_GPU != 0).then(|| ch.gpu_messages.release_by_caller(m.session, m.sequence));
+        let (view, buffer_freed, value) = match held.flatten() {
+            Some(Ok(released)) => released,
+            Some(Err(why)) => {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_UNSUPPORTED,
+                    message: format!(
+                        "GPU message {} cannot be released with a signal on the GPU: {why}; release it with lf_release",
+                        m.sequence
+                    ),
+                })
+            }
+            None => {
+                return Err(Failure {
+                    status: lf_status::LF_ERR_INVALID_STATE,
+                    message: format!(
+                        "message {} is not a GPU message held by this consumer (flags {:#x}; already released, or not \
+                         received from this channel)",
+                        m.sequence, m.flags
+                    ),
+                })
+            }
+        };
+        // SAFETY: the table held this view for C and gave it up here, once, after letting go of
+        // the message's buffer and payload.
+        unsafe { ends::release(c, &view)? };
+        write_out(out, value);
+        buffer_freed
+    })
+}
+
 /// The GPU buffer a received LF_MESSAGE_GPU message carries, as an `lf_buffer` lent until
 /// `lf_release` of the message (do not `lf_free` it): usable with `lf_buffer_copy` (the copy
 /// waits on the GPU for the message's `ready_value`), `lf_buffer_read`, and `lf_buffer_export`

@@ -220,14 +220,15 @@ pub unsafe extern "C" fn lf_channel_ready_semaphore(channel: *mut lf_channel, fd
     })
 }
 
-/// A new file descriptor of the channel's released semaphore (producers only): a Vulkan
-/// timeline semaphore exported as an opaque fd, which the consumer signals to `sequence + 1`
-/// once it let go of GPU message `sequence` and every GPU message before it. The producer's
-/// GPU work waits for that value before rewriting the buffer
-/// (`cudaWaitExternalSemaphoresAsync`), where `lf_wait_completed` waits on the host. A
-/// consumer whose own GPU work reads the buffer must finish it before `lf_release`. Needs
-/// `released_semaphore` set in the channel's config. The caller owns the fd.
-/// LF_ERR_UNSUPPORTED, with the reason, where the channel has none.
+/// A new file descriptor of the channel's released semaphore: a Vulkan timeline semaphore
+/// exported as an opaque fd, which the consumer signals to `sequence + 1` once it let go of GPU
+/// message `sequence` and every GPU message before it. The producer's GPU work waits for that
+/// value before rewriting the buffer (`cudaWaitExternalSemaphoresAsync`), where
+/// `lf_wait_completed` waits on the host. A consumer whose own GPU work reads the buffer must
+/// finish it before `lf_release`, or release with `lf_release_on_gpu` and signal this
+/// semaphore on its GPU after that work (a consumer asks here for the fd to import; pair
+/// channels only). Needs `released_semaphore` set in the producer's channel config. The caller
+/// owns the fd. LF_ERR_UNSUPPORTED, with the reason, where the channel has none.
 ///
 /// # Safety
 /// `channel` a pointer from lava-flow or NULL; `fd` NULL or writable.
@@ -237,7 +238,10 @@ pub unsafe extern "C" fn lf_channel_released_semaphore(channel: *mut lf_channel,
         let out = out_ptr(fd, "fd")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
-        let owned = producer(&mut guard)?.released_semaphore()?;
+        let owned = match &mut *guard {
+            Channel::Producer(p) => p.released_semaphore()?,
+            Channel::Consumer(c) => c.released_semaphore()?,
+        };
         write_out(out, owned.into_raw_fd());
         Ok(())
     })

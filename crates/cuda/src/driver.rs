@@ -158,6 +158,11 @@ driver_api! {
     fn import_external_memory = "cuImportExternalMemory"(memory: *mut CUexternalMemory, desc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC);
     fn external_memory_get_mapped_buffer = "cuExternalMemoryGetMappedBuffer"(ptr: *mut CUdeviceptr, memory: CUexternalMemory, desc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC);
     fn destroy_external_memory = "cuDestroyExternalMemory"(memory: CUexternalMemory);
+    /// On success the driver owns the fd in `desc`; on failure it stays the caller's.
+    fn import_external_semaphore = "cuImportExternalSemaphore"(semaphore: *mut CUexternalSemaphore, desc: *const CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC);
+    fn signal_external_semaphores_async = "cuSignalExternalSemaphoresAsync"(semaphores: *const CUexternalSemaphore, params: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, count: c_uint, stream: CUstream);
+    fn wait_external_semaphores_async = "cuWaitExternalSemaphoresAsync"(semaphores: *const CUexternalSemaphore, params: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, count: c_uint, stream: CUstream);
+    fn destroy_external_semaphore = "cuDestroyExternalSemaphore"(semaphore: CUexternalSemaphore);
     fn stream_create = "cuStreamCreate"(stream: *mut CUstream, flags: c_uint);
     fn stream_destroy = "cuStreamDestroy_v2"(stream: CUstream);
     fn stream_synchronize = "cuStreamSynchronize"(stream: CUstream);
@@ -165,6 +170,8 @@ driver_api! {
     fn event_create = "cuEventCreate"(event: *mut CUevent, flags: c_uint);
     fn event_record = "cuEventRecord"(event: CUevent, stream: CUstream);
     fn event_synchronize = "cuEventSynchronize"(event: CUevent);
+    /// `Err` with `CUDA_ERROR_NOT_READY` while the work before the event is not done.
+    fn event_query = "cuEventQuery"(event: CUevent);
     fn event_destroy = "cuEventDestroy_v2"(event: CUevent);
 }
 

@@ -19,6 +19,8 @@ pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 /// `CUexternalMemory`.
 pub type CUexternalMemory = *mut c_void;
+/// `CUexternalSemaphore`.
+pub type CUexternalSemaphore = *mut c_void;
 /// `CUmemoryPool`.
 pub type CUmemoryPool = *mut c_void;
 /// `CUmemGenericAllocationHandle`: `unsigned long long`.
@@ -33,6 +35,8 @@ pub type CUmemAllocationHandleType = c_uint;
 pub type CUmemorytype = c_uint;
 
 pub const CUDA_SUCCESS: CUresult = 0;
+/// `CUDA_ERROR_NOT_READY`: an event's or stream's work is not done yet (`cuEventQuery`).
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
@@ -104,6 +108,13 @@ pub const CU_IPC_HANDLE_SIZE: usize = 64;
 pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD: c_int = 1;
 /// `CUDA_EXTERNAL_MEMORY_DEDICATED`.
 pub const CUDA_EXTERNAL_MEMORY_DEDICATED: c_uint = 1;
+/// `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD`: a Vulkan timeline semaphore's
+/// opaque fd.
+pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD: c_int = 9;
+/// `CU_STREAM_LEGACY`: the legacy default stream, ordered after every blocking stream.
+pub const CU_STREAM_LEGACY: CUstream = 0x1 as CUstream;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+pub const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
 /// `CU_STREAM_NON_BLOCKING`: the stream does not wait for the legacy default stream.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
 pub const CU_EVENT_DEFAULT: c_uint = 0;
@@ -196,7 +207,49 @@ pub struct CUDA_EXTERNAL_MEMORY_BUFFER_DESC {
     pub reserved: [c_uint; 16],
 }
 
+/// `CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC`: the handle union is 16 bytes, of which an fd takes
+/// the first 4.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
+    pub type_: c_int,
+    pub handle: [u64; 2],
+    pub flags: c_uint,
+    pub reserved: [c_uint; 16],
+}
+
+/// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS`: a timeline semaphore takes `fence_value`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS {
+    pub fence_value: u64,
+    pub nv_sci_sync: u64,
+    pub keyed_mutex_key: u64,
+    pub params_reserved: [c_uint; 12],
+    pub flags: c_uint,
+    pub reserved: [c_uint; 16],
+}
+
+/// `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS`: a timeline semaphore takes `fence_value`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS {
+    pub fence_value: u64,
+    pub nv_sci_sync: u64,
+    pub keyed_mutex_key: u64,
+    pub keyed_mutex_timeout_ms: c_uint,
+    pub keyed_mutex_padding: c_uint,
+    pub params_reserved: [c_uint; 10],
+    pub flags: c_uint,
+    pub reserved: [c_uint; 16],
+}
+
 // The sizes cuda.h gives these structs on 64-bit platforms.
+const _: () = assert!(
+    std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC>() == 96
+        && std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS>() == 144
+        && std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS>() == 144
+);
 const _: () = assert!(
     std::mem::size_of::<CUmemAllocationProp>() == 32
         && std::mem::size_of::<CUmemAccessDesc>() == 12

@@ -6,167 +6,49 @@
 //! semaphore is imported likewise (`cuImportExternalSemaphore`), so that a stream waits for a
 //! GPU message's payload (`cuWaitExternalSemaphoresAsync`) or a producer's stream says when a
 //! buffer it sends is written (`cuSignalExternalSemaphoresAsync`); events (`cuEventRecord`)
-//! tell when a consumer's stream is done with a message. libcuda is opened at first use;
-//! without it, DLPack of GPU memory says so.
+//! tell when a consumer's stream is done with a message. The driver is lava-flow's one binding
+//! (the crate lava-flow-cuda, as the core's), opened at first use; without it (or under
+//! `LF_DISABLE_CUDA=1`), DLPack of GPU memory says so.
 //!
 //! Imports of received arenas are made once per process and cached (`imported`, bookkept by
 //! `import_cache`): per message there is only a lookup. An import is an `Arc` that the cache
 //! and each DLPack tensor over it hold; the last one destroys it, after the device's work is
 //! done (that wait happens only when an arena leaves the cache, never per message).
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
+use lava_flow_cuda::sys::*;
+use lava_flow_cuda::Driver;
 use pyo3::exceptions::PyBufferError;
 use pyo3::PyResult;
 
 use crate::ffi;
 use crate::import_cache::{ArenaKey, ImportCache};
 
-type CuResult = c_int;
-type CuDevice = c_int;
-type CuContext = *mut c_void;
-type CuExtMem = *mut c_void;
-type CuExtSem = *mut c_void;
-type CuEvent = *mut c_void;
-pub type CuStream = *mut c_void;
+pub type CuStream = CUstream;
 
-const EXTERNAL_MEMORY_OPAQUE_FD: c_int = 1;
-const EXTERNAL_MEMORY_DEDICATED: c_uint = 1;
-const EXTERNAL_SEMAPHORE_TIMELINE_FD: c_int = 9;
-const ERROR_NOT_READY: CuResult = 600;
-// A host waiting for it sleeps instead of spinning; no timing, which costs a little per record.
-const EVENT_FLAGS: c_uint = 0x1 | 0x2;
+/// `CU_EVENT_BLOCKING_SYNC`: a host waiting for the event sleeps instead of spinning.
+const EVENT_BLOCKING_SYNC: std::ffi::c_uint = 0x1;
+// No timing either, which costs a little per record.
+const EVENT_FLAGS: std::ffi::c_uint = EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING;
 
 /// Arenas kept imported at most; each pins its GPU memory (64 MiB by default) while cached.
 const CACHE_CAPACITY: usize = 16;
 /// Idle events kept for reuse at most.
 const EVENT_POOL: usize = 64;
 
-#[repr(C)]
-struct MemHandleDesc {
-    ty: c_int,
-    handle: [u64; 2],
-    size: u64,
-    flags: c_uint,
-    reserved: [c_uint; 16],
-}
+/// Set once this module used the driver: from then on, releasing handles may call it.
+static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-#[repr(C)]
-struct MemBufferDesc {
-    offset: u64,
-    size: u64,
-    flags: c_uint,
-    reserved: [c_uint; 16],
-}
-
-#[repr(C)]
-struct SemHandleDesc {
-    ty: c_int,
-    handle: [u64; 2],
-    flags: c_uint,
-    reserved: [c_uint; 16],
-}
-
-#[repr(C)]
-struct SemWaitParams {
-    fence_value: u64,
-    nv_sci_sync: u64,
-    keyed_mutex_key: u64,
-    keyed_mutex_timeout_ms: c_uint,
-    _keyed_mutex_padding: c_uint,
-    params_reserved: [c_uint; 10],
-    flags: c_uint,
-    reserved: [c_uint; 16],
-}
-
-#[repr(C)]
-struct SemSignalParams {
-    fence_value: u64,
-    nv_sci_sync: u64,
-    keyed_mutex_key: u64,
-    params_reserved: [c_uint; 12],
-    flags: c_uint,
-    reserved: [c_uint; 16],
-}
-
-struct Api {
-    _lib: libloading::Library,
-    get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
-    device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
-    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
-    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], CuDevice) -> CuResult,
-    primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
-    ctx_push: unsafe extern "C" fn(CuContext) -> CuResult,
-    ctx_pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
-    ctx_synchronize: unsafe extern "C" fn() -> CuResult,
-    import_memory: unsafe extern "C" fn(*mut CuExtMem, *const MemHandleDesc) -> CuResult,
-    mapped_buffer: unsafe extern "C" fn(*mut u64, CuExtMem, *const MemBufferDesc) -> CuResult,
-    destroy_memory: unsafe extern "C" fn(CuExtMem) -> CuResult,
-    mem_free: unsafe extern "C" fn(u64) -> CuResult,
-    import_semaphore: unsafe extern "C" fn(*mut CuExtSem, *const SemHandleDesc) -> CuResult,
-    wait_semaphores: unsafe extern "C" fn(*const CuExtSem, *const SemWaitParams, c_uint, CuStream) -> CuResult,
-    signal_semaphores: unsafe extern "C" fn(*const CuExtSem, *const SemSignalParams, c_uint, CuStream) -> CuResult,
-    destroy_semaphore: unsafe extern "C" fn(CuExtSem) -> CuResult,
-    event_create: unsafe extern "C" fn(*mut CuEvent, c_uint) -> CuResult,
-    event_record: unsafe extern "C" fn(CuEvent, CuStream) -> CuResult,
-    event_query: unsafe extern "C" fn(CuEvent) -> CuResult,
-    event_synchronize: unsafe extern "C" fn(CuEvent) -> CuResult,
-    event_destroy: unsafe extern "C" fn(CuEvent) -> CuResult,
-}
-
-// SAFETY: the driver API is thread-safe; the struct holds function pointers and the library.
-unsafe impl Send for Api {}
-// SAFETY: as above.
-unsafe impl Sync for Api {}
-
-static API: OnceLock<Result<Api, String>> = OnceLock::new();
-
-fn load() -> Result<Api, String> {
-    // SAFETY: loading the CUDA driver runs its initialisers, which have no preconditions.
-    let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| format!("libcuda.so.1: {e}"))?;
-    macro_rules! sym {
-        ($name:literal) => {
-            // SAFETY: the symbol has the driver API's signature for this name (cuda.h).
-            *unsafe { lib.get($name) }
-                .map_err(|e| format!("libcuda.so.1 lacks {}: {e}", String::from_utf8_lossy($name)))?
-        };
+/// The process's CUDA driver, loaded at the first use (`lava_flow_cuda::driver`, which
+/// honours `LF_DISABLE_CUDA=1`).
+fn api() -> PyResult<&'static Driver> {
+    let d = lava_flow_cuda::driver();
+    if d.is_ok() {
+        USED.store(true, Ordering::Relaxed);
     }
-    let init: unsafe extern "C" fn(c_uint) -> CuResult = sym!(b"cuInit");
-    let api = Api {
-        get_error_string: sym!(b"cuGetErrorString"),
-        device_get_count: sym!(b"cuDeviceGetCount"),
-        device_get: sym!(b"cuDeviceGet"),
-        device_get_uuid: sym!(b"cuDeviceGetUuid_v2"),
-        primary_ctx_retain: sym!(b"cuDevicePrimaryCtxRetain"),
-        ctx_push: sym!(b"cuCtxPushCurrent_v2"),
-        ctx_pop: sym!(b"cuCtxPopCurrent_v2"),
-        ctx_synchronize: sym!(b"cuCtxSynchronize"),
-        import_memory: sym!(b"cuImportExternalMemory"),
-        mapped_buffer: sym!(b"cuExternalMemoryGetMappedBuffer"),
-        destroy_memory: sym!(b"cuDestroyExternalMemory"),
-        mem_free: sym!(b"cuMemFree_v2"),
-        import_semaphore: sym!(b"cuImportExternalSemaphore"),
-        wait_semaphores: sym!(b"cuWaitExternalSemaphoresAsync"),
-        signal_semaphores: sym!(b"cuSignalExternalSemaphoresAsync"),
-        destroy_semaphore: sym!(b"cuDestroyExternalSemaphore"),
-        event_create: sym!(b"cuEventCreate"),
-        event_record: sym!(b"cuEventRecord"),
-        event_query: sym!(b"cuEventQuery"),
-        event_synchronize: sym!(b"cuEventSynchronize"),
-        event_destroy: sym!(b"cuEventDestroy_v2"),
-        _lib: lib,
-    };
-    // SAFETY: cuInit with flags 0.
-    let r = unsafe { init(0) };
-    if r != 0 {
-        return Err(format!("cuInit failed: {}", api.error(r)));
-    }
-    Ok(api)
-}
-
-fn api() -> PyResult<&'static Api> {
-    API.get_or_init(load).as_ref().map_err(|e| {
+    d.map_err(|e| {
         PyBufferError::new_err(format!(
             "DLPack of GPU memory imports it into CUDA, which is not available here ({e}); read it \
              with Buffer.read(), or copy it to host memory with Context.copy()"
@@ -174,115 +56,98 @@ fn api() -> PyResult<&'static Api> {
     })
 }
 
-/// The driver, where something of CUDA was made already (handles to release need it).
-fn loaded() -> Option<&'static Api> {
-    API.get().and_then(|r| r.as_ref().ok())
+/// The driver, where something of CUDA was made already (handles to release need it): a
+/// process that never used CUDA does not load it to free a channel.
+fn loaded() -> Option<&'static Driver> {
+    if USED.load(Ordering::Relaxed) {
+        lava_flow_cuda::driver().ok()
+    } else {
+        None
+    }
+}
+
+/// A driver call's outcome as Python's error.
+fn check(r: lava_flow_cuda::Result<()>) -> PyResult<()> {
+    r.map_err(|e| PyBufferError::new_err(e.to_string()))
 }
 
 /// A raw CUDA handle that crosses threads (the driver's handles are process-wide).
 #[derive(Clone, Copy)]
-struct Raw(*mut c_void);
+struct Raw(*mut std::ffi::c_void);
 // SAFETY: CUDA handles are usable from any thread.
 unsafe impl Send for Raw {}
 
 /// Each device's primary context, retained once for the process's life (as the runtime does).
-static CONTEXTS: Mutex<Vec<(CuDevice, Raw)>> = Mutex::new(Vec::new());
+static CONTEXTS: Mutex<Vec<(CUdevice, Raw)>> = Mutex::new(Vec::new());
 /// Device UUIDs seen, and their CUDA ordinals.
-static DEVICES: Mutex<Vec<([u8; 16], CuDevice)>> = Mutex::new(Vec::new());
+static DEVICES: Mutex<Vec<([u8; 16], CUdevice)>> = Mutex::new(Vec::new());
 
-impl Api {
-    fn error(&self, r: CuResult) -> String {
-        let mut s: *const c_char = std::ptr::null();
-        // SAFETY: writes a static string or leaves NULL.
-        unsafe { (self.get_error_string)(r, &mut s) };
-        if s.is_null() {
-            format!("CUDA error {r}")
-        } else {
-            // SAFETY: a static NUL-terminated string.
-            format!("{} ({r})", unsafe { CStr::from_ptr(s) }.to_string_lossy())
+fn primary_context(api: &Driver, device: CUdevice) -> PyResult<CUcontext> {
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, c)) = contexts.iter().find(|(d, _)| *d == device) {
+        return Ok(c.0);
+    }
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: out-parameter; retained once, kept for the process's life.
+    check(unsafe { api.device_primary_ctx_retain(&mut ctx, device) })?;
+    contexts.push((device, Raw(ctx)));
+    Ok(ctx)
+}
+
+/// Runs `f` with the device's primary context current.
+fn in_context<R>(api: &Driver, device: CUdevice, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+    let ctx = primary_context(api, device)?;
+    // SAFETY: a live (retained) context.
+    check(unsafe { api.ctx_push_current(ctx) })?;
+    let r = f();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops what was pushed above.
+    let _ = unsafe { api.ctx_pop_current(&mut popped) };
+    r
+}
+
+/// Waits for all of the device's work (before destroying what that work may use).
+fn synchronize_with(api: &Driver, device: CUdevice) {
+    let _ = in_context(api, device, || {
+        // SAFETY: the pushed context.
+        let _ = unsafe { api.ctx_synchronize() };
+        Ok(())
+    });
+}
+
+/// The CUDA device whose UUID is `uuid` (Vulkan's deviceUUID equals CUDA's on NVIDIA).
+fn device_with_uuid(api: &Driver, uuid: &[u8; 16]) -> PyResult<CUdevice> {
+    let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, d)) = devices.iter().find(|(u, _)| u == uuid) {
+        return Ok(d);
+    }
+    let n = api.device_count().map_err(|e| PyBufferError::new_err(e.to_string()))?;
+    for i in 0..n {
+        let dev = api.device(i).map_err(|e| PyBufferError::new_err(e.to_string()))?;
+        let u = api.device_uuid(dev).map_err(|e| PyBufferError::new_err(e.to_string()))?;
+        if &u == uuid {
+            devices.push((u, dev));
+            return Ok(dev);
         }
     }
-
-    fn check(&self, what: &str, r: CuResult) -> PyResult<()> {
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(PyBufferError::new_err(format!("{what} failed: {}", self.error(r))))
-        }
-    }
-
-    fn primary_context(&self, device: CuDevice) -> PyResult<CuContext> {
-        let mut contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&(_, c)) = contexts.iter().find(|(d, _)| *d == device) {
-            return Ok(c.0);
-        }
-        let mut ctx: CuContext = std::ptr::null_mut();
-        // SAFETY: out-parameter; retained once, kept for the process's life.
-        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.primary_ctx_retain)(&mut ctx, device) })?;
-        contexts.push((device, Raw(ctx)));
-        Ok(ctx)
-    }
-
-    /// Runs `f` with the device's primary context current.
-    fn in_context<R>(&self, device: CuDevice, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
-        let ctx = self.primary_context(device)?;
-        // SAFETY: a live (retained) context.
-        self.check("cuCtxPushCurrent", unsafe { (self.ctx_push)(ctx) })?;
-        let r = f();
-        let mut popped: CuContext = std::ptr::null_mut();
-        // SAFETY: pops what was pushed above.
-        unsafe { (self.ctx_pop)(&mut popped) };
-        r
-    }
-
-    /// Waits for all of the device's work (before destroying what that work may use).
-    fn synchronize(&self, device: CuDevice) {
-        let _ = self.in_context(device, || {
-            // SAFETY: the pushed context.
-            unsafe { (self.ctx_synchronize)() };
-            Ok(())
-        });
-    }
-
-    /// The CUDA device whose UUID is `uuid` (Vulkan's deviceUUID equals CUDA's on NVIDIA).
-    fn device(&self, uuid: &[u8; 16]) -> PyResult<CuDevice> {
-        let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&(_, d)) = devices.iter().find(|(u, _)| u == uuid) {
-            return Ok(d);
-        }
-        let mut n = 0;
-        // SAFETY: out-parameter.
-        self.check("cuDeviceGetCount", unsafe { (self.device_get_count)(&mut n) })?;
-        for i in 0..n {
-            let (mut dev, mut u) = (0, [0u8; 16]);
-            // SAFETY: out-parameters.
-            self.check("cuDeviceGet", unsafe { (self.device_get)(&mut dev, i) })?;
-            // SAFETY: out-parameters.
-            self.check("cuDeviceGetUuid", unsafe { (self.device_get_uuid)(&mut u, dev) })?;
-            if &u == uuid {
-                devices.push((u, dev));
-                return Ok(dev);
-            }
-        }
-        Err(PyBufferError::new_err(format!(
-            "no CUDA device has the UUID of the GPU this memory is on ({}); CUDA sees {n} device(s): \
-             make that GPU visible to this process (CUDA_VISIBLE_DEVICES), or read the memory with \
-             Buffer.read()",
-            uuid.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        )))
-    }
+    Err(PyBufferError::new_err(format!(
+        "no CUDA device has the UUID of the GPU this memory is on ({}); CUDA sees {n} device(s): \
+         make that GPU visible to this process (CUDA_VISIBLE_DEVICES), or read the memory with \
+         Buffer.read()",
+        uuid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )))
 }
 
 /// Waits for all of `device`'s work (where no stream can be waited for instead).
 pub fn synchronize(device: i32) {
     if let Some(api) = loaded() {
-        api.synchronize(device);
+        synchronize_with(api, device);
     }
 }
 
 /// The CUDA device ordinal of the GPU whose (Vulkan) device UUID is `uuid`.
 pub fn device_of(uuid: &[u8; 16]) -> PyResult<i32> {
-    api()?.device(uuid)
+    device_with_uuid(api()?, uuid)
 }
 
 /// Closes an export's fd that CUDA did not take.
@@ -305,37 +170,35 @@ static IMPORTS: Mutex<ImportCache<Import>> = Mutex::new(ImportCache::new(CACHE_C
 
 impl Import {
     /// Imports the arena of export `e` (its fd taken in every case) on its device.
-    fn new(api: &Api, e: &ffi::lf_export) -> PyResult<Import> {
-        let device = match api.device(&e.device_uuid) {
+    fn new(api: &Driver, e: &ffi::lf_export) -> PyResult<Import> {
+        let device = match device_with_uuid(api, &e.device_uuid) {
             Ok(d) => d,
             Err(err) => {
                 close(e.fd);
                 return Err(err);
             }
         };
-        api.in_context(device, || {
-            let desc = MemHandleDesc {
-                ty: EXTERNAL_MEMORY_OPAQUE_FD,
+        in_context(api, device, || {
+            let desc = CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
+                type_: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
                 handle: [e.fd as u32 as u64, 0],
                 size: e.arena_size,
-                flags: if e.gpu_flags & ffi::LF_EXPORT_GPU_DEDICATED != 0 { EXTERNAL_MEMORY_DEDICATED } else { 0 },
+                flags: if e.gpu_flags & ffi::LF_EXPORT_GPU_DEDICATED != 0 { CUDA_EXTERNAL_MEMORY_DEDICATED } else { 0 },
                 reserved: [0; 16],
             };
-            let mut memory: CuExtMem = std::ptr::null_mut();
+            let mut memory: CUexternalMemory = std::ptr::null_mut();
             // SAFETY: a valid descriptor; on success CUDA owns the fd.
-            let r = unsafe { (api.import_memory)(&mut memory, &desc) };
-            if r != 0 {
+            if let Err(err) = check(unsafe { api.import_external_memory(&mut memory, &desc) }) {
                 close(e.fd);
-                return api.check("cuImportExternalMemory", r).map(|_| unreachable!());
+                return Err(err);
             }
-            let buf = MemBufferDesc { offset: 0, size: e.arena_size, flags: 0, reserved: [0; 16] };
+            let buf = CUDA_EXTERNAL_MEMORY_BUFFER_DESC { offset: 0, size: e.arena_size, flags: 0, reserved: [0; 16] };
             let mut base = 0u64;
             // SAFETY: a live external memory object and a valid descriptor.
-            let r = unsafe { (api.mapped_buffer)(&mut base, memory, &buf) };
-            if r != 0 {
+            if let Err(err) = check(unsafe { api.external_memory_get_mapped_buffer(&mut base, memory, &buf) }) {
                 // SAFETY: destroys what was imported above.
-                unsafe { (api.destroy_memory)(memory) };
-                return api.check("cuExternalMemoryGetMappedBuffer", r).map(|_| unreachable!());
+                let _ = unsafe { api.destroy_external_memory(memory) };
+                return Err(err);
             }
             IMPORTS_MADE.fetch_add(1, Ordering::Relaxed);
             IMPORTS_ALIVE.fetch_add(1, Ordering::Relaxed);
@@ -363,12 +226,12 @@ impl Drop for Import {
         let Some(api) = loaded() else { return };
         // Work queued on the memory (by a tensor that is gone now) ends first; this happens when
         // an arena leaves the cache and no tensor holds it, not per message.
-        api.synchronize(self.device);
-        let _ = api.in_context(self.device, || {
+        synchronize_with(api, self.device);
+        let _ = in_context(api, self.device, || {
             // SAFETY: each handle is released once; nothing uses them any more.
             unsafe {
-                (api.mem_free)(self.base);
-                (api.destroy_memory)(self.memory.0);
+                let _ = api.mem_free(self.base);
+                let _ = api.destroy_external_memory(self.memory.0);
             }
             Ok(())
         });
@@ -466,19 +329,18 @@ impl Semaphore {
                 return Err(err);
             }
         };
-        api.in_context(device, || {
-            let desc = SemHandleDesc {
-                ty: EXTERNAL_SEMAPHORE_TIMELINE_FD,
+        in_context(api, device, || {
+            let desc = CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
+                type_: CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD,
                 handle: [fd as u32 as u64, 0],
                 flags: 0,
                 reserved: [0; 16],
             };
-            let mut sem: CuExtSem = std::ptr::null_mut();
+            let mut sem: CUexternalSemaphore = std::ptr::null_mut();
             // SAFETY: a valid descriptor; on success CUDA owns the fd.
-            let r = unsafe { (api.import_semaphore)(&mut sem, &desc) };
-            if r != 0 {
+            if let Err(err) = check(unsafe { api.import_external_semaphore(&mut sem, &desc) }) {
                 close(fd);
-                return api.check("cuImportExternalSemaphore", r).map(|_| unreachable!());
+                return Err(err);
             }
             Ok(Semaphore { sem: Raw(sem), device })
         })
@@ -491,40 +353,20 @@ impl Semaphore {
     /// Makes `stream`'s later work wait until the semaphore reaches `value`.
     pub fn wait(&self, value: u64, stream: CuStream) -> PyResult<()> {
         let api = api()?;
-        api.in_context(self.device, || {
-            let params = SemWaitParams {
-                fence_value: value,
-                nv_sci_sync: 0,
-                keyed_mutex_key: 0,
-                keyed_mutex_timeout_ms: 0,
-                _keyed_mutex_padding: 0,
-                params_reserved: [0; 10],
-                flags: 0,
-                reserved: [0; 16],
-            };
+        in_context(api, self.device, || {
+            let params = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS { fence_value: value, ..Default::default() };
             // SAFETY: a live semaphore, valid parameters, the caller's stream.
-            api.check("cuWaitExternalSemaphoresAsync", unsafe {
-                (api.wait_semaphores)(&self.sem.0, &params, 1, stream)
-            })
+            check(unsafe { api.wait_external_semaphores_async(&self.sem.0, &params, 1, stream) })
         })
     }
 
     /// Sets the semaphore to `value` once `stream`'s earlier work is done.
     pub fn signal(&self, value: u64, stream: CuStream) -> PyResult<()> {
         let api = api()?;
-        api.in_context(self.device, || {
-            let params = SemSignalParams {
-                fence_value: value,
-                nv_sci_sync: 0,
-                keyed_mutex_key: 0,
-                params_reserved: [0; 12],
-                flags: 0,
-                reserved: [0; 16],
-            };
+        in_context(api, self.device, || {
+            let params = CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS { fence_value: value, ..Default::default() };
             // SAFETY: a live semaphore, valid parameters, the caller's stream.
-            api.check("cuSignalExternalSemaphoresAsync", unsafe {
-                (api.signal_semaphores)(&self.sem.0, &params, 1, stream)
-            })
+            check(unsafe { api.signal_external_semaphores_async(&self.sem.0, &params, 1, stream) })
         })
     }
 }
@@ -533,9 +375,9 @@ impl Drop for Semaphore {
     fn drop(&mut self) {
         let Some(api) = loaded() else { return };
         // Waits and signals queued on it end first (a producer change or a channel's end).
-        api.synchronize(self.device);
+        synchronize_with(api, self.device);
         // SAFETY: released once; nothing uses it any more.
-        unsafe { (api.destroy_semaphore)(self.sem.0) };
+        let _ = unsafe { api.destroy_external_semaphore(self.sem.0) };
     }
 }
 
@@ -559,19 +401,19 @@ impl Event {
             let mut pool = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
             pool.iter().position(|(d, _)| *d == device).map(|i| pool.swap_remove(i).1)
         };
-        api.in_context(device, || {
+        in_context(api, device, || {
             let event = match pooled {
                 Some(e) => e,
                 None => {
-                    let mut e: CuEvent = std::ptr::null_mut();
+                    let mut e: CUevent = std::ptr::null_mut();
                     // SAFETY: out-parameter, in the device's context.
-                    api.check("cuEventCreate", unsafe { (api.event_create)(&mut e, EVENT_FLAGS) })?;
+                    check(unsafe { api.event_create(&mut e, EVENT_FLAGS) })?;
                     Raw(e)
                 }
             };
             let ev = Event { event, device };
             // SAFETY: a live event and the caller's stream, in the same context.
-            api.check("cuEventRecord", unsafe { (api.event_record)(ev.event.0, stream) })?;
+            check(unsafe { api.event_record(ev.event.0, stream) })?;
             Ok(ev)
         })
     }
@@ -581,15 +423,15 @@ impl Event {
     pub fn done(&self) -> bool {
         let Some(api) = loaded() else { return true };
         // SAFETY: a live event.
-        let r = unsafe { (api.event_query)(self.event.0) };
-        r != ERROR_NOT_READY
+        let r = unsafe { api.event_query(self.event.0) };
+        r.err().and_then(|e| e.code()) != Some(CUDA_ERROR_NOT_READY)
     }
 
     /// Waits (sleeping) until the work before the event is done.
     pub fn wait(&self) {
         if let Some(api) = loaded() {
             // SAFETY: a live event.
-            unsafe { (api.event_synchronize)(self.event.0) };
+            let _ = unsafe { api.event_synchronize(self.event.0) };
         }
     }
 }
@@ -603,7 +445,7 @@ impl Drop for Event {
         } else if let Some(api) = loaded() {
             drop(pool);
             // SAFETY: released once; nobody holds it any more.
-            unsafe { (api.event_destroy)(self.event.0) };
+            let _ = unsafe { api.event_destroy(self.event.0) };
         }
     }
 }
@@ -612,7 +454,7 @@ impl Drop for Event {
 /// per-thread default stream, -1 none (no wait), else a `cudaStream_t` as an int.
 pub fn stream(stream: Option<isize>) -> Option<CuStream> {
     match stream {
-        None | Some(1) => Some(1 as CuStream),
+        None | Some(1) => Some(CU_STREAM_LEGACY),
         Some(-1) => None,
         Some(s) => Some(s as CuStream),
     }

@@ -36,9 +36,18 @@ fn _cuda_imports() -> (u64, u64, usize) {
     cuda::import_counts()
 }
 
+/// This process's releases of GPU messages so far: (at once, because their streams were done;
+/// deferred until their streams' events were done; on the GPU, signalling the producer's
+/// released semaphore on the consumer's stream).
+#[pyfunction]
+fn _gpu_releases() -> (u64, u64, u64) {
+    channel::release_counts()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_cuda_imports, m)?)?;
+    m.add_function(wrap_pyfunction!(_gpu_releases, m)?)?;
     native::load(m.py())?;
     error::register(m)?;
     native::register(m)?;

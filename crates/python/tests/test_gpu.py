@@ -4,6 +4,7 @@ sent between two Python processes, and DLPack into PyTorch and CuPy on CUDA host
 The CUDA tests run where torch or cupy with a CUDA device is installed (the H200 host):
     python -m pytest crates/python/tests/test_gpu.py -v
 and skip elsewhere."""
+import os
 import time
 
 import numpy as np
@@ -52,9 +53,15 @@ print(ch.transport)
 """
 
 
-def test_gpu_buffer_between_processes(gpu_ctx, name, peer):
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["release_after_events", "release_on_gpu"])
+def test_gpu_buffer_between_processes(gpu_ctx, name, peer, on_gpu):
     p = peer(GPU_PRODUCER, name)
-    ch = lf.consumer(gpu_ctx, name)
+    # A consumer that asks to release on the GPU, of a producer without a released semaphore:
+    # its messages are released as before.
+    ch = lf.consumer(gpu_ctx, name, released_semaphore=on_gpu)
+    if on_gpu:
+        with pytest.raises(lf.LavaFlowError, match="has no released semaphore"):
+            ch.released_semaphore()
     with ch.recv(timeout=60) as m:
         if m.is_gpu:
             # By reference through Vulkan IPC: the producer's GPU memory, lent while held.
@@ -233,10 +240,14 @@ print("completed")
 """
 
 
-def test_cuda_release_orders_after_the_consumer_stream(gpu_ctx, name, peer):
+@pytest.mark.parametrize("opted", [False, True], ids=["default", "opted_in_without_released_semaphore"])
+def test_cuda_release_orders_after_the_consumer_stream(gpu_ctx, name, peer, opted):
     torch = cuda_consumer_ctx(gpu_ctx)
     p = peer(ORDERED_PRODUCER, name)
-    ch = lf.consumer(gpu_ctx, name)
+    # Opted in to releases on the GPU, but the producer has no released semaphore: the release
+    # goes after the stream's events all the same.
+    ch = lf.consumer(gpu_ctx, name, released_semaphore=opted)
+    on_gpu_before = lf._gpu_releases()[2]
     back = lf.producer(gpu_ctx, name + "-back")
     stream = torch.cuda.Stream()
     m = ch.recv(timeout=60)
@@ -255,6 +266,7 @@ def test_cuda_release_orders_after_the_consumer_stream(gpu_ctx, name, peer):
     out = p.wait(timeout=60)
     assert "early False" in out and "completed" in out, out
     assert int(total) == 3 * (1 << 20), "the producer rewrote the buffer under the consumer's stream"
+    assert lf._gpu_releases()[2] == on_gpu_before, "released on the GPU without a released semaphore"
     ch.close()
     back.close()
 
@@ -289,3 +301,113 @@ def test_cuda_send_buffer_on_a_stream(gpu_ctx, name, peer):
         del t
     assert int(total) == 7 * (1 << 20), "the consumer's stream read before the producer's fill"
     assert "queued False" in p.wait()
+
+
+# ---- Releases on the GPU: the consumer releases at once, the producer's released semaphore is
+# signalled on the consumer's stream, and the producer's wait_completed waits for it.
+
+RELEASED_ON_GPU_PRODUCER = """
+import time, numpy as np, lava_flow as lf, torch
+ctx = lf.Context(gpu="required")
+ch = lf.producer(ctx, NAME, released_semaphore=True)
+b = ctx.alloc(1 << 20, lf.Memory.GPU_DEVICE_LOCAL)
+t = torch.from_dlpack(b)
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    t.fill_(3)
+seq = ch.send_buffer(b, stream=s)
+# On the host the consumer released at once (its stream still sleeps before it reads); s waits
+# on the GPU for its signal before the rewrite.
+ch.wait_completed(seq, timeout=60, stream=s)
+print("gpu-wait", not s.query())
+with torch.cuda.stream(s):
+    t.fill_(200)
+seq = ch.send_buffer(b, stream=s)
+# No stream: this call waits on the host for the consumer's GPU work too, so that a write from
+# the host (Vulkan, unordered with CUDA) comes after its read.
+ch.wait_completed(seq, timeout=60)
+b.write(np.full(1 << 20, 9, dtype=np.uint8))
+print("completed")
+"""
+
+
+def test_cuda_release_on_gpu_orders_the_producers_rewrite(gpu_ctx, name, peer):
+    torch = cuda_consumer_ctx(gpu_ctx)
+    p = peer(RELEASED_ON_GPU_PRODUCER, name)
+    ch = lf.consumer(gpu_ctx, name, released_semaphore=True)
+    stream = torch.cuda.Stream()
+    immediate, deferred, on_gpu = lf._gpu_releases()
+    totals = []
+    for _ in range(2):
+        m = ch.recv(timeout=60)
+        assert m.is_gpu and m.ready_value > 0, ch.transport_reason
+        # The consumer's own fd of its producer's released semaphore (what it signals).
+        fd = ch.released_semaphore()
+        assert fd >= 0
+        os.close(fd)
+        t = torch.from_dlpack(m.__dlpack__(stream=stream.cuda_stream))
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(1_000_000_000)  # GPU time before the read
+            totals.append(t.to(torch.int64).sum())
+        del t
+        started = time.monotonic()
+        m.release()
+        released_in = time.monotonic() - started
+        assert not stream.query(), "the stream's work is still running"
+        assert released_in < 0.2, f"release blocked the host for {released_in:.3f} s"
+    stream.synchronize()
+    out = p.wait(timeout=60)
+    assert "gpu-wait True" in out and "completed" in out, out
+    assert [int(x) for x in totals] == [3 << 20, 200 << 20], "the producer rewrote the buffer under the read"
+    assert lf._gpu_releases() == (immediate, deferred, on_gpu + 2), "both released on the GPU, none deferred"
+    ch.close()
+
+
+MANY_ON_GPU_PRODUCER = """
+import lava_flow as lf, torch
+ctx = lf.Context(gpu="required")
+ch = lf.producer(ctx, NAME, released_semaphore=True)
+n = int(ARGS[0])
+bufs = [ctx.alloc(1 << 16, lf.Memory.GPU_DEVICE_LOCAL) for _ in range(2)]
+views = [torch.from_dlpack(b) for b in bufs]
+s = torch.cuda.Stream()
+last = [None, None]
+for i in range(n):
+    k = i % 2
+    if last[k] is not None:
+        ch.wait_completed(last[k], timeout=60, stream=s)
+    with torch.cuda.stream(s):
+        views[k].fill_(i % 251)
+    last[k] = ch.send_buffer(bufs[k], stream=s)
+ch.wait_completed(last[(n - 1) % 2], timeout=60)
+print("sent", n)
+"""
+
+
+def test_cuda_release_on_gpu_many_messages_across_streams(gpu_ctx, name, peer):
+    torch = cuda_consumer_ctx(gpu_ctx)
+    n = 200
+    p = peer(MANY_ON_GPU_PRODUCER, name, n)
+    ch = lf.consumer(gpu_ctx, name, released_semaphore=True)
+    # Views on two streams in turn, some messages without any view, some garbage-collected:
+    # every one is released on the GPU, each value after the work before it.
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    seen = []
+    on_gpu = lf._gpu_releases()[2]
+    for i in range(n):
+        m = ch.recv(timeout=60)
+        if i % 5 == 4:
+            del m  # no view at all: released as it is collected
+            continue
+        s = streams[(i // 3) % 2]
+        t = torch.from_dlpack(m.__dlpack__(stream=s.cuda_stream))
+        with torch.cuda.stream(s):
+            seen.append((i, t[0].clone(), t[-1].clone()))
+        del t
+        m.release()
+    torch.cuda.synchronize()
+    assert "sent" in p.wait(timeout=60)
+    wrong = [(i, int(a), int(b)) for i, a, b in seen if int(a) != i % 251 or int(b) != i % 251]
+    assert not wrong, f"read another round's bytes: {wrong[:5]}"
+    assert lf._gpu_releases()[2] - on_gpu == n, "every GPU message was released on the GPU"
+    ch.close()

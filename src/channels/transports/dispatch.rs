@@ -448,4 +448,5 @@ forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
     #[inline(always)]
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
     fn ready_semaphore(&self) -> Result<OwnedFd>;
+    fn released_semaphore(&self) -> Result<OwnedFd>;
 });

@@ -37,6 +37,7 @@ from ._native import (
     TimeoutError,
     WouldBlockError,
     _cuda_imports,
+    _gpu_releases,
     library_path,
     set_log_level,
     version,

@@ -15,9 +15,11 @@
 //! - the release thread (one per process, started at the first deferred release), which
 //!   sleeps on the events and hands the messages back when the channel is free.
 //!
-//! lava-flow's C API releases on the host only (its released semaphore is signalled by
-//! `lf_release`), so the ordering lives here: the producer's `wait_completed` returns only
-//! once the consumer's stream work queued before the release is done. A DLPack request with
+//! This is the path of consumers that did not ask to release on the GPU, or whose producer has
+//! no released semaphore: the producer's `wait_completed` returns only once the consumer's
+//! stream work queued before the release is done. A consumer made with
+//! `released_semaphore=True` whose producer has one releases at once instead and signals the
+//! producer's released semaphore on its stream (`gpu_release`): no event, no deferral. A DLPack request with
 //! `stream=None` means the legacy default stream (which orders after every blocking stream);
 //! `stream=-1` asks for no synchronisation at all: the consumer orders its work itself and
 //! the release is immediate. Views on the per-thread default stream (`stream=2`) are recorded
@@ -31,6 +33,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::gpu_release::{DEFERRED, IMMEDIATE};
 use super::handle::{Deferred, Msg};
 use super::Channel;
 use crate::buffer::Buffer;
@@ -76,6 +79,7 @@ impl Channel {
 
     /// The producer in `slot` (None: every one) has gone: a new one brings a new semaphore.
     pub(super) fn forget_producer(&self, slot: Option<u32>) {
+        self.forget_released();
         let gone: Vec<_> = {
             let mut g = self.gpu_state();
             let (gone, kept) =
@@ -114,10 +118,7 @@ impl Channel {
         if let Some(s) = self.gpu_state().own.clone() {
             return Ok(s);
         }
-        let e = buffer.export_record()?;
-        // SAFETY: the export's fd is ours; only its device UUID is needed.
-        unsafe { libc::close(e.fd) };
-        let device = cuda::device_of(&e.device_uuid)?;
+        let device = buffer_device(buffer)?;
         let fd = self.ready_semaphore_fd(py)?;
         let sem = Arc::new(Semaphore::import(fd, device)?);
         Ok(self.gpu_state().own.get_or_insert(sem).clone())
@@ -138,7 +139,10 @@ impl Channel {
                 this.defer_after(channel.clone_ref(py), *m, events);
                 Ok(())
             }
-            _ => this.release_message(py, m),
+            _ => {
+                IMMEDIATE.fetch_add(1, Ordering::Relaxed);
+                this.release_message(py, m)
+            }
         }
     }
 
@@ -150,11 +154,15 @@ impl Channel {
                 let ch = Python::with_gil(|py| channel.clone_ref(py));
                 this.defer_after(ch, m, events);
             }
-            _ => this.run_or_defer(Deferred::Release(m)),
+            _ => {
+                IMMEDIATE.fetch_add(1, Ordering::Relaxed);
+                this.run_or_defer(Deferred::Release(m))
+            }
         }
     }
 
     fn defer_after(&self, channel: Py<Channel>, m: Msg, events: Vec<Arc<Event>>) {
+        DEFERRED.fetch_add(1, Ordering::Relaxed);
         self.gpu_waiting.fetch_add(1, Ordering::AcqRel);
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Deferred::ReleaseAfter(m, events.clone()));
         self.has_pending.store(true, Ordering::Release);
@@ -162,10 +170,18 @@ impl Channel {
     }
 }
 
+/// The CUDA device of GPU buffer `buffer`.
+pub(super) fn buffer_device(buffer: &Buffer) -> PyResult<i32> {
+    let e = buffer.export_record()?;
+    // SAFETY: the export's fd is ours; only its device UUID is needed.
+    unsafe { libc::close(e.fd) };
+    cuda::device_of(&e.device_uuid)
+}
+
 /// Events after the work queued on `streams`; None where one could not be recorded (an invalid
 /// stream, a broken context), after waiting for the whole device instead (the one place a
 /// release synchronises, for a stream CUDA refuses).
-fn record(streams: &[usize], device: i32) -> Option<Vec<Arc<Event>>> {
+pub(super) fn record(streams: &[usize], device: i32) -> Option<Vec<Arc<Event>>> {
     let mut events = Vec::with_capacity(streams.len());
     for &s in streams {
         match Event::record(device, s as CuStream) {

@@ -43,6 +43,9 @@ pub(super) enum Deferred {
     /// A released GPU message that the consumer's streams may still read: released once each
     /// event is done (see `gpu`).
     ReleaseAfter(Msg, Vec<Arc<Event>>),
+    /// A garbage-collected GPU message of a consumer that releases on the GPU, with the
+    /// streams of its views and their device (see `gpu_release`).
+    ReleaseGpu(Msg, Vec<usize>, i32),
     /// A garbage-collected loan, neither published nor cancelled, to give back.
     CancelLoan(LoanRegion),
 }
@@ -67,7 +70,9 @@ impl Deferred {
     fn run(self, ch: Ptr<ffi::lf_channel>) {
         match self {
             // SAFETY: a message received on this live channel, released once.
-            Deferred::Release(m) | Deferred::ReleaseAfter(m, _) => unsafe { lib().lf_release(ch.0, &m.0) },
+            Deferred::Release(m) | Deferred::ReleaseAfter(m, _) | Deferred::ReleaseGpu(m, ..) => unsafe {
+                lib().lf_release(ch.0, &m.0)
+            },
             // SAFETY: the outstanding loan of this live channel, given back once.
             Deferred::CancelLoan(r) => unsafe { lib().lf_loan_cancel(ch.0, &r.0) },
         };
@@ -108,6 +113,21 @@ impl Channel {
                 if !d.due() {
                     waiting.push(d);
                     continue;
+                }
+                if let Deferred::ReleaseGpu(m, streams, device) = &d {
+                    if core.ptr.0.is_null() || self.release_on_gpu_locked(core.ptr, m, streams, *device).is_some() {
+                        self.outstanding.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                    // The producer has no released semaphore: after its streams' events.
+                    match super::gpu::record(streams, *device) {
+                        Some(events) if !events.iter().all(|e| e.done()) => {
+                            self.gpu_waiting.fetch_add(1, Ordering::AcqRel);
+                            waiting.push(Deferred::ReleaseAfter(*m, events));
+                            continue;
+                        }
+                        _ => {}
+                    }
                 }
                 if matches!(d, Deferred::ReleaseAfter(..)) {
                     self.gpu_waiting.fetch_sub(1, Ordering::AcqRel);
@@ -203,6 +223,12 @@ impl Channel {
         check(status)
     }
 
+    /// Leaves `d` to the next call on the channel (another thread holds it).
+    pub(super) fn defer(&self, d: Deferred) {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(d);
+        self.has_pending.store(true, Ordering::Release);
+    }
+
     /// Releases a message or cancels a loan being garbage-collected: now if the channel is
     /// free, else by the next call on it (a finalizer must not wait for another thread).
     pub(super) fn run_or_defer(&self, d: Deferred) {
@@ -257,17 +283,26 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
-        let core = self.core.get_mut().unwrap_or_else(|e| e.into_inner());
-        core.closed = true;
-        if !core.ptr.0.is_null() {
+        let ptr = {
+            let core = self.core.get_mut().unwrap_or_else(|e| e.into_inner());
+            core.closed = true;
+            core.ptr
+        };
+        if !ptr.0.is_null() {
             for d in std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner())) {
+                if let Deferred::ReleaseGpu(m, streams, device) = &d {
+                    if self.release_on_gpu_locked(ptr, m, streams, *device).is_some() {
+                        continue;
+                    }
+                    crate::cuda::synchronize(*device);
+                }
                 // The producer may reuse the memory once released: the consumer's streams end first.
                 d.wait();
-                d.run(core.ptr);
+                d.run(ptr);
             }
             // SAFETY: no message or loan refers to the channel any more (they hold it alive).
-            unsafe { lib().lf_channel_free(core.ptr.0) };
-            core.ptr = Ptr(std::ptr::null_mut());
+            unsafe { lib().lf_channel_free(ptr.0) };
+            self.core.get_mut().unwrap_or_else(|e| e.into_inner()).ptr = Ptr(std::ptr::null_mut());
         }
         self.forget_gpu();
     }

@@ -117,16 +117,17 @@ impl Message {
         }
     }
 
-    /// Gives the message back to lava-flow: after the work its views' streams queued so far.
+    /// Gives the message back to lava-flow: after the work its views' streams queued so far
+    /// (on the GPU, or after their events; see `gpu_release`).
     fn hand_back(&self, py: Python<'_>) -> PyResult<()> {
         let (streams, device) = {
             let mut s = self.lock();
             (std::mem::take(&mut s.streams), s.stream_device)
         };
-        if streams.is_empty() {
-            self.channel.get().release_message(py, &self.msg)
+        if self.is_gpu() {
+            Channel::release_gpu(&self.channel, py, &self.msg, &streams, device)
         } else {
-            Channel::release_after(&self.channel, py, &self.msg, &streams, device)
+            self.channel.get().release_message(py, &self.msg)
         }
     }
 
@@ -229,10 +230,10 @@ impl Drop for Message {
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         if !s.done {
             s.done = true;
-            if s.streams.is_empty() {
-                self.channel.get().run_or_defer(Deferred::Release(self.msg));
+            if self.msg.0.flags & ffi::LF_MESSAGE_GPU != 0 {
+                Channel::release_gpu_in_finalizer(&self.channel, self.msg, &s.streams, s.stream_device);
             } else {
-                Channel::release_after_in_finalizer(&self.channel, self.msg, &s.streams, s.stream_device);
+                self.channel.get().run_or_defer(Deferred::Release(self.msg));
             }
         }
     }
@@ -309,13 +310,17 @@ impl Message {
 
     /// Hands the message back to the producer (at once, or when its last view is gone).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let now = {
+        let (now, cuda) = {
             let mut s = self.lock();
             let now = !s.released && s.exports == 0 && !s.done;
             s.released = true;
             s.done |= now;
-            now
+            // No new view can be made: only the tensors alive keep the arena's import (each
+            // holds it), so that a released message still bound to a name does not.
+            (now, s.cuda.take())
         };
+        // Outside the lock: the last reference destroys the import, which waits for the GPU.
+        drop(cuda);
         if now {
             self.hand_back(py)?;
         }

@@ -11,14 +11,16 @@
 //!
 //! Its parts: `handle` (the C handle under the channel's lock: blocking calls, deferred
 //! releases, freeing), `config` (the channel config from `Channel`'s keywords), `message`
-//! (`Message`), `loan` (`Loan`), `peers` (a consumer's producers, `Peer`) and `gpu` (GPU
-//! messages in CUDA: semaphores, stream-ordered sends, releases after the consumer's streams),
-//! each on `handle`.
+//! (`Message`), `loan` (`Loan`), `peers` (a consumer's producers, `Peer`), `gpu` (GPU
+//! messages in CUDA: semaphores, stream-ordered sends, releases after the consumer's streams)
+//! and `gpu_release` (releases on the GPU: the producer's released semaphore signalled on the
+//! consumer's stream, and the producer's stream-ordered wait for it), each on `handle`.
 // PyO3 0.22's generated method wrappers are unsafe fns with unsafe calls in them.
 #![allow(unsafe_op_in_unsafe_fn)]
 
 mod config;
 mod gpu;
+mod gpu_release;
 mod handle;
 mod loan;
 mod message;
@@ -32,6 +34,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use self::config::ConfigKeywords;
+pub use self::gpu_release::release_counts;
 use self::handle::{Core, Deferred, LoanRegion, Msg};
 pub use self::loan::Loan;
 use self::loan::LoanState;
@@ -49,7 +52,10 @@ use crate::pybuf::Borrowed;
 ///
 /// `role` is "producer" or "consumer". Keywords set the channel config (`capacity`,
 /// `pool_size`, `wait` (a `lava_flow.Wait`), `spin_ns`, `rendezvous_timeout` in seconds,
-/// `auto_zero_copy`, `strict_gpu`, `released_semaphore`, `prefault`, `kind` (a
+/// `auto_zero_copy`, `strict_gpu`, `released_semaphore` (a producer: the consumer signals a
+/// released semaphore as it lets go of GPU messages, see `wait_completed`; a consumer: it
+/// releases GPU messages as soon as its CUDA work on them is queued, signalling that semaphore
+/// on its stream, where the producer has one), `prefault`, `kind` (a
 /// `lava_flow.ChannelKind`, or "pair", "fan_in", "fan_out"), `max_peers` (a fan-in's most
 /// producers, or a fan-out's most consumers, 1 to 64) and `slow_consumer_timeout` in seconds (fan-out only)), the rest keeping
 /// lava-flow's defaults; `my_location` and `peer_location` (Locations) choose the transport.
@@ -79,6 +85,8 @@ pub struct Channel {
     gpu_waiting: AtomicUsize,
     /// Its semaphores in CUDA and its ready values (`gpu`).
     gpu: Mutex<gpu::GpuState>,
+    /// Releases on the GPU (`gpu_release`).
+    releases: Mutex<gpu_release::ReleaseState>,
     /// Unique in the process: names the channel to the CUDA import cache.
     id: u64,
     role: u32,
@@ -168,6 +176,10 @@ impl Channel {
             has_pending: AtomicBool::new(false),
             gpu_waiting: AtomicUsize::new(0),
             gpu: Mutex::new(gpu::GpuState::default()),
+            releases: Mutex::new(gpu_release::ReleaseState::new(
+                role == ffi::LF_ROLE_PRODUCER,
+                c.released_semaphore != 0,
+            )),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             role,
             kind: c.kind,
@@ -261,7 +273,7 @@ impl Channel {
         if let Some(v) = ready_value {
             self.note_ready_value(v);
         }
-        buffer.with(|b| {
+        let seq = buffer.with(|b| {
             let mut value = ready_value;
             let mut failed = None;
             self.blocking(py, "send_buffer", timeout, |ch, t| {
@@ -286,7 +298,11 @@ impl Channel {
                 (s, seq)
             })
             .map_err(|e| failed.take().unwrap_or(e))
-        })
+        })?;
+        if buffer.is_gpu() {
+            self.note_gpu_sent(seq, || gpu::buffer_device(buffer));
+        }
+        Ok(seq)
     }
 
     /// Lends `size` bytes of the channel's shared memory for the next message: write into the
@@ -321,12 +337,27 @@ impl Channel {
     }
 
     /// Waits up to `timeout` seconds until message `sequence` was released by the consumer.
-    #[pyo3(signature = (sequence, timeout = None))]
-    fn wait_completed(&self, py: Python<'_>, sequence: u64, timeout: Option<f64>) -> PyResult<()> {
+    ///
+    /// A producer made with `released_semaphore=True` whose consumer releases GPU messages on
+    /// its GPU (a consumer made with `released_semaphore=True` too) learns of the release on the
+    /// host before the consumer's GPU work is done: with `stream` (a CUDA stream, as
+    /// `send_buffer`'s), that stream waits on the GPU for the consumer's work before the
+    /// producer's later work there (rewrite the buffer on it); without, this call waits on the
+    /// host for it as well.
+    #[pyo3(signature = (sequence, timeout = None, *, stream = None))]
+    fn wait_completed(
+        &self,
+        py: Python<'_>,
+        sequence: u64,
+        timeout: Option<f64>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let stream = stream.filter(|s| !s.is_none()).map(gpu::stream_handle).transpose()?;
         self.blocking(py, "wait_completed", timeout, |ch, t| {
             // SAFETY: live channel.
             (unsafe { lib().lf_wait_completed(ch.get(), sequence, t) }, ())
-        })
+        })?;
+        self.wait_released(py, sequence, stream)
     }
 
     /// Receives the next message, waiting up to `timeout` seconds (None: forever): a

@@ -19,38 +19,87 @@ use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, Timelin
 use crate::memory::{Buffer, BufferOrigin, Context};
 
 /// A producer's released semaphore, signalled as this consumer lets go of GPU messages: to
-/// `seq + 1` once message `seq` and every GPU message before it are let go.
+/// `seq + 1` once message `seq` and every GPU message before it are let go. Signalled here, on
+/// the host, until the consumer signals it on its GPU instead (`released_by_caller`); from then
+/// on only the consumer does, so that the values its GPU signals are never overtaken by a larger
+/// one from here.
 struct ReleaseTracker {
     semaphore: TimelineSemaphore,
-    /// GPU messages received and whether each was let go, oldest first; and the value last
-    /// signalled.
-    state: Mutex<(VecDeque<(u64, bool)>, u64)>,
+    /// A descriptor of it kept for the consumer's GPU work (an imported semaphore need not be
+    /// exportable again).
+    fd: OwnedFd,
+    state: Mutex<ReleaseState>,
+}
+
+struct ReleaseState {
+    /// GPU messages received and whether each was let go, oldest first.
+    held: VecDeque<(u64, bool)>,
+    /// The value last signalled, or handed to the consumer to signal.
+    signalled: u64,
+    /// The consumer signals on its GPU: nothing is signalled here any more.
+    by_caller: bool,
 }
 
 impl ReleaseTracker {
+    fn new(semaphore: TimelineSemaphore, fd: OwnedFd) -> ReleaseTracker {
+        let state = ReleaseState { held: VecDeque::new(), signalled: 0, by_caller: false };
+        ReleaseTracker { semaphore, fd, state: Mutex::new(state) }
+    }
+
     fn received(&self, seq: u64) {
-        self.state.lock().0.push_back((seq, false));
+        self.state.lock().held.push_back((seq, false));
     }
 
     fn released(&self, seq: u64) {
         let mut state = self.state.lock();
-        let (held, signalled) = &mut *state;
-        let Some(entry) = held.iter_mut().find(|(s, _)| *s == seq) else { return };
-        entry.1 = true;
-        let mut value = *signalled;
-        while let Some(&(s, true)) = held.front() {
-            held.pop_front();
-            value = s + 1;
-        }
-        if let Some(&(first_held, _)) = held.front() {
-            value = value.max(first_held);
-        }
-        if value > *signalled {
+        if let Some(value) = state.signal_here(seq) {
             // A failed signal leaves the producer's GPU waiting; its host-side completion
             // (and peer-death detection) still work, so there is nothing better to do here.
             if self.semaphore.signal(value).is_ok() {
-                *signalled = value;
+                state.signalled = value;
             }
+        }
+    }
+
+    fn released_by_caller(&self, seq: u64) -> u64 {
+        self.state.lock().signal_by_caller(seq)
+    }
+}
+
+impl ReleaseState {
+    /// Marks `seq` let go of; the value every message below is let go at (None: not held).
+    fn let_go(&mut self, seq: u64) -> Option<u64> {
+        let entry = self.held.iter_mut().find(|(s, _)| *s == seq)?;
+        entry.1 = true;
+        let mut value = self.signalled;
+        while let Some(&(s, true)) = self.held.front() {
+            self.held.pop_front();
+            value = s + 1;
+        }
+        if let Some(&(first_held, _)) = self.held.front() {
+            value = value.max(first_held);
+        }
+        Some(value)
+    }
+
+    /// `seq` was let go of: the value to signal on the host now, if any (the caller notes it
+    /// in `signalled` once signalled).
+    fn signal_here(&mut self, seq: u64) -> Option<u64> {
+        let value = self.let_go(seq)?;
+        (value > self.signalled && !self.by_caller).then_some(value)
+    }
+
+    /// `seq` was let go of, the signal left to the consumer's GPU from now on: the value to
+    /// signal there, 0 for none.
+    fn signal_by_caller(&mut self, seq: u64) -> u64 {
+        self.by_caller = true;
+        // A message let go of already has nothing more to signal.
+        match self.let_go(seq) {
+            Some(value) if value > self.signalled => {
+                self.signalled = value;
+                value
+            }
+            _ => 0,
         }
     }
 }
@@ -64,7 +113,7 @@ struct ImportedArena {
     /// Byte 0 in this process, or null where the host cannot map the memory.
     base: *mut u8,
     semaphore: Option<Arc<TimelineSemaphore>>,
-    released: Option<Arc<ReleaseTracker>>,
+    released: Released,
     exporter_pid: u32,
 }
 
@@ -88,10 +137,24 @@ impl RoutedMemory for ImportedArena {
 
     #[inline]
     fn released(&self, seq: u64) {
-        if let Some(tracker) = &self.released {
+        if let Ok(tracker) = &self.released {
             tracker.released(seq);
         }
     }
+
+    fn released_by_caller(&self, seq: u64) -> std::result::Result<u64, String> {
+        match &self.released {
+            Ok(tracker) => Ok(tracker.released_by_caller(seq)),
+            Err(why) => Err(format!("the channel has no released semaphore: {why}")),
+        }
+    }
+}
+
+/// The current producer's released semaphore, or why it has none.
+type Released = std::result::Result<Arc<ReleaseTracker>, Arc<str>>;
+
+fn no_released(why: &str) -> Released {
+    Err(Arc::from(why))
 }
 
 /// A slot's arena, its generation, and the last message that pointed into it (messages hold
@@ -114,7 +177,7 @@ pub(crate) struct Receiver {
     /// imported semaphore need not be exportable again.
     semaphore_fd: Option<OwnedFd>,
     /// The current producer's released semaphore, where it asked for one.
-    released: Option<Arc<ReleaseTracker>>,
+    released: Released,
     /// Why the current producer shares no semaphore.
     no_semaphore: String,
     /// Why the current producer stages its GPU buffers, when it does.
@@ -142,7 +205,7 @@ impl Receiver {
             session: 0,
             semaphore: None,
             semaphore_fd: None,
-            released: None,
+            released: no_released("no producer attached yet"),
             no_semaphore: "no producer attached yet".into(),
             staged: None,
             arenas: Vec::new(),
@@ -208,7 +271,7 @@ impl RouteReceiver for Receiver {
         self.session = session;
         self.semaphore = None;
         self.semaphore_fd = None;
-        self.released = None;
+        self.released = no_released("the producer offers no GPU route");
         self.last_ready = 0;
         self.staged = Some(
             "the producer offers no GPU route (it has no Vulkan device, or vulkan_ipc is not allowed there)".into(),
@@ -234,20 +297,28 @@ impl RouteReceiver for Receiver {
                         false => self.own_semaphore_gap(),
                         true => "the producer's driver cannot share timeline semaphores".into(),
                     };
+                    self.released = no_released(&self.no_semaphore);
                     return Ok(());
                 }
                 _ => return Err(self.corrupt("offer's semaphore flag and descriptors disagree".into())),
             };
         if !self.imports_semaphores {
             self.no_semaphore = self.own_semaphore_gap();
+            self.released = no_released(&self.no_semaphore);
             return Ok(());
         }
         let kept = fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e))?;
         self.semaphore = Some(Arc::new(TimelineSemaphore::import(&self.device, fd)?));
         self.semaphore_fd = Some(kept);
         if let Some(fd) = released_fd {
+            let kept =
+                fd.try_clone().map_err(|e| Error::os("dup of the producer's released semaphore descriptor", e))?;
             let semaphore = TimelineSemaphore::import(&self.device, fd)?;
-            self.released = Some(Arc::new(ReleaseTracker { semaphore, state: Mutex::new((VecDeque::new(), 0)) }));
+            self.released = Ok(Arc::new(ReleaseTracker::new(semaphore, kept)));
+        } else {
+            self.released = no_released(
+                "the producer did not ask for one (set released_semaphore in the producer's channel config)",
+            );
         }
         Ok(())
     }
@@ -283,7 +354,7 @@ impl RouteReceiver for Receiver {
         kept.extend(self.arenas.drain(..).flatten().filter(|a| a.last_seq.is_some()).map(|a| a.arena));
         self.semaphore = None;
         self.semaphore_fd = None;
-        self.released = None;
+        self.released = no_released("the producer has gone");
         self.no_semaphore = "the producer has gone".into();
         (self.session, Box::new(kept))
     }
@@ -370,7 +441,7 @@ impl RouteReceiver for Receiver {
             self.last_ready = d.ready_value;
         }
         let arena = self.arenas[d.slot as usize].as_mut().expect("found above");
-        if let Some(tracker) = &arena.arena.released {
+        if let Ok(tracker) = &arena.arena.released {
             tracker.received(seq);
         }
         arena.last_seq = Some(seq);
@@ -381,6 +452,15 @@ impl RouteReceiver for Receiver {
         Ok(Some(unsafe { RoutedPayload::new(&*arena.arena, d.offset, d.len as usize, d.ready_value, seq) }))
     }
 
+    fn released_semaphore(&self) -> Result<OwnedFd> {
+        match &self.released {
+            Ok(tracker) => {
+                tracker.fd.try_clone().map_err(|e| Error::os("dup of the producer's released semaphore descriptor", e))
+            }
+            Err(why) => Err(Error::Unsupported(format!("the channel has no released semaphore: {why}"))),
+        }
+    }
+
     fn ready_semaphore(&self) -> Result<OwnedFd> {
         match &self.semaphore_fd {
             Some(fd) => fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e)),
@@ -389,5 +469,48 @@ impl RouteReceiver for Receiver {
                 self.no_semaphore
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReleaseState;
+
+    fn state(received: &[u64]) -> ReleaseState {
+        ReleaseState { held: received.iter().map(|&s| (s, false)).collect(), signalled: 0, by_caller: false }
+    }
+
+    #[test]
+    fn the_host_signals_the_released_prefix_until_the_caller_takes_over() {
+        // GPU messages 0, 2, 3, 5 (1 and 4 went by shared memory).
+        let mut s = state(&[0, 2, 3, 5]);
+        assert_eq!(s.signal_here(0), Some(2), "everything below the first held GPU message is let go of");
+        s.signalled = 2;
+        assert_eq!(s.signal_here(3), None, "3 before 2: nothing new below 2");
+        // The caller takes over: 2 covers 3, and 4 below the next held GPU message.
+        assert_eq!(s.signal_by_caller(2), 5);
+        // Released on the host after that: left to the caller's next value.
+        s.held.push_back((6, false));
+        assert_eq!(s.signal_here(5), None, "the host signals nothing once the caller does");
+        assert_eq!(s.signal_by_caller(6), 7, "the caller's next value covers what the host let go of");
+    }
+
+    #[test]
+    fn values_handed_to_the_caller_only_grow_whatever_the_release_order() {
+        let mut s = state(&[0, 1, 2, 3, 4]);
+        s.by_caller = true;
+        let mut handed = Vec::new();
+        for seq in [3, 1, 0, 4, 2] {
+            let v = s.signal_by_caller(seq);
+            if v != 0 {
+                handed.push(v);
+            }
+        }
+        // 3 and 1 are let go of while 0 is held: nothing due; 0 covers 1 (2 still held); 4
+        // waits for 2, which covers everything.
+        assert_eq!(handed, [2, 5]);
+        assert!(handed.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(s.signal_by_caller(2), 0, "released twice: nothing more");
+        assert_eq!(s.signal_by_caller(99), 0, "never received: nothing");
     }
 }
