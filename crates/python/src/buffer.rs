@@ -65,7 +65,8 @@ impl Buffer {
             check(api.lf_buffer_size(ptr, &mut size))?;
             check(api.lf_buffer_location(ptr, &mut location))?;
             // GPU memory the host cannot map has no address (LF_ERR_INVALID_STATE): not an error.
-            if api.lf_buffer_ptr(ptr, &mut host) != ffi::LF_OK {
+            // CUDA memory's address is a device pointer, never the host's to read.
+            if location == ffi::LF_MEMORY_CUDA_DEVICE || api.lf_buffer_ptr(ptr, &mut host) != ffi::LF_OK {
                 host = std::ptr::null_mut();
             }
         }

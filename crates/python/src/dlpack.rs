@@ -266,6 +266,9 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<isize>> {
 }
 
 pub fn message_device(slf: &Bound<'_, Message>) -> PyResult<(i32, i32)> {
+    if slf.get().is_cuda() {
+        return Ok((KDL_CUDA, slf.get().cuda_place(slf.py())?.1));
+    }
     if slf.get().is_gpu() {
         // Found once per message (the arena's import once per process), reused by __dlpack__.
         return Ok(match Message::gpu_place(slf)? {
@@ -284,6 +287,16 @@ pub fn message_capsule(
     copy: Option<bool>,
 ) -> PyResult<PyObject> {
     let m = slf.get();
+    if m.is_cuda() {
+        // The producer's tensor, opened here; lava-flow's CUDA route hands it over complete,
+        // so the consumer's stream has nothing to wait for.
+        let (address, device) = m.cuda_place(slf.py())?;
+        let device = DLDevice { device_type: KDL_CUDA, device_id: device };
+        check_request(device, None, dl_device, copy)?;
+        m.begin_export()?;
+        let (data, len) = (address as usize as *const u8, m.data().1);
+        return capsule(slf.py(), Holder::Message(slf.clone().unbind()), data, len, device, false, max_version);
+    }
     if m.is_gpu() {
         let len = m.data().1;
         return match Message::gpu_place(slf)? {

@@ -13,6 +13,7 @@ mod buffer;
 mod channel;
 mod context;
 mod cuda;
+mod cuda_array;
 mod dlpack;
 mod error;
 mod import_cache;

@@ -242,6 +242,12 @@ class Message:
     @property
     def is_gpu(self) -> bool: ...
     @property
+    def is_cuda(self) -> bool:
+        """A CUDA tensor of the producer's (send_tensor), opened here: DLPack on its device."""
+    @property
+    def cuda_ptr(self) -> tuple[int, int]:
+        """(CUDA address, device ordinal) of a CUDA message, valid until its release."""
+    @property
     def ready_value(self) -> int: ...
     @property
     def address(self) -> int | None: ...
@@ -311,6 +317,9 @@ class Channel:
     def send_buffer(self, buffer: Buffer, offset: int = 0, length: int | None = None, *,
                     timeout: float | None = None, ready_value: int | None = None,
                     stream: object | None = None) -> int: ...
+    def send_tensor(self, tensor: object, *, timeout: float | None = None,
+                    stream: object | None = None) -> int:
+        """A CUDA array (__cuda_array_interface__) by reference, kept until released."""
     def loan(self, size: int, timeout: float | None = None) -> Loan: ...
     @property
     def completed(self) -> int: ...

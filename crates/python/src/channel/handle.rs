@@ -304,6 +304,9 @@ impl Drop for Channel {
             unsafe { lib().lf_channel_free(ptr.0) };
             self.core.get_mut().unwrap_or_else(|e| e.into_inner()).ptr = Ptr(std::ptr::null_mut());
         }
+        // The tensors still sent: the channel that could report their release is gone.
+        let context = self.context.get();
+        self.sent.get_mut().unwrap_or_else(|e| e.into_inner()).clear(context);
         self.forget_gpu();
     }
 }

@@ -191,6 +191,21 @@ impl Message {
         self.msg.0.flags & ffi::LF_MESSAGE_GPU != 0
     }
 
+    /// CUDA memory of the producer's (a tensor it sent with `send_tensor`), opened here.
+    pub fn is_cuda(&self) -> bool {
+        self.msg.0.flags & ffi::LF_MESSAGE_CUDA != 0
+    }
+
+    /// A CUDA message's address in this process and its device's ordinal.
+    pub fn cuda_place(&self, py: Python<'_>) -> PyResult<(u64, i32)> {
+        self.channel.get().quick(py, |ch| {
+            let (mut ptr, mut device) = (0u64, 0);
+            // SAFETY: live channel, a held message, local out-parameters.
+            check(unsafe { lib().lf_message_cuda_ptr(ch.0, &self.msg.0, &mut ptr, &mut device) })?;
+            Ok((ptr, device))
+        })
+    }
+
     pub fn ready_value(&self) -> u64 {
         self.msg.0.ready_value
     }
@@ -274,6 +289,20 @@ impl Message {
     #[getter(is_gpu)]
     fn py_is_gpu(&self) -> bool {
         self.is_gpu()
+    }
+
+    /// True when the message is a CUDA tensor of the producer's (`send_tensor`), opened in this
+    /// process: `torch.from_dlpack(msg)` or `cupy.from_dlpack(msg)` view its bytes on the GPU,
+    /// and `cuda_ptr` gives its address. Finish the GPU work that reads it before the release.
+    #[getter(is_cuda)]
+    fn py_is_cuda(&self) -> bool {
+        self.is_cuda()
+    }
+
+    /// A CUDA message's (address, device ordinal) in this process, valid until the release.
+    #[getter]
+    fn cuda_ptr(slf: &Bound<'_, Self>) -> PyResult<(u64, i32)> {
+        slf.get().cuda_place(slf.py())
     }
 
     /// For GPU messages: the ready semaphore value at which the payload is in place (0: now).

@@ -25,6 +25,7 @@ mod handle;
 mod loan;
 mod message;
 mod peers;
+mod tensor;
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -92,6 +93,10 @@ pub struct Channel {
     role: u32,
     kind: u32,
     name: String,
+    /// The context the channel was made in: CUDA tensors sent are registered there.
+    context: Py<Context>,
+    /// A producer's CUDA tensors not yet released by the consumer (`send_tensor`).
+    sent: Mutex<tensor::Sent>,
     /// The longest one C call of a blocking method waits (`handle::SLICE_NS`, or longer: see
     /// `slice_for`).
     slice_ns: i64,
@@ -121,7 +126,7 @@ impl Channel {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        context: &Context,
+        context: &Bound<'_, Context>,
         name: &str,
         role: &Bound<'_, PyAny>,
         my_location: Option<&Location>,
@@ -157,7 +162,7 @@ impl Channel {
         }
         .config()?;
         let cname = cstring("channel name", name)?;
-        let ctx = context.ptr();
+        let ctx = context.get().ptr();
         // Without locations: this process's, and a peer on the same host.
         let here = match my_location {
             Some(_) => None,
@@ -185,6 +190,8 @@ impl Channel {
             kind: c.kind,
             name: name.to_owned(),
             slice_ns: slice_for(role, &c),
+            context: context.clone().unbind(),
+            sent: Mutex::new(tensor::Sent::default()),
         })
     }
 
@@ -305,6 +312,32 @@ impl Channel {
         Ok(seq)
     }
 
+    /// Sends a CUDA tensor by reference: a torch CUDA tensor, a CuPy array, anything with
+    /// `__cuda_array_interface__`, C-contiguous, allocated by the framework (PyTorch's default
+    /// caching allocator or its expandable segments, CuPy, cudaMalloc). The consumer, on this
+    /// host, gets a message over the very bytes (`torch.from_dlpack(msg)`, `cupy.from_dlpack`).
+    /// The work that writes the tensor must be done before it goes: lava-flow synchronises
+    /// `stream` (a CUDA stream: an int, a torch.cuda.Stream or a cupy Stream) or else the stream
+    /// the array names, and the channel keeps the tensor (and so its memory) until the consumer
+    /// released the message (`wait_completed`); write it again only after that. Memory no other
+    /// process can open (a cudaMallocAsync pool, managed memory) is refused, naming the way out.
+    #[pyo3(signature = (tensor, *, timeout = None, stream = None))]
+    fn send_tensor(
+        &self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let stream = match stream.filter(|s| !s.is_none()) {
+            Some(s) => Some(gpu::stream_handle(s)? as isize),
+            None => None,
+        };
+        let completed = self.completed(py)?;
+        self.retire_tensors(completed);
+        self.send_cuda_array(py, tensor, timeout, stream)
+    }
+
     /// Lends `size` bytes of the channel's shared memory for the next message: write into the
     /// Loan (a writable buffer: `memoryview(loan)`, `numpy.frombuffer(loan, ...)`), then
     /// `loan.publish(n)`; or `loan.cancel()`. A `with` block cancels a loan not published.
@@ -334,6 +367,7 @@ impl Channel {
             check(unsafe { lib().lf_completed(ch.0, &mut v) })?;
             Ok(v)
         })
+        .inspect(|&v| self.retire_tensors(v))
     }
 
     /// Waits up to `timeout` seconds until message `sequence` was released by the consumer.
@@ -357,6 +391,7 @@ impl Channel {
             // SAFETY: live channel.
             (unsafe { lib().lf_wait_completed(ch.get(), sequence, t) }, ())
         })?;
+        self.retire_tensors(sequence + 1);
         self.wait_released(py, sequence, stream)
     }
 

@@ -1,0 +1,108 @@
+"""CUDA tensors the application allocated, sent by reference (`send_tensor`): PyTorch's default
+caching allocator (cudaMalloc memory, legacy CUDA IPC handles) and its expandable segments (CUDA
+VMM memory, an fd per piece), received as DLPack on the consumer's GPU. The GPU tests need torch
+with a CUDA device (skipped elsewhere); the refusals run everywhere."""
+import os
+
+import pytest
+
+import lava_flow as lf
+
+CONSUMER_UNTIL_GONE = """
+import lava_flow as lf
+ctx = lf.Context(gpu="disabled")
+ch = lf.consumer(ctx, NAME)
+try:
+    ch.recv(timeout=30)
+    print("unexpected message")
+except lf.PeerGoneError:
+    print("gone")
+"""
+
+
+class CudaArray:
+    """An object that says it is a CUDA array (as torch and CuPy do), at an address no CUDA
+    driver knows: what lava-flow must refuse with a reason."""
+
+    def __init__(self, ptr, shape, strides=None):
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False), "shape": shape, "typestr": "<f4", "strides": strides, "version": 3,
+        }
+
+
+def test_send_tensor_refuses_what_it_cannot_send(name, peer):
+    p = peer(CONSUMER_UNTIL_GONE, name)
+    ctx = lf.Context(gpu="disabled")
+    with lf.producer(ctx, name) as ch:
+        with pytest.raises(TypeError, match=r"send\(\)"):
+            ch.send_tensor(b"host bytes")
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            ch.send_tensor(CudaArray(0x1000, (4, 4), strides=(4, 16)))
+        with pytest.raises(lf.LavaFlowError) as e:
+            ch.send_tensor(CudaArray(0x1000, (16,)))
+        assert "CUDA" in str(e.value), e.value
+    assert "gone" in p.wait()
+
+
+def torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return torch
+
+
+PRODUCER = """
+import os, lava_flow as lf, torch
+torch.cuda.init()
+n = 1 << 16
+t = torch.arange(n, dtype=torch.int32, device="cuda")
+ctx = lf.Context(gpu="disabled")
+ch = lf.producer(ctx, NAME, rendezvous_timeout=60)
+print("transport", ch.transport_reason)
+seq = ch.send_tensor(t[16:])
+ch.wait_completed(seq, timeout=60)
+# The consumer added 1 to every element it saw, through its view of these very bytes.
+expected = torch.arange(n, dtype=torch.int32, device="cuda")
+expected[16:] += 1
+assert torch.equal(t, expected), "the consumer's writes are not in the producer's tensor"
+# A second tensor of the same allocation goes too (one registration of the allocation).
+seq = ch.send_tensor(t[:16])
+ch.wait_completed(seq, timeout=60)
+print("ok", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default"))
+"""
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable_segments:True"])
+def test_a_torch_tensor_travels_by_reference(name, peer, allocator):
+    torch = torch_cuda()
+    env = dict(os.environ)
+    if allocator != "default":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = allocator
+    try:
+        p = peer(PRODUCER, name)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    ctx = lf.Context(gpu="disabled")
+    ch = lf.consumer(ctx, name, rendezvous_timeout=60)
+    n = 1 << 16
+    with ch.recv(timeout=60) as m:
+        assert m.is_cuda, (m.flags, ch.transport_reason)
+        assert len(m) == (n - 16) * 4
+        address, device = m.cuda_ptr
+        assert address != 0 and device == 0
+        view = torch.from_dlpack(m)
+        assert view.is_cuda and view.dtype == torch.uint8 and view.numel() == (n - 16) * 4
+        assert view.data_ptr() == address, "a view of the message's bytes, not a copy"
+        ints = view.view(torch.int32)
+        assert torch.equal(ints, torch.arange(16, n, dtype=torch.int32, device="cuda"))
+        ints += 1
+        torch.cuda.synchronize()
+        del view, ints
+    with ch.recv(timeout=60) as m:
+        ints = torch.from_dlpack(m).view(torch.int32)
+        assert torch.equal(ints, torch.arange(16, dtype=torch.int32, device="cuda"))
+        del ints
+    out = p.wait()
+    assert "ok" in out, out
+    assert "cuda_ipc" in out, out
