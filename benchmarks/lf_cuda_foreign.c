@@ -1,9 +1,9 @@
 /* CUDA memory the application allocated (a framework's tensor) handed to another process by
  * reference through lava-flow's cuda_ipc route, beside plain CUDA IPC in the same program and
  * run. The program forks: the parent is producer A, the child consumer B; each loads the CUDA
- * driver (dlopen, no CUDA headers or toolkit needed to build) and makes device 0's primary
- * context current only after the fork (a CUDA context does not survive one), then creates its
- * lf_context and channels. A socketpair made before the fork carries the control messages
+ * driver (dlopen, through cuda_driver_api.h: no CUDA toolkit needed to build) and makes device
+ * 0's primary context current only after the fork (a CUDA context does not survive one), then
+ * creates its lf_context and channels. A socketpair made before the fork carries the control messages
  * (which case comes next, and the whole CUDA IPC baseline); the lava-flow cases send nothing
  * but their own messages on the channels.
  *
@@ -64,7 +64,8 @@
 #define _GNU_SOURCE
 #include <lava_flow.h>
 
-#include <dlfcn.h>
+#include "cuda_driver_api.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -153,94 +154,7 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* ---- the CUDA driver API, declared here (values from cuda.h, as crates/cuda/src/sys.rs) ---- */
-
-typedef int cu_result;
-typedef unsigned long long cu_deviceptr;
-typedef unsigned long long cu_mem_handle;
-typedef void *cu_context;
-typedef void *cu_stream;
-typedef void *cu_event;
-typedef struct {
-    char reserved[64];
-} cu_ipc_mem_handle;
-typedef struct {
-    char reserved[64];
-} cu_ipc_event_handle;
-typedef struct {
-    unsigned type;
-    int id;
-} cu_mem_location;
-typedef struct {
-    unsigned type;
-    unsigned requested_handle_types;
-    cu_mem_location location;
-    void *win32_handle_meta_data;
-    unsigned char compression_type, gpu_direct_rdma_capable;
-    unsigned short usage;
-    unsigned char reserved[4];
-} cu_mem_allocation_prop;
-typedef struct {
-    cu_mem_location location;
-    unsigned flags;
-} cu_mem_access_desc;
-_Static_assert(sizeof(cu_mem_allocation_prop) == 32 && sizeof(cu_mem_access_desc) == 12,
-               "the sizes cuda.h gives these structs on 64-bit platforms");
-
-#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
-#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
-#define CU_MEM_ALLOCATION_TYPE_PINNED 1u
-#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1u
-#define CU_MEM_LOCATION_TYPE_DEVICE 1u
-#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3u
-#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0u
-#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1u
-#define CU_STREAM_NON_BLOCKING 1u
-#define CU_EVENT_DISABLE_TIMING 2u
-#define CU_EVENT_INTERPROCESS 4u
-
-static struct {
-    cu_result (*init)(unsigned);
-    cu_result (*device_get_count)(int *);
-    cu_result (*device_get)(int *, int);
-    cu_result (*device_get_name)(char *, int, int);
-    cu_result (*device_get_attribute)(int *, int, int);
-    cu_result (*driver_get_version)(int *);
-    cu_result (*primary_ctx_retain)(cu_context *, int);
-    cu_result (*ctx_set_current)(cu_context);
-    cu_result (*ctx_synchronize)(void);
-    cu_result (*get_error_string)(cu_result, const char **);
-    cu_result (*mem_alloc)(cu_deviceptr *, size_t);
-    cu_result (*mem_free)(cu_deviceptr);
-    cu_result (*memset_d32)(cu_deviceptr, unsigned, size_t);
-    cu_result (*memcpy_dtoh)(void *, cu_deviceptr, size_t);
-    cu_result (*mem_get_allocation_granularity)(size_t *, const cu_mem_allocation_prop *, unsigned);
-    cu_result (*mem_create)(cu_mem_handle *, size_t, const cu_mem_allocation_prop *, unsigned long long);
-    cu_result (*mem_release)(cu_mem_handle);
-    cu_result (*mem_address_reserve)(cu_deviceptr *, size_t, size_t, cu_deviceptr, unsigned long long);
-    cu_result (*mem_address_free)(cu_deviceptr, size_t);
-    cu_result (*mem_map)(cu_deviceptr, size_t, size_t, cu_mem_handle, unsigned long long);
-    cu_result (*mem_unmap)(cu_deviceptr, size_t);
-    cu_result (*mem_set_access)(cu_deviceptr, size_t, const cu_mem_access_desc *, size_t);
-    cu_result (*ipc_get_mem_handle)(cu_ipc_mem_handle *, cu_deviceptr);
-    cu_result (*ipc_open_mem_handle)(cu_deviceptr *, cu_ipc_mem_handle, unsigned);
-    cu_result (*ipc_close_mem_handle)(cu_deviceptr);
-    cu_result (*event_create)(cu_event *, unsigned);
-    cu_result (*event_destroy)(cu_event);
-    cu_result (*event_record)(cu_event, cu_stream);
-    cu_result (*ipc_get_event_handle)(cu_ipc_event_handle *, cu_event);
-    cu_result (*ipc_open_event_handle)(cu_event *, cu_ipc_event_handle);
-    cu_result (*stream_create)(cu_stream *, unsigned);
-    cu_result (*stream_destroy)(cu_stream);
-    cu_result (*stream_wait_event)(cu_stream, cu_event, unsigned);
-    cu_result (*stream_synchronize)(cu_stream);
-} cu;
-
-static const char *cu_error(cu_result rc) {
-    const char *text = NULL;
-    if (cu.get_error_string == NULL || cu.get_error_string(rc, &text) != 0 || text == NULL) return "unknown CUDA error";
-    return text;
-}
+/* ---- CUDA and lava-flow checks ---- */
 
 #define CU(call)                                                                                  \
     do {                                                                                          \
@@ -254,65 +168,10 @@ static const char *cu_error(cu_result rc) {
         if (status_ != LF_OK) fail("%s: %s: %s", #call, lf_status_str(status_), lf_last_error_message()); \
     } while (0)
 
-/* dlsym's object pointer as a function pointer, without the cast pedantic C forbids. */
-#define LOAD(into, name)                                                                          \
-    do {                                                                                          \
-        void *p_ = dlsym(library, name);                                                          \
-        if (p_ == NULL) {                                                                         \
-            snprintf(why, why_len, "libcuda.so.1 lacks %s (a driver older than CUDA 11?)", name); \
-            return 0;                                                                             \
-        }                                                                                         \
-        memcpy(&(into), &p_, sizeof p_);                                                          \
-    } while (0)
-
 /* Loads the driver and makes device 0's primary context current; 0 and why without. */
 static int cuda_setup(char *why, size_t why_len) {
-    void *library = dlopen("libcuda.so.1", RTLD_NOW);
-    if (library == NULL) {
-        snprintf(why, why_len, "no CUDA driver (%s)", dlerror());
-        return 0;
-    }
-    LOAD(cu.init, "cuInit");
-    LOAD(cu.device_get_count, "cuDeviceGetCount");
-    LOAD(cu.device_get, "cuDeviceGet");
-    LOAD(cu.device_get_name, "cuDeviceGetName");
-    LOAD(cu.device_get_attribute, "cuDeviceGetAttribute");
-    LOAD(cu.driver_get_version, "cuDriverGetVersion");
-    LOAD(cu.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-    LOAD(cu.ctx_set_current, "cuCtxSetCurrent");
-    LOAD(cu.ctx_synchronize, "cuCtxSynchronize");
-    LOAD(cu.get_error_string, "cuGetErrorString");
-    LOAD(cu.mem_alloc, "cuMemAlloc_v2");
-    LOAD(cu.mem_free, "cuMemFree_v2");
-    LOAD(cu.memset_d32, "cuMemsetD32_v2");
-    LOAD(cu.memcpy_dtoh, "cuMemcpyDtoH_v2");
-    LOAD(cu.mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
-    LOAD(cu.mem_create, "cuMemCreate");
-    LOAD(cu.mem_release, "cuMemRelease");
-    LOAD(cu.mem_address_reserve, "cuMemAddressReserve");
-    LOAD(cu.mem_address_free, "cuMemAddressFree");
-    LOAD(cu.mem_map, "cuMemMap");
-    LOAD(cu.mem_unmap, "cuMemUnmap");
-    LOAD(cu.mem_set_access, "cuMemSetAccess");
-    LOAD(cu.ipc_get_mem_handle, "cuIpcGetMemHandle");
-    LOAD(cu.ipc_open_mem_handle, "cuIpcOpenMemHandle_v2");
-    LOAD(cu.ipc_close_mem_handle, "cuIpcCloseMemHandle");
-    LOAD(cu.event_create, "cuEventCreate");
-    LOAD(cu.event_destroy, "cuEventDestroy_v2");
-    LOAD(cu.event_record, "cuEventRecord");
-    LOAD(cu.ipc_get_event_handle, "cuIpcGetEventHandle");
-    LOAD(cu.ipc_open_event_handle, "cuIpcOpenEventHandle");
-    LOAD(cu.stream_create, "cuStreamCreate");
-    LOAD(cu.stream_destroy, "cuStreamDestroy_v2");
-    LOAD(cu.stream_wait_event, "cuStreamWaitEvent");
-    LOAD(cu.stream_synchronize, "cuStreamSynchronize");
-    int count = 0, device = 0;
-    cu_result rc = cu.init(0);
-    if (rc == 0) rc = cu.device_get_count(&count);
-    if (rc != 0 || count == 0) {
-        snprintf(why, why_len, "no CUDA device visible (%s)", rc != 0 ? cu_error(rc) : "0 devices");
-        return 0;
-    }
+    if (!cu_load(why, why_len)) return 0;
+    int device = 0;
     cu_context context = NULL;
     CU(cu.device_get(&device, 0));
     CU(cu.primary_ctx_retain(&context, device));
@@ -527,7 +386,8 @@ static void b_lf_phase(Lf *lf, const Msg *m) {
         uint64_t ptr = 0;
         int device = -1;
         LF(lf_message_cuda_ptr(lf->rx, &in, &ptr, &device));
-        if (device != 0) fail("%s %llu: the memory is on CUDA device %d, A's is on 0", what, (unsigned long long)k, device);
+        if (device != 0)
+            fail("%s %llu: the memory is on CUDA device %d, A's is on 0", what, (unsigned long long)k, device);
         uint64_t answer = 0;
         if (first) {
             /* Answer first: the check's copy is not part of the hand-off. */
@@ -779,7 +639,8 @@ static void print_first(unsigned at, int c, size_t size, const Options *o, First
            ready.mean, ready.p50, exported.mean, close_call.mean);
     printf("JSON {\"case\":\"%s\",\"size\":%zu,\"allocations\":%d,\"mean_us\":%.3f,\"p50_us\":%.3f,"
            "\"ready_mean_us\":%.3f,\"ready_p50_us\":%.3f,\"export_mean_us\":%.3f,\"close_mean_us\":%.3f}\n",
-           first_names[c], size, o->fresh, total.mean, total.p50, ready.mean, ready.p50, exported.mean, close_call.mean);
+           first_names[c], size, o->fresh, total.mean, total.p50, ready.mean, ready.p50, exported.mean,
+           close_call.mean);
 }
 
 static FirstSamples first_samples(const Options *o) {
@@ -894,9 +755,11 @@ static int producer(const Options *o, const char *tag) {
         fail("channel a2b's transport is %s, not cuda_ipc: %s", transport ? transport : "?", reason ? reason : "?");
     printf("CUDA memory of the application's over lava-flow's cuda_ipc route and over plain CUDA IPC: device 0 (%s), "
            "driver API %d, %s%s\nchannel a2b: %s (%s)\n",
-           name, driver, o->quick ? "quick, " : "", mps ? "CUDA_MPS_PIPE_DIRECTORY set" : "CUDA_MPS_PIPE_DIRECTORY unset",
+           name, driver, o->quick ? "quick, " : "",
+           mps ? "CUDA_MPS_PIPE_DIRECTORY set" : "CUDA_MPS_PIPE_DIRECTORY unset",
            transport, reason ? reason : "");
-    printf("JSON {\"case\":\"config\",\"device\":\"%s\",\"driver\":%d,\"quick\":%s,\"mps_pipe_dir\":\"%s\",\"sizes\":%u,"
+    printf("JSON {\"case\":\"config\",\"device\":\"%s\",\"driver\":%d,\"quick\":%s,\"mps_pipe_dir\":\"%s\","
+           "\"sizes\":%u,"
            "\"vmm\":%s,\"transport\":\"%s\"}\n",
            name, driver, o->quick ? "true" : "false", mps ? mps : "", o->n_sizes, vmm ? "true" : "false", transport);
     if (!vmm) printf("lf_vmm_*: skipped: device 0 has no VMM memory with POSIX fd handles\n");
