@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs lava-flow's GPU tests, the CUDA examples and the GPU benchmarks (lf-bench --gpu, and a
-# CUDA ping-pong over lava-flow channels next to the same over plain CUDA IPC, with and
+# CUDA ping-pong over lava-flow channels next to the same over plain CUDA IPC, and the
+# application's own CUDA memory handed off over lava-flow next to plain CUDA IPC, with and
 # without the MPS daemon) on a machine with NVIDIA GPUs but no Rust
 # toolchain. Logs go to $OUT/results.tar.gz (and a summary to stdout). Prepare, on the build
 # machine:
@@ -46,10 +47,15 @@ grep -E "GPU buffers|channel demo passed|Passed|Failed|Not Run" $res/c-examples.
 nvcc -O2 -o /tmp/cuda_ipc_pingpong benchmarks/cuda_ipc_pingpong.cu > $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
 prefix=$PWD/.device/prefix
 nvcc -O2 -I$prefix/include -L$prefix/lib -Xlinker -rpath=$prefix/lib -llava_flow -o /tmp/lf_cuda_pingpong benchmarks/lf_cuda_pingpong.cu >> $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
+# The application's own CUDA memory (cuMemAlloc, VMM) by reference over the cuda_ipc route,
+# beside plain CUDA IPC in the same program: plain C, the driver loaded with dlopen.
+cc -O2 -I$prefix/include benchmarks/lf_cuda_foreign.c -L$prefix/lib -llava_flow -ldl -Wl,-rpath,$prefix/lib -o /tmp/lf_cuda_foreign >> $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
 if [ -z "${SKIP_BENCH:-}" ]; then
   TAIL=30 run lf-bench-gpu timeout 240 .device/lf-bench --gpu
   TAIL=2 run cuda-ipc timeout 120 /tmp/cuda_ipc_pingpong
   grep -E "^JSON" $res/cuda-ipc.txt | grep -E '"handoff"|"gpu_pingpong"|"open_cost"|"copy"' | head -20
+  TAIL=2 run lf-cuda-foreign timeout 150 /tmp/lf_cuda_foreign
+  grep -E "^JSON" $res/lf-cuda-foreign.txt | grep -E '"ratio"|_handoff"|_first"' | head -30
   TAIL=2 run lf-cuda timeout 150 /tmp/lf_cuda_pingpong
   grep -E "^JSON|^channel" $res/lf-cuda.txt | head -14
   if [ -n "$have_wheel" ]; then
@@ -62,6 +68,8 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   nvidia-cuda-mps-control -d && sleep 1
   TAIL=2 run cuda-ipc-mps timeout 120 /tmp/cuda_ipc_pingpong
   grep -E "^JSON" $res/cuda-ipc-mps.txt | grep -E '"handoff"|"gpu_pingpong"' | head -12
+  TAIL=2 run lf-cuda-foreign-mps timeout 150 /tmp/lf_cuda_foreign
+  grep -E "^JSON" $res/lf-cuda-foreign-mps.txt | grep -E '"ratio"|_handoff"|_first"' | head -30
   TAIL=2 run lf-cuda-mps timeout 150 /tmp/lf_cuda_pingpong
   grep -E "^JSON" $res/lf-cuda-mps.txt | head -14
   if [ -n "$have_wheel" ]; then
