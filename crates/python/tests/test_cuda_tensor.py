@@ -48,6 +48,8 @@ def torch_cuda():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
+    # lava-flow opens CUDA memory only in a process that uses CUDA already.
+    torch.cuda.init()
     return torch
 
 
