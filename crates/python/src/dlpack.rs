@@ -106,14 +106,26 @@ unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
     // SAFETY: `t` is the `managed` field of a leaked Box<Legacy> (first field, same address),
     // deleted once by the DLPack contract.
     let b = unsafe { Box::from_raw((*t).manager_ctx.cast::<Legacy>()) };
-    // The holder gives back a reference: hold the GIL (the consumer may delete from any thread).
-    Python::with_gil(|_| drop(b));
+    drop_with_gil(b);
 }
 
 unsafe extern "C" fn delete_versioned(t: *mut DLManagedTensorVersioned) {
     // SAFETY: as delete_legacy, for Versioned.
     let b = unsafe { Box::from_raw((*t).manager_ctx.cast::<Versioned>()) };
-    Python::with_gil(|_| drop(b));
+    drop_with_gil(b);
+}
+
+/// Drops a tensor's holder, which gives back a reference: with the GIL (the consumer may
+/// delete from any thread). A tensor deleted while the interpreter shuts down (a framework's
+/// tensor collected in `Py_FinalizeEx`) is left as it is: no Python call can run any more, and
+/// the process is ending.
+fn drop_with_gil<T>(holder: Box<T>) {
+    // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
+    if unsafe { ffi::Py_IsInitialized() } == 0 {
+        std::mem::forget(holder);
+        return;
+    }
+    Python::with_gil(|_| drop(holder));
 }
 
 /// A capsule nobody consumed (its name unchanged) deletes its tensor.
