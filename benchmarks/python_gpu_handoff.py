@@ -14,6 +14,12 @@ own GPU buffer Y, half a round trip measured on A (p50/p99). Cases per size (4 K
   *_on_gpu     the two above with the consumers releasing at once, the producer's released
                semaphore signalled on their stream (released_semaphore=True on every channel), and
                the producers' wait_completed(seq, stream=) waiting for it on the GPU.
+  py_tensor    PyTorch tensors of the default caching allocator (or of what
+               PYTORCH_CUDA_ALLOC_CONF makes, for both processes) by reference: A sends its
+               tensor with send_tensor, B takes torch.from_dlpack(msg), releases and answers
+               with its own tensor the same way (contexts without a Vulkan device: the cuda_ipc
+               route); before resending, A waits for its previous send's completion. Target: at
+               most 0.05x torch.multiprocessing's tmp_handoff p50 (the last lines compare them).
   tmp_handoff  torch.multiprocessing's queues handing a CUDA tensor of the size A->B and B's
                own one back (what PyTorch users do today), B touching nothing.
   tmp_torch_op the same with B copying A's tensor into its own before answering.
@@ -349,6 +355,79 @@ def run_breakdown(sizes, warm, iters):
 
 # ---- torch.multiprocessing ----
 
+# ---- PyTorch's own tensors by reference (send_tensor) ----
+
+def tensor_setup(tag, is_a):
+    import lava_flow as lf
+    import torch
+    torch.cuda.init()
+    ctx = lf.Context(gpu="disabled")
+    kw = dict(wait=lf.Wait.BUSY_POLL, rendezvous_timeout=TIMEOUT)
+    if is_a:
+        tx = lf.producer(ctx, tag + "-a2b", **kw)
+        rx = lf.consumer(ctx, tag + "-b2a", **kw)
+    else:
+        rx = lf.consumer(ctx, tag + "-a2b", **kw)
+        tx = lf.producer(ctx, tag + "-b2a", **kw)
+    return torch, tx, rx
+
+
+def tensor_side_b(tag, plan):
+    torch, tx, rx = tensor_setup(tag, False)
+    for size, rounds in plan:
+        mine = torch.zeros(size, dtype=torch.uint8, device="cuda")
+        last = None
+        for _ in range(rounds):
+            m = rx.recv(timeout=TIMEOUT)
+            t = torch.from_dlpack(m)
+            del t
+            m.release()
+            if last is not None:
+                tx.wait_completed(last, timeout=TIMEOUT)
+            last = tx.send_tensor(mine)
+        tx.wait_completed(last, timeout=TIMEOUT)
+
+
+def run_tensor(sizes, warm, iters):
+    tag = f"pygh-{os.getpid()}-tensor"
+    b = mp.get_context("spawn").Process(target=tensor_side_b, args=(tag, [(s, warm + iters) for s in sizes]))
+    b.start()
+    rows = []
+    try:
+        torch, tx, rx = tensor_setup(tag, True)
+        print(f"\n== py_tensor: torch tensors by reference (send_tensor, {tx.transport}), half round trip (us)")
+        print(f"  {'size':>10} {'p50_us':>10} {'p99_us':>10}")
+        for size in sizes:
+            x = torch.zeros(size, dtype=torch.uint8, device="cuda")
+            half, last = [], None
+            for i in range(warm + iters):
+                t0 = time.perf_counter()
+                if last is not None:
+                    tx.wait_completed(last, timeout=TIMEOUT)
+                last = tx.send_tensor(x)
+                m = rx.recv(timeout=TIMEOUT)
+                t = torch.from_dlpack(m)
+                del t
+                m.release()
+                t1 = time.perf_counter()
+                if i >= warm:
+                    half.append((t1 - t0) * 1e6 / 2)
+            tx.wait_completed(last, timeout=TIMEOUT)
+            p50, p99 = stats(half)
+            print(f"  {size:>10} {p50:>10.2f} {p99:>10.2f}", flush=True)
+            row = {"case": "py_tensor", "size": size, "iters": iters, "p50_us": round(p50, 3), "p99_us": round(p99, 3),
+                   "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+            emit(row)
+            rows.append(row)
+    finally:
+        b.join(120)
+        if b.is_alive():
+            b.kill()
+    if b.exitcode != 0:
+        raise SystemExit(f"process B failed with exit code {b.exitcode}")
+    return rows
+
+
 def tmp_side_b(q_ab, q_ba, plan):
     import torch
     for size, op, rounds in plan:
@@ -371,6 +450,7 @@ def run_tmp(sizes, warm, iters):
     plan = [(s, op, warm + iters) for op in (False, True) for s in sizes]
     b = ctx.Process(target=tmp_side_b, args=(q_ab, q_ba, plan))
     b.start()
+    rows = []
     try:
         for op in (False, True):
             case = "tmp_torch_op" if op else "tmp_handoff"
@@ -392,12 +472,15 @@ def run_tmp(sizes, warm, iters):
                         half.append((t1 - t0) * 1e6 / 2)
                 p50, p99 = stats(half)
                 print(f"  {size:>10} {p50:>10.2f} {p99:>10.2f}", flush=True)
-                emit({"case": case, "size": size, "iters": iters, "p50_us": round(p50, 3), "p99_us": round(p99, 3)})
+                row = {"case": case, "size": size, "iters": iters, "p50_us": round(p50, 3), "p99_us": round(p99, 3)}
+                emit(row)
+                rows.append(row)
         q_ba.get(timeout=TIMEOUT)
     finally:
         b.join(60)
         if b.is_alive():
             b.kill()
+    return rows
 
 
 # ---- the C path ----
@@ -471,8 +554,8 @@ def main():
         py_rows.update({(r["case"], r["size"]): r for r in run_lf(sizes, warm, iters, on_gpu=True)})
     except TypeError as e:
         print(f"\n== py_*_on_gpu: not available in this lava-flow ({e})")
-    if not args.no_tmp:
-        run_tmp(sizes, warm, iters)
+    tensor_rows = {r["size"]: r for r in run_tensor(sizes, warm, iters)}
+    tmp_rows = {} if args.no_tmp else {r["size"]: r for r in run_tmp(sizes, warm, iters) if r["case"] == "tmp_handoff"}
     c_rows = {} if args.no_c else run_c(args, sizes)
     # Python's hand-off against the C path's, measured in this run: at most C + 2 us.
     pairs = [(py + suffix, c) for suffix in ("", "_on_gpu")
@@ -487,6 +570,15 @@ def main():
                 emit({"case": "py_vs_c", "py_case": py_case, "c_case": c_case, "size": size,
                       "py_p50_us": py["p50_us"], "c_p50_us": c["p50_us"], "over_us": round(over, 3),
                       "within_2us": over <= 2.0})
+    # PyTorch's tensors by reference against torch.multiprocessing's: at most 0.05x.
+    for size in sizes:
+        py, t = tensor_rows.get(size), tmp_rows.get(size)
+        if py and t:
+            ratio = py["p50_us"] / t["p50_us"]
+            print(f"py_tensor {size} B: p50 {py['p50_us']:.2f} us, torch.multiprocessing {t['p50_us']:.2f} us, "
+                  f"{ratio:.3f}x ({'within' if ratio <= 0.05 else 'over'} 0.05x)")
+            emit({"case": "py_tensor_vs_tmp", "size": size, "py_p50_us": py["p50_us"], "tmp_p50_us": t["p50_us"],
+                  "ratio": round(ratio, 4), "within_0_05x": ratio <= 0.05})
     print("\npython_gpu_handoff: done")
 
 
