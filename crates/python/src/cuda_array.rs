@@ -17,23 +17,20 @@ pub struct CudaArray {
 /// `None` when `obj` has no such interface (it is not a CUDA array).
 pub fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<Option<CudaArray>> {
     let Ok(cai) = obj.getattr("__cuda_array_interface__") else { return Ok(None) };
-    let cai = cai
-        .downcast::<PyDict>()
-        .map_err(|_| PyTypeError::new_err("__cuda_array_interface__ is not a dict"))?;
+    let cai = cai.downcast::<PyDict>().map_err(|_| PyTypeError::new_err("__cuda_array_interface__ is not a dict"))?;
     let item = |key: &str| -> PyResult<Bound<'_, PyAny>> {
-        cai.get_item(key)?
-            .ok_or_else(|| PyTypeError::new_err(format!("__cuda_array_interface__ has no {key:?}")))
+        cai.get_item(key)?.ok_or_else(|| PyTypeError::new_err(format!("__cuda_array_interface__ has no {key:?}")))
     };
     let data = item("data")?;
-    let data = data.downcast::<PyTuple>().map_err(|_| PyTypeError::new_err("__cuda_array_interface__['data'] is not a tuple"))?;
+    let data = data
+        .downcast::<PyTuple>()
+        .map_err(|_| PyTypeError::new_err("__cuda_array_interface__['data'] is not a tuple"))?;
     let ptr: u64 = data.get_item(0)?.extract()?;
     let shape: Vec<usize> = item("shape")?.extract()?;
     let typestr: String = item("typestr")?.extract()?;
-    let itemsize: usize = typestr
-        .get(2..)
-        .and_then(|n| n.parse().ok())
-        .filter(|&n| n > 0)
-        .ok_or_else(|| PyValueError::new_err(format!("__cuda_array_interface__ typestr {typestr:?} has no item size")))?;
+    let itemsize: usize = typestr.get(2..).and_then(|n| n.parse().ok()).filter(|&n| n > 0).ok_or_else(|| {
+        PyValueError::new_err(format!("__cuda_array_interface__ typestr {typestr:?} has no item size"))
+    })?;
     let elements: usize = shape.iter().product();
     let len = elements * itemsize;
     let strides = cai.get_item("strides")?.filter(|s| !s.is_none());

@@ -53,7 +53,8 @@ fn deregister(context: &Context, registration: Ptr<ffi::lf_buffer>) {
 /// stream, 2 the per-thread one, else a `CUstream`) is done: lava-flow's CUDA route hands the
 /// bytes over as they are when sent.
 fn synchronise(stream: isize) -> PyResult<()> {
-    let driver = lava_flow_cuda::driver().map_err(|e| invalid_state(&format!("synchronising the tensor's stream: {e}")))?;
+    let driver =
+        lava_flow_cuda::driver().map_err(|e| invalid_state(&format!("synchronising the tensor's stream: {e}")))?;
     // SAFETY: a stream handle the array's framework gave; CUDA checks it.
     unsafe { driver.stream_synchronize(stream as usize as lava_flow_cuda::sys::CUstream) }
         .map_err(|e| invalid_state(&format!("synchronising the tensor's stream: {e}")))
