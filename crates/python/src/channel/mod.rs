@@ -333,8 +333,8 @@ impl Channel {
             Some(s) => Some(gpu::stream_handle(s)? as isize),
             None => None,
         };
-        let completed = self.completed(py)?;
-        self.retire_tensors(completed);
+        // Lets go of the tensors the consumer released since the last call.
+        self.completed(py)?;
         self.send_cuda_array(py, tensor, timeout, stream)
     }
 
