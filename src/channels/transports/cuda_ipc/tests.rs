@@ -325,3 +325,15 @@ fn the_sender_announces_once_and_forgets_what_changed_or_was_let_go_of() {
     assert!(format!("{holds:?}").contains("1 held") || format!("{holds:?}").contains("2 held"), "{holds:?}");
     holds.consumer_died();
 }
+
+/// Both ends in one process (threads over shared memory): the producer's address is the
+/// consumer's, and nothing is opened (a CUDA IPC handle does not open where it was made).
+#[test]
+fn an_allocation_of_this_very_process_is_used_where_it_lies() {
+    let (mut r, counts) = receiver(8);
+    let own = Announce { exporter_pid: std::process::id(), ..legacy(5) };
+    announce(&mut r, 0, 1, own, 0).unwrap();
+    let payload = resolve(&mut r, 0, 0, 1, 16, 32).unwrap().unwrap();
+    assert_eq!(payload.cuda_ptr(), Some((own.base + 16, 1)), "device 1: the UUID's ordinal here");
+    assert_eq!(counts.opened.load(Ordering::Relaxed), 0);
+}
