@@ -227,8 +227,8 @@ impl FanIn {
     }
 
     /// Rebuilds the report from the producers attached: the carrier's route, then, for each
-    /// way GPU buffers come (by reference, or staged and why), the slots whose producers send
-    /// them so. With no producer attached it stays as it was.
+    /// way GPU buffers and CUDA memory come (by reference, or staged or refused and why), the
+    /// slots whose producers send them so. With no producer attached it stays as it was.
     fn refresh_report(&mut self) {
         let mut ways: Vec<(&Route, Vec<usize>)> = Vec::new();
         for (at, slot) in self.slots.iter().enumerate().filter(|(_, s)| s.session.is_some()) {
@@ -243,7 +243,7 @@ impl FanIn {
             return;
         }
         let mut routes: Vec<Route> =
-            self.info.routes.iter().filter(|r| r.class != PayloadClass::Gpu).cloned().collect();
+            self.info.routes.iter().filter(|r| r.class == PayloadClass::Host).cloned().collect();
         for (way, slots) in ways {
             let list = slots.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ");
             let whose = if slots.len() == 1 { "slot" } else { "slots" };

@@ -622,9 +622,10 @@ impl Producer {
                 None => match crate::channels::transports::cuda_ipc::Offer::new() {
                     Err(why) => why,
                     Ok(_) => format!(
-                        "the channel has no CUDA route: its consumer is on another host, cuda_ipc is not among the \
-                         transports it allows (LF_TRANSPORTS, or the channel's transports), or this process first used \
-                         CUDA after it created the channel (create the channel after that) ({})",
+                        "the channel has no CUDA route: its consumer is on another host, or a thread of this process \
+                         (loopback: hand it the pointer itself), cuda_ipc is not among the transports it allows \
+                         (LF_TRANSPORTS, or the channel's transports), or this process first used CUDA after it created \
+                         the channel (create the channel after that) ({})",
                         self.info.reason
                     ),
                 },

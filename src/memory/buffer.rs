@@ -570,13 +570,14 @@ impl fmt::Debug for Buffer {
     }
 }
 
-/// Why CUDA memory of the application's cannot be sent or exported, and what can.
+/// Why CUDA memory of the application's cannot be exported or shared as a memory file, and
+/// what can.
 pub(crate) fn cuda_unsupported(id: BufferId, pointer: CudaPointer) -> String {
     format!(
-        "buffer {id} is {} of CUDA device {}: sending or exporting CUDA memory that lava-flow did not \
-         allocate is not supported yet; lava-flow's own GPU buffers travel by reference \
-         (lf_alloc with LF_MEMORY_GPU_DEVICE_LOCAL, which CUDA imports): copy the data into one \
-         (cudaMemcpy to its CUDA mapping, or lf_buffer_copy) and send that",
+        "buffer {id} is {} of CUDA device {}: exporting CUDA memory that lava-flow did not allocate is \
+         not supported yet (channels send it by reference to a consumer on this host: lf_send_buffer); \
+         lava-flow's own GPU buffers export (lf_alloc with LF_MEMORY_GPU_DEVICE_LOCAL, which CUDA \
+         imports): copy the data into one (cudaMemcpy to its CUDA mapping, or lf_buffer_copy)",
         pointer.kind, pointer.device_ordinal
     )
 }

@@ -492,6 +492,8 @@ static void receive_buffers(lf::Consumer& in) {
     if (!EXPECT_OK(m)) return;
     CHECK(verify(*m, seq++, 5000) && m->zero_copy());
     EXPECT_ERROR(m->buffer(lf::nothrow), LF_ERR_INVALID_STATE, "carries no GPU buffer");
+    CHECK(!m->cuda());
+    EXPECT_ERROR(m->cuda_ptr(lf::nothrow), LF_ERR_INVALID_STATE, "not CUDA memory");
     m = in.recv(lf::nothrow, WAIT);  // the previous message is released by the assignment
     if (!EXPECT_OK(m)) return;
     CHECK(verify(*m, seq, 100) && m->flags() == 0);

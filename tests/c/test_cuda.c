@@ -107,7 +107,7 @@ static void legacy_memory(lf_context *context, cu_mem_alloc_fn mem_alloc, cu_mem
     EXPECT(lf_buffer_ptr(second, &second_ptr), LF_OK);
     CHECK(second != NULL && second != tensor && second_ptr == ptr);
 
-    /* The host cannot reach it, and it cannot leave the process yet. */
+    /* The host cannot reach it, and it cannot be exported yet (channels send it: test_cuda_channel). */
     unsigned char bytes[16];
     EXPECT(lf_buffer_read(tensor, 0, bytes, sizeof bytes), LF_ERR_INVALID_STATE);
     EXPECT_MESSAGE("cudaMemcpy");

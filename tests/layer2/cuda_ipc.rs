@@ -651,3 +651,43 @@ fn vmm_memory_is_lent_as_a_vulkan_buffer() {
         }
     }
 }
+
+/// Both ends threads of one process, over shared memory: the consumer's CUDA pointer is the
+/// producer's own (a CUDA IPC handle does not open in the process that made it).
+#[test]
+fn both_ends_in_one_process_share_the_pointer() {
+    const TEST: &str = "cuda_ipc::both_ends_in_one_process_share_the_pointer";
+    match child_role().as_deref() {
+        Some("both") => {
+            let Some(driver) = cuda() else { return };
+            let allocation = Allocation::new(driver, "legacy", LEN);
+            set(driver, allocation.ptr(), 0x42, LEN);
+            let (buffer, at) = register(allocation.ptr(), LEN);
+            let consumer = std::thread::spawn(|| {
+                let mut c = consumer("cuda-one-process");
+                let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                let found = message.cuda_ptr().unwrap();
+                drop(message);
+                found
+            });
+            let mut p = producer("cuda-one-process");
+            let seq = p.send_buffer(&buffer, at + OFFSET, SENT).unwrap();
+            p.wait_completed(seq, Some(Duration::from_secs(30))).unwrap();
+            let (ptr, device) = consumer.join().unwrap();
+            assert_eq!((ptr, device), (allocation.ptr() + OFFSET as u64, 0), "the producer's own address");
+            drop(p);
+            drop(buffer);
+            allocation.free(driver);
+        }
+        Some(_) => {}
+        None => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            let dir = test_dir("cuda-one-process");
+            wait_ok(spawn(TEST, "both", &dir, &[]), "both ends");
+            assert_dir_empty(&dir);
+        }
+    }
+}

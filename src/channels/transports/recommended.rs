@@ -310,6 +310,11 @@ pub(crate) fn plan(
     let mut routes = Vec::new();
     let mut routes_refused = Vec::new();
     for kind in allowed.iter().filter(|k| k.is_route()) {
+        // CUDA IPC handles do not open in the process that made them, and threads of one
+        // process share the pointer itself.
+        if *kind == TransportKind::CudaIpc && carrier == TransportKind::Loopback {
+            continue;
+        }
         match route_availability(*kind, scope, context) {
             Ok(()) => routes.push(*kind),
             // CUDA memory is never staged: its refusal is said at send.

@@ -88,17 +88,29 @@ pub(crate) fn device_uuid(ordinal: i32) -> Result<[u8; 16]> {
     driver.device(ordinal).and_then(|d| driver.device_uuid(d)).map_err(cuda_error)
 }
 
-/// The legacy IPC handle of `cudaMalloc` memory's allocation.
+/// The legacy IPC handle of `cudaMalloc` memory's allocation, asked in the context it was
+/// allocated in (the device's primary context where the driver did not say).
 pub(crate) fn export_legacy(pointer: &CudaPointer) -> Result<[u8; 64]> {
     let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
-    let context = PrimaryContext::retain(driver, pointer.device_ordinal)?;
-    context.with(|driver| {
+    let get = |driver: &'static Driver| {
         let mut handle = CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: a valid out-pointer; the base of a live allocation of this device.
+        // SAFETY: a valid out-pointer; the base of a live allocation of the current context.
         unsafe { driver.ipc_get_mem_handle(&mut handle, pointer.base) }
             .map_err(|e| cuda_error(e.context(format!("cuIpcGetMemHandle of {:#x}", pointer.base))))?;
         Ok(handle.reserved)
-    })
+    };
+    if pointer.context == 0 {
+        return PrimaryContext::retain(driver, pointer.device_ordinal)?.with(get);
+    }
+    let context = pointer.context as CUcontext;
+    // SAFETY: the context the allocation was made in, alive while the allocation is (the
+    // caller's registration of live memory).
+    unsafe { driver.ctx_push_current(context) }.map_err(cuda_error)?;
+    let handle = get(driver);
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above; a valid out-pointer.
+    let _ = unsafe { driver.ctx_pop_current(&mut popped) };
+    handle
 }
 
 /// A VMM piece's allocation handle, retained: the physical memory stays alive while this

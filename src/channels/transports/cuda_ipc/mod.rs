@@ -30,7 +30,7 @@
 //! 5. Synchronisation is on the host: CUDA memory is complete when sent.
 
 mod cuda;
-#[cfg(feature = "test-hooks")]
+#[cfg(any(test, feature = "test-hooks"))]
 mod fake;
 mod receiver;
 mod sender;

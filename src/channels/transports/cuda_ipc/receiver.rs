@@ -87,6 +87,22 @@ impl RoutedMemory for Import {
     }
 }
 
+/// An allocation of this very process (the producer is a thread here): nothing to open or
+/// close.
+struct SameProcess {
+    address: u64,
+    device: i32,
+}
+
+impl Mapping for SameProcess {
+    fn address(&self) -> u64 {
+        self.address
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+}
+
 /// A slot's allocation: what the producer announced (with a VMM piece's fd, to open it again
 /// after the cache closed it), the import while open, and the last message into it.
 struct Slot {
@@ -215,13 +231,19 @@ impl Receiver {
     fn open_slot(&mut self, index: usize) -> Result<()> {
         self.evict();
         let slot = self.slots[index].as_ref().expect("the caller found it");
-        let mapping =
-            self.opener.open(&slot.allocation, slot.fd.as_ref().map(|fd| fd.as_fd()), slot.device).map_err(|e| {
-                Error::Unsupported(format!(
-                    "the producer's CUDA allocation ({} bytes at {:#x}, buffer id {}) cannot be opened here: {e}",
-                    slot.allocation.size, slot.allocation.base, slot.allocation.buffer_id
-                ))
-            })?;
+        let opened = if slot.allocation.exporter_pid == std::process::id() {
+            // Both ends in this process (a CUDA IPC handle does not open where it was made):
+            // the producer's address is this process's.
+            Ok(Box::new(SameProcess { address: slot.allocation.base, device: slot.device }) as Box<dyn Mapping>)
+        } else {
+            self.opener.open(&slot.allocation, slot.fd.as_ref().map(|fd| fd.as_fd()), slot.device)
+        };
+        let mapping = opened.map_err(|e| {
+            Error::Unsupported(format!(
+                "the producer's CUDA allocation ({} bytes at {:#x}, buffer id {}) cannot be opened here: {e}",
+                slot.allocation.size, slot.allocation.base, slot.allocation.buffer_id
+            ))
+        })?;
         #[cfg(feature = "vulkan")]
         let vulkan = self.vulkan_import(index)?;
         let import = Arc::new(Import {

@@ -259,8 +259,9 @@ impl Sender {
 
 /// The report's words for the kinds this route refuses.
 fn refused_kinds() -> String {
-    "refused at send, naming the way out: memory of a CUDA memory pool (cudaMallocAsync), managed memory, and other \
-     CUDA memory without a handle another process can open"
+    "memory of a CUDA memory pool (cudaMallocAsync), managed memory and other CUDA memory without a handle another \
+     process can open refused at send (the way out: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lava-flow's \
+     GPU buffers, or a copy into cudaMalloc memory)"
         .into()
 }
 

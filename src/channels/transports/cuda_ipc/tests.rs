@@ -235,3 +235,105 @@ fn a_consumer_without_cuda_declines_and_says_why() {
     let why = Offer.accept(None, Arc::new(PeerHolds::default())).unwrap().err().unwrap();
     assert!(why.contains("offers no CUDA route"), "{why}");
 }
+
+/// The producer's half on the stand-in exporter: each allocation announced once, memory
+/// re-allocated at the same base (a new buffer id) forgotten and announced anew in another
+/// slot, a slot reused only once its last message was released, and an allocation the
+/// application let go of forgotten at the next sweep.
+#[test]
+fn the_sender_announces_once_and_forgets_what_changed_or_was_let_go_of() {
+    use crate::channels::transport::{MemoryKind, Packed, Payload, PayloadMemory, RouteSender};
+    use crate::memory::{CudaMemoryKind, CudaPointer};
+
+    let context = crate::memory::Context::new(crate::memory::ContextConfig {
+        gpu: crate::memory::GpuPolicy::Disabled,
+        ..Default::default()
+    })
+    .unwrap();
+    let holds = Arc::new(PeerHolds::default());
+    let mut sender = super::Sender::new(vec![super::fake::UUID], Arc::clone(&holds), Arc::new(super::fake::Exporter));
+    let pointer = |buffer_id| CudaPointer {
+        kind: CudaMemoryKind::Legacy,
+        base: 0x7000_0000_0000,
+        size: 1 << 20,
+        buffer_id,
+        device_ordinal: 0,
+        context: 0,
+    };
+    let mut seq = 0;
+    let mut send = |sender: &mut super::Sender, buffer: &crate::memory::Buffer, completed: u64| {
+        let payload = Payload {
+            memory: PayloadMemory::Buffer(buffer),
+            kind: MemoryKind::Cuda,
+            offset: 64,
+            len: 128,
+            ready_value: 0,
+        };
+        let mut out = Packed::default();
+        sender.pack(&payload, completed, &mut out).unwrap();
+        sender.sent(seq);
+        seq += 1;
+        let d = Descriptor::decode(&out.descriptor[..out.descriptor_len]).unwrap();
+        assert_eq!((d.offset, d.len), (64, 128));
+        let records: Vec<AllocationRecord> =
+            out.attachments.iter().map(|a| AllocationRecord::decode(&a.bytes, a.handles.len()).unwrap()).collect();
+        (d.slot, d.generation, records)
+    };
+    let first = context.register_cuda_for_tests(pointer(1)).unwrap();
+    let (slot, generation, records) = send(&mut sender, &first, 0);
+    assert!(matches!(records[..], [AllocationRecord::Announce { slot: 0, generation: 1, allocation }]
+        if allocation.buffer_id == 1 && allocation.memory == MEMORY_LEGACY && allocation.device_uuid == super::fake::UUID));
+    assert_eq!((slot, generation), (0, 1));
+    assert!(send(&mut sender, &first, 0).2.is_empty(), "announced once");
+
+    // Freed and re-allocated at the same base: the old one forgotten, the new one in slot 1
+    // (slot 0's messages 0 and 1 are not released yet).
+    drop(first);
+    let second = context.register_cuda_for_tests(pointer(2)).unwrap();
+    let (slot, generation, records) = send(&mut sender, &second, 0);
+    assert!(
+        matches!(
+            records[..],
+            [
+                AllocationRecord::Forget { slot: 0, generation: 1 },
+                AllocationRecord::Announce { slot: 1, generation: 1, .. }
+            ]
+        ),
+        "{records:?}"
+    );
+    assert_eq!((slot, generation), (1, 1));
+
+    // Again, once everything sent is released: slot 0 is free again, in its next generation.
+    drop(second);
+    let third = context.register_cuda_for_tests(pointer(3)).unwrap();
+    let (slot, generation, records) = send(&mut sender, &third, 3);
+    assert!(
+        matches!(records[..], [AllocationRecord::Forget { slot: 1, generation: 1 }, AllocationRecord::Announce { .. }]),
+        "{records:?}"
+    );
+    assert_eq!((slot, generation), (1, 2), "a released slot reused in its next generation");
+
+    // An allocation the application let go of (no buffer of it left) is forgotten at the
+    // next sweep, once its messages are released.
+    drop(third);
+    let other = context.register_cuda_for_tests(CudaPointer { base: 0x7100_0000_0000, ..pointer(4) }).unwrap();
+    let (_, _, records) = send(&mut sender, &other, 4);
+    assert!(
+        matches!(records[..], [AllocationRecord::Forget { slot: 1, generation: 2 }, AllocationRecord::Announce { .. }]),
+        "{records:?}"
+    );
+    assert!(format!("{holds:?}").contains("1 held") || format!("{holds:?}").contains("2 held"), "{holds:?}");
+    holds.consumer_died();
+}
+
+/// Both ends in one process (threads over shared memory): the producer's address is the
+/// consumer's, and nothing is opened (a CUDA IPC handle does not open where it was made).
+#[test]
+fn an_allocation_of_this_very_process_is_used_where_it_lies() {
+    let (mut r, counts) = receiver(8);
+    let own = Announce { exporter_pid: std::process::id(), ..legacy(5) };
+    announce(&mut r, 0, 1, own, 0).unwrap();
+    let payload = resolve(&mut r, 0, 0, 1, 16, 32).unwrap().unwrap();
+    assert_eq!(payload.cuda_ptr(), Some((own.base + 16, 1)), "device 1: the UUID's ordinal here");
+    assert_eq!(counts.opened.load(Ordering::Relaxed), 0);
+}
