@@ -207,8 +207,36 @@ def run_lf(sizes, warm, iters, on_gpu=False):
 #             wait_completed(seq, stream=S) waits on the host for the release and on S for the
 #             signal.
 
-A_STEPS = ("wait_completed", "send_buffer", "recv", "from_dlpack", "del_tensor", "release")
-B_STEPS = ("recv_wait", "from_dlpack", "del_tensor", "release", "send_buffer")
+# torch.from_dlpack(msg) in its three parts: __dlpack_device__, __dlpack__ (lava-flow's), and
+# torch's import of the capsule.
+A_STEPS = ("wait_completed", "send_buffer", "recv", "dlpack_device", "dlpack", "torch_import", "del_tensor",
+           "release")
+B_STEPS = ("recv_wait", "dlpack_device", "dlpack", "torch_import", "del_tensor", "release", "send_buffer")
+
+
+def bd_from_dlpack(torch, m, stream, ns, out):
+    """torch.from_dlpack(m) on `stream`, as torch does it, each part's end time appended."""
+    m.__dlpack_device__()
+    out.append(ns())
+    capsule = m.__dlpack__(stream=stream.cuda_stream, max_version=(1, 0))
+    out.append(ns())
+    t = torch.from_dlpack(capsule)
+    out.append(ns())
+    return t
+
+
+def bd_torch_floor(torch, size, stream, n):
+    """p50 (us) of torch.from_dlpack of a torch CUDA tensor on `stream`: DLPack's cost with no
+    lava-flow in it, the floor for any producer's tensor."""
+    x = torch.empty(size, dtype=torch.uint8, device="cuda")
+    ns, v = time.perf_counter_ns, []
+    with torch.cuda.stream(stream):
+        for _ in range(n):
+            t0 = ns()
+            t = torch.from_dlpack(x)
+            v.append(ns() - t0)
+            del t
+    return stats(v)[0] / 1000.0
 
 
 def gpu_releases(lf):
@@ -239,19 +267,17 @@ def bd_side_b(tag, size, rounds, on_gpu, out_path):
     ns = time.perf_counter_ns
     rows, last = [], None
     for _ in range(rounds):
-        b0 = ns()
+        row = [ns()]
         m = rx.recv(timeout=TIMEOUT)
-        b1 = ns()
-        with torch.cuda.stream(stream):
-            t = torch.from_dlpack(m)
-        b2 = ns()
+        row.append(ns())
+        t = bd_from_dlpack(torch, m, stream, ns, row)
         del t
-        b3 = ns()
+        row.append(ns())
         m.release()
-        b4 = ns()
+        row.append(ns())
         last = tx.send_buffer(y)
-        b5 = ns()
-        rows.append((b0, b1, b2, b3, b4, b5))
+        row.append(ns())
+        rows.append(row)
     stream.synchronize()
     tx.wait_completed(last, timeout=TIMEOUT)
     y.free()
@@ -273,28 +299,27 @@ def bd_run(size, warm, iters, on_gpu):
         before = gpu_releases(lf)
         rows, last = [], None
         for _ in range(warm + iters):
-            t0 = ns()
+            row = [ns()]
             if last is not None:
                 if on_gpu:
                     tx.wait_completed(last, timeout=TIMEOUT, stream=stream)
                 else:
                     tx.wait_completed(last, timeout=TIMEOUT)
-            t1 = ns()
+            row.append(ns())
             last = tx.send_buffer(x)
-            t2 = ns()
+            row.append(ns())
             m = rx.recv(timeout=TIMEOUT)
-            t3 = ns()
-            with torch.cuda.stream(stream):
-                t = torch.from_dlpack(m)
-            t4 = ns()
+            row.append(ns())
+            t = bd_from_dlpack(torch, m, stream, ns, row)
             del t
-            t5 = ns()
+            row.append(ns())
             m.release()
-            t6 = ns()
-            rows.append((t0, t1, t2, t3, t4, t5, t6))
+            row.append(ns())
+            rows.append(row)
         tx.wait_completed(last, timeout=TIMEOUT)
         stream.synchronize()
         after = gpu_releases(lf)
+        floor = bd_torch_floor(torch, size, stream, iters)
         x.free()
     finally:
         b.join(120)
@@ -314,7 +339,7 @@ def bd_run(size, warm, iters, on_gpu):
 
     print(f"\n== breakdown {mode}, {size} B: p50 (p99) us per step, {iters} iterations after {warm} warm-up")
     result = {"case": "py_breakdown", "mode": mode, "size": size, "iters": iters}
-    half = [(r[6] - r[0]) / 2 for r in a_rows]
+    half = [(r[-1] - r[0]) / 2 for r in a_rows]
     print(f"  {'A half round trip':<34} {p50(half):8.2f} ({p99(half):.2f})")
     result["half_p50_us"] = round(p50(half), 3)
     for i, step in enumerate(A_STEPS):
@@ -325,12 +350,14 @@ def bd_run(size, warm, iters, on_gpu):
         v = [r[i + 1] - r[i] for r in b_rows]
         print(f"  {'B ' + step:<34} {p50(v):8.2f} ({p99(v):.2f})")
         result["b_" + step] = round(p50(v), 3)
+    print(f"  {'torch.from_dlpack(torch tensor)':<34} {floor:8.2f}   (DLPack without lava-flow, same process)")
+    result["torch_floor"] = round(floor, 3)
     # Across the processes (one monotonic clock).
     gaps = {
         "A send_buffer -> B recv returns": [b[1] - a[2] for a, b in zip(a_rows, b_rows)],
-        "B send_buffer -> A recv returns": [a[3] - b[5] for a, b in zip(a_rows, b_rows)],
+        "B send_buffer -> A recv returns": [a[3] - b[-1] for a, b in zip(a_rows, b_rows)],
         # A's wait for round i+1 waits for B's release of round i.
-        "B release -> A wait_completed returns": [a2[1] - b[4] for a2, b in zip(a_rows[1:], b_rows)],
+        "B release -> A wait_completed returns": [a2[1] - b[-2] for a2, b in zip(a_rows[1:], b_rows)],
     }
     for what, v in gaps.items():
         print(f"  {what:<34} {p50(v):8.2f} ({p99(v):.2f})")

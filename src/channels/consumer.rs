@@ -213,6 +213,11 @@ impl Consumer {
         }))
     }
 
+    /// Whether this is a fan-in's consumer (several producers, each with its own semaphores).
+    pub fn is_fan_in(&self) -> bool {
+        self.fan_in.is_some()
+    }
+
     /// A new descriptor of the producer's released semaphore (where it set
     /// [`ChannelConfig::released_semaphore`](super::ChannelConfig::released_semaphore)), for
     /// this process's GPU work to signal as it lets go of GPU messages

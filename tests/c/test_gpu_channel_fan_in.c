@@ -9,7 +9,8 @@
  * message's producer slot, that slot's order, and every GPU payload through lf_message_buffer
  * + lf_buffer_read (the producer's id in its bytes: each slot's buffers come from its own
  * producer), holding one GPU message of each producer while it receives the other's and
- * releasing them out of order. On a fan-in lf_channel_ready_semaphore is refused, naming
+ * releasing them out of order (lf_release_on_gpu refused: pair channels only). On a fan-in
+ * lf_channel_ready_semaphore is refused, naming
  * lf_channel_producer_ready_semaphore, which answers per slot (LF_ERR_UNSUPPORTED on a driver
  * that cannot share semaphores, such as lavapipe; an fd on one that can). Each producer's end
  * is one LF_ERR_PEER_GONE naming its slot; the runtime dir is left empty.
@@ -216,8 +217,14 @@ static void run_consumer(const char *self, const char *name) {
     }
     CHECK(id_of_slot[0] != id_of_slot[1]);
     for (unsigned s = PRODUCERS; s-- > 0;) {
+        uint64_t value = 77;
         if (!holding[s]) continue;
         CHECK(check_gpu(ch, &held[s]) == id_of_slot[s]);
+        /* A release whose signal the consumer makes on its GPU is for pair channels only. */
+        EXPECT(lf_release_on_gpu(ch, &held[s], &value), LF_ERR_UNSUPPORTED);
+        EXPECT_MESSAGE("fan-in");
+        EXPECT_MESSAGE("lf_release");
+        CHECK(value == 77);
         EXPECT(lf_release(ch, &held[s]), LF_OK);
         EXPECT(lf_release(ch, &held[s]), LF_ERR_INVALID_STATE);
     }

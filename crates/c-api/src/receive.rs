@@ -245,6 +245,18 @@ pub unsafe extern "C" fn lf_release_on_gpu(
         let m = unsafe { *message };
         let mut guard = lock(ch)?;
         let c = consumer(&mut guard)?;
+        if c.is_fan_in() {
+            // Its producers' released semaphores are not handed to the consumer to signal.
+            return Err(Failure {
+                status: lf_status::LF_ERR_UNSUPPORTED,
+                message: format!(
+                    "channel {:?} is a fan-in: releases with a signal on the GPU are for pair channels only; release \
+                     message {} with lf_release",
+                    c.name(),
+                    m.sequence
+                ),
+            });
+        }
         let held = (m.flags & LF_MESSAGE_GPU != 0).then(|| ch.gpu_messages.release_by_caller(m.session, m.sequence));
         let (view, buffer_freed, value) = match held.flatten() {
             Some(Ok(released)) => released,

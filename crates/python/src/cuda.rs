@@ -97,6 +97,12 @@ fn primary_context(api: &Driver, device: CUdevice) -> PyResult<CUcontext> {
 /// Runs `f` with the device's primary context current.
 fn in_context<R>(api: &Driver, device: CUdevice, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
     let ctx = primary_context(api, device)?;
+    let mut current: CUcontext = std::ptr::null_mut();
+    // SAFETY: out-parameter. PyTorch and CuPy keep the primary context current on their
+    // threads: then there is nothing to push (this runs on every GPU message's release).
+    if unsafe { api.ctx_get_current(&mut current) }.is_ok() && current == ctx {
+        return f();
+    }
     // SAFETY: a live (retained) context.
     check(unsafe { api.ctx_push_current(ctx) })?;
     let r = f();

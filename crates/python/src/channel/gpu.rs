@@ -147,12 +147,17 @@ impl Channel {
     }
 
     /// As `release_after`, for a message being garbage-collected (never waits for the lock).
-    pub(super) fn release_after_in_finalizer(channel: &Py<Channel>, m: Msg, streams: &[usize], device: i32) {
+    pub(super) fn release_after_in_finalizer(
+        channel: &Py<Channel>,
+        py: Python<'_>,
+        m: Msg,
+        streams: &[usize],
+        device: i32,
+    ) {
         let this = channel.get();
         match record(streams, device) {
             Some(events) if !events.iter().all(|e| e.done()) => {
-                let ch = Python::with_gil(|py| channel.clone_ref(py));
-                this.defer_after(ch, m, events);
+                this.defer_after(channel.clone_ref(py), m, events);
             }
             _ => {
                 IMMEDIATE.fetch_add(1, Ordering::Relaxed);

@@ -204,7 +204,13 @@ impl Channel {
 
     /// As `release_gpu`, for a message being garbage-collected: never waits for the channel's
     /// lock (the next call on the channel releases it when another thread holds it).
-    pub(super) fn release_gpu_in_finalizer(channel: &Py<Channel>, m: Msg, streams: &[usize], device: i32) {
+    pub(super) fn release_gpu_in_finalizer(
+        channel: &Py<Channel>,
+        py: Python<'_>,
+        m: Msg,
+        streams: &[usize],
+        device: i32,
+    ) {
         let this = channel.get();
         if this.releases_on_gpu() {
             match this.core.try_lock() {
@@ -226,7 +232,7 @@ impl Channel {
         if streams.is_empty() {
             this.run_or_defer(Deferred::Release(m));
         } else {
-            Channel::release_after_in_finalizer(channel, m, streams, device);
+            Channel::release_after_in_finalizer(channel, py, m, streams, device);
         }
     }
 

@@ -246,7 +246,10 @@ impl Drop for Message {
         if !s.done {
             s.done = true;
             if self.msg.0.flags & ffi::LF_MESSAGE_GPU != 0 {
-                Channel::release_gpu_in_finalizer(&self.channel, self.msg, &s.streams, s.stream_device);
+                // SAFETY: a pyclass is dropped by its tp_dealloc, which CPython runs with the GIL
+                // held, also while the interpreter shuts down (when with_gil would refuse).
+                let py = unsafe { Python::assume_gil_acquired() };
+                Channel::release_gpu_in_finalizer(&self.channel, py, self.msg, &s.streams, s.stream_device);
             } else {
                 self.channel.get().run_or_defer(Deferred::Release(self.msg));
             }
