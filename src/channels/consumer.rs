@@ -197,12 +197,15 @@ impl Consumer {
             )));
         }
         // The semaphore of the route of lava-flow's own GPU memory, which this build's
-        // Vulkan routes share.
+        // Vulkan routes share; where none has one, the first route's reason (the GPU route's,
+        // before routes of other memory, which synchronise on the host).
         let mut why = None;
         for route in self.routes.iter() {
             match route.ready_semaphore() {
                 Ok(fd) => return Ok(fd),
-                Err(e) => why = Some(e),
+                Err(e) => {
+                    why.get_or_insert(e);
+                }
             }
         }
         Err(why.unwrap_or_else(|| {
@@ -230,11 +233,14 @@ impl Consumer {
                 self.name
             )));
         }
+        // As the ready semaphore: the first route's reason where none has one.
         let mut why = None;
         for route in self.routes.iter() {
             match route.released_semaphore() {
                 Ok(fd) => return Ok(fd),
-                Err(e) => why = Some(e),
+                Err(e) => {
+                    why.get_or_insert(e);
+                }
             }
         }
         Err(why.unwrap_or_else(|| {
