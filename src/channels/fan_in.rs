@@ -520,11 +520,15 @@ impl FanIn {
                 self.name
             )));
         };
+        // Where no route has one, the first route's reason (the GPU route's, before routes of
+        // other memory, which synchronise on the host).
         let mut why = None;
         for route in entry.routes.iter() {
             match route.ready_semaphore() {
                 Ok(fd) => return Ok(fd),
-                Err(e) => why = Some(e),
+                Err(e) => {
+                    why.get_or_insert(e);
+                }
             }
         }
         Err(why.unwrap_or_else(|| {
