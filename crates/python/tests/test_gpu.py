@@ -282,8 +282,12 @@ b = ctx.alloc(1 << 20, lf.Memory.GPU_DEVICE_LOCAL)
 t = torch.from_dlpack(b)
 s = torch.cuda.Stream()
 with torch.cuda.stream(s):
-    # The fill lands well after the send, first imports into CUDA included.
-    torch.cuda._sleep(4_000_000_000)
+    t.fill_(1)
+# The first send on a stream imports the channel's semaphore into CUDA, which may wait for the
+# device: done here, before the fill that must not be waited for.
+ch.wait_completed(ch.send_buffer(b, stream=s), timeout=60)
+with torch.cuda.stream(s):
+    torch.cuda._sleep(2_000_000_000)  # the fill lands well after the send
     t.fill_(7)
 seq = ch.send_buffer(b, stream=s)
 print("queued", s.query())
@@ -296,9 +300,16 @@ def test_cuda_send_buffer_on_a_stream(gpu_ctx, name, peer):
     torch = cuda_consumer_ctx(gpu_ctx)
     p = peer(STREAM_PRODUCER, name)
     ch = lf.consumer(gpu_ctx, name)
+    stream = torch.cuda.Stream()
+    with ch.recv(timeout=60) as m:
+        t = torch.from_dlpack(m.__dlpack__(stream=stream.cuda_stream))
+        with torch.cuda.stream(stream):
+            first = t.to(torch.int64).sum()
+        stream.synchronize()
+        del t
+    assert int(first) == 1 << 20
     with ch.recv(timeout=60) as m:
         assert m.ready_value > 0
-        stream = torch.cuda.Stream()
         t = torch.from_dlpack(m.__dlpack__(stream=stream.cuda_stream))
         with torch.cuda.stream(stream):
             total = t.to(torch.int64).sum()

@@ -139,21 +139,16 @@ impl Message {
             return Ok(GpuPlace::Cuda(v));
         }
         let channel = this.channel.get();
-        let (e, host) = channel.quick(slf.py(), |ch| {
+        let e = channel.quick(slf.py(), |ch| {
             let mut b: *const ffi::lf_buffer = std::ptr::null();
             let mut e = ffi::lf_export::default();
-            let mut host = std::ptr::null_mut();
             // SAFETY: live channel, a held message, local out-parameters; the lent buffer is
             // valid until the message's release.
             unsafe {
                 check(lib().lf_message_buffer(ch.0, &this.msg.0, &mut b))?;
                 check(lib().lf_buffer_export(b, &mut e))?;
-                // GPU memory the host cannot map has no address: not an error.
-                if lib().lf_buffer_ptr(b, &mut host) != ffi::LF_OK {
-                    host = std::ptr::null_mut();
-                }
             }
-            Ok((e, host.cast::<u8>().cast_const()))
+            Ok(e)
         })?;
         match cuda::imported(&e, channel.id) {
             Ok(import) => {
@@ -161,9 +156,29 @@ impl Message {
                 this.lock().cuda = Some(v.clone());
                 Ok(GpuPlace::Cuda(v))
             }
-            Err(_) if !host.is_null() => Ok(GpuPlace::Host(host)),
-            Err(err) => Err(err),
+            // No CUDA here (lavapipe): the host address, where the host maps the memory.
+            Err(err) => match this.host_address(slf.py())? {
+                Some(host) => Ok(GpuPlace::Host(host)),
+                None => Err(err),
+            },
         }
+    }
+
+    /// The host address of the GPU message's bytes, where the host maps its memory.
+    fn host_address(&self, py: Python<'_>) -> PyResult<Option<*const u8>> {
+        self.channel.get().quick(py, |ch| {
+            let mut b: *const ffi::lf_buffer = std::ptr::null();
+            let mut host = std::ptr::null_mut();
+            // SAFETY: live channel, a held message, local out-parameters.
+            unsafe {
+                check(lib().lf_message_buffer(ch.0, &self.msg.0, &mut b))?;
+                // GPU memory the host cannot map has no address: not an error.
+                if lib().lf_buffer_ptr(b, &mut host) != ffi::LF_OK {
+                    return Ok(None);
+                }
+            }
+            Ok((!host.is_null()).then_some(host.cast::<u8>().cast_const()))
+        })
     }
 
     /// A view of the message will be used on `stream`: the stream waits for the payload (the
