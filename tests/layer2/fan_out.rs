@@ -179,6 +179,14 @@ fn a_slow_consumer_is_detached_and_a_late_one_takes_its_slot() {
         Some("producer") => {
             let mut p = Producer::create(&ctx(), "fanout-slow", &here(), &here(), &bounded()).unwrap();
             wait_flag("both");
+            // A consumer's create returns once its handshake is answered; the producer's acceptor
+            // thread hands it over just after (on a loaded machine, some time after): both are
+            // the producer's before the stream starts.
+            let start = Instant::now();
+            while p.peers().iter().filter(|c| c.state == PeerState::Alive).count() < 2 {
+                assert!(start.elapsed() < Duration::from_secs(30), "{:?}", p.peers());
+                std::thread::sleep(Duration::from_millis(2));
+            }
             for seq in 0..50u64 {
                 p.send_timeout(&seq.to_le_bytes(), Duration::from_secs(20)).unwrap();
             }
