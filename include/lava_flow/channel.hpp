@@ -289,6 +289,18 @@ public:
         }
         return out;
     }
+    /// Gives the message back now and leaves the producer's released semaphore to this
+    /// process's GPU work (lf_release_on_gpu): the value to signal on the stream after the work
+    /// that reads the buffer (0: none is due yet). Refused, and the message still held, where
+    /// the channel shares no released semaphore or is a fan-in.
+    Expected<std::uint64_t> release_on_gpu(nothrow_t) noexcept {
+        if (channel_ == nullptr) return not_held();
+        std::uint64_t value = 0;
+        if (lf_status s = lf_release_on_gpu(channel_, &raw_, &value); s != LF_OK) return detail::failure(s);
+        channel_ = nullptr;
+        raw_ = {};
+        return value;
+    }
     /// Gives the message's memory back to the producer now, which sees it complete.
     Expected<void> release(nothrow_t) noexcept {
         if (channel_ == nullptr) return not_held();
@@ -301,6 +313,7 @@ public:
 #if LAVA_FLOW_EXCEPTIONS
     BufferView buffer() const { return buffer(nothrow).value(); }
     CudaPointer cuda_ptr() const { return cuda_ptr(nothrow).value(); }
+    std::uint64_t release_on_gpu() { return release_on_gpu(nothrow).value(); }
     void release() { release(nothrow).value(); }
 #endif
 
@@ -338,6 +351,15 @@ public:
         if (lf_status s = lf_channel_ready_semaphore(get(), &fd); s != LF_OK) return failure(s);
         return fd;
     }
+    /// A new fd of the released semaphore (owned by the caller): see
+    /// lf_channel_released_semaphore. A producer's GPU work waits on it; a consumer that
+    /// releases with Message::release_on_gpu signals it. Needs ChannelConfig::released_semaphore
+    /// at the producer.
+    Expected<int> released_semaphore(nothrow_t) noexcept {
+        int fd = -1;
+        if (lf_status s = lf_channel_released_semaphore(get(), &fd); s != LF_OK) return failure(s);
+        return fd;
+    }
 
     /// The processes at the other end, slot by slot: a consumer's producers (a pair channel's
     /// one, or each of a fan-in's `max_peers` slots: free, alive, or gone with messages still to
@@ -367,6 +389,7 @@ public:
 #if LAVA_FLOW_EXCEPTIONS
     Transport transport() const { return transport(nothrow).value(); }
     int ready_semaphore() { return ready_semaphore(nothrow).value(); }
+    int released_semaphore() { return released_semaphore(nothrow).value(); }
     std::vector<Peer> peers() const { return peers(nothrow).value(); }
 #endif
 
@@ -491,13 +514,6 @@ public:
     Expected<void> wait_completed(nothrow_t, std::uint64_t sequence, Timeout timeout = forever) noexcept {
         return detail::done(lf_wait_completed(get(), sequence, timeout.count()));
     }
-    /// A new fd of the released semaphore (owned by the caller): see
-    /// lf_channel_released_semaphore. Needs ChannelConfig::released_semaphore.
-    Expected<int> released_semaphore(nothrow_t) noexcept {
-        int fd = -1;
-        if (lf_status s = lf_channel_released_semaphore(get(), &fd); s != LF_OK) return detail::failure(s);
-        return fd;
-    }
 
 #if LAVA_FLOW_EXCEPTIONS
     Producer(const Context& context, const std::string& name, const Location& mine, const Location& peer,
@@ -523,7 +539,6 @@ public:
     void wait_completed(std::uint64_t sequence, Timeout timeout = forever) {
         wait_completed(nothrow, sequence, timeout).value();
     }
-    int released_semaphore() { return released_semaphore(nothrow).value(); }
 #endif
 
 private:

@@ -100,6 +100,7 @@ static_assert(std::is_constructible_v<lf::Consumer, const lf::Context&, const st
 static_assert(noexcept(std::declval<lf::Producer&>().send(lf::nothrow, nullptr, 0)));
 static_assert(noexcept(std::declval<lf::Consumer&>().recv(lf::nothrow)));
 static_assert(noexcept(std::declval<lf::Message&>().release(lf::nothrow)));
+static_assert(noexcept(std::declval<lf::Message&>().release_on_gpu(lf::nothrow)));
 static_assert(noexcept(lf::Location::detect(std::nothrow)));
 // Handles, messages and loans are move-only and move without throwing.
 static_assert(!std::is_copy_constructible_v<lf::Message> && std::is_nothrow_move_constructible_v<lf::Message>);
@@ -455,6 +456,7 @@ static void receive_messages(lf::Consumer& in) {
             EXPECT_OK(m->release(lf::nothrow));
             CHECK(!m->held() && m->data() == nullptr && m->size() == 0);
             EXPECT_ERROR(m->release(lf::nothrow), LF_ERR_INVALID_STATE, "not held");
+            EXPECT_ERROR(m->release_on_gpu(lf::nothrow), LF_ERR_INVALID_STATE, "not held");
         } else if (seq % 3 == 1) {
             held.push_back(std::move(*m));
             CHECK(!m->held());
