@@ -12,6 +12,8 @@
  *   lines+prefetchw the same, with a prefetch for writing of every reader's line first
  *   lines+fence     the same, each line's store sequentially consistent (a full fence: what a
  *                   sender that fences every message pays, where membarrier is not available)
+ *   lines+stores    the same, with 48 stores to the writer's own cached memory after each line
+ *                   (a sender's bookkeeping per reader: they queue behind the line's store)
  *   lines+nt        the same, written with non-temporal stores (no line fetched for the store)
  *   shared          one line that every reader spins on (a bell carrying the message)
  *   shared+cldemote the same, the writer demoting the line to the shared L3 once written
@@ -40,9 +42,13 @@
 #define MAX_READERS 15
 #define MAX_ROUNDS 16
 
-enum layout { LINES, LINES_PREFETCHW, LINES_FENCE, LINES_NT, SHARED, SHARED_DEMOTE, NLAYOUTS };
-static const char *names[NLAYOUTS] = {"lines", "lines+prefetchw", "lines+fence", "lines+nt", "shared",
-                                      "shared+cldemote"};
+enum layout { LINES, LINES_PREFETCHW, LINES_FENCE, LINES_WORK, LINES_NT, SHARED, SHARED_DEMOTE, NLAYOUTS };
+static const char *names[NLAYOUTS] = {"lines", "lines+prefetchw", "lines+fence", "lines+stores", "lines+nt",
+                                      "shared", "shared+cldemote"};
+/* What a sender does besides the message's own stores, per reader: this many stores to its own
+ * (cached) memory between one reader's line and the next's. */
+#define WORK_STORES 48
+static volatile uint64_t scratch[WORK_STORES * 8];
 
 struct line {
     _Alignas(128) _Atomic uint64_t word;
@@ -100,6 +106,13 @@ static void publish(struct shared *s, int n, enum layout layout, uint64_t k) {
         for (int i = 0; i < n; i++) {
             s->msg[i].payload[0] = k;
             atomic_store_explicit(&s->msg[i].word, k, memory_order_seq_cst);
+        }
+        break;
+    case LINES_WORK:
+        for (int i = 0; i < n; i++) {
+            s->msg[i].payload[0] = k;
+            atomic_store_explicit(&s->msg[i].word, k, memory_order_release);
+            for (int w = 0; w < WORK_STORES; w++) scratch[w * 8] = k + w;
         }
         break;
     case LINES_NT:
