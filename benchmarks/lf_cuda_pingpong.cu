@@ -18,7 +18,7 @@
 //                    (lf_send_buffer_after(v)); A waits for v in its stream. No kernels and no
 //                    host synchronisation: the hand-off alone. Half round trip p50/p99; signal_us:
 //                    A's signal call; wait_us and buffer_us: B's wait call, and its
-//                    lf_message_buffer + lf_buffer_export + import lookup.
+//                    lf_message_buffer + lf_buffer_describe + import lookup.
 //   lf_gpu_pingpong  the same with the work: A fills X before it signals, B sums X into the
 //                    round's slot of its buffer before it signals, and A's next fill waits on the
 //                    GPU for B's signal. As in cuda_ipc_pingpong's gpu_pingpong, p50/p99 has A
@@ -508,14 +508,15 @@ static int side_b(const Options &o, const char *tag) {
         double t0 = timing ? now_us() : 0;
         const lf_buffer *lent = nullptr;  // borrowed until lf_release: never lf_free it
         LF_CHECK(lf_message_buffer(e.rx, &m, &lent));
+        // Described (no descriptor made); exported only for an arena not imported yet.
         lf_export exported;
-        LF_CHECK(lf_buffer_export(lent, &exported));
+        LF_CHECK(lf_buffer_describe(lent, &exported));
         ArenaKey key{exported.exporter_pid, exported.exporter_token, exported.arena_id};
         auto found = imports.find(key);
-        if (found != imports.end())
-            close(exported.fd);
-        else
+        if (found == imports.end()) {
+            LF_CHECK(lf_buffer_export(lent, &exported));
             found = imports.emplace(key, import_arena(exported, g.prop.uuid.bytes)).first;
+        }
         if (exported.offset + m.len > found->second.size)
             fail("round %zu: the message lies outside its arena", values.size());
         const uint32_t *x = reinterpret_cast<const uint32_t *>(found->second.base + exported.offset);
@@ -605,7 +606,7 @@ static void run_handoff(SideA &a) {
                 "   stream, signals and answers the same way; A waits in its stream. No kernels, no host\n"
                 "   synchronisation. half round trip (us), %d iterations after %d warm-up, %zu sizes;\n"
                 "   p50 of A's signal call (signal_us), B's wait call (wait_us) and B's lf_message_buffer +\n"
-                "   lf_buffer_export + import lookup (buffer_us)\n",
+                "   lf_buffer_describe + import lookup (buffer_us)\n",
                 o.handoff_iters, o.handoff_warm, o.sizes.size());
     std::printf("  %10s %10s %10s %10s %10s %10s\n", "size", "p50_us", "p99_us", "signal_us", "wait_us", "buffer_us");
     for (size_t size : o.sizes) {

@@ -1,8 +1,8 @@
 // A CUDA consumer of a lava-flow channel that carries GPU buffers. The program forks: the
 // parent is a lava-flow producer that writes 1 MiB DEVICE_LOCAL buffers and sends them by
 // reference (lf_send_buffer), the child a CUDA program that receives them (lf_recv,
-// lf_message_buffer), imports each buffer's memory into CUDA (lf_buffer_export +
-// cudaImportExternalMemory, once per arena), waits in its stream on the channel's ready
+// lf_message_buffer), imports each buffer's memory into CUDA (lf_buffer_describe to look its
+// arena up, lf_buffer_export + cudaImportExternalMemory once per arena), waits in its stream on the channel's ready
 // timeline semaphore where the channel has one, sums the bytes with a kernel and checks the
 // sum before it releases the message. Each process makes its own lf_context after the fork.
 //
@@ -200,14 +200,14 @@ static int consumer(const char *name) {
         }
         const lf_buffer *buffer = nullptr;  // borrowed until lf_release: never lf_free it
         LF_CHECK(lf_message_buffer(channel, &message, &buffer));
+        // Described (no descriptor made): an arena mapped already is only looked up.
         lf_export exported;
-        LF_CHECK(lf_buffer_export(buffer, &exported));
+        LF_CHECK(lf_buffer_describe(buffer, &exported));
 
         ArenaKey key{exported.exporter_pid, exported.exporter_token, exported.arena_id};
         auto found = imports.find(key);
-        if (found != imports.end()) {
-            close(exported.fd);  // this arena is mapped already
-        } else {
+        if (found == imports.end()) {
+            LF_CHECK(lf_buffer_export(buffer, &exported));  // the arena's fd, once
             if (std::memcmp(exported.device_uuid, info.device_uuid, 16) != 0) {
                 close(exported.fd);
                 std::fprintf(stderr, "FAIL: message %d's memory belongs to another GPU\n", i);

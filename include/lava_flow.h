@@ -917,6 +917,17 @@ extern "C" {
 // `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
 lf_status lf_buffer_export(const lf_buffer *buffer, struct lf_export *out);
 
+// Describes a buffer as `lf_buffer_export` would, without a file descriptor: `*out` receives
+// the export's fields with `fd` -1. Makes no system or driver call (an export makes and the
+// caller closes a descriptor each time): for recognising memory imported before, by the
+// arena's `exporter_pid`, `exporter_token` and `arena_id` (a cache of imports), then
+// `lf_buffer_export` only for an arena not imported yet. LF_ERR_UNSUPPORTED where
+// `lf_buffer_export` is. Thread-safe.
+//
+// # Safety
+// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+lf_status lf_buffer_describe(const lf_buffer *buffer, struct lf_export *out);
+
 // Imports an export into `context`: `*out` receives a buffer mapping the very same memory
 // (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
 // one arena maps it once. Everything is validated: a foreign or damaged export gives

@@ -401,19 +401,48 @@ impl Buffer {
     pub fn export(&self) -> Result<ExportHandle> {
         export(self)
     }
+
+    /// What [`export`](Self::export) says of the buffer, without a file descriptor: its
+    /// arena's identity (exporter, token, arena id), its place in it and how it would be
+    /// imported. Makes no system or driver call: for recognising an arena imported before
+    /// (an importer's cache key), where an export would make and close a descriptor per call.
+    pub fn describe(&self) -> Result<ExportDescriptor> {
+        describe(self).map(|(descriptor, _)| descriptor)
+    }
 }
 
 fn export(buffer: &Buffer) -> Result<ExportHandle> {
+    #[cfg(feature = "vulkan")]
+    if let Backing::Gpu { buffer: gpu } | Backing::GpuView { whole: gpu, .. } = buffer.backing() {
+        let fd = gpu.export()?.fd;
+        return Ok(ExportHandle { fd, descriptor: describe(buffer)?.0 });
+    }
+    let (descriptor, fd) = describe(buffer)?;
+    let fd = fd
+        .expect("a CPU arena's file")
+        .try_clone()
+        .map_err(|e| Error::os(format!("duplicating the fd of buffer {}", buffer.id()), e))?;
+    Ok(ExportHandle { fd, descriptor })
+}
+
+/// The export's descriptor of `buffer`, and the file of a CPU arena (a GPU arena's is made by
+/// the driver on export).
+fn describe(buffer: &Buffer) -> Result<(ExportDescriptor, Option<&OwnedFd>)> {
     let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
         #[cfg(feature = "vulkan")]
-        Backing::Gpu { buffer } => return buffer.export().map(ExportHandle::from),
+        Backing::Gpu { buffer } => {
+            return Ok((
+                ExportDescriptor::from_gpu(&buffer.describe_as(crate::memory::gpu::HandleType::OpaqueFd)),
+                None,
+            ))
+        }
         // A view: its whole buffer's arena, with the view's place in it.
         #[cfg(feature = "vulkan")]
         Backing::GpuView { whole, offset, .. } => {
-            let mut export = whole.export()?;
-            export.desc.offset = whole.offset() + offset;
-            export.desc.size = buffer.len() as u64;
-            return Ok(ExportHandle::from(export));
+            let mut desc = whole.describe_as(crate::memory::gpu::HandleType::OpaqueFd);
+            desc.offset = whole.offset() + offset;
+            desc.size = buffer.len() as u64;
+            return Ok((ExportDescriptor::from_gpu(&desc), None));
         }
         Backing::Pooled { arena, offset, .. } => {
             (&arena.fd, arena.id, arena.mapping.len(), *offset, std::process::id(), process_token())
@@ -435,11 +464,9 @@ fn export(buffer: &Buffer) -> Result<ExportHandle> {
             return Err(Error::Unsupported(super::buffer::cuda_unsupported(buffer.id(), registration.pointer)))
         }
     };
-    let fd = fd.try_clone().map_err(|e| Error::os(format!("duplicating the fd of buffer {}", buffer.id()), e))?;
     let location = buffer.location();
-    Ok(ExportHandle {
-        fd,
-        descriptor: ExportDescriptor {
+    Ok((
+        ExportDescriptor {
             magic: EXPORT_MAGIC,
             version: EXPORT_VERSION,
             location: location.code(),
@@ -452,7 +479,8 @@ fn export(buffer: &Buffer) -> Result<ExportHandle> {
             exporter_token: token,
             ..ExportDescriptor::default()
         },
-    })
+        Some(fd),
+    ))
 }
 
 fn invalid_fd(fd: &OwnedFd, problem: impl std::fmt::Display) -> Error {

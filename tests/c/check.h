@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHECK(cond)                                                                            \
     do {                                                                                       \
@@ -44,5 +45,20 @@ static inline int open_fd_count(void) {
 }
 
 static inline int fd_is_open(int fd) { return fcntl(fd, F_GETFD) >= 0 || errno != EBADF; }
+
+/* lf_buffer_describe says what lf_buffer_export says of `buffer`, with fd -1, and opens no
+ * descriptor however often it is called. */
+static inline void check_describe(const lf_buffer *buffer) {
+    lf_export exported, described;
+    memset(&described, 0xab, sizeof described);
+    EXPECT(lf_buffer_export(buffer, &exported), LF_OK);
+    int before = open_fd_count();
+    for (int i = 0; i < 100; i++) EXPECT(lf_buffer_describe(buffer, &described), LF_OK);
+    CHECK(open_fd_count() == before);
+    CHECK(described.fd == -1);
+    described.fd = exported.fd;
+    CHECK(memcmp(&described, &exported, sizeof exported) == 0);
+    close(exported.fd);
+}
 
 #endif

@@ -179,6 +179,7 @@ static void export_to_another_process(lf_context *context, const char *self) {
         EXPECT(lf_alloc(context, sizes[i], locations[i], LF_UNSET, LF_HUGEPAGE_DEFAULT, &buffers[i]), LF_OK);
         if (buffers[i] == NULL) break;
         fill(buffers[i], sizes[i], 1 + (unsigned)i);
+        check_describe(buffers[i]);
         EXPECT(lf_buffer_export(buffers[i], &export), LF_OK);
         CHECK(export.magic == LF_EXPORT_MAGIC && export.version == LF_EXPORT_VERSION);
         CHECK(export.location == locations[i] && export.size == sizes[i] && export.handle_type == 1);

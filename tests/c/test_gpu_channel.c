@@ -290,6 +290,8 @@ static void check_gpu_message(lf_channel *ch, const lf_message *m, lf_buffer *ow
     CHECK(location == location_of(k));
     EXPECT(lf_buffer_origin(buf, &origin), LF_OK);
     CHECK(origin == LF_ORIGIN_IMPORTED);
+    /* A received buffer is a view of the producer's arena: described as exported, no fd made. */
+    check_describe(buf);
 
     /* Read through the lent buffer. */
     memset(bytes, 0, REGION);

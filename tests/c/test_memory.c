@@ -103,6 +103,7 @@ static void find_and_register(lf_context *context) {
     CHECK(found == registered && offset == 9999);
     EXPECT(lf_register(context, user + 10, 10, &found), LF_ERR_INVALID_ARGUMENT);
     EXPECT(lf_buffer_export(registered, &export), LF_ERR_UNSUPPORTED);
+    EXPECT(lf_buffer_describe(registered, &export), LF_ERR_UNSUPPORTED);
     EXPECT(lf_deregister(context, registered), LF_OK);
     EXPECT(lf_buffer_find(context, user, &found, NULL), LF_ERR_NOT_FOUND);
     free(user);
@@ -143,6 +144,9 @@ static void export_to_another_process(lf_context *context) {
     }
     close(pair[1]);
     lf_export export;
+    check_describe(buffer);
+    EXPECT(lf_buffer_describe(NULL, &export), LF_ERR_NULL_POINTER);
+    EXPECT(lf_buffer_describe(buffer, NULL), LF_ERR_NULL_POINTER);
     EXPECT(lf_buffer_export(buffer, &export), LF_OK);
     CHECK(export.magic == LF_EXPORT_MAGIC && export.size == 100000);
     EXPECT(lf_export_send(pair[0], &export), LF_OK);

@@ -168,6 +168,27 @@ pub unsafe extern "C" fn lf_buffer_export(buffer: *const lf_buffer, out: *mut lf
     })
 }
 
+/// Describes a buffer as `lf_buffer_export` would, without a file descriptor: `*out` receives
+/// the export's fields with `fd` -1. Makes no system or driver call (an export makes and the
+/// caller closes a descriptor each time): for recognising memory imported before, by the
+/// arena's `exporter_pid`, `exporter_token` and `arena_id` (a cache of imports), then
+/// `lf_buffer_export` only for an arena not imported yet. LF_ERR_UNSUPPORTED where
+/// `lf_buffer_export` is. Thread-safe.
+///
+/// # Safety
+/// `buffer` must be NULL or a pointer obtained from lava-flow; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn lf_buffer_describe(buffer: *const lf_buffer, out: *mut lf_export) -> lf_status {
+    boundary("lf_buffer_describe", || {
+        let out = out_ptr(out, "out")?;
+        let descriptor = handle_ref(buffer, "buffer")?.buffer.describe()?;
+        let mut export: lf_export = zerocopy::transmute!(descriptor);
+        export.fd = -1;
+        write_out(out, export);
+        Ok(())
+    })
+}
+
 /// Imports an export into `context`: `*out` receives a buffer mapping the very same memory
 /// (its origin LF_ORIGIN_IMPORTED), to release with `lf_free`. Importing several buffers of
 /// one arena maps it once. Everything is validated: a foreign or damaged export gives

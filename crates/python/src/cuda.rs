@@ -249,6 +249,13 @@ fn key(e: &ffi::lf_export) -> ArenaKey {
     ArenaKey { pid: e.exporter_pid, token: e.exporter_token, arena: e.arena_id, size: e.arena_size }
 }
 
+/// The CUDA import of the arena `e` describes, where one was made before (`e` from
+/// `lf_buffer_describe`: no descriptor), noting that channel `channel` uses it.
+pub fn cached(e: &ffi::lf_export, channel: u64) -> Option<Arc<Import>> {
+    loaded()?;
+    IMPORTS.lock().unwrap_or_else(|e| e.into_inner()).get(&key(e), channel)
+}
+
 /// The cached CUDA import of the arena of `e` (received on channel `channel`), made at its
 /// first message. `e.fd` is taken in every case.
 pub fn imported(e: &ffi::lf_export, channel: u64) -> PyResult<Arc<Import>> {

@@ -224,10 +224,16 @@ impl GpuBuffer {
     /// from an opaque fd is exported again as a copy of that fd, with the original
     /// exporter's arena identity (so that caches keyed by arena identity still match).
     pub fn export_as(&self, handle: HandleType) -> Result<GpuExport> {
+        let fd = self.arena.export_fd(handle)?;
+        Ok(GpuExport { desc: self.describe_as(handle), fd })
+    }
+
+    /// What [`export_as`](Self::export_as) says of the buffer, without making a file
+    /// descriptor (a driver call each time): enough to recognise an arena imported before.
+    pub fn describe_as(&self, handle: HandleType) -> GpuExportDesc {
         let arena = &self.arena;
-        let fd = arena.export_fd(handle)?;
         let info = arena.device.info();
-        let desc = GpuExportDesc {
+        GpuExportDesc {
             magic: GPU_EXPORT_MAGIC,
             version: GPU_EXPORT_VERSION,
             handle_type: handle.to_raw(),
@@ -243,8 +249,7 @@ impl GpuBuffer {
             size: self.size,
             device_uuid: info.device_uuid,
             driver_uuid: info.driver_uuid,
-        };
-        Ok(GpuExport { desc, fd })
+        }
     }
 }
 

@@ -139,17 +139,32 @@ impl Message {
             return Ok(GpuPlace::Cuda(v));
         }
         let channel = this.channel.get();
-        let e = channel.quick(slf.py(), |ch| {
-            let mut b: *const ffi::lf_buffer = std::ptr::null();
-            let mut e = ffi::lf_export::default();
-            // SAFETY: live channel, a held message, local out-parameters; the lent buffer is
-            // valid until the message's release.
-            unsafe {
-                check(lib().lf_message_buffer(ch.0, &this.msg.0, &mut b))?;
-                check(lib().lf_buffer_export(b, &mut e))?;
-            }
-            Ok(e)
-        })?;
+        // The arena is described first (no descriptor made): an arena imported before is only
+        // looked up; its export (a driver call, and a descriptor to close) is made once.
+        let export = |describe: bool| {
+            channel.quick(slf.py(), |ch| {
+                let mut b: *const ffi::lf_buffer = std::ptr::null();
+                let mut e = ffi::lf_export::default();
+                // SAFETY: live channel, a held message, local out-parameters; the lent buffer
+                // is valid until the message's release.
+                unsafe {
+                    check(lib().lf_message_buffer(ch.0, &this.msg.0, &mut b))?;
+                    check(if describe {
+                        lib().lf_buffer_describe(b, &mut e)
+                    } else {
+                        lib().lf_buffer_export(b, &mut e)
+                    })?;
+                }
+                Ok(e)
+            })
+        };
+        let described = export(true)?;
+        if let Some(import) = cuda::cached(&described, channel.id) {
+            let v = CudaView { address: import.address(&described)?, device: import.device, import };
+            this.lock().cuda = Some(v.clone());
+            return Ok(GpuPlace::Cuda(v));
+        }
+        let e = export(false)?;
         match cuda::imported(&e, channel.id) {
             Ok(import) => {
                 let v = CudaView { address: import.address(&e)?, device: import.device, import };
