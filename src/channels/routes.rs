@@ -9,6 +9,30 @@ use super::transport::{
 };
 use crate::error::{Error, Result};
 
+/// The channel's ready semaphore as one route hands it to the others of its end: the ready
+/// values of every route's messages count on it. lava-flow's GPU route (vulkan_ipc) owns it, a
+/// Vulkan timeline semaphore shared with the peer; the CUDA route's messages name values on
+/// it too, which CUDA work signals and waits for through `cuImportExternalSemaphore`. Only a
+/// CUDA device that is the Vulkan device the semaphore belongs to (the same UUID) can do that.
+#[derive(Clone)]
+pub struct ReadyShare {
+    /// The Vulkan `deviceUUID` of the GPU whose semaphore it is.
+    pub(crate) device_uuid: [u8; 16],
+    /// The last ready value any route of the producer sent: one timeline, so values grow
+    /// across routes.
+    pub(crate) last: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The consumer's import of it, which Vulkan views of a message wait on.
+    #[cfg(feature = "vulkan")]
+    pub(crate) semaphore: Option<std::sync::Arc<crate::memory::gpu::TimelineSemaphore>>,
+}
+
+/// The channel's ready semaphore as a route shares it with the others, or why there is none.
+pub type SharedReady = std::result::Result<ReadyShare, String>;
+
+/// The ready semaphore a route shares with the peer, or why it shares none (`None`: the route
+/// has no say in it).
+pub type ReadyOffer = Option<SharedReady>;
+
 /// No route serves the kind.
 const NONE: u8 = u8::MAX;
 
@@ -21,7 +45,12 @@ pub(crate) struct SenderTable<S> {
 
 impl<S: RouteSender> SenderTable<S> {
     /// The table of `routes`, in order of preference: a kind goes to the first that serves it.
-    pub(crate) fn new(routes: Vec<S>) -> Self {
+    pub(crate) fn new(mut routes: Vec<S>) -> Self {
+        if let Some(share) = routes.iter().find_map(|r| r.ready_share()) {
+            for route in routes.iter_mut() {
+                route.share_ready(&share);
+            }
+        }
         let mut by_kind = [NONE; MemoryKind::ALL.len()];
         for kind in MemoryKind::ALL {
             if let Some(i) = routes.iter().position(|r| r.serves(kind)) {
@@ -103,6 +132,12 @@ impl<R: RouteReceiver> ReceiverTable<R> {
             if route.reported() {
                 routes.push(route.route(carrier));
             }
+        }
+        // Each producer's routes learn anew whether it shares a ready semaphore.
+        let share = self.routes.iter().find_map(|r| r.ready_share());
+        let share = share.unwrap_or_else(|| Err("the producer shares no ready semaphore (no GPU route)".to_owned()));
+        for route in self.routes.iter_mut() {
+            route.share_ready(&share);
         }
         Ok(routes)
     }
