@@ -410,7 +410,7 @@ const SLOTS: usize = 4096;
 const SLOT: usize = 128;
 const KIND_ROUTED_CUDA: u32 = 4 | 3 << 8;
 const MESSAGES: u64 = 40;
-const HOSTILE: [&str; 3] = ["slot", "generation", "range"];
+const HOSTILE: [&str; 4] = ["slot", "generation", "range", "ready"];
 
 /// Where the stand-in opens the allocation of buffer id `id`.
 fn fake_address(id: u64) -> u64 {
@@ -450,7 +450,8 @@ fn fan_in_config() -> lava_flow::channels::ChannelConfig {
 
 /// The route is negotiated between two real processes (the report names it), CUDA messages
 /// and host messages of one producer keep their order, and a hostile producer's descriptor
-/// (a slot never announced, another generation, bytes past the allocation) is `Corrupt`,
+/// (a slot never announced, another generation, bytes past the allocation, a ready value on a
+/// channel that shares no ready semaphore) is `Corrupt`,
 /// naming its slot, and detaches only it: the other producer goes on to its last message.
 #[test]
 fn hostile_cuda_descriptors_detach_only_their_producer() {
@@ -464,10 +465,13 @@ fn hostile_cuda_descriptors_detach_only_their_producer() {
             assert_eq!(p.send_buffer(&cuda, 0, 64).unwrap(), 0);
             p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
             let (base, _) = region_of(&name());
-            let (slot_id, generation, offset): (u32, u32, u64) = match arg("variant").as_str() {
-                "slot" => (9, 1, 0),
-                "generation" => (0, 7, 0),
-                _ => (0, 1, (1 << 20) - 8),
+            // "ready": a descriptor right in every field but a ready value, on a channel whose
+            // producer shares no ready semaphore (no GPU route: neither end has Vulkan here).
+            let (slot_id, generation, offset, ready): (u32, u32, u64, u64) = match arg("variant").as_str() {
+                "slot" => (9, 1, 0, 0),
+                "generation" => (0, 7, 0, 0),
+                "ready" => (0, 1, 0, 5),
+                _ => (0, 1, (1 << 20) - 8, 0),
             };
             use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
             let slot = SLOTS + SLOT;
@@ -479,7 +483,8 @@ fn hostile_cuda_descriptors_detach_only_their_producer() {
                 at32(20).store(generation, Ordering::Relaxed);
                 at(24).store(offset, Ordering::Relaxed);
                 at(32).store(64, Ordering::Relaxed);
-                at32(8).store(24, Ordering::Relaxed);
+                at(40).store(ready, Ordering::Relaxed);
+                at32(8).store(32, Ordering::Relaxed);
                 at32(12).store(KIND_ROUTED_CUDA, Ordering::Relaxed);
                 at(0).store(2, Ordering::SeqCst);
             }
@@ -525,6 +530,9 @@ fn hostile_cuda_descriptors_detach_only_their_producer() {
                     Err(Error::Corrupt(why)) => {
                         let slot = hostile_slot.expect("the hostile producer's good message came first");
                         assert!(why.contains(&format!("slot {slot}")) && why.contains("detached"), "{why}");
+                        if arg("variant") == "ready" {
+                            assert!(why.contains("shares no ready semaphore"), "{why}");
+                        }
                         corrupt += 1;
                         println!("corrupt: {why}");
                         report("corrupt", slot);
@@ -553,6 +561,51 @@ fn hostile_cuda_descriptors_detach_only_their_producer() {
                 wait_ok(c, "consumer");
                 assert_dir_empty(&dir);
             }
+        }
+    }
+}
+
+/// A stream-ordered send of CUDA memory on a channel that shares no ready semaphore with its
+/// consumer (no GPU route between them sharing one: here neither end has a Vulkan device that
+/// exports semaphores) is refused, naming why and the way out, and sends nothing; the same
+/// memory sent without a ready value arrives with ready value 0. The report says how CUDA
+/// memory is synchronised.
+#[test]
+fn a_ready_value_without_a_shared_semaphore_is_refused_naming_the_way_out() {
+    const TEST: &str = "cuda_ipc::a_ready_value_without_a_shared_semaphore_is_refused_naming_the_way_out";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let cuda = fake_cuda(4);
+            let mut p = Producer::create(&ctx(), "cuda-ready", &here(), &here(), &config(strategy("spin"))).unwrap();
+            let reason = p.transport().reason.clone();
+            assert!(reason.contains("CUDA memory: cuda_ipc"), "{reason}");
+            assert!(reason.contains("host-side synchronisation (CUDA memory is complete when sent)"), "{reason}");
+            let err = p.send_buffer_after(&cuda, 0, 64, 1, None).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::Unsupported(_)), "{err}");
+            assert!(text.contains("shares no ready semaphore"), "{err}");
+            assert!(text.contains("cudaStreamSynchronize") && text.contains("without a ready value"), "{err}");
+            println!("refused: {err}");
+            assert_eq!(p.send_buffer(&cuda, 64, 64).unwrap(), 0, "nothing went before");
+            p.wait_completed(0, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "cuda-ready", &here(), &here(), &config(strategy("spin"))).unwrap();
+            let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert_eq!((m.sequence(), m.ready_value()), (0, 0));
+            assert_eq!(m.cuda_ptr().unwrap(), (fake_address(4) + 64, 0));
+            assert!(c.ready_semaphore().is_err(), "no semaphore to wait on");
+            drop(m);
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("cuda-ready");
+            let c = spawn_fake(TEST, "consumer", &dir, "ready");
+            let p = spawn_fake(TEST, "producer", &dir, "ready");
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
         }
     }
 }
