@@ -26,6 +26,10 @@ pub struct ReadyShare {
     pub(crate) semaphore: Option<std::sync::Arc<crate::memory::gpu::TimelineSemaphore>>,
 }
 
+/// Why a producer shares no ready semaphore where no route has a say in it.
+pub(crate) const NO_SHARED_READY: &str =
+    "the channel has no GPU route (vulkan_ipc) between the two processes to share one";
+
 /// The channel's ready semaphore as a route shares it with the others, or why there is none.
 pub type SharedReady = std::result::Result<ReadyShare, String>;
 
@@ -97,8 +101,22 @@ impl<R> Default for ReceiverTable<R> {
 }
 
 impl<R: RouteReceiver> ReceiverTable<R> {
+    /// The table of `routes`, whose current sessions (if any: the first producer's is started
+    /// as the channel connects) learn whether their producer shares a ready semaphore.
     pub(crate) fn new(routes: Vec<R>) -> Self {
-        ReceiverTable { routes }
+        let mut table = ReceiverTable { routes };
+        table.link_ready();
+        table
+    }
+
+    /// Hands the current producer's ready semaphore, as the route that imported it shares it,
+    /// to every route (or why the producer shares none).
+    fn link_ready(&mut self) {
+        let share = self.routes.iter().find_map(|r| r.ready_share());
+        let share = share.unwrap_or_else(|| Err(NO_SHARED_READY.to_owned()));
+        for route in self.routes.iter_mut() {
+            route.share_ready(&share);
+        }
     }
 
     #[cfg(test)]
@@ -134,11 +152,7 @@ impl<R: RouteReceiver> ReceiverTable<R> {
             }
         }
         // Each producer's routes learn anew whether it shares a ready semaphore.
-        let share = self.routes.iter().find_map(|r| r.ready_share());
-        let share = share.unwrap_or_else(|| Err("the producer shares no ready semaphore (no GPU route)".to_owned()));
-        for route in self.routes.iter_mut() {
-            route.share_ready(&share);
-        }
+        self.link_ready();
         Ok(routes)
     }
 

@@ -172,7 +172,7 @@ impl Receiver {
             tick: 0,
             released_below: 0,
             opened: 0,
-            ready: Err("no producer attached yet".into()),
+            ready: Err(crate::channels::routes::NO_SHARED_READY.into()),
             last_ready: 0,
         }
     }
@@ -278,7 +278,8 @@ impl Receiver {
         let share = match &self.ready {
             Ok(share) => share,
             Err(why) => {
-                return Err(self.corrupt(format!("names ready value {value} but shares no ready semaphore ({why})")))
+                return Err(self
+                    .corrupt(format!("names ready value {value}, but the producer shares no ready semaphore: {why}")))
             }
         };
         if share.device_uuid != device {
@@ -329,7 +330,7 @@ impl RouteReceiver for Receiver {
         self.session = session;
         self.released_below = 0;
         self.last_ready = 0;
-        self.ready = Err("the producer shares no ready semaphore".into());
+        self.ready = Err(crate::channels::routes::NO_SHARED_READY.into());
         self.offered = offer.is_some();
         self.off = match (&offer, &self.devices) {
             (None, _) => Some(
