@@ -36,7 +36,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::peers::{Peer, PeerState};
-pub use super::routes::{ReadyOffer, ReadyShare, SharedReady};
+pub use super::ready::{ReadyOffer, ReadyShare, SharedReady};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 

@@ -425,6 +425,7 @@ fn vulkan_on_cuda_device_0(driver: &Driver) -> Option<lava_flow::memory::Context
     }
 }
 
+#[cfg(feature = "vulkan")]
 /// The channel's ready semaphore (`fd`) imported into CUDA (the driver takes the fd).
 fn import_semaphore(driver: &Driver, fd: std::os::fd::OwnedFd) -> CUexternalSemaphore {
     use std::os::fd::IntoRawFd;
@@ -440,6 +441,7 @@ fn import_semaphore(driver: &Driver, fd: std::os::fd::OwnedFd) -> CUexternalSema
     semaphore
 }
 
+#[cfg(feature = "vulkan")]
 fn new_stream(driver: &Driver) -> CUstream {
     let mut stream: CUstream = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the current context is device 0's.
@@ -447,6 +449,7 @@ fn new_stream(driver: &Driver) -> CUstream {
     stream
 }
 
+#[cfg(feature = "vulkan")]
 /// Whether `stream` still has work to do.
 fn busy(driver: &Driver, stream: CUstream) -> bool {
     // SAFETY: a stream of this process.
@@ -457,6 +460,7 @@ fn busy(driver: &Driver, stream: CUstream) -> bool {
     }
 }
 
+#[cfg(feature = "vulkan")]
 /// A stream's host function: holds the stream back until the file its argument names exists
 /// (for at most a minute, so that a failed test does not hang).
 unsafe extern "C" fn hold_until_file(gate: *mut c_void) {
@@ -487,7 +491,9 @@ fn stream_ordered_cuda_memory_is_waited_for_on_the_consumer_s_stream() {
             let Some(context) = vulkan_on_cuda_device_0(driver) else { return };
             let allocation = Allocation::new(driver, &arg("kind"), LEN);
             set(driver, allocation.ptr(), 0, LEN);
-            let (buffer, at) = register(allocation.ptr(), LEN);
+            // SAFETY: CUDA device memory of this process, alive until the test frees it.
+            let buffer = unsafe { context.register(allocation.ptr() as usize as *mut u8, LEN) }.unwrap();
+            let at = (allocation.ptr() - buffer.cuda().expect("CUDA memory").base) as usize;
             let mut p = Producer::create(&context, &name(), &here(), &here(), &block()).unwrap();
             let reason = p.transport().reason.clone();
             assert!(reason.contains("stream-ordered sends"), "{reason}");

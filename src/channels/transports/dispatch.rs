@@ -15,7 +15,7 @@ use super::mpi;
 use super::vulkan_ipc;
 use super::{loopback, shm};
 use crate::channels::peers::Peer;
-use crate::channels::routes::{ReadyOffer, SharedReady};
+use crate::channels::ready::{ReadyOffer, SharedReady};
 use crate::channels::transport::{
     Attachment, ConsumerSession, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan,
     RawView, Release, Route, RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,

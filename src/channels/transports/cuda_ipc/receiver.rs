@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::cuda::{Mapping, Opener};
 use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_VMM};
 use super::{format_uuid, format_uuids, ID, ROUTE_ID};
-use crate::channels::routes::SharedReady;
+use crate::channels::ready::SharedReady;
 use crate::channels::transport::{
     Attachment, PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, TransportId,
 };
@@ -172,7 +172,7 @@ impl Receiver {
             tick: 0,
             released_below: 0,
             opened: 0,
-            ready: Err(crate::channels::routes::NO_SHARED_READY.into()),
+            ready: Err(crate::channels::ready::NO_SHARED_READY.into()),
             last_ready: 0,
         }
     }
@@ -330,7 +330,7 @@ impl RouteReceiver for Receiver {
         self.session = session;
         self.released_below = 0;
         self.last_ready = 0;
-        self.ready = Err(crate::channels::routes::NO_SHARED_READY.into());
+        self.ready = Err(crate::channels::ready::NO_SHARED_READY.into());
         self.offered = offer.is_some();
         self.off = match (&offer, &self.devices) {
             (None, _) => Some(

@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use super::cuda::{Exporter, Keep};
 use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
 use super::{format_uuid, format_uuids, refusal, ID, ROUTE_ID};
-use crate::channels::routes::SharedReady;
+use crate::channels::ready::SharedReady;
 use crate::channels::transport::{
     Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, PeerHolds, Route, RouteSender,
 };

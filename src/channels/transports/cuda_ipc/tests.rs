@@ -11,7 +11,7 @@ use super::cuda::{Mapping, Opener};
 use super::receiver::Receiver;
 use super::wire::{AllocationRecord, Announce, Descriptor, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
 use super::{Offer, ROUTE_ID};
-use crate::channels::routes::ReadyShare;
+use crate::channels::ready::ReadyShare;
 use crate::channels::transport::{Attachment, PeerHolds, RouteReceiver, RoutedPayload};
 use crate::error::Error;
 

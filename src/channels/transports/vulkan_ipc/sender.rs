@@ -12,7 +12,7 @@ use super::wire::{
     ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
 use super::ROUTE_ID;
-use crate::channels::routes::{ReadyOffer, ReadyShare};
+use crate::channels::ready::{ReadyOffer, ReadyShare};
 use crate::channels::transport::{
     Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, PeerHolds, Route, RouteSender,
 };
