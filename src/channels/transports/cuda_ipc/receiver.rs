@@ -445,11 +445,11 @@ impl RouteReceiver for Receiver {
                 self.corrupt(format!("names {} bytes at offset {} of an allocation of {size} bytes", d.len, d.offset))
             );
         }
+        let closed = slot.open.is_none();
         if d.ready_value != 0 {
             self.check_ready(index, d.ready_value)?;
         }
-        let slot = self.slots[index].as_ref().expect("found above");
-        if slot.open.is_none() {
+        if closed {
             self.open_slot(index)?;
         }
         self.tick += 1;

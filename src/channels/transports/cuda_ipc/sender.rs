@@ -268,9 +268,9 @@ impl Sender {
 }
 
 /// Why a channel without a GPU route shares no ready semaphore.
-const NO_GPU_ROUTE: &str = "the channel has no GPU route (vulkan_ipc) to the consumer, whose timeline semaphore it \
-                            would be: both processes need a Vulkan device on the same GPU (their contexts' GPU), whose \
-                            driver shares timeline semaphores";
+const NO_GPU_ROUTE: &str = "the channel has no GPU route (vulkan_ipc) to the consumer, whose timeline semaphore \
+                            CUDA messages would share: both processes' contexts need a Vulkan device on the same GPU, \
+                            whose driver shares timeline semaphores";
 
 /// How the report says CUDA messages are synchronised.
 fn sync_words(ready: &SharedReady) -> String {
