@@ -68,8 +68,10 @@ ch.wait_completed(seq, timeout=60)
 expected = torch.arange(n, dtype=torch.int32, device="cuda")
 expected[16:] += 1
 assert torch.equal(t, expected), "the consumer's writes are not in the producer's tensor"
-# A second tensor of the same allocation goes too (one registration of the allocation).
-seq = ch.send_tensor(t[:16])
+# A second tensor of the same allocation goes too (one registration of the allocation), after
+# the work on a stream: these contexts open no GPU, so the channel shares no ready semaphore and
+# send_tensor synchronises the stream on the host first.
+seq = ch.send_tensor(t[:16], stream=torch.cuda.current_stream())
 ch.wait_completed(seq, timeout=60)
 print("ok", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default"))
 """
