@@ -1157,7 +1157,9 @@ typedef struct lf_message {
   // (`lf_channel_ready_semaphore`; on a fan-in, the producer's own:
   // `lf_channel_producer_ready_semaphore` with `producer`) at which the payload is in place;
   // 0: in place now. lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`)
-  // waits for it.
+  // waits for it; for LF_MESSAGE_CUDA, the consumer's CUDA work waits for it on its stream
+  // (the semaphore imported with `cudaImportExternalSemaphore`, then
+  // `cudaWaitExternalSemaphoresAsync`).
   uint64_t ready_value;
 } lf_message;
 
@@ -1299,7 +1301,8 @@ lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, 
 // channel's cuda_ipc route; it receives LF_MESSAGE_CUDA messages: `lf_message_cuda_ptr`):
 // cudaMalloc memory as a legacy CUDA IPC handle, VMM memory with POSIX fd handles as an fd per
 // piece, each allocation passed once per channel; the work that writes it must have finished
-// (synchronise its stream first). Do not cudaFree cudaMalloc memory before `lf_wait_completed`
+// (synchronise its stream first), or use `lf_send_buffer_after` to send it stream-ordered.
+// Do not cudaFree cudaMalloc memory before `lf_wait_completed`
 // (the channel cannot keep it alive; VMM pieces it keeps). LF_ERR_UNSUPPORTED, naming the
 // allocator and the way out and copying nothing, for CUDA memory no other process can open
 // (managed memory, memory pools, VMM memory without fd handles), and where the consumer cannot
@@ -1322,13 +1325,21 @@ lf_status lf_send_buffer(struct lf_channel *channel,
                          int64_t timeout_ns,
                          uint64_t *sequence);
 
-// As `lf_send_buffer` for a GPU buffer whose contents the producer's own GPU work is still
-// writing: they are in place once the channel's ready semaphore (`lf_channel_ready_semaphore`,
-// imported into that work's API, e.g. `cudaImportExternalSemaphore`) reaches `ready_value`,
-// which the work signals (`cudaSignalExternalSemaphoresAsync`). The consumer's GPU work waits
-// for it on the GPU. Values must grow from message to message (the consumer refuses one that
-// goes back, LF_ERR_CORRUPT). LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on
-// the host or stages them; LF_ERR_INVALID_ARGUMENT for `ready_value` 0 (use `lf_send_buffer`).
+// As `lf_send_buffer` for a GPU buffer, or CUDA memory registered with `lf_register`, whose
+// contents the producer's own GPU work is still writing: they are in place once the channel's
+// ready semaphore (`lf_channel_ready_semaphore`, imported into that work's API, e.g.
+// `cudaImportExternalSemaphore`) reaches `ready_value`, which the work signals
+// (`cudaSignalExternalSemaphoresAsync` on the stream that writes it, after the writes). The
+// consumer's GPU work waits for it on the GPU (`lf_message.ready_value`; for CUDA memory,
+// `cudaWaitExternalSemaphoresAsync` on the consumer's stream). Values must grow from message
+// to message, GPU buffers and CUDA memory alike: one semaphore (the consumer refuses one that
+// goes back, LF_ERR_CORRUPT). LF_ERR_UNSUPPORTED, naming why, where the channel synchronises
+// GPU buffers on the host or stages them. CUDA memory shares the GPU buffers' semaphore, so it
+// needs a Vulkan device in both processes' contexts on the same GPU, sharing timeline
+// semaphores (`lf_channel_transport` says whether), and memory of that GPU: elsewhere
+// LF_ERR_UNSUPPORTED names why; the way out is to synchronise the stream that writes it and
+// send it with `lf_send_buffer`. LF_ERR_INVALID_ARGUMENT for `ready_value` 0 (use
+// `lf_send_buffer`).
 //
 // # Safety
 // As `lf_send_buffer`.

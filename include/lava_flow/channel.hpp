@@ -478,8 +478,9 @@ public:
             return detail::failure(s);
         return sequence;
     }
-    /// As `send_buffer`, for a GPU buffer that this process's GPU work is still writing: it is
-    /// in place once the ready semaphore reaches `ready_value` (see lf_send_buffer_after).
+    /// As `send_buffer`, for a GPU buffer or registered CUDA memory that this process's GPU
+    /// work is still writing: it is in place once the ready semaphore reaches `ready_value`
+    /// (see lf_send_buffer_after, which says where CUDA memory can go so).
     Expected<std::uint64_t> send_buffer_after(nothrow_t, BufferView buffer, std::size_t offset, std::size_t size,
                                               std::uint64_t ready_value, Timeout timeout = forever) noexcept {
         std::uint64_t sequence = 0;

@@ -677,8 +677,10 @@ impl Message {
         }
     }
 
-    /// For a GPU buffer: the value of the channel's ready semaphore at which its contents are
-    /// in place (0: now). lava-flow's own GPU work on [`Message::buffer`] waits for it.
+    /// For a GPU buffer or CUDA memory: the value of the channel's ready semaphore at which its
+    /// contents are in place (0: now). lava-flow's own GPU work on [`Message::buffer`] waits for
+    /// it; CUDA work on [`Message::cuda_ptr`] waits for it on its stream (the semaphore of
+    /// [`Consumer::ready_semaphore`] imported into CUDA).
     pub fn ready_value(&self) -> u64 {
         self.routed.as_ref().map_or(0, |r| r.payload.ready_value)
     }

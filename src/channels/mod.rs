@@ -36,6 +36,7 @@ mod fan_out;
 pub mod peers;
 pub mod producer;
 pub mod raw;
+mod ready;
 mod routes;
 // What tools need to see channels from outside (lf-info --channels): the runtime directory, the
 // channels in it, whether each end is alive, and the removal of what dead ones left.

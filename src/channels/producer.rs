@@ -441,12 +441,15 @@ impl Producer {
         self.send_buffer_within(buffer, offset, len, 0, Some(Duration::ZERO))
     }
 
-    /// Sends a GPU buffer whose contents the producer's own GPU work is still writing: they
-    /// are in place once the channel's ready semaphore ([`ready_semaphore`](Self::ready_semaphore))
-    /// reaches `ready_value`, which that work signals (for example
-    /// `cudaSignalExternalSemaphoresAsync`). The consumer's GPU work on the buffer waits for
-    /// it on the GPU. Values must grow from message to message. `Unsupported` where the
-    /// channel's GPU route synchronises on the host.
+    /// Sends a GPU buffer, or registered CUDA memory, whose contents the producer's own GPU
+    /// work is still writing: they are in place once the channel's ready semaphore
+    /// ([`ready_semaphore`](Self::ready_semaphore)) reaches `ready_value`, which that work
+    /// signals (for example `cudaSignalExternalSemaphoresAsync`). The consumer's GPU work on the
+    /// buffer waits for it on the GPU. Values must grow from message to message, across GPU
+    /// buffers and CUDA memory (one semaphore). `Unsupported` where the channel's GPU route
+    /// synchronises on the host; for CUDA memory also where the channel has no GPU route
+    /// sharing a semaphore (both contexts need a Vulkan device on the same GPU) or the memory
+    /// is of another GPU than the semaphore's: synchronise and send it without a ready value.
     pub fn send_buffer_after(
         &mut self,
         buffer: &Buffer,

@@ -4,6 +4,7 @@
 //! preference, that serves the kind to this peer); the consumer by the route id the message's
 //! descriptor names.
 
+use super::ready::NO_SHARED_READY;
 use super::transport::{
     ConsumerSession, MemoryKind, Packed, RawView, Route, RouteReceiver, RouteSender, RoutedPayload, TransportId,
 };
@@ -21,7 +22,12 @@ pub(crate) struct SenderTable<S> {
 
 impl<S: RouteSender> SenderTable<S> {
     /// The table of `routes`, in order of preference: a kind goes to the first that serves it.
-    pub(crate) fn new(routes: Vec<S>) -> Self {
+    pub(crate) fn new(mut routes: Vec<S>) -> Self {
+        if let Some(share) = routes.iter().find_map(|r| r.ready_share()) {
+            for route in routes.iter_mut() {
+                route.share_ready(&share);
+            }
+        }
         let mut by_kind = [NONE; MemoryKind::ALL.len()];
         for kind in MemoryKind::ALL {
             if let Some(i) = routes.iter().position(|r| r.serves(kind)) {
@@ -68,8 +74,22 @@ impl<R> Default for ReceiverTable<R> {
 }
 
 impl<R: RouteReceiver> ReceiverTable<R> {
+    /// The table of `routes`, whose current sessions (if any: the first producer's is started
+    /// as the channel connects) learn whether their producer shares a ready semaphore.
     pub(crate) fn new(routes: Vec<R>) -> Self {
-        ReceiverTable { routes }
+        let mut table = ReceiverTable { routes };
+        table.link_ready();
+        table
+    }
+
+    /// Hands the current producer's ready semaphore, as the route that imported it shares it,
+    /// to every route (or why the producer shares none).
+    fn link_ready(&mut self) {
+        let share = self.routes.iter().find_map(|r| r.ready_share());
+        let share = share.unwrap_or_else(|| Err(NO_SHARED_READY.to_owned()));
+        for route in self.routes.iter_mut() {
+            route.share_ready(&share);
+        }
     }
 
     #[cfg(test)]
@@ -104,6 +124,8 @@ impl<R: RouteReceiver> ReceiverTable<R> {
                 routes.push(route.route(carrier));
             }
         }
+        // Each producer's routes learn anew whether it shares a ready semaphore.
+        self.link_ready();
         Ok(routes)
     }
 

@@ -36,6 +36,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::peers::{Peer, PeerState};
+pub use super::ready::{ReadyOffer, ReadyShare, SharedReady};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
@@ -739,6 +740,14 @@ pub trait RouteSender: Send {
     /// A new descriptor of the route's ready semaphore, for the producer's own GPU work to
     /// signal (`Unsupported` where the route synchronises on the host).
     fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
+
+    /// The ready semaphore this route shares with the consumer, for the channel's other routes.
+    fn ready_share(&self) -> ReadyOffer {
+        None
+    }
+
+    /// The channel's ready semaphore as the route that owns it shares it, or why none is.
+    fn share_ready(&mut self, _share: &SharedReady) {}
 }
 
 /// Memory a route received from its peer (an imported arena), shared by every message into it.
@@ -897,4 +906,13 @@ pub trait RouteReceiver: Send {
     fn released_semaphore(&self) -> Result<std::os::fd::OwnedFd> {
         Err(Error::Unsupported("this route has no released semaphore".to_owned()))
     }
+
+    /// The current producer's ready semaphore as this route imported it, for the other routes.
+    fn ready_share(&self) -> ReadyOffer {
+        None
+    }
+
+    /// The current producer's ready semaphore as the route that imported it shares it, or why
+    /// the producer shares none (after every route's `new_session`).
+    fn share_ready(&mut self, _share: &SharedReady) {}
 }

@@ -13,6 +13,7 @@ mod backpressure;
 mod blocked;
 mod buffers;
 mod cuda_ipc;
+mod cuda_ipc_fake;
 mod delivery;
 mod fan_in;
 #[cfg(feature = "vulkan")]

@@ -49,7 +49,9 @@ pub struct lf_message {
     /// (`lf_channel_ready_semaphore`; on a fan-in, the producer's own:
     /// `lf_channel_producer_ready_semaphore` with `producer`) at which the payload is in place;
     /// 0: in place now. lava-flow's own GPU work on the message's buffer (`lf_buffer_copy`)
-    /// waits for it.
+    /// waits for it; for LF_MESSAGE_CUDA, the consumer's CUDA work waits for it on its stream
+    /// (the semaphore imported with `cudaImportExternalSemaphore`, then
+    /// `cudaWaitExternalSemaphoresAsync`).
     pub ready_value: u64,
 }
 

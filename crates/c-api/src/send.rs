@@ -118,7 +118,8 @@ pub unsafe extern "C" fn lf_try_send(
 /// channel's cuda_ipc route; it receives LF_MESSAGE_CUDA messages: `lf_message_cuda_ptr`):
 /// cudaMalloc memory as a legacy CUDA IPC handle, VMM memory with POSIX fd handles as an fd per
 /// piece, each allocation passed once per channel; the work that writes it must have finished
-/// (synchronise its stream first). Do not cudaFree cudaMalloc memory before `lf_wait_completed`
+/// (synchronise its stream first), or use `lf_send_buffer_after` to send it stream-ordered.
+/// Do not cudaFree cudaMalloc memory before `lf_wait_completed`
 /// (the channel cannot keep it alive; VMM pieces it keeps). LF_ERR_UNSUPPORTED, naming the
 /// allocator and the way out and copying nothing, for CUDA memory no other process can open
 /// (managed memory, memory pools, VMM memory without fd handles), and where the consumer cannot
@@ -146,13 +147,21 @@ pub unsafe extern "C" fn lf_send_buffer(
     boundary("lf_send_buffer", || send_buffer(channel, buffer, offset, len, 0, timeout_ns, sequence))
 }
 
-/// As `lf_send_buffer` for a GPU buffer whose contents the producer's own GPU work is still
-/// writing: they are in place once the channel's ready semaphore (`lf_channel_ready_semaphore`,
-/// imported into that work's API, e.g. `cudaImportExternalSemaphore`) reaches `ready_value`,
-/// which the work signals (`cudaSignalExternalSemaphoresAsync`). The consumer's GPU work waits
-/// for it on the GPU. Values must grow from message to message (the consumer refuses one that
-/// goes back, LF_ERR_CORRUPT). LF_ERR_UNSUPPORTED where the channel synchronises GPU buffers on
-/// the host or stages them; LF_ERR_INVALID_ARGUMENT for `ready_value` 0 (use `lf_send_buffer`).
+/// As `lf_send_buffer` for a GPU buffer, or CUDA memory registered with `lf_register`, whose
+/// contents the producer's own GPU work is still writing: they are in place once the channel's
+/// ready semaphore (`lf_channel_ready_semaphore`, imported into that work's API, e.g.
+/// `cudaImportExternalSemaphore`) reaches `ready_value`, which the work signals
+/// (`cudaSignalExternalSemaphoresAsync` on the stream that writes it, after the writes). The
+/// consumer's GPU work waits for it on the GPU (`lf_message.ready_value`; for CUDA memory,
+/// `cudaWaitExternalSemaphoresAsync` on the consumer's stream). Values must grow from message
+/// to message, GPU buffers and CUDA memory alike: one semaphore (the consumer refuses one that
+/// goes back, LF_ERR_CORRUPT). LF_ERR_UNSUPPORTED, naming why, where the channel synchronises
+/// GPU buffers on the host or stages them. CUDA memory shares the GPU buffers' semaphore, so it
+/// needs a Vulkan device in both processes' contexts on the same GPU, sharing timeline
+/// semaphores (`lf_channel_transport` says whether), and memory of that GPU: elsewhere
+/// LF_ERR_UNSUPPORTED names why; the way out is to synchronise the stream that writes it and
+/// send it with `lf_send_buffer`. LF_ERR_INVALID_ARGUMENT for `ready_value` 0 (use
+/// `lf_send_buffer`).
 ///
 /// # Safety
 /// As `lf_send_buffer`.

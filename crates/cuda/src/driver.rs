@@ -128,6 +128,8 @@ driver_api! {
     fn memcpy_htod = "cuMemcpyHtoD_v2"(dst: CUdeviceptr, src: *const c_void, bytes: usize);
     fn memcpy_dtoh = "cuMemcpyDtoH_v2"(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
     fn memcpy_dtod_async = "cuMemcpyDtoDAsync_v2"(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
+    fn memcpy_dtoh_async = "cuMemcpyDtoHAsync_v2"(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);
+    fn memset_d8_async = "cuMemsetD8Async"(ptr: CUdeviceptr, value: u8, count: usize, stream: CUstream);
     /// Unlike `cuPointerGetAttribute`, answers for any address: attributes of memory CUDA does
     /// not know are left at their NULL values and `CUDA_SUCCESS` is returned.
     fn pointer_get_attributes = "cuPointerGetAttributes"(count: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr);
@@ -166,6 +168,11 @@ driver_api! {
     fn stream_create = "cuStreamCreate"(stream: *mut CUstream, flags: c_uint);
     fn stream_destroy = "cuStreamDestroy_v2"(stream: CUstream);
     fn stream_synchronize = "cuStreamSynchronize"(stream: CUstream);
+    /// `Err` with `CUDA_ERROR_NOT_READY` while work queued on the stream is not done.
+    fn stream_query = "cuStreamQuery"(stream: CUstream);
+    /// Runs `f(user_data)` on a driver thread once the stream's earlier work is done; the
+    /// stream's later work waits for it to return. `f` must not call CUDA.
+    fn launch_host_func = "cuLaunchHostFunc"(stream: CUstream, f: CUhostFn, user_data: *mut c_void);
     fn stream_wait_event = "cuStreamWaitEvent"(stream: CUstream, event: CUevent, flags: c_uint);
     fn event_create = "cuEventCreate"(event: *mut CUevent, flags: c_uint);
     fn event_record = "cuEventRecord"(event: CUevent, stream: CUstream);

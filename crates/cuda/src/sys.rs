@@ -17,6 +17,8 @@ pub type CUcontext = *mut c_void;
 pub type CUstream = *mut c_void;
 /// `CUevent`.
 pub type CUevent = *mut c_void;
+/// `CUhostFn`: a host function a stream runs (`cuLaunchHostFunc`).
+pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 /// `CUexternalMemory`.
 pub type CUexternalMemory = *mut c_void;
 /// `CUexternalSemaphore`.

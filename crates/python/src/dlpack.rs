@@ -300,11 +300,19 @@ pub fn message_capsule(
 ) -> PyResult<PyObject> {
     let m = slf.get();
     if m.is_cuda() {
-        // The producer's tensor, opened here; lava-flow's CUDA route hands it over complete,
-        // so the consumer's stream has nothing to wait for.
+        // The producer's tensor, opened here. Sent stream-ordered (a ready value), the
+        // consumer's stream waits on the GPU for the producer's signal of the channel's ready
+        // semaphore (imported into CUDA once per channel and producer); else it is complete.
         let (address, device) = m.cuda_place(slf.py())?;
         let device = DLDevice { device_type: KDL_CUDA, device_id: device };
         check_request(device, None, dl_device, copy)?;
+        let ready = m.ready_value();
+        if ready > 0 {
+            if let Some(s) = crate::cuda::stream(stream_arg(stream)?) {
+                let sem = m.channel().get().ready_semaphore_for(slf.py(), m.producer_slot(), device.device_id)?;
+                sem.wait(ready, s)?;
+            }
+        }
         m.begin_export()?;
         let (data, len) = (address as usize as *const u8, m.data().1);
         return capsule(slf.py(), Holder::Message(slf.clone().unbind()), data, len, device, false, max_version);

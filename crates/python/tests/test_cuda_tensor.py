@@ -1,7 +1,8 @@
 """CUDA tensors the application allocated, sent by reference (`send_tensor`): PyTorch's default
 caching allocator (cudaMalloc memory, legacy CUDA IPC handles) and its expandable segments (CUDA
-VMM memory, an fd per piece), received as DLPack on the consumer's GPU. The GPU tests need torch
-with a CUDA device (skipped elsewhere); the refusals run everywhere."""
+VMM memory, an fd per piece), received as DLPack on the consumer's GPU; stream-ordered sends,
+whose consumer's stream waits on the GPU. The GPU tests need torch with a CUDA device (skipped
+elsewhere); the refusals run everywhere."""
 import os
 
 import pytest
@@ -67,8 +68,10 @@ ch.wait_completed(seq, timeout=60)
 expected = torch.arange(n, dtype=torch.int32, device="cuda")
 expected[16:] += 1
 assert torch.equal(t, expected), "the consumer's writes are not in the producer's tensor"
-# A second tensor of the same allocation goes too (one registration of the allocation).
-seq = ch.send_tensor(t[:16])
+# A second tensor of the same allocation goes too (one registration of the allocation), after
+# the work on a stream: these contexts open no GPU, so the channel shares no ready semaphore and
+# send_tensor synchronises the stream on the host first.
+seq = ch.send_tensor(t[:16], stream=torch.cuda.current_stream())
 ch.wait_completed(seq, timeout=60)
 print("ok", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default"))
 """
@@ -108,3 +111,94 @@ def test_a_torch_tensor_travels_by_reference(name, peer, allocator):
     out = p.wait()
     assert "ok" in out, out
     assert "cuda_ipc" in out, out
+
+
+# A producer whose tensor is written on a stream held back by a host function until the consumer
+# says so: send_tensor(stream=) returns all the same (nothing waits on the host).
+ORDERED_PRODUCER = """
+import ctypes, os, time, lava_flow as lf, torch
+torch.cuda.init()
+cuda = ctypes.CDLL("libcuda.so.1")
+device = ctypes.c_int()
+assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+uuid = (ctypes.c_ubyte * 16)()
+assert cuda.cuDeviceGetUuid_v2(uuid, device) == 0
+ctx = lf.Context(gpu="required", gpu_device=bytes(uuid))
+n = 1 << 16
+t = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+torch.cuda.synchronize()
+ch = lf.producer(ctx, NAME, rendezvous_timeout=60)
+print("transport", ch.transport_reason.replace("\\n", " "), flush=True)
+assert "stream-ordered sends" in ch.transport_reason, ch.transport_reason
+gate = ARGS[0]
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def hold(_):
+    # At most a minute: a failed test must not hang.
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+hold_fn = HOST_FN(hold)
+cuda.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, HOST_FN, ctypes.c_void_p]
+s = torch.cuda.Stream()
+assert cuda.cuLaunchHostFunc(s.cuda_stream, hold_fn, None) == 0
+with torch.cuda.stream(s):
+    t.fill_(0xC5)
+seq = ch.send_tensor(t, stream=s)
+assert not s.query(), "send_tensor waited for the held stream on the host"
+print("sent", seq, flush=True)
+ch.wait_completed(seq, timeout=60)
+s.synchronize()
+print("ok", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default"))
+"""
+
+
+def cuda_device_0_uuid():
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    device = ctypes.c_int()
+    assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+    uuid = (ctypes.c_ubyte * 16)()
+    assert cuda.cuDeviceGetUuid_v2(uuid, device) == 0
+    return bytes(uuid)
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable_segments:True"])
+def test_a_stream_ordered_tensor_is_waited_for_on_the_consumer_s_stream(name, peer, tmp_path, allocator):
+    """Both contexts open CUDA device 0's GPU with Vulkan, so the channel shares a ready
+    semaphore: the producer's send_tensor(stream=) signals it on its stream (held back, so the
+    send is seen not to wait), the consumer's torch.from_dlpack under its own stream makes that
+    stream wait on the GPU, and once the producer's stream goes on, the consumer's sum sees the
+    producer's bytes."""
+    torch = torch_cuda()
+    try:
+        ctx = lf.Context(gpu="required", gpu_device=cuda_device_0_uuid())
+    except lf.LavaFlowError as e:
+        pytest.skip(f"no Vulkan device on CUDA device 0: {e}")
+    gate = tmp_path / "go"
+    env = dict(os.environ)
+    if allocator != "default":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = allocator
+    try:
+        p = peer(ORDERED_PRODUCER, name, gate)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    ch = lf.consumer(ctx, name, rendezvous_timeout=60)
+    n = 1 << 16
+    s = torch.cuda.Stream()
+    with ch.recv(timeout=60) as m:
+        assert m.is_cuda and m.ready_value > 0, (m.flags, m.ready_value, ch.transport_reason)
+        with torch.cuda.stream(s):
+            view = torch.from_dlpack(m)
+            total = view.to(torch.int64).sum()
+        assert not s.query(), "the consumer's stream waits on the GPU for the held producer stream"
+        gate.touch()
+        s.synchronize()
+        assert int(total) == n * 0xC5
+        del view
+    out = p.wait()
+    assert "ok" in out and "stream-ordered" in out, out

@@ -15,6 +15,7 @@ use super::mpi;
 use super::vulkan_ipc;
 use super::{loopback, shm};
 use crate::channels::peers::Peer;
+use crate::channels::ready::{ReadyOffer, SharedReady};
 use crate::channels::transport::{
     Attachment, ConsumerSession, ConsumerTransport, MemoryKind, Packed, Payload, PeerHolds, ProducerTransport, RawLoan,
     RawView, Release, Route, RouteReceiver, RouteSender, RoutedPayload, SharedRegion, TransportId, TransportInfo,
@@ -435,6 +436,8 @@ forward_impl!(forward_route: impl RouteSender for AnyRouteSender {
     #[inline]
     fn sent(&mut self, seq: u64);
     fn ready_semaphore(&self) -> Result<OwnedFd>;
+    fn ready_share(&self) -> ReadyOffer;
+    fn share_ready(&mut self, share: &SharedReady);
 });
 
 forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
@@ -449,4 +452,6 @@ forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
     fn ready_semaphore(&self) -> Result<OwnedFd>;
     fn released_semaphore(&self) -> Result<OwnedFd>;
+    fn ready_share(&self) -> ReadyOffer;
+    fn share_ready(&mut self, share: &SharedReady);
 });

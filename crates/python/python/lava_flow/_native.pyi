@@ -248,7 +248,9 @@ class Message:
     def cuda_ptr(self) -> tuple[int, int]:
         """(CUDA address, device ordinal) of a CUDA message, valid until its release."""
     @property
-    def ready_value(self) -> int: ...
+    def ready_value(self) -> int:
+        """The ready semaphore value at which a GPU or CUDA payload is in place (0: now);
+        `__dlpack__(stream=)` makes the stream wait for it."""
     @property
     def address(self) -> int | None: ...
     @property
@@ -319,7 +321,10 @@ class Channel:
                     stream: object | None = None) -> int: ...
     def send_tensor(self, tensor: object, *, timeout: float | None = None,
                     stream: object | None = None) -> int:
-        """A CUDA array (__cuda_array_interface__) by reference, kept until released."""
+        """A CUDA array (__cuda_array_interface__) by reference, kept until released. With a
+        stream (or the array's own), stream-ordered where the channel shares a ready semaphore
+        on the tensor's GPU (signalled on the stream, no host wait; the consumer's stream
+        waits); else the stream is synchronised on the host first."""
     def loan(self, size: int, timeout: float | None = None) -> Loan: ...
     @property
     def completed(self) -> int: ...

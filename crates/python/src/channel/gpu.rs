@@ -48,6 +48,9 @@ pub(super) struct GpuState {
     own: Option<Arc<Semaphore>>,
     /// The last ready value this producer sent (values must grow).
     last_value: u64,
+    /// Why this producer's CUDA tensors are synchronised on the host (the channel shares no
+    /// ready semaphore that CUDA work on their GPU can signal), once found.
+    tensors_on_host: Option<String>,
 }
 
 impl Channel {
@@ -122,6 +125,63 @@ impl Channel {
         let fd = self.ready_semaphore_fd(py)?;
         let sem = Arc::new(Semaphore::import(fd, device)?);
         Ok(self.gpu_state().own.get_or_insert(sem).clone())
+    }
+
+    /// This producer's ready semaphore in CUDA for a tensor on CUDA device `device`, imported
+    /// once per channel, or why the tensor's send is synchronised on the host instead: the
+    /// channel shares no ready semaphore with its consumer (no GPU route between them that
+    /// shares one), or the semaphore is another GPU's (CUDA signals it only on its own).
+    pub(super) fn tensor_semaphore(&self, py: Python<'_>, device: i32) -> Result<Arc<Semaphore>, String> {
+        {
+            let g = self.gpu_state();
+            if let Some(why) = &g.tensors_on_host {
+                return Err(why.clone());
+            }
+            if let Some(s) = g.own.as_ref().filter(|s| s.device() == device) {
+                return Ok(s.clone());
+            }
+        }
+        let found = self.import_tensor_semaphore(py, device);
+        let mut g = self.gpu_state();
+        match found {
+            Ok(sem) => Ok(g.own.get_or_insert(sem).clone()),
+            // Another device's tensor may go stream-ordered yet: only the channel's own lack is kept.
+            Err((why, lasting)) => {
+                if lasting {
+                    g.tensors_on_host = Some(why.clone());
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// Imports the channel's ready semaphore on CUDA device `device`, the GPU of the channel's
+    /// context; or why not, and whether that holds for every tensor.
+    fn import_tensor_semaphore(&self, py: Python<'_>, device: i32) -> Result<Arc<Semaphore>, (String, bool)> {
+        let mut info = crate::ffi::lf_device_info::default();
+        #[cfg(lf_struct_size)]
+        {
+            info.struct_size = std::mem::size_of_val(&info) as u32;
+        }
+        // SAFETY: live context, local out-parameter.
+        let status = unsafe { crate::native::lib().lf_context_device_info(self.context.get().ptr().get(), &mut info) };
+        if status != crate::ffi::LF_OK {
+            return Err(("the channel's context has no GPU, so the channel has no ready semaphore".into(), true));
+        }
+        let semaphore_device = cuda::device_of(&info.device_uuid).map_err(|e| {
+            (format!("the GPU of the channel's context, which owns its ready semaphore, is no CUDA device: {e}"), true)
+        })?;
+        if semaphore_device != device {
+            return Err((
+                format!(
+                    "the tensor is on CUDA device {device}, the channel's ready semaphore on CUDA device \
+                     {semaphore_device} (its context's GPU)"
+                ),
+                false,
+            ));
+        }
+        let fd = self.ready_semaphore_fd(py).map_err(|e| (e.to_string(), true))?;
+        Semaphore::import(fd, device).map(Arc::new).map_err(|e| (e.to_string(), true))
     }
 
     /// Releases GPU message `m` once the work queued so far on `streams` (of `device`) is done:

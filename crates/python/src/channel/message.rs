@@ -338,7 +338,8 @@ impl Message {
         slf.get().cuda_place(slf.py())
     }
 
-    /// For GPU messages: the ready semaphore value at which the payload is in place (0: now).
+    /// For GPU and CUDA messages: the ready semaphore value at which the payload is in place
+    /// (0: now); `__dlpack__(stream=)` makes the stream wait for it.
     #[getter(ready_value)]
     fn py_ready_value(&self) -> u64 {
         self.msg.0.ready_value

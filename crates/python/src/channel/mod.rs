@@ -316,10 +316,17 @@ impl Channel {
     /// `__cuda_array_interface__`, C-contiguous, allocated by the framework (PyTorch's default
     /// caching allocator or its expandable segments, CuPy, cudaMalloc). The consumer, on this
     /// host, gets a message over the very bytes (`torch.from_dlpack(msg)`, `cupy.from_dlpack`).
-    /// The work that writes the tensor must be done before it goes: lava-flow synchronises
-    /// `stream` (a CUDA stream: an int, a torch.cuda.Stream or a cupy Stream) or else the stream
-    /// the array names, and the channel keeps the tensor (and so its memory) until the consumer
-    /// released the message (`wait_completed`); write it again only after that. Memory no other
+    /// The work that writes the tensor goes first: on `stream` (a CUDA stream: an int, a
+    /// torch.cuda.Stream or a cupy Stream), or else the stream the array names. Where the
+    /// channel shares a ready semaphore with its consumer on the tensor's GPU (both contexts
+    /// open that GPU with Vulkan, and its driver shares timeline semaphores:
+    /// `transport_reason` says "stream-ordered"), the send is stream-ordered: lava-flow signals
+    /// the semaphore on that stream after the work queued there (imported into CUDA once per
+    /// channel) and returns without waiting; the consumer's stream waits for it on the GPU
+    /// (`__dlpack__(stream=)`, which torch.from_dlpack passes). Elsewhere lava-flow
+    /// synchronises the stream on the host before sending. The channel keeps the tensor (and
+    /// so its memory) until the consumer released the message (`wait_completed`); write it
+    /// again only after that. Memory no other
     /// process can open (a cudaMallocAsync pool, managed memory) is refused, naming the way out.
     #[pyo3(signature = (tensor, *, timeout = None, stream = None))]
     fn send_tensor(

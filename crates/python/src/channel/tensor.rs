@@ -4,6 +4,13 @@
 //! keeps the tensor, and so its memory, from the framework's allocator until the consumer
 //! released the message: PyTorch's caching allocator would otherwise hand the memory to another
 //! tensor while the consumer reads it.
+//!
+//! A tensor that work on a stream still writes goes stream-ordered where the channel shares a
+//! ready semaphore with its consumer on the tensor's GPU (both contexts open that GPU with
+//! Vulkan, which shares timeline semaphores): the semaphore, imported into CUDA once per
+//! channel, is signalled on the stream after that work, and the message names the value; the
+//! consumer's stream waits for it (`__dlpack__(stream=)`). Nothing waits on the host. Elsewhere
+//! the stream is synchronised on the host before the send.
 use std::collections::VecDeque;
 
 use pyo3::exceptions::PyTypeError;
@@ -11,6 +18,7 @@ use pyo3::prelude::*;
 
 use super::Channel;
 use crate::context::Context;
+use crate::cuda::CuStream;
 use crate::cuda_array::cuda_array;
 use crate::error::{check, invalid_state};
 use crate::ffi;
@@ -50,14 +58,30 @@ fn deregister(context: &Context, registration: Ptr<ffi::lf_buffer>) {
 }
 
 /// Waits until the work on `stream` (a `__cuda_array_interface__` stream: 1 the legacy default
-/// stream, 2 the per-thread one, else a `CUstream`) is done: lava-flow's CUDA route hands the
-/// bytes over as they are when sent.
+/// stream, 2 the per-thread one, else a `CUstream`) is done: a send without a ready value hands
+/// the bytes over as they are when sent.
 fn synchronise(stream: isize) -> PyResult<()> {
     let driver =
         lava_flow_cuda::driver().map_err(|e| invalid_state(&format!("synchronising the tensor's stream: {e}")))?;
     // SAFETY: a stream handle the array's framework gave; CUDA checks it.
     unsafe { driver.stream_synchronize(stream as usize as lava_flow_cuda::sys::CUstream) }
         .map_err(|e| invalid_state(&format!("synchronising the tensor's stream: {e}")))
+}
+
+/// The CUDA device ordinal of the memory at `ptr`.
+fn tensor_device(ptr: u64) -> Result<i32, String> {
+    let driver = lava_flow_cuda::driver().map_err(|e| e.to_string())?;
+    let mut ordinal: std::ffi::c_int = -1;
+    // SAFETY: an out-pointer for the attribute's int; CUDA checks the pointer.
+    unsafe {
+        driver.pointer_get_attribute(
+            (&mut ordinal as *mut std::ffi::c_int).cast(),
+            lava_flow_cuda::sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(ordinal)
 }
 
 impl Channel {
@@ -78,9 +102,18 @@ impl Channel {
         if a.len == 0 {
             return Err(pyo3::exceptions::PyValueError::new_err("a message needs at least one byte"));
         }
-        if let Some(s) = stream.or(a.stream) {
-            py.allow_threads(|| synchronise(s))?;
-        }
+        // Stream-ordered where the channel shares a ready semaphore on the tensor's GPU, else
+        // synchronised here.
+        let ordered = match stream.or(a.stream) {
+            None => None,
+            Some(s) => match tensor_device(a.ptr).and_then(|device| self.tensor_semaphore(py, device)) {
+                Ok(sem) => Some((sem, Ptr(s as usize as CuStream))),
+                Err(_) => {
+                    py.allow_threads(|| synchronise(s))?;
+                    None
+                }
+            },
+        };
         let context = self.context.get();
         let mut registration = std::ptr::null_mut();
         // SAFETY: a live context; the tensor (kept below until completion) keeps its memory.
@@ -93,12 +126,33 @@ impl Channel {
             return Err(e);
         }
         let offset = (a.ptr - base as usize as u64) as usize;
-        let sent = self.blocking(py, "send_tensor", timeout, |ch, t| {
-            let mut seq = 0u64;
-            // SAFETY: live channel and registration for the call.
-            let s = unsafe { lib().lf_send_buffer(ch.get(), registration.get(), offset, a.len, t, &mut seq) };
-            (s, seq)
-        });
+        let mut value = None;
+        let mut failed = None;
+        let sent = self
+            .blocking(py, "send_tensor", timeout, |ch, t| {
+                if let (None, Some((sem, s))) = (value, &ordered) {
+                    // Once, under the channel's lock, so that values reach it in order.
+                    match self.signal_ready(sem, s.get()) {
+                        Ok(v) => value = Some(v),
+                        Err(e) => {
+                            failed = Some(e);
+                            return (ffi::LF_ERR_INVALID_ARGUMENT, 0);
+                        }
+                    }
+                }
+                let mut seq = 0u64;
+                // SAFETY: live channel and registration for the call.
+                let s = unsafe {
+                    match value {
+                        None => lib().lf_send_buffer(ch.get(), registration.get(), offset, a.len, t, &mut seq),
+                        Some(v) => {
+                            lib().lf_send_buffer_after(ch.get(), registration.get(), offset, a.len, v, t, &mut seq)
+                        }
+                    }
+                };
+                (s, seq)
+            })
+            .map_err(|e| failed.take().unwrap_or(e));
         match sent {
             Ok(sequence) => {
                 let mut list = self.sent.lock().unwrap_or_else(|e| e.into_inner());

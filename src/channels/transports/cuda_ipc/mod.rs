@@ -2,7 +2,7 @@
 //! two processes of one host, by reference.
 //!
 //! The carrier keeps every message's place in the channel's one order; this route turns a
-//! region of a registered CUDA allocation into a 24-byte descriptor and back:
+//! region of a registered CUDA allocation into a 32-byte descriptor and back:
 //!
 //! 1. Rendezvous: a producer whose process had loaded the CUDA driver when it created the
 //!    channel offers the route (one that never used CUDA is not made to initialise it: it has
@@ -16,7 +16,7 @@
 //!    (`cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle`) passed with
 //!    `SCM_RIGHTS`. Memory re-allocated at the same base has a new `BUFFER_ID`: the old slot is
 //!    forgotten and the new allocation announced, so a stale import never serves it.
-//! 3. A message carries (slot, generation, offset, length). The consumer checks every field and
+//! 3. A message carries (slot, generation, offset, length, ready value). The consumer checks every field and
 //!    opens the allocation once (`cuIpcOpenMemHandle` with lazy peer access, or
 //!    import + reserve + map + set access) in the primary context of the device whose UUID
 //!    the announcement names; a message's payload is the CUDA address there.
@@ -27,7 +27,19 @@
 //!    The consumer closes an import when the producer forgets it, when more are open than its
 //!    bound (least recently used first, never one a held message points into; a later message
 //!    opens it again), or, once no message holds it, after the producer has gone.
-//! 5. Synchronisation is on the host: CUDA memory is complete when sent.
+//! 5. Synchronisation. A message without a ready value is complete when sent (the application
+//!    synchronised the work that writes it). A stream-ordered send names a ready value on the
+//!    channel's ready semaphore, which this route does not make but shares with the GPU route
+//!    (vulkan_ipc): the Vulkan timeline semaphore the producer's context exports and the
+//!    consumer's imports, which CUDA imports as well (`cuImportExternalSemaphore`). The
+//!    producer's stream signals the value after the work that writes the memory; the
+//!    consumer's stream waits for it before its own work. So the rule: a ready value needs a
+//!    Vulkan device in both processes' contexts, on the same GPU, sharing timeline semaphores
+//!    (the GPU route synchronises on the GPU), and CUDA memory of that very GPU (CUDA signals
+//!    and waits for a semaphore only on its device). Elsewhere a ready value is refused
+//!    (`Unsupported`, naming why; the way out is to synchronise and send without one). Values
+//!    grow across both routes' messages: one timeline. The consumer checks that a message's
+//!    value names a semaphore it was given, of the memory's GPU, and never goes backwards.
 
 mod cuda;
 #[cfg(any(test, feature = "test-hooks"))]

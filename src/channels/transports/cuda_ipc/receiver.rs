@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::cuda::{Mapping, Opener};
 use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_VMM};
 use super::{format_uuid, format_uuids, ID, ROUTE_ID};
+use crate::channels::ready::SharedReady;
 use crate::channels::transport::{
     Attachment, PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, TransportId,
 };
@@ -37,6 +38,9 @@ struct VulkanImport {
     size: u64,
     id: crate::memory::gpu::ArenaId,
     imported: std::sync::OnceLock<Option<Arc<crate::memory::gpu::GpuBuffer>>>,
+    /// The producer's ready semaphore as this process imported it, which the work on a
+    /// message's Vulkan view waits for.
+    ready: Option<Arc<crate::memory::gpu::TimelineSemaphore>>,
 }
 
 #[cfg(feature = "vulkan")]
@@ -68,11 +72,12 @@ impl RoutedMemory for Import {
     }
 
     #[cfg(feature = "vulkan")]
-    fn view(&self, offset: u64, len: usize, _ready_value: u64) -> Option<Buffer> {
+    fn view(&self, offset: u64, len: usize, ready_value: u64) -> Option<Buffer> {
         let vulkan = self.vulkan.as_ref()?;
         let whole = Arc::clone(vulkan.buffer()?);
         let origin = crate::memory::BufferOrigin::Imported { exporter_pid: vulkan.id.exporter_pid };
-        Some(Buffer::gpu_view_mapped(whole, offset, len, std::ptr::null_mut(), None, origin))
+        let wait = vulkan.ready.as_ref().filter(|_| ready_value != 0).map(|s| (Arc::clone(s), ready_value));
+        Some(Buffer::gpu_view_mapped(whole, offset, len, std::ptr::null_mut(), wait, origin))
     }
 
     #[cfg(not(feature = "vulkan"))]
@@ -140,6 +145,10 @@ pub(crate) struct Receiver {
     /// The carrier's last word on what is released (every message below it).
     released_below: u64,
     opened: u64,
+    /// The current producer's ready semaphore, as the GPU route imported it, or why it shares
+    /// none: what a message's ready value counts on.
+    ready: SharedReady,
+    last_ready: u64,
 }
 
 impl Receiver {
@@ -163,6 +172,8 @@ impl Receiver {
             tick: 0,
             released_below: 0,
             opened: 0,
+            ready: Err(crate::channels::ready::NO_SHARED_READY.into()),
+            last_ready: 0,
         }
     }
 
@@ -259,6 +270,35 @@ impl Receiver {
 }
 
 impl Receiver {
+    /// Checks ready value `value` of a message into slot `index`: the producer shares a ready
+    /// semaphore, on the GPU that holds the memory, and values do not go backwards.
+    #[cold]
+    fn check_ready(&mut self, index: usize, value: u64) -> Result<()> {
+        let device = self.slots[index].as_ref().expect("the caller found it").allocation.device_uuid;
+        let share = match &self.ready {
+            Ok(share) => share,
+            Err(why) => {
+                return Err(self
+                    .corrupt(format!("names ready value {value}, but the producer shares no ready semaphore: {why}")))
+            }
+        };
+        if share.device_uuid != device {
+            return Err(self.corrupt(format!(
+                "names ready value {value} for memory of CUDA device {}, but its ready semaphore is of GPU {}",
+                format_uuid(&device),
+                format_uuid(&share.device_uuid)
+            )));
+        }
+        if value < self.last_ready {
+            return Err(self.corrupt(format!(
+                "names ready value {value}, below the previous message's {}: semaphore values must not go backwards",
+                self.last_ready
+            )));
+        }
+        self.last_ready = value;
+        Ok(())
+    }
+
     /// What slot `index`'s Vulkan import needs, where it is a VMM piece of this process's
     /// Vulkan device.
     #[cfg(feature = "vulkan")]
@@ -276,6 +316,7 @@ impl Receiver {
             size: a.size,
             id: crate::memory::gpu::ArenaId { exporter_pid: a.exporter_pid, token: a.base, counter: a.buffer_id },
             imported: std::sync::OnceLock::new(),
+            ready: self.ready.as_ref().ok().and_then(|share| share.semaphore.clone()),
         }))
     }
 }
@@ -288,6 +329,8 @@ impl RouteReceiver for Receiver {
     fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()> {
         self.session = session;
         self.released_below = 0;
+        self.last_ready = 0;
+        self.ready = Err(crate::channels::ready::NO_SHARED_READY.into());
         self.offered = offer.is_some();
         self.off = match (&offer, &self.devices) {
             (None, _) => Some(
@@ -402,7 +445,11 @@ impl RouteReceiver for Receiver {
                 self.corrupt(format!("names {} bytes at offset {} of an allocation of {size} bytes", d.len, d.offset))
             );
         }
-        if slot.open.is_none() {
+        let closed = slot.open.is_none();
+        if d.ready_value != 0 {
+            self.check_ready(index, d.ready_value)?;
+        }
+        if closed {
             self.open_slot(index)?;
         }
         self.tick += 1;
@@ -414,10 +461,16 @@ impl RouteReceiver for Receiver {
         // those), or in `retired` until message `seq` is released, or with the carrier's
         // session while its views are held (end_session): alive and in place (behind its Arc)
         // until the payload, dropped before that release, is gone.
-        Ok(Some(unsafe { RoutedPayload::new(&**import, d.offset, d.len as usize, 0, seq) }))
+        Ok(Some(unsafe { RoutedPayload::new(&**import, d.offset, d.len as usize, d.ready_value, seq) }))
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
-        Err(Error::Unsupported("the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into()))
+        Err(Error::Unsupported(
+            "the cuda_ipc route has no semaphore of its own: its ready values count on the GPU route's".into(),
+        ))
+    }
+
+    fn share_ready(&mut self, share: &SharedReady) {
+        self.ready = share.clone();
     }
 }

@@ -3,11 +3,13 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use super::cuda::{Exporter, Keep};
 use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
 use super::{format_uuid, format_uuids, refusal, ID, ROUTE_ID};
+use crate::channels::ready::SharedReady;
 use crate::channels::transport::{
     Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, PeerHolds, Route, RouteSender,
 };
@@ -81,6 +83,8 @@ struct Sent {
 /// The producer's side of a connected route.
 pub(crate) struct Sender {
     route: Route,
+    /// The report's words before those on synchronisation.
+    reason_head: String,
     exporter: Arc<dyn Exporter>,
     /// The UUIDs of the devices the consumer opens memory on.
     devices: Vec<[u8; 16]>,
@@ -97,6 +101,9 @@ pub(crate) struct Sender {
     /// The last allocation sent, (base, buffer id, slot, generation).
     last: Option<(u64, u64, u32, u32)>,
     since_sweep: u32,
+    /// The channel's ready semaphore, which the GPU route shares with the consumer, or why the
+    /// channel has none: CUDA messages with a ready value count on it.
+    ready: SharedReady,
 }
 
 impl Sender {
@@ -107,8 +114,10 @@ impl Sender {
             format_uuids(&devices),
             refused_kinds()
         );
+        let ready: SharedReady = Err(NO_GPU_ROUTE.into());
         Sender {
-            route: Route { class: PayloadClass::Cuda, kind: ID, reason },
+            route: Route { class: PayloadClass::Cuda, kind: ID, reason: format!("{reason}; {}", sync_words(&ready)) },
+            reason_head: reason,
             exporter,
             devices,
             own_uuids: HashMap::new(),
@@ -120,6 +129,7 @@ impl Sender {
             dying: Vec::new(),
             last: None,
             since_sweep: 0,
+            ready,
         }
     }
 
@@ -257,6 +267,73 @@ impl Sender {
     }
 }
 
+/// Why a channel without a GPU route shares no ready semaphore.
+const NO_GPU_ROUTE: &str = "the channel has no GPU route (vulkan_ipc) to the consumer, whose timeline semaphore \
+                            CUDA messages would share: both processes' contexts need a Vulkan device on the same GPU, \
+                            whose driver shares timeline semaphores";
+
+/// How the report says CUDA messages are synchronised.
+fn sync_words(ready: &SharedReady) -> String {
+    match ready {
+        Ok(share) => format!(
+            "stream-ordered sends (a ready value on the channel's timeline semaphore, which CUDA work on GPU {} \
+             signals) or host-side synchronisation (complete when sent)",
+            format_uuid(&share.device_uuid)
+        ),
+        Err(why) => format!("host-side synchronisation (CUDA memory is complete when sent), because {why}"),
+    }
+}
+
+/// The way out of every refusal of a ready value.
+const SYNCHRONISE: &str = "synchronise the work that writes it (cudaStreamSynchronize) and send it without a ready \
+                           value (lf_send_buffer)";
+
+impl Sender {
+    /// Checks that CUDA memory of `pointer` can go with ready value `value`: the channel shares
+    /// a ready semaphore with the consumer, on the GPU that holds the memory (CUDA work
+    /// signals and waits for it there), and values grow across the channel's routes.
+    #[cold]
+    fn check_ready(
+        &mut self,
+        buffer: &crate::memory::Buffer,
+        pointer: &crate::memory::CudaPointer,
+        value: u64,
+    ) -> Result<()> {
+        let uuid = self.own_uuid(pointer.device_ordinal)?;
+        let share = match &self.ready {
+            Ok(share) => share,
+            Err(why) => {
+                return Err(Error::Unsupported(format!(
+                    "buffer {} ({}) cannot go with ready value {value}: the channel shares no ready semaphore with \
+                     its consumer ({why}); {SYNCHRONISE}",
+                    buffer.id(),
+                    pointer.kind
+                )))
+            }
+        };
+        if share.device_uuid != uuid {
+            return Err(Error::Unsupported(format!(
+                "buffer {} is {} of CUDA device {} ({}), but the channel's ready semaphore belongs to its context's \
+                 Vulkan device ({}), and CUDA work signals it only on that GPU: open the context on the GPU that holds \
+                 the memory (LF_VULKAN_DEVICE), or {SYNCHRONISE}",
+                buffer.id(),
+                pointer.kind,
+                pointer.device_ordinal,
+                format_uuid(&uuid),
+                format_uuid(&share.device_uuid)
+            )));
+        }
+        let last = share.last.load(Ordering::Relaxed);
+        if value < last {
+            return Err(Error::invalid(format!(
+                "ready value {value} is below the previous message's {last}: values must grow"
+            )));
+        }
+        share.last.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// The report's words for the kinds this route refuses.
 fn refused_kinds() -> String {
     "memory of a CUDA memory pool (cudaMallocAsync), managed memory and other CUDA memory without a handle another \
@@ -292,13 +369,6 @@ impl RouteSender for Sender {
         if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm) {
             return Err(Error::Unsupported(refusal(pointer.kind, buffer.id())));
         }
-        if payload.ready_value != 0 {
-            return Err(Error::Unsupported(
-                "CUDA memory is sent complete: synchronise the work that writes it (cudaStreamSynchronize) and send \
-                 it without a ready value"
-                    .into(),
-            ));
-        }
         let (offset, len) = (payload.offset as u64, payload.len as u64);
         if len == 0 || offset.checked_add(len).map_or(true, |end| end > pointer.size as u64) {
             return Err(Error::invalid(format!(
@@ -308,12 +378,15 @@ impl RouteSender for Sender {
                 pointer.size
             )));
         }
+        if payload.ready_value != 0 {
+            self.check_ready(buffer, &pointer, payload.ready_value)?;
+        }
         self.since_sweep += 1;
         if self.since_sweep >= SWEEP_EVERY {
             self.sweep(completed, &mut out.attachments);
         }
         let (slot, generation) = self.slot_of(buffer, &pointer, completed, &mut out.attachments)?;
-        let descriptor = Descriptor { slot, generation, offset, len };
+        let descriptor = Descriptor { slot, generation, offset, len, ready_value: payload.ready_value };
         out.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
         out.descriptor_len = Descriptor::LEN;
         Ok(())
@@ -330,6 +403,13 @@ impl RouteSender for Sender {
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
-        Err(Error::Unsupported("the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into()))
+        Err(Error::Unsupported(
+            "the cuda_ipc route has no semaphore of its own: its ready values count on the GPU route's".into(),
+        ))
+    }
+
+    fn share_ready(&mut self, share: &SharedReady) {
+        self.ready = share.clone();
+        self.route.reason = format!("{}; {}", self.reason_head, sync_words(share));
     }
 }

@@ -11,6 +11,7 @@ use super::cuda::{Mapping, Opener};
 use super::receiver::Receiver;
 use super::wire::{AllocationRecord, Announce, Descriptor, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
 use super::{Offer, ROUTE_ID};
+use crate::channels::ready::ReadyShare;
 use crate::channels::transport::{Attachment, PeerHolds, RouteReceiver, RoutedPayload};
 use crate::error::Error;
 
@@ -99,7 +100,20 @@ fn resolve(
     offset: u64,
     len: u64,
 ) -> crate::Result<Option<RoutedPayload>> {
-    r.resolve(seq, &Descriptor { slot, generation, offset, len }.encode())
+    r.resolve(seq, &Descriptor { slot, generation, offset, len, ready_value: 0 }.encode())
+}
+
+fn share(device_uuid: [u8; 16]) -> ReadyShare {
+    ReadyShare {
+        device_uuid,
+        last: Arc::default(),
+        #[cfg(feature = "vulkan")]
+        semaphore: None,
+    }
+}
+
+fn resolve_ready(r: &mut Receiver, seq: u64, ready_value: u64) -> crate::Result<Option<RoutedPayload>> {
+    r.resolve(seq, &Descriptor { slot: 0, generation: 1, offset: 0, len: 64, ready_value }.encode())
 }
 
 #[test]
@@ -336,4 +350,93 @@ fn an_allocation_of_this_very_process_is_used_where_it_lies() {
     let payload = resolve(&mut r, 0, 0, 1, 16, 32).unwrap().unwrap();
     assert_eq!(payload.cuda_ptr(), Some((own.base + 16, 1)), "device 1: the UUID's ordinal here");
     assert_eq!(counts.opened.load(Ordering::Relaxed), 0);
+}
+
+/// A message's ready value counts on the producer's ready semaphore, which the GPU route
+/// imported: without one, for memory of another GPU than the semaphore's, or going backwards,
+/// a descriptor's value is the producer's error; a new producer starts without one.
+#[test]
+fn hostile_ready_values_are_corrupt_and_good_ones_reach_the_message() {
+    let (mut r, _) = receiver(8);
+    announce(&mut r, 0, 1, legacy(2), 0).unwrap();
+    let err = resolve_ready(&mut r, 0, 3).err().expect("no semaphore shared");
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("shares no ready semaphore")), "{err}");
+
+    r.share_ready(&Ok(share(DEVICE)));
+    let payload = resolve_ready(&mut r, 0, 3).unwrap().unwrap();
+    assert_eq!(payload.ready_value, 3);
+    drop(payload);
+    assert_eq!(resolve_ready(&mut r, 1, 3).unwrap().unwrap().ready_value, 3, "the same value again");
+    assert_eq!(resolve_ready(&mut r, 2, 0).unwrap().unwrap().ready_value, 0, "ready now");
+    let err = resolve_ready(&mut r, 3, 2).err().expect("backwards");
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("must not go backwards")), "{err}");
+
+    r.share_ready(&Ok(share([1; 16])));
+    let err = resolve_ready(&mut r, 4, 5).err().expect("another GPU's semaphore");
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("ready semaphore is of GPU")), "{err}");
+
+    let _ = r.end_session();
+    r.new_session(2, Some(Offer.sections().pop().unwrap())).unwrap();
+    announce(&mut r, 0, 1, legacy(2), 0).unwrap();
+    let err = resolve_ready(&mut r, 0, 1).err().expect("the new producer shares none yet");
+    assert!(matches!(&err, Error::Corrupt(m) if m.contains("shares no ready semaphore")), "{err}");
+}
+
+/// A stream-ordered send of CUDA memory: refused, naming why and the way out (synchronise and
+/// send without a ready value), where the channel shares no ready semaphore or shares one of
+/// another GPU; with one of the memory's GPU, the value goes in the descriptor and must grow
+/// across the channel's routes (the GPU route's values count on the same semaphore).
+#[test]
+fn a_ready_value_needs_the_channel_s_semaphore_on_the_memory_s_gpu() {
+    use crate::channels::transport::{MemoryKind, Packed, Payload, PayloadMemory, RouteSender};
+    use crate::memory::{CudaMemoryKind, CudaPointer};
+
+    let context = crate::memory::Context::new(crate::memory::ContextConfig {
+        gpu: crate::memory::GpuPolicy::Disabled,
+        ..Default::default()
+    })
+    .unwrap();
+    let holds = Arc::new(PeerHolds::default());
+    let mut sender = super::Sender::new(vec![super::fake::UUID], Arc::clone(&holds), Arc::new(super::fake::Exporter));
+    let pointer = CudaPointer {
+        kind: CudaMemoryKind::Legacy,
+        base: 0x7000_0000_0000,
+        size: 1 << 20,
+        buffer_id: 1,
+        device_ordinal: 0,
+        context: 0,
+    };
+    let buffer = context.register_cuda_for_tests(pointer).unwrap();
+    let pack = |sender: &mut super::Sender, ready_value: u64| {
+        let payload =
+            Payload { memory: PayloadMemory::Buffer(&buffer), kind: MemoryKind::Cuda, offset: 0, len: 64, ready_value };
+        let mut out = Packed::default();
+        sender.pack(&payload, 0, &mut out)?;
+        Ok::<_, Error>(Descriptor::decode(&out.descriptor[..out.descriptor_len]).unwrap())
+    };
+    assert!(sender.route().reason.contains("host-side synchronisation"), "{}", sender.route().reason);
+    let fix = "synchronise the work that writes it (cudaStreamSynchronize) and send it without a ready value";
+    let err = pack(&mut sender, 5).unwrap_err();
+    assert!(matches!(&err, Error::Unsupported(m) if m.contains("no GPU route") && m.contains(fix)), "{err}");
+    sender.share_ready(&Err("the consumer's device cannot import timeline semaphores".into()));
+    let err = pack(&mut sender, 5).unwrap_err();
+    assert!(matches!(&err, Error::Unsupported(m) if m.contains("cannot import timeline") && m.contains(fix)), "{err}");
+    sender.share_ready(&Ok(share([1; 16])));
+    let err = pack(&mut sender, 5).unwrap_err();
+    assert!(matches!(&err, Error::Unsupported(m) if m.contains("LF_VULKAN_DEVICE") && m.contains(fix)), "{err}");
+    assert_eq!(pack(&mut sender, 0).unwrap().ready_value, 0, "a send without a ready value goes as before");
+
+    let shared = share(super::fake::UUID);
+    sender.share_ready(&Ok(shared.clone()));
+    assert!(sender.route().reason.contains("stream-ordered"), "{}", sender.route().reason);
+    assert_eq!(pack(&mut sender, 5).unwrap().ready_value, 5);
+    let err = pack(&mut sender, 4).unwrap_err();
+    assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("values must grow")), "{err}");
+    // The GPU route sent value 9 meanwhile: one timeline.
+    shared.last.store(9, std::sync::atomic::Ordering::Relaxed);
+    assert!(pack(&mut sender, 6).is_err(), "below the GPU route's last value");
+    assert_eq!(pack(&mut sender, 9).unwrap().ready_value, 9);
+    assert_eq!(shared.last.load(std::sync::atomic::Ordering::Relaxed), 9);
+    assert_eq!(pack(&mut sender, 0).unwrap().ready_value, 0);
+    holds.consumer_died();
 }

@@ -6,7 +6,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::error::{Error, Result};
 
-const VERSION: u32 = 1;
+/// Version 2: a message's descriptor names its ready value.
+const VERSION: u32 = 2;
 /// The consumer's answer: it opens CUDA memory on the devices listed.
 pub(super) const ANSWER_CUDA: u32 = 1;
 /// The most devices an answer lists.
@@ -200,13 +201,15 @@ impl AllocationRecord {
     }
 }
 
-/// A routed message: where the payload lies in which allocation.
+/// A routed message: where the payload lies in which allocation, and the value of the
+/// channel's ready semaphore at which it is in place (0: now).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Descriptor {
     pub(super) slot: u32,
     pub(super) generation: u32,
     pub(super) offset: u64,
     pub(super) len: u64,
+    pub(super) ready_value: u64,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -216,6 +219,7 @@ struct DescriptorWire {
     generation: U32,
     offset: U64,
     len: U64,
+    ready_value: U64,
 }
 
 impl Descriptor {
@@ -227,6 +231,7 @@ impl Descriptor {
             generation: self.generation.into(),
             offset: self.offset.into(),
             len: self.len.into(),
+            ready_value: self.ready_value.into(),
         };
         zerocopy::transmute!(wire)
     }
@@ -244,6 +249,7 @@ impl Descriptor {
             generation: wire.generation.get(),
             offset: wire.offset.get(),
             len: wire.len.get(),
+            ready_value: wire.ready_value.get(),
         })
     }
 }
@@ -268,7 +274,7 @@ mod tests {
 
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
-        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 116, 24));
+        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 116, 32));
         let answer = Section { flags: ANSWER_CUDA, devices: vec![[1; 16], [2; 16]], declined: "é".into() };
         assert_eq!(Section::decode(&answer.encode(), "consumer").unwrap(), answer);
         assert!(matches!(Section::decode(&[0; 5], "consumer"), Err(Error::Corrupt(_))));
@@ -279,9 +285,11 @@ mod tests {
         other[0] = 9;
         assert!(matches!(Section::decode(&other, "consumer"), Err(Error::Unsupported(_))));
 
-        let d = Descriptor { slot: 3, generation: 1, offset: 4096, len: 100 };
+        let d = Descriptor { slot: 3, generation: 1, offset: 4096, len: 100, ready_value: 7 };
         assert_eq!(Descriptor::decode(&d.encode()).unwrap(), d);
-        assert!(Descriptor::decode(&d.encode()[..23]).is_err());
+        assert!(Descriptor::decode(&d.encode()[..31]).is_err());
+        // A version-1 descriptor (no ready value) is refused, not misread.
+        assert!(Descriptor::decode(&d.encode()[..24]).is_err());
 
         let legacy = AllocationRecord::Announce { slot: 2, generation: 1, allocation: sample() };
         assert_eq!(AllocationRecord::decode(&legacy.encode(), 0).unwrap(), legacy);
@@ -334,7 +342,7 @@ mod tests {
 
         #[test]
         fn fuzz_descriptor(bytes in crate::fuzz::bytes_near(
-            Descriptor { slot: 1, generation: 2, offset: 64, len: 4096 }.encode().to_vec(),
+            Descriptor { slot: 1, generation: 2, offset: 64, len: 4096, ready_value: 9 }.encode().to_vec(),
             64,
         )) {
             if let Ok(d) = Descriptor::decode(&bytes) {

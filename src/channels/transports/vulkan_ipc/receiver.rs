@@ -11,6 +11,7 @@ use super::wire::{
     ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
 use super::ROUTE_ID;
+use crate::channels::ready::{ReadyOffer, ReadyShare};
 use crate::channels::transport::{
     Attachment, PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, TransportId,
 };
@@ -450,6 +451,20 @@ impl RouteReceiver for Receiver {
         // alive and in place (behind its Arc) until the payload, dropped before that release,
         // is gone.
         Ok(Some(unsafe { RoutedPayload::new(&*arena.arena, d.offset, d.len as usize, d.ready_value, seq) }))
+    }
+
+    fn ready_share(&self) -> ReadyOffer {
+        Some(match &self.semaphore {
+            Some(semaphore) => Ok(ReadyShare {
+                device_uuid: self.device.info().device_uuid,
+                last: Default::default(),
+                semaphore: Some(Arc::clone(semaphore)),
+            }),
+            None => Err(match &self.staged {
+                Some(why) => format!("GPU buffers are staged: {why}"),
+                None => self.no_semaphore.clone(),
+            }),
+        })
     }
 
     fn released_semaphore(&self) -> Result<OwnedFd> {

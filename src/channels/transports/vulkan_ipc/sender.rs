@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -11,6 +12,7 @@ use super::wire::{
     ArenaRecord, Descriptor, Identity, ANSWER_GPU, ANSWER_SEMAPHORE, MAX_SLOTS, OFFER_RELEASED, OFFER_SEMAPHORE,
 };
 use super::ROUTE_ID;
+use crate::channels::ready::{ReadyOffer, ReadyShare};
 use crate::channels::transport::{
     Attachment, MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, PeerHolds, Route, RouteSender,
 };
@@ -200,7 +202,7 @@ impl Offer {
             last_seqs: Vec::new(),
             free_slots: Vec::new(),
             last: None,
-            last_ready: 0,
+            last_ready: Arc::default(),
             since_sweep: 0,
             fan_out: self.fan_out,
         })
@@ -234,7 +236,8 @@ pub(crate) struct Sender {
     free_slots: Vec<u32>,
     /// The last arena sent: a stream usually sends from one.
     last: Option<(ArenaId, u32, u32)>,
-    last_ready: u64,
+    /// The last ready value sent, by this route or the CUDA route, which shares the semaphore.
+    last_ready: Arc<AtomicU64>,
     /// Messages packed since arenas that died were last looked for.
     since_sweep: u32,
     /// The arenas' references shared with the fan-out's other consumers' senders.
@@ -380,13 +383,13 @@ impl RouteSender for Sender {
                     self.route.reason
                 )));
             }
-            if ready_value < self.last_ready {
+            let last = self.last_ready.load(Ordering::Relaxed);
+            if ready_value < last {
                 return Err(Error::invalid(format!(
-                    "ready value {ready_value} is below the previous message's {}: values must grow",
-                    self.last_ready
+                    "ready value {ready_value} is below the previous message's {last}: values must grow"
                 )));
             }
-            self.last_ready = ready_value;
+            self.last_ready.store(ready_value, Ordering::Relaxed);
         }
         self.since_sweep += 1;
         if self.since_sweep >= SWEEP_EVERY {
@@ -414,6 +417,17 @@ impl RouteSender for Sender {
                 self.route.reason
             ))),
         }
+    }
+
+    fn ready_share(&self) -> ReadyOffer {
+        Some(match &self.semaphore {
+            Some(_) => Ok(ReadyShare {
+                device_uuid: self.device.info().device_uuid,
+                last: Arc::clone(&self.last_ready),
+                semaphore: None,
+            }),
+            None => Err(self.route.reason.clone()),
+        })
     }
 
     fn released_semaphore(&self) -> Result<OwnedFd> {
