@@ -202,7 +202,7 @@ impl FanOut {
         if met.is_empty() {
             return;
         }
-        for (slot, arrival) in met {
+        for (slot, mut arrival) in met {
             let Some(entry) = self.outs.get_mut(slot) else { continue };
             log::info!(
                 "channel {:?} (fan-out producer): consumer {} attached in slot {slot}; it receives from message {} on \
@@ -212,9 +212,11 @@ impl FanOut {
                 self.next,
                 arrival.info.names()
             );
+            let routes = SenderTable::new(arrival.routes);
+            routes.report_into(&mut arrival.info);
             *entry = Some(Out {
                 carrier: arrival.carrier,
-                routes: SenderTable::new(arrival.routes),
+                routes,
                 packed: Packed::default(),
                 base: self.next,
                 blocked: None,

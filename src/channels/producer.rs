@@ -80,8 +80,8 @@ impl Producer {
         let parts = transports::connect_producer(name, &plan, config, context).inspect_err(|e| {
             log_failed(name, Role::Producer, |peer| transports::rendezvous_hint(plan.carrier, peer), e)
         })?;
-        log_created(name, Role::Producer, &parts.info);
         let mut producer = Producer::from_parts(name, context, config, parts.carrier, parts.routes, parts.info);
+        log_created(name, Role::Producer, &producer.info);
         producer.host.clone_from(&my_location.hostname);
         Ok(producer)
     }
@@ -118,10 +118,13 @@ impl Producer {
         info: TransportInfo,
     ) -> Producer {
         let registry = config.auto_zero_copy.then(|| Arc::clone(context.registry()));
+        let routes = SenderTable::new(routes);
+        let mut info = info;
+        routes.report_into(&mut info);
         Producer {
             transport: carrier,
             fan_out: None,
-            routes: SenderTable::new(routes),
+            routes,
             packed: Packed::default(),
             info,
             name: name.to_owned(),

@@ -7,6 +7,7 @@
 use super::ready::NO_SHARED_READY;
 use super::transport::{
     ConsumerSession, MemoryKind, Packed, RawView, Route, RouteReceiver, RouteSender, RoutedPayload, TransportId,
+    TransportInfo,
 };
 use crate::error::{Error, Result};
 
@@ -35,6 +36,14 @@ impl<S: RouteSender> SenderTable<S> {
             }
         }
         SenderTable { routes, by_kind }
+    }
+
+    /// Puts each route's account of itself into `info`, made before the table: linking the
+    /// routes (the ready semaphore one shares with the others) may change what another says.
+    pub(crate) fn report_into(&self, info: &mut TransportInfo) {
+        for route in &self.routes {
+            info.set_route(route.route().clone());
+        }
     }
 
     /// Adds `route` last: it serves the kinds no route before it serves.

@@ -565,3 +565,66 @@ fn cuda_memory_is_refused_without_touching_its_bytes() {
     context.deregister(cuda).unwrap();
     assert!(context.find(0x180 as *const u8).is_none());
 }
+
+/// A route that shares a ready semaphore with the others (`offers`), or one whose account of
+/// itself changes once it is handed one.
+struct ReadySender {
+    route: Route,
+    offers: bool,
+}
+
+impl RouteSender for ReadySender {
+    fn route_id(&self) -> u32 {
+        if self.offers {
+            7
+        } else {
+            8
+        }
+    }
+    fn route(&self) -> &Route {
+        &self.route
+    }
+    fn serves(&self, _kind: MemoryKind) -> bool {
+        false
+    }
+    fn pack(&mut self, _payload: &Payload<'_>, _completed: u64, _out: &mut Packed) -> crate::Result<()> {
+        Err(Error::Unsupported("packs nothing".into()))
+    }
+    fn released_semaphore(&self) -> crate::Result<OwnedFd> {
+        Err(Error::Unsupported("no semaphore".into()))
+    }
+    fn sent(&mut self, _seq: u64) {}
+    fn ready_semaphore(&self) -> crate::Result<OwnedFd> {
+        Err(Error::Unsupported("no semaphore".into()))
+    }
+    fn ready_share(&self) -> super::transport::ReadyOffer {
+        self.offers.then(|| {
+            Ok(super::transport::ReadyShare {
+                device_uuid: [7; 16],
+                last: Arc::default(),
+                #[cfg(feature = "vulkan")]
+                semaphore: None,
+            })
+        })
+    }
+    fn share_ready(&mut self, share: &super::transport::SharedReady) {
+        if !self.offers {
+            self.route.reason = format!("stream-ordered on {:?}", share.as_ref().map(|s| s.device_uuid[0]));
+        }
+    }
+}
+
+#[test]
+fn the_report_says_what_the_routes_became_once_linked() {
+    let route = |class, reason: &str| Route { class, kind: TransportId::new("test"), reason: reason.into() };
+    let routes = vec![
+        AnyRouteSender::Other(Box::new(ReadySender { route: route(PayloadClass::Gpu, "owns it"), offers: true })),
+        AnyRouteSender::Other(Box::new(ReadySender { route: route(PayloadClass::Cuda, "before"), offers: false })),
+    ];
+    // The report is made from the routes before the table links them.
+    let mut info = super::transport::TransportInfo::new(routes.iter().map(|r| r.route().clone()).collect());
+    let table = super::routes::SenderTable::new(routes);
+    table.report_into(&mut info);
+    assert!(info.reason.contains("owns it. stream-ordered on Ok(7)"), "{}", info.reason);
+    assert!(!info.reason.contains("before"), "{}", info.reason);
+}
