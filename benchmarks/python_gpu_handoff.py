@@ -7,7 +7,9 @@ own GPU buffer Y, half a round trip measured on A (p50/p99). Cases per size (4 K
   py_handoff   A sends X (contents in place); B: recv, a torch tensor of it on its stream
                (torch.from_dlpack(msg.__dlpack__(stream=)), see view()), release; sends Y; A: recv,
                the same, release. Before resending X, A waits
-               for lava-flow's completion of its previous send (the C path's contract).
+               for lava-flow's completion of its previous send (the C path's contract). Each side
+               makes its stream current once, around its loop (torch.cuda.stream), as a program
+               does: entering and leaving that context costs PyTorch microseconds per round.
   py_torch_op  the same with GPU work on both sides: A fills X on its stream and sends it
                ordered on that stream (send_buffer(stream=)); B copies X into Y on its stream
                and sends Y ordered on it; A reads Y's first word on its stream. A synchronises
@@ -100,9 +102,10 @@ def lf_side_b(tag, plan, on_gpu):
         y = ctx.alloc(size, lf.Memory.GPU_DEVICE_LOCAL)
         ty = torch.from_dlpack(y)
         last = None
-        for _ in range(rounds):
-            m = rx.recv(timeout=TIMEOUT)
-            with torch.cuda.stream(stream):
+        # The stream is made current once, around the loop, as a program does.
+        with torch.cuda.stream(stream):
+            for _ in range(rounds):
+                m = rx.recv(timeout=TIMEOUT)
                 t = view(torch, m, stream)
                 if op:
                     # Y is rewritten: its previous send must be complete.
@@ -112,9 +115,9 @@ def lf_side_b(tag, plan, on_gpu):
                         else:
                             tx.wait_completed(last, timeout=TIMEOUT)
                     ty.copy_(t)
-            del t
-            m.release()
-            last = tx.send_buffer(y, stream=stream) if op else tx.send_buffer(y)
+                del t
+                m.release()
+                last = tx.send_buffer(y, stream=stream) if op else tx.send_buffer(y)
         stream.synchronize()
         if last is not None:
             tx.wait_completed(last, timeout=TIMEOUT)
@@ -138,34 +141,34 @@ def lf_side_a(tag, sizes, warm, iters, rows, on_gpu):
             x = ctx.alloc(size, lf.Memory.GPU_DEVICE_LOCAL)
             tx_ = torch.from_dlpack(x)
             half, last, wrong = [], None, 0
-            for i in range(warm + iters):
-                value = i % 251
-                t0 = time.perf_counter()
-                if last is not None:
-                    if on_gpu:
-                        tx.wait_completed(last, timeout=TIMEOUT, stream=stream)
-                    else:
-                        tx.wait_completed(last, timeout=TIMEOUT)
-                if op:
-                    with torch.cuda.stream(stream):
+            # The stream is made current once, around the loop, as a program does.
+            with torch.cuda.stream(stream):
+                for i in range(warm + iters):
+                    value = i % 251
+                    t0 = time.perf_counter()
+                    if last is not None:
+                        if on_gpu:
+                            tx.wait_completed(last, timeout=TIMEOUT, stream=stream)
+                        else:
+                            tx.wait_completed(last, timeout=TIMEOUT)
+                    if op:
                         tx_.fill_(value)
-                    last = tx.send_buffer(x, stream=stream)
-                else:
-                    last = tx.send_buffer(x)
-                m = rx.recv(timeout=TIMEOUT)
-                with torch.cuda.stream(stream):
+                        last = tx.send_buffer(x, stream=stream)
+                    else:
+                        last = tx.send_buffer(x)
+                    m = rx.recv(timeout=TIMEOUT)
                     t = view(torch, m, stream)
                     if op:
                         first = t[0].clone()
-                del t
-                m.release()
-                if op:
-                    stream.synchronize()
-                t1 = time.perf_counter()
-                if op and int(first) != value:
-                    wrong += 1
-                if i >= warm:
-                    half.append((t1 - t0) * 1e6 / 2)
+                    del t
+                    m.release()
+                    if op:
+                        stream.synchronize()
+                    t1 = time.perf_counter()
+                    if op and int(first) != value:
+                        wrong += 1
+                    if i >= warm:
+                        half.append((t1 - t0) * 1e6 / 2)
             tx.wait_completed(last, timeout=TIMEOUT)
             del tx_
             x.free()

@@ -290,8 +290,13 @@ static void check_gpu_message(lf_channel *ch, const lf_message *m, lf_buffer *ow
     CHECK(location == location_of(k));
     EXPECT(lf_buffer_origin(buf, &origin), LF_OK);
     CHECK(origin == LF_ORIGIN_IMPORTED);
-    /* A received buffer is a view of the producer's arena: described as exported, no fd made. */
-    check_describe(buf);
+    /* A received buffer is a view of the producer's arena: described without a descriptor. */
+    {
+        lf_export described;
+        EXPECT(lf_buffer_describe(buf, &described), LF_OK);
+        CHECK(described.fd == -1 && described.magic == LF_EXPORT_MAGIC && described.size == m->len);
+        CHECK(described.offset + described.size <= described.arena_size && described.location == location_of(k));
+    }
 
     /* Read through the lent buffer. */
     memset(bytes, 0, REGION);
