@@ -321,6 +321,79 @@ fn a_producer_learns_that_its_consumer_closed() {
     });
 }
 
+/// The bytes of the CUDA test's allocation: a pattern no two nearby offsets share.
+fn cuda_pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4093) as u8).collect()
+}
+
+/// CUDA memory the application allocated (`cuMemAlloc`) goes to a consumer on another host:
+/// copied through host memory over MPI (no process there opens it), every byte right, large
+/// messages in pieces; the report says so, and a ready value is refused naming the way out.
+/// Skipped (both ranks) where rank 0 has no CUDA device.
+#[test]
+fn cuda_memory_is_staged_to_another_host() {
+    under_mpirun("cuda_memory_is_staged_to_another_host", |world| {
+        const LEN: usize = 5 << 20;
+        // (offset, length) of each message in the allocation: a short one, one over the inline
+        // limit, and one the carrier sends in pieces.
+        const SENDS: [(usize, usize); 3] = [(3, 100), (4096, (1 << 20) + 17), (1, LEN - 1)];
+        let context = Context::new(ContextConfig::default()).unwrap();
+        let (mine, peer) = ends(world);
+        if world.rank() == 1 {
+            let mut c = Consumer::create(&context, "cuda-staged", &mine, &peer, &config()).unwrap();
+            let first = c.recv_timeout(Duration::from_secs(60)).unwrap();
+            if &*first == b"no CUDA" {
+                println!("skipped: rank 0 has no CUDA device");
+                return;
+            }
+            drop(first);
+            let pattern = cuda_pattern(LEN);
+            for (offset, len) in SENDS {
+                let m = c.recv_timeout(Duration::from_secs(60)).unwrap();
+                assert!(*m == pattern[offset..offset + len], "{len} bytes from offset {offset}");
+            }
+            return;
+        }
+        let mut p = Producer::create(&context, "cuda-staged", &mine, &peer, &config()).unwrap();
+        let driver = lava_flow_cuda::driver().ok().filter(|d| d.device_count().unwrap_or(0) > 0);
+        let Some(driver) = driver else {
+            p.send(b"no CUDA").unwrap();
+            p.wait_completed(0, Some(Duration::from_secs(60))).unwrap();
+            return;
+        };
+        let reason = p.transport().reason.clone();
+        assert!(reason.contains("CUDA memory: staged through host memory over mpi"), "{reason}");
+        let device = driver.device(0).unwrap();
+        let mut cuda_context = std::ptr::null_mut();
+        let mut memory = 0;
+        let pattern = cuda_pattern(LEN);
+        // SAFETY: valid out-pointers; device 0's primary context, retained for the process's
+        // life and made current; `LEN` bytes allocated and written from `pattern`.
+        unsafe {
+            driver.device_primary_ctx_retain(&mut cuda_context, device).unwrap();
+            driver.ctx_set_current(cuda_context).unwrap();
+            driver.mem_alloc(&mut memory, LEN).unwrap();
+            driver.memcpy_htod(memory, pattern.as_ptr().cast(), LEN).unwrap();
+        }
+        // SAFETY: CUDA device memory of this process, freed only at the end.
+        let buffer = unsafe { context.register(memory as usize as *mut u8, LEN) }.unwrap();
+        assert_eq!(buffer.cuda().expect("CUDA memory").base, memory);
+        p.send(b"CUDA").unwrap();
+        match p.send_buffer_after(&buffer, 0, 64, 1, None) {
+            Err(Error::Unsupported(m)) => assert!(m.contains("cannot wait for a ready value"), "{m}"),
+            other => panic!("a ready value on CUDA memory staged to another host: {other:?}"),
+        }
+        let mut last = 0;
+        for (offset, len) in SENDS {
+            last = p.send_buffer(&buffer, offset, len).unwrap();
+        }
+        p.wait_completed(last, Some(Duration::from_secs(60))).unwrap();
+        drop(buffer);
+        // SAFETY: the allocation made above; every message from it is complete.
+        unsafe { driver.mem_free(memory) }.unwrap();
+    });
+}
+
 /// This process's location and its peer's (the other rank).
 fn ends(world: &MpiWorld) -> (lava_flow::ProcessLocation, lava_flow::ProcessLocation) {
     let other = 1 - world.rank();

@@ -8,7 +8,8 @@ use super::fan_out::FanOut;
 use super::peers::{ChannelKind, Peer, PeerState};
 use super::routes::SenderTable;
 use super::transport::{
-    MemoryKind, Packed, Payload, PayloadMemory, ProducerTransport, RawLoan, RouteSender, SharedRegion, TransportInfo,
+    MemoryKind, Packed, Payload, PayloadClass, PayloadMemory, ProducerTransport, RawLoan, Route, RouteSender,
+    SharedRegion, TransportInfo,
 };
 use super::transports::{self, AnyProducer, AnyRouteSender};
 use super::{
@@ -51,6 +52,11 @@ pub struct Producer {
 /// How many recent copied buffer sends the producer remembers as complete; an older one is
 /// waited for as any message (its release comes soon after).
 const COPIED_AT_SEND: usize = 64;
+
+/// The report's line for CUDA memory on a channel to another host.
+const CUDA_OVER_MPI: &str = "CUDA memory: staged through host memory over mpi (no process on another host opens \
+                             it: each message is copied from the device into the carrier as it goes, any kind of \
+                             CUDA memory, the work that writes it done first)";
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,6 +127,9 @@ impl Producer {
         let routes = SenderTable::new(routes);
         let mut info = info;
         routes.report_into(&mut info);
+        if info.kind == transports::MPI && !info.routes.iter().any(|r| r.class == PayloadClass::Cuda) {
+            info.set_route(Route { class: PayloadClass::Cuda, kind: transports::MPI, reason: CUDA_OVER_MPI.into() });
+        }
         Producer {
             transport: carrier,
             fan_out: None,
@@ -615,6 +624,9 @@ impl Producer {
         timeout: Option<Duration>,
     ) -> Result<u64> {
         use crate::memory::CudaMemoryKind;
+        if self.fan_out.is_none() && self.routes.get(MemoryKind::Cuda).is_none() && self.info.kind == transports::MPI {
+            return self.send_cuda_staged(pointer, offset, len, ready_value, timeout);
+        }
         if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm) {
             return Err(Error::Unsupported(crate::channels::transports::cuda_ipc::refusal(pointer.kind, buffer.id())));
         }
@@ -628,7 +640,7 @@ impl Producer {
                 None => match crate::channels::transports::cuda_ipc::Offer::new() {
                     Err(why) => why,
                     Ok(_) => format!(
-                        "the channel has no CUDA route: its consumer is on another host, or a thread of this process \
+                        "the channel has no CUDA route: its consumer is a thread of this process \
                          (loopback: hand it the pointer itself), cuda_ipc is not among the transports it allows \
                          (LF_TRANSPORTS, or the channel's transports), or this process first used CUDA after it created \
                          the channel (create the channel after that) ({})",
@@ -647,6 +659,34 @@ impl Producer {
         let payload =
             Payload { memory: PayloadMemory::Buffer(buffer), kind: MemoryKind::Cuda, offset, len, ready_value };
         self.send_payload(&payload, timeout)
+    }
+
+    /// CUDA memory to a consumer on another host (the MPI carrier), which no process there
+    /// can open: its bytes copied from the device into the message as it goes, piece by piece
+    /// where the carrier sends a large message in pieces. Any kind of CUDA memory: the copy
+    /// reads it in this process. The work that writes it must be done, as for any send of CUDA
+    /// memory (the copy waits for the legacy default stream only).
+    fn send_cuda_staged(
+        &mut self,
+        pointer: crate::memory::CudaPointer,
+        offset: usize,
+        len: usize,
+        ready_value: u64,
+        timeout: Option<Duration>,
+    ) -> Result<u64> {
+        if ready_value != 0 {
+            return Err(Error::Unsupported(format!(
+                "channel {:?} copies CUDA memory through host memory to its consumer on another host, so it cannot                  wait for a ready value: synchronise the work that writes it (cudaStreamSynchronize) and send it                  without one (lf_send_buffer)",
+                self.name
+            )));
+        }
+        let loan = self.loan_raw(len, timeout)?;
+        // SAFETY: the loan was just lent by loan_raw and is outstanding.
+        unsafe {
+            self.transport.publish_filled(loan, len, &mut |start, piece| {
+                crate::memory::cuda::copy_to_host(&pointer, offset + start, piece)
+            })
+        }
     }
 
     /// A GPU buffer of lava-flow's: by reference through the route for its memory, or staged

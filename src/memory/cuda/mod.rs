@@ -22,6 +22,9 @@ use lava_flow_cuda::Driver;
 
 use crate::error::Result;
 
+mod copy;
+pub(crate) use copy::copy_to_host;
+
 /// How CUDA memory was allocated: what decides how another process can reach it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CudaMemoryKind {
