@@ -667,11 +667,13 @@ pub struct Payload<'a> {
 pub struct PeerHolds {
     /// `None` once the consumer died: nothing is held for it any more.
     held: Mutex<Option<HashMap<u64, Arc<dyn Any + Send + Sync>>>>,
+    /// What the routes do for the consumer when it dies (`None` once it did).
+    at_death: Mutex<Option<Vec<Box<dyn FnOnce() + Send>>>>,
 }
 
 impl Default for PeerHolds {
     fn default() -> PeerHolds {
-        PeerHolds { held: Mutex::new(Some(HashMap::new())) }
+        PeerHolds { held: Mutex::new(Some(HashMap::new())), at_death: Mutex::new(Some(Vec::new())) }
     }
 }
 
@@ -702,12 +704,30 @@ impl PeerHolds {
         drop(released);
     }
 
-    /// The consumer died: lets go of everything held for it, now and from now on.
+    /// Runs `f` when the consumer dies (at once if it has): what a route owes the producer's
+    /// other work in the consumer's stead.
+    pub fn on_death(&self, f: Box<dyn FnOnce() + Send>) {
+        let mut at_death = self.at_death.lock();
+        match at_death.as_mut() {
+            Some(pending) => pending.push(f),
+            None => {
+                drop(at_death);
+                f();
+            }
+        }
+    }
+
+    /// The consumer died: lets go of everything held for it, now and from now on, and runs
+    /// what the routes do then.
     pub fn consumer_died(&self) {
         let mut held = self.held.lock();
         // Under the lock, so that a second caller (the carrier's own look, racing the
         // watcher's report) returns only once everything is let go of.
         drop(held.take());
+        let mut at_death = self.at_death.lock();
+        for f in at_death.take().into_iter().flatten() {
+            f();
+        }
     }
 }
 

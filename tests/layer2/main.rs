@@ -23,6 +23,8 @@ mod fan_out;
 mod fan_out_gpu;
 #[cfg(feature = "vulkan")]
 mod gpu;
+#[cfg(feature = "vulkan")]
+mod gpu_release;
 mod hostile;
 mod leaks;
 mod peer_death;

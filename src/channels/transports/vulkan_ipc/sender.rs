@@ -191,11 +191,26 @@ impl Offer {
             info.name,
             format_uuid(&info.device_uuid)
         );
+        let released = released.map(Arc::new);
+        let released_due = Arc::new(AtomicU64::new(0));
+        if let Ok(released) = &released {
+            // A consumer that dies owes the producer's GPU work the values of the messages it
+            // held (it may have released them with a signal on its GPU still to come): the
+            // producer signals them itself, so that no stream waits for a dead process.
+            let (released, due) = (Arc::clone(released), Arc::clone(&released_due));
+            holds.on_death(Box::new(move || {
+                let value = due.load(Ordering::Acquire);
+                if value > released.value().unwrap_or(u64::MAX) {
+                    let _ = released.signal(value);
+                }
+            }));
+        }
         Ok(Sender {
             route: Route { class: PayloadClass::Gpu, kind: super::ID, reason },
             device: self.device,
             semaphore,
             released,
+            released_due,
             arenas: HashMap::new(),
             holds,
             generations: Vec::new(),
@@ -225,7 +240,10 @@ pub(crate) struct Sender {
     device: VulkanDevice,
     semaphore: Option<Arc<TimelineSemaphore>>,
     /// The semaphore the consumer signals as it lets go of GPU messages, or why there is none.
-    released: std::result::Result<TimelineSemaphore, String>,
+    released: std::result::Result<Arc<TimelineSemaphore>, String>,
+    /// The released value that covers every GPU message sent so far (the last one's sequence
+    /// number + 1): what the producer signals itself if the consumer dies.
+    released_due: Arc<AtomicU64>,
     arenas: HashMap<ArenaId, SentArena>,
     /// The arenas the consumer may read, by slot, kept alive until it released every message
     /// into them, or died.
@@ -406,6 +424,9 @@ impl RouteSender for Sender {
     fn sent(&mut self, seq: u64) {
         if let Some((_, slot, _)) = self.last {
             self.last_seqs[slot as usize] = seq;
+        }
+        if self.released.is_ok() {
+            self.released_due.store(seq + 1, Ordering::Release);
         }
     }
 
