@@ -668,8 +668,11 @@ pub struct PeerHolds {
     /// `None` once the consumer died: nothing is held for it any more.
     held: Mutex<Option<HashMap<u64, Arc<dyn Any + Send + Sync>>>>,
     /// What the routes do for the consumer when it dies (`None` once it did).
-    at_death: Mutex<Option<Vec<Box<dyn FnOnce() + Send>>>>,
+    at_death: Mutex<Option<Vec<AtDeath>>>,
 }
+
+/// What a route does for its consumer when the consumer dies.
+pub type AtDeath = Box<dyn FnOnce() + Send>;
 
 impl Default for PeerHolds {
     fn default() -> PeerHolds {
@@ -706,7 +709,7 @@ impl PeerHolds {
 
     /// Runs `f` when the consumer dies (at once if it has): what a route owes the producer's
     /// other work in the consumer's stead.
-    pub fn on_death(&self, f: Box<dyn FnOnce() + Send>) {
+    pub fn on_death(&self, f: AtDeath) {
         let mut at_death = self.at_death.lock();
         match at_death.as_mut() {
             Some(pending) => pending.push(f),
