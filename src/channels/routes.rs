@@ -102,8 +102,10 @@ impl<R: RouteReceiver> ReceiverTable<R> {
             route.new_session(session.id(), offer)?;
             if route.reported() {
                 routes.push(route.route(carrier));
+                routes.extend(route.second_route(carrier));
             }
         }
+        settle_gpu_lines(&mut routes, carrier);
         Ok(routes)
     }
 
@@ -175,6 +177,20 @@ impl<R: RouteReceiver> ReceiverTable<R> {
             }
         }
     }
+}
+
+/// Keeps one line for GPU buffers among a report's `lines` where a route takes them by
+/// reference (a line whose transport is not the carrier's): the first such, in the table's
+/// order of preference; the lines of routes that stage them are left out then.
+pub(crate) fn settle_gpu_lines(lines: &mut Vec<Route>, carrier: TransportId) {
+    use super::transport::PayloadClass;
+    let Some(first) = lines.iter().position(|r| r.class == PayloadClass::Gpu && r.kind != carrier) else { return };
+    let mut at = 0;
+    lines.retain(|r| {
+        let keep = r.class != PayloadClass::Gpu || at == first;
+        at += 1;
+        keep
+    });
 }
 
 /// The error of a routed view that names no route of the channel, or a descriptor too long.

@@ -427,6 +427,7 @@ forward_impl!(forward_route: impl RouteSender for AnyRouteSender {
     #[inline]
     fn route_id(&self) -> u32;
     fn route(&self) -> &Route;
+    fn second_route(&self) -> Option<&Route>;
     #[inline]
     fn serves(&self, kind: MemoryKind) -> bool;
     #[inline]
@@ -442,6 +443,7 @@ forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
     fn route_id(&self) -> u32;
     fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()>;
     fn route(&self, carrier: TransportId) -> Route;
+    fn second_route(&self, carrier: TransportId) -> Option<Route>;
     fn reported(&self) -> bool;
     fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>);
     fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;

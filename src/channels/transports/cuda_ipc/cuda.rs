@@ -15,11 +15,11 @@ use lava_flow_cuda::sys::{
 };
 use lava_flow_cuda::Driver;
 
-use super::wire::{Announce, MEMORY_LEGACY};
+use super::wire::{is_arena, Announce, MEMORY_LEGACY};
 use crate::error::{Error, Result};
 use crate::memory::CudaPointer;
 
-fn cuda_error(e: lava_flow_cuda::Error) -> Error {
+pub(super) fn cuda_error(e: lava_flow_cuda::Error) -> Error {
     Error::Unsupported(e.to_string())
 }
 
@@ -42,6 +42,16 @@ impl PrimaryContext {
         // SAFETY: a valid out-pointer and a device the driver just gave.
         unsafe { driver.device_primary_ctx_retain(&mut context, device) }.map_err(cuda_error)?;
         Ok(PrimaryContext { driver, device, context })
+    }
+
+    /// This process's ordinal of the context's device.
+    pub(crate) fn ordinal(&self) -> i32 {
+        self.device
+    }
+
+    /// The context's handle, alive while this lives.
+    pub(crate) fn raw(&self) -> CUcontext {
+        self.context
     }
 
     /// Runs `f` with the context current on this thread, as it was before afterwards.
@@ -159,8 +169,26 @@ pub(crate) trait Mapping: Send + Sync {
 
 /// Opens producers' allocations: the CUDA driver, or a test's stand-in.
 pub(crate) trait Opener: Send + Sync {
-    /// Opens `allocation` (with its fd for a VMM piece) on this process's device `device`.
+    /// Opens `allocation` (with its fd for a VMM piece or an arena) on this process's device
+    /// `device`.
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
+
+    /// This process's ordinal of the CUDA device current on this thread, if any.
+    fn current_device(&self) -> Option<i32> {
+        None
+    }
+
+    /// Whether device `device`'s work reaches memory of device `peer` directly.
+    fn peer_path(&self, _device: i32, _peer: i32) -> bool {
+        true
+    }
+
+    /// Lets device `device`'s primary context reach memory of device `peer` (which holds an
+    /// open import): `Ok(false)` where that context is not active (the application does not
+    /// use the GPU through CUDA), and none is made.
+    fn enable_peer_access(&self, _device: i32, _peer: i32) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// Opens allocations through the CUDA driver, in each device's primary context (retained
@@ -241,8 +269,28 @@ impl Drop for VmmImport {
 }
 
 impl Opener for DriverOpener {
+    fn current_device(&self) -> Option<i32> {
+        super::arena::current_device()
+    }
+
+    fn peer_path(&self, device: i32, peer: i32) -> bool {
+        super::arena::peer_path(device, peer)
+    }
+
+    fn enable_peer_access(&self, device: i32, peer: i32) -> Result<bool> {
+        if !super::arena::primary_active(device) {
+            return Ok(false);
+        }
+        let (from, to) = (self.context(device)?, self.context(peer)?);
+        super::arena::enable_peer_access(&from, &to)
+    }
+
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
         let context = self.context(device)?;
+        if is_arena(allocation.memory) {
+            let fd = fd.ok_or_else(|| Error::Corrupt("a GPU buffer's arena came without its fd".into()))?;
+            return super::arena::open(context, allocation, fd);
+        }
         if allocation.memory == MEMORY_LEGACY {
             let handle = CUipcMemHandle { reserved: allocation.ipc_handle };
             let address = context.with(|driver| {
