@@ -13,6 +13,8 @@ mod backpressure;
 mod blocked;
 mod buffers;
 mod cuda_ipc;
+#[cfg(feature = "vulkan")]
+mod cuda_peer;
 mod delivery;
 mod fan_in;
 #[cfg(feature = "vulkan")]

@@ -137,7 +137,11 @@ impl Drop for ArenaImport {
 
 /// Imports the arena `allocation` announces (its opaque fd `fd`, which stays the caller's) in
 /// `context`, the primary context of the device that holds it, mapped whole.
-pub(super) fn open(context: Arc<PrimaryContext>, allocation: &Announce, fd: BorrowedFd<'_>) -> Result<Box<dyn Mapping>> {
+pub(super) fn open(
+    context: Arc<PrimaryContext>,
+    allocation: &Announce,
+    fd: BorrowedFd<'_>,
+) -> Result<Box<dyn Mapping>> {
     let size = allocation.size;
     // CUDA takes the fd it imports; the slot keeps its own, to import again after the cache
     // closed this import.
@@ -166,7 +170,9 @@ pub(super) fn open(context: Arc<PrimaryContext>, allocation: &Announce, fd: Borr
         if let Err(e) = unsafe { driver.external_memory_get_mapped_buffer(&mut address, memory, &buffer) } {
             // SAFETY: the import just made, destroyed once.
             let _ = unsafe { driver.destroy_external_memory(memory) };
-            return Err(cuda_error(e.context(format!("cuExternalMemoryGetMappedBuffer of a {size}-byte Vulkan arena"))));
+            return Err(cuda_error(
+                e.context(format!("cuExternalMemoryGetMappedBuffer of a {size}-byte Vulkan arena")),
+            ));
         }
         Ok((memory, address))
     })?;

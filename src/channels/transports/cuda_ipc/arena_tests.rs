@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::cuda::{Mapping, Opener};
 use super::receiver::Receiver;
 use super::wire::{
-    AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, MEMORY_ARENA, MEMORY_ARENA_DEDICATED,
-    OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
+    AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, MEMORY_ARENA, MEMORY_ARENA_DEDICATED, OFFER_ARENAS,
+    OFFER_NO_CUDA_MEMORY,
 };
 use super::{arena, ID, ROUTE_ID};
 use crate::channels::transport::{Attachment, PayloadClass, RouteReceiver, TransportId};
@@ -133,7 +133,11 @@ fn an_arena_is_imported_once_reached_from_the_gpu_in_use_and_closed_when_forgott
     r.new_session(1, Some(offer(GPUS[0]))).unwrap();
     let route = r.route(CARRIER);
     assert_eq!((route.class, route.kind), (PayloadClass::Gpu, ID), "{}", route.reason);
-    assert!(route.reason.contains("by reference on GPU 0") && route.reason.contains("peer access from GPU 1"), "{}", route.reason);
+    assert!(
+        route.reason.contains("by reference on GPU 0 (") && route.reason.contains("peer access from GPU 1"),
+        "{}",
+        route.reason
+    );
     assert!(r.second_route(CARRIER).is_none(), "a producer without CUDA has no CUDA memory to report");
 
     announce(&mut r, 0, arena(7, GPUS[0]), vec![some_fd()]).unwrap();
@@ -215,8 +219,13 @@ fn the_sender_announces_a_gpu_buffer_s_arena_once() {
     let (gpu, start) = buffer.gpu_region().unwrap();
     let (arena_id, in_arena) = (gpu.arena_id(), gpu.offset() + start);
     let mut pack = |buffer: &crate::memory::Buffer, ready_value: u64, completed: u64, seq: u64| {
-        let payload =
-            Payload { memory: PayloadMemory::Buffer(buffer), kind: MemoryKind::Vulkan, offset: 512, len: 1024, ready_value };
+        let payload = Payload {
+            memory: PayloadMemory::Buffer(buffer),
+            kind: MemoryKind::Vulkan,
+            offset: 512,
+            len: 1024,
+            ready_value,
+        };
         let route = table.for_kind(MemoryKind::Vulkan).expect("the route serves GPU buffers");
         let mut out = Packed::default();
         route.pack(&payload, completed, &mut out)?;
@@ -231,7 +240,10 @@ fn the_sender_announces_a_gpu_buffer_s_arena_once() {
     match AllocationRecord::decode(&attachment.bytes, 1).unwrap() {
         AllocationRecord::Announce { allocation: a, .. } => {
             assert!(a.memory == MEMORY_ARENA || a.memory == MEMORY_ARENA_DEDICATED);
-            assert_eq!((a.base, a.buffer_id, a.device_uuid, a.device_ordinal), (arena_id.token, arena_id.counter, uuid, -1));
+            assert_eq!(
+                (a.base, a.buffer_id, a.device_uuid, a.device_ordinal),
+                (arena_id.token, arena_id.counter, uuid, -1)
+            );
             assert!(a.size >= in_arena + 1 << 16, "the whole arena: {}", a.size);
         }
         other => panic!("{other:?}"),

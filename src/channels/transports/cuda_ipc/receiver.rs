@@ -328,7 +328,7 @@ impl Receiver {
         let others: Vec<String> = self.used.iter().filter(|&&u| u != n).map(|u| format!("GPU {u}")).collect();
         if n >= 32 || self.arena_mask & (1 << n) == 0 {
             return Some(staged(format!(
-                "cuda_ipc: no peer path from {} (which this process uses) to the producer's GPU {n} {}",
+                "cuda_ipc: no peer path from {} (which this process uses) to the producer's GPU {n} ({})",
                 others.join(" and "),
                 format_uuid(&uuid)
             )));
@@ -342,7 +342,8 @@ impl Receiver {
             class: PayloadClass::Gpu,
             kind: ID,
             reason: format!(
-                "GPU buffers: cuda_ipc, by reference on GPU {n} {}{access}: each arena imported into CUDA once, \
+                "GPU buffers: cuda_ipc, by reference on GPU {n} ({}, the producer's){access}: each arena imported \
+                 into CUDA once, \
                  messages are CUDA memory (lf_message_cuda_ptr); host-side synchronisation (buffers are complete \
                  when sent)",
                 format_uuid(&uuid)
@@ -426,10 +427,9 @@ impl RouteReceiver for Receiver {
             self.producer_cuda = section.flags & OFFER_NO_CUDA_MEMORY == 0;
             if section.flags & OFFER_ARENAS != 0 {
                 let [uuid] = section.devices[..] else {
-                    return Err(self.corrupt(format!(
-                        "offers GPU buffers of {} devices, not one",
-                        section.devices.len()
-                    )));
+                    return Err(
+                        self.corrupt(format!("offers GPU buffers of {} devices, not one", section.devices.len()))
+                    );
                 };
                 self.producer_arenas = Some(uuid);
             }
@@ -508,7 +508,10 @@ impl RouteReceiver for Receiver {
                         format_uuid(&allocation.device_uuid)
                     )));
                 }
-                debug_assert!(fd.is_some() == (allocation.memory != super::wire::MEMORY_LEGACY), "decode checked the fds");
+                debug_assert!(
+                    fd.is_some() == (allocation.memory != super::wire::MEMORY_LEGACY),
+                    "decode checked the fds"
+                );
                 let index = slot as usize;
                 if self.slots.len() <= index {
                     self.slots.resize_with(index + 1, || None);

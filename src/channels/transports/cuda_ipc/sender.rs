@@ -493,7 +493,10 @@ impl Sender {
             )));
         };
         let PayloadMemory::Buffer(buffer) = payload.memory else {
-            return Err(Error::Unsupported(format!("the cuda_ipc route sends lava-flow's GPU buffers, not {}", payload.kind)));
+            return Err(Error::Unsupported(format!(
+                "the cuda_ipc route sends lava-flow's GPU buffers, not {}",
+                payload.kind
+            )));
         };
         // Allocated here (a view of such a buffer too): a received buffer is the producer's.
         let Some((gpu, start)) = buffer.gpu_region().filter(|_| buffer.origin() == BufferOrigin::Allocated) else {

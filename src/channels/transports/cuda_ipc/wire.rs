@@ -389,7 +389,8 @@ mod tests {
         assert!(matches!(Section::decode(&beyond.encode(), "consumer"), Err(Error::Corrupt(_))));
         let encoded = answer.encode();
         assert!(matches!(Section::decode(&encoded[..encoded.len() - 2], "consumer"), Err(Error::Corrupt(_))));
-        let offer = Section { flags: OFFER_NO_CUDA_MEMORY | OFFER_ARENAS, devices: vec![[1; 16]], ..Section::default() };
+        let offer =
+            Section { flags: OFFER_NO_CUDA_MEMORY | OFFER_ARENAS, devices: vec![[1; 16]], ..Section::default() };
         assert_eq!(Section::decode(&offer.encode(), "producer").unwrap(), offer);
     }
 
