@@ -48,7 +48,10 @@ impl ArenaDevice {
                 return None;
             }
             // The test hooks' consumer pretends to have one CUDA device: this one.
+            #[cfg(feature = "test-hooks")]
             let uuid = if super::fake() { super::fake::UUID } else { info.device_uuid };
+            #[cfg(not(feature = "test-hooks"))]
+            let uuid = info.device_uuid;
             Some(ArenaDevice { uuid, name: info.name.clone(), device: device.clone() })
         }
         #[cfg(not(feature = "vulkan"))]
