@@ -75,6 +75,9 @@ impl ReceiverFactory {
     }
 }
 
+/// Why the consumer declined what a route would have served, per class of payload.
+type Refusals = Vec<(PayloadClass, String)>;
+
 /// A route's offer before the peer answered.
 enum AnyOffer {
     #[cfg(feature = "vulkan")]
@@ -115,7 +118,7 @@ impl AnyOffer {
         name: &str,
         answers: &mut Vec<Attachment>,
         holds: &Arc<PeerHolds>,
-    ) -> Result<(Option<AnyRouteSender>, Vec<(PayloadClass, String)>)> {
+    ) -> Result<(Option<AnyRouteSender>, Refusals)> {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => {

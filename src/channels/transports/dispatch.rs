@@ -196,6 +196,8 @@ pub(crate) enum AnyRouteSender {
 }
 
 /// The receiving half of a route.
+// A few per channel, made once: boxing the built ones would cost an indirection per message.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyRouteReceiver {
     #[cfg(feature = "vulkan")]
     VulkanIpc(vulkan_ipc::Receiver),

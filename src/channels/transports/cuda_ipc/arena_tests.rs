@@ -244,7 +244,7 @@ fn the_sender_announces_a_gpu_buffer_s_arena_once() {
                 (a.base, a.buffer_id, a.device_uuid, a.device_ordinal),
                 (arena_id.token, arena_id.counter, uuid, -1)
             );
-            assert!(a.size >= in_arena + 1 << 16, "the whole arena: {}", a.size);
+            assert!(a.size >= in_arena + (1 << 16), "the whole arena: {}", a.size);
         }
         other => panic!("{other:?}"),
     }

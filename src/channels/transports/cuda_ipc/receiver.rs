@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use super::cuda::{Mapping, Opener};
 use super::wire::{
-    is_arena, AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_SLOTS, MEMORY_VMM,
-    OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
+    is_arena, AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_SLOTS, OFFER_ARENAS,
+    OFFER_NO_CUDA_MEMORY,
 };
 use super::{format_uuid, format_uuids, ID, ROUTE_ID};
 use crate::channels::transport::{
@@ -381,7 +381,7 @@ impl Receiver {
     fn vulkan_import(&self, index: usize) -> Result<Option<VulkanImport>> {
         let slot = self.slots[index].as_ref().expect("the caller found it");
         let (Some(importer), Some(fd)) = (&self.vulkan, &slot.fd) else { return Ok(None) };
-        if slot.allocation.memory != MEMORY_VMM {
+        if slot.allocation.memory != super::wire::MEMORY_VMM {
             // (A GPU buffer's arena on this process's own Vulkan device goes by vulkan_ipc,
             // where it is allowed.)
             return Ok(None);

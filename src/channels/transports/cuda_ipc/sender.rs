@@ -277,6 +277,7 @@ impl Sender {
     }
 
     /// A free slot for a new allocation (its generation is bumped once it is announced).
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     fn take_slot(&mut self) -> Result<u32> {
         match self.free_slots.pop() {
             Some(slot) => Ok(slot),
