@@ -29,6 +29,7 @@ struct Peers {
     current: Option<i32>,
     paths: Vec<(i32, i32)>,
     enabled: Mutex<Vec<(i32, i32)>>,
+    granted: Arc<Mutex<Vec<i32>>>,
     opened: AtomicUsize,
     closed: Arc<AtomicUsize>,
 }
@@ -36,6 +37,7 @@ struct Peers {
 struct Import {
     address: u64,
     device: i32,
+    granted: Arc<Mutex<Vec<i32>>>,
     closed: Arc<AtomicUsize>,
 }
 
@@ -45,6 +47,10 @@ impl Mapping for Import {
     }
     fn device(&self) -> i32 {
         self.device
+    }
+    fn grant(&self, device: i32) -> crate::Result<()> {
+        self.granted.lock().push(device);
+        Ok(())
     }
 }
 
@@ -59,7 +65,7 @@ impl Opener for Peers {
         assert!(fd.is_some(), "an arena comes with its fd");
         self.opened.fetch_add(1, Ordering::Relaxed);
         let address = 0x5000_0000_0000 + (allocation.buffer_id << 24);
-        Ok(Box::new(Import { address, device, closed: Arc::clone(&self.closed) }))
+        Ok(Box::new(Import { address, device, granted: Arc::clone(&self.granted), closed: Arc::clone(&self.closed) }))
     }
     fn current_device(&self) -> Option<i32> {
         self.current
@@ -149,6 +155,7 @@ fn an_arena_is_imported_once_reached_from_the_gpu_in_use_and_closed_when_forgott
     drop(r.resolve(1, &descriptor).unwrap().unwrap());
     assert_eq!(peers.opened.load(Ordering::Relaxed), 1, "imported once");
     assert_eq!(*peers.enabled.lock(), [(1, 0)], "GPU 1's context reaches GPU 0's memory");
+    assert_eq!(*peers.granted.lock(), [1], "and GPU 1 was let into the import's mapping");
 
     let forget = AllocationRecord::Forget { slot: 0, generation: 1 }.encode();
     r.attach(Attachment::new(ROUTE_ID, forget), 2).unwrap();

@@ -167,6 +167,11 @@ pub(crate) fn export_vmm(pointer: &CudaPointer) -> Result<(Retained, OwnedFd)> {
 pub(crate) trait Mapping: Send + Sync {
     fn address(&self) -> u64;
     fn device(&self) -> i32;
+    /// Lets this process's device `device` (another than the one that holds the memory, with a
+    /// peer path to it) read and write the mapping, where the mapping needs that said.
+    fn grant(&self, _device: i32) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens producers' allocations: the CUDA driver, or a test's stand-in.
@@ -252,6 +257,18 @@ impl Mapping for VmmImport {
     }
     fn device(&self) -> i32 {
         self.context.device
+    }
+    fn grant(&self, device: i32) -> Result<()> {
+        let access = CUmemAccessDesc {
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let (address, size) = (self.address, self.size);
+        self.context.with(|driver| {
+            // SAFETY: the range `open` mapped; a valid access descriptor for one device.
+            unsafe { driver.mem_set_access(address, size, &access, 1) }
+                .map_err(|e| cuda_error(e.context(format!("cuMemSetAccess of a CUDA VMM piece for device {device}"))))
+        })
     }
 }
 

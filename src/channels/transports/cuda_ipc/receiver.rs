@@ -299,6 +299,14 @@ impl Receiver {
             vulkan,
         });
         let device = self.slots[index].as_ref().expect("found above").device;
+        // A VMM piece's mapping is reached only by the devices granted access to it.
+        for &from in self.used.iter().filter(|&&u| u != device) {
+            if self.opener.peer_path(from, device) {
+                if let Err(e) = import.mapping.grant(from) {
+                    log::warn!("the producer's memory on CUDA device {device} is not reached from device {from}: {e}");
+                }
+            }
+        }
         self.slots[index].as_mut().expect("found above").open = Some(import);
         self.open += 1;
         self.opened += 1;

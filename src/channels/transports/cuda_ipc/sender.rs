@@ -476,7 +476,11 @@ impl RouteSender for Sender {
     }
 
     fn ready_semaphore(&self) -> Result<OwnedFd> {
-        Err(Error::Unsupported("the cuda_ipc route synchronises on the host: CUDA memory is complete when sent".into()))
+        Err(Error::Unsupported(
+            "the cuda_ipc route synchronises on the host: CUDA memory and the GPU buffers it carries are complete \
+             when sent"
+                .into(),
+        ))
     }
 }
 
