@@ -12,8 +12,8 @@ use super::vulkan_ipc;
 use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession};
 use crate::channels::peers::Arrivals;
 use crate::channels::transport::{
-    Attachment, ConsumerSession, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver, RouteSender,
-    TransportInfo,
+    Attachment, ConsumerSession, MemoryKind, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver,
+    RouteSender, TransportInfo,
 };
 use crate::channels::{ChannelConfig, ChannelKind};
 use crate::error::{Error, Result};
@@ -252,14 +252,21 @@ fn accept_routes(
         }
     }
     // GPU buffers go by vulkan_ipc where it was accepted (the same GPU), and only elsewhere by
-    // cuda_ipc: the table takes the first route that serves a kind.
-    routes.sort_by_key(|r| r.route_id() == cuda_ipc::ROUTE_ID);
+    // cuda_ipc, which then keeps to CUDA memory (or goes, where the producer has none).
+    if routes.iter().any(|r| r.route_id() != cuda_ipc::ROUTE_ID && r.serves(MemoryKind::Vulkan)) {
+        routes = routes
+            .into_iter()
+            .filter_map(|r| match r {
+                AnyRouteSender::CudaIpc(sender) => sender.without_gpu_buffers().map(AnyRouteSender::CudaIpc),
+                other => Some(other),
+            })
+            .collect();
+    }
     let mut lines: Vec<Route> = Vec::new();
     for route in &routes {
         lines.push(route.route().clone());
         lines.extend(route.second_route().cloned());
     }
-    crate::channels::routes::settle_gpu_lines(&mut lines, carrier_route.kind);
     let gpu_routed = lines.iter().any(|r| r.class == PayloadClass::Gpu);
     let mut plan = plan.clone();
     if !gpu_routed && !refusals.is_empty() {

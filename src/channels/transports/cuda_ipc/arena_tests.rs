@@ -218,6 +218,17 @@ fn the_sender_announces_a_gpu_buffer_s_arena_once() {
     };
     let uuid = device.uuid;
     let holds = Arc::new(PeerHolds::default());
+    // Where vulkan_ipc takes GPU buffers (the same GPU), this route keeps to CUDA memory, or
+    // goes where the producer has none.
+    let both = super::Sender::new(vec![uuid], true, Some(device.clone()), Arc::clone(&holds), super::exporter());
+    assert_eq!(both.second_route().map(|l| l.class), Some(PayloadClass::Gpu));
+    let cuda_only = both.without_gpu_buffers().expect("it sends CUDA memory");
+    assert!(cuda_only.serves(MemoryKind::Cuda) && !cuda_only.serves(MemoryKind::Vulkan));
+    assert!(cuda_only.second_route().is_none());
+    let arenas_only =
+        super::Sender::new(vec![uuid], false, Some(device.clone()), Arc::clone(&holds), super::exporter());
+    assert!(arenas_only.without_gpu_buffers().is_none());
+
     let sender = super::Sender::new(vec![uuid], false, Some(device), Arc::clone(&holds), super::exporter());
     assert!(sender.serves(MemoryKind::Vulkan) && !sender.serves(MemoryKind::Cuda));
     assert_eq!(sender.route().class, PayloadClass::Gpu, "{}", sender.route().reason);

@@ -223,6 +223,18 @@ impl Sender {
         }
     }
 
+    /// The same route for CUDA memory alone (another route takes GPU buffers to this consumer),
+    /// or `None` where the producer sends no CUDA memory: nothing is left for it.
+    pub(crate) fn without_gpu_buffers(mut self) -> Option<Sender> {
+        if !self.cuda {
+            return None;
+        }
+        if self.arenas.take().is_some() {
+            self.second = None;
+        }
+        Some(self)
+    }
+
     /// Lets go of allocations the application let go of and whose messages are all released,
     /// telling the consumer to close its imports; frees the slots of forgotten ones.
     fn sweep(&mut self, completed: u64, attachments: &mut Vec<Attachment>) {
