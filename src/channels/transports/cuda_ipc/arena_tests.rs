@@ -271,3 +271,69 @@ fn the_sender_announces_a_gpu_buffer_s_arena_once() {
 
     holds.consumer_died();
 }
+
+/// What the producer makes of the consumer's answer, per class of payload: GPU buffers by this
+/// route where the consumer takes those of the producer's GPU, else staged saying why; CUDA
+/// memory refused at send only where the producer has some.
+#[cfg(feature = "vulkan")]
+#[test]
+fn the_producer_takes_the_answer_per_class_of_payload() {
+    use crate::channels::transport::{MemoryKind, PeerHolds, RouteSender};
+    use crate::memory::{Context, ContextConfig};
+
+    let context = Context::new(ContextConfig::default()).unwrap();
+    let Some(device) = super::arena::ArenaDevice::of(&context) else {
+        println!("skipped: no Vulkan device exporting opaque fds");
+        return;
+    };
+    let uuid = device.uuid;
+    let answer = |arenas: u32| {
+        let section = Section {
+            flags: super::wire::ANSWER_CUDA | ANSWER_ARENAS,
+            devices: vec![GPUS[1], uuid],
+            arenas,
+            declined: String::new(),
+        };
+        Some(Attachment::new(ROUTE_ID, section.encode()))
+    };
+    let holds = || Arc::new(PeerHolds::default());
+    let no_cuda = Some("the producer had not loaded the CUDA driver");
+
+    // A producer without CUDA, a consumer that takes its GPU's buffers: GPU buffers only.
+    let accepted = super::Offer::for_tests(no_cuda, Some(device.clone())).accept(answer(0b10), holds()).unwrap();
+    let sender = accepted.sender.expect("a route for GPU buffers");
+    assert!(sender.serves(MemoryKind::Vulkan) && !sender.serves(MemoryKind::Cuda));
+    assert_eq!(sender.route().class, PayloadClass::Gpu);
+    assert!(accepted.refused.is_empty(), "{:?}", accepted.refused);
+
+    // No peer path from the consumer's GPU: GPU buffers staged, saying why; no CUDA line.
+    let accepted = super::Offer::for_tests(no_cuda, Some(device.clone())).accept(answer(0b01), holds()).unwrap();
+    assert!(accepted.sender.is_none());
+    assert!(
+        matches!(&accepted.refused[..], [(PayloadClass::Gpu, why)] if why.contains("no peer path")),
+        "{:?}",
+        accepted.refused
+    );
+
+    // A consumer without CUDA: GPU buffers staged; CUDA memory refused only where there is some.
+    let declined = || {
+        let section = Section { declined: "no CUDA here".into(), ..Section::default() };
+        Some(Attachment::new(ROUTE_ID, section.encode()))
+    };
+    let accepted = super::Offer::for_tests(no_cuda, Some(device.clone())).accept(declined(), holds()).unwrap();
+    assert!(accepted.sender.is_none());
+    assert!(
+        matches!(&accepted.refused[..], [(PayloadClass::Gpu, why)] if why.contains("no CUDA here")),
+        "{:?}",
+        accepted.refused
+    );
+    let accepted = super::Offer::for_tests(None, Some(device)).accept(declined(), holds()).unwrap();
+    let classes: Vec<PayloadClass> = accepted.refused.iter().map(|(class, _)| *class).collect();
+    assert_eq!(classes, [PayloadClass::Cuda, PayloadClass::Gpu]);
+
+    // A producer without CUDA offers GPU buffers of one device, and says it sends no CUDA memory.
+    let mut offer = super::Offer::for_tests(no_cuda, super::arena::ArenaDevice::of(&context));
+    let section = Section::decode(&offer.sections().pop().unwrap().bytes, "producer").unwrap();
+    assert_eq!(section.flags, OFFER_NO_CUDA_MEMORY | OFFER_ARENAS);
+    assert_eq!(section.devices, [uuid]);
+}

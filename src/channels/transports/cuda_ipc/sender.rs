@@ -58,6 +58,13 @@ impl Offer {
         Offer { no_cuda: None, arenas: None }
     }
 
+    /// The offer of a process without CUDA (where `no_cuda` says why) offering the GPU buffers
+    /// of `arenas`.
+    #[cfg(test)]
+    pub(crate) fn for_tests(no_cuda: Option<&str>, arenas: Option<super::arena::ArenaDevice>) -> Offer {
+        Offer { no_cuda: no_cuda.map(str::to_owned), arenas }
+    }
+
     /// Whether this process sends CUDA memory, or why not.
     pub(crate) fn cuda_memory() -> std::result::Result<(), String> {
         if lava_flow_cuda::disabled() {
