@@ -60,7 +60,7 @@ impl Offer {
 
     /// The offer of a process without CUDA (where `no_cuda` says why) offering the GPU buffers
     /// of `arenas`.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "vulkan"))]
     pub(crate) fn for_tests(no_cuda: Option<&str>, arenas: Option<super::arena::ArenaDevice>) -> Offer {
         Offer { no_cuda: no_cuda.map(str::to_owned), arenas }
     }
