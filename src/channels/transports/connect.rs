@@ -48,8 +48,9 @@ pub(crate) struct ReceiverFactory {
     /// This process's memory context, where the plan has the Vulkan IPC route.
     #[cfg(feature = "vulkan")]
     vulkan: Option<Context>,
-    /// This process's memory context, where the plan has the CUDA IPC route.
-    cuda: Option<Context>,
+    /// This process's memory context, where the plan has the CUDA IPC route, and the CUDA
+    /// device current on the thread that made the channel.
+    cuda: Option<(Context, Option<i32>)>,
 }
 
 impl ReceiverFactory {
@@ -57,7 +58,7 @@ impl ReceiverFactory {
         ReceiverFactory {
             #[cfg(feature = "vulkan")]
             vulkan: plan.routes.contains(&TransportKind::VulkanIpc).then(|| context.clone()),
-            cuda: plan.routes.contains(&TransportKind::CudaIpc).then(|| context.clone()),
+            cuda: plan.routes.contains(&TransportKind::CudaIpc).then(|| (context.clone(), cuda_ipc::current_device())),
         }
     }
 
@@ -68,8 +69,8 @@ impl ReceiverFactory {
         if let Some(context) = &self.vulkan {
             routes.push(AnyRouteReceiver::VulkanIpc(vulkan_ipc::Receiver::new(context)?));
         }
-        if let Some(context) = &self.cuda {
-            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver_for(context)));
+        if let Some((context, current)) = &self.cuda {
+            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver_for(context, *current)));
         }
         Ok(routes)
     }

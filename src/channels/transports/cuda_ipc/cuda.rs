@@ -483,7 +483,7 @@ fn open_arena(context: Arc<PrimaryContext>, allocation: &Announce, fd: BorrowedF
 
 /// This process's ordinal of the CUDA device whose context is current on this thread, where
 /// the process has loaded CUDA and made one current (asking loads nothing and makes nothing).
-fn current_device() -> Option<i32> {
+pub(super) fn current_device() -> Option<i32> {
     if !lava_flow_cuda::is_loaded() || lava_flow_cuda::disabled() {
         return None;
     }

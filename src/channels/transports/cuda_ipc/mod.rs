@@ -64,11 +64,13 @@ pub(crate) const ID: TransportId = super::CUDA_IPC;
 
 /// A consumer's receiver for a process whose memory context is `context`, importing VMM pieces
 /// into its Vulkan device too where that is the CUDA device that holds them, and taking the
-/// GPU buffers of the devices its Vulkan device (and the CUDA device current on this thread)
-/// reach in place.
+/// GPU buffers of the devices its Vulkan device and `current` (the CUDA device current on the
+/// thread that made the channel: [`current_device`]) reach in place. Every receiver of one
+/// consumer is made with the same `current`, so that each keeps to the answer all producers
+/// were given.
 #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
-pub(crate) fn receiver_for(context: &crate::memory::Context) -> Receiver {
-    let receiver = receiver();
+pub(crate) fn receiver_for(context: &crate::memory::Context, current: Option<i32>) -> Receiver {
+    let receiver = receiver().with_current(current);
     #[cfg(feature = "vulkan")]
     let receiver = receiver.with_vulkan(context.gpu_device());
     receiver
@@ -82,6 +84,15 @@ pub(crate) fn receiver() -> Receiver {
         return Receiver::new(Arc::new(fake::Opener), Ok(vec![fake::UUID]), receiver::OPEN_BOUND);
     }
     Receiver::new(Arc::new(cuda::DriverOpener::default()), cuda::devices(), receiver::OPEN_BOUND)
+}
+
+/// This process's ordinal of the CUDA device whose context is current on this thread, where
+/// the process has loaded CUDA and made one current (asking loads nothing and makes nothing).
+pub(crate) fn current_device() -> Option<i32> {
+    if fake() {
+        return None;
+    }
+    cuda::current_device()
 }
 
 /// What the producer's sender exports with.

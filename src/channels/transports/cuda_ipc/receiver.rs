@@ -191,6 +191,15 @@ impl Receiver {
         receiver
     }
 
+    /// Takes `current` as the CUDA device this process uses (with its Vulkan device's).
+    pub(crate) fn with_current(mut self, current: Option<i32>) -> Receiver {
+        if self.devices.as_ref().is_ok_and(|d| !d.is_empty()) {
+            self.used = current.into_iter().collect();
+            self.settle_arena_mask();
+        }
+        self
+    }
+
     /// The GPU buffers this process takes: of the devices every GPU it uses reaches in place.
     fn settle_arena_mask(&mut self) {
         let count = self.devices.as_ref().map_or(0, Vec::len);
