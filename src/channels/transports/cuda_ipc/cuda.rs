@@ -190,6 +190,12 @@ pub(crate) trait Opener: Send + Sync {
         true
     }
 
+    /// Whether the application uses device `device` through CUDA (its primary context is
+    /// active).
+    fn in_use(&self, _device: i32) -> bool {
+        true
+    }
+
     /// Lets device `device`'s primary context reach memory of device `peer` (which holds an
     /// open import): `Ok(false)` where that context is not active (the application does not
     /// use the GPU through CUDA), and none is made.
@@ -294,6 +300,10 @@ impl Opener for DriverOpener {
 
     fn peer_path(&self, device: i32, peer: i32) -> bool {
         peer_path(device, peer)
+    }
+
+    fn in_use(&self, device: i32) -> bool {
+        primary_active(device)
     }
 
     fn enable_peer_access(&self, device: i32, peer: i32) -> Result<bool> {

@@ -350,11 +350,23 @@ impl Receiver {
                 format_uuid(&uuid)
             )));
         }
-        let access = match others.len() {
-            0 if self.used.is_empty() => " (this process uses no other GPU)".to_owned(),
-            0 => " (the GPU this process uses)".to_owned(),
-            _ => format!(" with peer access from {}", others.join(" and ")),
+        // Peer access is enabled only from a GPU whose CUDA context the application made.
+        let (active, idle): (Vec<i32>, Vec<i32>) =
+            self.used.iter().filter(|&&u| u != n).partition(|&&u| self.opener.in_use(u));
+        let gpus = |list: &[i32]| list.iter().map(|u| format!("GPU {u}")).collect::<Vec<_>>().join(" and ");
+        let mut access = match (active.len(), idle.len()) {
+            (0, 0) if self.used.is_empty() => " (this process uses no other GPU)".to_owned(),
+            (0, 0) => " (the GPU this process uses)".to_owned(),
+            (0, _) => String::new(),
+            _ => format!(" with peer access from {}", gpus(&active)),
         };
+        if !idle.is_empty() {
+            access.push_str(&format!(
+                " ({} not in use through CUDA here yet: peer access from it is enabled where its CUDA context is \
+                 active when the first buffer arrives)",
+                gpus(&idle)
+            ));
+        }
         Some(Route {
             class: PayloadClass::Gpu,
             kind: ID,
