@@ -1,4 +1,5 @@
-/* The few CUDA driver API calls the plain-C GPU benchmarks make (lf_cuda_foreign.c), declared
+/* The few CUDA driver API calls the plain-C GPU benchmarks make (lf_cuda_foreign.c,
+ * lf_cuda_peer.c), declared
  * here with the values of cuda.h (as crates/cuda/src/sys.rs has them), and loaded with dlopen:
  * no CUDA headers or toolkit are needed to build, and a machine without the driver says so
  * instead of failing to start. Where cuda.h maps a name to a `_v2` symbol, that symbol is
@@ -89,7 +90,16 @@ static struct {
     cu_result (*stream_destroy)(cu_stream);
     cu_result (*stream_wait_event)(cu_stream, cu_event, unsigned);
     cu_result (*stream_synchronize)(cu_stream);
+    cu_result (*device_get_uuid)(unsigned char (*)[16], int);
+    cu_result (*device_can_access_peer)(int *, int, int);
+    cu_result (*ctx_enable_peer_access)(cu_context, unsigned);
+    cu_result (*memcpy_dtod_async)(cu_deviceptr, cu_deviceptr, size_t, cu_stream);
+    cu_result (*memcpy_htod_async)(cu_deviceptr, const void *, size_t, cu_stream);
+    cu_result (*memcpy_peer_async)(cu_deviceptr, cu_context, cu_deviceptr, cu_context, size_t, cu_stream);
 } cu;
+
+/* cuCtxEnablePeerAccess's answer where the context already reaches the peer. */
+#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
 
 static const char *cu_error(cu_result rc) {
     const char *text = NULL;
@@ -150,6 +160,12 @@ static int cu_load(char *why, size_t why_len) {
     LOAD(cu.stream_destroy, "cuStreamDestroy_v2");
     LOAD(cu.stream_wait_event, "cuStreamWaitEvent");
     LOAD(cu.stream_synchronize, "cuStreamSynchronize");
+    LOAD(cu.device_get_uuid, "cuDeviceGetUuid_v2");
+    LOAD(cu.device_can_access_peer, "cuDeviceCanAccessPeer");
+    LOAD(cu.ctx_enable_peer_access, "cuCtxEnablePeerAccess");
+    LOAD(cu.memcpy_dtod_async, "cuMemcpyDtoDAsync_v2");
+    LOAD(cu.memcpy_htod_async, "cuMemcpyHtoDAsync_v2");
+    LOAD(cu.memcpy_peer_async, "cuMemcpyPeerAsync");
     int count = 0;
     cu_result rc = cu.init(0);
     if (rc == 0) rc = cu.device_get_count(&count);

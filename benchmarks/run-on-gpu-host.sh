@@ -50,6 +50,10 @@ nvcc -O2 -I$prefix/include -L$prefix/lib -Xlinker -rpath=$prefix/lib -llava_flow
 # The application's own CUDA memory (cuMemAlloc, VMM) by reference over the cuda_ipc route,
 # beside plain CUDA IPC in the same program: plain C, the driver loaded with dlopen.
 cc -O2 -I$prefix/include benchmarks/lf_cuda_foreign.c -L$prefix/lib -llava_flow -ldl -Wl,-rpath,$prefix/lib -o /tmp/lf_cuda_foreign >> $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
+# A lava-flow GPU buffer from a producer on GPU 0 (Vulkan only) to a consumer on GPU 1 by the
+# cuda_ipc route with peer access, beside cuMemcpyPeer and the staged route in the same run.
+cc -O2 -I$prefix/include benchmarks/lf_cuda_peer.c -L$prefix/lib -llava_flow -ldl -Wl,-rpath,$prefix/lib -o /tmp/lf_cuda_peer >> $res/nvcc.txt 2>&1 || cat $res/nvcc.txt
+gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
 if [ -z "${SKIP_BENCH:-}" ]; then
   TAIL=30 run lf-bench-gpu timeout 240 .device/lf-bench --gpu
   TAIL=2 run cuda-ipc timeout 120 /tmp/cuda_ipc_pingpong
@@ -58,6 +62,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   grep -E "^JSON" $res/lf-cuda-foreign.txt | grep -E '"ratio"|_handoff"|_first"' | head -30
   TAIL=2 run lf-cuda timeout 150 /tmp/lf_cuda_pingpong
   grep -E "^JSON|^channel" $res/lf-cuda.txt | head -14
+  if [ "$gpus" -ge 2 ]; then  # two GPUs
+    TAIL=10 run lf-cuda-peer timeout 300 /tmp/lf_cuda_peer
+    grep -E "^JSON" $res/lf-cuda-peer.txt | head -12
+  fi
   if [ -n "$have_wheel" ]; then
     TAIL=12 run python-gpu-handoff env PYTHONPATH=/tmp/lfpy timeout 500 python3 benchmarks/python_gpu_handoff.py --c-binary /tmp/lf_cuda_pingpong
     grep -E '^JSON.*"(py_handoff|py_torch_op|tmp_handoff|py_vs_c)"' $res/python-gpu-handoff.txt | head -16

@@ -637,7 +637,7 @@ impl Producer {
         if !routed {
             let why = match self.info.routes.iter().find(|r| r.class == crate::channels::PayloadClass::Cuda) {
                 Some(route) => route.reason.clone(),
-                None => match crate::channels::transports::cuda_ipc::Offer::new() {
+                None => match crate::channels::transports::cuda_ipc::Offer::cuda_memory() {
                     Err(why) => why,
                     Ok(_) => format!(
                         "the channel has no CUDA route: its consumer is a thread of this process \

@@ -124,17 +124,20 @@ impl<R: RouteReceiver> ReceiverTable<R> {
         carrier: TransportId,
     ) -> Result<Vec<Route>> {
         let mut offers = session.take_offers().unwrap_or_default();
-        let mut routes = Vec::with_capacity(self.routes.len());
         for route in self.routes.iter_mut() {
             let id = route.route_id();
             let offer = offers.iter().position(|s| s.route == id).map(|at| offers.remove(at));
             route.new_session(session.id(), offer)?;
-            if route.reported() {
-                routes.push(route.route(carrier));
-            }
         }
-        // Each producer's routes learn anew whether it shares a ready semaphore.
+        // Each producer's routes learn anew whether it shares a ready semaphore, before they
+        // say how they serve it.
         self.link_ready();
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for route in self.routes.iter().filter(|r| r.reported()) {
+            routes.push(route.route(carrier));
+            routes.extend(route.second_route(carrier));
+        }
+        settle_gpu_lines(&mut routes, carrier);
         Ok(routes)
     }
 
@@ -206,6 +209,20 @@ impl<R: RouteReceiver> ReceiverTable<R> {
             }
         }
     }
+}
+
+/// Keeps one line for GPU buffers among a report's `lines` where a route takes them by
+/// reference (a line whose transport is not the carrier's): the first such, in the table's
+/// order of preference; the lines of routes that stage them are left out then.
+pub(crate) fn settle_gpu_lines(lines: &mut Vec<Route>, carrier: TransportId) {
+    use super::transport::PayloadClass;
+    let Some(first) = lines.iter().position(|r| r.class == PayloadClass::Gpu && r.kind != carrier) else { return };
+    let mut at = 0;
+    lines.retain(|r| {
+        let keep = r.class != PayloadClass::Gpu || at == first;
+        at += 1;
+        keep
+    });
 }
 
 /// The error of a routed view that names no route of the channel, or a descriptor too long.

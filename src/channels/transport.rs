@@ -742,6 +742,11 @@ pub trait RouteSender: Send {
     /// Which transport, and how it synchronises, for the channel's report.
     fn route(&self) -> &Route;
 
+    /// The report's line for a second class of payload the route serves, if it serves one.
+    fn second_route(&self) -> Option<&Route> {
+        None
+    }
+
     /// Whether the route carries payloads in memory of `kind` (to this peer: a route the peer
     /// declined is not in the channel's table at all).
     fn serves(&self, kind: MemoryKind) -> bool;
@@ -897,6 +902,12 @@ pub trait RouteReceiver: Send {
     /// How the current producer's payloads arrive (by this route, or staged through the
     /// carrier), for the channel's report.
     fn route(&self, carrier: TransportId) -> Route;
+
+    /// The report's line for a second class of payload the current producer sends this way,
+    /// if it sends one.
+    fn second_route(&self, _carrier: TransportId) -> Option<Route> {
+        None
+    }
 
     /// Whether the channel's report has a line for this route with the current producer (a
     /// route for memory the producer's process has none of says nothing).

@@ -580,6 +580,9 @@ fn a_consumer_on_another_gpu_gets_staged_buffers() {
         config.gpu_device = Some(lava_flow::memory::DeviceSelector::Index(index));
         Context::new(config).expect("a context on that device")
     };
+    // Without cuda_ipc, which takes GPU buffers to a CUDA consumer on another GPU by reference.
+    let gpu_config =
+        || ChannelConfig { transports: Some(vec![TransportKind::Shm, TransportKind::VulkanIpc]), ..gpu_config() };
     match child_role().as_deref() {
         Some("producer") => {
             let context = on_device(0);

@@ -14,6 +14,8 @@ mod blocked;
 mod buffers;
 mod cuda_ipc;
 mod cuda_ipc_fake;
+#[cfg(feature = "vulkan")]
+mod cuda_peer;
 mod delivery;
 mod fan_in;
 #[cfg(feature = "vulkan")]

@@ -21,8 +21,9 @@ pub const LF_MESSAGE_ZERO_COPY: u32 = 1;
 /// host can map it, else NULL.
 pub const LF_MESSAGE_GPU: u32 = 2;
 /// `lf_message.flags` (with LF_MESSAGE_GPU): the payload is CUDA device memory of the
-/// producer's (a tensor it registered), opened in this process: `lf_message_cuda_ptr` gives
-/// its CUDA address; `data` is NULL (the host cannot read device memory). `lf_message_buffer`
+/// producer's (a tensor it registered, or a lava-flow GPU buffer sent to this process on
+/// another GPU than the producer's), opened in this process: `lf_message_cuda_ptr` gives its
+/// CUDA address; `data` is NULL (the host cannot read device memory). `lf_message_buffer`
 /// lends it as an `lf_buffer` where it is VMM memory of the GPU this process's Vulkan device
 /// is (imported into Vulkan when first asked for), and is refused otherwise.
 pub const LF_MESSAGE_CUDA: u32 = 4;
@@ -333,8 +334,11 @@ pub unsafe extern "C" fn lf_message_buffer(
 
 /// The CUDA device address of a received LF_MESSAGE_CUDA message's first byte in this process
 /// (`*ptr`, a `CUdeviceptr`), and this process's ordinal of the CUDA device that holds it
-/// (`*device`; make that device's primary context current, as the CUDA runtime does, to use
-/// the address). Valid until `lf_release` of the message: read it with `cuMemcpyDtoH` or
+/// (`*device`: the producer's GPU; make that device's primary context current, as the CUDA
+/// runtime does, to use the address). Where this process uses another GPU with a peer path to
+/// it, lava-flow has enabled peer access from that GPU's primary context: kernels there read
+/// the address in place, and `cuMemcpyDtoDAsync` into that GPU's memory goes GPU to GPU (a
+/// lava-flow GPU buffer sent to a consumer on another GPU arrives so). Valid until `lf_release` of the message: read it with `cuMemcpyDtoH` or
 /// kernels, and finish that work before the release. The producer's memory itself: what is
 /// written through it is what the producer sees once the message completes.
 /// LF_ERR_INVALID_STATE, saying what the message is, for a message that is not CUDA memory

@@ -112,6 +112,12 @@ driver_api! {
     fn ctx_get_current = "cuCtxGetCurrent"(context: *mut CUcontext);
     fn ctx_get_device = "cuCtxGetDevice"(device: *mut CUdevice);
     fn ctx_synchronize = "cuCtxSynchronize"();
+    /// Whether `device` can read and write memory of `peer` directly (NVLink or PCIe peer to
+    /// peer): `*can` is 1 where it can.
+    fn device_can_access_peer = "cuDeviceCanAccessPeer"(can: *mut c_int, device: CUdevice, peer: CUdevice);
+    /// Lets the current context reach memory of `peer`'s device (flags must be 0);
+    /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` where it already can.
+    fn ctx_enable_peer_access = "cuCtxEnablePeerAccess"(peer: CUcontext, flags: c_uint);
     fn mem_alloc = "cuMemAlloc_v2"(ptr: *mut CUdeviceptr, bytes: usize);
     fn mem_free = "cuMemFree_v2"(ptr: CUdeviceptr);
     fn mem_alloc_managed = "cuMemAllocManaged"(ptr: *mut CUdeviceptr, bytes: usize, flags: c_uint);

@@ -48,6 +48,7 @@ pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 
 // CUpointer_attribute.

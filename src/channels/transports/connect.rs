@@ -12,8 +12,8 @@ use super::vulkan_ipc;
 use super::{loopback, shm, AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession};
 use crate::channels::peers::Arrivals;
 use crate::channels::transport::{
-    Attachment, ConsumerSession, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver, RouteSender,
-    TransportInfo,
+    Attachment, ConsumerSession, MemoryKind, PayloadClass, PeerHolds, ProducerTransport, Route, RouteReceiver,
+    RouteSender, TransportInfo,
 };
 use crate::channels::{ChannelConfig, ChannelKind};
 use crate::error::{Error, Result};
@@ -48,8 +48,9 @@ pub(crate) struct ReceiverFactory {
     /// This process's memory context, where the plan has the Vulkan IPC route.
     #[cfg(feature = "vulkan")]
     vulkan: Option<Context>,
-    /// This process's memory context, where the plan has the CUDA IPC route.
-    cuda: Option<Context>,
+    /// This process's memory context, where the plan has the CUDA IPC route, and the CUDA
+    /// device current on the thread that made the channel.
+    cuda: Option<(Context, Option<i32>)>,
 }
 
 impl ReceiverFactory {
@@ -57,7 +58,7 @@ impl ReceiverFactory {
         ReceiverFactory {
             #[cfg(feature = "vulkan")]
             vulkan: plan.routes.contains(&TransportKind::VulkanIpc).then(|| context.clone()),
-            cuda: plan.routes.contains(&TransportKind::CudaIpc).then(|| context.clone()),
+            cuda: plan.routes.contains(&TransportKind::CudaIpc).then(|| (context.clone(), cuda_ipc::current_device())),
         }
     }
 
@@ -68,12 +69,15 @@ impl ReceiverFactory {
         if let Some(context) = &self.vulkan {
             routes.push(AnyRouteReceiver::VulkanIpc(vulkan_ipc::Receiver::new(context)?));
         }
-        if let Some(context) = &self.cuda {
-            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver_for(context)));
+        if let Some((context, current)) = &self.cuda {
+            routes.push(AnyRouteReceiver::CudaIpc(cuda_ipc::receiver_for(context, *current)));
         }
         Ok(routes)
     }
 }
+
+/// Why the consumer declined what a route would have served, per class of payload.
+type Refusals = Vec<(PayloadClass, String)>;
 
 /// A route's offer before the peer answered.
 enum AnyOffer {
@@ -100,13 +104,14 @@ impl AnyOffer {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => AnyOffer::VulkanIpc(offer.another()),
-            AnyOffer::CudaIpc(_) => AnyOffer::CudaIpc(cuda_ipc::Offer),
+            AnyOffer::CudaIpc(offer) => AnyOffer::CudaIpc(offer.clone()),
             AnyOffer::CudaDeclined(why) => AnyOffer::CudaDeclined(why.clone()),
         }
     }
 
-    /// The route, from the consumer's answer among `answers`, or why the consumer declined it
-    /// (with the class of payload the route would have served).
+    /// The route, from the consumer's answer among `answers`, where it takes anything by it,
+    /// and why it declined what it does not take (with the class of payload the route would
+    /// have served).
     #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
     #[allow(clippy::ptr_arg)] // (its route's answer is taken out)
     fn accept(
@@ -114,24 +119,22 @@ impl AnyOffer {
         name: &str,
         answers: &mut Vec<Attachment>,
         holds: &Arc<PeerHolds>,
-    ) -> Result<std::result::Result<AnyRouteSender, (PayloadClass, String)>> {
+    ) -> Result<(Option<AnyRouteSender>, Refusals)> {
         match self {
             #[cfg(feature = "vulkan")]
             AnyOffer::VulkanIpc(offer) => {
                 let answer = take_section(answers, vulkan_ipc::ROUTE_ID);
-                Ok(offer
-                    .accept(name, answer, Arc::clone(holds))?
-                    .map(AnyRouteSender::VulkanIpc)
-                    .map_err(|why| (PayloadClass::Gpu, why)))
+                Ok(match offer.accept(name, answer, Arc::clone(holds))? {
+                    Ok(sender) => (Some(AnyRouteSender::VulkanIpc(sender)), Vec::new()),
+                    Err(why) => (None, vec![(PayloadClass::Gpu, why)]),
+                })
             }
             AnyOffer::CudaIpc(offer) => {
                 let answer = take_section(answers, cuda_ipc::ROUTE_ID);
-                Ok(offer
-                    .accept(answer, Arc::clone(holds))?
-                    .map(AnyRouteSender::CudaIpc)
-                    .map_err(|why| (PayloadClass::Cuda, why)))
+                let accepted = offer.accept(answer, Arc::clone(holds))?;
+                Ok((accepted.sender.map(AnyRouteSender::CudaIpc), accepted.refused))
             }
-            AnyOffer::CudaDeclined(why) => Ok(Err((PayloadClass::Cuda, why))),
+            AnyOffer::CudaDeclined(why) => Ok((None, vec![(PayloadClass::Cuda, why)])),
         }
     }
 }
@@ -199,7 +202,7 @@ fn planned_offers(plan: &Plan, config: &ChannelConfig, context: &Context, releas
             offers.push(AnyOffer::VulkanIpc(vulkan_ipc::Offer::new(context, config.strict_gpu, released)?));
         }
         if *kind == TransportKind::CudaIpc {
-            match cuda_ipc::Offer::new() {
+            match cuda_ipc::Offer::new(context) {
                 Ok(offer) => offers.push(AnyOffer::CudaIpc(offer)),
                 // A process without the driver loaded has no CUDA memory to report on.
                 Err(why) if lava_flow_cuda::is_loaded() => offers.push(AnyOffer::CudaDeclined(why)),
@@ -236,17 +239,36 @@ fn accept_routes(
     let mut refusals: Vec<String> = Vec::new();
     let mut declined: Vec<Route> = Vec::new();
     for offer in offers {
-        match offer.accept(name, &mut answers, &holds)? {
-            Ok(sender) => routes.push(sender),
-            Err((PayloadClass::Cuda, why)) => declined.push(Route {
-                class: PayloadClass::Cuda,
-                kind: carrier_route.kind,
-                reason: format!("CUDA memory: refused at send (no copy is made): {why}"),
-            }),
-            Err((_, why)) => refusals.push(why),
+        let (sender, refused) = offer.accept(name, &mut answers, &holds)?;
+        routes.extend(sender);
+        for (class, why) in refused {
+            match class {
+                PayloadClass::Cuda => declined.push(Route {
+                    class: PayloadClass::Cuda,
+                    kind: carrier_route.kind,
+                    reason: format!("CUDA memory: refused at send (no copy is made): {why}"),
+                }),
+                _ => refusals.push(why),
+            }
         }
     }
-    let gpu_routed = routes.iter().any(|r| r.route().class == PayloadClass::Gpu);
+    // GPU buffers go by vulkan_ipc where it was accepted (the same GPU), and only elsewhere by
+    // cuda_ipc, which then keeps to CUDA memory (or goes, where the producer has none).
+    if routes.iter().any(|r| r.route_id() != cuda_ipc::ROUTE_ID && r.serves(MemoryKind::Vulkan)) {
+        routes = routes
+            .into_iter()
+            .filter_map(|r| match r {
+                AnyRouteSender::CudaIpc(sender) => sender.without_gpu_buffers().map(AnyRouteSender::CudaIpc),
+                other => Some(other),
+            })
+            .collect();
+    }
+    let mut lines: Vec<Route> = Vec::new();
+    for route in &routes {
+        lines.push(route.route().clone());
+        lines.extend(route.second_route().cloned());
+    }
+    let gpu_routed = lines.iter().any(|r| r.class == PayloadClass::Gpu);
     let mut plan = plan.clone();
     if !gpu_routed && !refusals.is_empty() {
         plan.reasons.push(format!(
@@ -255,7 +277,7 @@ fn accept_routes(
             refusals.join("; ")
         ));
     }
-    let reports = routes.iter().map(|r| r.route().clone()).chain(declined).collect();
+    let reports = lines.into_iter().chain(declined).collect();
     let info = report(&plan, &carrier_route, reports);
     Ok((routes, info))
 }
@@ -591,7 +613,13 @@ fn start_routes(
         let id = route.route_id();
         route.new_session(session.id(), take_section(&mut offers, id))?;
     }
-    let reports = routes.iter().filter(|r| r.reported()).map(|r| r.route(plan.carrier.id())).collect();
+    let carrier = plan.carrier.id();
+    let mut reports = Vec::new();
+    for route in routes.iter().filter(|r| r.reported()) {
+        reports.push(route.route(carrier));
+        reports.extend(route.second_route(carrier));
+    }
+    crate::channels::routes::settle_gpu_lines(&mut reports, carrier);
     Ok(report(plan, carrier_route, reports))
 }
 

@@ -197,6 +197,8 @@ pub(crate) enum AnyRouteSender {
 }
 
 /// The receiving half of a route.
+// A few per channel, made once: boxing the built ones would cost an indirection per message.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyRouteReceiver {
     #[cfg(feature = "vulkan")]
     VulkanIpc(vulkan_ipc::Receiver),
@@ -428,6 +430,7 @@ forward_impl!(forward_route: impl RouteSender for AnyRouteSender {
     #[inline]
     fn route_id(&self) -> u32;
     fn route(&self) -> &Route;
+    fn second_route(&self) -> Option<&Route>;
     #[inline]
     fn serves(&self, kind: MemoryKind) -> bool;
     #[inline]
@@ -445,6 +448,7 @@ forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
     fn route_id(&self) -> u32;
     fn new_session(&mut self, session: u64, offer: Option<Attachment>) -> Result<()>;
     fn route(&self, carrier: TransportId) -> Route;
+    fn second_route(&self, carrier: TransportId) -> Option<Route>;
     fn reported(&self) -> bool;
     fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>);
     fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;

@@ -5,17 +5,19 @@
 
 use std::any::Any;
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use lava_flow_cuda::sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemGenericAllocationHandle, CUmemLocation,
+    CUcontext, CUdevice, CUdeviceptr, CUexternalMemory, CUipcMemHandle, CUmemAccessDesc, CUmemGenericAllocationHandle,
+    CUmemLocation, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
+    CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
     CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
     CU_MEM_LOCATION_TYPE_DEVICE,
 };
 use lava_flow_cuda::Driver;
 
-use super::wire::{Announce, MEMORY_LEGACY};
+use super::wire::{is_arena, Announce, MEMORY_ARENA_DEDICATED, MEMORY_LEGACY};
 use crate::error::{Error, Result};
 use crate::memory::CudaPointer;
 
@@ -42,6 +44,16 @@ impl PrimaryContext {
         // SAFETY: a valid out-pointer and a device the driver just gave.
         unsafe { driver.device_primary_ctx_retain(&mut context, device) }.map_err(cuda_error)?;
         Ok(PrimaryContext { driver, device, context })
+    }
+
+    /// This process's ordinal of the context's device.
+    pub(crate) fn ordinal(&self) -> i32 {
+        self.device
+    }
+
+    /// The context's handle, alive while this lives.
+    pub(crate) fn raw(&self) -> CUcontext {
+        self.context
     }
 
     /// Runs `f` with the context current on this thread, as it was before afterwards.
@@ -155,12 +167,41 @@ pub(crate) fn export_vmm(pointer: &CudaPointer) -> Result<(Retained, OwnedFd)> {
 pub(crate) trait Mapping: Send + Sync {
     fn address(&self) -> u64;
     fn device(&self) -> i32;
+    /// Lets this process's device `device` (another than the one that holds the memory, with a
+    /// peer path to it) read and write the mapping, where the mapping needs that said.
+    fn grant(&self, _device: i32) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens producers' allocations: the CUDA driver, or a test's stand-in.
 pub(crate) trait Opener: Send + Sync {
-    /// Opens `allocation` (with its fd for a VMM piece) on this process's device `device`.
+    /// Opens `allocation` (with its fd for a VMM piece or an arena) on this process's device
+    /// `device`.
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
+
+    /// This process's ordinal of the CUDA device current on this thread, if any.
+    fn current_device(&self) -> Option<i32> {
+        None
+    }
+
+    /// Whether device `device`'s work reaches memory of device `peer` directly.
+    fn peer_path(&self, _device: i32, _peer: i32) -> bool {
+        true
+    }
+
+    /// Whether the application uses device `device` through CUDA (its primary context is
+    /// active).
+    fn in_use(&self, _device: i32) -> bool {
+        true
+    }
+
+    /// Lets device `device`'s primary context reach memory of device `peer` (which holds an
+    /// open import): `Ok(false)` where that context is not active (the application does not
+    /// use the GPU through CUDA), and none is made.
+    fn enable_peer_access(&self, _device: i32, _peer: i32) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// Opens allocations through the CUDA driver, in each device's primary context (retained
@@ -223,6 +264,18 @@ impl Mapping for VmmImport {
     fn device(&self) -> i32 {
         self.context.device
     }
+    fn grant(&self, device: i32) -> Result<()> {
+        let access = CUmemAccessDesc {
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let (address, size) = (self.address, self.size);
+        self.context.with(|driver| {
+            // SAFETY: the range `open` mapped; a valid access descriptor for one device.
+            unsafe { driver.mem_set_access(address, size, &access, 1) }
+                .map_err(|e| cuda_error(e.context(format!("cuMemSetAccess of a CUDA VMM piece for device {device}"))))
+        })
+    }
 }
 
 impl Drop for VmmImport {
@@ -241,8 +294,32 @@ impl Drop for VmmImport {
 }
 
 impl Opener for DriverOpener {
+    fn current_device(&self) -> Option<i32> {
+        current_device()
+    }
+
+    fn peer_path(&self, device: i32, peer: i32) -> bool {
+        peer_path(device, peer)
+    }
+
+    fn in_use(&self, device: i32) -> bool {
+        primary_active(device)
+    }
+
+    fn enable_peer_access(&self, device: i32, peer: i32) -> Result<bool> {
+        if !primary_active(device) {
+            return Ok(false);
+        }
+        let (from, to) = (self.context(device)?, self.context(peer)?);
+        enable_peer_access(&from, &to)
+    }
+
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
         let context = self.context(device)?;
+        if is_arena(allocation.memory) {
+            let fd = fd.ok_or_else(|| Error::Corrupt("a GPU buffer's arena came without its fd".into()))?;
+            return open_arena(context, allocation, fd);
+        }
         if allocation.memory == MEMORY_LEGACY {
             let handle = CUipcMemHandle { reserved: allocation.ipc_handle };
             let address = context.with(|driver| {
@@ -334,4 +411,135 @@ impl Exporter for DriverExporter {
         let (retained, fd) = export_vmm(pointer)?;
         Ok((Box::new(retained), fd))
     }
+}
+
+// ---- lava-flow GPU buffers' arenas (see `arena`): their import, and peer access ----
+
+/// A GPU buffer's arena imported into CUDA: unmapped and destroyed on drop.
+struct ArenaImport {
+    context: Arc<PrimaryContext>,
+    memory: CUexternalMemory,
+    address: CUdeviceptr,
+}
+
+// SAFETY: CUDA handles are process-wide and usable from any thread; the fields are only read.
+unsafe impl Send for ArenaImport {}
+// SAFETY: as above.
+unsafe impl Sync for ArenaImport {}
+
+impl Mapping for ArenaImport {
+    fn address(&self) -> u64 {
+        self.address
+    }
+    fn device(&self) -> i32 {
+        self.context.ordinal()
+    }
+}
+
+impl Drop for ArenaImport {
+    fn drop(&mut self) {
+        let (address, memory) = (self.address, self.memory);
+        let freed = self.context.with(|driver| {
+            // SAFETY: the mapping made by `open`, freed once; no message points into it any more.
+            unsafe { driver.mem_free(address) }.map_err(cuda_error)?;
+            // SAFETY: the import made by `open`, destroyed once, after its mapping.
+            unsafe { driver.destroy_external_memory(memory) }.map_err(cuda_error)
+        });
+        if let Err(e) = freed {
+            log::warn!("unmapping the producer's GPU buffer arena imported at {address:#x}: {e}");
+        }
+    }
+}
+
+/// Imports the arena `allocation` announces (its opaque fd `fd`, which stays the caller's) in
+/// `context`, the primary context of the device that holds it, mapped whole.
+fn open_arena(context: Arc<PrimaryContext>, allocation: &Announce, fd: BorrowedFd<'_>) -> Result<Box<dyn Mapping>> {
+    let size = allocation.size;
+    // CUDA takes the fd it imports; the slot keeps its own, to import again after the cache
+    // closed this import.
+    let fd = fd.try_clone_to_owned().map_err(|e| Error::os("duplicating a GPU buffer arena's fd", e))?;
+    let desc = CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
+        type_: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
+        handle: [fd.as_raw_fd() as u32 as u64, 0],
+        size,
+        flags: if allocation.memory == MEMORY_ARENA_DEDICATED { CUDA_EXTERNAL_MEMORY_DEDICATED } else { 0 },
+        reserved: [0; 16],
+    };
+    let (memory, address) = context.with(|driver| {
+        let mut memory: CUexternalMemory = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the descriptor is filled as cuda.h says, with a live fd.
+        unsafe { driver.import_external_memory(&mut memory, &desc) }.map_err(|e| {
+            cuda_error(e.context(format!(
+                "cuImportExternalMemory of a {size}-byte Vulkan arena (the producer's and this process's NVIDIA \
+                 drivers must be the same)"
+            )))
+        })?;
+        // On success CUDA owns the fd.
+        let _ = fd.into_raw_fd();
+        let buffer = CUDA_EXTERNAL_MEMORY_BUFFER_DESC { offset: 0, size, flags: 0, reserved: [0; 16] };
+        let mut address: CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer; the import just made, mapped whole.
+        if let Err(e) = unsafe { driver.external_memory_get_mapped_buffer(&mut address, memory, &buffer) } {
+            // SAFETY: the import just made, destroyed once.
+            let _ = unsafe { driver.destroy_external_memory(memory) };
+            return Err(cuda_error(
+                e.context(format!("cuExternalMemoryGetMappedBuffer of a {size}-byte Vulkan arena")),
+            ));
+        }
+        Ok((memory, address))
+    })?;
+    Ok(Box::new(ArenaImport { context, memory, address }))
+}
+
+/// This process's ordinal of the CUDA device whose context is current on this thread, where
+/// the process has loaded CUDA and made one current (asking loads nothing and makes nothing).
+pub(super) fn current_device() -> Option<i32> {
+    if !lava_flow_cuda::is_loaded() || lava_flow_cuda::disabled() {
+        return None;
+    }
+    let driver = lava_flow_cuda::driver().ok()?;
+    let mut context = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    unsafe { driver.ctx_get_current(&mut context) }.ok()?;
+    if context.is_null() {
+        return None;
+    }
+    let mut device = 0;
+    // SAFETY: a valid out-pointer; a context is current.
+    unsafe { driver.ctx_get_device(&mut device) }.ok()?;
+    Some(device)
+}
+
+/// Whether device `device`'s work reaches memory of device `peer` directly.
+fn peer_path(device: i32, peer: i32) -> bool {
+    let Ok(driver) = lava_flow_cuda::driver() else { return false };
+    let (Ok(a), Ok(b)) = (driver.device(device), driver.device(peer)) else { return false };
+    let mut can = 0;
+    // SAFETY: a valid out-pointer; devices the driver gave.
+    unsafe { driver.device_can_access_peer(&mut can, a, b) }.is_ok() && can != 0
+}
+
+/// Lets `from`, the primary context of a device this process uses, reach memory of `to`'s
+/// context. `Ok(false)` where `from` is not active: the application does not use that GPU
+/// through CUDA, and no context is made for it.
+fn enable_peer_access(from: &PrimaryContext, to: &PrimaryContext) -> Result<bool> {
+    from.with(|driver| {
+        // SAFETY: `to` is a context this process retains; flags must be 0.
+        match unsafe { driver.ctx_enable_peer_access(to.raw(), 0) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == Some(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => Ok(true),
+            Err(e) => Err(cuda_error(e.context(format!(
+                "cuCtxEnablePeerAccess from CUDA device {} to device {}",
+                from.ordinal(),
+                to.ordinal()
+            )))),
+        }
+    })
+}
+
+/// Whether the primary context of device `ordinal` is active (the application uses the GPU
+/// through CUDA).
+fn primary_active(ordinal: i32) -> bool {
+    let Ok(driver) = lava_flow_cuda::driver() else { return false };
+    driver.device(ordinal).and_then(|d| driver.primary_context_active(d)).unwrap_or(false)
 }

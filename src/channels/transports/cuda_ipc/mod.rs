@@ -5,8 +5,8 @@
 //! region of a registered CUDA allocation into a 32-byte descriptor and back:
 //!
 //! 1. Rendezvous: a producer whose process had loaded the CUDA driver when it created the
-//!    channel offers the route (one that never used CUDA is not made to initialise it: it has
-//!    no CUDA memory); the consumer answers with the UUIDs of the CUDA devices it opens memory
+//!    channel offers the route for CUDA memory (one that never used CUDA is not made to
+//!    initialise it: it has no CUDA memory); the consumer answers with the UUIDs of the CUDA devices it opens memory
 //!    on where its process has loaded the driver too, or why it cannot (CUDA not loaded, no
 //!    driver, `LF_DISABLE_CUDA=1`, no device). Declined, CUDA memory
 //!    is refused at send, saying why: it is never copied behind the application's back.
@@ -40,7 +40,15 @@
 //!    (`Unsupported`, naming why; the way out is to synchronise and send without one). Values
 //!    grow across both routes' messages: one timeline. The consumer checks that a message's
 //!    value names a semaphore it was given, of the memory's GPU, and never goes backwards.
+//!
+//! The route also carries lava-flow's own GPU buffers to a consumer on another GPU of the host
+//! (see `arena`): vulkan_ipc takes them where both ends use the same GPU, this route where the
+//! consumer opens CUDA memory of the producer's GPU and the GPU it uses reaches it in place,
+//! else they are staged. The producer offers them without using CUDA (it exports Vulkan
+//! fds), so that a process that never loaded CUDA offers this route too: for GPU buffers
+//! alone, saying it sends no CUDA memory.
 
+mod arena;
 mod cuda;
 #[cfg(any(test, feature = "test-hooks"))]
 mod fake;
@@ -48,6 +56,8 @@ mod receiver;
 mod sender;
 mod wire;
 
+#[cfg(test)]
+mod arena_tests;
 #[cfg(test)]
 mod tests;
 
@@ -65,10 +75,14 @@ pub(crate) const ROUTE_ID: u32 = 3;
 pub(crate) const ID: TransportId = super::CUDA_IPC;
 
 /// A consumer's receiver for a process whose memory context is `context`, importing VMM pieces
-/// into its Vulkan device too where that is the CUDA device that holds them.
+/// into its Vulkan device too where that is the CUDA device that holds them, and taking the
+/// GPU buffers of the devices its Vulkan device and `current` (the CUDA device current on the
+/// thread that made the channel: [`current_device`]) reach in place. Every receiver of one
+/// consumer is made with the same `current`, so that each keeps to the answer all producers
+/// were given.
 #[cfg_attr(not(feature = "vulkan"), allow(unused_variables))]
-pub(crate) fn receiver_for(context: &crate::memory::Context) -> Receiver {
-    let receiver = receiver();
+pub(crate) fn receiver_for(context: &crate::memory::Context, current: Option<i32>) -> Receiver {
+    let receiver = receiver().with_current(current);
     #[cfg(feature = "vulkan")]
     let receiver = receiver.with_vulkan(context.gpu_device());
     receiver
@@ -82,6 +96,15 @@ pub(crate) fn receiver() -> Receiver {
         return Receiver::new(Arc::new(fake::Opener), Ok(vec![fake::UUID]), receiver::OPEN_BOUND);
     }
     Receiver::new(Arc::new(cuda::DriverOpener::default()), cuda::devices(), receiver::OPEN_BOUND)
+}
+
+/// This process's ordinal of the CUDA device whose context is current on this thread, where
+/// the process has loaded CUDA and made one current (asking loads nothing and makes nothing).
+pub(crate) fn current_device() -> Option<i32> {
+    if fake() {
+        return None;
+    }
+    cuda::current_device()
 }
 
 /// What the producer's sender exports with.
@@ -113,7 +136,7 @@ fn fake() -> bool {
 pub(crate) fn decline(why: &str) -> crate::channels::transport::Attachment {
     crate::channels::transport::Attachment::new(
         ROUTE_ID,
-        wire::Section { flags: 0, devices: Vec::new(), declined: why.to_owned() }.encode(),
+        wire::Section { declined: why.to_owned(), ..wire::Section::default() }.encode(),
     )
 }
 
@@ -162,7 +185,7 @@ pub(crate) fn preview(carrier: TransportId) -> Option<Route> {
     if !lava_flow_cuda::is_loaded() {
         return None;
     }
-    let reason = match Offer::new() {
+    let reason = match Offer::cuda_memory() {
         Ok(_) => "CUDA memory: cuda_ipc, by reference where the consumer opens CUDA memory on the same devices \
                   (cudaMalloc memory as legacy CUDA IPC handles, VMM pieces as fds), else refused at send"
             .to_owned(),

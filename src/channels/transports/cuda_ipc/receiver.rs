@@ -8,7 +8,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::cuda::{Mapping, Opener};
-use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_VMM};
+use super::wire::{
+    is_arena, AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_SLOTS, OFFER_ARENAS,
+    OFFER_NO_CUDA_MEMORY,
+};
 use super::{format_uuid, format_uuids, ID, ROUTE_ID};
 use crate::channels::ready::SharedReady;
 use crate::channels::transport::{
@@ -133,8 +136,19 @@ pub(crate) struct Receiver {
     session: u64,
     /// Why the current producer sends no CUDA memory this way, when it does not.
     off: Option<String>,
-    /// Whether the current producer offered the route (its process has CUDA).
+    /// Whether the current producer offered the route.
     offered: bool,
+    /// Whether the current producer sends CUDA memory (its process has CUDA).
+    producer_cuda: bool,
+    /// The device whose GPU buffers the current producer offers.
+    producer_arenas: Option<[u8; 16]>,
+    /// The ordinals of the CUDA devices this process uses: its Vulkan device's, and the one
+    /// current on the thread that made the channel.
+    used: Vec<i32>,
+    /// The devices whose GPU buffers this process takes (bit i: ordinal i).
+    arena_mask: u32,
+    /// The devices holding imports, to whose memory the used devices' contexts were let reach.
+    peered: Vec<i32>,
     slots: Vec<Option<Slot>>,
     /// Imports the producer replaced or forgot while a message into them was held, with that
     /// message's sequence number.
@@ -157,7 +171,11 @@ impl Receiver {
         devices: std::result::Result<Vec<[u8; 16]>, String>,
         bound: usize,
     ) -> Receiver {
-        Receiver {
+        let used: Vec<i32> = match &devices {
+            Ok(d) if !d.is_empty() => opener.current_device().into_iter().collect(),
+            _ => Vec::new(),
+        };
+        let mut receiver = Receiver {
             opener,
             #[cfg(feature = "vulkan")]
             vulkan: None,
@@ -165,6 +183,11 @@ impl Receiver {
             session: 0,
             off: Some("no producer attached yet".into()),
             offered: false,
+            producer_cuda: false,
+            producer_arenas: None,
+            used,
+            arena_mask: 0,
+            peered: Vec::new(),
             slots: Vec::new(),
             retired: Vec::new(),
             open: 0,
@@ -174,24 +197,56 @@ impl Receiver {
             opened: 0,
             ready: Err(crate::channels::ready::NO_SHARED_READY.into()),
             last_ready: 0,
+        };
+        receiver.settle_arena_mask();
+        receiver
+    }
+
+    /// Takes `current` as the CUDA device this process uses (with its Vulkan device's).
+    pub(crate) fn with_current(mut self, current: Option<i32>) -> Receiver {
+        if self.devices.as_ref().is_ok_and(|d| !d.is_empty()) {
+            self.used = current.into_iter().collect();
+            self.settle_arena_mask();
         }
+        self
+    }
+
+    /// The GPU buffers this process takes: of the devices every GPU it uses reaches in place.
+    fn settle_arena_mask(&mut self) {
+        let count = self.devices.as_ref().map_or(0, Vec::len);
+        let opener = &self.opener;
+        self.arena_mask = super::arena::mask(count, &self.used, |a, b| opener.peer_path(a, b));
+    }
+
+    /// This process's ordinal of the device with `uuid`, if it sees it.
+    fn ordinal_of(&self, uuid: &[u8; 16]) -> Option<i32> {
+        self.devices.as_deref().ok()?.iter().position(|d| d == uuid).map(|i| i as i32)
     }
 
     /// Imports VMM pieces of `device`'s own GPU into Vulkan too, for `Message::buffer`.
     #[cfg(feature = "vulkan")]
     pub(crate) fn with_vulkan(mut self, device: Option<&crate::memory::gpu::VulkanDevice>) -> Receiver {
         self.vulkan = device.map(crate::memory::gpu::GpuImporter::new);
+        if let Some(ordinal) = device.and_then(|d| self.ordinal_of(&d.info().device_uuid)) {
+            if !self.used.contains(&ordinal) {
+                self.used.insert(0, ordinal);
+                self.settle_arena_mask();
+            }
+        }
         self
     }
 
     /// This route's answer to every producer's hello: the devices it opens memory on.
     pub(crate) fn answer(&self) -> Attachment {
         let section = match &self.devices {
-            Ok(devices) if !devices.is_empty() => {
-                Section { flags: ANSWER_CUDA, devices: devices.clone(), declined: String::new() }
-            }
-            Ok(_) => Section { flags: 0, devices: Vec::new(), declined: "this process sees no CUDA device".into() },
-            Err(why) => Section { flags: 0, devices: Vec::new(), declined: why.clone() },
+            Ok(devices) if !devices.is_empty() => Section {
+                flags: ANSWER_CUDA | ANSWER_ARENAS,
+                devices: devices.clone(),
+                arenas: self.arena_mask,
+                declined: String::new(),
+            },
+            Ok(_) => Section { declined: "this process sees no CUDA device".into(), ..Section::default() },
+            Err(why) => Section { declined: why.clone(), ..Section::default() },
         };
         Attachment::new(ROUTE_ID, section.encode())
     }
@@ -242,7 +297,8 @@ impl Receiver {
     fn open_slot(&mut self, index: usize) -> Result<()> {
         self.evict();
         let slot = self.slots[index].as_ref().expect("the caller found it");
-        let opened = if slot.allocation.exporter_pid == std::process::id() {
+        let arena = is_arena(slot.allocation.memory);
+        let opened = if slot.allocation.exporter_pid == std::process::id() && !arena {
             // Both ends in this process (a CUDA IPC handle does not open where it was made):
             // the producer's address is this process's.
             Ok(Box::new(SameProcess { address: slot.allocation.base, device: slot.device }) as Box<dyn Mapping>)
@@ -262,9 +318,19 @@ impl Receiver {
             #[cfg(feature = "vulkan")]
             vulkan,
         });
+        let device = self.slots[index].as_ref().expect("found above").device;
+        // A VMM piece's mapping is reached only by the devices granted access to it.
+        for &from in self.used.iter().filter(|&&u| u != device) {
+            if self.opener.peer_path(from, device) {
+                if let Err(e) = import.mapping.grant(from) {
+                    log::warn!("the producer's memory on CUDA device {device} is not reached from device {from}: {e}");
+                }
+            }
+        }
         self.slots[index].as_mut().expect("found above").open = Some(import);
         self.open += 1;
         self.opened += 1;
+        self.reach(device);
         Ok(())
     }
 }
@@ -299,12 +365,96 @@ impl Receiver {
         Ok(())
     }
 
+    /// The report's line for the GPU buffers the current producer offers, if it offers any.
+    fn arena_route(&self, carrier: TransportId) -> Option<Route> {
+        let uuid = self.producer_arenas?;
+        let staged = |why: String| Route {
+            class: PayloadClass::Gpu,
+            kind: carrier,
+            reason: format!("GPU buffers: staged through {carrier} by the producer (copied to host memory): {why}"),
+        };
+        if let Some(why) = &self.off {
+            return Some(staged(format!("cuda_ipc: this process cannot open CUDA memory: {why}")));
+        }
+        let Some(n) = self.ordinal_of(&uuid) else {
+            return Some(staged(format!(
+                "cuda_ipc: the producer's GPU {} is not among this process's CUDA devices (CUDA_VISIBLE_DEVICES)",
+                format_uuid(&uuid)
+            )));
+        };
+        let others: Vec<String> = self.used.iter().filter(|&&u| u != n).map(|u| format!("GPU {u}")).collect();
+        if n >= 32 || self.arena_mask & (1 << n) == 0 {
+            return Some(staged(format!(
+                "cuda_ipc: no peer path from {} (which this process uses) to the producer's GPU {n} ({})",
+                others.join(" and "),
+                format_uuid(&uuid)
+            )));
+        }
+        // Peer access is enabled only from a GPU whose CUDA context the application made.
+        let (active, idle): (Vec<i32>, Vec<i32>) =
+            self.used.iter().filter(|&&u| u != n).partition(|&&u| self.opener.in_use(u));
+        let gpus = |list: &[i32]| list.iter().map(|u| format!("GPU {u}")).collect::<Vec<_>>().join(" and ");
+        let mut access = match (active.len(), idle.len()) {
+            (0, 0) if self.used.is_empty() => " (this process uses no other GPU)".to_owned(),
+            (0, 0) => " (the GPU this process uses)".to_owned(),
+            (0, _) => String::new(),
+            _ => format!(" with peer access from {}", gpus(&active)),
+        };
+        if !idle.is_empty() {
+            access.push_str(&format!(
+                " ({} not in use through CUDA here yet: peer access from it is enabled where its CUDA context is \
+                 active when the first buffer arrives)",
+                gpus(&idle)
+            ));
+        }
+        Some(Route {
+            class: PayloadClass::Gpu,
+            kind: ID,
+            reason: format!(
+                "GPU buffers: cuda_ipc, by reference on GPU {n} ({}, the producer's){access}: each arena imported \
+                 into CUDA once, \
+                 messages are CUDA memory (lf_message_cuda_ptr); host-side synchronisation (buffers are complete \
+                 when sent)",
+                format_uuid(&uuid)
+            ),
+        })
+    }
+
+    /// Lets every other GPU this process uses reach the memory of `device`, which holds an
+    /// import now (once per device; a failure is logged: the memory is still usable from its
+    /// own GPU, and copies from it are staged by the driver).
+    #[cold]
+    fn reach(&mut self, device: i32) {
+        if self.peered.contains(&device) {
+            return;
+        }
+        self.peered.push(device);
+        for &from in self.used.iter().filter(|&&u| u != device) {
+            if !self.opener.peer_path(from, device) {
+                continue;
+            }
+            match self.opener.enable_peer_access(from, device) {
+                Ok(true) => log::debug!("CUDA device {from} reaches the producer's memory on device {device}"),
+                Ok(false) => log::debug!(
+                    "CUDA device {from} is not in use here (no active primary context): no peer access to device \
+                     {device} enabled"
+                ),
+                Err(e) => log::warn!("the producer's memory on CUDA device {device} is not reached in place: {e}"),
+            }
+        }
+    }
+
     /// What slot `index`'s Vulkan import needs, where it is a VMM piece of this process's
     /// Vulkan device.
     #[cfg(feature = "vulkan")]
     fn vulkan_import(&self, index: usize) -> Result<Option<VulkanImport>> {
         let slot = self.slots[index].as_ref().expect("the caller found it");
         let (Some(importer), Some(fd)) = (&self.vulkan, &slot.fd) else { return Ok(None) };
+        if slot.allocation.memory != super::wire::MEMORY_VMM {
+            // (A GPU buffer's arena on this process's own Vulkan device goes by vulkan_ipc,
+            // where it is allowed.)
+            return Ok(None);
+        }
         if importer.device().info().device_uuid != slot.allocation.device_uuid {
             return Ok(None);
         }
@@ -340,15 +490,38 @@ impl RouteReceiver for Receiver {
             ),
             (Some(_), Err(why)) => Some(format!("this process cannot open CUDA memory: {why}")),
             (Some(_), Ok(devices)) if devices.is_empty() => Some("this process sees no CUDA device".into()),
-            (Some(offer), Ok(_)) => {
-                Section::decode(&offer.bytes, "producer")?;
-                None
-            }
+            (Some(_), Ok(_)) => None,
         };
+        self.producer_cuda = offer.is_some();
+        self.producer_arenas = None;
+        if let Some(offer) = &offer {
+            let section = Section::decode(&offer.bytes, "producer")?;
+            self.producer_cuda = section.flags & OFFER_NO_CUDA_MEMORY == 0;
+            if section.flags & OFFER_ARENAS != 0 {
+                let [uuid] = section.devices[..] else {
+                    return Err(
+                        self.corrupt(format!("offers GPU buffers of {} devices, not one", section.devices.len()))
+                    );
+                };
+                self.producer_arenas = Some(uuid);
+            }
+        }
         Ok(())
     }
 
+    fn second_route(&self, carrier: TransportId) -> Option<Route> {
+        match self.producer_cuda {
+            true => self.arena_route(carrier),
+            false => None,
+        }
+    }
+
     fn route(&self, carrier: TransportId) -> Route {
+        if !self.producer_cuda {
+            if let Some(route) = self.arena_route(carrier) {
+                return route;
+            }
+        }
         match (&self.off, &self.devices) {
             (Some(why), _) => Route {
                 class: PayloadClass::Cuda,
@@ -400,7 +573,17 @@ impl RouteReceiver for Receiver {
                         format_uuids(devices)
                     )));
                 };
-                debug_assert!(fd.is_some() == (allocation.memory == MEMORY_VMM), "decode checked the fds");
+                if is_arena(allocation.memory) && (device >= 32 || self.arena_mask & (1 << device) == 0) {
+                    return Err(self.corrupt(format!(
+                        "passed a GPU buffer's arena of CUDA device {device} {}, whose GPU buffers this process does \
+                         not take (the GPU it uses has no peer path there)",
+                        format_uuid(&allocation.device_uuid)
+                    )));
+                }
+                debug_assert!(
+                    fd.is_some() == (allocation.memory != super::wire::MEMORY_LEGACY),
+                    "decode checked the fds"
+                );
                 let index = slot as usize;
                 if self.slots.len() <= index {
                     self.slots.resize_with(index + 1, || None);

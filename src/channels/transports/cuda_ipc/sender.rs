@@ -7,7 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use super::cuda::{Exporter, Keep};
-use super::wire::{AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
+use super::wire::{
+    AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM, OFFER_ARENAS,
+    OFFER_NO_CUDA_MEMORY,
+};
 use super::{format_uuid, format_uuids, refusal, ID, ROUTE_ID};
 use crate::channels::ready::SharedReady;
 use crate::channels::transport::{
@@ -24,16 +27,48 @@ fn hold_key(slot: u32) -> u64 {
     u64::from(ROUTE_ID) << 32 | u64::from(slot)
 }
 
-/// The producer's offer: made only in a process that has the CUDA driver loaded already (it
-/// has no CUDA memory otherwise, and must not be made to initialise CUDA).
-pub(crate) struct Offer;
+/// The producer's offer: CUDA memory where its process had loaded the CUDA driver already (it
+/// has no CUDA memory otherwise, and must not be made to initialise CUDA), and lava-flow's GPU
+/// buffers of its Vulkan device (which need no CUDA here: the consumer imports their arenas'
+/// fds into CUDA), for a consumer whose GPU is another than the producer's (on the same GPU,
+/// vulkan_ipc takes them first).
+#[derive(Clone)]
+pub(crate) struct Offer {
+    /// Why this process sends no CUDA memory, where it sends none.
+    no_cuda: Option<String>,
+    /// The UUID of the device whose GPU buffers this process offers, with that device.
+    arenas: Option<super::arena::ArenaDevice>,
+}
 
 impl Offer {
-    /// The offer, or why this process offers none.
-    pub(crate) fn new() -> std::result::Result<Offer, String> {
+    /// The offer of a process whose memory context is `context`, or why it offers nothing.
+    pub(crate) fn new(context: &crate::memory::Context) -> std::result::Result<Offer, String> {
+        let arenas = super::arena::ArenaDevice::of(context);
         if super::fake() {
-            return Ok(Offer);
+            return Ok(Offer { no_cuda: None, arenas });
         }
+        let no_cuda = Offer::cuda_memory().err();
+        match (no_cuda, arenas) {
+            (Some(why), None) => Err(why),
+            (no_cuda, arenas) => Ok(Offer { no_cuda, arenas }),
+        }
+    }
+
+    /// The offer of a process with CUDA memory and no GPU buffers to offer.
+    #[cfg(test)]
+    pub(crate) fn cuda_only() -> Offer {
+        Offer { no_cuda: None, arenas: None }
+    }
+
+    /// The offer of a process without CUDA (where `no_cuda` says why) offering the GPU buffers
+    /// of `arenas`.
+    #[cfg(all(test, feature = "vulkan"))]
+    pub(crate) fn for_tests(no_cuda: Option<&str>, arenas: Option<super::arena::ArenaDevice>) -> Offer {
+        Offer { no_cuda: no_cuda.map(str::to_owned), arenas }
+    }
+
+    /// Whether this process sends CUDA memory, or why not.
+    pub(crate) fn cuda_memory() -> std::result::Result<(), String> {
         if lava_flow_cuda::disabled() {
             return Err(format!("{}=1 keeps lava-flow from using CUDA here", lava_flow_cuda::DISABLE_CUDA_ENV));
         }
@@ -44,30 +79,71 @@ impl Offer {
                 lava_flow_cuda::LIBRARY
             ));
         }
-        lava_flow_cuda::driver().map(|_| Offer).map_err(|e| format!("the producer's CUDA driver: {e}"))
+        lava_flow_cuda::driver().map(|_| ()).map_err(|e| format!("the producer's CUDA driver: {e}"))
     }
 
     pub(crate) fn sections(&mut self) -> Vec<Attachment> {
-        vec![Attachment::new(ROUTE_ID, Section { flags: 0, devices: Vec::new(), declined: String::new() }.encode())]
+        let mut section = Section::default();
+        if let Some(why) = &self.no_cuda {
+            section.flags |= OFFER_NO_CUDA_MEMORY;
+            section.declined = why.clone();
+        }
+        if let Some(arenas) = &self.arenas {
+            section.flags |= OFFER_ARENAS;
+            section.devices.push(arenas.uuid);
+        }
+        vec![Attachment::new(ROUTE_ID, section.encode())]
     }
 
-    /// Reads the consumer's answer: the sender where it opens CUDA memory, else why not.
-    pub(crate) fn accept(
-        self,
-        answer: Option<Attachment>,
-        holds: Arc<PeerHolds>,
-    ) -> Result<std::result::Result<Sender, String>> {
-        let Some(answer) = answer else {
-            return Ok(Err("the consumer offers no CUDA route (cuda_ipc is not allowed there, or it runs an older \
+    /// Reads the consumer's answer: the sender where it takes CUDA memory or GPU buffers, and
+    /// why it takes what it does not (per class of payload: CUDA memory is refused at send,
+    /// GPU buffers are staged).
+    pub(crate) fn accept(self, answer: Option<Attachment>, holds: Arc<PeerHolds>) -> Result<Accepted> {
+        let section = match answer {
+            Some(answer) => Section::decode(&answer.bytes, "consumer")?,
+            None => Section {
+                declined: "the consumer offers no CUDA route (cuda_ipc is not allowed there, or it runs an older \
                            lava-flow)"
-                .into()));
+                    .into(),
+                ..Section::default()
+            },
         };
-        let section = Section::decode(&answer.bytes, "consumer")?;
-        if section.flags & ANSWER_CUDA == 0 || section.devices.is_empty() {
-            return Ok(Err(format!("the consumer cannot open CUDA memory: {}", section.declined)));
-        }
-        Ok(Ok(Sender::new(section.devices, holds, super::exporter())))
+        let mut refused = Vec::new();
+        let opens = section.flags & ANSWER_CUDA != 0 && !section.devices.is_empty();
+        let why_not = || format!("the consumer cannot open CUDA memory: {}", section.declined);
+        let cuda = match &self.no_cuda {
+            Some(_) => false,
+            None if opens => true,
+            None => {
+                refused.push((PayloadClass::Cuda, why_not()));
+                false
+            }
+        };
+        let arenas = match self.arenas {
+            Some(_) if !opens => {
+                refused.push((PayloadClass::Gpu, format!("cuda_ipc: {}", why_not())));
+                None
+            }
+            Some(arenas) => match super::arena::takes(&section, &arenas.uuid) {
+                Ok(()) => Some(arenas),
+                Err(why) => {
+                    refused.push((PayloadClass::Gpu, format!("cuda_ipc: {why}")));
+                    None
+                }
+            },
+            None => None,
+        };
+        let sender = (cuda || arenas.is_some())
+            .then(|| Sender::new(section.devices.clone(), cuda, arenas, holds, super::exporter()));
+        Ok(Accepted { sender, refused })
     }
+}
+
+/// What came of an offer: the sender, where the consumer takes something by this route, and
+/// why it does not take the rest, by class of payload.
+pub(crate) struct Accepted {
+    pub(crate) sender: Option<Sender>,
+    pub(crate) refused: Vec<(PayloadClass, String)>,
 }
 
 /// An allocation the consumer knows, by base: its slot, generation and `BUFFER_ID`; `held`
@@ -85,6 +161,18 @@ pub(crate) struct Sender {
     route: Route,
     /// The report's words before those on synchronisation.
     reason_head: String,
+    /// The report's line for GPU buffers, where the route serves CUDA memory as well.
+    second: Option<Route>,
+    /// Whether the route serves CUDA memory.
+    cuda: bool,
+    /// The device whose GPU buffers the route serves, where the consumer takes them.
+    arenas: Option<super::arena::ArenaDevice>,
+    /// The GPU buffers' arenas the consumer knows, by (token, counter) of their `ArenaId`.
+    arena_sent: HashMap<(u64, u64), Sent>,
+    /// The last arena sent: ((token, counter), slot, generation).
+    last_arena: Option<((u64, u64), u32, u32)>,
+    /// The slot of the GPU buffer just packed, for `sent`.
+    arena_packed: Option<u32>,
     exporter: Arc<dyn Exporter>,
     /// The UUIDs of the devices the consumer opens memory on.
     devices: Vec<[u8; 16]>,
@@ -107,7 +195,13 @@ pub(crate) struct Sender {
 }
 
 impl Sender {
-    pub(crate) fn new(devices: Vec<[u8; 16]>, holds: Arc<PeerHolds>, exporter: Arc<dyn Exporter>) -> Sender {
+    pub(crate) fn new(
+        devices: Vec<[u8; 16]>,
+        cuda: bool,
+        arenas: Option<super::arena::ArenaDevice>,
+        holds: Arc<PeerHolds>,
+        exporter: Arc<dyn Exporter>,
+    ) -> Sender {
         let reason = format!(
             "CUDA memory: cuda_ipc, by reference to a consumer that opens it on {}: cudaMalloc memory as a legacy CUDA IPC \
              handle, CUDA VMM memory as one fd per piece (each allocation announced once per channel); {}",
@@ -115,9 +209,23 @@ impl Sender {
             refused_kinds()
         );
         let ready: SharedReady = Err(NO_GPU_ROUTE.into());
+        let cuda_route =
+            Route { class: PayloadClass::Cuda, kind: ID, reason: format!("{reason}; {}", sync_words(&ready)) };
+        let arena_route = arenas.as_ref().map(|a| Route { class: PayloadClass::Gpu, kind: ID, reason: a.report() });
+        let (route, second) = match (cuda, arena_route) {
+            (true, second) => (cuda_route, second),
+            (false, Some(arena_route)) => (arena_route, None),
+            (false, None) => (cuda_route, None),
+        };
         Sender {
-            route: Route { class: PayloadClass::Cuda, kind: ID, reason: format!("{reason}; {}", sync_words(&ready)) },
+            route,
             reason_head: reason,
+            second,
+            cuda,
+            arenas,
+            arena_sent: HashMap::new(),
+            last_arena: None,
+            arena_packed: None,
             exporter,
             devices,
             own_uuids: HashMap::new(),
@@ -133,6 +241,18 @@ impl Sender {
         }
     }
 
+    /// The same route for CUDA memory alone (another route takes GPU buffers to this consumer),
+    /// or `None` where the producer sends no CUDA memory: nothing is left for it.
+    pub(crate) fn without_gpu_buffers(mut self) -> Option<Sender> {
+        if !self.cuda {
+            return None;
+        }
+        if self.arenas.take().is_some() {
+            self.second = None;
+        }
+        Some(self)
+    }
+
     /// Lets go of allocations the application let go of and whose messages are all released,
     /// telling the consumer to close its imports; frees the slots of forgotten ones.
     fn sweep(&mut self, completed: u64, attachments: &mut Vec<Attachment>) {
@@ -146,6 +266,17 @@ impl Sender {
             .collect();
         for base in done {
             let gone = self.allocations.remove(&base).expect("listed above");
+            self.forget(gone, attachments);
+        }
+        let last_seqs = &self.last_seqs;
+        let done: Vec<(u64, u64)> = self
+            .arena_sent
+            .iter()
+            .filter(|(_, a)| a.held.strong_count() == 1 && last_seqs[a.slot as usize] < completed)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in done {
+            let gone = self.arena_sent.remove(&key).expect("listed above");
             self.forget(gone, attachments);
         }
         let holds = &self.holds;
@@ -169,6 +300,26 @@ impl Sender {
         self.dying.push((gone.slot, self.last_seqs[gone.slot as usize]));
         if self.last.is_some_and(|(_, _, slot, _)| slot == gone.slot) {
             self.last = None;
+        }
+        if self.last_arena.is_some_and(|(_, slot, _)| slot == gone.slot) {
+            self.last_arena = None;
+        }
+    }
+
+    /// A free slot for a new allocation (its generation is bumped once it is announced).
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
+    fn take_slot(&mut self) -> Result<u32> {
+        match self.free_slots.pop() {
+            Some(slot) => Ok(slot),
+            None if (self.generations.len() as u32) < MAX_SLOTS => {
+                self.generations.push(0);
+                self.last_seqs.push(0);
+                Ok(self.generations.len() as u32 - 1)
+            }
+            None => Err(Error::OutOfMemory(format!(
+                "this channel already shares {MAX_SLOTS} CUDA allocations and GPU arenas alive at once; drop the \
+                 lava-flow buffers of allocations no longer sent (their registrations), or send from fewer allocations"
+            ))),
         }
     }
 
@@ -352,10 +503,21 @@ impl RouteSender for Sender {
     }
 
     fn serves(&self, kind: MemoryKind) -> bool {
-        kind == MemoryKind::Cuda
+        match kind {
+            MemoryKind::Cuda => self.cuda,
+            MemoryKind::Vulkan => self.arenas.is_some(),
+        }
+    }
+
+    fn second_route(&self) -> Option<&Route> {
+        self.second.as_ref()
     }
 
     fn pack(&mut self, payload: &Payload<'_>, completed: u64, out: &mut Packed) -> Result<()> {
+        if payload.kind == MemoryKind::Vulkan {
+            return self.pack_arena(payload, completed, out);
+        }
+        self.arena_packed = None;
         let PayloadMemory::Buffer(buffer) = payload.memory else {
             return Err(Error::Unsupported("the cuda_ipc route sends CUDA memory registered with lava-flow".into()));
         };
@@ -393,6 +555,10 @@ impl RouteSender for Sender {
     }
 
     fn sent(&mut self, seq: u64) {
+        if let Some(slot) = self.arena_packed.take() {
+            self.last_seqs[slot as usize] = seq;
+            return;
+        }
         if let Some((_, _, slot, _)) = self.last {
             self.last_seqs[slot as usize] = seq;
         }
@@ -410,6 +576,128 @@ impl RouteSender for Sender {
 
     fn share_ready(&mut self, share: &SharedReady) {
         self.ready = share.clone();
-        self.route.reason = format!("{}; {}", self.reason_head, sync_words(share));
+        // The report's line is CUDA memory's where the route carries it (else GPU buffers').
+        if self.cuda {
+            self.route.reason = format!("{}; {}", self.reason_head, sync_words(share));
+        }
+    }
+}
+
+/// lava-flow's GPU buffers: each arena announced once per channel with its opaque fd, which
+/// the consumer imports into CUDA on the producer's GPU; a message names its bytes' offset in
+/// the arena. Kept apart from CUDA memory's path: the two share only the slots.
+impl Sender {
+    #[cfg(feature = "vulkan")]
+    fn pack_arena(&mut self, payload: &Payload<'_>, completed: u64, out: &mut Packed) -> Result<()> {
+        use crate::memory::BufferOrigin;
+        let Some(arenas) = &self.arenas else {
+            return Err(Error::Unsupported(format!(
+                "the cuda_ipc route of this channel does not take lava-flow's GPU buffers: {}",
+                self.route.reason
+            )));
+        };
+        let PayloadMemory::Buffer(buffer) = payload.memory else {
+            return Err(Error::Unsupported(format!(
+                "the cuda_ipc route sends lava-flow's GPU buffers, not {}",
+                payload.kind
+            )));
+        };
+        // Allocated here (a view of such a buffer too): a received buffer is the producer's.
+        let Some((gpu, start)) = buffer.gpu_region().filter(|_| buffer.origin() == BufferOrigin::Allocated) else {
+            return Err(Error::Unsupported(format!(
+                "buffer {} is {} that this channel cannot send by reference (a received GPU buffer is the producer's: \
+                 copy it into a buffer of your own first)",
+                buffer.id(),
+                buffer.location()
+            )));
+        };
+        if !gpu.device().same_device(&arenas.device) {
+            return Err(Error::invalid(format!(
+                "buffer {} belongs to another context's Vulkan device than the channel's; allocate it from the \
+                 channel's context",
+                buffer.id()
+            )));
+        }
+        if payload.ready_value != 0 {
+            return Err(Error::Unsupported(
+                "GPU buffers to a consumer on another GPU are sent complete (it reads them through CUDA): wait for \
+                 the work that writes them (a fence, or vkQueueWaitIdle) and send without a ready value"
+                    .into(),
+            ));
+        }
+        self.since_sweep += 1;
+        if self.since_sweep >= SWEEP_EVERY {
+            self.sweep(completed, &mut out.attachments);
+        }
+        let (slot, generation) = self.arena_slot_of(gpu, completed, &mut out.attachments)?;
+        let offset = gpu.offset() + start + payload.offset as u64;
+        let descriptor = Descriptor { slot, generation, offset, len: payload.len as u64, ready_value: 0 };
+        out.descriptor[..Descriptor::LEN].copy_from_slice(&descriptor.encode());
+        out.descriptor_len = Descriptor::LEN;
+        self.arena_packed = Some(slot);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "vulkan"))]
+    fn pack_arena(&mut self, payload: &Payload<'_>, _completed: u64, _out: &mut Packed) -> Result<()> {
+        Err(Error::Unsupported(format!("the cuda_ipc route of this build does not send {}", payload.kind)))
+    }
+
+    /// The consumer's slot and generation for `gpu`'s arena, with the attachments that must
+    /// reach it first.
+    #[cfg(feature = "vulkan")]
+    fn arena_slot_of(
+        &mut self,
+        gpu: &crate::memory::gpu::GpuBuffer,
+        completed: u64,
+        attachments: &mut Vec<Attachment>,
+    ) -> Result<(u32, u32)> {
+        use super::wire::{MEMORY_ARENA, MEMORY_ARENA_DEDICATED};
+        let id = gpu.arena_id();
+        let key = (id.token, id.counter);
+        if let Some((last, slot, generation)) = self.last_arena {
+            if last == key {
+                return Ok((slot, generation));
+            }
+        }
+        if let Some(known) = self.arena_sent.get(&key) {
+            let found = (known.slot, known.generation);
+            self.last_arena = Some((key, found.0, found.1));
+            return Ok(found);
+        }
+        self.sweep(completed, attachments);
+        let uuid = self.arenas.as_ref().expect("pack_arena checked").uuid;
+        let slot = self.take_slot()?;
+        let export = match gpu.export_arena() {
+            Ok(export) => export,
+            Err(e) => {
+                self.free_slots.push(slot);
+                return Err(e);
+            }
+        };
+        self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
+        let generation = self.generations[slot as usize];
+        let dedicated = export.desc.flags & crate::memory::gpu::GPU_EXPORT_DEDICATED != 0;
+        let allocation = Announce {
+            memory: if dedicated { MEMORY_ARENA_DEDICATED } else { MEMORY_ARENA },
+            device_ordinal: -1,
+            exporter_pid: std::process::id(),
+            size: export.desc.arena_size,
+            base: id.token,
+            buffer_id: id.counter,
+            device_uuid: uuid,
+            ipc_handle: [0; 64],
+        };
+        attachments.push(Attachment {
+            route: ROUTE_ID,
+            bytes: AllocationRecord::Announce { slot, generation, allocation }.encode(),
+            handles: vec![export.fd],
+        });
+        let keep = gpu.arena_keep_alive();
+        let held = Arc::downgrade(&keep);
+        self.holds.hold(hold_key(slot), keep);
+        self.arena_sent.insert(key, Sent { slot, generation, buffer_id: id.counter, held });
+        self.last_arena = Some((key, slot, generation));
+        Ok((slot, generation))
     }
 }

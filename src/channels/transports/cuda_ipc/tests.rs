@@ -48,7 +48,7 @@ struct FakeOpener(Arc<Counts>);
 
 impl Opener for FakeOpener {
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, _device: i32) -> crate::Result<Box<dyn Mapping>> {
-        assert_eq!(fd.is_some(), allocation.memory == MEMORY_VMM);
+        assert_eq!(fd.is_some(), allocation.memory != MEMORY_LEGACY);
         self.0.opened.fetch_add(1, Ordering::Relaxed);
         // Each allocation at its own place here, told apart by its id.
         Ok(Box::new(FakeMapping { address: 0x1000_0000 * allocation.buffer_id, counts: Arc::clone(&self.0) }))
@@ -58,7 +58,7 @@ impl Opener for FakeOpener {
 fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
     let counts = Arc::new(Counts::default());
     let mut r = Receiver::new(Arc::new(FakeOpener(Arc::clone(&counts))), Ok(vec![[1; 16], DEVICE]), bound);
-    let offer = Offer.sections().pop().unwrap();
+    let offer = Offer::cuda_only().sections().pop().unwrap();
     r.new_session(1, Some(offer)).unwrap();
     (r, counts)
 }
@@ -238,7 +238,9 @@ fn a_consumer_without_cuda_declines_and_says_why() {
     match super::cuda::devices() {
         Ok(devices) if !devices.is_empty() => println!("skipped: this process has CUDA devices"),
         outcome => {
-            let why = Offer.accept(Some(answer), Arc::new(PeerHolds::default())).unwrap().err().expect("declined");
+            let accepted = Offer::cuda_only().accept(Some(answer), Arc::new(PeerHolds::default())).unwrap();
+            assert!(accepted.sender.is_none(), "declined");
+            let why = accepted.refused[0].1.clone();
             assert!(why.starts_with("the consumer cannot open CUDA memory: "), "{why}");
             match outcome {
                 Err(reason) => assert!(why.contains(&reason), "{why}"),
@@ -246,7 +248,9 @@ fn a_consumer_without_cuda_declines_and_says_why() {
             }
         }
     }
-    let why = Offer.accept(None, Arc::new(PeerHolds::default())).unwrap().err().unwrap();
+    let accepted = Offer::cuda_only().accept(None, Arc::new(PeerHolds::default())).unwrap();
+    assert!(accepted.sender.is_none());
+    let why = &accepted.refused[0].1;
     assert!(why.contains("offers no CUDA route"), "{why}");
 }
 
@@ -265,7 +269,8 @@ fn the_sender_announces_once_and_forgets_what_changed_or_was_let_go_of() {
     })
     .unwrap();
     let holds = Arc::new(PeerHolds::default());
-    let mut sender = super::Sender::new(vec![super::fake::UUID], Arc::clone(&holds), Arc::new(super::fake::Exporter));
+    let mut sender =
+        super::Sender::new(vec![super::fake::UUID], true, None, Arc::clone(&holds), Arc::new(super::fake::Exporter));
     let pointer = |buffer_id| CudaPointer {
         kind: CudaMemoryKind::Legacy,
         base: 0x7000_0000_0000,
@@ -376,7 +381,7 @@ fn hostile_ready_values_are_corrupt_and_good_ones_reach_the_message() {
     assert!(matches!(&err, Error::Corrupt(m) if m.contains("ready semaphore is of GPU")), "{err}");
 
     let _ = r.end_session();
-    r.new_session(2, Some(Offer.sections().pop().unwrap())).unwrap();
+    r.new_session(2, Some(Offer::cuda_only().sections().pop().unwrap())).unwrap();
     announce(&mut r, 0, 1, legacy(2), 0).unwrap();
     let err = resolve_ready(&mut r, 0, 1).err().expect("the new producer shares none yet");
     assert!(matches!(&err, Error::Corrupt(m) if m.contains("shares no ready semaphore")), "{err}");
@@ -397,7 +402,8 @@ fn a_ready_value_needs_the_channel_s_semaphore_on_the_memory_s_gpu() {
     })
     .unwrap();
     let holds = Arc::new(PeerHolds::default());
-    let mut sender = super::Sender::new(vec![super::fake::UUID], Arc::clone(&holds), Arc::new(super::fake::Exporter));
+    let mut sender =
+        super::Sender::new(vec![super::fake::UUID], true, None, Arc::clone(&holds), Arc::new(super::fake::Exporter));
     let pointer = CudaPointer {
         kind: CudaMemoryKind::Legacy,
         base: 0x7000_0000_0000,

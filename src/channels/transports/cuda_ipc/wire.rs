@@ -10,17 +10,30 @@ use crate::error::{Error, Result};
 const VERSION: u32 = 2;
 /// The consumer's answer: it opens CUDA memory on the devices listed.
 pub(super) const ANSWER_CUDA: u32 = 1;
+/// The consumer's answer: it takes lava-flow's GPU buffers (Vulkan arenas, imported into CUDA)
+/// of the devices whose bits a 4-byte mask after the UUIDs sets (bit i: the i-th UUID): those
+/// its own GPU reaches in place (the same GPU, or one with a peer path to it).
+pub(super) const ANSWER_ARENAS: u32 = 2;
+/// The producer's offer: its process has not loaded CUDA, so it sends no CUDA memory (only
+/// lava-flow's GPU buffers, where it offers them). An offer without it sends CUDA memory.
+pub(super) const OFFER_NO_CUDA_MEMORY: u32 = 1;
+/// The producer's offer: it sends lava-flow's GPU buffers of the one device its UUID list
+/// names, as Vulkan arenas for the consumer to import into CUDA.
+pub(super) const OFFER_ARENAS: u32 = 4;
 /// The most devices an answer lists.
 pub(super) const MAX_DEVICES: usize = 16;
 /// The longest reason a section carries.
 const MAX_REASON: usize = 512;
 
-/// A rendezvous section of either side: the producer's offer (no devices), or the consumer's
-/// answer: the CUDA devices it can open memory on, or why it cannot.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A rendezvous section of either side: the producer's offer (no devices, or the device of
+/// the GPU buffers it offers), or the consumer's answer: the CUDA devices it can open memory
+/// on, or why it cannot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Section {
     pub(super) flags: u32,
     pub(super) devices: Vec<[u8; 16]>,
+    /// With [`ANSWER_ARENAS`]: bit i set where the consumer takes GPU buffers of `devices[i]`.
+    pub(super) arenas: u32,
     pub(super) declined: String,
 }
 
@@ -42,6 +55,9 @@ impl Section {
         out.extend_from_slice(head.as_bytes());
         for uuid in devices {
             out.extend_from_slice(uuid);
+        }
+        if self.flags & ANSWER_ARENAS != 0 {
+            out.extend_from_slice(&self.arenas.to_le_bytes());
         }
         let mut end = self.declined.len().min(MAX_REASON);
         while !self.declined.is_char_boundary(end) {
@@ -66,9 +82,21 @@ impl Section {
         if count > MAX_DEVICES || rest.len() < 16 * count || rest.len() - 16 * count > MAX_REASON {
             return Err(bad(format!("lists {count} devices in {} bytes", rest.len())));
         }
-        let (uuids, reason) = rest.split_at(16 * count);
+        let (uuids, mut reason) = rest.split_at(16 * count);
         let devices = uuids.chunks_exact(16).map(|c| c.try_into().expect("16 bytes")).collect();
-        Ok(Section { flags: head.flags.get(), devices, declined: String::from_utf8_lossy(reason).into_owned() })
+        let flags = head.flags.get();
+        let mut arenas = 0;
+        if flags & ANSWER_ARENAS != 0 {
+            let Some((mask, after)) = reason.split_first_chunk::<4>() else {
+                return Err(bad(format!("takes GPU buffers but has {} bytes for their mask", reason.len())));
+            };
+            arenas = u32::from_le_bytes(*mask);
+            if count < 32 && arenas >> count != 0 {
+                return Err(bad(format!("takes GPU buffers of devices {arenas:#x} of the {count} it lists")));
+            }
+            reason = after;
+        }
+        Ok(Section { flags, devices, arenas, declined: String::from_utf8_lossy(reason).into_owned() })
     }
 }
 
@@ -82,6 +110,18 @@ const ATTACH_FORGET: u32 = 2;
 pub(super) const MEMORY_LEGACY: u32 = 1;
 /// `Announce::memory`: a VMM piece (its fd attached).
 pub(super) const MEMORY_VMM: u32 = 2;
+/// `Announce::memory`: a lava-flow GPU buffer's Vulkan arena, an opaque fd attached for
+/// `cuImportExternalMemory` (base and buffer id: the arena's token and counter; no CUDA
+/// ordinal, -1: the producer need not use CUDA).
+pub(super) const MEMORY_ARENA: u32 = 3;
+/// `Announce::memory`: as [`MEMORY_ARENA`], of a dedicated Vulkan allocation (CUDA imports
+/// it with `CUDA_EXTERNAL_MEMORY_DEDICATED`).
+pub(super) const MEMORY_ARENA_DEDICATED: u32 = 4;
+
+/// Whether `memory` is a lava-flow GPU buffer's arena.
+pub(super) fn is_arena(memory: u32) -> bool {
+    matches!(memory, MEMORY_ARENA | MEMORY_ARENA_DEDICATED)
+}
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -109,7 +149,7 @@ const ANNOUNCE: usize = std::mem::size_of::<AnnounceWire>();
 /// One of the producer's CUDA allocations, as the consumer opens it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Announce {
-    /// [`MEMORY_LEGACY`] or [`MEMORY_VMM`].
+    /// [`MEMORY_LEGACY`], [`MEMORY_VMM`] or an arena's ([`is_arena`]).
     pub(crate) memory: u32,
     /// The producer's ordinal of the device (for messages: ordinals differ between processes).
     pub(crate) device_ordinal: i32,
@@ -185,6 +225,15 @@ impl AllocationRecord {
                 let expected_fds = match allocation.memory {
                     MEMORY_LEGACY => 0,
                     MEMORY_VMM => 1,
+                    m if is_arena(m) => {
+                        if allocation.ipc_handle != [0; 64] || allocation.device_ordinal != -1 {
+                            return Err(bad(format!(
+                                "announces a GPU buffer's arena with a CUDA handle or ordinal ({})",
+                                allocation.device_ordinal
+                            )));
+                        }
+                        1
+                    }
                     other => return Err(bad(format!("announces memory of kind {other}"))),
                 };
                 if fds != expected_fds || allocation.size == 0 {
@@ -275,7 +324,7 @@ mod tests {
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
         assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 116, 32));
-        let answer = Section { flags: ANSWER_CUDA, devices: vec![[1; 16], [2; 16]], declined: "é".into() };
+        let answer = Section { flags: ANSWER_CUDA, devices: vec![[1; 16], [2; 16]], arenas: 0, declined: "é".into() };
         assert_eq!(Section::decode(&answer.encode(), "consumer").unwrap(), answer);
         assert!(matches!(Section::decode(&[0; 5], "consumer"), Err(Error::Corrupt(_))));
         let mut many = answer.encode();
@@ -312,12 +361,53 @@ mod tests {
         assert!(AllocationRecord::decode(&far.encode(), 0).is_err());
     }
 
+    /// A GPU buffer's arena: announced with its one fd, no CUDA handle and no CUDA ordinal;
+    /// the consumer's mask of the devices whose buffers it takes travels with its answer.
+    #[test]
+    fn arena_records_and_answers_round_trip_and_reject_garbage() {
+        let arena = Announce { memory: MEMORY_ARENA, device_ordinal: -1, ipc_handle: [0; 64], ..sample() };
+        let record = AllocationRecord::Announce { slot: 1, generation: 3, allocation: arena };
+        assert_eq!(AllocationRecord::decode(&record.encode(), 1).unwrap(), record);
+        for fds in [0, 2] {
+            assert!(matches!(AllocationRecord::decode(&record.encode(), fds), Err(Error::Corrupt(_))), "{fds} fds");
+        }
+        let dedicated = AllocationRecord::Announce {
+            slot: 1,
+            generation: 3,
+            allocation: Announce { memory: MEMORY_ARENA_DEDICATED, ..arena },
+        };
+        assert_eq!(AllocationRecord::decode(&dedicated.encode(), 1).unwrap(), dedicated);
+        for bad in [
+            Announce { ipc_handle: [1; 64], ..arena },
+            Announce { device_ordinal: 0, ..arena },
+            Announce { size: 0, ..arena },
+        ] {
+            let bytes = AllocationRecord::Announce { slot: 1, generation: 3, allocation: bad }.encode();
+            assert!(matches!(AllocationRecord::decode(&bytes, 1), Err(Error::Corrupt(_))), "{bad:?}");
+        }
+
+        let answer = Section {
+            flags: ANSWER_CUDA | ANSWER_ARENAS,
+            devices: vec![[1; 16], [2; 16]],
+            arenas: 0b10,
+            declined: String::new(),
+        };
+        assert_eq!(Section::decode(&answer.encode(), "consumer").unwrap(), answer);
+        let beyond = Section { arenas: 0b100, ..answer.clone() };
+        assert!(matches!(Section::decode(&beyond.encode(), "consumer"), Err(Error::Corrupt(_))));
+        let encoded = answer.encode();
+        assert!(matches!(Section::decode(&encoded[..encoded.len() - 2], "consumer"), Err(Error::Corrupt(_))));
+        let offer =
+            Section { flags: OFFER_NO_CUDA_MEMORY | OFFER_ARENAS, devices: vec![[1; 16]], ..Section::default() };
+        assert_eq!(Section::decode(&offer.encode(), "producer").unwrap(), offer);
+    }
+
     proptest! {
         #![proptest_config(crate::fuzz::config(2000))]
 
         #[test]
         fn fuzz_section(bytes in crate::fuzz::bytes_near(
-            Section { flags: ANSWER_CUDA, devices: vec![[1; 16]], declined: "no".into() }.encode(),
+            Section { flags: ANSWER_CUDA | ANSWER_ARENAS, devices: vec![[1; 16]], arenas: 1, declined: "no".into() }.encode(),
             700,
         )) {
             if let Ok(s) = Section::decode(&bytes, "peer") {
