@@ -676,7 +676,9 @@ impl Producer {
     ) -> Result<u64> {
         if ready_value != 0 {
             return Err(Error::Unsupported(format!(
-                "channel {:?} copies CUDA memory through host memory to its consumer on another host, so it cannot                  wait for a ready value: synchronise the work that writes it (cudaStreamSynchronize) and send it                  without one (lf_send_buffer)",
+                "channel {:?} copies CUDA memory through host memory to its consumer on another host, so it cannot \
+                 wait for a ready value: synchronise the work that writes it (cudaStreamSynchronize) and send it \
+                 without one (lf_send_buffer)",
                 self.name
             )));
         }

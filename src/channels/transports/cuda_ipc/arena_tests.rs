@@ -154,7 +154,9 @@ fn an_arena_is_imported_once_reached_from_the_gpu_in_use_and_closed_when_forgott
     drop(payload);
     drop(r.resolve(1, &descriptor).unwrap().unwrap());
     assert_eq!(peers.opened.load(Ordering::Relaxed), 1, "imported once");
-    assert_eq!(*peers.enabled.lock(), [(1, 0)], "GPU 1's context reaches GPU 0's memory");
+    // GPU 1's context reaches GPU 0's memory, and GPU 0's (where copies out of it go fastest)
+    // GPU 1's.
+    assert_eq!(*peers.enabled.lock(), [(1, 0), (0, 1)], "peer access both ways");
     assert_eq!(*peers.granted.lock(), [1], "and GPU 1 was let into the import's mapping");
 
     let forget = AllocationRecord::Forget { slot: 0, generation: 1 }.encode();

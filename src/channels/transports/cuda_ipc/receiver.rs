@@ -441,6 +441,12 @@ impl Receiver {
                 ),
                 Err(e) => log::warn!("the producer's memory on CUDA device {device} is not reached in place: {e}"),
             }
+            // And the other way: a copy out of the import at NVLink speed is one issued on a
+            // stream of the memory's own device (measured on two H200s: 370 GB/s, where a copy
+            // issued from the consumer's device moved 37 GB/s), which writes `from`'s memory.
+            if let Err(e) = self.opener.enable_peer_access(device, from) {
+                log::warn!("copies from the producer's memory on CUDA device {device} cannot write device {from}: {e}");
+            }
         }
     }
 
