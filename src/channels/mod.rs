@@ -33,6 +33,7 @@
 pub mod consumer;
 mod fan_in;
 mod fan_out;
+mod holds;
 pub mod peers;
 pub mod producer;
 pub mod raw;
