@@ -682,13 +682,7 @@ impl Producer {
                 self.name
             )));
         }
-        let loan = self.loan_raw(len, timeout)?;
-        // SAFETY: the loan was just lent by loan_raw and is outstanding.
-        unsafe {
-            self.transport.publish_filled(loan, len, &mut |start, piece| {
-                crate::memory::cuda::copy_to_host(&pointer, offset + start, piece)
-            })
-        }
+        self.stage(len, timeout, &mut |start, piece| crate::memory::cuda::copy_to_host(&pointer, offset + start, piece))
     }
 
     /// A GPU buffer of lava-flow's: by reference through the route for its memory, or staged
@@ -744,10 +738,21 @@ impl Producer {
                 self.name, self.info.reason
             )));
         }
-        let (offset, len) = (payload.offset, payload.len);
+        let offset = payload.offset;
+        self.stage(payload.len, timeout, &mut |start, piece| buffer.read_at(offset + start, piece))
+    }
+
+    /// Sends a message of `len` bytes that `fill` copies in, piece by piece where the carrier
+    /// sends a large message in pieces (`fill(start, piece)`): a staged payload.
+    fn stage(
+        &mut self,
+        len: usize,
+        timeout: Option<Duration>,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         let loan = self.loan_raw(len, timeout)?;
         // SAFETY: the loan was just lent by loan_raw and is outstanding.
-        unsafe { self.transport.publish_filled(loan, len, &mut |start, piece| buffer.read_at(offset + start, piece)) }
+        unsafe { self.transport.publish_filled(loan, len, fill) }
     }
 
     /// Sends bytes that already lie in memory the peer can map, without copying them.

@@ -26,6 +26,7 @@
 //! on the releasing thread's.
 
 use std::collections::VecDeque;
+use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 use std::time::Duration;
@@ -38,6 +39,8 @@ use super::handle::{Deferred, Msg};
 use super::Channel;
 use crate::buffer::Buffer;
 use crate::cuda::{self, CuStream, Event, Semaphore};
+use crate::ffi;
+use crate::native::{lib, Ptr};
 
 /// A channel's CUDA state, made as GPU messages come and go.
 #[derive(Default)]
@@ -102,6 +105,47 @@ impl Channel {
 
     /// Signals this producer's ready semaphore to the next value on `stream`, under the
     /// channel's lock (so that values reach the channel in the order they grow); returns it.
+    /// Sends `len` bytes at `offset` of buffer `buffer` (`what` names the call in errors):
+    /// with `ready_value` where the caller's work signals it, or `ordered` on a stream, the
+    /// channel's ready semaphore signalled there once, under the channel's lock, so that values
+    /// reach it in order; else complete now.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_ordered(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        buffer: Ptr<ffi::lf_buffer>,
+        offset: usize,
+        len: usize,
+        timeout: Option<f64>,
+        ready_value: Option<u64>,
+        ordered: Option<&(Arc<Semaphore>, Ptr<c_void>)>,
+    ) -> PyResult<u64> {
+        let mut value = ready_value;
+        let mut failed = None;
+        self.blocking(py, what, timeout, |ch, t| {
+            if let (None, Some((sem, s))) = (value, ordered) {
+                match self.signal_ready(sem, s.get()) {
+                    Ok(v) => value = Some(v),
+                    Err(e) => {
+                        failed = Some(e);
+                        return (ffi::LF_ERR_INVALID_ARGUMENT, 0);
+                    }
+                }
+            }
+            let mut seq = 0u64;
+            // SAFETY: a live channel, and a buffer the caller keeps alive for the call.
+            let s = unsafe {
+                match value {
+                    None => lib().lf_send_buffer(ch.get(), buffer.get(), offset, len, t, &mut seq),
+                    Some(v) => lib().lf_send_buffer_after(ch.get(), buffer.get(), offset, len, v, t, &mut seq),
+                }
+            };
+            (s, seq)
+        })
+        .map_err(|e| failed.take().unwrap_or(e))
+    }
+
     pub(super) fn signal_ready(&self, sem: &Semaphore, stream: CuStream) -> PyResult<u64> {
         let mut g = self.gpu_state();
         let value = g.last_value + 1;

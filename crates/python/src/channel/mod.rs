@@ -280,32 +280,8 @@ impl Channel {
         if let Some(v) = ready_value {
             self.note_ready_value(v);
         }
-        let seq = buffer.with(|b| {
-            let mut value = ready_value;
-            let mut failed = None;
-            self.blocking(py, "send_buffer", timeout, |ch, t| {
-                if let (None, Some((sem, s))) = (value, &ordered) {
-                    // Once, under the channel's lock, so that values reach it in order.
-                    match self.signal_ready(sem, s.get()) {
-                        Ok(v) => value = Some(v),
-                        Err(e) => {
-                            failed = Some(e);
-                            return (ffi::LF_ERR_INVALID_ARGUMENT, 0);
-                        }
-                    }
-                }
-                let mut seq = 0u64;
-                // SAFETY: live channel and buffer for the call.
-                let s = unsafe {
-                    match value {
-                        None => lib().lf_send_buffer(ch.get(), b.get(), offset, len, t, &mut seq),
-                        Some(v) => lib().lf_send_buffer_after(ch.get(), b.get(), offset, len, v, t, &mut seq),
-                    }
-                };
-                (s, seq)
-            })
-            .map_err(|e| failed.take().unwrap_or(e))
-        })?;
+        let seq = buffer
+            .with(|b| self.send_ordered(py, "send_buffer", b, offset, len, timeout, ready_value, ordered.as_ref()))?;
         if buffer.is_gpu() {
             self.note_gpu_sent(seq, || gpu::buffer_device(buffer));
         }

@@ -126,33 +126,7 @@ impl Channel {
             return Err(e);
         }
         let offset = (a.ptr - base as usize as u64) as usize;
-        let mut value = None;
-        let mut failed = None;
-        let sent = self
-            .blocking(py, "send_tensor", timeout, |ch, t| {
-                if let (None, Some((sem, s))) = (value, &ordered) {
-                    // Once, under the channel's lock, so that values reach it in order.
-                    match self.signal_ready(sem, s.get()) {
-                        Ok(v) => value = Some(v),
-                        Err(e) => {
-                            failed = Some(e);
-                            return (ffi::LF_ERR_INVALID_ARGUMENT, 0);
-                        }
-                    }
-                }
-                let mut seq = 0u64;
-                // SAFETY: live channel and registration for the call.
-                let s = unsafe {
-                    match value {
-                        None => lib().lf_send_buffer(ch.get(), registration.get(), offset, a.len, t, &mut seq),
-                        Some(v) => {
-                            lib().lf_send_buffer_after(ch.get(), registration.get(), offset, a.len, v, t, &mut seq)
-                        }
-                    }
-                };
-                (s, seq)
-            })
-            .map_err(|e| failed.take().unwrap_or(e));
+        let sent = self.send_ordered(py, "send_tensor", registration, offset, a.len, timeout, None, ordered.as_ref());
         match sent {
             Ok(sequence) => {
                 let mut list = self.sent.lock().unwrap_or_else(|e| e.into_inner());
