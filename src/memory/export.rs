@@ -418,10 +418,10 @@ fn export(buffer: &Buffer) -> Result<ExportHandle> {
         return Ok(ExportHandle { fd, descriptor: describe(buffer)?.0 });
     }
     let (descriptor, fd) = describe(buffer)?;
-    let fd = fd
-        .expect("a CPU arena's file")
-        .try_clone()
-        .map_err(|e| Error::os(format!("duplicating the fd of buffer {}", buffer.id()), e))?;
+    let Some(fd) = fd else {
+        return Err(Error::Unsupported(format!("buffer {} lies in no memory file this build exports", buffer.id())));
+    };
+    let fd = fd.try_clone().map_err(|e| Error::os(format!("duplicating the fd of buffer {}", buffer.id()), e))?;
     Ok(ExportHandle { fd, descriptor })
 }
 

@@ -10,6 +10,7 @@
  *   test_mpi bad-host-id    LF_HOST_ID is invalid on rank 0 only: every join fails, none hangs
  *
  * Every rank checks what it sees and exits non-zero on any failure, so mpirun fails. */
+#define _GNU_SOURCE /* readlink, for check.h's descriptor count */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>

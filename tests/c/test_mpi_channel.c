@@ -19,6 +19,7 @@
  *                           early and its LF_ERR_PEER_GONE names its slot while the others go on.
  *
  * Every rank checks what it sees and exits non-zero on any failure, so mpirun fails. */
+#define _GNU_SOURCE /* readlink, for check.h's descriptor count */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
