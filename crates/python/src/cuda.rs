@@ -145,6 +145,19 @@ fn device_with_uuid(api: &Driver, uuid: &[u8; 16]) -> PyResult<CUdevice> {
 }
 
 /// Waits for all of `device`'s work (where no stream can be waited for instead).
+/// Whether every stream of `streams` (of `device`) has done all the work queued on it: then a
+/// message used only on them can be released at once, without an event recorded and queried.
+/// A failing query counts as busy (the caller then records events, which report a broken
+/// context as done).
+pub fn streams_idle(device: i32, streams: &[usize]) -> bool {
+    let Some(api) = loaded() else { return false };
+    in_context(api, device, || {
+        // SAFETY: streams the DLPack consumer named on this device, in its context.
+        Ok(streams.iter().all(|&s| unsafe { api.stream_query(s as CuStream) }.is_ok()))
+    })
+    .unwrap_or(false)
+}
+
 pub fn synchronize(device: i32) {
     if let Some(api) = loaded() {
         synchronize_with(api, device);

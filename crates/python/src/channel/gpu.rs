@@ -5,8 +5,10 @@
 //! Releasing without a device-wide synchronise. `__dlpack__(stream=S)` promises that the
 //! consumer uses the tensor on S; lava-flow makes S wait for the payload (the producer's ready
 //! semaphore) and notes S on the message. When the message is released (and no view of it is
-//! left), an event is recorded on each noted stream. If every event is already done the message
-//! goes back to the producer at once; otherwise the release is deferred, not waited for: the
+//! left), each noted stream is asked whether its work is all done (`cuStreamQuery`): if so the
+//! message goes back to the producer at once. Otherwise an event is recorded on each noted
+//! stream; if every event is already done the message goes back at once; otherwise the
+//! release is deferred, not waited for: the
 //! Python thread goes on, and the message goes back once its events are done, through whichever
 //! comes first:
 //! - the next call on the channel (every call first releases what is due; a blocking call
@@ -238,7 +240,7 @@ impl Channel {
         device: i32,
     ) -> PyResult<()> {
         let this = channel.get();
-        match record(streams, device) {
+        match busy_events(streams, device) {
             Some(events) if !events.iter().all(|e| e.done()) => {
                 this.defer_after(channel.clone_ref(py), *m, events);
                 Ok(())
@@ -259,7 +261,7 @@ impl Channel {
         device: i32,
     ) {
         let this = channel.get();
-        match record(streams, device) {
+        match busy_events(streams, device) {
             Some(events) if !events.iter().all(|e| e.done()) => {
                 this.defer_after(channel.clone_ref(py), m, events);
             }
@@ -285,6 +287,16 @@ pub(super) fn buffer_device(buffer: &Buffer) -> PyResult<i32> {
     // SAFETY: the export's fd is ours; only its device UUID is needed.
     unsafe { libc::close(e.fd) };
     cuda::device_of(&e.device_uuid)
+}
+
+/// Events after the work queued on `streams`, where any has work left (None where all are
+/// idle: the message's users are done with it, as far as the GPU goes, and it is released at
+/// once without recording an event).
+fn busy_events(streams: &[usize], device: i32) -> Option<Vec<Arc<Event>>> {
+    if cuda::streams_idle(device, streams) {
+        return None;
+    }
+    record(streams, device)
 }
 
 /// Events after the work queued on `streams`; None where one could not be recorded (an invalid
