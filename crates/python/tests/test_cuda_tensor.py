@@ -1,8 +1,8 @@
 """CUDA tensors the application allocated, sent by reference (`send_tensor`): PyTorch's default
-caching allocator (cudaMalloc memory, legacy CUDA IPC handles) and its expandable segments (CUDA
-VMM memory, an fd per piece), received as DLPack on the consumer's GPU; stream-ordered sends,
-whose consumer's stream waits on the GPU. The GPU tests need torch with a CUDA device (skipped
-elsewhere); the refusals run everywhere."""
+caching allocator (cudaMalloc memory, legacy CUDA IPC handles), its expandable segments (CUDA
+VMM memory, an fd per piece) and CuPy's memory pool (cudaMalloc memory), received as DLPack on
+the consumer's GPU; stream-ordered sends, whose consumer's stream waits on the GPU. The GPU
+tests need torch (or CuPy) with a CUDA device (skipped elsewhere); the refusals run everywhere."""
 import os
 
 import pytest
@@ -202,3 +202,49 @@ def test_a_stream_ordered_tensor_is_waited_for_on_the_consumer_s_stream(name, pe
         del view
     out = p.wait()
     assert "ok" in out and "stream-ordered" in out, out
+
+
+# A CuPy array (CuPy's memory pool: cudaMalloc memory) sent by reference; the consumer views it
+# with CuPy and writes through its view.
+CUPY_PRODUCER = """
+import lava_flow as lf, cupy
+n = 1 << 16
+a = cupy.arange(n, dtype=cupy.int32)
+cupy.cuda.runtime.deviceSynchronize()
+ctx = lf.Context(gpu="disabled")
+ch = lf.producer(ctx, NAME, rendezvous_timeout=60)
+print("transport", ch.transport_reason)
+seq = ch.send_tensor(a[16:])
+ch.wait_completed(seq, timeout=60)
+expected = cupy.arange(n, dtype=cupy.int32)
+expected[16:] *= 2
+assert bool((a == expected).all()), "the consumer's writes are not in the producer's array"
+print("ok")
+"""
+
+
+def test_a_cupy_array_travels_by_reference(name, peer):
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("CuPy sees no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("CuPy finds no CUDA driver")
+    cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # CUDA in use here too
+    p = peer(CUPY_PRODUCER, name)
+    ctx = lf.Context(gpu="disabled")
+    ch = lf.consumer(ctx, name, rendezvous_timeout=60)
+    n = 1 << 16
+    with ch.recv(timeout=60) as m:
+        assert m.is_cuda, (m.flags, ch.transport_reason)
+        address, _ = m.cuda_ptr
+        view = cupy.from_dlpack(m)
+        assert view.data.ptr == address, "a view of the message's bytes, not a copy"
+        ints = view.view(cupy.int32)
+        assert bool((ints == cupy.arange(16, n, dtype=cupy.int32)).all())
+        ints *= 2
+        cupy.cuda.runtime.deviceSynchronize()
+        del view, ints
+    out = p.wait()
+    assert "ok" in out, out
+    assert "cuda_ipc" in out, out
