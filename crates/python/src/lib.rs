@@ -18,9 +18,12 @@ mod dlpack;
 mod error;
 mod import_cache;
 mod location;
+mod log;
 mod native;
+mod pool_map;
 mod pybuf;
 mod shared;
+mod torch_pool;
 
 #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unsafe_op_in_unsafe_fn, clippy::all)]
 mod ffi {
@@ -56,5 +59,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     buffer::register(m)?;
     location::register(m)?;
     channel::register(m)?;
+    torch_pool::register(m)?;
     Ok(())
 }
