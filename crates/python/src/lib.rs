@@ -32,9 +32,10 @@ mod ffi {
 
 use pyo3::prelude::*;
 
-/// The CUDA imports of received GPU arenas in this process, for tests and diagnostics:
-/// (arenas imported so far, imports alive, arenas in the cache). One import serves every
-/// message in its arena.
+/// The CUDA imports of GPU arenas in this process, for tests and diagnostics: (arenas imported
+/// so far, imports alive, received arenas in the cache). One import serves every message in a
+/// received arena, and every buffer of a `lava_flow.torch` pool in one of this process's own;
+/// the DLPack of a Buffer of this process's own imports its arena for that Buffer.
 #[pyfunction]
 fn _cuda_imports() -> (u64, u64, usize) {
     cuda::import_counts()
