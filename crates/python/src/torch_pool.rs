@@ -11,8 +11,8 @@
 //!   for; the buffer's arena is imported into CUDA once (one import serves every buffer of the
 //!   arena while any of them lives; the last one's free unmaps it, so that lava-flow can give
 //!   the arena back), and PyTorch gets the CUDA address of the buffer's bytes, aligned to 512
-//!   bytes as `cudaMalloc`'s are (a buffer that lava-flow places less aligned is allocated
-//!   again with room to align). A process-wide map from that address to the buffer keeps the
+//!   bytes (PyTorch cuts segments into blocks of multiples of 512; a buffer that lava-flow
+//!   places less aligned is allocated again with room to align). A process-wide map from that address to the buffer keeps the
 //!   buffer until PyTorch frees it.
 //! - free: waits for the device's work (as `cudaFree` does: PyTorch may have work queued on
 //!   the segment) and drops the buffer. A message that still refers to its bytes keeps the
