@@ -12,8 +12,11 @@
 //!   arena while any of them lives; the last one's free unmaps it, so that lava-flow can give
 //!   the arena back), and PyTorch gets the CUDA address of the buffer's bytes, aligned to 512
 //!   bytes (PyTorch cuts segments into blocks of multiples of 512; a buffer that lava-flow
-//!   places less aligned is allocated again with room to align). A process-wide map from that address to the buffer keeps the
-//!   buffer until PyTorch frees it.
+//!   places less aligned is allocated again with room to align). A process-wide map from that
+//!   address to the buffer keeps the buffer until PyTorch frees it. The imports are those of
+//!   received arenas (`cuda::Import`, keyed by `ArenaKey`), but not in their cache: that one is
+//!   bounded and let go of by channel, while a pool's import must live exactly as long as the
+//!   buffers PyTorch holds in its arena.
 //! - free: waits for the device's work (as `cudaFree` does: PyTorch may have work queued on
 //!   the segment) and drops the buffer. A message that still refers to its bytes keeps the
 //!   arena's memory alive (the channel's hold), but lava-flow may hand the range to a new
