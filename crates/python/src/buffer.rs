@@ -24,6 +24,9 @@ enum Owner {
     Registered { context: Py<Context>, memory: Option<Borrowed> },
     /// The GPU buffer of a received message, lent until the message is released.
     Lent { message: Py<Message> },
+    /// Memory a `lava_flow.torch` pool gave PyTorch: freed once PyTorch freed it and no
+    /// Buffer or send holds it.
+    Pooled(std::sync::Arc<crate::torch_pool::PoolBuffer>),
 }
 
 /// Memory lava-flow allocated, imported or registered: CPU memory of every kind and GPU memory.
@@ -55,6 +58,10 @@ impl Buffer {
 
     pub fn lent(ptr: *mut ffi::lf_buffer, message: Py<Message>) -> PyResult<Buffer> {
         Self::wrap(ptr, Owner::Lent { message })
+    }
+
+    pub fn pooled(buffer: std::sync::Arc<crate::torch_pool::PoolBuffer>) -> PyResult<Buffer> {
+        Self::wrap(buffer.handle().get(), Owner::Pooled(buffer))
     }
 
     fn wrap(ptr: *mut ffi::lf_buffer, owner: Owner) -> PyResult<Buffer> {
@@ -116,6 +123,7 @@ impl Buffer {
                 drop(memory);
             }
             Some(Owner::Lent { message }) => message.get().end_export(),
+            Some(Owner::Pooled(buffer)) => drop(buffer),
             None => {}
         }
     }
@@ -137,6 +145,11 @@ impl Buffer {
         if slot.is_none() {
             let received_on = match &*self.owner.lock().unwrap_or_else(|e| e.into_inner()) {
                 Some(Owner::Lent { message }) => Some(message.get().channel().get().id()),
+                // The pool's import of the arena, which PyTorch's tensors use.
+                Some(Owner::Pooled(buffer)) => {
+                    *slot = Some(buffer.mapping());
+                    return f(slot.as_mut().expect("made above"));
+                }
                 _ => None,
             };
             *slot = Some(crate::cuda::Mapping::import(&self.export_record()?, received_on)?);

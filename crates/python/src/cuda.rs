@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use lava_flow_cuda::sys::*;
 use lava_flow_cuda::Driver;
 use pyo3::exceptions::PyBufferError;
-use pyo3::PyResult;
+use pyo3::{PyErr, PyResult};
 
 use crate::ffi;
 use crate::import_cache::{ArenaKey, ImportCache};
@@ -66,9 +66,38 @@ fn loaded() -> Option<&'static Driver> {
     }
 }
 
-/// A driver call's outcome as Python's error.
-fn check(r: lava_flow_cuda::Result<()>) -> PyResult<()> {
-    r.map_err(|e| PyBufferError::new_err(e.to_string()))
+/// The driver for memory that PyTorch's allocator asks lava-flow for (`torch_pool`), or why
+/// there is none, as text: those calls run without the GIL, so they make no Python error.
+pub fn pool_driver() -> Result<&'static Driver, String> {
+    let d = lava_flow_cuda::driver();
+    if d.is_ok() {
+        USED.store(true, Ordering::Relaxed);
+    }
+    d.map_err(|e| e.to_string())
+}
+
+/// How this module's calls fail: with a Python exception where Python called, with a message
+/// where nothing of Python may be touched (PyTorch's allocator hooks: taking the GIL there
+/// could wait for a thread that waits for PyTorch's allocator).
+pub trait Failure: Sized {
+    fn from_message(message: String) -> Self;
+}
+
+impl Failure for PyErr {
+    fn from_message(message: String) -> Self {
+        PyBufferError::new_err(message)
+    }
+}
+
+impl Failure for String {
+    fn from_message(message: String) -> Self {
+        message
+    }
+}
+
+/// A driver call's outcome as the caller's error.
+fn check<E: Failure>(r: lava_flow_cuda::Result<()>) -> Result<(), E> {
+    r.map_err(|e| E::from_message(e.to_string()))
 }
 
 /// A raw CUDA handle that crosses threads (the driver's handles are process-wide).
@@ -82,7 +111,7 @@ static CONTEXTS: Mutex<Vec<(CUdevice, Raw)>> = Mutex::new(Vec::new());
 /// Device UUIDs seen, and their CUDA ordinals.
 static DEVICES: Mutex<Vec<([u8; 16], CUdevice)>> = Mutex::new(Vec::new());
 
-fn primary_context(api: &Driver, device: CUdevice) -> PyResult<CUcontext> {
+fn primary_context<E: Failure>(api: &Driver, device: CUdevice) -> Result<CUcontext, E> {
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&(_, c)) = contexts.iter().find(|(d, _)| *d == device) {
         return Ok(c.0);
@@ -95,7 +124,7 @@ fn primary_context(api: &Driver, device: CUdevice) -> PyResult<CUcontext> {
 }
 
 /// Runs `f` with the device's primary context current.
-fn in_context<R>(api: &Driver, device: CUdevice, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+fn in_context<R, E: Failure>(api: &Driver, device: CUdevice, f: impl FnOnce() -> Result<R, E>) -> Result<R, E> {
     let ctx = primary_context(api, device)?;
     let mut current: CUcontext = std::ptr::null_mut();
     // SAFETY: out-parameter. PyTorch and CuPy keep the primary context current on their
@@ -114,7 +143,7 @@ fn in_context<R>(api: &Driver, device: CUdevice, f: impl FnOnce() -> PyResult<R>
 
 /// Waits for all of the device's work (before destroying what that work may use).
 fn synchronize_with(api: &Driver, device: CUdevice) {
-    let _ = in_context(api, device, || {
+    let _ = in_context(api, device, || -> Result<(), String> {
         // SAFETY: the pushed context.
         let _ = unsafe { api.ctx_synchronize() };
         Ok(())
@@ -122,21 +151,21 @@ fn synchronize_with(api: &Driver, device: CUdevice) {
 }
 
 /// The CUDA device whose UUID is `uuid` (Vulkan's deviceUUID equals CUDA's on NVIDIA).
-fn device_with_uuid(api: &Driver, uuid: &[u8; 16]) -> PyResult<CUdevice> {
+fn device_with_uuid<E: Failure>(api: &Driver, uuid: &[u8; 16]) -> Result<CUdevice, E> {
     let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&(_, d)) = devices.iter().find(|(u, _)| u == uuid) {
         return Ok(d);
     }
-    let n = api.device_count().map_err(|e| PyBufferError::new_err(e.to_string()))?;
+    let n = api.device_count().map_err(|e| E::from_message(e.to_string()))?;
     for i in 0..n {
-        let dev = api.device(i).map_err(|e| PyBufferError::new_err(e.to_string()))?;
-        let u = api.device_uuid(dev).map_err(|e| PyBufferError::new_err(e.to_string()))?;
+        let dev = api.device(i).map_err(|e| E::from_message(e.to_string()))?;
+        let u = api.device_uuid(dev).map_err(|e| E::from_message(e.to_string()))?;
         if &u == uuid {
             devices.push((u, dev));
             return Ok(dev);
         }
     }
-    Err(PyBufferError::new_err(format!(
+    Err(E::from_message(format!(
         "no CUDA device has the UUID of the GPU this memory is on ({}); CUDA sees {n} device(s): \
          make that GPU visible to this process (CUDA_VISIBLE_DEVICES), or read the memory with \
          Buffer.read()",
@@ -189,7 +218,7 @@ static IMPORTS: Mutex<ImportCache<Import>> = Mutex::new(ImportCache::new(CACHE_C
 
 impl Import {
     /// Imports the arena of export `e` (its fd taken in every case) on its device.
-    fn new(api: &Driver, e: &ffi::lf_export) -> PyResult<Import> {
+    pub fn new<E: Failure>(api: &Driver, e: &ffi::lf_export) -> Result<Import, E> {
         let device = match device_with_uuid(api, &e.device_uuid) {
             Ok(d) => d,
             Err(err) => {
@@ -226,10 +255,10 @@ impl Import {
     }
 
     /// The CUDA address of the export's range in this arena.
-    pub fn address(&self, e: &ffi::lf_export) -> PyResult<u64> {
+    pub fn address<E: Failure>(&self, e: &ffi::lf_export) -> Result<u64, E> {
         match e.offset.checked_add(e.size) {
             Some(end) if end <= self.size => Ok(self.base + e.offset),
-            _ => Err(PyBufferError::new_err(format!(
+            _ => Err(E::from_message(format!(
                 "lava-flow exported {} bytes at offset {} of an arena of {} bytes: a damaged export",
                 e.size, e.offset, self.size
             ))),
@@ -246,7 +275,7 @@ impl Drop for Import {
         // Work queued on the memory (by a tensor that is gone now) ends first; this happens when
         // an arena leaves the cache and no tensor holds it, not per message.
         synchronize_with(api, self.device);
-        let _ = in_context(api, self.device, || {
+        let _ = in_context(api, self.device, || -> Result<(), String> {
             // SAFETY: each handle is released once; nothing uses them any more.
             unsafe {
                 let _ = api.mem_free(self.base);
@@ -286,7 +315,7 @@ pub fn imported(e: &ffi::lf_export, channel: u64) -> PyResult<Arc<Import>> {
         close(e.fd);
         return Ok(i);
     }
-    let i = Arc::new(Import::new(api, e)?);
+    let i = Arc::new(Import::new::<PyErr>(api, e)?);
     let gone = cache.insert(k, channel, i.clone());
     drop(cache);
     drop(gone);
@@ -325,14 +354,20 @@ impl Mapping {
         let import = match received_on {
             Some(channel) => imported(e, channel)?,
             None => match api() {
-                Ok(api) => Arc::new(Import::new(api, e)?),
+                Ok(api) => Arc::new(Import::new::<PyErr>(api, e)?),
                 Err(err) => {
                     close(e.fd);
                     return Err(err);
                 }
             },
         };
-        Ok(Mapping { address: import.address(e)?, device: import.device, _import: import })
+        Ok(Mapping { address: import.address::<PyErr>(e)?, device: import.device, _import: import })
+    }
+
+    /// The mapping of a buffer at `address` in `import`, an arena this process imported for
+    /// its own use (a `lava_flow.torch` pool's).
+    pub fn shared(import: Arc<Import>, address: u64) -> Mapping {
+        Mapping { address, device: import.device, _import: import }
     }
 }
 
@@ -433,13 +468,13 @@ impl Event {
                 None => {
                     let mut e: CUevent = std::ptr::null_mut();
                     // SAFETY: out-parameter, in the device's context.
-                    check(unsafe { api.event_create(&mut e, EVENT_FLAGS) })?;
+                    check::<PyErr>(unsafe { api.event_create(&mut e, EVENT_FLAGS) })?;
                     Raw(e)
                 }
             };
             let ev = Event { event, device };
             // SAFETY: a live event and the caller's stream, in the same context.
-            check(unsafe { api.event_record(ev.event.0, stream) })?;
+            check::<PyErr>(unsafe { api.event_record(ev.event.0, stream) })?;
             Ok(ev)
         })
     }

@@ -18,9 +18,12 @@ mod dlpack;
 mod error;
 mod import_cache;
 mod location;
+mod log;
 mod native;
+mod pool_map;
 mod pybuf;
 mod shared;
+mod torch_pool;
 
 #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unsafe_op_in_unsafe_fn, clippy::all)]
 mod ffi {
@@ -29,9 +32,10 @@ mod ffi {
 
 use pyo3::prelude::*;
 
-/// The CUDA imports of received GPU arenas in this process, for tests and diagnostics:
-/// (arenas imported so far, imports alive, arenas in the cache). One import serves every
-/// message in its arena.
+/// The CUDA imports of GPU arenas in this process, for tests and diagnostics: (arenas imported
+/// so far, imports alive, received arenas in the cache). One import serves every message in a
+/// received arena, and every buffer of a `lava_flow.torch` pool in one of this process's own;
+/// the DLPack of a Buffer of this process's own imports its arena for that Buffer.
 #[pyfunction]
 fn _cuda_imports() -> (u64, u64, usize) {
     cuda::import_counts()
@@ -56,5 +60,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     buffer::register(m)?;
     location::register(m)?;
     channel::register(m)?;
+    torch_pool::register(m)?;
     Ok(())
 }

@@ -166,7 +166,9 @@ fn version() -> String {
 #[pyfunction]
 fn set_log_level(level: u32) -> PyResult<()> {
     // SAFETY: plain integer argument, checked by the library.
-    crate::error::check(unsafe { lib().lf_set_log_level(level) })
+    crate::error::check(unsafe { lib().lf_set_log_level(level) })?;
+    crate::log::set_level(level);
+    Ok(())
 }
 
 /// The constants of include/lava_flow.h, for the enums of `lava_flow/__init__.py`.

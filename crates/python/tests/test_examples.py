@@ -22,3 +22,22 @@ def test_data_loader_example(loaders):
     sent = re.findall(r"^loader (\d+) sent through slot (\d+), up to batch (\d+)$", out.stdout, re.M)
     assert sorted(int(loader) for loader, _, _ in sent) == list(range(n)), out.stdout
     assert all(int(last) % n == int(loader) and 200 - n <= int(last) < 200 for loader, _, last in sent)
+
+
+def test_torch_pool_example():
+    # PyTorch tensors in lava-flow memory, to a consumer process and back: the GPU host only.
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    import lava_flow as lf
+    found = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if not found or (int(found[1]), int(found[2])) < lf.torch.MIN_TORCH:
+        pytest.skip(f"lava_flow.torch needs PyTorch 2.8 or newer; this is {torch.__version__}")
+    out = subprocess.run([sys.executable, str(EXAMPLES / "torch_pool.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^batch 0 is 4194304 bytes at offset \d+ of <lava_flow.Buffer \d+ bytes, GPU_DEVICE_LOCAL>$",
+                     out.stdout, re.M), out.stdout
+    for i in range(3):
+        assert f"batch {i}: GPU message True, sum {i << 20}" in out.stdout, out.stdout
+    assert "after the consumer: [0.0, 2.0, 4.0]" in out.stdout, out.stdout

@@ -22,6 +22,8 @@ import enum
 from pathlib import Path
 
 from . import _native
+# lava-flow memory for PyTorch (imports torch only when used).
+from . import torch
 from ._native import (
     Buffer,
     Context,
@@ -48,7 +50,7 @@ __all__ = [
     "Loan", "Location", "LogLevel", "Memory", "Message", "MessageFlags", "Mpi", "Origin",
     "Peer", "PeerGoneError", "Registration", "Role", "Status", "TimeoutError", "Wait", "WouldBlockError",
     "consumer", "get_cmake_dir", "get_include", "get_library", "library_path", "producer",
-    "set_log_level", "version", "__version__",
+    "set_log_level", "torch", "version", "__version__",
 ]
 
 __version__ = version()

@@ -160,14 +160,14 @@ impl Message {
         };
         let described = export(true)?;
         if let Some(import) = cuda::cached(&described, channel.id) {
-            let v = CudaView { address: import.address(&described)?, device: import.device, import };
+            let v = CudaView { address: import.address::<PyErr>(&described)?, device: import.device, import };
             this.lock().cuda = Some(v.clone());
             return Ok(GpuPlace::Cuda(v));
         }
         let e = export(false)?;
         match cuda::imported(&e, channel.id) {
             Ok(import) => {
-                let v = CudaView { address: import.address(&e)?, device: import.device, import };
+                let v = CudaView { address: import.address::<PyErr>(&e)?, device: import.device, import };
                 this.lock().cuda = Some(v.clone());
                 Ok(GpuPlace::Cuda(v))
             }

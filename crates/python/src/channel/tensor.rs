@@ -11,24 +11,47 @@
 //! channel, is signalled on the stream after that work, and the message names the value; the
 //! consumer's stream waits for it (`__dlpack__(stream=)`). Nothing waits on the host. Elsewhere
 //! the stream is synchronised on the host before the send.
+//!
+//! A tensor in memory of a `lava_flow.torch` pool is lava-flow's own GPU buffer: it goes as
+//! that buffer's region (`send_buffer`'s route, so that any consumer gets an ordinary GPU
+//! message), ordered on its stream the same way and kept until released the same way.
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::Channel;
 use crate::context::Context;
-use crate::cuda::CuStream;
-use crate::cuda_array::cuda_array;
+use crate::cuda::{CuStream, Semaphore};
+use crate::cuda_array::{cuda_array, CudaArray};
 use crate::error::{check, invalid_state};
 use crate::ffi;
 use crate::native::{lib, Ptr};
+use crate::torch_pool::PoolBuffer;
 
-/// A tensor sent and not yet released by the consumer: the object, and its registration.
+/// A tensor sent and not yet released by the consumer: the object, and what lava-flow sent.
 pub(super) struct InFlight {
     sequence: u64,
     _tensor: PyObject,
-    registration: Ptr<ffi::lf_buffer>,
+    memory: Memory,
+}
+
+/// What a tensor's bytes were sent as.
+enum Memory {
+    /// Memory of the application's allocator, registered for the send.
+    Registered(Ptr<ffi::lf_buffer>),
+    /// A lava-flow buffer of a `lava_flow.torch` pool: an ordinary GPU buffer.
+    Pooled(Arc<PoolBuffer>),
+}
+
+impl Memory {
+    fn release(self, context: &Context) {
+        match self {
+            Memory::Registered(registration) => deregister(context, registration),
+            Memory::Pooled(buffer) => drop(buffer),
+        }
+    }
 }
 
 /// The tensors a producer sent, in order.
@@ -40,14 +63,14 @@ impl Sent {
     pub(super) fn retire(&mut self, context: &Context, completed: u64) {
         while self.0.front().is_some_and(|t| t.sequence < completed) {
             let t = self.0.pop_front().expect("checked");
-            deregister(context, t.registration);
+            t.memory.release(context);
         }
     }
 
     /// Lets go of every tensor (the channel is closed: nothing more completes).
     pub(super) fn clear(&mut self, context: &Context) {
         for t in self.0.drain(..) {
-            deregister(context, t.registration);
+            t.memory.release(context);
         }
     }
 }
@@ -102,18 +125,12 @@ impl Channel {
         if a.len == 0 {
             return Err(pyo3::exceptions::PyValueError::new_err("a message needs at least one byte"));
         }
+        if let Some((buffer, offset)) = crate::torch_pool::find(a.ptr) {
+            return self.send_pool_tensor(py, array, &a, buffer, offset, timeout, stream);
+        }
         // Stream-ordered where the channel shares a ready semaphore on the tensor's GPU, else
         // synchronised here.
-        let ordered = match stream.or(a.stream) {
-            None => None,
-            Some(s) => match tensor_device(a.ptr).and_then(|device| self.tensor_semaphore(py, device)) {
-                Ok(sem) => Some((sem, Ptr(s as usize as CuStream))),
-                Err(_) => {
-                    py.allow_threads(|| synchronise(s))?;
-                    None
-                }
-            },
-        };
+        let ordered = self.tensor_order(py, stream.or(a.stream), || tensor_device(a.ptr))?;
         let context = self.context.get();
         let mut registration = std::ptr::null_mut();
         // SAFETY: a live context; the tensor (kept below until completion) keeps its memory.
@@ -130,7 +147,11 @@ impl Channel {
         match sent {
             Ok(sequence) => {
                 let mut list = self.sent.lock().unwrap_or_else(|e| e.into_inner());
-                list.0.push_back(InFlight { sequence, _tensor: array.clone().unbind(), registration });
+                list.0.push_back(InFlight {
+                    sequence,
+                    _tensor: array.clone().unbind(),
+                    memory: Memory::Registered(registration),
+                });
                 Ok(sequence)
             }
             Err(e) => {
@@ -138,6 +159,66 @@ impl Channel {
                 Err(e)
             }
         }
+    }
+
+    /// How a tensor's send waits for the work on `stream` (of the tensor's CUDA device,
+    /// `device` finds it): stream-ordered where the channel shares a ready semaphore on that
+    /// GPU, else synchronised here (None).
+    fn tensor_order(
+        &self,
+        py: Python<'_>,
+        stream: Option<isize>,
+        device: impl FnOnce() -> Result<i32, String>,
+    ) -> PyResult<Option<(Arc<Semaphore>, Ptr<std::ffi::c_void>)>> {
+        let Some(s) = stream else { return Ok(None) };
+        match device().and_then(|device| self.tensor_semaphore(py, device)) {
+            Ok(sem) => Ok(Some((sem, Ptr(s as usize as CuStream)))),
+            Err(_) => {
+                py.allow_threads(|| synchronise(s))?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Sends a tensor that a `lava_flow.torch` pool allocated: the region of its lava-flow
+    /// buffer, as `send_buffer` sends GPU buffers (the consumer gets an ordinary GPU message),
+    /// ordered on the stream as other tensors are. The tensor is kept until the consumer
+    /// released the message: PyTorch would otherwise hand its block to another tensor, and a
+    /// freed segment's range to lava-flow's next buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn send_pool_tensor(
+        &self,
+        py: Python<'_>,
+        array: &Bound<'_, PyAny>,
+        a: &CudaArray,
+        buffer: Arc<PoolBuffer>,
+        offset: u64,
+        timeout: Option<f64>,
+        stream: Option<isize>,
+    ) -> PyResult<u64> {
+        if !buffer.holds(offset, a.len as u64) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "the tensor's {} bytes run past the end of the lava-flow pool memory they start in; send \
+                 tensor.contiguous() (a copy, made by you) instead",
+                a.len
+            )));
+        }
+        let device = buffer.device();
+        let ordered = self.tensor_order(py, stream.or(a.stream), || Ok(device))?;
+        let sequence = self.send_ordered(
+            py,
+            "send_tensor",
+            buffer.handle(),
+            offset as usize,
+            a.len,
+            timeout,
+            None,
+            ordered.as_ref(),
+        )?;
+        self.note_gpu_sent(sequence, || Ok(device));
+        let mut list = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        list.0.push_back(InFlight { sequence, _tensor: array.clone().unbind(), memory: Memory::Pooled(buffer) });
+        Ok(sequence)
     }
 
     /// Lets go of the tensors the consumer released (below `completed`).
