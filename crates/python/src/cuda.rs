@@ -173,7 +173,6 @@ fn device_with_uuid<E: Failure>(api: &Driver, uuid: &[u8; 16]) -> Result<CUdevic
     )))
 }
 
-/// Waits for all of `device`'s work (where no stream can be waited for instead).
 /// Whether every stream of `streams` (of `device`) has done all the work queued on it: then a
 /// message used only on them can be released at once, without an event recorded and queried.
 /// A failing query counts as busy (the caller then records events, which report a broken
@@ -182,11 +181,12 @@ pub fn streams_idle(device: i32, streams: &[usize]) -> bool {
     let Some(api) = loaded() else { return false };
     in_context(api, device, || {
         // SAFETY: streams the DLPack consumer named on this device, in its context.
-        Ok(streams.iter().all(|&s| unsafe { api.stream_query(s as CuStream) }.is_ok()))
+        Ok::<_, String>(streams.iter().all(|&s| unsafe { api.stream_query(s as CuStream) }.is_ok()))
     })
     .unwrap_or(false)
 }
 
+/// Waits for all of `device`'s work (where no stream can be waited for instead).
 pub fn synchronize(device: i32) {
     if let Some(api) = loaded() {
         synchronize_with(api, device);
