@@ -54,9 +54,34 @@ fn cuda_here() -> bool {
 /// Memory of one allocation kind, freed on drop.
 enum Allocation {
     Legacy(CUdeviceptr),
-    Vmm { va: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle },
+    Vmm {
+        va: CUdeviceptr,
+        size: usize,
+        handle: CUmemGenericAllocationHandle,
+    },
     Managed(CUdeviceptr),
     Pool(CUdeviceptr),
+    /// Memory of [`ipc_pool`].
+    IpcPool(CUdeviceptr),
+}
+
+/// This process's CUDA memory pool on device 0 that exports POSIX fds, made at the first call
+/// (kept for the process's life, so that memory freed and allocated again from it likely
+/// lies at the same address).
+fn ipc_pool(driver: &Driver) -> CUmemoryPool {
+    static POOL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *POOL.get_or_init(|| {
+        let props = CUmemPoolProps {
+            alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
+            handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+            ..Default::default()
+        };
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and properties.
+        unsafe { driver.mem_pool_create(&mut pool, &props) }.unwrap();
+        pool as usize
+    }) as CUmemoryPool
 }
 
 impl Allocation {
@@ -79,6 +104,14 @@ impl Allocation {
                 // SAFETY: no arguments.
                 unsafe { driver.ctx_synchronize() }.unwrap();
                 Allocation::Pool(ptr)
+            }
+            "ipcpool" => {
+                // SAFETY: valid out-pointer; a pool of this process; the legacy default stream.
+                unsafe { driver.mem_alloc_from_pool_async(&mut ptr, len, ipc_pool(driver), std::ptr::null_mut()) }
+                    .unwrap();
+                // SAFETY: no arguments.
+                unsafe { driver.ctx_synchronize() }.unwrap();
+                Allocation::IpcPool(ptr)
             }
             "vmm" => {
                 let prop = CUmemAllocationProp {
@@ -115,7 +148,7 @@ impl Allocation {
 
     fn ptr(&self) -> CUdeviceptr {
         match *self {
-            Allocation::Legacy(p) | Allocation::Managed(p) | Allocation::Pool(p) => p,
+            Allocation::Legacy(p) | Allocation::Managed(p) | Allocation::Pool(p) | Allocation::IpcPool(p) => p,
             Allocation::Vmm { va, .. } => va,
         }
     }
@@ -124,7 +157,7 @@ impl Allocation {
         match self {
             // SAFETY: frees what `new` made, once; nothing uses it after.
             Allocation::Legacy(p) | Allocation::Managed(p) => unsafe { driver.mem_free(p) }.unwrap(),
-            Allocation::Pool(p) => {
+            Allocation::Pool(p) | Allocation::IpcPool(p) => {
                 // SAFETY: undoes what `new` did, once; nothing uses the memory after.
                 unsafe { driver.mem_free_async(p, std::ptr::null_mut()) }.unwrap();
                 // SAFETY: no arguments.
@@ -219,7 +252,7 @@ fn cuda_memory_travels_by_reference_and_writes_come_back() {
                 println!("skipped: no CUDA driver");
                 return;
             }
-            for kind in ["legacy", "vmm"] {
+            for kind in ["legacy", "vmm", "ipcpool"] {
                 run_pair_with(TEST, &format!("cuda-{kind}"), &[("kind", kind.to_owned())]);
             }
         }
@@ -264,7 +297,7 @@ fn a_reallocation_at_the_same_address_gives_the_new_bytes() {
                 println!("skipped: no CUDA driver");
                 return;
             }
-            for kind in ["legacy", "vmm"] {
+            for kind in ["legacy", "vmm", "ipcpool"] {
                 run_pair_with(TEST, &format!("cuda-realloc-{kind}"), &[("kind", kind.to_owned())]);
             }
         }
@@ -386,7 +419,7 @@ fn the_consumer_killed_while_the_producer_waits_for_completion() {
                 println!("skipped: no CUDA driver");
                 return;
             }
-            for kind in ["legacy", "vmm"] {
+            for kind in ["legacy", "vmm", "ipcpool"] {
                 let dir = test_dir(&format!("cuda-ckill-{kind}"));
                 let args = [("kind", kind.to_owned())];
                 let (mut consumer, mut consumer_out) = spawn_reporting(TEST, "consumer", &dir, &args);

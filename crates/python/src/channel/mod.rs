@@ -302,8 +302,8 @@ impl Channel {
     /// (`__dlpack__(stream=)`, which torch.from_dlpack passes). Elsewhere lava-flow
     /// synchronises the stream on the host before sending. The channel keeps the tensor (and
     /// so its memory) until the consumer released the message (`wait_completed`); write it
-    /// again only after that. Memory no other
-    /// process can open (a cudaMallocAsync pool, managed memory) is refused, naming the way out.
+    /// again only after that. Memory no other process can open (a memory pool without POSIX fd
+    /// handle types, managed memory) is refused, naming the way out.
     #[pyo3(signature = (tensor, *, timeout = None, stream = None))]
     fn send_tensor(
         &self,

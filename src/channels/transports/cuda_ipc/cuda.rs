@@ -10,14 +10,15 @@ use std::sync::Arc;
 
 use lava_flow_cuda::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUexternalMemory, CUipcMemHandle, CUmemAccessDesc, CUmemGenericAllocationHandle,
-    CUmemLocation, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
-    CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-    CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-    CU_MEM_LOCATION_TYPE_DEVICE,
+    CUmemLocation, CUmemPoolPtrExportData, CUmemoryPool, CUstream, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+    CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC,
+    CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+    CU_STREAM_NON_BLOCKING,
 };
 use lava_flow_cuda::Driver;
 
-use super::wire::{is_arena, Announce, MEMORY_ARENA_DEDICATED, MEMORY_LEGACY};
+use super::wire::{is_arena, Announce, PoolAnnounce, MEMORY_ARENA_DEDICATED, MEMORY_LEGACY};
 use crate::error::{Error, Result};
 use crate::memory::CudaPointer;
 
@@ -111,18 +112,75 @@ pub(crate) fn export_legacy(pointer: &CudaPointer) -> Result<[u8; 64]> {
             .map_err(|e| cuda_error(e.context(format!("cuIpcGetMemHandle of {:#x}", pointer.base))))?;
         Ok(handle.reserved)
     };
+    in_context_of(driver, pointer, get)
+}
+
+/// Runs `f` in the context `pointer`'s memory was allocated in (its device's primary context
+/// where the driver did not say).
+fn in_context_of<T>(
+    driver: &'static Driver,
+    pointer: &CudaPointer,
+    f: impl FnOnce(&'static Driver) -> Result<T>,
+) -> Result<T> {
     if pointer.context == 0 {
-        return PrimaryContext::retain(driver, pointer.device_ordinal)?.with(get);
+        return PrimaryContext::retain(driver, pointer.device_ordinal)?.with(f);
     }
     let context = pointer.context as CUcontext;
     // SAFETY: the context the allocation was made in, alive while the allocation is (the
     // caller's registration of live memory).
     unsafe { driver.ctx_push_current(context) }.map_err(cuda_error)?;
-    let handle = get(driver);
+    let out = f(driver);
     let mut popped: CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above; a valid out-pointer.
     let _ = unsafe { driver.ctx_pop_current(&mut popped) };
-    handle
+    out
+}
+
+/// The memory pool of a pool allocation (its handle, which names it in this process) and the
+/// allocation's `cuMemPoolExportPointer` data.
+pub(crate) fn export_pool_pointer(pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    let [pool] = driver
+        .pointer_attributes(pointer.base, [CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE])
+        .map_err(|e| cuda_error(e.context(format!("the memory pool of {:#x}", pointer.base))))?;
+    if pool == 0 {
+        return Err(Error::Unsupported(format!(
+            "the CUDA memory at {:#x} belongs to no memory pool any more (freed, and re-allocated otherwise?): \
+             register the memory again",
+            pointer.base
+        )));
+    }
+    in_context_of(driver, pointer, |driver| {
+        let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer; the base of a live pool allocation (the driver checks).
+        unsafe { driver.mem_pool_export_pointer(&mut data, pointer.base) }
+            .map_err(|e| cuda_error(e.context(format!("cuMemPoolExportPointer of {:#x}", pointer.base))))?;
+        Ok((pool, data.reserved))
+    })
+}
+
+/// A new fd of memory pool `pool` (a handle this process's driver gave) for the consumer.
+pub(crate) fn export_pool(pool: u64) -> Result<OwnedFd> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    let mut fd: c_int = -1;
+    // SAFETY: for POSIX fds the out-value is an int; the pool is one a live allocation of this
+    // process belongs to.
+    unsafe {
+        driver.mem_pool_export_to_shareable_handle(
+            (&mut fd as *mut c_int).cast(),
+            pool as usize as CUmemoryPool,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    }
+    .map_err(|e| {
+        cuda_error(e.context(format!(
+            "cuMemPoolExportToShareableHandle of pool {pool:#x} (create the pool with handle type \
+             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"
+        )))
+    })?;
+    // SAFETY: a new fd the driver made for this call, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A VMM piece's allocation handle, retained: the physical memory stays alive while this
@@ -172,6 +230,31 @@ pub(crate) trait Mapping: Send + Sync {
     fn grant(&self, _device: i32) -> Result<()> {
         Ok(())
     }
+    /// Whether the mapping is made per held message ([`Mapping::hold`], [`Mapping::let_go`]):
+    /// memory of a CUDA memory pool, whose import must be freed before the producer frees it.
+    fn per_message(&self) -> bool {
+        false
+    }
+    /// A message into the mapping is held from now: the memory is mapped while one is.
+    fn hold(&self) -> Result<()> {
+        Ok(())
+    }
+    /// A message into the mapping was released.
+    fn let_go(&self) {}
+}
+
+/// A producer's memory pool imported in this process: the allocations of it are imported
+/// (and freed) through it.
+pub(crate) trait ImportedPool: Send + Sync {
+    /// Imports the allocation `data` (its `cuMemPoolExportPointer` data) names: its address here.
+    fn import(&self, data: &[u8; 64]) -> Result<u64>;
+    /// Frees the import at `address`, done when this returns.
+    fn free(&self, address: u64) -> Result<()>;
+    /// Lets this process's device `device` (another than the pool's) read and write the pool's
+    /// memory.
+    fn grant(&self, _device: i32) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens producers' allocations: the CUDA driver, or a test's stand-in.
@@ -179,6 +262,12 @@ pub(crate) trait Opener: Send + Sync {
     /// Opens `allocation` (with its fd for a VMM piece or an arena) on this process's device
     /// `device`.
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
+
+    /// Imports the memory pool `pool` announces (its fd, which stays the caller's) on this
+    /// process's device `device`.
+    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedFd<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
+        Err(Error::Unsupported("this consumer imports no CUDA memory pools".into()))
+    }
 
     /// This process's ordinal of the CUDA device current on this thread, if any.
     fn current_device(&self) -> Option<i32> {
@@ -314,6 +403,33 @@ impl Opener for DriverOpener {
         enable_peer_access(&from, &to)
     }
 
+    fn open_pool(&self, _pool: &PoolAnnounce, fd: BorrowedFd<'_>, device: i32) -> Result<Arc<dyn ImportedPool>> {
+        let context = self.context(device)?;
+        let (pool, stream) = context.with(|driver| {
+            let mut pool: CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; for POSIX fds the handle is the fd itself, which
+            // stays ours.
+            unsafe {
+                driver.mem_pool_import_from_shareable_handle(
+                    &mut pool,
+                    fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            }
+            .map_err(|e| cuda_error(e.context("cuMemPoolImportFromShareableHandle")))?;
+            let mut stream: CUstream = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer, in the context current here.
+            if let Err(e) = unsafe { driver.stream_create(&mut stream, CU_STREAM_NON_BLOCKING) } {
+                // SAFETY: the pool just imported, given back once.
+                let _ = unsafe { driver.mem_pool_destroy(pool) };
+                return Err(cuda_error(e.context("cuStreamCreate for freeing a memory pool's imports")));
+            }
+            Ok((pool, stream))
+        })?;
+        Ok(Arc::new(DriverPool { context, pool, stream }))
+    }
+
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
         let context = self.context(device)?;
         if is_arena(allocation.memory) {
@@ -352,6 +468,77 @@ impl Opener for DriverOpener {
             mapped
         })?;
         Ok(Box::new(VmmImport { context, address, size }))
+    }
+}
+
+/// A producer's memory pool imported here, with a stream of its device's primary context on
+/// which its imports are freed (a stream of its own, so that freeing waits for nothing else:
+/// `cuMemFree` of pool memory would synchronise the whole device).
+struct DriverPool {
+    context: Arc<PrimaryContext>,
+    pool: CUmemoryPool,
+    stream: CUstream,
+}
+
+// SAFETY: CUDA handles are process-wide and usable from any thread; the fields are only read.
+unsafe impl Send for DriverPool {}
+// SAFETY: as above.
+unsafe impl Sync for DriverPool {}
+
+impl ImportedPool for DriverPool {
+    fn import(&self, data: &[u8; 64]) -> Result<u64> {
+        let mut data = CUmemPoolPtrExportData { reserved: *data };
+        self.context.with(|driver| {
+            let mut address: CUdeviceptr = 0;
+            // SAFETY: valid out-pointers; the pool imported here; the data are bytes the
+            // driver checks.
+            unsafe { driver.mem_pool_import_pointer(&mut address, self.pool, &mut data) }.map_err(|e| {
+                cuda_error(e.context(
+                    "cuMemPoolImportPointer (the producer freed the allocation before the message was complete?)",
+                ))
+            })?;
+            Ok(address)
+        })
+    }
+
+    fn free(&self, address: u64) -> Result<()> {
+        self.context.with(|driver| {
+            // SAFETY: an address `import` gave, freed once; no message points into it any more.
+            unsafe { driver.mem_free_async(address, self.stream) }
+                .map_err(|e| cuda_error(e.context(format!("cuMemFreeAsync of the pool import at {address:#x}"))))?;
+            // SAFETY: the stream of this pool, alive while it is.
+            unsafe { driver.stream_synchronize(self.stream) }.map_err(cuda_error)
+        })
+    }
+
+    fn grant(&self, device: i32) -> Result<()> {
+        let access = CUmemAccessDesc {
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        self.context.with(|driver| {
+            // SAFETY: the pool imported here; a valid access descriptor for one device.
+            unsafe { driver.mem_pool_set_access(self.pool, &access, 1) }.map_err(|e| {
+                cuda_error(e.context(format!("cuMemPoolSetAccess of an imported memory pool for device {device}")))
+            })
+        })
+    }
+}
+
+impl Drop for DriverPool {
+    fn drop(&mut self) {
+        let (pool, stream) = (self.pool, self.stream);
+        let freed = self.context.with(|driver| {
+            // SAFETY: the stream made by `open_pool`, destroyed once, its work done (`free`
+            // synchronises it).
+            unsafe { driver.stream_destroy(stream) }.map_err(cuda_error)?;
+            // SAFETY: the pool imported by `open_pool`, given back once; every import of it
+            // was freed (each holds this pool alive).
+            unsafe { driver.mem_pool_destroy(pool) }.map_err(cuda_error)
+        });
+        if let Err(e) = freed {
+            log::warn!("giving back an imported CUDA memory pool: {e}");
+        }
     }
 }
 
@@ -395,6 +582,10 @@ pub(crate) trait Exporter: Send + Sync {
     fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]>;
     /// A VMM piece's fd, and what keeps the piece alive while held.
     fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)>;
+    /// A pool allocation's pool (its handle here) and `cuMemPoolExportPointer` data.
+    fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])>;
+    /// A new fd of memory pool `pool`.
+    fn export_pool(&self, pool: u64) -> Result<OwnedFd>;
 }
 
 /// Exports through the CUDA driver.
@@ -410,6 +601,12 @@ impl Exporter for DriverExporter {
     fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
         let (retained, fd) = export_vmm(pointer)?;
         Ok((Box::new(retained), fd))
+    }
+    fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
+        export_pool_pointer(pointer)
+    }
+    fn export_pool(&self, pool: u64) -> Result<OwnedFd> {
+        export_pool(pool)
     }
 }
 

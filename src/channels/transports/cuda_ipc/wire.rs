@@ -6,8 +6,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::error::{Error, Result};
 
-/// Version 2: a message's descriptor names its ready value.
-const VERSION: u32 = 2;
+/// Version 3: memory of CUDA memory pools (pools announced with their fds, allocations with
+/// their export data and pool). Version 2: a message's descriptor names its ready value.
+const VERSION: u32 = 3;
 /// The consumer's answer: it opens CUDA memory on the devices listed.
 pub(super) const ANSWER_CUDA: u32 = 1;
 /// The consumer's answer: it takes lava-flow's GPU buffers (Vulkan arenas, imported into CUDA)
@@ -103,9 +104,15 @@ impl Section {
 /// The most allocation slots a channel uses at once: a bound on what a producer can make the
 /// consumer import.
 pub(super) const MAX_SLOTS: u32 = 4096;
+/// The most CUDA memory pools a channel announces at once.
+pub(super) const MAX_POOLS: u32 = 64;
 
 const ATTACH_ANNOUNCE: u32 = 1;
 const ATTACH_FORGET: u32 = 2;
+/// A memory pool announced (its fd attached), in the head's slot field: its pool index.
+const ATTACH_POOL: u32 = 3;
+/// A memory pool's index free again (no allocation announced from it is left).
+const ATTACH_FORGET_POOL: u32 = 4;
 /// `Announce::memory`: legacy CUDA IPC (the handle in the record, no fd).
 pub(super) const MEMORY_LEGACY: u32 = 1;
 /// `Announce::memory`: a VMM piece (its fd attached).
@@ -117,6 +124,10 @@ pub(super) const MEMORY_ARENA: u32 = 3;
 /// `Announce::memory`: as [`MEMORY_ARENA`], of a dedicated Vulkan allocation (CUDA imports
 /// it with `CUDA_EXTERNAL_MEMORY_DEDICATED`).
 pub(super) const MEMORY_ARENA_DEDICATED: u32 = 4;
+
+/// `Announce::memory`: an allocation of a CUDA memory pool announced before (`Announce::pool`),
+/// its `cuMemPoolExportPointer` data in the record's handle, no fd.
+pub(super) const MEMORY_POOL: u32 = 5;
 
 /// Whether `memory` is a lava-flow GPU buffer's arena.
 pub(super) fn is_arena(memory: u32) -> bool {
@@ -143,8 +154,19 @@ struct AnnounceWire {
     buffer_id: U64,
     device_uuid: [u8; 16],
     ipc_handle: [u8; 64],
+    pool: U32,
+    reserved: U32,
 }
 const ANNOUNCE: usize = std::mem::size_of::<AnnounceWire>();
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct PoolWire {
+    device_uuid: [u8; 16],
+    exporter_pid: U32,
+    reserved: U32,
+}
+const POOL: usize = std::mem::size_of::<PoolWire>();
 
 /// One of the producer's CUDA allocations, as the consumer opens it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,16 +183,30 @@ pub(crate) struct Announce {
     pub(crate) buffer_id: u64,
     /// The device that holds the memory, which the consumer finds by this UUID.
     pub(crate) device_uuid: [u8; 16],
-    /// The legacy IPC handle (zeros for VMM memory).
+    /// The legacy IPC handle, or a pool allocation's `cuMemPoolExportPointer` data (zeros
+    /// for VMM memory and arenas).
     pub(crate) ipc_handle: [u8; 64],
+    /// A pool allocation's pool index (0 for other memory).
+    pub(crate) pool: u32,
+}
+
+/// A CUDA memory pool that exports POSIX fds, as the consumer imports it (its fd attached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolAnnounce {
+    /// The device whose memory the pool holds, which the consumer finds by this UUID.
+    pub(crate) device_uuid: [u8; 16],
+    pub(crate) exporter_pid: u32,
 }
 
 /// An attachment: an allocation announced for a slot (a VMM piece's fd attached), or the end
-/// of a slot's allocation (freed, or re-allocated at the same address).
+/// of a slot's allocation (freed, or re-allocated at the same address); a memory pool
+/// announced for a pool index (its fd attached), or the end of the pool's index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum AllocationRecord {
     Announce { slot: u32, generation: u32, allocation: Announce },
     Forget { slot: u32, generation: u32 },
+    Pool { index: u32, pool: PoolAnnounce },
+    ForgetPool { index: u32 },
 }
 
 impl AllocationRecord {
@@ -178,6 +214,8 @@ impl AllocationRecord {
         let (kind, slot, generation) = match self {
             AllocationRecord::Announce { slot, generation, .. } => (ATTACH_ANNOUNCE, *slot, *generation),
             AllocationRecord::Forget { slot, generation } => (ATTACH_FORGET, *slot, *generation),
+            AllocationRecord::Pool { index, .. } => (ATTACH_POOL, *index, 0),
+            AllocationRecord::ForgetPool { index } => (ATTACH_FORGET_POOL, *index, 0),
         };
         let mut out = Vec::with_capacity(ATTACHMENT_HEAD + ANNOUNCE);
         out.extend_from_slice(
@@ -193,7 +231,14 @@ impl AllocationRecord {
                 buffer_id: a.buffer_id.into(),
                 device_uuid: a.device_uuid,
                 ipc_handle: a.ipc_handle,
+                pool: a.pool.into(),
+                reserved: 0.into(),
             };
+            out.extend_from_slice(wire.as_bytes());
+        }
+        if let AllocationRecord::Pool { pool, .. } = self {
+            let wire =
+                PoolWire { device_uuid: pool.device_uuid, exporter_pid: pool.exporter_pid.into(), reserved: 0.into() };
             out.extend_from_slice(wire.as_bytes());
         }
         out
@@ -206,6 +251,9 @@ impl AllocationRecord {
             return Err(bad(format!("has {} bytes", bytes.len())));
         };
         let (kind, slot, generation) = (head.kind.get(), head.slot.get(), head.generation.get());
+        if matches!(kind, ATTACH_POOL | ATTACH_FORGET_POOL) {
+            return Self::decode_pool(kind, slot, generation, body, fds);
+        }
         if slot >= MAX_SLOTS {
             return Err(bad(format!("names slot {slot}, beyond the {MAX_SLOTS} a channel uses")));
         }
@@ -221,10 +269,27 @@ impl AllocationRecord {
                     buffer_id: wire.buffer_id.get(),
                     device_uuid: wire.device_uuid,
                     ipc_handle: wire.ipc_handle,
+                    pool: wire.pool.get(),
                 };
+                if wire.reserved.get() != 0 {
+                    return Err(bad(format!("sets reserved bits {:#x} of an announcement", wire.reserved.get())));
+                }
+                if allocation.memory != MEMORY_POOL && allocation.pool != 0 {
+                    return Err(bad(format!(
+                        "names pool {} for memory of kind {}, which is no pool's",
+                        allocation.pool, allocation.memory
+                    )));
+                }
                 let expected_fds = match allocation.memory {
                     MEMORY_LEGACY => 0,
                     MEMORY_VMM => 1,
+                    MEMORY_POOL if allocation.pool >= MAX_POOLS => {
+                        return Err(bad(format!(
+                            "announces an allocation of pool {}, beyond the {MAX_POOLS} a channel uses",
+                            allocation.pool
+                        )));
+                    }
+                    MEMORY_POOL => 0,
                     m if is_arena(m) => {
                         if allocation.ipc_handle != [0; 64] || allocation.device_ordinal != -1 {
                             return Err(bad(format!(
@@ -246,6 +311,32 @@ impl AllocationRecord {
             }
             (ATTACH_FORGET, 0) if fds == 0 => Ok(AllocationRecord::Forget { slot, generation }),
             (kind, len) => Err(bad(format!("has kind {kind}, {len} bytes of body and {fds} descriptors"))),
+        }
+    }
+
+    /// Parses a pool's announcement (with its one fd) or the end of its index.
+    fn decode_pool(kind: u32, index: u32, generation: u32, body: &[u8], fds: usize) -> Result<AllocationRecord> {
+        let bad = |what: String| Error::Corrupt(format!("the producer's CUDA route attachment {what}"));
+        if index >= MAX_POOLS {
+            return Err(bad(format!("names pool {index}, beyond the {MAX_POOLS} a channel uses")));
+        }
+        if generation != 0 {
+            return Err(bad(format!("names pool {index} with generation {generation} (pools have none)")));
+        }
+        match (kind, body.len(), fds) {
+            (ATTACH_POOL, POOL, 1) => {
+                let wire = PoolWire::read_from_bytes(body).expect("the length was checked");
+                if wire.reserved.get() != 0 {
+                    return Err(bad(format!("sets reserved bits {:#x} of pool {index}", wire.reserved.get())));
+                }
+                let pool = PoolAnnounce { device_uuid: wire.device_uuid, exporter_pid: wire.exporter_pid.get() };
+                Ok(AllocationRecord::Pool { index, pool })
+            }
+            (ATTACH_FORGET_POOL, 0, 0) => Ok(AllocationRecord::ForgetPool { index }),
+            (kind, len, fds) => Err(bad(format!(
+                "announces pool {index} with kind {kind}, {len} bytes of body and {fds} descriptors (a pool comes with \
+                 {POOL} bytes and its one fd)"
+            ))),
         }
     }
 }
@@ -318,12 +409,13 @@ mod tests {
             buffer_id: 9,
             device_uuid: [3; 16],
             ipc_handle: [5; 64],
+            pool: 0,
         }
     }
 
     #[test]
     fn wire_records_round_trip_and_reject_garbage() {
-        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, Descriptor::LEN), (12, 12, 116, 32));
+        assert_eq!((SECTION_HEAD, ATTACHMENT_HEAD, ANNOUNCE, POOL, Descriptor::LEN), (12, 12, 124, 24, 32));
         let answer = Section { flags: ANSWER_CUDA, devices: vec![[1; 16], [2; 16]], arenas: 0, declined: "é".into() };
         assert_eq!(Section::decode(&answer.encode(), "consumer").unwrap(), answer);
         assert!(matches!(Section::decode(&[0; 5], "consumer"), Err(Error::Corrupt(_))));
@@ -359,6 +451,44 @@ mod tests {
         assert!(AllocationRecord::decode(&forget.encode(), 1).is_err());
         let far = AllocationRecord::Forget { slot: MAX_SLOTS, generation: 0 };
         assert!(AllocationRecord::decode(&far.encode(), 0).is_err());
+    }
+
+    /// A pool: announced with its one fd at an index below the bound, forgotten without a
+    /// body; its allocations name it, other memory names none.
+    #[test]
+    fn pool_records_round_trip_and_reject_garbage() {
+        let pool = AllocationRecord::Pool {
+            index: MAX_POOLS - 1,
+            pool: PoolAnnounce { device_uuid: [3; 16], exporter_pid: 42 },
+        };
+        assert_eq!(AllocationRecord::decode(&pool.encode(), 1).unwrap(), pool);
+        for fds in [0, 2] {
+            assert!(matches!(AllocationRecord::decode(&pool.encode(), fds), Err(Error::Corrupt(_))), "{fds} fds");
+        }
+        let mut far = pool.encode();
+        far[4..8].copy_from_slice(&MAX_POOLS.to_le_bytes());
+        assert!(matches!(AllocationRecord::decode(&far, 1), Err(Error::Corrupt(m)) if m.contains("beyond")));
+        let mut reserved = pool.encode();
+        reserved[ATTACHMENT_HEAD + 20] = 1;
+        assert!(matches!(AllocationRecord::decode(&reserved, 1), Err(Error::Corrupt(m)) if m.contains("reserved")));
+        let encoded = pool.encode();
+        assert!(AllocationRecord::decode(&encoded[..encoded.len() - 1], 1).is_err());
+        let forget = AllocationRecord::ForgetPool { index: 3 };
+        assert_eq!(AllocationRecord::decode(&forget.encode(), 0).unwrap(), forget);
+        assert!(AllocationRecord::decode(&forget.encode(), 1).is_err());
+
+        let allocation = Announce { memory: MEMORY_POOL, pool: 7, ..sample() };
+        let record = AllocationRecord::Announce { slot: 1, generation: 1, allocation };
+        assert_eq!(AllocationRecord::decode(&record.encode(), 0).unwrap(), record);
+        assert!(AllocationRecord::decode(&record.encode(), 1).is_err(), "pool memory comes without an fd");
+        for bad in [Announce { pool: MAX_POOLS, ..allocation }, Announce { pool: 1, ..sample() }] {
+            let bytes = AllocationRecord::Announce { slot: 1, generation: 1, allocation: bad }.encode();
+            assert!(matches!(AllocationRecord::decode(&bytes, 0), Err(Error::Corrupt(_))), "{bad:?}");
+        }
+        let mut reserved = record.encode();
+        let at = reserved.len() - 1;
+        reserved[at] = 1;
+        assert!(matches!(AllocationRecord::decode(&reserved, 0), Err(Error::Corrupt(m)) if m.contains("reserved")));
     }
 
     /// A GPU buffer's arena: announced with its one fd, no CUDA handle and no CUDA ordinal;
