@@ -332,6 +332,37 @@ fn managed_pool_and_pinned_host_memory_are_told_apart() {
         Err(e) => println!("no memory pools here ({e}): the pool case is not checked"),
     }
 
+    // A pool made to export POSIX fds: pool memory, registered whole (the allocation).
+    let props = CUmemPoolProps {
+        alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
+        handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        ..Default::default()
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and properties.
+    match unsafe { driver.mem_pool_create(&mut pool, &props) } {
+        Ok(()) => {
+            let mut pooled = 0;
+            // SAFETY: valid out-pointer; the pool just made; the legacy default stream.
+            unsafe { driver.mem_alloc_from_pool_async(&mut pooled, size, pool, std::ptr::null_mut()) }.unwrap();
+            // SAFETY: the NULL stream of the current context.
+            unsafe { driver.stream_synchronize(std::ptr::null_mut()) }.unwrap();
+            let buffer = register(&context, pooled + 64, 64).unwrap();
+            let cuda = buffer.cuda().unwrap();
+            assert_eq!((cuda.kind, cuda.base), (CudaMemoryKind::Pool, pooled), "{cuda:?}");
+            assert!(cuda.size >= size, "the whole allocation: {cuda:?}");
+            drop(buffer);
+            // SAFETY: allocated above, freed once; synchronised before the pool goes.
+            unsafe { driver.mem_free_async(pooled, std::ptr::null_mut()) }.unwrap();
+            // SAFETY: as above.
+            unsafe { driver.stream_synchronize(std::ptr::null_mut()) }.unwrap();
+            // SAFETY: the pool made above, with no allocation left.
+            unsafe { driver.mem_pool_destroy(pool) }.unwrap();
+        }
+        Err(e) => println!("no IPC memory pools here ({e}): the IPC pool case is not checked"),
+    }
+
     // Pinned host memory is host memory: registered as such, readable and writable.
     let mut host: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
