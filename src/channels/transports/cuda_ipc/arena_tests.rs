@@ -103,6 +103,7 @@ fn arena(counter: u64, gpu: [u8; 16]) -> Announce {
         device_uuid: gpu,
         ipc_handle: [0; 64],
         pool: 0,
+        pieces: 0,
     }
 }
 

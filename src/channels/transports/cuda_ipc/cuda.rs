@@ -10,19 +10,20 @@ use std::sync::Arc;
 
 use lava_flow_cuda::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUexternalMemory, CUipcMemHandle, CUmemAccessDesc, CUmemGenericAllocationHandle,
-    CUmemLocation, CUmemPoolPtrExportData, CUmemoryPool, CUstream, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+    CUmemLocation, CUmemPoolPtrExportData, CUmemoryPool, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
     CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC,
     CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
-    CU_STREAM_NON_BLOCKING,
 };
 use lava_flow_cuda::Driver;
+
+mod pool_span;
 
 use super::wire::{is_arena, Announce, PoolAnnounce, MEMORY_ARENA_DEDICATED, MEMORY_LEGACY};
 use crate::error::{Error, Result};
 use crate::memory::CudaPointer;
 
-fn cuda_error(e: lava_flow_cuda::Error) -> Error {
+pub(super) fn cuda_error(e: lava_flow_cuda::Error) -> Error {
     Error::Unsupported(e.to_string())
 }
 
@@ -269,6 +270,17 @@ pub(crate) trait Opener: Send + Sync {
         Err(Error::Unsupported("this consumer imports no CUDA memory pools".into()))
     }
 
+    /// Maps the span `allocation` announces, its pieces (offset, size, fd; the fds stay the
+    /// caller's) back to back in one address range, on this process's device `device`.
+    fn open_span(
+        &self,
+        _allocation: &Announce,
+        _pieces: &[(u64, u64, BorrowedFd<'_>)],
+        _device: i32,
+    ) -> Result<Box<dyn Mapping>> {
+        Err(Error::Unsupported("this consumer maps no spans of CUDA VMM pieces".into()))
+    }
+
     /// This process's ordinal of the CUDA device current on this thread, if any.
     fn current_device(&self) -> Option<i32> {
         None
@@ -404,30 +416,16 @@ impl Opener for DriverOpener {
     }
 
     fn open_pool(&self, _pool: &PoolAnnounce, fd: BorrowedFd<'_>, device: i32) -> Result<Arc<dyn ImportedPool>> {
-        let context = self.context(device)?;
-        let (pool, stream) = context.with(|driver| {
-            let mut pool: CUmemoryPool = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer; for POSIX fds the handle is the fd itself, which
-            // stays ours.
-            unsafe {
-                driver.mem_pool_import_from_shareable_handle(
-                    &mut pool,
-                    fd.as_raw_fd() as isize as *mut std::ffi::c_void,
-                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                    0,
-                )
-            }
-            .map_err(|e| cuda_error(e.context("cuMemPoolImportFromShareableHandle")))?;
-            let mut stream: CUstream = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer, in the context current here.
-            if let Err(e) = unsafe { driver.stream_create(&mut stream, CU_STREAM_NON_BLOCKING) } {
-                // SAFETY: the pool just imported, given back once.
-                let _ = unsafe { driver.mem_pool_destroy(pool) };
-                return Err(cuda_error(e.context("cuStreamCreate for freeing a memory pool's imports")));
-            }
-            Ok((pool, stream))
-        })?;
-        Ok(Arc::new(DriverPool { context, pool, stream }))
+        pool_span::open_pool(self.context(device)?, fd)
+    }
+
+    fn open_span(
+        &self,
+        allocation: &Announce,
+        pieces: &[(u64, u64, BorrowedFd<'_>)],
+        device: i32,
+    ) -> Result<Box<dyn Mapping>> {
+        pool_span::open_span(self.context(device)?, allocation, pieces)
     }
 
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
@@ -471,77 +469,6 @@ impl Opener for DriverOpener {
     }
 }
 
-/// A producer's memory pool imported here, with a stream of its device's primary context on
-/// which its imports are freed (a stream of its own, so that freeing waits for nothing else:
-/// `cuMemFree` of pool memory would synchronise the whole device).
-struct DriverPool {
-    context: Arc<PrimaryContext>,
-    pool: CUmemoryPool,
-    stream: CUstream,
-}
-
-// SAFETY: CUDA handles are process-wide and usable from any thread; the fields are only read.
-unsafe impl Send for DriverPool {}
-// SAFETY: as above.
-unsafe impl Sync for DriverPool {}
-
-impl ImportedPool for DriverPool {
-    fn import(&self, data: &[u8; 64]) -> Result<u64> {
-        let mut data = CUmemPoolPtrExportData { reserved: *data };
-        self.context.with(|driver| {
-            let mut address: CUdeviceptr = 0;
-            // SAFETY: valid out-pointers; the pool imported here; the data are bytes the
-            // driver checks.
-            unsafe { driver.mem_pool_import_pointer(&mut address, self.pool, &mut data) }.map_err(|e| {
-                cuda_error(e.context(
-                    "cuMemPoolImportPointer (the producer freed the allocation before the message was complete?)",
-                ))
-            })?;
-            Ok(address)
-        })
-    }
-
-    fn free(&self, address: u64) -> Result<()> {
-        self.context.with(|driver| {
-            // SAFETY: an address `import` gave, freed once; no message points into it any more.
-            unsafe { driver.mem_free_async(address, self.stream) }
-                .map_err(|e| cuda_error(e.context(format!("cuMemFreeAsync of the pool import at {address:#x}"))))?;
-            // SAFETY: the stream of this pool, alive while it is.
-            unsafe { driver.stream_synchronize(self.stream) }.map_err(cuda_error)
-        })
-    }
-
-    fn grant(&self, device: i32) -> Result<()> {
-        let access = CUmemAccessDesc {
-            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        self.context.with(|driver| {
-            // SAFETY: the pool imported here; a valid access descriptor for one device.
-            unsafe { driver.mem_pool_set_access(self.pool, &access, 1) }.map_err(|e| {
-                cuda_error(e.context(format!("cuMemPoolSetAccess of an imported memory pool for device {device}")))
-            })
-        })
-    }
-}
-
-impl Drop for DriverPool {
-    fn drop(&mut self) {
-        let (pool, stream) = (self.pool, self.stream);
-        let freed = self.context.with(|driver| {
-            // SAFETY: the stream made by `open_pool`, destroyed once, its work done (`free`
-            // synchronises it).
-            unsafe { driver.stream_destroy(stream) }.map_err(cuda_error)?;
-            // SAFETY: the pool imported by `open_pool`, given back once; every import of it
-            // was freed (each holds this pool alive).
-            unsafe { driver.mem_pool_destroy(pool) }.map_err(cuda_error)
-        });
-        if let Err(e) = freed {
-            log::warn!("giving back an imported CUDA memory pool: {e}");
-        }
-    }
-}
-
 /// Reserves `size` bytes of addresses, maps `handle` there and lets `device` read and write.
 fn map_piece(driver: &Driver, handle: CUmemGenericAllocationHandle, size: usize, device: CUdevice) -> Result<u64> {
     let mut address: CUdeviceptr = 0;
@@ -582,11 +509,17 @@ pub(crate) trait Exporter: Send + Sync {
     fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]>;
     /// A VMM piece's fd, and what keeps the piece alive while held.
     fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)>;
+    /// Each piece of span `pointer`, as it is mapped now (an error where it changed since it
+    /// was registered): where it lies, what keeps it alive while held, and a new fd of it.
+    fn export_vmm_span(&self, pointer: &CudaPointer) -> Result<Vec<SpanPiece>>;
     /// A pool allocation's pool (its handle here) and `cuMemPoolExportPointer` data.
     fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])>;
     /// A new fd of memory pool `pool`.
     fn export_pool(&self, pool: u64) -> Result<OwnedFd>;
 }
+
+/// One exported piece of a span: where it lies, what keeps it alive while held, its new fd.
+pub(crate) type SpanPiece = (crate::memory::cuda::Piece, Box<dyn Any + Send + Sync>, OwnedFd);
 
 /// Exports through the CUDA driver.
 pub(crate) struct DriverExporter;
@@ -601,6 +534,21 @@ impl Exporter for DriverExporter {
     fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
         let (retained, fd) = export_vmm(pointer)?;
         Ok((Box::new(retained), fd))
+    }
+    fn export_vmm_span(&self, pointer: &CudaPointer) -> Result<Vec<SpanPiece>> {
+        let pieces = crate::memory::cuda::pieces_of(pointer)?;
+        let mut out = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let at = CudaPointer {
+                base: pointer.base + piece.offset,
+                size: piece.size,
+                buffer_id: piece.buffer_id,
+                ..*pointer
+            };
+            let (retained, fd) = export_vmm(&at)?;
+            out.push((piece, Box::new(retained) as Box<dyn Any + Send + Sync>, fd));
+        }
+        Ok(out)
     }
     fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
         export_pool_pointer(pointer)

@@ -35,6 +35,9 @@ impl cuda::Exporter for Exporter {
     fn export_vmm(&self, _pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
         Err(Error::Unsupported("the test hooks' stand-in for CUDA exports legacy handles and pools only".into()))
     }
+    fn export_vmm_span(&self, _pointer: &CudaPointer) -> Result<Vec<cuda::SpanPiece>> {
+        Err(Error::Unsupported("the test hooks' stand-in for CUDA exports legacy handles and pools only".into()))
+    }
     fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
         let mut data = [0u8; 64];
         data[..8].copy_from_slice(&pointer.buffer_id.to_le_bytes());

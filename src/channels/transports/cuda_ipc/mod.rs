@@ -14,7 +14,10 @@
 //!    before the message, keyed by (base, `BUFFER_ID`): `cudaMalloc` memory as a legacy CUDA
 //!    IPC handle of its base; a CUDA VMM piece as an fd of its allocation handle
 //!    (`cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle`) passed with
-//!    `SCM_RIGHTS`; memory of a CUDA memory pool that exports POSIX fds as its
+//!    `SCM_RIGHTS`; a span of VMM pieces mapped back to back (registered so where a tensor
+//!    crosses a piece boundary: see `memory::cuda`) as one attachment per piece (its fd, its
+//!    offset in the span, its size and `BUFFER_ID`) right before the span's, which names how
+//!    many pieces it has (a piece's fd goes with each span announced that holds it); memory of a CUDA memory pool that exports POSIX fds as its
 //!    `cuMemPoolExportPointer` data and the index of its pool, which is announced once per
 //!    channel before its first allocation (an fd of `cuMemPoolExportToShareableHandle`, with
 //!    `SCM_RIGHTS`, and the UUID of its device) and forgotten with the last of its allocations
@@ -23,7 +26,13 @@
 //! 3. A message carries (slot, generation, offset, length, ready value). The consumer checks every field and
 //!    opens the allocation once (`cuIpcOpenMemHandle` with lazy peer access, or
 //!    import + reserve + map + set access) in the primary context of the device whose UUID
-//!    the announcement names; a message's payload is the CUDA address there. A pool is imported
+//!    the announcement names; a message's payload is the CUDA address there. A span is mapped
+//!    into one reserved range, each piece at its offset (`cuMemMap`, `cuMemSetAccess` per
+//!    piece), so that the message's pointer covers every byte; it has no Vulkan view (Vulkan
+//!    imports one fd per `VkDeviceMemory`, and a buffer is bound to one memory: such a
+//!    message's `buffer()` is `None`, its CUDA pointer the way to it). A span's key is (base,
+//!    span id), the id mixing every piece's `BUFFER_ID`: a piece re-created at its address
+//!    makes the span new, announced anew. A pool is imported
 //!    once (`cuMemPoolImportFromShareableHandle`), its allocations otherwise (below).
 //! 4. Lifetimes: the producer keeps each allocation's registration (and a VMM piece's retained
 //!    handle, which keeps its memory alive whatever the application frees) in the carrier's
@@ -71,6 +80,8 @@ mod wire;
 
 #[cfg(test)]
 mod arena_tests;
+#[cfg(test)]
+mod pool_span_tests;
 #[cfg(test)]
 mod tests;
 

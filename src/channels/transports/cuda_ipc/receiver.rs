@@ -2,17 +2,19 @@
 //! slot, closed when the producer says they changed, when more are open than the cache
 //! allows (least recently used first, never one a held message points into), or when the
 //! producer has gone and no message holds them. Memory of a CUDA memory pool is imported only
-//! while a message into it is held (see `pool`).
+//! while a message into it is held (see `pool`). A span of VMM pieces is mapped into one
+//! address range, each piece at its offset; it has no Vulkan view (Vulkan imports one fd per
+//! `VkDeviceMemory`, and a buffer is bound to one memory).
 
 use std::any::Any;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::cuda::{Mapping, Opener};
 use super::pool::{Pool, PoolMapping};
 use super::wire::{
-    is_arena, AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY,
-    MEMORY_POOL, OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
+    is_arena, AllocationRecord, Announce, Descriptor, PieceRecord, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_PIECES,
+    MAX_SLOTS, MEMORY_LEGACY, MEMORY_POOL, MEMORY_VMM_SPAN, OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
 };
 use super::{format_uuid, format_uuids, ID, ROUTE_ID};
 use crate::channels::ready::SharedReady;
@@ -125,6 +127,8 @@ struct Slot {
     generation: u32,
     allocation: Announce,
     fd: Option<OwnedFd>,
+    /// A span's pieces, each with its fd, in order.
+    pieces: Vec<(PieceRecord, OwnedFd)>,
     /// The pool of a pool allocation, as announced before it.
     pool: Option<Arc<Pool>>,
     /// This process's ordinal of the device that holds the memory.
@@ -162,6 +166,9 @@ pub(crate) struct Receiver {
     slots: Vec<Option<Slot>>,
     /// The memory pools the producer announced, by index.
     pools: Vec<Option<Arc<Pool>>>,
+    /// The pieces announced for the span whose announcement comes next: (slot, generation,
+    /// piece, fd).
+    pending_pieces: Vec<(u32, u32, PieceRecord, OwnedFd)>,
     /// Imports the producer replaced or forgot while a message into them was held, with that
     /// message's sequence number.
     retired: Vec<(Arc<Import>, u64)>,
@@ -202,6 +209,7 @@ impl Receiver {
             peered: Vec::new(),
             slots: Vec::new(),
             pools: Vec::new(),
+            pending_pieces: Vec::new(),
             retired: Vec::new(),
             open: 0,
             bound: bound.max(1),
@@ -315,6 +323,10 @@ impl Receiver {
             // Both ends in this process (a CUDA IPC handle does not open where it was made):
             // the producer's address is this process's.
             Ok(Box::new(SameProcess { address: slot.allocation.base, device: slot.device }) as Box<dyn Mapping>)
+        } else if slot.allocation.memory == MEMORY_VMM_SPAN {
+            let pieces: Vec<(u64, u64, BorrowedFd<'_>)> =
+                slot.pieces.iter().map(|(p, fd)| (p.offset, p.size, fd.as_fd())).collect();
+            self.opener.open_span(&slot.allocation, &pieces, slot.device)
         } else if let Some(pool) = &slot.pool {
             pool.imported(&*self.opener).map(|imported| {
                 Box::new(PoolMapping::new(imported, slot.allocation.ipc_handle, slot.device)) as Box<dyn Mapping>
@@ -518,6 +530,43 @@ impl Receiver {
         Ok(())
     }
 
+    /// The pieces announced right before span `allocation` of `slot` and `generation`: each of
+    /// them, in order, back to back from offset 0 to the span's end.
+    fn span_pieces(
+        &mut self,
+        slot: u32,
+        generation: u32,
+        allocation: &Announce,
+    ) -> Result<Vec<(PieceRecord, OwnedFd)>> {
+        let pending = std::mem::take(&mut self.pending_pieces);
+        if pending.len() != allocation.pieces as usize {
+            return Err(self.corrupt(format!(
+                "announced a span of {} VMM pieces after {} pieces",
+                allocation.pieces,
+                pending.len()
+            )));
+        }
+        let mut end = 0u64;
+        let mut pieces = Vec::with_capacity(pending.len());
+        for (i, (s, g, piece, fd)) in pending.into_iter().enumerate() {
+            if (s, g) != (slot, generation) || piece.index as usize != i || piece.offset != end {
+                return Err(self.corrupt(format!(
+                    "announced VMM piece {} (slot {s} generation {g}, at offset {}) as piece {i} of the span of slot \
+                     {slot} generation {generation}, whose piece {i} lies at offset {end}",
+                    piece.index, piece.offset
+                )));
+            }
+            end = end.saturating_add(piece.size);
+            pieces.push((piece, fd));
+        }
+        if end != allocation.size {
+            return Err(
+                self.corrupt(format!("announced a span of {} bytes whose pieces hold {end} bytes", allocation.size))
+            );
+        }
+        Ok(pieces)
+    }
+
     /// The pool a pool allocation's announcement names: announced before it, of its device and
     /// its process.
     fn pool_of(&self, allocation: &Announce) -> Result<Arc<Pool>> {
@@ -620,6 +669,7 @@ impl RouteReceiver for Receiver {
         let mut kept: Vec<Arc<Import>> = self.retired.drain(..).map(|(import, _)| import).collect();
         kept.extend(self.slots.drain(..).flatten().filter(|s| s.last_seq.is_some()).filter_map(|s| s.open));
         self.pools.clear();
+        self.pending_pieces.clear();
         self.open = 0;
         self.off = Some("the producer has gone".into());
         (self.session, Box::new(kept))
@@ -629,7 +679,16 @@ impl RouteReceiver for Receiver {
         self.released_below = released_below;
         self.retired.retain(|(_, last)| *last >= released_below);
         let count = attachment.handles.len();
-        match AllocationRecord::decode(&attachment.bytes, count)? {
+        let record = AllocationRecord::decode(&attachment.bytes, count)?;
+        let span =
+            matches!(record, AllocationRecord::Announce { allocation, .. } if allocation.memory == MEMORY_VMM_SPAN);
+        if !self.pending_pieces.is_empty() && !span && !matches!(record, AllocationRecord::Piece { .. }) {
+            return Err(self.corrupt(format!(
+                "announced {} VMM pieces without the span they belong to",
+                self.pending_pieces.len()
+            )));
+        }
+        match record {
             AllocationRecord::Announce { slot, generation, allocation } => {
                 let fd = attachment.handles.into_iter().next();
                 if let Some(Some(old)) = self.slots.get(slot as usize) {
@@ -653,12 +712,16 @@ impl RouteReceiver for Receiver {
                     )));
                 }
                 debug_assert!(
-                    fd.is_some() == !matches!(allocation.memory, MEMORY_LEGACY | MEMORY_POOL),
+                    fd.is_some() == !matches!(allocation.memory, MEMORY_LEGACY | MEMORY_POOL | MEMORY_VMM_SPAN),
                     "decode checked the fds"
                 );
                 let pool = match allocation.memory {
                     MEMORY_POOL => Some(self.pool_of(&allocation)?),
                     _ => None,
+                };
+                let pieces = match allocation.memory {
+                    MEMORY_VMM_SPAN => self.span_pieces(slot, generation, &allocation)?,
+                    _ => Vec::new(),
                 };
                 let index = slot as usize;
                 if self.slots.len() <= index {
@@ -671,6 +734,7 @@ impl RouteReceiver for Receiver {
                     generation,
                     allocation,
                     fd,
+                    pieces,
                     pool,
                     device: device as i32,
                     open: None,
@@ -688,6 +752,13 @@ impl RouteReceiver for Receiver {
             AllocationRecord::Pool { index, pool } => {
                 let fd = attachment.handles.into_iter().next().expect("decode checked the fd");
                 self.announce_pool(index, pool, fd)?;
+            }
+            AllocationRecord::Piece { slot, generation, piece } => {
+                if self.pending_pieces.len() >= MAX_PIECES as usize {
+                    return Err(self.corrupt(format!("announced more than {MAX_PIECES} VMM pieces of one span")));
+                }
+                let fd = attachment.handles.into_iter().next().expect("decode checked the fd");
+                self.pending_pieces.push((slot, generation, piece, fd));
             }
             AllocationRecord::ForgetPool { index } => {
                 // Allocations announced from it keep it (and their imports) while they are in use.

@@ -8,8 +8,8 @@ use std::sync::{Arc, Weak};
 
 use super::cuda::{Exporter, Keep};
 use super::wire::{
-    AllocationRecord, Announce, Descriptor, PoolAnnounce, Section, ANSWER_CUDA, MAX_POOLS, MAX_SLOTS, MEMORY_LEGACY,
-    MEMORY_POOL, MEMORY_VMM, OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
+    AllocationRecord, Announce, Descriptor, PieceRecord, PoolAnnounce, Section, ANSWER_CUDA, MAX_POOLS, MAX_SLOTS,
+    MEMORY_LEGACY, MEMORY_POOL, MEMORY_VMM, MEMORY_VMM_SPAN, OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
 };
 use super::{format_uuid, format_uuids, refusal, ID, ROUTE_ID};
 use crate::channels::ready::SharedReady;
@@ -216,7 +216,8 @@ impl Sender {
     ) -> Sender {
         let reason = format!(
             "CUDA memory: cuda_ipc, by reference to a consumer that opens it on {}: cudaMalloc memory as a legacy CUDA IPC \
-             handle, CUDA VMM memory as one fd per piece, memory of a CUDA memory pool that exports fds as its pool's \
+             handle, CUDA VMM memory as one fd per piece (a message across pieces mapped back to back as their span, \
+             mapped by the consumer into one range), memory of a CUDA memory pool that exports fds as its pool's \
              fd (once per channel) and the allocation's export data (each allocation announced once per channel; the \
              consumer imports pool memory while it holds a message into it); {}",
             format_uuids(&devices),
@@ -451,8 +452,18 @@ impl Sender {
             )));
         }
         let registration = buffer.cuda_keep().expect("a CUDA buffer has a registration");
+        let mut pieces = Vec::new();
         let (memory, ipc_handle, retained, fd, pool) = match pointer.kind {
             CudaMemoryKind::Legacy => (MEMORY_LEGACY, self.exporter.export_legacy(pointer)?, None, None, None),
+            CudaMemoryKind::Vmm if crate::memory::cuda::is_span(pointer) => {
+                let mut kept = Vec::new();
+                for (piece, retained, fd) in self.exporter.export_vmm_span(pointer)? {
+                    kept.push(retained);
+                    pieces.push((piece, fd));
+                }
+                let kept: Box<dyn Any + Send + Sync> = Box::new(kept);
+                (MEMORY_VMM_SPAN, [0; 64], Some(kept), None, None)
+            }
             CudaMemoryKind::Vmm => {
                 let (retained, fd) = self.exporter.export_vmm(pointer)?;
                 (MEMORY_VMM, [0; 64], Some(retained), Some(fd), None)
@@ -486,7 +497,22 @@ impl Sender {
             device_uuid: uuid,
             ipc_handle,
             pool: pool_index,
+            pieces: pieces.len() as u32,
         };
+        // A span's pieces go right before it, each with its fd.
+        for (index, (piece, fd)) in pieces.into_iter().enumerate() {
+            let piece = PieceRecord {
+                index: index as u32,
+                offset: piece.offset,
+                size: piece.size as u64,
+                buffer_id: piece.buffer_id,
+            };
+            attachments.push(Attachment {
+                route: ROUTE_ID,
+                bytes: AllocationRecord::Piece { slot, generation, piece }.encode(),
+                handles: vec![fd],
+            });
+        }
         attachments.push(Attachment {
             route: ROUTE_ID,
             bytes: AllocationRecord::Announce { slot, generation, allocation }.encode(),
@@ -619,8 +645,8 @@ impl RouteSender for Sender {
         let (offset, len) = (payload.offset as u64, payload.len as u64);
         if len == 0 || offset.checked_add(len).map_or(true, |end| end > pointer.size as u64) {
             return Err(Error::invalid(format!(
-                "{len} bytes at offset {offset} do not lie in buffer {}'s CUDA allocation of {} bytes (a message \
-                 that spans several CUDA VMM pieces is not supported: send each piece's part)",
+                "{len} bytes at offset {offset} do not lie in buffer {}'s CUDA allocation of {} bytes (register the \
+                 range the message covers: a range across CUDA VMM pieces mapped back to back registers their span)",
                 buffer.id(),
                 pointer.size
             )));
@@ -773,6 +799,7 @@ impl Sender {
             device_uuid: uuid,
             ipc_handle: [0; 64],
             pool: 0,
+            pieces: 0,
         };
         attachments.push(Attachment {
             route: ROUTE_ID,

@@ -11,25 +11,28 @@ use super::cuda::{ImportedPool, Mapping, Opener};
 use super::receiver::Receiver;
 use super::wire::{
     AllocationRecord, Announce, Descriptor, PoolAnnounce, MAX_SLOTS, MEMORY_LEGACY, MEMORY_POOL, MEMORY_VMM,
+    MEMORY_VMM_SPAN,
 };
 use super::{Offer, ROUTE_ID};
 use crate::channels::ready::ReadyShare;
 use crate::channels::transport::{Attachment, PeerHolds, RouteReceiver, RoutedPayload};
 use crate::error::Error;
 
-const DEVICE: [u8; 16] = [7; 16];
+pub(super) const DEVICE: [u8; 16] = [7; 16];
 
 /// Counts what the receiver opens and closes.
 #[derive(Default)]
-struct Counts {
-    opened: AtomicUsize,
-    closed: AtomicUsize,
+pub(super) struct Counts {
+    pub(super) opened: AtomicUsize,
+    pub(super) closed: AtomicUsize,
     /// Pools imported, and pools given back.
-    pools: AtomicUsize,
-    pools_closed: AtomicUsize,
+    pub(super) pools: AtomicUsize,
+    pub(super) pools_closed: AtomicUsize,
     /// Pool allocations imported and freed.
-    imports: AtomicUsize,
-    frees: AtomicUsize,
+    pub(super) imports: AtomicUsize,
+    pub(super) frees: AtomicUsize,
+    /// Each span opened: its pieces' (offset, size).
+    pub(super) spans: parking_lot::Mutex<Vec<Vec<(u64, u64)>>>,
 }
 
 struct FakePool(Arc<Counts>);
@@ -71,7 +74,7 @@ impl Drop for FakeMapping {
     }
 }
 
-struct FakeOpener(Arc<Counts>);
+pub(super) struct FakeOpener(pub(super) Arc<Counts>);
 
 impl Opener for FakeOpener {
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, _device: i32) -> crate::Result<Box<dyn Mapping>> {
@@ -80,6 +83,21 @@ impl Opener for FakeOpener {
         self.0.opened.fetch_add(1, Ordering::Relaxed);
         // Each allocation at its own place here, told apart by its id.
         Ok(Box::new(FakeMapping { address: 0x1000_0000 * allocation.buffer_id, counts: Arc::clone(&self.0) }))
+    }
+
+    fn open_span(
+        &self,
+        allocation: &Announce,
+        pieces: &[(u64, u64, BorrowedFd<'_>)],
+        _device: i32,
+    ) -> crate::Result<Box<dyn Mapping>> {
+        assert_eq!(allocation.memory, MEMORY_VMM_SPAN);
+        let layout: Vec<(u64, u64)> = pieces.iter().map(|&(offset, size, _)| (offset, size)).collect();
+        self.0.spans.lock().push(layout);
+        self.0.opened.fetch_add(1, Ordering::Relaxed);
+        // (A span id has its top bit set: the low bits tell spans apart here.)
+        let address = 0x1000_0000 * (allocation.buffer_id & 0xffff);
+        Ok(Box::new(FakeMapping { address, counts: Arc::clone(&self.0) }))
     }
 
     fn open_pool(
@@ -93,7 +111,7 @@ impl Opener for FakeOpener {
     }
 }
 
-fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
+pub(super) fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
     let counts = Arc::new(Counts::default());
     let mut r = Receiver::new(Arc::new(FakeOpener(Arc::clone(&counts))), Ok(vec![[1; 16], DEVICE]), bound);
     let offer = Offer::cuda_only().sections().pop().unwrap();
@@ -101,7 +119,7 @@ fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
     (r, counts)
 }
 
-fn legacy(buffer_id: u64) -> Announce {
+pub(super) fn legacy(buffer_id: u64) -> Announce {
     Announce {
         memory: MEMORY_LEGACY,
         device_ordinal: 0,
@@ -112,10 +130,11 @@ fn legacy(buffer_id: u64) -> Announce {
         device_uuid: DEVICE,
         ipc_handle: [buffer_id as u8; 64],
         pool: 0,
+        pieces: 0,
     }
 }
 
-fn announce(
+pub(super) fn announce(
     r: &mut Receiver,
     slot: u32,
     generation: u32,
@@ -126,12 +145,12 @@ fn announce(
     r.attach(Attachment::new(ROUTE_ID, bytes), released_below)
 }
 
-fn forget(r: &mut Receiver, slot: u32, generation: u32, released_below: u64) {
+pub(super) fn forget(r: &mut Receiver, slot: u32, generation: u32, released_below: u64) {
     let bytes = AllocationRecord::Forget { slot, generation }.encode();
     r.attach(Attachment::new(ROUTE_ID, bytes), released_below).unwrap();
 }
 
-fn resolve(
+pub(super) fn resolve(
     r: &mut Receiver,
     seq: u64,
     slot: u32,
@@ -483,199 +502,5 @@ fn a_ready_value_needs_the_channel_s_semaphore_on_the_memory_s_gpu() {
     assert_eq!(pack(&mut sender, 9).unwrap().ready_value, 9);
     assert_eq!(shared.last.load(std::sync::atomic::Ordering::Relaxed), 9);
     assert_eq!(pack(&mut sender, 0).unwrap().ready_value, 0);
-    holds.consumer_died();
-}
-
-// ---- memory of CUDA memory pools ----
-
-fn pool_allocation(buffer_id: u64, pool: u32) -> Announce {
-    Announce { memory: MEMORY_POOL, pool, ..legacy(buffer_id) }
-}
-
-fn announce_pool(r: &mut Receiver, index: u32, pool: PoolAnnounce, fds: usize) -> crate::Result<()> {
-    let bytes = AllocationRecord::Pool { index, pool }.encode();
-    let handles = (0..fds).map(|_| std::fs::File::open("/dev/null").unwrap().into()).collect();
-    r.attach(Attachment { route: ROUTE_ID, bytes, handles }, 0)
-}
-
-const POOL: PoolAnnounce = PoolAnnounce { device_uuid: DEVICE, exporter_pid: 42 };
-
-fn counted(counts: &Counts) -> [usize; 4] {
-    [&counts.pools, &counts.imports, &counts.frees, &counts.pools_closed].map(|c| c.load(Ordering::Relaxed))
-}
-
-/// A pool is imported once; each of its allocations is imported while a message into it is
-/// held and freed when the last such message is released (before the release reaches the
-/// producer, which may free the allocation then), and imported again for the next message.
-#[test]
-fn pool_memory_is_imported_while_a_message_holds_it_and_freed_with_the_last() {
-    let (mut r, counts) = receiver(8);
-    announce_pool(&mut r, 0, POOL, 1).unwrap();
-    announce(&mut r, 0, 1, pool_allocation(2, 0), 0).unwrap();
-    announce(&mut r, 1, 1, pool_allocation(3, 0), 0).unwrap();
-    assert_eq!(counted(&counts), [0, 0, 0, 0], "nothing imported before a message");
-    let first = resolve(&mut r, 0, 0, 1, 64, 100).unwrap().unwrap();
-    assert_eq!(first.cuda_ptr(), Some((0x2000_0000 + 64, 1)), "on device 1: the UUID's ordinal here");
-    let second = resolve(&mut r, 1, 0, 1, 0, 8).unwrap().unwrap();
-    assert_eq!(counted(&counts), [1, 1, 0, 0], "one import while messages into it are held");
-    drop(first);
-    assert_eq!(counted(&counts), [1, 1, 0, 0], "message 1 still holds it");
-    drop(second);
-    assert_eq!(counted(&counts), [1, 1, 1, 0], "freed with the last message's release");
-    let third = resolve(&mut r, 2, 0, 1, 0, 8).unwrap().unwrap();
-    let other = resolve(&mut r, 3, 1, 1, 0, 8).unwrap().unwrap();
-    assert_eq!(other.cuda_ptr(), Some((0x3000_0000, 1)), "the other allocation, of the same pool");
-    assert_eq!(counted(&counts), [1, 3, 1, 0], "imported again; the pool once");
-    drop((third, other));
-    assert_eq!(counted(&counts), [1, 3, 3, 0]);
-    // Forgotten (the application let go of both), then the pool: given back once nothing
-    // announced from it is left.
-    forget(&mut r, 0, 1, 4);
-    forget(&mut r, 1, 1, 4);
-    r.attach(Attachment::new(ROUTE_ID, AllocationRecord::ForgetPool { index: 0 }.encode()), 4).unwrap();
-    assert_eq!(counted(&counts), [1, 3, 3, 1]);
-    // The index may carry another pool now.
-    announce_pool(&mut r, 0, POOL, 1).unwrap();
-}
-
-/// A producer gone while a message into pool memory is held: the import stays until the
-/// message is released, then it is freed.
-#[test]
-fn a_gone_producer_s_pool_imports_are_freed_once_no_message_holds_them() {
-    let (mut r, counts) = receiver(8);
-    announce_pool(&mut r, 5, POOL, 1).unwrap();
-    announce(&mut r, 0, 1, pool_allocation(2, 5), 0).unwrap();
-    let held = resolve(&mut r, 0, 0, 1, 0, 8).unwrap().unwrap();
-    let (_, kept) = r.end_session();
-    assert_eq!(held.cuda_ptr().unwrap().0, 0x2000_0000, "still readable");
-    assert_eq!(counted(&counts), [1, 1, 0, 0]);
-    drop(held);
-    assert_eq!(counted(&counts), [1, 1, 1, 0], "freed with the release");
-    drop(kept);
-    assert_eq!(counted(&counts), [1, 1, 1, 1]);
-}
-
-/// What a hostile producer could send of pools: each refused as corrupt, naming the problem.
-#[test]
-fn hostile_pool_records_are_corrupt() {
-    use super::wire::MAX_POOLS;
-    let (mut r, _) = receiver(8);
-    let corrupt = |result: crate::Result<()>, words: &str| match result {
-        Err(Error::Corrupt(m)) => assert!(m.contains(words), "{m} (expected {words:?})"),
-        other => panic!("{other:?}, expected Corrupt naming {words:?}"),
-    };
-    corrupt(announce_pool(&mut r, MAX_POOLS, POOL, 1), "beyond the 64");
-    corrupt(announce_pool(&mut r, 0, POOL, 0), "its one fd");
-    corrupt(announce_pool(&mut r, 0, POOL, 2), "its one fd");
-    corrupt(announce_pool(&mut r, 0, PoolAnnounce { device_uuid: [9; 16], ..POOL }, 1), "does not see");
-    announce_pool(&mut r, 0, POOL, 1).unwrap();
-    corrupt(announce_pool(&mut r, 0, POOL, 1), "twice");
-    corrupt(announce(&mut r, 0, 1, pool_allocation(2, 1), 0), "never announced");
-    corrupt(announce(&mut r, 0, 1, pool_allocation(2, MAX_POOLS), 0), "beyond the 64");
-    corrupt(announce(&mut r, 0, 1, Announce { device_uuid: [1; 16], ..pool_allocation(2, 0) }, 0), "but the pool is");
-    corrupt(announce(&mut r, 0, 1, Announce { exporter_pid: 7, ..pool_allocation(2, 0) }, 0), "but the pool is");
-    corrupt(announce(&mut r, 0, 1, Announce { pool: 3, ..legacy(2) }, 0), "which is no pool's");
-    let bytes = AllocationRecord::Announce { slot: 0, generation: 1, allocation: pool_allocation(2, 0) }.encode();
-    let with_fd =
-        Attachment { route: ROUTE_ID, bytes, handles: vec![std::fs::File::open("/dev/null").unwrap().into()] };
-    assert!(matches!(r.attach(with_fd, 0), Err(Error::Corrupt(_))), "pool memory comes without an fd");
-    let forget_unknown = AllocationRecord::ForgetPool { index: 9 }.encode();
-    corrupt(r.attach(Attachment::new(ROUTE_ID, forget_unknown), 0), "never announced");
-    let mut generation = AllocationRecord::ForgetPool { index: 0 }.encode();
-    generation[8] = 1;
-    corrupt(r.attach(Attachment::new(ROUTE_ID, generation), 0), "pools have none");
-    // What was announced well still serves.
-    announce(&mut r, 0, 1, pool_allocation(2, 0), 0).unwrap();
-    assert!(resolve(&mut r, 0, 0, 1, 0, 8).unwrap().is_some());
-}
-
-/// The producer's half for pool memory: the pool announced once with its fd before the first
-/// allocation of it, each allocation with its export data; memory re-allocated at the same
-/// base (a caching allocator's reuse) keeps the pool known; the pool forgotten with the last
-/// allocation of it that the consumer knows.
-#[test]
-fn the_sender_announces_a_pool_once_and_forgets_it_with_its_last_allocation() {
-    use crate::channels::transport::{MemoryKind, Packed, Payload, PayloadMemory, RouteSender};
-    use crate::memory::{CudaMemoryKind, CudaPointer};
-
-    let context = crate::memory::Context::new(crate::memory::ContextConfig {
-        gpu: crate::memory::GpuPolicy::Disabled,
-        ..Default::default()
-    })
-    .unwrap();
-    let holds = Arc::new(PeerHolds::default());
-    let mut sender =
-        super::Sender::new(vec![super::fake::UUID], true, None, Arc::clone(&holds), Arc::new(super::fake::Exporter));
-    assert!(sender.route().reason.contains("memory of a CUDA memory pool"), "{}", sender.route().reason);
-    // The stand-in names a pool by the allocation's 4 GiB region.
-    let pointer = |base: u64, buffer_id| CudaPointer {
-        kind: CudaMemoryKind::Pool,
-        base,
-        size: 1 << 20,
-        buffer_id,
-        device_ordinal: 0,
-        context: 0,
-    };
-    let mut seq = 0;
-    let mut send = |sender: &mut super::Sender, buffer: &crate::memory::Buffer, completed: u64| {
-        let payload = Payload {
-            memory: PayloadMemory::Buffer(buffer),
-            kind: MemoryKind::Cuda,
-            offset: 0,
-            len: 64,
-            ready_value: 0,
-        };
-        let mut out = Packed::default();
-        sender.pack(&payload, completed, &mut out).unwrap();
-        sender.sent(seq);
-        seq += 1;
-        let fds: Vec<usize> = out.attachments.iter().map(|a| a.handles.len()).collect();
-        let records: Vec<AllocationRecord> =
-            out.attachments.iter().map(|a| AllocationRecord::decode(&a.bytes, a.handles.len()).unwrap()).collect();
-        (records, fds)
-    };
-    let a = context.register_cuda_for_tests(pointer(0x7000_0000_0000, 1)).unwrap();
-    let (records, fds) = send(&mut sender, &a, 0);
-    assert!(
-        matches!(records[..], [
-            AllocationRecord::Pool { index: 0, pool: PoolAnnounce { device_uuid: super::fake::UUID, .. } },
-            AllocationRecord::Announce { slot: 0, allocation: Announce { memory: MEMORY_POOL, pool: 0, ipc_handle, .. }, .. }
-        ] if ipc_handle[0] == 1),
-        "{records:?}"
-    );
-    assert_eq!(fds, [1, 0], "the pool's fd, and none for its allocation");
-    let b = context.register_cuda_for_tests(pointer(0x7000_1000_0000, 2)).unwrap();
-    let (records, _) = send(&mut sender, &b, 0);
-    assert!(matches!(records[..], [AllocationRecord::Announce { slot: 1, allocation: Announce { pool: 0, .. }, .. }]));
-    // Another pool: another index.
-    let c = context.register_cuda_for_tests(pointer(0x7100_0000_0000, 3)).unwrap();
-    let (records, _) = send(&mut sender, &c, 0);
-    assert!(matches!(records[..], [AllocationRecord::Pool { index: 1, .. }, AllocationRecord::Announce { .. }]));
-    // Re-allocated at a's base: a forgotten, the new one announced, the pool kept.
-    drop(a);
-    let a2 = context.register_cuda_for_tests(pointer(0x7000_0000_0000, 4)).unwrap();
-    let (records, _) = send(&mut sender, &a2, 0);
-    assert!(
-        matches!(
-            records[..],
-            [
-                AllocationRecord::Forget { slot: 0, .. },
-                AllocationRecord::Announce { allocation: Announce { pool: 0, buffer_id: 4, .. }, .. }
-            ]
-        ),
-        "{records:?}"
-    );
-    // Every allocation of pool 0 let go of and released: the next sweep forgets them and the pool.
-    drop((a2, b));
-    let d = context.register_cuda_for_tests(pointer(0x7100_1000_0000, 5)).unwrap();
-    let (records, _) = send(&mut sender, &d, 10);
-    let forgot_pool = records.iter().filter(|r| matches!(r, AllocationRecord::ForgetPool { index: 0 })).count();
-    assert_eq!(forgot_pool, 1, "{records:?}");
-    assert!(!records.iter().any(|r| matches!(r, AllocationRecord::Pool { .. })), "pool 1 stays known: {records:?}");
-    // A pool allocation of the forgotten pool announces the pool again (at its free index).
-    let e = context.register_cuda_for_tests(pointer(0x7000_2000_0000, 6)).unwrap();
-    let (records, _) = send(&mut sender, &e, 10);
-    assert!(matches!(records[..], [AllocationRecord::Pool { index: 0, .. }, AllocationRecord::Announce { .. }]));
-    drop((c, d, e));
     holds.consumer_died();
 }

@@ -7,7 +7,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::error::{Error, Result};
 
 /// Version 3: memory of CUDA memory pools (pools announced with their fds, allocations with
-/// their export data and pool). Version 2: a message's descriptor names its ready value.
+/// their export data and pool), spans of VMM pieces (each piece announced with its fd before
+/// the span). Version 2: a message's descriptor names its ready value.
 const VERSION: u32 = 3;
 /// The consumer's answer: it opens CUDA memory on the devices listed.
 pub(super) const ANSWER_CUDA: u32 = 1;
@@ -113,6 +114,11 @@ const ATTACH_FORGET: u32 = 2;
 const ATTACH_POOL: u32 = 3;
 /// A memory pool's index free again (no allocation announced from it is left).
 const ATTACH_FORGET_POOL: u32 = 4;
+/// One piece of a span of VMM pieces (its fd attached), for the slot and generation whose
+/// announcement follows its pieces.
+const ATTACH_PIECE: u32 = 5;
+/// The most pieces a span holds.
+pub(super) const MAX_PIECES: u32 = crate::memory::cuda::MAX_PIECES as u32;
 /// `Announce::memory`: legacy CUDA IPC (the handle in the record, no fd).
 pub(super) const MEMORY_LEGACY: u32 = 1;
 /// `Announce::memory`: a VMM piece (its fd attached).
@@ -128,6 +134,9 @@ pub(super) const MEMORY_ARENA_DEDICATED: u32 = 4;
 /// `Announce::memory`: an allocation of a CUDA memory pool announced before (`Announce::pool`),
 /// its `cuMemPoolExportPointer` data in the record's handle, no fd.
 pub(super) const MEMORY_POOL: u32 = 5;
+/// `Announce::memory`: a span of VMM pieces mapped back to back, its `Announce::pieces`
+/// pieces announced (each with its fd) right before it; no fd of its own.
+pub(super) const MEMORY_VMM_SPAN: u32 = 6;
 
 /// Whether `memory` is a lava-flow GPU buffer's arena.
 pub(super) fn is_arena(memory: u32) -> bool {
@@ -155,9 +164,20 @@ struct AnnounceWire {
     device_uuid: [u8; 16],
     ipc_handle: [u8; 64],
     pool: U32,
-    reserved: U32,
+    pieces: U32,
 }
 const ANNOUNCE: usize = std::mem::size_of::<AnnounceWire>();
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct PieceWire {
+    index: U32,
+    reserved: U32,
+    offset: U64,
+    size: U64,
+    buffer_id: U64,
+}
+const PIECE: usize = std::mem::size_of::<PieceWire>();
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -188,6 +208,17 @@ pub(crate) struct Announce {
     pub(crate) ipc_handle: [u8; 64],
     /// A pool allocation's pool index (0 for other memory).
     pub(crate) pool: u32,
+    /// A span's number of pieces (0 for other memory).
+    pub(crate) pieces: u32,
+}
+
+/// One piece of a span: where it lies in the span, its size and the producer's `BUFFER_ID`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PieceRecord {
+    pub(crate) index: u32,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    pub(crate) buffer_id: u64,
 }
 
 /// A CUDA memory pool that exports POSIX fds, as the consumer imports it (its fd attached).
@@ -207,6 +238,7 @@ pub(super) enum AllocationRecord {
     Forget { slot: u32, generation: u32 },
     Pool { index: u32, pool: PoolAnnounce },
     ForgetPool { index: u32 },
+    Piece { slot: u32, generation: u32, piece: PieceRecord },
 }
 
 impl AllocationRecord {
@@ -216,6 +248,7 @@ impl AllocationRecord {
             AllocationRecord::Forget { slot, generation } => (ATTACH_FORGET, *slot, *generation),
             AllocationRecord::Pool { index, .. } => (ATTACH_POOL, *index, 0),
             AllocationRecord::ForgetPool { index } => (ATTACH_FORGET_POOL, *index, 0),
+            AllocationRecord::Piece { slot, generation, .. } => (ATTACH_PIECE, *slot, *generation),
         };
         let mut out = Vec::with_capacity(ATTACHMENT_HEAD + ANNOUNCE);
         out.extend_from_slice(
@@ -232,13 +265,23 @@ impl AllocationRecord {
                 device_uuid: a.device_uuid,
                 ipc_handle: a.ipc_handle,
                 pool: a.pool.into(),
-                reserved: 0.into(),
+                pieces: a.pieces.into(),
             };
             out.extend_from_slice(wire.as_bytes());
         }
         if let AllocationRecord::Pool { pool, .. } = self {
             let wire =
                 PoolWire { device_uuid: pool.device_uuid, exporter_pid: pool.exporter_pid.into(), reserved: 0.into() };
+            out.extend_from_slice(wire.as_bytes());
+        }
+        if let AllocationRecord::Piece { piece: p, .. } = self {
+            let wire = PieceWire {
+                index: p.index.into(),
+                reserved: 0.into(),
+                offset: p.offset.into(),
+                size: p.size.into(),
+                buffer_id: p.buffer_id.into(),
+            };
             out.extend_from_slice(wire.as_bytes());
         }
         out
@@ -270,9 +313,13 @@ impl AllocationRecord {
                     device_uuid: wire.device_uuid,
                     ipc_handle: wire.ipc_handle,
                     pool: wire.pool.get(),
+                    pieces: wire.pieces.get(),
                 };
-                if wire.reserved.get() != 0 {
-                    return Err(bad(format!("sets reserved bits {:#x} of an announcement", wire.reserved.get())));
+                if (allocation.memory == MEMORY_VMM_SPAN) != (allocation.pieces != 0) {
+                    return Err(bad(format!(
+                        "announces {} pieces for memory of kind {} (only a span of VMM pieces has pieces)",
+                        allocation.pieces, allocation.memory
+                    )));
                 }
                 if allocation.memory != MEMORY_POOL && allocation.pool != 0 {
                     return Err(bad(format!(
@@ -290,6 +337,13 @@ impl AllocationRecord {
                         )));
                     }
                     MEMORY_POOL => 0,
+                    MEMORY_VMM_SPAN if !(2..=MAX_PIECES).contains(&allocation.pieces) => {
+                        return Err(bad(format!(
+                            "announces a span of {} VMM pieces (a span has 2 to {MAX_PIECES})",
+                            allocation.pieces
+                        )));
+                    }
+                    MEMORY_VMM_SPAN => 0,
                     m if is_arena(m) => {
                         if allocation.ipc_handle != [0; 64] || allocation.device_ordinal != -1 {
                             return Err(bad(format!(
@@ -310,6 +364,25 @@ impl AllocationRecord {
                 Ok(AllocationRecord::Announce { slot, generation, allocation })
             }
             (ATTACH_FORGET, 0) if fds == 0 => Ok(AllocationRecord::Forget { slot, generation }),
+            (ATTACH_PIECE, PIECE) if fds == 1 => {
+                let wire = PieceWire::read_from_bytes(body).expect("the length was checked");
+                let piece = PieceRecord {
+                    index: wire.index.get(),
+                    offset: wire.offset.get(),
+                    size: wire.size.get(),
+                    buffer_id: wire.buffer_id.get(),
+                };
+                if wire.reserved.get() != 0 || piece.index >= MAX_PIECES || piece.size == 0 {
+                    return Err(bad(format!(
+                        "announces VMM piece {} of {} bytes (reserved bits {:#x}; a span has at most {MAX_PIECES} \
+                         pieces, none empty)",
+                        piece.index,
+                        piece.size,
+                        wire.reserved.get()
+                    )));
+                }
+                Ok(AllocationRecord::Piece { slot, generation, piece })
+            }
             (kind, len) => Err(bad(format!("has kind {kind}, {len} bytes of body and {fds} descriptors"))),
         }
     }
@@ -410,6 +483,7 @@ mod tests {
             device_uuid: [3; 16],
             ipc_handle: [5; 64],
             pool: 0,
+            pieces: 0,
         }
     }
 
@@ -485,10 +559,45 @@ mod tests {
             let bytes = AllocationRecord::Announce { slot: 1, generation: 1, allocation: bad }.encode();
             assert!(matches!(AllocationRecord::decode(&bytes, 0), Err(Error::Corrupt(_))), "{bad:?}");
         }
-        let mut reserved = record.encode();
-        let at = reserved.len() - 1;
-        reserved[at] = 1;
-        assert!(matches!(AllocationRecord::decode(&reserved, 0), Err(Error::Corrupt(m)) if m.contains("reserved")));
+        let mut pieces = record.encode();
+        let at = pieces.len() - 1;
+        pieces[at] = 1;
+        assert!(matches!(AllocationRecord::decode(&pieces, 0), Err(Error::Corrupt(m)) if m.contains("pieces")));
+    }
+
+    /// A span of VMM pieces: each piece with its fd before the span, which has none and names
+    /// how many pieces it has.
+    #[test]
+    fn span_records_round_trip_and_reject_garbage() {
+        let piece = AllocationRecord::Piece {
+            slot: 4,
+            generation: 2,
+            piece: PieceRecord { index: 1, offset: 2 << 20, size: 2 << 20, buffer_id: 8 },
+        };
+        assert_eq!(AllocationRecord::decode(&piece.encode(), 1).unwrap(), piece);
+        for fds in [0, 2] {
+            assert!(matches!(AllocationRecord::decode(&piece.encode(), fds), Err(Error::Corrupt(_))), "{fds} fds");
+        }
+        for bad in [
+            PieceRecord { index: MAX_PIECES, offset: 0, size: 1, buffer_id: 1 },
+            PieceRecord { index: 0, offset: 0, size: 0, buffer_id: 1 },
+        ] {
+            let bytes = AllocationRecord::Piece { slot: 4, generation: 2, piece: bad }.encode();
+            assert!(matches!(AllocationRecord::decode(&bytes, 1), Err(Error::Corrupt(_))), "{bad:?}");
+        }
+        let span = Announce { memory: MEMORY_VMM_SPAN, pieces: 3, ..sample() };
+        let record = AllocationRecord::Announce { slot: 4, generation: 2, allocation: span };
+        assert_eq!(AllocationRecord::decode(&record.encode(), 0).unwrap(), record);
+        assert!(AllocationRecord::decode(&record.encode(), 1).is_err(), "a span's fds come with its pieces");
+        for bad in [
+            Announce { pieces: 1, ..span },
+            Announce { pieces: MAX_PIECES + 1, ..span },
+            Announce { pieces: 0, ..span },
+            Announce { pieces: 2, ..sample() },
+        ] {
+            let bytes = AllocationRecord::Announce { slot: 4, generation: 2, allocation: bad }.encode();
+            assert!(matches!(AllocationRecord::decode(&bytes, 0), Err(Error::Corrupt(_))), "{bad:?}");
+        }
     }
 
     /// A GPU buffer's arena: announced with its one fd, no CUDA handle and no CUDA ordinal;
