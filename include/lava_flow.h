@@ -568,7 +568,8 @@ enum lf_cuda_kind
   // CUDA IPC handles reach it.
   LF_CUDA_KIND_LEGACY = 1,
   // CUDA VMM memory (`cuMemCreate`) with POSIX fd handles (PyTorch under
-  // `expandable_segments:True`): the registration is one piece of it.
+  // `expandable_segments:True`): the registration is one piece of it, or the span of the
+  // pieces mapped back to back that the registered range covers.
   LF_CUDA_KIND_VMM = 2,
   // Memory of a CUDA memory pool that exports POSIX fds (`cudaMallocAsync`).
   LF_CUDA_KIND_POOL = 3,
@@ -671,7 +672,8 @@ lf_status lf_alloc_auto(const lf_context *context,
 // one is no longer found (release its handles). The host cannot read or write CUDA memory
 // through lava-flow (`lf_buffer_read`/`lf_buffer_write`: LF_ERR_INVALID_STATE), and
 // `lf_buffer_export` refuses it (LF_ERR_UNSUPPORTED); `lf_send_buffer` sends it by
-// reference to a consumer on this host (a VMM registration is one piece). Without a CUDA
+// reference to a consumer on this host (a VMM registration is one piece, or the span of the
+// pieces mapped back to back that the range covers). Without a CUDA
 // driver in the process, memory that is not mapped host memory stays LF_ERR_INVALID_ARGUMENT,
 // and the message says no CUDA driver was found to recognise it.
 //
