@@ -12,6 +12,11 @@
 //! counts up from 1). A piece re-created at its address has a new `BUFFER_ID`, so the span
 //! that holds it gets a new id too: the registration and every channel's announcement of the
 //! old span are stale, and never serve it.
+//!
+//! A range inside one piece still registers that piece alone. A piece and a span that holds
+//! it overlap: registering one retires the other's registration (its buffers stay valid), and
+//! a channel that sends into both in turn announces each anew (with each span, every piece's
+//! fd goes again). Send from one registration where that matters.
 
 use lava_flow_cuda::sys::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
 
