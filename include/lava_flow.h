@@ -568,7 +568,8 @@ enum lf_cuda_kind
   // CUDA IPC handles reach it.
   LF_CUDA_KIND_LEGACY = 1,
   // CUDA VMM memory (`cuMemCreate`) with POSIX fd handles (PyTorch under
-  // `expandable_segments:True`): the registration is one piece of it.
+  // `expandable_segments:True`): the registration is one piece of it, or the span of the
+  // pieces mapped back to back that the registered range covers.
   LF_CUDA_KIND_VMM = 2,
   // Memory of a CUDA memory pool that exports POSIX fds (`cudaMallocAsync`).
   LF_CUDA_KIND_POOL = 3,
@@ -671,7 +672,8 @@ lf_status lf_alloc_auto(const lf_context *context,
 // one is no longer found (release its handles). The host cannot read or write CUDA memory
 // through lava-flow (`lf_buffer_read`/`lf_buffer_write`: LF_ERR_INVALID_STATE), and
 // `lf_buffer_export` refuses it (LF_ERR_UNSUPPORTED); `lf_send_buffer` sends it by
-// reference to a consumer on this host (a VMM registration is one piece). Without a CUDA
+// reference to a consumer on this host (a VMM registration is one piece, or the span of the
+// pieces mapped back to back that the range covers). Without a CUDA
 // driver in the process, memory that is not mapped host memory stays LF_ERR_INVALID_ARGUMENT,
 // and the message says no CUDA driver was found to recognise it.
 //
@@ -1301,15 +1303,16 @@ lf_status lf_try_send(struct lf_channel *channel, const void *data, size_t len, 
 // application's): by reference to a consumer on this host that opens CUDA memory (the
 // channel's cuda_ipc route; it receives LF_MESSAGE_CUDA messages: `lf_message_cuda_ptr`):
 // cudaMalloc memory as a legacy CUDA IPC handle, VMM memory with POSIX fd handles as an fd per
-// piece, each allocation passed once per channel; the work that writes it must have finished
-// (synchronise its stream first), or use `lf_send_buffer_after` to send it stream-ordered.
-// Do not cudaFree cudaMalloc memory before `lf_wait_completed`
+// piece, memory of a pool with POSIX fd handle types as its pool's fd (once per channel) and
+// its export data, each allocation passed once per channel; the work that writes it must have
+// finished (synchronise its stream first), or use `lf_send_buffer_after` to send it
+// stream-ordered. Do not free cudaMalloc or pool memory before `lf_wait_completed`
 // (the channel cannot keep it alive; VMM pieces it keeps). To a consumer on another host (the
 // mpi carrier), any CUDA memory is copied from the device into the message as it goes (the
 // work that writes it done first; no ready value). LF_ERR_UNSUPPORTED, naming the allocator
 // and the way out and copying nothing, for CUDA memory no other process can open (managed
-// memory, memory pools, VMM memory without fd handles) to a consumer on this host, and where
-// that consumer cannot open CUDA memory. LF_ERR_UNSUPPORTED for other registered user memory
+// memory, memory pools without POSIX fd handle types, VMM memory without fd handles) to a
+// consumer on this host, and where that consumer cannot open CUDA memory. LF_ERR_UNSUPPORTED for other registered user memory
 // (`lf_register`);
 // LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer. LF_ERR_WOULD_BLOCK
 // also where the consumer has not yet read the arenas passed to it before (it reads them as

@@ -627,7 +627,7 @@ impl Producer {
         if self.fan_out.is_none() && self.routes.get(MemoryKind::Cuda).is_none() && self.info.kind == transports::MPI {
             return self.send_cuda_staged(pointer, offset, len, ready_value, timeout);
         }
-        if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm) {
+        if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm | CudaMemoryKind::Pool) {
             return Err(Error::Unsupported(crate::channels::transports::cuda_ipc::refusal(pointer.kind, buffer.id())));
         }
         let routed = match &self.fan_out {

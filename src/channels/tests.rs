@@ -543,11 +543,12 @@ fn cuda_memory_is_refused_without_touching_its_bytes() {
             "{err}"
         );
     }
-    // Kinds no other process can open are refused before any route, naming the way out.
+    // Kinds no other process can open are refused before any route, naming the way out (for
+    // memory of a pool without IPC: a pool with POSIX fd handle types).
     for (kind, words) in [
         (CudaMemoryKind::Managed, "cudaMallocManaged"),
-        (CudaMemoryKind::Pool, "expandable_segments:True"),
-        (CudaMemoryKind::Other, "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+        (CudaMemoryKind::Other, "create the pool with POSIX fd handle types"),
+        (CudaMemoryKind::Other, "expandable_segments:True"),
     ] {
         let other =
             context.register_cuda_for_tests(CudaPointer { kind, base: 0x1000, buffer_id: 10, ..pointer }).unwrap();

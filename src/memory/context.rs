@@ -189,12 +189,15 @@ impl Context {
     }
 
     /// The buffer of the CUDA allocation `pointer` holding `[addr, addr + len)`.
-    fn register_cuda(&self, pointer: CudaPointer, addr: u64, len: usize) -> Result<Buffer> {
+    fn register_cuda(&self, mut pointer: CudaPointer, addr: u64, len: usize) -> Result<Buffer> {
+        if !pointer.holds(addr, len) && pointer.kind == super::cuda::CudaMemoryKind::Vmm {
+            // Across VMM pieces mapped back to back: the span of the pieces it covers.
+            pointer = super::cuda::span_from(pointer, addr, len)?;
+        }
         if !pointer.holds(addr, len) {
             return Err(Error::invalid(format!(
                 "[{addr:#x}, +{len}) runs past the end of the CUDA allocation holding it, [{:#x}, +{}) ({} of \
-                 CUDA device {}); register the range of one allocation (memory of several VMM pieces is \
-                 registered piece by piece)",
+                 CUDA device {}); register the range of one allocation (or of CUDA VMM pieces mapped back to back)",
                 pointer.base, pointer.size, pointer.kind, pointer.device_ordinal
             )));
         }

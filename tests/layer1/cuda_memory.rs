@@ -276,9 +276,12 @@ fn vmm_pieces_are_registered_one_by_one_and_re_created_pieces_anew() {
     assert_ne!(a.id(), b.id(), "a registration per piece");
     assert_eq!(register(&context, va, 8).unwrap().id(), a.id(), "the same piece, the same registration");
     assert_eq!(register(&context, va + 2 * piece as u64 - 8, 8).unwrap().id(), b.id());
-    let across = register(&context, va + piece as u64 - 8, 16).unwrap_err();
-    assert!(across.to_string().contains("piece by piece"), "a range across two pieces is refused: {across}");
     assert_eq!(context.find((va + piece as u64 + 8) as *const u8).unwrap().info.id, b.id());
+    // A range across the two pieces: the span of both, with an id of its own.
+    let across = register(&context, va + piece as u64 - 8, 16).unwrap();
+    let span = across.cuda().unwrap();
+    assert_eq!((span.kind, span.base, span.size), (CudaMemoryKind::Vmm, va, 2 * piece), "{span:?}");
+    assert!(![a_cuda.buffer_id, b_cuda.buffer_id].contains(&span.buffer_id), "{span:?}");
 
     // The first piece re-created at the same address (which this test controls): a new
     // registration, never the stale one.
@@ -291,7 +294,13 @@ fn vmm_pieces_are_registered_one_by_one_and_re_created_pieces_anew() {
     assert_ne!(c_cuda.buffer_id, a_cuda.buffer_id, "CUDA gives re-created memory a new buffer id");
     assert_ne!(c.id(), a.id(), "never served from the stale registration");
     assert_eq!(context.find((va + 8) as *const u8).unwrap().info.id, c.id());
-    drop((a, b, c));
+    // The span again, over the re-created first piece: a new span id, a new registration.
+    let across_again = register(&context, va + piece as u64 - 8, 16).unwrap();
+    let span_again = across_again.cuda().unwrap();
+    assert_eq!((span_again.base, span_again.size), (va, 2 * piece));
+    assert_ne!(span_again.buffer_id, span.buffer_id, "a re-created piece makes the span new");
+    assert_ne!(across_again.id(), across.id());
+    drop((a, b, c, across, across_again));
     assert!(context.find(va as *const u8).is_none());
     vmm_unmap(driver, va, piece, renewed);
     vmm_unmap(driver, va + piece as u64, piece, second);
@@ -330,6 +339,37 @@ fn managed_pool_and_pinned_host_memory_are_told_apart() {
             unsafe { driver.stream_synchronize(std::ptr::null_mut()) }.unwrap();
         }
         Err(e) => println!("no memory pools here ({e}): the pool case is not checked"),
+    }
+
+    // A pool made to export POSIX fds: pool memory, registered whole (the allocation).
+    let props = CUmemPoolProps {
+        alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
+        handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        ..Default::default()
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and properties.
+    match unsafe { driver.mem_pool_create(&mut pool, &props) } {
+        Ok(()) => {
+            let mut pooled = 0;
+            // SAFETY: valid out-pointer; the pool just made; the legacy default stream.
+            unsafe { driver.mem_alloc_from_pool_async(&mut pooled, size, pool, std::ptr::null_mut()) }.unwrap();
+            // SAFETY: the NULL stream of the current context.
+            unsafe { driver.stream_synchronize(std::ptr::null_mut()) }.unwrap();
+            let buffer = register(&context, pooled + 64, 64).unwrap();
+            let cuda = buffer.cuda().unwrap();
+            assert_eq!((cuda.kind, cuda.base), (CudaMemoryKind::Pool, pooled), "{cuda:?}");
+            assert!(cuda.size >= size, "the whole allocation: {cuda:?}");
+            drop(buffer);
+            // SAFETY: allocated above, freed once; synchronised before the pool goes.
+            unsafe { driver.mem_free_async(pooled, std::ptr::null_mut()) }.unwrap();
+            // SAFETY: as above.
+            unsafe { driver.stream_synchronize(std::ptr::null_mut()) }.unwrap();
+            // SAFETY: the pool made above, with no allocation left.
+            unsafe { driver.mem_pool_destroy(pool) }.unwrap();
+        }
+        Err(e) => println!("no IPC memory pools here ({e}): the IPC pool case is not checked"),
     }
 
     // Pinned host memory is host memory: registered as such, readable and writable.

@@ -54,9 +54,34 @@ fn cuda_here() -> bool {
 /// Memory of one allocation kind, freed on drop.
 enum Allocation {
     Legacy(CUdeviceptr),
-    Vmm { va: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle },
+    Vmm {
+        va: CUdeviceptr,
+        size: usize,
+        handle: CUmemGenericAllocationHandle,
+    },
     Managed(CUdeviceptr),
     Pool(CUdeviceptr),
+    /// Memory of [`ipc_pool`].
+    IpcPool(CUdeviceptr),
+}
+
+/// This process's CUDA memory pool on device 0 that exports POSIX fds, made at the first call
+/// (kept for the process's life, so that memory freed and allocated again from it likely
+/// lies at the same address).
+fn ipc_pool(driver: &Driver) -> CUmemoryPool {
+    static POOL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *POOL.get_or_init(|| {
+        let props = CUmemPoolProps {
+            alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
+            handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+            ..Default::default()
+        };
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and properties.
+        unsafe { driver.mem_pool_create(&mut pool, &props) }.unwrap();
+        pool as usize
+    }) as CUmemoryPool
 }
 
 impl Allocation {
@@ -79,6 +104,14 @@ impl Allocation {
                 // SAFETY: no arguments.
                 unsafe { driver.ctx_synchronize() }.unwrap();
                 Allocation::Pool(ptr)
+            }
+            "ipcpool" => {
+                // SAFETY: valid out-pointer; a pool of this process; the legacy default stream.
+                unsafe { driver.mem_alloc_from_pool_async(&mut ptr, len, ipc_pool(driver), std::ptr::null_mut()) }
+                    .unwrap();
+                // SAFETY: no arguments.
+                unsafe { driver.ctx_synchronize() }.unwrap();
+                Allocation::IpcPool(ptr)
             }
             "vmm" => {
                 let prop = CUmemAllocationProp {
@@ -115,7 +148,7 @@ impl Allocation {
 
     fn ptr(&self) -> CUdeviceptr {
         match *self {
-            Allocation::Legacy(p) | Allocation::Managed(p) | Allocation::Pool(p) => p,
+            Allocation::Legacy(p) | Allocation::Managed(p) | Allocation::Pool(p) | Allocation::IpcPool(p) => p,
             Allocation::Vmm { va, .. } => va,
         }
     }
@@ -124,7 +157,7 @@ impl Allocation {
         match self {
             // SAFETY: frees what `new` made, once; nothing uses it after.
             Allocation::Legacy(p) | Allocation::Managed(p) => unsafe { driver.mem_free(p) }.unwrap(),
-            Allocation::Pool(p) => {
+            Allocation::Pool(p) | Allocation::IpcPool(p) => {
                 // SAFETY: undoes what `new` did, once; nothing uses the memory after.
                 unsafe { driver.mem_free_async(p, std::ptr::null_mut()) }.unwrap();
                 // SAFETY: no arguments.
@@ -219,7 +252,7 @@ fn cuda_memory_travels_by_reference_and_writes_come_back() {
                 println!("skipped: no CUDA driver");
                 return;
             }
-            for kind in ["legacy", "vmm"] {
+            for kind in ["legacy", "vmm", "ipcpool"] {
                 run_pair_with(TEST, &format!("cuda-{kind}"), &[("kind", kind.to_owned())]);
             }
         }
@@ -264,7 +297,7 @@ fn a_reallocation_at_the_same_address_gives_the_new_bytes() {
                 println!("skipped: no CUDA driver");
                 return;
             }
-            for kind in ["legacy", "vmm"] {
+            for kind in ["legacy", "vmm", "ipcpool"] {
                 run_pair_with(TEST, &format!("cuda-realloc-{kind}"), &[("kind", kind.to_owned())]);
             }
         }
@@ -386,7 +419,7 @@ fn the_consumer_killed_while_the_producer_waits_for_completion() {
                 println!("skipped: no CUDA driver");
                 return;
             }
-            for kind in ["legacy", "vmm"] {
+            for kind in ["legacy", "vmm", "ipcpool"] {
                 let dir = test_dir(&format!("cuda-ckill-{kind}"));
                 let args = [("kind", kind.to_owned())];
                 let (mut consumer, mut consumer_out) = spawn_reporting(TEST, "consumer", &dir, &args);
@@ -687,6 +720,100 @@ fn both_ends_in_one_process_share_the_pointer() {
             let dir = test_dir("cuda-one-process");
             wait_ok(spawn(TEST, "both", &dir, &[]), "both ends");
             assert_dir_empty(&dir);
+        }
+    }
+}
+
+/// The byte a span test writes at offset `i` of its range.
+fn span_byte(i: usize) -> u8 {
+    (i % 251) as u8 ^ 0x3c
+}
+
+/// A message across CUDA VMM pieces mapped back to back in one reservation (as PyTorch's
+/// expandable segments grow): three granularity-sized pieces with POSIX fd handles, a pattern
+/// written across them, and a region from inside the first to inside the third sent; the
+/// consumer maps the span into one range and reads every byte through its one pointer.
+#[test]
+fn a_message_across_vmm_pieces_reads_every_byte() {
+    const TEST: &str = "cuda_ipc::a_message_across_vmm_pieces_reads_every_byte";
+    match child_role().as_deref() {
+        Some("producer") => {
+            let Some(driver) = cuda() else { return };
+            let prop = CUmemAllocationProp {
+                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                requested_handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                ..Default::default()
+            };
+            let mut piece = 0;
+            // SAFETY: valid out-pointer and properties.
+            unsafe { driver.mem_get_allocation_granularity(&mut piece, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) }
+                .unwrap();
+            let total = 3 * piece;
+            let mut va: CUdeviceptr = 0;
+            // SAFETY: valid out-pointer; the driver picks the range.
+            unsafe { driver.mem_address_reserve(&mut va, total, 0, 0, 0) }.unwrap();
+            let access = CUmemAccessDesc {
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            let mut handles = Vec::new();
+            for i in 0..3 {
+                let mut handle = 0;
+                // SAFETY: valid out-pointer and properties; a granularity-sized piece.
+                unsafe { driver.mem_create(&mut handle, piece, &prop, 0) }.unwrap();
+                let at = va + (i * piece) as u64;
+                // SAFETY: a piece-sized part of the reservation above, not mapped yet.
+                unsafe { driver.mem_map(at, piece, 0, handle, 0) }.unwrap();
+                // SAFETY: the piece just mapped; a valid descriptor.
+                unsafe { driver.mem_set_access(at, piece, &access, 1) }.unwrap();
+                handles.push(handle);
+            }
+            let pattern: Vec<u8> = (0..total).map(span_byte).collect();
+            // SAFETY: `total` host bytes to `total` bytes of device memory mapped above.
+            unsafe { driver.memcpy_htod(va, pattern.as_ptr().cast::<c_void>(), total) }.unwrap();
+            // From inside the first piece to inside the third.
+            let (start, len) = (piece - 4096, piece + 8192);
+            let (buffer, at) = register(va + start as u64, len);
+            let span = buffer.cuda().unwrap();
+            assert_eq!((span.base, span.size), (va, total), "the span of the three pieces: {span:?}");
+            let mut p = producer("cuda-span");
+            let seq = p.send_buffer(&buffer, at, len).unwrap();
+            p.wait_completed(seq, Some(Duration::from_secs(30))).unwrap();
+            drop(p);
+            drop(buffer);
+            for (i, handle) in handles.into_iter().enumerate() {
+                // SAFETY: undoes the mapping above, once; nothing uses the memory after.
+                unsafe { driver.mem_unmap(va + (i * piece) as u64, piece) }.unwrap();
+                // SAFETY: as above.
+                unsafe { driver.mem_release(handle) }.unwrap();
+            }
+            // SAFETY: nothing is mapped in the reservation any more.
+            unsafe { driver.mem_address_free(va, total) }.unwrap();
+        }
+        Some("consumer") => {
+            let Some(driver) = cuda() else { return };
+            let mut c = consumer("cuda-span");
+            let message = c.recv_timeout(Duration::from_secs(30)).unwrap();
+            let (ptr, device) = message.cuda_ptr().unwrap();
+            assert_eq!(device, 0);
+            let bytes = read(driver, ptr, message.len());
+            // The region starts 4096 bytes before the end of the first piece.
+            let piece = (message.len() - 8192) as u64;
+            let start = (piece - 4096) as usize;
+            for (i, &b) in bytes.iter().enumerate() {
+                assert_eq!(b, span_byte(start + i), "byte {i} of {} (offset {} in the span)", bytes.len(), start + i);
+            }
+            assert!(message.buffer().is_none(), "a span has no Vulkan view");
+            drop(message);
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        _ => {
+            if !cuda_here() {
+                println!("skipped: no CUDA driver");
+                return;
+            }
+            run_pair(TEST, "cuda-span");
         }
     }
 }

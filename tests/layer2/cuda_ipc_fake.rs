@@ -256,3 +256,65 @@ fn a_consumer_that_cannot_open_cuda_memory_has_the_send_refused_naming_why() {
         }
     }
 }
+
+/// Where the stand-in imports the pool allocation of buffer id `id`.
+fn fake_pool_address(id: u64) -> u64 {
+    0x3000_0000_0000 + (id << 24)
+}
+
+/// A registration of memory of a CUDA memory pool described by hand (the stand-in names its
+/// pool by the 4 GiB region of `base`).
+fn fake_pool_memory(id: u64, base: u64) -> Buffer {
+    use lava_flow::memory::{CudaMemoryKind, CudaPointer};
+    let pointer =
+        CudaPointer { kind: CudaMemoryKind::Pool, base, size: 1 << 20, buffer_id: id, device_ordinal: 0, context: 0 };
+    ctx().register_cuda_for_tests(pointer).unwrap()
+}
+
+/// Memory of a CUDA memory pool between real processes on the stand-in: the pool's fd crosses
+/// with SCM_RIGHTS once, each allocation's export data once; messages into two allocations of
+/// one pool and one re-allocated at the same base (a new buffer id) each reach the consumer at
+/// their own import's address, in order; the report names the pool route.
+#[test]
+fn pool_memory_goes_by_reference_and_a_reallocation_is_imported_anew() {
+    const TEST: &str = "cuda_ipc_fake::pool_memory_goes_by_reference_and_a_reallocation_is_imported_anew";
+    const BASE: u64 = 0x7200_0000_0000;
+    match child_role().as_deref() {
+        Some("producer") => {
+            let mut p = Producer::create(&ctx(), "cuda-pool", &here(), &here(), &config(strategy("spin"))).unwrap();
+            let reason = p.transport().reason.clone();
+            assert!(reason.contains("memory of a CUDA memory pool that exports fds as its pool's fd"), "{reason}");
+            let first = fake_pool_memory(11, BASE);
+            let second = fake_pool_memory(12, BASE + (1 << 20));
+            assert_eq!(p.send_buffer(&first, 64, 64).unwrap(), 0);
+            assert_eq!(p.send_buffer(&second, 0, 128).unwrap(), 1);
+            assert_eq!(p.send_buffer(&first, 4096, 64).unwrap(), 2);
+            p.wait_completed(2, Some(Duration::from_secs(30))).unwrap();
+            // Freed and re-allocated at the same base: a new buffer id.
+            drop(first);
+            let again = fake_pool_memory(13, BASE);
+            assert_eq!(p.send_buffer(&again, 64, 64).unwrap(), 3);
+            p.wait_completed(3, Some(Duration::from_secs(30))).unwrap();
+        }
+        Some("consumer") => {
+            let mut c = Consumer::create(&ctx(), "cuda-pool", &here(), &here(), &config(strategy("spin"))).unwrap();
+            for (id, offset, len) in [(11, 64, 64), (12, 0, 128), (11, 4096, 64), (13, 64, 64)] {
+                let m = c.recv_timeout(Duration::from_secs(30)).unwrap();
+                let reason = c.transport().reason.clone();
+                assert!(reason.contains("memory of a CUDA memory pool imported from its pool"), "{reason}");
+                assert_eq!(m.cuda_ptr().unwrap(), (fake_pool_address(id) + offset, 0), "buffer id {id}");
+                assert_eq!(m.len(), len);
+            }
+            assert!(matches!(c.recv_timeout(Duration::from_secs(30)), Err(Error::PeerGone(_))));
+        }
+        Some(_) => {}
+        None => {
+            let dir = test_dir("cuda-pool");
+            let c = spawn_fake(TEST, "consumer", &dir, "pool");
+            let p = spawn_fake(TEST, "producer", &dir, "pool");
+            wait_ok(p, "producer");
+            wait_ok(c, "consumer");
+            assert_dir_empty(&dir);
+        }
+    }
+}

@@ -116,7 +116,8 @@ pub unsafe extern "C" fn lf_alloc_auto(
 /// one is no longer found (release its handles). The host cannot read or write CUDA memory
 /// through lava-flow (`lf_buffer_read`/`lf_buffer_write`: LF_ERR_INVALID_STATE), and
 /// `lf_buffer_export` refuses it (LF_ERR_UNSUPPORTED); `lf_send_buffer` sends it by
-/// reference to a consumer on this host (a VMM registration is one piece). Without a CUDA
+/// reference to a consumer on this host (a VMM registration is one piece, or the span of the
+/// pieces mapped back to back that the range covers). Without a CUDA
 /// driver in the process, memory that is not mapped host memory stays LF_ERR_INVALID_ARGUMENT,
 /// and the message says no CUDA driver was found to recognise it.
 ///

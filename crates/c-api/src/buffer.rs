@@ -98,7 +98,8 @@ pub enum lf_cuda_kind {
     /// CUDA IPC handles reach it.
     LF_CUDA_KIND_LEGACY = 1,
     /// CUDA VMM memory (`cuMemCreate`) with POSIX fd handles (PyTorch under
-    /// `expandable_segments:True`): the registration is one piece of it.
+    /// `expandable_segments:True`): the registration is one piece of it, or the span of the
+    /// pieces mapped back to back that the registered range covers.
     LF_CUDA_KIND_VMM = 2,
     /// Memory of a CUDA memory pool that exports POSIX fds (`cudaMallocAsync`).
     LF_CUDA_KIND_POOL = 3,

@@ -66,8 +66,9 @@ impl GpuMessages {
                     status: lf_status::LF_ERR_UNSUPPORTED,
                     message: format!(
                         "message {sequence} is CUDA memory of the producer's that this process's Vulkan device does not \
-                         import (cudaMalloc memory, or a VMM piece of another GPU, or no Vulkan device here); \
-                         lf_message_cuda_ptr gives its CUDA address"
+                         import (cudaMalloc or pool memory, a VMM piece of another GPU, a span of several VMM pieces \
+                         (Vulkan imports one fd per memory), or no Vulkan device here); lf_message_cuda_ptr gives its \
+                         CUDA address"
                     ),
                 }));
             }

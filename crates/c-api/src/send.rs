@@ -117,15 +117,16 @@ pub unsafe extern "C" fn lf_try_send(
 /// application's): by reference to a consumer on this host that opens CUDA memory (the
 /// channel's cuda_ipc route; it receives LF_MESSAGE_CUDA messages: `lf_message_cuda_ptr`):
 /// cudaMalloc memory as a legacy CUDA IPC handle, VMM memory with POSIX fd handles as an fd per
-/// piece, each allocation passed once per channel; the work that writes it must have finished
-/// (synchronise its stream first), or use `lf_send_buffer_after` to send it stream-ordered.
-/// Do not cudaFree cudaMalloc memory before `lf_wait_completed`
+/// piece, memory of a pool with POSIX fd handle types as its pool's fd (once per channel) and
+/// its export data, each allocation passed once per channel; the work that writes it must have
+/// finished (synchronise its stream first), or use `lf_send_buffer_after` to send it
+/// stream-ordered. Do not free cudaMalloc or pool memory before `lf_wait_completed`
 /// (the channel cannot keep it alive; VMM pieces it keeps). To a consumer on another host (the
 /// mpi carrier), any CUDA memory is copied from the device into the message as it goes (the
 /// work that writes it done first; no ready value). LF_ERR_UNSUPPORTED, naming the allocator
 /// and the way out and copying nothing, for CUDA memory no other process can open (managed
-/// memory, memory pools, VMM memory without fd handles) to a consumer on this host, and where
-/// that consumer cannot open CUDA memory. LF_ERR_UNSUPPORTED for other registered user memory
+/// memory, memory pools without POSIX fd handle types, VMM memory without fd handles) to a
+/// consumer on this host, and where that consumer cannot open CUDA memory. LF_ERR_UNSUPPORTED for other registered user memory
 /// (`lf_register`);
 /// LF_ERR_INVALID_ARGUMENT for an empty range or one outside the buffer. LF_ERR_WOULD_BLOCK
 /// also where the consumer has not yet read the arenas passed to it before (it reads them as

@@ -162,7 +162,15 @@ driver_api! {
     fn mem_pool_export_to_shareable_handle = "cuMemPoolExportToShareableHandle"(shareable: *mut c_void, pool: CUmemoryPool, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
     fn mem_pool_import_from_shareable_handle = "cuMemPoolImportFromShareableHandle"(pool: *mut CUmemoryPool, os_handle: *mut c_void, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
     fn mem_pool_export_pointer = "cuMemPoolExportPointer"(data: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr);
+    /// The import must be freed (`cuMemFree`, `cuMemFreeAsync`) before the exporting process
+    /// frees the allocation.
     fn mem_pool_import_pointer = "cuMemPoolImportPointer"(ptr: *mut CUdeviceptr, pool: CUmemoryPool, data: *mut CUmemPoolPtrExportData);
+    fn mem_pool_create = "cuMemPoolCreate"(pool: *mut CUmemoryPool, props: *const CUmemPoolProps);
+    /// Returns at once; a pool with allocations outstanding is released once they are freed.
+    fn mem_pool_destroy = "cuMemPoolDestroy"(pool: CUmemoryPool);
+    /// An imported pool is reached from its own device only until access is set for others.
+    fn mem_pool_set_access = "cuMemPoolSetAccess"(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize);
+    fn mem_alloc_from_pool_async = "cuMemAllocFromPoolAsync"(ptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream);
     fn import_external_memory = "cuImportExternalMemory"(memory: *mut CUexternalMemory, desc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC);
     fn external_memory_get_mapped_buffer = "cuExternalMemoryGetMappedBuffer"(ptr: *mut CUdeviceptr, memory: CUexternalMemory, desc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC);
     fn destroy_external_memory = "cuDestroyExternalMemory"(memory: CUexternalMemory);

@@ -180,6 +180,34 @@ impl Default for CUmemAllocationProp {
     }
 }
 
+/// `CUmemPoolProps`: the 64 bytes after the security attributes are `maxSize`, `usage` and
+/// reserved bytes in CUDA 12.2 and later, all reserved (zero) before: zero means the defaults.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemPoolProps {
+    pub alloc_type: c_uint,
+    pub handle_types: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+impl Default for CUmemPoolProps {
+    fn default() -> Self {
+        CUmemPoolProps {
+            alloc_type: 0,
+            handle_types: CU_MEM_HANDLE_TYPE_NONE,
+            location: CUmemLocation::default(),
+            win32_security_attributes: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        }
+    }
+}
+
 /// `CUmemAccessDesc`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -259,4 +287,6 @@ const _: () = assert!(
         && std::mem::size_of::<CUDA_EXTERNAL_MEMORY_HANDLE_DESC>() == 104
         && std::mem::size_of::<CUDA_EXTERNAL_MEMORY_BUFFER_DESC>() == 88
         && std::mem::size_of::<CUipcMemHandle>() == 64
+        && std::mem::size_of::<CUmemPoolProps>() == 88
+        && std::mem::size_of::<CUmemPoolPtrExportData>() == 64
 );

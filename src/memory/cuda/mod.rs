@@ -23,7 +23,9 @@ use lava_flow_cuda::Driver;
 use crate::error::Result;
 
 mod copy;
+mod span;
 pub(crate) use copy::copy_to_host;
+pub(crate) use span::{is_span, pieces_of, span_from, Piece, MAX_PIECES};
 
 /// How CUDA memory was allocated: what decides how another process can reach it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,8 +86,9 @@ impl fmt::Display for CudaMemoryKind {
 /// handle) mapped there. The driver reports the whole contiguously mapped span of a VMM
 /// reservation as the range of any pointer in it (as PyTorch's expandable segments grow by
 /// 2 MiB or 20 MiB pieces), but each piece has a `BUFFER_ID` of its own: the piece is found
-/// within the span by its id, and is an allocation of its own. A tensor may straddle two
-/// pieces: it is registered (and sent) piece by piece.
+/// within the span by its id, and is an allocation of its own. A tensor that straddles pieces
+/// mapped back to back is registered as the span of the pieces it covers (see `span`): its
+/// `buffer_id` is then the span's id, which changes when any of its pieces is re-created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CudaPointer {
     pub kind: CudaMemoryKind,
@@ -95,7 +98,8 @@ pub struct CudaPointer {
     pub size: usize,
     /// CUDA's id of the allocation (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): unique in the process,
     /// new when memory is re-created at the same address, so that (base, id) names one
-    /// allocation for good.
+    /// allocation for good. For a span of VMM pieces, the span's id (top bit set), which
+    /// mixes every piece's and changes when any of them is re-created.
     pub buffer_id: u64,
     /// The CUDA device's ordinal in this process.
     pub device_ordinal: i32,
@@ -232,7 +236,11 @@ pub fn recognise(addr: *const u8) -> Result<Option<CudaPointer>> {
             return Ok(None);
         }
     };
-    let addr = addr as u64;
+    vmm_piece_at(driver, addr as u64)
+}
+
+/// The CUDA allocation holding `addr` (for VMM memory: the piece), asked of `driver`.
+fn vmm_piece_at(driver: &Driver, addr: u64) -> Result<Option<CudaPointer>> {
     let attributes = query(driver, addr)?;
     let Some(kind) = classify(&attributes, |pool| pool_exports_fds(driver, pool)) else { return Ok(None) };
     let (mut base, mut size) = (attributes.range_start, attributes.range_size as usize);

@@ -302,8 +302,8 @@ impl Channel {
     /// (`__dlpack__(stream=)`, which torch.from_dlpack passes). Elsewhere lava-flow
     /// synchronises the stream on the host before sending. The channel keeps the tensor (and
     /// so its memory) until the consumer released the message (`wait_completed`); write it
-    /// again only after that. Memory no other
-    /// process can open (a cudaMallocAsync pool, managed memory) is refused, naming the way out.
+    /// again only after that. Memory no other process can open (a memory pool without POSIX fd
+    /// handle types, managed memory) is refused, naming the way out.
     /// A tensor made under a `lava_flow.torch.mem_pool` is lava-flow memory: it goes as its
     /// lava-flow buffer's region, as `send_buffer` sends GPU buffers, so that the consumer (in
     /// Python, C, Vulkan) gets an ordinary GPU message (`msg.buffer`); the pool must be over

@@ -102,6 +102,8 @@ fn arena(counter: u64, gpu: [u8; 16]) -> Announce {
         buffer_id: counter,
         device_uuid: gpu,
         ipc_handle: [0; 64],
+        pool: 0,
+        pieces: 0,
     }
 }
 

@@ -10,18 +10,20 @@ use std::sync::Arc;
 
 use lava_flow_cuda::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUexternalMemory, CUipcMemHandle, CUmemAccessDesc, CUmemGenericAllocationHandle,
-    CUmemLocation, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
-    CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-    CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-    CU_MEM_LOCATION_TYPE_DEVICE,
+    CUmemLocation, CUmemPoolPtrExportData, CUmemoryPool, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+    CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC,
+    CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
 };
 use lava_flow_cuda::Driver;
 
-use super::wire::{is_arena, Announce, MEMORY_ARENA_DEDICATED, MEMORY_LEGACY};
+mod pool_span;
+
+use super::wire::{is_arena, Announce, PoolAnnounce, MEMORY_ARENA_DEDICATED, MEMORY_LEGACY};
 use crate::error::{Error, Result};
 use crate::memory::CudaPointer;
 
-fn cuda_error(e: lava_flow_cuda::Error) -> Error {
+pub(super) fn cuda_error(e: lava_flow_cuda::Error) -> Error {
     Error::Unsupported(e.to_string())
 }
 
@@ -111,18 +113,75 @@ pub(crate) fn export_legacy(pointer: &CudaPointer) -> Result<[u8; 64]> {
             .map_err(|e| cuda_error(e.context(format!("cuIpcGetMemHandle of {:#x}", pointer.base))))?;
         Ok(handle.reserved)
     };
+    in_context_of(driver, pointer, get)
+}
+
+/// Runs `f` in the context `pointer`'s memory was allocated in (its device's primary context
+/// where the driver did not say).
+fn in_context_of<T>(
+    driver: &'static Driver,
+    pointer: &CudaPointer,
+    f: impl FnOnce(&'static Driver) -> Result<T>,
+) -> Result<T> {
     if pointer.context == 0 {
-        return PrimaryContext::retain(driver, pointer.device_ordinal)?.with(get);
+        return PrimaryContext::retain(driver, pointer.device_ordinal)?.with(f);
     }
     let context = pointer.context as CUcontext;
     // SAFETY: the context the allocation was made in, alive while the allocation is (the
     // caller's registration of live memory).
     unsafe { driver.ctx_push_current(context) }.map_err(cuda_error)?;
-    let handle = get(driver);
+    let out = f(driver);
     let mut popped: CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above; a valid out-pointer.
     let _ = unsafe { driver.ctx_pop_current(&mut popped) };
-    handle
+    out
+}
+
+/// The memory pool of a pool allocation (its handle, which names it in this process) and the
+/// allocation's `cuMemPoolExportPointer` data.
+pub(crate) fn export_pool_pointer(pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    let [pool] = driver
+        .pointer_attributes(pointer.base, [CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE])
+        .map_err(|e| cuda_error(e.context(format!("the memory pool of {:#x}", pointer.base))))?;
+    if pool == 0 {
+        return Err(Error::Unsupported(format!(
+            "the CUDA memory at {:#x} belongs to no memory pool any more (freed, and re-allocated otherwise?): \
+             register the memory again",
+            pointer.base
+        )));
+    }
+    in_context_of(driver, pointer, |driver| {
+        let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer; the base of a live pool allocation (the driver checks).
+        unsafe { driver.mem_pool_export_pointer(&mut data, pointer.base) }
+            .map_err(|e| cuda_error(e.context(format!("cuMemPoolExportPointer of {:#x}", pointer.base))))?;
+        Ok((pool, data.reserved))
+    })
+}
+
+/// A new fd of memory pool `pool` (a handle this process's driver gave) for the consumer.
+pub(crate) fn export_pool(pool: u64) -> Result<OwnedFd> {
+    let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
+    let mut fd: c_int = -1;
+    // SAFETY: for POSIX fds the out-value is an int; the pool is one a live allocation of this
+    // process belongs to.
+    unsafe {
+        driver.mem_pool_export_to_shareable_handle(
+            (&mut fd as *mut c_int).cast(),
+            pool as usize as CUmemoryPool,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    }
+    .map_err(|e| {
+        cuda_error(e.context(format!(
+            "cuMemPoolExportToShareableHandle of pool {pool:#x} (create the pool with handle type \
+             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"
+        )))
+    })?;
+    // SAFETY: a new fd the driver made for this call, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A VMM piece's allocation handle, retained: the physical memory stays alive while this
@@ -172,6 +231,31 @@ pub(crate) trait Mapping: Send + Sync {
     fn grant(&self, _device: i32) -> Result<()> {
         Ok(())
     }
+    /// Whether the mapping is made per held message ([`Mapping::hold`], [`Mapping::let_go`]):
+    /// memory of a CUDA memory pool, whose import must be freed before the producer frees it.
+    fn per_message(&self) -> bool {
+        false
+    }
+    /// A message into the mapping is held from now: the memory is mapped while one is.
+    fn hold(&self) -> Result<()> {
+        Ok(())
+    }
+    /// A message into the mapping was released.
+    fn let_go(&self) {}
+}
+
+/// A producer's memory pool imported in this process: the allocations of it are imported
+/// (and freed) through it.
+pub(crate) trait ImportedPool: Send + Sync {
+    /// Imports the allocation `data` (its `cuMemPoolExportPointer` data) names: its address here.
+    fn import(&self, data: &[u8; 64]) -> Result<u64>;
+    /// Frees the import at `address`, done when this returns.
+    fn free(&self, address: u64) -> Result<()>;
+    /// Lets this process's device `device` (another than the pool's) read and write the pool's
+    /// memory.
+    fn grant(&self, _device: i32) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Opens producers' allocations: the CUDA driver, or a test's stand-in.
@@ -179,6 +263,23 @@ pub(crate) trait Opener: Send + Sync {
     /// Opens `allocation` (with its fd for a VMM piece or an arena) on this process's device
     /// `device`.
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
+
+    /// Imports the memory pool `pool` announces (its fd, which stays the caller's) on this
+    /// process's device `device`.
+    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedFd<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
+        Err(Error::Unsupported("this consumer imports no CUDA memory pools".into()))
+    }
+
+    /// Maps the span `allocation` announces, its pieces (offset, size, fd; the fds stay the
+    /// caller's) back to back in one address range, on this process's device `device`.
+    fn open_span(
+        &self,
+        _allocation: &Announce,
+        _pieces: &[(u64, u64, BorrowedFd<'_>)],
+        _device: i32,
+    ) -> Result<Box<dyn Mapping>> {
+        Err(Error::Unsupported("this consumer maps no spans of CUDA VMM pieces".into()))
+    }
 
     /// This process's ordinal of the CUDA device current on this thread, if any.
     fn current_device(&self) -> Option<i32> {
@@ -314,6 +415,19 @@ impl Opener for DriverOpener {
         enable_peer_access(&from, &to)
     }
 
+    fn open_pool(&self, _pool: &PoolAnnounce, fd: BorrowedFd<'_>, device: i32) -> Result<Arc<dyn ImportedPool>> {
+        pool_span::open_pool(self.context(device)?, fd)
+    }
+
+    fn open_span(
+        &self,
+        allocation: &Announce,
+        pieces: &[(u64, u64, BorrowedFd<'_>)],
+        device: i32,
+    ) -> Result<Box<dyn Mapping>> {
+        pool_span::open_span(self.context(device)?, allocation, pieces)
+    }
+
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
         let context = self.context(device)?;
         if is_arena(allocation.memory) {
@@ -395,7 +509,17 @@ pub(crate) trait Exporter: Send + Sync {
     fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]>;
     /// A VMM piece's fd, and what keeps the piece alive while held.
     fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)>;
+    /// Each piece of span `pointer`, as it is mapped now (an error where it changed since it
+    /// was registered): where it lies, what keeps it alive while held, and a new fd of it.
+    fn export_vmm_span(&self, pointer: &CudaPointer) -> Result<Vec<SpanPiece>>;
+    /// A pool allocation's pool (its handle here) and `cuMemPoolExportPointer` data.
+    fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])>;
+    /// A new fd of memory pool `pool`.
+    fn export_pool(&self, pool: u64) -> Result<OwnedFd>;
 }
+
+/// One exported piece of a span: where it lies, what keeps it alive while held, its new fd.
+pub(crate) type SpanPiece = (crate::memory::cuda::Piece, Box<dyn Any + Send + Sync>, OwnedFd);
 
 /// Exports through the CUDA driver.
 pub(crate) struct DriverExporter;
@@ -410,6 +534,27 @@ impl Exporter for DriverExporter {
     fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
         let (retained, fd) = export_vmm(pointer)?;
         Ok((Box::new(retained), fd))
+    }
+    fn export_vmm_span(&self, pointer: &CudaPointer) -> Result<Vec<SpanPiece>> {
+        let pieces = crate::memory::cuda::pieces_of(pointer)?;
+        let mut out = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let at = CudaPointer {
+                base: pointer.base + piece.offset,
+                size: piece.size,
+                buffer_id: piece.buffer_id,
+                ..*pointer
+            };
+            let (retained, fd) = export_vmm(&at)?;
+            out.push((piece, Box::new(retained) as Box<dyn Any + Send + Sync>, fd));
+        }
+        Ok(out)
+    }
+    fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
+        export_pool_pointer(pointer)
+    }
+    fn export_pool(&self, pool: u64) -> Result<OwnedFd> {
+        export_pool(pool)
     }
 }
 

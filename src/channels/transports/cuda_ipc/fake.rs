@@ -1,14 +1,20 @@
 //! The test hooks' stand-in for the CUDA driver (`LF_TEST_FAKE_CUDA_IPC=1`): exports a legacy
 //! handle that names the allocation's buffer id, and "opens" it at an address derived from that
 //! id, without touching any memory; a GPU buffer's arena (a real Vulkan fd) it "opens" at
-//! [`arena_address`] of the arena's counter. It lets the route's negotiation, its records and a hostile
-//! producer's descriptors be tested between real processes on machines without CUDA.
+//! [`arena_address`] of the arena's counter. Memory of a pool ([`CudaMemoryKind::Pool`]) it exports
+//! as a pool (an fd of `/dev/null`, named by the allocation's 4 GiB-aligned region) and export data
+//! naming the buffer id, and "imports" at [`pool_address`] of that id. It lets the route's negotiation,
+//! its records and a hostile producer's descriptors be tested between real processes on machines
+//! without CUDA.
+//!
+//! [`CudaMemoryKind::Pool`]: crate::memory::CudaMemoryKind::Pool
 
 use std::any::Any;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
-use super::cuda::{self, Mapping};
-use super::wire::{is_arena, Announce, MEMORY_LEGACY};
+use super::cuda::{self, ImportedPool, Mapping};
+use super::wire::{is_arena, Announce, PoolAnnounce, MEMORY_LEGACY};
 use crate::error::{Error, Result};
 use crate::memory::CudaPointer;
 
@@ -27,7 +33,35 @@ impl cuda::Exporter for Exporter {
         Ok(handle)
     }
     fn export_vmm(&self, _pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
-        Err(Error::Unsupported("the test hooks' stand-in for CUDA exports legacy handles only".into()))
+        Err(Error::Unsupported("the test hooks' stand-in for CUDA exports legacy handles and pools only".into()))
+    }
+    fn export_vmm_span(&self, _pointer: &CudaPointer) -> Result<Vec<cuda::SpanPiece>> {
+        Err(Error::Unsupported("the test hooks' stand-in for CUDA exports legacy handles and pools only".into()))
+    }
+    fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
+        let mut data = [0u8; 64];
+        data[..8].copy_from_slice(&pointer.buffer_id.to_le_bytes());
+        Ok((pointer.base >> 32, data))
+    }
+    fn export_pool(&self, _pool: u64) -> Result<OwnedFd> {
+        let null = std::fs::File::open("/dev/null").map_err(|e| Error::os("opening /dev/null", e))?;
+        Ok(null.into())
+    }
+}
+
+/// Where the stand-in "imports" the pool allocation of buffer id `id`.
+pub const fn pool_address(id: u64) -> u64 {
+    0x3000_0000_0000 + (id << 24)
+}
+
+struct FakePool;
+
+impl ImportedPool for FakePool {
+    fn import(&self, data: &[u8; 64]) -> Result<u64> {
+        Ok(pool_address(u64::from_le_bytes(data[..8].try_into().expect("8 bytes"))))
+    }
+    fn free(&self, _address: u64) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -50,6 +84,10 @@ pub const fn arena_address(counter: u64) -> u64 {
 pub(super) struct Opener;
 
 impl cuda::Opener for Opener {
+    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedFd<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
+        Ok(Arc::new(FakePool))
+    }
+
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, _device: i32) -> Result<Box<dyn Mapping>> {
         if is_arena(allocation.memory) {
             if fd.is_none() {

@@ -14,16 +14,37 @@
 //!    before the message, keyed by (base, `BUFFER_ID`): `cudaMalloc` memory as a legacy CUDA
 //!    IPC handle of its base; a CUDA VMM piece as an fd of its allocation handle
 //!    (`cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle`) passed with
-//!    `SCM_RIGHTS`. Memory re-allocated at the same base has a new `BUFFER_ID`: the old slot is
+//!    `SCM_RIGHTS`; a span of VMM pieces mapped back to back (registered so where a tensor
+//!    crosses a piece boundary: see `memory::cuda`) as one attachment per piece (its fd, its
+//!    offset in the span, its size and `BUFFER_ID`) right before the span's, which names how
+//!    many pieces it has (a piece's fd goes with each span announced that holds it); memory of a CUDA memory pool that exports POSIX fds as its
+//!    `cuMemPoolExportPointer` data and the index of its pool, which is announced once per
+//!    channel before its first allocation (an fd of `cuMemPoolExportToShareableHandle`, with
+//!    `SCM_RIGHTS`, and the UUID of its device) and forgotten with the last of its allocations
+//!    the consumer knows. Memory re-allocated at the same base has a new `BUFFER_ID`: the old slot is
 //!    forgotten and the new allocation announced, so a stale import never serves it.
 //! 3. A message carries (slot, generation, offset, length, ready value). The consumer checks every field and
 //!    opens the allocation once (`cuIpcOpenMemHandle` with lazy peer access, or
 //!    import + reserve + map + set access) in the primary context of the device whose UUID
-//!    the announcement names; a message's payload is the CUDA address there.
+//!    the announcement names; a message's payload is the CUDA address there. A span is mapped
+//!    into one reserved range, each piece at its offset (`cuMemMap`, `cuMemSetAccess` per
+//!    piece), so that the message's pointer covers every byte; it has no Vulkan view (Vulkan
+//!    imports one fd per `VkDeviceMemory`, and a buffer is bound to one memory: such a
+//!    message's `buffer()` is `None`, its CUDA pointer the way to it). A span's key is (base,
+//!    span id), the id mixing every piece's `BUFFER_ID`: a piece re-created at its address
+//!    makes the span new, announced anew. A pool is imported
+//!    once (`cuMemPoolImportFromShareableHandle`), its allocations otherwise (below).
 //! 4. Lifetimes: the producer keeps each allocation's registration (and a VMM piece's retained
 //!    handle, which keeps its memory alive whatever the application frees) in the carrier's
 //!    holds until the consumer released every message into it, or died. `cudaMalloc` memory
 //!    cannot be kept so: the application must not free it before the message is complete.
+//!    Nor can pool memory, and CUDA requires every import of a pool allocation to be freed
+//!    before the exporter frees it: so the consumer imports a pool allocation
+//!    (`cuMemPoolImportPointer`) when a message into it arrives while none is held, and frees
+//!    the import (`cuMemFreeAsync` on a stream of its own, synchronised) when it lets go of the
+//!    last message it holds into it, before that release reaches the producer. It is not
+//!    cached beyond held messages: a consumer that holds one message at a time pays an import
+//!    and a free per message (not measured yet; the pool itself is imported once per channel).
 //!    The consumer closes an import when the producer forgets it, when more are open than its
 //!    bound (least recently used first, never one a held message points into; a later message
 //!    opens it again), or, once no message holds it, after the producer has gone.
@@ -52,12 +73,15 @@ mod arena;
 mod cuda;
 #[cfg(any(test, feature = "test-hooks"))]
 mod fake;
+mod pool;
 mod receiver;
 mod sender;
 mod wire;
 
 #[cfg(test)]
 mod arena_tests;
+#[cfg(test)]
+mod pool_span_tests;
 #[cfg(test)]
 mod tests;
 
@@ -161,19 +185,18 @@ pub(crate) fn refusal(kind: CudaMemoryKind, id: BufferId) -> String {
     let way_out = "allocate it with lava-flow (lf_alloc with LF_MEMORY_GPU_DEVICE_LOCAL, which CUDA imports), or copy \
                    it into a lava-flow buffer or into cudaMalloc memory (cudaMemcpy) and send that";
     match kind {
-        CudaMemoryKind::Pool => format!(
-            "buffer {id} is memory of a CUDA memory pool (cudaMallocAsync), which lava-flow does not send yet: with \
-             PyTorch set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (VMM memory, sent by reference), or {way_out}"
-        ),
         CudaMemoryKind::Managed => format!(
             "buffer {id} is CUDA managed memory (cudaMallocManaged), which no other process can open: {way_out}"
         ),
         CudaMemoryKind::Other => format!(
-            "buffer {id} is CUDA memory without a handle another process can open (a pool without IPC, or cuMemCreate \
-             without POSIX fd handles): with PyTorch set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, allocate \
-             VMM memory with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or {way_out}"
+            "buffer {id} is CUDA memory without a handle another process can open (memory of a pool without IPC, such \
+             as the device's default pool, or cuMemCreate without POSIX fd handles): create the pool with POSIX fd \
+             handle types (cuMemPoolCreate or cudaMemPoolCreate with handleTypes = \
+             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, and allocate from it with cudaMallocFromPoolAsync), with PyTorch \
+             set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, allocate VMM memory with \
+             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or {way_out}"
         ),
-        CudaMemoryKind::Legacy | CudaMemoryKind::Vmm => {
+        CudaMemoryKind::Legacy | CudaMemoryKind::Vmm | CudaMemoryKind::Pool => {
             format!("buffer {id} is {kind}, which the cuda_ipc route sends by reference")
         }
     }
@@ -187,7 +210,8 @@ pub(crate) fn preview(carrier: TransportId) -> Option<Route> {
     }
     let reason = match Offer::cuda_memory() {
         Ok(_) => "CUDA memory: cuda_ipc, by reference where the consumer opens CUDA memory on the same devices \
-                  (cudaMalloc memory as legacy CUDA IPC handles, VMM pieces as fds), else refused at send"
+                  (cudaMalloc memory as legacy CUDA IPC handles, VMM pieces as fds, memory of a pool that exports \
+                  fds as the pool's fd and the allocation's export data), else refused at send"
             .to_owned(),
         Err(why) => format!("CUDA memory: refused at send (no copy is made): {why}"),
     };

@@ -1,16 +1,20 @@
 //! The consumer's half of the CUDA IPC route: the producer's allocations opened here, by
 //! slot, closed when the producer says they changed, when more are open than the cache
 //! allows (least recently used first, never one a held message points into), or when the
-//! producer has gone and no message holds them.
+//! producer has gone and no message holds them. Memory of a CUDA memory pool is imported only
+//! while a message into it is held (see `pool`). A span of VMM pieces is mapped into one
+//! address range, each piece at its offset; it has no Vulkan view (Vulkan imports one fd per
+//! `VkDeviceMemory`, and a buffer is bound to one memory).
 
 use std::any::Any;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::cuda::{Mapping, Opener};
+use super::pool::{Pool, PoolMapping};
 use super::wire::{
-    is_arena, AllocationRecord, Announce, Descriptor, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_SLOTS, OFFER_ARENAS,
-    OFFER_NO_CUDA_MEMORY,
+    is_arena, AllocationRecord, Announce, Descriptor, PieceRecord, Section, ANSWER_ARENAS, ANSWER_CUDA, MAX_PIECES,
+    MAX_SLOTS, MEMORY_LEGACY, MEMORY_POOL, MEMORY_VMM_SPAN, OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
 };
 use super::{format_uuid, format_uuids, ID, ROUTE_ID};
 use crate::channels::ready::SharedReady;
@@ -26,6 +30,8 @@ pub(crate) const OPEN_BOUND: usize = 64;
 /// An allocation opened here: what a message's payload points into.
 struct Import {
     mapping: Box<dyn Mapping>,
+    /// Whether the mapping is made per held message (pool memory): told of each release.
+    per_message: bool,
     /// A VMM piece where this process's Vulkan device is the CUDA device that holds it: the
     /// piece imported into Vulkan as well, when a message's buffer is first asked for.
     #[cfg(feature = "vulkan")]
@@ -88,7 +94,11 @@ impl RoutedMemory for Import {
         None
     }
 
-    fn released(&self, _seq: u64) {}
+    fn released(&self, _seq: u64) {
+        if self.per_message {
+            self.mapping.let_go();
+        }
+    }
 
     fn cuda(&self) -> Option<(u64, i32)> {
         Some((self.mapping.address(), self.mapping.device()))
@@ -117,6 +127,10 @@ struct Slot {
     generation: u32,
     allocation: Announce,
     fd: Option<OwnedFd>,
+    /// A span's pieces, each with its fd, in order.
+    pieces: Vec<(PieceRecord, OwnedFd)>,
+    /// The pool of a pool allocation, as announced before it.
+    pool: Option<Arc<Pool>>,
     /// This process's ordinal of the device that holds the memory.
     device: i32,
     open: Option<Arc<Import>>,
@@ -150,6 +164,11 @@ pub(crate) struct Receiver {
     /// The devices holding imports, to whose memory the used devices' contexts were let reach.
     peered: Vec<i32>,
     slots: Vec<Option<Slot>>,
+    /// The memory pools the producer announced, by index.
+    pools: Vec<Option<Arc<Pool>>>,
+    /// The pieces announced for the span whose announcement comes next: (slot, generation,
+    /// piece, fd).
+    pending_pieces: Vec<(u32, u32, PieceRecord, OwnedFd)>,
     /// Imports the producer replaced or forgot while a message into them was held, with that
     /// message's sequence number.
     retired: Vec<(Arc<Import>, u64)>,
@@ -189,6 +208,8 @@ impl Receiver {
             arena_mask: 0,
             peered: Vec::new(),
             slots: Vec::new(),
+            pools: Vec::new(),
+            pending_pieces: Vec::new(),
             retired: Vec::new(),
             open: 0,
             bound: bound.max(1),
@@ -302,6 +323,14 @@ impl Receiver {
             // Both ends in this process (a CUDA IPC handle does not open where it was made):
             // the producer's address is this process's.
             Ok(Box::new(SameProcess { address: slot.allocation.base, device: slot.device }) as Box<dyn Mapping>)
+        } else if slot.allocation.memory == MEMORY_VMM_SPAN {
+            let pieces: Vec<(u64, u64, BorrowedFd<'_>)> =
+                slot.pieces.iter().map(|(p, fd)| (p.offset, p.size, fd.as_fd())).collect();
+            self.opener.open_span(&slot.allocation, &pieces, slot.device)
+        } else if let Some(pool) = &slot.pool {
+            pool.imported(&*self.opener).map(|imported| {
+                Box::new(PoolMapping::new(imported, slot.allocation.ipc_handle, slot.device)) as Box<dyn Mapping>
+            })
         } else {
             self.opener.open(&slot.allocation, slot.fd.as_ref().map(|fd| fd.as_fd()), slot.device)
         };
@@ -314,6 +343,7 @@ impl Receiver {
         #[cfg(feature = "vulkan")]
         let vulkan = self.vulkan_import(index)?;
         let import = Arc::new(Import {
+            per_message: mapping.per_message(),
             mapping,
             #[cfg(feature = "vulkan")]
             vulkan,
@@ -477,6 +507,88 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    /// Takes the pool the producer announced at `index` (its fd `fd`).
+    #[cold]
+    fn announce_pool(&mut self, index: u32, pool: super::wire::PoolAnnounce, fd: OwnedFd) -> Result<()> {
+        let i = index as usize;
+        if self.pools.get(i).is_some_and(Option::is_some) {
+            return Err(self.corrupt(format!("announced pool {index} twice without forgetting it")));
+        }
+        let Some(device) = self.ordinal_of(&pool.device_uuid) else {
+            let devices = self.devices.as_deref().unwrap_or_default();
+            return Err(self.corrupt(format!(
+                "passed a memory pool of CUDA device {}, which this process does not see (it sees {})",
+                format_uuid(&pool.device_uuid),
+                format_uuids(devices)
+            )));
+        };
+        if self.pools.len() <= i {
+            self.pools.resize_with(i + 1, || None);
+        }
+        self.pools[i] = Some(Arc::new(Pool::new(pool, fd, device)));
+        Ok(())
+    }
+
+    /// The pieces announced right before span `allocation` of `slot` and `generation`: each of
+    /// them, in order, back to back from offset 0 to the span's end.
+    fn span_pieces(
+        &mut self,
+        slot: u32,
+        generation: u32,
+        allocation: &Announce,
+    ) -> Result<Vec<(PieceRecord, OwnedFd)>> {
+        let pending = std::mem::take(&mut self.pending_pieces);
+        if pending.len() != allocation.pieces as usize {
+            return Err(self.corrupt(format!(
+                "announced a span of {} VMM pieces after {} pieces",
+                allocation.pieces,
+                pending.len()
+            )));
+        }
+        let mut end = 0u64;
+        let mut pieces = Vec::with_capacity(pending.len());
+        for (i, (s, g, piece, fd)) in pending.into_iter().enumerate() {
+            if (s, g) != (slot, generation) || piece.index as usize != i || piece.offset != end {
+                return Err(self.corrupt(format!(
+                    "announced VMM piece {} (slot {s} generation {g}, at offset {}) as piece {i} of the span of slot \
+                     {slot} generation {generation}, whose piece {i} lies at offset {end}",
+                    piece.index, piece.offset
+                )));
+            }
+            end = end.saturating_add(piece.size);
+            pieces.push((piece, fd));
+        }
+        if end != allocation.size {
+            return Err(
+                self.corrupt(format!("announced a span of {} bytes whose pieces hold {end} bytes", allocation.size))
+            );
+        }
+        Ok(pieces)
+    }
+
+    /// The pool a pool allocation's announcement names: announced before it, of its device and
+    /// its process.
+    fn pool_of(&self, allocation: &Announce) -> Result<Arc<Pool>> {
+        let index = allocation.pool;
+        let Some(pool) = self.pools.get(index as usize).and_then(Option::as_ref) else {
+            return Err(self.corrupt(format!("announced an allocation of pool {index}, which it never announced")));
+        };
+        if pool.announce.device_uuid != allocation.device_uuid || pool.announce.exporter_pid != allocation.exporter_pid
+        {
+            return Err(self.corrupt(format!(
+                "announced an allocation of pool {index} on CUDA device {} of process {}, but the pool is of device \
+                 {} of process {}",
+                format_uuid(&allocation.device_uuid),
+                allocation.exporter_pid,
+                format_uuid(&pool.announce.device_uuid),
+                pool.announce.exporter_pid
+            )));
+        }
+        Ok(Arc::clone(pool))
+    }
+}
+
 impl RouteReceiver for Receiver {
     fn route_id(&self) -> u32 {
         ROUTE_ID
@@ -539,7 +651,9 @@ impl RouteReceiver for Receiver {
                 kind: ID,
                 reason: format!(
                     "CUDA memory: cuda_ipc, by reference, opened on {} once per allocation (cudaMalloc memory through \
-                     legacy CUDA IPC, VMM pieces mapped from their fds; at most {} open at once)",
+                     legacy CUDA IPC, VMM pieces mapped from their fds; at most {} open at once); memory of a CUDA \
+                     memory pool imported from its pool (imported once) while a message into it is held, and freed \
+                     with the last one",
                     format_uuids(devices.as_deref().unwrap_or_default()),
                     self.bound
                 ),
@@ -554,6 +668,8 @@ impl RouteReceiver for Receiver {
     fn end_session(&mut self) -> (u64, Box<dyn Any + Send + Sync>) {
         let mut kept: Vec<Arc<Import>> = self.retired.drain(..).map(|(import, _)| import).collect();
         kept.extend(self.slots.drain(..).flatten().filter(|s| s.last_seq.is_some()).filter_map(|s| s.open));
+        self.pools.clear();
+        self.pending_pieces.clear();
         self.open = 0;
         self.off = Some("the producer has gone".into());
         (self.session, Box::new(kept))
@@ -563,7 +679,16 @@ impl RouteReceiver for Receiver {
         self.released_below = released_below;
         self.retired.retain(|(_, last)| *last >= released_below);
         let count = attachment.handles.len();
-        match AllocationRecord::decode(&attachment.bytes, count)? {
+        let record = AllocationRecord::decode(&attachment.bytes, count)?;
+        let span =
+            matches!(record, AllocationRecord::Announce { allocation, .. } if allocation.memory == MEMORY_VMM_SPAN);
+        if !self.pending_pieces.is_empty() && !span && !matches!(record, AllocationRecord::Piece { .. }) {
+            return Err(self.corrupt(format!(
+                "announced {} VMM pieces without the span they belong to",
+                self.pending_pieces.len()
+            )));
+        }
+        match record {
             AllocationRecord::Announce { slot, generation, allocation } => {
                 let fd = attachment.handles.into_iter().next();
                 if let Some(Some(old)) = self.slots.get(slot as usize) {
@@ -587,9 +712,17 @@ impl RouteReceiver for Receiver {
                     )));
                 }
                 debug_assert!(
-                    fd.is_some() == (allocation.memory != super::wire::MEMORY_LEGACY),
+                    fd.is_some() == !matches!(allocation.memory, MEMORY_LEGACY | MEMORY_POOL | MEMORY_VMM_SPAN),
                     "decode checked the fds"
                 );
+                let pool = match allocation.memory {
+                    MEMORY_POOL => Some(self.pool_of(&allocation)?),
+                    _ => None,
+                };
+                let pieces = match allocation.memory {
+                    MEMORY_VMM_SPAN => self.span_pieces(slot, generation, &allocation)?,
+                    _ => Vec::new(),
+                };
                 let index = slot as usize;
                 if self.slots.len() <= index {
                     self.slots.resize_with(index + 1, || None);
@@ -601,6 +734,8 @@ impl RouteReceiver for Receiver {
                     generation,
                     allocation,
                     fd,
+                    pieces,
+                    pool,
                     device: device as i32,
                     open: None,
                     last_seq: None,
@@ -612,6 +747,23 @@ impl RouteReceiver for Receiver {
                 if self.slots.get(index).and_then(Option::as_ref).is_some_and(|s| s.generation == generation) {
                     let old = self.slots[index].take().expect("checked");
                     self.retire(old);
+                }
+            }
+            AllocationRecord::Pool { index, pool } => {
+                let fd = attachment.handles.into_iter().next().expect("decode checked the fd");
+                self.announce_pool(index, pool, fd)?;
+            }
+            AllocationRecord::Piece { slot, generation, piece } => {
+                if self.pending_pieces.len() >= MAX_PIECES as usize {
+                    return Err(self.corrupt(format!("announced more than {MAX_PIECES} VMM pieces of one span")));
+                }
+                let fd = attachment.handles.into_iter().next().expect("decode checked the fd");
+                self.pending_pieces.push((slot, generation, piece, fd));
+            }
+            AllocationRecord::ForgetPool { index } => {
+                // Allocations announced from it keep it (and their imports) while they are in use.
+                if self.pools.get_mut(index as usize).and_then(Option::take).is_none() {
+                    return Err(self.corrupt(format!("forgot pool {index}, which it never announced")));
                 }
             }
         }
@@ -643,9 +795,17 @@ impl RouteReceiver for Receiver {
         }
         self.tick += 1;
         let slot = self.slots[index].as_mut().expect("found above");
+        let import = slot.open.as_ref().expect("opened above");
+        if import.per_message {
+            import.mapping.hold().map_err(|e| {
+                Error::Unsupported(format!(
+                    "the producer's CUDA pool allocation ({} bytes at {:#x}, buffer id {}) cannot be imported here: {e}",
+                    slot.allocation.size, slot.allocation.base, slot.allocation.buffer_id
+                ))
+            })?;
+        }
         slot.used = self.tick;
         slot.last_seq = Some(seq);
-        let import = slot.open.as_ref().expect("opened above");
         // SAFETY: the import stays in its slot while a message into it is held (eviction skips
         // those), or in `retired` until message `seq` is released, or with the carrier's
         // session while its views are held (end_session): alive and in place (behind its Arc)

@@ -8,8 +8,8 @@ use std::sync::{Arc, Weak};
 
 use super::cuda::{Exporter, Keep};
 use super::wire::{
-    AllocationRecord, Announce, Descriptor, Section, ANSWER_CUDA, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM, OFFER_ARENAS,
-    OFFER_NO_CUDA_MEMORY,
+    AllocationRecord, Announce, Descriptor, PieceRecord, PoolAnnounce, Section, ANSWER_CUDA, MAX_POOLS, MAX_SLOTS,
+    MEMORY_LEGACY, MEMORY_POOL, MEMORY_VMM, MEMORY_VMM_SPAN, OFFER_ARENAS, OFFER_NO_CUDA_MEMORY,
 };
 use super::{format_uuid, format_uuids, refusal, ID, ROUTE_ID};
 use crate::channels::ready::SharedReady;
@@ -154,6 +154,15 @@ struct Sent {
     generation: u32,
     buffer_id: u64,
     held: Weak<dyn Any + Send + Sync>,
+    /// A pool allocation's pool, by its handle here.
+    pool: Option<u64>,
+}
+
+/// A memory pool the consumer knows: its index, and how many of the allocations it knows are
+/// of the pool (the pool is forgotten with the last).
+struct PoolSent {
+    index: u32,
+    allocations: u32,
 }
 
 /// The producer's side of a connected route.
@@ -188,6 +197,9 @@ pub(crate) struct Sender {
     dying: Vec<(u32, u64)>,
     /// The last allocation sent, (base, buffer id, slot, generation).
     last: Option<(u64, u64, u32, u32)>,
+    /// The memory pools the consumer knows, by handle.
+    pools: HashMap<u64, PoolSent>,
+    free_pools: Vec<u32>,
     since_sweep: u32,
     /// The channel's ready semaphore, which the GPU route shares with the consumer, or why the
     /// channel has none: CUDA messages with a ready value count on it.
@@ -204,7 +216,10 @@ impl Sender {
     ) -> Sender {
         let reason = format!(
             "CUDA memory: cuda_ipc, by reference to a consumer that opens it on {}: cudaMalloc memory as a legacy CUDA IPC \
-             handle, CUDA VMM memory as one fd per piece (each allocation announced once per channel); {}",
+             handle, CUDA VMM memory as one fd per piece (a message across pieces mapped back to back as their span, \
+             mapped by the consumer into one range), memory of a CUDA memory pool that exports fds as its pool's \
+             fd (once per channel) and the allocation's export data (each allocation announced once per channel; the \
+             consumer imports pool memory while it holds a message into it); {}",
             format_uuids(&devices),
             refused_kinds()
         );
@@ -236,6 +251,8 @@ impl Sender {
             free_slots: Vec::new(),
             dying: Vec::new(),
             last: None,
+            pools: HashMap::new(),
+            free_pools: (0..MAX_POOLS).rev().collect(),
             since_sweep: 0,
             ready,
         }
@@ -297,6 +314,9 @@ impl Sender {
             ROUTE_ID,
             AllocationRecord::Forget { slot: gone.slot, generation: gone.generation }.encode(),
         ));
+        if let Some(handle) = gone.pool {
+            self.pool_let_go(handle, attachments);
+        }
         self.dying.push((gone.slot, self.last_seqs[gone.slot as usize]));
         if self.last.is_some_and(|(_, _, slot, _)| slot == gone.slot) {
             self.last = None;
@@ -306,8 +326,47 @@ impl Sender {
         }
     }
 
+    /// The consumer's index of memory pool `handle` (of device `uuid`), announcing the pool
+    /// with its fd where the consumer does not know it yet; counts one more allocation of it.
+    #[cold]
+    fn pool_index(&mut self, handle: u64, uuid: [u8; 16], attachments: &mut Vec<Attachment>) -> Result<u32> {
+        if let Some(known) = self.pools.get_mut(&handle) {
+            known.allocations += 1;
+            return Ok(known.index);
+        }
+        let Some(&index) = self.free_pools.last() else {
+            return Err(Error::OutOfMemory(format!(
+                "this channel already shares allocations of {MAX_POOLS} CUDA memory pools; drop the lava-flow buffers \
+                 of pools' allocations no longer sent (their registrations), or allocate from fewer pools"
+            )));
+        };
+        let fd = self.exporter.export_pool(handle)?;
+        self.free_pools.pop();
+        let pool = PoolAnnounce { device_uuid: uuid, exporter_pid: std::process::id() };
+        attachments.push(Attachment {
+            route: ROUTE_ID,
+            bytes: AllocationRecord::Pool { index, pool }.encode(),
+            handles: vec![fd],
+        });
+        self.pools.insert(handle, PoolSent { index, allocations: 1 });
+        Ok(index)
+    }
+
+    /// One allocation of pool `handle` fewer that the consumer knows: with the last, the
+    /// consumer forgets the pool (a pool the application destroys, and another made at the same
+    /// handle, is announced anew).
+    fn pool_let_go(&mut self, handle: u64, attachments: &mut Vec<Attachment>) {
+        let Some(known) = self.pools.get_mut(&handle) else { return };
+        known.allocations -= 1;
+        if known.allocations == 0 {
+            let index = known.index;
+            self.pools.remove(&handle);
+            self.free_pools.push(index);
+            attachments.push(Attachment::new(ROUTE_ID, AllocationRecord::ForgetPool { index }.encode()));
+        }
+    }
+
     /// A free slot for a new allocation (its generation is bumped once it is announced).
-    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     fn take_slot(&mut self) -> Result<u32> {
         match self.free_slots.pop() {
             Some(slot) => Ok(slot),
@@ -353,10 +412,32 @@ impl Sender {
                 return Ok(found);
             }
             // Freed and re-allocated at the same address: the consumer must never be served
-            // from its import of the old allocation.
+            // from its import of the old allocation. Its pool stays known while the new one
+            // is announced (most likely of the same pool: a caching allocator's reuse).
             let stale = self.allocations.remove(&pointer.base).expect("found above");
+            let pool = stale.pool;
+            if let Some(known) = pool.and_then(|handle| self.pools.get_mut(&handle)) {
+                known.allocations += 1;
+            }
             self.forget(stale, attachments);
+            let announced = self.announce(buffer, pointer, completed, attachments);
+            if let Some(handle) = pool {
+                self.pool_let_go(handle, attachments);
+            }
+            return announced;
         }
+        self.announce(buffer, pointer, completed, attachments)
+    }
+
+    /// Announces the allocation of `buffer` in a free slot: its slot and generation.
+    #[cold]
+    fn announce(
+        &mut self,
+        buffer: &crate::memory::Buffer,
+        pointer: &crate::memory::CudaPointer,
+        completed: u64,
+        attachments: &mut Vec<Attachment>,
+    ) -> Result<(u32, u32)> {
         self.sweep(completed, attachments);
         let uuid = self.own_uuid(pointer.device_ordinal)?;
         if !self.devices.contains(&uuid) {
@@ -370,28 +451,39 @@ impl Sender {
                 format_uuids(&self.devices)
             )));
         }
-        let slot = match self.free_slots.pop() {
-            Some(slot) => slot,
-            None if (self.generations.len() as u32) < MAX_SLOTS => {
-                self.generations.push(0);
-                self.last_seqs.push(0);
-                self.generations.len() as u32 - 1
-            }
-            None => {
-                return Err(Error::OutOfMemory(format!(
-                "this channel already shares {MAX_SLOTS} CUDA allocations alive at once; drop the lava-flow buffers \
-                     of allocations no longer sent (their registrations), or send from fewer allocations"
-            )))
-            }
-        };
         let registration = buffer.cuda_keep().expect("a CUDA buffer has a registration");
-        let (memory, ipc_handle, retained, fd) = match pointer.kind {
-            CudaMemoryKind::Legacy => (MEMORY_LEGACY, self.exporter.export_legacy(pointer)?, None, None),
+        let mut pieces = Vec::new();
+        let (memory, ipc_handle, retained, fd, pool) = match pointer.kind {
+            CudaMemoryKind::Legacy => (MEMORY_LEGACY, self.exporter.export_legacy(pointer)?, None, None, None),
+            CudaMemoryKind::Vmm if crate::memory::cuda::is_span(pointer) => {
+                let mut kept = Vec::new();
+                for (piece, retained, fd) in self.exporter.export_vmm_span(pointer)? {
+                    kept.push(retained);
+                    pieces.push((piece, fd));
+                }
+                let kept: Box<dyn Any + Send + Sync> = Box::new(kept);
+                (MEMORY_VMM_SPAN, [0; 64], Some(kept), None, None)
+            }
             CudaMemoryKind::Vmm => {
                 let (retained, fd) = self.exporter.export_vmm(pointer)?;
-                (MEMORY_VMM, [0; 64], Some(retained), Some(fd))
+                (MEMORY_VMM, [0; 64], Some(retained), Some(fd), None)
+            }
+            CudaMemoryKind::Pool => {
+                let (handle, data) = self.exporter.export_pool_pointer(pointer)?;
+                (MEMORY_POOL, data, None, None, Some(handle))
             }
             other => return Err(Error::Unsupported(refusal(other, buffer.id()))),
+        };
+        let slot = self.take_slot()?;
+        let pool_index = match pool {
+            Some(handle) => match self.pool_index(handle, uuid, attachments) {
+                Ok(index) => index,
+                Err(e) => {
+                    self.free_slots.push(slot);
+                    return Err(e);
+                }
+            },
+            None => 0,
         };
         self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
         let generation = self.generations[slot as usize];
@@ -404,15 +496,33 @@ impl Sender {
             buffer_id: pointer.buffer_id,
             device_uuid: uuid,
             ipc_handle,
+            pool: pool_index,
+            pieces: pieces.len() as u32,
         };
+        // A span's pieces go right before it, each with its fd.
+        for (index, (piece, fd)) in pieces.into_iter().enumerate() {
+            let piece = PieceRecord {
+                index: index as u32,
+                offset: piece.offset,
+                size: piece.size as u64,
+                buffer_id: piece.buffer_id,
+            };
+            attachments.push(Attachment {
+                route: ROUTE_ID,
+                bytes: AllocationRecord::Piece { slot, generation, piece }.encode(),
+                handles: vec![fd],
+            });
+        }
         attachments.push(Attachment {
             route: ROUTE_ID,
             bytes: AllocationRecord::Announce { slot, generation, allocation }.encode(),
             handles: fd.into_iter().collect::<Vec<OwnedFd>>(),
         });
         let held = Arc::downgrade(&registration);
+        // (Pool memory cannot be kept alive so: the application must not free it before its
+        // messages are complete, and the consumer frees its import before it releases the last.)
         self.holds.hold(hold_key(slot), Arc::new(Keep { _registration: registration, _retained: retained }));
-        self.allocations.insert(pointer.base, Sent { slot, generation, buffer_id: pointer.buffer_id, held });
+        self.allocations.insert(pointer.base, Sent { slot, generation, buffer_id: pointer.buffer_id, held, pool });
         self.last = Some((pointer.base, pointer.buffer_id, slot, generation));
         Ok((slot, generation))
     }
@@ -487,9 +597,10 @@ impl Sender {
 
 /// The report's words for the kinds this route refuses.
 fn refused_kinds() -> String {
-    "memory of a CUDA memory pool (cudaMallocAsync), managed memory and other CUDA memory without a handle another \
-     process can open refused at send (the way out: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lava-flow's \
-     GPU buffers, or a copy into cudaMalloc memory)"
+    "managed memory and other CUDA memory without a handle another process can open (a memory pool without POSIX fd \
+     handle types, such as the device's default pool) refused at send (the way out: a pool created with \
+     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lava-flow's GPU \
+     buffers, or a copy into cudaMalloc memory)"
         .into()
 }
 
@@ -528,14 +639,14 @@ impl RouteSender for Sender {
                 buffer.location()
             )));
         };
-        if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm) {
+        if !matches!(pointer.kind, CudaMemoryKind::Legacy | CudaMemoryKind::Vmm | CudaMemoryKind::Pool) {
             return Err(Error::Unsupported(refusal(pointer.kind, buffer.id())));
         }
         let (offset, len) = (payload.offset as u64, payload.len as u64);
         if len == 0 || offset.checked_add(len).map_or(true, |end| end > pointer.size as u64) {
             return Err(Error::invalid(format!(
-                "{len} bytes at offset {offset} do not lie in buffer {}'s CUDA allocation of {} bytes (a message \
-                 that spans several CUDA VMM pieces is not supported: send each piece's part)",
+                "{len} bytes at offset {offset} do not lie in buffer {}'s CUDA allocation of {} bytes (register the \
+                 range the message covers: a range across CUDA VMM pieces mapped back to back registers their span)",
                 buffer.id(),
                 pointer.size
             )));
@@ -687,6 +798,8 @@ impl Sender {
             buffer_id: id.counter,
             device_uuid: uuid,
             ipc_handle: [0; 64],
+            pool: 0,
+            pieces: 0,
         };
         attachments.push(Attachment {
             route: ROUTE_ID,
@@ -696,7 +809,7 @@ impl Sender {
         let keep = gpu.arena_keep_alive();
         let held = Arc::downgrade(&keep);
         self.holds.hold(hold_key(slot), keep);
-        self.arena_sent.insert(key, Sent { slot, generation, buffer_id: id.counter, held });
+        self.arena_sent.insert(key, Sent { slot, generation, buffer_id: id.counter, held, pool: None });
         self.last_arena = Some((key, slot, generation));
         Ok((slot, generation))
     }

@@ -7,21 +7,51 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::cuda::{Mapping, Opener};
+use super::cuda::{ImportedPool, Mapping, Opener};
 use super::receiver::Receiver;
-use super::wire::{AllocationRecord, Announce, Descriptor, MAX_SLOTS, MEMORY_LEGACY, MEMORY_VMM};
+use super::wire::{
+    AllocationRecord, Announce, Descriptor, PoolAnnounce, MAX_SLOTS, MEMORY_LEGACY, MEMORY_POOL, MEMORY_VMM,
+    MEMORY_VMM_SPAN,
+};
 use super::{Offer, ROUTE_ID};
 use crate::channels::ready::ReadyShare;
 use crate::channels::transport::{Attachment, PeerHolds, RouteReceiver, RoutedPayload};
 use crate::error::Error;
 
-const DEVICE: [u8; 16] = [7; 16];
+pub(super) const DEVICE: [u8; 16] = [7; 16];
 
 /// Counts what the receiver opens and closes.
 #[derive(Default)]
-struct Counts {
-    opened: AtomicUsize,
-    closed: AtomicUsize,
+pub(super) struct Counts {
+    pub(super) opened: AtomicUsize,
+    pub(super) closed: AtomicUsize,
+    /// Pools imported, and pools given back.
+    pub(super) pools: AtomicUsize,
+    pub(super) pools_closed: AtomicUsize,
+    /// Pool allocations imported and freed.
+    pub(super) imports: AtomicUsize,
+    pub(super) frees: AtomicUsize,
+    /// Each span opened: its pieces' (offset, size).
+    pub(super) spans: parking_lot::Mutex<Vec<Vec<(u64, u64)>>>,
+}
+
+struct FakePool(Arc<Counts>);
+
+impl ImportedPool for FakePool {
+    fn import(&self, data: &[u8; 64]) -> crate::Result<u64> {
+        self.0.imports.fetch_add(1, Ordering::Relaxed);
+        Ok(0x1000_0000 * u64::from(data[0]))
+    }
+    fn free(&self, _address: u64) -> crate::Result<()> {
+        self.0.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Drop for FakePool {
+    fn drop(&mut self) {
+        self.0.pools_closed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 struct FakeMapping {
@@ -44,18 +74,44 @@ impl Drop for FakeMapping {
     }
 }
 
-struct FakeOpener(Arc<Counts>);
+pub(super) struct FakeOpener(pub(super) Arc<Counts>);
 
 impl Opener for FakeOpener {
     fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, _device: i32) -> crate::Result<Box<dyn Mapping>> {
         assert_eq!(fd.is_some(), allocation.memory != MEMORY_LEGACY);
+        assert_ne!(allocation.memory, MEMORY_POOL, "pool memory is imported through its pool");
         self.0.opened.fetch_add(1, Ordering::Relaxed);
         // Each allocation at its own place here, told apart by its id.
         Ok(Box::new(FakeMapping { address: 0x1000_0000 * allocation.buffer_id, counts: Arc::clone(&self.0) }))
     }
+
+    fn open_span(
+        &self,
+        allocation: &Announce,
+        pieces: &[(u64, u64, BorrowedFd<'_>)],
+        _device: i32,
+    ) -> crate::Result<Box<dyn Mapping>> {
+        assert_eq!(allocation.memory, MEMORY_VMM_SPAN);
+        let layout: Vec<(u64, u64)> = pieces.iter().map(|&(offset, size, _)| (offset, size)).collect();
+        self.0.spans.lock().push(layout);
+        self.0.opened.fetch_add(1, Ordering::Relaxed);
+        // (A span id has its top bit set: the low bits tell spans apart here.)
+        let address = 0x1000_0000 * (allocation.buffer_id & 0xffff);
+        Ok(Box::new(FakeMapping { address, counts: Arc::clone(&self.0) }))
+    }
+
+    fn open_pool(
+        &self,
+        _pool: &PoolAnnounce,
+        _fd: BorrowedFd<'_>,
+        _device: i32,
+    ) -> crate::Result<Arc<dyn ImportedPool>> {
+        self.0.pools.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(FakePool(Arc::clone(&self.0))))
+    }
 }
 
-fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
+pub(super) fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
     let counts = Arc::new(Counts::default());
     let mut r = Receiver::new(Arc::new(FakeOpener(Arc::clone(&counts))), Ok(vec![[1; 16], DEVICE]), bound);
     let offer = Offer::cuda_only().sections().pop().unwrap();
@@ -63,7 +119,7 @@ fn receiver(bound: usize) -> (Receiver, Arc<Counts>) {
     (r, counts)
 }
 
-fn legacy(buffer_id: u64) -> Announce {
+pub(super) fn legacy(buffer_id: u64) -> Announce {
     Announce {
         memory: MEMORY_LEGACY,
         device_ordinal: 0,
@@ -73,10 +129,12 @@ fn legacy(buffer_id: u64) -> Announce {
         buffer_id,
         device_uuid: DEVICE,
         ipc_handle: [buffer_id as u8; 64],
+        pool: 0,
+        pieces: 0,
     }
 }
 
-fn announce(
+pub(super) fn announce(
     r: &mut Receiver,
     slot: u32,
     generation: u32,
@@ -87,12 +145,12 @@ fn announce(
     r.attach(Attachment::new(ROUTE_ID, bytes), released_below)
 }
 
-fn forget(r: &mut Receiver, slot: u32, generation: u32, released_below: u64) {
+pub(super) fn forget(r: &mut Receiver, slot: u32, generation: u32, released_below: u64) {
     let bytes = AllocationRecord::Forget { slot, generation }.encode();
     r.attach(Attachment::new(ROUTE_ID, bytes), released_below).unwrap();
 }
 
-fn resolve(
+pub(super) fn resolve(
     r: &mut Receiver,
     seq: u64,
     slot: u32,
