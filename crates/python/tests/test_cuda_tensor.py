@@ -195,9 +195,11 @@ def test_a_stream_ordered_tensor_is_waited_for_on_the_consumer_s_stream(name, pe
         with torch.cuda.stream(s):
             view = torch.from_dlpack(m)
             total = view.to(torch.int64).sum()
-        assert not s.query(), "the consumer's stream waits on the GPU for the held producer stream"
+        waited = not s.query()
         gate.touch()
         s.synchronize()
+        # The producer's output says why, where its stream did not hold the consumer's.
+        assert waited, ("the consumer's stream did not wait for the held producer stream", p.wait())
         assert int(total) == n * 0xC5
         del view
     out = p.wait()
