@@ -10,6 +10,10 @@ own GPU buffer Y, half a round trip measured on A (p50/p99). Cases per size (4 K
                for lava-flow's completion of its previous send (the C path's contract). Each side
                makes its stream current once, around its loop (torch.cuda.stream), as a program
                does: entering and leaving that context costs PyTorch microseconds per round.
+  py_handoff_ordered  the same, sent stream-ordered (send_buffer(stream=): a semaphore signal on
+               the sender's stream, which the receiver's stream waits for in __dlpack__): the
+               work of the C path's lf_handoff, which py_handoff leaves out (a signal and a wait,
+               about 1 us each under MPS); the like-for-like comparison with the C path.
   py_torch_op  the same with GPU work on both sides: A fills X on its stream and sends it
                ordered on that stream (send_buffer(stream=)); B copies X into Y on its stream
                and sends Y ordered on it; A reads Y's first word on its stream. A synchronises
@@ -30,7 +34,8 @@ own GPU buffer Y, half a round trip measured on A (p50/p99). Cases per size (4 K
                against this package's lava_flow.h and liblava_flow.so where nvcc is present
                (--c-binary gives a built one), run in the same job.
 Output: table lines, plus one `JSON {...}` line per row (grep '^JSON '); the last line per
-size compares py_handoff with the C path's lf_handoff (target: at most C + 2 us).
+size compares py_handoff and py_handoff_ordered with the C path's lf_handoff (target: at most
+C + 2 us; py_handoff_ordered does the same work as lf_handoff, py_handoff less).
 
     python3 benchmarks/python_gpu_handoff.py [--quick] [--sizes 4096,65536] [--no-c]
     python3 benchmarks/python_gpu_handoff.py --breakdown [--sizes 65536]   (where the time goes)
@@ -95,10 +100,19 @@ def cuda_uuid(torch, device=0):
     return bytes(raw) if raw is not None else bytes.fromhex(str(u).removeprefix("GPU-").replace("-", ""))
 
 
+# The lava-flow cases: `plain` hands the buffer off synchronised on the host (no semaphore);
+# `ordered` sends it stream-ordered (send_buffer(stream=): a semaphore signal on A's stream, and
+# B's stream waits for it in __dlpack__), which is the C path lf_handoff's work; `op` adds a
+# torch op on each side.
+MODES = ("plain", "ordered", "op")
+CASES = {"plain": "py_handoff", "ordered": "py_handoff_ordered", "op": "py_torch_op"}
+
+
 def lf_side_b(tag, plan, on_gpu):
     lf, torch, ctx, tx, rx = lf_setup(tag, False, on_gpu)
     stream = torch.cuda.Stream()
-    for size, op, rounds in plan:
+    for size, mode, rounds in plan:
+        op, ordered = mode == "op", mode != "plain"
         y = ctx.alloc(size, lf.Memory.GPU_DEVICE_LOCAL)
         ty = torch.from_dlpack(y)
         last = None
@@ -117,7 +131,7 @@ def lf_side_b(tag, plan, on_gpu):
                     ty.copy_(t)
                 del t
                 m.release()
-                last = tx.send_buffer(y, stream=stream) if op else tx.send_buffer(y)
+                last = tx.send_buffer(y, stream=stream) if ordered else tx.send_buffer(y)
         stream.synchronize()
         if last is not None:
             tx.wait_completed(last, timeout=TIMEOUT)
@@ -133,8 +147,9 @@ def lf_side_a(tag, sizes, warm, iters, rows, on_gpu):
     print(f"lava-flow {lf.version()}, device {info['name']}, transport {tx.transport}", flush=True)
     emit({"case": "py_config", "device": info["name"], "lava_flow": lf.version(), "torch": torch.__version__,
           "transport": tx.transport, "mps_pipe_dir": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")})
-    for op in (False, True):
-        case = ("py_torch_op" if op else "py_handoff") + ("_on_gpu" if on_gpu else "")
+    for mode in MODES:
+        op, ordered = mode == "op", mode != "plain"
+        case = CASES[mode] + ("_on_gpu" if on_gpu else "")
         print(f"\n== {case}: half round trip (us), {iters} iterations after {warm} warm-up")
         print(f"  {'size':>10} {'p50_us':>10} {'p99_us':>10}")
         for size in sizes:
@@ -153,9 +168,7 @@ def lf_side_a(tag, sizes, warm, iters, rows, on_gpu):
                             tx.wait_completed(last, timeout=TIMEOUT)
                     if op:
                         tx_.fill_(value)
-                        last = tx.send_buffer(x, stream=stream)
-                    else:
-                        last = tx.send_buffer(x)
+                    last = tx.send_buffer(x, stream=stream) if ordered else tx.send_buffer(x)
                     m = rx.recv(timeout=TIMEOUT)
                     t = view(torch, m, stream)
                     if op:
@@ -192,7 +205,7 @@ def lf_side_a(tag, sizes, warm, iters, rows, on_gpu):
 
 def run_lf(sizes, warm, iters, on_gpu=False):
     tag = f"pygh-{os.getpid()}-{'gpu' if on_gpu else 'ev'}"
-    plan = [(s, op, warm + iters) for op in (False, True) for s in sizes]
+    plan = [(s, mode, warm + iters) for mode in MODES for s in sizes]
     b = mp.get_context("spawn").Process(target=lf_side_b, args=(tag, plan, on_gpu))
     b.start()
     rows = []
@@ -598,7 +611,8 @@ def main():
     c_rows = {} if args.no_c else run_c(args, sizes)
     # Python's hand-off against the C path's, measured in this run: at most C + 2 us.
     pairs = [(py + suffix, c) for suffix in ("", "_on_gpu")
-             for py, c in (("py_handoff", "c_lf_handoff"), ("py_torch_op", "c_lf_gpu_pingpong"))]
+             for py, c in (("py_handoff", "c_lf_handoff"), ("py_handoff_ordered", "c_lf_handoff"),
+                           ("py_torch_op", "c_lf_gpu_pingpong"))]
     for py_case, c_case in pairs:
         for size in sizes:
             py, c = py_rows.get((py_case, size)), c_rows.get((c_case, size))
