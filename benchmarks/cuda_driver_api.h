@@ -40,7 +40,18 @@ typedef struct {
     cu_mem_location location;
     unsigned flags;
 } cu_mem_access_desc;
-_Static_assert(sizeof(cu_mem_allocation_prop) == 32 && sizeof(cu_mem_access_desc) == 12,
+typedef void *cu_mem_pool;
+typedef struct {
+    unsigned alloc_type;
+    unsigned handle_types;
+    cu_mem_location location;
+    void *win32_security_attributes;
+    size_t max_size;
+    unsigned short usage;
+    unsigned char reserved[54];
+} cu_mem_pool_props;
+_Static_assert(sizeof(cu_mem_allocation_prop) == 32 && sizeof(cu_mem_access_desc) == 12 &&
+                   sizeof(cu_mem_pool_props) == 88,
                "the sizes cuda.h gives these structs on 64-bit platforms");
 
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
@@ -96,6 +107,10 @@ static struct {
     cu_result (*memcpy_dtod_async)(cu_deviceptr, cu_deviceptr, size_t, cu_stream);
     cu_result (*memcpy_htod_async)(cu_deviceptr, const void *, size_t, cu_stream);
     cu_result (*memcpy_peer_async)(cu_deviceptr, cu_context, cu_deviceptr, cu_context, size_t, cu_stream);
+    cu_result (*mem_pool_create)(cu_mem_pool *, const cu_mem_pool_props *);
+    cu_result (*mem_pool_destroy)(cu_mem_pool);
+    cu_result (*mem_alloc_from_pool_async)(cu_deviceptr *, size_t, cu_mem_pool, cu_stream);
+    cu_result (*mem_free_async)(cu_deviceptr, cu_stream);
 } cu;
 
 /* cuCtxEnablePeerAccess's answer where the context already reaches the peer. */
@@ -166,6 +181,10 @@ static int cu_load(char *why, size_t why_len) {
     LOAD(cu.memcpy_dtod_async, "cuMemcpyDtoDAsync_v2");
     LOAD(cu.memcpy_htod_async, "cuMemcpyHtoDAsync_v2");
     LOAD(cu.memcpy_peer_async, "cuMemcpyPeerAsync");
+    LOAD(cu.mem_pool_create, "cuMemPoolCreate");
+    LOAD(cu.mem_pool_destroy, "cuMemPoolDestroy");
+    LOAD(cu.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync");
+    LOAD(cu.mem_free_async, "cuMemFreeAsync");
     int count = 0;
     cu_result rc = cu.init(0);
     if (rc == 0) rc = cu.device_get_count(&count);

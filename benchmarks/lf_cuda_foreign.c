@@ -34,6 +34,12 @@
  *                       one address reservation, 4 pieces (cuMemCreate with POSIX fd handles,
  *                       2 MiB granularity) mapped one after another with read-write access; each
  *                       piece is a buffer. Skipped where the device lacks fd-shareable VMM.
+ *   lf_pool_handoff     the same with memory of a CUDA memory pool that exports POSIX fds
+ *                       (cuMemPoolCreate with POSIX fd handle types, cuMemAllocFromPoolAsync: what
+ *                       cudaMallocAsync makes from such a pool), 4 allocations of one pool. The
+ *                       consumer imports an allocation while it holds a message into it and frees
+ *                       the import at the release (CUDA has importers free first), so every
+ *                       hand-off here pays an import and a free.
  *   Rows: half round trip p50/p99 over the timed iterations, and send_us: p50 of A's
  *   cuEventRecord (baseline) or lf_wait_completed + lf_send_buffer (lava-flow) calls.
  *   cuda_ipc_first      the first hand-off of a fresh buffer: A cuMemAllocs and fills one
@@ -41,7 +47,8 @@
  *                       it and replies at once, then checks it and closes it (close_us); A frees
  *                       it once B has closed it.
  *   lf_foreign_first    A cuMemAllocs and fills one (untimed), then lf_register and
- *   lf_vmm_first        lf_send_buffer (the export: a legacy IPC handle, or a VMM piece's fd);
+ *   lf_vmm_first        lf_send_buffer (the export: a legacy IPC handle, a VMM piece's fd, or
+ *   lf_pool_first       the pool's fd and the allocation's export data);
  *                       B's lf_recv opens it (the import), it takes lf_message_cuda_ptr and
  *                       answers at once, then checks it and releases it; A waits for the
  *                       completion, deregisters and frees.
@@ -198,26 +205,44 @@ static cu_mem_allocation_prop vmm_prop(void) {
     return prop;
 }
 
-/* `count` buffers of `size` bytes. VMM: one reservation, `count` pieces mapped one after another. */
+/* What memory a case hands off: cuMemAlloc, VMM pieces, or a memory pool that exports fds. */
+enum { K_LEGACY, K_VMM, K_POOL };
+
+/* `count` buffers of `size` bytes. VMM: one reservation, `count` pieces mapped one after another.
+ * Pool: `count` allocations of one pool made with POSIX fd handle types (cuMemPoolCreate,
+ * cuMemAllocFromPoolAsync), as cudaMallocAsync with an IPC pool makes them. */
 typedef struct {
-    int vmm;
+    int kind;
     unsigned count;
     size_t piece;
     cu_deviceptr base; /* the VMM reservation */
+    cu_mem_pool pool;
     cu_deviceptr ptr[SLOTS];
     cu_mem_handle handle[SLOTS];
 } Buffers;
 
 static size_t vmm_granule = GRANULE;
 
-static Buffers buffers_alloc(int vmm, unsigned count, size_t size) {
+static Buffers buffers_alloc(int kind, unsigned count, size_t size) {
     Buffers b;
     memset(&b, 0, sizeof b);
-    b.vmm = vmm;
+    b.kind = kind;
     b.count = count;
-    b.piece = rounded(size, vmm ? vmm_granule : GRANULE);
-    if (!vmm) {
+    b.piece = rounded(size, kind == K_VMM ? vmm_granule : GRANULE);
+    if (kind == K_LEGACY) {
         for (unsigned i = 0; i < count; i++) CU(cu.mem_alloc(&b.ptr[i], b.piece));
+        return b;
+    }
+    if (kind == K_POOL) {
+        cu_mem_pool_props props;
+        memset(&props, 0, sizeof props);
+        props.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = 0;
+        CU(cu.mem_pool_create(&b.pool, &props));
+        for (unsigned i = 0; i < count; i++) CU(cu.mem_alloc_from_pool_async(&b.ptr[i], b.piece, b.pool, NULL));
+        CU(cu.stream_synchronize(NULL));
         return b;
     }
     cu_mem_allocation_prop prop = vmm_prop();
@@ -234,14 +259,20 @@ static Buffers buffers_alloc(int vmm, unsigned count, size_t size) {
 
 static void buffers_free(Buffers *b) {
     for (unsigned i = 0; i < b->count; i++) {
-        if (!b->vmm) {
+        if (b->kind == K_LEGACY) {
             CU(cu.mem_free(b->ptr[i]));
-            continue;
+        } else if (b->kind == K_POOL) {
+            CU(cu.mem_free_async(b->ptr[i], NULL));
+        } else {
+            CU(cu.mem_unmap(b->ptr[i], b->piece));
+            CU(cu.mem_release(b->handle[i]));
         }
-        CU(cu.mem_unmap(b->ptr[i], b->piece));
-        CU(cu.mem_release(b->handle[i]));
     }
-    if (b->vmm) CU(cu.mem_address_free(b->base, b->piece * b->count));
+    if (b->kind == K_VMM) CU(cu.mem_address_free(b->base, b->piece * b->count));
+    if (b->kind == K_POOL) {
+        CU(cu.stream_synchronize(NULL));
+        CU(cu.mem_pool_destroy(b->pool));
+    }
     memset(b, 0, sizeof *b);
 }
 
@@ -517,9 +548,12 @@ static Stats stats(double *v, size_t n) {
 }
 
 /* The row of each case at each size, for the ratios at the end. */
-enum { C_IPC, C_FOREIGN, C_VMM, CASES };
-static const char *const handoff_names[CASES] = {"cuda_ipc_handoff", "lf_foreign_handoff", "lf_vmm_handoff"};
-static const char *const first_names[CASES] = {"cuda_ipc_first", "lf_foreign_first", "lf_vmm_first"};
+enum { C_IPC, C_FOREIGN, C_VMM, C_POOL, CASES };
+static const char *const handoff_names[CASES] = {"cuda_ipc_handoff", "lf_foreign_handoff", "lf_vmm_handoff",
+                                                 "lf_pool_handoff"};
+static const char *const first_names[CASES] = {"cuda_ipc_first", "lf_foreign_first", "lf_vmm_first", "lf_pool_first"};
+/* The case of each kind of memory lava-flow hands off. */
+static const int kind_case[] = {[K_LEGACY] = C_FOREIGN, [K_VMM] = C_VMM, [K_POOL] = C_POOL};
 static double handoff_p50[MAX_SIZES][CASES], first_mean[MAX_SIZES][CASES];
 
 static double *samples(size_t n) {
@@ -560,7 +594,7 @@ static void print_handoff(unsigned at, int c, size_t size, const Options *o, dou
 }
 
 static void ipc_handoff(const Options *o, unsigned at, size_t size, cu_event event_a, cu_stream stream) {
-    Buffers b = buffers_alloc(0, SLOTS, size);
+    Buffers b = buffers_alloc(K_LEGACY, SLOTS, size);
     for (unsigned s = 0; s < SLOTS; s++) fill(b.ptr[s], size, pattern(s, size));
     CU(cu.ctx_synchronize());
     double *half = samples((size_t)o->iters), *record = samples((size_t)o->iters);
@@ -591,8 +625,8 @@ static void ipc_handoff(const Options *o, unsigned at, size_t size, cu_event eve
     free(record);
 }
 
-static void lf_handoff(const Options *o, unsigned at, size_t size, Lf *lf, int vmm) {
-    Buffers b = buffers_alloc(vmm, SLOTS, size);
+static void lf_handoff(const Options *o, unsigned at, size_t size, Lf *lf, int kind) {
+    Buffers b = buffers_alloc(kind, SLOTS, size);
     lf_buffer *registered[SLOTS];
     for (unsigned s = 0; s < SLOTS; s++) {
         fill(b.ptr[s], size, pattern(s, size));
@@ -621,7 +655,7 @@ static void lf_handoff(const Options *o, unsigned at, size_t size, Lf *lf, int v
         LF(lf_deregister(lf->context, registered[s]));
     }
     buffers_free(&b);
-    print_handoff(at, vmm ? C_VMM : C_FOREIGN, size, o, half, send_call);
+    print_handoff(at, kind_case[kind], size, o, half, send_call);
     free(half);
     free(send_call);
 }
@@ -659,7 +693,7 @@ static void first_free(FirstSamples *f) {
 static void ipc_first(const Options *o, unsigned at, size_t size) {
     FirstSamples f = first_samples(o);
     for (int i = 0; i < o->fresh; i++) {
-        Buffers b = buffers_alloc(0, 1, size);
+        Buffers b = buffers_alloc(K_LEGACY, 1, size);
         fill(b.ptr[0], size, pattern((uint64_t)i, size));
         CU(cu.ctx_synchronize());
         Msg m = msg(OP_IPC_FIRST, (uint32_t)i, size, 0, 0);
@@ -682,11 +716,11 @@ static void ipc_first(const Options *o, unsigned at, size_t size) {
     first_free(&f);
 }
 
-static void lf_first(const Options *o, unsigned at, size_t size, Lf *lf, int vmm) {
+static void lf_first(const Options *o, unsigned at, size_t size, Lf *lf, int kind) {
     FirstSamples f = first_samples(o);
     request(msg(OP_LF, 0, size, PHASE_FIRST, (uint64_t)o->fresh), NULL, 0);
     for (int i = 0; i < o->fresh; i++) {
-        Buffers b = buffers_alloc(vmm, 1, size);
+        Buffers b = buffers_alloc(kind, 1, size);
         fill(b.ptr[0], size, pattern((uint64_t)i, size));
         CU(cu.ctx_synchronize());
         lf_buffer *registered = NULL;
@@ -704,7 +738,7 @@ static void lf_first(const Options *o, unsigned at, size_t size, Lf *lf, int vmm
         f.export_call[i] = (double)(exported - t0) / 1e3;
     }
     await_ack(); /* B's phase is over */
-    print_first(at, vmm ? C_VMM : C_FOREIGN, size, o, &f);
+    print_first(at, kind_case[kind], size, o, &f);
     first_free(&f);
 }
 
@@ -713,16 +747,19 @@ static double ratio(double lf, double ipc) { return ipc > 0 && lf > 0 ? lf / ipc
 static void print_ratios(const Options *o, int mps) {
     printf("\n== lava-flow / CUDA IPC (hand-offs: p50, target at most 0.5x under MPS; first hand-offs: mean)%s\n",
            mps ? ", MPS" : ", no MPS");
-    printf("  %10s %14s %14s %14s %14s\n", "size", "foreign_hand", "vmm_hand", "foreign_first", "vmm_first");
+    printf("  %10s %14s %14s %14s %14s %14s %14s\n", "size", "foreign_hand", "vmm_hand", "pool_hand", "foreign_first",
+           "vmm_first", "pool_first");
     for (unsigned at = 0; at < o->n_sizes; at++) {
         double fh = ratio(handoff_p50[at][C_FOREIGN], handoff_p50[at][C_IPC]);
         double vh = ratio(handoff_p50[at][C_VMM], handoff_p50[at][C_IPC]);
+        double ph = ratio(handoff_p50[at][C_POOL], handoff_p50[at][C_IPC]);
         double ff = ratio(first_mean[at][C_FOREIGN], first_mean[at][C_IPC]);
         double vf = ratio(first_mean[at][C_VMM], first_mean[at][C_IPC]);
-        printf("  %10zu %14.3f %14.3f %14.3f %14.3f\n", o->sizes[at], fh, vh, ff, vf);
+        double pf = ratio(first_mean[at][C_POOL], first_mean[at][C_IPC]);
+        printf("  %10zu %14.3f %14.3f %14.3f %14.3f %14.3f %14.3f\n", o->sizes[at], fh, vh, ph, ff, vf, pf);
         printf("JSON {\"case\":\"ratio\",\"size\":%zu,\"mps\":%s,\"foreign_handoff\":%.4f,\"vmm_handoff\":%.4f,"
-               "\"foreign_first\":%.4f,\"vmm_first\":%.4f}\n",
-               o->sizes[at], mps ? "true" : "false", fh, vh, ff, vf);
+               "\"pool_handoff\":%.4f,\"foreign_first\":%.4f,\"vmm_first\":%.4f,\"pool_first\":%.4f}\n",
+               o->sizes[at], mps ? "true" : "false", fh, vh, ph, ff, vf, pf);
     }
 }
 
@@ -762,7 +799,7 @@ static int producer(const Options *o, const char *tag) {
            "\"sizes\":%u,"
            "\"vmm\":%s,\"transport\":\"%s\"}\n",
            name, driver, o->quick ? "true" : "false", mps ? mps : "", o->n_sizes, vmm ? "true" : "false", transport);
-    if (!vmm) printf("lf_vmm_*: skipped: device 0 has no VMM memory with POSIX fd handles\n");
+    if (!vmm) printf("lf_vmm_*, lf_pool_*: skipped: device 0 has no memory with POSIX fd handles\n");
 
     cu_stream stream = NULL;
     cu_event event_a = NULL;
@@ -779,8 +816,9 @@ static int producer(const Options *o, const char *tag) {
     for (unsigned at = 0; at < o->n_sizes; at++) {
         progress();
         ipc_handoff(o, at, o->sizes[at], event_a, stream);
-        lf_handoff(o, at, o->sizes[at], &lf, 0);
-        if (vmm) lf_handoff(o, at, o->sizes[at], &lf, 1);
+        lf_handoff(o, at, o->sizes[at], &lf, K_LEGACY);
+        if (vmm) lf_handoff(o, at, o->sizes[at], &lf, K_VMM);
+        if (vmm) lf_handoff(o, at, o->sizes[at], &lf, K_POOL);
     }
     printf("\n== first hand-off of a fresh allocation (us), %d allocations per size: total (mean, p50) from the\n"
            "   export's start to the answer back at A; ready: to B holding the pointer; export: A's calls;\n"
@@ -791,8 +829,9 @@ static int producer(const Options *o, const char *tag) {
     for (unsigned at = 0; at < o->n_sizes; at++) {
         progress();
         ipc_first(o, at, o->sizes[at]);
-        lf_first(o, at, o->sizes[at], &lf, 0);
-        if (vmm) lf_first(o, at, o->sizes[at], &lf, 1);
+        lf_first(o, at, o->sizes[at], &lf, K_LEGACY);
+        if (vmm) lf_first(o, at, o->sizes[at], &lf, K_VMM);
+        if (vmm) lf_first(o, at, o->sizes[at], &lf, K_POOL);
     }
     print_ratios(o, mps != NULL);
 
