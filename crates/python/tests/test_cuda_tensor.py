@@ -198,11 +198,12 @@ def test_a_stream_ordered_tensor_is_waited_for_on_the_consumer_s_stream(name, pe
         waited = not s.query()
         gate.touch()
         s.synchronize()
-        # The producer's output says why, where its stream did not hold the consumer's.
-        assert waited, ("the consumer's stream did not wait for the held producer stream", p.wait())
-        assert int(total) == n * 0xC5
+        total = int(total)
         del view
     out = p.wait()
+    # The producer's output says what it sent, where its stream did not hold the consumer's.
+    assert waited, ("the consumer's stream did not wait for the held producer stream", out)
+    assert total == n * 0xC5
     assert "ok" in out and "stream-ordered" in out, out
 
 
