@@ -151,6 +151,11 @@ pub(crate) fn export_pool_pointer(pointer: &CudaPointer) -> Result<(u64, [u8; 64
             pointer.base
         )));
     }
+    // The driver exports an allocation only from a pool that has been shared: before any
+    // export of the pool itself, cuMemPoolExportPointer answers CUDA_ERROR_INVALID_VALUE
+    // (driver 580 on an H200). The pool's fd (made again for each allocation announced, not
+    // for each message) is closed at once.
+    drop(export_pool(pool)?);
     in_context_of(driver, pointer, |driver| {
         let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
         // SAFETY: a valid out-pointer; the base of a live pool allocation (the driver checks).

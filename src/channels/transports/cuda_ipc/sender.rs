@@ -412,19 +412,13 @@ impl Sender {
                 return Ok(found);
             }
             // Freed and re-allocated at the same address: the consumer must never be served
-            // from its import of the old allocation. Its pool stays known while the new one
-            // is announced (most likely of the same pool: a caching allocator's reuse).
+            // from its import of the old allocation. It is forgotten first, and with it its
+            // pool where it was the last allocation of the pool the consumer knew: the driver
+            // gives a pool destroyed and a new one the same handle (and the new allocation the
+            // same address), and the new pool must be announced anew, or the consumer imports
+            // the allocation from the old one (measured on an H200: CUDA_ERROR_INVALID_VALUE).
             let stale = self.allocations.remove(&pointer.base).expect("found above");
-            let pool = stale.pool;
-            if let Some(known) = pool.and_then(|handle| self.pools.get_mut(&handle)) {
-                known.allocations += 1;
-            }
             self.forget(stale, attachments);
-            let announced = self.announce(buffer, pointer, completed, attachments);
-            if let Some(handle) = pool {
-                self.pool_let_go(handle, attachments);
-            }
-            return announced;
         }
         self.announce(buffer, pointer, completed, attachments)
     }
