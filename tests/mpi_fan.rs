@@ -454,8 +454,9 @@ fn a_full_fan_out_refuses_and_a_slow_consumer_is_detached_over_mpi() {
         match world.rank() {
             0 => {
                 let peer = world.peer(2).unwrap().location().clone();
+                // The report names the carrier of the consumer met first: rank 1 over shm and rank
+                // 2 over MPI race to attach, so only the routes of both, once attached, are known.
                 let mut p = Producer::create(&context, name, &mine, &peer, &bounded()).unwrap();
-                assert_eq!(p.transport().kind, TransportKind::Mpi, "the first consumer is expected over MPI");
                 let routes: Vec<_> = wait_consumers(&p, 2).into_iter().map(|c| c.route).collect();
                 assert!(routes.contains(&Some("shm")) && routes.contains(&Some("mpi")), "{routes:?}");
                 std::fs::write(signal("attached"), b"").unwrap();
