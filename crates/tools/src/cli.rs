@@ -8,7 +8,7 @@ use std::fmt::Display;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::CommandFactory;
+use clap::{Command, CommandFactory, FromArgMatches};
 
 /// What separates a list's entries.
 pub const LIST: char = ',';
@@ -64,11 +64,26 @@ pub fn seconds(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} is not a duration: give seconds above 0 and below 600, like 0.5"))
 }
 
+/// `C`'s command as every tool shows it: help text wrapped at 100 columns at most, and an
+/// option given twice taking its last value (as the hand-written parsers before clap did, so
+/// that a script may add to a command line that already names an option).
+pub fn command<C: CommandFactory>() -> Command {
+    C::command().max_term_width(100).args_override_self(true)
+}
+
+/// This process's command line parsed into `C` ([`command`]'s settings); on `--help` the help
+/// and exit status 0, on a mistake clap's message naming it and exit status 2.
+pub fn parse<C: CommandFactory + FromArgMatches>() -> C {
+    let mut command = command::<C>();
+    let matches = command.get_matches_mut();
+    C::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut command).exit())
+}
+
 /// Ends the process as clap does for a value it refuses (the message, the usage, exit status
 /// 2), for what only the options together can refuse: a pair that needs each other, a value
 /// out of the range another setting allows.
 pub fn refuse<C: CommandFactory>(message: impl Display) -> ! {
-    C::command().error(ErrorKind::ValueValidation, message).exit()
+    command::<C>().error(ErrorKind::ValueValidation, message).exit()
 }
 
 #[cfg(test)]
@@ -104,29 +119,29 @@ mod tests {
         assert!(positive("0").unwrap_err().contains("1 or more") && positive("-3").is_err());
     }
 
-    /// Two list options as the tools declare them.
+    /// Two list options as the tools declare them (`ArgAction::Set`: a list is one value, split).
     #[derive(clap::Parser, Debug)]
-    #[command(args_override_self = true)]
     struct Lists {
-        #[arg(long, value_delimiter = LIST, value_parser = nonzero_size)]
+        #[arg(long, value_delimiter = LIST, action = clap::ArgAction::Set, value_parser = nonzero_size)]
         sizes: Vec<usize>,
-        #[arg(long, value_delimiter = LIST, value_parser = count_up_to(8))]
+        #[arg(long, value_delimiter = LIST, action = clap::ArgAction::Set, value_parser = count_up_to(8))]
         producers: Vec<usize>,
     }
 
     #[test]
     fn lists_split_at_commas_and_a_bad_entry_is_named() {
-        use clap::Parser;
-        let lists = Lists::try_parse_from(["t", "--sizes", "8,64K,1M", "--producers", "1,2,4,8"]).expect("parses");
+        let parse =
+            |args: &[&str]| command::<Lists>().try_get_matches_from(args).and_then(|m| Lists::from_arg_matches(&m));
+        let lists = parse(&["t", "--sizes", "8,64K,1M", "--producers", "1,2,4,8"]).expect("parses");
         assert_eq!(lists.sizes, [8, 64 << 10, 1 << 20]);
         assert_eq!(lists.producers, [1, 2, 4, 8]);
-        let last = Lists::try_parse_from(["t", "--sizes", "8,64", "--sizes", "4K"]).expect("parses");
+        let last = parse(&["t", "--sizes", "8,64", "--sizes", "4K"]).expect("parses");
         assert_eq!(last.sizes, [4096], "a repeated option replaces its list, as the hand-written parsers did");
-        let bad = Lists::try_parse_from(["t", "--sizes", "8,4X"]).unwrap_err();
+        let bad = parse(&["t", "--sizes", "8,4X"]).unwrap_err();
         assert_eq!((bad.kind(), bad.exit_code()), (ErrorKind::ValueValidation, 2));
         let text = bad.to_string();
         assert!(text.contains("--sizes") && text.contains("\"4X\" is not a size"), "{text}");
-        let bad = Lists::try_parse_from(["t", "--producers", "1,9"]).unwrap_err().to_string();
+        let bad = parse(&["t", "--producers", "1,9"]).unwrap_err().to_string();
         assert!(bad.contains("--producers") && bad.contains("9 is out of range"), "{bad}");
     }
 

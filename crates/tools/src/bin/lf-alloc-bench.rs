@@ -17,7 +17,7 @@ use lava_flow_tools::cli;
 /// Only the allocation is timed; the buffers are freed in batches outside the timed region.
 /// Run it on a quiet machine.
 #[derive(Parser, Debug)]
-#[command(name = "lf-alloc-bench", bin_name = "lf-alloc-bench", max_term_width = 100, args_override_self = true)]
+#[command(name = "lf-alloc-bench")]
 struct Args {
     /// Print one JSON object instead of the table
     #[arg(long)]
@@ -121,7 +121,7 @@ fn measure(context: &Context, subject: Subject, size: usize, iterations: usize) 
 }
 
 fn main() {
-    let Args { json, iterations } = Args::parse();
+    let Args { json, iterations } = cli::parse::<Args>();
     let mut config = ContextConfig::default();
     // A host without reserved huge pages still gets a (labelled) hugepage row.
     config.hugepage_policy = HugepagePolicy::BestEffort;

@@ -342,13 +342,7 @@ struct GpuRow {
 /// lf-bench --gpu: GPU buffers through a channel between two processes on one GPU, next to
 /// 64-byte messages on the same channels, measured in the same run.
 #[derive(clap::Parser, Debug)]
-#[command(
-    name = "lf-bench",
-    bin_name = "lf-bench",
-    max_term_width = 100,
-    args_override_self = true,
-    override_usage = "lf-bench --gpu [OPTIONS]"
-)]
+#[command(name = "lf-bench", override_usage = "lf-bench --gpu [OPTIONS]")]
 struct GpuArgs {
     /// Measure GPU buffers through channels (this benchmark)
     #[arg(long = "gpu", required = true)]
@@ -362,7 +356,7 @@ struct GpuArgs {
 }
 
 pub(crate) fn main() {
-    let GpuArgs { quick, json, .. } = clap::Parser::parse();
+    let GpuArgs { quick, json, .. } = lava_flow_tools::cli::parse();
     let machine = crate::machine::Machine::probe();
     let tag = format!("lfg{}", std::process::id());
     if std::env::var_os("LF_RUNTIME_DIR").is_none() {

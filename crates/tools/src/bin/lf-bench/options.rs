@@ -13,7 +13,7 @@ use lava_flow_tools::cli::{self, LIST};
 /// measures nothing. The other benchmarks (`--gpu`, `--fan-in`, `--fan-out`, `--fan-out
 /// --gpu`, `--mpi`) take options of their own: see `lf-bench --fan-in --help` and so on.
 #[derive(Parser, Clone, Debug)]
-#[command(name = "lf-bench", bin_name = "lf-bench", max_term_width = 100, args_override_self = true)]
+#[command(name = "lf-bench")]
 pub struct Options {
     /// Fewer sizes and round trips: seconds, not minutes
     #[arg(long)]
@@ -143,7 +143,7 @@ fn default_bw_sizes(quick: bool) -> Vec<usize> {
 }
 
 pub fn options() -> Options {
-    let mut o = Options::parse();
+    let mut o = cli::parse::<Options>();
     if o.from_json.is_some() && o.plot.is_none() {
         cli::refuse::<Options>("--from-json FILE charts a saved result: give --plot DIR too");
     }

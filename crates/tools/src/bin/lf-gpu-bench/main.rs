@@ -51,7 +51,7 @@ const SECTIONS: [&str; 6] = ["alloc", "d2d", "submit", "host", "import", "trim"]
 /// The device: LF_VULKAN_DEVICE=<index|deviceUUID> (default: the first discrete GPU, else the
 /// first device). CUDA baselines: libcuda.so.1 where present (LF_DISABLE_CUDA=1 skips them).
 #[derive(Parser, Debug)]
-#[command(name = "lf-gpu-bench", bin_name = "lf-gpu-bench", max_term_width = 100, args_override_self = true)]
+#[command(name = "lf-gpu-bench")]
 pub struct Options {
     /// One JSON object on stdout instead of the tables
     #[arg(long)]
@@ -261,7 +261,7 @@ fn child(role: Role, args: &ChildArgs) -> ! {
 }
 
 fn main() {
-    let o = Options::parse();
+    let o = cli::parse::<Options>();
     if let Some(role) = o.child.role {
         child(role, &o.child);
     }

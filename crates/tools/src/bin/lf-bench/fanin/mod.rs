@@ -51,11 +51,15 @@ const MAX_PRODUCERS: usize = 8;
 /// the C API (a fan-in channel, the pair channel for one producer as the reference), beside
 /// iceoryx2 and Open MPI with the same protocol, at saturation.
 ///
-/// Under mpirun, `--over mpi` measures the fan-in across host identities instead: `mpirun -np 1
-/// -x LF_HOST_ID=a lf-bench --fan-in --over mpi [OPTIONS] : -np N -x LF_HOST_ID=b lf-bench
-/// --fan-in --over mpi [the same]` (rank 0 consumes; see benchmarks/run-fan-in-mpi.sh).
+/// Under mpirun, `--over mpi` measures the fan-in across host identities instead (rank 0
+/// consumes; see benchmarks/run-fan-in-mpi.sh).
 #[derive(Parser, Clone, Debug)]
-#[command(name = "lf-bench", bin_name = "lf-bench", max_term_width = 100, args_override_self = true)]
+#[command(
+    name = "lf-bench",
+    override_usage = "lf-bench --fan-in [OPTIONS]
+       mpirun -np 1 -x LF_HOST_ID=a lf-bench --fan-in --over mpi [OPTIONS]
+            : -np N -x LF_HOST_ID=b lf-bench --fan-in --over mpi [the same OPTIONS]"
+)]
 pub struct FanInOptions {
     /// Measure many producers to one consumer (this benchmark)
     #[arg(long = "fan-in", required = true)]
@@ -109,7 +113,7 @@ pub enum Over {
 }
 
 fn options() -> FanInOptions {
-    let o = FanInOptions::parse();
+    let o = cli::parse::<FanInOptions>();
     if o.size < MIN_SIZE || o.size > crate::capi::default_pool() {
         cli::refuse::<FanInOptions>(format!(
             "--size {} is out of range: a fan-in message carries its producer's counter and index ({MIN_SIZE} bytes) and fits the default pool",

@@ -40,13 +40,7 @@ const TARGET: f64 = 1.5;
 /// lf-bench --fan-out --gpu: a GPU buffer fanned out by reference to N consumer processes,
 /// against the pair channel's GPU hand-off, in one run.
 #[derive(clap::Parser, Debug)]
-#[command(
-    name = "lf-bench",
-    bin_name = "lf-bench",
-    max_term_width = 100,
-    args_override_self = true,
-    override_usage = "lf-bench --fan-out --gpu [OPTIONS]"
-)]
+#[command(name = "lf-bench", override_usage = "lf-bench --fan-out --gpu [OPTIONS]")]
 struct Options {
     /// Measure one producer to many consumers (with --gpu: of a GPU buffer)
     #[arg(long = "fan-out", required = true)]
@@ -93,7 +87,7 @@ fn strategy(wait: Wait) -> (WaitStrategy, &'static str) {
 }
 
 fn options() -> Options {
-    clap::Parser::parse()
+    cli::parse()
 }
 
 fn gpu_context() -> Context {

@@ -54,13 +54,7 @@ const MAX_CONSUMERS: usize = 8;
 ///
 /// `lf-bench --fan-out --gpu` fans a GPU buffer out instead (see lf-bench --fan-out --gpu --help).
 #[derive(Parser, Clone, Debug)]
-#[command(
-    name = "lf-bench",
-    bin_name = "lf-bench",
-    max_term_width = 100,
-    args_override_self = true,
-    override_usage = "lf-bench --fan-out [OPTIONS]"
-)]
+#[command(name = "lf-bench", override_usage = "lf-bench --fan-out [OPTIONS]")]
 pub struct FanOutOptions {
     /// Measure one producer to many consumers (this benchmark)
     #[arg(long = "fan-out", required = true)]
@@ -127,7 +121,7 @@ fn check_size(size: usize, what: &str) {
 }
 
 fn options() -> FanOutOptions {
-    let o = FanOutOptions::parse();
+    let o = cli::parse::<FanOutOptions>();
     check_size(o.size, "--size");
     if o.small != 0 {
         check_size(o.small, "--small-size");

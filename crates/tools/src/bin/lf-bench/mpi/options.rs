@@ -14,9 +14,6 @@ pub(super) const WINDOW_BYTES: usize = 128 << 20;
 #[derive(Parser, Clone, Debug)]
 #[command(
     name = "lf-bench",
-    bin_name = "lf-bench",
-    max_term_width = 100,
-    args_override_self = true,
     override_usage = "mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [OPTIONS] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [OPTIONS]"
 )]
 pub(super) struct Options {
@@ -52,7 +49,7 @@ pub(super) struct Options {
 }
 
 pub(super) fn options() -> Options {
-    let o = Options::parse();
+    let o = cli::parse::<Options>();
     if let Some(&bad) = o.sizes.iter().find(|&&s| s > i32::MAX as usize) {
         cli::refuse::<Options>(format!("size {bad} is out of range (1 byte to 2 GiB - 1)"));
     }
