@@ -74,32 +74,33 @@ pub struct Options {
 }
 
 /// The part of the bench that must happen in a fresh process: the bench runs itself as a
-/// child with these (`util::run_child`). Hidden from --help.
+/// child with these (`util::run_child`). Hidden from --help; none is taken without `--child`.
 #[derive(clap::Args, Debug, Default)]
+#[group(id = "child-args", multiple = true, requires = "role")]
 pub struct ChildArgs {
     /// The child's part: time the first allocations, or import the parent's exports
     #[arg(long = "child", value_enum, hide = true)]
     pub role: Option<Role>,
     /// The parent's device, by its deviceUUID in hex
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub uuid: Option<String>,
     /// Which import goes first: lava-flow-first or driver-first
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub order: Option<String>,
     /// The inherited descriptor of lava-flow's export
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub lf_fd: Option<i32>,
     /// lava-flow's export description, in hex
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub lf_desc: Option<String>,
     /// The inherited descriptor of the driver's export
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub driver_fd: Option<i32>,
     /// The driver's export description, in hex
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub driver_desc: Option<String>,
     /// The CUDA IPC handle of the same size, in hex
-    #[arg(long, hide = true, requires = "role")]
+    #[arg(long, hide = true)]
     pub cuda_ipc: Option<String>,
 }
 
