@@ -339,7 +339,24 @@ struct GpuRow {
     unit: &'static str,
 }
 
-pub(crate) fn main(quick: bool, json: bool) {
+/// lf-bench --gpu: GPU buffers through a channel between two processes on one GPU, next to
+/// 64-byte messages on the same channels, measured in the same run.
+#[derive(clap::Parser, Debug)]
+#[command(name = "lf-bench", override_usage = "lf-bench --gpu [OPTIONS]")]
+struct GpuArgs {
+    /// Measure GPU buffers through channels (this benchmark)
+    #[arg(long = "gpu", required = true)]
+    _gpu: bool,
+    /// 2,000 round trips per case instead of 20,000
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn main() {
+    let GpuArgs { quick, json, .. } = lava_flow_tools::cli::parse();
     let machine = crate::machine::Machine::probe();
     let tag = format!("lfg{}", std::process::id());
     if std::env::var_os("LF_RUNTIME_DIR").is_none() {

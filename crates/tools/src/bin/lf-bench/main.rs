@@ -72,7 +72,7 @@ mod table;
 
 use config::Config;
 use floors::{CopyFloorMem, EventFds, Rings, TouchFloor};
-use options::{die, options, Options};
+use options::{die, options, Benchmarks, Options};
 use peers::Peers;
 use pingpong::SpinLine;
 
@@ -174,9 +174,11 @@ fn plot_into(dir: &std::path::Path, written: Result<Vec<std::path::PathBuf>, Str
     }
 }
 
-/// `--gpu`, `--mpi`, `--fan-in` and `--fan-out` are benchmarks of their own.
+/// `--gpu`, `--mpi`, `--fan-in` and `--fan-out` are benchmarks of their own, each with its own
+/// command line.
 fn other_benchmarks() {
-    if std::env::args().any(|a| a == "--fan-out") && std::env::args().any(|a| a == "--gpu") {
+    let chosen = Benchmarks::chosen();
+    if chosen.fan_out && chosen.gpu {
         #[cfg(feature = "vulkan")]
         {
             fanout::gpu::main();
@@ -185,24 +187,24 @@ fn other_benchmarks() {
         #[cfg(not(feature = "vulkan"))]
         die("this lf-bench was built without the cargo feature `vulkan`");
     }
-    if std::env::args().any(|a| a == "--fan-out") {
+    if chosen.fan_out {
         fanout::main();
         std::process::exit(0);
     }
-    if std::env::args().any(|a| a == "--fan-in") {
+    if chosen.fan_in {
         fanin::main();
         std::process::exit(0);
     }
-    if std::env::args().any(|a| a == "--gpu") {
+    if chosen.gpu {
         #[cfg(feature = "vulkan")]
         {
-            gpu::main(std::env::args().any(|a| a == "--quick"), std::env::args().any(|a| a == "--json"));
+            gpu::main();
             std::process::exit(0);
         }
         #[cfg(not(feature = "vulkan"))]
         die("this lf-bench was built without the cargo feature `vulkan`");
     }
-    if std::env::args().any(|a| a == "--mpi") {
+    if chosen.mpi {
         #[cfg(feature = "mpi")]
         {
             mpi::main();

@@ -1,45 +1,99 @@
-//! lf-bench's command line, the size lists and how many round trips each case gets.
+//! lf-bench's command line (clap, with the value syntax of `lava_flow_tools::cli`), the size
+//! lists and how many round trips each case gets.
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: lf-bench [--quick] [--json] [--json-out FILE] [--plot DIR] [--sizes LIST] [--bw-sizes LIST]
-                [--iters N] [--modes capi,busy,block] [--payloads zero-copy,touch,buffer,buf-touch,copy]
-                [--window W] [--no-pin] [--no-peers] [--iceoryx2 PATH] [--mpi-pingpong PATH]
-       lf-bench --plot DIR --from-json FILE   (charts of a saved --json / --json-out result; measures nothing)
-       lf-bench --gpu [--quick] [--json]
-       lf-bench --fan-in [--quick] [--json] [--json-out FILE] [--size 64] [--producers 1,2,4,8] [--warm S] [--window S]
-                [--no-pin] [--no-peers] [--iceoryx2-fanin PATH] [--mpi-fanin PATH]
-       lf-bench --fan-out [--quick] [--json] [--json-out FILE] [--size 1M] [--small-size 64] [--consumers 1,2,4,8]
-                [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanout PATH]
-       mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [...] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [...]   (see lf-bench --mpi --help)";
+use clap::{ArgAction, Parser};
+use lava_flow_tools::cli::{self, LIST};
 
-#[derive(Clone, Debug)]
+/// lf-bench: lava-flow's channels between two processes, beside the machine's floors and the
+/// peers a user would compare them with (iceoryx2, Open MPI), all measured in one run.
+///
+/// `lf-bench --plot DIR --from-json FILE` charts a saved `--json` / `--json-out` result and
+/// measures nothing. The other benchmarks (`--gpu`, `--fan-in`, `--fan-out`, `--fan-out
+/// --gpu`, `--mpi`) take options of their own: see `lf-bench --fan-in --help` and so on.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "lf-bench")]
 pub struct Options {
+    /// Fewer sizes and round trips: seconds, not minutes
+    #[arg(long)]
     pub quick: bool,
-    /// Print JSON instead of text.
+    /// Print one JSON object instead of text
+    #[arg(long)]
     pub json: bool,
-    /// Also write the JSON to this file (the text still goes to stdout).
+    /// Also write the JSON to this file (the text still goes to stdout)
+    #[arg(long, value_name = "FILE")]
     pub json_out: Option<PathBuf>,
-    /// Write the charts (SVG and PNG) into this directory.
+    /// Write the charts (latency and bandwidth against size, SVG and PNG) into this directory
+    #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
-    /// Chart this saved JSON result instead of measuring.
+    /// Chart this saved JSON result instead of measuring (with --plot DIR)
+    #[arg(long, value_name = "FILE")]
     pub from_json: Option<PathBuf>,
-    /// Latency sizes: the headline's untouched rows take those up to [`SMALL_MAX`], its touched
-    /// rows those from [`TOUCH_MIN`]; the Rust API rows take them all.
+    /// Latency sizes, like 8,64,1K,64M (default 8 B to 64 MiB, fewer with --quick); the
+    /// headline's untouched rows take those up to 64 B, its touched rows those from 64 B
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set, value_parser = cli::nonzero_size)]
     pub sizes: Vec<usize>,
+    /// Bandwidth sizes of the Rust API rows, like 1M,16M (default 4K to 64M; 64K,1M,16M with --quick)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set, value_parser = cli::nonzero_size)]
     pub bw_sizes: Vec<usize>,
+    /// Timed round trips per latency case (default: by size, a byte budget for large ones)
+    #[arg(long, value_name = "N")]
     pub iters: Option<usize>,
-    /// `capi` (the headline: the C API, its floors and the peers), `busy`, `block` (the
-    /// Rust API rows).
+    /// What to measure: capi (the headline: the C API, its floors and the peers), busy, block
+    /// (the Rust API rows)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          default_value = "capi,busy,block", value_parser = ["capi", "busy", "block"])]
     pub modes: Vec<String>,
-    /// Payload kinds of the Rust API rows (names as `Payload::name`); empty: all.
+    /// Payload kinds of the Rust API rows (default: all)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          value_parser = ["zero-copy", "touch", "buffer", "buf-touch", "copy"])]
     pub payloads: Vec<String>,
+    /// Messages in flight in a bandwidth window of the Rust API rows
+    #[arg(long, value_name = "W", default_value_t = 16)]
     pub window: usize,
+    /// Leave the two processes unpinned (default: cores 0 and 1)
+    #[arg(long = "no-pin", action = ArgAction::SetFalse)]
     pub pin: bool,
-    /// Run iceoryx2 and Open MPI beside the headline rows.
+    /// Measure lava-flow alone: no iceoryx2 or Open MPI beside the headline rows
+    #[arg(long = "no-peers", action = ArgAction::SetFalse)]
     pub peers: bool,
+    /// The iceoryx2 ping-pong to run beside the headline (default: found beside lf-bench)
+    #[arg(long, value_name = "PATH")]
     pub iceoryx2: Option<PathBuf>,
+    /// The Open MPI ping-pong to run beside the headline (default: found beside lf-bench)
+    #[arg(long, value_name = "PATH")]
     pub mpi_pingpong: Option<PathBuf>,
+    /// The other benchmarks, listed here for --help; main() picks one before this parse.
+    #[command(flatten)]
+    _benchmarks: Benchmarks,
+}
+
+/// lf-bench's other benchmarks: each parses a command line of its own, so which one runs is
+/// decided by these flags alone, before any other option is read.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct Benchmarks {
+    /// GPU buffers through channels between two processes instead (see lf-bench --gpu --help)
+    #[arg(long)]
+    pub gpu: bool,
+    /// Many producers to one consumer instead (see lf-bench --fan-in --help)
+    #[arg(long = "fan-in")]
+    pub fan_in: bool,
+    /// One producer to many consumers instead; with --gpu, a GPU buffer fanned out (see
+    /// lf-bench --fan-out --help)
+    #[arg(long = "fan-out")]
+    pub fan_out: bool,
+    /// Channels between two MPI ranks against raw MPI, under mpirun (see lf-bench --mpi --help)
+    #[arg(long)]
+    pub mpi: bool,
+}
+
+impl Benchmarks {
+    /// The benchmark flags on this process's command line, wherever they stand.
+    pub fn chosen() -> Benchmarks {
+        let given = |flag: &str| std::env::args().skip(1).any(|a| a == flag);
+        Benchmarks { gpu: given("--gpu"), fan_in: given("--fan-in"), fan_out: given("--fan-out"), mpi: given("--mpi") }
+    }
 }
 
 /// Small messages: the headline's untouched rows go up to this size.
@@ -50,11 +104,6 @@ pub const TOUCH_MIN: usize = 64;
 pub fn die(msg: &str) -> ! {
     eprintln!("lf-bench: {msg}");
     std::process::exit(2)
-}
-
-/// A size as `8`, `64K`, `1M`; exits on a malformed one.
-pub fn parse_size(s: &str) -> usize {
-    crate::pingpong::parse_size(s).unwrap_or_else(|e| die(&e))
 }
 
 pub fn human(size: usize) -> String {
@@ -94,71 +143,15 @@ fn default_bw_sizes(quick: bool) -> Vec<usize> {
 }
 
 pub fn options() -> Options {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options {
-        quick: false,
-        json: false,
-        json_out: None,
-        plot: None,
-        from_json: None,
-        sizes: vec![],
-        bw_sizes: vec![],
-        iters: None,
-        modes: vec!["capi".into(), "busy".into(), "block".into()],
-        payloads: vec![],
-        window: 16,
-        pin: true,
-        peers: true,
-        iceoryx2: None,
-        mpi_pingpong: None,
-    };
-    let mut i = 0;
-    let value = |i: &mut usize| -> String {
-        *i += 1;
-        args.get(*i).cloned().unwrap_or_else(|| die("option needs a value"))
-    };
-    let list = |v: String| -> Vec<usize> { v.split(',').map(parse_size).collect() };
-    while i < args.len() {
-        match args[i].as_str() {
-            "--quick" => o.quick = true,
-            "--json" => o.json = true,
-            "--json-out" => o.json_out = Some(value(&mut i).into()),
-            "--plot" => o.plot = Some(value(&mut i).into()),
-            "--from-json" => o.from_json = Some(value(&mut i).into()),
-            "--no-pin" => o.pin = false,
-            "--no-peers" => o.peers = false,
-            "--iceoryx2" => o.iceoryx2 = Some(value(&mut i).into()),
-            "--mpi-pingpong" => o.mpi_pingpong = Some(value(&mut i).into()),
-            "--sizes" => o.sizes = list(value(&mut i)),
-            "--bw-sizes" => o.bw_sizes = list(value(&mut i)),
-            "--iters" => o.iters = Some(value(&mut i).parse().unwrap_or_else(|_| die("bad --iters"))),
-            "--modes" => o.modes = value(&mut i).split(',').map(str::to_owned).collect(),
-            "--payloads" => o.payloads = value(&mut i).split(',').map(str::to_owned).collect(),
-            "--window" => o.window = value(&mut i).parse().unwrap_or_else(|_| die("bad --window")),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => die(&format!("unknown option {other}")),
-        }
-        i += 1;
-    }
+    let mut o = cli::parse::<Options>();
     if o.from_json.is_some() && o.plot.is_none() {
-        die("--from-json FILE charts a saved result: give --plot DIR too");
+        cli::refuse::<Options>("--from-json FILE charts a saved result: give --plot DIR too");
     }
     if o.sizes.is_empty() {
         o.sizes = default_sizes(o.quick);
     }
     if o.bw_sizes.is_empty() {
         o.bw_sizes = default_bw_sizes(o.quick);
-    }
-    if let Some(bad) = o.sizes.iter().chain(&o.bw_sizes).find(|&&s| s == 0) {
-        die(&format!("size {bad} is out of range (at least 1 byte)"));
-    }
-    for m in &o.modes {
-        if !matches!(m.as_str(), "capi" | "busy" | "block") {
-            die(&format!("unknown mode {m}; use capi (the C API headline), busy, block (the Rust API rows)"));
-        }
     }
     o
 }

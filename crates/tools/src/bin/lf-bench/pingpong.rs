@@ -134,18 +134,6 @@ impl SpinLine {
     }
 }
 
-/// `8`, `64K`, `1M`, `1G` (powers of two) as bytes.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K') | Some('k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M') | Some('m') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') | Some('g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().map(|n| n * mult).map_err(|_| format!("bad size {s:?}"))
-}
-
 /// Pins the calling thread (the whole process, before it starts others) to one core.
 pub fn pin_to(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.

@@ -1,22 +1,15 @@
-//! What the fan-in and fan-out benchmarks share: their options' values (peer counts, seconds)
-//! and how their processes spread over the machine's cores, in words.
+//! What the fan-in and fan-out benchmarks share: the wait strategies their options name, and
+//! how their processes spread over the machine's cores, in words.
 
-use std::time::Duration;
-
-use crate::options::die;
-
-/// A `--producers` / `--consumers` list, like `1,2,4,8`.
-pub fn counts(value: &str, flag: &str) -> Vec<usize> {
-    value.split(',').map(|n| n.parse().unwrap_or_else(|_| die(&format!("bad {flag} entry {n:?}")))).collect()
-}
-
-/// A `--warm` / `--window` value in seconds.
-pub fn seconds(v: String, what: &str) -> Duration {
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| *s > 0.0 && *s < 600.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or_else(|| die(&format!("bad {what} {v:?}: give seconds, like 0.5")))
+/// The wait strategy of a fan-out's lava-flow rows (`--wait`), where not the default one.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Busy-poll
+    Busy,
+    /// Spin, then block
+    Spin,
+    /// Block
+    Block,
 }
 
 /// How the processes share `cores`: the `one` process (the fan-in's consumer, the fan-out's

@@ -12,7 +12,7 @@ use lava_flow::Error;
 use serde_json::{json, Value};
 
 use crate::util::{brief, child_reply, from_hex, median, num, percentile, run_child, size_name, to_hex, us, KIB, MIB};
-use crate::Bench;
+use crate::{Bench, ChildArgs};
 
 const ALLOC_SIZE: u64 = 64 * KIB;
 
@@ -144,22 +144,17 @@ pub fn run(b: &Bench) -> Result<(Value, AllocSummary), Error> {
     Ok((json, summary))
 }
 
-/// The value after `name` among a child's arguments.
-pub fn child_arg<'a>(args: &'a [String], name: &str) -> Result<&'a str, String> {
-    let i = args.iter().position(|a| a == name).ok_or_else(|| format!("the child needs {name}"))?;
-    args.get(i + 1).map(String::as_str).ok_or_else(|| format!("{name} needs a value"))
-}
-
 /// The device the parent uses, by its deviceUUID (`--uuid HEX`).
-pub fn child_device(args: &[String]) -> Result<VulkanDevice, String> {
-    let uuid: [u8; 16] =
-        from_hex(child_arg(args, "--uuid")?)?.try_into().map_err(|_| "--uuid needs 16 bytes".to_string())?;
+pub fn child_device(args: &ChildArgs) -> Result<VulkanDevice, String> {
+    let uuid: [u8; 16] = from_hex(ChildArgs::need(&args.uuid, "--uuid")?)?
+        .try_into()
+        .map_err(|_| "--uuid needs 16 bytes".to_string())?;
     VulkanDevice::open(&GpuConfig::with_device(DeviceSelector::Uuid(uuid))).map_err(|e| e.to_string())
 }
 
 /// `--child first-alloc --uuid HEX`: times the first allocation of each kind in this fresh
 /// process and prints them as JSON.
-pub fn child_first_alloc(args: &[String]) -> Result<(), String> {
+pub fn child_first_alloc(args: &ChildArgs) -> Result<(), String> {
     let start = Instant::now();
     let device = child_device(args)?;
     let device_open = us(start.elapsed());

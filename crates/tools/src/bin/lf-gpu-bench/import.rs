@@ -32,10 +32,10 @@ use lava_flow::memory::gpu::{
 use lava_flow::Error;
 use serde_json::{json, Value};
 
-use crate::alloc::{child_arg, child_device};
+use crate::alloc::child_device;
 use crate::cuda::{Cuda, IPC_HANDLE_SIZE};
 use crate::util::{brief, child_reply, from_hex, median, num, run_child, size_name, to_hex, us, GIB, MIB};
-use crate::Bench;
+use crate::{Bench, ChildArgs};
 
 pub struct ImportSummary {
     /// lava-flow's first import (ms, median over the children where it ran first) per size.
@@ -215,10 +215,11 @@ pub fn run(b: &Bench) -> Result<(Value, ImportSummary), Error> {
 }
 
 /// An export whose fd this process inherited: `--<name>-fd N --<name>-desc HEX`.
-fn inherited_export(args: &[String], name: &str) -> Result<GpuExport, String> {
-    let desc = GpuExportDesc::from_bytes(&from_hex(child_arg(args, &format!("--{name}-desc"))?)?)
+fn inherited_export(args: &ChildArgs, name: &str) -> Result<GpuExport, String> {
+    let (fd, desc) = if name == "lf" { (&args.lf_fd, &args.lf_desc) } else { (&args.driver_fd, &args.driver_desc) };
+    let desc = GpuExportDesc::from_bytes(&from_hex(ChildArgs::need(desc, &format!("--{name}-desc"))?)?)
         .map_err(|e| e.to_string())?;
-    let fd: i32 = child_arg(args, &format!("--{name}-fd"))?.parse().map_err(|e| format!("--{name}-fd: {e}"))?;
+    let fd = *ChildArgs::need(fd, &format!("--{name}-fd"))?;
     // SAFETY: F_GETFD only reads the descriptor's flags; it fails for a closed number.
     if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(format!("--{name}-fd {fd} is not an open descriptor of this process"));
@@ -296,16 +297,16 @@ fn raw_import<'d>(device: &'d VulkanDevice, export: GpuExport) -> Result<RawImpo
 
 /// `--child import ...`: see the module's documentation. Prints the timings as JSON; a part
 /// that fails is reported as `<key>_error` and the others still run.
-pub fn child_import(args: &[String]) -> Result<(), String> {
-    let order = child_arg(args, "--order")?.to_string();
+pub fn child_import(args: &ChildArgs) -> Result<(), String> {
+    let order = ChildArgs::need(&args.order, "--order")?.clone();
     let lf_export = inherited_export(args, "lf")?;
     let driver_export = inherited_export(args, "driver")?;
-    let cuda_handle = match child_arg(args, "--cuda-ipc") {
-        Ok(hex) => Some(
+    let cuda_handle = match &args.cuda_ipc {
+        Some(hex) => Some(
             <[u8; IPC_HANDLE_SIZE]>::try_from(from_hex(hex)?)
                 .map_err(|_| format!("--cuda-ipc needs {IPC_HANDLE_SIZE} bytes"))?,
         ),
-        Err(_) => None,
+        None => None,
     };
     let device = child_device(args)?;
     let mut reply = serde_json::Map::new();

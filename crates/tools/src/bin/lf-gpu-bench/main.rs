@@ -19,8 +19,8 @@
 //! CUDA (`cuda.rs`) is loaded at run time: without it (no NVIDIA driver, or
 //! `LF_DISABLE_CUDA=1`) the CUDA rows say why they are missing and everything else runs.
 //! A baseline or case that fails is reported as such and the run goes on. The bench runs
-//! itself as a child (`--child first-alloc`, `--child import`) for what must happen in a
-//! fresh process. `--json` prints one JSON object (rows, targets, machine) instead of text.
+//! itself as a child (`--child first-alloc`, `--child import`: hidden options, `ChildArgs`)
+//! for what must happen in a fresh process. `--json` prints one JSON object (rows, targets, machine) instead of text.
 
 mod alloc;
 mod cuda;
@@ -31,64 +31,91 @@ mod submit;
 mod targets;
 mod util;
 
+use clap::{ArgAction, Parser};
 use lava_flow::memory::gpu::{
     format_uuid, DeviceType, GpuAllocator, GpuAllocatorConfig, GpuConfig, GpuImporter, VulkanDevice,
 };
 use lava_flow::Error;
+use lava_flow_tools::cli::{self, LIST};
 use serde_json::{json, Value};
 
 use cuda::Cuda;
-use util::{child_reply, parse_size, size_name, GIB, MIB};
-
-const USAGE: &str = "usage: lf-gpu-bench [--json] [--quick] [--max-size BYTES (e.g. 256M)] [--reps N]
-  --quick     small sizes and few repetitions (for CI: under a minute on lavapipe)
-  --max-size  largest copy (default 1G on a GPU; 64M with --quick or on a CPU driver)
-  --reps      repetitions of each copy case (default 30/15, 7 for host transfers, 5/3 with --quick)
-  --json      one JSON object on stdout instead of the tables
-  --only      comma-separated sections to run (default all): alloc,d2d,submit,host,import,trim
-device: LF_VULKAN_DEVICE=<index|deviceUUID> (default: first discrete GPU, else first device)
-CUDA baselines: libcuda.so.1 when present (LF_DISABLE_CUDA=1 skips them)";
-
-pub struct Options {
-    pub json: bool,
-    pub quick: bool,
-    pub max_size: Option<u64>,
-    pub reps: Option<usize>,
-    /// The sections to run; empty: all.
-    pub only: Vec<String>,
-}
+use util::{child_reply, size_name, GIB, MIB};
 
 const SECTIONS: [&str; 6] = ["alloc", "d2d", "submit", "host", "import", "trim"];
 
-fn options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options { json: false, quick: false, max_size: None, reps: None, only: Vec::new() };
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--json" => o.json = true,
-            "--quick" => o.quick = true,
-            "--max-size" => o.max_size = Some(parse_size(args.next().ok_or("--max-size needs a value")?)?),
-            "--reps" => {
-                let n: usize =
-                    args.next().ok_or("--reps needs a value")?.parse().map_err(|e| format!("--reps: {e}"))?;
-                o.reps = Some(n.max(1));
-            }
-            "--only" => {
-                for name in args.next().ok_or("--only needs a list of sections")?.split(',') {
-                    if !SECTIONS.contains(&name) {
-                        return Err(format!("--only: unknown section {name:?} (sections: {})", SECTIONS.join(",")));
-                    }
-                    o.only.push(name.to_string());
-                }
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
+/// lf-gpu-bench: lava-flow's GPU memory against the hardware's baselines, measured in the same
+/// run: allocation, device-to-device copies, host transfers, the first import in another
+/// process, one round trip taken apart, and the memory given back.
+///
+/// The device: LF_VULKAN_DEVICE=<index|deviceUUID> (default: the first discrete GPU, else the
+/// first device). CUDA baselines: libcuda.so.1 where present (LF_DISABLE_CUDA=1 skips them).
+#[derive(Parser, Debug)]
+#[command(name = "lf-gpu-bench")]
+pub struct Options {
+    /// One JSON object on stdout instead of the tables
+    #[arg(long)]
+    pub json: bool,
+    /// Small sizes and few repetitions (for CI: under a minute on lavapipe)
+    #[arg(long)]
+    pub quick: bool,
+    /// Largest copy, like 256M (default 1G on a GPU; 64M with --quick or on a CPU driver)
+    #[arg(long, value_name = "BYTES", value_parser = cli::nonzero_size)]
+    pub max_size: Option<usize>,
+    /// Repetitions of each copy case (default 30/15, 7 for host transfers, 5/3 with --quick)
+    #[arg(long, value_name = "N", value_parser = cli::positive)]
+    pub reps: Option<usize>,
+    /// Sections to run, like d2d,host (default: all)
+    #[arg(long, value_name = "SECTIONS", value_delimiter = LIST, action = ArgAction::Set, value_parser = SECTIONS)]
+    pub only: Vec<String>,
+    /// What a child process the bench started is here for (never given by hand).
+    #[command(flatten)]
+    child: ChildArgs,
+}
+
+/// The part of the bench that must happen in a fresh process: the bench runs itself as a
+/// child with these (`util::run_child`). Hidden from --help; none is taken without `--child`.
+#[derive(clap::Args, Debug, Default)]
+#[group(id = "child-args", multiple = true, requires = "role")]
+pub struct ChildArgs {
+    /// The child's part: time the first allocations, or import the parent's exports
+    #[arg(long = "child", value_enum, hide = true)]
+    pub role: Option<Role>,
+    /// The parent's device, by its deviceUUID in hex
+    #[arg(long, hide = true)]
+    pub uuid: Option<String>,
+    /// Which import goes first: lava-flow-first or driver-first
+    #[arg(long, hide = true)]
+    pub order: Option<String>,
+    /// The inherited descriptor of lava-flow's export
+    #[arg(long, hide = true)]
+    pub lf_fd: Option<i32>,
+    /// lava-flow's export description, in hex
+    #[arg(long, hide = true)]
+    pub lf_desc: Option<String>,
+    /// The inherited descriptor of the driver's export
+    #[arg(long, hide = true)]
+    pub driver_fd: Option<i32>,
+    /// The driver's export description, in hex
+    #[arg(long, hide = true)]
+    pub driver_desc: Option<String>,
+    /// The CUDA IPC handle of the same size, in hex
+    #[arg(long, hide = true)]
+    pub cuda_ipc: Option<String>,
+}
+
+/// What a child process does.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    FirstAlloc,
+    Import,
+}
+
+impl ChildArgs {
+    /// A value the child needs, or why it cannot go on without it.
+    pub fn need<'a, T>(value: &'a Option<T>, name: &str) -> Result<&'a T, String> {
+        value.as_ref().ok_or_else(|| format!("the child needs {name}"))
     }
-    Ok(o)
 }
 
 /// What every section uses: the options, the device and its allocators, and CUDA (or why
@@ -158,7 +185,7 @@ fn run(o: Options) -> Result<Value, Error> {
     let info = device.info().clone();
     let cuda = Cuda::open(&info.device_uuid);
     let cpu_device = info.device_type == DeviceType::Cpu;
-    let max_size = o.max_size.unwrap_or(if cpu_device || o.quick { 64 * MIB } else { GIB });
+    let max_size = o.max_size.map_or(if cpu_device || o.quick { 64 * MIB } else { GIB }, |s| s as u64);
     let exportable = GpuAllocator::new(&device, GpuAllocatorConfig::default())?;
     let plain = GpuAllocator::new(&device, GpuAllocatorConfig { exportable: false, ..GpuAllocatorConfig::default() })?;
     let importer = GpuImporter::new(&device);
@@ -219,12 +246,11 @@ fn run(o: Options) -> Result<Value, Error> {
     }))
 }
 
-/// `--child <what> ...`: the parts that need a fresh process.
-fn child(args: &[String]) -> ! {
-    let result = match args.first().map(String::as_str) {
-        Some("first-alloc") => alloc::child_first_alloc(&args[1..]),
-        Some("import") => import::child_import(&args[1..]),
-        other => Err(format!("unknown child {other:?}")),
+/// `--child <role> ...`: the parts that need a fresh process.
+fn child(role: Role, args: &ChildArgs) -> ! {
+    let result = match role {
+        Role::FirstAlloc => alloc::child_first_alloc(args),
+        Role::Import => import::child_import(args),
     };
     match result {
         Ok(()) => std::process::exit(0),
@@ -236,17 +262,10 @@ fn child(args: &[String]) -> ! {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--child") {
-        child(&args[1..]);
+    let o = cli::parse::<Options>();
+    if let Some(role) = o.child.role {
+        child(role, &o.child);
     }
-    let o = match options(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("lf-gpu-bench: {e}");
-            std::process::exit(2);
-        }
-    };
     let json_out = o.json;
     match run(o) {
         Ok(report) => {

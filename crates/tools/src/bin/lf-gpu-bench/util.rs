@@ -52,22 +52,6 @@ pub fn size_name(bytes: u64) -> String {
     }
 }
 
-/// `1M`, `256MiB`, `1G`, `4096` as bytes.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim().to_ascii_lowercase();
-    let (digits, scale) = if let Some(d) = t.strip_suffix("gib").or_else(|| t.strip_suffix('g')) {
-        (d, GIB)
-    } else if let Some(d) = t.strip_suffix("mib").or_else(|| t.strip_suffix('m')) {
-        (d, MIB)
-    } else if let Some(d) = t.strip_suffix("kib").or_else(|| t.strip_suffix('k')) {
-        (d, KIB)
-    } else {
-        (t.as_str(), 1)
-    };
-    let n = digits.trim().parse::<u64>().map_err(|e| format!("size {text:?}: {e}"))?;
-    n.checked_mul(scale).filter(|&b| b > 0).ok_or_else(|| format!("size {text:?} is out of range"))
-}
-
 /// Seconds taken by `f`, host wall clock.
 pub fn timed<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<(f64, T), E> {
     let start = Instant::now();
@@ -217,16 +201,6 @@ pub fn block(reps: usize, round: usize) -> impl Iterator<Item = (usize, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("1M"), Ok(MIB));
-        assert_eq!(parse_size("256MiB"), Ok(256 * MIB));
-        assert_eq!(parse_size("1g"), Ok(GIB));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("x").is_err());
-    }
 
     #[test]
     fn hex_round_trips() {

@@ -33,98 +33,92 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{ArgAction, Parser};
 use lava_flow_c_api::channel_config::lf_channel_kind;
+use lava_flow_tools::cli::{self, LIST};
 use serde_json::Value;
 
 use crate::machine::Machine;
 use crate::options::die;
 use crate::peers::Peer;
-use crate::spread::{counts, seconds};
 use gather::{cores_allowed, producer_core, Control, MIN_SIZE};
 use peers::FanInPeers;
-
-pub const USAGE: &str =
-    "usage: lf-bench --fan-in [--quick] [--json] [--json-out FILE] [--size 64] [--producers 1,2,4,8]
-                      [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanin PATH] [--mpi-fanin PATH]
-       mpirun -np 1 -x LF_HOST_ID=a lf-bench --fan-in --over mpi [--quick] [--json] [--size 64] [--warm S] [--window S] [--no-pin]
-            : -np N -x LF_HOST_ID=b lf-bench --fan-in --over mpi [the same]   (rank 0 consumes; see benchmarks/run-fan-in-mpi.sh)";
 
 /// The most producers a case takes: the default `max_peers` of a fan-in.
 const MAX_PRODUCERS: usize = 8;
 
-#[derive(Clone, Debug)]
+/// lf-bench --fan-in: many producers to one consumer, each in a process of its own, through
+/// the C API (a fan-in channel, the pair channel for one producer as the reference), beside
+/// iceoryx2 and Open MPI with the same protocol, at saturation.
+///
+/// Under mpirun, `--over mpi` measures the fan-in across host identities instead (rank 0
+/// consumes; see benchmarks/run-fan-in-mpi.sh).
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "lf-bench",
+    override_usage = "lf-bench --fan-in [OPTIONS]
+       mpirun -np 1 -x LF_HOST_ID=a lf-bench --fan-in --over mpi [OPTIONS]
+            : -np N -x LF_HOST_ID=b lf-bench --fan-in --over mpi [the same OPTIONS]"
+)]
 pub struct FanInOptions {
+    /// Measure many producers to one consumer (this benchmark)
+    #[arg(long = "fan-in", required = true)]
+    _fan_in: bool,
+    /// A short warm-up and window (0.1 s and 0.5 s)
+    #[arg(long)]
     pub quick: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
     pub json: bool,
+    /// Also write the JSON to this file (the text still goes to stdout)
+    #[arg(long, value_name = "FILE")]
     pub json_out: Option<PathBuf>,
+    /// Bytes per message: at least the producer's counter and index, at most the default pool
+    #[arg(long, value_name = "BYTES", default_value = "64", value_parser = cli::size)]
     pub size: usize,
+    /// Producer counts, one case each, like 1,2,4,8 (1 to 8: a fan-in's default max_peers)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          default_value = "1,2,4,8", value_parser = cli::count_up_to(MAX_PRODUCERS))]
     pub producers: Vec<usize>,
+    /// Seconds of warm-up before each case's timed window (0.1 with --quick)
+    #[arg(long, value_name = "S", value_parser = cli::seconds, default_value = "0.3",
+          default_value_if("quick", "true", Some("0.1")))]
     pub warm: Duration,
+    /// Seconds of each case's timed window (0.5 with --quick)
+    #[arg(long, value_name = "S", value_parser = cli::seconds, default_value = "2",
+          default_value_if("quick", "true", Some("0.5")))]
     pub window: Duration,
+    /// Leave the processes unpinned (default: the consumer on core 0, the producers on the others)
+    #[arg(long = "no-pin", action = ArgAction::SetFalse)]
     pub pin: bool,
+    /// Measure lava-flow alone: no iceoryx2 or Open MPI rows
+    #[arg(long = "no-peers", action = ArgAction::SetFalse)]
     pub peers: bool,
+    /// The iceoryx2 fan-in to run beside lava-flow (default: found beside lf-bench)
+    #[arg(long = "iceoryx2-fanin", value_name = "PATH")]
     pub iceoryx2: Option<PathBuf>,
+    /// The Open MPI fan-in to run beside lava-flow (default: found beside lf-bench)
+    #[arg(long = "mpi-fanin", value_name = "PATH")]
     pub mpi: Option<PathBuf>,
-    /// `--over mpi`: the producers are MPI ranks (run under mpirun).
-    pub over_mpi: bool,
+    /// The producers are MPI ranks of another host identity (run under mpirun)
+    #[arg(long, value_name = "CARRIER", value_enum)]
+    pub over: Option<Over>,
+}
+
+/// What a fan-in can be measured over alone.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Over {
+    /// MPI ranks: rank 0 consumes, the others produce
+    Mpi,
 }
 
 fn options() -> FanInOptions {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--fan-in").collect();
-    let mut o = FanInOptions {
-        quick: false,
-        json: false,
-        json_out: None,
-        size: 64,
-        producers: vec![1, 2, 4, 8],
-        warm: Duration::ZERO,
-        window: Duration::ZERO,
-        pin: true,
-        peers: true,
-        iceoryx2: None,
-        mpi: None,
-        over_mpi: false,
-    };
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| die(&format!("{arg} needs a value")));
-        match arg.as_str() {
-            "--quick" => o.quick = true,
-            "--json" => o.json = true,
-            "--json-out" => o.json_out = Some(value().into()),
-            "--size" => o.size = crate::options::parse_size(&value()),
-            "--producers" => o.producers = counts(&value(), "--producers"),
-            "--warm" => o.warm = seconds(value(), "--warm"),
-            "--window" => o.window = seconds(value(), "--window"),
-            "--no-pin" => o.pin = false,
-            "--no-peers" => o.peers = false,
-            "--iceoryx2-fanin" => o.iceoryx2 = Some(value().into()),
-            "--mpi-fanin" => o.mpi = Some(value().into()),
-            "--over" => match value().as_str() {
-                "mpi" => o.over_mpi = true,
-                other => die(&format!("--over {other}: the one carrier a fan-in can be measured over alone is mpi")),
-            },
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => die(&format!("unknown option {other} for --fan-in\n{USAGE}")),
-        }
-    }
-    if o.warm.is_zero() {
-        o.warm = Duration::from_millis(if o.quick { 100 } else { 300 });
-    }
-    if o.window.is_zero() {
-        o.window = Duration::from_millis(if o.quick { 500 } else { 2000 });
-    }
+    let o = cli::parse::<FanInOptions>();
     if o.size < MIN_SIZE || o.size > crate::capi::default_pool() {
-        die(&format!(
+        cli::refuse::<FanInOptions>(format!(
             "--size {} is out of range: a fan-in message carries its producer's counter and index ({MIN_SIZE} bytes) and fits the default pool",
             o.size
         ));
-    }
-    if let Some(bad) = o.producers.iter().find(|&&n| n == 0 || n > MAX_PRODUCERS) {
-        die(&format!("--producers {bad} is out of range: 1 to {MAX_PRODUCERS} (a fan-in's default max_peers)"));
     }
     o
 }
@@ -200,7 +194,7 @@ fn run_lf(o: &FanInOptions, control: &Control, name: &str, kind: lf_channel_kind
 /// The whole run: lava-flow's rows, then each peer's, for every producer count.
 pub fn main() {
     let o = options();
-    if o.over_mpi {
+    if o.over == Some(Over::Mpi) {
         #[cfg(feature = "mpi")]
         {
             crate::mpi::fanin::main(&o);

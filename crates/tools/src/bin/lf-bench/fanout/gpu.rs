@@ -21,84 +21,73 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use clap::ArgAction;
 use lava_flow::channels::{ChannelConfig, ChannelKind, Consumer, PeerState, Producer, WaitStrategy};
 use lava_flow::memory::{Context, ContextConfig, GpuPolicy, MemoryLocation};
 use lava_flow::ProcessLocation;
+use lava_flow_tools::cli::{self, LIST};
 use serde_json::{json, Value};
 
 use super::scatter::{consumer_core, cores_allowed};
 use crate::fanin::fork_into;
 use crate::machine::Machine;
 use crate::options::die;
-use crate::spread::counts;
-
-pub const USAGE: &str = "usage: lf-bench --fan-out --gpu [--quick] [--json] [--json-out FILE] [--sizes 4K,1M] \
-                         [--consumers 4] [--iters N] [--wait busy|spin|block] [--no-pin]";
+use crate::spread::Wait;
 
 /// The target: a fan-out's hand-off at most this many times the pair's.
 const TARGET: f64 = 1.5;
 
+/// lf-bench --fan-out --gpu: a GPU buffer fanned out by reference to N consumer processes,
+/// against the pair channel's GPU hand-off, in one run.
+#[derive(clap::Parser, Debug)]
+#[command(name = "lf-bench", override_usage = "lf-bench --fan-out --gpu [OPTIONS]")]
 struct Options {
+    /// Measure one producer to many consumers (with --gpu: of a GPU buffer)
+    #[arg(long = "fan-out", required = true)]
+    _fan_out: bool,
+    /// Fan a GPU buffer out (this benchmark)
+    #[arg(long = "gpu", required = true)]
+    _gpu: bool,
+    /// 200 messages per case instead of 5,000
+    #[arg(long)]
     quick: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
     json: bool,
+    /// Also write the JSON to this file (the text still goes to stdout)
+    #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
+    /// Buffer sizes, one case each, like 4K,1M
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          default_value = "4K,1M", value_parser = cli::nonzero_size)]
     sizes: Vec<usize>,
+    /// Consumer counts, one case each, like 1,4 (1 to 8: a fan-out's default max_peers)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          default_value = "4", value_parser = cli::count_up_to(8))]
     consumers: Vec<usize>,
+    /// Timed messages per case (200 with --quick)
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value = "5000",
+          default_value_if("quick", "true", Some("200")))]
     iters: usize,
-    wait: WaitStrategy,
-    wait_name: &'static str,
+    /// The channels' wait strategy
+    #[arg(long, value_enum, default_value = "busy")]
+    wait: Wait,
+    /// Leave the processes unpinned (default: the producer on core 0, the consumers on the others)
+    #[arg(long = "no-pin", action = ArgAction::SetFalse)]
     pin: bool,
 }
 
+/// The channels' wait strategy for `--wait`, and its name in the report.
+fn strategy(wait: Wait) -> (WaitStrategy, &'static str) {
+    match wait {
+        Wait::Busy => (WaitStrategy::BusyPoll, "busy-poll"),
+        Wait::Spin => (WaitStrategy::SpinThenBlock { spin: Duration::from_micros(50) }, "spin-then-block"),
+        Wait::Block => (WaitStrategy::Block, "block"),
+    }
+}
+
 fn options() -> Options {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--fan-out" && a != "--gpu").collect();
-    let mut o = Options {
-        quick: false,
-        json: false,
-        json_out: None,
-        sizes: vec![4 << 10, 1 << 20],
-        consumers: vec![4],
-        iters: 0,
-        wait: WaitStrategy::BusyPoll,
-        wait_name: "busy-poll",
-        pin: true,
-    };
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| die(&format!("{arg} needs a value")));
-        match arg.as_str() {
-            "--quick" => o.quick = true,
-            "--json" => o.json = true,
-            "--json-out" => o.json_out = Some(value().into()),
-            "--sizes" => o.sizes = value().split(',').map(crate::options::parse_size).collect(),
-            "--consumers" => o.consumers = counts(&value(), "--consumers"),
-            "--iters" => o.iters = value().parse().unwrap_or_else(|_| die("--iters needs a number")),
-            "--wait" => {
-                (o.wait, o.wait_name) = match value().as_str() {
-                    "busy" => (WaitStrategy::BusyPoll, "busy-poll"),
-                    "spin" => (WaitStrategy::SpinThenBlock { spin: Duration::from_micros(50) }, "spin-then-block"),
-                    "block" => (WaitStrategy::Block, "block"),
-                    other => die(&format!("unknown --wait {other:?}: busy, spin (spin-then-block) or block")),
-                }
-            }
-            "--no-pin" => o.pin = false,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => die(&format!("unknown option {other} for --fan-out --gpu\n{USAGE}")),
-        }
-    }
-    if o.iters == 0 {
-        o.iters = if o.quick { 200 } else { 5_000 };
-    }
-    if o.sizes.contains(&0) {
-        die("--sizes: a message needs at least one byte");
-    }
-    if let Some(bad) = o.consumers.iter().find(|&&n| n == 0 || n > 8) {
-        die(&format!("--consumers {bad} is out of range: 1 to 8 (a fan-out's default max_peers)"));
-    }
-    o
+    cli::parse()
 }
 
 fn gpu_context() -> Context {
@@ -108,7 +97,12 @@ fn gpu_context() -> Context {
 }
 
 fn channel_config(o: &Options, kind: ChannelKind) -> ChannelConfig {
-    ChannelConfig { kind, wait: o.wait, rendezvous_timeout: Some(Duration::from_secs(60)), ..ChannelConfig::default() }
+    ChannelConfig {
+        kind,
+        wait: strategy(o.wait).0,
+        rendezvous_timeout: Some(Duration::from_secs(60)),
+        ..ChannelConfig::default()
+    }
 }
 
 /// p50 and p99 of `samples` (nearest rank), in ns.
@@ -251,7 +245,7 @@ pub fn main() {
             .to_owned(),
         format!(
             "Channels: ChannelConfig::default() with {} and a 60 s rendezvous timeout; one DEVICE_LOCAL buffer, send_buffer + wait_completed per message",
-            o.wait_name
+            strategy(o.wait).1
         ),
         format!(
             "Iterations: {} timed hand-offs per row, a tenth more untimed first{}; percentiles by nearest rank",

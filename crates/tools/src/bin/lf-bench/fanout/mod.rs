@@ -33,110 +33,98 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{ArgAction, Parser};
 use lava_flow_c_api::channel_config::{lf_channel_kind, lf_wait_strategy};
+use lava_flow_tools::cli::{self, LIST};
 use serde_json::Value;
 
 use crate::fanin::fork_into;
 use crate::machine::Machine;
-use crate::options::die;
-use crate::spread::{counts, seconds};
+use crate::spread::Wait;
 use lf::Mode;
 use peers::FanOutPeers;
 use scatter::{consumer_core, cores_allowed, Control, MIN_SIZE};
 
-pub const USAGE: &str =
-    "usage: lf-bench --fan-out [--quick] [--json] [--json-out FILE] [--size 1M] [--small-size 64 (0: none)]
-                       [--consumers 1,2,4,8] [--warm S] [--window S] [--no-pin] [--no-peers] [--iceoryx2-fanout PATH]
-                       [--wait busy|spin|block (default: lf_channel_config_init's)]";
-
 /// The most consumers a case takes: the default `max_peers` of a fan-out.
 const MAX_CONSUMERS: usize = 8;
 
-#[derive(Clone, Debug)]
+/// lf-bench --fan-out: one producer to many consumers, each in a process of its own, through
+/// the C API (a fan-out channel, the pair channel with one consumer as the reference), beside
+/// iceoryx2 with N subscribers: a large message by reference, a small one copied.
+///
+/// `lf-bench --fan-out --gpu` fans a GPU buffer out instead (see lf-bench --fan-out --gpu --help).
+#[derive(Parser, Clone, Debug)]
+#[command(name = "lf-bench", override_usage = "lf-bench --fan-out [OPTIONS]")]
 pub struct FanOutOptions {
+    /// Measure one producer to many consumers (this benchmark)
+    #[arg(long = "fan-out", required = true)]
+    _fan_out: bool,
+    /// A short warm-up and window (0.1 s and 0.5 s)
+    #[arg(long)]
     pub quick: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
     pub json: bool,
+    /// Also write the JSON to this file (the text still goes to stdout)
+    #[arg(long, value_name = "FILE")]
     pub json_out: Option<PathBuf>,
+    /// Bytes per message sent by reference (a multiple of 8, at most the default pool)
+    #[arg(long, value_name = "BYTES", default_value = "1M", value_parser = cli::size)]
     pub size: usize,
-    /// The small rows' size; 0: none.
+    /// Bytes per copied message of the small rows (0: no small rows)
+    #[arg(long = "small-size", value_name = "BYTES", default_value = "64", value_parser = cli::size)]
     pub small: usize,
+    /// Consumer counts, one case each, like 1,2,4,8 (1 to 8: a fan-out's default max_peers)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          default_value = "1,2,4,8", value_parser = cli::count_up_to(MAX_CONSUMERS))]
     pub consumers: Vec<usize>,
+    /// Seconds of warm-up before each case's timed window (0.1 with --quick)
+    #[arg(long, value_name = "S", value_parser = cli::seconds, default_value = "0.3",
+          default_value_if("quick", "true", Some("0.1")))]
     pub warm: Duration,
+    /// Seconds of each case's timed window (0.5 with --quick)
+    #[arg(long, value_name = "S", value_parser = cli::seconds, default_value = "2",
+          default_value_if("quick", "true", Some("0.5")))]
     pub window: Duration,
+    /// Leave the processes unpinned (default: the producer on core 0, the consumers on the others)
+    #[arg(long = "no-pin", action = ArgAction::SetFalse)]
     pub pin: bool,
+    /// Measure lava-flow alone: no iceoryx2 rows
+    #[arg(long = "no-peers", action = ArgAction::SetFalse)]
     pub peers: bool,
+    /// The iceoryx2 fan-out to run beside lava-flow (default: found beside lf-bench)
+    #[arg(long = "iceoryx2-fanout", value_name = "PATH")]
     pub iceoryx2: Option<PathBuf>,
-    /// The lava-flow rows' wait strategy where not the default one (an `lf_wait_strategy`).
-    pub wait: Option<u32>,
+    /// The lava-flow rows' wait strategy (default: lf_channel_config_init's)
+    #[arg(long, value_enum)]
+    pub wait: Option<Wait>,
+}
+
+impl FanOutOptions {
+    /// The lava-flow rows' wait strategy as an `lf_wait_strategy`, where not the default one.
+    pub fn c_wait(&self) -> Option<u32> {
+        let wait = match self.wait? {
+            Wait::Busy => lf_wait_strategy::LF_WAIT_BUSY_POLL,
+            Wait::Spin => lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK,
+            Wait::Block => lf_wait_strategy::LF_WAIT_BLOCK,
+        };
+        Some(wait as u32)
+    }
 }
 
 fn check_size(size: usize, what: &str) {
     if size < MIN_SIZE || size % 8 != 0 || size > crate::capi::default_pool() {
-        die(&format!(
+        cli::refuse::<FanOutOptions>(format!(
             "{what} {size} is out of range: a fan-out message carries its counter at both ends (at least {MIN_SIZE} bytes, a multiple of 8) and fits the default pool"
         ));
     }
 }
 
 fn options() -> FanOutOptions {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--fan-out").collect();
-    let mut o = FanOutOptions {
-        quick: false,
-        json: false,
-        json_out: None,
-        size: 1 << 20,
-        small: 64,
-        consumers: vec![1, 2, 4, 8],
-        warm: Duration::ZERO,
-        window: Duration::ZERO,
-        pin: true,
-        peers: true,
-        iceoryx2: None,
-        wait: None,
-    };
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| die(&format!("{arg} needs a value")));
-        match arg.as_str() {
-            "--quick" => o.quick = true,
-            "--json" => o.json = true,
-            "--json-out" => o.json_out = Some(value().into()),
-            "--size" => o.size = crate::options::parse_size(&value()),
-            "--small-size" => o.small = crate::options::parse_size(&value()),
-            "--consumers" => o.consumers = counts(&value(), "--consumers"),
-            "--warm" => o.warm = seconds(value(), "--warm"),
-            "--window" => o.window = seconds(value(), "--window"),
-            "--no-pin" => o.pin = false,
-            "--no-peers" => o.peers = false,
-            "--iceoryx2-fanout" => o.iceoryx2 = Some(value().into()),
-            "--wait" => {
-                let wait = match value().as_str() {
-                    "busy" => lf_wait_strategy::LF_WAIT_BUSY_POLL,
-                    "spin" => lf_wait_strategy::LF_WAIT_SPIN_THEN_BLOCK,
-                    "block" => lf_wait_strategy::LF_WAIT_BLOCK,
-                    other => die(&format!("unknown --wait {other:?}: busy, spin (spin-then-block) or block")),
-                };
-                o.wait = Some(wait as u32);
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => die(&format!("unknown option {other} for --fan-out\n{USAGE}")),
-        }
-    }
-    if o.warm.is_zero() {
-        o.warm = Duration::from_millis(if o.quick { 100 } else { 300 });
-    }
-    if o.window.is_zero() {
-        o.window = Duration::from_millis(if o.quick { 500 } else { 2000 });
-    }
+    let o = cli::parse::<FanOutOptions>();
     check_size(o.size, "--size");
     if o.small != 0 {
         check_size(o.small, "--small-size");
-    }
-    if let Some(bad) = o.consumers.iter().find(|&&n| n == 0 || n > MAX_CONSUMERS) {
-        die(&format!("--consumers {bad} is out of range: 1 to {MAX_CONSUMERS} (a fan-out's default max_peers)"));
     }
     o
 }
@@ -179,7 +167,7 @@ fn run_lf(
     control.reset();
     let cores = cores_allowed();
     let size = if mode == Mode::Copy { o.small } else { o.size };
-    let cfg = lf::config(kind, o.wait);
+    let cfg = lf::config(kind, o.c_wait());
     let mut fds = [0; 2];
     // SAFETY: pipe fills two descriptors; checked.
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe");

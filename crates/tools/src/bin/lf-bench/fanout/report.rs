@@ -58,7 +58,7 @@ fn zero_copy(row: &Row) -> String {
 }
 
 fn config_lines(o: &FanOutOptions, machine: &Machine, peers: &FanOutPeers) -> Vec<String> {
-    let cfg = config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.wait);
+    let cfg = config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.c_wait());
     let wait = match cfg.wait_strategy {
         1 => "busy-poll".to_owned(),
         2 => format!("spin-then-block, {} ns spin", cfg.spin_ns),
@@ -226,7 +226,7 @@ pub fn print(o: &FanOutOptions, machine: &Machine, peers: &FanOutPeers, rows: &[
             "pinned": o.pin,
             "size": o.size,
             "small_size": o.small,
-            "wait_strategy": config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.wait).wait_strategy,
+            "wait_strategy": config(lf_channel_kind::LF_CHANNEL_FAN_OUT, o.c_wait()).wait_strategy,
             "wait_default": o.wait.is_none(),
             "consumers": o.consumers,
             "warm_s": o.warm.as_secs_f64(),

@@ -1,77 +1,57 @@
 //! `lf-bench --mpi`'s command line, and the shape of each measurement (iterations, windows).
 
-use crate::options::parse_size;
-
-use super::die;
+use clap::{ArgAction, Parser};
+use lava_flow_tools::cli::{self, LIST};
 
 /// Default bandwidth window (messages in flight), as OSU's `osu_bw`.
 pub(super) const WINDOW: usize = 64;
 /// The most bytes a bandwidth window holds in flight; larger sizes get fewer messages.
 pub(super) const WINDOW_BYTES: usize = 128 << 20;
 
-#[derive(Clone, Debug)]
+/// lf-bench --mpi: lava-flow channels between two MPI ranks, next to raw MPI between the same
+/// ranks, run under mpirun with two ranks of different host identities (built with the cargo
+/// feature `mpi`).
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "lf-bench",
+    override_usage = "mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [OPTIONS] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [OPTIONS]"
+)]
 pub(super) struct Options {
+    /// Measure channels between two MPI ranks (this benchmark)
+    #[arg(long = "mpi", required = true)]
+    _mpi: bool,
+    /// Fewer iterations and 2 rounds
+    #[arg(long)]
     pub(super) quick: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
     pub(super) json: bool,
+    /// Message sizes, like 8,64,1K (1 byte to 2 GiB - 1)
+    #[arg(long, value_name = "LIST", value_delimiter = LIST, action = ArgAction::Set,
+          default_value = "8,64,1K,64K,1M,16M,64M", value_parser = cli::nonzero_size)]
     pub(super) sizes: Vec<usize>,
+    /// Messages in flight in a bandwidth window (at most 128 MiB of them)
+    #[arg(long, value_name = "W", default_value_t = WINDOW, value_parser = cli::positive)]
     pub(super) window: usize,
+    /// Rounds of each measurement, lava-flow and raw MPI alternated (2 with --quick)
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value = "3",
+          default_value_if("quick", "true", Some("2")))]
     pub(super) rounds: usize,
+    /// Round trips per latency case (default: by size, a byte budget for large ones)
+    #[arg(long, value_name = "N")]
     pub(super) iters: Option<usize>,
+    /// Send and receive without writing or reading the payload
+    #[arg(long = "untouched", action = ArgAction::SetFalse)]
     pub(super) touch: bool,
-    /// Skip the GPU row even where both ranks have a GPU.
+    /// Skip the GPU row even where both ranks have a GPU
+    #[arg(long)]
     pub(super) no_gpu: bool,
 }
 
 pub(super) fn options() -> Options {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options {
-        quick: false,
-        json: false,
-        sizes: vec![],
-        window: WINDOW,
-        rounds: 0,
-        iters: None,
-        touch: true,
-        no_gpu: false,
-    };
-    let mut i = 0;
-    let value = |i: &mut usize| -> String {
-        *i += 1;
-        args.get(*i).cloned().unwrap_or_else(|| die("option needs a value"))
-    };
-    while i < args.len() {
-        match args[i].as_str() {
-            "--mpi" => {}
-            "--quick" => o.quick = true,
-            "--json" => o.json = true,
-            "--untouched" => o.touch = false,
-            "--no-gpu" => o.no_gpu = true,
-            "--sizes" => o.sizes = value(&mut i).split(',').map(parse_size).collect(),
-            "--window" => o.window = value(&mut i).parse().unwrap_or_else(|_| die("bad --window")),
-            "--rounds" => o.rounds = value(&mut i).parse().unwrap_or_else(|_| die("bad --rounds")),
-            "--iters" => o.iters = Some(value(&mut i).parse().unwrap_or_else(|_| die("bad --iters"))),
-            "-h" | "--help" => {
-                println!(
-                    "usage: mpirun -np 1 -x LF_HOST_ID=a lf-bench --mpi [OPTIONS] : -np 1 -x LF_HOST_ID=b lf-bench --mpi [OPTIONS]\n\
-                     options: [--quick] [--json] [--sizes LIST] [--window W] [--rounds N] [--iters N] [--untouched] [--no-gpu]"
-                );
-                std::process::exit(0);
-            }
-            other => die(&format!("unknown option {other} (with --mpi: --quick, --json, --sizes, --window, --rounds, --iters, --untouched)")),
-        }
-        i += 1;
-    }
-    if o.sizes.is_empty() {
-        o.sizes = vec![8, 64, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
-    }
-    if let Some(&bad) = o.sizes.iter().find(|&&s| s == 0 || s > i32::MAX as usize) {
-        die(&format!("size {bad} is out of range (1 byte to 2 GiB - 1)"));
-    }
-    if o.window == 0 {
-        die("--window must be at least 1");
-    }
-    if o.rounds == 0 {
-        o.rounds = if o.quick { 2 } else { 3 };
+    let o = cli::parse::<Options>();
+    if let Some(&bad) = o.sizes.iter().find(|&&s| s > i32::MAX as usize) {
+        cli::refuse::<Options>(format!("size {bad} is out of range (1 byte to 2 GiB - 1)"));
     }
     o
 }
