@@ -50,6 +50,20 @@ python3 scripts/check-readme.py
 python3 scripts/check-layers.py
 RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps --quiet
 
+step "cargo package: the core crate as crates.io takes it"
+# With lava-flow-cuda, which the core needs and which is not on crates.io yet: cargo packages
+# the two together. Without verify (a rebuild of the core from the package, ~1 minute here:
+# cargo package -p lava-flow-cuda -p lava-flow --allow-dirty does it).
+cargo package -p lava-flow-cuda -p lava-flow --no-verify --allow-dirty --quiet
+packaged=$(cargo package -p lava-flow --list --allow-dirty 2>/dev/null)
+for f in Cargo.toml README.md LICENSE src/lib.rs src/memory/gpu/shaders/copy_vec4.spv examples/channel.rs; do
+  grep -qx "$f" <<<"$packaged" || { echo "the lava-flow package lacks $f: add it to include in Cargo.toml" >&2; exit 1; }
+done
+if grep -E '^(benchmarks|tests|crates|build|target)/' <<<"$packaged"; then
+  echo "the lava-flow package carries the files above, which are not the crate's: narrow include in Cargo.toml" >&2; exit 1
+fi
+echo "lava-flow packages as $(wc -l <<<"$packaged") files, $(du -h target/package/lava-flow-"$(sed -n 's/^version = "\([0-9.]*\)"/\1/p' Cargo.toml | head -1)".crate | cut -f1) compressed"
+
 step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
 cargo test --all-features
 
