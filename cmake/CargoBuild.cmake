@@ -1,6 +1,7 @@
 # Runs cargo for the lava_flow library, the package lava-flow-c in crates/c-api/artifact (invoked by the top-level CMakeLists.txt at build time
 # with -DCARGO=... -DSOURCE_DIR=... -DTARGET_DIR=... -DPROFILE=... -DFEATURES=...
-# -DNATIVE_LIBS_FILE=... -DSONAME=... and, to build the lf-info tool too, -DTOOLS=ON).
+# -DNATIVE_LIBS_FILE=... -DSONAME=... -DMPI_CHOICE=... and, to build the lf-info tool too,
+# -DTOOLS=ON).
 #
 # Next to the shared library it links SONAME (the name programs linked against it look for)
 # to it, so that in-tree programs find it at run time.
@@ -13,6 +14,9 @@
 # is what LavaFlow::lava_flow_static puts in its link interface. rustc prints the list only
 # when it links, so the last list seen is kept in TARGET_DIR/native-static-libs.txt.
 cmake_minimum_required(VERSION 3.22)
+# How LAVA_FLOW_MPI decided (cmake/LavaFlowMpi.cmake), for lf-info to report: it reads it at
+# compile time (option_env!), and cargo rebuilds it when it changes.
+set(ENV{LAVA_FLOW_MPI_CHOICE} "${MPI_CHOICE}")
 set(features_arg "")
 if(FEATURES)
   set(features_arg --features "${FEATURES}")

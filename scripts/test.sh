@@ -50,6 +50,20 @@ python3 scripts/check-readme.py
 python3 scripts/check-layers.py
 RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps --quiet
 
+step "cargo package: the core crate as crates.io takes it"
+# With lava-flow-cuda, which the core needs and which is not on crates.io yet: cargo packages
+# the two together. Without verify (a rebuild of the core from the package, ~1 minute here:
+# cargo package -p lava-flow-cuda -p lava-flow --allow-dirty does it).
+cargo package -p lava-flow-cuda -p lava-flow --no-verify --allow-dirty --quiet
+packaged=$(cargo package -p lava-flow --list --allow-dirty 2>/dev/null)
+for f in Cargo.toml README.md LICENSE src/lib.rs src/memory/gpu/shaders/copy_vec4.spv examples/channel.rs; do
+  grep -qx "$f" <<<"$packaged" || { echo "the lava-flow package lacks $f: add it to include in Cargo.toml" >&2; exit 1; }
+done
+if grep -E '^(benchmarks|tests|crates|build|target)/' <<<"$packaged"; then
+  echo "the lava-flow package carries the files above, which are not the crate's: narrow include in Cargo.toml" >&2; exit 1
+fi
+echo "lava-flow packages as $(wc -l <<<"$packaged") files, $(du -h target/package/lava-flow-"$(sed -n 's/^version = "\([0-9.]*\)"/\1/p' Cargo.toml | head -1)".crate | cut -f1) compressed"
+
 step "cargo test --all-features (Rust unit, integration, header-up-to-date)"
 cargo test --all-features
 
@@ -64,10 +78,21 @@ cat "$build/rust-example.out"
 [[ $(grep -c '^received "message [0-2]"$' "$build/rust-example.out") == 3 ]] ||
   { echo "the Rust example's consumer did not receive its three messages" >&2; exit 1; }
 
+step "LAVA_FLOW_MPI: the default configure finds MPI; OFF, and AUTO without an MPI, build without; ON without fails"
+tests/cmake/check-mpi-option.sh "$build/mpi-option"
+
 step "CMake build"
-# With MPI, so that ctest runs the lf_mpi tests under mpirun (LF_CMAKE_FEATURES= builds without).
+# As the README says to build: no MPI flag. MPI is installed here, so the default (AUTO) builds
+# it in and ctest runs the lf_mpi tests under mpirun (LF_CMAKE_MPI=OFF builds without;
+# LF_CMAKE_FEATURES adds cargo features).
+mpi_mode=${LF_CMAKE_MPI-AUTO}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" \
-  -DLAVA_FLOW_FEATURES="${LF_CMAKE_FEATURES-mpi}"
+  -DLAVA_FLOW_FEATURES="${LF_CMAKE_FEATURES-}" -DLAVA_FLOW_MPI="$mpi_mode"
+cargo_features=$(sed -n 's/^LAVA_FLOW_CARGO_FEATURES:INTERNAL=//p' "$build/CMakeCache.txt")
+if [[ $mpi_mode != OFF && ,$cargo_features, != *,mpi,* ]]; then
+  echo "the CMake build has no MPI although MPI is installed (cargo features: '$cargo_features'): see its 'lava-flow MPI' line above" >&2
+  exit 1
+fi
 cmake --build "$build" -j"$jobs"
 
 step "ctest (C and C++ tests, examples, valgrind)"
@@ -92,8 +117,13 @@ soname=$(readelf -d "$libdir/liblava_flow.so.$version" | sed -n 's/.*Library son
 echo "liblava_flow.so -> liblava_flow.so.$abi (SONAME) -> liblava_flow.so.$version"
 
 step "the installed lf-info"
-"$prefix/bin/lf-info"
+"$prefix/bin/lf-info" | tee "$build/lf-info.out"
 "$prefix/bin/lf-info" -c --json >/dev/null
+# It says how the library got MPI: here CMake found it by itself (unless LF_CMAKE_* chose).
+if [[ $mpi_mode == AUTO && ,${LF_CMAKE_FEATURES-}, != *,mpi,* ]] &&
+  ! grep -q "^mpi: built in (CMake found MPI automatically: " "$build/lf-info.out"; then
+  echo "lf-info does not say that CMake built MPI in by itself (its 'mpi:' line above)" >&2; exit 1
+fi
 
 step "find_package(LavaFlow) from a project outside the tree: shared, then static"
 for mode in OFF ON; do
@@ -134,7 +164,7 @@ fi
 rm -rf "$build/venv"
 "$python" -m venv "$build/venv"
 "$build/venv/bin/pip" install -q --upgrade pip
-CARGO_TARGET_DIR="$build/cargo" LAVA_FLOW_FEATURES="${LF_CMAKE_FEATURES-mpi}" \
+CARGO_TARGET_DIR="$build/cargo" LAVA_FLOW_FEATURES="$cargo_features" \
   "$build/venv/bin/pip" install -q "./crates/python[test]"
 (cd "$build" && "$build/venv/bin/python" -m pytest -q "$root/crates/python/tests")
 

@@ -330,7 +330,7 @@ impl MpiWorld {
     pub fn join(_communicator: Communicator, _process_name: Option<&str>) -> Result<MpiWorld> {
         Err(Error::Unsupported(
             "lava-flow was built without MPI support: rebuild it with the `mpi` feature \
-             (cargo build --features mpi, or cmake -DLAVA_FLOW_FEATURES=mpi)"
+             (cargo build --features mpi, or cmake -DLAVA_FLOW_MPI=ON)"
                 .into(),
         ))
     }

@@ -185,6 +185,27 @@ fn config_says_where_each_value_comes_from() {
     assert!(line.contains("auto") && line.contains("[default]"), "{line}");
 }
 
+/// The library's MPI, and how the build decided it: from CMake, the LAVA_FLOW_MPI choice it
+/// passed to cargo (which this test sees too); from cargo, the feature.
+#[test]
+fn says_whether_mpi_is_built_in_and_how_that_was_decided() {
+    let view = json(&["-c"], &[], None);
+    let mpi = &view["lava_flow"]["mpi"];
+    assert_eq!(mpi["built"], cfg!(feature = "mpi"), "{view:#}");
+    let how = mpi["how"].as_str().expect("lava_flow.mpi.how");
+    match option_env!("LAVA_FLOW_MPI_CHOICE") {
+        Some(choice) if !choice.is_empty() => assert_eq!(how, choice),
+        _ if cfg!(feature = "mpi") => assert_eq!(how, "cargo feature `mpi`"),
+        _ => assert!(how.contains("cargo build --features mpi") && how.contains("-DLAVA_FLOW_MPI=ON"), "{how}"),
+    }
+    let out = lf_info(&["-c"], &[], None);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    let line = text.lines().find(|l| l.starts_with("mpi: ")).unwrap_or_else(|| panic!("no 'mpi:' line:\n{text}"));
+    let state = if cfg!(feature = "mpi") { "built in" } else { "not built" };
+    assert_eq!(line, format!("mpi: {state} ({how})"));
+}
+
 #[test]
 fn every_view_prints_one_json_object() {
     let dir = test_dir("json");

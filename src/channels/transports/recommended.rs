@@ -182,7 +182,7 @@ fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
     #[cfg(not(feature = "mpi"))]
     {
         let _ = peer;
-        Err("mpi is not in this build (cargo feature `mpi`, or cmake -DLAVA_FLOW_FEATURES=mpi)".into())
+        Err("mpi is not in this build (cargo feature `mpi`, or cmake -DLAVA_FLOW_MPI=ON)".into())
     }
 }
 

@@ -588,7 +588,7 @@ fn mpi(probe: bool) -> Capability {
             let fix = if cfg!(feature = "mpi") {
                 "check the MPI installation (`mpirun --version`), or run lf-info under mpirun as the application runs"
             } else {
-                "rebuild lava-flow with the cargo feature `mpi` (cargo build --features mpi, or cmake -DLAVA_FLOW_FEATURES=mpi)"
+                "rebuild lava-flow with MPI: cmake -DLAVA_FLOW_MPI=ON (CMake builds it in by itself where it finds a C MPI), or cargo build --features mpi"
             };
             Capability::unavailable(KEY, TITLE, e.to_string(), fix)
         }

@@ -81,6 +81,22 @@ fn features() -> Vec<&'static str> {
     features
 }
 
+/// Whether this build has MPI (channels to other hosts), and how that was decided: CMake's
+/// LAVA_FLOW_MPI choice where CMake built it (cmake/LavaFlowMpi.cmake passes it to cargo),
+/// else the cargo feature. lf-info is built with the library's features, so this is the
+/// library's answer too.
+fn mpi_build() -> (bool, String) {
+    let built = cfg!(feature = "mpi");
+    let how = match option_env!("LAVA_FLOW_MPI_CHOICE") {
+        Some(choice) if !choice.is_empty() => choice.to_owned(),
+        _ if built => "cargo feature `mpi`".to_owned(),
+        _ => "cargo feature `mpi` off: cargo build --features mpi, or cmake -DLAVA_FLOW_MPI=ON \
+              (CMake builds it in by itself where it finds MPI)"
+            .to_owned(),
+    };
+    (built, how)
+}
+
 /// A failure that ends lf-info: said on stderr (and in the JSON), exit status 1.
 #[derive(Debug)]
 pub struct Failure(pub String);
@@ -95,7 +111,15 @@ fn main() {
     let args = Args::parse();
     let wants_default = !(args.devices || args.config || args.peer.is_some() || args.channels || args.cleanup);
     let mut out = Map::new();
-    out.insert("lava_flow".into(), json!({ "version": env!("CARGO_PKG_VERSION"), "features": features() }));
+    let (mpi_built, mpi_how) = mpi_build();
+    out.insert(
+        "lava_flow".into(),
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "features": features(),
+            "mpi": { "built": mpi_built, "how": mpi_how },
+        }),
+    );
     let mut texts: Vec<String> = Vec::new();
     let mut failed = false;
     let mut record = |key: &str, result: Result<(Value, String), Failure>| match result {
@@ -131,7 +155,12 @@ fn main() {
         }
         return;
     }
-    let header = format!("lava-flow {} (cargo features: {})\n", env!("CARGO_PKG_VERSION"), features().join(", "));
+    let header = format!(
+        "lava-flow {} (cargo features: {})\nmpi: {} ({mpi_how})\n",
+        env!("CARGO_PKG_VERSION"),
+        features().join(", "),
+        if mpi_built { "built in" } else { "not built" },
+    );
     print!("{header}");
     for text in &texts {
         if text.starts_with("lf-info: ") {
