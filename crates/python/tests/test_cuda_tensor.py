@@ -190,6 +190,11 @@ def test_a_stream_ordered_tensor_is_waited_for_on_the_consumer_s_stream(name, pe
     ch = lf.consumer(ctx, name, rendezvous_timeout=60)
     n = 1 << 16
     s = torch.cuda.Stream()
+    # PyTorch's allocator keeps the blocks of this stream's work below: none of it may need a
+    # cudaMalloc while the stream waits, since a cudaMalloc may wait for the whole device, and
+    # so for the producer's held stream, which only the gate below lets go.
+    with torch.cuda.stream(s):
+        int(torch.zeros(n, dtype=torch.int64, device="cuda").sum())
     with ch.recv(timeout=60) as m:
         assert m.is_cuda and m.ready_value > 0, (m.flags, m.ready_value, ch.transport_reason)
         with torch.cuda.stream(s):
