@@ -108,6 +108,11 @@ impl<E: std::fmt::Display> From<E> for Failure {
 }
 
 fn main() {
+    // A reader that stops early (`lf-info | head`) ends lf-info as it ends other Unix tools,
+    // rather than with a panic at the next print: lf-info writes to no socket or pipe but
+    // its output, so it needs no SIGPIPE ignored (Rust's default).
+    // SAFETY: sets a signal's disposition to the default, before any thread is started.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
     let wants_default = !(args.devices || args.config || args.peer.is_some() || args.channels || args.cleanup);
     let mut out = Map::new();
