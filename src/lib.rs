@@ -14,6 +14,39 @@
 //!
 //! The C API (`include/lava_flow.h`, `liblava_flow.so`) is a thin layer over this crate, in
 //! crates/c-api; the tools (`lf-info`, the benchmarks) are in crates/tools.
+//!
+//! # A guide to the two layers
+//!
+//! **Memory (Layer 1).** One [`memory::Context`] per process allocates every kind of memory
+//! through one call, [`Context::allocate`](memory::Context::allocate)`(size, location)`: CPU
+//! memory (standard shareable memory, bound to a NUMA node, huge pages, or locked and
+//! registered with the GPU) and GPU memory through Vulkan (device-local or host-visible). It
+//! hands back the same [`memory::Buffer`] for all of them, which reports the
+//! [`memory::MemoryLocation`] it really got, never what was merely asked for. A buffer is
+//! exported to a process of the same host ([`Buffer::export`](memory::Buffer::export)) and
+//! imported there ([`Context::import`](memory::Context::import)); CUDA memory the application
+//! allocated is recognised by [`Context::register`](memory::Context::register).
+//!
+//! **Channels (Layer 2).** A [`channels::Producer`] and a [`channels::Consumer`], each in its
+//! own process, name one channel and say where they and their peer run
+//! ([`ProcessLocation`]); the scope between the two picks the transport: shared memory on one
+//! host (with Vulkan IPC for GPU buffers, and CUDA IPC for CUDA memory), MPI between hosts
+//! (with the `mpi` feature). Messages are copied into shared memory, written in place
+//! ([`Producer::loan`](channels::Producer::loan)), or sent by reference from a buffer of
+//! Layer 1 ([`Producer::send_buffer`](channels::Producer::send_buffer)); a received
+//! [`channels::Message`] is a view that is released when it drops.
+//! [`channels::ChannelConfig`] chooses a pair channel, a fan-in (several producers) or a
+//! fan-out (several consumers). `examples/channel.rs` is a complete producer and consumer.
+//!
+//! # Documentation
+//!
+//! The repository's `README.md` is the front page (what lava-flow is, a complete example per
+//! language, the platforms it runs on); its `docs/` folder has the reference by concept:
+//! `docs/memory.md`, `docs/channels.md` (pairs, fan-in, fan-out), `docs/gpu-buffers.md`
+//! (Vulkan IPC, CUDA memory, interop), `docs/mpi.md`, `docs/locations.md` (config files),
+//! `docs/logging.md`, `docs/environment.md` (every `LF_*` variable), `docs/tools.md`
+//! (`lf-info`), `docs/benchmarks.md`, `docs/developing.md` and, for the other languages,
+//! `docs/c-api.md`, `docs/cpp.md` and `docs/python.md`. Changes are listed in `CHANGELOG.md`.
 
 // An `unsafe fn`'s body is not one unsafe block: each unsafe operation in it says why it holds.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -236,7 +236,7 @@ public:
             return detail::failure(s);
         return Buffer(raw);
     }
-    /// The location follows the scope between the two processes (see the README).
+    /// The location follows the scope between the two processes (docs/memory.md, "Automatic choice").
     Expected<Buffer> allocate_auto(nothrow_t, std::size_t size, const Location& mine,
                                    const Location& peer) const noexcept {
         lf_buffer* raw = nullptr;

@@ -1,7 +1,7 @@
 //! Layer 0 runtime: joining the application's MPI, and finding every process of the job
 //! through it, without a config file.
 //!
-//! The rules (also in the README, "MPI"):
+//! The rules (also in docs/mpi.md):
 //! - If the application has initialised MPI, lava-flow joins it: it works on a private
 //!   duplicate (`MPI_Comm_dup`) of the communicator it is given (`MPI_COMM_WORLD` by default)
 //!   and never finalizes MPI. If not, lava-flow calls `MPI_Init_thread` asking for

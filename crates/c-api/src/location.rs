@@ -115,7 +115,7 @@ pub unsafe extern "C" fn lf_location_new(
 }
 
 /// Reads the location of the process named `process_name` from the JSON config file at
-/// `path` (format: README, "Process configuration"). Errors name the file and the problem:
+/// `path` (format: docs/locations.md). Errors name the file and the problem:
 /// LF_ERR_CONFIG for a missing or malformed file, LF_ERR_NOT_FOUND when no process has that
 /// name, LF_ERR_INVALID_ARGUMENT for a malformed name.
 ///

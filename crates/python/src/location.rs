@@ -10,7 +10,7 @@ use crate::native::{cstring, lib, out_handle, string, Ptr};
 /// Where a process runs: hostname, host identity, NUMA node, GPU index.
 ///
 /// `Location.detect()`, `Location(hostname, node_id=None, device_id=None)`,
-/// `Location.from_config(path, process_name)` (the README's process configuration format).
+/// `Location.from_config(path, process_name)` (the format of docs/locations.md).
 #[pyclass(frozen, module = "lava_flow")]
 pub struct Location {
     ptr: Ptr<ffi::lf_location>,
