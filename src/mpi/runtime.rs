@@ -323,7 +323,7 @@ fn initialized() -> Result<bool> {
     Ok(flag != 0)
 }
 
-fn finalized() -> Result<bool> {
+pub(crate) fn finalized() -> Result<bool> {
     let mut flag: c_int = 0;
     // SAFETY: may be called at any time, before MPI_Init and after MPI_Finalize.
     check(unsafe { ffi::MPI_Finalized(&mut flag) }, "MPI_Finalized", "")?;

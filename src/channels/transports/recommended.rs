@@ -174,9 +174,7 @@ fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
     {
         match peer.mpi {
             Some(address) => crate::mpi::endpoint(address).map(|_| ()),
-            None => {
-                Err("mpi needs the peer's location from MPI discovery (lf_mpi_location), which carries its rank".into())
-            }
+            None => Err(crate::mpi::unresolved_reason(peer)),
         }
     }
     #[cfg(not(feature = "mpi"))]
