@@ -119,8 +119,18 @@ pub const LOG_LEVEL: EnvVar = EnvVar {
 };
 
 /// Every variable, in the order `lf-info -c` lists them.
-pub const VARS: &[EnvVar] =
-    &[VULKAN_DEVICE, GPU_COPY, COPY_THREADS, DISABLE_CUDA, TRANSPORTS, RUNTIME_DIR, HOST_ID, PROCESS_NAME, MPI, LOG_LEVEL];
+pub const VARS: &[EnvVar] = &[
+    VULKAN_DEVICE,
+    GPU_COPY,
+    COPY_THREADS,
+    DISABLE_CUDA,
+    TRANSPORTS,
+    RUNTIME_DIR,
+    HOST_ID,
+    PROCESS_NAME,
+    MPI,
+    LOG_LEVEL,
+];
 
 /// The variable called `name`, if lava-flow reads it.
 pub fn lookup(name: &str) -> Option<&'static EnvVar> {
