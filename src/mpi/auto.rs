@@ -158,18 +158,24 @@ pub(crate) fn unresolved_reason(location: &ProcessLocation) -> String {
     let worlds = WORLDS.lock();
     let live: Vec<_> = worlds.iter().rev().filter(|w| w.comm.strong_count() > 0).collect();
     let Some(world) = live.first() else {
-        let why = match (launcher(), auto_join_allowed()) {
-            (Some(_), Ok(false)) => format!("{MPI_ENV}=off is set, so contexts do not join MPI by themselves"),
-            (Some(_), _) => "this process has not joined MPI (its contexts join by themselves only where MPI is \
-                             initialisable)"
-                .to_owned(),
-            (None, _) => "this process was not started by an MPI launcher (mpirun, mpiexec, srun), so its contexts \
-                          do not join MPI by themselves"
-                .to_owned(),
+        let (why, fix) = match (launcher(), auto_join_allowed()) {
+            (Some(_), Ok(false)) => (
+                format!("{MPI_ENV}=off is set, so contexts do not join MPI by themselves"),
+                format!("unset {MPI_ENV} (or set it to auto)"),
+            ),
+            (Some(_), _) => (
+                "this process has not joined MPI (MPI had been finalized when its context was created)".to_owned(),
+                "create the context before MPI is finalized".to_owned(),
+            ),
+            (None, _) => (
+                "this process was not started by an MPI launcher, so its contexts do not join MPI by themselves"
+                    .to_owned(),
+                "launch every process with mpirun, mpiexec or srun".to_owned(),
+            ),
         };
         return format!(
-            "mpi needs the peer's location from MPI discovery, which carries its rank, and {why}: launch with \
-             mpirun (with {MPI_ENV} unset or auto) and take the peer's location from a config file that names it"
+            "mpi needs the peer's location from MPI discovery, which carries its rank, and {why}: {fix}, and take \
+             the peer's location from a config file that names it"
         );
     };
     match &location.name {
