@@ -294,11 +294,17 @@ impl MpiWorld {
     /// Where a context of this process has joined `MPI_COMM_WORLD` by itself (under an MPI
     /// launcher, see [`launcher`]), a join of [`Communicator::World`] is that join again, with
     /// no collective: the same ranks and names. It must then name this process as that join
-    /// did (or name none), else `InvalidState`.
+    /// did (or name none), else `InvalidState`. So is a join of the Fortran handle of
+    /// `MPI_COMM_WORLD`.
     #[cfg(feature = "mpi")]
     pub fn join(communicator: Communicator, process_name: Option<&str>) -> Result<MpiWorld> {
-        if communicator == Communicator::World {
-            if let Some(world) = live_world(|w| w.automatic) {
+        if let Some(world) = live_world(|w| w.automatic) {
+            // MPI is initialised while the world lives: a Fortran handle can be compared.
+            let world_comm = match communicator {
+                Communicator::World => true,
+                Communicator::Fortran(handle) => runtime::names_comm_world(handle),
+            };
+            if world_comm {
                 return auto::same_join(world, process_name);
             }
         }
@@ -374,7 +380,7 @@ impl MpiWorld {
             peers: Arc::clone(&world.peers),
             topology_report: Arc::clone(&world.topology_report),
             initialised_by_lava_flow: world.initialised_by_lava_flow,
-            over_world: communicator == Communicator::World,
+            over_world: joined.over_world,
             automatic,
         });
         drop(worlds);
