@@ -336,33 +336,10 @@ pub(crate) fn plan_routes(
     config: &ChannelConfig,
     context: &Context,
 ) -> Result<transports::Plan> {
-    #[cfg(feature = "mpi")]
-    let (mine, peer) = &resolve_through_mpi(mine, peer);
+    let (mine, peer) = &transports::resolve_locations(mine, peer);
     let (scope, scope_text) = explain_scope(mine, peer);
     let (allowed, source) = transports::allowed_transports(config)?;
     transports::plan(scope, peer, &scope_text, &allowed, &source, config, context)
-}
-
-/// The locations a channel uses: a peer's location read from a config file (it names the
-/// process) becomes where MPI discovery found the process of that name, where this process
-/// joined MPI (by itself under an MPI launcher, or by `lf_mpi_join`); with it, a location of
-/// this process that does not say which host it is on (from a config file too) becomes where
-/// discovery found this process. Both then carry host identities, and the peer its rank.
-#[cfg(feature = "mpi")]
-fn resolve_through_mpi(mine: &ProcessLocation, peer: &ProcessLocation) -> (ProcessLocation, ProcessLocation) {
-    let Some(peer) = crate::mpi::resolve(peer) else {
-        return (mine.clone(), peer.clone());
-    };
-    let mine = match crate::mpi::here_in_world_of(&peer) {
-        Some(found) if mine.host_id.is_none() && mine.mpi.is_none() => ProcessLocation {
-            node_id: mine.node_id.or(found.node_id),
-            device_id: mine.device_id.or(found.device_id),
-            name: mine.name.clone(),
-            ..found
-        },
-        _ => mine.clone(),
-    };
-    (mine, peer)
 }
 
 /// The transports a channel between `mine` and `peer` would take with `config` on
