@@ -449,6 +449,16 @@ lf_status lf_context_config_init(struct lf_context_config *config, size_t struct
 // for unknown values; LF_ERR_NOT_FOUND for a device index or UUID that matches no device;
 // under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
 //
+// MPI: in a library built with MPI (LAVA_FLOW_FEATURE_MPI), a process started by an MPI
+// launcher (mpirun, mpiexec, srun: one of OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK, PMI_SIZE,
+// MPI_LOCALNRANKS, MV2_COMM_WORLD_SIZE is set) joins MPI_COMM_WORLD here, last, as
+// `lf_mpi_join(LF_MPI_COMM_WORLD, NULL, ...)` would, unless the environment has LF_MPI=off.
+// The join is collective: every rank must create a context (the first; later contexts share
+// the join), and may then give channels locations read from a config file, which reach peers
+// on other hosts through it. MPI the application initialised is joined as it is; MPI that
+// lava-flow initialised is finalized when the last context (and `lf_mpi`) is freed. A later
+// `lf_mpi_join(LF_MPI_COMM_WORLD, ...)` returns this same join.
+//
 // # Safety
 // `config` must be NULL or point to a readable `lf_context_config` of its `struct_size`
 // bytes; `out` NULL (rejected) or writable.
@@ -1620,6 +1630,11 @@ lf_status lf_location_new(const char *hostname,
 // LF_ERR_CONFIG for a missing or malformed file, LF_ERR_NOT_FOUND when no process has that
 // name, LF_ERR_INVALID_ARGUMENT for a malformed name.
 //
+// The location keeps the name: where this process joined MPI (by itself under an MPI
+// launcher, see `lf_context_create`, or by `lf_mpi_join`), a channel finds the process of
+// that name through MPI discovery (its rank and host), so the config's names must be the
+// processes' names there: LF_PROCESS_NAME, or `rank<N>` without it.
+//
 // # Safety
 // `path` and `process_name` must be NULL or NUL-terminated strings; `out` NULL or writable.
 lf_status lf_location_from_config(const char *path,
@@ -1728,6 +1743,10 @@ extern "C" {
 // the world: a duplicate makes every process's join fail with LF_ERR_INVALID_ARGUMENT. A
 // failure caused by one process's input fails the join on every process, so none is left
 // waiting. Without the `mpi` feature: LF_ERR_UNSUPPORTED.
+//
+// Where a context joined MPI_COMM_WORLD by itself (`lf_context_create` under an MPI launcher),
+// a join of LF_MPI_COMM_WORLD is that same join, with no collective: `process_name` must then
+// be NULL or the name that join gave this process, else LF_ERR_INVALID_STATE.
 //
 // On success `*out` receives a new handle to release with `lf_mpi_free`.
 //

@@ -79,6 +79,7 @@ impl ProcessConfig {
                 device_id: optional_u32(obj, "device_id", &at)?,
                 host_id: None,
                 mpi: None,
+                name: Some(name.clone()),
             };
             processes.push((name, location));
         }
@@ -149,7 +150,14 @@ mod tests {
         let a = cfg.location_of(&ProcessName::new("a").unwrap()).unwrap();
         assert_eq!(
             a,
-            ProcessLocation { hostname: "h0".into(), node_id: Some(1), device_id: Some(2), host_id: None, mpi: None }
+            ProcessLocation {
+                hostname: "h0".into(),
+                node_id: Some(1),
+                device_id: Some(2),
+                host_id: None,
+                mpi: None,
+                name: Some(ProcessName::new("a").unwrap())
+            }
         );
         let b = cfg.location_of(&ProcessName::new("b").unwrap()).unwrap();
         assert_eq!((b.node_id, b.device_id), (None, None));

@@ -100,6 +100,16 @@ pub const PROCESS_NAME: EnvVar = EnvVar {
     feature: Some("mpi"),
 };
 
+/// `LF_MPI`: whether a context joins MPI by itself under an MPI launcher.
+pub const MPI: EnvVar = EnvVar {
+    name: "LF_MPI",
+    default: "auto",
+    meaning: "auto: under an MPI launcher (mpirun, mpiexec, srun), creating a context joins MPI_COMM_WORLD, a \
+              collective every rank must make, so that locations from a config file reach peers on other hosts; \
+              off: only lf_mpi_join joins",
+    feature: Some("mpi"),
+};
+
 /// `LF_LOG_LEVEL`: how much lava-flow logs.
 pub const LOG_LEVEL: EnvVar = EnvVar {
     name: "LF_LOG_LEVEL",
@@ -109,8 +119,18 @@ pub const LOG_LEVEL: EnvVar = EnvVar {
 };
 
 /// Every variable, in the order `lf-info -c` lists them.
-pub const VARS: &[EnvVar] =
-    &[VULKAN_DEVICE, GPU_COPY, COPY_THREADS, DISABLE_CUDA, TRANSPORTS, RUNTIME_DIR, HOST_ID, PROCESS_NAME, LOG_LEVEL];
+pub const VARS: &[EnvVar] = &[
+    VULKAN_DEVICE,
+    GPU_COPY,
+    COPY_THREADS,
+    DISABLE_CUDA,
+    TRANSPORTS,
+    RUNTIME_DIR,
+    HOST_ID,
+    PROCESS_NAME,
+    MPI,
+    LOG_LEVEL,
+];
 
 /// The variable called `name`, if lava-flow reads it.
 pub fn lookup(name: &str) -> Option<&'static EnvVar> {
@@ -275,6 +295,7 @@ mod tests {
             (crate::channels::RUNTIME_DIR_ENV, &RUNTIME_DIR),
             (crate::types::HOST_ID_ENV, &HOST_ID),
             (crate::mpi::PROCESS_NAME_ENV, &PROCESS_NAME),
+            (crate::mpi::MPI_ENV, &MPI),
             (crate::logging::LOG_LEVEL_ENV, &LOG_LEVEL),
             (crate::memory::COPY_THREADS_ENV, &COPY_THREADS),
             (lava_flow_cuda::DISABLE_CUDA_ENV, &DISABLE_CUDA),

@@ -79,6 +79,10 @@ pub struct ProcessLocation {
     /// How to reach the process through MPI, for locations found by MPI discovery
     /// (`MpiWorld::peer`): what a channel to a peer on another host addresses.
     pub mpi: Option<MpiAddress>,
+    /// The process's name, for locations read from a config file: where this process has
+    /// joined MPI, a channel finds the process of that name through discovery (its rank and
+    /// its host identity), so a location from a config file reaches a peer on another host.
+    pub name: Option<ProcessName>,
 }
 
 /// A process in an MPI world lava-flow joined: the world (its id in this process) and the
@@ -93,7 +97,7 @@ impl ProcessLocation {
     /// Builds a location by hand, checking the hostname.
     pub fn new(hostname: &str, node_id: Option<u32>, device_id: Option<u32>) -> Result<Self> {
         validate_hostname(hostname)?;
-        Ok(ProcessLocation { hostname: hostname.to_owned(), node_id, device_id, host_id: None, mpi: None })
+        Ok(ProcessLocation { hostname: hostname.to_owned(), node_id, device_id, host_id: None, mpi: None, name: None })
     }
 
     /// The same location with a host identity, checked like `LF_HOST_ID`.
@@ -115,6 +119,7 @@ impl ProcessLocation {
             device_id: None,
             host_id: detect_host_id()?,
             mpi: None,
+            name: None,
         })
     }
 }

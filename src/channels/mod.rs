@@ -336,6 +336,7 @@ pub(crate) fn plan_routes(
     config: &ChannelConfig,
     context: &Context,
 ) -> Result<transports::Plan> {
+    let (mine, peer) = &transports::resolve_locations(mine, peer);
     let (scope, scope_text) = explain_scope(mine, peer);
     let (allowed, source) = transports::allowed_transports(config)?;
     transports::plan(scope, peer, &scope_text, &allowed, &source, config, context)

@@ -44,6 +44,11 @@ pub(crate) struct ContextInner {
     pub(crate) gpu: ContextGpu,
     /// The CUDA allocations registered, by base and CUDA's id of them.
     pub(crate) cuda: Arc<CudaRegistry>,
+    /// The MPI world this context joined by itself under an MPI launcher, held for the
+    /// context's life so that its channels find peers named in config files through it.
+    #[cfg(feature = "mpi")]
+    #[allow(dead_code)]
+    mpi: Option<crate::mpi::MpiWorld>,
 }
 
 fn host_memory() -> (u64, u64) {
@@ -64,6 +69,13 @@ impl Context {
     /// (InvalidArgument); a device index or deviceUUID that matches no device (NotFound,
     /// listing the devices); under [`GpuPolicy::Required`](super::GpuPolicy::Required), any reason Vulkan cannot be
     /// opened (Unsupported or Vulkan, with the loader's or driver's word).
+    ///
+    /// With the `mpi` feature, in a process started by an MPI launcher (see
+    /// [`crate::mpi::launcher`]) and unless `LF_MPI=off`, the context joins `MPI_COMM_WORLD`
+    /// last of all, once nothing else can fail: a collective, so every rank must create a
+    /// context (the first one; later contexts, and an explicit join of `MPI_COMM_WORLD`, share
+    /// that join). MPI initialised by the application is joined as it is; MPI that lava-flow
+    /// initialised is finalized when the last context and world are gone.
     pub fn new(config: ContextConfig) -> Result<Context> {
         crate::logging::init();
         let size = config.arena_size;
@@ -92,6 +104,10 @@ impl Context {
             config.gpu_arena_size,
             config.strict_gpu
         );
+        // Last: a rank that failed before would leave the others waiting in the collective, one
+        // that failed after would have to end the join again.
+        #[cfg(feature = "mpi")]
+        let mpi = crate::mpi::join_for_context()?;
         Ok(Context {
             inner: Arc::new(ContextInner {
                 config,
@@ -103,6 +119,8 @@ impl Context {
                 imports: Arc::default(),
                 gpu,
                 cuda: Arc::default(),
+                #[cfg(feature = "mpi")]
+                mpi,
             }),
         })
     }

@@ -18,9 +18,14 @@
 
 #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 
+mod auto;
 mod record;
 #[cfg(feature = "mpi")]
 mod runtime;
+
+#[cfg(feature = "mpi")]
+pub(crate) use auto::{here_in_world_of, join_for_context, resolve, unresolved_reason};
+pub use auto::{launcher, MPI_ENV};
 
 #[cfg(feature = "mpi")]
 pub(crate) use runtime::{register_duty, Duty, DutyRegistration, PrivateComm, Request};
@@ -54,6 +59,36 @@ struct WorldEntry {
     thread_level: ThreadLevel,
     /// Each rank's hostname, for reports of peers met over MPI.
     hosts: Arc<[String]>,
+    /// What discovery found, for another handle on the same join.
+    peers: Arc<[Peer]>,
+    topology_report: Arc<str>,
+    initialised_by_lava_flow: bool,
+    /// Joined over `MPI_COMM_WORLD`.
+    over_world: bool,
+    /// Joined by a context on its own (under an MPI launcher), not by the application.
+    automatic: bool,
+}
+
+impl WorldEntry {
+    /// Another handle on this world, while it is alive.
+    #[cfg(feature = "mpi")]
+    fn handle(&self) -> Option<MpiWorld> {
+        Some(MpiWorld {
+            rank: self.rank,
+            peers: Arc::clone(&self.peers),
+            thread_level: self.thread_level,
+            tag_upper_bound: self.tag_upper_bound,
+            initialised_by_lava_flow: self.initialised_by_lava_flow,
+            topology_report: Arc::clone(&self.topology_report),
+            comm: self.comm.upgrade()?,
+        })
+    }
+}
+
+/// A new handle on the most recently joined world still alive that `wanted` accepts.
+#[cfg(feature = "mpi")]
+fn live_world(wanted: impl Fn(&WorldEntry) -> bool) -> Option<MpiWorld> {
+    WORLDS.lock().iter().rev().filter(|w| wanted(w)).find_map(WorldEntry::handle)
 }
 
 /// One process's way to a peer of an MPI world: the world's communicator (kept alive, and
@@ -225,11 +260,11 @@ enum PrivateComm {}
 /// The accessors only read what discovery found, so they may be called from any thread.
 pub struct MpiWorld {
     rank: u32,
-    peers: Vec<Peer>,
+    peers: Arc<[Peer]>,
     thread_level: ThreadLevel,
     tag_upper_bound: i32,
     initialised_by_lava_flow: bool,
-    topology_report: String,
+    topology_report: Arc<str>,
     /// Freed when the world and the channels over it are gone (and MPI finalized with the
     /// last one, where lava-flow initialised it); the MPI transport sends through it.
     #[allow(dead_code)]
@@ -255,8 +290,30 @@ impl MpiWorld {
     /// Failures that depend on one process's input (a bad name, a name used twice, a record
     /// that fails validation) make every process's join fail, so none is left waiting in a
     /// collective.
+    ///
+    /// Where a context of this process has joined `MPI_COMM_WORLD` by itself (under an MPI
+    /// launcher, see [`launcher`]), a join of [`Communicator::World`] is that join again, with
+    /// no collective: the same ranks and names. It must then name this process as that join
+    /// did (or name none), else `InvalidState`. So is a join of the Fortran handle of
+    /// `MPI_COMM_WORLD`.
     #[cfg(feature = "mpi")]
     pub fn join(communicator: Communicator, process_name: Option<&str>) -> Result<MpiWorld> {
+        if let Some(world) = live_world(|w| w.automatic) {
+            // MPI is initialised while the world lives: a Fortran handle can be compared.
+            let world_comm = match communicator {
+                Communicator::World => true,
+                Communicator::Fortran(handle) => runtime::names_comm_world(handle),
+            };
+            if world_comm {
+                return auto::same_join(world, process_name);
+            }
+        }
+        Self::join_new(communicator, process_name, false)
+    }
+
+    /// A join of its own (a collective), by the application or (`automatic`) by a context.
+    #[cfg(feature = "mpi")]
+    fn join_new(communicator: Communicator, process_name: Option<&str>, automatic: bool) -> Result<MpiWorld> {
         crate::logging::init();
         let fortran = match communicator {
             Communicator::World => None,
@@ -304,11 +361,11 @@ impl MpiWorld {
         }
         let world = MpiWorld {
             rank: joined.rank,
-            peers,
+            peers: peers.into(),
             thread_level: joined.thread_level,
             tag_upper_bound: joined.tag_upper_bound,
             initialised_by_lava_flow: joined.initialised_by_lava_flow,
-            topology_report,
+            topology_report: topology_report.into(),
             comm: Arc::new(joined.comm),
         };
         let mut worlds = WORLDS.lock();
@@ -320,6 +377,11 @@ impl MpiWorld {
             tag_upper_bound: world.tag_upper_bound,
             thread_level: world.thread_level,
             hosts: world.peers.iter().map(|p| p.location.hostname.clone()).collect(),
+            peers: Arc::clone(&world.peers),
+            topology_report: Arc::clone(&world.topology_report),
+            initialised_by_lava_flow: world.initialised_by_lava_flow,
+            over_world: joined.over_world,
+            automatic,
         });
         drop(worlds);
         Ok(world)

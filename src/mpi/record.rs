@@ -154,6 +154,7 @@ impl LocationRecord {
                 device_id: (flags & HAS_DEVICE != 0).then_some(device),
                 host_id,
                 mpi: None,
+                name: None,
             },
             gpu_uuids,
             shared_memory_group,

@@ -51,6 +51,8 @@ pub(crate) struct Joined {
     pub thread_level: ThreadLevel,
     pub tag_upper_bound: i32,
     pub initialised_by_lava_flow: bool,
+    /// The communicator duplicated is `MPI_COMM_WORLD` (named so, or by its Fortran handle).
+    pub over_world: bool,
 }
 
 /// Which communicator to duplicate: `None` is `MPI_COMM_WORLD`, `Some` a Fortran handle from
@@ -95,6 +97,17 @@ pub(crate) fn join(fortran_comm: Option<i64>) -> Result<Joined> {
     }
 }
 
+/// Whether the Fortran handle `handle` names `MPI_COMM_WORLD`. Only while MPI is initialised
+/// and not finalized (a world of lava-flow's is alive).
+pub(crate) fn names_comm_world(handle: i64) -> bool {
+    let Ok(handle) = ffi::RSMPI_Fint::try_from(handle) else {
+        return false;
+    };
+    // SAFETY: MPI is initialised (the caller holds a live world); f2c takes any integer, and
+    // COMM_WORLD is an extern static that rsmpi's C shim initialises.
+    unsafe { ffi::RSMPI_Comm_f2c(handle) == ffi::RSMPI_COMM_WORLD }
+}
+
 fn join_initialised(fortran_comm: Option<i64>, initialised_by_lava_flow: bool) -> Result<Joined> {
     let thread_level = query_thread_level()?;
     let app_comm = match fortran_comm {
@@ -122,6 +135,8 @@ fn join_initialised(fortran_comm: Option<i64>, initialised_by_lava_flow: bool) -
         )));
     }
 
+    // SAFETY: reading an extern static that rsmpi's C shim initialises to MPI_COMM_WORLD.
+    let over_world = app_comm == unsafe { ffi::RSMPI_COMM_WORLD };
     let mut comm = PrivateComm { comm: null_comm, is_world: false };
     // SAFETY: `app_comm` is a live communicator (checked above as far as MPI lets one check);
     // the duplicate is written to valid storage. Errors follow the application's handler.
@@ -167,6 +182,7 @@ fn join_initialised(fortran_comm: Option<i64>, initialised_by_lava_flow: bool) -
         thread_level,
         tag_upper_bound,
         initialised_by_lava_flow,
+        over_world,
     })
 }
 
@@ -323,7 +339,7 @@ fn initialized() -> Result<bool> {
     Ok(flag != 0)
 }
 
-fn finalized() -> Result<bool> {
+pub(crate) fn finalized() -> Result<bool> {
     let mut flag: c_int = 0;
     // SAFETY: may be called at any time, before MPI_Init and after MPI_Finalize.
     check(unsafe { ffi::MPI_Finalized(&mut flag) }, "MPI_Finalized", "")?;

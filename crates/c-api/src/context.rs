@@ -194,6 +194,16 @@ pub unsafe extern "C" fn lf_context_config_init(config: *mut lf_context_config, 
 /// for unknown values; LF_ERR_NOT_FOUND for a device index or UUID that matches no device;
 /// under LF_GPU_REQUIRED, LF_ERR_UNSUPPORTED or LF_ERR_VULKAN when Vulkan cannot be opened.
 ///
+/// MPI: in a library built with MPI (LAVA_FLOW_FEATURE_MPI), a process started by an MPI
+/// launcher (mpirun, mpiexec, srun: one of OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK, PMI_SIZE,
+/// MPI_LOCALNRANKS, MV2_COMM_WORLD_SIZE is set) joins MPI_COMM_WORLD here, last, as
+/// `lf_mpi_join(LF_MPI_COMM_WORLD, NULL, ...)` would, unless the environment has LF_MPI=off.
+/// The join is collective: every rank must create a context (the first; later contexts share
+/// the join), and may then give channels locations read from a config file, which reach peers
+/// on other hosts through it. MPI the application initialised is joined as it is; MPI that
+/// lava-flow initialised is finalized when the last context (and `lf_mpi`) is freed. A later
+/// `lf_mpi_join(LF_MPI_COMM_WORLD, ...)` returns this same join.
+///
 /// # Safety
 /// `config` must be NULL or point to a readable `lf_context_config` of its `struct_size`
 /// bytes; `out` NULL (rejected) or writable.

@@ -119,6 +119,11 @@ pub unsafe extern "C" fn lf_location_new(
 /// LF_ERR_CONFIG for a missing or malformed file, LF_ERR_NOT_FOUND when no process has that
 /// name, LF_ERR_INVALID_ARGUMENT for a malformed name.
 ///
+/// The location keeps the name: where this process joined MPI (by itself under an MPI
+/// launcher, see `lf_context_create`, or by `lf_mpi_join`), a channel finds the process of
+/// that name through MPI discovery (its rank and host), so the config's names must be the
+/// processes' names there: LF_PROCESS_NAME, or `rank<N>` without it.
+///
 /// # Safety
 /// `path` and `process_name` must be NULL or NUL-terminated strings; `out` NULL or writable.
 #[no_mangle]

@@ -74,6 +74,10 @@ fn checked_rank(mpi: &lf_mpi, rank: i32) -> FfiResult<usize> {
 /// failure caused by one process's input fails the join on every process, so none is left
 /// waiting. Without the `mpi` feature: LF_ERR_UNSUPPORTED.
 ///
+/// Where a context joined MPI_COMM_WORLD by itself (`lf_context_create` under an MPI launcher),
+/// a join of LF_MPI_COMM_WORLD is that same join, with no collective: `process_name` must then
+/// be NULL or the name that join gave this process, else LF_ERR_INVALID_STATE.
+///
 /// On success `*out` receives a new handle to release with `lf_mpi_free`.
 ///
 /// # Safety

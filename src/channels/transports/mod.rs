@@ -45,7 +45,7 @@ pub(crate) use connect::{
     ReceiverFactory,
 };
 pub(crate) use dispatch::{AnyConsumer, AnyProducer, AnyRouteReceiver, AnyRouteSender, AnySession, MessageReleaser};
-pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, Plan};
+pub(crate) use recommended::{allowed_transports, plan, rendezvous_hint, resolve_locations, Plan};
 pub use recommended::{TransportKind, TRANSPORTS_ENV};
 // What tools need to see same-host channels from outside (lf-info --channels): the runtime
 // directory, the channels in it, whether each end is alive, and the removal of what dead ones

@@ -174,9 +174,7 @@ fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
     {
         match peer.mpi {
             Some(address) => crate::mpi::endpoint(address).map(|_| ()),
-            None => {
-                Err("mpi needs the peer's location from MPI discovery (lf_mpi_location), which carries its rank".into())
-            }
+            None => Err(crate::mpi::unresolved_reason(peer)),
         }
     }
     #[cfg(not(feature = "mpi"))]
@@ -184,6 +182,40 @@ fn mpi_availability(peer: &ProcessLocation) -> std::result::Result<(), String> {
         let _ = peer;
         Err("mpi is not in this build (cargo feature `mpi`, or cmake -DLAVA_FLOW_MPI=ON)".into())
     }
+}
+
+/// The locations a channel uses: a peer's location read from a config file (it names the
+/// process) becomes where MPI discovery found the process of that name, where this process
+/// joined MPI (by itself under an MPI launcher, or by `lf_mpi_join`); with it, a location of
+/// this process that does not say which host it is on (from a config file too) becomes where
+/// discovery found this process. Both then carry host identities, and the peer its rank.
+/// Without the `mpi` feature, the locations as they are.
+pub(crate) fn resolve_locations(mine: &ProcessLocation, peer: &ProcessLocation) -> (ProcessLocation, ProcessLocation) {
+    #[cfg(feature = "mpi")]
+    {
+        resolve_through_mpi(mine, peer)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        (mine.clone(), peer.clone())
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn resolve_through_mpi(mine: &ProcessLocation, peer: &ProcessLocation) -> (ProcessLocation, ProcessLocation) {
+    let Some(peer) = crate::mpi::resolve(peer) else {
+        return (mine.clone(), peer.clone());
+    };
+    let mine = match crate::mpi::here_in_world_of(&peer) {
+        Some(found) if mine.host_id.is_none() && mine.mpi.is_none() => ProcessLocation {
+            node_id: mine.node_id.or(found.node_id),
+            device_id: mine.device_id.or(found.device_id),
+            name: mine.name.clone(),
+            ..found
+        },
+        _ => mine.clone(),
+    };
+    (mine, peer)
 }
 
 /// Whether route `kind` can carry GPU buffers by reference for a channel of `scope`, or why
