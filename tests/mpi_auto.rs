@@ -6,6 +6,8 @@
 //! `LF_MPI`. An explicit join after the automatic one is that join again: no collective.
 #![cfg(feature = "mpi")]
 
+#[path = "common/mpirun.rs"]
+mod mpirun;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -132,17 +134,7 @@ fn under_mpirun(name: &str, config: &str, envs: [&[(&str, &str)]; 2], child: imp
         }
         cmd.arg(&exe).args(["--exact", name, "--nocapture"]);
     }
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let status = match cmd.status() {
-        Ok(s) => s,
-        Err(e) => {
-            assert!(std::env::var_os("LF_REQUIRE_MPI").is_none(), "LF_REQUIRE_MPI is set but mpirun cannot start: {e}");
-            eprintln!("skipped: mpirun cannot start ({e})");
-            return;
-        }
-    };
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(status.success(), "the two ranks of {name} under mpirun: {status}");
+    mpirun::run_ranks(cmd, name, "two", &dir);
 }
 
 /// A config a user would write: the processes by name, on the hosts they were meant for.

@@ -12,6 +12,8 @@
 #[path = "contract/cases.rs"]
 mod cases;
 
+#[path = "common/mpirun.rs"]
+mod mpirun;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -543,15 +545,5 @@ fn under_mpirun(name: &str, test: impl FnOnce(&MpiWorld)) {
         cmd.arg(format!("LF_TEST_SIGNALS={}", signals.display()));
         cmd.arg(&exe).args(["--exact", name, "--nocapture"]);
     }
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let status = match cmd.status() {
-        Ok(s) => s,
-        Err(e) => {
-            assert!(std::env::var_os("LF_REQUIRE_MPI").is_none(), "LF_REQUIRE_MPI is set but mpirun cannot start: {e}");
-            eprintln!("skipped: mpirun cannot start ({e})");
-            return;
-        }
-    };
-    let _ = std::fs::remove_dir_all(&signals);
-    assert!(status.success(), "the two ranks of {name} under mpirun: {status}");
+    mpirun::run_ranks(cmd, name, "two", &signals);
 }

@@ -16,6 +16,8 @@
 //! MPI, naming `max_peers`; a slow consumer over MPI is detached and says so.
 #![cfg(feature = "mpi")]
 
+#[path = "common/mpirun.rs"]
+mod mpirun;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -562,15 +564,5 @@ fn under_mpirun(name: &str, test: impl FnOnce(&MpiWorld)) {
         cmd.arg(format!("LF_TEST_SIGNALS={}", signals.display()));
         cmd.arg(&exe).args(["--exact", name, "--nocapture"]);
     }
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let status = match cmd.status() {
-        Ok(s) => s,
-        Err(e) => {
-            assert!(std::env::var_os("LF_REQUIRE_MPI").is_none(), "LF_REQUIRE_MPI is set but mpirun cannot start: {e}");
-            eprintln!("skipped: mpirun cannot start ({e})");
-            return;
-        }
-    };
-    let _ = std::fs::remove_dir_all(&signals);
-    assert!(status.success(), "the four ranks of {name} under mpirun: {status}");
+    mpirun::run_ranks(cmd, name, "four", &signals);
 }
