@@ -3,7 +3,7 @@
 # Installs missing system packages, then: cargo build + test with all features (the header
 # check is one of the tests), the CMake build, ctest, the install, and the package as a user
 # sees it (find_package shared and static, pkg-config, the examples built out of tree), and the
-# Python package (pip install into a venv, pytest).
+# Python package (the manylinux wheel into a venv and pytest; the pip-built one, pytest of MPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -153,19 +153,33 @@ for ex in examples-c examples-cpp; do
   ctest --test-dir "$build/installed-$ex" --output-on-failure
 done
 
-step "Python package: pip install into a fresh venv, then pytest (two processes, a C producer, examples-python)"
-# The wheel is built as a user builds it (pip, maturin through the package's build backend),
-# in the CMake step's cargo directory and with its features, so that cargo reuses its release
-# build of the library.
+step "Python package: the manylinux wheel (auditwheel, tags checked) into a fresh venv, pytest"
+# Built here without a container (scripts/manylinux-wheel.sh), without MPI as published wheels
+# are, in the CMake step's cargo directory, so that cargo reuses the library's dependencies.
+# The whole suite runs from it (test_mpi.py skips: no MPI in it; the test that the library
+# without MPI refuses lf.Mpi runs instead).
 python=${LF_PYTHON:-python3}
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-  echo "$python is older than 3.11, which the lava_flow package needs (set LF_PYTHON)" >&2; exit 1
-fi
+CARGO_TARGET_DIR="$build/cargo" LF_PYTHON="$python" LF_WHEEL_WORK="$build/manylinux-wheel" \
+  scripts/manylinux-wheel.sh "$build/dist"
+rm -rf "$build/venv-manylinux"
+"$python" -m venv "$build/venv-manylinux"
+"$build/venv-manylinux/bin/pip" install -q --upgrade pip
+"$build/venv-manylinux/bin/pip" install -q "$(ls "$build"/dist/lava_flow-*-manylinux*.whl)" pytest numpy
+(cd "$build" && "$build/venv-manylinux/bin/python" -m pytest -q "$root/crates/python/tests")
+
+step "Python package as a user builds it (pip install ./crates/python, CMake's features), MPI tests"
+# pip and maturin through the package's build backend, with the CMake step's cargo features
+# (mpi where MPI is installed) and cargo directory, so that cargo reuses its release build of
+# the library. Only the MPI tests run from it: the manylinux wheel above ran the rest.
 rm -rf "$build/venv"
 "$python" -m venv "$build/venv"
 "$build/venv/bin/pip" install -q --upgrade pip
 CARGO_TARGET_DIR="$build/cargo" LAVA_FLOW_FEATURES="$cargo_features" \
   "$build/venv/bin/pip" install -q "./crates/python[test]"
-(cd "$build" && "$build/venv/bin/python" -m pytest -q "$root/crates/python/tests")
+if [[ ,$cargo_features, == *,mpi,* ]] &&
+  ! grep -q "LAVA_FLOW_FEATURE_MPI 1" "$("$build/venv/bin/python" -c 'import lava_flow; print(lava_flow.get_include())')/lava_flow_features.h"; then
+  echo "the pip-built lava_flow has no MPI although the CMake features '$cargo_features' have it" >&2; exit 1
+fi
+(cd "$build" && "$build/venv/bin/python" -m pytest -q "$root/crates/python/tests/test_mpi.py")
 
 step "all tests passed"
