@@ -39,7 +39,8 @@ pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     kind: Kind,
-    writable: bool,
+    /// How many bytes from the start may be written.
+    writable_len: usize,
 }
 
 // SAFETY: a Mapping is a plain region of memory; sharing the pointer between threads is as
@@ -68,7 +69,7 @@ impl Mapping {
         // SAFETY: a NULL address lets the system choose a fresh range.
         let ptr = unsafe { VirtualAlloc(std::ptr::null(), len, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE) };
         let ptr = NonNull::new(ptr.cast()).ok_or_else(|| last_error(format!("VirtualAlloc({len} bytes)")))?;
-        Ok(Mapping { ptr, len, kind: Kind::Private, writable: true })
+        Ok(Mapping { ptr, len, kind: Kind::Private, writable_len: len })
     }
 
     /// Maps two sections back to back in one range: the first `first.1` bytes of `first.0`
@@ -173,15 +174,17 @@ impl Mapping {
             mapped[i] = true;
         }
         let ptr = NonNull::new(base.cast()).expect("checked above");
-        Ok(Mapping { ptr, len: total, kind: Kind::Pair { second_at: first_len }, writable: second_writable })
+        let writable_len = if second_writable { total } else { first_len };
+        Ok(Mapping { ptr, len: total, kind: Kind::Pair { second_at: first_len }, writable_len })
     }
 
     /// Faults in `len` bytes from `offset` now (for writing, or only for reading), so that
     /// first touches later do not: one touch per page (an atomic add of nothing, for writing,
     /// so that a concurrent writer's bytes are kept). Whether it was done: not for a range
-    /// outside the mapping, nor for writing a mapping that is not writable throughout.
+    /// outside the mapping, nor for writing a range that is not writable throughout.
     pub fn populate(&self, offset: usize, len: usize, write: bool) -> bool {
-        if offset.checked_add(len).map_or(true, |end| end > self.len) || len == 0 || (write && !self.writable) {
+        let limit = if write { self.writable_len } else { self.len };
+        if offset.checked_add(len).map_or(true, |end| end > limit) || len == 0 {
             return false;
         }
         let page = page_size();
@@ -219,7 +222,7 @@ impl Mapping {
         let view = unsafe { MapViewOfFile(section, access, (offset >> 32) as u32, offset as u32, len) };
         let ptr = NonNull::new(view.Value.cast())
             .ok_or_else(|| view_error(format!("MapViewOfFile({len} bytes at offset {offset})"), writable))?;
-        Ok(Mapping { ptr, len, kind: Kind::View, writable })
+        Ok(Mapping { ptr, len, kind: Kind::View, writable_len: if writable { len } else { 0 } })
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
@@ -365,6 +368,8 @@ mod tests {
         assert!(!a.contains(a.as_ptr() as usize + 2 * g - 192, 193));
         assert!(a.populate(0, 2 * g, true) && b.populate(0, g, false));
         assert!(!a.populate(g, 2 * g, false));
+        let ro = Mapping::shared_read_only(&h, 0, g).unwrap();
+        assert!(!ro.populate(0, g, true) && ro.populate(0, g, false));
         assert!(matches!(Mapping::shared(&h, 4096, 4096), Err(Error::InvalidArgument(_))));
         assert!(matches!(Mapping::shared(&h, 0, 0), Err(Error::InvalidArgument(_))));
     }
@@ -404,7 +409,7 @@ mod tests {
                 // SAFETY: the view is live and g long.
                 assert_eq!(unsafe { a_view.as_ptr().read() }, 9);
                 assert!(!pair.populate(0, 3 * g, true), "the read-only part was populated for writing");
-                assert!(pair.populate(0, 3 * g, false));
+                assert!(pair.populate(0, g, true) && pair.populate(0, 3 * g, false));
             }
             Err(Error::Unsupported(m)) => {
                 eprintln!("shared_pair: {m}");

@@ -54,7 +54,8 @@ pub(crate) fn os_error(context: impl Into<String>, source: io::Error) -> Error {
     match source.raw_os_error().map(|c| c as u32) {
         Some(ERROR_ACCESS_DENIED) => Error::PermissionDenied(format!("{context}: {source}")),
         Some(ERROR_NOT_ENOUGH_MEMORY | ERROR_COMMITMENT_LIMIT) => Error::OutOfMemory(format!("{context}: {source}")),
-        _ => Error::os(context, source),
+        // Not Error::os: it classifies by errno values, which mean other things as Windows codes.
+        _ => Error::Io { context, source },
     }
 }
 

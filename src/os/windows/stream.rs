@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use windows_sys::Win32::Foundation::{
     DuplicateHandle, GetHandleInformation, GetLastError, LocalFree, DUPLICATE_CLOSE_SOURCE, DUPLICATE_SAME_ACCESS,
     ERROR_ACCESS_DENIED, ERROR_BROKEN_PIPE, ERROR_FILE_NOT_FOUND, ERROR_IO_INCOMPLETE, ERROR_IO_PENDING, ERROR_NO_DATA,
-    ERROR_PIPE_BUSY, ERROR_PIPE_CONNECTED, ERROR_PIPE_NOT_CONNECTED, GENERIC_READ, GENERIC_WRITE, HANDLE,
-    INVALID_HANDLE_VALUE, WAIT_OBJECT_0,
+    ERROR_PIPE_BUSY, ERROR_PIPE_CONNECTED, ERROR_PIPE_NOT_CONNECTED, ERROR_SEM_TIMEOUT, GENERIC_READ, GENERIC_WRITE,
+    HANDLE, INVALID_HANDLE_VALUE, WAIT_OBJECT_0,
 };
 use windows_sys::Win32::Security::Authorization::{
     ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
@@ -151,7 +151,7 @@ impl Listener {
         // SAFETY: a NUL-terminated name.
         let answers = unsafe { WaitNamedPipeW(listener.path.as_ptr(), 1) } != 0;
         // SAFETY: no preconditions; read right after the call.
-        if answers || unsafe { GetLastError() } != ERROR_FILE_NOT_FOUND {
+        if answers || matches!(unsafe { GetLastError() }, ERROR_SEM_TIMEOUT | ERROR_PIPE_BUSY) {
             return Err(listener.live_already());
         }
         let first = listener.instance(true)?;
