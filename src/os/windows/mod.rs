@@ -18,6 +18,11 @@
 //!   signalled when the process exits, waited on by `WaitForMultipleObjects`.
 //! - **lock file** ([`lock`]): `LockFileEx`, released by the kernel when the holder dies.
 //! - **runtime dir and user** ([`runtime`]): `%LOCALAPPDATA%\lava-flow`, the user's SID.
+//!
+//! The tests run under Wine (`scripts/wine-tests.sh`). Wine 8.0 differs from Windows in two
+//! ways that the code allows for: its `VirtualAlloc2` refuses placeholders, so `shared_pair`
+//! reports `Unsupported` there, and it ignores `FILE_FLAG_FIRST_PIPE_INSTANCE`, so
+//! `Listener::bind` also refuses a name that already has an instance before creating one.
 
 pub mod lock;
 pub mod mapping;

@@ -241,8 +241,9 @@ impl Listener {
                             } else if !signalled {
                                 *waiting = Some(pipe);
                                 return Err(Error::Timeout(format!(
-                                    "no client connected to the listener {:?} within {timeout:?}",
-                                    self.name
+                                    "no client connected to the listener {:?} within {:?} (is the peer running?)",
+                                    self.name,
+                                    timeout.unwrap_or_default()
                                 )));
                             } else {
                                 Err(last_error(format!("ConnectNamedPipe of the listener {:?}", self.name)))
