@@ -16,7 +16,7 @@ use windows_sys::Win32::System::Memory::{
 use windows_sys::Win32::System::SystemInformation::{GetSystemInfo, SYSTEM_INFO};
 use windows_sys::Win32::System::Threading::GetCurrentProcess;
 
-use super::{last_error, system_function};
+use super::{last_error, system_function, SystemFunction};
 use crate::error::{Error, Result};
 
 /// `VirtualFree`'s flag that splits a placeholder instead of freeing it.
@@ -308,7 +308,10 @@ fn placeholders() -> Result<&'static Placeholders> {
         match (find(c"VirtualAlloc2"), find(c"MapViewOfFile3")) {
             // SAFETY: the documented signatures of these exports.
             (Ok(a), Ok(m)) => Ok(unsafe {
-                Placeholders { virtual_alloc2: std::mem::transmute(a), map_view_of_file3: std::mem::transmute(m) }
+                Placeholders {
+                    virtual_alloc2: std::mem::transmute::<SystemFunction, VirtualAlloc2>(a),
+                    map_view_of_file3: std::mem::transmute::<SystemFunction, MapViewOfFile3>(m),
+                }
             }),
             (a, m) => Err([a.err(), m.err()].into_iter().flatten().collect::<Vec<_>>().join(" and ")),
         }

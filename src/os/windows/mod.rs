@@ -8,7 +8,7 @@
 //! - **mapping** ([`mapping`]): views of sections (`MapViewOfFile`), private memory
 //!   (`VirtualAlloc`); two sections back to back through placeholders (`VirtualAlloc2`,
 //!   `MapViewOfFile3`, Windows 10 1803), looked up at run time. Offsets and the parts of a
-//!   pair are multiples of [`map_granularity`] (64 KiB), not of the page size.
+//!   pair are multiples of [`mapping::map_granularity`] (64 KiB), not of the page size.
 //! - **wait on a word** ([`wait`]): Windows has no wait on an address that crosses processes,
 //!   so a waiter spins, yields and sleeps, re-checking the word; a wake is a no-op.
 //! - **notification** ([`notify`]): a manual-reset event, one handle per side.
@@ -34,13 +34,10 @@ pub mod stream;
 pub mod wait;
 pub mod watcher;
 
-pub use mapping::{map_granularity, page_size, Mapping};
-pub use std::os::windows::io::{AsHandle, BorrowedHandle, OwnedHandle, RawHandle};
-
 use std::ffi::OsStr;
 use std::io;
 use std::os::windows::ffi::OsStrExt;
-use std::os::windows::io::FromRawHandle;
+use std::os::windows::io::{FromRawHandle, OwnedHandle};
 
 use windows_sys::Win32::Foundation::{ERROR_ACCESS_DENIED, ERROR_COMMITMENT_LIMIT, ERROR_NOT_ENOUGH_MEMORY, HANDLE};
 
@@ -80,9 +77,12 @@ pub(crate) fn owned(raw: HANDLE, context: impl FnOnce() -> String) -> crate::err
     Ok(unsafe { OwnedHandle::from_raw_handle(raw) })
 }
 
+/// A function looked up by name, to be transmuted to its real signature.
+pub(crate) type SystemFunction = unsafe extern "system" fn() -> isize;
+
 /// Looks up `function` in a system DLL that every process has loaded (`kernelbase.dll`,
 /// `ntdll.dll`), for what older Windows versions (or Wine) may lack.
-pub(crate) fn system_function(dll: &str, function: &std::ffi::CStr) -> Option<unsafe extern "system" fn() -> isize> {
+pub(crate) fn system_function(dll: &str, function: &std::ffi::CStr) -> Option<SystemFunction> {
     use windows_sys::Win32::System::LibraryLoader::{GetModuleHandleW, GetProcAddress};
     let dll = wide(dll);
     // SAFETY: a NUL-terminated name; no reference count is taken, and these DLLs stay

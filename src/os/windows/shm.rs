@@ -132,7 +132,7 @@ pub fn read_only(handle: &impl AsHandle) -> Result<OwnedHandle> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::windows::Mapping;
+    use crate::os::windows::mapping::Mapping;
 
     #[test]
     fn a_section_has_its_size_and_it_is_fixed() {

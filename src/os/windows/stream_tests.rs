@@ -2,9 +2,10 @@
 //! the child, see `test_child`).
 
 use super::*;
+use crate::os::windows::mapping::Mapping;
 use crate::os::windows::process::PeerProcess;
 use crate::os::windows::watcher::{SharedHandle, Watch};
-use crate::os::windows::{shm, test_child, wait, Mapping};
+use crate::os::windows::{shm, test_child, wait};
 use crate::os::ShmOptions;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -159,7 +160,7 @@ fn shared_memory_crosses_processes_through_the_stream() {
     if test_child::role().as_deref() == Some("shm") {
         let stream =
             connect(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
-        assert_eq!(stream.peer().same_user, true);
+        assert!(stream.peer().same_user);
         let mut buf = [0u8; 8];
         let (n, handles) = stream.recv_with_handles(&mut buf).unwrap();
         assert_eq!((&buf[..n], handles.len()), (&b"memory"[..], 2));
