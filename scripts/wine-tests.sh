@@ -42,7 +42,7 @@ while (($#)); do
     --timeout=*) timeout_s=${1#*=}; shift ;;
     --) shift; test_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    -p|--package|--test|--features|--manifest-path|--bin|--example)
+    -p|--package|--test|--features|-F|--manifest-path|--bin|--example|-j|--jobs|--target-dir|--profile)
       build_args+=("$1" "$2"); shift 2 ;;
     -*) build_args+=("$1"); shift ;;
     *)

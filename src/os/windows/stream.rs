@@ -211,61 +211,76 @@ impl Listener {
                 Some(pipe) => pipe,
                 None => self.instance(false)?,
             };
-            // SAFETY: zeroed is a valid OVERLAPPED; the event is this listener's.
-            let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
-            ov.hEvent = self.event.as_raw_handle();
-            // SAFETY: the event and the pipe are valid; `ov` outlives the operation, which
-            // completes or is cancelled (and waited for) before this block is left.
-            let connected = unsafe {
-                ResetEvent(ov.hEvent);
-                if ConnectNamedPipe(pipe.as_raw_handle(), &mut ov) != 0 {
-                    Ok(true)
-                } else {
-                    match GetLastError() {
-                        ERROR_PIPE_CONNECTED => Ok(true),
-                        // The client came and went before we looked: recycle the instance.
-                        ERROR_NO_DATA => {
-                            DisconnectNamedPipe(pipe.as_raw_handle());
-                            Ok(false)
-                        }
-                        ERROR_IO_PENDING => {
-                            let signalled = WaitForSingleObject(ov.hEvent, millis(timeout)) == WAIT_OBJECT_0;
-                            if !signalled {
-                                CancelIoEx(pipe.as_raw_handle(), &ov);
-                            }
-                            let mut n = 0u32;
-                            // Whether it connected, also when it did just before the cancel.
-                            let done = GetOverlappedResult(pipe.as_raw_handle(), &ov, &mut n, 1) != 0;
-                            if done {
-                                Ok(true)
-                            } else if !signalled {
-                                *waiting = Some(pipe);
-                                return Err(Error::Timeout(format!(
-                                    "no client connected to the listener {:?} within {:?} (is the peer running?)",
-                                    self.name,
-                                    timeout.unwrap_or_default()
-                                )));
-                            } else {
-                                Err(last_error(format!("ConnectNamedPipe of the listener {:?}", self.name)))
-                            }
-                        }
-                        code => Err(os_error(
-                            format!("ConnectNamedPipe of the listener {:?}", self.name),
-                            std::io::Error::from_raw_os_error(code as i32),
-                        )),
-                    }
+            match self.wait_for_client(&pipe, timeout) {
+                Ok(Client::Connected) => {
+                    // The next client's instance, so that the name stays taken; if it cannot
+                    // be made now, the next accept makes it.
+                    *waiting = self.instance(false).ok();
+                    return Stream::new(pipe, true);
                 }
-            }?;
-            if !connected {
-                *waiting = Some(pipe);
-                continue;
+                Ok(Client::CameAndWent) => *waiting = Some(pipe),
+                Ok(Client::None) => {
+                    *waiting = Some(pipe);
+                    return Err(Error::Timeout(format!(
+                        "no client connected to the listener {:?} within {:?} (is the peer running?)",
+                        self.name,
+                        timeout.unwrap_or_default()
+                    )));
+                }
+                Err(e) => return Err(e),
             }
-            // The next client's instance, so that the name stays taken; if it cannot be made
-            // now, the next accept makes it.
-            *waiting = self.instance(false).ok();
-            return Stream::new(pipe, true);
         }
     }
+
+    /// Waits for a client to connect to `pipe`, an instance of this listener's.
+    fn wait_for_client(&self, pipe: &OwnedHandle, timeout: Option<Duration>) -> Result<Client> {
+        let context = || format!("ConnectNamedPipe of the listener {:?}", self.name);
+        // SAFETY: zeroed is a valid OVERLAPPED.
+        let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
+        ov.hEvent = self.event.as_raw_handle();
+        // SAFETY: the event is this listener's.
+        unsafe { ResetEvent(ov.hEvent) };
+        // SAFETY: the pipe and the event are valid; `ov` outlives the operation: below, it
+        // completes, or is cancelled and waited for, before this function returns.
+        let started = unsafe { ConnectNamedPipe(pipe.as_raw_handle(), &mut ov) } != 0;
+        // SAFETY: no preconditions; read right after the call.
+        let code = if started { 0 } else { unsafe { GetLastError() } };
+        match code {
+            0 | ERROR_PIPE_CONNECTED => return Ok(Client::Connected),
+            ERROR_NO_DATA => {
+                // SAFETY: a pipe instance this listener made.
+                unsafe { DisconnectNamedPipe(pipe.as_raw_handle()) };
+                return Ok(Client::CameAndWent);
+            }
+            ERROR_IO_PENDING => {}
+            code => return Err(os_error(context(), std::io::Error::from_raw_os_error(code as i32))),
+        }
+        // SAFETY: the event is this listener's.
+        let signalled = unsafe { WaitForSingleObject(ov.hEvent, millis(timeout)) } == WAIT_OBJECT_0;
+        if !signalled {
+            // SAFETY: cancels only the operation of `ov`, which is still alive.
+            unsafe { CancelIoEx(pipe.as_raw_handle(), &ov) };
+        }
+        let mut n = 0u32;
+        // SAFETY: waits for the operation of `ov` to end, so that `ov` may go. It reports
+        // success also when the client connected just before the cancel.
+        if unsafe { GetOverlappedResult(pipe.as_raw_handle(), &ov, &mut n, 1) } != 0 {
+            Ok(Client::Connected)
+        } else if !signalled {
+            Ok(Client::None)
+        } else {
+            Err(last_error(context()))
+        }
+    }
+}
+
+/// What came of waiting for a client.
+enum Client {
+    Connected,
+    /// A client connected and closed before the wait: the instance is free again.
+    CameAndWent,
+    /// None within the timeout.
+    None,
 }
 
 /// A timeout as the wait functions take it, in whole milliseconds rounded up.
@@ -659,34 +674,40 @@ impl Stream {
     fn read_exact(&self, buf: &mut [u8]) -> Result<usize> {
         let mut got = 0;
         while got < buf.len() {
-            // SAFETY: zeroed is a valid OVERLAPPED; the event is this stream's.
-            let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
-            ov.hEvent = self.read_event.as_raw_handle();
-            let want = (buf.len() - got).min(u32::MAX as usize) as u32;
-            let mut n = 0u32;
-            // SAFETY: the buffer's tail is writable for `want` bytes; `ov` and the buffer
-            // outlive the read, which is waited for below before either goes.
-            let ok = unsafe {
-                ResetEvent(ov.hEvent);
-                let started =
-                    ReadFile(self.pipe.as_raw_handle(), buf[got..].as_mut_ptr(), want, std::ptr::null_mut(), &mut ov);
-                let code = GetLastError();
-                if started == 0 && code != ERROR_IO_PENDING {
-                    Err(code)
-                } else if GetOverlappedResult(self.pipe.as_raw_handle(), &ov, &mut n, 1) == 0 {
-                    Err(GetLastError())
-                } else {
-                    Ok(())
-                }
-            };
-            match ok {
-                Ok(()) if n > 0 => got += n as usize,
-                Ok(()) => return Ok(got),
+            match self.read_some(&mut buf[got..]) {
+                Ok(0) => return Ok(got),
+                Ok(n) => got += n,
                 Err(code) if pipe_broken(code) => return Ok(got),
                 Err(code) => return Err(self.io_error("reading from the pipe", code)),
             }
         }
         Ok(got)
+    }
+
+    /// One read, waited for: how much came (0 at the end), or the error code.
+    fn read_some(&self, buf: &mut [u8]) -> std::result::Result<usize, u32> {
+        // SAFETY: zeroed is a valid OVERLAPPED.
+        let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
+        ov.hEvent = self.read_event.as_raw_handle();
+        // SAFETY: the event is this stream's.
+        unsafe { ResetEvent(ov.hEvent) };
+        let want = buf.len().min(u32::MAX as usize) as u32;
+        // SAFETY: the buffer is writable for `want` bytes; it and `ov` outlive the read, which
+        // is waited for below before this function returns.
+        let started =
+            unsafe { ReadFile(self.pipe.as_raw_handle(), buf.as_mut_ptr(), want, std::ptr::null_mut(), &mut ov) };
+        // SAFETY: no preconditions; read right after the call.
+        let code = if started != 0 { 0 } else { unsafe { GetLastError() } };
+        if code != 0 && code != ERROR_IO_PENDING {
+            return Err(code);
+        }
+        let mut n = 0u32;
+        // SAFETY: waits for the read of `ov` to end.
+        if unsafe { GetOverlappedResult(self.pipe.as_raw_handle(), &ov, &mut n, 1) } == 0 {
+            // SAFETY: no preconditions; read right after the failed call.
+            return Err(unsafe { GetLastError() });
+        }
+        Ok(n as usize)
     }
 
     /// Writes `bytes` as they are, for tests that play a peer breaking the framing.
