@@ -5,10 +5,12 @@ use super::*;
 use crate::os::windows::mapping::Mapping;
 use crate::os::windows::process::PeerProcess;
 use crate::os::windows::watcher::{SharedHandle, Watch};
-use crate::os::windows::{shm, test_child, wait};
+use crate::os::windows::{notify, shm, test_child, wait};
 use crate::os::ShmOptions;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use windows_sys::Win32::Foundation::WAIT_OBJECT_0;
+use windows_sys::Win32::System::Threading::WaitForSingleObject;
 
 const PATH: &str = "os::windows::stream::tests::";
 
@@ -121,6 +123,23 @@ fn a_try_send_to_a_full_pipe_would_block_and_loses_nothing() {
     assert_eq!(&buf[..n], b"after");
 }
 
+/// A message that has arrived in part is not taken by a try; once whole, it is.
+#[test]
+fn a_try_recv_waits_for_the_whole_message() {
+    let (_listener, server, client) = pair(&test_child::unique("lf-part"));
+    let mut frame = 10u32.to_le_bytes().to_vec();
+    frame.extend_from_slice(&0u32.to_le_bytes());
+    frame.extend_from_slice(b"01234");
+    let mut buf = [0u8; 16];
+    server.send_raw_for_tests(&frame[..3]).unwrap();
+    assert!(client.try_recv_with_handles(&mut buf).unwrap().is_none());
+    server.send_raw_for_tests(&frame[3..]).unwrap();
+    assert!(client.try_recv_with_handles(&mut buf).unwrap().is_none());
+    server.send_raw_for_tests(b"56789").unwrap();
+    let (n, handles) = client.try_recv_with_handles(&mut buf).unwrap().expect("the whole message");
+    assert_eq!((&buf[..n], handles.len()), (&b"0123456789"[..], 0));
+}
+
 /// A peer that breaks the framing: too many handles, a zero or oversized length, values that
 /// are no handles of the receiver's, a message larger than the buffer.
 #[test]
@@ -153,7 +172,8 @@ fn malformed_frames_are_corrupt() {
 
 /// Across processes: the parent passes a section (writable) and its read-only handle; the
 /// child maps both, refuses a writable view through the read-only one, waits on a word the
-/// parent then changes, and writes its answer for the parent to read.
+/// parent then changes, writes its answer for the parent to read, and passes the parent an
+/// event that the parent then sets.
 #[test]
 fn shared_memory_crosses_processes_through_the_stream() {
     let test = format!("{PATH}shared_memory_crosses_processes_through_the_stream");
@@ -178,7 +198,12 @@ fn shared_memory_crosses_processes_through_the_stream() {
             }
             view.as_ptr().add(9).write(0x22);
         }
-        stream.send_with_handles(b"done", &[]).unwrap();
+        let (waited, notifier) = notify::notify_pair().unwrap();
+        stream.send_with_handles(b"done", &[notifier.as_handle()]).unwrap();
+        drop(notifier);
+        // SAFETY: a valid event handle.
+        let r = unsafe { WaitForSingleObject(waited.as_raw_handle(), 60_000) };
+        assert_eq!(r, WAIT_OBJECT_0, "the parent's notification never came");
         return;
     }
     let name = test_child::unique("lf-xshm");
@@ -203,8 +228,10 @@ fn shared_memory_crosses_processes_through_the_stream() {
     word.store(2, Ordering::Release);
     wait::wake(word, 1);
     let mut buf = [0u8; 8];
-    let (n, _) = stream.recv_with_handles(&mut buf).unwrap();
-    assert_eq!(&buf[..n], b"done");
+    let notifier = stream.recv_exact_with_handle(&mut buf[..4], "the child's notifier").unwrap();
+    assert_eq!(&buf[..4], b"done");
+    notify::check_end(&notifier, "the child's notifier").unwrap();
+    notify::notify(notifier.as_handle());
     // SAFETY: the view is live and 65536 bytes long.
     assert_eq!(unsafe { view.as_ptr().add(9).read() }, 0x22);
     assert!(child.wait().unwrap().success());
