@@ -83,7 +83,7 @@ mod tests {
     /// it is free again; within one process a second take is refused too.
     #[test]
     fn a_lock_is_refused_while_held_and_free_after_the_holder_dies() {
-        const TEST: &str = "os::windows::lock::tests::a_lock_is_refused_while_held_and_free_after_the_holder_dies";
+        let test = test_child::test_path(module_path!(), "a_lock_is_refused_while_held_and_free_after_the_holder_dies");
         if test_child::role().is_some() {
             let path = std::env::var("LF_TEST_LOCK").unwrap();
             let _held = LockFile::try_take(Path::new(&path)).unwrap().expect("the child takes the free lock");
@@ -94,7 +94,7 @@ mod tests {
         let dir = std::env::temp_dir().join(test_child::unique("lf-lock"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("end.lock");
-        let mut child = test_child::spawn(TEST, "hold", &[("LF_TEST_LOCK", path.display().to_string())]);
+        let mut child = test_child::spawn(&test, "hold", &[("LF_TEST_LOCK", path.display().to_string())]);
         let start = Instant::now();
         while !dir.join("end.lock.ready").exists() {
             assert!(start.elapsed() < Duration::from_secs(60), "the child never took the lock");

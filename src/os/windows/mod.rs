@@ -108,6 +108,12 @@ pub(crate) mod test_child {
         std::env::var(ROLE).ok()
     }
 
+    /// The harness's name of the test `name` in `module` (`module_path!()`): without the
+    /// crate's name, wherever the layer sits in the crate.
+    pub fn test_path(module: &str, name: &str) -> String {
+        format!("{}::{name}", module.split_once("::").map_or(module, |(_, rest)| rest))
+    }
+
     /// Runs the test `test` of this binary again in a child, with `role` and `env`.
     pub fn spawn(test: &str, role: &str, env: &[(&str, String)]) -> Child {
         let exe = std::env::current_exe().expect("the test binary's path");

@@ -54,8 +54,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             return;
         }
-        let mut child =
-            test_child::spawn("os::windows::process::tests::a_child_is_seen_alive_then_exited", "sleep", &[]);
+        let mut child = test_child::spawn(
+            &test_child::test_path(module_path!(), "a_child_is_seen_alive_then_exited"),
+            "sleep",
+            &[],
+        );
         let peer = PeerProcess::open(child.id()).expect("opening a live child");
         assert!(!peer.has_exited());
         assert!(peer.wait_for_exit(Some(Duration::from_secs(30))), "the child did not exit");

@@ -12,8 +12,6 @@ use std::sync::Arc;
 use windows_sys::Win32::Foundation::WAIT_OBJECT_0;
 use windows_sys::Win32::System::Threading::WaitForSingleObject;
 
-const PATH: &str = "os::windows::stream::tests::";
-
 /// A connected pair in this process: (the server's end, the client's end).
 fn pair(name: &str) -> (Listener, Stream, Stream) {
     let listener = Listener::bind(name).unwrap();
@@ -176,7 +174,7 @@ fn malformed_frames_are_corrupt() {
 /// event that the parent then sets.
 #[test]
 fn shared_memory_crosses_processes_through_the_stream() {
-    let test = format!("{PATH}shared_memory_crosses_processes_through_the_stream");
+    let test = test_child::test_path(module_path!(), "shared_memory_crosses_processes_through_the_stream");
     if test_child::role().as_deref() == Some("shm") {
         let stream =
             connect(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
@@ -242,7 +240,7 @@ fn shared_memory_crosses_processes_through_the_stream() {
 /// handle and by a watch on it, and its stream ends.
 #[test]
 fn a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream() {
-    let test = format!("{PATH}a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream");
+    let test = test_child::test_path(module_path!(), "a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream");
     if test_child::role().as_deref() == Some("victim") {
         let stream =
             connect(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
