@@ -76,7 +76,7 @@ if ((!run_only)); then
   trap 'rm -f "$json"' EXIT
   RUSTC=$rustc_win RUSTC_BOOTSTRAP=1 CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=$mingw_gcc \
     cargo test -Zbuild-std=std,panic_unwind,test --target $target --no-run --message-format=json-render-diagnostics \
-    "${build_args[@]}" >"$json"
+    "${build_args[@]}" >"$json" || { echo "wine-tests.sh: the build for $target failed (errors above)" >&2; exit 1; }
   mapfile -t exes < <(python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
