@@ -18,7 +18,8 @@ use crate::os::ShmOptions;
 /// Creates a section of `size` bytes, zeroed, committed against the pagefile. `name_hint` is
 /// for error messages only: a named section could be opened (or squatted) by any process of
 /// the session. Huge pages (`SEC_LARGE_PAGES`) need the lock-memory privilege, which ordinary
-/// accounts lack, so they are refused.
+/// accounts lack, so they are refused. `sealable` changes nothing: every section's size is
+/// fixed, and every section can give a read-only handle.
 pub fn create(name_hint: &str, size: u64, options: ShmOptions) -> Result<OwnedHandle> {
     if size == 0 {
         return Err(Error::invalid(format!("shared memory {name_hint:?} of 0 bytes: ask for at least one byte")));
