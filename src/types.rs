@@ -360,19 +360,7 @@ fn detect_hostname() -> Result<String> {
 
 /// The NUMA node of the CPU the calling thread is running on, if the kernel tells.
 pub(crate) fn current_numa_node() -> Option<u32> {
-    let mut cpu: libc::c_uint = 0;
-    let mut node: libc::c_uint = 0;
-    // SAFETY: getcpu writes one unsigned int through each of the two valid pointers; the
-    // third argument (tcache) is unused since Linux 2.6.24 and may be NULL.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_getcpu,
-            &mut cpu as *mut libc::c_uint,
-            &mut node as *mut libc::c_uint,
-            std::ptr::null_mut::<libc::c_void>(),
-        )
-    };
-    (rc == 0).then_some(node)
+    crate::os::system::current_numa_node()
 }
 
 #[cfg(test)]

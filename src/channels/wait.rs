@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::WaitStrategy;
-use crate::os::futex::{futex_wait, futex_wake};
+use crate::os::wait::{wait as futex_wait, wake as futex_wake};
 use crate::os::membarrier;
 
 /// How often a waiting side whose peer's end is [polled](PeerEnd::Polled) checks that its

@@ -382,13 +382,13 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     use super::own_position;
-    use crate::os::{memfd_create, MemfdFlags};
+    use crate::os::{shm, ShmOptions};
 
     /// The copies of one export share a file position; the memfd an import reads gets its own,
     /// on the same memory.
     #[test]
     fn a_memfd_is_imported_through_a_position_of_its_own() {
-        let memfd = memfd_create("lf-import-test", 4096, MemfdFlags::default()).unwrap();
+        let memfd = shm::create("lf-import-test", 4096, ShmOptions::default()).unwrap();
         let copy = memfd.try_clone().unwrap();
         let own = own_position(copy);
         // SAFETY: lseek on descriptors this test owns.

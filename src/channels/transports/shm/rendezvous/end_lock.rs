@@ -3,7 +3,6 @@
 //! ([`clean_after_peer`]).
 
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -11,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::peer_watch::PeerWatch;
 use super::runtime_dir::{runtime_dir, socket_path};
 use crate::error::{Error, Result};
+use crate::os::lock;
 
 /// Which end of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,12 +68,8 @@ impl EndLock {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&path)
                 .map_err(|e| Error::os(format!("opening the lock file {}", path.display()), e))?;
-            // SAFETY: flock on a descriptor this function owns, with integer flags.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                    return Err(Error::os(format!("locking {}", path.display()), err));
-                }
+            let taken = lock::try_lock(&file).map_err(|e| Error::os(format!("locking {}", path.display()), e))?;
+            if !taken {
                 let mut text = String::new();
                 let _ = file.read_to_string(&mut text);
                 return Ok(Err(text.trim().parse().unwrap_or(0)));
@@ -155,14 +151,9 @@ pub fn end_state(name: &str, end: End) -> Result<EndState> {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
             Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
         };
-    // SAFETY: flock on a descriptor this function owns, with integer flags.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+    if lock::try_lock(&file).map_err(|e| Error::os(format!("locking {}", path.display()), e))? {
         // Given back when `file` closes, at the end of this function.
         return Ok(EndState::Over);
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(Error::os(format!("locking {}", path.display()), err));
     }
     let mut text = String::new();
     let _ = file.read_to_string(&mut text);

@@ -1,9 +1,9 @@
-//! Sending file descriptors with a small payload over a Unix stream socket (`SCM_RIGHTS`).
+//! The stream: a connected Unix stream socket to one peer, carrying a small payload with file
+//! descriptors attached (`SCM_RIGHTS`), and who the peer is.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 
 use rustix::io::Errno;
 use rustix::net::{
@@ -13,6 +13,32 @@ use rustix::net::{
 
 use crate::error::{Error, Result};
 
+/// A connected byte stream to one peer; end of stream when the peer closes it or dies.
+pub type Stream = std::os::unix::net::UnixStream;
+
+/// What a plain send on a [`Stream`] adds so that a closed peer never raises `SIGPIPE` (Linux
+/// `MSG_NOSIGNAL`; macOS sets `SO_NOSIGPIPE` on the socket instead, in [`peer`]).
+pub use crate::os::platform::SEND_NO_SIGNAL;
+
+/// Who is on the other end of a [`Stream`], as the kernel recorded it at connect time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// Its process id (0 where the kernel cannot name it here, e.g. another PID namespace).
+    pub pid: i32,
+    /// Whether it runs as this process's user.
+    pub same_user: bool,
+}
+
+/// Who is on the other end of `sock` (Linux `SO_PEERCRED`; macOS `LOCAL_PEERPID` and
+/// `getpeereid`).
+pub fn peer(sock: &Stream) -> Result<PeerIdentity> {
+    // Every stream of a rendezvous passes here, at either end: where sends cannot say for
+    // themselves that they must not raise SIGPIPE, the socket is told so once, now.
+    crate::os::platform::quiet_socket(sock);
+    let (pid, uid) = crate::os::platform::peer_pid_uid(sock)?;
+    Ok(PeerIdentity { pid, same_user: uid == super::user::id() })
+}
+
 /// The most descriptors one message carries; more are a protocol error.
 pub(crate) const MAX_FDS: usize = 16;
 
@@ -21,18 +47,18 @@ const FD_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
 
 /// Sends `payload` (non-empty) with `fds` attached, in one `sendmsg`. The descriptors stay
 /// open here; the receiver gets its own copies.
-pub fn send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-    send_with_fds_flags(sock, payload, fds, SendFlags::NOSIGNAL)
+pub fn send_with_handles(sock: &Stream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    send_with_handles_flags(sock, payload, fds, crate::os::platform::SEND_NO_SIGNAL)
 }
 
-/// As [`send_with_fds`], but `WouldBlock` instead of waiting when the socket's buffer is full
+/// As [`send_with_handles`], but `WouldBlock` instead of waiting when the socket's buffer is full
 /// (the peer has not read what was sent before). A payload far smaller than the socket's
 /// buffer goes whole or not at all.
-pub fn try_send_with_fds(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-    send_with_fds_flags(sock, payload, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+pub fn try_send_with_handles(sock: &Stream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    send_with_handles_flags(sock, payload, fds, crate::os::platform::SEND_NO_SIGNAL | SendFlags::DONTWAIT)
 }
 
-fn send_with_fds_flags(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>], flags: SendFlags) -> Result<()> {
+fn send_with_handles_flags(sock: &Stream, payload: &[u8], fds: &[BorrowedFd<'_>], flags: SendFlags) -> Result<()> {
     if payload.is_empty() {
         return Err(Error::invalid("an fd message needs at least one payload byte"));
     }
@@ -65,25 +91,25 @@ fn send_with_fds_flags(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]
 /// Receives one message of at most `buf.len()` bytes and the descriptors attached to it.
 /// Returns the payload length (0 means the peer closed the socket) and the descriptors, each
 /// owned (closed on drop) so that none leaks whatever the caller does next.
-pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
-    recv_with_fds_flags(sock, buf, RecvFlags::empty())
+pub fn recv_with_handles(sock: &Stream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+    recv_with_handles_flags(sock, buf, RecvFlags::empty())
 }
 
-/// As [`recv_with_fds`], without waiting: `None` when nothing is pending.
-pub fn try_recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> Result<Option<(usize, Vec<OwnedFd>)>> {
-    match recv_with_fds_flags(sock, buf, RecvFlags::DONTWAIT) {
+/// As [`recv_with_handles`], without waiting: `None` when nothing is pending.
+pub fn try_recv_with_handles(sock: &Stream, buf: &mut [u8]) -> Result<Option<(usize, Vec<OwnedFd>)>> {
+    match recv_with_handles_flags(sock, buf, RecvFlags::DONTWAIT) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
         other => other.map(Some),
     }
 }
 
-fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: RecvFlags) -> Result<(usize, Vec<OwnedFd>)> {
+fn recv_with_handles_flags(sock: &Stream, buf: &mut [u8], flags: RecvFlags) -> Result<(usize, Vec<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); FD_SPACE];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = loop {
         // MSG_CMSG_CLOEXEC keeps received fds from leaking into exec'd children.
-        match rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC | flags) {
+        match rustix::net::recvmsg(sock, &mut iov, &mut control, crate::os::platform::RECV_CLOEXEC | flags) {
             Ok(msg) => break msg,
             Err(Errno::INTR) => {}
             Err(e) => return Err(Error::os("recvmsg with fds", e.into())),
@@ -97,6 +123,7 @@ fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: RecvFlags) -> R
             fds.extend(received);
         }
     }
+    crate::os::platform::received(&fds);
     if msg.flags.contains(ReturnFlags::CTRUNC) {
         // The fds that did arrive are dropped (closed) with `fds`.
         return Err(Error::Corrupt(format!("peer sent more than {MAX_FDS} file descriptors in one message")));
@@ -107,8 +134,8 @@ fn recv_with_fds_flags(sock: &UnixStream, buf: &mut [u8], flags: RecvFlags) -> R
 /// Receives one message that must be exactly `buf.len()` bytes with exactly one descriptor
 /// attached (`what` names it in errors): PeerGone when the socket closed first, Corrupt for any
 /// other shape, whose descriptors are closed.
-pub fn recv_exact_with_fd(sock: &UnixStream, buf: &mut [u8], what: &str) -> Result<OwnedFd> {
-    let (n, mut fds) = recv_with_fds(sock, buf)?;
+pub fn recv_exact_with_handle(sock: &Stream, buf: &mut [u8], what: &str) -> Result<OwnedFd> {
+    let (n, mut fds) = recv_with_handles(sock, buf)?;
     if n == 0 {
         return Err(Error::PeerGone(format!("the socket closed before {what} arrived")));
     }
@@ -125,17 +152,17 @@ pub fn recv_exact_with_fd(sock: &UnixStream, buf: &mut [u8], what: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::{memfd_create, Mapping, MemfdFlags};
+    use crate::os::{shm, Mapping, ShmOptions};
     use std::os::fd::AsFd;
 
     #[test]
     fn an_fd_travels_and_maps_the_same_memory() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let fd = memfd_create("lf-pass", 4096, MemfdFlags::default()).unwrap();
+        let (a, b) = Stream::pair().unwrap();
+        let fd = shm::create("lf-pass", 4096, ShmOptions::default()).unwrap();
         let here = Mapping::shared(&fd, 0, 4096).unwrap();
-        send_with_fds(&a, b"hi", &[fd.as_fd()]).unwrap();
+        send_with_handles(&a, b"hi", &[fd.as_fd()]).unwrap();
         let mut buf = [0u8; 8];
-        let (n, fds) = recv_with_fds(&b, &mut buf).unwrap();
+        let (n, fds) = recv_with_handles(&b, &mut buf).unwrap();
         assert_eq!((&buf[..n], fds.len()), (&b"hi"[..], 1));
         let there = Mapping::shared(&fds[0], 0, 4096).unwrap();
         // SAFETY: both mappings are live, 4096 bytes each.
@@ -146,11 +173,18 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_of_a_pair_is_this_process() {
+        let (a, _b) = Stream::pair().unwrap();
+        let me = peer(&a).unwrap();
+        assert_eq!(me, PeerIdentity { pid: std::process::id() as i32, same_user: true });
+    }
+
+    #[test]
     fn closed_peer_reads_as_zero() {
-        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = Stream::pair().unwrap();
         drop(a);
         let mut buf = [0u8; 8];
-        let (n, fds) = recv_with_fds(&b, &mut buf).unwrap();
+        let (n, fds) = recv_with_handles(&b, &mut buf).unwrap();
         assert_eq!((n, fds.len()), (0, 0));
     }
 }
