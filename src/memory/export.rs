@@ -20,12 +20,12 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use super::arena::{ImportCache, MIN_BLOCK};
 use super::buffer::{Backing, Buffer, BufferParts};
 use super::cpu::standard::ARENA_NAME;
-use crate::os::shm;
 use super::location::MemoryLocation;
 use super::registry::{BufferOrigin, Registry};
 pub use super::token::process_token;
 use crate::error::{Error, Result};
 use crate::os::page_size;
+use crate::os::shm;
 use crate::os::stream::{recv_exact_with_handle, send_with_handles};
 
 /// The first field of every descriptor: "LFEX".

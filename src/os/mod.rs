@@ -68,10 +68,10 @@ pub use platform::{event, membarrier, poller, process, shm, system, wait};
 #[allow(unused_imports)]
 pub use std::os::fd::{AsFd as AsHandle, BorrowedFd as BorrowedHandle, OwnedFd as OwnedHandle, RawFd as RawHandle};
 #[cfg(any(target_os = "linux", target_os = "macos"))]
-pub use unix::{lock, notify, poll, stream, user, watcher};
-#[cfg(any(target_os = "linux", target_os = "macos"))]
 #[allow(unused_imports)]
 pub use unix::mapping::{map_granularity, page_size, Mapping};
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+pub use unix::{lock, notify, poll, stream, user, watcher};
 
 /// How [`shm::create`] makes a shared-memory object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -374,7 +374,9 @@ fn file_id(raw: std::os::fd::RawFd) -> Option<(u64, u64)> {
     }
     // SAFETY: fstat succeeded, so it filled the buffer.
     let stat = unsafe { stat.assume_init() };
-    Some((stat.st_dev, stat.st_ino))
+    // (`st_dev` is signed on macOS.)
+    #[allow(clippy::unnecessary_cast)]
+    Some((stat.st_dev as u64, stat.st_ino as u64))
 }
 
 #[cfg(test)]

@@ -29,9 +29,9 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::error::{Error, Result};
 use crate::os::event;
 use crate::os::poller::{EventFlags, Poller};
-use crate::error::{Error, Result};
 
 /// What a watch waits for on one descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -49,7 +49,8 @@ impl Acceptor {
         shape: Shape,
         answers: Vec<Attachment>,
     ) -> Result<Acceptor> {
-        let met = Arc::new(Met { links: Mutex::new(Vec::new()), waiting: AtomicBool::new(false), ready: event::new()? });
+        let met =
+            Arc::new(Met { links: Mutex::new(Vec::new()), waiting: AtomicBool::new(false), ready: event::new()? });
         let stop = event::new()?;
         let thread = {
             let (met, stop, name) = (Arc::clone(&met), dup(&stop)?, name.to_owned());

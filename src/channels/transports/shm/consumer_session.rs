@@ -20,8 +20,8 @@ use crate::channels::transport::{Attachment, ConsumerSession, RawView, Release, 
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::poller::{EventFlags, Poller};
 use crate::os::notify::{drain, drain_peer, notify, notify_pair};
+use crate::os::poller::{EventFlags, Poller};
 use crate::os::stream::try_recv_with_handles;
 
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can

@@ -18,9 +18,9 @@ use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLo
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::wait::wake as wake_word;
 use crate::os::notify::notify;
 use crate::os::stream::{try_send_with_handles, PeerIdentity};
+use crate::os::wait::wake as wake_word;
 
 // ---------------------------------------------------------------------------------------------
 // Producer
