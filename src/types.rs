@@ -344,6 +344,14 @@ pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
     Ok(())
 }
 
+#[cfg(not(unix))]
+fn detect_hostname() -> Result<String> {
+    Err(Error::Unsupported(
+        "detecting this host's name is not yet built on Windows; name it yourself with ProcessLocation::new".into(),
+    ))
+}
+
+#[cfg(unix)]
 fn detect_hostname() -> Result<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for writes of buf.len() bytes; gethostname NUL-terminates
@@ -360,7 +368,11 @@ fn detect_hostname() -> Result<String> {
 
 /// The NUMA node of the CPU the calling thread is running on, if the kernel tells.
 pub(crate) fn current_numa_node() -> Option<u32> {
-    crate::os::system::current_numa_node()
+    #[cfg(unix)]
+    return crate::os::system::current_numa_node();
+    // Not yet built on Windows: the node is unknown.
+    #[cfg(not(unix))]
+    None
 }
 
 #[cfg(test)]
