@@ -104,3 +104,7 @@ pub unsafe fn advise_huge_pages(ptr: *mut u8, len: usize) {
     // SAFETY: the caller owns the range; madvise only changes the kernel's paging policy.
     unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
 }
+
+/// Why GPU memory cannot be shared between processes here, if it cannot: Linux's drivers
+/// export it as descriptors (`VK_KHR_external_memory_fd`), so it can.
+pub const GPU_MEMORY_UNSHARED: Option<&str> = None;

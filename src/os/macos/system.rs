@@ -51,3 +51,10 @@ pub fn node_of_address(addr: *const u8) -> Result<i64> {
 /// # Safety
 /// None needed here; the signature matches Linux's.
 pub unsafe fn advise_huge_pages(_ptr: *mut u8, _len: usize) {}
+
+/// Why GPU memory cannot be shared between processes here: Vulkan on macOS is MoltenVK over
+/// Metal, which exports no memory to other processes (no `VK_KHR_external_memory_fd`).
+pub const GPU_MEMORY_UNSHARED: Option<&str> = Some(
+    "GPU memory shared between processes is Linux-only: Vulkan on macOS (MoltenVK over Metal) exports no memory to \
+     other processes; use CPU memory on macOS",
+);
