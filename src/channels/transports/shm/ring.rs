@@ -543,7 +543,7 @@ impl Region {
     }
 
     /// The data part (slots and pool) of the mapping: read-only at the consumer.
-    #[cfg(test)]
+    #[cfg(all(test, target_os = "linux"))]
     pub fn data_part(&self) -> (*mut u8, usize) {
         let at = self.geometry.slots_offset;
         // SAFETY: slots_offset < total_len, the mapping's length.
@@ -555,7 +555,6 @@ impl Region {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn geometry_is_checked() {
@@ -579,6 +578,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn the_consumer_cannot_write_the_data_part() {
+        use std::os::fd::AsRawFd;
         let g = Geometry::new(8, 8192).unwrap();
         let (producer, fds) = Region::create("sealed", g, true).unwrap();
         if !crate::os::shm::seals(&fds.data).unwrap().contains(rustix::fs::SealFlags::FUTURE_WRITE) {
