@@ -27,6 +27,8 @@ pub struct PeerIdentity {
     pub pid: i32,
     /// Whether it runs as this process's user.
     pub same_user: bool,
+    /// The user it runs as (its effective uid), for messages.
+    pub uid: u32,
 }
 
 /// Who is on the other end of `sock` (Linux `SO_PEERCRED`; macOS `LOCAL_PEERPID` and
@@ -36,7 +38,7 @@ pub fn peer(sock: &Stream) -> Result<PeerIdentity> {
     // themselves that they must not raise SIGPIPE, the socket is told so once, now.
     crate::os::platform::quiet_socket(sock);
     let (pid, uid) = crate::os::platform::peer_pid_uid(sock)?;
-    Ok(PeerIdentity { pid, same_user: uid == super::user::id() })
+    Ok(PeerIdentity { pid, same_user: uid == super::user::id(), uid })
 }
 
 /// The most descriptors one message carries; more are a protocol error.
@@ -176,7 +178,7 @@ mod tests {
     fn the_peer_of_a_pair_is_this_process() {
         let (a, _b) = Stream::pair().unwrap();
         let me = peer(&a).unwrap();
-        assert_eq!(me, PeerIdentity { pid: std::process::id() as i32, same_user: true });
+        assert_eq!((me.pid, me.same_user, me.uid), (std::process::id() as i32, true, crate::os::user::id()));
     }
 
     #[test]

@@ -18,9 +18,10 @@ use crate::os::user;
 pub fn check_same_user(peer: &PeerIdentity, channel: &str) -> Result<()> {
     if !peer.same_user {
         return Err(Error::PermissionDenied(format!(
-            "channel {channel:?}: peer process {} runs as another user than this process (uid {}); lava-flow only \
-             connects processes of the same user",
+            "channel {channel:?}: peer process {} runs as uid {}, this process as uid {}; lava-flow only connects \
+             processes of the same user",
             peer.pid,
+            peer.uid,
             user::id()
         )));
     }
@@ -182,7 +183,7 @@ mod tests {
         let (a, _b) = Stream::pair().unwrap();
         let peer = stream::peer(&a).unwrap();
         check_same_user(&peer, "x").unwrap();
-        let other = PeerIdentity { same_user: false, ..peer };
+        let other = PeerIdentity { same_user: false, uid: peer.uid.wrapping_add(1), ..peer };
         assert!(matches!(check_same_user(&other, "x"), Err(Error::PermissionDenied(_))));
     }
 }
