@@ -34,13 +34,15 @@
 //!   one of them is ready. Linux: epoll. macOS: kqueue.
 //! - **stream** ([`stream`]): a connected Unix stream socket carrying bytes and handles
 //!   (`SCM_RIGHTS`); [`stream::peer`] tells the peer's pid and whether it runs as this user
-//!   (Linux `SO_PEERCRED`; macOS `LOCAL_PEERPID` and `getpeereid`).
+//!   (Linux `SO_PEERCRED`; macOS `LOCAL_PEERPID` and `getpeereid`); a [`stream::Listener`]
+//!   bound at a path (mode 0600) and [`stream::connect`] to it.
 //! - **process** ([`process`]): a handle of a peer process that becomes readable when it
 //!   exits. Linux: a pidfd (5.3). macOS: a kqueue with `EVFILT_PROC`/`NOTE_EXIT`.
 //! - **watcher** ([`watcher`]): one thread that calls back once when a watched handle reports
 //!   (built on the readiness set).
 //! - **lock file** ([`lock`]): an exclusive `flock` that the OS releases when its holder dies.
-//! - **user** ([`user`]): the user id for same-user checks.
+//! - **user** ([`user`]): the user id for same-user checks, and the default runtime directory
+//!   (`$XDG_RUNTIME_DIR/lava-flow`, else `/tmp/lava-flow-$UID`).
 //! - **memory barrier across processes** ([`membarrier`]): Linux `membarrier(2)`; macOS has
 //!   none, so senders fence every message there.
 //! - **system** ([`system`]): memory totals, the current NUMA node, random bytes, NUMA

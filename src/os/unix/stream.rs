@@ -16,6 +16,52 @@ use crate::error::{Error, Result};
 /// A connected byte stream to one peer; end of stream when the peer closes it or dies.
 pub type Stream = std::os::unix::net::UnixStream;
 
+/// Where peers connect to this process: a Unix stream socket bound at a path, closed to other
+/// users (mode 0600), non-blocking; readable while a connection waits.
+#[derive(Debug)]
+pub struct Listener(std::os::unix::net::UnixListener);
+
+impl Listener {
+    /// Binds a listening socket at `path`, which must not exist.
+    pub fn bind(path: &std::path::Path) -> Result<Listener> {
+        use std::os::unix::fs::PermissionsExt;
+        let listener = std::os::unix::net::UnixListener::bind(path)
+            .map_err(|e| Error::os(format!("bind {}", path.display()), e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::os(format!("chmod 0600 {}", path.display()), e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::os("making the listening socket non-blocking", e))?;
+        Ok(Listener(listener))
+    }
+
+    /// Accepts one waiting connection, as a blocking stream, without waiting for one: `None`
+    /// when none waits. The OS's error as it came otherwise.
+    pub fn try_accept(&self) -> std::io::Result<Option<Stream>> {
+        loop {
+            match self.0.accept() {
+                Ok((sock, _)) => {
+                    sock.set_nonblocking(false)?;
+                    return Ok(Some(sock));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl std::os::fd::AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// Connects to the listener at `path`; the OS's error as it came (`NotFound` or
+/// `ConnectionRefused` while no one listens there).
+pub fn connect(path: &std::path::Path) -> std::io::Result<Stream> {
+    Stream::connect(path)
+}
+
 /// What a plain send on a [`Stream`] adds so that a closed peer never raises `SIGPIPE` (Linux
 /// `MSG_NOSIGNAL`; macOS sets `SO_NOSIGPIPE` on the socket instead, in [`peer`]).
 pub use crate::os::platform::SEND_NO_SIGNAL;
@@ -179,6 +225,27 @@ mod tests {
         let (a, _b) = Stream::pair().unwrap();
         let me = peer(&a).unwrap();
         assert_eq!((me.pid, me.same_user, me.uid), (std::process::id() as i32, true, crate::os::user::id()));
+    }
+
+    /// A listener is closed to other users, accepts nothing until a peer connects, and then a
+    /// blocking stream whose peer is this process.
+    #[test]
+    fn a_listener_accepts_a_connection_by_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sock");
+        let listener = Listener::bind(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(listener.try_accept().unwrap().is_none());
+        let client = connect(&path).unwrap();
+        let server = listener.try_accept().unwrap().expect("a pending connection");
+        send_with_handles(&client, b"x", &[]).unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(recv_with_handles(&server, &mut buf).unwrap().0, 1);
+        assert_eq!(peer(&server).unwrap().pid, std::process::id() as i32);
+        drop(listener);
+        std::fs::remove_file(&path).unwrap();
+        assert!(connect(&path).is_err());
     }
 
     #[test]

@@ -2,8 +2,6 @@
 //! check that the peer runs as this user.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -32,7 +30,7 @@ pub fn check_same_user(peer: &PeerIdentity, channel: &str) -> Result<()> {
 /// the socket file (if it is still the one this listener created), then the claim.
 #[derive(Debug)]
 pub struct Listener {
-    listener: UnixListener,
+    listener: stream::Listener,
     path: PathBuf,
     id: Option<FileId>,
     /// The claim on the consumer's end, until [`close`](Self::close).
@@ -64,10 +62,7 @@ impl Listener {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(Error::os(format!("removing the stale socket {}", path.display()), e)),
         }
-        let listener = UnixListener::bind(&path).map_err(|e| Error::os(format!("bind {}", path.display()), e))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::os(format!("chmod 0600 {}", path.display()), e))?;
-        listener.set_nonblocking(true).map_err(|e| Error::os("making the listening socket non-blocking", e))?;
+        let listener = stream::Listener::bind(&path)?;
         let id = file_id(&path);
         Ok(Listener { listener, path, id, lock: Some(lock) })
     }
@@ -103,9 +98,8 @@ impl Listener {
         channel: &str,
     ) -> Result<Option<(Stream, PeerIdentity)>> {
         loop {
-            match self.listener.accept() {
-                Ok((sock, _)) => {
-                    sock.set_nonblocking(false).map_err(|e| Error::os("making the producer socket blocking", e))?;
+            match self.listener.try_accept() {
+                Ok(Some(sock)) => {
                     let peer = stream::peer(&sock)?;
                     match check_same_user(&peer, channel) {
                         Ok(()) => return Ok(Some((sock, peer))),
@@ -115,8 +109,7 @@ impl Listener {
                         }
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Ok(None) => {}
                 Err(e) => return Err(Error::os(format!("accept on {}", self.path.display()), e)),
             }
             let wait = match deadline {
@@ -147,7 +140,7 @@ pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(Stream, PeerIde
     let path = socket_path(name)?;
     let mut pause = Duration::from_micros(200);
     loop {
-        match Stream::connect(&path) {
+        match stream::connect(&path) {
             Ok(sock) => {
                 let peer = stream::peer(&sock)?;
                 check_same_user(&peer, name)?;
