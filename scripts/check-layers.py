@@ -15,8 +15,8 @@ What counts as an edge: a reference from a file's module A to a path that resolv
 (following the `pub use` re-exports of the modules on the way, so `crate::memory::Context`
 resolves to `crate::memory::context`, where `Context` is defined; a module alias such as the
 platform layer's `use linux as platform;` stands for every module it names under its cfgs, so
-`crate::os::poller` resolves to `os::linux::poller` and `os::macos::poller` alike). Let P be the longest common
-prefix of A and T. When A and T both go below P, through children `a` != `b` of P, that is the
+`crate::os::poller` resolves to `os::linux::poller` and `os::macos::poller` alike). Let P be the
+longest common prefix of A and T. When A and T both go below P, through children `a` != `b` of P, that is the
 edge `a -> b` between the siblings `a` and `b` of P (so `memory::gpu::arena` naming
 `memory::export::process_token` is the edge `gpu -> export` inside `memory`). A module naming
 its own submodules (T below A), or a module naming its ancestors' own items (T above A), is the
