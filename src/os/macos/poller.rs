@@ -48,6 +48,9 @@ pub struct Event {
     pub data: EventData,
 }
 
+/// The mark, in a registration's user data, of one that reports only a hang-up.
+const HANG_UP_ONLY: u64 = 1 << 63;
+
 /// A kqueue (close-on-exec), closed on drop.
 #[derive(Debug)]
 pub struct Poller(OwnedFd);
@@ -57,20 +60,22 @@ impl Poller {
         kqueue("a readiness set").map(Poller)
     }
 
-    /// Adds `fd` for `events`, reported with `token`. `what` names the descriptor in the error.
+    /// Adds `fd` for `events`, reported with `token` (below 2^63). `what` names the descriptor
+    /// in the error.
     pub fn add(&self, fd: BorrowedFd<'_>, events: EventFlags, token: u64, what: &str) -> Result<()> {
+        // A hang-up alone: kqueue reports a socket readable for data and for its end alike, so
+        // the registration is edge-triggered (a burst of data wakes a waiter once, and drops
+        // out in `wait`) and marked, and only the end of stream (EV_EOF) is reported. A
+        // one-shot registration is deleted by its owner once reported.
+        let hang_up_only = events.contains(EventFlags::RDHUP) && !events.contains(EventFlags::IN);
         let mut flags = libc::EV_ADD;
-        if events.contains(EventFlags::ONESHOT) {
+        if hang_up_only {
+            flags |= libc::EV_CLEAR;
+        } else if events.contains(EventFlags::ONESHOT) {
             flags |= libc::EV_ONESHOT;
         }
-        // A hang-up alone: a low-water mark no socket buffer reaches, so that only the end of
-        // stream (which a socket reports whatever the mark) fires.
-        let (fflags, data) = if events.contains(EventFlags::RDHUP) && !events.contains(EventFlags::IN) {
-            (libc::NOTE_LOWAT, isize::MAX)
-        } else {
-            (0, 0)
-        };
-        let change = kev(fd.as_raw_fd() as usize, libc::EVFILT_READ, flags, fflags, data, token);
+        let udata = if hang_up_only { token | HANG_UP_ONLY } else { token };
+        let change = kev(fd.as_raw_fd() as usize, libc::EVFILT_READ, flags, 0, 0, udata);
         kevent_change(&self.0, &change).map_err(|e| Error::os(format!("kevent(EV_ADD) for {what}"), e))
     }
 
@@ -85,7 +90,8 @@ impl Poller {
     }
 
     /// Waits up to `timeout` (`None`: forever) for events, retrying on EINTR with the same
-    /// timeout; returns how many of `events` were filled.
+    /// timeout; returns how many of `events` were filled (0 also when only data came on
+    /// sockets watched for their end: callers wait again).
     pub fn wait(&self, events: &mut [Event], timeout: Option<Duration>) -> Result<usize> {
         const MAX: usize = 64;
         let mut raw = [kev(0, 0, 0, 0, 0, 0); MAX];
@@ -109,10 +115,17 @@ impl Poller {
                 return Err(Error::os("kevent (waiting)", err));
             }
         };
-        for (out, got) in events.iter_mut().zip(&raw[..n]) {
-            *out = Event { data: EventData(got.udata as usize as u64) };
+        let mut filled = 0;
+        for got in &raw[..n] {
+            let udata = got.udata as usize as u64;
+            if udata & HANG_UP_ONLY != 0 && got.flags & libc::EV_EOF == 0 {
+                // Data on a socket watched for its end only: no event.
+                continue;
+            }
+            events[filled] = Event { data: EventData(udata & !HANG_UP_ONLY) };
+            filled += 1;
         }
-        Ok(n)
+        Ok(filled)
     }
 }
 
