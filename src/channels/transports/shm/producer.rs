@@ -194,6 +194,9 @@ impl ShmProducer {
         }
     }
 
+    // Inline into the send path's liveness checks (`has_room_for`, `poll_loan`), as the compiler
+    // chose by itself before the platform layer moved the peer watch's calls around.
+    #[inline]
     fn consumer_gone(&mut self, force: bool) -> Result<()> {
         if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
             return Err(self.consumer_end(true));
