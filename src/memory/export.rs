@@ -510,7 +510,7 @@ fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLoca
             format!("the memory file has {} bytes, the handle says {}", st.st_size, descriptor.arena_size),
         ));
     }
-    let file_page = st.st_blksize as usize;
+    let file_page = shm::page_size_of(fd)?;
     let expected = match location {
         MemoryLocation::CpuHugepage { page } => page.bytes(),
         _ => page_size(),

@@ -55,6 +55,13 @@ fn link_target(fd: &impl AsFd) -> String {
         .unwrap_or_default()
 }
 
+/// The size of the pages backing the object behind `fd`: a hugetlbfs memfd reports its huge
+/// page size as its block size.
+pub fn page_size_of(fd: &impl AsFd) -> Result<usize> {
+    let st = rustix::fs::fstat(fd).map_err(|e| Error::os("fstat", e.into()))?;
+    Ok(st.st_blksize as usize)
+}
+
 /// The seals that forbid resizing a memfd, and adding or removing seals.
 const RESIZE_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
 

@@ -55,6 +55,14 @@ pub fn size_of(fd: &impl AsFd) -> Result<u64> {
     Ok(st.st_size as u64)
 }
 
+/// The size of the pages backing a shared-memory object: the base page size (macOS has no
+/// huge pages for them).
+pub fn page_size_of(_fd: &impl AsFd) -> Result<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).map_err(|_| Error::last_os("sysconf(_SC_PAGESIZE)"))
+}
+
 /// Nothing to do: a shared-memory object's size is fixed by its first `ftruncate`.
 pub fn fix_size(_fd: &impl AsFd, _what: &str) -> Result<()> {
     Ok(())
