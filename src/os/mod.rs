@@ -12,13 +12,15 @@
 //!
 //! - **handle** ([`OwnedHandle`], [`BorrowedHandle`], [`AsHandle`], [`RawHandle`]): the OS's
 //!   reference to a kernel object; a file descriptor on Linux and macOS.
-//! - **shared memory** ([`shm`]): `create`, `size_of`, `fix_size`, `size_is_fixed`,
-//!   `read_only`. Linux: a memfd; its size is fixed by seals (`F_SEAL_SHRINK | F_SEAL_GROW |
-//!   F_SEAL_SEAL`); `read_only` seals it with `F_SEAL_FUTURE_WRITE` (Linux 5.1), after which
-//!   only mappings made before can write. macOS: `shm_open` of a unique name, unlinked at once;
+//! - **shared memory** ([`shm`]): `create`, `size_of`, `fix_size`, `size_is_fixed` (no one
+//!   can shrink it: reading below its size never faults), `read_only`, and for checking what
+//!   a peer passed `is_shm`, `has_name_prefix`, `page_size_of`. Linux: a memfd; its size is
+//!   fixed by seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`); `read_only` seals it with
+//!   `F_SEAL_FUTURE_WRITE` (Linux 5.1), after which only mappings made before can write. macOS: `shm_open` of a unique name, unlinked at once;
 //!   a shared-memory object's size cannot change after its first `ftruncate`, so `fix_size`
 //!   has nothing to do; `read_only` is `Unsupported` (a read-only handle of an unlinked object
-//!   cannot be opened), and no huge pages.
+//!   cannot be opened), and no huge pages; a peer's object is recognised by
+//!   `proc_pidfdinfo(PROC_PIDFDPSHMINFO)` and has no name left to check.
 //! - **mapping** ([`Mapping`], [`page_size`], [`map_granularity`]): `mmap` on both; the
 //!   populate advice (`MADV_POPULATE_WRITE`/`_READ`) is Linux's, macOS reports it not done.
 //! - **wait on a word** ([`wait`]): sleep while a 32-bit word in shared memory holds a value,
@@ -46,8 +48,12 @@
 //! - **memory barrier across processes** ([`membarrier`]): Linux `membarrier(2)`; macOS has
 //!   none, so senders fence every message there.
 //! - **system** ([`system`]): memory totals, the current NUMA node, random bytes, NUMA
-//!   binding and transparent huge pages. NUMA and huge pages are Linux-only; macOS reports
-//!   them unsupported and uses `sysctl hw.memsize` and `getentropy`.
+//!   binding, transparent huge pages, and whether GPU memory can be shared between processes.
+//!   NUMA, huge pages and GPU memory sharing are Linux-only; macOS reports them unsupported
+//!   and uses `sysctl hw.memsize` and `getentropy`.
+//!
+//! Windows has no implementation here yet: the crate's memory and channels, which need
+//! shared memory, mappings, streams and waits, are compiled out there.
 
 #[cfg(target_os = "linux")]
 mod linux;
