@@ -107,4 +107,5 @@ pub unsafe fn advise_huge_pages(ptr: *mut u8, len: usize) {
 
 /// Why GPU memory cannot be shared between processes here, if it cannot: Linux's drivers
 /// export it as descriptors (`VK_KHR_external_memory_fd`), so it can.
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 pub const GPU_MEMORY_UNSHARED: Option<&str> = None;

@@ -54,6 +54,7 @@ pub unsafe fn advise_huge_pages(_ptr: *mut u8, _len: usize) {}
 
 /// Why GPU memory cannot be shared between processes here: Vulkan on macOS is MoltenVK over
 /// Metal, which exports no memory to other processes (no `VK_KHR_external_memory_fd`).
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 pub const GPU_MEMORY_UNSHARED: Option<&str> = Some(
     "GPU memory shared between processes is Linux-only: Vulkan on macOS (MoltenVK over Metal) exports no memory to \
      other processes; use CPU memory on macOS",
