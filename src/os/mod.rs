@@ -42,7 +42,8 @@
 //!   exits. Linux: a pidfd (5.3). macOS: a kqueue with `EVFILT_PROC`/`NOTE_EXIT`.
 //! - **watcher** ([`watcher`]): one thread that calls back once when a watched handle reports
 //!   (built on the readiness set).
-//! - **lock file** ([`lock`]): an exclusive `flock` that the OS releases when its holder dies.
+//! - **lock file** ([`lock`]): `LockFile::try_take(path)`, an exclusive `flock` that the OS
+//!   releases when its holder dies; a file its last holder replaced is taken again.
 //! - **user** ([`user`]): the user id for same-user checks, and the default runtime directory
 //!   (`$XDG_RUNTIME_DIR/lava-flow`, else `/tmp/lava-flow-$UID`).
 //! - **memory barrier across processes** ([`membarrier`]): Linux `membarrier(2)`; macOS has

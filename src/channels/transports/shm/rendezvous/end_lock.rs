@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::peer_watch::PeerWatch;
 use super::runtime_dir::{runtime_dir, socket_path};
 use crate::error::{Error, Result};
-use crate::os::lock;
+use crate::os::lock::{self, LockFile};
 
 /// Which end of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl End {
 #[derive(Debug)]
 pub struct EndLock {
     /// Held for its lock, which goes when it closes.
-    _file: std::fs::File,
+    _file: LockFile,
     path: PathBuf,
 }
 
@@ -56,36 +56,23 @@ impl EndLock {
     /// `Ok(Err(pid))` says it is held, by the process whose pid the file names (0 if unknown).
     pub fn try_take(name: &str, end: End) -> Result<std::result::Result<EndLock, u32>> {
         use std::io::{Read, Seek, Write};
-        use std::os::unix::fs::OpenOptionsExt;
         let path = lock_path(name, end)?;
-        loop {
-            let mut file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)
-                .map_err(|e| Error::os(format!("opening the lock file {}", path.display()), e))?;
-            let taken = lock::try_lock(&file).map_err(|e| Error::os(format!("locking {}", path.display()), e))?;
-            if !taken {
+        let mut lock = match LockFile::try_take(&path)
+            .map_err(|e| Error::os(format!("opening and locking the lock file {}", path.display()), e))?
+        {
+            Ok(lock) => lock,
+            Err(mut held) => {
                 let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
+                let _ = held.read_to_string(&mut text);
                 return Ok(Err(text.trim().parse().unwrap_or(0)));
             }
-            let locked = file.metadata().map(|m| (m.dev(), m.ino())).ok();
-            let in_place = std::fs::symlink_metadata(&path).map(|m| (m.dev(), m.ino())).ok();
-            if locked.is_none() || locked != in_place {
-                // Removed (or replaced) by its previous holder after we opened it: try again.
-                continue;
-            }
-            // Who holds it, for the messages of those refused; best-effort.
-            let _ = file.set_len(0);
-            let _ = file.rewind();
-            let _ = write!(file, "{}", std::process::id());
-            return Ok(Ok(EndLock { _file: file, path }));
-        }
+        };
+        // Who holds it, for the messages of those refused; best-effort.
+        let file = lock.file();
+        let _ = file.set_len(0);
+        let _ = file.rewind();
+        let _ = write!(file, "{}", std::process::id());
+        Ok(Ok(EndLock { _file: lock, path }))
     }
 
     /// [`try_take`](Self::try_take), retried for a short while: another process may hold the
