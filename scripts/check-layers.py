@@ -13,8 +13,10 @@ it tests through the layers above it. Intra-doc links are comments and are left 
 
 What counts as an edge: a reference from a file's module A to a path that resolves to module T
 (following the `pub use` re-exports of the modules on the way, so `crate::memory::Context`
-resolves to `crate::memory::context`, where `Context` is defined). Let P be the longest common
-prefix of A and T. When A and T both go below P, through children `a` != `b` of P, that is the
+resolves to `crate::memory::context`, where `Context` is defined; a module alias such as the
+platform layer's `use linux as platform;` stands for every module it names under its cfgs, so
+`crate::os::poller` resolves to `os::linux::poller` and `os::macos::poller` alike). Let P be the
+longest common prefix of A and T. When A and T both go below P, through children `a` != `b` of P, that is the
 edge `a -> b` between the siblings `a` and `b` of P (so `memory::gpu::arena` naming
 `memory::export::process_token` is the edge `gpu -> export` inside `memory`). A module naming
 its own submodules (T below A), or a module naming its ancestors' own items (T above A), is the
@@ -193,7 +195,6 @@ class Crate:
         self.src = src
         self.files: dict[tuple[str, ...], str] = {}  # module path -> file
         self.children: dict[tuple[str, ...], set[str]] = defaultdict(set)
-        self.reexports: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = defaultdict(dict)
         self.code: dict[tuple[str, ...], str] = {}
         for dirpath, _, names in os.walk(os.path.join(ROOT, src)):
             for fname in names:
@@ -211,14 +212,23 @@ class Crate:
         for module, file in self.files.items():
             with open(os.path.join(ROOT, file), encoding="utf-8") as f:
                 self.code[module] = blank_cfg_test(strip(f.read()))
+        # Module aliases (`use linux as platform;`), each cfg'd alternative kept: a name may
+        # stand for several modules, one per platform.
+        self.aliases: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = defaultdict(lambda: defaultdict(list))
+        for module, code in self.code.items():
+            for m in re.finditer(r"(?<![\w:])use\s+([^;{}]+?)\s+as\s+(" + IDENT + r")\s*;", code):
+                for target in self.absolutes(module, m.group(1).replace(" ", "").split("::")):
+                    if target in self.files and target not in self.aliases[module][m.group(2)]:
+                        self.aliases[module][m.group(2)].append(target)
+        self.reexports: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = defaultdict(lambda: defaultdict(list))
         for module, code in self.code.items():
             for m in re.finditer(r"\bpub(?:\s*\([^)]*\))?\s+use\s+([^;]+);", code):
                 for path, name in parse_use_tree(m.group(1)):
                     if name is None:
                         continue
-                    target = self.absolute(module, path.split("::"))
-                    if target is not None:
-                        self.reexports[module][name] = target
+                    for target in self.absolutes(module, path.split("::")):
+                        if target not in self.reexports[module][name]:
+                            self.reexports[module][name].append(target)
 
     def absolute(self, module: tuple[str, ...], parts: list[str]) -> tuple[str, ...] | None:
         """The absolute path of `parts` written in `module`, or None when it leaves the crate
@@ -242,18 +252,38 @@ class Crate:
             return module + tuple(parts)
         return None
 
-    def resolve(self, path: tuple[str, ...], depth: int = 0) -> tuple[str, ...]:
-        """The module that defines what `path` names, following re-exports."""
+    def absolutes(self, module: tuple[str, ...], parts: list[str]) -> list[tuple[str, ...]]:
+        """As `absolute`, with the module aliases of `module` (or of the module a `crate::`,
+        `super::` or `self::` path reaches) expanded: every module the path can name."""
+        if parts and parts[0] in getattr(self, "aliases", {}).get(module, {}):
+            return [target + tuple(parts[1:]) for target in self.aliases[module][parts[0]]]
+        base = self.absolute(module, parts)
+        if base is None:
+            return []
+        for k in range(len(base)):
+            names = getattr(self, "aliases", {}).get(base[:k], {})
+            if base[k] in names and base[k] not in self.children.get(base[:k], ()):
+                return [target + base[k + 1 :] for target in names[base[k]]]
+        return [base]
+
+    def resolve(self, path: tuple[str, ...], depth: int = 0) -> list[tuple[str, ...]]:
+        """The modules that define what `path` names (one per platform where it differs),
+        following re-exports."""
         module: tuple[str, ...] = ()
         for i, part in enumerate(path):
             if part in self.children.get(module, ()):
                 module = module + (part,)
                 continue
-            target = self.reexports.get(module, {}).get(part)
-            if target is not None and depth < 16 and target != module + (part,):
-                return self.resolve(target + tuple(path[i + 1 :]), depth + 1)
+            targets = [t for t in self.reexports.get(module, {}).get(part, []) if t != module + (part,)]
+            if targets and depth < 16:
+                found: list[tuple[str, ...]] = []
+                for target in targets:
+                    for resolved in self.resolve(target + tuple(path[i + 1 :]), depth + 1):
+                        if resolved not in found:
+                            found.append(resolved)
+                return found
             break
-        return module
+        return [module]
 
     def references(self):
         """(module, line, text, target module) for every crate-relative path in code."""
@@ -268,10 +298,9 @@ class Crate:
                     parts = path.split("::")
                     if parts[0] not in KEYWORDS_START and m.group(1) is None:
                         continue
-                    target = self.absolute(module, parts)
-                    if target is None:
-                        continue
-                    yield module, line, self.resolve(target)
+                    for target in self.absolutes(module, parts):
+                        for resolved in self.resolve(target):
+                            yield module, line, resolved
 
 
 INTERFACES = [

@@ -7,14 +7,16 @@
 #   scripts/install-deps.sh        (or `test`) what the test suite uses besides: Open MPI and
 #                                  libclang (the mpi feature and its tests), valgrind, Python's venv
 #                                  and pip (the Python package's tests), EGL and Mesa's OpenGL
-#                                  drivers (llvmpipe: the OpenGL interop example)
+#                                  drivers (llvmpipe: the OpenGL interop example), and Debian's
+#                                  rustc-web with its std sources and the MinGW binutils
+#                                  (scripts/check-targets.sh: the Windows and macOS checks)
 set -euo pipefail
 
 packages=(build-essential pkg-config cmake libvulkan1 mesa-vulkan-drivers)
 case ${1:-test} in
   demo) ;;
   test) packages+=(libclang-dev libopenmpi-dev openmpi-bin valgrind python3 python3-venv python3-pip
-                   libegl-dev libegl-mesa0 libgl1-mesa-dri) ;;
+                   libegl-dev libegl-mesa0 libgl1-mesa-dri rustc-web rust-web-src binutils-mingw-w64-x86-64) ;;
   *) echo "install-deps: unknown set '$1' (demo or test)" >&2; exit 2 ;;
 esac
 

@@ -81,17 +81,20 @@ impl Error {
     }
 
     /// Wraps an OS error with what was being attempted; EPERM/EACCES and ENOMEM get their own
-    /// variants so that callers (and C status codes) can tell them apart.
+    /// variants so that callers (and C status codes) can tell them apart. (By the error's kind,
+    /// which std derives from each OS's own codes.)
+    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn os(context: impl Into<String>, source: io::Error) -> Self {
         let context = context.into();
-        match source.raw_os_error() {
-            Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied(format!("{context}: {source}")),
-            Some(libc::ENOMEM) => Error::OutOfMemory(format!("{context}: {source}")),
+        match source.kind() {
+            io::ErrorKind::PermissionDenied => Error::PermissionDenied(format!("{context}: {source}")),
+            io::ErrorKind::OutOfMemory => Error::OutOfMemory(format!("{context}: {source}")),
             _ => Error::Io { context, source },
         }
     }
 
     /// The OS error of the last failed libc call, with context.
+    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn last_os(context: impl Into<String>) -> Self {
         Error::os(context, io::Error::last_os_error())
     }

@@ -51,13 +51,20 @@
 // An `unsafe fn`'s body is not one unsafe block: each unsafe operation in it says why it holds.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+// Memory (its arenas are shared-memory objects) and channels (their transports pass handles
+// between processes) need the platform layer's shared memory, mappings, streams and waits,
+// which are built for Linux and macOS so far: on Windows the crate is its layer 0 and errors.
+#[cfg(unix)]
 pub mod channels;
 pub mod config;
 pub mod env;
 pub mod error;
 pub mod logging;
+#[cfg(unix)]
 pub mod memory;
 pub mod mpi;
+// Its users are compiled out on Windows so far (see `memory`).
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) mod os;
 pub mod types;
 

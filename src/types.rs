@@ -344,6 +344,14 @@ pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
     Ok(())
 }
 
+#[cfg(not(unix))]
+fn detect_hostname() -> Result<String> {
+    Err(Error::Unsupported(
+        "detecting this host's name is not yet built on Windows; name it yourself with ProcessLocation::new".into(),
+    ))
+}
+
+#[cfg(unix)]
 fn detect_hostname() -> Result<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for writes of buf.len() bytes; gethostname NUL-terminates
@@ -360,19 +368,11 @@ fn detect_hostname() -> Result<String> {
 
 /// The NUMA node of the CPU the calling thread is running on, if the kernel tells.
 pub(crate) fn current_numa_node() -> Option<u32> {
-    let mut cpu: libc::c_uint = 0;
-    let mut node: libc::c_uint = 0;
-    // SAFETY: getcpu writes one unsigned int through each of the two valid pointers; the
-    // third argument (tcache) is unused since Linux 2.6.24 and may be NULL.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_getcpu,
-            &mut cpu as *mut libc::c_uint,
-            &mut node as *mut libc::c_uint,
-            std::ptr::null_mut::<libc::c_void>(),
-        )
-    };
-    (rc == 0).then_some(node)
+    #[cfg(unix)]
+    return crate::os::system::current_numa_node();
+    // Not yet built on Windows: the node is unknown.
+    #[cfg(not(unix))]
+    None
 }
 
 #[cfg(test)]

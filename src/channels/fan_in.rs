@@ -29,8 +29,8 @@ use super::transports::{AnyConsumer, AnyRouteReceiver, AnySession, ConsumerParts
 use super::wait::Waiter;
 use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::epoll::{Epoll, EventFlags};
-use crate::os::eventfd::{poll, PollFd, PollFlags};
+use crate::os::poll::{poll, PollFd, PollFlags};
+use crate::os::poller::{EventFlags, Poller};
 
 /// The most messages one producer's turn takes when others have messages waiting: long enough
 /// that the consumer reads a ring's slots in a row (its cache lines one after the other), short
@@ -70,7 +70,7 @@ pub(super) struct FanIn {
     /// The carriers producers attach over besides the consumer's own.
     extra: Vec<AnyConsumer>,
     /// With `extra` carriers: an epoll set of every carrier's notification fd.
-    notify: Option<Epoll>,
+    notify: Option<Poller>,
     /// The application asked for the notification fd: every session is watched for it at all
     /// times (not only while the consumer sleeps in a receive).
     app_fd: bool,
@@ -114,7 +114,7 @@ impl FanIn {
         };
         carrier.notify_fd()?;
         if !fan_in.extra.is_empty() {
-            let epoll = Epoll::new()?;
+            let epoll = Poller::new()?;
             let what = "the fan-in's notification fd";
             epoll.add(carrier.notify_fd()?, EventFlags::IN, 0, what)?;
             for (at, other) in fan_in.extra.iter_mut().enumerate() {

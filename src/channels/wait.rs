@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::WaitStrategy;
-use crate::os::futex::{futex_wait, futex_wake};
 use crate::os::membarrier;
+use crate::os::wait::{wait as futex_wait, wake as futex_wake};
 
 /// How often a waiting side whose peer's end is [polled](PeerEnd::Polled) checks that its
 /// peer is alive.

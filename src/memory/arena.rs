@@ -24,7 +24,7 @@ use super::gpu_context::{ContextGpu, Pins};
 use super::location::{HugePageSize, MemoryLocation};
 use super::suballocator::{Allocation, Suballocator};
 use crate::error::Result;
-use crate::os::mapping::page_size;
+use crate::os::page_size;
 use crate::os::Mapping;
 
 /// The unit of pooled buffers, and so the alignment of every one: a cache line.

@@ -226,7 +226,7 @@ impl Buffer {
             base: ptr.map_or(0, |p| p.as_ptr() as usize),
             len,
             location,
-            page_size: crate::os::mapping::page_size(),
+            page_size: crate::os::page_size(),
             origin,
         };
         Buffer { ptr, len, info, backing: Backing::GpuView { whole, offset, wait }, registry: None, fallback: None }

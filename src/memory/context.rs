@@ -23,7 +23,7 @@ use super::gpu_context::ContextGpu;
 use super::location::MemoryLocation;
 use super::registry::{BufferOrigin, FoundBuffer, Registry, SharedMemory};
 use crate::error::{Error, Result};
-use crate::os::mapping::page_size;
+use crate::os::page_size;
 
 /// The per-process memory context. Clones share the same state.
 #[derive(Clone, Debug)]
@@ -52,15 +52,7 @@ pub(crate) struct ContextInner {
 }
 
 fn host_memory() -> (u64, u64) {
-    // SAFETY: zeroed sysinfo is a valid out-buffer.
-    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
-    // SAFETY: info is writable.
-    if unsafe { libc::sysinfo(&mut info) } != 0 {
-        return (u64::MAX, u64::MAX);
-    }
-    let unit = u64::from(info.mem_unit.max(1));
-    let ram = (info.totalram as u64).saturating_mul(unit);
-    (ram.saturating_add((info.totalswap as u64).saturating_mul(unit)), ram)
+    crate::os::system::memory_totals().unwrap_or((u64::MAX, u64::MAX))
 }
 
 impl Context {
@@ -281,7 +273,7 @@ fn check_mapped(addr: usize, len: usize) -> Result<()> {
         let chunk = (end - at).min(CHUNK_PAGES * page);
         // SAFETY: `at` is page-aligned; mincore writes one byte per page of `chunk` into
         // `residency`, which holds CHUNK_PAGES bytes.
-        if unsafe { libc::mincore(at as *mut libc::c_void, chunk, residency.as_mut_ptr()) } != 0 {
+        if unsafe { libc::mincore(at as *mut libc::c_void, chunk, residency.as_mut_ptr().cast()) } != 0 {
             return Err(Error::invalid(format!(
                 "[{addr:#x}, {:#x}) is not entirely mapped memory of this process (at {at:#x}: {})",
                 addr + len,
@@ -389,7 +381,7 @@ impl Context {
             ptr,
             len: gpu.size() as usize,
             location,
-            page_size: crate::os::mapping::page_size(),
+            page_size: crate::os::page_size(),
             origin,
             backing: Backing::Gpu { buffer: Arc::new(gpu) },
         };

@@ -89,7 +89,7 @@ impl CudaRegistry {
                 base: pointer.base as usize,
                 len: pointer.size,
                 location: MemoryLocation::CudaDevice { ordinal: pointer.device_ordinal },
-                page_size: crate::os::mapping::page_size(),
+                page_size: crate::os::page_size(),
                 origin: BufferOrigin::Cuda { kind: pointer.kind },
             };
             // Not exclusive: a stale registration that is being dropped right now may still

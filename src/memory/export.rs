@@ -19,14 +19,14 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::arena::{ImportCache, MIN_BLOCK};
 use super::buffer::{Backing, Buffer, BufferParts};
-use super::cpu::standard::{ARENA_NAME, ARENA_SEALS};
+use super::cpu::standard::ARENA_NAME;
 use super::location::MemoryLocation;
 use super::registry::{BufferOrigin, Registry};
 pub use super::token::process_token;
 use crate::error::{Error, Result};
-use crate::os::fdpass::recv_exact_with_fd;
-use crate::os::mapping::page_size;
-use crate::os::send_with_fds;
+use crate::os::page_size;
+use crate::os::shm;
+use crate::os::stream::{recv_exact_with_handle, send_with_handles};
 
 /// The first field of every descriptor: "LFEX".
 pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
@@ -157,7 +157,7 @@ impl ExportDescriptor {
     /// attached (`SCM_RIGHTS`), as [`ExportHandle::send`] does; for bindings that keep the
     /// descriptor and the fd apart (the C API's `lf_export`). The fd stays open here.
     pub fn send_with(&self, socket: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
-        send_with_fds(socket, &self.to_bytes(), &[fd])
+        send_with_handles(socket, &self.to_bytes(), &[fd])
     }
 }
 
@@ -174,7 +174,7 @@ impl ExportHandle {
     /// least the arena's size ([`check_received_fd`]): `Corrupt`, saying what is wrong.
     pub fn recv(socket: &UnixStream) -> Result<ExportHandle> {
         let mut bytes = [0u8; ExportDescriptor::SIZE];
-        let fd = recv_exact_with_fd(socket, &mut bytes, "an export handle")?;
+        let fd = recv_exact_with_handle(socket, &mut bytes, "an export handle")?;
         let descriptor = ExportDescriptor::from_bytes(&bytes)?;
         let location = check_received_descriptor(&descriptor)?;
         check_received_fd(&fd, &descriptor, location)?;
@@ -273,13 +273,9 @@ pub fn check_received_fd(fd: &OwnedFd, d: &ExportDescriptor, location: MemoryLoc
         }
         Ok(())
     };
-    if target.starts_with("/memfd:") && kind == libc::S_IFREG {
-        if !location.is_gpu() {
-            // SAFETY: F_GET_SEALS takes no argument and only reads the file's seals.
-            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-            if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-                return Err(corrupt_export(format!("its fd ({target}) is not sealed against shrinking")));
-            }
+    if shm::is_shm(fd) {
+        if !location.is_gpu() && !shm::size_is_fixed(fd) {
+            return Err(corrupt_export(format!("its fd ({target}) is not sealed against shrinking")));
         }
         return at_least_arena();
     }
@@ -496,19 +492,17 @@ fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLoca
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(invalid_fd(fd, format!("fstat failed: {}", std::io::Error::last_os_error())));
     }
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    if !shm::is_shm(fd) {
         return Err(invalid_fd(fd, "not a memory file"));
     }
     let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if !target.starts_with(&format!("/memfd:{ARENA_NAME}")) {
+    if !shm::has_name_prefix(fd, ARENA_NAME) {
         return Err(invalid_fd(fd, format!("{target:?} is not a lava-flow memory file")));
     }
-    // SAFETY: F_GET_SEALS takes no argument and only reads the file's seals.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 || seals & ARENA_SEALS != ARENA_SEALS {
-        return Err(invalid_fd(fd, "the memory file is not sealed against resizing"));
+    if !shm::size_is_fixed(fd) {
+        return Err(invalid_fd(fd, "the memory file is not sealed against shrinking"));
     }
     if st.st_size as u64 != descriptor.arena_size {
         return Err(invalid_fd(
@@ -516,7 +510,7 @@ fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLoca
             format!("the memory file has {} bytes, the handle says {}", st.st_size, descriptor.arena_size),
         ));
     }
-    let file_page = st.st_blksize as usize;
+    let file_page = shm::page_size_of(fd)?;
     let expected = match location {
         MemoryLocation::CpuHugepage { page } => page.bytes(),
         _ => page_size(),

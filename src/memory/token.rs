@@ -8,15 +8,11 @@ use std::sync::OnceLock;
 pub fn process_token() -> u64 {
     static TOKEN: OnceLock<u64> = OnceLock::new();
     *TOKEN.get_or_init(|| {
-        let mut token = 0u64;
-        // SAFETY: getrandom writes at most 8 bytes into the u64.
-        let n = unsafe { libc::getrandom((&mut token as *mut u64).cast(), 8, 0) };
-        if n != 8 {
+        crate::os::system::random_u64().unwrap_or_else(|| {
             // No entropy source: the time and pid still make the token unlikely to repeat.
             let nanos =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-            token = nanos ^ (u64::from(std::process::id()) << 32);
-        }
-        token
+            nanos ^ (u64::from(std::process::id()) << 32)
+        })
     })
 }

@@ -1,27 +1,102 @@
-//! Thin, safe wrappers over the Linux facilities every layer uses: memfd-backed shared memory,
-//! RAII memory mappings, file-descriptor passing over Unix sockets, futexes, epoll, notification
-//! sockets, and the process's watcher of descriptors (a thread that reports a peer's exit).
-//! Nothing here knows about lava-flow's own concepts.
+//! The platform layer: one interface to the operating system's facilities every layer uses,
+//! one implementation per OS. The rest of the crate names only the items re-exported here,
+//! never an implementation, and does no `cfg(target_os)` of its own on these concepts. Nothing
+//! here knows about lava-flow's own concepts.
+//!
+//! Layout: `unix/` holds what Linux and macOS share (descriptor passing over Unix stream
+//! sockets, `mmap` mappings, `poll`, socket-pair notifications, `flock` lock files, the
+//! watcher's thread); `linux/` and `macos/` what differs; the selector below picks one.
+//! Platform-neutral helpers ([`parallel_copy`], [`prefetch_for_write`]) live at this level.
+//!
+//! The concepts, and what each platform gives for them:
+//!
+//! - **handle** ([`OwnedHandle`], [`BorrowedHandle`], [`AsHandle`], [`RawHandle`]): the OS's
+//!   reference to a kernel object; a file descriptor on Linux and macOS.
+//! - **shared memory** ([`shm`]): `create`, `size_of`, `fix_size`, `size_is_fixed` (no one
+//!   can shrink it: reading below its size never faults), `read_only`, and for checking what
+//!   a peer passed `is_shm`, `has_name_prefix`, `page_size_of`. Linux: a memfd; its size is
+//!   fixed by seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`); `read_only` seals it with
+//!   `F_SEAL_FUTURE_WRITE` (Linux 5.1), after which only mappings made before can write. macOS: `shm_open` of a unique name, unlinked at once;
+//!   a shared-memory object's size cannot change after its first `ftruncate`, so `fix_size`
+//!   has nothing to do; `read_only` is `Unsupported` (a read-only handle of an unlinked object
+//!   cannot be opened), and no huge pages; a peer's object is recognised by
+//!   `proc_pidfdinfo(PROC_PIDFDPSHMINFO)` and has no name left to check.
+//! - **mapping** ([`Mapping`], [`page_size`], [`map_granularity`]): `mmap` on both; the
+//!   populate advice (`MADV_POPULATE_WRITE`/`_READ`) is Linux's, macOS reports it not done.
+//! - **wait on a word** ([`wait`]): sleep while a 32-bit word in shared memory holds a value,
+//!   woken by another process. Linux: a futex. macOS: `os_sync_wait_on_address` with
+//!   `OS_SYNC_WAIT_ON_ADDRESS_SHARED` (macOS 14.4, looked up at run time); before that a
+//!   bounded spin, then sleeps of growing length up to 1 ms that re-check the word (a wake is
+//!   then a no-op, and a waiter notices a change up to 1 ms late).
+//! - **event** ([`event`]): one handle that a thread of this process signals and an event loop
+//!   waits on (readable). Linux: an eventfd. macOS: a kqueue with an `EVFILT_USER` event.
+//! - **notification** ([`notify`]): a socket pair between processes; the waited end is
+//!   pollable, the notifier's close is seen by `drain_peer`. The same on both.
+//! - **readiness set** ([`poller`]): a set of handles that is itself a handle, readable while
+//!   one of them is ready. Linux: epoll. macOS: kqueue.
+//! - **stream** ([`stream`]): a connected Unix stream socket carrying bytes and handles
+//!   (`SCM_RIGHTS`); [`stream::peer`] tells the peer's pid and whether it runs as this user
+//!   (Linux `SO_PEERCRED`; macOS `LOCAL_PEERPID` and `getpeereid`); a [`stream::Listener`]
+//!   bound at a path (mode 0600) and [`stream::connect`] to it.
+//! - **process** ([`process`]): a handle of a peer process that becomes readable when it
+//!   exits. Linux: a pidfd (5.3). macOS: a kqueue with `EVFILT_PROC`/`NOTE_EXIT`.
+//! - **watcher** ([`watcher`]): one thread that calls back once when a watched handle reports
+//!   (built on the readiness set).
+//! - **lock file** ([`lock`]): `LockFile::try_take(path)`, an exclusive `flock` that the OS
+//!   releases when its holder dies; a file its last holder replaced is taken again.
+//! - **user** ([`user`]): the user id for same-user checks, and the default runtime directory
+//!   (`$XDG_RUNTIME_DIR/lava-flow`, else `/tmp/lava-flow-$UID`).
+//! - **memory barrier across processes** ([`membarrier`]): Linux `membarrier(2)`; macOS has
+//!   none, so senders fence every message there.
+//! - **system** ([`system`]): memory totals, the current NUMA node, random bytes, NUMA
+//!   binding, transparent huge pages, and whether GPU memory can be shared between processes.
+//!   NUMA, huge pages and GPU memory sharing are Linux-only; macOS reports them unsupported
+//!   and uses `sysctl hw.memsize` and `getentropy`.
+//!
+//! Windows has no implementation here yet: the crate's memory and channels, which need
+//! shared memory, mappings, streams and waits, are compiled out there.
 
-pub mod epoll;
-pub mod eventfd;
-pub mod fdpass;
-pub mod futex;
-pub mod mapping;
-pub mod membarrier;
-pub mod memfd;
-pub mod notify;
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "macos")]
+mod macos;
 pub(crate) mod parallel_copy;
-pub mod watcher;
+#[cfg(unix)]
+mod unix;
 
-pub use fdpass::{recv_with_fds, send_with_fds, try_recv_with_fds, try_send_with_fds};
+// The selector: the one place that names an implementation.
+#[cfg(target_os = "linux")]
+use linux as platform;
+#[cfg(target_os = "macos")]
+use macos as platform;
+
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+pub use platform::{event, membarrier, poller, process, shm, system, wait};
+// The names the Windows side shares; Unix callers still spell them as `std::os::fd` does.
+#[cfg(unix)]
+#[allow(unused_imports)]
+pub use std::os::fd::{AsFd as AsHandle, BorrowedFd as BorrowedHandle, OwnedFd as OwnedHandle, RawFd as RawHandle};
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+#[allow(unused_imports)]
+pub use unix::mapping::{map_granularity, page_size, Mapping};
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+pub use unix::{lock, notify, poll, stream, user, watcher};
+
+/// How [`shm::create`] makes a shared-memory object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShmOptions {
+    /// Back the object with huge pages of this size (bytes, a power of two), or `None` for
+    /// ordinary pages.
+    pub huge_page_size: Option<usize>,
+    /// Allow [`shm::fix_size`] and [`shm::read_only`] later.
+    pub sealable: bool,
+}
 
 /// A timeout as the kernel takes it; one beyond `i64::MAX` seconds waits as long.
+#[cfg(unix)]
 pub(crate) fn timespec(timeout: std::time::Duration) -> rustix::event::Timespec {
     rustix::event::Timespec::try_from(timeout).unwrap_or(rustix::event::Timespec { tv_sec: i64::MAX, tv_nsec: 0 })
 }
-pub use mapping::Mapping;
-pub use memfd::{memfd_create, MemfdFlags};
 
 /// Asks the CPU for the cache line at `ptr` in a state it can write (`prefetchw`), without
 /// waiting for it: a hint. x86-64 processors that predate the instruction run it as a no-op.

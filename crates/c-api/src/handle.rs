@@ -28,15 +28,15 @@ pub(crate) trait HandleType: Send + Sync + 'static {
 /// Implements [`HandleType`] for each listed type and defines `kind_name`, the C name of a
 /// kind, for messages about wrong-type handles.
 macro_rules! handle_types {
-    ($($ty:path => $kind:literal, $name:literal;)*) => {
-        $(impl $crate::handle::HandleType for $ty {
+    ($($(#[$attr:meta])* $ty:path => $kind:literal, $name:literal;)*) => {
+        $($(#[$attr])* impl $crate::handle::HandleType for $ty {
             const KIND: u32 = $kind;
             const NAME: &'static str = $name;
         })*
         /// The C name of a kind, for messages about wrong-type handles.
         pub(crate) fn kind_name(kind: u32) -> &'static str {
             match kind {
-                $($kind => $name,)*
+                $($(#[$attr])* $kind => $name,)*
                 _ => "unknown",
             }
         }

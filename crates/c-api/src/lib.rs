@@ -10,26 +10,43 @@
 //! - No panic crosses the boundary: it becomes `LF_ERR_INTERNAL`.
 //! - Values that come from C as enums are taken as integers and checked.
 
+// What needs the core's memory and channels, which are built for Linux and macOS so far: on
+// Windows the C API is its status, logging, locations and MPI discovery.
+#[cfg_attr(not(unix), allow(dead_code))]
 mod abi;
+#[cfg(unix)]
 pub mod alloc;
+#[cfg(unix)]
 pub mod buffer;
+#[cfg(unix)]
 pub mod buffer_io;
+#[cfg(unix)]
 pub mod channel;
+#[cfg(unix)]
 pub mod channel_config;
 #[cfg(test)]
 mod channel_tests;
+#[cfg(unix)]
 pub mod context;
+#[cfg(unix)]
 pub mod device;
+#[cfg(unix)]
 mod exclusive;
+#[cfg(unix)]
 pub mod export;
+#[cfg(unix)]
 mod gpu_messages;
 mod handle;
 pub mod location;
 pub mod logging;
 pub mod mpi;
+#[cfg(unix)]
 pub mod peers;
+#[cfg_attr(not(unix), allow(dead_code))]
 mod raw;
+#[cfg(unix)]
 pub mod receive;
+#[cfg(unix)]
 pub mod send;
 pub mod status;
 
@@ -44,8 +61,11 @@ use status::{lf_status, set_last_error};
 // visibly distinct.
 handle::handle_types! {
     location::lf_location => 1, "lf_location";
+    #[cfg(unix)]
     context::lf_context => 2, "lf_context";
+    #[cfg(unix)]
     buffer::lf_buffer => 3, "lf_buffer";
+    #[cfg(unix)]
     channel::lf_channel => 4, "lf_channel";
     mpi::lf_mpi => 32, "lf_mpi";
 }

@@ -631,7 +631,7 @@ fn first_producer(
     deadline: Option<std::time::Instant>,
 ) -> Result<AnySession> {
     use crate::channels::transport::ConsumerTransport;
-    use crate::os::eventfd::{poll, PollFd, PollFlags};
+    use crate::os::poll::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
     // Each carrier's fd is readable while a producer it met waits (its acceptor's thread).
     let mut fds = Vec::new();

@@ -78,10 +78,9 @@ pub(crate) fn create(size: usize, page: HugePageSize) -> Result<(OwnedFd, Mappin
 /// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` and on memory fragmentation, so no
 /// page size beyond the base one is promised.
 pub(crate) fn advise_transparent(mapping: &Mapping) {
-    // SAFETY: the range is exactly a live mapping this process owns; madvise only changes
-    // the kernel's paging policy for it. An error (THP compiled out) leaves base pages, which
-    // is what the buffer reports anyway.
-    unsafe { libc::madvise(mapping.as_ptr().cast(), mapping.len(), libc::MADV_HUGEPAGE) };
+    // SAFETY: the range is exactly a live mapping this process owns. An error (THP compiled
+    // out) leaves base pages, which is what the buffer reports anyway.
+    unsafe { crate::os::system::advise_huge_pages(mapping.as_ptr(), mapping.len()) };
 }
 
 /// The page size the kernel really uses for the mapping holding `addr`
@@ -119,7 +118,7 @@ mod tests {
     fn ordinary_memory_reports_the_base_page() {
         let mapping = Mapping::anonymous(1 << 16).unwrap();
         let page = kernel_page_size_of(mapping.as_ptr()).unwrap();
-        assert_eq!(page, crate::os::mapping::page_size());
+        assert_eq!(page, crate::os::page_size());
         assert!(matches!(kernel_page_size_of(std::ptr::null()), Err(Error::NotFound(_))));
     }
 

@@ -8,9 +8,6 @@ use crate::error::{Error, Result};
 use crate::os::Mapping;
 
 const NODE_DIR: &str = "/sys/devices/system/node";
-const MPOL_BIND: libc::c_int = 2;
-const MPOL_F_NODE: libc::c_ulong = 1;
-const MPOL_F_ADDR: libc::c_ulong = 2;
 
 /// The NUMA nodes of this host that have memory, read once per [`Context`](crate::memory::Context).
 #[derive(Clone, Debug)]
@@ -108,24 +105,9 @@ pub(crate) fn bind(mapping: &Mapping, node: u32, topology: &NumaTopology) -> Res
     if !topology.kernel_numa {
         return Ok(());
     }
-    let words = node as usize / 64 + 1;
-    let mut mask = vec![0u64; words];
-    mask[node as usize / 64] |= 1u64 << (node % 64);
-    // SAFETY: the range is exactly the mapping this process owns; the mask holds `words`
-    // 64-bit words and maxnode tells the kernel to read no more (it counts maxnode - 1 bits).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mbind,
-            mapping.as_ptr(),
-            mapping.len(),
-            MPOL_BIND,
-            mask.as_ptr(),
-            (words * 64 + 1) as libc::c_ulong,
-            0 as libc::c_uint,
-        )
-    };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
+    // SAFETY: the range is exactly the mapping this process owns.
+    let bound = unsafe { crate::os::system::bind_to_node(mapping.as_ptr(), mapping.len(), node) };
+    if let Err(err) = bound {
         if err.raw_os_error() == Some(libc::ENOSYS) && node == 0 {
             crate::logging::log_first!(
                 log::Level::Info,
@@ -144,22 +126,7 @@ pub(crate) fn bind(mapping: &Mapping, node: u32, topology: &NumaTopology) -> Res
 // The pointer is only handed to the kernel, which checks it (EFAULT); nothing here reads it.
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn node_of_address(addr: *const u8) -> Result<u32> {
-    let mut node: libc::c_int = -1;
-    // SAFETY: `node` is a valid out-int; no nodemask is asked for (NULL, maxnode 0); the
-    // kernel validates `addr` and fails with EFAULT if it is not mapped.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            &mut node as *mut libc::c_int,
-            std::ptr::null_mut::<libc::c_ulong>(),
-            0 as libc::c_ulong,
-            addr,
-            MPOL_F_NODE | MPOL_F_ADDR,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::last_os(format!("get_mempolicy(node of address {addr:p})")));
-    }
+    let node = crate::os::system::node_of_address(addr)?;
     u32::try_from(node).map_err(|_| Error::Io {
         context: format!("get_mempolicy(node of address {addr:p})"),
         source: std::io::Error::other(format!("kernel answered node {node}")),
@@ -192,7 +159,7 @@ mod tests {
     fn bound_pages_land_on_their_node() {
         let topology = NumaTopology::detect();
         let node = topology.nodes()[0];
-        let fd = crate::os::memfd_create("lf-numa-test", 1 << 16, Default::default()).unwrap();
+        let fd = crate::os::shm::create("lf-numa-test", 1 << 16, Default::default()).unwrap();
         let mapping = Mapping::shared(&fd, 0, 1 << 16).unwrap();
         bind(&mapping, node, &topology).unwrap();
         // SAFETY: the mapping is live and 64 KiB long.

@@ -19,8 +19,7 @@ use super::allocator::GpuBuffer;
 use super::arena::{ArenaId, GpuMemoryKind, HandleType};
 use super::device::format_uuid;
 use crate::error::{Error, Result};
-use crate::os::fdpass::recv_exact_with_fd;
-use crate::os::send_with_fds;
+use crate::os::stream::{recv_exact_with_handle, send_with_handles};
 
 /// `"LFGX"` read as a little-endian u32.
 pub const GPU_EXPORT_MAGIC: u32 = u32::from_le_bytes(*b"LFGX");
@@ -180,14 +179,14 @@ impl GpuExport {
     /// Sends the export over a Unix stream socket: the description as the payload and the fd
     /// attached (`SCM_RIGHTS`). The fd stays open here; drop the export when done.
     pub fn send(&self, socket: &UnixStream) -> Result<()> {
-        send_with_fds(socket, &self.desc.to_bytes(), &[self.fd.as_fd()])
+        send_with_handles(socket, &self.desc.to_bytes(), &[self.fd.as_fd()])
     }
 
     /// Receives one export sent with [`GpuExport::send`], validating its description. Any fd
     /// that arrives with a malformed message is closed.
     pub fn recv(socket: &UnixStream) -> Result<Self> {
         let mut buf = [0u8; GpuExportDesc::SIZE];
-        let fd = recv_exact_with_fd(socket, &mut buf, "a GPU export")?;
+        let fd = recv_exact_with_handle(socket, &mut buf, "a GPU export")?;
         let desc = GpuExportDesc::from_bytes(&buf)?;
         Ok(GpuExport { desc, fd })
     }
@@ -319,14 +318,14 @@ mod tests {
     #[test]
     fn malformed_export_messages_are_refused() {
         let (a, b) = UnixStream::pair().unwrap();
-        send_with_fds(&a, &sample().to_bytes(), &[]).unwrap();
+        send_with_handles(&a, &sample().to_bytes(), &[]).unwrap();
         assert!(matches!(GpuExport::recv(&b), Err(Error::Corrupt(ref m)) if m.contains("0 fds")));
-        let fd = crate::os::memfd_create("lf-test", 4096, Default::default()).unwrap();
+        let fd = crate::os::shm::create("lf-test", 4096, Default::default()).unwrap();
         let mut bad = sample();
         bad.magic ^= 1;
-        send_with_fds(&a, &bad.to_bytes(), &[fd.as_fd()]).unwrap();
+        send_with_handles(&a, &bad.to_bytes(), &[fd.as_fd()]).unwrap();
         assert!(matches!(GpuExport::recv(&b), Err(Error::InvalidArgument(ref m)) if m.contains("magic")));
-        send_with_fds(&a, &sample().to_bytes(), &[fd.as_fd()]).unwrap();
+        send_with_handles(&a, &sample().to_bytes(), &[fd.as_fd()]).unwrap();
         let export = GpuExport::recv(&b).unwrap();
         assert_eq!(export.desc, sample());
         drop(a);

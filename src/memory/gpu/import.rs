@@ -374,7 +374,9 @@ fn file_id(raw: std::os::fd::RawFd) -> Option<(u64, u64)> {
     }
     // SAFETY: fstat succeeded, so it filled the buffer.
     let stat = unsafe { stat.assume_init() };
-    Some((stat.st_dev, stat.st_ino))
+    // (`st_dev` is signed on macOS.)
+    #[allow(clippy::unnecessary_cast)]
+    Some((stat.st_dev as u64, stat.st_ino as u64))
 }
 
 #[cfg(test)]
@@ -382,13 +384,13 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     use super::own_position;
-    use crate::os::{memfd_create, MemfdFlags};
+    use crate::os::{shm, ShmOptions};
 
     /// The copies of one export share a file position; the memfd an import reads gets its own,
     /// on the same memory.
     #[test]
     fn a_memfd_is_imported_through_a_position_of_its_own() {
-        let memfd = memfd_create("lf-import-test", 4096, MemfdFlags::default()).unwrap();
+        let memfd = shm::create("lf-import-test", 4096, ShmOptions::default()).unwrap();
         let copy = memfd.try_clone().unwrap();
         let own = own_position(copy);
         // SAFETY: lseek on descriptors this test owns.

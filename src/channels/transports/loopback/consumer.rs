@@ -12,7 +12,7 @@ use crate::channels::peers::kind_mismatch;
 use crate::channels::transport::{Attachment, ConsumerSession, ConsumerTransport, RawView, Release, TransportInfo};
 use crate::channels::{ChannelConfig, ChannelKind, Peer};
 use crate::error::{Error, Result};
-use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal};
+use crate::os::event;
 
 /// The consumer half of a loopback channel. It keeps the name: producers of the name that
 /// attach later are taken up as sessions of their own.
@@ -123,7 +123,7 @@ impl ConsumerTransport for LoopbackConsumer {
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
-            let fd = Arc::new(eventfd()?);
+            let fd = Arc::new(event::new()?);
             if self.joined {
                 self.notify = Some(fd);
                 return Ok(self.notify.as_ref().expect("set just now").as_fd());
@@ -131,7 +131,7 @@ impl ConsumerTransport for LoopbackConsumer {
             // Readable when a producer arrives too (a fan-in takes it up at its next receive).
             with_meeting(&self.name, |m| {
                 if !m.arrived.is_empty() {
-                    eventfd_signal(fd.as_fd());
+                    event::signal(fd.as_fd());
                 }
                 m.notify = Some(Arc::clone(&fd));
             });
@@ -145,7 +145,7 @@ impl ConsumerTransport for LoopbackConsumer {
         let mut state = session.session.lock();
         state.notify = Some(Arc::clone(fd));
         if state.received < state.head || state.producer_closed {
-            eventfd_signal(fd.as_fd());
+            event::signal(fd.as_fd());
         }
         drop(state);
         session.notify = Some(Arc::clone(fd));
@@ -211,7 +211,7 @@ impl ConsumerSession for LoopbackSession {
             let Some(fd) = &self.notify else { return Err(self.would_block()) };
             // Level-triggered: the fd is reset only when the ring is seen empty, and looked at
             // once more after the reset.
-            eventfd_drain(fd.as_fd());
+            event::drain(fd.as_fd());
             let mut state = self.session.lock();
             if let Some(view) = self.session.take_next(&mut state) {
                 return Ok(view);
@@ -222,7 +222,7 @@ impl ConsumerSession for LoopbackSession {
         }
         if let Some(fd) = &self.notify {
             // Readable while there is something to say: the end.
-            eventfd_signal(fd.as_fd());
+            event::signal(fd.as_fd());
         }
         Err(Error::PeerGone(format!("the producer of channel {:?} closed it", self.name)))
     }

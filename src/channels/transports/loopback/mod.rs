@@ -37,7 +37,7 @@ use session::Session;
 use crate::channels::transport::{Attachment, TransportId};
 use crate::channels::ChannelKind;
 use crate::error::Error;
-use crate::os::eventfd::eventfd_signal;
+use crate::os::event;
 
 pub(crate) const ID: TransportId = TransportId::new("loopback");
 
@@ -72,7 +72,7 @@ impl Meeting {
         }
         self.arrived.push(session);
         if let Some(fd) = &self.notify {
-            eventfd_signal(fd.as_fd());
+            event::signal(fd.as_fd());
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::channels::transport::{Attachment, RawView, Release};
 use crate::error::{Error, Result};
-use crate::os::eventfd::eventfd_signal;
+use crate::os::event;
 
 /// Where a message's bytes lie.
 pub(super) enum Bytes {
@@ -157,7 +157,7 @@ impl Session {
         drop(state);
         self.data.notify_all();
         if let Some(fd) = notify {
-            eventfd_signal(fd.as_fd());
+            event::signal(fd.as_fd());
         }
         seq
     }
@@ -197,7 +197,7 @@ impl Session {
         drop(state);
         self.data.notify_all();
         if let Some(fd) = notify {
-            eventfd_signal(fd.as_fd());
+            event::signal(fd.as_fd());
         }
     }
 

@@ -29,7 +29,7 @@ use crate::channels::transport::{ConsumerTransport, TransportInfo};
 use crate::channels::ChannelConfig;
 use crate::error::Result;
 use crate::mpi::{Endpoint, ThreadLevel};
-use crate::os::eventfd::eventfd;
+use crate::os::event;
 
 /// The consuming end of an MPI channel: a pair's one producer's session, or a fan-in's
 /// acceptor, which meets producers from any rank.
@@ -101,7 +101,7 @@ impl ConsumerTransport for MpiConsumer {
 
     fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
         if self.notify.is_none() {
-            let fd = Arc::new(eventfd()?);
+            let fd = Arc::new(event::new()?);
             if let Some(acceptor) = &mut self.acceptor {
                 acceptor.start_probe(Arc::clone(&fd))?;
             }

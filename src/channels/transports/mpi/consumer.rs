@@ -20,7 +20,7 @@ use crate::channels::transport::{ConsumerSession, RawView, Release};
 use crate::channels::{ChannelConfig, Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
 use crate::mpi::{register_duty, DutyRegistration, Endpoint, Request, ThreadLevel};
-use crate::os::eventfd::{eventfd_drain, eventfd_signal};
+use crate::os::event;
 
 /// The session of a pair's MPI consumer (a new producer does not attach to an MPI pair);
 /// a fan-in's are numbered by its acceptor.
@@ -565,7 +565,7 @@ impl ConsumerSession for MpiSession {
             None => {
                 if let Some(n) = &self.notifier {
                     let _signalling = n.probe.signalling.lock();
-                    eventfd_drain(n.fd.as_fd());
+                    event::drain(n.fd.as_fd());
                     // A message that arrived meanwhile is signalled again by the thread.
                 } else if let Some(watch) = self.watch.as_ref().filter(|_| self.asleep) {
                     watch.reset();
@@ -688,7 +688,7 @@ impl MpiSession {
         // those back first (keeping what they already received).
         self.take_landings_back()?;
         if !self.landed.is_empty() {
-            eventfd_signal(fd.as_fd());
+            event::signal(fd.as_fd());
         }
         let stop = Arc::new(AtomicBool::new(false));
         let probe = Arc::new(Probe::default());
@@ -705,7 +705,7 @@ impl MpiSession {
                         // A message taken since the probe may be the one it saw: the next look
                         // (100 µs on) signals one still waiting.
                         if thread_probe.taken.load(Ordering::Acquire) == taken {
-                            eventfd_signal(thread_fd.as_fd());
+                            event::signal(thread_fd.as_fd());
                         }
                     }
                     std::thread::sleep(std::time::Duration::from_micros(100));

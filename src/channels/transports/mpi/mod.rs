@@ -82,7 +82,7 @@ use parking_lot::Mutex;
 use crate::channels::ChannelKind;
 use crate::error::{Error, Result};
 use crate::mpi::Endpoint;
-use crate::os::eventfd::eventfd_signal;
+use crate::os::event;
 
 /// Takes slot `n` of a fan channel for a peer met over MPI, if it is free: what holds it
 /// (dropped, the slot is free again), or `None` when another peer holds it.
@@ -460,7 +460,7 @@ impl TagProbe {
                     // An error here shows again at the owner's next look.
                     if let Ok(Some(_)) = comm.iprobe_any(tag) {
                         thread_seen.store(true, Ordering::Release);
-                        eventfd_signal(fd.as_fd());
+                        event::signal(fd.as_fd());
                     }
                     std::thread::sleep(TagProbe::PERIOD);
                 }

@@ -19,7 +19,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::mpi::PrivateComm;
-use crate::os::eventfd::{eventfd_drain, eventfd_signal};
+use crate::os::event;
 
 /// How often the thread probes the sessions that sleep.
 const PERIOD: Duration = Duration::from_micros(100);
@@ -125,14 +125,14 @@ impl Watch {
 
     /// Makes the fd readable (a message of the session's waits already).
     pub(super) fn signal(&self) {
-        eventfd_signal(self.shared.fd.as_fd());
+        event::signal(self.shared.fd.as_fd());
     }
 
     /// Resets the fd: nothing of this session's waits (a message arriving meanwhile is
     /// signalled again by the thread).
     pub(super) fn reset(&self) {
         let _signalling = self.signalling.lock();
-        eventfd_drain(self.shared.fd.as_fd());
+        event::drain(self.shared.fd.as_fd());
     }
 }
 
@@ -168,7 +168,7 @@ fn probe_sleepers(shared: &Shared) {
             if let Ok(Some(_)) = shared.comm.iprobe(watch.peer, watch.tag) {
                 let _signalling = watch.signalling.lock();
                 if watch.probing.load(Ordering::Acquire) && watch.taken.load(Ordering::Acquire) == taken {
-                    eventfd_signal(shared.fd.as_fd());
+                    event::signal(shared.fd.as_fd());
                 }
             }
         }

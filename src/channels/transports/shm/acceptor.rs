@@ -17,7 +17,8 @@ use super::rendezvous::Listener;
 use crate::channels::transport::Attachment;
 use crate::channels::WaitStrategy;
 use crate::error::{Error, Result};
-use crate::os::eventfd::{eventfd, eventfd_drain, eventfd_signal, poll, PollFd, PollFlags};
+use crate::os::event;
+use crate::os::poll::{poll, PollFd, PollFlags};
 
 /// How long a producer that connected has to send its hello (it makes and faults in its
 /// region first); one that never does keeps the others waiting this long at most.
@@ -48,8 +49,9 @@ impl Acceptor {
         shape: Shape,
         answers: Vec<Attachment>,
     ) -> Result<Acceptor> {
-        let met = Arc::new(Met { links: Mutex::new(Vec::new()), waiting: AtomicBool::new(false), ready: eventfd()? });
-        let stop = eventfd()?;
+        let met =
+            Arc::new(Met { links: Mutex::new(Vec::new()), waiting: AtomicBool::new(false), ready: event::new()? });
+        let stop = event::new()?;
         let thread = {
             let (met, stop, name) = (Arc::clone(&met), dup(&stop)?, name.to_owned());
             std::thread::Builder::new()
@@ -70,7 +72,7 @@ impl Acceptor {
         let link = links.pop();
         if links.is_empty() {
             self.met.waiting.store(false, Ordering::Release);
-            eventfd_drain(self.met.ready.as_fd());
+            event::drain(self.met.ready.as_fd());
         }
         link
     }
@@ -98,7 +100,7 @@ impl Acceptor {
 
 impl Drop for Acceptor {
     fn drop(&mut self) {
-        eventfd_signal(self.stop.as_fd());
+        event::signal(self.stop.as_fd());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -127,17 +129,17 @@ fn accept_producers(
             break;
         }
         let mut refused = Vec::new();
-        let Ok(Some((sock, cred))) = listener.accept(Some(Instant::now()), &mut refused, name) else { continue };
+        let Ok(Some((sock, peer))) = listener.accept(Some(Instant::now()), &mut refused, name) else { continue };
         let deadline = Some(Instant::now() + HELLO_WAIT);
         // A refused producer (full, another kind) has been told why by the handshake.
-        match handshake::accept(sock, cred, name, wait, shape, deadline, sessions + 1, answers) {
+        match handshake::accept(sock, peer, name, wait, shape, deadline, sessions + 1, answers) {
             Ok(link) => {
                 sessions += 1;
                 met.links.lock().insert(0, link);
                 met.waiting.store(true, Ordering::Release);
-                eventfd_signal(met.ready.as_fd());
+                event::signal(met.ready.as_fd());
             }
-            Err(e) => log::info!("channel {name:?} (fan-in consumer): refused a producer (pid {}): {e}", cred.pid),
+            Err(e) => log::info!("channel {name:?} (fan-in consumer): refused a producer (pid {}): {e}", peer.pid),
         }
     }
     listener.close();

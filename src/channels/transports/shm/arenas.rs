@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
-use rustix::fs::{FileType, SealFlags};
+use rustix::fs::FileType;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -20,7 +20,7 @@ use super::ring::MAX_ARENA_LEN;
 use crate::channels::transport::SharedRegion;
 use crate::error::{Error, Result};
 use crate::memory::SharedArena;
-use crate::os::memfd::seals;
+use crate::os::shm;
 use crate::os::Mapping;
 
 // SAFETY: an arena maps its whole memory file (`len` bytes from `base`) for as long as a clone
@@ -77,7 +77,7 @@ pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
         _ => return Err(Error::Corrupt("its fd is not a memory file".into())),
     };
-    if !seals(fd).is_some_and(|s| s.contains(SealFlags::SHRINK)) {
+    if !shm::size_is_fixed(fd) {
         return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
     }
     if (st.st_size as u64) < len {

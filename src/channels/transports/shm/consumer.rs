@@ -13,7 +13,7 @@ use super::rendezvous::Listener;
 use crate::channels::transport::{Attachment, ConsumerTransport, Route, TransportInfo};
 use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::epoll::EventFlags;
+use crate::os::poller::EventFlags;
 
 /// The consumer half of a shared-memory channel. It keeps listening, so that a new producer
 /// can attach once the old one has gone.
@@ -123,7 +123,7 @@ impl ShmConsumer {
                     }
                     return Err(Error::Timeout(msg));
                 }
-                Some((sock, cred)) => match handshake::accept(sock, cred, name, wait, shape, deadline, 1, answers) {
+                Some((sock, peer)) => match handshake::accept(sock, peer, name, wait, shape, deadline, 1, answers) {
                     Ok(link) => return Ok(link),
                     Err(e) => refused.push(e.to_string()),
                 },
@@ -142,8 +142,8 @@ impl ShmConsumer {
         let deadline = config.rendezvous_timeout.map(|t| Instant::now() + t);
         let shape = Shape { kind: config.kind, max_peers: config.max_peers };
         let link = loop {
-            let (sock, cred) = super::rendezvous::connect(name, deadline)?;
-            match handshake::accept(sock, cred, name, config.wait, shape, deadline, 1, &answers) {
+            let (sock, peer) = super::rendezvous::connect(name, deadline)?;
+            match handshake::accept(sock, peer, name, config.wait, shape, deadline, 1, &answers) {
                 Ok(link) => break link,
                 // The producer may be closing, or busy: tried again until the deadline.
                 Err(Error::PeerGone(_) | Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
@@ -193,12 +193,12 @@ impl ConsumerTransport for ShmConsumer {
         }
         let Some(listener) = &self.listener else { return Ok(None) };
         let mut refused = Vec::new();
-        let Some((sock, cred)) = listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
+        let Some((sock, peer)) = listener.accept(Some(Instant::now()), &mut refused, &self.name)? else {
             return Ok(None);
         };
         let id = self.sessions + 1;
         let deadline = Some(Instant::now() + Duration::from_secs(2));
-        let link = match handshake::accept(sock, cred, &self.name, self.wait, self.shape, deadline, id, &self.answers) {
+        let link = match handshake::accept(sock, peer, &self.name, self.wait, self.shape, deadline, id, &self.answers) {
             Ok(l) => l,
             Err(_) => return Ok(None),
         };

@@ -20,9 +20,9 @@ use crate::channels::transport::{Attachment, ConsumerSession, RawView, Release, 
 use crate::channels::wait::{sleep_once, wake_all, Waiter};
 use crate::channels::{Peer, PeerState, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::epoll::{Epoll, EventFlags};
 use crate::os::notify::{drain, drain_peer, notify, notify_pair};
-use crate::os::try_recv_with_fds;
+use crate::os::poller::{EventFlags, Poller};
+use crate::os::stream::try_recv_with_handles;
 
 /// The most attachments read from the socket and not yet taken: a bound on what a peer can
 /// make the consumer hold.
@@ -33,14 +33,14 @@ const MAX_PENDING_ATTACHMENTS: usize = 4096;
 /// keeps the set readable for what the consumer found itself (a message waiting when the set
 /// was made, the producer's end).
 pub(crate) struct Notify {
-    pub(super) epoll: Epoll,
+    pub(super) epoll: Poller,
     pub(super) own_signals: OwnedFd,
     own_signal: OwnedFd,
 }
 
 impl Notify {
     pub(super) fn new() -> Result<Notify> {
-        let epoll = Epoll::new()?;
+        let epoll = Poller::new()?;
         let (own_signals, own_signal) = notify_pair()?;
         epoll.add(
             own_signals.as_fd(),
@@ -98,7 +98,7 @@ impl ShmSession {
         [
             Some((self.link.signals.as_fd(), false)),
             Some((self.link.watch.socket_fd(), true)),
-            self.link.watch.pidfd().map(|fd| (fd, false)),
+            self.link.watch.process_handle().map(|fd| (fd, false)),
         ]
         .into_iter()
         .flatten()
@@ -315,7 +315,7 @@ impl ShmSession {
                 return Ok(());
             }
             let mut bytes = [0u8; ControlRecord::LEN];
-            let Some((n, fds)) = try_recv_with_fds(self.link.watch.socket(), &mut bytes)? else {
+            let Some((n, fds)) = try_recv_with_handles(self.link.watch.socket(), &mut bytes)? else {
                 return Ok(());
             };
             if n == 0 {

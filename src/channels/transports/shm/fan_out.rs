@@ -6,7 +6,6 @@
 //! next send and publishes to it as to any consumer's end.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -19,12 +18,14 @@ use crate::channels::peers::{Arrivals, ChannelKind};
 use crate::channels::transport::{Attachment, TransportInfo};
 use crate::channels::ChannelConfig;
 use crate::error::{Error, Result};
-use crate::os::eventfd::{eventfd, eventfd_signal, poll, PollFd, PollFlags};
+use crate::os::event;
+use crate::os::poll::{poll, PollFd, PollFlags};
+use crate::os::stream::{PeerIdentity, Stream};
 
 /// One consumer that connected, in the slot it was given: the handshake still to run.
 pub(crate) struct Meeting<'a> {
-    sock: UnixStream,
-    cred: libc::ucred,
+    sock: Stream,
+    peer: PeerIdentity,
     name: &'a str,
     info: &'a TransportInfo,
     config: &'a ChannelConfig,
@@ -37,7 +38,7 @@ impl Meeting<'_> {
     /// `peer_sections`).
     pub(crate) fn handshake(self, offers: &mut dyn FnMut() -> Result<Vec<Attachment>>) -> Result<ShmProducer> {
         let place = Place { kind: ChannelKind::FanOut, slot: self.slot as u32 };
-        ShmProducer::accepted(self.name, self.sock, self.cred, self.info.clone(), self.config, place, offers)
+        ShmProducer::accepted(self.name, self.sock, self.peer, self.info.clone(), self.config, place, offers)
     }
 }
 
@@ -74,7 +75,7 @@ impl FanOutAcceptor {
             }
         };
         let listener = Listener::bind(name)?;
-        let stop = eventfd()?;
+        let stop = event::new()?;
         let thread = {
             let (name, config) = (name.to_owned(), config.clone());
             let stop = stop.try_clone().map_err(|e| Error::os("duplicating the acceptor's stop eventfd", e))?;
@@ -94,7 +95,7 @@ impl FanOutAcceptor {
 
 impl Drop for FanOutAcceptor {
     fn drop(&mut self) {
-        eventfd_signal(self.stop.as_fd());
+        event::signal(self.stop.as_fd());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -118,7 +119,7 @@ fn accept_consumers<T>(
             break;
         }
         let mut refused = Vec::new();
-        let Ok(Some((sock, cred))) = listener.accept(Some(Instant::now()), &mut refused, name) else { continue };
+        let Ok(Some((sock, peer))) = listener.accept(Some(Instant::now()), &mut refused, name) else { continue };
         // A slot whose consumer was detached for slowness is free at the fan-out, but taken
         // until that consumer lets go of it.
         let held = |slot: usize| {
@@ -136,8 +137,8 @@ fn accept_consumers<T>(
             let _ = rendezvous::send_ack(&sock, rendezvous::ACK_REFUSED, &why, &[]);
             continue;
         };
-        let pid = cred.pid;
-        match meet(Meeting { sock, cred, name, info, config, slot }) {
+        let pid = peer.pid;
+        match meet(Meeting { sock, peer, name, info, config, slot }) {
             Ok(peer) => arrivals.arrive(slot, peer),
             Err(e) => {
                 arrivals.free(slot);

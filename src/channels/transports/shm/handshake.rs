@@ -6,7 +6,6 @@
 //! its section names the channel's kind and that slot.
 
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,8 +20,9 @@ use crate::channels::transport::{Attachment, PeerHolds};
 use crate::channels::wait::{sleeps_rarely, wake_all};
 use crate::channels::{ChannelConfig, ChannelKind, WaitStrategy, MAX_PEERS};
 use crate::error::{Error, Result};
+use crate::os::membarrier;
 use crate::os::notify::{check_end, notify_pair};
-use crate::os::{membarrier, recv_with_fds};
+use crate::os::stream::{recv_with_handles, PeerIdentity, Stream};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -144,8 +144,8 @@ pub(super) fn offer(
     // A consumer that is closing may still accept our connection and then drop it; such a
     // refusal by disappearance is retried until the deadline.
     loop {
-        let (sock, cred) = rendezvous::connect(name, deadline)?;
-        match offer_on(sock, cred, name, geometry, place, config, deadline, offers) {
+        let (sock, peer) = rendezvous::connect(name, deadline)?;
+        match offer_on(sock, peer, name, geometry, place, config, deadline, offers) {
             Err(Error::PeerGone(_)) | Err(Error::Io { .. }) if deadline.map_or(true, |d| Instant::now() < d) => {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -158,8 +158,8 @@ pub(super) fn offer(
 /// accepts its consumers): offers a fresh region and reads the answer.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn offer_on(
-    sock: UnixStream,
-    cred: libc::ucred,
+    sock: Stream,
+    peer: PeerIdentity,
     name: &str,
     geometry: Geometry,
     place: Place,
@@ -183,7 +183,7 @@ pub(super) fn offer_on(
     sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
     // The consumer wrote its flags before its answer.
     let (fast_wake, room_fast_wake) = fast_wake(flags, region.consumer_fast_wake().load(Ordering::Acquire));
-    let mut watch = PeerWatch::new(sock, cred.pid);
+    let mut watch = PeerWatch::new(sock, peer.pid);
     let holds = Arc::new(PeerHolds::default());
     let held = Arc::clone(&holds);
     // The consumer's end wakes the producer's sleeps for room and completions. One that did
@@ -217,8 +217,8 @@ impl Shape {
 /// the consumer's wait strategy; `shape`: what producers it takes.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accept(
-    sock: UnixStream,
-    cred: libc::ucred,
+    sock: Stream,
+    peer: PeerIdentity,
     name: &str,
     wait: WaitStrategy,
     shape: Shape,
@@ -229,14 +229,14 @@ pub(super) fn accept(
     sock.set_read_timeout(rendezvous::remaining(deadline))
         .map_err(|e| Error::os("setting the rendezvous timeout", e))?;
     let mut buf = vec![0u8; MAX_HELLO_LEN];
-    let (n, fds) = recv_with_fds(&sock, &mut buf).map_err(|e| match e {
+    let (n, fds) = recv_with_handles(&sock, &mut buf).map_err(|e| match e {
         Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::WouldBlock => {
-            Error::Timeout(format!("producer pid {} sent no hello in time", cred.pid))
+            Error::Timeout(format!("producer pid {} sent no hello in time", peer.pid))
         }
         other => other,
     })?;
     if n == 0 {
-        return Err(Error::PeerGone(format!("process {} connected and closed without a hello", cred.pid)));
+        return Err(Error::PeerGone(format!("process {} connected and closed without a hello", peer.pid)));
     }
     if let Some(refusal) = rendezvous::refusal_in(&buf[..n], name) {
         // A fan-out's producer that takes no more consumers.
@@ -282,7 +282,7 @@ pub(super) fn accept(
                 fast_wake(flags, region.producer_fast_wake().load(Ordering::Acquire));
             rendezvous::send_ack(&sock, rendezvous::ACK_OK, "", answers)?;
             sock.set_read_timeout(None).map_err(|e| Error::os("clearing the rendezvous timeout", e))?;
-            let mut watch = PeerWatch::new(sock, cred.pid);
+            let mut watch = PeerWatch::new(sock, peer.pid);
             // The producer's end wakes the consumer's sleep for messages.
             watch.arm(move || wake_all(words.data_futex()));
             Ok(Link {

@@ -18,9 +18,9 @@ use crate::channels::transport::{Attachment, PeerHolds, ProducerTransport, RawLo
 use crate::channels::wait::{publish_then_check, sleep_once, wake_if_sleeping, Waiter};
 use crate::channels::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::futex::futex_wake;
 use crate::os::notify::notify;
-use crate::os::try_send_with_fds;
+use crate::os::stream::{try_send_with_handles, PeerIdentity};
+use crate::os::wait::wake as wake_word;
 
 // ---------------------------------------------------------------------------------------------
 // Producer
@@ -132,8 +132,8 @@ impl ShmProducer {
     /// lock file the ring removes if the consumer dies.
     pub(super) fn accepted(
         name: &str,
-        sock: std::os::unix::net::UnixStream,
-        cred: libc::ucred,
+        sock: crate::os::stream::Stream,
+        peer: PeerIdentity,
         info: TransportInfo,
         config: &ChannelConfig,
         place: Place,
@@ -145,7 +145,7 @@ impl ShmProducer {
         let wait = config.rendezvous_timeout.unwrap_or(Duration::from_secs(30)).max(Duration::from_secs(2));
         let deadline = Some(Instant::now() + wait);
         let geometry = Geometry::new(config.capacity, config.pool_size as u64)?;
-        let c = handshake::offer_on(sock, cred, name, geometry, place, config, deadline, offers)?;
+        let c = handshake::offer_on(sock, peer, name, geometry, place, config, deadline, offers)?;
         // The consumer claimed its slot before it answered.
         let end = End::FanOutConsumer(place.slot);
         let mut ring = Self::over(name, info, config, geometry, c, None, rendezvous::lock_file_id(name, end));
@@ -194,6 +194,9 @@ impl ShmProducer {
         }
     }
 
+    // Inline into the send path's liveness checks (`has_room_for`, `poll_loan`), as the compiler
+    // chose by itself before the platform layer moved the peer watch's calls around.
+    #[inline]
     fn consumer_gone(&mut self, force: bool) -> Result<()> {
         if self.region.consumer_closed().load(Ordering::Acquire) != 0 {
             return Err(self.consumer_end(true));
@@ -603,7 +606,7 @@ impl ShmProducer {
     /// Passes `record` (and `fds`) over the socket, never waiting: a consumer that has not read
     /// what was passed before (a full socket) gets the message refused with `WouldBlock`.
     fn send_record(&mut self, record: ControlRecord, fds: &[BorrowedFd<'_>]) -> Result<()> {
-        match try_send_with_fds(self.watch.socket(), &record.encode(), fds) {
+        match try_send_with_handles(self.watch.socket(), &record.encode(), fds) {
             Ok(()) => Ok(()),
             Err(Error::WouldBlock(_)) => Err(Error::WouldBlock(format!(
                 "channel {:?}: the consumer has not read the descriptors passed to it before (its socket is full); \
@@ -880,7 +883,7 @@ impl Drop for ShmProducer {
         let _ = region.producer_closed().compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
         // Wake a sleeping consumer so it sees the close now rather than at its next check.
         region.data_futex().fetch_add(1, Ordering::SeqCst);
-        futex_wake(region.data_futex(), 1);
+        wake_word(region.data_futex(), 1);
         notify(self.signal.as_fd());
         // Another producer may attach from now on.
         drop(self.lock.take());

@@ -36,12 +36,10 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use rustix::fs::SealFlags;
 use zerocopy::{FromBytes, IntoBytes, KnownLayout};
 
 use crate::error::{Error, Result};
-use crate::os::memfd::{add_seals, fd_size, seals, RESIZE_SEALS};
-use crate::os::{memfd_create, Mapping, MemfdFlags};
+use crate::os::{shm, Mapping, ShmOptions};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LFSHMv01");
 /// 2: buffer sends (arena slots, control records on the socket). 3: routed slots. 4: the
@@ -329,7 +327,7 @@ impl Geometry {
                 "pool_size {pool_size} exceeds the limit of {MAX_POOL} bytes (1 TiB); the pool also bounds the largest message"
             )));
         }
-        let page = crate::os::mapping::page_size() as u64;
+        let page = crate::os::page_size() as u64;
         let too_large =
             || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
         let pool_size = round_up(pool_size.max(page), page).ok_or_else(too_large)?;
@@ -389,24 +387,31 @@ impl Region {
     /// `prefault`: fault the data part in now (where memory allows, see [`prefault_fits`]), so
     /// that first touches of slots and pool do not fault in the message path.
     pub fn create(name: &str, geometry: Geometry, prefault: bool) -> Result<(Region, RegionFds)> {
-        let flags = MemfdFlags { huge_page_size: None, allow_sealing: true };
+        let options = ShmOptions { huge_page_size: None, sealable: true };
         let control_len = geometry.slots_offset;
         let data_len = geometry.total_len - control_len;
-        let control = memfd_create(&format!("lava-flow:{name}"), control_len as u64, flags)?;
-        let data = memfd_create(&format!("lava-flow:{name}:data"), data_len as u64, flags)?;
+        let control = shm::create(&format!("lava-flow:{name}"), control_len as u64, options)?;
+        let data = shm::create(&format!("lava-flow:{name}:data"), data_len as u64, options)?;
         let map = Mapping::shared_pair((&control, control_len), (&data, data_len), true)?;
         // Neither part can be resized (so the consumer can never be made to touch pages beyond
         // an end), nor sealed further by the peer.
-        add_seals(&control, RESIZE_SEALS, "the channel's control memfd")?;
-        // After our mapping, which keeps writing; every later writable use is refused.
-        if add_seals(&data, RESIZE_SEALS | SealFlags::FUTURE_WRITE, "the channel's data memfd").is_err() {
-            add_seals(&data, RESIZE_SEALS, "the channel's data memfd")?;
-            crate::logging::log_first!(
-                log::Level::Info,
-                "this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1): a channel's consumer maps the data part of its \
-                 shared memory read-only, but could remap it writable"
-            );
-        }
+        shm::fix_size(&control, "the channel's control memfd")?;
+        // After our mapping, which keeps writing; every later writable use is refused. Where
+        // that cannot be had, the consumer still maps the data part read-only, and what it
+        // could write there by remapping it writable reaches only its own reads: the producer
+        // reads nothing back from the data part.
+        let data = match shm::read_only(&data, "the channel's data memfd") {
+            Ok(read_only) => read_only,
+            Err(e) => {
+                crate::logging::log_first!(
+                    log::Level::Info,
+                    "a channel's consumer maps the data part of its shared memory read-only, but could remap it \
+                     writable: {e}"
+                );
+                data
+            }
+        };
+        shm::fix_size(&data, "the channel's data memfd")?;
         let region = Region { map, geometry };
         let prefaulted = prefault && {
             let fits = prefault_fits(data_len);
@@ -441,13 +446,12 @@ impl Region {
         let control_len = geometry.slots_offset;
         let data_len = geometry.total_len - control_len;
         for (fd, part, len) in [(control, "control", control_len), (data, "data", data_len)] {
-            let needed = SealFlags::SHRINK | SealFlags::SEAL;
-            if !seals(fd).is_some_and(|s| s.contains(needed)) {
+            if !shm::size_is_fixed(fd) {
                 return Err(Error::Corrupt(format!(
                     "the producer's {part} memfd is not sealed against shrinking; refusing to map it"
                 )));
             }
-            let size = fd_size(fd)?;
+            let size = shm::size_of(fd)?;
             if size < len as u64 {
                 return Err(Error::Corrupt(format!(
                     "the producer's {part} memfd has {size} bytes, its hello promised {len}"
@@ -539,7 +543,7 @@ impl Region {
     }
 
     /// The data part (slots and pool) of the mapping: read-only at the consumer.
-    #[cfg(test)]
+    #[cfg(all(test, target_os = "linux"))]
     pub fn data_part(&self) -> (*mut u8, usize) {
         let at = self.geometry.slots_offset;
         // SAFETY: slots_offset < total_len, the mapping's length.
@@ -551,7 +555,6 @@ impl Region {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn geometry_is_checked() {
@@ -571,12 +574,14 @@ mod tests {
     /// The consumer's view of the data part cannot be made writable, by any route the kernel
     /// offers: `mprotect`, a writable mapping of the fd it received, of the fd reopened
     /// read-write through /proc, or of /proc/self/map_files; nor can it `write` the file.
-    /// The producer still writes through its own mapping.
+    /// The producer still writes through its own mapping. (Linux: macOS has no such seal.)
+    #[cfg(target_os = "linux")]
     #[test]
     fn the_consumer_cannot_write_the_data_part() {
+        use std::os::fd::AsRawFd;
         let g = Geometry::new(8, 8192).unwrap();
         let (producer, fds) = Region::create("sealed", g, true).unwrap();
-        if !seals(&fds.data).unwrap().contains(SealFlags::FUTURE_WRITE) {
+        if !crate::os::shm::seals(&fds.data).unwrap().contains(rustix::fs::SealFlags::FUTURE_WRITE) {
             println!("skipped: this kernel has no F_SEAL_FUTURE_WRITE (Linux 5.1), so the data part is not sealed");
             return;
         }
@@ -634,7 +639,7 @@ mod tests {
         assert_eq!(region.tail().load(Ordering::Relaxed), 5, "the control part is shared both ways");
         let wrong = Geometry::new(16, 8192).unwrap();
         assert!(Region::attach(&fds.control, &fds.data, wrong).is_err());
-        let unsealed = memfd_create("u", g.total_len as u64, MemfdFlags::default()).unwrap();
+        let unsealed = shm::create("u", g.total_len as u64, ShmOptions::default()).unwrap();
         assert!(matches!(Region::attach(&fds.control, &unsealed, g), Err(Error::Corrupt(_))));
         assert!(matches!(Region::attach(&unsealed, &fds.data, g), Err(Error::Corrupt(_))));
         assert!(region.pool_range(8192 - 64, 64).is_some());

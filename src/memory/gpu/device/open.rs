@@ -91,11 +91,14 @@ impl VulkanDevice {
     /// Opens the device `config` selects (see [`GpuConfig`]), eagerly.
     ///
     /// Errors: `Unsupported` without a loader, a device, Vulkan 1.1 or
-    /// `VK_KHR_external_memory_fd` (the message says what to install); `NotFound` for an index
+    /// `VK_KHR_external_memory_fd` (the message says what to install), and on macOS; `NotFound` for an index
     /// or UUID that matches no device, listing the devices there are; `InvalidArgument` for a
     /// malformed [`DEVICE_ENV`] or `LF_GPU_COPY` (see [`GPU_COPY_ENV`](crate::memory::gpu::GPU_COPY_ENV)).
     pub fn open(config: &GpuConfig) -> Result<Self> {
         crate::logging::init();
+        if let Some(why) = crate::os::system::GPU_MEMORY_UNSHARED {
+            return Err(Error::Unsupported(why.into()));
+        }
         let chosen_by = match (&config.device, config.use_env) {
             (Some(_), _) => "the configuration's device selection".to_owned(),
             (None, true) => std::env::var(DEVICE_ENV)

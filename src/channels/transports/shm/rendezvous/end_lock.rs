@@ -3,7 +3,6 @@
 //! ([`clean_after_peer`]).
 
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -11,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::peer_watch::PeerWatch;
 use super::runtime_dir::{runtime_dir, socket_path};
 use crate::error::{Error, Result};
+use crate::os::lock::{self, LockFile};
 
 /// Which end of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl End {
 #[derive(Debug)]
 pub struct EndLock {
     /// Held for its lock, which goes when it closes.
-    _file: std::fs::File,
+    _file: LockFile,
     path: PathBuf,
 }
 
@@ -56,40 +56,23 @@ impl EndLock {
     /// `Ok(Err(pid))` says it is held, by the process whose pid the file names (0 if unknown).
     pub fn try_take(name: &str, end: End) -> Result<std::result::Result<EndLock, u32>> {
         use std::io::{Read, Seek, Write};
-        use std::os::unix::fs::OpenOptionsExt;
         let path = lock_path(name, end)?;
-        loop {
-            let mut file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)
-                .map_err(|e| Error::os(format!("opening the lock file {}", path.display()), e))?;
-            // SAFETY: flock on a descriptor this function owns, with integer flags.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                    return Err(Error::os(format!("locking {}", path.display()), err));
-                }
+        let mut lock = match LockFile::try_take(&path)
+            .map_err(|e| Error::os(format!("opening and locking the lock file {}", path.display()), e))?
+        {
+            Ok(lock) => lock,
+            Err(mut held) => {
                 let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
+                let _ = held.read_to_string(&mut text);
                 return Ok(Err(text.trim().parse().unwrap_or(0)));
             }
-            let locked = file.metadata().map(|m| (m.dev(), m.ino())).ok();
-            let in_place = std::fs::symlink_metadata(&path).map(|m| (m.dev(), m.ino())).ok();
-            if locked.is_none() || locked != in_place {
-                // Removed (or replaced) by its previous holder after we opened it: try again.
-                continue;
-            }
-            // Who holds it, for the messages of those refused; best-effort.
-            let _ = file.set_len(0);
-            let _ = file.rewind();
-            let _ = write!(file, "{}", std::process::id());
-            return Ok(Ok(EndLock { _file: file, path }));
-        }
+        };
+        // Who holds it, for the messages of those refused; best-effort.
+        let file = lock.file();
+        let _ = file.set_len(0);
+        let _ = file.rewind();
+        let _ = write!(file, "{}", std::process::id());
+        Ok(Ok(EndLock { _file: lock, path }))
     }
 
     /// [`try_take`](Self::try_take), retried for a short while: another process may hold the
@@ -155,14 +138,9 @@ pub fn end_state(name: &str, end: End) -> Result<EndState> {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
             Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
         };
-    // SAFETY: flock on a descriptor this function owns, with integer flags.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+    if lock::try_lock(&file).map_err(|e| Error::os(format!("locking {}", path.display()), e))? {
         // Given back when `file` closes, at the end of this function.
         return Ok(EndState::Over);
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(Error::os(format!("locking {}", path.display()), err));
     }
     let mut text = String::new();
     let _ = file.read_to_string(&mut text);

@@ -4,12 +4,11 @@
 
 use std::io::ErrorKind;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 
 use crate::channels::transport::Attachment;
 use crate::error::{Error, Result};
+use crate::os::stream::Stream;
 use rustix::io::Errno;
-use rustix::net::SendFlags;
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -103,13 +102,13 @@ fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> 
 
 /// Sends the producer's hello: the channel's name and every route's section, descriptors
 /// attached in section order.
-pub fn send_hello(sock: &UnixStream, name: &str, sections: &[Attachment]) -> Result<()> {
+pub fn send_hello(sock: &Stream, name: &str, sections: &[Attachment]) -> Result<()> {
     let mut out = Vec::with_capacity(64 + name.len());
     out.extend_from_slice(HelloHead { magic: *HELLO_MAGIC, name_len: (name.len() as u32).into() }.as_bytes());
     out.extend_from_slice(name.as_bytes());
     put_sections(&mut out, sections);
     let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.handles.iter().map(|f| f.as_fd())).collect();
-    crate::os::send_with_fds(sock, &out, &fds)
+    crate::os::stream::send_with_handles(sock, &out, &fds)
 }
 
 /// The largest hello, in bytes.
@@ -133,7 +132,7 @@ pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Atta
 
 /// Sends the consumer's answer to a hello: `ACK_OK` with its routes' sections (no
 /// descriptors), or a refusal with its reason.
-pub fn send_ack(sock: &UnixStream, status: u32, text: &str, sections: &[Attachment]) -> Result<()> {
+pub fn send_ack(sock: &Stream, status: u32, text: &str, sections: &[Attachment]) -> Result<()> {
     let text = &text.as_bytes()[..text.len().min(1000)];
     let mut out = Vec::with_capacity(16 + text.len());
     let head = AckHead { magic: *ACK_MAGIC, status: status.into(), text_len: (text.len() as u32).into() };
@@ -147,7 +146,7 @@ pub fn send_ack(sock: &UnixStream, status: u32, text: &str, sections: &[Attachme
     while sent < body.len() {
         // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
         // kill a C host process that keeps the default signal action.
-        match rustix::net::send(sock, &body[sent..], SendFlags::NOSIGNAL) {
+        match rustix::net::send(sock, &body[sent..], crate::os::stream::SEND_NO_SIGNAL) {
             Ok(n) => sent += n,
             Err(Errno::INTR) => {}
             Err(e) => return Err(Error::os("sending the rendezvous answer", e.into())),
@@ -157,7 +156,7 @@ pub fn send_ack(sock: &UnixStream, status: u32, text: &str, sections: &[Attachme
 }
 
 /// Reads the consumer's answer: its sections on acceptance, the refusal as an error.
-pub fn recv_ack(sock: &UnixStream, channel: &str) -> Result<Vec<Attachment>> {
+pub fn recv_ack(sock: &Stream, channel: &str) -> Result<Vec<Attachment>> {
     use std::io::Read;
     let read = |buf: &mut [u8]| {
         (&*sock).read_exact(buf).map_err(|e| match e.kind() {
@@ -231,13 +230,13 @@ mod tests {
 
     #[test]
     fn hello_and_answer_round_trip_and_reject_garbage() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let fd = crate::os::eventfd::eventfd().unwrap();
+        let (a, b) = Stream::pair().unwrap();
+        let fd = crate::os::event::new().unwrap();
         let sections =
             vec![Attachment { route: 1, bytes: vec![1, 2, 3], handles: vec![fd] }, Attachment::new(2, vec![9])];
         send_hello(&a, "ch", &sections).unwrap();
         let mut buf = vec![0u8; MAX_HELLO_LEN];
-        let (n, fds) = crate::os::recv_with_fds(&b, &mut buf).unwrap();
+        let (n, fds) = crate::os::stream::recv_with_handles(&b, &mut buf).unwrap();
         let (name, got) = decode_hello(&buf[..n], fds).unwrap();
         assert_eq!(name, "ch");
         assert_eq!((got[0].route, got[0].bytes.as_slice(), got[0].handles.len()), (1, &[1u8, 2, 3][..], 1));
@@ -281,7 +280,7 @@ mod tests {
         /// what its bytes encode.
         #[test]
         fn fuzz_hello(bytes in crate::fuzz::bytes_near(valid_hello(), 200), fd_count in 0usize..3) {
-            let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::eventfd::eventfd().unwrap()).collect();
+            let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::event::new().unwrap()).collect();
             if let Ok((name, sections)) = decode_hello(&bytes, fds) {
                 prop_assert!(sections.len() <= MAX_SECTIONS);
                 prop_assert_eq!(sections.iter().map(|s| s.handles.len()).sum::<usize>(), fd_count);

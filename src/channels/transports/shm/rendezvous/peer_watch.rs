@@ -1,27 +1,28 @@
-//! How each side of an established channel learns that its peer has gone: a pidfd of the
-//! peer's process and the rendezvous socket, watched by the process's watcher or polled.
+//! How each side of an established channel learns that its peer has gone: a handle of the
+//! peer's process (`os::process`) and the rendezvous socket, watched by the process's watcher or polled.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::channels::wait::{LIVENESS_PERIOD, SLEEP_SLICE};
 use crate::error::Result;
-use crate::os::eventfd::{pidfd_open, poll, PollFd, PollFlags};
+use crate::os::poll::{poll, PollFd, PollFlags, HANG_UP};
+use crate::os::process::PeerProcess;
+use crate::os::stream::Stream;
 use crate::os::watcher::{Interest, SharedFd, Watch};
 use rustix::net::RecvFlags;
 
-/// Watches the peer of an established channel: its process (pidfd) and its end of the socket.
+/// Watches the peer of an established channel: its process and its end of the socket.
 /// Polled by [`is_gone`](Self::is_gone); once [`arm`](Self::arm)ed, also reported by the
 /// process's watcher (`os::watcher`) the moment the peer's end comes, without polling.
 #[derive(Debug)]
 pub struct PeerWatch {
     /// Shared with the watcher while it watches them, so that they stay open under it.
-    sock: Arc<UnixStream>,
-    pidfd: Option<Arc<OwnedFd>>,
-    pub pid: libc::pid_t,
+    sock: Arc<Stream>,
+    process: Option<Arc<PeerProcess>>,
+    pub pid: i32,
     gone: bool,
     alarm: Result<Alarm, String>,
     /// When [`check`](Self::check) last polled.
@@ -36,10 +37,11 @@ struct Alarm {
 }
 
 impl PeerWatch {
-    pub fn new(sock: UnixStream, pid: libc::pid_t) -> Self {
+    pub fn new(sock: Stream, pid: i32) -> Self {
         let alarm = Err("not armed".to_owned());
         let last_poll = Instant::now();
-        PeerWatch { sock: Arc::new(sock), pidfd: pidfd_open(pid).map(Arc::new), pid, gone: false, alarm, last_poll }
+        let process = PeerProcess::open(pid).map(Arc::new);
+        PeerWatch { sock: Arc::new(sock), process, pid, gone: false, alarm, last_poll }
     }
 
     /// Asks the process's watcher to report the peer's end as it happens: when the peer's
@@ -49,8 +51,8 @@ impl PeerWatch {
     /// Returns [`prompt`](Self::prompt).
     pub fn arm(&mut self, wake: impl FnOnce() + Send + 'static) -> bool {
         let mut fds: Vec<(SharedFd, Interest)> = vec![(Arc::clone(&self.sock) as SharedFd, Interest::HangUp)];
-        if let Some(pidfd) = &self.pidfd {
-            fds.push((Arc::clone(pidfd) as SharedFd, Interest::Readable));
+        if let Some(process) = &self.process {
+            fds.push((Arc::clone(process) as SharedFd, Interest::Readable));
         }
         let rang = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&rang);
@@ -76,14 +78,14 @@ impl PeerWatch {
     /// Where it is not, a waiting side must poll [`is_gone`](Self::is_gone) periodically;
     /// [`polled_because`](Self::polled_because) says why.
     pub fn prompt(&self) -> bool {
-        self.alarm.is_ok() && self.pidfd.is_some()
+        self.alarm.is_ok() && self.process.is_some()
     }
 
     /// Why the peer's end is not [`prompt`](Self::prompt)ly reported, if it is not.
     pub fn polled_because(&self) -> Option<String> {
         match &self.alarm {
             Err(why) => Some(why.clone()),
-            Ok(_) if self.pidfd.is_none() => Some(format!(
+            Ok(_) if self.process.is_none() => Some(format!(
                 "no pidfd of the peer (pid {}) could be opened: it runs in another PID namespace, or the kernel is older than 5.3",
                 self.pid
             )),
@@ -97,7 +99,7 @@ impl PeerWatch {
         self.alarm.as_ref().is_ok_and(|a| a.rang.load(Ordering::Acquire))
     }
 
-    pub fn socket(&self) -> &UnixStream {
+    pub fn socket(&self) -> &Stream {
         &self.sock
     }
 
@@ -105,24 +107,23 @@ impl PeerWatch {
         self.sock.as_fd()
     }
 
-    pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
-        self.pidfd.as_ref().map(|f| f.as_fd())
+    /// The handle of the peer's process, readable once it has exited.
+    pub fn process_handle(&self) -> Option<BorrowedFd<'_>> {
+        self.process.as_ref().map(|p| p.as_fd())
     }
 
-    /// Whether the peer's process has exited (its pidfd is readable); `false` where there is
-    /// no pidfd, or while the process lives.
+    /// Whether the peer's process has exited; `false` where there is no handle of it, or
+    /// while the process lives.
     pub fn has_exited(&self) -> bool {
-        let Some(pidfd) = &self.pidfd else { return false };
-        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
-        matches!(poll(&mut fds, Some(Duration::ZERO)), Ok(n) if n > 0)
+        self.process.as_ref().is_some_and(|p| p.has_exited())
     }
 
-    /// Waits up to `timeout` for the peer's process to exit (sleeps that long without a pidfd).
+    /// Waits up to `timeout` for the peer's process to exit (sleeps that long without a handle
+    /// of it).
     pub fn wait_for_exit(&self, timeout: Duration) {
-        match &self.pidfd {
-            Some(pidfd) => {
-                let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
-                let _ = poll(&mut fds, Some(timeout));
+        match &self.process {
+            Some(process) => {
+                process.wait_for_exit(timeout);
             }
             None => std::thread::sleep(timeout),
         }
@@ -160,11 +161,11 @@ impl PeerWatch {
             self.gone = true;
             return true;
         }
-        let sock = PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP);
+        let sock = PollFd::new(&self.sock, PollFlags::IN | HANG_UP);
         let (mut both, mut one);
-        let fds: &mut [PollFd<'_>] = match &self.pidfd {
-            Some(pidfd) => {
-                both = [sock, PollFd::new(pidfd, PollFlags::IN)];
+        let fds: &mut [PollFd<'_>] = match &self.process {
+            Some(process) => {
+                both = [sock, PollFd::new(&**process, PollFlags::IN)];
                 &mut both
             }
             None => {
@@ -179,8 +180,8 @@ impl PeerWatch {
         if n == 0 {
             return false;
         }
-        let hung_up = PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::NVAL;
-        if fds.get(1).is_some_and(|pidfd| !pidfd.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
+        let hung_up = PollFlags::HUP | HANG_UP | PollFlags::ERR | PollFlags::NVAL;
+        if fds.get(1).is_some_and(|process| !process.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
             self.gone = true;
         } else if fds[0].revents().contains(PollFlags::IN) {
             // Readable without a hang-up: control records (arena fds) may be waiting after the
@@ -201,7 +202,7 @@ mod tests {
     #[test]
     fn data_on_the_socket_is_not_a_hang_up() {
         use std::io::Write;
-        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = Stream::pair().unwrap();
         let mut watch = PeerWatch::new(b, std::process::id() as i32);
         assert!(!watch.is_gone());
         (&a).write_all(b"record").unwrap();
@@ -215,11 +216,11 @@ mod tests {
     /// still reported.
     #[test]
     fn the_watcher_reports_a_hang_up_and_says_when_it_cannot_see_the_process() {
-        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = Stream::pair().unwrap();
         let mut watch = PeerWatch::new(b, std::process::id() as i32);
         assert!(watch.arm(|| {}), "a pidfd of this process");
         assert_eq!(watch.polled_because(), None);
-        let (a2, b2) = UnixStream::pair().unwrap();
+        let (a2, b2) = Stream::pair().unwrap();
         let mut blind = PeerWatch::new(b2, 0);
         let woken = Arc::new(AtomicBool::new(false));
         let w = Arc::clone(&woken);

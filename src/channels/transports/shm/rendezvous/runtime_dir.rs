@@ -6,39 +6,34 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::os::user;
 
 /// Overrides the runtime directory (tests, or several isolated groups of processes).
 pub const RUNTIME_DIR_ENV: &str = crate::env::RUNTIME_DIR.name;
 
 /// Where the runtime directory is (see [`runtime_dir`]), without creating or checking it.
 pub fn runtime_dir_path() -> PathBuf {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
     match std::env::var_os(RUNTIME_DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => match std::env::var_os("XDG_RUNTIME_DIR") {
-            Some(x) if !x.is_empty() && Path::new(&x).is_dir() => Path::new(&x).join("lava-flow"),
-            xdg => {
-                let dir = PathBuf::from(format!("/tmp/lava-flow-{uid}"));
-                if let Some(x) = xdg.filter(|x| !x.is_empty()) {
-                    crate::logging::log_first!(
-                        log::Level::Info,
-                        "XDG_RUNTIME_DIR={} is not a directory: channel sockets go to {}; set {RUNTIME_DIR_ENV} to \
-                         choose the directory",
-                        Path::new(&x).display(),
-                        dir.display()
-                    );
-                }
-                dir
+        _ => {
+            let (dir, passed_over) = user::default_runtime_dir();
+            if let Some(x) = passed_over {
+                crate::logging::log_first!(
+                    log::Level::Info,
+                    "XDG_RUNTIME_DIR={} is not a directory: channel sockets go to {}; set {RUNTIME_DIR_ENV} to \
+                     choose the directory",
+                    Path::new(&x).display(),
+                    dir.display()
+                );
             }
-        },
+            dir
+        }
     }
 }
 
 /// The per-user directory holding rendezvous sockets, created if missing and checked.
 pub fn runtime_dir() -> Result<PathBuf> {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = user::id();
     let dir = runtime_dir_path();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}

@@ -2,47 +2,25 @@
 //! check that the peer runs as this user.
 
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::end_lock::{file_id, holder, End, EndLock, FileId};
 use super::runtime_dir::socket_path;
 use crate::error::{Error, Result};
-use crate::os::eventfd::{poll, PollFd, PollFlags};
-
-/// The credentials of the process on the other end of `sock`, as the kernel recorded them at
-/// connect time.
-pub fn peer_credentials(sock: &UnixStream) -> Result<libc::ucred> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred and len are live and sized for SO_PEERCRED's ucred.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::last_os("getsockopt(SO_PEERCRED)"));
-    }
-    Ok(cred)
-}
+use crate::os::poll::{poll, PollFd, PollFlags};
+use crate::os::stream::{self, PeerIdentity, Stream};
+use crate::os::user;
 
 /// Refuses a peer running as another user.
-pub fn check_same_user(cred: &libc::ucred, channel: &str) -> Result<()> {
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    if cred.uid != uid {
+pub fn check_same_user(peer: &PeerIdentity, channel: &str) -> Result<()> {
+    if !peer.same_user {
         return Err(Error::PermissionDenied(format!(
-            "channel {channel:?}: peer process {} runs as uid {}, this process as uid {uid}; \
-             lava-flow only connects processes of the same user",
-            cred.pid, cred.uid
+            "channel {channel:?}: peer process {} runs as uid {}, this process as uid {}; lava-flow only connects \
+             processes of the same user",
+            peer.pid,
+            peer.uid,
+            user::id()
         )));
     }
     Ok(())
@@ -52,7 +30,7 @@ pub fn check_same_user(cred: &libc::ucred, channel: &str) -> Result<()> {
 /// the socket file (if it is still the one this listener created), then the claim.
 #[derive(Debug)]
 pub struct Listener {
-    listener: UnixListener,
+    listener: stream::Listener,
     path: PathBuf,
     id: Option<FileId>,
     /// The claim on the consumer's end, until [`close`](Self::close).
@@ -84,10 +62,7 @@ impl Listener {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(Error::os(format!("removing the stale socket {}", path.display()), e)),
         }
-        let listener = UnixListener::bind(&path).map_err(|e| Error::os(format!("bind {}", path.display()), e))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::os(format!("chmod 0600 {}", path.display()), e))?;
-        listener.set_nonblocking(true).map_err(|e| Error::os("making the listening socket non-blocking", e))?;
+        let listener = stream::Listener::bind(&path)?;
         let id = file_id(&path);
         Ok(Listener { listener, path, id, lock: Some(lock) })
     }
@@ -121,22 +96,20 @@ impl Listener {
         deadline: Option<Instant>,
         refused: &mut Vec<String>,
         channel: &str,
-    ) -> Result<Option<(UnixStream, libc::ucred)>> {
+    ) -> Result<Option<(Stream, PeerIdentity)>> {
         loop {
-            match self.listener.accept() {
-                Ok((sock, _)) => {
-                    sock.set_nonblocking(false).map_err(|e| Error::os("making the producer socket blocking", e))?;
-                    let cred = peer_credentials(&sock)?;
-                    match check_same_user(&cred, channel) {
-                        Ok(()) => return Ok(Some((sock, cred))),
+            match self.listener.try_accept() {
+                Ok(Some(sock)) => {
+                    let peer = stream::peer(&sock)?;
+                    match check_same_user(&peer, channel) {
+                        Ok(()) => return Ok(Some((sock, peer))),
                         Err(e) => {
                             refused.push(e.to_string());
                             continue;
                         }
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Ok(None) => {}
                 Err(e) => return Err(Error::os(format!("accept on {}", self.path.display()), e)),
             }
             let wait = match deadline {
@@ -163,15 +136,15 @@ impl Drop for Listener {
 
 /// Connects to the consumer of channel `name`, retrying until it listens or `deadline`.
 /// Returns the socket and the consumer's credentials.
-pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(UnixStream, libc::ucred)> {
+pub fn connect(name: &str, deadline: Option<Instant>) -> Result<(Stream, PeerIdentity)> {
     let path = socket_path(name)?;
     let mut pause = Duration::from_micros(200);
     loop {
-        match UnixStream::connect(&path) {
+        match stream::connect(&path) {
             Ok(sock) => {
-                let cred = peer_credentials(&sock)?;
-                check_same_user(&cred, name)?;
-                return Ok((sock, cred));
+                let peer = stream::peer(&sock)?;
+                check_same_user(&peer, name)?;
+                return Ok((sock, peer));
             }
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {}
             Err(e) => return Err(Error::os(format!("connect {}", path.display()), e)),
@@ -199,11 +172,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn peer_credentials_of_a_socketpair_are_ours() {
-        let (a, _b) = UnixStream::pair().unwrap();
-        let cred = peer_credentials(&a).unwrap();
-        check_same_user(&cred, "x").unwrap();
-        let other = libc::ucred { uid: cred.uid.wrapping_add(1), ..cred };
+    fn the_peer_of_a_socketpair_is_this_user() {
+        let (a, _b) = Stream::pair().unwrap();
+        let peer = stream::peer(&a).unwrap();
+        check_same_user(&peer, "x").unwrap();
+        let other = PeerIdentity { same_user: false, uid: peer.uid.wrapping_add(1), ..peer };
         assert!(matches!(check_same_user(&other, "x"), Err(Error::PermissionDenied(_))));
     }
 }

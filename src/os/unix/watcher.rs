@@ -1,4 +1,5 @@
-//! The process's watcher of descriptors: one thread that sleeps in `epoll_wait` until a
+//! The process's watcher of descriptors: one thread that sleeps on the platform's readiness
+//! set (epoll on Linux, kqueue on macOS) until a
 //! watched descriptor reports its event (a pidfd becomes readable when its process exits, a
 //! socket reports a hang-up when its peer closes it or dies), then calls that watch's
 //! callback, once. It lets a thread that sleeps on something else, a futex in shared memory,
@@ -28,9 +29,9 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::epoll::{Epoll, EventFlags};
-use super::eventfd::{eventfd, eventfd_signal};
 use crate::error::{Error, Result};
+use crate::os::event;
+use crate::os::poller::{EventFlags, Poller};
 
 /// What a watch waits for on one descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +64,7 @@ struct Running {
 }
 
 struct WatchSet {
-    epoll: Epoll,
+    epoll: Poller,
     stop: OwnedFd,
 }
 
@@ -164,7 +165,7 @@ impl Drop for Watch {
 
 impl Running {
     fn start() -> Result<Running> {
-        let set = Arc::new(WatchSet { epoll: Epoll::new()?, stop: eventfd()? });
+        let set = Arc::new(WatchSet { epoll: Poller::new()?, stop: event::new()? });
         set.epoll.add(set.stop.as_fd(), EventFlags::IN, STOP_TOKEN, "the watcher's stop eventfd")?;
         let for_thread = Arc::clone(&set);
         let thread = spawn_without_signals(move || watch_loop(&for_thread))
@@ -175,7 +176,7 @@ impl Running {
     /// Tells the thread to stop and waits for it (unless this is the thread itself); its
     /// descriptors close with the last reference to the set, here or as the thread ends.
     fn stop(self) {
-        eventfd_signal(self.set.stop.as_fd());
+        event::signal(self.set.stop.as_fd());
         if self.thread.thread().id() != std::thread::current().id() {
             let _ = self.thread.join();
         }
@@ -184,7 +185,7 @@ impl Running {
 
 /// The watcher's thread: waits for events and runs each fired watch's callback.
 fn watch_loop(set: &WatchSet) {
-    let mut events = Epoll::events::<32>();
+    let mut events = Poller::events::<32>();
     loop {
         let n = set.epoll.wait(&mut events, None).expect("epoll_wait on the watcher's own set cannot fail");
         let mut fired = Vec::new();
@@ -248,7 +249,7 @@ mod tests {
         let count = Arc::new(AtomicU32::new(0));
         let (mine, peer) = UnixStream::pair().unwrap();
         let (kept, peer2) = UnixStream::pair().unwrap();
-        let own = crate::os::eventfd::pidfd_open(std::process::id() as i32).expect("pidfd_open on this kernel");
+        let own = crate::os::process::PeerProcess::open(std::process::id() as i32).expect("a handle of this process");
         let c = Arc::clone(&count);
         let watch = Watch::new(
             vec![(Arc::new(mine) as SharedFd, Interest::HangUp), (Arc::new(own) as SharedFd, Interest::Readable)],

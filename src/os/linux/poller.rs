@@ -1,5 +1,5 @@
-//! An owned epoll instance: the set of descriptors a thread sleeps on when it waits for
-//! whichever of them reports first.
+//! The readiness set: an owned epoll instance, the set of descriptors a thread sleeps on when
+//! it waits for whichever of them reports first; itself readable while one of them is ready.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
@@ -12,11 +12,11 @@ use crate::error::{Error, Result};
 
 /// An epoll instance (close-on-exec), closed on drop.
 #[derive(Debug)]
-pub struct Epoll(OwnedFd);
+pub struct Poller(OwnedFd);
 
-impl Epoll {
-    pub fn new() -> Result<Epoll> {
-        epoll::create(CreateFlags::CLOEXEC).map(Epoll).map_err(|e| Error::os("epoll_create1", e.into()))
+impl Poller {
+    pub fn new() -> Result<Poller> {
+        epoll::create(CreateFlags::CLOEXEC).map(Poller).map_err(|e| Error::os("epoll_create1", e.into()))
     }
 
     /// Adds `fd` for `events` (`IN`, `RDHUP`, `ONESHOT`...), reported with `token`. `what`
@@ -39,7 +39,7 @@ impl Epoll {
     /// Waits up to `timeout` (`None`: forever) for events, retrying on EINTR with the same
     /// timeout; returns how many of `events` were filled.
     pub fn wait(&self, events: &mut [Event], timeout: Option<Duration>) -> Result<usize> {
-        let timeout = timeout.map(super::timespec);
+        let timeout = timeout.map(crate::os::timespec);
         loop {
             match epoll::wait(&self.0, &mut *events, timeout.as_ref()) {
                 Ok(n) => return Ok(n),
@@ -50,7 +50,7 @@ impl Epoll {
     }
 }
 
-impl AsFd for Epoll {
+impl AsFd for Poller {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }
@@ -59,16 +59,16 @@ impl AsFd for Epoll {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::eventfd::{eventfd, eventfd_signal};
+    use crate::os::event;
 
     #[test]
     fn reports_the_token_of_a_ready_descriptor_once_with_oneshot() {
-        let epoll = Epoll::new().unwrap();
-        let fd = eventfd().unwrap();
-        epoll.add(fd.as_fd(), EventFlags::IN | EventFlags::ONESHOT, 42, "a test eventfd").unwrap();
-        let mut events = Epoll::events::<4>();
+        let epoll = Poller::new().unwrap();
+        let fd = event::new().unwrap();
+        epoll.add(fd.as_fd(), EventFlags::IN | EventFlags::ONESHOT, 42, "a test event").unwrap();
+        let mut events = Poller::events::<4>();
         assert_eq!(epoll.wait(&mut events, Some(Duration::ZERO)).unwrap(), 0);
-        eventfd_signal(fd.as_fd());
+        event::signal(fd.as_fd());
         assert_eq!(epoll.wait(&mut events, Some(Duration::from_secs(5))).unwrap(), 1);
         assert_eq!(events[0].data.u64(), 42);
         // One-shot: still readable, but disabled until re-armed.

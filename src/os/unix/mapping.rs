@@ -3,7 +3,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 
-use rustix::mm::{Advice, MapFlags, ProtFlags};
+use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::error::{Error, Result};
 
@@ -74,13 +74,13 @@ impl Mapping {
     }
 
     /// Faults in `len` bytes from `offset` now (for writing, or only for reading), so that
-    /// first touches later do not: `MADV_POPULATE_WRITE`/`_READ` (Linux 5.14). Best effort:
-    /// whether the kernel did it.
+    /// first touches later do not: `MADV_POPULATE_WRITE`/`_READ` (Linux 5.14; macOS has no
+    /// such advice). Best effort: whether the kernel did it.
     pub fn populate(&self, offset: usize, len: usize, write: bool) -> bool {
         if offset.checked_add(len).map_or(true, |end| end > self.len) || len == 0 {
             return false;
         }
-        let advice = if write { Advice::LinuxPopulateWrite } else { Advice::LinuxPopulateRead };
+        let Some(advice) = crate::os::platform::populate_advice(write) else { return false };
         // SAFETY: the range lies inside this mapping (checked above); the advice only faults
         // pages in, as touching them would.
         unsafe { rustix::mm::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) }.is_ok()
@@ -129,6 +129,12 @@ impl Drop for Mapping {
     }
 }
 
+/// The alignment of a mapping's offset into its file: the page size on Unix.
+#[allow(dead_code)]
+pub fn map_granularity() -> usize {
+    page_size()
+}
+
 /// The system's base page size.
 pub fn page_size() -> usize {
     // libc, not rustix::param::page_size: rustix reads the auxiliary vector through
@@ -142,11 +148,11 @@ pub fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::memfd::{memfd_create, MemfdFlags};
+    use crate::os::{shm, ShmOptions};
 
     #[test]
     fn two_mappings_of_one_memfd_share_bytes() {
-        let fd = memfd_create("lf-map", 8192, MemfdFlags::default()).unwrap();
+        let fd = shm::create("lf-map", 8192, ShmOptions::default()).unwrap();
         let a = Mapping::shared(&fd, 0, 8192).unwrap();
         let b = Mapping::shared(&fd, 4096, 4096).unwrap();
         // SAFETY: both mappings are live and 4096..8192 of `a` is the start of `b`.

@@ -13,21 +13,19 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use rustix::fs::FileType;
 use rustix::io::Errno;
-use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use rustix::net::{RecvFlags, SendFlags};
 
 use crate::error::{Error, Result};
 
 /// A notification pair: (the end that is waited on, the end that notifies), both close-on-exec.
 pub fn notify_pair() -> Result<(OwnedFd, OwnedFd)> {
-    let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
-    rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, flags, None)
-        .map_err(|e| Error::os("socketpair for a notification", e.into()))
+    crate::os::platform::socket_pair().map_err(|e| Error::os("socketpair for a notification", e.into()))
 }
 
 /// Makes the other end readable. Never waits, never raises `SIGPIPE`; a full socket is
 /// readable already and a closed one has nobody to tell, so errors are ignored.
 pub fn notify(end: BorrowedFd<'_>) {
-    let _ = rustix::net::send(end, &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+    let _ = rustix::net::send(end, &[1], SendFlags::DONTWAIT | crate::os::platform::SEND_NO_SIGNAL);
 }
 
 /// Reads everything waiting at `end`, so that it is not readable any more (unless the other
@@ -72,7 +70,7 @@ pub fn check_end(fd: &OwnedFd, whose: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::eventfd::{poll, PollFd, PollFlags};
+    use crate::os::poll::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
     use std::time::Duration;
 
@@ -126,7 +124,7 @@ mod tests {
 
     #[test]
     fn only_a_socket_is_accepted() {
-        let efd = crate::os::eventfd::eventfd().unwrap();
-        assert!(matches!(check_end(&efd, "an eventfd"), Err(Error::Corrupt(_))));
+        let efd = crate::os::event::new().unwrap();
+        assert!(matches!(check_end(&efd, "an event"), Err(Error::Corrupt(_))));
     }
 }

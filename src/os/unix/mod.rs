@@ -1,0 +1,11 @@
+//! What Linux and macOS share: descriptor passing over Unix stream sockets, `mmap` mappings,
+//! `poll`, socket-pair notifications, `flock` lock files, the user id, and the watcher's
+//! thread (over the platform's readiness set).
+
+pub mod lock;
+pub mod mapping;
+pub mod notify;
+pub mod poll;
+pub mod stream;
+pub mod user;
+pub mod watcher;
