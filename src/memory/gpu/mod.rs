@@ -50,6 +50,7 @@ pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, SPARE_EMPTY_ARE
 pub use arena::{ArenaId, GpuMemoryKind, HandleType};
 pub use copy_method::{CopyMethod, GPU_COPY_ENV};
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
+pub(crate) use device::external;
 pub use device::{
     describe_handle_types, describe_memory_flags, format_api_version, format_uuid, list_devices, DeviceInfo,
     DeviceSelector, DeviceType, ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo,
