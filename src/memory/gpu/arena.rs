@@ -460,6 +460,24 @@ mod tests {
         let both = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD | vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
         assert_eq!(describe_handle_types(both), "OPAQUE_FD|DMA_BUF");
         assert_eq!(describe_handle_types(vk::ExternalMemoryHandleTypeFlags::empty()), "no handle type");
+        let win32 =
+            vk::ExternalMemoryHandleTypeFlags::OPAQUE_WIN32 | vk::ExternalMemoryHandleTypeFlags::from_raw(1 << 20);
+        assert_eq!(describe_handle_types(win32), "OPAQUE_WIN32|unknown handle types 0x100000");
+    }
+
+    /// An export names its handle type by Vulkan's bit; every type lava-flow knows reads back as
+    /// itself, and the platform's opaque type is the one its allocator exports.
+    #[test]
+    fn handle_types_round_trip_and_the_opaque_one_is_the_platforms() {
+        for handle in HandleType::ALL {
+            assert_eq!(HandleType::from_raw(handle.to_raw()), Some(handle));
+        }
+        assert_eq!(HandleType::from_raw(vk::ExternalMemoryHandleTypeFlags::OPAQUE_WIN32_KMT.as_raw()), None);
+        assert_eq!(HandleType::OPAQUE.to_vk(), external::MEMORY_HANDLE);
+        #[cfg(unix)]
+        assert_eq!(HandleType::OPAQUE, HandleType::OpaqueFd);
+        #[cfg(windows)]
+        assert_eq!(HandleType::OPAQUE, HandleType::OpaqueWin32);
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! - [`GpuAllocator`] hands out [`GpuBuffer`]s of [`GpuMemoryKind::DeviceLocal`] or
 //!   [`GpuMemoryKind::HostVisible`] memory from pooled exportable arenas (64 MiB by default;
 //!   requests larger than a quarter of that get their own): one exported fd serves every buffer of an arena.
+//!   (On Windows the exports are opaque NT handles, `VK_KHR_external_memory_win32`, and the
+//!   semaphores' likewise; `fd` in the names below is then such a handle. CUDA does not import
+//!   them there.)
 //! - [`GpuBuffer::export`] gives a [`GpuExport`] (a validated `#[repr(C)]` [`GpuExportDesc`] and
 //!   an owned fd); [`GpuImporter::import`] imports it on this process's own device, once per
 //!   arena, refusing exports of another GPU or driver.

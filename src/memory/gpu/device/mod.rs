@@ -12,7 +12,8 @@
 //! enumerates), `handle` (an open [`VulkanDevice`]: the state its objects share, its queue)
 //! and `open` (choosing a device and opening it). `external` is the platform's way of sharing
 //! memory and semaphores between processes (opaque fds on Linux, NT handles on Windows), which
-//! `open` enables and the modules above call.
+//! `open` enables and the modules above call; `vk_error`, below them all, turns a failed
+//! Vulkan call into the crate's error.
 
 pub(crate) mod external;
 mod handle;
