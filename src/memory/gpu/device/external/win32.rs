@@ -1,10 +1,10 @@
 //! GPU memory and semaphores as opaque NT handles (Windows).
 //!
-//! Memory is allocated exportable with no `VkExportMemoryWin32HandleInfoKHR`, so its handles
-//! get the default security descriptor, which grants access to this user (and the system),
-//! not to other users; a peer of another user is refused before that by the channel's
-//! same-user check. Importing an NT handle does not transfer it to Vulkan: the handle is
-//! closed here once the import is done, on every path.
+//! Memory is allocated exportable with no `VkExportMemoryWin32HandleInfoKHR`: its handles get
+//! the default security descriptor of this process's token and no name, so another process
+//! reaches one only through a duplicate made into it (the platform layer's stream makes it,
+//! after the channel's same-user check). Importing an NT handle does not transfer it to
+//! Vulkan: the handle is closed here once the import is done, on every path.
 
 use std::ffi::CStr;
 use std::os::windows::io::{AsHandle, AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHandle, RawHandle};
