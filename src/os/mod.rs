@@ -76,6 +76,9 @@ pub use platform::{event, membarrier, poller, process, shm, system, wait};
 #[cfg(unix)]
 #[allow(unused_imports)]
 pub use std::os::fd::{AsFd as AsHandle, BorrowedFd as BorrowedHandle, OwnedFd as OwnedHandle, RawFd as RawHandle};
+#[cfg(windows)]
+#[allow(unused_imports)]
+pub use std::os::windows::io::{AsHandle, BorrowedHandle, OwnedHandle, RawHandle};
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 #[allow(unused_imports)]
 pub use unix::mapping::{map_granularity, page_size, Mapping};

@@ -9,7 +9,7 @@ use ash::vk;
 use parking_lot::Mutex;
 
 use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, GpuMemoryKind};
-use super::device::{describe_memory_flags, vk_err, VulkanDevice};
+use super::device::{describe_memory_flags, external, vk_err, VulkanDevice};
 use crate::error::{Error, Result};
 use crate::memory::suballocator::Allocation;
 
@@ -122,11 +122,13 @@ impl GpuAllocator {
         if config.exportable {
             if !info.opaque_fd.exportable {
                 return Err(Error::Unsupported(format!(
-                    "Vulkan device {} ({}) cannot export buffer memory as an opaque fd",
-                    info.index, info.name
+                    "Vulkan device {} ({}) cannot export buffer memory as an {}",
+                    info.index,
+                    info.name,
+                    external::HANDLE_NAME
                 )));
             }
-            handle_types |= vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD;
+            handle_types |= external::MEMORY_HANDLE;
             let dma_buf = vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT.as_raw();
             if info.dma_buf.exportable && info.opaque_fd.compatible_handle_types & dma_buf != 0 {
                 handle_types |= vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;

@@ -6,7 +6,6 @@
 //! use too) hands out the ranges of pooled arenas.
 
 use std::fmt;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -15,10 +14,11 @@ use ash::vk;
 use parking_lot::Mutex;
 
 use super::cuda::CudaArena;
-use super::device::{vk_err, VulkanDevice, BUFFER_USAGE};
+use super::device::{external, vk_err, VulkanDevice, BUFFER_USAGE};
 use crate::error::{Error, Result};
 use crate::memory::suballocator::Suballocator;
 use crate::memory::token::process_token;
+use crate::os::OwnedHandle;
 
 /// The two kinds of GPU memory lava-flow hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,17 +72,32 @@ impl fmt::Display for GpuMemoryKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HandleType {
     /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: for Vulkan and CUDA on the same GPU
-    /// and driver.
+    /// and driver, on Linux.
     OpaqueFd,
+    /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_BIT`: an NT handle, for Vulkan on the same
+    /// GPU and driver, on Windows.
+    OpaqueWin32,
     /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_DMA_BUF_BIT_EXT`: a Linux dma-buf, for other devices
     /// (NICs, other drivers). Only where the device offers `VK_EXT_external_memory_dma_buf`.
     DmaBuf,
 }
 
 impl HandleType {
+    const ALL: [HandleType; 3] = [HandleType::OpaqueFd, HandleType::OpaqueWin32, HandleType::DmaBuf];
+
+    /// The opaque handle type of this platform, which Vulkan on the same GPU and driver
+    /// imports: [`HandleType::OpaqueFd`] on Linux, [`HandleType::OpaqueWin32`] on Windows.
+    pub const OPAQUE: HandleType =
+        if external::MEMORY_HANDLE.as_raw() == vk::ExternalMemoryHandleTypeFlags::OPAQUE_WIN32.as_raw() {
+            HandleType::OpaqueWin32
+        } else {
+            HandleType::OpaqueFd
+        };
+
     pub(crate) fn to_vk(self) -> vk::ExternalMemoryHandleTypeFlags {
         match self {
             HandleType::OpaqueFd => vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD,
+            HandleType::OpaqueWin32 => vk::ExternalMemoryHandleTypeFlags::OPAQUE_WIN32,
             HandleType::DmaBuf => vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT,
         }
     }
@@ -93,13 +108,14 @@ impl HandleType {
     }
 
     pub fn from_raw(raw: u32) -> Option<Self> {
-        [HandleType::OpaqueFd, HandleType::DmaBuf].into_iter().find(|h| h.to_raw() == raw)
+        Self::ALL.into_iter().find(|h| h.to_raw() == raw)
     }
 
-    /// `OPAQUE_FD` or `DMA_BUF`, as Vulkan names the handle types.
+    /// `OPAQUE_FD`, `OPAQUE_WIN32` or `DMA_BUF`, as Vulkan names the handle types.
     pub fn as_str(self) -> &'static str {
         match self {
             HandleType::OpaqueFd => "OPAQUE_FD",
+            HandleType::OpaqueWin32 => "OPAQUE_WIN32",
             HandleType::DmaBuf => "DMA_BUF",
         }
     }
@@ -113,12 +129,9 @@ impl fmt::Display for HandleType {
 
 /// The handle types in `flags` by name (`OPAQUE_FD|DMA_BUF`), for messages.
 pub(crate) fn describe_handle_types(flags: vk::ExternalMemoryHandleTypeFlags) -> String {
-    let mut names: Vec<String> = [HandleType::OpaqueFd, HandleType::DmaBuf]
-        .into_iter()
-        .filter(|h| flags.contains(h.to_vk()))
-        .map(|h| h.as_str().to_string())
-        .collect();
-    let rest = flags.as_raw() & !(HandleType::OpaqueFd.to_raw() | HandleType::DmaBuf.to_raw());
+    let mut names: Vec<String> =
+        HandleType::ALL.into_iter().filter(|h| flags.contains(h.to_vk())).map(|h| h.as_str().to_string()).collect();
+    let rest = flags.as_raw() & !HandleType::ALL.into_iter().fold(0, |all, h| all | h.to_raw());
     if rest != 0 {
         names.push(format!("unknown handle types {rest:#x}"));
     }
@@ -181,10 +194,10 @@ pub(crate) struct Arena {
     /// For a dedicated allocation: the one buffer it may be bound to, owned by the arena.
     pub(crate) dedicated_buffer: Option<vk::Buffer>,
     pub(crate) origin: ArenaOrigin,
-    /// For arenas imported from an opaque fd: a duplicate of that fd, taken before Vulkan
-    /// took the original, so that the memory can be exported again (to CUDA, or to another
+    /// For arenas imported from the platform's opaque handle (an opaque fd, an opaque NT
+    /// handle): a duplicate of that handle, taken before Vulkan took the original, so that the memory can be exported again (to CUDA, or to another
     /// process); closed when the arena drops.
-    pub(crate) reexport_fd: Option<OwnedFd>,
+    pub(crate) reexport_fd: Option<OwnedHandle>,
     /// Base of the persistent mapping of the whole arena; null until first mapped.
     mapped: AtomicPtr<u8>,
     map_lock: Mutex<()>,
@@ -207,7 +220,7 @@ pub(crate) struct ArenaParts {
     /// For host-pointer arenas: the host memory itself serves as the mapping.
     pub host_pointer: Option<NonNull<u8>>,
     /// See [`Arena::reexport_fd`].
-    pub reexport_fd: Option<OwnedFd>,
+    pub reexport_fd: Option<OwnedHandle>,
     /// The allocator's count of live bytes ([`GpuAllocator::allocated_bytes`]), which the
     /// arena's memory is part of until it is freed; `None` for memory no allocator made.
     ///
@@ -243,32 +256,26 @@ impl Arena {
         }
     }
 
-    /// A new fd of the arena's memory as `handle`: the memory's own export where it was
-    /// allocated exportable as that type, a copy of the fd it was imported from for memory
-    /// imported from an opaque fd. Errors say why the arena cannot be exported so.
-    pub(crate) fn export_fd(&self, handle: HandleType) -> Result<OwnedFd> {
+    /// A new handle (fd, NT handle) of the arena's memory as `handle`: the memory's own export
+    /// where it was allocated exportable as that type, a copy of the handle it was imported from
+    /// for memory imported from the platform's opaque handle. Errors say why the arena cannot be
+    /// exported so.
+    pub(crate) fn export_fd(&self, handle: HandleType) -> Result<OwnedHandle> {
         let fd = if self.handle_types.contains(handle.to_vk()) {
-            let info = vk::MemoryGetFdInfoKHR::default().memory(self.memory).handle_type(handle.to_vk());
+            let what = format!("arena {} as {handle}", self.id);
             // SAFETY: the memory is live and was allocated exportable as this handle type.
-            let raw = unsafe { self.device.shared.memory_fd.get_memory_fd(&info) }
-                .map_err(vk_err(&format!("vkGetMemoryFdKHR({handle}) of arena {}", self.id)))?;
-            if raw < 0 {
-                return Err(Error::Vulkan(format!("vkGetMemoryFdKHR returned fd {raw}")));
-            }
-            // SAFETY: vkGetMemoryFdKHR returns a new descriptor that the caller owns.
-            unsafe { OwnedFd::from_raw_fd(raw) }
-        } else if let (Some(kept), HandleType::OpaqueFd) = (&self.reexport_fd, handle) {
-            // SAFETY: `kept` is a live descriptor the arena owns; F_DUPFD_CLOEXEC makes a new
-            // one (or fails) and touches nothing else.
-            let raw = unsafe { libc::fcntl(kept.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-            if raw < 0 {
-                return Err(Error::os(
-                    format!("duplicating the fd of imported arena {} to export it again", self.id),
-                    std::io::Error::last_os_error(),
-                ));
-            }
-            // SAFETY: fcntl returned a new descriptor that nothing else owns.
-            unsafe { OwnedFd::from_raw_fd(raw) }
+            unsafe { external::export_memory(&self.device.shared.memory_export, self.memory, handle.to_vk(), &what) }?
+        } else if let (Some(kept), true) = (&self.reexport_fd, handle == HandleType::OPAQUE) {
+            kept.try_clone().map_err(|e| {
+                Error::os(
+                    format!(
+                        "duplicating the {} of imported arena {} to export it again",
+                        external::HANDLE_NAME,
+                        self.id
+                    ),
+                    e,
+                )
+            })?
         } else if self.handle_types.is_empty() && self.reexport_fd.is_none() {
             return Err(Error::InvalidState(format!(
                 "buffer in arena {} is not exportable: it was allocated without export, imported \
@@ -277,7 +284,7 @@ impl Arena {
             )));
         } else {
             let offered = if self.reexport_fd.is_some() {
-                "OPAQUE_FD (memory imported from an opaque fd)".to_string()
+                format!("{} (memory imported from an {})", HandleType::OPAQUE, external::HANDLE_NAME)
             } else {
                 describe_handle_types(self.handle_types)
             };
@@ -298,7 +305,7 @@ impl Arena {
                     Error::Unsupported(why) => why,
                     e => e.to_string(),
                 };
-                let fd = self.export_fd(HandleType::OpaqueFd).map_err(why)?;
+                let fd = self.export_fd(HandleType::OPAQUE).map_err(why)?;
                 let uuid = self.device.info().device_uuid;
                 CudaArena::import(fd, self.size, self.dedicated_buffer.is_some(), uuid).map_err(why)
             })
@@ -453,6 +460,24 @@ mod tests {
         let both = vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD | vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT;
         assert_eq!(describe_handle_types(both), "OPAQUE_FD|DMA_BUF");
         assert_eq!(describe_handle_types(vk::ExternalMemoryHandleTypeFlags::empty()), "no handle type");
+        let win32 =
+            vk::ExternalMemoryHandleTypeFlags::OPAQUE_WIN32 | vk::ExternalMemoryHandleTypeFlags::from_raw(1 << 20);
+        assert_eq!(describe_handle_types(win32), "OPAQUE_WIN32|unknown handle types 0x100000");
+    }
+
+    /// An export names its handle type by Vulkan's bit; every type lava-flow knows reads back as
+    /// itself, and the platform's opaque type is the one its allocator exports.
+    #[test]
+    fn handle_types_round_trip_and_the_opaque_one_is_the_platforms() {
+        for handle in HandleType::ALL {
+            assert_eq!(HandleType::from_raw(handle.to_raw()), Some(handle));
+        }
+        assert_eq!(HandleType::from_raw(vk::ExternalMemoryHandleTypeFlags::OPAQUE_WIN32_KMT.as_raw()), None);
+        assert_eq!(HandleType::OPAQUE.to_vk(), external::MEMORY_HANDLE);
+        #[cfg(unix)]
+        assert_eq!(HandleType::OPAQUE, HandleType::OpaqueFd);
+        #[cfg(windows)]
+        assert_eq!(HandleType::OPAQUE, HandleType::OpaqueWin32);
     }
 
     #[test]

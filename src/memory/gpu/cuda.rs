@@ -13,17 +13,18 @@
 
 use std::ffi::c_void;
 use std::fmt;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 
 use lava_flow_cuda::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUexternalMemory, CUstream, CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
-    CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC, CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-    CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING,
+    CUDA_EXTERNAL_MEMORY_DEDICATED, CUDA_EXTERNAL_MEMORY_HANDLE_DESC, CU_MEMHOSTREGISTER_PORTABLE,
+    CU_STREAM_NON_BLOCKING,
 };
 use lava_flow_cuda::Driver;
 use parking_lot::Mutex;
 
+use super::device::external;
 use crate::error::{Error, Result};
+use crate::os::OwnedHandle;
 
 /// The environment variable that, set to 1, keeps lava-flow from loading libcuda.
 pub const DISABLE_CUDA_ENV: &str = crate::env::DISABLE_CUDA.name;
@@ -237,8 +238,9 @@ impl fmt::Debug for CudaArena {
 impl CudaArena {
     /// Imports `fd`, an opaque-fd export of an arena of `size` bytes (`dedicated`: a dedicated
     /// allocation), on the CUDA device whose UUID is `device_uuid`. The fd is taken in every
-    /// case.
-    pub(crate) fn import(fd: OwnedFd, size: u64, dedicated: bool, device_uuid: [u8; 16]) -> Result<CudaArena> {
+    /// case. `Unsupported` on Windows, where this is not built.
+    pub(crate) fn import(fd: OwnedHandle, size: u64, dedicated: bool, device_uuid: [u8; 16]) -> Result<CudaArena> {
+        let (handle_type, handle) = external::cuda_memory_handle(&fd)?;
         let driver = driver()?;
         let device = device_by_uuid(driver, Some(device_uuid))?;
         let mut context: CUcontext = std::ptr::null_mut();
@@ -248,8 +250,8 @@ impl CudaArena {
         let imported = unsafe {
             in_context(driver, context, || {
                 let desc = CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
-                    type_: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-                    handle: [fd.as_raw_fd() as u32 as u64, 0],
+                    type_: handle_type,
+                    handle,
                     size,
                     flags: if dedicated { CUDA_EXTERNAL_MEMORY_DEDICATED } else { 0 },
                     reserved: [0; 16],
@@ -258,8 +260,7 @@ impl CudaArena {
                 driver
                     .import_external_memory(&mut memory, &desc)
                     .map_err(|e| e.context(format!("cuImportExternalMemory of a {size}-byte Vulkan arena")))?;
-                // On success CUDA owns the fd.
-                let _ = fd.into_raw_fd();
+                external::given_to_cuda(fd);
                 let buffer = CUDA_EXTERNAL_MEMORY_BUFFER_DESC { offset: 0, size, flags: 0, reserved: [0; 16] };
                 let mut address = 0;
                 if let Err(e) = driver.external_memory_get_mapped_buffer(&mut address, memory, &buffer) {

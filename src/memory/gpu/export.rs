@@ -10,16 +10,15 @@
 //! UUID equals `device_uuid`.
 
 use std::fmt;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::allocator::GpuBuffer;
 use super::arena::{ArenaId, GpuMemoryKind, HandleType};
-use super::device::format_uuid;
+use super::device::{external, format_uuid};
 use crate::error::{Error, Result};
-use crate::os::stream::{recv_exact_with_handle, send_with_handles};
+use crate::os::stream::{recv_exact_with_handle, send_with_handles, Stream};
+use crate::os::OwnedHandle;
 
 /// `"LFGX"` read as a little-endian u32.
 pub const GPU_EXPORT_MAGIC: u32 = u32::from_le_bytes(*b"LFGX");
@@ -160,31 +159,33 @@ impl fmt::Display for GpuExportDesc {
     }
 }
 
-/// An exported buffer: the metadata and a file descriptor for its arena, owned (closed on
-/// drop). Each export is a new fd; sending it to another process (SCM_RIGHTS) duplicates it,
-/// so the sender may drop its export afterwards.
+/// An exported buffer: the metadata and a file descriptor for its arena (on Windows an NT
+/// handle), owned (closed on drop). Each export is a new handle; sending it to another process
+/// (SCM_RIGHTS; on Windows the stream duplicates it into the peer) duplicates it, so the
+/// sender may drop its export afterwards.
 #[derive(Debug)]
 pub struct GpuExport {
     pub desc: GpuExportDesc,
-    pub fd: OwnedFd,
+    pub fd: OwnedHandle,
 }
 
 impl GpuExport {
     /// Reassembles an export received from another process (metadata validated).
-    pub fn from_parts(desc: GpuExportDesc, fd: OwnedFd) -> Result<Self> {
+    pub fn from_parts(desc: GpuExportDesc, fd: OwnedHandle) -> Result<Self> {
         desc.validate()?;
         Ok(GpuExport { desc, fd })
     }
 
-    /// Sends the export over a Unix stream socket: the description as the payload and the fd
-    /// attached (`SCM_RIGHTS`). The fd stays open here; drop the export when done.
-    pub fn send(&self, socket: &UnixStream) -> Result<()> {
-        send_with_handles(socket, &self.desc.to_bytes(), &[self.fd.as_fd()])
+    /// Sends the export over the platform's stream (a Unix stream socket, a named pipe on
+    /// Windows): the description as the payload and the handle attached. The handle stays open
+    /// here; drop the export when done.
+    pub fn send(&self, socket: &Stream) -> Result<()> {
+        send_with_handles(socket, &self.desc.to_bytes(), &[external::lend(&self.fd)])
     }
 
     /// Receives one export sent with [`GpuExport::send`], validating its description. Any fd
     /// that arrives with a malformed message is closed.
-    pub fn recv(socket: &UnixStream) -> Result<Self> {
+    pub fn recv(socket: &Stream) -> Result<Self> {
         let mut buf = [0u8; GpuExportDesc::SIZE];
         let fd = recv_exact_with_handle(socket, &mut buf, "a GPU export")?;
         let desc = GpuExportDesc::from_bytes(&buf)?;
@@ -193,15 +194,17 @@ impl GpuExport {
 
     /// A second export of the same buffer with a duplicated fd.
     pub fn try_clone(&self) -> Result<Self> {
-        let fd = self.fd.as_fd().try_clone_to_owned().map_err(|e| Error::os("dup of a GPU export fd", e))?;
+        let fd = self.fd.try_clone().map_err(|e| Error::os("duplicating a GPU export's handle", e))?;
         Ok(GpuExport { desc: self.desc, fd })
     }
 }
 
 impl GpuBuffer {
-    /// Exports the buffer's arena as an opaque fd (for Vulkan or CUDA in another process).
+    /// Exports the buffer's arena as the platform's opaque handle ([`HandleType::OPAQUE`]: an
+    /// opaque fd, for Vulkan or CUDA in another process; on Windows an opaque NT handle, for
+    /// Vulkan).
     pub fn export(&self) -> Result<GpuExport> {
-        self.export_as(HandleType::OpaqueFd)
+        self.export_as(HandleType::OPAQUE)
     }
 
     /// Exports the buffer's whole arena (same fd semantics as [`GpuBuffer::export`]): offset 0
@@ -315,9 +318,12 @@ mod tests {
         assert!(GpuExportDesc::from_bytes(&expected[1..]).is_err());
     }
 
+    // (The platform's stream on Unix: a socket pair and a memfd stand for the peer and the export.)
+    #[cfg(unix)]
     #[test]
     fn malformed_export_messages_are_refused() {
-        let (a, b) = UnixStream::pair().unwrap();
+        use std::os::fd::AsFd;
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         send_with_handles(&a, &sample().to_bytes(), &[]).unwrap();
         assert!(matches!(GpuExport::recv(&b), Err(Error::Corrupt(ref m)) if m.contains("0 fds")));
         let fd = crate::os::shm::create("lf-test", 4096, Default::default()).unwrap();

@@ -9,14 +9,15 @@
 //!   the memory already imported.
 //! - Vulkan owns an imported fd only after `vkAllocateMemory` succeeds; on every other path
 //!   the fd stays an `OwnedFd` here and is closed when it drops, unless the driver closed it
-//!   already (Mesa's lavapipe closes the fd of a failed import).
+//!   already (Mesa's lavapipe closes the fd of a failed import). On Windows the importer keeps
+//!   the NT handle on every path and closes it once the import is done. (The platform's side
+//!   of it, with the memfd rule below, is `device::external`.)
 //! - A memfd (lavapipe's exports) is imported through a description of its own: the driver
 //!   reads the memfd's header at its file position, which the copies of one export that several
 //!   processes received share, so that their imports at the same moment would race.
 //! - Imported buffers hold the arena; its memory is freed when the last one goes.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
 use ash::vk;
@@ -24,9 +25,10 @@ use parking_lot::Mutex;
 
 use super::allocator::GpuBuffer;
 use super::arena::{self, Arena, ArenaId, ArenaOrigin, ArenaParts, HandleType};
-use super::device::{describe_memory_flags, format_uuid, vk_err, DeviceState, VulkanDevice};
+use super::device::{describe_memory_flags, external, format_uuid, vk_err, DeviceState, VulkanDevice};
 use super::export::{GpuExport, GpuExportDesc};
 use crate::error::{Error, Result};
+use crate::os::OwnedHandle;
 
 /// Imports exports on one device. Importers of the same device share one cache.
 #[derive(Clone, Debug)]
@@ -158,8 +160,8 @@ impl GpuImporter {
     /// `id` in the import cache (the exporter's process and what identifies the memory there).
     /// The exporter must be this device (NVIDIA's Vulkan deviceUUID is the CUDA device's UUID),
     /// which the caller checked. The fd is consumed on every path.
-    pub fn import_foreign_opaque_fd(&self, fd: OwnedFd, size: u64, id: ArenaId) -> Result<GpuBuffer> {
-        let handle = HandleType::OpaqueFd;
+    pub fn import_foreign_opaque_fd(&self, fd: OwnedHandle, size: u64, id: ArenaId) -> Result<GpuBuffer> {
+        let handle = HandleType::OPAQUE;
         let probe = arena::create_buffer(&self.device, size, handle.to_vk())?;
         arena::destroy_buffer(&self.device, probe.buffer);
         let device_local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
@@ -170,8 +172,9 @@ impl GpuImporter {
             vk::MemoryPropertyFlags::HOST_VISIBLE,
         ) else {
             return Err(Error::Unsupported(format!(
-                "Vulkan device {} has no DEVICE_LOCAL memory type for imported opaque fds (allowed: {:#x})",
+                "Vulkan device {} has no DEVICE_LOCAL memory type for imported {}s (allowed: {:#x})",
                 self.device.info().name,
+                external::HANDLE_NAME,
                 probe.requirements.memory_type_bits
             )));
         };
@@ -219,9 +222,10 @@ impl GpuImporter {
             )));
         }
         let handle = desc.handle().expect("validated");
+        // Another platform's opaque handle type is never importable here.
         let enabled = match handle {
-            HandleType::OpaqueFd => info.opaque_fd.importable,
             HandleType::DmaBuf => info.dma_buf.importable,
+            opaque => opaque == HandleType::OPAQUE && info.opaque_fd.importable,
         };
         if !enabled {
             return Err(Error::Unsupported(format!(
@@ -247,36 +251,14 @@ impl GpuImporter {
         Ok(())
     }
 
-    fn import_arena(&self, desc: &GpuExportDesc, handle: HandleType, fd: OwnedFd) -> Result<Arena> {
+    fn import_arena(&self, desc: &GpuExportDesc, handle: HandleType, fd: OwnedHandle) -> Result<Arena> {
         let device = &self.device;
-        let ash_device = &device.shared.device;
-        if handle == HandleType::DmaBuf {
-            // Only dma-bufs can be asked which memory types they fit (not opaque fds).
-            let mut props = vk::MemoryFdPropertiesKHR::default();
-            // SAFETY: fd is a live descriptor; the query does not take ownership.
-            unsafe { device.shared.memory_fd.get_memory_fd_properties(handle.to_vk(), fd.as_raw_fd(), &mut props) }
-                .map_err(vk_err("vkGetMemoryFdPropertiesKHR"))?;
-            if props.memory_type_bits & (1 << desc.memory_type_index) == 0 {
-                return Err(Error::invalid(format!(
-                    "{desc}: the dma-buf does not fit memory type {} (fits {:#x})",
-                    desc.memory_type_index, props.memory_type_bits
-                )));
-            }
-        }
-        // A copy of an opaque fd, taken before Vulkan takes the original, so that the memory
-        // can be exported again (dma-bufs are not: their exporter is not Vulkan).
-        let reexport_fd = if handle == HandleType::OpaqueFd {
-            // SAFETY: fd is a live descriptor; F_DUPFD_CLOEXEC makes a new one (or fails) and
-            // touches nothing else.
-            let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-            if raw < 0 {
-                return Err(Error::os(
-                    format!("duplicating the fd of {desc} (to export it again later)"),
-                    std::io::Error::last_os_error(),
-                ));
-            }
-            // SAFETY: fcntl returned a new descriptor that nothing else owns.
-            Some(unsafe { OwnedFd::from_raw_fd(raw) })
+        // A copy of the platform's opaque handle, taken before Vulkan takes the original, so
+        // that the memory can be exported again (dma-bufs are not: their exporter is not Vulkan).
+        let reexport_fd = if handle == HandleType::OPAQUE {
+            Some(fd.try_clone().map_err(|e| {
+                Error::os(format!("duplicating the {} of {desc} (to export it again later)", external::HANDLE_NAME), e)
+            })?)
         } else {
             None
         };
@@ -287,38 +269,26 @@ impl GpuImporter {
         } else {
             None
         };
-        let fd = own_position(fd);
-        let named = file_id(fd.as_raw_fd());
-        let mut import = vk::ImportMemoryFdInfoKHR::default().handle_type(handle.to_vk()).fd(fd.as_raw_fd());
         let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default();
         let mut info = vk::MemoryAllocateInfo::default()
             .allocation_size(desc.arena_size)
-            .memory_type_index(desc.memory_type_index)
-            .push_next(&mut import);
+            .memory_type_index(desc.memory_type_index);
         if let Some(buffer) = dedicated {
             dedicated_info = dedicated_info.buffer(buffer);
             info = info.push_next(&mut dedicated_info);
         }
+        let ash_device = &device.shared.device;
         // SAFETY: the chain is live; the UUIDs, memory type and sizes were checked against
-        // this device above, which is what the spec requires of an opaque-fd import.
-        let memory = match unsafe { ash_device.allocate_memory(&info, None) } {
-            Ok(memory) => {
-                // Vulkan owns the descriptor now and closes it when the memory is freed.
-                let _ = fd.into_raw_fd();
-                memory
-            }
-            Err(r) => {
+        // this device above, which is what the spec requires of an opaque import.
+        let memory = match unsafe {
+            external::import_memory(ash_device, &device.shared.memory_export, info, handle.to_vk(), fd, desc)
+        } {
+            Ok(memory) => memory,
+            Err(e) => {
                 if let Some(buffer) = dedicated {
                     arena::destroy_buffer(device, buffer);
                 }
-                // A failed import leaves the descriptor with us, but lavapipe closes it: closed
-                // here only if its number still names the file it named.
-                let raw = fd.into_raw_fd();
-                if named.is_some() && file_id(raw) == named {
-                    // SAFETY: `raw` is the descriptor given up above, still open on that file.
-                    drop(unsafe { OwnedFd::from_raw_fd(raw) });
-                }
-                return Err(vk_err(&format!("importing {desc} (vkAllocateMemory)"))(r));
+                return Err(e);
             }
         };
         if let Some(buffer) = dedicated {
@@ -348,62 +318,5 @@ impl GpuImporter {
                 counted: None,
             },
         ))
-    }
-}
-
-/// `fd`, or, where it is a memfd, a new description of the same memory with a file position of
-/// its own (opened through `/proc/self/fd`); `fd` itself where that cannot be done.
-fn own_position(fd: OwnedFd) -> OwnedFd {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    if !std::fs::read_link(&path).is_ok_and(|target| target.to_string_lossy().starts_with("/memfd:")) {
-        return fd;
-    }
-    match std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(&path) {
-        Ok(file) => file.into(),
-        Err(_) => fd,
-    }
-}
-
-/// The file that descriptor `raw` names (device and inode), `None` where it names none.
-fn file_id(raw: std::os::fd::RawFd) -> Option<(u64, u64)> {
-    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes a `stat` into the buffer given, whatever `raw` is (EBADF otherwise).
-    if unsafe { libc::fstat(raw, stat.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: fstat succeeded, so it filled the buffer.
-    let stat = unsafe { stat.assume_init() };
-    // (`st_dev` is signed on macOS.)
-    #[allow(clippy::unnecessary_cast)]
-    Some((stat.st_dev as u64, stat.st_ino as u64))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::os::fd::AsRawFd;
-
-    use super::own_position;
-    use crate::os::{shm, ShmOptions};
-
-    /// The copies of one export share a file position; the memfd an import reads gets its own,
-    /// on the same memory.
-    #[test]
-    fn a_memfd_is_imported_through_a_position_of_its_own() {
-        let memfd = shm::create("lf-import-test", 4096, ShmOptions::default()).unwrap();
-        let copy = memfd.try_clone().unwrap();
-        let own = own_position(copy);
-        // SAFETY: lseek on descriptors this test owns.
-        let (moved, position) = unsafe {
-            (libc::lseek(memfd.as_raw_fd(), 100, libc::SEEK_SET), libc::lseek(own.as_raw_fd(), 0, libc::SEEK_CUR))
-        };
-        assert_eq!((moved, position), (100, 0), "the imported descriptor moved with the exporter's");
-        // SAFETY: as above; the other file's size says it is the same memory.
-        let size = unsafe { libc::lseek(own.as_raw_fd(), 0, libc::SEEK_END) };
-        assert_eq!(size, 4096);
-        // A descriptor that is no memfd is kept as it is.
-        let file = std::fs::File::open("/proc/self/stat").unwrap();
-        let raw = file.as_raw_fd();
-        assert_eq!(own_position(file.into()).as_raw_fd(), raw);
     }
 }

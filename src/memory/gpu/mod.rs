@@ -6,6 +6,9 @@
 //! - [`GpuAllocator`] hands out [`GpuBuffer`]s of [`GpuMemoryKind::DeviceLocal`] or
 //!   [`GpuMemoryKind::HostVisible`] memory from pooled exportable arenas (64 MiB by default;
 //!   requests larger than a quarter of that get their own): one exported fd serves every buffer of an arena.
+//!   (On Windows the exports are opaque NT handles, `VK_KHR_external_memory_win32`, and the
+//!   semaphores' likewise; `fd` in the names below is then such a handle. CUDA does not import
+//!   them there.)
 //! - [`GpuBuffer::export`] gives a [`GpuExport`] (a validated `#[repr(C)]` [`GpuExportDesc`] and
 //!   an owned fd); [`GpuImporter::import`] imports it on this process's own device, once per
 //!   arena, refusing exports of another GPU or driver.
@@ -50,6 +53,7 @@ pub use allocator::{GpuAllocator, GpuAllocatorConfig, GpuBuffer, SPARE_EMPTY_ARE
 pub use arena::{ArenaId, GpuMemoryKind, HandleType};
 pub use copy_method::{CopyMethod, GPU_COPY_ENV};
 pub use cuda::{cuda_available, cuda_driver_version, cuda_host_register, CudaHostRegistration, DISABLE_CUDA_ENV};
+pub(crate) use device::external;
 pub use device::{
     describe_handle_types, describe_memory_flags, format_api_version, format_uuid, list_devices, DeviceInfo,
     DeviceSelector, DeviceType, ExternalMemorySupport, ExternalSemaphoreSupport, GpuConfig, MemoryHeapInfo,

@@ -1,5 +1,6 @@
 //! Timeline semaphores: a 64-bit counter the host and the GPU signal and wait on, shared
-//! between processes as an opaque fd (`VK_KHR_external_semaphore_fd`).
+//! between processes as an opaque fd (`VK_KHR_external_semaphore_fd`), on Windows as an
+//! opaque NT handle (`VK_KHR_external_semaphore_win32`).
 //!
 //! A producer signals value `n` when the data of its `n`-th send is in place; the consumer's
 //! GPU work waits for `n` ([`super::copy_buffer_waiting`]) or its host does
@@ -7,13 +8,13 @@
 //! not): [`probe_semaphore_sharing`] says whether the whole round trip works, and why not.
 
 use std::fmt;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::time::Duration;
 
 use ash::vk;
 
-use super::device::{vk_err, TimelineApi, VulkanDevice};
+use super::device::{external, vk_err, TimelineApi, VulkanDevice};
 use crate::error::{Error, Result};
+use crate::os::OwnedHandle;
 
 /// A timeline semaphore of one device. `Send + Sync` (Vulkan semaphores may be signalled,
 /// waited on and read from any thread); destroys its `VkSemaphore` on drop.
@@ -59,8 +60,7 @@ impl TimelineSemaphore {
         }
         let mut kind =
             vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE).initial_value(initial);
-        let mut export_info =
-            vk::ExportSemaphoreCreateInfo::default().handle_types(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
+        let mut export_info = vk::ExportSemaphoreCreateInfo::default().handle_types(external::SEMAPHORE_HANDLE);
         let mut info = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
         if export {
             info = info.push_next(&mut export_info);
@@ -78,23 +78,24 @@ impl TimelineSemaphore {
         Self::create(device, initial, false)
     }
 
-    /// A timeline semaphore starting at `initial` that can be exported as an opaque fd
-    /// ([`TimelineSemaphore::export_fd`]). `Unsupported`, saying why, where the device cannot
-    /// export timeline semaphores as opaque fds.
+    /// A timeline semaphore starting at `initial` that can be exported as an opaque fd (on
+    /// Windows an opaque NT handle: [`TimelineSemaphore::export_fd`]). `Unsupported`, saying why,
+    /// where the device cannot export timeline semaphores so.
     pub fn new_exportable(device: &VulkanDevice, initial: u64) -> Result<Self> {
         if device.shared.timeline.is_none() {
             return Err(no_timeline(device));
         }
-        if device.shared.semaphore_fd.is_none() {
+        if device.shared.semaphore_export.is_none() {
             return Err(Error::Unsupported(format!(
-                "{} does not offer VK_KHR_external_semaphore_fd, so its semaphores cannot be shared \
-                 with other processes",
-                describe(device)
+                "{} does not offer {}, so its semaphores cannot be shared with other processes",
+                describe(device),
+                external::SEMAPHORE_EXTENSION.to_string_lossy()
             )));
         }
         if !device.info().semaphore_fd.exportable {
             return Err(Error::Unsupported(format!(
-                "timeline semaphores cannot be exported as opaque fds on {}",
+                "timeline semaphores cannot be exported as {}s on {}",
+                external::HANDLE_NAME,
                 describe(device)
             )));
         }
@@ -102,43 +103,40 @@ impl TimelineSemaphore {
     }
 
     /// Imports a timeline semaphore another process (or this one) exported with
-    /// [`TimelineSemaphore::export_fd`]. The fd is consumed: owned by Vulkan on success,
-    /// closed on every error.
-    pub fn import(device: &VulkanDevice, fd: OwnedFd) -> Result<Self> {
-        let Some(api) = &device.shared.semaphore_fd else {
+    /// [`TimelineSemaphore::export_fd`]. The handle is consumed: an fd is owned by Vulkan on
+    /// success and closed on every error; an NT handle is closed once the import is done.
+    pub fn import(device: &VulkanDevice, fd: OwnedHandle) -> Result<Self> {
+        let Some(api) = &device.shared.semaphore_export else {
             return Err(Error::Unsupported(format!(
-                "{} does not offer VK_KHR_external_semaphore_fd, so it cannot import semaphores of \
-                 other processes",
-                describe(device)
+                "{} does not offer {}, so it cannot import semaphores of other processes",
+                describe(device),
+                external::SEMAPHORE_EXTENSION.to_string_lossy()
             )));
         };
         if !device.info().semaphore_fd.importable {
             return Err(Error::Unsupported(format!(
-                "timeline semaphores cannot be imported from opaque fds on {}",
+                "timeline semaphores cannot be imported from {}s on {}",
+                external::HANDLE_NAME,
                 describe(device)
             )));
         }
-        // Dropping `semaphore` on an error below destroys it; `fd` is still ours then.
+        // Dropping `semaphore` on an error below destroys it; the handle is dealt with by the
+        // import.
         let semaphore = Self::create(device, 0, false)?;
-        let info = vk::ImportSemaphoreFdInfoKHR::default()
-            .semaphore(semaphore.semaphore)
-            .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD)
-            .fd(fd.as_raw_fd());
-        // SAFETY: the semaphore is live and unused; the fd is a live descriptor. Vulkan takes
-        // ownership of it only when the call succeeds.
-        unsafe { api.import_semaphore_fd(&info) }.map_err(vk_err("vkImportSemaphoreFdKHR (timeline, opaque fd)"))?;
-        // Vulkan owns the descriptor now.
-        let _ = fd.into_raw_fd();
+        // SAFETY: the semaphore is live, a timeline semaphore of this device, and unused.
+        unsafe { external::import_semaphore(api, semaphore.semaphore, fd) }?;
         Ok(semaphore)
     }
 
-    /// A new opaque fd for the semaphore (each call gives another one), to send to another
-    /// process, which imports it with [`TimelineSemaphore::import`].
-    pub fn export_fd(&self) -> Result<OwnedFd> {
-        let Some(api) = &self.device.shared.semaphore_fd else {
+    /// A new handle for the semaphore (an opaque fd; on Windows an opaque NT handle; each call
+    /// gives another one), to send to another process, which imports it with
+    /// [`TimelineSemaphore::import`].
+    pub fn export_fd(&self) -> Result<OwnedHandle> {
+        let Some(api) = &self.device.shared.semaphore_export else {
             return Err(Error::Unsupported(format!(
-                "{} does not offer VK_KHR_external_semaphore_fd",
-                describe(&self.device)
+                "{} does not offer {}",
+                describe(&self.device),
+                external::SEMAPHORE_EXTENSION.to_string_lossy()
             )));
         };
         if !self.shareable {
@@ -148,16 +146,8 @@ impl TimelineSemaphore {
                     .into(),
             ));
         }
-        let info = vk::SemaphoreGetFdInfoKHR::default()
-            .semaphore(self.semaphore)
-            .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
-        // SAFETY: the semaphore is live and exportable as an opaque fd.
-        let raw = unsafe { api.get_semaphore_fd(&info) }.map_err(vk_err("vkGetSemaphoreFdKHR (opaque fd)"))?;
-        if raw < 0 {
-            return Err(Error::Vulkan(format!("vkGetSemaphoreFdKHR returned fd {raw}")));
-        }
-        // SAFETY: vkGetSemaphoreFdKHR returns a new descriptor that the caller owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+        // SAFETY: the semaphore is live and was created exportable as the platform's handle.
+        unsafe { external::export_semaphore(api, self.semaphore) }
     }
 
     /// Sets the counter to `value` from the host (it must be larger than the current value).
@@ -246,20 +236,21 @@ pub fn probe_semaphore_sharing(device: &VulkanDevice) -> std::result::Result<(),
     if !info.timeline_semaphores {
         return Err(format!("{name} has no timeline semaphores (Vulkan 1.2, or VK_KHR_timeline_semaphore)"));
     }
-    if device.shared.semaphore_fd.is_none() {
-        return Err(format!("VK_KHR_external_semaphore_fd is not offered by {name}"));
+    let handles = external::HANDLE_NAME;
+    if device.shared.semaphore_export.is_none() {
+        return Err(format!("{} is not offered by {name}", external::SEMAPHORE_EXTENSION.to_string_lossy()));
     }
     if !info.semaphore_fd.exportable {
-        return Err(format!("timeline semaphores cannot be exported as opaque fds on {name}"));
+        return Err(format!("timeline semaphores cannot be exported as {handles}s on {name}"));
     }
     if !info.semaphore_fd.importable {
-        return Err(format!("timeline semaphores cannot be imported from opaque fds on {name}"));
+        return Err(format!("timeline semaphores cannot be imported from {handles}s on {name}"));
     }
     let exported = TimelineSemaphore::new_exportable(device, 0)
         .map_err(|e| format!("creating an exportable timeline semaphore on {name} failed: {e}"))?;
     let fd = exported.export_fd().map_err(|e| format!("exporting a timeline semaphore on {name} failed: {e}"))?;
     let imported = TimelineSemaphore::import(device, fd)
-        .map_err(|e| format!("importing a timeline semaphore's opaque fd on {name} failed: {e}"))?;
+        .map_err(|e| format!("importing a timeline semaphore's {handles} on {name} failed: {e}"))?;
     exported.signal(1).map_err(|e| format!("signalling an exported timeline semaphore on {name} failed: {e}"))?;
     match imported.wait(1, Duration::from_secs(1)) {
         Ok(true) => {}

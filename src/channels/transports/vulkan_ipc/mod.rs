@@ -4,14 +4,15 @@
 //! route only turns a GPU buffer region into a 32-byte descriptor and back:
 //!
 //! 1. Rendezvous: the producer offers its device's identity (deviceUUID, driverUUID) and, where
-//!    the driver can share them, a timeline semaphore exported as an opaque fd (the *ready*
-//!    semaphore); the consumer answers with its own device's identity. Same device: buffers
-//!    go by reference. Another GPU, or no GPU at the consumer: the producer stages them
-//!    through host memory, and the channel's report says why (a strict channel fails instead).
+//!    the driver can share them, a timeline semaphore exported as an opaque fd (on Windows an
+//!    opaque NT handle: the *ready* semaphore); the consumer answers with its own device's
+//!    identity. Same device: buffers go by reference. Another GPU, or no GPU at the consumer:
+//!    the producer stages them through host memory, and the channel's report says why (a
+//!    strict channel fails instead).
 //! 2. The first message into an arena passes the arena once (its memory exported as an
-//!    opaque fd) as an attachment, ahead of the message; the consumer imports it once on its
-//!    own device and caches it by (slot, generation). A slot is reused for another arena only
-//!    after the producer said the old one died (freed), with the next generation.
+//!    opaque fd, or NT handle) as an attachment, ahead of the message; the consumer imports it
+//!    once on its own device and caches it by (slot, generation). A slot is reused for another
+//!    arena only after the producer said the old one died (freed), with the next generation.
 //! 3. A message carries (slot, generation, offset, length, ready value). The consumer checks
 //!    every field and hands out a view of the imported arena: no Vulkan call per message.
 //! 4. Synchronisation: with a shared semaphore, a message may name the value at which its

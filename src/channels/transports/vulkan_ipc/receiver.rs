@@ -2,7 +2,6 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -16,8 +15,9 @@ use crate::channels::transport::{
     Attachment, PayloadClass, Route, RouteReceiver, RoutedMemory, RoutedPayload, TransportId,
 };
 use crate::error::{Error, Result};
-use crate::memory::gpu::{format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
+use crate::memory::gpu::{external, format_uuid, GpuBuffer, GpuExport, GpuImporter, TimelineSemaphore, VulkanDevice};
 use crate::memory::{Buffer, BufferOrigin, Context};
+use crate::os::OwnedHandle;
 
 /// A producer's released semaphore, signalled as this consumer lets go of GPU messages: to
 /// `seq + 1` once message `seq` and every GPU message before it are let go. Signalled here, on
@@ -28,7 +28,7 @@ struct ReleaseTracker {
     semaphore: TimelineSemaphore,
     /// A descriptor of it kept for the consumer's GPU work (an imported semaphore need not be
     /// exportable again).
-    fd: OwnedFd,
+    fd: OwnedHandle,
     state: Mutex<ReleaseState>,
 }
 
@@ -42,7 +42,7 @@ struct ReleaseState {
 }
 
 impl ReleaseTracker {
-    fn new(semaphore: TimelineSemaphore, fd: OwnedFd) -> ReleaseTracker {
+    fn new(semaphore: TimelineSemaphore, fd: OwnedHandle) -> ReleaseTracker {
         let state = ReleaseState { held: VecDeque::new(), signalled: 0, by_caller: false };
         ReleaseTracker { semaphore, fd, state: Mutex::new(state) }
     }
@@ -176,7 +176,7 @@ pub(crate) struct Receiver {
     semaphore: Option<Arc<TimelineSemaphore>>,
     /// A descriptor of the producer's semaphore kept for handing on (to CUDA), since an
     /// imported semaphore need not be exportable again.
-    semaphore_fd: Option<OwnedFd>,
+    semaphore_fd: Option<OwnedHandle>,
     /// The current producer's released semaphore, where it asked for one.
     released: Released,
     /// Why the current producer shares no semaphore.
@@ -241,8 +241,9 @@ impl Receiver {
     /// Why this process's device cannot take the producer's semaphore.
     fn own_semaphore_gap(&self) -> String {
         let info = self.device.info();
+        let handles = external::HANDLE_NAME;
         format!(
-            "{} (driver {}) cannot import timeline semaphores from opaque fds (timeline semaphores: {}; as opaque fds: {})",
+            "{} (driver {}) cannot import timeline semaphores from {handles}s (timeline semaphores: {}; as {handles}s: {})",
             info.name,
             info.driver_name,
             if info.timeline_semaphores { "yes" } else { "no" },
@@ -308,12 +309,12 @@ impl RouteReceiver for Receiver {
             self.released = no_released(&self.no_semaphore);
             return Ok(());
         }
-        let kept = fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e))?;
+        let kept = fd.try_clone().map_err(|e| Error::os("duplicating the producer's semaphore handle", e))?;
         self.semaphore = Some(Arc::new(TimelineSemaphore::import(&self.device, fd)?));
         self.semaphore_fd = Some(kept);
         if let Some(fd) = released_fd {
             let kept =
-                fd.try_clone().map_err(|e| Error::os("dup of the producer's released semaphore descriptor", e))?;
+                fd.try_clone().map_err(|e| Error::os("duplicating the producer's released semaphore handle", e))?;
             let semaphore = TimelineSemaphore::import(&self.device, fd)?;
             self.released = Ok(Arc::new(ReleaseTracker::new(semaphore, kept)));
         } else {
@@ -467,18 +468,18 @@ impl RouteReceiver for Receiver {
         })
     }
 
-    fn released_semaphore(&self) -> Result<OwnedFd> {
+    fn released_semaphore(&self) -> Result<OwnedHandle> {
         match &self.released {
             Ok(tracker) => {
-                tracker.fd.try_clone().map_err(|e| Error::os("dup of the producer's released semaphore descriptor", e))
+                tracker.fd.try_clone().map_err(|e| Error::os("duplicating the producer's released semaphore handle", e))
             }
             Err(why) => Err(Error::Unsupported(format!("the channel has no released semaphore: {why}"))),
         }
     }
 
-    fn ready_semaphore(&self) -> Result<OwnedFd> {
+    fn ready_semaphore(&self) -> Result<OwnedHandle> {
         match &self.semaphore_fd {
-            Some(fd) => fd.try_clone().map_err(|e| Error::os("dup of the producer's semaphore descriptor", e)),
+            Some(fd) => fd.try_clone().map_err(|e| Error::os("duplicating the producer's semaphore handle", e)),
             None => Err(Error::Unsupported(format!(
                 "the channel shares no semaphore with its producer: {}",
                 self.no_semaphore

@@ -2,7 +2,6 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -19,6 +18,7 @@ use crate::channels::transport::{
 use crate::error::{Error, Result};
 use crate::memory::gpu::{format_uuid, probe_semaphore_sharing, ArenaId, GpuBuffer, TimelineSemaphore, VulkanDevice};
 use crate::memory::{BufferOrigin, Context};
+use crate::os::OwnedHandle;
 
 /// How many messages go between two looks for arenas that died (and whose GPU memory the
 /// channel still holds).
@@ -430,7 +430,7 @@ impl RouteSender for Sender {
         }
     }
 
-    fn ready_semaphore(&self) -> Result<OwnedFd> {
+    fn ready_semaphore(&self) -> Result<OwnedHandle> {
         match &self.semaphore {
             Some(s) => s.export_fd(),
             None => Err(Error::Unsupported(format!(
@@ -451,7 +451,7 @@ impl RouteSender for Sender {
         })
     }
 
-    fn released_semaphore(&self) -> Result<OwnedFd> {
+    fn released_semaphore(&self) -> Result<OwnedHandle> {
         match &self.released {
             Ok(s) => s.export_fd(),
             Err(why) => Err(Error::Unsupported(format!("the channel has no released semaphore: {why}"))),

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use ash::vk;
 use parking_lot::Mutex;
 
+use super::external;
 use super::info::DeviceInfo;
-use super::instance::vk_err;
+use super::vk_error::vk_err;
 use crate::error::Result;
 use crate::memory::gpu::copy_method::CopyMethod;
 use crate::memory::gpu_settings::format_uuid;
@@ -30,10 +31,13 @@ pub(crate) struct DeviceShared {
     pub(crate) instance: ash::Instance,
     pub(crate) physical: vk::PhysicalDevice,
     pub(crate) device: ash::Device,
-    pub(crate) memory_fd: ash::khr::external_memory_fd::Device,
+    /// The platform's external-memory extension (`VK_KHR_external_memory_fd`,
+    /// `VK_KHR_external_memory_win32`).
+    pub(crate) memory_export: external::MemoryApi,
     pub(crate) memory_host: Option<ash::ext::external_memory_host::Device>,
-    /// `VK_KHR_external_semaphore_fd`, where the device offers it.
-    pub(crate) semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
+    /// The platform's external-semaphore extension (`VK_KHR_external_semaphore_fd`,
+    /// `VK_KHR_external_semaphore_win32`), where the device offers it.
+    pub(crate) semaphore_export: Option<external::SemaphoreApi>,
     /// Timeline semaphores, where enabled.
     pub(crate) timeline: Option<TimelineApi>,
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,

@@ -5,6 +5,7 @@ use std::fmt;
 
 use ash::vk;
 
+use super::external;
 use crate::memory::gpu_settings::format_uuid;
 
 /// The kind of a physical device, as Vulkan reports it.
@@ -156,12 +157,15 @@ pub struct DeviceInfo {
     pub timestamp_period_ns: Option<f32>,
     /// For `VK_EXT_external_memory_host`: the alignment of imported host pointers and sizes.
     pub min_imported_host_pointer_alignment: Option<u64>,
+    /// Buffer memory as the platform's opaque handle: an opaque fd, or on Windows an opaque
+    /// NT handle (`OPAQUE_WIN32`).
     pub opaque_fd: ExternalMemorySupport,
     pub dma_buf: ExternalMemorySupport,
     /// Whether timeline semaphores were enabled (Vulkan 1.2 `timelineSemaphore`, or
     /// `VK_KHR_timeline_semaphore` on a 1.1 device).
     pub timeline_semaphores: bool,
-    /// Whether timeline semaphores can be exported and imported as opaque fds.
+    /// Whether timeline semaphores can be exported and imported as opaque fds (on Windows:
+    /// opaque NT handles).
     pub semaphore_fd: ExternalSemaphoreSupport,
     /// Every device the loader enumerated: (index, name, type, deviceUUID).
     pub all_devices: Vec<(u32, String, DeviceType, [u8; 16])>,
@@ -231,12 +235,13 @@ impl fmt::Display for DeviceInfo {
             writeln!(f, "  type {i}: heap {} {}", t.heap_index, describe_memory_flags(t.property_flags))?;
         }
         writeln!(f, "  extensions: {}", self.enabled_extensions.join(", "))?;
-        writeln!(f, "  external memory as opaque fd: {}", self.opaque_fd)?;
+        writeln!(f, "  external memory as {}: {}", external::HANDLE_NAME, self.opaque_fd)?;
         writeln!(f, "  external memory as dma-buf: {}", self.dma_buf)?;
         writeln!(
             f,
-            "  timeline semaphores: {}; as opaque fds: {}",
+            "  timeline semaphores: {}; as {}s: {}",
             if self.timeline_semaphores { "yes" } else { "no" },
+            external::HANDLE_NAME,
             self.semaphore_fd
         )?;
         write!(f, "  transfer queue family {}", self.queue_family_index)

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use ash::vk;
 
 use super::info::{format_api_version, DeviceType};
+use super::vk_error::vk_err;
 use crate::error::{Error, Result};
 
 /// How to get a Vulkan device, as the errors of a failed opening say it.
@@ -73,15 +74,6 @@ pub(super) struct Candidate {
     pub(super) physical: vk::PhysicalDevice,
     pub(super) properties: vk::PhysicalDeviceProperties,
     pub(super) uuid: [u8; 16],
-}
-
-pub(crate) fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
-    move |r| match r {
-        vk::Result::ERROR_OUT_OF_HOST_MEMORY | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY => {
-            Error::OutOfMemory(format!("{what}: {r}"))
-        }
-        _ => Error::Vulkan(format!("{what}: {r}")),
-    }
 }
 
 /// Every physical device of `instance`, with (index, name, type, deviceUUID) for reports.

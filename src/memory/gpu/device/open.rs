@@ -7,12 +7,14 @@ use std::sync::Arc;
 use ash::vk;
 use parking_lot::Mutex;
 
+use super::external::{self, MEMORY_EXTENSION as EXT_MEMORY, SEMAPHORE_EXTENSION as EXT_SEMAPHORE};
 use super::handle::{DeviceShared, TimelineApi, VulkanDevice, LIFECYCLE};
 use super::info::{
     format_api_version, DeviceInfo, DeviceType, ExternalMemorySupport, ExternalSemaphoreSupport, MemoryHeapInfo,
     MemoryTypeInfo,
 };
-use super::instance::{enumerate_candidates, process_instance, vk_err};
+use super::instance::{enumerate_candidates, process_instance};
+use super::vk_error::vk_err;
 use crate::error::{Error, Result};
 use crate::memory::gpu::copy_method::{copy_method_from_env, CopyMethod};
 use crate::memory::gpu_settings::{format_uuid, DeviceSelector};
@@ -45,10 +47,8 @@ impl GpuConfig {
     }
 }
 
-const EXT_MEMORY_FD: &CStr = ash::khr::external_memory_fd::NAME;
 const EXT_DMA_BUF: &CStr = ash::ext::external_memory_dma_buf::NAME;
 const EXT_MEMORY_HOST: &CStr = ash::ext::external_memory_host::NAME;
-const EXT_SEMAPHORE_FD: &CStr = ash::khr::external_semaphore_fd::NAME;
 const EXT_TIMELINE: &CStr = ash::khr::timeline_semaphore::NAME;
 
 /// The usage of every buffer lava-flow creates. Exporter and importer must agree on it: the
@@ -91,7 +91,8 @@ impl VulkanDevice {
     /// Opens the device `config` selects (see [`GpuConfig`]), eagerly.
     ///
     /// Errors: `Unsupported` without a loader, a device, Vulkan 1.1 or
-    /// `VK_KHR_external_memory_fd` (the message says what to install), and on macOS; `NotFound` for an index
+    /// `VK_KHR_external_memory_fd` (`VK_KHR_external_memory_win32` on Windows; the message says
+    /// what to install), and on macOS; `NotFound` for an index
     /// or UUID that matches no device, listing the devices there are; `InvalidArgument` for a
     /// malformed [`DEVICE_ENV`] or `LF_GPU_COPY` (see [`GPU_COPY_ENV`](crate::memory::gpu::GPU_COPY_ENV)).
     pub fn open(config: &GpuConfig) -> Result<Self> {
@@ -189,14 +190,14 @@ impl VulkanDevice {
         let offered = unsafe { instance.enumerate_device_extension_properties(physical) }
             .map_err(vk_err("vkEnumerateDeviceExtensionProperties"))?;
         let offers = |ext: &CStr| offered.iter().any(|p| p.extension_name_as_c_str() == Ok(ext));
-        if !offers(EXT_MEMORY_FD) {
+        if !offers(EXT_MEMORY) {
             return Err(Error::Unsupported(format!(
-                "Vulkan device {index} ({name}) does not offer VK_KHR_external_memory_fd, which \
-                 sharing GPU memory between processes needs; update its driver or pick another \
-                 device with {DEVICE_ENV}"
+                "Vulkan device {index} ({name}) does not offer {}, which sharing GPU memory \
+                 between processes needs; update its driver or pick another device with {DEVICE_ENV}",
+                EXT_MEMORY.to_string_lossy()
             )));
         }
-        let mut enable: Vec<&CStr> = vec![EXT_MEMORY_FD];
+        let mut enable: Vec<&CStr> = vec![EXT_MEMORY];
         for ext in [EXT_DMA_BUF, EXT_MEMORY_HOST] {
             if offers(ext) {
                 enable.push(ext);
@@ -224,14 +225,14 @@ impl VulkanDevice {
         if timeline_semaphores && timeline_ext {
             enable.push(EXT_TIMELINE);
         }
-        let has_semaphore_fd = offers(EXT_SEMAPHORE_FD);
-        if has_semaphore_fd {
-            enable.push(EXT_SEMAPHORE_FD);
+        let has_semaphore_export = offers(EXT_SEMAPHORE);
+        if has_semaphore_export {
+            enable.push(EXT_SEMAPHORE);
         }
-        let semaphore_fd = if has_semaphore_fd && timeline_semaphores {
+        let semaphore_fd = if has_semaphore_export && timeline_semaphores {
             let mut kind = vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE);
             let query = vk::PhysicalDeviceExternalSemaphoreInfo::default()
-                .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD)
+                .handle_type(external::SEMAPHORE_HANDLE)
                 .push_next(&mut kind);
             let mut out = vk::ExternalSemaphoreProperties::default();
             // SAFETY: plain query (Vulkan 1.1 core); the chain is live for the call.
@@ -291,7 +292,7 @@ impl VulkanDevice {
             && chosen.properties.limits.timestamp_period > 0.0)
             .then_some(chosen.properties.limits.timestamp_period);
 
-        let external = |handle_type: vk::ExternalMemoryHandleTypeFlags| {
+        let support = |handle_type: vk::ExternalMemoryHandleTypeFlags| {
             let query = vk::PhysicalDeviceExternalBufferInfo::default().usage(BUFFER_USAGE).handle_type(handle_type);
             let mut out = vk::ExternalBufferProperties::default();
             // SAFETY: plain query; Vulkan 1.1 core.
@@ -304,9 +305,9 @@ impl VulkanDevice {
                 compatible_handle_types: out.external_memory_properties.compatible_handle_types.as_raw(),
             }
         };
-        let opaque_fd = external(vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD);
+        let opaque_fd = support(external::MEMORY_HANDLE);
         let dma_buf = if has_dma_buf {
-            external(vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT)
+            support(vk::ExternalMemoryHandleTypeFlags::DMA_BUF_EXT)
         } else {
             ExternalMemorySupport::default()
         };
@@ -327,10 +328,9 @@ impl VulkanDevice {
         // SAFETY: the queue family and index were requested at creation.
         let queue = unsafe { device.get_device_queue(family, 0) };
         let compute = families[family as usize].queue_flags.contains(vk::QueueFlags::COMPUTE);
-        let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
+        let memory_export = external::MemoryApi::new(&instance, &device);
         let memory_host = has_host.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
-        let semaphore_fd_api =
-            has_semaphore_fd.then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
+        let semaphore_export = has_semaphore_export.then(|| external::SemaphoreApi::new(&instance, &device));
         let timeline = match (timeline_semaphores, core_12) {
             (false, _) => None,
             (true, true) => Some(TimelineApi::Core),
@@ -379,9 +379,9 @@ impl VulkanDevice {
                 instance,
                 physical,
                 device,
-                memory_fd,
+                memory_export,
                 memory_host,
-                semaphore_fd: semaphore_fd_api,
+                semaphore_export,
                 timeline,
                 memory_properties,
                 info,
