@@ -63,24 +63,54 @@ mod macos;
 pub(crate) mod parallel_copy;
 #[cfg(unix)]
 mod unix;
+#[cfg(windows)]
+mod windows;
 
 // The selector: the one place that names an implementation.
 #[cfg(target_os = "linux")]
 use linux as platform;
 #[cfg(target_os = "macos")]
 use macos as platform;
+#[cfg(windows)]
+use windows as platform;
 
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 pub use platform::{event, membarrier, poller, process, shm, system, wait};
 // The names the Windows side shares; Unix callers still spell them as `std::os::fd` does.
+#[cfg(windows)]
+#[allow(unused_imports)]
+pub use platform::{
+    event, facts, lock,
+    mapping::{map_granularity, page_size, Mapping},
+    membarrier, notify, process, shm, stream, system, user, wait, watcher,
+};
 #[cfg(unix)]
 #[allow(unused_imports)]
 pub use std::os::fd::{AsFd as AsHandle, BorrowedFd as BorrowedHandle, OwnedFd as OwnedHandle, RawFd as RawHandle};
+#[cfg(windows)]
+#[allow(unused_imports)]
+pub use std::os::windows::io::{AsHandle, BorrowedHandle, OwnedHandle, RawHandle};
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 #[allow(unused_imports)]
 pub use unix::mapping::{map_granularity, page_size, Mapping};
 #[cfg(any(target_os = "linux", target_os = "macos"))]
-pub use unix::{lock, notify, poll, stream, user, watcher};
+pub use unix::{facts, lock, notify, poll, stream, user, watcher};
+
+/// Borrows any handle (`as_fd` on Unix, `as_handle` on Windows: the traits' methods are named
+/// apart, the callers name this one).
+#[cfg(unix)]
+#[inline]
+pub fn borrow<H: AsHandle + ?Sized>(handle: &H) -> BorrowedHandle<'_> {
+    handle.as_fd()
+}
+
+/// Borrows any handle (`as_fd` on Unix, `as_handle` on Windows: the traits' methods are named
+/// apart, the callers name this one).
+#[cfg(windows)]
+#[inline]
+pub fn borrow<H: AsHandle + ?Sized>(handle: &H) -> BorrowedHandle<'_> {
+    handle.as_handle()
+}
 
 /// How [`shm::create`] makes a shared-memory object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

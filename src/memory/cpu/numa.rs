@@ -155,6 +155,8 @@ mod tests {
         assert!(text.contains(&topology.nodes()[0].to_string()), "{text}");
     }
 
+    // mbind and get_mempolicy are Linux's.
+    #[cfg(target_os = "linux")]
     #[test]
     fn bound_pages_land_on_their_node() {
         let topology = NumaTopology::detect();

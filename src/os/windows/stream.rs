@@ -61,9 +61,13 @@ const HEADER: usize = 8;
 /// Who is at the other end of a [`Stream`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerIdentity {
-    pub pid: u32,
+    /// Its process id (as `i32`, the type every platform shares).
+    pub pid: i32,
     /// Whether the peer's process runs as this process's user (its token's user SID).
     pub same_user: bool,
+    /// The user it runs as, as a number for messages ([`super::user::sid_digest`] of its SID;
+    /// `u32::MAX` where its process could not be asked).
+    pub uid: u32,
 }
 
 /// The pipe's path of the listener `name`: one namespace per user.
@@ -392,17 +396,16 @@ impl Stream {
         let access = PROCESS_DUP_HANDLE | PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE;
         // SAFETY: OpenProcess with plain values; the handle is owned below.
         let peer_process = owned(unsafe { OpenProcess(access, 0, pid) }, String::new).ok();
-        let same_user = match &peer_process {
-            Some(p) => process_user_sid(p.as_handle()).ok().as_deref() == Some(user_sid()?),
-            None => false,
-        };
+        let peer_sid = peer_process.as_ref().and_then(|p| process_user_sid(p.as_handle()).ok());
+        let same_user = peer_sid.as_deref() == Some(user_sid()?);
+        let uid = peer_sid.as_deref().map_or(u32::MAX, super::user::sid_digest);
         let write_event = io_event()?;
         // SAFETY: zeroed is a valid OVERLAPPED.
         let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
         ov.hEvent = write_event.as_raw_handle();
         Ok(Stream {
             pipe,
-            peer: PeerIdentity { pid, same_user },
+            peer: PeerIdentity { pid: pid as i32, same_user, uid },
             peer_process,
             read_event: io_event()?,
             reading: Mutex::new(()),
@@ -788,6 +791,39 @@ impl Drop for Stream {
             }
         }
     }
+}
+
+// The interface's free functions, as Unix has them (a Unix stream is std's `UnixStream`,
+// which cannot take methods of lava-flow's).
+
+/// Who is on the other end of `sock`, as learnt when it connected.
+pub fn peer(sock: &Stream) -> Result<PeerIdentity> {
+    Ok(sock.peer())
+}
+
+/// [`Stream::send_with_handles`].
+pub fn send_with_handles(sock: &Stream, payload: &[u8], handles: &[BorrowedHandle<'_>]) -> Result<()> {
+    sock.send_with_handles(payload, handles)
+}
+
+/// [`Stream::try_send_with_handles`].
+pub fn try_send_with_handles(sock: &Stream, payload: &[u8], handles: &[BorrowedHandle<'_>]) -> Result<()> {
+    sock.try_send_with_handles(payload, handles)
+}
+
+/// [`Stream::recv_with_handles`].
+pub fn recv_with_handles(sock: &Stream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedHandle>)> {
+    sock.recv_with_handles(buf)
+}
+
+/// [`Stream::try_recv_with_handles`].
+pub fn try_recv_with_handles(sock: &Stream, buf: &mut [u8]) -> Result<Option<(usize, Vec<OwnedHandle>)>> {
+    sock.try_recv_with_handles(buf)
+}
+
+/// [`Stream::recv_exact_with_handle`].
+pub fn recv_exact_with_handle(sock: &Stream, buf: &mut [u8], what: &str) -> Result<OwnedHandle> {
+    sock.recv_exact_with_handle(buf, what)
 }
 
 #[cfg(test)]

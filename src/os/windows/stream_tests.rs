@@ -25,7 +25,10 @@ fn pair(name: &str) -> (Listener, Stream, Stream) {
 fn messages_and_handles_travel_in_order_and_the_end_is_seen() {
     let (_listener, server, client) = pair(&test_child::unique("lf-msg"));
     for end in [&server, &client] {
-        assert_eq!(end.peer(), PeerIdentity { pid: std::process::id(), same_user: true });
+        assert_eq!(
+            end.peer(),
+            PeerIdentity { pid: std::process::id() as i32, same_user: true, uid: crate::os::user::id() }
+        );
     }
     let mut buf = [0u8; 64];
     assert!(client.try_recv_with_handles(&mut buf).unwrap().is_none());
@@ -208,7 +211,7 @@ fn shared_memory_crosses_processes_through_the_stream() {
     let listener = Listener::bind(&name).unwrap();
     let mut child = test_child::spawn(&test, "shm", &[("LF_TEST_PIPE", name)]);
     let stream = listener.accept(Some(Duration::from_secs(60))).unwrap();
-    assert_eq!(stream.peer(), PeerIdentity { pid: child.id(), same_user: true });
+    assert_eq!(stream.peer(), PeerIdentity { pid: child.id() as i32, same_user: true, uid: crate::os::user::id() });
     let section = shm::create("lf-xshm", 65536, ShmOptions::default()).unwrap();
     let view = Mapping::shared(&section, 0, 65536).unwrap();
     // SAFETY: the view is live and 65536 bytes long; the word is 4-aligned.
@@ -255,7 +258,7 @@ fn a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream() {
     let mut buf = [0u8; 8];
     assert_eq!(stream.recv_with_handles(&mut buf).unwrap().0, 2);
     let pid = stream.peer().pid;
-    assert_eq!(pid, child.id());
+    assert_eq!(pid, child.id() as i32);
     let peer = Arc::new(PeerProcess::open(pid).expect("opening the live child"));
     assert!(!peer.has_exited());
     let fired = Arc::new(AtomicBool::new(false));
@@ -266,7 +269,7 @@ fn a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream() {
     assert!(!fired.load(Ordering::SeqCst), "the watch fired while the child lived");
     assert!(stream.try_recv_with_handles(&mut buf).unwrap().is_none());
     child.kill().unwrap();
-    assert!(peer.wait_for_exit(Some(Duration::from_secs(10))), "the killed child was not seen to exit");
+    assert!(peer.wait_for_exit(Duration::from_secs(10)), "the killed child was not seen to exit");
     let start = Instant::now();
     while !fired.load(Ordering::SeqCst) {
         assert!(start.elapsed() < Duration::from_secs(10), "the watch never fired");
