@@ -542,6 +542,10 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
     Buffer::new(parts, registry, false)
 }
 
+#[cfg(all(test, windows))]
+#[path = "export_windows_tests.rs"]
+mod windows_tests;
+
 #[cfg(test)]
 mod tests {
     use super::*;

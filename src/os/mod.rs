@@ -90,6 +90,9 @@ pub use std::os::fd::{AsFd as AsHandle, BorrowedFd as BorrowedHandle, OwnedFd as
 #[cfg(windows)]
 #[allow(unused_imports)]
 pub use std::os::windows::io::{AsHandle, BorrowedHandle, OwnedHandle, RawHandle};
+// Tests elsewhere in the crate run roles in child processes as the Windows layer's do.
+#[cfg(all(windows, test))]
+pub(crate) use platform::test_child;
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 #[allow(unused_imports)]
 pub use unix::mapping::{map_granularity, page_size, Mapping};

@@ -19,6 +19,12 @@ pub fn memory_totals() -> Option<(u64, u64)> {
     Some((status.ullTotalPageFile.max(status.ullTotalPhys), status.ullTotalPhys))
 }
 
+/// The NUMA nodes with memory, as the Linux kernel lists them: Windows has no such list for
+/// lava-flow to bind by (see [`bind_to_node`]), so `None`, and all memory counts as node 0.
+pub fn numa_node_list(_node_dir: &str) -> Option<String> {
+    None
+}
+
 /// The NUMA node of the processor this thread runs on now.
 pub fn current_numa_node() -> Option<u32> {
     let mut processor = PROCESSOR_NUMBER::default();
