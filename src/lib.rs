@@ -51,9 +51,8 @@
 // An `unsafe fn`'s body is not one unsafe block: each unsafe operation in it says why it holds.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// Memory (its arenas are shared-memory objects) and channels (their transports pass handles
-// between processes) need the platform layer's shared memory, mappings, streams and waits,
-// which are built for Linux and macOS so far: on Windows the crate is its layer 0 and errors.
+// Channels (their transports pass handles between processes and wait on readiness sets) are
+// built for Linux and macOS so far; their Windows side is not built yet.
 #[cfg(unix)]
 pub mod channels;
 pub mod config;

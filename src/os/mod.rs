@@ -10,8 +10,12 @@
 //!
 //! The concepts, and what each platform gives for them:
 //!
-//! - **handle** ([`OwnedHandle`], [`BorrowedHandle`], [`AsHandle`], [`RawHandle`]): the OS's
-//!   reference to a kernel object; a file descriptor on Linux and macOS.
+//! - **handle** ([`OwnedHandle`], [`BorrowedHandle`], [`AsHandle`], [`RawHandle`], and
+//!   [`borrow`] for the traits' differently named methods): the OS's reference to a kernel
+//!   object; a file descriptor on Linux and macOS, a `HANDLE` on Windows.
+//! - **facts** ([`facts`]): what a handle received from a peer is (kind, size, identity), and
+//!   locking memory, the locked-memory limit, whether a range is mapped (`fstat`, `mlock`,
+//!   `mincore` on Unix; `VirtualLock`, `VirtualQuery` on Windows).
 //! - **shared memory** ([`shm`]): `create`, `size_of`, `fix_size`, `size_is_fixed` (no one
 //!   can shrink it: reading below its size never faults), `read_only`, and for checking what
 //!   a peer passed `is_shm`, `has_name_prefix`, `page_size_of`. Linux: a memfd; its size is
@@ -53,8 +57,15 @@
 //!   NUMA, huge pages and GPU memory sharing are Linux-only; macOS reports them unsupported
 //!   and uses `sysctl hw.memsize` and `getentropy`.
 //!
-//! Windows has no implementation here yet: the crate's memory and channels, which need
-//! shared memory, mappings, streams and waits, are compiled out there.
+//! Windows (`windows/`, its module doc says how each concept is built there): sections and
+//! views (offsets and pair parts multiples of 64 KiB, [`map_granularity`]), named-pipe streams
+//! passing handles by `DuplicateHandle`, manual-reset events for events and notifications,
+//! process handles, `LockFileEx`, `%LOCALAPPDATA%\lava-flow` and the user's SID, a spinning and
+//! sleeping wait (no cross-process wait on an address exists), [`facts`] from the section
+//! query. It has no readiness set that is itself a handle (`poll`, `poller`: not built there)
+//! and no barrier that reaches other processes (`FlushProcessWriteBuffers` orders this
+//! process only). NUMA binding and huge pages are `Unsupported` there. Memory is built on
+//! Windows (without the `vulkan` feature so far); channels are not yet.
 
 #[cfg(target_os = "linux")]
 mod linux;

@@ -211,7 +211,10 @@ fn shared_memory_crosses_processes_through_the_stream() {
     let listener = Listener::bind(&name).unwrap();
     let mut child = test_child::spawn(&test, "shm", &[("LF_TEST_PIPE", name)]);
     let stream = listener.accept(Some(Duration::from_secs(60))).unwrap();
-    assert_eq!(stream.peer(), PeerIdentity { pid: child.id() as i32, same_user: true, uid: crate::os::windows::user::id() });
+    assert_eq!(
+        stream.peer(),
+        PeerIdentity { pid: child.id() as i32, same_user: true, uid: crate::os::windows::user::id() }
+    );
     let section = shm::create("lf-xshm", 65536, ShmOptions::default()).unwrap();
     let view = Mapping::shared(&section, 0, 65536).unwrap();
     // SAFETY: the view is live and 65536 bytes long; the word is 4-aligned.
