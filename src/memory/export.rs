@@ -459,7 +459,7 @@ fn describe(buffer: &Buffer) -> Result<(ExportDescriptor, Option<&OwnedHandle>)>
 }
 
 fn invalid_fd(fd: &OwnedHandle, problem: impl std::fmt::Display) -> Error {
-    Error::invalid(format!("export handle fd {fd:?}: {problem}"))
+    Error::invalid(format!("export handle fd {:?}: {problem}", crate::os::raw(fd)))
 }
 
 /// Checks the handle's fd: a sealed lava-flow memfd of exactly the arena's size, backed by

@@ -126,6 +126,18 @@ pub fn borrow<H: AsHandle + ?Sized>(handle: &H) -> BorrowedHandle<'_> {
     handle.as_handle()
 }
 
+/// A handle's raw value, for messages (a descriptor's number; a `HANDLE`'s address).
+#[cfg(unix)]
+pub fn raw<H: AsHandle + ?Sized>(handle: &H) -> RawHandle {
+    std::os::fd::AsRawFd::as_raw_fd(&handle.as_fd())
+}
+
+/// A handle's raw value, for messages (a descriptor's number; a `HANDLE`'s address).
+#[cfg(windows)]
+pub fn raw<H: AsHandle + ?Sized>(handle: &H) -> RawHandle {
+    std::os::windows::io::AsRawHandle::as_raw_handle(&handle.as_handle())
+}
+
 /// How [`shm::create`] makes a shared-memory object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShmOptions {
