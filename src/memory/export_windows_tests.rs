@@ -20,8 +20,18 @@ fn context() -> Context {
 fn an_export_is_imported_by_another_process() {
     let test = test_child::test_path(module_path!(), "an_export_is_imported_by_another_process");
     if test_child::role().as_deref() == Some("importer") {
-        let stream =
-            connect(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
+        let path = std::path::PathBuf::from(std::env::var("LF_TEST_PIPE").unwrap());
+        let start = Instant::now();
+        let stream = loop {
+            match connect(&path) {
+                Ok(stream) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    assert!(start.elapsed() < Duration::from_secs(60), "the exporter never listened: {e}");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("connecting to the exporter: {e}"),
+            }
+        };
         let handle = ExportHandle::recv(&stream).unwrap();
         assert_eq!(handle.descriptor.exporter_pid, stream.peer().pid as u32);
         let context = context();
@@ -41,9 +51,10 @@ fn an_export_is_imported_by_another_process() {
         }
         return;
     }
-    let name = test_child::unique("lf-export");
-    let listener = Listener::bind(&name).unwrap();
-    let mut child = test_child::spawn(&test, "importer", &[("LF_TEST_PIPE", name)]);
+    // Bound at a path, as the channels' rendezvous binds in the runtime directory.
+    let path = std::env::temp_dir().join(test_child::unique("lf-export"));
+    let listener = Listener::bind(&path).unwrap();
+    let mut child = test_child::spawn(&test, "importer", &[("LF_TEST_PIPE", path.display().to_string())]);
     let stream = listener.accept(Some(Duration::from_secs(60))).unwrap();
     let context = context();
     let buffer = context.allocate(4096, crate::memory::MemoryLocation::CpuStandard).unwrap();

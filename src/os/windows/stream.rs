@@ -18,6 +18,7 @@
 //! listener of a live name is refused; the pipe's DACL admits only this user.
 
 use std::os::windows::io::{AsHandle, AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHandle};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -139,9 +140,16 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
+    /// Listens at `path`, as a Unix listener binds a socket file there: the pipe's name is
+    /// the path's file name and a digest of the whole path ([`pipe_name_of`]); no file is made.
+    /// Refused while another listener of this user has the name.
+    pub fn bind(path: &Path) -> Result<Listener> {
+        Self::bind_name(&pipe_name_of(path))
+    }
+
     /// Listens on `name` (letters, digits, '.', '_', '-'). Refused while another listener of
     /// this user has the name.
-    pub fn bind(name: &str) -> Result<Listener> {
+    pub fn bind_name(name: &str) -> Result<Listener> {
         let path = wide(pipe_path(name)?);
         let listener = Listener {
             name: name.to_owned(),
@@ -204,6 +212,16 @@ impl Listener {
              another name",
             self.name
         ))
+    }
+
+    /// The next client if one is waiting, without waiting (as a Unix listener's
+    /// `try_accept`): `Ok(None)` when none is.
+    pub fn try_accept(&self) -> std::io::Result<Option<Stream>> {
+        match self.accept(Some(Duration::ZERO)) {
+            Ok(stream) => Ok(Some(stream)),
+            Err(Error::Timeout(_)) => Ok(None),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
     }
 
     /// Waits for the next client, at most `timeout` (`None`: no limit): `Timeout` when none
@@ -296,8 +314,36 @@ fn millis(timeout: Option<Duration>) -> u32 {
     })
 }
 
+/// The pipe name of the listener at `path`: its file name (characters a pipe name may not
+/// hold made '_', at most 100) and an FNV-1a digest of the whole path, so that two runtime
+/// directories never share a name.
+pub fn pipe_name_of(path: &Path) -> String {
+    let whole = path.to_string_lossy();
+    let digest = whole.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let file: String = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .take(100)
+        .collect();
+    format!("{file}.{digest:016x}")
+}
+
+/// Connects once to the listener at `path` (as a Unix stream connects to a socket file):
+/// `NotFound` when no listener is there or none takes the connection now, for the caller to
+/// retry.
+pub fn connect(path: &Path) -> std::io::Result<Stream> {
+    match connect_name(&pipe_name_of(path), Instant::now()) {
+        Ok(stream) => Ok(stream),
+        Err(Error::Timeout(m)) => Err(std::io::Error::new(std::io::ErrorKind::NotFound, m)),
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    }
+}
+
 /// Connects to the listener `name`, retrying until it is there or `deadline` passes.
-pub fn connect(name: &str, deadline: Instant) -> Result<Stream> {
+pub fn connect_name(name: &str, deadline: Instant) -> Result<Stream> {
     let path = pipe_path(name)?;
     let wide_path = wide(&path);
     loop {
