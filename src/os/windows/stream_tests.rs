@@ -4,7 +4,7 @@
 use super::*;
 use crate::os::windows::mapping::Mapping;
 use crate::os::windows::process::PeerProcess;
-use crate::os::windows::watcher::{SharedHandle, Watch};
+use crate::os::windows::watcher::{Interest, SharedHandle, Watch};
 use crate::os::windows::{notify, shm, test_child, wait};
 use crate::os::ShmOptions;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -267,7 +267,7 @@ fn a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream() {
     let fired = Arc::new(AtomicBool::new(false));
     let f = fired.clone();
     let watched: SharedHandle = peer.clone();
-    let _watch = Watch::new(vec![watched], move || f.store(true, Ordering::SeqCst)).unwrap();
+    let _watch = Watch::new(vec![(watched, Interest::Readable)], move || f.store(true, Ordering::SeqCst)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert!(!fired.load(Ordering::SeqCst), "the watch fired while the child lived");
     assert!(stream.try_recv_with_handles(&mut buf).unwrap().is_none());
