@@ -26,7 +26,7 @@ use windows_sys::Win32::Foundation::{
     DuplicateHandle, GetHandleInformation, GetLastError, LocalFree, DUPLICATE_CLOSE_SOURCE, DUPLICATE_SAME_ACCESS,
     ERROR_ACCESS_DENIED, ERROR_BROKEN_PIPE, ERROR_FILE_NOT_FOUND, ERROR_IO_INCOMPLETE, ERROR_IO_PENDING, ERROR_NO_DATA,
     ERROR_PIPE_BUSY, ERROR_PIPE_CONNECTED, ERROR_PIPE_NOT_CONNECTED, ERROR_SEM_TIMEOUT, GENERIC_READ, GENERIC_WRITE,
-    HANDLE, INVALID_HANDLE_VALUE, WAIT_OBJECT_0,
+    HANDLE, INVALID_HANDLE_VALUE, WAIT_OBJECT_0, WAIT_TIMEOUT,
 };
 use windows_sys::Win32::Security::Authorization::{
     ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
@@ -400,6 +400,9 @@ pub struct Stream {
     /// (another user's).
     peer_process: Option<OwnedHandle>,
     read_event: OwnedHandle,
+    /// How long a read waits, in milliseconds (`INFINITE`: no limit), as a Unix socket's
+    /// `SO_RCVTIMEO`.
+    read_timeout_ms: std::sync::atomic::AtomicU32,
     reading: Mutex<()>,
     /// Boxed: the system writes to the OVERLAPPED and reads the frame while a write is in
     /// flight, so they must not move.
@@ -454,6 +457,7 @@ impl Stream {
             peer: PeerIdentity { pid: pid as i32, same_user, uid },
             peer_process,
             read_event: io_event()?,
+            read_timeout_ms: std::sync::atomic::AtomicU32::new(windows_sys::Win32::System::Threading::INFINITE),
             reading: Mutex::new(()),
             writing: Mutex::new(Box::new(WriteSlot { ov, frame: Vec::new(), pending: false })),
             _write_event: write_event,
@@ -727,13 +731,31 @@ impl Stream {
                 Ok(0) => return Ok(got),
                 Ok(n) => got += n,
                 Err(code) if pipe_broken(code) => return Ok(got),
+                Err(WAIT_TIMEOUT) => {
+                    return Err(Error::Io {
+                        context: format!("reading from the pipe of pid {}", self.peer.pid),
+                        source: std::io::Error::new(std::io::ErrorKind::WouldBlock, "no data within the read timeout"),
+                    })
+                }
                 Err(code) => return Err(self.io_error("reading from the pipe", code)),
             }
         }
         Ok(got)
     }
 
-    /// One read, waited for: how much came (0 at the end), or the error code.
+    /// Bounds how long each read waits (`None`: no limit), as `UnixStream::set_read_timeout`:
+    /// a read that times out fails with an error of kind `WouldBlock`, and the stream's
+    /// framing is then lost (drop it).
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        if timeout == Some(Duration::ZERO) {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a read timeout of zero"));
+        }
+        self.read_timeout_ms.store(millis(timeout), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One read, waited for: how much came (0 at the end), or the error code (`WAIT_TIMEOUT`
+    /// past the read timeout).
     fn read_some(&self, buf: &mut [u8]) -> std::result::Result<usize, u32> {
         // SAFETY: zeroed is a valid OVERLAPPED.
         let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
@@ -750,9 +772,21 @@ impl Stream {
         if code != 0 && code != ERROR_IO_PENDING {
             return Err(code);
         }
+        let timeout = self.read_timeout_ms.load(std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the read's event, this stream's.
+        let timed_out = unsafe { WaitForSingleObject(ov.hEvent, timeout) } == WAIT_TIMEOUT;
+        if timed_out {
+            // SAFETY: cancels only the read of `ov`, on this stream's pipe.
+            unsafe { CancelIoEx(self.pipe.as_raw_handle(), &ov) };
+        }
         let mut n = 0u32;
-        // SAFETY: waits for the read of `ov` to end.
-        if unsafe { GetOverlappedResult(self.pipe.as_raw_handle(), &ov, &mut n, 1) } == 0 {
+        // SAFETY: waits for the read of `ov` to end (cancelled or not), so that neither the
+        // buffer nor `ov` is used after this returns.
+        let done = unsafe { GetOverlappedResult(self.pipe.as_raw_handle(), &ov, &mut n, 1) } != 0;
+        if timed_out && (!done || n == 0) {
+            return Err(WAIT_TIMEOUT);
+        }
+        if !done {
             // SAFETY: no preconditions; read right after the failed call.
             return Err(unsafe { GetLastError() });
         }

@@ -309,3 +309,33 @@ fn a_listener_at_a_path_is_found_by_the_path() {
     let (n, _) = server.recv_with_handles(&mut buf).unwrap();
     assert_eq!(&buf[..n], b"hi");
 }
+
+/// A read timeout ends a read that gets nothing, as on a Unix socket (`WouldBlock`); once
+/// cleared, reads wait again and get what comes.
+#[test]
+fn a_read_timeout_ends_an_empty_read_with_would_block() {
+    let name = test_child::unique("lf-timeout");
+    let listener = Listener::bind_name(&name).unwrap();
+    let n = name.clone();
+    let client = std::thread::spawn(move || connect_name(&n, Instant::now() + Duration::from_secs(30)).unwrap());
+    let server = listener.accept(Some(Duration::from_secs(30))).unwrap();
+    let client = client.join().unwrap();
+    assert!(server.set_read_timeout(Some(Duration::ZERO)).is_err(), "a zero timeout means nothing");
+    server.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut buf = [0u8; 8];
+    let start = Instant::now();
+    match server.recv_with_handles(&mut buf) {
+        Err(Error::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::WouldBlock),
+        other => panic!("a read with nothing to get: {other:?}"),
+    }
+    assert!(start.elapsed() >= Duration::from_millis(90), "the read gave up before its timeout");
+    server.set_read_timeout(None).unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        client.send_with_handles(b"late", &[]).unwrap();
+        client
+    });
+    let (n, _) = server.recv_with_handles(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"late");
+    drop(sender.join().unwrap());
+}
