@@ -9,14 +9,16 @@
 #                                  and pip (the Python package's tests), EGL and Mesa's OpenGL
 #                                  drivers (llvmpipe: the OpenGL interop example), and Debian's
 #                                  rustc-web with its std sources and the MinGW binutils
-#                                  (scripts/check-targets.sh: the Windows and macOS checks)
+#                                  (scripts/check-targets.sh: the Windows and macOS checks), and
+#                                  wine64 with MinGW's gcc (scripts/wine-tests.sh: Windows tests)
 set -euo pipefail
 
 packages=(build-essential pkg-config cmake libvulkan1 mesa-vulkan-drivers)
 case ${1:-test} in
   demo) ;;
   test) packages+=(libclang-dev libopenmpi-dev openmpi-bin valgrind python3 python3-venv python3-pip
-                   libegl-dev libegl-mesa0 libgl1-mesa-dri rustc-web rust-web-src binutils-mingw-w64-x86-64) ;;
+                   libegl-dev libegl-mesa0 libgl1-mesa-dri rustc-web rust-web-src binutils-mingw-w64-x86-64
+                   gcc-mingw-w64-x86-64 wine64) ;;
   *) echo "install-deps: unknown set '$1' (demo or test)" >&2; exit 2 ;;
 esac
 

@@ -46,6 +46,12 @@ else
   echo "clippy is not installed with this toolchain (rustup component add clippy): lints skipped"
 fi
 scripts/check-targets.sh   # Windows and macOS: compiled, not run
+# Windows, run: the library's unit tests (the platform layer's Windows implementation, CPU
+# memory) and layer 1's CPU memory tests, built for x86_64-pc-windows-gnu and run under Wine;
+# any failure fails the suite.
+wine_start=$SECONDS
+scripts/wine-tests.sh -p lava-flow --lib --test layer1 --no-default-features
+echo "the Windows tests under Wine took $((SECONDS - wine_start)) s (with their std build when not cached)"
 python3 scripts/check-msrv.py
 python3 scripts/check-readme.py
 python3 scripts/check-layers.py

@@ -82,8 +82,8 @@ impl Error {
 
     /// Wraps an OS error with what was being attempted; EPERM/EACCES and ENOMEM get their own
     /// variants so that callers (and C status codes) can tell them apart. (By the error's kind,
-    /// which std derives from each OS's own codes.)
-    #[cfg_attr(not(unix), allow(dead_code))]
+    /// which std derives from each OS's own codes: errno values on Unix, `ERROR_ACCESS_DENIED`,
+    /// `ERROR_NOT_ENOUGH_MEMORY` and the like on Windows.)
     pub(crate) fn os(context: impl Into<String>, source: io::Error) -> Self {
         let context = context.into();
         match source.kind() {
@@ -93,7 +93,7 @@ impl Error {
         }
     }
 
-    /// The OS error of the last failed libc call, with context.
+    /// The OS error of the last failed system call, with context.
     #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn last_os(context: impl Into<String>) -> Self {
         Error::os(context, io::Error::last_os_error())
@@ -121,13 +121,21 @@ impl From<lava_flow_cuda::Error> for Error {
 mod tests {
     use super::*;
 
+    /// The platform's codes for: not permitted, out of memory, no such file.
+    #[cfg(unix)]
+    const CODES: (i32, i32, i32) = (libc::EPERM, libc::ENOMEM, libc::ENOENT);
+    /// `ERROR_ACCESS_DENIED`, `ERROR_NOT_ENOUGH_MEMORY`, `ERROR_FILE_NOT_FOUND`.
+    #[cfg(windows)]
+    const CODES: (i32, i32, i32) = (5, 8, 2);
+
     #[test]
     fn os_errors_are_classified_by_errno() {
-        let eperm = Error::os("mlock", io::Error::from_raw_os_error(libc::EPERM));
+        let (eperm, enomem, enoent) = CODES;
+        let eperm = Error::os("mlock", io::Error::from_raw_os_error(eperm));
         assert!(matches!(eperm, Error::PermissionDenied(ref m) if m.starts_with("mlock: ")));
-        let enomem = Error::os("mmap", io::Error::from_raw_os_error(libc::ENOMEM));
+        let enomem = Error::os("mmap", io::Error::from_raw_os_error(enomem));
         assert!(matches!(enomem, Error::OutOfMemory(_)));
-        let enoent = Error::os("open /x", io::Error::from_raw_os_error(libc::ENOENT));
+        let enoent = Error::os("open /x", io::Error::from_raw_os_error(enoent));
         assert!(matches!(enoent, Error::Io { .. }));
         assert!(enoent.to_string().starts_with("open /x: "));
     }

@@ -344,11 +344,11 @@ pub(crate) fn validate_hostname(hostname: &str) -> Result<()> {
     Ok(())
 }
 
-#[cfg(not(unix))]
+#[cfg(windows)]
 fn detect_hostname() -> Result<String> {
-    Err(Error::Unsupported(
-        "detecting this host's name is not yet built on Windows; name it yourself with ProcessLocation::new".into(),
-    ))
+    let hostname = crate::os::system::hostname().map_err(|e| Error::os("GetComputerNameExW(DNS host name)", e))?;
+    validate_hostname(&hostname)?;
+    Ok(hostname)
 }
 
 #[cfg(unix)]
@@ -368,11 +368,7 @@ fn detect_hostname() -> Result<String> {
 
 /// The NUMA node of the CPU the calling thread is running on, if the kernel tells.
 pub(crate) fn current_numa_node() -> Option<u32> {
-    #[cfg(unix)]
-    return crate::os::system::current_numa_node();
-    // Not yet built on Windows: the node is unknown.
-    #[cfg(not(unix))]
-    None
+    crate::os::system::current_numa_node()
 }
 
 #[cfg(test)]
@@ -435,8 +431,11 @@ mod tests {
         // Empty means unset: the kernel's identity, the same on every call in this process.
         let detected = host_id_from(Some(OsString::new())).unwrap();
         assert_eq!(detected, host_id_from(None).unwrap());
-        let detected = detected.expect("Linux has a boot id and namespaces in /proc");
-        assert!(detected.contains("/uts:[") && detected.contains("/net:["), "{detected}");
+        #[cfg(target_os = "linux")]
+        {
+            let detected = detected.expect("Linux has a boot id and namespaces in /proc");
+            assert!(detected.contains("/uts:[") && detected.contains("/net:["), "{detected}");
+        }
         for bad in ["a b", "tab\t", "é", &"x".repeat(MAX_HOST_ID_LEN + 1)] {
             let err = host_id_from(Some(bad.into())).unwrap_err();
             let msg = err.to_string();

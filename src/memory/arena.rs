@@ -11,7 +11,6 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -25,7 +24,7 @@ use super::location::{HugePageSize, MemoryLocation};
 use super::suballocator::{Allocation, Suballocator};
 use crate::error::Result;
 use crate::os::page_size;
-use crate::os::Mapping;
+use crate::os::{BorrowedHandle, Mapping, OwnedHandle};
 
 /// The unit of pooled buffers, and so the alignment of every one: a cache line.
 pub(crate) const MIN_BLOCK: usize = 64;
@@ -80,7 +79,7 @@ pub(crate) struct Arena {
     pub(crate) pins: Pins,
     /// Unique in this process; travels in export handles.
     pub(crate) id: u64,
-    pub(crate) fd: OwnedFd,
+    pub(crate) fd: OwnedHandle,
     pub(crate) mapping: Mapping,
     pub(crate) location: MemoryLocation,
     pub(crate) page_size: usize,
@@ -227,7 +226,7 @@ impl Pool {
 #[derive(Debug)]
 pub(crate) struct ImportedArena {
     key: (u64, u64),
-    pub(crate) fd: OwnedFd,
+    pub(crate) fd: OwnedHandle,
     pub(crate) mapping: Mapping,
     pub(crate) arena_id: u64,
     pub(crate) exporter_pid: u32,
@@ -264,7 +263,7 @@ impl ImportCache {
     pub(crate) fn get_or_map(
         self: &Arc<Self>,
         key: (u64, u64),
-        fd: OwnedFd,
+        fd: OwnedHandle,
         size: usize,
         arena_id: u64,
         (exporter_pid, exporter_token): (u32, u64),
@@ -323,10 +322,10 @@ impl SharedArena {
     }
 
     /// The memory file, to pass to the peer (`SCM_RIGHTS`).
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub fn fd(&self) -> BorrowedHandle<'_> {
         match &self.arena {
-            ArenaRef::Local(a) => a.fd.as_fd(),
-            ArenaRef::Imported(a) => a.fd.as_fd(),
+            ArenaRef::Local(a) => crate::os::borrow(&a.fd),
+            ArenaRef::Imported(a) => crate::os::borrow(&a.fd),
         }
     }
 

@@ -261,28 +261,14 @@ impl Context {
     }
 }
 
-/// Refuses ranges containing unmapped pages (`mincore` fails with ENOMEM on them).
+/// Refuses ranges containing unmapped pages (`os::facts::check_mapped`).
 fn check_mapped(addr: usize, len: usize) -> Result<()> {
-    let page = page_size();
-    let start = addr & !(page - 1);
-    let end = (addr + len).div_ceil(page) * page;
-    const CHUNK_PAGES: usize = 4096;
-    let mut residency = vec![0u8; CHUNK_PAGES];
-    let mut at = start;
-    while at < end {
-        let chunk = (end - at).min(CHUNK_PAGES * page);
-        // SAFETY: `at` is page-aligned; mincore writes one byte per page of `chunk` into
-        // `residency`, which holds CHUNK_PAGES bytes.
-        if unsafe { libc::mincore(at as *mut libc::c_void, chunk, residency.as_mut_ptr().cast()) } != 0 {
-            return Err(Error::invalid(format!(
-                "[{addr:#x}, {:#x}) is not entirely mapped memory of this process (at {at:#x}: {})",
-                addr + len,
-                std::io::Error::last_os_error()
-            )));
-        }
-        at += chunk;
-    }
-    Ok(())
+    crate::os::facts::check_mapped(addr, len).map_err(|(at, e)| {
+        Error::invalid(format!(
+            "[{addr:#x}, {:#x}) is not entirely mapped memory of this process (at {at:#x}: {e})",
+            addr + len
+        ))
+    })
 }
 
 /// The GPU side of the context: its device, GPU buffers, imports of GPU exports, copies.

@@ -10,8 +10,6 @@
 //! everything before mapping, since the sender may be buggy or hostile; importing two buffers
 //! of one arena maps (imports) it once.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -24,9 +22,10 @@ use super::location::MemoryLocation;
 use super::registry::{BufferOrigin, Registry};
 pub use super::token::process_token;
 use crate::error::{Error, Result};
-use crate::os::page_size;
+use crate::os::facts::{facts, HandleFacts, HandleKind};
 use crate::os::shm;
-use crate::os::stream::{recv_exact_with_handle, send_with_handles};
+use crate::os::stream::{recv_exact_with_handle, send_with_handles, Stream};
+use crate::os::{page_size, BorrowedHandle, OwnedHandle};
 
 /// The first field of every descriptor: "LFEX".
 pub const EXPORT_MAGIC: u32 = 0x4c46_4558;
@@ -148,7 +147,7 @@ const _: () = assert!(std::mem::size_of::<ExportDescriptor>() == ExportDescripto
 /// the descriptor. Consumed by [`Context::import`](super::Context::import).
 #[derive(Debug)]
 pub struct ExportHandle {
-    pub fd: OwnedFd,
+    pub fd: OwnedHandle,
     pub descriptor: ExportDescriptor,
 }
 
@@ -156,7 +155,7 @@ impl ExportDescriptor {
     /// Sends the descriptor over a Unix stream socket with `fd`, the memory it describes,
     /// attached (`SCM_RIGHTS`), as [`ExportHandle::send`] does; for bindings that keep the
     /// descriptor and the fd apart (the C API's `lf_export`). The fd stays open here.
-    pub fn send_with(&self, socket: &UnixStream, fd: BorrowedFd<'_>) -> Result<()> {
+    pub fn send_with(&self, socket: &Stream, fd: BorrowedHandle<'_>) -> Result<()> {
         send_with_handles(socket, &self.to_bytes(), &[fd])
     }
 }
@@ -164,15 +163,15 @@ impl ExportDescriptor {
 impl ExportHandle {
     /// Sends the handle over a Unix stream socket: the descriptor's bytes with the fd attached.
     /// The fd stays open here too.
-    pub fn send(&self, socket: &UnixStream) -> Result<()> {
-        self.descriptor.send_with(socket, self.fd.as_fd())
+    pub fn send(&self, socket: &Stream) -> Result<()> {
+        self.descriptor.send_with(socket, crate::os::borrow(&self.fd))
     }
 
     /// Receives one handle sent with [`ExportHandle::send`]. A message that is not exactly one
     /// descriptor with one fd is refused, and whatever fds came with it are closed; so is a
     /// descriptor that fails [`check_received_descriptor`], or an fd that is not memory of at
     /// least the arena's size ([`check_received_fd`]): `Corrupt`, saying what is wrong.
-    pub fn recv(socket: &UnixStream) -> Result<ExportHandle> {
+    pub fn recv(socket: &Stream) -> Result<ExportHandle> {
         let mut bytes = [0u8; ExportDescriptor::SIZE];
         let fd = recv_exact_with_handle(socket, &mut bytes, "an export handle")?;
         let descriptor = ExportDescriptor::from_bytes(&bytes)?;
@@ -252,19 +251,10 @@ const NOT_MEMORY: [&str; 11] = [
 /// shrinking of at least the arena's size; for GPU memory something a driver exports (a memfd
 /// or dma-buf of at least the arena's size, a GPU device file, an anonymous driver object),
 /// never a socket, pipe, directory, terminal or the like. `Corrupt` otherwise, naming it.
-pub fn check_received_fd(fd: &OwnedFd, d: &ExportDescriptor, location: MemoryLocation) -> Result<()> {
-    // SAFETY: zeroed stat is a valid out-buffer; fstat fills it or fails.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is open and owned; st is writable.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(corrupt_export(format!("fstat of its fd failed: {}", std::io::Error::last_os_error())));
-    }
-    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let kind = st.st_mode & libc::S_IFMT;
+pub fn check_received_fd(fd: &OwnedHandle, d: &ExportDescriptor, location: MemoryLocation) -> Result<()> {
+    let HandleFacts { size, kind, target, .. } =
+        facts(fd).map_err(|e| corrupt_export(format!("fstat of its fd failed: {e}")))?;
     let at_least_arena = || -> Result<()> {
-        let size = file_size(fd, &st);
         if size < d.arena_size {
             return Err(corrupt_export(format!(
                 "its fd ({target}) holds {size} bytes, fewer than the {}-byte arena it claims",
@@ -285,7 +275,8 @@ pub fn check_received_fd(fd: &OwnedFd, d: &ExportDescriptor, location: MemoryLoc
     if target.starts_with("/dmabuf:") || target.starts_with("anon_inode:dmabuf") {
         return at_least_arena();
     }
-    let device_file = kind == libc::S_IFCHR && (target.starts_with("/dev/nvidia") || target.starts_with("/dev/dri/"));
+    let device_file =
+        kind == HandleKind::CharDevice && (target.starts_with("/dev/nvidia") || target.starts_with("/dev/dri/"));
     let driver_object = target.starts_with("anon_inode:") && !NOT_MEMORY.iter().any(|n| target.starts_with(n));
     if device_file || driver_object {
         return Ok(());
@@ -293,27 +284,15 @@ pub fn check_received_fd(fd: &OwnedFd, d: &ExportDescriptor, location: MemoryLoc
     Err(corrupt_export(format!("its fd is {}, not GPU memory a driver exports", describe_fd(&target, kind))))
 }
 
-/// The size of the file behind `fd`: `st_size`, or where the end is for files (dma-bufs) that
-/// report their size only to `lseek`.
-fn file_size(fd: &OwnedFd, st: &libc::stat) -> u64 {
-    if st.st_size > 0 {
-        return st.st_size as u64;
-    }
-    // SAFETY: lseek on an fd we own; it moves only this descriptor's offset, which nothing
-    // else uses (imports map, they do not read).
-    let end = unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_END) };
-    u64::try_from(end).unwrap_or(0)
-}
-
-fn describe_fd(target: &str, kind: libc::mode_t) -> String {
+fn describe_fd(target: &str, kind: HandleKind) -> String {
     let what = match kind {
-        libc::S_IFSOCK => "a socket",
-        libc::S_IFIFO => "a pipe",
-        libc::S_IFDIR => "a directory",
-        libc::S_IFCHR => "a character device",
-        libc::S_IFBLK => "a block device",
-        libc::S_IFREG => "a regular file",
-        _ => "a descriptor",
+        HandleKind::Socket => "a socket",
+        HandleKind::Pipe => "a pipe",
+        HandleKind::Directory => "a directory",
+        HandleKind::CharDevice => "a character device",
+        HandleKind::BlockDevice => "a block device",
+        HandleKind::RegularFile => "a regular file",
+        HandleKind::Other => "a descriptor",
     };
     if target.is_empty() {
         what.to_owned()
@@ -423,7 +402,7 @@ fn export(buffer: &Buffer) -> Result<ExportHandle> {
 
 /// The export's descriptor of `buffer`, and the file of a CPU arena (a GPU arena's is made by
 /// the driver on export).
-fn describe(buffer: &Buffer) -> Result<(ExportDescriptor, Option<&OwnedFd>)> {
+fn describe(buffer: &Buffer) -> Result<(ExportDescriptor, Option<&OwnedHandle>)> {
     let (fd, arena_id, arena_size, offset, pid, token) = match buffer.backing() {
         #[cfg(feature = "vulkan")]
         Backing::Gpu { buffer } => {
@@ -479,35 +458,33 @@ fn describe(buffer: &Buffer) -> Result<(ExportDescriptor, Option<&OwnedFd>)> {
     ))
 }
 
-fn invalid_fd(fd: &OwnedFd, problem: impl std::fmt::Display) -> Error {
-    Error::invalid(format!("export handle fd {}: {problem}", fd.as_raw_fd()))
+fn invalid_fd(fd: &OwnedHandle, problem: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("export handle fd {:?}: {problem}", crate::os::raw(fd)))
 }
 
 /// Checks the handle's fd: a sealed lava-flow memfd of exactly the arena's size, backed by
-/// the page size its kind implies. Returns the file's identity and page size.
-fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLocation) -> Result<((u64, u64), usize)> {
-    // SAFETY: zeroed stat is a valid out-buffer; fstat fills it or fails.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is an open descriptor owned by the handle; st is writable.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(invalid_fd(fd, format!("fstat failed: {}", std::io::Error::last_os_error())));
-    }
+/// the page size its kind implies. Returns the file's identity (where the platform gives
+/// one: else the exporter's token and the arena's id, which name it as well) and page size.
+fn validate_fd(
+    fd: &OwnedHandle,
+    descriptor: &ExportDescriptor,
+    location: MemoryLocation,
+) -> Result<((u64, u64), usize)> {
+    let HandleFacts { identity, size, target, .. } =
+        facts(fd).map_err(|e| invalid_fd(fd, format!("fstat failed: {e}")))?;
     if !shm::is_shm(fd) {
         return Err(invalid_fd(fd, "not a memory file"));
     }
-    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
     if !shm::has_name_prefix(fd, ARENA_NAME) {
         return Err(invalid_fd(fd, format!("{target:?} is not a lava-flow memory file")));
     }
     if !shm::size_is_fixed(fd) {
         return Err(invalid_fd(fd, "the memory file is not sealed against shrinking"));
     }
-    if st.st_size as u64 != descriptor.arena_size {
+    if size != descriptor.arena_size {
         return Err(invalid_fd(
             fd,
-            format!("the memory file has {} bytes, the handle says {}", st.st_size, descriptor.arena_size),
+            format!("the memory file has {size} bytes, the handle says {}", descriptor.arena_size),
         ));
     }
     let file_page = shm::page_size_of(fd)?;
@@ -521,7 +498,7 @@ fn validate_fd(fd: &OwnedFd, descriptor: &ExportDescriptor, location: MemoryLoca
             format!("the memory file has {file_page}-byte pages, but {location} has {expected}-byte pages"),
         ));
     }
-    Ok(((st.st_dev as u64, st.st_ino as u64), file_page))
+    Ok((identity.unwrap_or((descriptor.exporter_token, descriptor.arena_id)), file_page))
 }
 
 fn validate_descriptor(d: &ExportDescriptor) -> Result<MemoryLocation> {
@@ -564,6 +541,10 @@ pub(crate) fn import(handle: ExportHandle, registry: &Arc<Registry>, cache: &Arc
     };
     Buffer::new(parts, registry, false)
 }
+
+#[cfg(all(test, windows))]
+#[path = "export_windows_tests.rs"]
+mod windows_tests;
 
 #[cfg(test)]
 mod tests {

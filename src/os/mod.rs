@@ -10,8 +10,12 @@
 //!
 //! The concepts, and what each platform gives for them:
 //!
-//! - **handle** ([`OwnedHandle`], [`BorrowedHandle`], [`AsHandle`], [`RawHandle`]): the OS's
-//!   reference to a kernel object; a file descriptor on Linux and macOS.
+//! - **handle** ([`OwnedHandle`], [`BorrowedHandle`], [`AsHandle`], [`RawHandle`], and
+//!   [`borrow`] for the traits' differently named methods): the OS's reference to a kernel
+//!   object; a file descriptor on Linux and macOS, a `HANDLE` on Windows.
+//! - **facts** ([`facts`]): what a handle received from a peer is (kind, size, identity), and
+//!   locking memory, the locked-memory limit, whether a range is mapped (`fstat`, `mlock`,
+//!   `mincore` on Unix; `VirtualLock`, `VirtualQuery` on Windows).
 //! - **shared memory** ([`shm`]): `create`, `size_of`, `fix_size`, `size_is_fixed` (no one
 //!   can shrink it: reading below its size never faults), `read_only`, and for checking what
 //!   a peer passed `is_shm`, `has_name_prefix`, `page_size_of`. Linux: a memfd; its size is
@@ -53,8 +57,15 @@
 //!   NUMA, huge pages and GPU memory sharing are Linux-only; macOS reports them unsupported
 //!   and uses `sysctl hw.memsize` and `getentropy`.
 //!
-//! Windows has no implementation here yet: the crate's memory and channels, which need
-//! shared memory, mappings, streams and waits, are compiled out there.
+//! Windows (`windows/`, its module doc says how each concept is built there): sections and
+//! views (offsets and pair parts multiples of 64 KiB, [`map_granularity`]), named-pipe streams
+//! passing handles by `DuplicateHandle`, manual-reset events for events and notifications,
+//! process handles, `LockFileEx`, `%LOCALAPPDATA%\lava-flow` and the user's SID, a spinning and
+//! sleeping wait (no cross-process wait on an address exists), [`facts`] from the section
+//! query. It has no readiness set that is itself a handle (`poll`, `poller`: not built there)
+//! and no barrier that reaches other processes (`FlushProcessWriteBuffers` orders this
+//! process only). NUMA binding and huge pages are `Unsupported` there. Memory is built on
+//! Windows (without the `vulkan` feature so far); channels are not yet.
 
 #[cfg(target_os = "linux")]
 mod linux;
@@ -63,27 +74,69 @@ mod macos;
 pub(crate) mod parallel_copy;
 #[cfg(unix)]
 mod unix;
+#[cfg(windows)]
+mod windows;
 
 // The selector: the one place that names an implementation.
 #[cfg(target_os = "linux")]
 use linux as platform;
 #[cfg(target_os = "macos")]
 use macos as platform;
+#[cfg(windows)]
+use windows as platform;
 
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 pub use platform::{event, membarrier, poller, process, shm, system, wait};
 // The names the Windows side shares; Unix callers still spell them as `std::os::fd` does.
+#[cfg(windows)]
+#[allow(unused_imports)]
+pub use platform::{
+    event, facts, lock,
+    mapping::{map_granularity, page_size, Mapping},
+    membarrier, notify, process, shm, stream, system, user, wait, watcher,
+};
 #[cfg(unix)]
 #[allow(unused_imports)]
 pub use std::os::fd::{AsFd as AsHandle, BorrowedFd as BorrowedHandle, OwnedFd as OwnedHandle, RawFd as RawHandle};
 #[cfg(windows)]
 #[allow(unused_imports)]
 pub use std::os::windows::io::{AsHandle, BorrowedHandle, OwnedHandle, RawHandle};
+// Tests elsewhere in the crate run roles in child processes as the Windows layer's do.
+#[cfg(all(windows, test))]
+pub(crate) use platform::test_child;
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 #[allow(unused_imports)]
 pub use unix::mapping::{map_granularity, page_size, Mapping};
 #[cfg(any(target_os = "linux", target_os = "macos"))]
-pub use unix::{lock, notify, poll, stream, user, watcher};
+pub use unix::{facts, lock, notify, poll, stream, user, watcher};
+
+/// Borrows any handle (`as_fd` on Unix, `as_handle` on Windows: the traits' methods are named
+/// apart, the callers name this one).
+#[cfg(unix)]
+#[inline]
+pub fn borrow<H: AsHandle + ?Sized>(handle: &H) -> BorrowedHandle<'_> {
+    handle.as_fd()
+}
+
+/// Borrows any handle (`as_fd` on Unix, `as_handle` on Windows: the traits' methods are named
+/// apart, the callers name this one).
+#[cfg(windows)]
+#[inline]
+pub fn borrow<H: AsHandle + ?Sized>(handle: &H) -> BorrowedHandle<'_> {
+    handle.as_handle()
+}
+
+/// A handle's raw value, for messages (a descriptor's number; a `HANDLE`'s address).
+#[cfg(unix)]
+pub fn raw<H: AsHandle + ?Sized>(handle: &H) -> RawHandle {
+    std::os::fd::AsRawFd::as_raw_fd(&handle.as_fd())
+}
+
+/// A handle's raw value, for messages (a descriptor's number; a `HANDLE`'s address).
+#[cfg(windows)]
+pub fn raw<H: AsHandle + ?Sized>(handle: &H) -> RawHandle {
+    std::os::windows::io::AsRawHandle::as_raw_handle(&handle.as_handle())
+}
 
 /// How [`shm::create`] makes a shared-memory object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,17 +5,24 @@
 //! count fds and mappings in, a lowered RLIMIT_MEMLOCK) run `cpu_strategies::child_role` in a
 //! child (the harness of `tests/common/child.rs`) in a role.
 
+#[cfg(unix)]
 use std::io::{Read, Write};
+#[cfg(unix)]
 use std::os::unix::net::UnixStream;
 
+#[cfg(unix)]
 use crate::child::{expect_success, parent_socket, role_in, Spawn};
 
+#[cfg(unix)]
+use lava_flow::memory::{kernel_page_size_of, locked_bytes, node_of_address, HugepagePolicy};
 use lava_flow::memory::{
-    kernel_page_size_of, locked_bytes, node_of_address, Buffer, BufferOrigin, Context, ContextConfig, ExportHandle,
-    GpuPolicy, HugePageSize, HugepagePolicy, MemoryLocation,
+    Buffer, BufferOrigin, Context, ContextConfig, ExportHandle, GpuPolicy, HugePageSize, MemoryLocation,
 };
 use lava_flow::{Error, ProcessLocation};
 
+// The tests that cross processes, read /proc or /sys, or lower resource limits are Unix's
+// (Linux's where they read /proc); on Windows (under Wine) the others run.
+#[cfg(unix)]
 const CHILD_TEST: &str = "cpu_strategies::child_role";
 
 /// A CPU-only context: these tests are about CPU memory (gpu_context.rs covers the GPU), so
@@ -27,12 +34,18 @@ fn context() -> Context {
     Context::new(config).unwrap()
 }
 
+#[cfg(unix)]
 fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
+/// Free huge pages of `page`'s size (none on Windows, which gives large pages only to a
+/// privileged account; under Wine /sys would be Linux's).
 fn free_huge_pages(page: HugePageSize) -> u64 {
+    if cfg!(windows) {
+        return 0;
+    }
     let kb = page.bytes() / 1024;
     std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB/free_hugepages"))
         .ok()
@@ -65,12 +78,14 @@ fn available_locations() -> Vec<MemoryLocation> {
     locations
 }
 
+#[cfg(unix)]
 /// Runs this binary's `child_role` test in a new process with `role`, with a socket to it
 /// when `with_socket`.
 fn run_child(role: &str, with_socket: bool, envs: &[(&str, String)]) -> (std::process::Child, Option<UnixStream>) {
     Spawn { test: CHILD_TEST, role, envs, socket: with_socket, capture_stderr: true }.start()
 }
 
+#[cfg(unix)]
 /// The entry point of child processes; does nothing in a normal test run.
 #[test]
 fn child_role() {
@@ -103,6 +118,7 @@ fn each_strategy_allocates_writes_and_reads() {
     }
 }
 
+#[cfg(unix)]
 #[test]
 fn numa_placement_is_what_the_kernel_reports() {
     let context = context();
@@ -122,6 +138,7 @@ fn numa_placement_is_what_the_kernel_reports() {
     assert!(text.contains(&format!("nodes with memory are {}", context.numa_nodes()[0])), "{text}");
 }
 
+#[cfg(unix)]
 #[test]
 fn hugepages_are_really_huge_or_refused_saying_how_to_reserve() {
     let context = context();
@@ -156,6 +173,7 @@ fn hugepages_are_really_huge_or_refused_saying_how_to_reserve() {
     }
 }
 
+#[cfg(unix)]
 #[test]
 fn pinned_memory_is_locked() {
     let context = context();
@@ -169,11 +187,13 @@ fn pinned_memory_is_locked() {
     assert!(check(&buffer, 5));
 }
 
+#[cfg(unix)]
 #[test]
 fn a_small_memlock_limit_gives_a_clear_error() {
     expect_success(run_child("memlock-limit", false, &[]).0, "memlock-limit");
 }
 
+#[cfg(unix)]
 fn memlock_limit_role() {
     // Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it for this thread first.
     #[repr(C)]
@@ -206,6 +226,7 @@ fn memlock_limit_role() {
     assert!(text.contains("RLIMIT_MEMLOCK is 65536 bytes") && text.contains("ulimit -l"), "{text}");
 }
 
+#[cfg(unix)]
 #[test]
 fn export_in_one_process_import_in_another_writes_seen_both_ways() {
     let context = context();
@@ -237,6 +258,7 @@ fn export_in_one_process_import_in_another_writes_seen_both_ways() {
     assert!(stdout.contains(&format!("imported {} buffers", buffers.len())), "{stdout}");
 }
 
+#[cfg(unix)]
 fn importer_role(mut socket: UnixStream) {
     let context = context();
     let parent = std::os::unix::process::parent_id();
@@ -263,16 +285,19 @@ fn importer_role(mut socket: UnixStream) {
     println!("imported {} buffers", kept.len());
 }
 
+#[cfg(unix)]
 #[test]
 fn ten_thousand_cycles_leak_no_fds_and_no_mappings() {
     let stdout = expect_success(run_child("leak-check", false, &[]).0, "leak-check");
     assert!(stdout.contains("no leaks"), "{stdout}");
 }
 
+#[cfg(unix)]
 fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+#[cfg(unix)]
 fn mapped() -> (usize, usize) {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: usize = statm.split_whitespace().next().unwrap().parse().unwrap();
@@ -280,6 +305,7 @@ fn mapped() -> (usize, usize) {
     (pages, maps)
 }
 
+#[cfg(unix)]
 fn leak_check_role() {
     let context = context();
     let cycle = |i: usize| {
@@ -368,18 +394,21 @@ fn bad_input_is_an_error_with_a_message() {
         let err = context.import(handle).unwrap_err();
         assert!(err.to_string().contains(text), "{text}: {err}");
     }
-    let null_file = std::fs::File::open("/dev/null").unwrap();
+    let null_file = std::fs::File::open(if cfg!(windows) { "NUL" } else { "/dev/null" }).unwrap();
     let mut handle = buffer.export().unwrap();
     handle.fd = null_file.into();
     assert!(context.import(handle).unwrap_err().to_string().contains("not a memory file"));
     drop(buffer);
 
     // A message on the socket that is not an export handle.
-    let (a, b) = UnixStream::pair().unwrap();
-    (&a).write_all(b"hello").unwrap();
-    assert!(matches!(ExportHandle::recv(&b), Err(Error::Corrupt(_))));
-    drop(a);
-    assert!(matches!(ExportHandle::recv(&b), Err(Error::PeerGone(_))));
+    #[cfg(unix)]
+    {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(b"hello").unwrap();
+        assert!(matches!(ExportHandle::recv(&b), Err(Error::Corrupt(_))));
+        drop(a);
+        assert!(matches!(ExportHandle::recv(&b), Err(Error::PeerGone(_))));
+    }
 }
 
 #[test]

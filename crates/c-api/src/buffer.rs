@@ -164,6 +164,7 @@ impl lf_buffer {
     }
 
     /// A handle lent by a received message until its release ([`release_borrowed`]).
+    #[cfg_attr(not(unix), allow(dead_code))] // lent by channels, which are Unix-only so far
     pub(crate) fn into_borrowed_handle(buffer: Buffer) -> FfiResult<*mut lf_buffer> {
         Self::make(buffer, true)
     }
@@ -196,6 +197,7 @@ pub(crate) fn release(buffer: *mut lf_buffer) -> Result<(), Failure> {
 }
 
 /// Frees a buffer lent by a message, at the message's release.
+#[cfg_attr(not(unix), allow(dead_code))] // lent by channels, which are Unix-only so far
 pub(crate) fn release_borrowed(buffer: *mut lf_buffer) -> Result<(), Failure> {
     release_any(buffer)
 }

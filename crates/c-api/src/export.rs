@@ -8,18 +8,16 @@
 //! fd ownership: `lf_buffer_export` gives the caller a new fd (close it after sending);
 //! `lf_import` always takes the fd (kept, or closed — also on every error).
 
-use std::mem::ManuallyDrop;
-use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
-
 use super::raw;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::buffer::lf_buffer;
 use super::context::lf_context;
 use super::status::lf_status;
-use super::{boundary, handle_ref, out_ptr, write_out, Failure, FfiResult};
-use lava_flow::memory::{ExportDescriptor, ExportHandle};
+use super::{boundary, handle_ref, out_ptr, write_out, Failure};
+use lava_flow::memory::ExportDescriptor;
+#[cfg(unix)]
+use lava_flow::memory::ExportHandle;
 
 /// The size of `lf_export`, in bytes.
 pub const LF_EXPORT_SIZE: u32 = 128;
@@ -119,37 +117,117 @@ same_layout!(
     reserved = reserved2,
 );
 
-fn to_c(handle: ExportHandle) -> lf_export {
-    let mut export: lf_export = zerocopy::transmute!(handle.descriptor);
-    export.fd = handle.fd.into_raw_fd();
-    export
-}
-
 /// The core's record of an `lf_export`: its bytes, with the `fd` word zeroed (the wire
 /// format's reserved word).
+#[cfg_attr(not(unix), allow(dead_code))]
 fn descriptor_of(e: &lf_export) -> ExportDescriptor {
     let mut descriptor: ExportDescriptor = zerocopy::transmute!(*e);
     descriptor.reserved = 0;
     descriptor
 }
 
+#[cfg_attr(not(unix), allow(dead_code))]
 fn invalid(message: String) -> Failure {
     Failure { status: lf_status::LF_ERR_INVALID_ARGUMENT, message }
 }
 
-fn fd_is_open(fd: RawFd) -> bool {
-    // SAFETY: F_GETFD only queries the descriptor's flags; any integer is safe to ask about.
-    fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
+/// The file-descriptor side of the exports: Unix descriptors travel over Unix sockets.
+#[cfg(unix)]
+mod fds {
+    use std::mem::ManuallyDrop;
+    use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+    use std::os::unix::net::UnixStream;
+
+    use super::{descriptor_of, invalid, lf_export};
+    use crate::FfiResult;
+    use lava_flow::memory::ExportHandle;
+
+    pub(super) fn to_c(handle: ExportHandle) -> lf_export {
+        let mut export: lf_export = zerocopy::transmute!(handle.descriptor);
+        export.fd = handle.fd.into_raw_fd();
+        export
+    }
+
+    pub(super) fn fd_is_open(fd: RawFd) -> bool {
+        // SAFETY: F_GETFD only queries the descriptor's flags; any integer is safe to ask about.
+        fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
+    }
+
+    /// Takes ownership of `fd` after checking that it is open (wrapping a closed fd in an
+    /// OwnedFd would close someone else's later).
+    pub(super) fn own_fd(fd: RawFd) -> FfiResult<OwnedFd> {
+        if !fd_is_open(fd) {
+            return Err(invalid(format!("export fd {fd} is not an open file descriptor")));
+        }
+        // SAFETY: fd is open, and the lf_import contract hands its ownership to lava-flow.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Borrows a socket fd as a UnixStream without taking it over.
+    fn borrow_socket(socket: i32) -> FfiResult<ManuallyDrop<UnixStream>> {
+        if !fd_is_open(socket) {
+            return Err(invalid(format!("socket {socket} is not an open file descriptor")));
+        }
+        // SAFETY: open fd; ManuallyDrop keeps the caller's descriptor open.
+        Ok(ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(socket) }))
+    }
+
+    /// Sends `export` with its fd over `socket`, both borrowed.
+    pub(super) fn send(socket: i32, export: &lf_export) -> FfiResult<()> {
+        let socket = borrow_socket(socket)?;
+        if !fd_is_open(export.fd) {
+            return Err(invalid(format!("export fd {} is not an open file descriptor", export.fd)));
+        }
+        // SAFETY: the fd was just checked to be open, and the caller keeps it open during the
+        // call; it is only borrowed for the send.
+        let fd = unsafe { BorrowedFd::borrow_raw(export.fd) };
+        descriptor_of(export).send_with(&socket, fd)?;
+        Ok(())
+    }
+
+    /// Receives one export on `socket` (borrowed), its fd the caller's.
+    pub(super) fn recv(socket: i32) -> FfiResult<lf_export> {
+        let socket = borrow_socket(socket)?;
+        Ok(to_c(ExportHandle::recv(&socket)?))
+    }
 }
 
-/// Takes ownership of `fd` after checking that it is open (wrapping a closed fd in an
-/// OwnedFd would close someone else's later).
-fn own_fd(fd: RawFd) -> FfiResult<OwnedFd> {
-    if !fd_is_open(fd) {
-        return Err(invalid(format!("export fd {fd} is not an open file descriptor")));
+/// Windows shares memory by handle (a section), which the `int` fields and arguments of
+/// these functions cannot carry: every function that hands out or takes a descriptor answers
+/// LF_ERR_UNSUPPORTED, saying so.
+#[cfg(not(unix))]
+mod fds {
+    use super::lf_export;
+    use crate::status::lf_status;
+    use crate::{Failure, FfiResult};
+    use lava_flow::memory::ExportHandle;
+
+    fn unsupported(function: &str) -> Failure {
+        Failure {
+            status: lf_status::LF_ERR_UNSUPPORTED,
+            message: format!(
+                "{function} carries an int file descriptor, and Windows shares memory by handle (a section), which \
+                 the C API does not hand out yet; name a buffer with lf_buffer_describe, and share memory between \
+                 Windows processes from Rust (ExportHandle) until the C API has a handle-typed export"
+            ),
+        }
     }
-    // SAFETY: fd is open, and the lf_import contract hands its ownership to lava-flow.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+
+    pub(super) fn to_c(_handle: ExportHandle) -> FfiResult<lf_export> {
+        Err(unsupported("lf_buffer_export"))
+    }
+
+    pub(super) fn import(_export: &lf_export) -> FfiResult<ExportHandle> {
+        Err(unsupported("lf_import"))
+    }
+
+    pub(super) fn send(_socket: i32, _export: &lf_export) -> FfiResult<()> {
+        Err(unsupported("lf_export_send"))
+    }
+
+    pub(super) fn recv(_socket: i32) -> FfiResult<lf_export> {
+        Err(unsupported("lf_export_recv"))
+    }
 }
 
 /// Exports a buffer for another process on this host. `*out` receives the export; its `fd`
@@ -162,8 +240,11 @@ fn own_fd(fd: RawFd) -> FfiResult<OwnedFd> {
 pub unsafe extern "C" fn lf_buffer_export(buffer: *const lf_buffer, out: *mut lf_export) -> lf_status {
     boundary("lf_buffer_export", || {
         let out = out_ptr(out, "out")?;
-        let handle = handle_ref(buffer, "buffer")?.buffer.export()?;
-        write_out(out, to_c(handle));
+        let buffer = &handle_ref(buffer, "buffer")?.buffer;
+        #[cfg(unix)]
+        write_out(out, fds::to_c(buffer.export()?));
+        #[cfg(not(unix))]
+        write_out(out, fds::to_c(buffer.export()?)?);
         Ok(())
     })
 }
@@ -209,22 +290,16 @@ pub unsafe extern "C" fn lf_import(
         // SAFETY: the caller promises export is NULL or readable.
         let export = unsafe { export.as_ref() }.ok_or_else(|| Failure::null("export"))?;
         // The fd is owned from here on: every early return below closes it.
-        let fd = own_fd(export.fd)?;
+        #[cfg(unix)]
+        let handle = ExportHandle { fd: fds::own_fd(export.fd)?, descriptor: descriptor_of(export) };
+        #[cfg(not(unix))]
+        let handle = fds::import(export)?;
         let out = out_ptr(out, "out")?;
         let context = &handle_ref(context, "context")?.context;
-        let buffer = context.import(ExportHandle { fd, descriptor: descriptor_of(export) })?;
+        let buffer = context.import(handle)?;
         write_out(out, lf_buffer::into_handle(buffer)?);
         Ok(())
     })
-}
-
-/// Borrows a socket fd as a UnixStream without taking it over.
-fn borrow_socket(socket: i32) -> FfiResult<ManuallyDrop<UnixStream>> {
-    if !fd_is_open(socket) {
-        return Err(invalid(format!("socket {socket} is not an open file descriptor")));
-    }
-    // SAFETY: open fd; ManuallyDrop keeps the caller's descriptor open.
-    Ok(ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(socket) }))
 }
 
 /// Sends an export over a connected Unix stream socket (`SCM_RIGHTS`). `export->fd` stays
@@ -237,15 +312,7 @@ pub unsafe extern "C" fn lf_export_send(socket: i32, export: *const lf_export) -
     boundary("lf_export_send", || {
         // SAFETY: the caller promises export is NULL or readable.
         let export = unsafe { export.as_ref() }.ok_or_else(|| Failure::null("export"))?;
-        let socket = borrow_socket(socket)?;
-        if !fd_is_open(export.fd) {
-            return Err(invalid(format!("export fd {} is not an open file descriptor", export.fd)));
-        }
-        // SAFETY: the fd was just checked to be open, and the caller keeps it open during the
-        // call; it is only borrowed for the send.
-        let fd = unsafe { BorrowedFd::borrow_raw(export.fd) };
-        descriptor_of(export).send_with(&socket, fd)?;
-        Ok(())
+        fds::send(socket, export)
     })
 }
 
@@ -264,13 +331,12 @@ pub unsafe extern "C" fn lf_export_send(socket: i32, export: *const lf_export) -
 pub unsafe extern "C" fn lf_export_recv(socket: i32, out: *mut lf_export) -> lf_status {
     boundary("lf_export_recv", || {
         let out = out_ptr(out, "out")?;
-        let socket = borrow_socket(socket)?;
-        write_out(out, to_c(ExportHandle::recv(&socket)?));
+        write_out(out, fds::recv(socket)?);
         Ok(())
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
     use crate::alloc::{lf_alloc, lf_register};
@@ -278,6 +344,8 @@ mod tests {
     use crate::context::{lf_context_create, lf_context_free};
     use crate::location::LF_UNSET;
     use std::os::fd::AsRawFd;
+    use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
     use std::ptr;
 
     fn is_open(fd: i32) -> bool {

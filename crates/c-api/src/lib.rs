@@ -10,15 +10,16 @@
 //! - No panic crosses the boundary: it becomes `LF_ERR_INTERNAL`.
 //! - Values that come from C as enums are taken as integers and checked.
 
-// What needs the core's memory and channels, which are built for Linux and macOS so far: on
-// Windows the C API is its status, logging, locations and MPI discovery.
+// What needs the core's channels, which are built for Linux and macOS so far, is Unix-only;
+// what needs its memory is built on Windows where the core's memory is (without the vulkan
+// feature), its descriptor-typed exports answering LF_ERR_UNSUPPORTED there.
 #[cfg_attr(not(unix), allow(dead_code))]
 mod abi;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod alloc;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod buffer;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod buffer_io;
 #[cfg(unix)]
 pub mod channel;
@@ -26,13 +27,13 @@ pub mod channel;
 pub mod channel_config;
 #[cfg(test)]
 mod channel_tests;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod context;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod device;
 #[cfg(unix)]
 mod exclusive;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod export;
 #[cfg(unix)]
 mod gpu_messages;
@@ -61,9 +62,9 @@ use status::{lf_status, set_last_error};
 // visibly distinct.
 handle::handle_types! {
     location::lf_location => 1, "lf_location";
-    #[cfg(unix)]
+    #[cfg(any(unix, not(feature = "vulkan")))]
     context::lf_context => 2, "lf_context";
-    #[cfg(unix)]
+    #[cfg(any(unix, not(feature = "vulkan")))]
     buffer::lf_buffer => 3, "lf_buffer";
     #[cfg(unix)]
     channel::lf_channel => 4, "lf_channel";

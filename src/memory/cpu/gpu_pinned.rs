@@ -32,13 +32,12 @@ impl DeviceRegistration {
 /// Locks the whole mapping into RAM (which also faults every page in).
 pub(crate) fn lock(mapping: &Mapping) -> Result<()> {
     // SAFETY: the range is exactly a live mapping this process owns.
-    if unsafe { libc::mlock(mapping.as_ptr().cast(), mapping.len()) } == 0 {
+    let Err(err) = (unsafe { crate::os::facts::lock_memory(mapping.as_ptr(), mapping.len()) }) else {
         return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
+    };
     let len = mapping.len();
     match memlock_limit() {
-        Some(limit) if matches!(err.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM)) => {
+        Some(limit) if crate::os::facts::lock_refused_by_limit(&err) => {
             let locked = locked_bytes().map_or_else(|| "an unknown number".into(), |b| b.to_string());
             Err(Error::PermissionDenied(format!(
                 "locking {len} bytes for GPU-pinned memory was refused ({err}): RLIMIT_MEMLOCK is \
@@ -55,13 +54,7 @@ pub const MEMLOCK_FIX: &str = "raise the limit (`ulimit -l`, `memlock` in /etc/s
 
 /// The soft RLIMIT_MEMLOCK in bytes (what `ulimit -l` shows, in KiB), or `None` when unlimited.
 pub fn memlock_limit() -> Option<u64> {
-    // SAFETY: zeroed rlimit is a valid out-buffer for getrlimit.
-    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: limit is a valid, writable rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
-        return None;
-    }
-    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+    crate::os::facts::memlock_limit()
 }
 
 /// Whether this process may lock memory beyond RLIMIT_MEMLOCK (it has CAP_IPC_LOCK, as root

@@ -1,7 +1,7 @@
 //! Huge-page memory: hugetlbfs through `memfd_create(MFD_HUGETLB)`, and the best-effort
 //! fallback to transparent huge pages on ordinary shared memory.
 
-use std::os::fd::OwnedFd;
+use crate::os::OwnedHandle;
 
 use super::standard::create_shared_memory;
 use crate::error::{Error, Result};
@@ -50,7 +50,7 @@ pub(crate) const BEST_EFFORT_HINT: &str = ", or choose the best-effort hugepage 
 /// Creates `size` bytes (a multiple of the page size) on hugetlbfs pages. Fails, saying how
 /// to reserve pages, when the kernel has too few free ones: the pages are reserved when the
 /// memory is mapped, so a buffer that was handed out never faults for lack of pages later.
-pub(crate) fn create(size: usize, page: HugePageSize) -> Result<(OwnedFd, Mapping)> {
+pub(crate) fn create(size: usize, page: HugePageSize) -> Result<(OwnedHandle, Mapping)> {
     if !std::path::Path::new(&sysfs_dir(page)).exists() {
         return Err(Error::Unsupported(format!(
             "this kernel or CPU offers no {page} huge pages ({} is missing)",
@@ -114,6 +114,8 @@ pub fn kernel_page_size_of(addr: *const u8) -> Result<usize> {
 mod tests {
     use super::*;
 
+    // /proc/self/smaps and hugetlbfs are Linux's.
+    #[cfg(target_os = "linux")]
     #[test]
     fn ordinary_memory_reports_the_base_page() {
         let mapping = Mapping::anonymous(1 << 16).unwrap();
@@ -122,6 +124,20 @@ mod tests {
         assert!(matches!(kernel_page_size_of(std::ptr::null()), Err(Error::NotFound(_))));
     }
 
+    /// Windows gives large pages only with a privilege ordinary accounts lack: refused,
+    /// saying so.
+    #[cfg(windows)]
+    #[test]
+    fn huge_pages_are_refused_naming_the_privilege() {
+        let page = HugePageSize::Size2M;
+        match create(page.bytes(), page) {
+            Err(Error::Unsupported(message)) => assert!(message.contains("privilege"), "{message}"),
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(_) => panic!("huge pages were given without the lock-memory privilege"),
+        }
+    }
+
+    #[cfg(target_os = "linux")]
     #[test]
     fn hugetlb_memory_is_backed_by_huge_pages_or_says_how_to_reserve() {
         let page = HugePageSize::Size2M;

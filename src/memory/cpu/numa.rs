@@ -20,9 +20,7 @@ pub struct NumaTopology {
 
 impl NumaTopology {
     pub fn detect() -> Self {
-        let list = std::fs::read_to_string(format!("{NODE_DIR}/has_memory"))
-            .or_else(|_| std::fs::read_to_string(format!("{NODE_DIR}/online")));
-        match list.ok().and_then(|text| parse_node_list(text.trim())) {
+        match crate::os::system::numa_node_list(NODE_DIR).and_then(|text| parse_node_list(text.trim())) {
             Some(nodes) if !nodes.is_empty() => NumaTopology { nodes, kernel_numa: true },
             _ => {
                 crate::logging::log_first!(
@@ -155,6 +153,8 @@ mod tests {
         assert!(text.contains(&topology.nodes()[0].to_string()), "{text}");
     }
 
+    // mbind and get_mempolicy are Linux's.
+    #[cfg(target_os = "linux")]
     #[test]
     fn bound_pages_land_on_their_node() {
         let topology = NumaTopology::detect();

@@ -8,7 +8,6 @@
 //! (which would cost the application GPU memory and time).
 
 use std::fmt;
-use std::os::fd::{FromRawFd, OwnedFd};
 
 use lava_flow_cuda::sys::{
     CUmemAllocationProp, CUmemLocation, CU_MEMORYTYPE_DEVICE, CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -214,8 +213,7 @@ fn pool_exports_fds(driver: &Driver, pool: u64) -> bool {
         )
     };
     if exported.is_ok() && fd >= 0 {
-        // SAFETY: a new fd the driver made for us, owned by nothing else.
-        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        crate::os::facts::close_foreign_fd(fd);
     }
     exported.is_ok()
 }

@@ -16,6 +16,14 @@ pub fn memory_totals() -> Option<(u64, u64)> {
     Some((ram.saturating_add((info.totalswap as u64).saturating_mul(unit)), ram))
 }
 
+/// The kernel's list of the NUMA nodes with memory (`0-1,3`), from sysfs under `node_dir`
+/// (`has_memory`, else `online`); `None` where it is not there to read.
+pub fn numa_node_list(node_dir: &str) -> Option<String> {
+    std::fs::read_to_string(format!("{node_dir}/has_memory"))
+        .or_else(|_| std::fs::read_to_string(format!("{node_dir}/online")))
+        .ok()
+}
+
 /// The NUMA node of the CPU the calling thread is running on, if the kernel tells.
 pub fn current_numa_node() -> Option<u32> {
     let mut cpu: libc::c_uint = 0;

@@ -15,6 +15,14 @@ pub fn memory_totals() -> Option<(u64, u64)> {
     (rc == 0 && len == std::mem::size_of::<u64>()).then_some((ram, ram))
 }
 
+/// The kernel's list of the NUMA nodes with memory (`0-1,3`), from sysfs under `node_dir`
+/// (`has_memory`, else `online`); `None` where it is not there to read.
+pub fn numa_node_list(node_dir: &str) -> Option<String> {
+    std::fs::read_to_string(format!("{node_dir}/has_memory"))
+        .or_else(|_| std::fs::read_to_string(format!("{node_dir}/online")))
+        .ok()
+}
+
 /// macOS does not tell a thread's NUMA node (its machines have one memory node).
 pub fn current_numa_node() -> Option<u32> {
     None

@@ -130,7 +130,6 @@ impl Drop for Mapping {
 }
 
 /// The alignment of a mapping's offset into its file: the page size on Unix.
-#[allow(dead_code)]
 pub fn map_granularity() -> usize {
     page_size()
 }

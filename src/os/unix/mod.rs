@@ -2,6 +2,7 @@
 //! `poll`, socket-pair notifications, `flock` lock files, the user id, and the watcher's
 //! thread (over the platform's readiness set).
 
+pub mod facts;
 pub mod lock;
 pub mod mapping;
 pub mod notify;

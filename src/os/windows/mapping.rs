@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use windows_sys::Win32::Foundation::{ERROR_ACCESS_DENIED, ERROR_INVALID_PARAMETER, HANDLE};
 use windows_sys::Win32::System::Memory::{
-    MapViewOfFile, UnmapViewOfFile, VirtualAlloc, VirtualFree, FILE_MAP_READ, FILE_MAP_WRITE,
+    MapViewOfFile, MapViewOfFileEx, UnmapViewOfFile, VirtualAlloc, VirtualFree, FILE_MAP_READ, FILE_MAP_WRITE,
     MEMORY_MAPPED_VIEW_ADDRESS, MEM_COMMIT, MEM_RELEASE, MEM_REPLACE_PLACEHOLDER, MEM_RESERVE, MEM_RESERVE_PLACEHOLDER,
     PAGE_NOACCESS, PAGE_READONLY, PAGE_READWRITE,
 };
@@ -75,8 +75,9 @@ impl Mapping {
     /// Maps two sections back to back in one range: the first `first.1` bytes of `first.0`
     /// read-write, then the first `second.1` bytes of `second.0`, read-write only if
     /// `second_writable`. Both lengths must be multiples of [`map_granularity`]. One value
-    /// owns (and unmaps) both. Needs placeholders (`VirtualAlloc2`, `MapViewOfFile3`: Windows
-    /// 10 1803 or later); without them, `Unsupported`.
+    /// owns (and unmaps) both. With placeholders (`VirtualAlloc2`, `MapViewOfFile3`: Windows
+    /// 10 1803 or later) the range is never free in between; without them (older Windows,
+    /// Wine 8) see [`Mapping::pair_at_a_free_range`].
     pub fn shared_pair(
         first: (&impl AsHandle, usize),
         second: (&impl AsHandle, usize),
@@ -99,7 +100,9 @@ impl Mapping {
         if first_len == 0 {
             return Self::view(second, 0, second_len, second_writable);
         }
-        let api = placeholders()?;
+        let Ok(api) = placeholders() else {
+            return Self::pair_at_a_free_range((first, first_len), (second, second_len), second_writable);
+        };
         // SAFETY: reserves a fresh range chosen by the system, as one placeholder.
         let base = unsafe {
             (api.virtual_alloc2)(
@@ -117,10 +120,7 @@ impl Mapping {
             // The arguments are valid where placeholders exist; a system that has the
             // function but not the flag (Wine 8) refuses them as invalid.
             if e.raw_os_error() == Some(ERROR_INVALID_PARAMETER as i32) {
-                return Err(Error::Unsupported(format!(
-                    "mapping two sections back to back needs placeholders, which this system's VirtualAlloc2 \
-                     refuses ({e}): run on Windows 10 1803 or later"
-                )));
+                return Self::pair_at_a_free_range((first, first_len), (second, second_len), second_writable);
             }
             return Err(super::os_error(format!("VirtualAlloc2 (a placeholder of {total} bytes)"), e));
         }
@@ -176,6 +176,59 @@ impl Mapping {
         let ptr = NonNull::new(base.cast()).expect("checked above");
         let writable_len = if second_writable { total } else { first_len };
         Ok(Mapping { ptr, len: total, kind: Kind::Pair { second_at: first_len }, writable_len })
+    }
+
+    /// [`Mapping::shared_pair`] without placeholders: finds a free range of the whole length
+    /// (reserving it, then freeing it), then maps the two views at its two addresses
+    /// (`MapViewOfFileEx`). Between the free and the maps another thread may take part of the
+    /// range; then the views are undone and another range is tried, a few times.
+    fn pair_at_a_free_range(
+        (first, first_len): (HANDLE, usize),
+        (second, second_len): (HANDLE, usize),
+        second_writable: bool,
+    ) -> Result<Self> {
+        const ATTEMPTS: usize = 16;
+        let total = first_len + second_len;
+        let second_access = if second_writable { FILE_MAP_READ | FILE_MAP_WRITE } else { FILE_MAP_READ };
+        for _ in 0..ATTEMPTS {
+            // SAFETY: reserves a fresh range the system chooses, freed at once: only its
+            // address is wanted.
+            let base = unsafe { VirtualAlloc(std::ptr::null(), total, MEM_RESERVE, PAGE_NOACCESS) };
+            if base.is_null() {
+                return Err(last_error(format!("VirtualAlloc (reserving {total} bytes for a pair of views)")));
+            }
+            // SAFETY: releases the reservation made above, whole.
+            unsafe { VirtualFree(base, 0, MEM_RELEASE) };
+            let second_base = base.cast::<u8>().wrapping_add(first_len).cast::<core::ffi::c_void>();
+            // SAFETY: a view at a given address either lands there or fails; it never
+            // replaces a mapping.
+            let a = unsafe { MapViewOfFileEx(first, FILE_MAP_READ | FILE_MAP_WRITE, 0, 0, first_len, base) };
+            if a.Value.is_null() {
+                match taken_or_error(format!("MapViewOfFileEx (part 1 of a pair, {first_len} bytes)"), true) {
+                    None => continue,
+                    Some(e) => return Err(e),
+                }
+            }
+            // SAFETY: as above, at the address right after the first view.
+            let b = unsafe { MapViewOfFileEx(second, second_access, 0, 0, second_len, second_base) };
+            if b.Value.is_null() {
+                let outcome =
+                    taken_or_error(format!("MapViewOfFileEx (part 2 of a pair, {second_len} bytes)"), second_writable);
+                // SAFETY: the first view, mapped above, owned by nothing else.
+                unsafe { UnmapViewOfFile(a) };
+                match outcome {
+                    None => continue,
+                    Some(e) => return Err(e),
+                }
+            }
+            let ptr = NonNull::new(base.cast()).expect("checked above");
+            let writable_len = if second_writable { total } else { first_len };
+            return Ok(Mapping { ptr, len: total, kind: Kind::Pair { second_at: first_len }, writable_len });
+        }
+        Err(Error::InvalidState(format!(
+            "mapping two sections back to back ({total} bytes): another thread took the free range {ATTEMPTS} times \
+             in a row; retry, or run on Windows 10 1803 or later (placeholders)"
+        )))
     }
 
     /// Faults in `len` bytes from `offset` now (for writing, or only for reading), so that
@@ -238,6 +291,16 @@ impl Mapping {
         let base = self.ptr.as_ptr() as usize;
         addr >= base && addr.checked_add(len).is_some_and(|end| end <= base + self.len)
     }
+}
+
+/// After a view at a chosen address failed: `None` when the address was taken (try another
+/// range), else the error.
+fn taken_or_error(context: String, writable: bool) -> Option<Error> {
+    let code = std::io::Error::last_os_error().raw_os_error();
+    if code == Some(windows_sys::Win32::Foundation::ERROR_INVALID_ADDRESS as i32) {
+        return None;
+    }
+    Some(view_error(context, writable))
 }
 
 /// The error of a failed view; access denied for a writable one means a read-only handle.
@@ -389,11 +452,10 @@ mod tests {
         assert!(matches!(Mapping::anonymous(0), Err(Error::InvalidArgument(_))));
     }
 
-    /// Where the system has placeholders, the pair is one range with each section's bytes in
-    /// its part and the second part read-only when asked; where it lacks them, the refusal
-    /// says what is missing.
+    /// The pair is one range with each section's bytes in its part and the second part
+    /// read-only when asked, with placeholders or (Wine) at a free range.
     #[test]
-    fn a_pair_is_two_sections_back_to_back_or_unsupported() {
+    fn a_pair_is_two_sections_back_to_back() {
         let g = map_granularity();
         let a = shm::create("lf-pair-a", g as u64, ShmOptions::default()).unwrap();
         let b = shm::create("lf-pair-b", 2 * g as u64, ShmOptions::default()).unwrap();
@@ -414,12 +476,35 @@ mod tests {
                 assert!(!pair.populate(0, 3 * g, true), "the read-only part was populated for writing");
                 assert!(pair.populate(0, g, true) && pair.populate(0, 3 * g, false));
             }
-            Err(Error::Unsupported(m)) => {
-                eprintln!("shared_pair: {m}");
-                assert!(m.contains("placeholders"), "{m}");
-            }
             Err(e) => panic!("shared_pair: {e}"),
         }
         assert!(matches!(Mapping::shared_pair((&a, 4096), (&b, g), true), Err(Error::InvalidArgument(_))));
+    }
+
+    /// The fallback without placeholders, called directly so that it runs on Windows too:
+    /// both parts at their places, each seeing its own section.
+    #[test]
+    fn a_pair_at_a_free_range_maps_both_parts_in_place() {
+        let g = map_granularity();
+        let a = shm::create("lf-pair-a", g as u64, ShmOptions::default()).unwrap();
+        let b = shm::create("lf-pair-b", g as u64, ShmOptions::default()).unwrap();
+        let pairs: Vec<Mapping> = (0..8)
+            .map(|_| {
+                Mapping::pair_at_a_free_range(
+                    (a.as_handle().as_raw_handle(), g),
+                    (b.as_handle().as_raw_handle(), g),
+                    true,
+                )
+                .unwrap()
+            })
+            .collect();
+        // SAFETY: every pair is live and 2g long, writable throughout.
+        unsafe {
+            pairs[0].as_ptr().write(1);
+            pairs[0].as_ptr().add(g).write(2);
+            for pair in &pairs {
+                assert_eq!((pair.as_ptr().read(), pair.as_ptr().add(g).read()), (1, 2));
+            }
+        }
     }
 }

@@ -21,16 +21,21 @@
 //!
 //! The tests run under Wine (`scripts/wine-tests.sh`). Wine 8.0 differs from Windows in two
 //! ways that the code allows for: its `VirtualAlloc2` refuses placeholders, so `shared_pair`
-//! reports `Unsupported` there, and it ignores `FILE_FLAG_FIRST_PIPE_INSTANCE`, so
+//! maps its two views at a range it found free (retrying if another thread takes it), and it ignores `FILE_FLAG_FIRST_PIPE_INSTANCE`, so
 //! `Listener::bind` also refuses a name that already has an instance before creating one.
 
+pub mod event;
+pub mod facts;
 pub mod lock;
 pub mod mapping;
+pub mod membarrier;
 pub mod notify;
 pub mod process;
 pub mod runtime;
 pub mod shm;
 pub mod stream;
+pub mod system;
+pub mod user;
 pub mod wait;
 pub mod watcher;
 

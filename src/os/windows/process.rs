@@ -18,7 +18,8 @@ impl PeerProcess {
     /// Opens process `pid` for waiting on its exit; `None` when it does not exist (or has
     /// exited and been reaped) or may not be opened. As with any pid, one that has exited
     /// may name a new process: open the pid of a peer known to be alive (a connected one).
-    pub fn open(pid: u32) -> Option<PeerProcess> {
+    pub fn open(pid: i32) -> Option<PeerProcess> {
+        let pid = u32::try_from(pid).ok()?;
         // SAFETY: OpenProcess with plain values; the handle is owned below.
         let raw = unsafe { OpenProcess(PROCESS_SYNCHRONIZE | PROCESS_QUERY_LIMITED_INFORMATION, 0, pid) };
         super::owned(raw, String::new).ok().map(|handle| PeerProcess { handle })
@@ -26,12 +27,12 @@ impl PeerProcess {
 
     /// Whether the process has exited.
     pub fn has_exited(&self) -> bool {
-        self.wait_for_exit(Some(Duration::ZERO))
+        self.wait_for_exit(Duration::ZERO)
     }
 
-    /// Waits for the process to exit, at most `timeout` (`None`: no limit); whether it has.
-    pub fn wait_for_exit(&self, timeout: Option<Duration>) -> bool {
-        let ms = timeout.map_or(INFINITE, |t| u32::try_from(t.as_millis()).unwrap_or(INFINITE - 1).min(INFINITE - 1));
+    /// Waits up to `timeout` for the process to exit; returns whether it has.
+    pub fn wait_for_exit(&self, timeout: Duration) -> bool {
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(INFINITE - 1).min(INFINITE - 1);
         // SAFETY: a valid process handle this value owns.
         unsafe { WaitForSingleObject(self.handle.as_raw_handle(), ms) == WAIT_OBJECT_0 }
     }
@@ -59,11 +60,11 @@ mod tests {
             "sleep",
             &[],
         );
-        let peer = PeerProcess::open(child.id()).expect("opening a live child");
+        let peer = PeerProcess::open(child.id() as i32).expect("opening a live child");
         assert!(!peer.has_exited());
-        assert!(peer.wait_for_exit(Some(Duration::from_secs(30))), "the child did not exit");
+        assert!(peer.wait_for_exit(Duration::from_secs(30)), "the child did not exit");
         assert!(peer.has_exited());
         assert!(child.wait().unwrap().success());
-        assert!(PeerProcess::open(u32::MAX - 3).is_none());
+        assert!(PeerProcess::open(i32::MAX - 3).is_none());
     }
 }

@@ -96,6 +96,22 @@ pub fn size_of(handle: &impl AsHandle) -> Result<u64> {
     Ok(info.RegionSize as u64)
 }
 
+/// Whether `handle` is a section (one whose size can be asked, and that can be mapped).
+pub fn is_shm(handle: &impl AsHandle) -> bool {
+    size_of(handle).is_ok()
+}
+
+/// Sections are unnamed (see the module doc), so there is no name to check: any section
+/// passes, as on macOS.
+pub fn has_name_prefix(handle: &impl AsHandle, _prefix: &str) -> bool {
+    is_shm(handle)
+}
+
+/// The size of the pages backing a section: the base page size (huge pages are refused).
+pub fn page_size_of(_handle: &impl AsHandle) -> Result<usize> {
+    Ok(super::mapping::page_size())
+}
+
 /// Makes the size final. A section's size never changes, so there is nothing to do; `what`
 /// names the memory on other platforms' errors.
 pub fn fix_size(_handle: &impl AsHandle, _what: &str) -> Result<()> {

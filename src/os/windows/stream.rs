@@ -18,6 +18,7 @@
 //! listener of a live name is refused; the pipe's DACL admits only this user.
 
 use std::os::windows::io::{AsHandle, AsRawHandle, BorrowedHandle, FromRawHandle, OwnedHandle};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ use windows_sys::Win32::Foundation::{
     DuplicateHandle, GetHandleInformation, GetLastError, LocalFree, DUPLICATE_CLOSE_SOURCE, DUPLICATE_SAME_ACCESS,
     ERROR_ACCESS_DENIED, ERROR_BROKEN_PIPE, ERROR_FILE_NOT_FOUND, ERROR_IO_INCOMPLETE, ERROR_IO_PENDING, ERROR_NO_DATA,
     ERROR_PIPE_BUSY, ERROR_PIPE_CONNECTED, ERROR_PIPE_NOT_CONNECTED, ERROR_SEM_TIMEOUT, GENERIC_READ, GENERIC_WRITE,
-    HANDLE, INVALID_HANDLE_VALUE, WAIT_OBJECT_0,
+    HANDLE, INVALID_HANDLE_VALUE, WAIT_OBJECT_0, WAIT_TIMEOUT,
 };
 use windows_sys::Win32::Security::Authorization::{
     ConvertStringSecurityDescriptorToSecurityDescriptorW, SDDL_REVISION_1,
@@ -61,9 +62,13 @@ const HEADER: usize = 8;
 /// Who is at the other end of a [`Stream`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerIdentity {
-    pub pid: u32,
+    /// Its process id (as `i32`, the type every platform shares).
+    pub pid: i32,
     /// Whether the peer's process runs as this process's user (its token's user SID).
     pub same_user: bool,
+    /// The user it runs as, as a number for messages ([`super::user::sid_digest`] of its SID;
+    /// `u32::MAX` where its process could not be asked).
+    pub uid: u32,
 }
 
 /// The pipe's path of the listener `name`: one namespace per user.
@@ -135,9 +140,16 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
+    /// Listens at `path`, as a Unix listener binds a socket file there: the pipe's name is
+    /// the path's file name and a digest of the whole path ([`pipe_name_of`]); no file is made.
+    /// Refused while another listener of this user has the name.
+    pub fn bind(path: &Path) -> Result<Listener> {
+        Self::bind_name(&pipe_name_of(path))
+    }
+
     /// Listens on `name` (letters, digits, '.', '_', '-'). Refused while another listener of
     /// this user has the name.
-    pub fn bind(name: &str) -> Result<Listener> {
+    pub fn bind_name(name: &str) -> Result<Listener> {
         let path = wide(pipe_path(name)?);
         let listener = Listener {
             name: name.to_owned(),
@@ -200,6 +212,16 @@ impl Listener {
              another name",
             self.name
         ))
+    }
+
+    /// The next client if one is waiting, without waiting (as a Unix listener's
+    /// `try_accept`): `Ok(None)` when none is.
+    pub fn try_accept(&self) -> std::io::Result<Option<Stream>> {
+        match self.accept(Some(Duration::ZERO)) {
+            Ok(stream) => Ok(Some(stream)),
+            Err(Error::Timeout(_)) => Ok(None),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
     }
 
     /// Waits for the next client, at most `timeout` (`None`: no limit): `Timeout` when none
@@ -292,8 +314,36 @@ fn millis(timeout: Option<Duration>) -> u32 {
     })
 }
 
+/// The pipe name of the listener at `path`: its file name (characters a pipe name may not
+/// hold made '_', at most 100) and an FNV-1a digest of the whole path, so that two runtime
+/// directories never share a name.
+pub fn pipe_name_of(path: &Path) -> String {
+    let whole = path.to_string_lossy();
+    let digest = whole.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let file: String = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .take(100)
+        .collect();
+    format!("{file}.{digest:016x}")
+}
+
+/// Connects once to the listener at `path` (as a Unix stream connects to a socket file):
+/// `NotFound` when no listener is there or none takes the connection now, for the caller to
+/// retry.
+pub fn connect(path: &Path) -> std::io::Result<Stream> {
+    match connect_name(&pipe_name_of(path), Instant::now()) {
+        Ok(stream) => Ok(stream),
+        Err(Error::Timeout(m)) => Err(std::io::Error::new(std::io::ErrorKind::NotFound, m)),
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    }
+}
+
 /// Connects to the listener `name`, retrying until it is there or `deadline` passes.
-pub fn connect(name: &str, deadline: Instant) -> Result<Stream> {
+pub fn connect_name(name: &str, deadline: Instant) -> Result<Stream> {
     let path = pipe_path(name)?;
     let wide_path = wide(&path);
     loop {
@@ -350,6 +400,9 @@ pub struct Stream {
     /// (another user's).
     peer_process: Option<OwnedHandle>,
     read_event: OwnedHandle,
+    /// How long a read waits, in milliseconds (`INFINITE`: no limit), as a Unix socket's
+    /// `SO_RCVTIMEO`.
+    read_timeout_ms: std::sync::atomic::AtomicU32,
     reading: Mutex<()>,
     /// Boxed: the system writes to the OVERLAPPED and reads the frame while a write is in
     /// flight, so they must not move.
@@ -392,19 +445,19 @@ impl Stream {
         let access = PROCESS_DUP_HANDLE | PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE;
         // SAFETY: OpenProcess with plain values; the handle is owned below.
         let peer_process = owned(unsafe { OpenProcess(access, 0, pid) }, String::new).ok();
-        let same_user = match &peer_process {
-            Some(p) => process_user_sid(p.as_handle()).ok().as_deref() == Some(user_sid()?),
-            None => false,
-        };
+        let peer_sid = peer_process.as_ref().and_then(|p| process_user_sid(p.as_handle()).ok());
+        let same_user = peer_sid.as_deref() == Some(user_sid()?);
+        let uid = peer_sid.as_deref().map_or(u32::MAX, super::user::sid_digest);
         let write_event = io_event()?;
         // SAFETY: zeroed is a valid OVERLAPPED.
         let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
         ov.hEvent = write_event.as_raw_handle();
         Ok(Stream {
             pipe,
-            peer: PeerIdentity { pid, same_user },
+            peer: PeerIdentity { pid: pid as i32, same_user, uid },
             peer_process,
             read_event: io_event()?,
+            read_timeout_ms: std::sync::atomic::AtomicU32::new(windows_sys::Win32::System::Threading::INFINITE),
             reading: Mutex::new(()),
             writing: Mutex::new(Box::new(WriteSlot { ov, frame: Vec::new(), pending: false })),
             _write_event: write_event,
@@ -678,13 +731,31 @@ impl Stream {
                 Ok(0) => return Ok(got),
                 Ok(n) => got += n,
                 Err(code) if pipe_broken(code) => return Ok(got),
+                Err(WAIT_TIMEOUT) => {
+                    return Err(Error::Io {
+                        context: format!("reading from the pipe of pid {}", self.peer.pid),
+                        source: std::io::Error::new(std::io::ErrorKind::WouldBlock, "no data within the read timeout"),
+                    })
+                }
                 Err(code) => return Err(self.io_error("reading from the pipe", code)),
             }
         }
         Ok(got)
     }
 
-    /// One read, waited for: how much came (0 at the end), or the error code.
+    /// Bounds how long each read waits (`None`: no limit), as `UnixStream::set_read_timeout`:
+    /// a read that times out fails with an error of kind `WouldBlock`, and the stream's
+    /// framing is then lost (drop it).
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        if timeout == Some(Duration::ZERO) {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a read timeout of zero"));
+        }
+        self.read_timeout_ms.store(millis(timeout), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One read, waited for: how much came (0 at the end), or the error code (`WAIT_TIMEOUT`
+    /// past the read timeout).
     fn read_some(&self, buf: &mut [u8]) -> std::result::Result<usize, u32> {
         // SAFETY: zeroed is a valid OVERLAPPED.
         let mut ov: OVERLAPPED = unsafe { std::mem::zeroed() };
@@ -701,9 +772,21 @@ impl Stream {
         if code != 0 && code != ERROR_IO_PENDING {
             return Err(code);
         }
+        let timeout = self.read_timeout_ms.load(std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the read's event, this stream's.
+        let timed_out = unsafe { WaitForSingleObject(ov.hEvent, timeout) } == WAIT_TIMEOUT;
+        if timed_out {
+            // SAFETY: cancels only the read of `ov`, on this stream's pipe.
+            unsafe { CancelIoEx(self.pipe.as_raw_handle(), &ov) };
+        }
         let mut n = 0u32;
-        // SAFETY: waits for the read of `ov` to end.
-        if unsafe { GetOverlappedResult(self.pipe.as_raw_handle(), &ov, &mut n, 1) } == 0 {
+        // SAFETY: waits for the read of `ov` to end (cancelled or not), so that neither the
+        // buffer nor `ov` is used after this returns.
+        let done = unsafe { GetOverlappedResult(self.pipe.as_raw_handle(), &ov, &mut n, 1) } != 0;
+        if timed_out && (!done || n == 0) {
+            return Err(WAIT_TIMEOUT);
+        }
+        if !done {
             // SAFETY: no preconditions; read right after the failed call.
             return Err(unsafe { GetLastError() });
         }
@@ -789,6 +872,15 @@ impl Drop for Stream {
         }
     }
 }
+
+// The interface's free functions, as Unix has them.
+#[path = "stream_fns.rs"]
+mod fns;
+// Their callers, the channels, are not built on Windows yet.
+#[allow(unused_imports)]
+pub use fns::{
+    peer, recv_exact_with_handle, recv_with_handles, send_with_handles, try_recv_with_handles, try_send_with_handles,
+};
 
 #[cfg(test)]
 #[path = "stream_tests.rs"]

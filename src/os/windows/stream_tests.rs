@@ -4,7 +4,7 @@
 use super::*;
 use crate::os::windows::mapping::Mapping;
 use crate::os::windows::process::PeerProcess;
-use crate::os::windows::watcher::{SharedHandle, Watch};
+use crate::os::windows::watcher::{Interest, SharedHandle, Watch};
 use crate::os::windows::{notify, shm, test_child, wait};
 use crate::os::ShmOptions;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -14,9 +14,9 @@ use windows_sys::Win32::System::Threading::WaitForSingleObject;
 
 /// A connected pair in this process: (the server's end, the client's end).
 fn pair(name: &str) -> (Listener, Stream, Stream) {
-    let listener = Listener::bind(name).unwrap();
+    let listener = Listener::bind_name(name).unwrap();
     let n = name.to_owned();
-    let client = std::thread::spawn(move || connect(&n, Instant::now() + Duration::from_secs(30)).unwrap());
+    let client = std::thread::spawn(move || connect_name(&n, Instant::now() + Duration::from_secs(30)).unwrap());
     let server = listener.accept(Some(Duration::from_secs(30))).unwrap();
     (listener, server, client.join().unwrap())
 }
@@ -25,7 +25,10 @@ fn pair(name: &str) -> (Listener, Stream, Stream) {
 fn messages_and_handles_travel_in_order_and_the_end_is_seen() {
     let (_listener, server, client) = pair(&test_child::unique("lf-msg"));
     for end in [&server, &client] {
-        assert_eq!(end.peer(), PeerIdentity { pid: std::process::id(), same_user: true });
+        assert_eq!(
+            end.peer(),
+            PeerIdentity { pid: std::process::id() as i32, same_user: true, uid: crate::os::windows::user::id() }
+        );
     }
     let mut buf = [0u8; 64];
     assert!(client.try_recv_with_handles(&mut buf).unwrap().is_none());
@@ -59,27 +62,27 @@ fn messages_and_handles_travel_in_order_and_the_end_is_seen() {
 #[test]
 fn a_second_listener_of_a_live_name_is_refused() {
     let name = test_child::unique("lf-bind");
-    let first = Listener::bind(&name).unwrap();
-    match Listener::bind(&name) {
+    let first = Listener::bind_name(&name).unwrap();
+    match Listener::bind_name(&name) {
         Err(Error::InvalidState(m)) => assert!(m.contains("live already"), "{m}"),
         other => panic!("a second listener of a live name: {other:?}"),
     }
     drop(first);
-    let _again = Listener::bind(&name).expect("the name is free once its listener is gone");
-    assert!(matches!(Listener::bind("a/b"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Listener::bind(""), Err(Error::InvalidArgument(_))));
+    let _again = Listener::bind_name(&name).expect("the name is free once its listener is gone");
+    assert!(matches!(Listener::bind_name("a/b"), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Listener::bind_name(""), Err(Error::InvalidArgument(_))));
 }
 
 #[test]
 fn connect_waits_for_the_listener_and_gives_up_at_the_deadline() {
     let name = test_child::unique("lf-late");
     let start = Instant::now();
-    assert!(matches!(connect(&name, start + Duration::from_millis(100)), Err(Error::Timeout(_))));
+    assert!(matches!(connect_name(&name, start + Duration::from_millis(100)), Err(Error::Timeout(_))));
     assert!(start.elapsed() >= Duration::from_millis(100));
     let n = name.clone();
-    let client = std::thread::spawn(move || connect(&n, Instant::now() + Duration::from_secs(30)));
+    let client = std::thread::spawn(move || connect_name(&n, Instant::now() + Duration::from_secs(30)));
     std::thread::sleep(Duration::from_millis(100));
-    let listener = Listener::bind(&name).unwrap();
+    let listener = Listener::bind_name(&name).unwrap();
     let server = listener.accept(Some(Duration::from_secs(30))).unwrap();
     let client = client.join().unwrap().unwrap();
     client.send_with_handles(b"hi", &[]).unwrap();
@@ -88,7 +91,7 @@ fn connect_waits_for_the_listener_and_gives_up_at_the_deadline() {
     assert!(matches!(listener.accept(Some(Duration::from_millis(50))), Err(Error::Timeout(_))));
     // The listener still takes clients after a timed-out accept.
     let n = name.clone();
-    let client = std::thread::spawn(move || connect(&n, Instant::now() + Duration::from_secs(30)).unwrap());
+    let client = std::thread::spawn(move || connect_name(&n, Instant::now() + Duration::from_secs(30)).unwrap());
     let _server = listener.accept(Some(Duration::from_secs(30))).unwrap();
     client.join().unwrap();
 }
@@ -177,7 +180,7 @@ fn shared_memory_crosses_processes_through_the_stream() {
     let test = test_child::test_path(module_path!(), "shared_memory_crosses_processes_through_the_stream");
     if test_child::role().as_deref() == Some("shm") {
         let stream =
-            connect(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
+            connect_name(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
         assert!(stream.peer().same_user);
         let mut buf = [0u8; 8];
         let (n, handles) = stream.recv_with_handles(&mut buf).unwrap();
@@ -205,10 +208,13 @@ fn shared_memory_crosses_processes_through_the_stream() {
         return;
     }
     let name = test_child::unique("lf-xshm");
-    let listener = Listener::bind(&name).unwrap();
+    let listener = Listener::bind_name(&name).unwrap();
     let mut child = test_child::spawn(&test, "shm", &[("LF_TEST_PIPE", name)]);
     let stream = listener.accept(Some(Duration::from_secs(60))).unwrap();
-    assert_eq!(stream.peer(), PeerIdentity { pid: child.id(), same_user: true });
+    assert_eq!(
+        stream.peer(),
+        PeerIdentity { pid: child.id() as i32, same_user: true, uid: crate::os::windows::user::id() }
+    );
     let section = shm::create("lf-xshm", 65536, ShmOptions::default()).unwrap();
     let view = Mapping::shared(&section, 0, 65536).unwrap();
     // SAFETY: the view is live and 65536 bytes long; the word is 4-aligned.
@@ -243,30 +249,30 @@ fn a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream() {
     let test = test_child::test_path(module_path!(), "a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream");
     if test_child::role().as_deref() == Some("victim") {
         let stream =
-            connect(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
+            connect_name(&std::env::var("LF_TEST_PIPE").unwrap(), Instant::now() + Duration::from_secs(60)).unwrap();
         stream.send_with_handles(b"up", &[]).unwrap();
         std::thread::sleep(Duration::from_secs(120));
         return;
     }
     let name = test_child::unique("lf-kill");
-    let listener = Listener::bind(&name).unwrap();
+    let listener = Listener::bind_name(&name).unwrap();
     let mut child = test_child::spawn(&test, "victim", &[("LF_TEST_PIPE", name)]);
     let stream = listener.accept(Some(Duration::from_secs(60))).unwrap();
     let mut buf = [0u8; 8];
     assert_eq!(stream.recv_with_handles(&mut buf).unwrap().0, 2);
     let pid = stream.peer().pid;
-    assert_eq!(pid, child.id());
+    assert_eq!(pid, child.id() as i32);
     let peer = Arc::new(PeerProcess::open(pid).expect("opening the live child"));
     assert!(!peer.has_exited());
     let fired = Arc::new(AtomicBool::new(false));
     let f = fired.clone();
     let watched: SharedHandle = peer.clone();
-    let _watch = Watch::new(vec![watched], move || f.store(true, Ordering::SeqCst)).unwrap();
+    let _watch = Watch::new(vec![(watched, Interest::Readable)], move || f.store(true, Ordering::SeqCst)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert!(!fired.load(Ordering::SeqCst), "the watch fired while the child lived");
     assert!(stream.try_recv_with_handles(&mut buf).unwrap().is_none());
     child.kill().unwrap();
-    assert!(peer.wait_for_exit(Some(Duration::from_secs(10))), "the killed child was not seen to exit");
+    assert!(peer.wait_for_exit(Duration::from_secs(10)), "the killed child was not seen to exit");
     let start = Instant::now();
     while !fired.load(Ordering::SeqCst) {
         assert!(start.elapsed() < Duration::from_secs(10), "the watch never fired");
@@ -275,4 +281,61 @@ fn a_killed_peer_is_seen_by_its_process_the_watcher_and_the_stream() {
     assert_eq!(stream.recv_with_handles(&mut buf).unwrap().0, 0, "the killed child's stream did not end");
     assert!(matches!(stream.send_with_handles(b"x", &[]), Err(Error::PeerGone(_))));
     child.wait().unwrap();
+}
+
+/// The Unix-shaped calls: a listener bound at a path, taken from without waiting, and a
+/// single connection attempt that says `NotFound` where nobody listens.
+#[test]
+fn a_listener_at_a_path_is_found_by_the_path() {
+    let dir = std::env::temp_dir().join(test_child::unique("lf-at"));
+    let path = dir.join("chan.sock");
+    assert_eq!(connect(&path).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    let listener = Listener::bind(&path).unwrap();
+    assert!(listener.try_accept().unwrap().is_none(), "a client appeared from nowhere");
+    assert!(matches!(Listener::bind(&path), Err(Error::InvalidState(_))), "a second listener at one path");
+    let other = Listener::bind(&std::env::temp_dir().join(test_child::unique("lf-at")).join("chan.sock")).unwrap();
+    let client = connect(&path).unwrap();
+    let start = Instant::now();
+    let server = loop {
+        if let Some(stream) = listener.try_accept().unwrap() {
+            break stream;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the connection was never accepted");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(other.try_accept().unwrap().is_none(), "a path in another directory took the connection");
+    client.send_with_handles(b"hi", &[]).unwrap();
+    let mut buf = [0u8; 4];
+    let (n, _) = server.recv_with_handles(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"hi");
+}
+
+/// A read timeout ends a read that gets nothing, as on a Unix socket (`WouldBlock`); once
+/// cleared, reads wait again and get what comes.
+#[test]
+fn a_read_timeout_ends_an_empty_read_with_would_block() {
+    let name = test_child::unique("lf-timeout");
+    let listener = Listener::bind_name(&name).unwrap();
+    let n = name.clone();
+    let client = std::thread::spawn(move || connect_name(&n, Instant::now() + Duration::from_secs(30)).unwrap());
+    let server = listener.accept(Some(Duration::from_secs(30))).unwrap();
+    let client = client.join().unwrap();
+    assert!(server.set_read_timeout(Some(Duration::ZERO)).is_err(), "a zero timeout means nothing");
+    server.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut buf = [0u8; 8];
+    let start = Instant::now();
+    match server.recv_with_handles(&mut buf) {
+        Err(Error::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::WouldBlock),
+        other => panic!("a read with nothing to get: {other:?}"),
+    }
+    assert!(start.elapsed() >= Duration::from_millis(90), "the read gave up before its timeout");
+    server.set_read_timeout(None).unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        client.send_with_handles(b"late", &[]).unwrap();
+        client
+    });
+    let (n, _) = server.recv_with_handles(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"late");
+    drop(sender.join().unwrap());
 }

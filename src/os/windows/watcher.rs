@@ -20,6 +20,17 @@ use crate::error::{Error, Result};
 /// A handle that a watch keeps open while it watches it.
 pub type SharedHandle = Arc<dyn AsHandle + Send + Sync>;
 
+/// What a watch waits for on one handle, as on Unix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interest {
+    /// Signalled: a process handle whose process has exited, a set event.
+    Readable,
+    /// A stream whose peer closed its end. A pipe's handle is not signalled by that, so a
+    /// watch only keeps such a handle open: the peer's end is learnt from its process handle
+    /// (watched as `Readable`) and from the stream's next read.
+    HangUp,
+}
+
 /// The most handles one watch takes: a wait takes 64, one of them the stop event.
 pub const MAX_HANDLES: usize = 63;
 
@@ -31,14 +42,16 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Watches `handles` and calls `on_event` from the watch's thread when the first of them
-    /// is signalled. Errors: more than [`MAX_HANDLES`], or the thread or its stop event could
-    /// not be made (the caller falls back on polling).
-    pub fn new(handles: Vec<SharedHandle>, on_event: impl FnOnce() + Send + 'static) -> Result<Watch> {
-        if handles.is_empty() || handles.len() > MAX_HANDLES {
+    /// Watches the `Readable` handles of `handles` and calls `on_event` from the watch's thread
+    /// when the first of them is signalled; `HangUp` ones are only kept open (see
+    /// [`Interest::HangUp`]). Errors: no `Readable` handle or more than [`MAX_HANDLES`], or the
+    /// thread or its stop event could not be made (the caller falls back on polling).
+    pub fn new(handles: Vec<(SharedHandle, Interest)>, on_event: impl FnOnce() + Send + 'static) -> Result<Watch> {
+        let readable = handles.iter().filter(|(_, interest)| *interest == Interest::Readable).count();
+        if readable == 0 || readable > MAX_HANDLES {
             return Err(Error::invalid(format!(
-                "a watch of {} handles: watch between 1 and {MAX_HANDLES}",
-                handles.len()
+                "a watch of {readable} signalled handles: watch between 1 and {MAX_HANDLES} (a stream's end alone \
+                 cannot be waited on on Windows: watch its peer's process)"
             )));
         }
         // SAFETY: no security attributes, manual reset, initially unset, no name.
@@ -51,7 +64,12 @@ impl Watch {
             .spawn(move || {
                 let stop_raw = stop_raw;
                 let mut waited: Vec<HANDLE> = vec![stop_raw.0];
-                waited.extend(handles.iter().map(|h| h.as_handle().as_raw_handle()));
+                waited.extend(
+                    handles
+                        .iter()
+                        .filter(|(_, interest)| *interest == Interest::Readable)
+                        .map(|(h, _)| h.as_handle().as_raw_handle()),
+                );
                 // SAFETY: every handle in `waited` stays open while this thread runs: the
                 // watched ones are held by `handles`, the stop event by the Watch, which joins
                 // this thread before closing it.
@@ -89,7 +107,7 @@ impl Drop for Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::windows::notify;
+    use crate::os::windows::{event, notify};
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::{Duration, Instant};
 
@@ -100,10 +118,11 @@ mod tests {
         let calls = Arc::new(AtomicU32::new(0));
         let c = calls.clone();
         let waited: SharedHandle = Arc::new(waited);
-        let watch = Watch::new(vec![Arc::new(other), waited.clone()], move || {
-            c.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        let watch =
+            Watch::new(vec![(Arc::new(other), Interest::Readable), (waited.clone(), Interest::Readable)], move || {
+                c.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         notify::notify(notifier.as_handle());
@@ -117,7 +136,7 @@ mod tests {
         let quiet = Arc::new(AtomicU32::new(0));
         let q = quiet.clone();
         let (unset, notifier) = notify::notify_pair().unwrap();
-        let watch = Watch::new(vec![Arc::new(unset)], move || {
+        let watch = Watch::new(vec![(Arc::new(unset), Interest::Readable)], move || {
             q.fetch_add(1, Ordering::SeqCst);
         })
         .unwrap();
@@ -126,5 +145,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(quiet.load(Ordering::SeqCst), 0);
         assert!(matches!(Watch::new(vec![], || ()), Err(Error::InvalidArgument(_))));
+        let stream_only: SharedHandle = Arc::new(event::new().unwrap());
+        assert!(
+            matches!(Watch::new(vec![(stream_only, Interest::HangUp)], || ()), Err(Error::InvalidArgument(_))),
+            "a watch with nothing a wait can report"
+        );
     }
 }

@@ -327,7 +327,10 @@ impl Geometry {
                 "pool_size {pool_size} exceeds the limit of {MAX_POOL} bytes (1 TiB); the pool also bounds the largest message"
             )));
         }
-        let page = crate::os::page_size() as u64;
+        // The control and data parts are mapped back to back, each from offset 0 of its own
+        // memory object: both lengths must be multiples of the mapping granularity (the page
+        // size on Unix, 64 KiB on Windows).
+        let page = crate::os::map_granularity() as u64;
         let too_large =
             || Error::invalid(format!("pool_size {pool_size} with capacity {slot_count} does not fit in memory"));
         let pool_size = round_up(pool_size.max(page), page).ok_or_else(too_large)?;
