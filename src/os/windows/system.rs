@@ -8,15 +8,26 @@ use windows_sys::Win32::System::Threading::{GetCurrentProcessorNumberEx, GetNuma
 
 use crate::error::{Error, Result};
 
-/// (physical memory + page file, physical memory) in bytes.
+/// (physical memory + page file, physical memory) in bytes, or `None` where the system will not
+/// say.
 pub fn memory_totals() -> Option<(u64, u64)> {
-    let mut status = MEMORYSTATUSEX { dwLength: std::mem::size_of::<MEMORYSTATUSEX>() as u32, ..Default::default() };
-    // SAFETY: a structure of the size its length field says.
-    if unsafe { GlobalMemoryStatusEx(&mut status) } == 0 {
-        return None;
+    // A zero total is no answer: Wine 8 keeps the last answer for a second, and a thread that
+    // asks while another fills it in gets zeros (seen with layer 1's tests in parallel). Asked
+    // again a moment later, it has the real one.
+    for _ in 0..3 {
+        let mut status =
+            MEMORYSTATUSEX { dwLength: std::mem::size_of::<MEMORYSTATUSEX>() as u32, ..Default::default() };
+        // SAFETY: a structure of the size its length field says.
+        if unsafe { GlobalMemoryStatusEx(&mut status) } == 0 {
+            return None;
+        }
+        if status.ullTotalPhys > 0 {
+            // ullTotalPageFile is the commit limit: physical memory plus the page files.
+            return Some((status.ullTotalPageFile.max(status.ullTotalPhys), status.ullTotalPhys));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    // ullTotalPageFile is the commit limit: physical memory plus the page files.
-    Some((status.ullTotalPageFile.max(status.ullTotalPhys), status.ullTotalPhys))
+    None
 }
 
 /// The NUMA nodes with memory, as the Linux kernel lists them: Windows has no such list for
