@@ -632,7 +632,6 @@ fn first_producer(
 ) -> Result<AnySession> {
     use crate::channels::transport::ConsumerTransport;
     use crate::os::poll::{poll, PollFd, PollFlags};
-    use std::os::fd::AsFd;
     // Each carrier's fd is readable while a producer it met waits (its acceptor's thread).
     let mut fds = Vec::new();
     for carrier in carriers.iter_mut() {
@@ -656,7 +655,7 @@ fn first_producer(
         // A slice at most: a carrier without a thread of its own is looked at again.
         let slice = left.map_or(std::time::Duration::from_millis(15), |l| l.min(std::time::Duration::from_millis(15)));
         let mut polled: Vec<PollFd> =
-            fds.iter().map(|fd| PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN)).collect();
+            fds.iter().map(|fd| PollFd::from_borrowed_fd(crate::os::borrow(fd), PollFlags::IN)).collect();
         poll(&mut polled, Some(slice))?;
     }
 }

@@ -7,9 +7,9 @@
 //! producer keeps each arena alive until the messages pointing into it are released, and tells
 //! the consumer which arenas died since ([`ControlRecord::Forget`]) when it announces a new one.
 
+use crate::os::OwnedHandle;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
 use rustix::fs::FileType;
@@ -26,7 +26,7 @@ use crate::os::Mapping;
 // SAFETY: an arena maps its whole memory file (`len` bytes from `base`) for as long as a clone
 // of `keep_alive` lives, and `fd` is that file.
 unsafe impl SharedRegion for SharedArena {
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    fn fd(&self) -> crate::os::BorrowedHandle<'_> {
         SharedArena::fd(self)
     }
     fn arena_len(&self) -> usize {
@@ -69,7 +69,7 @@ pub(super) struct ReceivedArenas {
 /// Maps an arena passed by a producer, read-only, after checking that it is a memory file
 /// sealed against shrinking (so that reading it can never fault) and holds at least `len`
 /// bytes.
-pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
+pub(super) fn map_arena(fd: &OwnedHandle, len: u64) -> Result<Mapping> {
     if len == 0 || len > MAX_ARENA_LEN {
         return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
     }

@@ -5,7 +5,7 @@
 //! ring (a [`ShmProducer`]) goes to the fan-out in the channel core, which takes it up at its
 //! next send and publishes to it as to any consumer's end.
 
-use std::os::fd::{AsFd, OwnedFd};
+use crate::os::OwnedHandle;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -45,7 +45,7 @@ impl Meeting<'_> {
 /// A fan-out producer's acceptor; dropping it stops the thread, which closes the socket, and
 /// gives up the channel's producer end.
 pub(crate) struct FanOutAcceptor {
-    stop: OwnedFd,
+    stop: OwnedHandle,
     thread: Option<JoinHandle<()>>,
     max_len: usize,
     _lock: EndLock,
@@ -95,7 +95,7 @@ impl FanOutAcceptor {
 
 impl Drop for FanOutAcceptor {
     fn drop(&mut self) {
-        event::signal(self.stop.as_fd());
+        event::signal(crate::os::borrow(&self.stop));
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -111,7 +111,7 @@ fn accept_consumers<T>(
     config: &ChannelConfig,
     arrivals: &Arrivals<T>,
     mut meet: impl FnMut(Meeting<'_>) -> Result<T>,
-    stop: &OwnedFd,
+    stop: &OwnedHandle,
 ) {
     loop {
         let mut fds = [PollFd::new(stop, PollFlags::IN), PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN)];

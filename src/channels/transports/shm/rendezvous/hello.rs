@@ -2,8 +2,8 @@
 //! route it offers, descriptors attached) and the consumer's answer (its sections, or a
 //! refusal with its reason), and how sections are encoded in both.
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::io::ErrorKind;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::channels::transport::Attachment;
 use crate::error::{Error, Result};
@@ -66,7 +66,7 @@ fn put_sections(out: &mut Vec<u8>, sections: &[Attachment]) {
 }
 
 /// Reads the sections at `bytes[at..]`, handing out `fds` in order; everything is checked.
-fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> Result<Vec<Attachment>> {
+fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedHandle>, what: &str) -> Result<Vec<Attachment>> {
     let bad = |why: &str| Error::Corrupt(format!("rendezvous: the peer's {what} {why}"));
     let rest = |at: usize| bytes.get(at..).unwrap_or_default();
     let (count, _) = U32::read_from_prefix(rest(at)).map_err(|_| bad("is cut short"))?;
@@ -88,7 +88,7 @@ fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> 
         let body = bytes.get(at..at + len).ok_or_else(|| bad("is cut short"))?;
         at += len;
         fds_claimed += fd_count;
-        let mine: Vec<OwnedFd> = fds.by_ref().take(fd_count).collect();
+        let mine: Vec<OwnedHandle> = fds.by_ref().take(fd_count).collect();
         if mine.len() != fd_count {
             return Err(bad(&format!("claims {fds_claimed} descriptors but carries fewer")));
         }
@@ -107,7 +107,8 @@ pub fn send_hello(sock: &Stream, name: &str, sections: &[Attachment]) -> Result<
     out.extend_from_slice(HelloHead { magic: *HELLO_MAGIC, name_len: (name.len() as u32).into() }.as_bytes());
     out.extend_from_slice(name.as_bytes());
     put_sections(&mut out, sections);
-    let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.handles.iter().map(|f| f.as_fd())).collect();
+    let fds: Vec<BorrowedHandle<'_>> =
+        sections.iter().flat_map(|s| s.handles.iter().map(|f| crate::os::borrow(f))).collect();
     crate::os::stream::send_with_handles(sock, &out, &fds)
 }
 
@@ -115,7 +116,7 @@ pub fn send_hello(sock: &Stream, name: &str, sections: &[Attachment]) -> Result<
 pub const MAX_HELLO_LEN: usize = 16 + 64 + 4 + MAX_SECTIONS * (12 + MAX_SECTION_LEN);
 
 /// Parses a hello received with its descriptors: (channel name, sections).
-pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Attachment>)> {
+pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedHandle>) -> Result<(String, Vec<Attachment>)> {
     let bad = |what: &str| Error::Corrupt(format!("rendezvous: producer's hello {what}"));
     let head = match HelloHead::ref_from_prefix(bytes) {
         Ok((head, _)) if &head.magic == HELLO_MAGIC => head,
@@ -280,7 +281,7 @@ mod tests {
         /// what its bytes encode.
         #[test]
         fn fuzz_hello(bytes in crate::fuzz::bytes_near(valid_hello(), 200), fd_count in 0usize..3) {
-            let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::event::new().unwrap()).collect();
+            let fds: Vec<OwnedHandle> = (0..fd_count).map(|_| crate::os::event::new().unwrap()).collect();
             if let Ok((name, sections)) = decode_hello(&bytes, fds) {
                 prop_assert!(sections.len() <= MAX_SECTIONS);
                 prop_assert_eq!(sections.iter().map(|s| s.handles.len()).sum::<usize>(), fd_count);

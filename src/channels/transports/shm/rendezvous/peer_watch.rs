@@ -1,7 +1,7 @@
 //! How each side of an established channel learns that its peer has gone: a handle of the
 //! peer's process (`os::process`) and the rendezvous socket, watched by the process's watcher or polled.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use crate::os::BorrowedHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -103,13 +103,13 @@ impl PeerWatch {
         &self.sock
     }
 
-    pub fn socket_fd(&self) -> BorrowedFd<'_> {
-        self.sock.as_fd()
+    pub fn socket_fd(&self) -> BorrowedHandle<'_> {
+        crate::os::borrow(&self.sock)
     }
 
     /// The handle of the peer's process, readable once it has exited.
-    pub fn process_handle(&self) -> Option<BorrowedFd<'_>> {
-        self.process.as_ref().map(|p| p.as_fd())
+    pub fn process_handle(&self) -> Option<BorrowedHandle<'_>> {
+        self.process.as_ref().map(|p| crate::os::borrow(p))
     }
 
     /// Whether the peer's process has exited; `false` where there is no handle of it, or

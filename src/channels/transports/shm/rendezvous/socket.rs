@@ -84,8 +84,8 @@ impl Listener {
     }
 
     /// The listening socket, readable while a connection waits to be accepted.
-    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&self.listener)
+    pub fn as_fd(&self) -> crate::os::BorrowedHandle<'_> {
+        crate::os::borrow(&self.listener)
     }
 
     /// Accepts one connection from a process of this user, waiting until `deadline`
