@@ -48,6 +48,20 @@ impl Listener {
             }
         }
     }
+
+    /// Accepts one connection, waiting for it at most `timeout` (`None`: no limit; zero: only
+    /// one already waiting): `None` when none came in time.
+    pub fn accept_within(&self, timeout: Option<std::time::Duration>) -> std::io::Result<Option<Stream>> {
+        if let Some(sock) = self.try_accept()? {
+            return Ok(Some(sock));
+        }
+        if timeout == Some(std::time::Duration::ZERO) {
+            return Ok(None);
+        }
+        let mut fds = [super::poll::PollFd::new(&self.0, super::poll::PollFlags::IN)];
+        super::poll::poll(&mut fds, timeout).map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.try_accept()
+    }
 }
 
 impl std::os::fd::AsFd for Listener {

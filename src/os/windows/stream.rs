@@ -224,6 +224,16 @@ impl Listener {
         }
     }
 
+    /// The next client, waiting for it at most `timeout` (`None`: no limit; zero: only one
+    /// already waiting), as a Unix listener's `accept_within`: `Ok(None)` when none came.
+    pub fn accept_within(&self, timeout: Option<Duration>) -> std::io::Result<Option<Stream>> {
+        match self.accept(timeout) {
+            Ok(stream) => Ok(Some(stream)),
+            Err(Error::Timeout(_)) => Ok(None),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    }
+
     /// Waits for the next client, at most `timeout` (`None`: no limit): `Timeout` when none
     /// came.
     pub fn accept(&self, timeout: Option<Duration>) -> Result<Stream> {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use super::end_lock::{file_id, holder, End, EndLock, FileId};
 use super::runtime_dir::socket_path;
 use crate::error::{Error, Result};
-use crate::os::poll::{poll, PollFd, PollFlags};
 use crate::os::stream::{self, PeerIdentity, Stream};
 use crate::os::user;
 
@@ -84,6 +83,7 @@ impl Listener {
     }
 
     /// The listening socket, readable while a connection waits to be accepted.
+    #[cfg(unix)]
     pub fn as_fd(&self) -> crate::os::BorrowedHandle<'_> {
         crate::os::borrow(&self.listener)
     }
@@ -98,7 +98,11 @@ impl Listener {
         channel: &str,
     ) -> Result<Option<(Stream, PeerIdentity)>> {
         loop {
-            match self.listener.try_accept() {
+            let wait = match deadline {
+                None => None,
+                Some(d) => Some(d.saturating_duration_since(Instant::now())),
+            };
+            match self.listener.accept_within(wait) {
                 Ok(Some(sock)) => {
                     let peer = stream::peer(&sock)?;
                     match check_same_user(&peer, channel) {
@@ -109,21 +113,10 @@ impl Listener {
                         }
                     }
                 }
+                Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Ok(None) => {}
                 Err(e) => return Err(Error::os(format!("accept on {}", self.path.display()), e)),
             }
-            let wait = match deadline {
-                None => None,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(None);
-                    }
-                    Some(d - now)
-                }
-            };
-            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
-            poll(&mut fds, wait.map(|w| w.max(Duration::from_millis(1))))?;
         }
     }
 }
