@@ -29,7 +29,6 @@ use super::transports::{AnyConsumer, AnyRouteReceiver, AnySession, ConsumerParts
 use super::wait::Waiter;
 use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::poll::{poll, PollFd, PollFlags};
 use crate::os::poller::{EventFlags, Poller};
 
 /// The most messages one producer's turn takes when others have messages waiting: long enough
@@ -474,8 +473,7 @@ impl FanIn {
         // The liveness of producers whose kernel cannot report their exit is polled at the
         // carrier's period by the slow pass.
         let timeout = Some(timeout.map_or(Duration::from_millis(15), |t| t.min(Duration::from_millis(15))));
-        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-        poll(&mut fds, timeout)?;
+        crate::os::ready::wait_readable(&[fd], timeout)?;
         Ok(())
     }
 

@@ -18,7 +18,6 @@ use crate::channels::transport::Attachment;
 use crate::channels::WaitStrategy;
 use crate::error::{Error, Result};
 use crate::os::event;
-use crate::os::poll::{poll, PollFd, PollFlags};
 
 /// How long a producer that connected has to send its hello (it makes and faults in its
 /// region first); one that never does keeps the others waiting this long at most.
@@ -87,8 +86,7 @@ impl Acceptor {
             if left == Some(Duration::ZERO) {
                 return None;
             }
-            let mut fds = [PollFd::new(&self.met.ready, PollFlags::IN)];
-            let _ = poll(&mut fds, left);
+            let _ = crate::os::ready::wait_readable(&[crate::os::borrow(&self.met.ready)], left);
         }
     }
 
@@ -124,8 +122,7 @@ fn accept_producers(
 ) {
     let mut sessions = 0u64;
     loop {
-        let mut fds = [PollFd::new(stop, PollFlags::IN), PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN)];
-        if poll(&mut fds, None).is_err() || !fds[0].revents().is_empty() {
+        if !crate::os::ready::wait_listener(listener.inner(), crate::os::borrow(stop)).unwrap_or(false) {
             break;
         }
         let mut refused = Vec::new();

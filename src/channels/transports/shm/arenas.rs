@@ -12,7 +12,6 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 
-use rustix::fs::FileType;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -73,15 +72,17 @@ pub(super) fn map_arena(fd: &OwnedHandle, len: u64) -> Result<Mapping> {
     if len == 0 || len > MAX_ARENA_LEN {
         return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
     }
-    let st = match rustix::fs::fstat(fd) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+    // A memfd is a regular file; a Windows section is none, and is recognised as a section.
+    use crate::os::facts::{facts, HandleKind};
+    let size = match facts(fd) {
+        Ok(f) if f.kind == HandleKind::RegularFile || (f.kind == HandleKind::Other && shm::is_shm(fd)) => f.size,
         _ => return Err(Error::Corrupt("its fd is not a memory file".into())),
     };
     if !shm::size_is_fixed(fd) {
         return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
     }
-    if (st.st_size as u64) < len {
-        return Err(Error::Corrupt(format!("its memory file has {} bytes, {len} were announced", st.st_size)));
+    if size < len {
+        return Err(Error::Corrupt(format!("its memory file has {size} bytes, {len} were announced")));
     }
     Mapping::shared_read_only(fd, 0, len as usize)
 }

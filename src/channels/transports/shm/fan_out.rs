@@ -19,7 +19,6 @@ use crate::channels::transport::{Attachment, TransportInfo};
 use crate::channels::ChannelConfig;
 use crate::error::{Error, Result};
 use crate::os::event;
-use crate::os::poll::{poll, PollFd, PollFlags};
 use crate::os::stream::{PeerIdentity, Stream};
 
 /// One consumer that connected, in the slot it was given: the handshake still to run.
@@ -114,8 +113,7 @@ fn accept_consumers<T>(
     stop: &OwnedHandle,
 ) {
     loop {
-        let mut fds = [PollFd::new(stop, PollFlags::IN), PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN)];
-        if poll(&mut fds, None).is_err() || !fds[0].revents().is_empty() {
+        if !crate::os::ready::wait_listener(listener.inner(), crate::os::borrow(stop)).unwrap_or(false) {
             break;
         }
         let mut refused = Vec::new();

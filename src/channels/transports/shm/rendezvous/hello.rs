@@ -8,7 +8,6 @@ use std::io::ErrorKind;
 use crate::channels::transport::Attachment;
 use crate::error::{Error, Result};
 use crate::os::stream::Stream;
-use rustix::io::Errno;
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -143,24 +142,13 @@ pub fn send_ack(sock: &Stream, status: u32, text: &str, sections: &[Attachment])
     let mut body = Vec::with_capacity(4 + out.len());
     body.extend_from_slice(U32::new(out.len() as u32).as_bytes());
     body.extend_from_slice(&out);
-    let mut sent = 0;
-    while sent < body.len() {
-        // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
-        // kill a C host process that keeps the default signal action.
-        match rustix::net::send(sock, &body[sent..], crate::os::stream::SEND_NO_SIGNAL) {
-            Ok(n) => sent += n,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(Error::os("sending the rendezvous answer", e.into())),
-        }
-    }
-    Ok(())
+    crate::os::stream::send_all(sock, &body).map_err(|e| Error::os("sending the rendezvous answer", e))
 }
 
 /// Reads the consumer's answer: its sections on acceptance, the refusal as an error.
 pub fn recv_ack(sock: &Stream, channel: &str) -> Result<Vec<Attachment>> {
-    use std::io::Read;
     let read = |buf: &mut [u8]| {
-        (&*sock).read_exact(buf).map_err(|e| match e.kind() {
+        crate::os::stream::recv_exact(sock, buf).map_err(|e| match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout(format!(
                 "the consumer of channel {channel:?} did not answer in time (it may already have a producer)"
             )),

@@ -82,10 +82,9 @@ impl Listener {
         &self.path
     }
 
-    /// The listening socket, readable while a connection waits to be accepted.
-    #[cfg(unix)]
-    pub fn as_fd(&self) -> crate::os::BorrowedHandle<'_> {
-        crate::os::borrow(&self.listener)
+    /// The platform's listener, to wait on (`os::ready::wait_listener`).
+    pub fn inner(&self) -> &stream::Listener {
+        &self.listener
     }
 
     /// Accepts one connection from a process of this user, waiting until `deadline`
@@ -98,10 +97,7 @@ impl Listener {
         channel: &str,
     ) -> Result<Option<(Stream, PeerIdentity)>> {
         loop {
-            let wait = match deadline {
-                None => None,
-                Some(d) => Some(d.saturating_duration_since(Instant::now())),
-            };
+            let wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match self.listener.accept_within(wait) {
                 Ok(Some(sock)) => {
                     let peer = stream::peer(&sock)?;
