@@ -62,10 +62,16 @@
 //! passing handles by `DuplicateHandle`, manual-reset events for events and notifications,
 //! process handles, `LockFileEx`, `%LOCALAPPDATA%\lava-flow` and the user's SID, a spinning and
 //! sleeping wait (no cross-process wait on an address exists), [`facts`] from the section
-//! query. It has no readiness set that is itself a handle (`poll`, `poller`: not built there)
-//! and no barrier that reaches other processes (`FlushProcessWriteBuffers` orders this
-//! process only). NUMA binding and huge pages are `Unsupported` there. Memory is built on
-//! Windows (without the `vulkan` feature so far); channels are not yet.
+//! query. It has no readiness set that is itself a handle (its `poller::Poller::new` answers
+//! `Unsupported`; `poll` is not built there) and no barrier that reaches other processes
+//! (`FlushProcessWriteBuffers` orders this process only). NUMA binding and huge pages are
+//! `Unsupported` there. Memory and channels are built on Windows (without the `vulkan`
+//! feature so far).
+//!
+//! - **waits over a few handles** ([`ready`]): `wait_readable` over a list with a timeout
+//!   (Unix `poll`; Windows `WaitForMultipleObjects`), and `wait_listener` for a listener or a
+//!   stop event (Windows looks for a client every 10 ms: a named pipe's listener is no handle
+//!   a wait can take without accepting).
 
 #[cfg(target_os = "linux")]
 mod linux;

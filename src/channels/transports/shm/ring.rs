@@ -554,7 +554,8 @@ impl Region {
     }
 }
 
-#[cfg(test)]
+// The seals and descriptors these tests check are Linux and macOS memory files.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

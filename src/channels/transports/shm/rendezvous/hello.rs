@@ -212,7 +212,8 @@ pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Attachment>> {
     take_sections(body, start + text_len, Vec::new(), "answer")
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -166,7 +166,8 @@ impl PeerWatch {
     }
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
 
