@@ -203,6 +203,7 @@ mod tests {
         ("LF_WINDOWS_TEST_CHILD", "set by the Windows platform layer's tests for the children they spawn"),
         ("LF_TEST_LOCK", "set by the Windows platform layer's lock test for its child"),
         ("LF_TEST_PIPE", "set by the Windows platform layer's stream tests for their children"),
+        ("LF_TEST_CHANNEL", "set by the Windows channel tests for their children: the channel to meet on"),
         ("LF_REQUIRE_VULKAN", "read by the tests only: they fail instead of skipping without a Vulkan device"),
         ("LF_REQUIRE_MPI", "read by the tests only: they fail instead of skipping where mpirun cannot start"),
         ("LF_TEST_SIGNALS", "set by the MPI tests for their ranks: a folder for signals that must not go through MPI"),

@@ -51,9 +51,8 @@
 // An `unsafe fn`'s body is not one unsafe block: each unsafe operation in it says why it holds.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// Channels (their transports pass handles between processes and wait on readiness sets) are
-// built for Linux and macOS so far; their Windows side is not built yet.
-#[cfg(unix)]
+// Channels are built wherever memory is (on Windows without the `vulkan` feature so far).
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod channels;
 pub mod config;
 pub mod env;
@@ -62,11 +61,11 @@ pub mod logging;
 // On Windows without its GPU half for now: `memory::gpu` (Vulkan) is not built there yet, so
 // memory is compiled there only in builds without the `vulkan` feature.
 #[cfg(any(unix, not(feature = "vulkan")))]
-// What only channels use of it is unused where channels are not built.
+// Parts of it serve only what Windows does not build yet (GPU routes).
 #[cfg_attr(not(unix), allow(dead_code, unused_imports))]
 pub mod memory;
 pub mod mpi;
-// Its users are compiled out on Windows so far (see `memory`).
+// Parts of it serve only what Windows does not build yet (see `memory`).
 #[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) mod os;
 pub mod types;

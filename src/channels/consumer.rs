@@ -1,12 +1,12 @@
 //! The receiving end of a channel: blocking, non-blocking, pollable-fd and async receives of
 //! zero-copy [`Message`] views.
 
+use crate::os::BorrowedHandle;
+#[cfg(feature = "async-io")]
+use crate::os::OwnedHandle;
 #[cfg(feature = "async-io")]
 use std::future::Future;
 use std::ops::Deref;
-use std::os::fd::BorrowedFd;
-#[cfg(feature = "async-io")]
-use std::os::fd::OwnedFd;
 #[cfg(feature = "async-io")]
 use std::pin::Pin;
 use std::sync::OnceLock;
@@ -58,7 +58,7 @@ pub struct Consumer {
     /// The notification fd (a duplicate of the transport's), registered with async-io's
     /// reactor by the first [`recv_async`](Self::recv_async) that has to wait.
     #[cfg(feature = "async-io")]
-    notify_async: Option<async_io::Async<OwnedFd>>,
+    notify_async: Option<async_io::Async<OwnedHandle>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -187,7 +187,7 @@ impl Consumer {
     /// [`Message::ready_value`]; `Unsupported` where GPU buffers are synchronised on the host
     /// or staged. A fan-in's producers each have their own: `InvalidState`, saying to ask for
     /// the message's producer's with [`producer_ready_semaphore`](Self::producer_ready_semaphore).
-    pub fn ready_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
+    pub fn ready_semaphore(&mut self) -> Result<crate::os::OwnedHandle> {
         if self.fan_in.is_some() {
             return Err(Error::InvalidState(format!(
                 "channel {:?} is a fan-in, whose producers each have their own ready semaphore: ask for the one of \
@@ -226,7 +226,7 @@ impl Consumer {
     /// this process's GPU work to signal as it lets go of GPU messages
     /// ([`RoutedPayload::released_by_caller`](super::transport::RoutedPayload::released_by_caller)).
     /// Pair channels only; `Unsupported`, saying why, where the producer has none.
-    pub fn released_semaphore(&mut self) -> Result<std::os::fd::OwnedFd> {
+    pub fn released_semaphore(&mut self) -> Result<crate::os::OwnedHandle> {
         if self.fan_in.is_some() {
             return Err(Error::Unsupported(format!(
                 "channel {:?} is a fan-in: its producers have no released semaphore (pair channels only)",
@@ -253,7 +253,7 @@ impl Consumer {
     /// counts on; on a pair channel, slot 0 is its producer ([`ready_semaphore`](Self::ready_semaphore)).
     /// `Unsupported` where that producer's GPU buffers are synchronised on the host or staged;
     /// `InvalidState` for a slot with no producer.
-    pub fn producer_ready_semaphore(&mut self, slot: u32) -> Result<std::os::fd::OwnedFd> {
+    pub fn producer_ready_semaphore(&mut self, slot: u32) -> Result<crate::os::OwnedHandle> {
         match &self.fan_in {
             Some(fan_in) => fan_in.ready_semaphore(slot),
             None if slot == 0 => self.ready_semaphore(),
@@ -453,7 +453,7 @@ impl Consumer {
     /// after the producer has gone. Owned by the consumer. From this call on, the producer
     /// makes a syscall per message that finds the consumer waiting on the fd; call
     /// [`try_recv`](Self::try_recv) until `WouldBlock` after each wake-up.
-    pub fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+    pub fn notify_fd(&mut self) -> Result<BorrowedHandle<'_>> {
         if let Some(fan_in) = self.fan_in.as_deref_mut() {
             return fan_in.app_notify_fd(&mut self.carrier);
         }
@@ -549,7 +549,7 @@ impl Consumer {
 
     /// The notification fd in async-io's reactor, registered on first use.
     #[cfg(feature = "async-io")]
-    fn notify_async(&mut self) -> Result<&async_io::Async<OwnedFd>> {
+    fn notify_async(&mut self) -> Result<&async_io::Async<OwnedHandle>> {
         if self.notify_async.is_none() {
             let fd = self
                 .notify_fd()?

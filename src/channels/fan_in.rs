@@ -16,7 +16,7 @@
 //! of the producer that sent it, never another's. They go with the slot's end; what held
 //! messages still use stays with the retired session until they are released.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use crate::os::BorrowedHandle;
 use std::time::{Duration, Instant};
 
 use super::peers::Peer;
@@ -29,7 +29,6 @@ use super::transports::{AnyConsumer, AnyRouteReceiver, AnySession, ConsumerParts
 use super::wait::Waiter;
 use super::{ChannelConfig, WaitStrategy};
 use crate::error::{Error, Result};
-use crate::os::poll::{poll, PollFd, PollFlags};
 use crate::os::poller::{EventFlags, Poller};
 
 /// The most messages one producer's turn takes when others have messages waiting: long enough
@@ -276,7 +275,7 @@ impl FanIn {
 
     /// The fd that is readable while a message, a producer's end or a new producer waits on
     /// any of the carriers, for the application: every session is watched for it from now on.
-    pub(super) fn app_notify_fd<'a>(&'a mut self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
+    pub(super) fn app_notify_fd<'a>(&'a mut self, carrier: &'a mut AnyConsumer) -> Result<BorrowedHandle<'a>> {
         if !self.app_fd {
             self.app_fd = true;
             for slot in self.slots.iter_mut() {
@@ -290,9 +289,9 @@ impl FanIn {
 
     /// The fd that is readable while a message, a producer's end or a new producer waits on
     /// any of the carriers (for a session that sleeps: see `sleep`).
-    fn notify_fd<'a>(&'a self, carrier: &'a mut AnyConsumer) -> Result<BorrowedFd<'a>> {
+    fn notify_fd<'a>(&'a self, carrier: &'a mut AnyConsumer) -> Result<BorrowedHandle<'a>> {
         match &self.notify {
-            Some(epoll) => Ok(epoll.as_fd()),
+            Some(epoll) => Ok(crate::os::borrow(epoll)),
             None => carrier.notify_fd(),
         }
     }
@@ -474,8 +473,7 @@ impl FanIn {
         // The liveness of producers whose kernel cannot report their exit is polled at the
         // carrier's period by the slow pass.
         let timeout = Some(timeout.map_or(Duration::from_millis(15), |t| t.min(Duration::from_millis(15))));
-        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-        poll(&mut fds, timeout)?;
+        crate::os::ready::wait_readable(&[fd], timeout)?;
         Ok(())
     }
 
@@ -513,7 +511,7 @@ impl FanIn {
 
     /// A new descriptor of the ready semaphore of the producer in slot `slot` (see
     /// `Consumer::producer_ready_semaphore`).
-    pub(super) fn ready_semaphore(&self, slot: u32) -> Result<std::os::fd::OwnedFd> {
+    pub(super) fn ready_semaphore(&self, slot: u32) -> Result<crate::os::OwnedHandle> {
         let Some(entry) = self.slots.get(slot as usize).filter(|s| s.session.is_some()) else {
             return Err(Error::InvalidState(format!(
                 "fan-in channel {:?} has no producer in slot {slot}: see Consumer::peers for the slots taken",

@@ -12,7 +12,7 @@
 //! differs. What a consumer's routes keep alive for it goes back when it dies (`PeerHolds`,
 //! one per consumer's end).
 
-use std::os::fd::OwnedFd;
+use crate::os::OwnedHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -610,7 +610,7 @@ impl FanOut {
     }
 
     /// A descriptor of the ready semaphore that every consumer's GPU route shares.
-    pub(super) fn ready_semaphore(&self) -> Result<OwnedFd> {
+    pub(super) fn ready_semaphore(&self) -> Result<OwnedHandle> {
         match self.outs.iter().flatten().find_map(|o| o.routes.get(MemoryKind::Vulkan)) {
             Some(gpu) => gpu.ready_semaphore(),
             None => Err(Error::Unsupported(format!(

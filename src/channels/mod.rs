@@ -358,5 +358,8 @@ pub fn preview_transports(
     Ok(transports::preview(&plan, context))
 }
 
-#[cfg(test)]
+// Unix's descriptors and sockets throughout.
+#[cfg(all(unix, test))]
 mod tests;
+#[cfg(all(windows, test))]
+mod windows_tests;

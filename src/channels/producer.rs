@@ -1,6 +1,6 @@
 //! The sending end of a channel.
 
-use std::os::fd::OwnedFd;
+use crate::os::OwnedHandle;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -479,7 +479,7 @@ impl Producer {
     /// A new descriptor of the channel's ready semaphore (a Vulkan timeline semaphore exported
     /// as an opaque fd), for the producer's GPU work to signal; `Unsupported` where GPU
     /// buffers are synchronised on the host or staged.
-    pub fn ready_semaphore(&self) -> Result<OwnedFd> {
+    pub fn ready_semaphore(&self) -> Result<OwnedHandle> {
         if let Some(fan_out) = &self.fan_out {
             return fan_out.ready_semaphore();
         }
@@ -499,7 +499,7 @@ impl Producer {
     /// [`wait_completed`](Self::wait_completed) would wait on the host. Needs
     /// [`ChannelConfig::released_semaphore`]; `Unsupported`, saying why, where the channel has
     /// none.
-    pub fn released_semaphore(&self) -> Result<OwnedFd> {
+    pub fn released_semaphore(&self) -> Result<OwnedHandle> {
         if self.fan_out.is_some() {
             return Err(Error::Unsupported(format!(
                 "fan-out channel {:?} has no released semaphore: each consumer releases a GPU message on its own, \

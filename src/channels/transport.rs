@@ -25,9 +25,9 @@
 //! (a lava-flow buffer from Layer 1) go through [`ProducerTransport::send_region`], with the
 //! region described by [`SharedRegion`].
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
 use std::fmt;
-use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,7 +51,7 @@ pub struct Attachment {
 }
 
 /// An OS handle an attachment passes (a file descriptor on Linux).
-pub type OsHandle = OwnedFd;
+pub type OsHandle = OwnedHandle;
 
 impl Attachment {
     pub fn new(route: u32, bytes: Vec<u8>) -> Self {
@@ -251,7 +251,7 @@ pub trait Release: Send + Sync {
 /// least `arena_len()` bytes holding the same bytes.
 pub unsafe trait SharedRegion {
     /// The file behind the region, passed to the peer over the rendezvous socket once.
-    fn fd(&self) -> BorrowedFd<'_>;
+    fn fd(&self) -> BorrowedHandle<'_>;
     /// The size of the file (the peer maps `[0, arena_len)`).
     fn arena_len(&self) -> usize;
     /// Identifies the arena in this process while a `Weak` of `keep_alive()` lives.
@@ -468,7 +468,7 @@ pub trait ConsumerTransport: Send {
     /// syscall per message only while the consumer sleeps on it). A fan-in's carrier also
     /// watches its rendezvous there: a producer waiting to attach keeps it readable until
     /// [`try_accept`](Self::try_accept) takes it up.
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>>;
+    fn notify_fd(&mut self) -> Result<BorrowedHandle<'_>>;
 
     /// Adds `session` to what [`notify_fd`](Self::notify_fd) watches, once it is set up.
     fn watch(&mut self, session: &mut Self::Session) -> Result<()>;
@@ -680,7 +680,7 @@ pub trait RouteSender: Send {
     /// A new descriptor of the route's released semaphore, which the consumer signals to
     /// `seq + 1` once it let go of message `seq` and every GPU message before it
     /// (`Unsupported`, saying why, where the channel has none).
-    fn released_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
+    fn released_semaphore(&self) -> Result<crate::os::OwnedHandle>;
 
     /// The message just packed went out as `seq`: the route keeps its memory alive until the
     /// consumer has released it.
@@ -688,7 +688,7 @@ pub trait RouteSender: Send {
 
     /// A new descriptor of the route's ready semaphore, for the producer's own GPU work to
     /// signal (`Unsupported` where the route synchronises on the host).
-    fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
+    fn ready_semaphore(&self) -> Result<crate::os::OwnedHandle>;
 
     /// The ready semaphore this route shares with the consumer, for the channel's other routes.
     fn ready_share(&self) -> ReadyOffer {
@@ -853,12 +853,12 @@ pub trait RouteReceiver: Send {
 
     /// A new descriptor of the ready semaphore of the current producer, for the consumer's
     /// own GPU work to wait on (`Unsupported` where the route synchronises on the host).
-    fn ready_semaphore(&self) -> Result<std::os::fd::OwnedFd>;
+    fn ready_semaphore(&self) -> Result<crate::os::OwnedHandle>;
 
     /// A new descriptor of the current producer's released semaphore, for the consumer's own
     /// GPU work to signal ([`RoutedPayload::released_by_caller`]); `Unsupported`, saying why,
     /// where the producer has none.
-    fn released_semaphore(&self) -> Result<std::os::fd::OwnedFd> {
+    fn released_semaphore(&self) -> Result<crate::os::OwnedHandle> {
         Err(Error::Unsupported("this route has no released semaphore".to_owned()))
     }
 

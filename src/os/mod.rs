@@ -62,10 +62,16 @@
 //! passing handles by `DuplicateHandle`, manual-reset events for events and notifications,
 //! process handles, `LockFileEx`, `%LOCALAPPDATA%\lava-flow` and the user's SID, a spinning and
 //! sleeping wait (no cross-process wait on an address exists), [`facts`] from the section
-//! query. It has no readiness set that is itself a handle (`poll`, `poller`: not built there)
-//! and no barrier that reaches other processes (`FlushProcessWriteBuffers` orders this
-//! process only). NUMA binding and huge pages are `Unsupported` there. Memory is built on
-//! Windows (without the `vulkan` feature so far); channels are not yet.
+//! query. It has no readiness set that is itself a handle (its `poller::Poller::new` answers
+//! `Unsupported`; `poll` is not built there) and no barrier that reaches other processes
+//! (`FlushProcessWriteBuffers` orders this process only). NUMA binding and huge pages are
+//! `Unsupported` there. Memory and channels are built on Windows (without the `vulkan`
+//! feature so far).
+//!
+//! - **waits over a few handles** ([`ready`]): `wait_readable` over a list with a timeout
+//!   (Unix `poll`; Windows `WaitForMultipleObjects`), and `wait_listener` for a listener or a
+//!   stop event (Windows looks for a client every 10 ms: a named pipe's listener is no handle
+//!   a wait can take without accepting).
 
 #[cfg(target_os = "linux")]
 mod linux;
@@ -93,7 +99,7 @@ pub use platform::{event, membarrier, poller, process, shm, system, wait};
 pub use platform::{
     event, facts, lock,
     mapping::{map_granularity, page_size, Mapping},
-    membarrier, notify, process, shm, stream, system, user, wait, watcher,
+    membarrier, notify, poller, process, ready, shm, stream, system, user, wait, watcher,
 };
 #[cfg(unix)]
 #[allow(unused_imports)]
@@ -108,7 +114,7 @@ pub(crate) use platform::test_child;
 #[allow(unused_imports)]
 pub use unix::mapping::{map_granularity, page_size, Mapping};
 #[cfg(any(target_os = "linux", target_os = "macos"))]
-pub use unix::{facts, lock, notify, poll, stream, user, watcher};
+pub use unix::{facts, lock, notify, ready, stream, user, watcher};
 
 /// Borrows any handle (`as_fd` on Unix, `as_handle` on Windows: the traits' methods are named
 /// apart, the callers name this one).
@@ -136,6 +142,48 @@ pub fn raw<H: AsHandle + ?Sized>(handle: &H) -> RawHandle {
 #[cfg(windows)]
 pub fn raw<H: AsHandle + ?Sized>(handle: &H) -> RawHandle {
     std::os::windows::io::AsRawHandle::as_raw_handle(&handle.as_handle())
+}
+
+/// A handle as a C driver API takes it by value where it shares memory (CUDA's shareable
+/// handles): a descriptor's number widened to a pointer; a `HANDLE` as it is.
+#[cfg(unix)]
+pub fn driver_value<H: AsHandle + ?Sized>(handle: &H) -> *mut std::ffi::c_void {
+    raw(handle) as isize as *mut std::ffi::c_void
+}
+
+/// A handle as a C driver API takes it by value where it shares memory (CUDA's shareable
+/// handles): a descriptor's number widened to a pointer; a `HANDLE` as it is.
+#[cfg(windows)]
+pub fn driver_value<H: AsHandle + ?Sized>(handle: &H) -> *mut std::ffi::c_void {
+    raw(handle)
+}
+
+/// Owns the handle a driver API made and returned as a C `int` (a descriptor on Unix).
+///
+/// # Safety
+/// `value` is a handle the driver made for this caller, owned by nothing else.
+#[cfg(unix)]
+pub unsafe fn own_driver_value(value: std::ffi::c_int) -> OwnedHandle {
+    // SAFETY: the caller's promise.
+    unsafe { std::os::fd::FromRawFd::from_raw_fd(value) }
+}
+
+/// Owns the handle a driver API made and returned as a C `int` (a descriptor on Unix).
+///
+/// # Safety
+/// `value` is a handle the driver made for this caller, owned by nothing else.
+#[cfg(windows)]
+pub unsafe fn own_driver_value(value: std::ffi::c_int) -> OwnedHandle {
+    // SAFETY: the caller's promise.
+    unsafe { std::os::windows::io::FromRawHandle::from_raw_handle(value as isize as RawHandle) }
+}
+
+/// Gives `handle` to a driver that has taken it over (it closes it): nothing here closes it.
+pub fn give_to_driver(handle: OwnedHandle) {
+    #[cfg(unix)]
+    let _ = std::os::fd::IntoRawFd::into_raw_fd(handle);
+    #[cfg(windows)]
+    let _ = std::os::windows::io::IntoRawHandle::into_raw_handle(handle);
 }
 
 /// How [`shm::create`] makes a shared-memory object.

@@ -17,7 +17,6 @@
 //! `gpu_messages`.
 
 use std::ffi::{c_char, c_int, CString};
-use std::os::fd::AsRawFd;
 
 use parking_lot::Mutex;
 
@@ -207,7 +206,7 @@ pub unsafe extern "C" fn lf_channel_fd(channel: *mut lf_channel, out: *mut c_int
         let out = out_ptr(out, "out")?;
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
-        let fd = consumer(&mut guard)?.notify_fd()?.as_raw_fd();
+        let fd = crate::descriptor_lent_to_c(consumer(&mut guard)?.notify_fd()?, "lf_channel_fd")?;
         write_out(out, fd);
         Ok(())
     })

@@ -10,9 +10,8 @@
 //! - No panic crosses the boundary: it becomes `LF_ERR_INTERNAL`.
 //! - Values that come from C as enums are taken as integers and checked.
 
-// What needs the core's channels, which are built for Linux and macOS so far, is Unix-only;
-// what needs its memory is built on Windows where the core's memory is (without the vulkan
-// feature), its descriptor-typed exports answering LF_ERR_UNSUPPORTED there.
+// What needs the core's memory and channels is built on Windows where they are (without the
+// vulkan feature), its descriptor-typed functions answering LF_ERR_UNSUPPORTED there.
 #[cfg_attr(not(unix), allow(dead_code))]
 mod abi;
 #[cfg(any(unix, not(feature = "vulkan")))]
@@ -21,9 +20,9 @@ pub mod alloc;
 pub mod buffer;
 #[cfg(any(unix, not(feature = "vulkan")))]
 pub mod buffer_io;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod channel;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod channel_config;
 #[cfg(test)]
 mod channel_tests;
@@ -31,23 +30,23 @@ mod channel_tests;
 pub mod context;
 #[cfg(any(unix, not(feature = "vulkan")))]
 pub mod device;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 mod exclusive;
 #[cfg(any(unix, not(feature = "vulkan")))]
 pub mod export;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 mod gpu_messages;
 mod handle;
 pub mod location;
 pub mod logging;
 pub mod mpi;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod peers;
 #[cfg_attr(not(unix), allow(dead_code))]
 mod raw;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod receive;
-#[cfg(unix)]
+#[cfg(any(unix, not(feature = "vulkan")))]
 pub mod send;
 pub mod status;
 
@@ -66,9 +65,49 @@ handle::handle_types! {
     context::lf_context => 2, "lf_context";
     #[cfg(any(unix, not(feature = "vulkan")))]
     buffer::lf_buffer => 3, "lf_buffer";
-    #[cfg(unix)]
+    #[cfg(any(unix, not(feature = "vulkan")))]
     channel::lf_channel => 4, "lf_channel";
     mpi::lf_mpi => 32, "lf_mpi";
+}
+
+/// A descriptor handed to C as its `int`, which C then owns.
+#[cfg(unix)]
+pub(crate) fn descriptor_to_c(handle: std::os::fd::OwnedFd, _function: &str) -> FfiResult<std::ffi::c_int> {
+    Ok(std::os::fd::IntoRawFd::into_raw_fd(handle))
+}
+
+/// A descriptor handed to C as its `int`: Windows has handles, which an `int` cannot carry.
+#[cfg(all(not(unix), not(feature = "vulkan")))]
+pub(crate) fn descriptor_to_c(
+    _handle: std::os::windows::io::OwnedHandle,
+    function: &str,
+) -> FfiResult<std::ffi::c_int> {
+    Err(descriptor_unsupported(function))
+}
+
+/// A descriptor lent to C as its `int` (it stays the library's).
+#[cfg(unix)]
+pub(crate) fn descriptor_lent_to_c(handle: std::os::fd::BorrowedFd<'_>, _function: &str) -> FfiResult<std::ffi::c_int> {
+    Ok(std::os::fd::AsRawFd::as_raw_fd(&handle))
+}
+
+/// A descriptor lent to C as its `int`: Windows has handles, which an `int` cannot carry.
+#[cfg(all(not(unix), not(feature = "vulkan")))]
+pub(crate) fn descriptor_lent_to_c(
+    _handle: std::os::windows::io::BorrowedHandle<'_>,
+    function: &str,
+) -> FfiResult<std::ffi::c_int> {
+    Err(descriptor_unsupported(function))
+}
+
+#[cfg(all(not(unix), not(feature = "vulkan")))]
+fn descriptor_unsupported(function: &str) -> Failure {
+    Failure {
+        status: status::lf_status::LF_ERR_UNSUPPORTED,
+        message: format!(
+            "{function} hands out an int file descriptor, and Windows has handles, which the C API does not hand              out yet; wait in lf_recv with a timeout (or poll with lf_try_recv) instead of on a descriptor"
+        ),
+    }
 }
 
 /// Why an exported function failed: the status to return and the message to keep.

@@ -3,7 +3,6 @@
 //! buffer); the received message as C sees it (`lf_message`).
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::IntoRawFd;
 
 use super::buffer::lf_buffer;
 use super::channel::{consumer, lf_channel, lock};
@@ -424,7 +423,7 @@ pub unsafe extern "C" fn lf_channel_producer_ready_semaphore(
         let ch = handle_ref(channel as *const lf_channel, "channel")?;
         let mut guard = lock(ch)?;
         let owned = consumer(&mut guard)?.producer_ready_semaphore(producer)?;
-        write_out(out, owned.into_raw_fd());
+        write_out(out, crate::descriptor_to_c(owned, "lf_channel_producer_ready_semaphore")?);
         Ok(())
     })
 }

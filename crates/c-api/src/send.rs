@@ -4,7 +4,6 @@
 //! `lf_wait_completed`), and the GPU semaphores its GPU work signals and waits on.
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::IntoRawFd;
 
 use super::buffer::lf_buffer;
 use super::channel::{lf_channel, lock, producer};
@@ -227,7 +226,7 @@ pub unsafe extern "C" fn lf_channel_ready_semaphore(channel: *mut lf_channel, fd
             Channel::Producer(p) => p.ready_semaphore()?,
             Channel::Consumer(c) => c.ready_semaphore()?,
         };
-        write_out(out, owned.into_raw_fd());
+        write_out(out, crate::descriptor_to_c(owned, "lf_channel_ready_semaphore")?);
         Ok(())
     })
 }
@@ -254,7 +253,7 @@ pub unsafe extern "C" fn lf_channel_released_semaphore(channel: *mut lf_channel,
             Channel::Producer(p) => p.released_semaphore()?,
             Channel::Consumer(c) => c.released_semaphore()?,
         };
-        write_out(out, owned.into_raw_fd());
+        write_out(out, crate::descriptor_to_c(owned, "lf_channel_released_semaphore")?);
         Ok(())
     })
 }

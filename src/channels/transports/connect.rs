@@ -631,8 +631,6 @@ fn first_producer(
     deadline: Option<std::time::Instant>,
 ) -> Result<AnySession> {
     use crate::channels::transport::ConsumerTransport;
-    use crate::os::poll::{poll, PollFd, PollFlags};
-    use std::os::fd::AsFd;
     // Each carrier's fd is readable while a producer it met waits (its acceptor's thread).
     let mut fds = Vec::new();
     for carrier in carriers.iter_mut() {
@@ -655,9 +653,8 @@ fn first_producer(
         }
         // A slice at most: a carrier without a thread of its own is looked at again.
         let slice = left.map_or(std::time::Duration::from_millis(15), |l| l.min(std::time::Duration::from_millis(15)));
-        let mut polled: Vec<PollFd> =
-            fds.iter().map(|fd| PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN)).collect();
-        poll(&mut polled, Some(slice))?;
+        let handles: Vec<_> = fds.iter().map(crate::os::borrow).collect();
+        crate::os::ready::wait_readable(&handles, Some(slice))?;
     }
 }
 

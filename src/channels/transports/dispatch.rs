@@ -2,8 +2,8 @@
 //! route, whose trait methods call each variant statically, so that the built-in carriers' hot
 //! paths inline into the core. The forwarding is generated from the methods' signatures.
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
-use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
@@ -301,7 +301,7 @@ impl ConsumerTransport for AnyConsumer {
         })
     }
 
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+    fn notify_fd(&mut self) -> Result<BorrowedHandle<'_>> {
         forward_carrier!(self, t => t.notify_fd())
     }
 
@@ -435,10 +435,10 @@ forward_impl!(forward_route: impl RouteSender for AnyRouteSender {
     fn serves(&self, kind: MemoryKind) -> bool;
     #[inline]
     fn pack(&mut self, payload: &Payload<'_>, completed: u64, out: &mut Packed) -> Result<()>;
-    fn released_semaphore(&self) -> Result<OwnedFd>;
+    fn released_semaphore(&self) -> Result<OwnedHandle>;
     #[inline]
     fn sent(&mut self, seq: u64);
-    fn ready_semaphore(&self) -> Result<OwnedFd>;
+    fn ready_semaphore(&self) -> Result<OwnedHandle>;
     fn ready_share(&self) -> ReadyOffer;
     fn share_ready(&mut self, share: &SharedReady);
 });
@@ -454,8 +454,8 @@ forward_impl!(forward_route: impl RouteReceiver for AnyRouteReceiver {
     fn attach(&mut self, attachment: Attachment, released_below: u64) -> Result<()>;
     #[inline(always)]
     fn resolve(&mut self, seq: u64, descriptor: &[u8]) -> Result<Option<RoutedPayload>>;
-    fn ready_semaphore(&self) -> Result<OwnedFd>;
-    fn released_semaphore(&self) -> Result<OwnedFd>;
+    fn ready_semaphore(&self) -> Result<OwnedHandle>;
+    fn released_semaphore(&self) -> Result<OwnedHandle>;
     fn ready_share(&self) -> ReadyOffer;
     fn share_ready(&mut self, share: &SharedReady);
 });

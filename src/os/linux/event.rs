@@ -29,7 +29,7 @@ pub fn drain(fd: BorrowedFd<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::poll::{poll, PollFd, PollFlags};
+    use crate::os::unix::poll::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
     use std::time::Duration;
 

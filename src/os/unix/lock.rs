@@ -56,6 +56,21 @@ pub fn try_lock(file: &impl AsFd) -> std::io::Result<bool> {
     Err(err)
 }
 
+/// Identifies one file: inode numbers are reused at once on tmpfs, so the change time (ns) is
+/// part of the identity.
+pub type FileId = (u64, u64, i64, i64);
+
+/// The identity of the file at `path` itself (never through a symlink), `None` if there is none.
+pub fn file_id(path: &Path) -> Option<FileId> {
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+/// Opens the lock file at `path` to read it (never through a symlink), to ask of its lock
+/// without creating it.
+pub fn open_existing(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

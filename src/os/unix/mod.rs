@@ -7,6 +7,7 @@ pub mod lock;
 pub mod mapping;
 pub mod notify;
 pub mod poll;
+pub mod ready;
 pub mod stream;
 pub mod user;
 pub mod watcher;

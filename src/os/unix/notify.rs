@@ -70,7 +70,7 @@ pub fn check_end(fd: &OwnedFd, whose: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::poll::{poll, PollFd, PollFlags};
+    use crate::os::unix::poll::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
     use std::time::Duration;
 

@@ -48,6 +48,20 @@ impl Listener {
             }
         }
     }
+
+    /// Accepts one connection, waiting for it at most `timeout` (`None`: no limit; zero: only
+    /// one already waiting): `None` when none came in time.
+    pub fn accept_within(&self, timeout: Option<std::time::Duration>) -> std::io::Result<Option<Stream>> {
+        if let Some(sock) = self.try_accept()? {
+            return Ok(Some(sock));
+        }
+        if timeout == Some(std::time::Duration::ZERO) {
+            return Ok(None);
+        }
+        let mut fds = [super::poll::PollFd::new(&self.0, super::poll::PollFlags::IN)];
+        super::poll::poll(&mut fds, timeout).map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.try_accept()
+    }
 }
 
 impl std::os::fd::AsFd for Listener {
@@ -60,6 +74,62 @@ impl std::os::fd::AsFd for Listener {
 /// `ConnectionRefused` while no one listens there).
 pub fn connect(path: &std::path::Path) -> std::io::Result<Stream> {
     Stream::connect(path)
+}
+
+/// Sends all of `bytes` as plain data, never raising `SIGPIPE` when the peer has gone (an
+/// error, `EPIPE`, instead: a C host process that keeps the default signal action would die).
+pub fn send_all(sock: &Stream, bytes: &[u8]) -> std::io::Result<()> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        match rustix::net::send(sock, &bytes[sent..], SEND_NO_SIGNAL) {
+            Ok(n) => sent += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Fills `buf` from the stream (`Read::read_exact`): an error of kind `UnexpectedEof` when
+/// the stream ends first, `WouldBlock` past the read timeout.
+pub fn recv_exact(sock: &Stream, buf: &mut [u8]) -> std::io::Result<()> {
+    std::io::Read::read_exact(&mut &*sock, buf)
+}
+
+/// Whether the peer on `sock` has gone: its process (`process`, where there is a handle of
+/// it) has exited, or it closed its end. One `poll` without waiting; a read end with data
+/// waiting is peeked to tell end-of-file from data.
+pub fn peer_gone(sock: &Stream, process: Option<&crate::os::process::PeerProcess>) -> bool {
+    use super::poll::{poll, PollFd, PollFlags, HANG_UP};
+    let sock_fd = PollFd::new(sock, PollFlags::IN | HANG_UP);
+    let (mut both, mut one);
+    let fds: &mut [PollFd<'_>] = match process {
+        Some(process) => {
+            both = [sock_fd, PollFd::new(process, PollFlags::IN)];
+            &mut both
+        }
+        None => {
+            one = [sock_fd];
+            &mut one
+        }
+    };
+    let Ok(n) = poll(fds, Some(std::time::Duration::ZERO)) else {
+        return true;
+    };
+    if n == 0 {
+        return false;
+    }
+    let hung_up = PollFlags::HUP | HANG_UP | PollFlags::ERR | PollFlags::NVAL;
+    if fds.get(1).is_some_and(|process| !process.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
+        true
+    } else if fds[0].revents().contains(PollFlags::IN) {
+        // Readable without a hang-up: control records (arena fds) may be waiting after the
+        // handshake, so peek to tell end-of-file from data.
+        let peeked = rustix::net::recv(sock, &mut [0u8; 1], RecvFlags::PEEK | RecvFlags::DONTWAIT);
+        matches!(peeked, Ok((0, _)))
+    } else {
+        false
+    }
 }
 
 /// What a plain send on a [`Stream`] adds so that a closed peer never raises `SIGPIPE` (Linux

@@ -44,6 +44,8 @@ pub enum Interest {
 
 /// A descriptor that a watch keeps open while it watches it.
 pub type SharedFd = Arc<dyn AsFd + Send + Sync>;
+/// The name callers use on every platform.
+pub type SharedHandle = SharedFd;
 
 /// A registration with the watcher; dropping it unregisters. Once the drop has returned, the
 /// callback is not running and never will, and it has been dropped.

@@ -67,6 +67,23 @@ pub fn try_lock(file: &File) -> std::io::Result<bool> {
     }
 }
 
+/// Identifies one file: its creation and last write times (100 ns) and its size, as far as
+/// std tells them (the file index is not stable there); a file replaced is created anew.
+pub type FileId = (u64, u64, i64, i64);
+
+/// The identity of the file at `path` itself (a link's own, not its target's), `None` if
+/// there is none.
+pub fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::windows::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.creation_time(), m.last_write_time(), m.file_size() as i64, 0))
+}
+
+/// Opens the lock file at `path` to read it, to ask of its lock without creating it; shared
+/// as `try_take` shares it, so that its holder may still write, rename or remove it.
+pub fn open_existing(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE).open(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -126,7 +126,7 @@ pub fn size_is_fixed(_handle: &impl AsHandle) -> bool {
 /// A handle of the same section through which the kernel lets no one write: map-read access
 /// only (and query, for [`size_of`]); a writable view through it is refused with access
 /// denied, in this process or any it is passed to. Views made before stay as they are.
-pub fn read_only(handle: &impl AsHandle) -> Result<OwnedHandle> {
+pub fn read_only(handle: &impl AsHandle, what: &str) -> Result<OwnedHandle> {
     let mut dup: HANDLE = std::ptr::null_mut();
     // SAFETY: duplicates a valid handle within this process (pseudo handles need no closing);
     // the new handle is returned through `dup`.
@@ -142,7 +142,7 @@ pub fn read_only(handle: &impl AsHandle) -> Result<OwnedHandle> {
         )
     };
     owned(if ok != 0 { dup } else { std::ptr::null_mut() }, || {
-        "DuplicateHandle of a section with read access only".into()
+        format!("DuplicateHandle of {what} with read access only")
     })
 }
 
@@ -170,7 +170,7 @@ mod tests {
         let writable = Mapping::shared(&h, 0, 65536).unwrap();
         // SAFETY: the view is live and 65536 bytes long.
         unsafe { writable.as_ptr().add(100).write(0x5a) };
-        let ro = read_only(&h).unwrap();
+        let ro = read_only(&h, "a test section").unwrap();
         match Mapping::shared(&ro, 0, 65536) {
             Err(Error::PermissionDenied(m)) => assert!(m.contains("read-only"), "{m}"),
             other => panic!("a writable view through the read-only handle: {other:?}"),
@@ -180,7 +180,7 @@ mod tests {
         assert_eq!(unsafe { view.as_ptr().add(100).read() }, 0x5a);
         assert_eq!(size_of(&ro).unwrap(), 65536);
         // A duplicate of the read-only handle cannot regain write access either.
-        let again = read_only(&ro).unwrap();
+        let again = read_only(&ro, "a test section").unwrap();
         assert!(Mapping::shared(&again, 0, 65536).is_err());
     }
 }

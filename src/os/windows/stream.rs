@@ -224,6 +224,16 @@ impl Listener {
         }
     }
 
+    /// The next client, waiting for it at most `timeout` (`None`: no limit; zero: only one
+    /// already waiting), as a Unix listener's `accept_within`: `Ok(None)` when none came.
+    pub fn accept_within(&self, timeout: Option<Duration>) -> std::io::Result<Option<Stream>> {
+        match self.accept(timeout) {
+            Ok(stream) => Ok(Some(stream)),
+            Err(Error::Timeout(_)) => Ok(None),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    }
+
     /// Waits for the next client, at most `timeout` (`None`: no limit): `Timeout` when none
     /// came.
     pub fn accept(&self, timeout: Option<Duration>) -> Result<Stream> {
@@ -404,6 +414,8 @@ pub struct Stream {
     /// `SO_RCVTIMEO`.
     read_timeout_ms: std::sync::atomic::AtomicU32,
     reading: Mutex<()>,
+    /// Bytes of a message read by [`recv_exact`] and not yet asked for.
+    unread: Mutex<Vec<u8>>,
     /// Boxed: the system writes to the OVERLAPPED and reads the frame while a write is in
     /// flight, so they must not move.
     writing: Mutex<Box<WriteSlot>>,
@@ -459,6 +471,7 @@ impl Stream {
             read_event: io_event()?,
             read_timeout_ms: std::sync::atomic::AtomicU32::new(windows_sys::Win32::System::Threading::INFINITE),
             reading: Mutex::new(()),
+            unread: Mutex::new(Vec::new()),
             writing: Mutex::new(Box::new(WriteSlot { ov, frame: Vec::new(), pending: false })),
             _write_event: write_event,
         })
@@ -879,7 +892,8 @@ mod fns;
 // Their callers, the channels, are not built on Windows yet.
 #[allow(unused_imports)]
 pub use fns::{
-    peer, recv_exact_with_handle, recv_with_handles, send_with_handles, try_recv_with_handles, try_send_with_handles,
+    peer, peer_gone, recv_exact, recv_exact_with_handle, recv_with_handles, send_all, send_with_handles,
+    try_recv_with_handles, try_send_with_handles,
 };
 
 #[cfg(test)]

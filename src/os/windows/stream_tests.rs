@@ -222,7 +222,7 @@ fn shared_memory_crosses_processes_through_the_stream() {
         view.as_ptr().add(8).write(0x11);
         AtomicU32::from_ptr(view.as_ptr().cast())
     };
-    let read_only = shm::read_only(&section).unwrap();
+    let read_only = shm::read_only(&section, "a test section").unwrap();
     stream.send_with_handles(b"memory", &[section.as_handle(), read_only.as_handle()]).unwrap();
     let start = Instant::now();
     while word.load(Ordering::Acquire) != 1 {

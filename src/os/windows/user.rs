@@ -20,3 +20,16 @@ pub fn default_runtime_dir() -> (std::path::PathBuf, Option<std::ffi::OsString>)
     let base = std::env::var_os("LOCALAPPDATA").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
     (base.unwrap_or_else(std::env::temp_dir).join("lava-flow"), None)
 }
+
+/// Creates the directory `dir`; it takes its access from its parent (`%LOCALAPPDATA%` is the
+/// user's own).
+pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().create(dir)
+}
+
+/// What is wrong with a directory where this user's processes meet, or `None`. Nothing is
+/// checked of it on Windows: what keeps other users out is the pipes' own access (this user
+/// only) and the peer's SID checked at every connection, not the directory.
+pub fn private_dir_problem(_meta: &std::fs::Metadata) -> Option<String> {
+    None
+}

@@ -3,9 +3,9 @@
 //! holds the memory, as the CUDA runtime and PyTorch use it. The consumer reaches the driver
 //! through [`Opener`], which the route's tests replace.
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use lava_flow_cuda::sys::{
@@ -166,7 +166,7 @@ pub(crate) fn export_pool_pointer(pointer: &CudaPointer) -> Result<(u64, [u8; 64
 }
 
 /// A new fd of memory pool `pool` (a handle this process's driver gave) for the consumer.
-pub(crate) fn export_pool(pool: u64) -> Result<OwnedFd> {
+pub(crate) fn export_pool(pool: u64) -> Result<OwnedHandle> {
     let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
     let mut fd: c_int = -1;
     // SAFETY: for POSIX fds the out-value is an int; the pool is one a live allocation of this
@@ -186,7 +186,7 @@ pub(crate) fn export_pool(pool: u64) -> Result<OwnedFd> {
         )))
     })?;
     // SAFETY: a new fd the driver made for this call, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(unsafe { crate::os::own_driver_value(fd) })
 }
 
 /// A VMM piece's allocation handle, retained: the physical memory stays alive while this
@@ -204,7 +204,7 @@ impl Drop for Retained {
 }
 
 /// A VMM piece's allocation handle, retained, and a new fd of it for the consumer.
-pub(crate) fn export_vmm(pointer: &CudaPointer) -> Result<(Retained, OwnedFd)> {
+pub(crate) fn export_vmm(pointer: &CudaPointer) -> Result<(Retained, OwnedHandle)> {
     let driver = lava_flow_cuda::driver().map_err(cuda_error)?;
     let mut handle: CUmemGenericAllocationHandle = 0;
     // SAFETY: a valid out-pointer; the base of a live VMM mapping (the driver checks).
@@ -223,7 +223,7 @@ pub(crate) fn export_vmm(pointer: &CudaPointer) -> Result<(Retained, OwnedFd)> {
     }
     .map_err(|e| cuda_error(e.context(format!("cuMemExportToShareableHandle of {:#x}", pointer.base))))?;
     // SAFETY: a new fd the driver made for this call, owned by nothing else.
-    Ok((retained, unsafe { OwnedFd::from_raw_fd(fd) }))
+    Ok((retained, unsafe { crate::os::own_driver_value(fd) }))
 }
 
 /// A producer's allocation opened in this process: its address here, on `device` (this
@@ -267,11 +267,11 @@ pub(crate) trait ImportedPool: Send + Sync {
 pub(crate) trait Opener: Send + Sync {
     /// Opens `allocation` (with its fd for a VMM piece or an arena) on this process's device
     /// `device`.
-    fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
+    fn open(&self, allocation: &Announce, fd: Option<BorrowedHandle<'_>>, device: i32) -> Result<Box<dyn Mapping>>;
 
     /// Imports the memory pool `pool` announces (its fd, which stays the caller's) on this
     /// process's device `device`.
-    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedFd<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
+    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedHandle<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
         Err(Error::Unsupported("this consumer imports no CUDA memory pools".into()))
     }
 
@@ -280,7 +280,7 @@ pub(crate) trait Opener: Send + Sync {
     fn open_span(
         &self,
         _allocation: &Announce,
-        _pieces: &[(u64, u64, BorrowedFd<'_>)],
+        _pieces: &[(u64, u64, BorrowedHandle<'_>)],
         _device: i32,
     ) -> Result<Box<dyn Mapping>> {
         Err(Error::Unsupported("this consumer maps no spans of CUDA VMM pieces".into()))
@@ -420,20 +420,20 @@ impl Opener for DriverOpener {
         enable_peer_access(&from, &to)
     }
 
-    fn open_pool(&self, _pool: &PoolAnnounce, fd: BorrowedFd<'_>, device: i32) -> Result<Arc<dyn ImportedPool>> {
+    fn open_pool(&self, _pool: &PoolAnnounce, fd: BorrowedHandle<'_>, device: i32) -> Result<Arc<dyn ImportedPool>> {
         pool_span::open_pool(self.context(device)?, fd)
     }
 
     fn open_span(
         &self,
         allocation: &Announce,
-        pieces: &[(u64, u64, BorrowedFd<'_>)],
+        pieces: &[(u64, u64, BorrowedHandle<'_>)],
         device: i32,
     ) -> Result<Box<dyn Mapping>> {
         pool_span::open_span(self.context(device)?, allocation, pieces)
     }
 
-    fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
+    fn open(&self, allocation: &Announce, fd: Option<BorrowedHandle<'_>>, device: i32) -> Result<Box<dyn Mapping>> {
         let context = self.context(device)?;
         if is_arena(allocation.memory) {
             let fd = fd.ok_or_else(|| Error::Corrupt("a GPU buffer's arena came without its fd".into()))?;
@@ -459,7 +459,7 @@ impl Opener for DriverOpener {
             unsafe {
                 driver.mem_import_from_shareable_handle(
                     &mut handle,
-                    fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                    crate::os::driver_value(&fd),
                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                 )
             }
@@ -513,18 +513,18 @@ pub(crate) trait Exporter: Send + Sync {
     /// The legacy IPC handle of `cudaMalloc` memory's allocation.
     fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]>;
     /// A VMM piece's fd, and what keeps the piece alive while held.
-    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)>;
+    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedHandle)>;
     /// Each piece of span `pointer`, as it is mapped now (an error where it changed since it
     /// was registered): where it lies, what keeps it alive while held, and a new fd of it.
     fn export_vmm_span(&self, pointer: &CudaPointer) -> Result<Vec<SpanPiece>>;
     /// A pool allocation's pool (its handle here) and `cuMemPoolExportPointer` data.
     fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])>;
     /// A new fd of memory pool `pool`.
-    fn export_pool(&self, pool: u64) -> Result<OwnedFd>;
+    fn export_pool(&self, pool: u64) -> Result<OwnedHandle>;
 }
 
 /// One exported piece of a span: where it lies, what keeps it alive while held, its new fd.
-pub(crate) type SpanPiece = (crate::memory::cuda::Piece, Box<dyn Any + Send + Sync>, OwnedFd);
+pub(crate) type SpanPiece = (crate::memory::cuda::Piece, Box<dyn Any + Send + Sync>, OwnedHandle);
 
 /// Exports through the CUDA driver.
 pub(crate) struct DriverExporter;
@@ -536,7 +536,7 @@ impl Exporter for DriverExporter {
     fn export_legacy(&self, pointer: &CudaPointer) -> Result<[u8; 64]> {
         export_legacy(pointer)
     }
-    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
+    fn export_vmm(&self, pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedHandle)> {
         let (retained, fd) = export_vmm(pointer)?;
         Ok((Box::new(retained), fd))
     }
@@ -558,7 +558,7 @@ impl Exporter for DriverExporter {
     fn export_pool_pointer(&self, pointer: &CudaPointer) -> Result<(u64, [u8; 64])> {
         export_pool_pointer(pointer)
     }
-    fn export_pool(&self, pool: u64) -> Result<OwnedFd> {
+    fn export_pool(&self, pool: u64) -> Result<OwnedHandle> {
         export_pool(pool)
     }
 }
@@ -603,14 +603,14 @@ impl Drop for ArenaImport {
 
 /// Imports the arena `allocation` announces (its opaque fd `fd`, which stays the caller's) in
 /// `context`, the primary context of the device that holds it, mapped whole.
-fn open_arena(context: Arc<PrimaryContext>, allocation: &Announce, fd: BorrowedFd<'_>) -> Result<Box<dyn Mapping>> {
+fn open_arena(context: Arc<PrimaryContext>, allocation: &Announce, fd: BorrowedHandle<'_>) -> Result<Box<dyn Mapping>> {
     let size = allocation.size;
     // CUDA takes the fd it imports; the slot keeps its own, to import again after the cache
     // closed this import.
     let fd = fd.try_clone_to_owned().map_err(|e| Error::os("duplicating a GPU buffer arena's fd", e))?;
     let desc = CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
         type_: CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-        handle: [fd.as_raw_fd() as u32 as u64, 0],
+        handle: [crate::os::driver_value(&fd) as usize as u64, 0],
         size,
         flags: if allocation.memory == MEMORY_ARENA_DEDICATED { CUDA_EXTERNAL_MEMORY_DEDICATED } else { 0 },
         reserved: [0; 16],
@@ -625,7 +625,7 @@ fn open_arena(context: Arc<PrimaryContext>, allocation: &Announce, fd: BorrowedF
             )))
         })?;
         // On success CUDA owns the fd.
-        let _ = fd.into_raw_fd();
+        crate::os::give_to_driver(fd);
         let buffer = CUDA_EXTERNAL_MEMORY_BUFFER_DESC { offset: 0, size, flags: 0, reserved: [0; 16] };
         let mut address: CUdeviceptr = 0;
         // SAFETY: a valid out-pointer; the import just made, mapped whole.

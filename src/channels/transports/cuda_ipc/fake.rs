@@ -9,8 +9,8 @@
 //!
 //! [`CudaMemoryKind::Pool`]: crate::memory::CudaMemoryKind::Pool
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
-use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::cuda::{self, ImportedPool, Mapping};
@@ -32,7 +32,7 @@ impl cuda::Exporter for Exporter {
         handle[..8].copy_from_slice(&pointer.buffer_id.to_le_bytes());
         Ok(handle)
     }
-    fn export_vmm(&self, _pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedFd)> {
+    fn export_vmm(&self, _pointer: &CudaPointer) -> Result<(Box<dyn Any + Send + Sync>, OwnedHandle)> {
         Err(Error::Unsupported("the test hooks' stand-in for CUDA exports legacy handles and pools only".into()))
     }
     fn export_vmm_span(&self, _pointer: &CudaPointer) -> Result<Vec<cuda::SpanPiece>> {
@@ -43,7 +43,7 @@ impl cuda::Exporter for Exporter {
         data[..8].copy_from_slice(&pointer.buffer_id.to_le_bytes());
         Ok((pointer.base >> 32, data))
     }
-    fn export_pool(&self, _pool: u64) -> Result<OwnedFd> {
+    fn export_pool(&self, _pool: u64) -> Result<OwnedHandle> {
         let null = std::fs::File::open("/dev/null").map_err(|e| Error::os("opening /dev/null", e))?;
         Ok(null.into())
     }
@@ -84,11 +84,11 @@ pub const fn arena_address(counter: u64) -> u64 {
 pub(super) struct Opener;
 
 impl cuda::Opener for Opener {
-    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedFd<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
+    fn open_pool(&self, _pool: &PoolAnnounce, _fd: BorrowedHandle<'_>, _device: i32) -> Result<Arc<dyn ImportedPool>> {
         Ok(Arc::new(FakePool))
     }
 
-    fn open(&self, allocation: &Announce, fd: Option<BorrowedFd<'_>>, _device: i32) -> Result<Box<dyn Mapping>> {
+    fn open(&self, allocation: &Announce, fd: Option<BorrowedHandle<'_>>, _device: i32) -> Result<Box<dyn Mapping>> {
         if is_arena(allocation.memory) {
             if fd.is_none() {
                 return Err(Error::Corrupt("a GPU buffer's arena came without its fd".into()));

@@ -78,11 +78,12 @@ mod receiver;
 mod sender;
 mod wire;
 
-#[cfg(test)]
+// CUDA's shareable handles are descriptors in these tests (Unix's).
+#[cfg(all(unix, test))]
 mod arena_tests;
-#[cfg(test)]
+#[cfg(all(unix, test))]
 mod pool_span_tests;
-#[cfg(test)]
+#[cfg(all(unix, test))]
 mod tests;
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! imports it again (`cuMemPoolImportPointer`, then `cuMemFreeAsync` and a synchronise of a
 //! stream of the import's own, per such message).
 
-use std::os::fd::{AsFd, OwnedFd};
+use crate::os::OwnedHandle;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -22,14 +22,14 @@ use crate::error::Result;
 /// A pool the producer announced: what the consumer imports it from, and the import once made.
 pub(super) struct Pool {
     pub(super) announce: PoolAnnounce,
-    fd: OwnedFd,
+    fd: OwnedHandle,
     /// This process's ordinal of the device that holds the pool's memory.
     pub(super) device: i32,
     imported: OnceLock<Arc<dyn ImportedPool>>,
 }
 
 impl Pool {
-    pub(super) fn new(announce: PoolAnnounce, fd: OwnedFd, device: i32) -> Pool {
+    pub(super) fn new(announce: PoolAnnounce, fd: OwnedHandle, device: i32) -> Pool {
         Pool { announce, fd, device, imported: OnceLock::new() }
     }
 
@@ -38,7 +38,7 @@ impl Pool {
         if let Some(pool) = self.imported.get() {
             return Ok(Arc::clone(pool));
         }
-        let pool = opener.open_pool(&self.announce, self.fd.as_fd(), self.device)?;
+        let pool = opener.open_pool(&self.announce, crate::os::borrow(&self.fd), self.device)?;
         Ok(Arc::clone(self.imported.get_or_init(|| pool)))
     }
 }

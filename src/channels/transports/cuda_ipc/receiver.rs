@@ -6,8 +6,8 @@
 //! address range, each piece at its offset; it has no Vulkan view (Vulkan imports one fd per
 //! `VkDeviceMemory`, and a buffer is bound to one memory).
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::cuda::{Mapping, Opener};
@@ -43,7 +43,7 @@ struct Import {
 #[cfg(feature = "vulkan")]
 struct VulkanImport {
     importer: crate::memory::gpu::GpuImporter,
-    fd: OwnedFd,
+    fd: OwnedHandle,
     size: u64,
     id: crate::memory::gpu::ArenaId,
     imported: std::sync::OnceLock<Option<Arc<crate::memory::gpu::GpuBuffer>>>,
@@ -126,9 +126,9 @@ impl Mapping for SameProcess {
 struct Slot {
     generation: u32,
     allocation: Announce,
-    fd: Option<OwnedFd>,
+    fd: Option<OwnedHandle>,
     /// A span's pieces, each with its fd, in order.
-    pieces: Vec<(PieceRecord, OwnedFd)>,
+    pieces: Vec<(PieceRecord, OwnedHandle)>,
     /// The pool of a pool allocation, as announced before it.
     pool: Option<Arc<Pool>>,
     /// This process's ordinal of the device that holds the memory.
@@ -168,7 +168,7 @@ pub(crate) struct Receiver {
     pools: Vec<Option<Arc<Pool>>>,
     /// The pieces announced for the span whose announcement comes next: (slot, generation,
     /// piece, fd).
-    pending_pieces: Vec<(u32, u32, PieceRecord, OwnedFd)>,
+    pending_pieces: Vec<(u32, u32, PieceRecord, OwnedHandle)>,
     /// Imports the producer replaced or forgot while a message into them was held, with that
     /// message's sequence number.
     retired: Vec<(Arc<Import>, u64)>,
@@ -324,15 +324,15 @@ impl Receiver {
             // the producer's address is this process's.
             Ok(Box::new(SameProcess { address: slot.allocation.base, device: slot.device }) as Box<dyn Mapping>)
         } else if slot.allocation.memory == MEMORY_VMM_SPAN {
-            let pieces: Vec<(u64, u64, BorrowedFd<'_>)> =
-                slot.pieces.iter().map(|(p, fd)| (p.offset, p.size, fd.as_fd())).collect();
+            let pieces: Vec<(u64, u64, BorrowedHandle<'_>)> =
+                slot.pieces.iter().map(|(p, fd)| (p.offset, p.size, crate::os::borrow(fd))).collect();
             self.opener.open_span(&slot.allocation, &pieces, slot.device)
         } else if let Some(pool) = &slot.pool {
             pool.imported(&*self.opener).map(|imported| {
                 Box::new(PoolMapping::new(imported, slot.allocation.ipc_handle, slot.device)) as Box<dyn Mapping>
             })
         } else {
-            self.opener.open(&slot.allocation, slot.fd.as_ref().map(|fd| fd.as_fd()), slot.device)
+            self.opener.open(&slot.allocation, slot.fd.as_ref().map(crate::os::borrow), slot.device)
         };
         let mapping = opened.map_err(|e| {
             Error::Unsupported(format!(
@@ -510,7 +510,7 @@ impl Receiver {
 impl Receiver {
     /// Takes the pool the producer announced at `index` (its fd `fd`).
     #[cold]
-    fn announce_pool(&mut self, index: u32, pool: super::wire::PoolAnnounce, fd: OwnedFd) -> Result<()> {
+    fn announce_pool(&mut self, index: u32, pool: super::wire::PoolAnnounce, fd: OwnedHandle) -> Result<()> {
         let i = index as usize;
         if self.pools.get(i).is_some_and(Option::is_some) {
             return Err(self.corrupt(format!("announced pool {index} twice without forgetting it")));
@@ -537,7 +537,7 @@ impl Receiver {
         slot: u32,
         generation: u32,
         allocation: &Announce,
-    ) -> Result<Vec<(PieceRecord, OwnedFd)>> {
+    ) -> Result<Vec<(PieceRecord, OwnedHandle)>> {
         let pending = std::mem::take(&mut self.pending_pieces);
         if pending.len() != allocation.pieces as usize {
             return Err(self.corrupt(format!(
@@ -813,7 +813,7 @@ impl RouteReceiver for Receiver {
         Ok(Some(unsafe { RoutedPayload::new(&**import, d.offset, d.len as usize, d.ready_value, seq) }))
     }
 
-    fn ready_semaphore(&self) -> Result<OwnedFd> {
+    fn ready_semaphore(&self) -> Result<OwnedHandle> {
         Err(Error::Unsupported(
             "the cuda_ipc route has no semaphore of its own: its ready values count on the GPU route's".into(),
         ))

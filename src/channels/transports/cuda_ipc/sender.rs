@@ -1,8 +1,8 @@
 //! The producer's half of the CUDA IPC route.
 
+use crate::os::OwnedHandle;
 use std::any::Any;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -510,7 +510,7 @@ impl Sender {
         attachments.push(Attachment {
             route: ROUTE_ID,
             bytes: AllocationRecord::Announce { slot, generation, allocation }.encode(),
-            handles: fd.into_iter().collect::<Vec<OwnedFd>>(),
+            handles: fd.into_iter().collect::<Vec<OwnedHandle>>(),
         });
         let held = Arc::downgrade(&registration);
         // (Pool memory cannot be kept alive so: the application must not free it before its
@@ -669,11 +669,11 @@ impl RouteSender for Sender {
         }
     }
 
-    fn released_semaphore(&self) -> Result<OwnedFd> {
+    fn released_semaphore(&self) -> Result<OwnedHandle> {
         Err(Error::Unsupported("the cuda_ipc route has no released semaphore: completion is the carrier's".into()))
     }
 
-    fn ready_semaphore(&self) -> Result<OwnedFd> {
+    fn ready_semaphore(&self) -> Result<OwnedHandle> {
         Err(Error::Unsupported(
             "the cuda_ipc route has no semaphore of its own: its ready values count on the GPU route's".into(),
         ))

@@ -1,8 +1,8 @@
 //! The consumer half of a loopback channel: the name producers attach to, and each producer's
 //! session.
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,7 +23,7 @@ pub(crate) struct LoopbackConsumer {
     answers: Vec<Attachment>,
     /// The notification fd once asked for: readable while a watched session has a message or
     /// its producer's end to say.
-    notify: Option<Arc<OwnedFd>>,
+    notify: Option<Arc<OwnedHandle>>,
     /// A fan-out's consumer, which joined its producer and holds no name of its own.
     joined: bool,
 }
@@ -34,7 +34,7 @@ pub(crate) struct LoopbackSession {
     session: Arc<Session>,
     /// The producer's sections for the routes, until taken.
     offers: Option<Vec<Attachment>>,
-    notify: Option<Arc<OwnedFd>>,
+    notify: Option<Arc<OwnedHandle>>,
 }
 
 impl LoopbackConsumer {
@@ -121,23 +121,23 @@ impl ConsumerTransport for LoopbackConsumer {
         }
     }
 
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+    fn notify_fd(&mut self) -> Result<BorrowedHandle<'_>> {
         if self.notify.is_none() {
             let fd = Arc::new(event::new()?);
             if self.joined {
                 self.notify = Some(fd);
-                return Ok(self.notify.as_ref().expect("set just now").as_fd());
+                return Ok(crate::os::borrow(self.notify.as_ref().expect("set just now")));
             }
             // Readable when a producer arrives too (a fan-in takes it up at its next receive).
             with_meeting(&self.name, |m| {
                 if !m.arrived.is_empty() {
-                    event::signal(fd.as_fd());
+                    event::signal(crate::os::borrow(&fd));
                 }
                 m.notify = Some(Arc::clone(&fd));
             });
             self.notify = Some(fd);
         }
-        Ok(self.notify.as_ref().expect("set up above").as_fd())
+        Ok(crate::os::borrow(self.notify.as_ref().expect("set up above")))
     }
 
     fn watch(&mut self, session: &mut LoopbackSession) -> Result<()> {
@@ -145,7 +145,7 @@ impl ConsumerTransport for LoopbackConsumer {
         let mut state = session.session.lock();
         state.notify = Some(Arc::clone(fd));
         if state.received < state.head || state.producer_closed {
-            event::signal(fd.as_fd());
+            event::signal(crate::os::borrow(&fd));
         }
         drop(state);
         session.notify = Some(Arc::clone(fd));
@@ -211,7 +211,7 @@ impl ConsumerSession for LoopbackSession {
             let Some(fd) = &self.notify else { return Err(self.would_block()) };
             // Level-triggered: the fd is reset only when the ring is seen empty, and looked at
             // once more after the reset.
-            event::drain(fd.as_fd());
+            event::drain(crate::os::borrow(&fd));
             let mut state = self.session.lock();
             if let Some(view) = self.session.take_next(&mut state) {
                 return Ok(view);
@@ -222,7 +222,7 @@ impl ConsumerSession for LoopbackSession {
         }
         if let Some(fd) = &self.notify {
             // Readable while there is something to say: the end.
-            event::signal(fd.as_fd());
+            event::signal(crate::os::borrow(&fd));
         }
         Err(Error::PeerGone(format!("the producer of channel {:?} closed it", self.name)))
     }

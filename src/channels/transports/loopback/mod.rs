@@ -22,8 +22,8 @@ mod fan_out;
 mod producer;
 mod session;
 
+use crate::os::OwnedHandle;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,7 +57,7 @@ struct Meeting {
     /// A fan-in's slots that live producers hold, a bit each.
     slots: u64,
     /// The consumer's notification fd once it asked for one: readable when a producer arrives.
-    notify: Option<Arc<OwnedFd>>,
+    notify: Option<Arc<OwnedHandle>>,
     /// A fan-in consumer's answers for the routes, which each producer gets as it arrives.
     answers: Option<Vec<Attachment>>,
     /// A fan-out's producer, registered: the door its consumers join through.
@@ -72,7 +72,7 @@ impl Meeting {
         }
         self.arrived.push(session);
         if let Some(fd) = &self.notify {
-            event::signal(fd.as_fd());
+            event::signal(crate::os::borrow(&fd));
         }
         Ok(())
     }

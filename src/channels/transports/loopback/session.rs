@@ -1,8 +1,8 @@
 //! What a loopback producer and its consumer share: the messages between them, in a ring of
 //! `capacity` entries, and the ends' state, under one lock.
 
+use crate::os::OwnedHandle;
 use std::any::Any;
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -62,7 +62,7 @@ pub(super) struct State {
     /// Other routes' memory that views of this session may point into, until none is held.
     kept: Vec<Box<dyn Any + Send + Sync>>,
     /// The consumer's notification fd once it asked for one: readable while a message waits.
-    pub(super) notify: Option<Arc<OwnedFd>>,
+    pub(super) notify: Option<Arc<OwnedHandle>>,
 }
 
 /// The state a loopback producer and consumer share.
@@ -157,7 +157,7 @@ impl Session {
         drop(state);
         self.data.notify_all();
         if let Some(fd) = notify {
-            event::signal(fd.as_fd());
+            event::signal(crate::os::borrow(&fd));
         }
         seq
     }
@@ -197,7 +197,7 @@ impl Session {
         drop(state);
         self.data.notify_all();
         if let Some(fd) = notify {
-            event::signal(fd.as_fd());
+            event::signal(crate::os::borrow(&fd));
         }
     }
 

@@ -4,7 +4,7 @@
 //! up at its next receive; an eventfd, in the consumer's notification set, is readable while
 //! one waits.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -18,7 +18,6 @@ use crate::channels::transport::Attachment;
 use crate::channels::WaitStrategy;
 use crate::error::{Error, Result};
 use crate::os::event;
-use crate::os::poll::{poll, PollFd, PollFlags};
 
 /// How long a producer that connected has to send its hello (it makes and faults in its
 /// region first); one that never does keeps the others waiting this long at most.
@@ -30,13 +29,13 @@ struct Met {
     /// `links` is not empty (read without the lock on the receive path).
     waiting: AtomicBool,
     /// Readable while `links` is not empty.
-    ready: OwnedFd,
+    ready: OwnedHandle,
 }
 
 /// The acceptor of a fan-in consumer; dropping it stops the thread, which closes the socket.
 pub(super) struct Acceptor {
     met: Arc<Met>,
-    stop: OwnedFd,
+    stop: OwnedHandle,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -72,7 +71,7 @@ impl Acceptor {
         let link = links.pop();
         if links.is_empty() {
             self.met.waiting.store(false, Ordering::Release);
-            event::drain(self.met.ready.as_fd());
+            event::drain(crate::os::borrow(&self.met.ready));
         }
         link
     }
@@ -87,27 +86,26 @@ impl Acceptor {
             if left == Some(Duration::ZERO) {
                 return None;
             }
-            let mut fds = [PollFd::new(&self.met.ready, PollFlags::IN)];
-            let _ = poll(&mut fds, left);
+            let _ = crate::os::ready::wait_readable(&[crate::os::borrow(&self.met.ready)], left);
         }
     }
 
     /// Readable while a producer met waits to be taken up.
-    pub(super) fn ready_fd(&self) -> BorrowedFd<'_> {
-        self.met.ready.as_fd()
+    pub(super) fn ready_fd(&self) -> BorrowedHandle<'_> {
+        crate::os::borrow(&self.met.ready)
     }
 }
 
 impl Drop for Acceptor {
     fn drop(&mut self) {
-        event::signal(self.stop.as_fd());
+        event::signal(crate::os::borrow(&self.stop));
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-fn dup(fd: &OwnedFd) -> Result<OwnedFd> {
+fn dup(fd: &OwnedHandle) -> Result<OwnedHandle> {
     fd.try_clone().map_err(|e| Error::os("duplicating the acceptor's stop eventfd", e))
 }
 
@@ -120,12 +118,11 @@ fn accept_producers(
     shape: Shape,
     answers: &[Attachment],
     met: &Met,
-    stop: &OwnedFd,
+    stop: &OwnedHandle,
 ) {
     let mut sessions = 0u64;
     loop {
-        let mut fds = [PollFd::new(stop, PollFlags::IN), PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN)];
-        if poll(&mut fds, None).is_err() || !fds[0].revents().is_empty() {
+        if !crate::os::ready::wait_listener(listener.inner(), crate::os::borrow(stop)).unwrap_or(false) {
             break;
         }
         let mut refused = Vec::new();
@@ -137,7 +134,7 @@ fn accept_producers(
                 sessions += 1;
                 met.links.lock().insert(0, link);
                 met.waiting.store(true, Ordering::Release);
-                event::signal(met.ready.as_fd());
+                event::signal(crate::os::borrow(&met.ready));
             }
             Err(e) => log::info!("channel {name:?} (fan-in consumer): refused a producer (pid {}): {e}", peer.pid),
         }

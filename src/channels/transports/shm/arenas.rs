@@ -7,12 +7,11 @@
 //! producer keeps each arena alive until the messages pointing into it are released, and tells
 //! the consumer which arenas died since ([`ControlRecord::Forget`]) when it announces a new one.
 
+use crate::os::OwnedHandle;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
-use rustix::fs::FileType;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -26,7 +25,7 @@ use crate::os::Mapping;
 // SAFETY: an arena maps its whole memory file (`len` bytes from `base`) for as long as a clone
 // of `keep_alive` lives, and `fd` is that file.
 unsafe impl SharedRegion for SharedArena {
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    fn fd(&self) -> crate::os::BorrowedHandle<'_> {
         SharedArena::fd(self)
     }
     fn arena_len(&self) -> usize {
@@ -69,19 +68,21 @@ pub(super) struct ReceivedArenas {
 /// Maps an arena passed by a producer, read-only, after checking that it is a memory file
 /// sealed against shrinking (so that reading it can never fault) and holds at least `len`
 /// bytes.
-pub(super) fn map_arena(fd: &OwnedFd, len: u64) -> Result<Mapping> {
+pub(super) fn map_arena(fd: &OwnedHandle, len: u64) -> Result<Mapping> {
     if len == 0 || len > MAX_ARENA_LEN {
         return Err(Error::Corrupt(format!("its length {len} is not between 1 and {MAX_ARENA_LEN}")));
     }
-    let st = match rustix::fs::fstat(fd) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+    // A memfd is a regular file; a Windows section is none, and is recognised as a section.
+    use crate::os::facts::{facts, HandleKind};
+    let size = match facts(fd) {
+        Ok(f) if f.kind == HandleKind::RegularFile || (f.kind == HandleKind::Other && shm::is_shm(fd)) => f.size,
         _ => return Err(Error::Corrupt("its fd is not a memory file".into())),
     };
     if !shm::size_is_fixed(fd) {
         return Err(Error::Corrupt("its memory file is not sealed against shrinking; refusing to map it".into()));
     }
-    if (st.st_size as u64) < len {
-        return Err(Error::Corrupt(format!("its memory file has {} bytes, {len} were announced", st.st_size)));
+    if size < len {
+        return Err(Error::Corrupt(format!("its memory file has {size} bytes, {len} were announced")));
     }
     Mapping::shared_read_only(fd, 0, len as usize)
 }

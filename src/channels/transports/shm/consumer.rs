@@ -2,7 +2,7 @@
 //! notification set an event loop waits on. Each producer's messages are read by its session
 //! (`consumer_session`).
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use crate::os::BorrowedHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -206,17 +206,17 @@ impl ConsumerTransport for ShmConsumer {
         Ok(Some(ShmSession::new(&self.name, self.wait, link, self.carrier_route())))
     }
 
-    fn notify_fd(&mut self) -> Result<BorrowedFd<'_>> {
+    fn notify_fd(&mut self) -> Result<BorrowedHandle<'_>> {
         if self.notify.is_none() {
             let notify = Notify::new()?;
             if let Some(acceptor) = &self.acceptor {
                 // Readable while a producer met waits to be taken up.
                 let fd = acceptor.ready_fd();
-                notify.epoll.add(fd, EventFlags::IN, fd.as_raw_fd() as u64, "the channel's notification fd")?;
+                notify.epoll.add(fd, EventFlags::IN, crate::os::raw(&fd) as u64, "the channel's notification fd")?;
             }
             self.notify = Some(Arc::new(notify));
         }
-        Ok(self.notify.as_ref().expect("set up above").epoll.as_fd())
+        Ok(crate::os::borrow(&self.notify.as_ref().expect("set up above").epoll))
     }
 
     fn watch(&mut self, session: &mut ShmSession) -> Result<()> {
@@ -224,7 +224,7 @@ impl ConsumerTransport for ShmConsumer {
         let what = "the channel's notification fd";
         for (fd, socket) in session.watched_fds() {
             let events = if socket { EventFlags::IN | EventFlags::RDHUP } else { EventFlags::IN };
-            notify.epoll.add(fd, events, fd.as_raw_fd() as u64, what)?;
+            notify.epoll.add(fd, events, crate::os::raw(&fd) as u64, what)?;
         }
         session.notify = Some(Arc::clone(notify));
         // Make the fd reflect messages already waiting.

@@ -1,8 +1,8 @@
 //! One producer's session at a shared-memory consumer: the producer's region, its socket and
 //! process watch, the arenas it passed, and the reading of its ring.
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::any::Any;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,8 +34,8 @@ const MAX_PENDING_ATTACHMENTS: usize = 4096;
 /// was made, the producer's end).
 pub(crate) struct Notify {
     pub(super) epoll: Poller,
-    pub(super) own_signals: OwnedFd,
-    own_signal: OwnedFd,
+    pub(super) own_signals: OwnedHandle,
+    own_signal: OwnedHandle,
 }
 
 impl Notify {
@@ -43,16 +43,16 @@ impl Notify {
         let epoll = Poller::new()?;
         let (own_signals, own_signal) = notify_pair()?;
         epoll.add(
-            own_signals.as_fd(),
+            crate::os::borrow(&own_signals),
             EventFlags::IN,
-            own_signals.as_raw_fd() as u64,
+            crate::os::raw(&own_signals) as u64,
             "the channel's own notification socket",
         )?;
         Ok(Notify { epoll, own_signals, own_signal })
     }
 
     pub(super) fn signal(&self) {
-        notify(self.own_signal.as_fd());
+        notify(crate::os::borrow(&self.own_signal));
     }
 }
 
@@ -94,9 +94,9 @@ impl ShmSession {
     }
 
     /// The descriptors the consumer's notification set watches for this session.
-    pub(super) fn watched_fds(&self) -> impl Iterator<Item = (BorrowedFd<'_>, bool)> {
+    pub(super) fn watched_fds(&self) -> impl Iterator<Item = (BorrowedHandle<'_>, bool)> {
         [
-            Some((self.link.signals.as_fd(), false)),
+            Some((crate::os::borrow(&self.link.signals), false)),
             Some((self.link.watch.socket_fd(), true)),
             self.link.watch.process_handle().map(|fd| (fd, false)),
         ]
@@ -367,8 +367,8 @@ impl ShmSession {
         if let Some(notify) = self.notify.as_ref().filter(|_| from_try) {
             // Level-triggered notification: the fd is reset only when the ring is seen
             // empty, after asking the producer to signal the next message.
-            hung_up = drain_peer(self.link.signals.as_fd());
-            drain(notify.own_signals.as_fd());
+            hung_up = drain_peer(crate::os::borrow(&self.link.signals));
+            drain(crate::os::borrow(&notify.own_signals));
             self.link.session.ask_for_signal();
             if let Some(view) = self.try_read()? {
                 return Ok(Some(view));

@@ -5,7 +5,7 @@
 //! ring (a [`ShmProducer`]) goes to the fan-out in the channel core, which takes it up at its
 //! next send and publishes to it as to any consumer's end.
 
-use std::os::fd::{AsFd, OwnedFd};
+use crate::os::OwnedHandle;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -19,7 +19,6 @@ use crate::channels::transport::{Attachment, TransportInfo};
 use crate::channels::ChannelConfig;
 use crate::error::{Error, Result};
 use crate::os::event;
-use crate::os::poll::{poll, PollFd, PollFlags};
 use crate::os::stream::{PeerIdentity, Stream};
 
 /// One consumer that connected, in the slot it was given: the handshake still to run.
@@ -45,7 +44,7 @@ impl Meeting<'_> {
 /// A fan-out producer's acceptor; dropping it stops the thread, which closes the socket, and
 /// gives up the channel's producer end.
 pub(crate) struct FanOutAcceptor {
-    stop: OwnedFd,
+    stop: OwnedHandle,
     thread: Option<JoinHandle<()>>,
     max_len: usize,
     _lock: EndLock,
@@ -95,7 +94,7 @@ impl FanOutAcceptor {
 
 impl Drop for FanOutAcceptor {
     fn drop(&mut self) {
-        event::signal(self.stop.as_fd());
+        event::signal(crate::os::borrow(&self.stop));
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -111,11 +110,10 @@ fn accept_consumers<T>(
     config: &ChannelConfig,
     arrivals: &Arrivals<T>,
     mut meet: impl FnMut(Meeting<'_>) -> Result<T>,
-    stop: &OwnedFd,
+    stop: &OwnedHandle,
 ) {
     loop {
-        let mut fds = [PollFd::new(stop, PollFlags::IN), PollFd::from_borrowed_fd(listener.as_fd(), PollFlags::IN)];
-        if poll(&mut fds, None).is_err() || !fds[0].revents().is_empty() {
+        if !crate::os::ready::wait_listener(listener.inner(), crate::os::borrow(stop)).unwrap_or(false) {
             break;
         }
         let mut refused = Vec::new();

@@ -5,7 +5,7 @@
 //! producer first claims its end of the channel (a pair's one lock, or a fan-in's slot), and
 //! its section names the channel's kind and that slot.
 
-use std::os::fd::OwnedFd;
+use crate::os::OwnedHandle;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ pub(super) struct Link {
     pub(super) watch: PeerWatch,
     /// The consumer's end of the producer's notification pair: readable once the producer
     /// signalled a message (or its close) that the consumer asked for (`fd_waiting`).
-    pub(super) signals: OwnedFd,
+    pub(super) signals: OwnedHandle,
     pub(super) next: u64,
     pub(super) gone: Option<String>,
     /// The producer's slot in a fan-in, 0 otherwise.
@@ -71,7 +71,7 @@ struct SectionWire {
 }
 const SECTION_LEN: usize = std::mem::size_of::<SectionWire>();
 
-fn encode_section(geometry: &Geometry, place: Place, fds: RegionFds, signals: OwnedFd) -> Attachment {
+fn encode_section(geometry: &Geometry, place: Place, fds: RegionFds, signals: OwnedHandle) -> Attachment {
     let wire = SectionWire {
         version: VERSION.into(),
         slot_count: geometry.slot_count.into(),
@@ -118,7 +118,7 @@ pub(super) struct Connected {
     pub(super) region: Region,
     /// The producer's end of the notification pair, never shared: a consumer cannot make its
     /// notifications block.
-    pub(super) signal: OwnedFd,
+    pub(super) signal: OwnedHandle,
     /// Messages are published without a fence (the consumer's sleeps pay a membarrier).
     pub(super) fast_wake: bool,
     /// Releases are published without a fence (the producer's sleeps pay a membarrier).

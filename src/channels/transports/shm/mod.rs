@@ -105,7 +105,8 @@ fn note_peer_watch(info: &mut TransportInfo, base: &str, watch: &PeerWatch) {
     info.set_route(Route { reason, ..carrier });
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
     use crate::channels::transport::PayloadClass;

@@ -1,6 +1,6 @@
 //! The producer half of a shared-memory channel.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ pub(crate) struct ShmProducer {
     watch: PeerWatch,
     /// The producer's end of the notification pair whose other end the consumer's event loop
     /// waits on.
-    signal: OwnedFd,
+    signal: OwnedHandle,
     wait: WaitStrategy,
     mask: u64,
     slot_count: u64,
@@ -378,7 +378,7 @@ impl ShmProducer {
         wake_if_sleeping(region.data_futex(), region.data_sleeping(), self.fast_wake);
         let order = if self.fast_wake { Ordering::Relaxed } else { Ordering::SeqCst };
         if region.fd_waiting().load(order) != 0 && region.fd_waiting().swap(0, Ordering::SeqCst) != 0 {
-            notify(self.signal.as_fd());
+            notify(crate::os::borrow(&self.signal));
         }
         seq
     }
@@ -605,7 +605,7 @@ impl ShmProducer {
 
     /// Passes `record` (and `fds`) over the socket, never waiting: a consumer that has not read
     /// what was passed before (a full socket) gets the message refused with `WouldBlock`.
-    fn send_record(&mut self, record: ControlRecord, fds: &[BorrowedFd<'_>]) -> Result<()> {
+    fn send_record(&mut self, record: ControlRecord, fds: &[BorrowedHandle<'_>]) -> Result<()> {
         match try_send_with_handles(self.watch.socket(), &record.encode(), fds) {
             Ok(()) => Ok(()),
             Err(Error::WouldBlock(_)) => Err(Error::WouldBlock(format!(
@@ -667,7 +667,7 @@ impl ShmProducer {
         // Each attachment leaves `attachments` once it went out: after a full socket
         // (`WouldBlock`) the rest go with the next message.
         while let Some(attachment) = attachments.first() {
-            let fds: Vec<BorrowedFd<'_>> = attachment.handles.iter().map(|f| f.as_fd()).collect();
+            let fds: Vec<BorrowedHandle<'_>> = attachment.handles.iter().map(|f| crate::os::borrow(f)).collect();
             let record = ControlRecord::Attachment { route: attachment.route, bytes: attachment.bytes.clone() };
             if let Err(e) = self.send_record(record, &fds) {
                 // SAFETY: the loan was lent by this producer for this send (its caller's).
@@ -884,7 +884,7 @@ impl Drop for ShmProducer {
         // Wake a sleeping consumer so it sees the close now rather than at its next check.
         region.data_futex().fetch_add(1, Ordering::SeqCst);
         wake_word(region.data_futex(), 1);
-        notify(self.signal.as_fd());
+        notify(crate::os::borrow(&self.signal));
         // Another producer may attach from now on.
         drop(self.lock.take());
         // A consumer whose end is over (closed, or dead) may have left its socket and lock

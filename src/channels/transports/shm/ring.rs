@@ -33,7 +33,7 @@
 //! so a consumer cannot corrupt it; the only value the producer reads back is the consumer's
 //! tail, which it checks. The consumer checks every `seq`, `len`, `kind` and offset it reads.
 
-use std::os::fd::OwnedFd;
+use crate::os::OwnedHandle;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use zerocopy::{FromBytes, IntoBytes, KnownLayout};
@@ -353,7 +353,7 @@ pub struct WaitWords(Mapping);
 
 impl WaitWords {
     /// Maps the control part of a region of `geometry` from its memfd.
-    pub fn map(control: &OwnedFd, geometry: &Geometry) -> Result<WaitWords> {
+    pub fn map(control: &OwnedHandle, geometry: &Geometry) -> Result<WaitWords> {
         Ok(WaitWords(Mapping::shared(control, 0, geometry.slots_offset)?))
     }
     /// The futex word the consumer sleeps on for messages.
@@ -379,8 +379,8 @@ pub struct Region {
 
 /// The descriptors of a region, to pass to the consumer.
 pub struct RegionFds {
-    pub control: OwnedFd,
-    pub data: OwnedFd,
+    pub control: OwnedHandle,
+    pub data: OwnedHandle,
 }
 
 impl Region {
@@ -445,7 +445,7 @@ impl Region {
     /// Maps a region received from a producer (its data part read-only) after checking that
     /// both files are sealed against shrinking, large enough, and that the header is what
     /// `geometry` predicts.
-    pub fn attach(control: &OwnedFd, data: &OwnedFd, geometry: Geometry) -> Result<Region> {
+    pub fn attach(control: &OwnedHandle, data: &OwnedHandle, geometry: Geometry) -> Result<Region> {
         let control_len = geometry.slots_offset;
         let data_len = geometry.total_len - control_len;
         for (fd, part, len) in [(control, "control", control_len), (data, "data", data_len)] {
@@ -554,7 +554,8 @@ impl Region {
     }
 }
 
-#[cfg(test)]
+// The seals and descriptors these tests check are Linux and macOS memory files.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

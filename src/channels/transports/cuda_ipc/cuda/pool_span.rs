@@ -2,7 +2,7 @@
 //! pieces: an imported pool (whose allocations are imported and freed through it, see `pool`)
 //! and a span mapped into one reserved range.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use crate::os::BorrowedHandle;
 use std::sync::Arc;
 
 use lava_flow_cuda::sys::{
@@ -18,7 +18,7 @@ use crate::error::Result;
 
 /// Imports the memory pool of `fd` (which stays the caller's) in `context`, the primary context
 /// of the device that holds it.
-pub(super) fn open_pool(context: Arc<PrimaryContext>, fd: BorrowedFd<'_>) -> Result<Arc<dyn ImportedPool>> {
+pub(super) fn open_pool(context: Arc<PrimaryContext>, fd: BorrowedHandle<'_>) -> Result<Arc<dyn ImportedPool>> {
     let (pool, stream) = context.with(|driver| {
         let mut pool: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; for POSIX fds the handle is the fd itself, which
@@ -26,7 +26,7 @@ pub(super) fn open_pool(context: Arc<PrimaryContext>, fd: BorrowedFd<'_>) -> Res
         unsafe {
             driver.mem_pool_import_from_shareable_handle(
                 &mut pool,
-                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                crate::os::driver_value(&fd),
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                 0,
             )
@@ -50,7 +50,7 @@ pub(super) fn open_pool(context: Arc<PrimaryContext>, fd: BorrowedFd<'_>) -> Res
 pub(super) fn open_span(
     context: Arc<PrimaryContext>,
     allocation: &Announce,
-    pieces: &[(u64, u64, BorrowedFd<'_>)],
+    pieces: &[(u64, u64, BorrowedHandle<'_>)],
 ) -> Result<Box<dyn Mapping>> {
     let device = context.ordinal();
     let size = allocation.size as usize;
@@ -156,13 +156,13 @@ impl Drop for DriverPool {
 
 /// Imports the VMM piece `fd`, maps it at `address` (in a range reserved for its span) and lets
 /// `device` read and write it.
-fn map_span_piece(driver: &Driver, address: u64, size: usize, fd: BorrowedFd<'_>, device: CUdevice) -> Result<()> {
+fn map_span_piece(driver: &Driver, address: u64, size: usize, fd: BorrowedHandle<'_>, device: CUdevice) -> Result<()> {
     let mut handle: CUmemGenericAllocationHandle = 0;
     // SAFETY: for POSIX fds the handle is the fd itself, which stays the caller's.
     unsafe {
         driver.mem_import_from_shareable_handle(
             &mut handle,
-            fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+            crate::os::driver_value(&fd),
             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         )
     }

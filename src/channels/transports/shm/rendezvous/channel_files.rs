@@ -146,7 +146,8 @@ pub fn remove_leftovers(name: &str) -> Result<Vec<PathBuf>> {
     Ok(removed)
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;

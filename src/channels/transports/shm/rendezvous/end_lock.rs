@@ -3,7 +3,6 @@
 //! ([`clean_after_peer`]).
 
 use std::io::ErrorKind;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -130,14 +129,12 @@ impl EndState {
 /// that end.
 pub fn end_state(name: &str, end: End) -> Result<EndState> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = lock_path(name, end)?;
-    let mut file =
-        match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
-            Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
-        };
+    let mut file = match lock::open_existing(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(EndState::Absent),
+        Err(e) => return Err(Error::os(format!("opening the lock file {}", path.display()), e)),
+    };
     if lock::try_lock(&file).map_err(|e| Error::os(format!("locking {}", path.display()), e))? {
         // Given back when `file` closes, at the end of this function.
         return Ok(EndState::Over);
@@ -208,12 +205,11 @@ pub fn clean_after_peer(name: &str, end: End, peer: &PeerWatch, peer_lock: Optio
     }
 }
 
-/// Identifies one socket file: inode numbers are reused at once on tmpfs, so the change time
-/// (ns) is part of the identity.
-pub type FileId = (u64, u64, i64, i64);
+/// Identifies one socket or lock file (the platform says how).
+pub type FileId = lock::FileId;
 
 pub(super) fn file_id(path: &Path) -> Option<FileId> {
-    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+    lock::file_id(path)
 }
 
 /// " (pid N)" for a lock holder's pid, when known.

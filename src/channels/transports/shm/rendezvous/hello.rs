@@ -2,13 +2,12 @@
 //! route it offers, descriptors attached) and the consumer's answer (its sections, or a
 //! refusal with its reason), and how sections are encoded in both.
 
+use crate::os::{BorrowedHandle, OwnedHandle};
 use std::io::ErrorKind;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::channels::transport::Attachment;
 use crate::error::{Error, Result};
 use crate::os::stream::Stream;
-use rustix::io::Errno;
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -66,7 +65,7 @@ fn put_sections(out: &mut Vec<u8>, sections: &[Attachment]) {
 }
 
 /// Reads the sections at `bytes[at..]`, handing out `fds` in order; everything is checked.
-fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> Result<Vec<Attachment>> {
+fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedHandle>, what: &str) -> Result<Vec<Attachment>> {
     let bad = |why: &str| Error::Corrupt(format!("rendezvous: the peer's {what} {why}"));
     let rest = |at: usize| bytes.get(at..).unwrap_or_default();
     let (count, _) = U32::read_from_prefix(rest(at)).map_err(|_| bad("is cut short"))?;
@@ -88,7 +87,7 @@ fn take_sections(bytes: &[u8], mut at: usize, fds: Vec<OwnedFd>, what: &str) -> 
         let body = bytes.get(at..at + len).ok_or_else(|| bad("is cut short"))?;
         at += len;
         fds_claimed += fd_count;
-        let mine: Vec<OwnedFd> = fds.by_ref().take(fd_count).collect();
+        let mine: Vec<OwnedHandle> = fds.by_ref().take(fd_count).collect();
         if mine.len() != fd_count {
             return Err(bad(&format!("claims {fds_claimed} descriptors but carries fewer")));
         }
@@ -107,7 +106,8 @@ pub fn send_hello(sock: &Stream, name: &str, sections: &[Attachment]) -> Result<
     out.extend_from_slice(HelloHead { magic: *HELLO_MAGIC, name_len: (name.len() as u32).into() }.as_bytes());
     out.extend_from_slice(name.as_bytes());
     put_sections(&mut out, sections);
-    let fds: Vec<BorrowedFd<'_>> = sections.iter().flat_map(|s| s.handles.iter().map(|f| f.as_fd())).collect();
+    let fds: Vec<BorrowedHandle<'_>> =
+        sections.iter().flat_map(|s| s.handles.iter().map(|f| crate::os::borrow(f))).collect();
     crate::os::stream::send_with_handles(sock, &out, &fds)
 }
 
@@ -115,7 +115,7 @@ pub fn send_hello(sock: &Stream, name: &str, sections: &[Attachment]) -> Result<
 pub const MAX_HELLO_LEN: usize = 16 + 64 + 4 + MAX_SECTIONS * (12 + MAX_SECTION_LEN);
 
 /// Parses a hello received with its descriptors: (channel name, sections).
-pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(String, Vec<Attachment>)> {
+pub fn decode_hello(bytes: &[u8], fds: Vec<OwnedHandle>) -> Result<(String, Vec<Attachment>)> {
     let bad = |what: &str| Error::Corrupt(format!("rendezvous: producer's hello {what}"));
     let head = match HelloHead::ref_from_prefix(bytes) {
         Ok((head, _)) if &head.magic == HELLO_MAGIC => head,
@@ -142,24 +142,13 @@ pub fn send_ack(sock: &Stream, status: u32, text: &str, sections: &[Attachment])
     let mut body = Vec::with_capacity(4 + out.len());
     body.extend_from_slice(U32::new(out.len() as u32).as_bytes());
     body.extend_from_slice(&out);
-    let mut sent = 0;
-    while sent < body.len() {
-        // MSG_NOSIGNAL: a producer that has gone must give EPIPE, not a SIGPIPE that would
-        // kill a C host process that keeps the default signal action.
-        match rustix::net::send(sock, &body[sent..], crate::os::stream::SEND_NO_SIGNAL) {
-            Ok(n) => sent += n,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(Error::os("sending the rendezvous answer", e.into())),
-        }
-    }
-    Ok(())
+    crate::os::stream::send_all(sock, &body).map_err(|e| Error::os("sending the rendezvous answer", e))
 }
 
 /// Reads the consumer's answer: its sections on acceptance, the refusal as an error.
 pub fn recv_ack(sock: &Stream, channel: &str) -> Result<Vec<Attachment>> {
-    use std::io::Read;
     let read = |buf: &mut [u8]| {
-        (&*sock).read_exact(buf).map_err(|e| match e.kind() {
+        crate::os::stream::recv_exact(sock, buf).map_err(|e| match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout(format!(
                 "the consumer of channel {channel:?} did not answer in time (it may already have a producer)"
             )),
@@ -223,7 +212,8 @@ pub fn decode_ack(body: &[u8], channel: &str) -> Result<Vec<Attachment>> {
     take_sections(body, start + text_len, Vec::new(), "answer")
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -280,7 +270,7 @@ mod tests {
         /// what its bytes encode.
         #[test]
         fn fuzz_hello(bytes in crate::fuzz::bytes_near(valid_hello(), 200), fd_count in 0usize..3) {
-            let fds: Vec<OwnedFd> = (0..fd_count).map(|_| crate::os::event::new().unwrap()).collect();
+            let fds: Vec<OwnedHandle> = (0..fd_count).map(|_| crate::os::event::new().unwrap()).collect();
             if let Ok((name, sections)) = decode_hello(&bytes, fds) {
                 prop_assert!(sections.len() <= MAX_SECTIONS);
                 prop_assert_eq!(sections.iter().map(|s| s.handles.len()).sum::<usize>(), fd_count);

@@ -1,18 +1,16 @@
 //! How each side of an established channel learns that its peer has gone: a handle of the
 //! peer's process (`os::process`) and the rendezvous socket, watched by the process's watcher or polled.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use crate::os::BorrowedHandle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::channels::wait::{LIVENESS_PERIOD, SLEEP_SLICE};
 use crate::error::Result;
-use crate::os::poll::{poll, PollFd, PollFlags, HANG_UP};
 use crate::os::process::PeerProcess;
 use crate::os::stream::Stream;
-use crate::os::watcher::{Interest, SharedFd, Watch};
-use rustix::net::RecvFlags;
+use crate::os::watcher::{Interest, SharedHandle, Watch};
 
 /// Watches the peer of an established channel: its process and its end of the socket.
 /// Polled by [`is_gone`](Self::is_gone); once [`arm`](Self::arm)ed, also reported by the
@@ -50,9 +48,9 @@ impl PeerWatch {
     /// sleeping on (it runs on the watcher's thread: short, and owning what it touches).
     /// Returns [`prompt`](Self::prompt).
     pub fn arm(&mut self, wake: impl FnOnce() + Send + 'static) -> bool {
-        let mut fds: Vec<(SharedFd, Interest)> = vec![(Arc::clone(&self.sock) as SharedFd, Interest::HangUp)];
+        let mut fds: Vec<(SharedHandle, Interest)> = vec![(Arc::clone(&self.sock) as SharedHandle, Interest::HangUp)];
         if let Some(process) = &self.process {
-            fds.push((Arc::clone(process) as SharedFd, Interest::Readable));
+            fds.push((Arc::clone(process) as SharedHandle, Interest::Readable));
         }
         let rang = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&rang);
@@ -103,13 +101,13 @@ impl PeerWatch {
         &self.sock
     }
 
-    pub fn socket_fd(&self) -> BorrowedFd<'_> {
-        self.sock.as_fd()
+    pub fn socket_fd(&self) -> BorrowedHandle<'_> {
+        crate::os::borrow(&self.sock)
     }
 
     /// The handle of the peer's process, readable once it has exited.
-    pub fn process_handle(&self) -> Option<BorrowedFd<'_>> {
-        self.process.as_ref().map(|p| p.as_fd())
+    pub fn process_handle(&self) -> Option<BorrowedHandle<'_>> {
+        self.process.as_ref().map(|p| crate::os::borrow(p))
     }
 
     /// Whether the peer's process has exited; `false` where there is no handle of it, or
@@ -161,41 +159,15 @@ impl PeerWatch {
             self.gone = true;
             return true;
         }
-        let sock = PollFd::new(&self.sock, PollFlags::IN | HANG_UP);
-        let (mut both, mut one);
-        let fds: &mut [PollFd<'_>] = match &self.process {
-            Some(process) => {
-                both = [sock, PollFd::new(&**process, PollFlags::IN)];
-                &mut both
-            }
-            None => {
-                one = [sock];
-                &mut one
-            }
-        };
-        let Ok(n) = poll(fds, Some(Duration::ZERO)) else {
+        if crate::os::stream::peer_gone(&self.sock, self.process.as_deref()) {
             self.gone = true;
-            return true;
-        };
-        if n == 0 {
-            return false;
-        }
-        let hung_up = PollFlags::HUP | HANG_UP | PollFlags::ERR | PollFlags::NVAL;
-        if fds.get(1).is_some_and(|process| !process.revents().is_empty()) || fds[0].revents().intersects(hung_up) {
-            self.gone = true;
-        } else if fds[0].revents().contains(PollFlags::IN) {
-            // Readable without a hang-up: control records (arena fds) may be waiting after the
-            // handshake, so peek to tell end-of-file from data.
-            let peeked = rustix::net::recv(&self.sock, &mut [0u8; 1], RecvFlags::PEEK | RecvFlags::DONTWAIT);
-            if matches!(peeked, Ok((0, _))) {
-                self.gone = true;
-            }
         }
         self.gone
     }
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
 

@@ -2,7 +2,6 @@
 //! this user, closed to others), and the path of a channel's socket in it.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -33,9 +32,8 @@ pub fn runtime_dir_path() -> PathBuf {
 
 /// The per-user directory holding rendezvous sockets, created if missing and checked.
 pub fn runtime_dir() -> Result<PathBuf> {
-    let uid = user::id();
     let dir = runtime_dir_path();
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+    match user::create_private_dir(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::os(format!("creating runtime dir {}", dir.display()), e)),
@@ -48,13 +46,10 @@ pub fn runtime_dir() -> Result<PathBuf> {
             dir.display()
         )));
     }
-    if meta.uid() != uid || meta.mode() & 0o077 != 0 {
+    if let Some(problem) = user::private_dir_problem(&meta) {
         return Err(Error::PermissionDenied(format!(
-            "runtime dir {} belongs to uid {} with mode {:o}; lava-flow needs it owned by uid {uid} \
-             and closed to others (0700): fix or remove it, or set {RUNTIME_DIR_ENV}",
-            dir.display(),
-            meta.uid(),
-            meta.mode() & 0o7777
+            "runtime dir {} {problem}: fix or remove it, or set {RUNTIME_DIR_ENV}",
+            dir.display()
         )));
     }
     Ok(dir)

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use super::end_lock::{file_id, holder, End, EndLock, FileId};
 use super::runtime_dir::socket_path;
 use crate::error::{Error, Result};
-use crate::os::poll::{poll, PollFd, PollFlags};
 use crate::os::stream::{self, PeerIdentity, Stream};
 use crate::os::user;
 
@@ -83,9 +82,9 @@ impl Listener {
         &self.path
     }
 
-    /// The listening socket, readable while a connection waits to be accepted.
-    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&self.listener)
+    /// The platform's listener, to wait on (`os::ready::wait_listener`).
+    pub fn inner(&self) -> &stream::Listener {
+        &self.listener
     }
 
     /// Accepts one connection from a process of this user, waiting until `deadline`
@@ -98,7 +97,8 @@ impl Listener {
         channel: &str,
     ) -> Result<Option<(Stream, PeerIdentity)>> {
         loop {
-            match self.listener.try_accept() {
+            let wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            match self.listener.accept_within(wait) {
                 Ok(Some(sock)) => {
                     let peer = stream::peer(&sock)?;
                     match check_same_user(&peer, channel) {
@@ -109,21 +109,10 @@ impl Listener {
                         }
                     }
                 }
+                Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Ok(None) => {}
                 Err(e) => return Err(Error::os(format!("accept on {}", self.path.display()), e)),
             }
-            let wait = match deadline {
-                None => None,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(None);
-                    }
-                    Some(d - now)
-                }
-            };
-            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
-            poll(&mut fds, wait.map(|w| w.max(Duration::from_millis(1))))?;
         }
     }
 }
@@ -167,7 +156,8 @@ pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)))
 }
 
-#[cfg(test)]
+// Unix sockets and descriptors throughout.
+#[cfg(all(unix, test))]
 mod tests {
     use super::*;
 
