@@ -73,6 +73,7 @@
 //!   stop event (Windows looks for a client every 10 ms: a named pipe's listener is no handle
 //!   a wait can take without accepting).
 
+mod handle_facts;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "macos")]

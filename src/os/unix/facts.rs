@@ -3,32 +3,7 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-/// What kind of object a handle refers to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandleKind {
-    Socket,
-    Pipe,
-    Directory,
-    CharDevice,
-    BlockDevice,
-    RegularFile,
-    /// Anything else (a memfd, a shared-memory object, an anonymous kernel object).
-    Other,
-}
-
-/// The facts of one handle.
-#[derive(Clone, Debug)]
-pub struct HandleFacts {
-    /// An identity equal for every handle of one object (device and inode), to recognise an
-    /// object imported before.
-    pub identity: Option<(u64, u64)>,
-    /// Its size: `st_size`, or where its end is for files (dma-bufs) that report their size
-    /// only to `lseek`.
-    pub size: u64,
-    pub kind: HandleKind,
-    /// Its name in `/proc/self/fd` (`/memfd:...`, `anon_inode:...`, a path), empty where none.
-    pub target: String,
-}
+pub use crate::os::handle_facts::{HandleFacts, HandleKind};
 
 /// The facts of `fd`, or why `fstat` could not tell them.
 pub fn facts(fd: &impl AsFd) -> std::io::Result<HandleFacts> {

@@ -6,32 +6,7 @@ use std::os::windows::io::{AsHandle, AsRawHandle};
 use windows_sys::Win32::Storage::FileSystem::{GetFileType, FILE_TYPE_CHAR, FILE_TYPE_DISK, FILE_TYPE_PIPE};
 use windows_sys::Win32::System::Memory::{VirtualLock, VirtualQuery, MEMORY_BASIC_INFORMATION, MEM_COMMIT};
 
-/// What kind of object a handle refers to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandleKind {
-    Socket,
-    Pipe,
-    Directory,
-    CharDevice,
-    BlockDevice,
-    RegularFile,
-    /// Anything else (a section, an event, a process).
-    Other,
-}
-
-/// The facts of one handle.
-#[derive(Clone, Debug)]
-pub struct HandleFacts {
-    /// An identity equal for every handle of one object: Windows gives a section none that a
-    /// process can compare (`CompareObjectHandles` compares two handles, it names neither),
-    /// so `None`, and the importer recognises an arena by what its exporter says of it.
-    pub identity: Option<(u64, u64)>,
-    /// Its size (a section's; 0 for anything else).
-    pub size: u64,
-    pub kind: HandleKind,
-    /// A name for messages: what the handle is.
-    pub target: String,
-}
+pub use crate::os::handle_facts::{HandleFacts, HandleKind};
 
 /// The facts of `handle`.
 pub fn facts(handle: &impl AsHandle) -> std::io::Result<HandleFacts> {
