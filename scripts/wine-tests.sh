@@ -138,8 +138,11 @@ for exe in "${exes[@]}"; do
   if ((status == 124 || status == 137)); then
     verdict="TIMEOUT after ${timeout_s}s"
     counts=${counts:+"(last result seen, maybe a child's: $counts)"}
-  elif ((status == 0)); then
+  elif ((status == 0)) && [[ $counts == ok.* ]]; then
     verdict="pass"
+  elif ((status == 0)); then
+    # Seen once: Wine gave back 0 for a run whose tests had printed FAILED.
+    verdict="FAIL (exit 0, but the last result is not ok)"
   else
     verdict="FAIL (exit $status)"
   fi
